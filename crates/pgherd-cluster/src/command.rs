@@ -1,0 +1,64 @@
+//! Running PostgreSQL's programs with errors that say what failed and why.
+
+use std::process::{Command, Output, Stdio};
+
+use crate::osuser::RunAs;
+use crate::ClusterError;
+
+/// Environment variables that would change where PostgreSQL's tools connect.
+const PG_ENV: &[&str] = &[
+    "PGHOST",
+    "PGHOSTADDR",
+    "PGPORT",
+    "PGDATABASE",
+    "PGUSER",
+    "PGPASSWORD",
+    "PGPASSFILE",
+    "PGSERVICE",
+    "PGSSLMODE",
+    "PGOPTIONS",
+    "PGAPPNAME",
+    "PGDATA",
+];
+
+/// A command for `program`, run as `run_as` when set, with a clean PostgreSQL environment.
+pub fn pg_command(program: &std::path::Path, run_as: Option<&RunAs>) -> Command {
+    let mut cmd = Command::new(program);
+    for var in PG_ENV {
+        cmd.env_remove(var);
+    }
+    cmd.env("LC_ALL", "C.UTF-8");
+    if let Some(user) = run_as {
+        use std::os::unix::process::CommandExt;
+        // std drops root's supplementary groups when it changes the uid.
+        cmd.uid(user.uid).gid(user.gid);
+        cmd.env("HOME", &user.home);
+        cmd.env("USER", &user.name);
+    }
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+/// Runs to completion; a non-zero exit is an error carrying the end of stderr.
+pub fn run(cmd: &mut Command, what: &str) -> Result<Output, ClusterError> {
+    let out = cmd.output().map_err(|e| ClusterError::Command {
+        what: what.to_owned(),
+        detail: format!("cannot start {:?}: {e}", cmd.get_program()),
+    })?;
+    if out.status.success() {
+        return Ok(out);
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let text = if stderr.trim().is_empty() {
+        stdout
+    } else {
+        stderr
+    };
+    let tail: Vec<&str> = text.lines().rev().take(12).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    Err(ClusterError::Command {
+        what: what.to_owned(),
+        detail: format!("{} ({})", tail.join("\n"), out.status),
+    })
+}

@@ -1,0 +1,282 @@
+//! Local PostgreSQL clusters for `pgherd up`, the test kit and the benchmarks: a primary made
+//! with `initdb` and streaming replicas made with `pg_basebackup`, each on its own port.
+//!
+//! Everything is done through PostgreSQL's own programs (initdb, pg_ctl, pg_basebackup, psql).
+//! PostgreSQL refuses to run as root, so when pgherd runs as root these programs run as the
+//! `postgres` OS user (created as `pgherd` if no `postgres` user exists).
+//!
+//! Architecture invariant: this crate starts processes and writes files; it opens no sockets
+//! except to find free ports.
+
+mod binaries;
+mod command;
+mod node;
+mod osuser;
+mod ports;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub use binaries::PgBinaries;
+pub use node::{LocalNode, StopMode};
+pub use osuser::RunAs;
+pub use ports::free_port;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("{0}")]
+    NotInstalled(String),
+    #[error("{what} failed: {detail}")]
+    Command { what: String, detail: String },
+    #[error("{path}: {error}")]
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{0}")]
+    Timeout(String),
+    #[error("{0}")]
+    Setup(String),
+}
+
+impl ClusterError {
+    pub(crate) fn io(path: &Path, error: std::io::Error) -> Self {
+        ClusterError::Io {
+            path: path.to_owned(),
+            error,
+        }
+    }
+}
+
+/// How to build a cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterSpec {
+    /// Holds every node's data directory, logs and sockets.
+    pub dir: PathBuf,
+    /// Primary first.
+    pub ports: Vec<u16>,
+    pub superuser: String,
+    pub superuser_password: String,
+    /// Extra `postgresql.conf` settings for every node.
+    pub settings: Vec<(String, String)>,
+    /// Copy this initdb'ed data directory instead of running initdb (tests use this to save
+    /// a second per cluster). It must have been made by [`LocalCluster::make_template`].
+    pub template: Option<PathBuf>,
+}
+
+/// A running local cluster.
+#[derive(Debug)]
+pub struct LocalCluster {
+    pub dir: PathBuf,
+    pub binaries: PgBinaries,
+    pub run_as: Option<RunAs>,
+    /// Primary first.
+    pub nodes: Vec<LocalNode>,
+    pub superuser: String,
+    pub superuser_password: String,
+}
+
+impl LocalCluster {
+    /// Creates and starts a primary and `spec.ports.len() - 1` streaming replicas, and waits
+    /// until every replica streams.
+    pub fn create(spec: &ClusterSpec) -> Result<LocalCluster, ClusterError> {
+        let binaries = PgBinaries::find()?;
+        let run_as = osuser::postgres_user()?;
+        std::fs::create_dir_all(&spec.dir).map_err(|e| ClusterError::io(&spec.dir, e))?;
+        for sub in ["logs", "run"] {
+            let path = spec.dir.join(sub);
+            std::fs::create_dir_all(&path).map_err(|e| ClusterError::io(&path, e))?;
+        }
+        osuser::hand_over(&spec.dir, run_as.as_ref(), true)?;
+        osuser::check_reachable(&spec.dir, run_as.as_ref())?;
+        let socket_dir = spec.dir.join("run");
+        let nodes: Vec<LocalNode> = spec
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(i, port)| LocalNode {
+                name: format!("pg{}", i + 1),
+                port: *port,
+                data_dir: spec.dir.join(format!("pg{}", i + 1)),
+                log_file: spec.dir.join("logs").join(format!("pg{}.log", i + 1)),
+                socket_dir: socket_dir.clone(),
+                binaries: binaries.clone(),
+                run_as: run_as.clone(),
+                superuser: spec.superuser.clone(),
+            })
+            .collect();
+        let Some((primary, replicas)) = nodes.split_first() else {
+            return Err(ClusterError::Setup(
+                "a cluster needs at least one port".into(),
+            ));
+        };
+        match &spec.template {
+            Some(template) => primary.copy_from(template)?,
+            None => primary.initdb(&spec.superuser, &spec.superuser_password)?,
+        }
+        primary.write_settings(&base_settings(primary, &spec.settings))?;
+        primary.start(Duration::from_secs(60))?;
+        for replica in replicas {
+            primary.psql(
+                "postgres",
+                &format!(
+                    "SELECT pg_create_physical_replication_slot('{}')",
+                    replica.name
+                ),
+            )?;
+            replica.basebackup(primary, &spec.superuser_password)?;
+            let mut settings = base_settings(replica, &spec.settings);
+            settings.push(("primary_slot_name".into(), replica.name.clone()));
+            replica.write_auto_settings(&settings)?;
+            replica.start(Duration::from_secs(60))?;
+        }
+        let cluster = LocalCluster {
+            dir: spec.dir.clone(),
+            binaries,
+            run_as,
+            nodes,
+            superuser: spec.superuser.clone(),
+            superuser_password: spec.superuser_password.clone(),
+        };
+        cluster.wait_streaming(Duration::from_secs(60))?;
+        Ok(cluster)
+    }
+
+    /// Runs initdb once into `dir`, for [`ClusterSpec::template`].
+    pub fn make_template(dir: &Path, superuser: &str, password: &str) -> Result<(), ClusterError> {
+        let binaries = PgBinaries::find()?;
+        let run_as = osuser::postgres_user()?;
+        let parent = dir.parent().unwrap_or(Path::new("/"));
+        std::fs::create_dir_all(parent).map_err(|e| ClusterError::io(parent, e))?;
+        osuser::hand_over(parent, run_as.as_ref(), false)?;
+        let node = LocalNode {
+            name: "template".into(),
+            port: 0,
+            data_dir: dir.to_owned(),
+            log_file: parent.join("template.log"),
+            socket_dir: parent.to_owned(),
+            binaries,
+            run_as,
+            superuser: superuser.to_owned(),
+        };
+        node.initdb(superuser, password)
+    }
+
+    /// Reattaches to a cluster created earlier (its nodes may be stopped).
+    pub fn open(
+        dir: &Path,
+        nodes: &[(String, u16)],
+        superuser: &str,
+        password: &str,
+    ) -> Result<LocalCluster, ClusterError> {
+        let binaries = PgBinaries::find()?;
+        let run_as = osuser::postgres_user()?;
+        let nodes = nodes
+            .iter()
+            .map(|(name, port)| LocalNode {
+                name: name.clone(),
+                port: *port,
+                data_dir: dir.join(name),
+                log_file: dir.join("logs").join(format!("{name}.log")),
+                socket_dir: dir.join("run"),
+                binaries: binaries.clone(),
+                run_as: run_as.clone(),
+                superuser: superuser.to_owned(),
+            })
+            .collect();
+        Ok(LocalCluster {
+            dir: dir.to_owned(),
+            binaries,
+            run_as,
+            nodes,
+            superuser: superuser.to_owned(),
+            superuser_password: password.to_owned(),
+        })
+    }
+
+    pub fn primary(&self) -> &LocalNode {
+        &self.nodes[0]
+    }
+
+    pub fn replicas(&self) -> &[LocalNode] {
+        &self.nodes[1..]
+    }
+
+    /// Waits until the primary reports every replica as streaming.
+    pub fn wait_streaming(&self, timeout: Duration) -> Result<(), ClusterError> {
+        let want = self.replicas().len();
+        if want == 0 {
+            return Ok(());
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let streaming = self
+                .primary()
+                .psql(
+                    "postgres",
+                    "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'",
+                )
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if streaming >= want {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(ClusterError::Timeout(format!(
+                    "only {streaming} of {want} replicas stream after {} s; see the logs in {}",
+                    timeout.as_secs(),
+                    self.dir.join("logs").display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Starts every node that is not running.
+    pub fn start_all(&self) -> Result<(), ClusterError> {
+        for node in &self.nodes {
+            if !node.is_running() {
+                node.start(Duration::from_secs(60))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops every node; errors are collected, not fatal, so one stuck node does not keep the
+    /// others running.
+    pub fn stop_all(&self, mode: StopMode) -> Vec<ClusterError> {
+        self.nodes
+            .iter()
+            .rev()
+            .filter(|n| n.is_running())
+            .filter_map(|n| n.stop(mode).err())
+            .collect()
+    }
+}
+
+/// Settings every node gets: networking on loopback, sockets in the cluster's own directory,
+/// and what streaming replication needs.
+fn base_settings(node: &LocalNode, extra: &[(String, String)]) -> Vec<(String, String)> {
+    let mut settings: Vec<(String, String)> = [
+        ("listen_addresses", "'127.0.0.1'".to_owned()),
+        ("port", node.port.to_string()),
+        (
+            "unix_socket_directories",
+            format!("'{}'", node.socket_dir.display()),
+        ),
+        ("unix_socket_permissions", "0700".to_owned()),
+        ("wal_level", "replica".to_owned()),
+        ("max_wal_senders", "16".to_owned()),
+        ("max_replication_slots", "16".to_owned()),
+        ("hot_standby", "on".to_owned()),
+        ("wal_log_hints", "on".to_owned()),
+        ("max_connections", "200".to_owned()),
+        ("log_line_prefix", "'%m [%p] %q%u@%d '".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    settings.extend(extra.iter().cloned());
+    settings
+}

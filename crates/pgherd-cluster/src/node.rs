@@ -1,0 +1,219 @@
+//! One local PostgreSQL node: its data directory, port and log, and the programs that act on it.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::binaries::PgBinaries;
+use crate::command::{pg_command, run};
+use crate::osuser::{hand_over, RunAs};
+use crate::ClusterError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopMode {
+    /// Waits for clients to disconnect.
+    Smart,
+    /// Disconnects clients and shuts down cleanly.
+    Fast,
+    /// Quits without a checkpoint, like a crash.
+    Immediate,
+}
+
+impl StopMode {
+    fn as_str(self) -> &'static str {
+        match self {
+            StopMode::Smart => "smart",
+            StopMode::Fast => "fast",
+            StopMode::Immediate => "immediate",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LocalNode {
+    pub name: String,
+    pub port: u16,
+    pub data_dir: PathBuf,
+    pub log_file: PathBuf,
+    pub socket_dir: PathBuf,
+    pub binaries: PgBinaries,
+    pub run_as: Option<RunAs>,
+    pub superuser: String,
+}
+
+impl LocalNode {
+    fn tool(&self, name: &str) -> std::process::Command {
+        pg_command(&self.binaries.tool(name), self.run_as.as_ref())
+    }
+
+    /// Creates the data directory with `superuser` holding `password`; TCP logins need SCRAM,
+    /// local socket logins (only the PostgreSQL OS user can reach the socket) are trusted.
+    pub fn initdb(&self, superuser: &str, password: &str) -> Result<(), ClusterError> {
+        let parent = self.data_dir.parent().unwrap_or(Path::new("/"));
+        let pwfile = parent.join(format!(".{}.pw", self.name));
+        {
+            let mut f = std::fs::File::create(&pwfile).map_err(|e| ClusterError::io(&pwfile, e))?;
+            f.write_all(password.as_bytes())
+                .map_err(|e| ClusterError::io(&pwfile, e))?;
+        }
+        hand_over(&pwfile, self.run_as.as_ref(), false)?;
+        let result = run(
+            self.tool("initdb")
+                .arg("-D")
+                .arg(&self.data_dir)
+                .arg("-U")
+                .arg(superuser)
+                .arg(format!("--pwfile={}", pwfile.display()))
+                .args([
+                    "--auth-local=trust",
+                    "--auth-host=scram-sha-256",
+                    "-E",
+                    "UTF8",
+                    "--locale=C.UTF-8",
+                ]),
+            &format!("initdb for node {}", self.name),
+        );
+        let _ = std::fs::remove_file(&pwfile);
+        result.map(|_| ())
+    }
+
+    /// Makes the data directory a copy of an initdb'ed template.
+    pub fn copy_from(&self, template: &Path) -> Result<(), ClusterError> {
+        run(
+            std::process::Command::new("cp")
+                .arg("-a")
+                .arg(template)
+                .arg(&self.data_dir),
+            &format!("copying the template into node {}", self.name),
+        )?;
+        hand_over(&self.data_dir, self.run_as.as_ref(), true)
+    }
+
+    fn append(&self, file: &str, settings: &[(String, String)]) -> Result<(), ClusterError> {
+        let path = self.data_dir.join(file);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(|e| ClusterError::io(&path, e))?;
+        let mut text = String::from("\n# written by pgherd\n");
+        for (k, v) in settings {
+            text.push_str(&format!("{k} = {v}\n"));
+        }
+        f.write_all(text.as_bytes())
+            .map_err(|e| ClusterError::io(&path, e))
+    }
+
+    /// Appends settings to postgresql.conf.
+    pub fn write_settings(&self, settings: &[(String, String)]) -> Result<(), ClusterError> {
+        self.append("postgresql.conf", settings)
+    }
+
+    /// Appends settings to postgresql.auto.conf, which overrides postgresql.conf.
+    pub fn write_auto_settings(&self, settings: &[(String, String)]) -> Result<(), ClusterError> {
+        self.append("postgresql.auto.conf", settings)
+    }
+
+    pub fn start(&self, timeout: Duration) -> Result<(), ClusterError> {
+        run(
+            self.tool("pg_ctl")
+                .arg("-D")
+                .arg(&self.data_dir)
+                .arg("-l")
+                .arg(&self.log_file)
+                .args(["-w", "-t", &timeout.as_secs().to_string(), "start"]),
+            &format!(
+                "starting node {} (log: {})",
+                self.name,
+                self.log_file.display()
+            ),
+        )
+        .map(|_| ())
+    }
+
+    pub fn stop(&self, mode: StopMode) -> Result<(), ClusterError> {
+        run(
+            self.tool("pg_ctl").arg("-D").arg(&self.data_dir).args([
+                "-m",
+                mode.as_str(),
+                "-w",
+                "-t",
+                "60",
+                "stop",
+            ]),
+            &format!("stopping node {}", self.name),
+        )
+        .map(|_| ())
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.tool("pg_ctl")
+            .arg("-D")
+            .arg(&self.data_dir)
+            .arg("status")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    }
+
+    /// The postmaster's process id, from postmaster.pid.
+    pub fn postmaster_pid(&self) -> Option<u32> {
+        let text = std::fs::read_to_string(self.data_dir.join("postmaster.pid")).ok()?;
+        text.lines().next()?.trim().parse().ok()
+    }
+
+    /// Clones `primary` into this node's data directory as a streaming replica.
+    pub fn basebackup(&self, primary: &LocalNode, password: &str) -> Result<(), ClusterError> {
+        run(
+            self.tool("pg_basebackup")
+                .env("PGPASSWORD", password)
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &primary.port.to_string(),
+                    "-U",
+                    &primary.superuser,
+                ])
+                .arg("-D")
+                .arg(&self.data_dir)
+                .args(["-R", "-X", "stream", "-c", "fast"]),
+            &format!("pg_basebackup of node {} from {}", self.name, primary.name),
+        )
+        .map(|_| ())
+    }
+
+    /// Runs SQL as the superuser over the node's local socket; returns unaligned rows.
+    pub fn psql(&self, database: &str, sql: &str) -> Result<String, ClusterError> {
+        let out = run(
+            self.tool("psql")
+                .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-h"])
+                .arg(&self.socket_dir)
+                .args([
+                    "-p",
+                    &self.port.to_string(),
+                    "-U",
+                    &self.superuser,
+                    "-d",
+                    database,
+                    "-c",
+                    sql,
+                ]),
+            &format!("psql on node {}", self.name),
+        )?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
+    /// Promotes a replica and waits for it to accept writes.
+    pub fn promote(&self) -> Result<(), ClusterError> {
+        run(
+            self.tool("pg_ctl")
+                .arg("-D")
+                .arg(&self.data_dir)
+                .args(["-w", "promote"]),
+            &format!("promoting node {}", self.name),
+        )
+        .map(|_| ())
+    }
+}

@@ -1,0 +1,278 @@
+//! `pgherd.toml`: what every setting means, its default, and validation whose errors name the
+//! file, line, column and field (`pgherd.toml:14:11: hba[2].address: ...`).
+//!
+//! Architecture invariant: this crate reads the config file and nothing else: no sockets, no
+//! processes, no clocks. Certificates and keys named by the config are read by the proxy.
+
+mod error;
+pub mod hba;
+mod raw;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use error::{line_column, ConfigError};
+pub use hba::{AuthMethod, ConnectionFacts, HbaRule};
+use pgherd_wire::scram::ScramVerifier;
+
+/// The database entry that applies to every database not listed by name.
+pub const WILDCARD_DATABASE: &str = "*";
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it was read from (for messages and reloads).
+    pub source: PathBuf,
+    pub proxy: ProxySettings,
+    pub client_tls: Option<ClientTls>,
+    pub server_tls: ServerTls,
+    pub cluster: ClusterSettings,
+    pub nodes: Vec<NodeConfig>,
+    pub pool: PoolSettings,
+    pub databases: BTreeMap<String, DatabaseConfig>,
+    pub users: BTreeMap<String, UserConfig>,
+    pub auth_query: Option<AuthQuery>,
+    /// Ordered; the first match decides. Never empty: a file without rules gets one rule
+    /// that asks everybody for SCRAM.
+    pub hba: Vec<HbaRule>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProxySettings {
+    pub listen: Vec<SocketAddr>,
+    /// Threads serving connections; 0 means one per CPU.
+    pub workers: usize,
+    pub max_client_connections: usize,
+    /// Largest message accepted from a client, header included.
+    pub max_message_bytes: usize,
+    pub client_login_timeout_ms: u64,
+    /// 0 disables.
+    pub client_idle_timeout_ms: u64,
+    pub shutdown_timeout_ms: u64,
+    pub admin_users: Vec<String>,
+    pub stats_users: Vec<String>,
+    pub log_format: LogFormat,
+    pub log_level: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientTlsMode {
+    /// TLS offered; plain connections accepted too.
+    Allow,
+    /// Plain connections refused.
+    Require,
+}
+
+#[derive(Debug, Clone)]
+pub struct ClientTls {
+    pub mode: ClientTlsMode,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// Certificates of clients using `cert` auth must chain to this CA.
+    pub client_ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerTlsMode {
+    Disable,
+    /// TLS if the server offers it, without checking its certificate.
+    Prefer,
+    /// TLS or fail, without checking the certificate.
+    Require,
+    /// TLS with the certificate checked against `ca_file`, not the host name.
+    VerifyCa,
+    /// TLS with the certificate and host name checked.
+    VerifyFull,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    pub mode: ServerTlsMode,
+    pub ca_file: Option<PathBuf>,
+}
+
+/// How pgherd itself logs in to nodes to watch them.
+#[derive(Debug, Clone)]
+pub struct ClusterSettings {
+    pub user: String,
+    pub password: Option<String>,
+    pub database: String,
+    pub health_check_period_ms: u64,
+    pub health_check_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeConfig {
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+    /// Set when pgherd manages the node's processes on this machine (`pgherd up`).
+    pub data_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolMode {
+    /// A client keeps its server connection until it disconnects.
+    Session,
+    /// A client holds a server connection for one transaction.
+    Transaction,
+    /// A client holds a server connection for one statement; transactions are refused.
+    Statement,
+}
+
+impl PoolMode {
+    pub fn parse(s: &str) -> Option<PoolMode> {
+        Some(match s {
+            "session" => PoolMode::Session,
+            "transaction" => PoolMode::Transaction,
+            "statement" => PoolMode::Statement,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            PoolMode::Session => "session",
+            PoolMode::Transaction => "transaction",
+            PoolMode::Statement => "statement",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolSettings {
+    pub mode: PoolMode,
+    pub max_size: u32,
+    pub min_size: u32,
+    /// How long a client waits for a server connection before it gets an error.
+    pub wait_timeout_ms: u64,
+    /// Idle server connections older than this are closed (0 disables).
+    pub server_idle_timeout_ms: u64,
+    /// Server connections are closed once released after living this long (0 disables).
+    pub server_lifetime_ms: u64,
+    pub server_connect_timeout_ms: u64,
+    /// Run when a session-mode client leaves; empty disables.
+    pub server_reset_query: String,
+    /// Named prepared statements each server connection keeps in transaction mode.
+    pub prepared_statements_per_server: usize,
+}
+
+impl PoolSettings {
+    pub fn wait_timeout(&self) -> Duration {
+        Duration::from_millis(self.wait_timeout_ms)
+    }
+}
+
+/// Where a database's queries go until the read/write balancer exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Primary,
+    /// Read-only: served by replicas, or by the primary when none is available.
+    Replica,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatabaseConfig {
+    /// The name on the servers; `None` for the wildcard entry (the client's name is used).
+    pub dbname: Option<String>,
+    pub mode: Option<PoolMode>,
+    pub max_size: Option<u32>,
+    pub min_size: Option<u32>,
+    pub route: Route,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+pub struct UserConfig {
+    pub scram: Option<ScramVerifier>,
+    /// `md5` + hex, as PostgreSQL stores it.
+    pub md5: Option<String>,
+    /// Used to log in to servers instead of passing the client's credentials through.
+    pub server_password: Option<String>,
+    pub mode: Option<PoolMode>,
+}
+
+impl std::fmt::Debug for UserConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserConfig")
+            .field("scram", &self.scram.is_some())
+            .field("md5", &self.md5.is_some())
+            .field("server_password", &self.server_password.is_some())
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+/// Look up users missing from `[users]` in PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct AuthQuery {
+    /// Takes the user name as `$1`; returns the name and its SCRAM verifier or md5 hash.
+    pub query: String,
+    pub user: String,
+    pub password: Option<String>,
+    pub database: String,
+}
+
+/// What a (database, user) pair resolves to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedDatabase {
+    pub server_dbname: String,
+    pub route: Route,
+    pub pool: PoolSettings,
+}
+
+impl Config {
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let source = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::unplaced(path, "", format!("cannot read: {e}")))?;
+        Config::parse(&source, path)
+    }
+
+    /// Validates `source`, naming `path` in errors.
+    pub fn parse(source: &str, path: &Path) -> Result<Config, ConfigError> {
+        validate::validate(source, path)
+    }
+
+    /// The pool settings and server database for a client's (database, user), or `None` if the
+    /// database is not served.
+    pub fn resolve(&self, database: &str, user: &str) -> Option<ResolvedDatabase> {
+        let entry = self
+            .databases
+            .get(database)
+            .or_else(|| self.databases.get(WILDCARD_DATABASE))?;
+        let mut pool = self.pool.clone();
+        if let Some(mode) = entry.mode {
+            pool.mode = mode;
+        }
+        if let Some(max) = entry.max_size {
+            pool.max_size = max;
+        }
+        if let Some(min) = entry.min_size {
+            pool.min_size = min;
+        }
+        if let Some(mode) = self.users.get(user).and_then(|u| u.mode) {
+            pool.mode = mode;
+        }
+        Some(ResolvedDatabase {
+            server_dbname: entry.dbname.clone().unwrap_or_else(|| database.to_owned()),
+            route: entry.route,
+            pool,
+        })
+    }
+
+    pub fn node(&self, name: &str) -> Option<&NodeConfig> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,301 @@
+//! The file as written: serde mirrors of `pgherd.toml` with defaults. Nothing here is trusted
+//! until `validate` turns it into a [`crate::Config`].
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub pgherd: RawProxy,
+    pub tls: Option<RawClientTls>,
+    #[serde(default)]
+    pub server_tls: RawServerTls,
+    #[serde(default)]
+    pub cluster: RawCluster,
+    #[serde(default)]
+    pub nodes: Vec<RawNode>,
+    #[serde(default)]
+    pub pool: RawPool,
+    #[serde(default)]
+    pub databases: BTreeMap<String, RawDatabase>,
+    #[serde(default)]
+    pub users: BTreeMap<String, RawUser>,
+    #[serde(default)]
+    pub auth: RawAuth,
+    #[serde(default)]
+    pub hba: Vec<RawHba>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProxy {
+    #[serde(default = "default_listen")]
+    pub listen: Vec<String>,
+    #[serde(default)]
+    pub workers: usize,
+    #[serde(default = "default_max_client_connections")]
+    pub max_client_connections: usize,
+    #[serde(default = "default_max_message_bytes")]
+    pub max_message_bytes: usize,
+    #[serde(default = "default_client_login_timeout_ms")]
+    pub client_login_timeout_ms: u64,
+    #[serde(default)]
+    pub client_idle_timeout_ms: u64,
+    #[serde(default = "default_shutdown_timeout_ms")]
+    pub shutdown_timeout_ms: u64,
+    #[serde(default)]
+    pub admin_users: Vec<String>,
+    #[serde(default)]
+    pub stats_users: Vec<String>,
+    #[serde(default = "default_log_format")]
+    pub log_format: String,
+    #[serde(default = "default_log_level")]
+    pub log_level: String,
+}
+
+impl Default for RawProxy {
+    fn default() -> Self {
+        RawProxy {
+            listen: default_listen(),
+            workers: 0,
+            max_client_connections: default_max_client_connections(),
+            max_message_bytes: default_max_message_bytes(),
+            client_login_timeout_ms: default_client_login_timeout_ms(),
+            client_idle_timeout_ms: 0,
+            shutdown_timeout_ms: default_shutdown_timeout_ms(),
+            admin_users: Vec::new(),
+            stats_users: Vec::new(),
+            log_format: default_log_format(),
+            log_level: default_log_level(),
+        }
+    }
+}
+
+fn default_listen() -> Vec<String> {
+    vec!["127.0.0.1:6432".to_owned()]
+}
+fn default_max_client_connections() -> usize {
+    10_000
+}
+fn default_max_message_bytes() -> usize {
+    256 << 20
+}
+fn default_client_login_timeout_ms() -> u64 {
+    60_000
+}
+fn default_shutdown_timeout_ms() -> u64 {
+    30_000
+}
+fn default_log_format() -> String {
+    "human".to_owned()
+}
+fn default_log_level() -> String {
+    "info".to_owned()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawClientTls {
+    #[serde(default = "default_client_tls_mode")]
+    pub mode: String,
+    pub cert_file: String,
+    pub key_file: String,
+    pub client_ca_file: Option<String>,
+}
+
+fn default_client_tls_mode() -> String {
+    "allow".to_owned()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServerTls {
+    #[serde(default = "default_server_tls_mode")]
+    pub mode: String,
+    pub ca_file: Option<String>,
+}
+
+impl Default for RawServerTls {
+    fn default() -> Self {
+        RawServerTls {
+            mode: default_server_tls_mode(),
+            ca_file: None,
+        }
+    }
+}
+
+fn default_server_tls_mode() -> String {
+    "disable".to_owned()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCluster {
+    #[serde(default = "default_cluster_user")]
+    pub user: String,
+    pub password: Option<String>,
+    #[serde(default = "default_cluster_database")]
+    pub database: String,
+    #[serde(default = "default_health_check_period_ms")]
+    pub health_check_period_ms: u64,
+    #[serde(default = "default_health_check_timeout_ms")]
+    pub health_check_timeout_ms: u64,
+}
+
+impl Default for RawCluster {
+    fn default() -> Self {
+        RawCluster {
+            user: default_cluster_user(),
+            password: None,
+            database: default_cluster_database(),
+            health_check_period_ms: default_health_check_period_ms(),
+            health_check_timeout_ms: default_health_check_timeout_ms(),
+        }
+    }
+}
+
+fn default_cluster_user() -> String {
+    "postgres".to_owned()
+}
+fn default_cluster_database() -> String {
+    "postgres".to_owned()
+}
+fn default_health_check_period_ms() -> u64 {
+    1_000
+}
+fn default_health_check_timeout_ms() -> u64 {
+    2_000
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawNode {
+    pub name: String,
+    #[serde(default = "default_node_host")]
+    pub host: String,
+    pub port: u16,
+    pub data_dir: Option<String>,
+}
+
+fn default_node_host() -> String {
+    "127.0.0.1".to_owned()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPool {
+    #[serde(default = "default_pool_mode")]
+    pub mode: String,
+    #[serde(default = "default_pool_max_size")]
+    pub max_size: u32,
+    #[serde(default)]
+    pub min_size: u32,
+    #[serde(default = "default_wait_timeout_ms")]
+    pub wait_timeout_ms: u64,
+    #[serde(default = "default_server_idle_timeout_ms")]
+    pub server_idle_timeout_ms: u64,
+    #[serde(default = "default_server_lifetime_ms")]
+    pub server_lifetime_ms: u64,
+    #[serde(default = "default_server_connect_timeout_ms")]
+    pub server_connect_timeout_ms: u64,
+    #[serde(default = "default_server_reset_query")]
+    pub server_reset_query: String,
+    #[serde(default = "default_prepared_statements_per_server")]
+    pub prepared_statements_per_server: usize,
+}
+
+impl Default for RawPool {
+    fn default() -> Self {
+        RawPool {
+            mode: default_pool_mode(),
+            max_size: default_pool_max_size(),
+            min_size: 0,
+            wait_timeout_ms: default_wait_timeout_ms(),
+            server_idle_timeout_ms: default_server_idle_timeout_ms(),
+            server_lifetime_ms: default_server_lifetime_ms(),
+            server_connect_timeout_ms: default_server_connect_timeout_ms(),
+            server_reset_query: default_server_reset_query(),
+            prepared_statements_per_server: default_prepared_statements_per_server(),
+        }
+    }
+}
+
+fn default_pool_mode() -> String {
+    "transaction".to_owned()
+}
+fn default_pool_max_size() -> u32 {
+    20
+}
+fn default_wait_timeout_ms() -> u64 {
+    30_000
+}
+fn default_server_idle_timeout_ms() -> u64 {
+    600_000
+}
+fn default_server_lifetime_ms() -> u64 {
+    3_600_000
+}
+fn default_server_connect_timeout_ms() -> u64 {
+    5_000
+}
+fn default_server_reset_query() -> String {
+    "DISCARD ALL".to_owned()
+}
+fn default_prepared_statements_per_server() -> usize {
+    256
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawDatabase {
+    pub dbname: Option<String>,
+    pub mode: Option<String>,
+    pub max_size: Option<u32>,
+    pub min_size: Option<u32>,
+    pub route: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawUser {
+    pub scram: Option<String>,
+    pub md5: Option<String>,
+    pub server_password: Option<String>,
+    pub mode: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawAuth {
+    pub query: Option<String>,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub database: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHba {
+    #[serde(default = "default_hba_type", rename = "type")]
+    pub conn_type: String,
+    #[serde(default = "all")]
+    pub databases: Vec<String>,
+    #[serde(default = "all")]
+    pub users: Vec<String>,
+    #[serde(default = "all_address")]
+    pub address: String,
+    pub method: String,
+}
+
+fn default_hba_type() -> String {
+    "host".to_owned()
+}
+fn all() -> Vec<String> {
+    vec!["all".to_owned()]
+}
+fn all_address() -> String {
+    "all".to_owned()
+}

@@ -1,0 +1,129 @@
+use std::path::Path;
+
+use super::*;
+
+const NODE: &str = "[[nodes]]\nname = \"pg1\"\nport = 5432\n";
+
+fn parse(src: &str) -> Result<Config, ConfigError> {
+    Config::parse(src, Path::new("pgherd.toml"))
+}
+
+/// Asserts that `src` fails with exactly `expected` ("file:line:col: field: message" prefix).
+fn check_err(src: &str, expected: &str) {
+    let err = parse(src)
+        .expect_err("config should be rejected")
+        .to_string();
+    assert!(
+        err.starts_with(expected),
+        "\n   got: {err}\nwanted: {expected}..."
+    );
+}
+
+#[test]
+fn minimal_config_gets_defaults() {
+    let config = parse(NODE).unwrap();
+    assert_eq!(config.proxy.listen, vec!["127.0.0.1:6432".parse().unwrap()]);
+    assert_eq!(config.pool.mode, PoolMode::Transaction);
+    assert_eq!(config.pool.max_size, 20);
+    assert_eq!(config.nodes[0].host, "127.0.0.1");
+    assert_eq!(config.hba.len(), 1);
+    assert_eq!(config.hba[0].method, AuthMethod::ScramSha256);
+    let resolved = config.resolve("anything", "anyone").unwrap();
+    assert_eq!(resolved.server_dbname, "anything");
+}
+
+#[test]
+fn resolution_order_is_user_then_database_then_pool() {
+    let src = format!(
+        "{NODE}[pool]\nmode = \"transaction\"\nmax_size = 7\n\
+         [databases.app]\ndbname = \"app_prod\"\nmode = \"statement\"\nmax_size = 3\n\
+         [users.bob]\nmode = \"session\"\n"
+    );
+    let config = parse(&src).unwrap();
+    let alice = config.resolve("app", "alice").unwrap();
+    assert_eq!(
+        (
+            alice.server_dbname.as_str(),
+            alice.pool.mode,
+            alice.pool.max_size
+        ),
+        ("app_prod", PoolMode::Statement, 3)
+    );
+    let bob = config.resolve("app", "bob").unwrap();
+    assert_eq!(bob.pool.mode, PoolMode::Session);
+    // Only "app" is listed, so other databases are not served.
+    assert!(config.resolve("other", "alice").is_none());
+}
+
+#[test]
+fn errors_name_file_line_and_field() {
+    check_err(
+        &format!("{NODE}[pgherd]\nlisten = [\"127.0.0.1:6432\", \"nonsense\"]\n"),
+        "pgherd.toml:5:29: pgherd.listen[1]: \"nonsense\" is not an address",
+    );
+    check_err(
+        &format!("{NODE}[[hba]]\nmethod = \"trust\"\n[[hba]]\naddress = \"10.0.0/8\"\nmethod = \"md5\"\n"),
+        "pgherd.toml:7:11: hba[1].address: \"10.0.0/8\" is not an address or CIDR block",
+    );
+    check_err(
+        &format!("{NODE}[pool]\nmode = \"txn\"\n"),
+        "pgherd.toml:5:8: pool.mode: unknown pool mode \"txn\"",
+    );
+    check_err(
+        &format!("{NODE}[users.alice]\nscram = \"SCRAM-SHA-256$x\"\n"),
+        "pgherd.toml:5:9: users.alice.scram: invalid SCRAM verifier",
+    );
+    check_err(
+        &format!("{NODE}[[nodes]]\nname = \"pg1\"\nport = 5433\n"),
+        "pgherd.toml:5:8: nodes[1].name: duplicate node name \"pg1\"",
+    );
+    check_err(
+        &format!("{NODE}[databases.\"*\"]\ndbname = \"x\"\n"),
+        "pgherd.toml:5:10: databases.\"*\".dbname: the \"*\" entry",
+    );
+    check_err(
+        &format!("{NODE}[pool]\nmax_size = 2\nmin_size = 3\n"),
+        "pgherd.toml:6:12: pool.min_size: must not exceed max_size",
+    );
+}
+
+#[test]
+fn syntax_and_type_errors_are_placed() {
+    check_err(
+        &format!("{NODE}[pgherd]\nlisen = []\n"),
+        "pgherd.toml:5:1: unknown field `lisen`",
+    );
+    check_err(
+        &format!("{NODE}[pool]\nmax_size = \"big\"\n"),
+        "pgherd.toml:5:12: invalid type: string \"big\", expected u32",
+    );
+    check_err("[[nodes]\n", "pgherd.toml:1:");
+    check_err("", "pgherd.toml: nodes: at least one [[nodes]] entry");
+}
+
+#[test]
+fn cert_auth_needs_a_client_ca() {
+    check_err(
+        &format!("{NODE}[[hba]]\ntype = \"hostssl\"\nmethod = \"cert\"\n"),
+        "pgherd.toml:6:10: hba[0].method: cert authentication needs [tls] with client_ca_file",
+    );
+}
+
+#[test]
+fn relative_paths_are_relative_to_the_config_file() {
+    let src = format!("{NODE}[tls]\ncert_file = \"server.crt\"\nkey_file = \"/abs/server.key\"\n");
+    let config = Config::parse(&src, Path::new("/etc/pgherd/pgherd.toml")).unwrap();
+    let tls = config.client_tls.unwrap();
+    assert_eq!(tls.cert_file, Path::new("/etc/pgherd/server.crt"));
+    assert_eq!(tls.key_file, Path::new("/abs/server.key"));
+}
+
+#[test]
+fn unreadable_file_is_reported_with_its_path() {
+    let err = Config::load(Path::new("/nonexistent/pgherd.toml")).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("/nonexistent/pgherd.toml: cannot read"),
+        "{err}"
+    );
+}

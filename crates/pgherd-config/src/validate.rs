@@ -1,0 +1,628 @@
+//! Raw file → validated [`Config`]. Every semantic error is located in the source by the path of
+//! the field it is about.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use ipnet::IpNet;
+use pgherd_wire::md5::is_md5_hash;
+use pgherd_wire::scram::ScramVerifier;
+use toml_edit::{ImDocument, Item, Value};
+
+use crate::hba::{AuthMethod, ConnectionType, HbaRule, NameMatch};
+use crate::raw::{RawConfig, RawHba};
+use crate::{
+    AuthQuery, ClientTls, ClientTlsMode, ClusterSettings, Config, ConfigError, DatabaseConfig,
+    LogFormat, NodeConfig, PoolMode, PoolSettings, ProxySettings, Route, ServerTls, ServerTlsMode,
+    UserConfig, WILDCARD_DATABASE,
+};
+
+/// One step of a field path: a table key or an array index.
+#[derive(Debug, Clone)]
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+impl From<&str> for Seg {
+    fn from(s: &str) -> Self {
+        Seg::Key(s.to_owned())
+    }
+}
+
+impl From<usize> for Seg {
+    fn from(i: usize) -> Self {
+        Seg::Index(i)
+    }
+}
+
+fn render(path: &[Seg]) -> String {
+    let mut out = String::new();
+    for seg in path {
+        match seg {
+            Seg::Key(k) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                let bare = !k.is_empty()
+                    && k.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+                if bare {
+                    out.push_str(k);
+                } else {
+                    out.push_str(&format!("{k:?}"));
+                }
+            }
+            Seg::Index(i) => out.push_str(&format!("[{i}]")),
+        }
+    }
+    out
+}
+
+macro_rules! path {
+    ($($seg:expr),* $(,)?) => { [$(Seg::from($seg)),*] };
+}
+
+struct Checker<'a> {
+    file: &'a Path,
+    source: &'a str,
+    doc: Option<ImDocument<&'a str>>,
+}
+
+impl Checker<'_> {
+    fn span(&self, path: &[Seg]) -> Option<Range<usize>> {
+        enum Cursor<'d> {
+            Item(&'d Item),
+            Table(&'d toml_edit::Table),
+        }
+        let doc = self.doc.as_ref()?;
+        let mut cursor = Cursor::Item(doc.as_item());
+        let mut best = None;
+        for seg in path {
+            let next = match (seg, &cursor) {
+                (Seg::Key(k), Cursor::Table(t)) => t.get(k).map(Cursor::Item),
+                (Seg::Key(k), Cursor::Item(Item::Table(t))) => t.get(k).map(Cursor::Item),
+                (Seg::Key(k), Cursor::Item(Item::Value(Value::InlineTable(t)))) => {
+                    best = t.get(k).and_then(|v| v.span()).or(best);
+                    return best;
+                }
+                (Seg::Index(i), Cursor::Item(Item::ArrayOfTables(a))) => {
+                    a.get(*i).map(Cursor::Table)
+                }
+                (Seg::Index(i), Cursor::Item(Item::Value(Value::Array(a)))) => {
+                    best = a.get(*i).and_then(|v| v.span()).or(best);
+                    return best;
+                }
+                _ => None,
+            };
+            match next {
+                Some(next) => {
+                    let span = match &next {
+                        Cursor::Item(item) => item.span(),
+                        Cursor::Table(table) => table.span(),
+                    };
+                    best = span.or(best);
+                    cursor = next;
+                }
+                None => break,
+            }
+        }
+        best
+    }
+
+    fn error(&self, path: &[Seg], message: impl Into<String>) -> ConfigError {
+        ConfigError::at(
+            self.file,
+            self.source,
+            self.span(path),
+            render(path),
+            message,
+        )
+    }
+
+    /// Resolves a path relative to the config file's directory.
+    fn file_path(&self, value: &str) -> PathBuf {
+        let p = Path::new(value);
+        if p.is_absolute() {
+            p.to_owned()
+        } else {
+            self.file
+                .parent()
+                .map_or_else(|| p.to_owned(), |dir| dir.join(p))
+        }
+    }
+}
+
+pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
+    let raw: RawConfig = toml::from_str(source).map_err(|e| {
+        ConfigError::at(
+            file,
+            source,
+            e.span(),
+            "",
+            e.message().trim_end().to_owned(),
+        )
+    })?;
+    let c = Checker {
+        file,
+        source,
+        doc: ImDocument::parse(source).ok(),
+    };
+    let proxy = proxy(&c, &raw)?;
+    let client_tls = client_tls(&c, &raw)?;
+    let server_tls = server_tls(&c, &raw)?;
+    let cluster = cluster(&c, &raw)?;
+    let nodes = nodes(&c, &raw)?;
+    let pool = pool(&c, &raw)?;
+    let databases = databases(&c, &raw, &pool)?;
+    let users = users(&c, &raw)?;
+    let auth_query = auth_query(&c, &raw, &cluster);
+    let hba = hba(&c, &raw.hba)?;
+    if hba.iter().any(|r| r.method == AuthMethod::Cert)
+        && client_tls
+            .as_ref()
+            .and_then(|t| t.client_ca_file.as_ref())
+            .is_none()
+    {
+        let index = hba
+            .iter()
+            .position(|r| r.method == AuthMethod::Cert)
+            .unwrap_or(0);
+        return Err(c.error(
+            &path!["hba", index, "method"],
+            "cert authentication needs [tls] with client_ca_file to check client certificates",
+        ));
+    }
+    Ok(Config {
+        source: file.to_owned(),
+        proxy,
+        client_tls,
+        server_tls,
+        cluster,
+        nodes,
+        pool,
+        databases,
+        users,
+        auth_query,
+        hba,
+    })
+}
+
+fn proxy(c: &Checker<'_>, raw: &RawConfig) -> Result<ProxySettings, ConfigError> {
+    let p = &raw.pgherd;
+    if p.listen.is_empty() {
+        return Err(c.error(&path!["pgherd", "listen"], "needs at least one address"));
+    }
+    let listen = p
+        .listen
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            a.parse::<SocketAddr>().map_err(|_| {
+                c.error(
+                    &path!["pgherd", "listen", i],
+                    format!("{a:?} is not an address with a port, e.g. \"127.0.0.1:6432\""),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if p.workers > 1024 {
+        return Err(c.error(
+            &path!["pgherd", "workers"],
+            "must be between 0 (one per CPU) and 1024",
+        ));
+    }
+    if p.max_client_connections == 0 {
+        return Err(c.error(
+            &path!["pgherd", "max_client_connections"],
+            "must be at least 1",
+        ));
+    }
+    if !(8 << 10..=(1 << 30) + (1 << 20)).contains(&p.max_message_bytes) {
+        return Err(c.error(
+            &path!["pgherd", "max_message_bytes"],
+            "must be between 8192 and 1074790400 (1 GiB plus headroom)",
+        ));
+    }
+    let log_format = match p.log_format.as_str() {
+        "human" => LogFormat::Human,
+        "json" => LogFormat::Json,
+        other => {
+            return Err(c.error(
+                &path!["pgherd", "log_format"],
+                format!("unknown format {other:?}; expected \"human\" or \"json\""),
+            ))
+        }
+    };
+    if !["error", "warn", "info", "debug", "trace"].contains(&p.log_level.as_str()) {
+        return Err(c.error(
+            &path!["pgherd", "log_level"],
+            format!(
+                "unknown level {:?}; expected error, warn, info, debug or trace",
+                p.log_level
+            ),
+        ));
+    }
+    if p.client_login_timeout_ms == 0 || p.shutdown_timeout_ms == 0 {
+        let field = if p.client_login_timeout_ms == 0 {
+            "client_login_timeout_ms"
+        } else {
+            "shutdown_timeout_ms"
+        };
+        return Err(c.error(&path!["pgherd", field], "must be greater than 0"));
+    }
+    Ok(ProxySettings {
+        listen,
+        workers: p.workers,
+        max_client_connections: p.max_client_connections,
+        max_message_bytes: p.max_message_bytes,
+        client_login_timeout_ms: p.client_login_timeout_ms,
+        client_idle_timeout_ms: p.client_idle_timeout_ms,
+        shutdown_timeout_ms: p.shutdown_timeout_ms,
+        admin_users: p.admin_users.clone(),
+        stats_users: p.stats_users.clone(),
+        log_format,
+        log_level: p.log_level.clone(),
+    })
+}
+
+fn client_tls(c: &Checker<'_>, raw: &RawConfig) -> Result<Option<ClientTls>, ConfigError> {
+    let Some(t) = &raw.tls else { return Ok(None) };
+    let mode = match t.mode.as_str() {
+        "allow" => ClientTlsMode::Allow,
+        "require" => ClientTlsMode::Require,
+        other => {
+            return Err(c.error(
+                &path!["tls", "mode"],
+                format!("unknown mode {other:?}; expected \"allow\" or \"require\""),
+            ))
+        }
+    };
+    Ok(Some(ClientTls {
+        mode,
+        cert_file: c.file_path(&t.cert_file),
+        key_file: c.file_path(&t.key_file),
+        client_ca_file: t.client_ca_file.as_deref().map(|f| c.file_path(f)),
+    }))
+}
+
+fn server_tls(c: &Checker<'_>, raw: &RawConfig) -> Result<ServerTls, ConfigError> {
+    let t = &raw.server_tls;
+    let mode = match t.mode.as_str() {
+        "disable" => ServerTlsMode::Disable,
+        "prefer" => ServerTlsMode::Prefer,
+        "require" => ServerTlsMode::Require,
+        "verify-ca" => ServerTlsMode::VerifyCa,
+        "verify-full" => ServerTlsMode::VerifyFull,
+        other => {
+            return Err(c.error(
+                &path!["server_tls", "mode"],
+                format!(
+                    "unknown mode {other:?}; expected disable, prefer, require, verify-ca or verify-full"
+                ),
+            ))
+        }
+    };
+    if matches!(mode, ServerTlsMode::VerifyCa | ServerTlsMode::VerifyFull) && t.ca_file.is_none() {
+        return Err(c.error(
+            &path!["server_tls", "mode"],
+            format!("{} needs ca_file", t.mode),
+        ));
+    }
+    Ok(ServerTls {
+        mode,
+        ca_file: t.ca_file.as_deref().map(|f| c.file_path(f)),
+    })
+}
+
+fn cluster(c: &Checker<'_>, raw: &RawConfig) -> Result<ClusterSettings, ConfigError> {
+    let k = &raw.cluster;
+    for (field, value) in [
+        ("health_check_period_ms", k.health_check_period_ms),
+        ("health_check_timeout_ms", k.health_check_timeout_ms),
+    ] {
+        if value < 10 {
+            return Err(c.error(&path!["cluster", field], "must be at least 10"));
+        }
+    }
+    if k.user.is_empty() {
+        return Err(c.error(&path!["cluster", "user"], "must not be empty"));
+    }
+    Ok(ClusterSettings {
+        user: k.user.clone(),
+        password: k.password.clone(),
+        database: k.database.clone(),
+        health_check_period_ms: k.health_check_period_ms,
+        health_check_timeout_ms: k.health_check_timeout_ms,
+    })
+}
+
+fn nodes(c: &Checker<'_>, raw: &RawConfig) -> Result<Vec<NodeConfig>, ConfigError> {
+    if raw.nodes.is_empty() {
+        return Err(ConfigError::unplaced(
+            c.file,
+            "nodes",
+            "at least one [[nodes]] entry (name, host, port) is required",
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    let mut nodes = Vec::new();
+    for (i, n) in raw.nodes.iter().enumerate() {
+        let valid_name = !n.name.is_empty()
+            && n.name.len() <= 63
+            && n.name
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-');
+        if !valid_name {
+            return Err(c.error(
+                &path!["nodes", i, "name"],
+                "must be 1 to 63 letters, digits, '_' or '-'",
+            ));
+        }
+        if !seen.insert(n.name.as_str()) {
+            return Err(c.error(
+                &path!["nodes", i, "name"],
+                format!("duplicate node name {:?}", n.name),
+            ));
+        }
+        if n.host.is_empty() {
+            return Err(c.error(&path!["nodes", i, "host"], "must not be empty"));
+        }
+        if n.port == 0 {
+            return Err(c.error(&path!["nodes", i, "port"], "must be between 1 and 65535"));
+        }
+        nodes.push(NodeConfig {
+            name: n.name.clone(),
+            host: n.host.clone(),
+            port: n.port,
+            data_dir: n.data_dir.as_deref().map(|d| c.file_path(d)),
+        });
+    }
+    Ok(nodes)
+}
+
+fn pool_mode(c: &Checker<'_>, path: &[Seg], value: &str) -> Result<PoolMode, ConfigError> {
+    PoolMode::parse(value).ok_or_else(|| {
+        c.error(
+            path,
+            format!("unknown pool mode {value:?}; expected session, transaction or statement"),
+        )
+    })
+}
+
+fn pool(c: &Checker<'_>, raw: &RawConfig) -> Result<PoolSettings, ConfigError> {
+    let p = &raw.pool;
+    let mode = pool_mode(c, &path!["pool", "mode"], &p.mode)?;
+    if p.max_size == 0 {
+        return Err(c.error(&path!["pool", "max_size"], "must be at least 1"));
+    }
+    if p.min_size > p.max_size {
+        return Err(c.error(&path!["pool", "min_size"], "must not exceed max_size"));
+    }
+    if p.prepared_statements_per_server == 0 {
+        return Err(c.error(
+            &path!["pool", "prepared_statements_per_server"],
+            "must be at least 1",
+        ));
+    }
+    for (field, value) in [
+        ("wait_timeout_ms", p.wait_timeout_ms),
+        ("server_connect_timeout_ms", p.server_connect_timeout_ms),
+    ] {
+        if value == 0 {
+            return Err(c.error(&path!["pool", field], "must be greater than 0"));
+        }
+    }
+    Ok(PoolSettings {
+        mode,
+        max_size: p.max_size,
+        min_size: p.min_size,
+        wait_timeout_ms: p.wait_timeout_ms,
+        server_idle_timeout_ms: p.server_idle_timeout_ms,
+        server_lifetime_ms: p.server_lifetime_ms,
+        server_connect_timeout_ms: p.server_connect_timeout_ms,
+        server_reset_query: p.server_reset_query.clone(),
+        prepared_statements_per_server: p.prepared_statements_per_server,
+    })
+}
+
+fn databases(
+    c: &Checker<'_>,
+    raw: &RawConfig,
+    pool: &PoolSettings,
+) -> Result<BTreeMap<String, DatabaseConfig>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for (name, d) in &raw.databases {
+        if name.is_empty() {
+            return Err(c.error(
+                &path!["databases", name.as_str()],
+                "database name must not be empty",
+            ));
+        }
+        let mode = d
+            .mode
+            .as_deref()
+            .map(|m| pool_mode(c, &path!["databases", name.as_str(), "mode"], m))
+            .transpose()?;
+        let route = match d.route.as_deref() {
+            None | Some("primary") => Route::Primary,
+            Some("replica") => Route::Replica,
+            Some(other) => {
+                return Err(c.error(
+                    &path!["databases", name.as_str(), "route"],
+                    format!("unknown route {other:?}; expected \"primary\" or \"replica\""),
+                ))
+            }
+        };
+        if d.max_size == Some(0) {
+            return Err(c.error(
+                &path!["databases", name.as_str(), "max_size"],
+                "must be at least 1",
+            ));
+        }
+        if d.min_size.unwrap_or(pool.min_size) > d.max_size.unwrap_or(pool.max_size) {
+            return Err(c.error(
+                &path!["databases", name.as_str(), "min_size"],
+                "must not exceed max_size",
+            ));
+        }
+        let dbname =
+            match (&d.dbname, name.as_str()) {
+                (Some(_), WILDCARD_DATABASE) => return Err(c.error(
+                    &path!["databases", name.as_str(), "dbname"],
+                    "the \"*\" entry serves every database under its own name and takes no dbname",
+                )),
+                (Some(db), _) => Some(db.clone()),
+                (None, WILDCARD_DATABASE) => None,
+                (None, _) => Some(name.clone()),
+            };
+        out.insert(
+            name.clone(),
+            DatabaseConfig {
+                dbname,
+                mode,
+                max_size: d.max_size,
+                min_size: d.min_size,
+                route,
+            },
+        );
+    }
+    if out.is_empty() {
+        out.insert(
+            WILDCARD_DATABASE.to_owned(),
+            DatabaseConfig {
+                dbname: None,
+                mode: None,
+                max_size: None,
+                min_size: None,
+                route: Route::Primary,
+            },
+        );
+    }
+    Ok(out)
+}
+
+fn users(c: &Checker<'_>, raw: &RawConfig) -> Result<BTreeMap<String, UserConfig>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for (name, u) in &raw.users {
+        let scram = u
+            .scram
+            .as_deref()
+            .map(|v| {
+                ScramVerifier::parse(v).map_err(|e| {
+                    c.error(
+                        &path!["users", name.as_str(), "scram"],
+                        format!("{e} (generate one with `pgherd passwd {name}`)"),
+                    )
+                })
+            })
+            .transpose()?;
+        if let Some(md5) = &u.md5 {
+            if !is_md5_hash(md5) {
+                return Err(c.error(
+                    &path!["users", name.as_str(), "md5"],
+                    "must be \"md5\" followed by 32 hex digits, as in pg_authid",
+                ));
+            }
+        }
+        let mode = u
+            .mode
+            .as_deref()
+            .map(|m| pool_mode(c, &path!["users", name.as_str(), "mode"], m))
+            .transpose()?;
+        out.insert(
+            name.clone(),
+            UserConfig {
+                scram,
+                md5: u.md5.clone(),
+                server_password: u.server_password.clone(),
+                mode,
+            },
+        );
+    }
+    Ok(out)
+}
+
+fn auth_query(_c: &Checker<'_>, raw: &RawConfig, cluster: &ClusterSettings) -> Option<AuthQuery> {
+    let a = &raw.auth;
+    a.query.as_ref().map(|query| AuthQuery {
+        query: query.clone(),
+        user: a.user.clone().unwrap_or_else(|| cluster.user.clone()),
+        password: a.password.clone().or_else(|| cluster.password.clone()),
+        database: a
+            .database
+            .clone()
+            .unwrap_or_else(|| cluster.database.clone()),
+    })
+}
+
+fn names(c: &Checker<'_>, path: &[Seg], list: &[String]) -> Result<NameMatch, ConfigError> {
+    if list.is_empty() {
+        return Err(c.error(path, "must list at least one name, or \"all\""));
+    }
+    if list.iter().any(|n| n == "all") {
+        return Ok(NameMatch::All);
+    }
+    Ok(NameMatch::Names(list.to_vec()))
+}
+
+fn hba(c: &Checker<'_>, raw: &[RawHba]) -> Result<Vec<HbaRule>, ConfigError> {
+    if raw.is_empty() {
+        return Ok(vec![HbaRule {
+            connection: ConnectionType::Any,
+            databases: NameMatch::All,
+            users: NameMatch::All,
+            address: None,
+            method: AuthMethod::ScramSha256,
+        }]);
+    }
+    raw.iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let connection = match r.conn_type.as_str() {
+                "host" => ConnectionType::Any,
+                "hostssl" => ConnectionType::Tls,
+                "hostnossl" => ConnectionType::Plain,
+                other => {
+                    return Err(c.error(
+                        &path!["hba", i, "type"],
+                        format!("unknown type {other:?}; expected host, hostssl or hostnossl"),
+                    ))
+                }
+            };
+            let method = AuthMethod::parse(&r.method).ok_or_else(|| {
+                c.error(
+                    &path!["hba", i, "method"],
+                    format!(
+                        "unknown method {:?}; expected scram-sha-256, md5, trust, cert or reject",
+                        r.method
+                    ),
+                )
+            })?;
+            let address = match r.address.as_str() {
+                "all" => None,
+                text => Some(parse_address(text).ok_or_else(|| {
+                    c.error(
+                        &path!["hba", i, "address"],
+                        format!("{text:?} is not an address or CIDR block, e.g. \"10.0.0.0/8\""),
+                    )
+                })?),
+            };
+            Ok(HbaRule {
+                connection,
+                databases: names(c, &path!["hba", i, "databases"], &r.databases)?,
+                users: names(c, &path!["hba", i, "users"], &r.users)?,
+                address,
+                method,
+            })
+        })
+        .collect()
+}
+
+fn parse_address(text: &str) -> Option<IpNet> {
+    text.parse::<IpNet>()
+        .ok()
+        .or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from))
+}

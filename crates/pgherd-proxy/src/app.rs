@@ -1,0 +1,294 @@
+//! The state every task shares: the current config, the nodes, the pools, the clients, TLS,
+//! and the shutdown signal. Passed around as `Arc<App>`; there are no globals.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use parking_lot::Mutex;
+use pgherd_config::Config;
+use tokio::sync::watch;
+
+use crate::clients::ClientRegistry;
+use crate::nodes::{NodeState, Nodes};
+use crate::pool::{ConnectContext, NodeAddress, Pool};
+use crate::server::ServerCredentials;
+use crate::tls;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PoolKey {
+    database: String,
+    user: String,
+    node: String,
+}
+
+pub struct App {
+    config: ArcSwap<Config>,
+    pub nodes: Nodes,
+    pub clients: Arc<ClientRegistry>,
+    pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
+    connect: ArcSwap<ConnectContext>,
+    client_tls: ArcSwapOption<tokio_rustls::TlsAcceptor>,
+    shutdown_tx: watch::Sender<bool>,
+    /// Keys the fake salts of mock SCRAM exchanges for unknown users.
+    pub mock_secret: [u8; 32],
+    pub started_at: SystemTime,
+    /// How pgherd logs in to servers as each user; shared by that user's pools.
+    credentials: Mutex<HashMap<String, Arc<Mutex<ServerCredentials>>>>,
+    next_server_id: Arc<AtomicU64>,
+    pub reloads: AtomicU64,
+    /// Connections for auth_query, per node.
+    auth_pools: Mutex<HashMap<String, Arc<Pool>>>,
+}
+
+impl App {
+    pub fn new(config: Config) -> Result<Arc<App>, String> {
+        let connect = connect_context(&config, Arc::new(AtomicU64::new(1)))?;
+        let acceptor = match &config.client_tls {
+            Some(settings) => Some(Arc::new(tls::client_acceptor(settings)?)),
+            None => None,
+        };
+        let (shutdown_tx, _) = watch::channel(false);
+        Ok(Arc::new(App {
+            nodes: Nodes::new(&config.nodes),
+            clients: Arc::new(ClientRegistry::new()),
+            pools: Mutex::new(HashMap::new()),
+            next_server_id: connect.next_server_id.clone(),
+            connect: ArcSwap::from_pointee(connect),
+            client_tls: ArcSwapOption::new(acceptor),
+            shutdown_tx,
+            mock_secret: rand::random(),
+            started_at: SystemTime::now(),
+            credentials: Mutex::new(HashMap::new()),
+            reloads: AtomicU64::new(0),
+            auth_pools: Mutex::new(HashMap::new()),
+            config: ArcSwap::from_pointee(config),
+        }))
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        self.config.load_full()
+    }
+
+    pub fn connect_context(&self) -> Arc<ConnectContext> {
+        self.connect.load_full()
+    }
+
+    pub fn client_tls(&self) -> Option<Arc<tokio_rustls::TlsAcceptor>> {
+        self.client_tls.load_full()
+    }
+
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown_tx.subscribe()
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        *self.shutdown_tx.borrow()
+    }
+
+    pub fn begin_shutdown(&self) {
+        self.shutdown_tx.send_replace(true);
+        for pool in self.pools() {
+            pool.drop_idle();
+        }
+    }
+
+    /// The credentials pgherd uses on servers for `user`, shared by all of that user's pools.
+    pub fn user_credentials(&self, user: &str) -> Arc<Mutex<ServerCredentials>> {
+        let mut map = self.credentials.lock();
+        map.entry(user.to_owned())
+            .or_insert_with(|| {
+                let config = self.config();
+                let entry = config.users.get(user);
+                Arc::new(Mutex::new(ServerCredentials {
+                    password: entry.and_then(|u| u.server_password.clone()),
+                    scram_keys: None,
+                    md5_hash: entry.and_then(|u| u.md5.clone()),
+                }))
+            })
+            .clone()
+    }
+
+    /// The pool for a client's (database, user) on `node`, created on first use; `None` if the
+    /// database is not served.
+    pub fn pool(&self, database: &str, user: &str, node: &NodeState) -> Option<Arc<Pool>> {
+        let key = PoolKey {
+            database: database.to_owned(),
+            user: user.to_owned(),
+            node: node.config.name.clone(),
+        };
+        if let Some(pool) = self.pools.lock().get(&key) {
+            if !pool.is_closed() {
+                return Some(pool.clone());
+            }
+        }
+        let resolved = self.config().resolve(database, user)?;
+        let credentials = self.user_credentials(user);
+        let mut pools = self.pools.lock();
+        let pool = pools
+            .entry(key)
+            .and_modify(|existing| {
+                if existing.is_closed() {
+                    *existing = Arc::new(Pool::new(
+                        database.to_owned(),
+                        user.to_owned(),
+                        resolved.server_dbname.clone(),
+                        node_address(node),
+                        resolved.pool.clone(),
+                        credentials.clone(),
+                    ));
+                }
+            })
+            .or_insert_with(|| {
+                Arc::new(Pool::new(
+                    database.to_owned(),
+                    user.to_owned(),
+                    resolved.server_dbname.clone(),
+                    node_address(node),
+                    resolved.pool.clone(),
+                    credentials.clone(),
+                ))
+            });
+        Some(pool.clone())
+    }
+
+    /// The pool auth_query runs through on `node`.
+    pub fn auth_pool(&self, auth: &pgherd_config::AuthQuery, node: &NodeState) -> Arc<Pool> {
+        let mut pools = self.auth_pools.lock();
+        let pool = pools.entry(node.config.name.clone()).or_insert_with(|| {
+            let mut settings = self.config().pool.clone();
+            settings.max_size = 2;
+            settings.min_size = 0;
+            Arc::new(Pool::new(
+                auth.database.clone(),
+                auth.user.clone(),
+                auth.database.clone(),
+                node_address(node),
+                settings,
+                Arc::new(Mutex::new(ServerCredentials {
+                    password: auth.password.clone(),
+                    scram_keys: None,
+                    md5_hash: None,
+                })),
+            ))
+        });
+        pool.clone()
+    }
+
+    pub fn pools(&self) -> Vec<Arc<Pool>> {
+        let mut pools: Vec<_> = self.pools.lock().values().cloned().collect();
+        pools.sort_by(|a, b| {
+            (&a.database, &a.user, &a.node.name).cmp(&(&b.database, &b.user, &b.node.name))
+        });
+        pools
+    }
+
+    /// Applies a new config without dropping clients. Settings that need a restart (listen
+    /// addresses, worker threads) are reported and keep their old values.
+    pub fn apply(&self, new: Config) -> Result<Reloaded, String> {
+        let old = self.config();
+        let mut notes = Vec::new();
+        if new.proxy.listen != old.proxy.listen {
+            notes.push("pgherd.listen changes take effect after a restart".to_owned());
+        }
+        if new.proxy.workers != old.proxy.workers {
+            notes.push("pgherd.workers changes take effect after a restart".to_owned());
+        }
+        // Build everything fallible first, so a bad certificate leaves the old config in place.
+        let connect = connect_context(&new, self.next_server_id.clone())?;
+        let acceptor = match &new.client_tls {
+            Some(settings) => Some(Arc::new(tls::client_acceptor(settings)?)),
+            None => None,
+        };
+        self.connect.store(Arc::new(connect));
+        self.client_tls.store(acceptor);
+        let started = self.nodes.reconcile(&new.nodes);
+        if !started.is_empty() {
+            notes.push(format!(
+                "nodes added: {}",
+                started
+                    .iter()
+                    .map(|n| n.name().to_owned())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        {
+            let mut creds = self.credentials.lock();
+            for (user, entry) in creds.iter_mut() {
+                let fresh = new.users.get(user);
+                let mut c = entry.lock();
+                c.password = fresh.and_then(|u| u.server_password.clone());
+                c.md5_hash = fresh.and_then(|u| u.md5.clone());
+                let old_verifier = old.users.get(user).and_then(|u| u.scram.as_ref());
+                if fresh.and_then(|u| u.scram.as_ref()) != old_verifier {
+                    c.scram_keys = None;
+                }
+            }
+        }
+        self.config.store(Arc::new(new));
+        // Auth settings may have changed; the next lookup builds fresh pools.
+        for pool in std::mem::take(&mut *self.auth_pools.lock()).into_values() {
+            pool.close();
+        }
+        let config = self.config();
+        let mut pools = self.pools.lock();
+        pools.retain(|key, pool| {
+            let node_exists = config
+                .node(&key.node)
+                .is_some_and(|n| n.host == pool.node.host && n.port == pool.node.port);
+            match config.resolve(&key.database, &key.user) {
+                Some(resolved) if node_exists && resolved.server_dbname == pool.server_dbname => {
+                    pool.update_settings(resolved.pool);
+                    true
+                }
+                _ => {
+                    pool.close();
+                    false
+                }
+            }
+        });
+        self.reloads.fetch_add(1, Ordering::Relaxed);
+        Ok(Reloaded {
+            notes,
+            new_nodes: started,
+        })
+    }
+
+    /// Reads the config file again and applies it.
+    pub fn reload(&self) -> Result<Reloaded, String> {
+        let path = self.config().source.clone();
+        let new = Config::load(&path).map_err(|e| e.to_string())?;
+        self.apply(new)
+    }
+}
+
+/// What a reload changed.
+#[derive(Debug, Default)]
+pub struct Reloaded {
+    /// Things the operator should know (settings that need a restart, nodes added).
+    pub notes: Vec<String>,
+    /// Nodes added by the reload; their monitors must be started.
+    pub new_nodes: Vec<Arc<NodeState>>,
+}
+
+fn connect_context(
+    config: &Config,
+    next_server_id: Arc<AtomicU64>,
+) -> Result<ConnectContext, String> {
+    Ok(ConnectContext {
+        tls_mode: config.server_tls.mode,
+        tls: tls::server_connector(&config.server_tls)?,
+        next_server_id,
+    })
+}
+
+fn node_address(node: &NodeState) -> NodeAddress {
+    NodeAddress {
+        name: node.config.name.clone(),
+        host: node.config.host.clone(),
+        port: node.config.port,
+    }
+}

@@ -1,0 +1,570 @@
+//! A client connection from accept to the start of its session: connection limit, SSLRequest
+//! and TLS, CancelRequest, the startup packet, host-based rules, authentication, and the
+//! login handshake (ParameterStatus, BackendKeyData, ReadyForQuery).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use pgherd_config::{AuthMethod, ClientTlsMode, ConnectionFacts, Route};
+use pgherd_wire::backend::{self, TxStatus};
+use pgherd_wire::frontend::{self, tag as ftag, SaslInitialResponse};
+use pgherd_wire::md5::verify_md5_response;
+use pgherd_wire::scram::{ScramCredential, ScramError, ScramServer, ScramVerifier, SCRAM_SHA_256};
+use pgherd_wire::startup::{parse_startup_packet, StartupPacket, StartupParams};
+use pgherd_wire::{PgError, SqlState};
+use tokio::net::TcpStream;
+
+use crate::admin;
+use crate::app::App;
+use crate::error::{client_io, Disconnect};
+use crate::msgio::{read_message, read_startup_packet, write_flush, ReadError};
+use crate::pool::AcquireError;
+use crate::relay::params::SessionParams;
+use crate::relay::{Session, SessionSetup};
+use crate::stream::Stream;
+
+/// The virtual database of the admin console.
+pub const ADMIN_DATABASE: &str = "pgherd";
+
+/// Parameters that pgherd reports from the client's own startup values when it set them.
+const CLIENT_REPORTED: &[&str] = &[
+    "application_name",
+    "client_encoding",
+    "DateStyle",
+    "IntervalStyle",
+    "TimeZone",
+    "standard_conforming_strings",
+];
+
+/// Serves one accepted connection to its end.
+pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
+    let limit = app.config().proxy.max_client_connections;
+    let Some(_slot) = app.clients.admit(limit) else {
+        let err = PgError::fatal(
+            SqlState::TOO_MANY_CONNECTIONS,
+            "sorry, too many clients already",
+        )
+        .with_detail(format!("pgherd.max_client_connections is {limit}"));
+        refuse_raw(tcp, err).await;
+        tracing::warn!(%addr, "connection refused: too many clients");
+        return;
+    };
+    let login_timeout = Duration::from_millis(app.config().proxy.client_login_timeout_ms);
+    let mut stream = Stream::Plain(tcp);
+    let mut buf = BytesMut::new();
+    let login = tokio::time::timeout(login_timeout, login(&app, &mut stream, &mut buf, addr)).await;
+    let end = match login {
+        Ok(Ok(LoggedIn::Client {
+            shared,
+            mode,
+            route,
+            params,
+        })) => {
+            tracing::debug!(client = shared.id, %addr, user = %shared.user, db = %shared.database, "client logged in");
+            let session = Session::new(SessionSetup {
+                app: app.clone(),
+                shared: shared.clone(),
+                client: stream,
+                client_in: buf,
+                mode,
+                route,
+                params,
+            });
+            let end = session.run().await;
+            app.clients.unregister(&shared);
+            log_end(&end, addr, Some(shared.id));
+            return;
+        }
+        Ok(Ok(LoggedIn::Admin { shared, can_modify })) => {
+            let end = admin::serve(&app, &shared, &mut stream, buf, can_modify).await;
+            app.clients.unregister(&shared);
+            end
+        }
+        Ok(Err(end)) => end,
+        Err(_) => Disconnect::LoginTimeout,
+    };
+    if let Some(err) = end.client_error() {
+        send_error(&mut stream, &err).await;
+    }
+    log_end(&end, addr, None);
+}
+
+fn log_end(end: &Disconnect, addr: SocketAddr, client: Option<u64>) {
+    if end.is_routine() {
+        tracing::debug!(%addr, client, reason = %end, "client disconnected");
+    } else {
+        tracing::info!(%addr, client, reason = %end, "client disconnected");
+    }
+}
+
+async fn refuse_raw(mut tcp: TcpStream, err: PgError) {
+    let mut buf = BytesMut::new();
+    if err.encode(&mut buf).is_ok() {
+        let _ = tokio::time::timeout(Duration::from_secs(1), write_flush(&mut tcp, &buf)).await;
+    }
+}
+
+async fn send_error(stream: &mut Stream, err: &PgError) {
+    let mut buf = BytesMut::new();
+    if err.encode(&mut buf).is_ok() {
+        let _ = tokio::time::timeout(Duration::from_secs(1), write_flush(stream, &buf)).await;
+    }
+}
+
+enum LoggedIn {
+    Client {
+        shared: Arc<crate::clients::ClientShared>,
+        mode: pgherd_config::PoolMode,
+        route: Route,
+        params: SessionParams,
+    },
+    Admin {
+        shared: Arc<crate::clients::ClientShared>,
+        can_modify: bool,
+    },
+}
+
+fn startup_read_error(e: ReadError) -> Disconnect {
+    match e {
+        ReadError::Eof => Disconnect::Done("client closed before sending a startup packet"),
+        ReadError::Io(e) => client_io(e),
+        ReadError::Wire(e) => Disconnect::Protocol(e),
+    }
+}
+
+fn login_read_error(e: ReadError) -> Disconnect {
+    match e {
+        ReadError::Eof => Disconnect::Done("client closed during authentication"),
+        ReadError::Io(e) => client_io(e),
+        ReadError::Wire(e) => Disconnect::Protocol(e),
+    }
+}
+
+async fn login(
+    app: &Arc<App>,
+    stream: &mut Stream,
+    buf: &mut BytesMut,
+    addr: SocketAddr,
+) -> Result<LoggedIn, Disconnect> {
+    if app.is_shutting_down() {
+        return Err(Disconnect::Refused(PgError::fatal(
+            SqlState::CANNOT_CONNECT_NOW,
+            "pgherd is shutting down",
+        )));
+    }
+    let params = loop {
+        let packet = read_startup_packet(stream, buf)
+            .await
+            .map_err(startup_read_error)?;
+        match parse_startup_packet(&packet)? {
+            StartupPacket::SslRequest => {
+                negotiate_tls(app, stream, buf).await?;
+            }
+            StartupPacket::GssEncRequest => {
+                write_flush(stream, b"N").await.map_err(client_io)?;
+            }
+            StartupPacket::Cancel(key) => {
+                app.clients.cancel(key, Duration::from_secs(5));
+                return Err(Disconnect::Done("cancel request handled"));
+            }
+            StartupPacket::Startup(params) => break params,
+        }
+    };
+    let config = app.config();
+    if !stream.is_tls()
+        && config
+            .client_tls
+            .as_ref()
+            .is_some_and(|t| t.mode == ClientTlsMode::Require)
+    {
+        return Err(Disconnect::Refused(PgError::fatal(
+            SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+            "pgherd accepts TLS connections only (tls.mode = \"require\")",
+        )));
+    }
+    let user = params.user().ok_or_else(|| {
+        Disconnect::Refused(PgError::fatal(
+            SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+            "no PostgreSQL user name specified in startup packet",
+        ))
+    })?;
+    let user = user.to_owned();
+    let database = params.database().unwrap_or(&user).to_owned();
+    negotiate_protocol(stream, &params).await?;
+
+    let facts = ConnectionFacts {
+        address: addr.ip(),
+        tls: stream.is_tls(),
+        user: &user,
+        database: &database,
+    };
+    let method = match pgherd_config::hba::choose_method(&config.hba, &facts) {
+        Some((_, AuthMethod::Reject)) | None => {
+            return Err(Disconnect::Refused(PgError::fatal(
+                SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                format!(
+                    "pgherd hba rules reject connection for host \"{}\", user \"{user}\", database \"{database}\", {}",
+                    addr.ip(),
+                    if stream.is_tls() { "TLS" } else { "no encryption" }
+                ),
+            )))
+        }
+        Some((_, method)) => method,
+    };
+    authenticate(app, stream, buf, &user, method).await?;
+
+    let shared = app
+        .clients
+        .register(addr, &user, &database, stream.is_tls());
+    if database == ADMIN_DATABASE {
+        let proxy = &config.proxy;
+        let can_modify = proxy.admin_users.iter().any(|u| u == &user);
+        let can_read = can_modify || proxy.stats_users.iter().any(|u| u == &user);
+        if !can_read {
+            app.clients.unregister(&shared);
+            return Err(Disconnect::Refused(PgError::fatal(
+                SqlState::INSUFFICIENT_PRIVILEGE,
+                format!("user \"{user}\" is not allowed on the admin console (add it to pgherd.admin_users or pgherd.stats_users)"),
+            )));
+        }
+        let mut out = BytesMut::new();
+        admin::write_login(&mut out, shared.key)?;
+        write_flush(stream, &out).await.map_err(client_io)?;
+        return Ok(LoggedIn::Admin { shared, can_modify });
+    }
+    match finish_login(app, stream, &params, &shared, &user, &database).await {
+        Ok(logged_in) => Ok(logged_in),
+        Err(e) => {
+            app.clients.unregister(&shared);
+            Err(e)
+        }
+    }
+}
+
+async fn finish_login(
+    app: &Arc<App>,
+    stream: &mut Stream,
+    params: &StartupParams,
+    shared: &Arc<crate::clients::ClientShared>,
+    user: &str,
+    database: &str,
+) -> Result<LoggedIn, Disconnect> {
+    let resolved = app.config().resolve(database, user).ok_or_else(|| {
+        Disconnect::Refused(
+            PgError::fatal(
+                SqlState::INVALID_CATALOG_NAME,
+                format!("database \"{database}\" does not exist"),
+            )
+            .with_hint("pgherd serves the databases listed under [databases] in its config"),
+        )
+    })?;
+    let node = match resolved.route {
+        Route::Primary => app.nodes.primary(),
+        Route::Replica => app.nodes.pick_replica().or_else(|| app.nodes.primary()),
+    }
+    .ok_or_else(|| {
+        Disconnect::Refused(
+            PgError::fatal(
+                SqlState::CANNOT_CONNECT_NOW,
+                "no node is available to serve this connection",
+            )
+            .with_detail(format!("nodes: {}", app.nodes.describe_all())),
+        )
+    })?;
+    let pool = app.pool(database, user, &node).ok_or_else(|| {
+        Disconnect::Refused(PgError::fatal(
+            SqlState::INVALID_CATALOG_NAME,
+            format!("database \"{database}\" does not exist"),
+        ))
+    })?;
+    if !pool.has_template_params() {
+        // The first client of a pool logs in to a server to learn what to report, which also
+        // proves the server accepts this user and database.
+        match pool.acquire(&app.connect_context()).await {
+            Ok(conn) => pool.release(conn, true),
+            Err(AcquireError::Server(e)) => {
+                tracing::warn!(user, database, error = %e, "first server login failed");
+                let mut err = e.to_client_error();
+                err.severity = pgherd_wire::Severity::Fatal;
+                return Err(Disconnect::Refused(err));
+            }
+            Err(AcquireError::WaitTimeout { .. }) | Err(AcquireError::Closed) => {}
+        }
+    }
+    let mut reported = pool.template_params();
+    for name in CLIENT_REPORTED {
+        if let Some(value) = params.get(name) {
+            match reported.iter_mut().find(|(k, _)| k == name) {
+                Some(entry) => entry.1 = value.to_owned(),
+                None => reported.push((name.to_string(), value.to_owned())),
+            }
+        }
+    }
+    let mut out = BytesMut::with_capacity(512);
+    for (name, value) in &reported {
+        backend::encode_parameter_status(&mut out, name, value)?;
+    }
+    backend::encode_backend_key_data(&mut out, shared.key)?;
+    backend::encode_ready_for_query(&mut out, TxStatus::Idle);
+    write_flush(stream, &out).await.map_err(client_io)?;
+    Ok(LoggedIn::Client {
+        shared: shared.clone(),
+        mode: resolved.pool.mode,
+        route: resolved.route,
+        params: SessionParams::from_startup(&params.params),
+    })
+}
+
+async fn negotiate_tls(
+    app: &Arc<App>,
+    stream: &mut Stream,
+    buf: &mut BytesMut,
+) -> Result<(), Disconnect> {
+    if stream.is_tls() {
+        return Err(Disconnect::Protocol(pgherd_wire::WireError::Malformed {
+            message: "SSLRequest",
+            reason: "request (TLS is already established)",
+        }));
+    }
+    let Some(acceptor) = app.client_tls() else {
+        write_flush(stream, b"N").await.map_err(client_io)?;
+        return Ok(());
+    };
+    if !buf.is_empty() {
+        // Bytes sent after SSLRequest but before the handshake could be injected by a
+        // man in the middle (CVE-2021-23214); PostgreSQL refuses them too.
+        return Err(Disconnect::Refused(PgError::fatal(
+            SqlState::PROTOCOL_VIOLATION,
+            "received unencrypted data after SSL request",
+        )));
+    }
+    write_flush(stream, b"S").await.map_err(client_io)?;
+    stream.accept_tls(&acceptor).await.map_err(|e| {
+        Disconnect::Refused(PgError::fatal(
+            SqlState::PROTOCOL_VIOLATION,
+            format!("TLS handshake failed: {e}"),
+        ))
+    })
+}
+
+/// Clients asking for a newer minor version or for protocol options learn that this session
+/// speaks 3.0 without them.
+async fn negotiate_protocol(stream: &mut Stream, params: &StartupParams) -> Result<(), Disconnect> {
+    let options: Vec<&str> = params.protocol_options().collect();
+    if params.minor_version == 0 && options.is_empty() {
+        return Ok(());
+    }
+    let mut out = BytesMut::new();
+    backend::encode_negotiate_protocol_version(&mut out, 0, &options)?;
+    write_flush(stream, &out).await.map_err(client_io)
+}
+
+/// What pgherd knows to check a user's password against.
+#[derive(Default)]
+struct UserSecrets {
+    scram: Option<ScramVerifier>,
+    md5: Option<String>,
+    /// The user exists but has no password at all.
+    exists: bool,
+}
+
+async fn user_secrets(app: &Arc<App>, user: &str) -> Result<UserSecrets, Disconnect> {
+    let config = app.config();
+    if let Some(entry) = config.users.get(user) {
+        return Ok(UserSecrets {
+            scram: entry.scram.clone(),
+            md5: entry.md5.clone(),
+            exists: true,
+        });
+    }
+    let Some(auth) = &config.auth_query else {
+        return Ok(UserSecrets::default());
+    };
+    let passwd = crate::auth_query::lookup(app, auth, user)
+        .await
+        .map_err(|e| {
+            tracing::warn!(user, error = %e, "auth_query failed");
+            Disconnect::Refused(PgError::fatal(
+                SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                format!("pgherd could not look up user \"{user}\": {e}"),
+            ))
+        })?;
+    Ok(match passwd {
+        None => UserSecrets::default(),
+        Some(None) => UserSecrets {
+            exists: true,
+            ..Default::default()
+        },
+        Some(Some(secret)) if secret.starts_with("SCRAM-SHA-256$") => UserSecrets {
+            scram: ScramVerifier::parse(&secret).ok(),
+            md5: None,
+            exists: true,
+        },
+        Some(Some(secret)) if pgherd_wire::md5::is_md5_hash(&secret) => UserSecrets {
+            scram: None,
+            md5: Some(secret),
+            exists: true,
+        },
+        Some(Some(_)) => UserSecrets {
+            exists: true,
+            ..Default::default()
+        },
+    })
+}
+
+fn auth_failed(user: &str) -> Disconnect {
+    Disconnect::Refused(PgError::fatal(
+        SqlState::INVALID_PASSWORD,
+        format!("password authentication failed for user \"{user}\""),
+    ))
+}
+
+async fn authenticate(
+    app: &Arc<App>,
+    stream: &mut Stream,
+    buf: &mut BytesMut,
+    user: &str,
+    method: AuthMethod,
+) -> Result<(), Disconnect> {
+    match method {
+        AuthMethod::Reject => return Err(auth_failed(user)),
+        AuthMethod::Trust => {}
+        AuthMethod::Cert => {
+            let common_name = stream
+                .peer_certificates()
+                .and_then(|chain| chain.first().and_then(crate::tls::certificate_common_name));
+            match common_name {
+                Some(cn) if cn == user => {}
+                Some(cn) => {
+                    return Err(Disconnect::Refused(
+                        PgError::fatal(
+                            SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                            format!("certificate authentication failed for user \"{user}\""),
+                        )
+                        .with_detail(format!("the certificate is for \"{cn}\"")),
+                    ))
+                }
+                None => {
+                    return Err(Disconnect::Refused(PgError::fatal(
+                        SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                        "connection requires a valid client certificate",
+                    )))
+                }
+            }
+        }
+        AuthMethod::ScramSha256 | AuthMethod::Md5 => {
+            let secrets = user_secrets(app, user).await?;
+            let use_md5 = method == AuthMethod::Md5
+                && secrets.scram.is_none()
+                && (secrets.md5.is_some() || !secrets.exists);
+            if use_md5 {
+                md5_exchange(app, stream, buf, user, secrets.md5.as_deref()).await?;
+            } else {
+                scram_exchange(app, stream, buf, user, secrets.scram).await?;
+            }
+        }
+    }
+    let mut out = BytesMut::new();
+    backend::encode_auth_ok(&mut out)?;
+    write_flush(stream, &out).await.map_err(client_io)
+}
+
+async fn read_password_message(
+    app: &Arc<App>,
+    stream: &mut Stream,
+    buf: &mut BytesMut,
+) -> Result<BytesMut, Disconnect> {
+    let max = app.config().proxy.max_message_bytes.min(64 << 10);
+    let (tag, body) = read_message(stream, buf, max)
+        .await
+        .map_err(login_read_error)?;
+    if tag != ftag::PASSWORD {
+        return Err(Disconnect::Protocol(
+            pgherd_wire::WireError::UnexpectedTag {
+                tag,
+                context: "during authentication (expected a password message)",
+            },
+        ));
+    }
+    Ok(body)
+}
+
+async fn md5_exchange(
+    app: &Arc<App>,
+    stream: &mut Stream,
+    buf: &mut BytesMut,
+    user: &str,
+    stored: Option<&str>,
+) -> Result<(), Disconnect> {
+    let salt: [u8; 4] = rand::random();
+    let mut out = BytesMut::new();
+    backend::encode_auth_md5(&mut out, salt)?;
+    write_flush(stream, &out).await.map_err(client_io)?;
+    let body = read_password_message(app, stream, buf).await?;
+    let response = frontend::parse_password(&body)?;
+    match stored {
+        Some(hash) if verify_md5_response(hash, salt, response) => {
+            let creds = app.user_credentials(user);
+            let mut c = creds.lock();
+            if c.md5_hash.is_none() {
+                c.md5_hash = Some(hash.to_owned());
+            }
+            Ok(())
+        }
+        _ => Err(auth_failed(user)),
+    }
+}
+
+async fn scram_exchange(
+    app: &Arc<App>,
+    stream: &mut Stream,
+    buf: &mut BytesMut,
+    user: &str,
+    verifier: Option<ScramVerifier>,
+) -> Result<(), Disconnect> {
+    let mut out = BytesMut::new();
+    backend::encode_auth_sasl(&mut out, &[SCRAM_SHA_256])?;
+    write_flush(stream, &out).await.map_err(client_io)?;
+    let nonce: [u8; 18] = rand::random();
+    let server = match &verifier {
+        Some(v) => ScramServer::new(v.clone(), &nonce),
+        None => ScramServer::mock(user, &app.mock_secret, &nonce),
+    };
+    let body = read_password_message(app, stream, buf).await?;
+    let initial = SaslInitialResponse::parse(&body)?;
+    if initial.mechanism != SCRAM_SHA_256 {
+        return Err(Disconnect::Refused(PgError::fatal(
+            SqlState::PROTOCOL_VIOLATION,
+            format!(
+                "client selected an invalid SASL authentication mechanism \"{}\"",
+                initial.mechanism
+            ),
+        )));
+    }
+    let scram_failure = |e: ScramError| match e {
+        ScramError::ProofMismatch => auth_failed(user),
+        other => Disconnect::Refused(PgError::fatal(other.sqlstate(), other.to_string())),
+    };
+    let (server, server_first) = server.client_first(initial.data).map_err(scram_failure)?;
+    out.clear();
+    backend::encode_auth_sasl_continue(&mut out, &server_first)?;
+    write_flush(stream, &out).await.map_err(client_io)?;
+    let body = read_password_message(app, stream, buf).await?;
+    let success = server.client_final(&body).map_err(scram_failure)?;
+    out.clear();
+    backend::encode_auth_sasl_final(&mut out, &success.server_final)?;
+    write_flush(stream, &out).await.map_err(client_io)?;
+    if let Some(v) = verifier {
+        // Keep what lets pgherd log in to servers holding the same verifier as this user.
+        let creds = app.user_credentials(user);
+        creds.lock().scram_keys = Some(ScramCredential::Keys {
+            client_key: success.client_key,
+            server_key: v.server_key,
+            salt: v.salt,
+            iterations: v.iterations,
+        });
+    }
+    Ok(())
+}

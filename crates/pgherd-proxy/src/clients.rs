@@ -1,0 +1,221 @@
+//! Connected clients: the cancel keys pgherd hands out, where each client's queries currently
+//! run (so a CancelRequest reaches the right server backend), and the list SHOW CLIENTS reads.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::Mutex;
+use pgherd_wire::startup::CancelKey;
+use tokio::sync::Notify;
+
+use crate::server::send_cancel;
+
+/// Where a client's requests run right now.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerTarget {
+    pub server_id: u64,
+    pub peer: SocketAddr,
+    pub key: CancelKey,
+}
+
+#[derive(Debug, Default)]
+struct Live {
+    target: Option<ServerTarget>,
+    /// Cancels sent to `target` that the server has not acknowledged yet. The server connection
+    /// is not handed to another client until this is zero, so a late cancel can never hit
+    /// someone else's query.
+    cancels_in_flight: u32,
+    kill_reason: Option<String>,
+}
+
+/// What other tasks may see of a client.
+#[derive(Debug)]
+pub struct ClientShared {
+    pub id: u64,
+    pub key: CancelKey,
+    pub addr: SocketAddr,
+    pub user: String,
+    pub database: String,
+    pub tls: bool,
+    pub connected_at: SystemTime,
+    live: Mutex<Live>,
+    cancel_acknowledged: Notify,
+    /// Wakes the session when an operator kills it.
+    pub killed: Notify,
+}
+
+impl ClientShared {
+    pub fn set_target(&self, target: Option<ServerTarget>) {
+        self.live.lock().target = target;
+    }
+
+    pub fn target(&self) -> Option<ServerTarget> {
+        self.live.lock().target
+    }
+
+    /// Clears the target once no cancel for it is still on its way.
+    pub async fn clear_target(&self) {
+        loop {
+            let notified = self.cancel_acknowledged.notified();
+            {
+                let mut live = self.live.lock();
+                if live.cancels_in_flight == 0 {
+                    live.target = None;
+                    return;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    pub fn kill(&self, reason: String) {
+        self.live.lock().kill_reason = Some(reason);
+        self.killed.notify_one();
+    }
+
+    pub fn kill_reason(&self) -> Option<String> {
+        self.live.lock().kill_reason.clone()
+    }
+}
+
+/// All connected clients, by the process id in their cancel key.
+#[derive(Default)]
+pub struct ClientRegistry {
+    by_pid: Mutex<HashMap<i32, Arc<ClientShared>>>,
+    next_pid: AtomicI32,
+    next_id: AtomicU64,
+    count: AtomicUsize,
+}
+
+impl ClientRegistry {
+    pub fn new() -> Self {
+        ClientRegistry {
+            // Start somewhere random so keys from a restarted pgherd do not repeat.
+            next_pid: AtomicI32::new(rand::random::<i32>() & 0x3fff_ffff),
+            ..Default::default()
+        }
+    }
+
+    /// Counts a new connection; `None` if `limit` clients are already connected.
+    pub fn admit(self: &Arc<Self>, limit: usize) -> Option<ConnectionSlot> {
+        let previous = self.count.fetch_add(1, Ordering::AcqRel);
+        if previous >= limit {
+            self.count.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(ConnectionSlot {
+            registry: self.clone(),
+        })
+    }
+
+    pub fn connected(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// Registers a logged-in client under a fresh cancel key.
+    pub fn register(
+        &self,
+        addr: SocketAddr,
+        user: &str,
+        database: &str,
+        tls: bool,
+    ) -> Arc<ClientShared> {
+        let mut map = self.by_pid.lock();
+        let pid = loop {
+            let candidate = self.next_pid.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
+            if candidate != 0 && !map.contains_key(&candidate) {
+                break candidate;
+            }
+        };
+        let shared = Arc::new(ClientShared {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            key: CancelKey {
+                process_id: pid,
+                secret_key: rand::random(),
+            },
+            addr,
+            user: user.to_owned(),
+            database: database.to_owned(),
+            tls,
+            connected_at: SystemTime::now(),
+            live: Mutex::new(Live::default()),
+            cancel_acknowledged: Notify::new(),
+            killed: Notify::new(),
+        });
+        map.insert(pid, shared.clone());
+        shared
+    }
+
+    pub fn unregister(&self, shared: &ClientShared) {
+        self.by_pid.lock().remove(&shared.key.process_id);
+    }
+
+    pub fn all(&self) -> Vec<Arc<ClientShared>> {
+        let mut all: Vec<_> = self.by_pid.lock().values().cloned().collect();
+        all.sort_by_key(|c| c.id);
+        all
+    }
+
+    /// Forwards a cancel request to the server running the client's query, if any. The work
+    /// happens in its own task, so it completes even if the requesting socket closes at once.
+    pub fn cancel(&self, key: CancelKey, timeout: Duration) {
+        let Some(client) = self.by_pid.lock().get(&key.process_id).cloned() else {
+            tracing::debug!(
+                pid = key.process_id,
+                "cancel request for an unknown key ignored"
+            );
+            return;
+        };
+        if client.key.secret_key != key.secret_key {
+            tracing::warn!(
+                client = client.id,
+                "cancel request with a wrong secret ignored"
+            );
+            return;
+        }
+        let target = {
+            let mut live = client.live.lock();
+            match live.target {
+                Some(t) => {
+                    live.cancels_in_flight += 1;
+                    t
+                }
+                None => {
+                    tracing::debug!(
+                        client = client.id,
+                        "cancel request while the client runs nothing ignored"
+                    );
+                    return;
+                }
+            }
+        };
+        tokio::spawn(async move {
+            match send_cancel(target.peer, target.key, timeout).await {
+                Ok(()) => tracing::info!(
+                    client = client.id,
+                    server = target.server_id,
+                    "cancel request forwarded"
+                ),
+                Err(e) => {
+                    tracing::warn!(client = client.id, server = target.server_id, error = %e, "cancel request could not be forwarded")
+                }
+            }
+            client.live.lock().cancels_in_flight -= 1;
+            client.cancel_acknowledged.notify_waiters();
+        });
+    }
+}
+
+/// Holds one place in the connection count; gives it back when dropped.
+pub struct ConnectionSlot {
+    registry: Arc<ClientRegistry>,
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.registry.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}

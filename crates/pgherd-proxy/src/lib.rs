@@ -1,0 +1,28 @@
+//! pgherd's IO shell: everything that touches a socket.
+//!
+//! The path of a query: [`lifecycle`] accepts the connection; [`client`] negotiates TLS, reads
+//! the startup packet, applies the hba rules and authenticates; [`relay::Session`] then waits
+//! for the client's request, borrows a server connection from a [`pool::Pool`] (opened by
+//! [`server`]), and pumps bytes both ways while [`relay::queue`] tracks what the server still
+//! owes, until the server can go back to the pool.
+//!
+//! Architecture invariants: this is the only crate that does network IO; protocol parsing
+//! lives in `pgherd-wire`, configuration in `pgherd-config`. No lock is held across an await.
+//! Every client disconnect has a [`error::Disconnect`] reason, which is logged.
+
+pub mod admin;
+pub mod app;
+mod auth_query;
+pub mod client;
+pub mod clients;
+pub mod error;
+pub mod lifecycle;
+mod msgio;
+pub mod nodes;
+pub mod pool;
+pub mod relay;
+pub mod server;
+pub mod stream;
+pub mod tls;
+
+pub use lifecycle::serve;

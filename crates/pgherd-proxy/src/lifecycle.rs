@@ -1,0 +1,168 @@
+//! Starting, reloading and stopping: listeners, node monitors, pool upkeep, signals
+//! (SIGHUP reloads, SIGTERM and SIGINT drain), and the drain deadline.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgherd_config::Config;
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::time::Instant;
+
+use crate::app::App;
+use crate::client;
+use crate::nodes::{self, NodeState};
+
+/// Listen backlog: generous, so bursts of new connections (benchmarks with a connection per
+/// transaction, thousands of clients reconnecting after a failover) are not refused.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Runs pgherd until it is told to stop and has drained. `on_ready` gets the bound addresses
+/// once clients can connect.
+pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Result<(), String> {
+    let app = App::new(config)?;
+    let config = app.config();
+
+    // Learn the roles before the first client arrives, so its first query is routed right.
+    let first_check = Duration::from_millis(config.cluster.health_check_timeout_ms * 2);
+    let _ = tokio::time::timeout(
+        first_check,
+        nodes::check_all_once(&app.nodes.all(), &config.cluster, &app.connect_context()),
+    )
+    .await;
+    tracing::info!(nodes = %app.nodes.describe_all(), "initial node check done");
+
+    let mut listeners = Vec::new();
+    for addr in &config.proxy.listen {
+        listeners.push(bind(*addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?);
+    }
+    let addrs: Vec<SocketAddr> = listeners
+        .iter()
+        .filter_map(|l| l.local_addr().ok())
+        .collect();
+
+    for node in app.nodes.all().iter() {
+        spawn_monitor(&app, node.clone());
+    }
+    tokio::spawn(upkeep(app.clone()));
+    for listener in listeners {
+        tokio::spawn(accept_loop(app.clone(), listener));
+    }
+    tracing::info!(listen = ?addrs, "pgherd is ready");
+    on_ready(&addrs);
+
+    let mut hangup = signal(SignalKind::hangup()).map_err(|e| e.to_string())?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let mut stopping = app.shutdown_signal();
+    loop {
+        tokio::select! {
+            _ = hangup.recv() => {
+                match reload(&app) {
+                    Ok(notes) => tracing::info!(?notes, "config reloaded (SIGHUP)"),
+                    Err(e) => tracing::error!(error = %e, "reload failed; keeping the running config"),
+                }
+            }
+            _ = terminate.recv() => { tracing::info!("SIGTERM: draining"); app.begin_shutdown(); }
+            _ = interrupt.recv() => { tracing::info!("SIGINT: draining"); app.begin_shutdown(); }
+            _ = stopping.changed() => break,
+        }
+    }
+    drain(&app).await;
+    Ok(())
+}
+
+/// Waits for clients to finish their transactions and leave, up to the shutdown deadline.
+async fn drain(app: &Arc<App>) {
+    let timeout = Duration::from_millis(app.config().proxy.shutdown_timeout_ms);
+    let deadline = Instant::now() + timeout;
+    while app.clients.connected() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let left = app.clients.connected();
+    if left > 0 {
+        tracing::warn!(
+            clients = left,
+            timeout_ms = timeout.as_millis() as u64,
+            "shutdown deadline reached; closing the remaining connections"
+        );
+    } else {
+        tracing::info!("all clients are gone; stopping");
+    }
+}
+
+/// Reloads the config file and starts monitors for nodes it added. Used by SIGHUP and RELOAD.
+pub fn reload(app: &Arc<App>) -> Result<Vec<String>, String> {
+    let reloaded = app.reload()?;
+    for node in reloaded.new_nodes {
+        spawn_monitor(app, node);
+    }
+    Ok(reloaded.notes)
+}
+
+fn spawn_monitor(app: &Arc<App>, node: Arc<NodeState>) {
+    let settings_app = app.clone();
+    tokio::spawn(nodes::monitor(
+        node,
+        move || settings_app.config().cluster.clone(),
+        app.connect_context(),
+        app.shutdown_signal(),
+    ));
+}
+
+fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+async fn accept_loop(app: Arc<App>, listener: TcpListener) {
+    let mut stopping = app.shutdown_signal();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, addr)) => {
+                    let _ = tcp.set_nodelay(true);
+                    tokio::spawn(client::handle(app.clone(), tcp, addr));
+                }
+                Err(e) => {
+                    // Out of descriptors or similar: back off instead of spinning.
+                    tracing::error!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            _ = stopping.changed() => return,
+        }
+    }
+}
+
+/// Pool upkeep once a second: idle timeouts, lifetimes, and `min_size`.
+async fn upkeep(app: Arc<App>) {
+    let mut stopping = app.shutdown_signal();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = stopping.changed() => return,
+        }
+        for pool in app.pools() {
+            let missing = pool.maintain();
+            if missing > 0 {
+                let app = app.clone();
+                tokio::spawn(async move {
+                    for _ in 0..missing {
+                        if let Err(e) = pool.warm_up_one(&app.connect_context()).await {
+                            tracing::warn!(db = %pool.database, user = %pool.user, node = %pool.node.name, error = ?e, "cannot open a connection towards min_size");
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,433 @@
+//! Server connection pools, one per (database, user, node).
+//!
+//! A pool's state is a plain struct behind a short lock that is never held across an await:
+//! idle connections, counts, and a FIFO of waiting clients. A released connection goes straight
+//! to the first waiter if there is one. Every connection is counted exactly once in `total`,
+//! whether idle, lent out, or still connecting, so `max_size` is never exceeded.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Waker};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use pgherd_config::PoolSettings;
+use pgherd_wire::backend::TxStatus;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::error::ServerError;
+use crate::server::{self, ConnectSpec, ServerConn, ServerCredentials};
+
+/// What a waiting client receives.
+#[derive(Debug)]
+enum Handoff {
+    Conn(Box<ServerConn>),
+    /// A slot freed up (a connection failed or was closed): try to connect yourself.
+    Retry,
+}
+
+#[derive(Debug, Default)]
+struct PoolState {
+    idle: VecDeque<ServerConn>,
+    /// Idle, lent out, and connecting.
+    total: u32,
+    lent: u32,
+    waiters: VecDeque<oneshot::Sender<Handoff>>,
+    /// Set when the pool's database or user left the config, or at shutdown.
+    closed: bool,
+}
+
+/// Counters for SHOW POOLS / SHOW STATS.
+#[derive(Debug, Default)]
+pub struct PoolStats {
+    pub transactions: AtomicU64,
+    pub queries: AtomicU64,
+    pub wait_us_total: AtomicU64,
+    pub wait_us_max: AtomicU64,
+    pub connects: AtomicU64,
+    pub connect_failures: AtomicU64,
+    pub wait_timeouts: AtomicU64,
+}
+
+/// A pool's view of the node it connects to.
+#[derive(Debug, Clone)]
+pub struct NodeAddress {
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+}
+
+/// Shared pieces a pool needs to open connections.
+pub struct ConnectContext {
+    pub tls_mode: pgherd_config::ServerTlsMode,
+    pub tls: Option<tokio_rustls::TlsConnector>,
+    /// Shared across reloads so server ids never repeat.
+    pub next_server_id: Arc<AtomicU64>,
+}
+
+pub struct Pool {
+    pub database: String,
+    pub user: String,
+    pub server_dbname: String,
+    pub node: NodeAddress,
+    settings: Mutex<PoolSettings>,
+    state: Mutex<PoolState>,
+    pub stats: PoolStats,
+    /// ParameterStatus values from the newest login, shown to clients at their login.
+    template_params: Mutex<Vec<(String, String)>>,
+    credentials: Arc<Mutex<ServerCredentials>>,
+}
+
+#[derive(Debug)]
+pub enum AcquireError {
+    WaitTimeout { waited: Duration, max_size: u32 },
+    Server(ServerError),
+    Closed,
+}
+
+/// A snapshot for SHOW POOLS.
+#[derive(Debug, Clone)]
+pub struct PoolSnapshot {
+    pub idle: u32,
+    pub lent: u32,
+    pub connecting: u32,
+    pub waiting: usize,
+    pub max_size: u32,
+    pub mode: pgherd_config::PoolMode,
+}
+
+impl Pool {
+    pub fn new(
+        database: String,
+        user: String,
+        server_dbname: String,
+        node: NodeAddress,
+        settings: PoolSettings,
+        credentials: Arc<Mutex<ServerCredentials>>,
+    ) -> Self {
+        Pool {
+            database,
+            user,
+            server_dbname,
+            node,
+            settings: Mutex::new(settings),
+            state: Mutex::new(PoolState::default()),
+            stats: PoolStats::default(),
+            template_params: Mutex::new(Vec::new()),
+            credentials,
+        }
+    }
+
+    pub fn settings(&self) -> PoolSettings {
+        self.settings.lock().clone()
+    }
+
+    pub fn update_settings(&self, settings: PoolSettings) {
+        *self.settings.lock() = settings;
+        // A larger pool may let waiters connect now.
+        self.wake_waiters_to_retry();
+    }
+
+    pub fn template_params(&self) -> Vec<(String, String)> {
+        self.template_params.lock().clone()
+    }
+
+    pub fn has_template_params(&self) -> bool {
+        !self.template_params.lock().is_empty()
+    }
+
+    pub fn snapshot(&self) -> PoolSnapshot {
+        let settings = self.settings.lock().clone();
+        let st = self.state.lock();
+        let idle = st.idle.len() as u32;
+        PoolSnapshot {
+            idle,
+            lent: st.lent,
+            connecting: st.total - idle - st.lent,
+            waiting: st.waiters.len(),
+            max_size: settings.max_size,
+            mode: settings.mode,
+        }
+    }
+
+    /// Takes a connection: an idle one, a new one if below `max_size`, or the next one released
+    /// within the wait timeout.
+    pub async fn acquire(&self, ctx: &ConnectContext) -> Result<ServerConn, AcquireError> {
+        let started = Instant::now();
+        let (wait_timeout, max_size) = {
+            let s = self.settings.lock();
+            (s.wait_timeout(), s.max_size)
+        };
+        loop {
+            // Lives for one loop turn on the stack; boxing the connection would only add an allocation.
+            #[allow(clippy::large_enum_variant)]
+            enum Next {
+                Use(ServerConn),
+                Connect,
+                Wait(oneshot::Receiver<Handoff>),
+            }
+            let next = {
+                let mut st = self.state.lock();
+                if st.closed {
+                    return Err(AcquireError::Closed);
+                }
+                if let Some(conn) = st.idle.pop_back() {
+                    st.lent += 1;
+                    Next::Use(conn)
+                } else if st.total < self.settings.lock().max_size {
+                    st.total += 1;
+                    Next::Connect
+                } else {
+                    let (tx, rx) = oneshot::channel();
+                    st.waiters.push_back(tx);
+                    Next::Wait(rx)
+                }
+            };
+            match next {
+                Next::Use(conn) => match self.check_idle_conn(conn) {
+                    Some(conn) => return Ok(self.lent(conn, started)),
+                    None => continue,
+                },
+                Next::Connect => {
+                    let conn = self.open(ctx).await?;
+                    self.state.lock().lent += 1;
+                    return Ok(self.lent(conn, started));
+                }
+                Next::Wait(rx) => {
+                    let remaining = wait_timeout.saturating_sub(started.elapsed());
+                    match tokio::time::timeout(remaining, rx).await {
+                        Ok(Ok(Handoff::Conn(conn))) => match self.check_idle_conn(*conn) {
+                            Some(conn) => return Ok(self.lent(conn, started)),
+                            None => continue,
+                        },
+                        Ok(Ok(Handoff::Retry)) => continue,
+                        // The pool dropped our sender: it is closing.
+                        Ok(Err(_)) => return Err(AcquireError::Closed),
+                        Err(_) => {
+                            self.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+                            return Err(AcquireError::WaitTimeout {
+                                waited: started.elapsed(),
+                                max_size,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn lent(&self, mut conn: ServerConn, started: Instant) -> ServerConn {
+        let waited_us = started.elapsed().as_micros() as u64;
+        self.stats
+            .wait_us_total
+            .fetch_add(waited_us, Ordering::Relaxed);
+        self.stats
+            .wait_us_max
+            .fetch_max(waited_us, Ordering::Relaxed);
+        conn.last_used = Instant::now();
+        conn
+    }
+
+    /// Opens a connection for a slot already counted in `total`.
+    async fn open(&self, ctx: &ConnectContext) -> Result<ServerConn, AcquireError> {
+        let credentials = self.credentials.lock().clone();
+        let statement_capacity = self.settings.lock().prepared_statements_per_server;
+        let timeout = Duration::from_millis(self.settings.lock().server_connect_timeout_ms);
+        let spec = ConnectSpec {
+            node: &self.node.name,
+            host: &self.node.host,
+            port: self.node.port,
+            user: &self.user,
+            database: &self.server_dbname,
+            credentials: &credentials,
+            tls_mode: ctx.tls_mode,
+            tls: ctx.tls.as_ref(),
+            timeout,
+        };
+        let id = ctx.next_server_id.fetch_add(1, Ordering::Relaxed);
+        self.stats.connects.fetch_add(1, Ordering::Relaxed);
+        match server::connect(&spec, id, statement_capacity).await {
+            Ok(conn) => {
+                *self.template_params.lock() = conn.reported.clone();
+                tracing::debug!(server = id, node = %self.node.name, db = %self.database, user = %self.user, "server connection opened");
+                Ok(conn)
+            }
+            Err(e) => {
+                self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+                self.forget_slot();
+                Err(AcquireError::Server(e))
+            }
+        }
+    }
+
+    /// Drops an idle connection that died while it sat in the pool. Looks at the reactor's
+    /// readiness only, so the common case costs no syscall.
+    fn check_idle_conn(&self, mut conn: ServerConn) -> Option<ServerConn> {
+        let mut cx = Context::from_waker(Waker::noop());
+        if conn.stream.poll_read_ready(&mut cx).is_ready() {
+            if let (false, Some(tcp)) = (conn.stream.is_tls(), conn.stream.tcp()) {
+                // Readiness may be stale; only bytes or EOF prove something happened.
+                let mut probe = [0u8; 1];
+                if let Err(e) = tcp.try_read(&mut probe) {
+                    if e.kind() == std::io::ErrorKind::WouldBlock {
+                        return Some(conn);
+                    }
+                }
+                tracing::info!(server = conn.id, node = %conn.node, "closing server connection: it closed or spoke while idle");
+                self.release(conn, false);
+                return None;
+            }
+        }
+        conn.read_buf.clear();
+        Some(conn)
+    }
+
+    /// Returns a lent connection. `reusable` is false when the connection is broken or its
+    /// state unknown; it is then closed.
+    pub fn release(&self, mut conn: ServerConn, reusable: bool) {
+        let settings = self.settings.lock().clone();
+        let expired = settings.server_lifetime_ms > 0
+            && conn.created_at.elapsed() >= Duration::from_millis(settings.server_lifetime_ms);
+        let keep =
+            reusable && !expired && conn.tx_status == TxStatus::Idle && conn.read_buf.is_empty();
+        let mut st = self.state.lock();
+        st.lent = st.lent.saturating_sub(1);
+        if !keep || st.closed || st.total > settings.max_size {
+            st.total = st.total.saturating_sub(1);
+            Self::wake_one_to_retry(&mut st);
+            drop(st);
+            tracing::debug!(server = conn.id, node = %conn.node, reusable, expired, "server connection closed");
+            return;
+        }
+        conn.last_used = Instant::now();
+        loop {
+            match st.waiters.pop_front() {
+                Some(waiter) => {
+                    st.lent += 1;
+                    match waiter.send(Handoff::Conn(Box::new(conn))) {
+                        Ok(()) => return,
+                        Err(Handoff::Conn(back)) => {
+                            // That client gave up waiting; try the next one.
+                            st.lent -= 1;
+                            conn = *back;
+                        }
+                        Err(Handoff::Retry) => return,
+                    }
+                }
+                None => {
+                    st.idle.push_back(conn);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A connection counted in `total` will not exist after all.
+    fn forget_slot(&self) {
+        let mut st = self.state.lock();
+        st.total = st.total.saturating_sub(1);
+        Self::wake_one_to_retry(&mut st);
+    }
+
+    fn wake_one_to_retry(st: &mut PoolState) {
+        while let Some(waiter) = st.waiters.pop_front() {
+            if waiter.send(Handoff::Retry).is_ok() {
+                return;
+            }
+        }
+    }
+
+    fn wake_waiters_to_retry(&self) {
+        let mut st = self.state.lock();
+        let waiting = std::mem::take(&mut st.waiters);
+        for waiter in waiting {
+            let _ = waiter.send(Handoff::Retry);
+        }
+    }
+
+    /// Periodic upkeep: closes idle connections past their idle timeout or lifetime and
+    /// reports how many connections are missing to reach `min_size`.
+    pub fn maintain(&self) -> u32 {
+        let settings = self.settings.lock().clone();
+        let idle_limit = Duration::from_millis(settings.server_idle_timeout_ms);
+        let life_limit = Duration::from_millis(settings.server_lifetime_ms);
+        let mut closing = Vec::new();
+        let missing = {
+            let mut st = self.state.lock();
+            let mut kept = VecDeque::with_capacity(st.idle.len());
+            while let Some(conn) = st.idle.pop_front() {
+                let idle_too_long = settings.server_idle_timeout_ms > 0
+                    && conn.last_used.elapsed() >= idle_limit
+                    && st.total > settings.min_size;
+                let too_old =
+                    settings.server_lifetime_ms > 0 && conn.created_at.elapsed() >= life_limit;
+                let over_size = st.total > settings.max_size;
+                if idle_too_long || too_old || over_size {
+                    st.total -= 1;
+                    closing.push(conn);
+                } else {
+                    kept.push_back(conn);
+                }
+            }
+            st.idle = kept;
+            if st.closed {
+                0
+            } else {
+                settings.min_size.saturating_sub(st.total)
+            }
+        };
+        for conn in closing {
+            tracing::debug!(server = conn.id, node = %conn.node, "closing idle server connection (idle timeout, lifetime or pool shrink)");
+        }
+        missing
+    }
+
+    /// Opens one connection towards `min_size` and parks it idle.
+    pub async fn warm_up_one(&self, ctx: &ConnectContext) -> Result<(), AcquireError> {
+        {
+            let mut st = self.state.lock();
+            if st.closed || st.total >= self.settings.lock().min_size {
+                return Ok(());
+            }
+            st.total += 1;
+        }
+        let conn = self.open(ctx).await?;
+        self.state.lock().lent += 1;
+        self.release(conn, true);
+        Ok(())
+    }
+
+    /// Closes idle connections and refuses new acquisitions; lent ones close on release.
+    pub fn close(&self) {
+        let idle = {
+            let mut st = self.state.lock();
+            st.closed = true;
+            let idle = std::mem::take(&mut st.idle);
+            st.total -= idle.len() as u32;
+            st.waiters.clear();
+            idle
+        };
+        drop(idle);
+    }
+
+    /// Closes idle connections now (RECONNECT-style), keeping the pool open.
+    pub fn drop_idle(&self) {
+        let idle = {
+            let mut st = self.state.lock();
+            let idle = std::mem::take(&mut st.idle);
+            st.total -= idle.len() as u32;
+            idle
+        };
+        drop(idle);
+    }
+
+    pub fn total(&self) -> u32 {
+        self.state.lock().total
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.state.lock().closed
+    }
+}

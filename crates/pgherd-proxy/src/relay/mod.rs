@@ -1,0 +1,1305 @@
+//! The data path: one [`Session`] per logged-in client, relaying between the client socket and
+//! the server connection it holds at the moment.
+//!
+//! A session alternates between two phases. *Idle*: no server connection; it waits for the
+//! client's next request without holding read buffers. *Attached*: it holds a server
+//! connection and pumps bytes both ways from one poll loop that reads and writes whichever side
+//! can make progress, so a client that pipelines without reading (or a server streaming a huge
+//! result) can never deadlock the pair. In transaction and statement mode the server goes back
+//! to the pool as soon as the response queue says it owes nothing and the transaction is over.
+
+pub mod params;
+pub mod queue;
+pub mod statements;
+
+use std::future::poll_fn;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use pgherd_config::{PoolMode, Route};
+use pgherd_wire::backend::{self, tag as btag, TxStatus};
+use pgherd_wire::frame::{read_header, HEADER_BYTES};
+use pgherd_wire::frontend::{self, tag as ftag, Target};
+use pgherd_wire::{PgError, SqlState, WireError};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio_util::io::poll_read_buf;
+
+use crate::app::App;
+use crate::clients::{ClientShared, ServerTarget};
+use crate::error::{client_io, Disconnect, ServerError, ServerErrorKind};
+use crate::nodes::NodeState;
+use crate::pool::{AcquireError, Pool};
+use crate::server::{ServerConn, MAX_SERVER_MESSAGE_BYTES};
+use crate::stream::Stream;
+use params::{may_change_session, session_changes, SessionParams, UNKNOWN};
+use queue::{Request, ResponseQueue, Synthetic};
+use statements::{ClientStatements, StatementDef, StatementError};
+
+/// Stop reading from one side while this much is waiting to be written to the other.
+const HIGH_WATER_BYTES: usize = 256 << 10;
+/// Read at least this much at a time.
+const READ_CHUNK_BYTES: usize = 8 << 10;
+/// How long cleaning up after a departed client may take before the server is dropped.
+const CLEANUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the client knows about its current session, kept across server connections.
+pub struct Session {
+    app: Arc<App>,
+    pub shared: Arc<ClientShared>,
+    client: Stream,
+    client_in: BytesMut,
+    client_out: BytesMut,
+    client_flush_pending: bool,
+    mode: PoolMode,
+    route: Route,
+    database: String,
+    user: String,
+    max_message_bytes: usize,
+    lease: Option<Box<Lease>>,
+    /// The pool last used, and its node, to skip the registry on the next attach.
+    last_pool: Option<(Arc<NodeState>, Arc<Pool>)>,
+    queue: ResponseQueue,
+    statements: ClientStatements,
+    /// The client's last unnamed Parse, replayed if a later Bind lands on another server.
+    unnamed_query: Vec<u8>,
+    unnamed_types: Vec<u8>,
+    has_unnamed: bool,
+    /// Statement text bound to the unnamed portal, when it might change session settings.
+    portal_sql: Option<Bytes>,
+    params: SessionParams,
+    /// A statement changed session state in a way pgherd could not follow.
+    untracked_change: bool,
+    /// The client's current transaction saw an error or a rollback.
+    tx_failed: bool,
+    client_tx: TxStatus,
+    /// Bytes of a streamed message still to pass from the client to the server.
+    client_passthrough: usize,
+    /// Bytes of a streamed message still to pass from the server; `true` if they go to the
+    /// client, `false` if they are dropped.
+    server_passthrough: Option<(bool, usize)>,
+    /// After pgherd answered a request with an error without a server, skip the client's
+    /// messages until its Sync and answer that Sync itself.
+    local_skip_to_sync: bool,
+    /// An error to give the client in answer to its next request (its transaction was lost).
+    pending_error: Option<PgError>,
+    /// A server's last words before it closed (FATAL), reported when the close is noticed.
+    server_last_words: Option<PgError>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    /// pgherd is shutting down: end the session at the next point where it is idle.
+    stop_when_idle: bool,
+}
+
+struct Lease {
+    conn: ServerConn,
+    pool: Arc<Pool>,
+    out: BytesMut,
+    flush_pending: bool,
+    /// The client's unnamed statement exists on this server connection.
+    unnamed_here: bool,
+}
+
+/// Why the attached phase stopped.
+enum Pause {
+    /// The server owes nothing and the transaction is over: give it back.
+    Release,
+    ServerFailed(ServerError),
+}
+
+/// The parameters a session starts with.
+pub struct SessionSetup {
+    pub app: Arc<App>,
+    pub shared: Arc<ClientShared>,
+    pub client: Stream,
+    /// Bytes the client sent after its startup packet, already read.
+    pub client_in: BytesMut,
+    pub mode: PoolMode,
+    pub route: Route,
+    pub params: SessionParams,
+}
+
+impl Session {
+    pub fn new(setup: SessionSetup) -> Session {
+        let config = setup.app.config();
+        Session {
+            max_message_bytes: config.proxy.max_message_bytes,
+            database: setup.shared.database.clone(),
+            user: setup.shared.user.clone(),
+            shutdown: setup.app.shutdown_signal(),
+            app: setup.app,
+            shared: setup.shared,
+            client: setup.client,
+            client_in: setup.client_in,
+            client_out: BytesMut::new(),
+            client_flush_pending: false,
+            mode: setup.mode,
+            route: setup.route,
+            lease: None,
+            last_pool: None,
+            queue: ResponseQueue::default(),
+            statements: ClientStatements::default(),
+            unnamed_query: Vec::new(),
+            unnamed_types: Vec::new(),
+            has_unnamed: false,
+            portal_sql: None,
+            params: setup.params,
+            untracked_change: false,
+            tx_failed: false,
+            client_tx: TxStatus::Idle,
+            client_passthrough: 0,
+            server_passthrough: None,
+            local_skip_to_sync: false,
+            pending_error: None,
+            server_last_words: None,
+            stop_when_idle: false,
+        }
+    }
+
+    /// Relays until the client leaves or is sent away; returns why, after cleaning up.
+    pub async fn run(mut self) -> Disconnect {
+        let end = self.serve().await;
+        self.finish(&end).await;
+        match end {
+            Ok(()) => Disconnect::ClientClosed,
+            Err(reason) => reason,
+        }
+    }
+
+    async fn serve(&mut self) -> Result<(), Disconnect> {
+        loop {
+            if self.lease.is_none() {
+                self.wait_for_request().await?;
+                if !self.handle_requests_without_server()? {
+                    continue;
+                }
+                if let Err(err) = self.attach().await {
+                    self.answer_request_with_error(err)?;
+                    continue;
+                }
+            }
+            self.process_client_input()?;
+            match self.relay_until_pause().await? {
+                Pause::Release => self.detach(true).await,
+                Pause::ServerFailed(e) => self.on_server_failure(e).await?,
+            }
+        }
+    }
+
+    /// Runs the pump, watching for shutdown and for an operator's kill. The pump keeps all its
+    /// state in `self`, so dropping it between polls loses nothing.
+    async fn relay_until_pause(&mut self) -> Result<Pause, Disconnect> {
+        enum Event {
+            Relay(Result<Pause, Disconnect>),
+            Shutdown,
+            Killed,
+        }
+        let shared = self.shared.clone();
+        let mut shutdown = self.shutdown.clone();
+        loop {
+            let watch_shutdown = !self.stop_when_idle;
+            let event = tokio::select! {
+                r = poll_fn(|cx| self.poll_relay(cx)) => Event::Relay(r),
+                _ = shutdown.changed(), if watch_shutdown => Event::Shutdown,
+                _ = shared.killed.notified() => Event::Killed,
+            };
+            match event {
+                Event::Relay(r) => return r,
+                Event::Shutdown => self.stop_when_idle = true,
+                Event::Killed => {
+                    return Err(Disconnect::Killed(shared.kill_reason().unwrap_or_default()))
+                }
+            }
+        }
+    }
+
+    /// Between transactions with nothing in flight.
+    fn at_idle_point(&self) -> bool {
+        self.client_tx == TxStatus::Idle
+            && self.queue.is_settled()
+            && self.client_out.is_empty()
+            && self
+                .lease
+                .as_ref()
+                .is_none_or(|l| l.out.is_empty() && l.conn.tx_status == TxStatus::Idle)
+    }
+
+    fn mode_shares_servers(&self) -> bool {
+        self.mode != PoolMode::Session
+    }
+
+    // ----- idle phase -------------------------------------------------------------------
+
+    /// Waits until a whole message is buffered, flushing what the client is owed first. Between
+    /// requests nothing is buffered, so idle clients cost no buffer memory.
+    async fn wait_for_request(&mut self) -> Result<(), Disconnect> {
+        loop {
+            if *self.shutdown.borrow() && self.client_tx == TxStatus::Idle {
+                return Err(Disconnect::Shutdown);
+            }
+            if !self.client_out.is_empty() {
+                self.client
+                    .write_all(&self.client_out)
+                    .await
+                    .map_err(client_io)?;
+                self.client.flush().await.map_err(client_io)?;
+                self.client_out.clear();
+            }
+            if self.has_whole_message()? {
+                return Ok(());
+            }
+            if self.client_in.is_empty() {
+                self.client_in = BytesMut::new();
+                self.client_out = BytesMut::new();
+            }
+            let idle_ms = self.app.config().proxy.client_idle_timeout_ms;
+            let idle = async {
+                if idle_ms == 0 {
+                    std::future::pending::<()>().await
+                } else {
+                    tokio::time::sleep(Duration::from_millis(idle_ms)).await
+                }
+            };
+            let watch_shutdown = self.client_tx == TxStatus::Idle;
+            tokio::select! {
+                read = poll_fn(|cx| poll_read_when_ready(&mut self.client, cx, &mut self.client_in)) => {
+                    if read.map_err(client_io)? == 0 {
+                        return Err(Disconnect::ClientClosed);
+                    }
+                }
+                _ = self.shutdown.changed(), if watch_shutdown => return Err(Disconnect::Shutdown),
+                _ = idle => return Err(Disconnect::IdleTimeout),
+                _ = self.shared.killed.notified() => {
+                    return Err(Disconnect::Killed(self.shared.kill_reason().unwrap_or_default()));
+                }
+            }
+        }
+    }
+
+    fn has_whole_message(&self) -> Result<bool, Disconnect> {
+        Ok(
+            match read_header(&self.client_in, self.max_message_bytes)? {
+                Some(h) => self.client_in.len() >= h.total_len(),
+                None => false,
+            },
+        )
+    }
+
+    /// Handles, without a server, the messages that need none. Returns true when the next
+    /// message needs a server connection.
+    fn handle_requests_without_server(&mut self) -> Result<bool, Disconnect> {
+        while let Some(h) = read_header(&self.client_in, self.max_message_bytes)? {
+            if self.client_in.len() < h.total_len() {
+                return Ok(false);
+            }
+            if self.local_skip_to_sync {
+                self.client_in.advance(h.total_len());
+                match h.tag {
+                    ftag::SYNC => {
+                        self.local_skip_to_sync = false;
+                        backend::encode_ready_for_query(&mut self.client_out, TxStatus::Idle);
+                    }
+                    ftag::TERMINATE => return Err(Disconnect::Terminated),
+                    _ => {}
+                }
+                continue;
+            }
+            match h.tag {
+                ftag::TERMINATE => return Err(Disconnect::Terminated),
+                // Nothing is pending, so a Sync is answered at once and a Flush has nothing to flush.
+                ftag::SYNC if self.mode_shares_servers() => {
+                    self.client_in.advance(h.total_len());
+                    backend::encode_ready_for_query(&mut self.client_out, self.client_tx);
+                }
+                ftag::FLUSH if self.mode_shares_servers() => self.client_in.advance(h.total_len()),
+                // PostgreSQL ignores COPY messages outside COPY: a failed COPY leaves some behind.
+                ftag::COPY_DATA | ftag::COPY_DONE | ftag::COPY_FAIL => {
+                    self.client_in.advance(h.total_len())
+                }
+                t if !frontend::is_session_tag(t) => {
+                    return Err(Disconnect::Protocol(WireError::UnexpectedTag {
+                        tag: t,
+                        context: "from a client (invalid frontend message type)",
+                    }))
+                }
+                _ => {
+                    if let Some(err) = self.pending_error.take() {
+                        self.answer_request_with_error(err)?;
+                        continue;
+                    }
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Answers the request at the front of the buffer with `err`, without a server: a simple
+    /// query gets the error and ReadyForQuery; an extended-protocol batch gets the error and its
+    /// messages are skipped up to the Sync, which is answered.
+    fn answer_request_with_error(&mut self, err: PgError) -> Result<(), Disconnect> {
+        err.encode(&mut self.client_out)?;
+        let Some(h) = read_header(&self.client_in, self.max_message_bytes)? else {
+            return Ok(());
+        };
+        if matches!(h.tag, ftag::QUERY | ftag::FUNCTION_CALL) {
+            self.client_in.advance(h.total_len());
+            self.client_tx = TxStatus::Idle;
+            backend::encode_ready_for_query(&mut self.client_out, TxStatus::Idle);
+        } else {
+            self.local_skip_to_sync = true;
+        }
+        Ok(())
+    }
+
+    // ----- attach / detach ----------------------------------------------------------------
+
+    fn pick_node(&self) -> Result<Arc<NodeState>, PgError> {
+        let nodes = &self.app.nodes;
+        let node = match self.route {
+            Route::Primary => nodes.primary(),
+            Route::Replica => nodes.pick_replica().or_else(|| nodes.primary()),
+        };
+        node.ok_or_else(|| {
+            PgError::error(
+                SqlState::CONNECTION_FAILURE,
+                format!(
+                    "no {} node is available for database \"{}\"",
+                    if self.route == Route::Primary {
+                        "primary"
+                    } else {
+                        "replica or primary"
+                    },
+                    self.database
+                ),
+            )
+            .with_detail(format!("nodes: {}", nodes.describe_all()))
+        })
+    }
+
+    fn pool_for(&mut self, node: &Arc<NodeState>) -> Result<Arc<Pool>, PgError> {
+        if let Some((cached_node, pool)) = &self.last_pool {
+            if Arc::ptr_eq(cached_node, node) && !pool.is_closed() {
+                return Ok(pool.clone());
+            }
+        }
+        let pool = self
+            .app
+            .pool(&self.database, &self.user, node)
+            .ok_or_else(|| {
+                PgError::error(
+                    SqlState::INVALID_CATALOG_NAME,
+                    format!(
+                        "database \"{}\" is no longer served by pgherd",
+                        self.database
+                    ),
+                )
+            })?;
+        self.last_pool = Some((node.clone(), pool.clone()));
+        Ok(pool)
+    }
+
+    /// Takes a server connection for the next request and makes it carry this session's
+    /// settings.
+    async fn attach(&mut self) -> Result<(), PgError> {
+        let node = self.pick_node()?;
+        let pool = self.pool_for(&node)?;
+        let conn = match pool.acquire(&self.app.connect_context()).await {
+            Ok(conn) => conn,
+            Err(AcquireError::WaitTimeout { waited, max_size }) => {
+                return Err(PgError::error(
+                    SqlState::TOO_MANY_CONNECTIONS,
+                    format!(
+                        "no server connection became free within {} ms (pool for database \"{}\", user \"{}\" on node {} has max_size {max_size})",
+                        waited.as_millis(),
+                        self.database,
+                        self.user,
+                        node.name()
+                    ),
+                )
+                .with_hint("raise pool.max_size or pool.wait_timeout_ms, or shorten transactions"));
+            }
+            Err(AcquireError::Server(e)) => {
+                tracing::warn!(client = self.shared.id, error = %e, "cannot get a server connection");
+                return Err(e.to_client_error());
+            }
+            Err(AcquireError::Closed) => {
+                self.last_pool = None;
+                return Err(PgError::error(
+                    SqlState::CANNOT_CONNECT_NOW,
+                    "the pool was closed; retry the request",
+                ));
+            }
+        };
+        self.shared.set_target(Some(ServerTarget {
+            server_id: conn.id,
+            peer: conn.peer,
+            key: conn.cancel_key,
+        }));
+        let mut lease = Box::new(Lease {
+            conn,
+            pool,
+            out: BytesMut::new(),
+            flush_pending: false,
+            unnamed_here: false,
+        });
+        if lease.conn.params_fp != self.params.fingerprint() {
+            // Reset and apply separately: a setting the server refuses must not roll back the
+            // reset and leave the previous client's settings in place.
+            if lease.conn.params_fp != params::BASELINE {
+                frontend::encode_query(&mut lease.out, params::RESET_SQL.as_bytes())
+                    .map_err(PgError::from)?;
+                self.queue.push_internal(Request::Query { sql: None });
+            }
+            if let Some(sql) = self.params.apply_sql() {
+                frontend::encode_query(&mut lease.out, sql.as_bytes()).map_err(PgError::from)?;
+                self.queue.push_internal(Request::Query { sql: None });
+            }
+            lease.conn.params_fp = self.params.fingerprint();
+        }
+        self.lease = Some(lease);
+        Ok(())
+    }
+
+    /// Gives the server connection back. `reusable` is false if its state is unknown.
+    async fn detach(&mut self, reusable: bool) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        self.shared.clear_target().await;
+        let Lease { conn, pool, .. } = *lease;
+        let clean = reusable && self.queue.is_settled() && conn.read_buf.is_empty();
+        pool.release(conn, clean);
+        self.queue.clear();
+        self.server_passthrough = None;
+        // Shrink the buffers of an idle client back to nothing.
+        if self.client_in.is_empty() {
+            self.client_in = BytesMut::new();
+        }
+    }
+
+    /// A server connection failed while attached. The client keeps its connection in
+    /// transaction and statement mode: it gets an error for whatever was in flight, and its
+    /// next request gets a new server.
+    async fn on_server_failure(&mut self, e: ServerError) -> Result<(), Disconnect> {
+        let e = match (e.kind, self.server_last_words.take()) {
+            (ServerErrorKind::Closed(None), Some(words)) => {
+                ServerError::new(&e.node, ServerErrorKind::Closed(Some(words)))
+            }
+            (kind, _) => ServerError { node: e.node, kind },
+        };
+        tracing::warn!(client = self.shared.id, error = %e, "server connection failed");
+        let owed_ready = self.queue.client_ready_owed();
+        let had_requests = self.queue.has_client_requests();
+        let was_in_transaction = self.client_tx != TxStatus::Idle;
+        self.detach(false).await;
+        if self.mode == PoolMode::Session {
+            return Err(Disconnect::ServerLost(e));
+        }
+        let mut err = e.to_client_error();
+        if was_in_transaction {
+            err = err.with_hint("the transaction was rolled back; retry it");
+        }
+        self.client_tx = TxStatus::Idle;
+        self.tx_failed = false;
+        self.params.end_transaction(false);
+        if had_requests {
+            err.encode(&mut self.client_out)?;
+            for _ in 0..owed_ready {
+                backend::encode_ready_for_query(&mut self.client_out, TxStatus::Idle);
+            }
+            if owed_ready == 0 {
+                // The client has not sent its Sync yet; it will get the ReadyForQuery for it.
+                self.local_skip_to_sync = true;
+            }
+        } else if was_in_transaction {
+            self.pending_error = Some(err);
+        }
+        Ok(())
+    }
+
+    /// Leaves the server in a state the next client can use, or closes it.
+    async fn finish(&mut self, end: &Result<(), Disconnect>) {
+        if let Err(reason) = end {
+            if let Some(err) = reason.client_error() {
+                let mut buf = BytesMut::new();
+                if err.encode(&mut buf).is_ok() {
+                    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                        let _ = self.client.write_all(&self.client_out).await;
+                        let _ = self.client.write_all(&buf).await;
+                        let _ = self.client.flush().await;
+                    })
+                    .await;
+                }
+            }
+        }
+        if self.lease.is_none() {
+            return;
+        }
+        let reusable = matches!(
+            tokio::time::timeout(CLEANUP_TIMEOUT, self.clean_up_server()).await,
+            Ok(Ok(()))
+        );
+        self.detach(reusable).await;
+    }
+
+    /// The client left while holding a server: finish or cancel what runs, roll back an open
+    /// transaction, and reset a session-mode connection.
+    async fn clean_up_server(&mut self) -> Result<(), ()> {
+        let Some(lease) = self.lease.as_mut() else {
+            return Ok(());
+        };
+        lease.out.clear();
+        if self.queue.in_copy_in() {
+            frontend::encode_copy_fail(&mut lease.out, b"client disconnected").map_err(|_| ())?;
+        }
+        if !self.queue.is_empty() {
+            // Something is still running: ask the server to stop it.
+            self.app.clients.cancel(self.shared.key, CLEANUP_TIMEOUT);
+            if self.queue.skipping_to_sync() || !self.queue.is_empty() {
+                frontend::encode_sync(&mut lease.out);
+                self.queue.push_internal(Request::Sync);
+            }
+        }
+        self.drain_internal().await?;
+        let lease = self.lease.as_mut().ok_or(())?;
+        if lease.conn.tx_status != TxStatus::Idle {
+            frontend::encode_query(&mut lease.out, b"ROLLBACK").map_err(|_| ())?;
+            self.queue.push_internal(Request::Query { sql: None });
+            self.drain_internal().await?;
+        }
+        let lease = self.lease.as_mut().ok_or(())?;
+        let reset = lease.pool.settings().server_reset_query;
+        if self.mode == PoolMode::Session && !reset.is_empty() {
+            frontend::encode_query(&mut lease.out, reset.as_bytes()).map_err(|_| ())?;
+            self.queue.push_internal(Request::Query { sql: None });
+            self.drain_internal().await?;
+            let lease = self.lease.as_mut().ok_or(())?;
+            lease.conn.params_fp = params::BASELINE;
+            lease.conn.statements.clear();
+        }
+        Ok(())
+    }
+
+    /// Sends what is queued for the server and reads until it owes nothing, with every
+    /// response going nowhere: the client is gone.
+    async fn drain_internal(&mut self) -> Result<(), ()> {
+        self.client_out.clear();
+        while !self.queue.is_empty() || self.lease.as_ref().is_some_and(|l| !l.out.is_empty()) {
+            let Some(lease) = self.lease.as_mut() else {
+                return Err(());
+            };
+            if !lease.out.is_empty() {
+                lease
+                    .conn
+                    .stream
+                    .write_all(&lease.out)
+                    .await
+                    .map_err(|_| ())?;
+                lease.conn.stream.flush().await.map_err(|_| ())?;
+                lease.out.clear();
+            }
+            if self.queue.is_empty() {
+                break;
+            }
+            let n = poll_fn(|cx| {
+                let lease = self.lease.as_mut().map(|l| &mut l.conn);
+                match lease {
+                    Some(conn) => poll_read_buf(Pin::new(&mut conn.stream), cx, &mut conn.read_buf),
+                    None => Poll::Ready(Err(io::Error::other("no server"))),
+                }
+            })
+            .await
+            .map_err(|_| ())?;
+            if n == 0 {
+                return Err(());
+            }
+            self.process_server_input().map_err(|_| ())?;
+            self.client_out.clear();
+        }
+        Ok(())
+    }
+
+    // ----- attached phase: the pump --------------------------------------------------------
+
+    fn poll_relay(&mut self, cx: &mut Context<'_>) -> Poll<Result<Pause, Disconnect>> {
+        loop {
+            let mut progressed = false;
+            let Some(lease) = self.lease.as_mut() else {
+                return Poll::Ready(Ok(Pause::Release));
+            };
+
+            // Towards the server.
+            if !lease.out.is_empty() {
+                match Pin::new(&mut lease.conn.stream).poll_write(cx, &lease.out) {
+                    Poll::Ready(Ok(n)) => {
+                        lease.out.advance(n);
+                        lease.flush_pending = lease.conn.stream.is_tls();
+                        progressed = true;
+                    }
+                    Poll::Ready(Err(e)) => {
+                        let node = lease.conn.node.clone();
+                        return Poll::Ready(Ok(Pause::ServerFailed(ServerError::new(
+                            &node,
+                            ServerErrorKind::Io(e),
+                        ))));
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            if lease.flush_pending && lease.out.is_empty() {
+                match Pin::new(&mut lease.conn.stream).poll_flush(cx) {
+                    Poll::Ready(Ok(())) => lease.flush_pending = false,
+                    Poll::Ready(Err(e)) => {
+                        let node = lease.conn.node.clone();
+                        return Poll::Ready(Ok(Pause::ServerFailed(ServerError::new(
+                            &node,
+                            ServerErrorKind::Io(e),
+                        ))));
+                    }
+                    Poll::Pending => {}
+                }
+            }
+
+            // Towards the client.
+            if !self.client_out.is_empty() {
+                match Pin::new(&mut self.client).poll_write(cx, &self.client_out) {
+                    Poll::Ready(Ok(n)) => {
+                        self.client_out.advance(n);
+                        self.client_flush_pending = self.client.is_tls();
+                        progressed = true;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(client_io(e))),
+                    Poll::Pending => {}
+                }
+            }
+            if self.client_flush_pending && self.client_out.is_empty() {
+                match Pin::new(&mut self.client).poll_flush(cx) {
+                    Poll::Ready(Ok(())) => self.client_flush_pending = false,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(client_io(e))),
+                    Poll::Pending => {}
+                }
+            }
+
+            // From the server.
+            if self.client_out.len() < HIGH_WATER_BYTES {
+                let Some(lease) = self.lease.as_mut() else {
+                    return Poll::Ready(Ok(Pause::Release));
+                };
+                reserve_for_read(&mut lease.conn.read_buf);
+                match poll_read_buf(
+                    Pin::new(&mut lease.conn.stream),
+                    cx,
+                    &mut lease.conn.read_buf,
+                ) {
+                    Poll::Ready(Ok(0)) => {
+                        let node = lease.conn.node.clone();
+                        return Poll::Ready(Ok(Pause::ServerFailed(ServerError::new(
+                            &node,
+                            ServerErrorKind::Closed(None),
+                        ))));
+                    }
+                    Poll::Ready(Ok(_)) => {
+                        if let Err(e) = self.process_server_input() {
+                            return Poll::Ready(match e {
+                                Relayed::Server(e) => Ok(Pause::ServerFailed(e)),
+                                Relayed::Client(d) => Err(d),
+                            });
+                        }
+                        progressed = true;
+                    }
+                    Poll::Ready(Err(e)) => {
+                        let node = lease.conn.node.clone();
+                        return Poll::Ready(Ok(Pause::ServerFailed(ServerError::new(
+                            &node,
+                            ServerErrorKind::Io(e),
+                        ))));
+                    }
+                    Poll::Pending => {}
+                }
+            }
+
+            // From the client.
+            let server_backlog = self.lease.as_ref().map_or(0, |l| l.out.len());
+            if server_backlog < HIGH_WATER_BYTES {
+                reserve_for_read(&mut self.client_in);
+                match poll_read_buf(Pin::new(&mut self.client), cx, &mut self.client_in) {
+                    Poll::Ready(Ok(0)) => return Poll::Ready(Err(Disconnect::ClientClosed)),
+                    Poll::Ready(Ok(_)) => {
+                        self.process_client_input()?;
+                        progressed = true;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(client_io(e))),
+                    Poll::Pending => {}
+                }
+            }
+
+            if self.can_release() {
+                return Poll::Ready(Ok(Pause::Release));
+            }
+            if self.stop_when_idle && self.at_idle_point() {
+                return Poll::Ready(Err(Disconnect::Shutdown));
+            }
+            if !progressed {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// True when the server owes nothing, the transaction is over, and this pool mode lends
+    /// connections per transaction or statement.
+    fn can_release(&self) -> bool {
+        let Some(lease) = self.lease.as_ref() else {
+            return false;
+        };
+        self.mode_shares_servers()
+            && self.queue.is_settled()
+            && lease.conn.tx_status == TxStatus::Idle
+            && lease.out.is_empty()
+            && !lease.flush_pending
+            && self.server_passthrough.is_none()
+    }
+
+    // ----- client → server -----------------------------------------------------------------
+
+    /// Turns buffered client messages into bytes for the server, queueing what each will be
+    /// answered with.
+    fn process_client_input(&mut self) -> Result<(), Disconnect> {
+        if let Some(lease) = self.lease.as_mut() {
+            lease.conn.statements.begin_batch();
+        }
+        loop {
+            if self.client_passthrough > 0 {
+                let n = self.client_passthrough.min(self.client_in.len());
+                if n == 0 {
+                    break;
+                }
+                if let Some(lease) = self.lease.as_mut() {
+                    lease.out.extend_from_slice(&self.client_in[..n]);
+                }
+                self.client_in.advance(n);
+                self.client_passthrough -= n;
+                continue;
+            }
+            let Some(h) = read_header(&self.client_in, self.max_message_bytes)? else {
+                break;
+            };
+            let whole = self.client_in.len() >= h.total_len();
+            if !whole {
+                // COPY data streams through; everything else is inspected whole.
+                if h.tag == ftag::COPY_DATA
+                    && self.queue.in_copy_in()
+                    && !self.queue.skipping_to_sync()
+                {
+                    self.client_passthrough = h.total_len();
+                    continue;
+                }
+                break;
+            }
+            let message = self.client_in.split_to(h.total_len()).freeze();
+            self.on_client_message(h.tag, message)?;
+        }
+        self.emit_ready_synthetics()?;
+        Ok(())
+    }
+
+    fn on_client_message(&mut self, tag: u8, message: Bytes) -> Result<(), Disconnect> {
+        if tag == ftag::TERMINATE {
+            return Err(Disconnect::Terminated);
+        }
+        if !frontend::is_session_tag(tag) {
+            return Err(Disconnect::Protocol(WireError::UnexpectedTag {
+                tag,
+                context: "from a client (invalid frontend message type)",
+            }));
+        }
+        if self.queue.skipping_to_sync() && tag != ftag::SYNC {
+            // The server (or pgherd) is discarding messages after an error, as the protocol says.
+            return Ok(());
+        }
+        let body = message.slice(HEADER_BYTES..);
+        let rewrite = self.mode_shares_servers();
+        let Some(lease) = self.lease.as_mut() else {
+            return Ok(());
+        };
+        match tag {
+            ftag::QUERY => {
+                let q = frontend::Query::parse(&body)?;
+                let sql = may_change_session(q.sql).then(|| body.slice(..q.sql.len()));
+                lease.out.extend_from_slice(&message);
+                self.queue.push_client(Request::Query { sql });
+                lease.pool.stats.queries.fetch_add(1, Ordering::Relaxed);
+            }
+            ftag::FUNCTION_CALL => {
+                lease.out.extend_from_slice(&message);
+                self.queue.push_client(Request::Query { sql: None });
+            }
+            ftag::PARSE => {
+                let p = frontend::Parse::parse(&body)?;
+                if p.name.is_empty() || !rewrite {
+                    if p.name.is_empty() {
+                        self.unnamed_query.clear();
+                        self.unnamed_query.extend_from_slice(p.query);
+                        self.unnamed_types.clear();
+                        self.unnamed_types.extend_from_slice(p.param_types);
+                        self.has_unnamed = true;
+                        lease.unnamed_here = true;
+                    }
+                    lease.out.extend_from_slice(&message);
+                    self.queue.push_client(Request::Parse { cached: None });
+                } else {
+                    let def = StatementDef::new(p.query, p.param_types);
+                    if let Err(e) = self.statements.define(p.name, def.clone()) {
+                        self.queue
+                            .push_synthetic(Synthetic::Error(statement_error(e)));
+                        return Ok(());
+                    }
+                    if lease.conn.statements.touch(&def.hash) {
+                        self.queue.push_synthetic(Synthetic::ParseComplete);
+                    } else {
+                        evict_for(lease, &mut self.queue, &def)?;
+                        frontend::encode_parse(
+                            &mut lease.out,
+                            &def.server_name,
+                            &def.query,
+                            &def.param_types,
+                        )?;
+                        self.queue.push_client(Request::Parse {
+                            cached: Some(def.hash),
+                        });
+                    }
+                }
+            }
+            ftag::BIND => {
+                let b = frontend::Bind::parse(&body)?;
+                if b.statement.is_empty() || !rewrite {
+                    if b.statement.is_empty() {
+                        self.ensure_unnamed_here()?;
+                        if b.portal.is_empty() {
+                            self.portal_sql = may_change_session(&self.unnamed_query)
+                                .then(|| Bytes::copy_from_slice(&self.unnamed_query));
+                        }
+                    }
+                    let Some(lease) = self.lease.as_mut() else {
+                        return Ok(());
+                    };
+                    lease.out.extend_from_slice(&message);
+                } else {
+                    let def = match self.statements.get(b.statement) {
+                        Ok(def) => def.clone(),
+                        Err(e) => {
+                            self.queue
+                                .push_synthetic(Synthetic::Error(statement_error(e)));
+                            return Ok(());
+                        }
+                    };
+                    ensure_prepared(lease, &mut self.queue, &def)?;
+                    frontend::encode_bind(&mut lease.out, b.portal, &def.server_name, b.rest)?;
+                    if b.portal.is_empty() {
+                        self.portal_sql = may_change_session(&def.query)
+                            .then(|| Bytes::copy_from_slice(&def.query));
+                    }
+                }
+                self.queue.push_client(Request::Bind);
+            }
+            ftag::DESCRIBE => {
+                let d = frontend::Describe::parse(&body)?;
+                match (d.target, d.name.is_empty(), rewrite) {
+                    (Target::Statement, false, true) => {
+                        let def = match self.statements.get(d.name) {
+                            Ok(def) => def.clone(),
+                            Err(e) => {
+                                self.queue
+                                    .push_synthetic(Synthetic::Error(statement_error(e)));
+                                return Ok(());
+                            }
+                        };
+                        ensure_prepared(lease, &mut self.queue, &def)?;
+                        frontend::encode_describe(
+                            &mut lease.out,
+                            Target::Statement,
+                            &def.server_name,
+                        )?;
+                    }
+                    (Target::Statement, true, _) => {
+                        self.ensure_unnamed_here()?;
+                        let Some(lease) = self.lease.as_mut() else {
+                            return Ok(());
+                        };
+                        lease.out.extend_from_slice(&message);
+                    }
+                    _ => lease.out.extend_from_slice(&message),
+                }
+                self.queue.push_client(Request::Describe);
+            }
+            ftag::EXECUTE => {
+                let e = frontend::Execute::parse(&body)?;
+                let sql = if e.portal.is_empty() {
+                    self.portal_sql.clone()
+                } else {
+                    None
+                };
+                lease.out.extend_from_slice(&message);
+                self.queue.push_client(Request::Execute { sql });
+                lease.pool.stats.queries.fetch_add(1, Ordering::Relaxed);
+            }
+            ftag::CLOSE => {
+                let c = frontend::Close::parse(&body)?;
+                if c.target == Target::Statement && !c.name.is_empty() && rewrite {
+                    // The server-side statement stays cached for others; only the name goes.
+                    self.statements.close(c.name);
+                    self.queue.push_synthetic(Synthetic::CloseComplete);
+                } else {
+                    if c.target == Target::Statement && c.name.is_empty() {
+                        self.has_unnamed = false;
+                    }
+                    lease.out.extend_from_slice(&message);
+                    self.queue.push_client(Request::Close);
+                }
+            }
+            ftag::SYNC => {
+                lease.out.extend_from_slice(&message);
+                self.queue.push_client(Request::Sync);
+            }
+            ftag::FLUSH => lease.out.extend_from_slice(&message),
+            ftag::COPY_DATA | ftag::COPY_DONE | ftag::COPY_FAIL => {
+                if self.queue.in_copy_in() {
+                    lease.out.extend_from_slice(&message);
+                }
+            }
+            _ => {
+                return Err(Disconnect::Protocol(WireError::UnexpectedTag {
+                    tag,
+                    context: "from a client after login",
+                }))
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes sure the server holds the client's unnamed statement before a Bind or Describe
+    /// that refers to it: after a change of server connection it is replayed.
+    fn ensure_unnamed_here(&mut self) -> Result<(), Disconnect> {
+        let Some(lease) = self.lease.as_mut() else {
+            return Ok(());
+        };
+        if !lease.unnamed_here && self.has_unnamed {
+            frontend::encode_parse(
+                &mut lease.out,
+                b"",
+                &self.unnamed_query,
+                &self.unnamed_types,
+            )?;
+            self.queue.push_internal(Request::Parse { cached: None });
+            lease.unnamed_here = true;
+        }
+        Ok(())
+    }
+
+    fn emit_ready_synthetics(&mut self) -> Result<(), Disconnect> {
+        let mut due = Vec::new();
+        self.queue.take_ready_synthetics(&mut due);
+        self.write_synthetics(&due)
+    }
+
+    fn write_synthetics(&mut self, due: &[Synthetic]) -> Result<(), Disconnect> {
+        for s in due {
+            match s {
+                Synthetic::ParseComplete => {
+                    backend::encode_empty(&mut self.client_out, btag::PARSE_COMPLETE)
+                }
+                Synthetic::CloseComplete => {
+                    backend::encode_empty(&mut self.client_out, btag::CLOSE_COMPLETE)
+                }
+                Synthetic::Error(e) => {
+                    self.tx_failed = true;
+                    e.encode(&mut self.client_out)?
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ----- server → client -----------------------------------------------------------------
+
+    fn process_server_input(&mut self) -> Result<(), Relayed> {
+        let mut before = Vec::new();
+        let mut after = Vec::new();
+        loop {
+            let Some(lease) = self.lease.as_mut() else {
+                return Ok(());
+            };
+            let buf = &mut lease.conn.read_buf;
+            if let Some((to_client, remaining)) = self.server_passthrough {
+                let n = remaining.min(buf.len());
+                if n == 0 {
+                    return Ok(());
+                }
+                if to_client {
+                    self.client_out.extend_from_slice(&buf[..n]);
+                }
+                buf.advance(n);
+                self.server_passthrough = (remaining > n).then_some((to_client, remaining - n));
+                continue;
+            }
+            let node = &lease.conn.node;
+            let header = read_header(buf, MAX_SERVER_MESSAGE_BYTES).map_err(|e| {
+                Relayed::Server(ServerError::new(node, ServerErrorKind::Protocol(e)))
+            })?;
+            let Some(h) = header else {
+                return Ok(());
+            };
+            let whole = buf.len() >= h.total_len();
+            if !whole && !matches!(h.tag, btag::DATA_ROW | btag::COPY_DATA) {
+                return Ok(());
+            }
+            before.clear();
+            after.clear();
+            let d = self
+                .queue
+                .on_server_message(h.tag, &mut before, &mut after)
+                .map_err(|what| {
+                    Relayed::Server(ServerError::new(node, ServerErrorKind::Unexpected(what)))
+                })?;
+            self.write_synthetics(&before).map_err(Relayed::Client)?;
+            let Some(lease) = self.lease.as_mut() else {
+                return Ok(());
+            };
+            if !whole {
+                // Rows and COPY data stream through without being buffered whole.
+                let n = lease.conn.read_buf.len();
+                if d.to_client {
+                    self.client_out.extend_from_slice(&lease.conn.read_buf[..n]);
+                }
+                lease.conn.read_buf.advance(n);
+                self.server_passthrough = Some((d.to_client, h.total_len() - n));
+                continue;
+            }
+            let message = lease.conn.read_buf.split_to(h.total_len());
+            let body = &message[HEADER_BYTES..];
+            for hash in &d.uncached {
+                lease.conn.statements.forget(hash);
+            }
+            let mut forward = d.to_client;
+            match h.tag {
+                btag::READY_FOR_QUERY => {
+                    let status = backend::parse_ready_for_query(body).map_err(|e| {
+                        Relayed::Server(ServerError::new(
+                            &lease.conn.node,
+                            ServerErrorKind::Protocol(e),
+                        ))
+                    })?;
+                    lease.conn.tx_status = status;
+                    if d.client_ready {
+                        self.on_client_ready(status)?;
+                    }
+                }
+                btag::PARAMETER_STATUS if d.to_client => {
+                    if let Ok(p) = backend::ParameterStatus::parse(body) {
+                        self.params.record_reported(p.name, p.value);
+                    }
+                }
+                btag::COMMAND_COMPLETE if d.to_client => {
+                    let tag = backend::parse_command_complete(body).unwrap_or_default();
+                    self.on_command_complete(tag, d.sql.as_deref());
+                }
+                btag::ERROR_RESPONSE => {
+                    let err = PgError::parse(body).ok();
+                    if d.to_client {
+                        self.tx_failed = true;
+                    }
+                    if let Some(err) = err {
+                        if err.severity == pgherd_wire::Severity::Fatal
+                            || err.severity == pgherd_wire::Severity::Panic
+                        {
+                            // The server is about to close; say so when the close is seen.
+                            self.server_last_words = Some(err);
+                            forward = false;
+                        } else if d.internal_error {
+                            tracing::warn!(client = self.shared.id, error = %err, "pgherd's own statement failed on the server");
+                            let notice = PgError::new(
+                                pgherd_wire::Severity::Warning,
+                                err.code,
+                                format!(
+                                    "pgherd could not restore session settings: {}",
+                                    err.message
+                                ),
+                            );
+                            notice
+                                .encode_notice(&mut self.client_out)
+                                .map_err(|e| Relayed::Client(e.into()))?;
+                        }
+                    }
+                }
+                _ => {}
+            }
+            if forward {
+                self.client_out.extend_from_slice(&message);
+            }
+            self.write_synthetics(&after).map_err(Relayed::Client)?;
+        }
+    }
+
+    fn on_command_complete(&mut self, tag: &[u8], sql: Option<&[u8]>) {
+        let word = tag.split(|&b| b == b' ').next().unwrap_or_default();
+        match word {
+            b"SET" | b"RESET" | b"DISCARD" => {
+                if tag == b"DISCARD ALL" {
+                    self.forget_server_statements();
+                }
+                if tag.starts_with(b"DISCARD") && tag != b"DISCARD ALL" {
+                    return;
+                }
+                let changes = sql
+                    .and_then(|s| std::str::from_utf8(s).ok())
+                    .and_then(session_changes);
+                match changes {
+                    Some(changes) => {
+                        let in_tx = self
+                            .lease
+                            .as_ref()
+                            .is_some_and(|l| l.conn.tx_status != TxStatus::Idle)
+                            || self.client_tx != TxStatus::Idle;
+                        self.params.record(changes, in_tx);
+                    }
+                    None => {
+                        tracing::debug!(client = self.shared.id, "a session change pgherd cannot replay; the server will be reset before its next client");
+                        self.untracked_change = true;
+                    }
+                }
+            }
+            b"DEALLOCATE" if tag == b"DEALLOCATE ALL" => self.forget_server_statements(),
+            b"ROLLBACK" => self.tx_failed = true,
+            _ => {}
+        }
+    }
+
+    fn forget_server_statements(&mut self) {
+        if let Some(lease) = self.lease.as_mut() {
+            lease.conn.statements.clear();
+            lease.unnamed_here = false;
+        }
+    }
+
+    fn on_client_ready(&mut self, status: TxStatus) -> Result<(), Relayed> {
+        self.client_tx = status;
+        let Some(lease) = self.lease.as_mut() else {
+            return Ok(());
+        };
+        if status == TxStatus::Idle {
+            self.params.end_transaction(!self.tx_failed);
+            self.tx_failed = false;
+            lease
+                .pool
+                .stats
+                .transactions
+                .fetch_add(1, Ordering::Relaxed);
+            lease.conn.params_fp = if self.untracked_change {
+                UNKNOWN
+            } else {
+                self.params.fingerprint()
+            };
+            if self.untracked_change {
+                // The server carries state the session cannot replay; it will be reset before
+                // anyone uses it again, this client included.
+                self.untracked_change = false;
+            }
+        } else if self.mode == PoolMode::Statement {
+            return Err(Relayed::Client(Disconnect::Refused(PgError::fatal(
+                SqlState::FEATURE_NOT_SUPPORTED,
+                "transaction blocks are not allowed in statement pooling mode",
+            ))));
+        }
+        Ok(())
+    }
+}
+
+/// Where a relay step failed.
+enum Relayed {
+    Server(ServerError),
+    Client(Disconnect),
+}
+
+impl From<WireError> for Relayed {
+    fn from(e: WireError) -> Self {
+        Relayed::Client(Disconnect::Protocol(e))
+    }
+}
+
+fn statement_error(e: StatementError) -> PgError {
+    match e {
+        StatementError::AlreadyExists(name) => PgError::error(
+            SqlState::DUPLICATE_PREPARED_STATEMENT,
+            format!("prepared statement \"{name}\" already exists"),
+        ),
+        StatementError::DoesNotExist(name) => PgError::error(
+            SqlState::INVALID_SQL_STATEMENT_NAME,
+            format!("prepared statement \"{name}\" does not exist"),
+        ),
+        StatementError::TooMany(max) => PgError::error(
+            SqlState::CONFIGURATION_LIMIT_EXCEEDED,
+            format!("a client may hold at most {max} named prepared statements"),
+        ),
+    }
+}
+
+/// Makes room in the server's statement cache for `def`, closing the least recently used one.
+fn evict_for(
+    lease: &mut Lease,
+    queue: &mut ResponseQueue,
+    def: &StatementDef,
+) -> Result<(), WireError> {
+    if let Some(victim) = lease.conn.statements.insert(def.hash) {
+        frontend::encode_close(&mut lease.out, Target::Statement, &victim.server_name())?;
+        queue.push_internal(Request::Close);
+    }
+    Ok(())
+}
+
+/// Prepares `def` on the server first if it does not hold it yet.
+fn ensure_prepared(
+    lease: &mut Lease,
+    queue: &mut ResponseQueue,
+    def: &StatementDef,
+) -> Result<(), WireError> {
+    if lease.conn.statements.touch(&def.hash) {
+        return Ok(());
+    }
+    evict_for(lease, queue, def)?;
+    frontend::encode_parse(
+        &mut lease.out,
+        &def.server_name,
+        &def.query,
+        &def.param_types,
+    )?;
+    queue.push_internal(Request::Parse {
+        cached: Some(def.hash),
+    });
+    Ok(())
+}
+
+fn reserve_for_read(buf: &mut BytesMut) {
+    if buf.capacity() - buf.len() < READ_CHUNK_BYTES / 2 {
+        buf.reserve(READ_CHUNK_BYTES);
+    }
+}
+
+/// Reads once the socket is readable, allocating the buffer only then.
+fn poll_read_when_ready(
+    stream: &mut Stream,
+    cx: &mut Context<'_>,
+    buf: &mut BytesMut,
+) -> Poll<io::Result<usize>> {
+    ready!(stream.poll_read_ready(cx))?;
+    reserve_for_read(buf);
+    poll_read_buf(Pin::new(stream), cx, buf)
+}
+
+impl From<Disconnect> for Relayed {
+    fn from(d: Disconnect) -> Self {
+        Relayed::Client(d)
+    }
+}

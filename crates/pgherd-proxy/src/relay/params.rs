@@ -1,0 +1,453 @@
+//! A client's session settings, so they can follow it from one server connection to the next
+//! and never leak to another client.
+//!
+//! A client's settings are its startup parameters plus what it changed since: reported
+//! parameters (TimeZone, DateStyle, application_name...) as the server reports them, and other
+//! `SET`s as the statements that made them. Each set has a fingerprint; a server connection
+//! remembers the fingerprint of the settings it carries. When a client gets a server whose
+//! fingerprint differs, pgherd first resets the server and replays the client's settings, so
+//! the server is exactly the client's session. The fingerprint of a fresh server is
+//! [`BASELINE`]; one that ran something pgherd could not follow is [`UNKNOWN`] and is always
+//! reset.
+
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+
+use pg_query::protobuf::{node::Node as NodeEnum, VariableSetKind};
+
+/// Fingerprint of a server connection that carries no settings beyond its startup packet.
+pub const BASELINE: u64 = 0;
+/// Fingerprint of a server connection whose settings pgherd does not know.
+pub const UNKNOWN: u64 = u64::MAX;
+
+/// Returns a server connection to its baseline, whatever the previous client set. `RESET ALL`
+/// leaves the role alone, hence the first statement.
+pub const RESET_SQL: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ALL";
+
+/// Startup parameters that are not session settings.
+const NOT_SETTINGS: &[&str] = &["user", "database", "replication", "options"];
+
+/// Settings that only exist inside a transaction and must not be replayed.
+const TRANSACTION_SCOPED: &[&str] = &[
+    "transaction",
+    "transaction snapshot",
+    "transaction_isolation",
+    "transaction_read_only",
+    "transaction_deferrable",
+];
+
+/// A change to session state made by a client statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Replay `sql` to restore setting `name`.
+    Set {
+        name: String,
+        sql: String,
+    },
+    Reset {
+        name: String,
+    },
+    ResetAll,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct SessionParams {
+    /// Lower-case setting name → the statement that restores it, from the startup packet.
+    /// `RESET` goes back to these, as in PostgreSQL.
+    startup: BTreeMap<String, String>,
+    /// Lower-case setting name → the statement that restores it, for changes made since.
+    entries: BTreeMap<String, String>,
+    fingerprint: u64,
+    /// Changes made inside the current transaction; they count once it commits.
+    pending: Vec<Change>,
+}
+
+impl SessionParams {
+    /// The settings a client asked for in its startup packet (`options=-c a=b` included).
+    pub fn from_startup(params: &[(String, String)]) -> Self {
+        let mut s = SessionParams::default();
+        for (name, value) in params {
+            if name == "options" {
+                for (n, v) in parse_options(value) {
+                    s.startup.insert(n.to_lowercase(), set_sql(&n, &v));
+                }
+            } else if !NOT_SETTINGS.contains(&name.as_str()) && !name.starts_with("_pq_.") {
+                s.startup.insert(name.to_lowercase(), set_sql(name, value));
+            }
+        }
+        s.refresh_fingerprint();
+        s
+    }
+
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
+    /// The statements that apply these settings on a server at its baseline (see
+    /// [`RESET_SQL`]), or `None` if there are none.
+    pub fn apply_sql(&self) -> Option<String> {
+        let statements: Vec<&str> = self
+            .startup
+            .values()
+            .chain(self.entries.values())
+            .map(String::as_str)
+            .collect();
+        (!statements.is_empty()).then(|| statements.join("; "))
+    }
+
+    /// A reported parameter changed while the client's request ran.
+    pub fn record_reported(&mut self, name: &str, value: &str) {
+        let key = name.to_lowercase();
+        let sql = set_sql(name, value);
+        let current = self.entries.get(&key).or(self.startup.get(&key));
+        if current != Some(&sql) {
+            self.entries.insert(key, sql);
+            self.refresh_fingerprint();
+        }
+    }
+
+    /// Records statement changes; inside a transaction they wait for its end.
+    pub fn record(&mut self, changes: Vec<Change>, in_transaction: bool) {
+        if in_transaction {
+            self.pending.extend(changes);
+        } else {
+            self.apply(changes);
+        }
+    }
+
+    /// The client's transaction ended; keep its changes only if it committed.
+    pub fn end_transaction(&mut self, committed: bool) {
+        let pending = std::mem::take(&mut self.pending);
+        if committed {
+            self.apply(pending);
+        }
+    }
+
+    fn apply(&mut self, changes: Vec<Change>) {
+        if changes.is_empty() {
+            return;
+        }
+        for change in changes {
+            match change {
+                Change::Set { name, sql } => {
+                    self.entries.insert(name, sql);
+                }
+                Change::Reset { name } => {
+                    self.entries.remove(&name);
+                }
+                Change::ResetAll => self.entries.clear(),
+            }
+        }
+        self.refresh_fingerprint();
+    }
+
+    fn refresh_fingerprint(&mut self) {
+        if self.startup.is_empty() && self.entries.is_empty() {
+            self.fingerprint = BASELINE;
+            return;
+        }
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.startup.hash(&mut hasher);
+        self.entries.hash(&mut hasher);
+        // Keep clear of the two reserved values.
+        self.fingerprint = hasher.finish().clamp(1, UNKNOWN - 1);
+    }
+
+    /// Settings that differ from the server's defaults.
+    pub fn len(&self) -> usize {
+        self.startup.len() + self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.startup.is_empty() && self.entries.is_empty()
+    }
+}
+
+/// `SET "name" TO 'value'`, quoted so that any name and value survive.
+pub fn set_sql(name: &str, value: &str) -> String {
+    format!("SET {} TO {}", quote_ident(name), quote_literal(value))
+}
+
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+fn quote_literal(value: &str) -> String {
+    if value.contains('\\') {
+        // E'' is read the same whatever standard_conforming_strings says.
+        format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "\\'"))
+    } else {
+        format!("'{}'", value.replace('\'', "''"))
+    }
+}
+
+/// Parses the `options` startup parameter: `-c name=value` and `--name=value`, with `\ `
+/// escaping spaces, as PostgreSQL reads it.
+fn parse_options(options: &str) -> Vec<(String, String)> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut chars = options.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                if let Some(next) = chars.next() {
+                    word.push(next);
+                }
+            }
+            c if c.is_whitespace() => {
+                if !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+            }
+            c => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    let mut out = Vec::new();
+    let mut iter = words.into_iter();
+    while let Some(w) = iter.next() {
+        let setting = if w == "-c" {
+            iter.next()
+        } else if let Some(rest) = w.strip_prefix("--") {
+            Some(rest.to_owned())
+        } else {
+            w.strip_prefix("-c").map(str::to_owned)
+        };
+        if let Some((name, value)) = setting.as_deref().and_then(|s| s.split_once('=')) {
+            out.push((name.replace('-', "_"), value.to_owned()));
+        }
+    }
+    out
+}
+
+/// Cheap test run on every captured statement: could it change session settings? Only then is
+/// its text kept and, if the server says it set something, parsed.
+pub fn may_change_session(sql: &[u8]) -> bool {
+    let rest = skip_space_and_comments(sql);
+    let starts_with = |word: &[u8]| {
+        rest.len() >= word.len()
+            && rest[..word.len()].eq_ignore_ascii_case(word)
+            && rest
+                .get(word.len())
+                .is_none_or(|b| !b.is_ascii_alphanumeric() && *b != b'_')
+    };
+    if starts_with(b"set") || starts_with(b"reset") || starts_with(b"discard") {
+        return true;
+    }
+    // Several statements in one query: any of them could be a SET.
+    match rest.iter().position(|&b| b == b';') {
+        Some(i) => rest[i + 1..]
+            .iter()
+            .any(|b| !b.is_ascii_whitespace() && *b != b';'),
+        None => false,
+    }
+}
+
+fn skip_space_and_comments(mut sql: &[u8]) -> &[u8] {
+    loop {
+        let trimmed = sql.trim_ascii_start();
+        if let Some(rest) = trimmed.strip_prefix(b"--") {
+            sql = rest
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(&[][..], |i| &rest[i + 1..]);
+        } else if let Some(rest) = trimmed.strip_prefix(b"/*") {
+            sql = rest
+                .windows(2)
+                .position(|w| w == b"*/")
+                .map_or(&[][..], |i| &rest[i + 2..]);
+        } else {
+            return trimmed;
+        }
+    }
+}
+
+/// The session changes a statement text makes, as far as pgherd follows them: `SET`, `RESET`,
+/// `RESET ALL`, `DISCARD ALL`, `SET ROLE`, `SET SESSION AUTHORIZATION`, `SET SESSION
+/// CHARACTERISTICS`. `SET LOCAL` and transaction-scoped settings are left out. `None` if the
+/// text does not parse.
+pub fn session_changes(sql: &str) -> Option<Vec<Change>> {
+    let parsed = pg_query::parse(sql).ok()?;
+    let mut changes = Vec::new();
+    for raw in &parsed.protobuf.stmts {
+        let Some(node) = raw.stmt.as_ref().and_then(|s| s.node.as_ref()) else {
+            continue;
+        };
+        match node {
+            NodeEnum::VariableSetStmt(set) if !set.is_local => {
+                let name = set.name.to_lowercase();
+                if TRANSACTION_SCOPED.contains(&name.as_str()) {
+                    continue;
+                }
+                let kind =
+                    VariableSetKind::try_from(set.kind).unwrap_or(VariableSetKind::Undefined);
+                match kind {
+                    VariableSetKind::VarResetAll => changes.push(Change::ResetAll),
+                    VariableSetKind::VarReset => changes.push(Change::Reset { name }),
+                    VariableSetKind::Undefined => return None,
+                    _ => {
+                        let start = usize::try_from(raw.stmt_location).ok()?;
+                        let len = usize::try_from(raw.stmt_len).ok()?;
+                        let end = if len == 0 { sql.len() } else { start + len };
+                        let text = sql.get(start..end)?.trim();
+                        changes.push(Change::Set {
+                            name,
+                            sql: text.to_owned(),
+                        });
+                    }
+                }
+            }
+            NodeEnum::DiscardStmt(discard) if discard.target == 1 => {
+                // DISCARD_ALL
+                changes.push(Change::ResetAll);
+            }
+            _ => {}
+        }
+    }
+    Some(changes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(list: &[(&str, &str)]) -> SessionParams {
+        let owned: Vec<(String, String)> = list
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        SessionParams::from_startup(&owned)
+    }
+
+    #[test]
+    fn startup_parameters_become_settings() {
+        let p = params(&[
+            ("user", "u"),
+            ("database", "d"),
+            ("application_name", "app"),
+            ("DateStyle", "ISO"),
+            (
+                "options",
+                "-c search_path=s1 --work-mem=1MB -csynchronous_commit=off",
+            ),
+        ]);
+        assert_eq!(
+            p.apply_sql().unwrap(),
+            "SET \"application_name\" TO 'app'; SET \"DateStyle\" TO 'ISO'; SET \"search_path\" TO 's1'; SET \"synchronous_commit\" TO 'off'; SET \"work_mem\" TO '1MB'"
+        );
+        assert_ne!(p.fingerprint(), BASELINE);
+        assert_eq!(params(&[("user", "u")]).fingerprint(), BASELINE);
+    }
+
+    #[test]
+    fn same_settings_same_fingerprint() {
+        let a = params(&[("user", "a"), ("application_name", "x")]);
+        let b = params(&[("user", "b"), ("application_name", "x")]);
+        let c = params(&[("user", "b"), ("application_name", "y")]);
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        assert_ne!(a.fingerprint(), c.fingerprint());
+    }
+
+    #[test]
+    fn literals_are_quoted() {
+        assert_eq!(set_sql("a\"b", "it's"), "SET \"a\"\"b\" TO 'it''s'");
+        assert_eq!(set_sql("x", "C:\\dir'"), "SET \"x\" TO E'C:\\\\dir\\''");
+    }
+
+    #[test]
+    fn capture_check() {
+        for (sql, expected) in [
+            ("SET search_path = a", true),
+            ("  /* pgherd:primary */ set work_mem='1MB'", true),
+            ("-- hi\nRESET ALL", true),
+            ("discard all", true),
+            ("SELECT 1", false),
+            ("UPDATE t SET a = 1", false),
+            ("settings_table", false),
+            ("SELECT 1;", false),
+            ("SELECT 1; SET x = 1", true),
+        ] {
+            assert_eq!(may_change_session(sql.as_bytes()), expected, "{sql}");
+        }
+    }
+
+    #[test]
+    fn changes_from_statements() {
+        let check = |sql: &str, expected: &[Change]| {
+            assert_eq!(session_changes(sql).unwrap(), expected, "{sql}")
+        };
+        check(
+            "SET search_path TO a, b",
+            &[Change::Set {
+                name: "search_path".into(),
+                sql: "SET search_path TO a, b".into(),
+            }],
+        );
+        check("SET LOCAL work_mem = '1MB'", &[]);
+        check("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", &[]);
+        check(
+            "select 1; SET TIME ZONE 'UTC'; RESET work_mem",
+            &[
+                Change::Set {
+                    name: "timezone".into(),
+                    sql: "SET TIME ZONE 'UTC'".into(),
+                },
+                Change::Reset {
+                    name: "work_mem".into(),
+                },
+            ],
+        );
+        check("RESET ALL", &[Change::ResetAll]);
+        check("DISCARD ALL", &[Change::ResetAll]);
+        check(
+            "SET ROLE alice",
+            &[Change::Set {
+                name: "role".into(),
+                sql: "SET ROLE alice".into(),
+            }],
+        );
+        assert!(session_changes("SET SET SET").is_none());
+    }
+
+    #[test]
+    fn transactions_keep_changes_only_on_commit() {
+        let mut p = SessionParams::default();
+        let set = |v: &str| {
+            vec![Change::Set {
+                name: "work_mem".into(),
+                sql: format!("SET work_mem = '{v}'"),
+            }]
+        };
+        p.record(set("1MB"), true);
+        assert_eq!(p.fingerprint(), BASELINE);
+        p.end_transaction(false);
+        assert_eq!(p.fingerprint(), BASELINE);
+        p.record(set("2MB"), true);
+        p.end_transaction(true);
+        assert_ne!(p.fingerprint(), BASELINE);
+        p.record(vec![Change::ResetAll], false);
+        assert_eq!(p.fingerprint(), BASELINE);
+    }
+
+    #[test]
+    fn reset_all_returns_to_the_startup_settings() {
+        let mut p = params(&[("user", "u"), ("application_name", "app")]);
+        let at_start = p.fingerprint();
+        p.record(
+            vec![Change::Set {
+                name: "work_mem".into(),
+                sql: "SET work_mem = '2MB'".into(),
+            }],
+            false,
+        );
+        assert_ne!(p.fingerprint(), at_start);
+        p.record(vec![Change::ResetAll], false);
+        assert_eq!(p.fingerprint(), at_start);
+        assert_eq!(p.apply_sql().unwrap(), "SET \"application_name\" TO 'app'");
+        // The server reporting the startup value back changes nothing.
+        p.record_reported("application_name", "app");
+        assert_eq!(p.fingerprint(), at_start);
+    }
+}

@@ -1,0 +1,480 @@
+//! The responses a server connection still owes, in order, and who gets each of them.
+//!
+//! Every message pgherd sends a server pushes what it will answer with; every server message
+//! pops or advances the front. This tells the relay three things it cannot learn otherwise:
+//! whether a response belongs to the client or to pgherd itself (an injected Parse, a parameter
+//! sync), where pgherd must insert responses it produces itself (a Parse it skipped because the
+//! server already had the statement), and when the connection owes nothing more and can go back
+//! to the pool. Pure: no IO, no clock.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use pgherd_wire::backend::tag;
+use pgherd_wire::PgError;
+
+use super::statements::StatementHash;
+
+/// A request whose answer is pending.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Simple query (or FunctionCall): everything up to and including ReadyForQuery. `sql` is
+    /// kept only for statements that may change session settings.
+    Query {
+        sql: Option<Bytes>,
+    },
+    /// ParseComplete. `cached` is the server-side statement this Parse creates, to forget
+    /// again if the Parse fails or is skipped.
+    Parse {
+        cached: Option<StatementHash>,
+    },
+    Bind,
+    /// Optional ParameterDescription, then RowDescription or NoData.
+    Describe,
+    /// DataRows (or a COPY), then CommandComplete, EmptyQueryResponse or PortalSuspended.
+    /// `sql` as for `Query`.
+    Execute {
+        sql: Option<Bytes>,
+    },
+    Close,
+    /// ReadyForQuery.
+    Sync,
+}
+
+impl Request {
+    fn ends_with_ready_for_query(&self) -> bool {
+        matches!(self, Request::Query { .. } | Request::Sync)
+    }
+
+    fn is_query(&self) -> bool {
+        matches!(self, Request::Query { .. })
+    }
+}
+
+/// A response pgherd writes to the client itself when its turn comes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Synthetic {
+    ParseComplete,
+    CloseComplete,
+    /// An error pgherd raises in the middle of a pipeline (e.g. an unknown statement name); the
+    /// client's messages up to its next Sync are then skipped, as a server would.
+    Error(PgError),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Entry {
+    /// Forward the responses to the client.
+    Client(Request),
+    /// pgherd's own request: drop the responses.
+    Internal(Request),
+    Synthetic(Synthetic),
+}
+
+/// What to do with one server message.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Disposition {
+    pub to_client: bool,
+    /// The message is an ErrorResponse answering one of pgherd's own requests.
+    pub internal_error: bool,
+    /// Set when the message was the ReadyForQuery answering a client request.
+    pub client_ready: bool,
+    /// Server-side statements that will not exist after all (their Parse failed or was skipped).
+    pub uncached: Vec<StatementHash>,
+    /// For a CommandComplete answering the client: the statement text, if it was kept.
+    pub sql: Option<Bytes>,
+}
+
+#[derive(Debug, Default)]
+pub struct ResponseQueue {
+    entries: VecDeque<Entry>,
+    /// After an error in an extended-protocol batch, the server ignores everything up to the
+    /// next Sync. While this is set the client has not sent that Sync yet, and the relay must
+    /// drop the client's messages up to it too, or their answers would never come.
+    skipping_to_sync: bool,
+    /// The server is in COPY FROM STDIN and waits for the client's data.
+    copy_in: bool,
+}
+
+impl ResponseQueue {
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn skipping_to_sync(&self) -> bool {
+        self.skipping_to_sync
+    }
+
+    pub fn in_copy_in(&self) -> bool {
+        self.copy_in
+    }
+
+    /// True when nothing is owed and no partial exchange is open: the connection is between
+    /// requests as far as the protocol goes.
+    pub fn is_settled(&self) -> bool {
+        self.entries.is_empty() && !self.skipping_to_sync && !self.copy_in
+    }
+
+    pub fn push_client(&mut self, request: Request) {
+        if request == Request::Sync {
+            self.skipping_to_sync = false;
+        }
+        self.entries.push_back(Entry::Client(request));
+    }
+
+    pub fn push_internal(&mut self, request: Request) {
+        self.entries.push_back(Entry::Internal(request));
+    }
+
+    pub fn push_synthetic(&mut self, response: Synthetic) {
+        if matches!(response, Synthetic::Error(_)) {
+            self.skipping_to_sync = true;
+        }
+        self.entries.push_back(Entry::Synthetic(response));
+    }
+
+    /// Takes the synthetic responses now at the front: everything before them is answered.
+    pub fn take_ready_synthetics(&mut self, out: &mut Vec<Synthetic>) {
+        while let Some(Entry::Synthetic(_)) = self.entries.front() {
+            if let Some(Entry::Synthetic(s)) = self.entries.pop_front() {
+                out.push(s);
+            }
+        }
+    }
+
+    /// Classifies one server message and advances the queue. Synthetic responses that become
+    /// due are appended to `synthetics`: those queued before this message's request come first
+    /// in `synthetics_before`, the rest after.
+    pub fn on_server_message(
+        &mut self,
+        message_tag: u8,
+        synthetics_before: &mut Vec<Synthetic>,
+        synthetics_after: &mut Vec<Synthetic>,
+    ) -> Result<Disposition, String> {
+        self.take_ready_synthetics(synthetics_before);
+        let mut d = Disposition::default();
+        let Some(front) = self.entries.front() else {
+            // Nothing is owed: only asynchronous messages may arrive.
+            return match message_tag {
+                tag::NOTICE_RESPONSE | tag::NOTIFICATION_RESPONSE | tag::PARAMETER_STATUS => {
+                    d.to_client = true;
+                    Ok(d)
+                }
+                other => Err(format!(
+                    "message {} arrived when no response was pending",
+                    pgherd_wire::error::tag_name(other)
+                )),
+            };
+        };
+        let (is_client, request) = match front {
+            Entry::Client(r) => (true, r.clone()),
+            Entry::Internal(r) => (false, r.clone()),
+            Entry::Synthetic(_) => unreachable_synthetic(),
+        };
+        d.to_client = is_client;
+        let completes = match message_tag {
+            tag::NOTICE_RESPONSE | tag::NOTIFICATION_RESPONSE | tag::PARAMETER_STATUS => false,
+            tag::READY_FOR_QUERY => {
+                if !request.ends_with_ready_for_query() {
+                    return Err(format!(
+                        "ReadyForQuery arrived while waiting for {request:?}"
+                    ));
+                }
+                d.client_ready = is_client;
+                self.copy_in = false;
+                true
+            }
+            tag::ERROR_RESPONSE => {
+                d.internal_error = !is_client;
+                self.copy_in = false;
+                if request.is_query() {
+                    // The ReadyForQuery that follows ends the query.
+                    false
+                } else {
+                    if let Request::Parse { cached: Some(h) } = request {
+                        d.uncached.push(h);
+                    }
+                    self.entries.pop_front();
+                    self.skip_to_sync(&mut d);
+                    self.take_ready_synthetics(synthetics_after);
+                    return Ok(d);
+                }
+            }
+            tag::PARSE_COMPLETE => expect(
+                &request,
+                matches!(request, Request::Parse { .. }),
+                message_tag,
+            )?,
+            tag::BIND_COMPLETE => expect(&request, request == Request::Bind, message_tag)?,
+            tag::CLOSE_COMPLETE => expect(&request, request == Request::Close, message_tag)?,
+            tag::PARAMETER_DESCRIPTION => {
+                expect(&request, request == Request::Describe, message_tag)?;
+                false
+            }
+            tag::ROW_DESCRIPTION | tag::NO_DATA => match request {
+                Request::Describe => true,
+                // A simple query describes its rows too; an Execute never does.
+                Request::Query { .. } => false,
+                _ => {
+                    return Err(format!(
+                        "row description arrived while waiting for {request:?}"
+                    ))
+                }
+            },
+            tag::COMMAND_COMPLETE | tag::EMPTY_QUERY_RESPONSE | tag::PORTAL_SUSPENDED => {
+                if message_tag == tag::COMMAND_COMPLETE && is_client {
+                    if let Request::Query { sql } | Request::Execute { sql } = &request {
+                        d.sql = sql.clone();
+                    }
+                }
+                match request {
+                    Request::Execute { .. } => true,
+                    Request::Query { .. } => false,
+                    _ => {
+                        return Err(format!(
+                            "command completion arrived while waiting for {request:?}"
+                        ))
+                    }
+                }
+            }
+            tag::COPY_IN_RESPONSE | tag::COPY_BOTH_RESPONSE => {
+                self.copy_in = true;
+                false
+            }
+            tag::DATA_ROW
+            | tag::COPY_OUT_RESPONSE
+            | tag::COPY_DATA
+            | tag::COPY_DONE
+            | tag::FUNCTION_CALL_RESPONSE => false,
+            other => {
+                return Err(format!(
+                    "unexpected message {} while waiting for {request:?}",
+                    pgherd_wire::error::tag_name(other)
+                ))
+            }
+        };
+        if completes {
+            self.entries.pop_front();
+            self.take_ready_synthetics(synthetics_after);
+        }
+        Ok(d)
+    }
+
+    /// After an extended-protocol error the server skips to the next Sync; so do we.
+    fn skip_to_sync(&mut self, d: &mut Disposition) {
+        while let Some(entry) = self.entries.front() {
+            match entry {
+                Entry::Client(Request::Sync) | Entry::Internal(Request::Sync) => return,
+                Entry::Client(Request::Parse { cached: Some(h) })
+                | Entry::Internal(Request::Parse { cached: Some(h) }) => d.uncached.push(*h),
+                _ => {}
+            }
+            self.entries.pop_front();
+        }
+        self.skipping_to_sync = true;
+    }
+
+    /// Forgets everything owed: the server connection is gone.
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.skipping_to_sync = false;
+        self.copy_in = false;
+    }
+
+    /// How many ReadyForQuery messages the client still expects for requests already sent.
+    pub fn client_ready_owed(&self) -> usize {
+        self.entries
+            .iter()
+            .filter(|e| matches!(e, Entry::Client(r) if r.ends_with_ready_for_query()))
+            .count()
+    }
+
+    /// True if any request in flight is the client's (as opposed to pgherd's own).
+    pub fn has_client_requests(&self) -> bool {
+        self.entries.iter().any(|e| matches!(e, Entry::Client(_)))
+    }
+}
+
+fn expect(request: &Request, ok: bool, message_tag: u8) -> Result<bool, String> {
+    if ok {
+        Ok(true)
+    } else {
+        Err(format!(
+            "message {} arrived while waiting for {request:?}",
+            pgherd_wire::error::tag_name(message_tag)
+        ))
+    }
+}
+
+fn unreachable_synthetic() -> ! {
+    // take_ready_synthetics ran just before, so a synthetic entry cannot be at the front.
+    unreachable!("synthetic response at the queue front after draining")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgherd_wire::SqlState;
+
+    struct Run {
+        q: ResponseQueue,
+    }
+
+    impl Run {
+        fn new() -> Self {
+            Run {
+                q: ResponseQueue::default(),
+            }
+        }
+
+        /// Feeds `tags`; returns what the client sees, synthetics as lower-case names.
+        fn feed(&mut self, tags: &[u8]) -> Vec<String> {
+            let mut seen = Vec::new();
+            for &t in tags {
+                let (mut before, mut after) = (Vec::new(), Vec::new());
+                let d = self
+                    .q
+                    .on_server_message(t, &mut before, &mut after)
+                    .unwrap();
+                seen.extend(before.iter().map(name));
+                if d.to_client {
+                    seen.push((t as char).to_string());
+                }
+                seen.extend(after.iter().map(name));
+            }
+            seen
+        }
+    }
+
+    fn name(s: &Synthetic) -> String {
+        match s {
+            Synthetic::ParseComplete => "parse".into(),
+            Synthetic::CloseComplete => "close".into(),
+            Synthetic::Error(_) => "error".into(),
+        }
+    }
+
+    #[test]
+    fn skipped_parse_is_answered_in_order() {
+        let mut r = Run::new();
+        // Client: Parse(cached, skipped) Bind Execute Sync.
+        r.q.push_synthetic(Synthetic::ParseComplete);
+        r.q.push_client(Request::Bind);
+        r.q.push_client(Request::Execute { sql: None });
+        r.q.push_client(Request::Sync);
+        assert_eq!(r.feed(b"2DCZ"), ["parse", "2", "D", "C", "Z"]);
+        assert!(r.q.is_settled());
+    }
+
+    #[test]
+    fn injected_parse_answer_is_dropped() {
+        let mut r = Run::new();
+        let h = StatementHash([7; 16]);
+        r.q.push_internal(Request::Parse { cached: Some(h) });
+        r.q.push_client(Request::Bind);
+        r.q.push_client(Request::Execute { sql: None });
+        r.q.push_client(Request::Sync);
+        assert_eq!(r.feed(b"12CZ"), ["2", "C", "Z"]);
+    }
+
+    #[test]
+    fn error_skips_to_sync_and_uncaches() {
+        let mut q = ResponseQueue::default();
+        let h = StatementHash([1; 16]);
+        q.push_client(Request::Parse { cached: Some(h) });
+        q.push_client(Request::Bind);
+        q.push_synthetic(Synthetic::CloseComplete);
+        q.push_client(Request::Execute { sql: None });
+        q.push_client(Request::Sync);
+        let (mut b, mut a) = (Vec::new(), Vec::new());
+        let d = q.on_server_message(b'E', &mut b, &mut a).unwrap();
+        assert!(d.to_client);
+        assert_eq!(d.uncached, vec![h]);
+        assert!(
+            b.is_empty() && a.is_empty(),
+            "a dropped synthetic must not be sent"
+        );
+        let d = q.on_server_message(b'Z', &mut b, &mut a).unwrap();
+        assert!(d.client_ready);
+        assert!(q.is_settled());
+    }
+
+    #[test]
+    fn error_before_the_clients_sync_arrives_skips_until_it_does() {
+        let mut q = ResponseQueue::default();
+        q.push_client(Request::Parse { cached: None });
+        let (mut b, mut a) = (Vec::new(), Vec::new());
+        q.on_server_message(b'E', &mut b, &mut a).unwrap();
+        assert!(q.skipping_to_sync());
+        assert!(!q.is_settled());
+        q.push_client(Request::Sync);
+        assert!(!q.skipping_to_sync());
+        q.on_server_message(b'Z', &mut b, &mut a).unwrap();
+        assert!(q.is_settled());
+    }
+
+    #[test]
+    fn simple_query_with_error_ends_at_ready_for_query() {
+        let mut r = Run::new();
+        r.q.push_client(Request::Query { sql: None });
+        assert_eq!(r.feed(b"TDCEZ"), ["T", "D", "C", "E", "Z"]);
+        assert!(r.q.is_settled());
+    }
+
+    #[test]
+    fn internal_query_is_invisible_and_its_error_is_flagged() {
+        let mut q = ResponseQueue::default();
+        q.push_internal(Request::Query { sql: None });
+        q.push_client(Request::Query { sql: None });
+        let (mut b, mut a) = (Vec::new(), Vec::new());
+        let d = q.on_server_message(b'E', &mut b, &mut a).unwrap();
+        assert!(!d.to_client && d.internal_error);
+        let d = q.on_server_message(b'Z', &mut b, &mut a).unwrap();
+        assert!(!d.to_client && !d.client_ready);
+        let d = q.on_server_message(b'Z', &mut b, &mut a).unwrap();
+        assert!(d.to_client && d.client_ready);
+    }
+
+    #[test]
+    fn copy_in_holds_the_connection() {
+        let mut r = Run::new();
+        r.q.push_client(Request::Query { sql: None });
+        assert_eq!(r.feed(b"G"), ["G"]);
+        assert!(r.q.in_copy_in() && !r.q.is_settled());
+        assert_eq!(r.feed(b"CZ"), ["C", "Z"]);
+        assert!(r.q.is_settled());
+    }
+
+    #[test]
+    fn describe_statement_takes_two_messages() {
+        let mut r = Run::new();
+        r.q.push_client(Request::Describe);
+        r.q.push_client(Request::Sync);
+        assert_eq!(r.feed(b"tTZ"), ["t", "T", "Z"]);
+    }
+
+    #[test]
+    fn out_of_place_messages_are_errors() {
+        let mut q = ResponseQueue::default();
+        let (mut b, mut a) = (Vec::new(), Vec::new());
+        assert!(q.on_server_message(b'D', &mut b, &mut a).is_err());
+        assert!(q.on_server_message(b'A', &mut b, &mut a).unwrap().to_client);
+        q.push_client(Request::Bind);
+        assert!(q.on_server_message(b'1', &mut b, &mut a).is_err());
+        assert!(q.on_server_message(b'Z', &mut b, &mut a).is_err());
+    }
+
+    #[test]
+    fn synthetic_error_skips_client_messages() {
+        let mut q = ResponseQueue::default();
+        q.push_synthetic(Synthetic::Error(PgError::error(
+            SqlState::SYNTAX_ERROR,
+            "x",
+        )));
+        assert!(q.skipping_to_sync());
+        let mut out = Vec::new();
+        q.take_ready_synthetics(&mut out);
+        assert_eq!(out.len(), 1);
+        q.push_client(Request::Sync);
+        assert_eq!(q.client_ready_owed(), 1);
+    }
+}

@@ -1,0 +1,249 @@
+//! Named prepared statements in transaction and statement mode.
+//!
+//! Drivers reuse statement names (`S_1`, `_pg3_0`, `__asyncpg_stmt_1__`), so a client's name
+//! cannot be used on a shared server connection: two clients would collide, or one would run
+//! the other's statement. pgherd therefore names every server-side statement after a hash of
+//! its text and parameter types (`pgherd_<hex>`): identical statements from different clients
+//! share one server-side statement, different ones can never meet. Each client keeps its own
+//! name → statement map; each server connection remembers which statements it holds, bounded,
+//! and least recently used ones are closed first.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+/// First 128 bits of SHA-256 over a statement's text and parameter types. A collision would
+/// need a SHA-256 collision, so the hash alone identifies a statement.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct StatementHash(pub [u8; 16]);
+
+impl StatementHash {
+    pub fn of(query: &[u8], param_types: &[u8]) -> Self {
+        let mut h = Sha256::new();
+        h.update((query.len() as u64).to_be_bytes());
+        h.update(query);
+        h.update(param_types);
+        let digest = h.finalize();
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&digest[..16]);
+        StatementHash(out)
+    }
+
+    /// The statement's name on servers: `pgherd_` and 32 hex digits, within NAMEDATALEN.
+    pub fn server_name(&self) -> Vec<u8> {
+        let mut name = Vec::with_capacity(39);
+        name.extend_from_slice(b"pgherd_");
+        for b in self.0 {
+            name.extend_from_slice(format!("{b:02x}").as_bytes());
+        }
+        name
+    }
+}
+
+/// A statement as the client defined it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct StatementDef {
+    pub hash: StatementHash,
+    pub server_name: Vec<u8>,
+    pub query: Vec<u8>,
+    /// The Parse message's parameter-type section, as sent.
+    pub param_types: Vec<u8>,
+}
+
+impl StatementDef {
+    pub fn new(query: &[u8], param_types: &[u8]) -> Arc<Self> {
+        let hash = StatementHash::of(query, param_types);
+        Arc::new(StatementDef {
+            hash,
+            server_name: hash.server_name(),
+            query: query.to_vec(),
+            param_types: param_types.to_vec(),
+        })
+    }
+}
+
+/// Why a client's statement operation is refused, in PostgreSQL's words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatementError {
+    AlreadyExists(String),
+    DoesNotExist(String),
+    TooMany(usize),
+}
+
+/// One client's named statements.
+#[derive(Debug, Default)]
+pub struct ClientStatements {
+    named: HashMap<Vec<u8>, Arc<StatementDef>>,
+}
+
+impl ClientStatements {
+    /// Upper bound per client, so one client cannot grow pgherd without limit.
+    pub const MAX_PER_CLIENT: usize = 10_000;
+
+    pub fn define(&mut self, name: &[u8], def: Arc<StatementDef>) -> Result<(), StatementError> {
+        if self.named.contains_key(name) {
+            return Err(StatementError::AlreadyExists(
+                String::from_utf8_lossy(name).into_owned(),
+            ));
+        }
+        if self.named.len() >= Self::MAX_PER_CLIENT {
+            return Err(StatementError::TooMany(Self::MAX_PER_CLIENT));
+        }
+        self.named.insert(name.to_vec(), def);
+        Ok(())
+    }
+
+    pub fn get(&self, name: &[u8]) -> Result<&Arc<StatementDef>, StatementError> {
+        self.named
+            .get(name)
+            .ok_or_else(|| StatementError::DoesNotExist(String::from_utf8_lossy(name).into_owned()))
+    }
+
+    pub fn close(&mut self, name: &[u8]) {
+        self.named.remove(name);
+    }
+
+    pub fn clear(&mut self) {
+        self.named.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.named.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.named.is_empty()
+    }
+}
+
+/// What one server connection holds, least recently used first out.
+#[derive(Debug)]
+pub struct ServerStatements {
+    /// Statement → the tick it was last used at.
+    last_used: HashMap<StatementHash, u64>,
+    tick: u64,
+    /// Statements used at or after this tick belong to the batch being relayed and must not be
+    /// closed under it.
+    batch_start: u64,
+    capacity: usize,
+}
+
+impl ServerStatements {
+    pub fn new(capacity: usize) -> Self {
+        ServerStatements {
+            last_used: HashMap::new(),
+            tick: 0,
+            batch_start: 0,
+            capacity: capacity.max(1),
+        }
+    }
+
+    pub fn set_capacity(&mut self, capacity: usize) {
+        self.capacity = capacity.max(1);
+    }
+
+    /// Marks the start of a client's batch of messages.
+    pub fn begin_batch(&mut self) {
+        self.tick += 1;
+        self.batch_start = self.tick;
+    }
+
+    /// True if the server holds the statement; counts as a use.
+    pub fn touch(&mut self, hash: &StatementHash) -> bool {
+        match self.last_used.get_mut(hash) {
+            Some(t) => {
+                *t = self.tick;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Records that a Parse for `hash` is being sent. Returns statements to close first when
+    /// the cache is full (at most one, and never one used in the current batch).
+    pub fn insert(&mut self, hash: StatementHash) -> Option<StatementHash> {
+        let victim = if self.last_used.len() >= self.capacity {
+            self.last_used
+                .iter()
+                .filter(|(_, &t)| t < self.batch_start)
+                .min_by_key(|(_, &t)| t)
+                .map(|(h, _)| *h)
+        } else {
+            None
+        };
+        if let Some(v) = victim {
+            self.last_used.remove(&v);
+        }
+        self.last_used.insert(hash, self.tick);
+        victim
+    }
+
+    pub fn forget(&mut self, hash: &StatementHash) {
+        self.last_used.remove(hash);
+    }
+
+    /// After DISCARD ALL or DEALLOCATE ALL the server holds nothing.
+    pub fn clear(&mut self) {
+        self.last_used.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.last_used.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.last_used.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_depend_on_text_and_types_only() {
+        let a = StatementDef::new(b"select $1", &[0, 1, 0, 0, 0, 23]);
+        let b = StatementDef::new(b"select $1", &[0, 1, 0, 0, 0, 23]);
+        let c = StatementDef::new(b"select $1", &[0, 0]);
+        assert_eq!(a.server_name, b.server_name);
+        assert_ne!(a.server_name, c.server_name);
+        assert_eq!(a.server_name.len(), 39);
+        assert!(a.server_name.starts_with(b"pgherd_"));
+    }
+
+    #[test]
+    fn clients_cannot_see_each_others_names() {
+        let mut one = ClientStatements::default();
+        let mut two = ClientStatements::default();
+        one.define(b"S_1", StatementDef::new(b"select 1", &[0, 0]))
+            .unwrap();
+        two.define(b"S_1", StatementDef::new(b"select 2", &[0, 0]))
+            .unwrap();
+        assert_ne!(one.get(b"S_1").unwrap().hash, two.get(b"S_1").unwrap().hash);
+        assert_eq!(
+            one.define(b"S_1", StatementDef::new(b"select 3", &[0, 0])),
+            Err(StatementError::AlreadyExists("S_1".into()))
+        );
+        one.close(b"S_1");
+        assert!(one.get(b"S_1").is_err());
+    }
+
+    #[test]
+    fn eviction_spares_the_current_batch() {
+        let h = |i: u8| StatementHash([i; 16]);
+        let mut s = ServerStatements::new(2);
+        s.begin_batch();
+        assert_eq!(s.insert(h(1)), None);
+        s.begin_batch();
+        assert_eq!(s.insert(h(2)), None);
+        s.begin_batch();
+        assert!(s.touch(&h(1)));
+        // h(2) is the least recently used and not in this batch.
+        assert_eq!(s.insert(h(3)), Some(h(2)));
+        // Everything left was used in this batch: grow instead of closing a statement in use.
+        assert_eq!(s.insert(h(4)), None);
+        assert_eq!(s.len(), 3);
+        assert!(!s.touch(&h(2)));
+    }
+}

@@ -1,0 +1,122 @@
+//! A TCP connection that may have been upgraded to TLS, on either side of the proxy.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsStream;
+
+pub enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+    /// The socket was handed to a TLS handshake that failed; nothing can be sent any more.
+    Gone,
+}
+
+fn gone() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotConnected,
+        "the connection was lost in a TLS handshake",
+    )
+}
+
+impl Stream {
+    /// Upgrades a plain connection to TLS as the server side. On failure the stream is `Gone`.
+    pub async fn accept_tls(&mut self, acceptor: &tokio_rustls::TlsAcceptor) -> io::Result<()> {
+        match std::mem::replace(self, Stream::Gone) {
+            Stream::Plain(tcp) => {
+                let tls = acceptor.accept(tcp).await?;
+                *self = Stream::Tls(Box::new(TlsStream::Server(tls)));
+                Ok(())
+            }
+            other => {
+                *self = other;
+                Err(io::Error::other("TLS is already established"))
+            }
+        }
+    }
+
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Stream::Tls(_))
+    }
+
+    pub fn tcp(&self) -> Option<&TcpStream> {
+        match self {
+            Stream::Plain(s) => Some(s),
+            Stream::Tls(s) => Some(s.get_ref().0),
+            Stream::Gone => None,
+        }
+    }
+
+    /// Ready when a read may make progress. For plain TCP this consults the reactor without a
+    /// syscall, which lets an idle connection wait without holding a read buffer. TLS may hold
+    /// decrypted bytes already, so it always reports ready.
+    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Stream::Plain(s) => s.poll_read_ready(cx),
+            Stream::Tls(_) => Poll::Ready(Ok(())),
+            Stream::Gone => Poll::Ready(Err(gone())),
+        }
+    }
+
+    /// The DER certificate chain a TLS client presented, if any.
+    pub fn peer_certificates(&self) -> Option<Vec<rustls_pki_types::CertificateDer<'static>>> {
+        match self {
+            Stream::Tls(tls) => match tls.as_ref() {
+                TlsStream::Server(s) => s
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .map(|certs| certs.iter().map(|c| c.clone().into_owned()).collect()),
+                TlsStream::Client(_) => None,
+            },
+            Stream::Plain(_) | Stream::Gone => None,
+        }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Stream::Gone => Poll::Ready(Err(gone())),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Stream::Gone => Poll::Ready(Err(gone())),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Stream::Gone => Poll::Ready(Err(gone())),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Stream::Gone => Poll::Ready(Err(gone())),
+        }
+    }
+}

@@ -1,0 +1,528 @@
+//! The embedded default: `pgherd up` builds a local cluster (a primary and streaming replicas)
+//! on first run, writes a pgherd.toml for it and serves it; `pgherd down` stops it; `pgherd
+//! status` reports on any pgherd config.
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use pgherd_cluster::{free_port, ClusterSpec, LocalCluster, StopMode};
+use pgherd_config::Config;
+use pgherd_wire::scram::{ScramVerifier, DEFAULT_ITERATIONS};
+use serde::Serialize;
+
+pub const DEFAULT_DIR: &str = "pgherd-local";
+const CONFIG_FILE: &str = "pgherd.toml";
+const PID_FILE: &str = "pgherd.pid";
+const LOG_FILE: &str = "pgherd.log";
+const PASSWORD_FILE: &str = "passwords";
+const APP_USER: &str = "app";
+const SUPERUSER: &str = "postgres";
+
+#[derive(clap::Args)]
+pub struct UpOptions {
+    /// Where the cluster, its config and its logs live.
+    #[arg(long, default_value = DEFAULT_DIR)]
+    dir: PathBuf,
+    /// Streaming replicas to create (first run only).
+    #[arg(long, default_value_t = 2)]
+    replicas: usize,
+    /// The port pgherd listens on, on 127.0.0.1 (first run only).
+    #[arg(long, default_value_t = 6432)]
+    port: u16,
+    /// Return once everything is ready, leaving pgherd running in the background.
+    #[arg(long)]
+    detach: bool,
+}
+
+fn absolute(path: &Path) -> Result<PathBuf, String> {
+    std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn random_password() -> String {
+    use rand::Rng;
+    const ALPHABET: &[u8] = b"abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789";
+    let mut rng = rand::thread_rng();
+    (0..20)
+        .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+fn verifier(password: &str) -> ScramVerifier {
+    ScramVerifier::from_password(password, &rand::random::<[u8; 16]>(), DEFAULT_ITERATIONS)
+}
+
+/// Passwords `pgherd up` generated, kept next to the config (mode 0600) so later runs can
+/// print how to connect.
+struct Passwords {
+    app: String,
+    superuser: String,
+}
+
+impl Passwords {
+    fn load(dir: &Path) -> Option<Passwords> {
+        let text = std::fs::read_to_string(dir.join(PASSWORD_FILE)).ok()?;
+        let get = |key: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{key}=")).map(str::to_owned))
+        };
+        Some(Passwords {
+            app: get(APP_USER)?,
+            superuser: get(SUPERUSER)?,
+        })
+    }
+
+    fn save(&self, dir: &Path) -> Result<(), String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = dir.join(PASSWORD_FILE);
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        writeln!(f, "{APP_USER}={}\n{SUPERUSER}={}", self.app, self.superuser)
+            .map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+pub fn up(options: UpOptions) -> Result<(), String> {
+    let dir = absolute(&options.dir)?;
+    let config_path = dir.join(CONFIG_FILE);
+    if !config_path.exists() {
+        create(&dir, &options)?;
+    } else {
+        println!(
+            "Using the existing cluster in {} (--replicas and --port apply to new clusters only).",
+            dir.display()
+        );
+    }
+    let config = Config::load(&config_path).map_err(|e| e.to_string())?;
+    let cluster = open_cluster(&dir, &config)?;
+    cluster.start_all().map_err(|e| e.to_string())?;
+    if let Some(pid) = running_pid(&dir) {
+        println!("pgherd is already running (pid {pid}).");
+        print_connect(&dir, &config);
+        return Ok(());
+    }
+    if options.detach {
+        let pid = spawn_detached(&dir, &config_path, &config)?;
+        println!(
+            "pgherd is running in the background (pid {pid}, log {}).",
+            dir.join(LOG_FILE).display()
+        );
+        print_connect(&dir, &config);
+        println!("Stop everything with: pgherd down --dir {}", dir.display());
+        return Ok(());
+    }
+    crate::logging::init(&config.proxy);
+    std::fs::write(dir.join(PID_FILE), std::process::id().to_string())
+        .map_err(|e| format!("{}: {e}", dir.join(PID_FILE).display()))?;
+    let rt = crate::runtime(config.proxy.workers)?;
+    let served = rt.block_on(pgherd_proxy::serve(config.clone(), |_| {
+        print_connect(&dir, &config);
+        println!("Press Ctrl-C to stop pgherd and the cluster.");
+    }));
+    let _ = std::fs::remove_file(dir.join(PID_FILE));
+    let stop_errors = cluster.stop_all(StopMode::Fast);
+    for e in &stop_errors {
+        eprintln!("pgherd: {e}");
+    }
+    served
+}
+
+fn create(dir: &Path, options: &UpOptions) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let passwords = Passwords {
+        app: random_password(),
+        superuser: random_password(),
+    };
+    let ports = (0..=options.replicas)
+        .map(|_| free_port().map_err(|e| e.to_string()))
+        .collect::<Result<Vec<u16>, String>>()?;
+    println!(
+        "Creating a primary and {} streaming replica(s) in {} ...",
+        options.replicas,
+        dir.display()
+    );
+    let cluster = LocalCluster::create(&ClusterSpec {
+        dir: dir.to_owned(),
+        ports,
+        superuser: SUPERUSER.into(),
+        superuser_password: passwords.superuser.clone(),
+        settings: Vec::new(),
+        template: None,
+    })
+    .map_err(|e| e.to_string())?;
+    // The servers hold the very verifiers pgherd holds, so pgherd can pass a client's SCRAM
+    // proof through instead of storing passwords.
+    let app_verifier = verifier(&passwords.app);
+    let superuser_verifier = verifier(&passwords.superuser);
+    let primary = cluster.primary();
+    let setup = [
+        format!("CREATE ROLE {APP_USER} LOGIN PASSWORD '{app_verifier}'"),
+        format!("CREATE DATABASE {APP_USER} OWNER {APP_USER}"),
+        format!("ALTER ROLE {SUPERUSER} PASSWORD '{superuser_verifier}'"),
+    ];
+    for sql in &setup {
+        primary.psql("postgres", sql).map_err(|e| e.to_string())?;
+    }
+    // Streaming replicas connect with the superuser's password; keep it unchanged for them.
+    let config = render_config(
+        &cluster,
+        options.port,
+        &passwords,
+        &app_verifier,
+        &superuser_verifier,
+    );
+    passwords.save(dir)?;
+    let path = dir.join(CONFIG_FILE);
+    std::fs::write(&path, config).map_err(|e| format!("{}: {e}", path.display()))?;
+    Config::load(&path).map_err(|e| format!("the generated config is invalid (a bug): {e}"))?;
+    Ok(())
+}
+
+fn render_config(
+    cluster: &LocalCluster,
+    port: u16,
+    passwords: &Passwords,
+    app_verifier: &ScramVerifier,
+    superuser_verifier: &ScramVerifier,
+) -> String {
+    let mut text = format!(
+        "# Written by `pgherd up`. Edit freely; `pgherd check-config {CONFIG_FILE}` validates it.\n\n\
+         [pgherd]\nlisten = [\"127.0.0.1:{port}\"]\nadmin_users = [\"{SUPERUSER}\"]\n\n\
+         # How pgherd logs in to the nodes to watch them.\n\
+         [cluster]\nuser = \"{SUPERUSER}\"\npassword = \"{}\"\n\n",
+        passwords.superuser
+    );
+    for node in &cluster.nodes {
+        let data_dir = node
+            .data_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        text.push_str(&format!(
+            "[[nodes]]\nname = \"{}\"\nhost = \"127.0.0.1\"\nport = {}\ndata_dir = \"{data_dir}\"\n\n",
+            node.name, node.port
+        ));
+    }
+    text.push_str(&format!(
+        "[pool]\nmode = \"transaction\"\nmax_size = 20\n\n\
+         # Every database on the cluster, under its own name.\n[databases.\"*\"]\n\n\
+         [users.{APP_USER}]\nscram = \"{app_verifier}\"\n\n\
+         [users.{SUPERUSER}]\nscram = \"{superuser_verifier}\"\n"
+    ));
+    text
+}
+
+/// The local cluster described by a config written by `pgherd up`.
+fn open_cluster(dir: &Path, config: &Config) -> Result<LocalCluster, String> {
+    let nodes: Vec<(String, u16)> = config
+        .nodes
+        .iter()
+        .filter(|n| n.data_dir.is_some())
+        .map(|n| (n.name.clone(), n.port))
+        .collect();
+    if nodes.is_empty() {
+        return Err(format!(
+            "{} names no node with a data_dir that pgherd could start",
+            config.source.display()
+        ));
+    }
+    let password = config.cluster.password.clone().unwrap_or_default();
+    LocalCluster::open(dir, &nodes, &config.cluster.user, &password).map_err(|e| e.to_string())
+}
+
+fn print_connect(dir: &Path, config: &Config) {
+    let Some(listen) = config.proxy.listen.first() else {
+        return;
+    };
+    let password = Passwords::load(dir)
+        .map(|p| p.app)
+        .unwrap_or_else(|| "<password>".into());
+    println!(
+        "Connect:  psql \"postgres://{APP_USER}:{password}@{}:{}/{APP_USER}\"",
+        listen.ip(),
+        listen.port()
+    );
+    println!("Status:   pgherd status --dir {}", dir.display());
+}
+
+fn pid_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+fn running_pid(dir: &Path) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(dir.join(PID_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    pid_alive(pid).then_some(pid)
+}
+
+fn spawn_detached(dir: &Path, config_path: &Path, config: &Config) -> Result<i32, String> {
+    use std::os::unix::process::CommandExt;
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find the pgherd executable: {e}"))?;
+    let log_path = dir.join(LOG_FILE);
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| format!("{}: {e}", log_path.display()))?;
+    let log_err = log.try_clone().map_err(|e| e.to_string())?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("run").arg("--config").arg(config_path);
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(log)
+        .stderr(log_err);
+    // SAFETY: setsid is async-signal-safe; it detaches pgherd from this terminal's session.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start pgherd: {e}"))?;
+    let pid = child.id() as i32;
+    std::fs::write(dir.join(PID_FILE), pid.to_string()).map_err(|e| e.to_string())?;
+    let listen = config
+        .proxy
+        .listen
+        .first()
+        .copied()
+        .ok_or("no listen address")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let tail: Vec<&str> = log
+                .lines()
+                .rev()
+                .take(15)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            return Err(format!(
+                "pgherd exited ({status}) before it was ready:\n{}",
+                tail.join("\n")
+            ));
+        }
+        if TcpStream::connect_timeout(&listen, Duration::from_millis(200)).is_ok() {
+            return Ok(pid);
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "pgherd did not listen on {listen} within 60 s; see {}",
+                log_path.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn down(dir: &Path) -> Result<(), String> {
+    let dir = absolute(dir)?;
+    let config_path = dir.join(CONFIG_FILE);
+    let config = Config::load(&config_path).map_err(|e| e.to_string())?;
+    if let Some(pid) = running_pid(&dir) {
+        // SAFETY: plain kill(2) on a pid read from our own pid file.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline =
+            Instant::now() + Duration::from_millis(config.proxy.shutdown_timeout_ms + 5_000);
+        while pid_alive(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if pid_alive(pid) {
+            return Err(format!("pgherd (pid {pid}) did not stop"));
+        }
+        println!("pgherd (pid {pid}) stopped.");
+    }
+    let _ = std::fs::remove_file(dir.join(PID_FILE));
+    let cluster = open_cluster(&dir, &config)?;
+    let errors = cluster.stop_all(StopMode::Fast);
+    if let Some(e) = errors.first() {
+        return Err(e.to_string());
+    }
+    println!(
+        "Nodes stopped: {}.",
+        cluster
+            .nodes
+            .iter()
+            .map(|n| n.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct StatusReport {
+    config: String,
+    pgherd: ProxyStatus,
+    nodes: Vec<NodeStatus>,
+}
+
+#[derive(Serialize)]
+struct ProxyStatus {
+    listen: Vec<String>,
+    running: bool,
+    pid: Option<i32>,
+}
+
+#[derive(Serialize)]
+struct NodeStatus {
+    name: String,
+    role: String,
+    state: String,
+    host: String,
+    port: u16,
+    data_dir: Option<String>,
+    error: Option<String>,
+}
+
+pub fn status(dir: &Path, config_path: Option<&Path>, json: bool) -> Result<(), String> {
+    let dir = absolute(dir)?;
+    let path = match config_path {
+        Some(p) => absolute(p)?,
+        None => dir.join(CONFIG_FILE),
+    };
+    let config = Config::load(&path).map_err(|e| e.to_string())?;
+    let pid_dir = path.parent().unwrap_or(&dir).to_owned();
+    let pid = running_pid(&pid_dir);
+    let listening =
+        config.proxy.listen.iter().any(|a| {
+            TcpStream::connect_timeout(&connectable(*a), Duration::from_millis(500)).is_ok()
+        });
+    let rt = crate::runtime(1)?;
+    let nodes = rt.block_on(check_nodes(&config));
+    let report = StatusReport {
+        config: path.display().to_string(),
+        pgherd: ProxyStatus {
+            listen: config.proxy.listen.iter().map(|a| a.to_string()).collect(),
+            running: listening,
+            pid,
+        },
+        nodes,
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
+        );
+    } else {
+        print_status(&report);
+    }
+    Ok(())
+}
+
+/// A wildcard listen address is reached through loopback.
+fn connectable(addr: SocketAddr) -> SocketAddr {
+    if addr.ip().is_unspecified() {
+        let ip = if addr.is_ipv4() {
+            std::net::IpAddr::from([127, 0, 0, 1])
+        } else {
+            std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST)
+        };
+        SocketAddr::new(ip, addr.port())
+    } else {
+        addr
+    }
+}
+
+async fn check_nodes(config: &Config) -> Vec<NodeStatus> {
+    let ctx = pgherd_proxy::pool::ConnectContext {
+        tls_mode: config.server_tls.mode,
+        tls: pgherd_proxy::tls::server_connector(&config.server_tls)
+            .ok()
+            .flatten(),
+        next_server_id: Default::default(),
+    };
+    let registry = pgherd_proxy::nodes::Nodes::new(&config.nodes);
+    let mut out = Vec::new();
+    for node in registry.all().iter() {
+        let mut conn = None;
+        let outcome = pgherd_proxy::nodes::check_once(node, &config.cluster, &ctx, &mut conn).await;
+        let (role, state, error) = match outcome {
+            Ok(role) => (role.as_str().to_owned(), "up".to_owned(), None),
+            Err(e) => ("unknown".to_owned(), "down".to_owned(), Some(e)),
+        };
+        out.push(NodeStatus {
+            name: node.config.name.clone(),
+            role,
+            state,
+            host: node.config.host.clone(),
+            port: node.config.port,
+            data_dir: node
+                .config
+                .data_dir
+                .as_ref()
+                .map(|d| d.display().to_string()),
+            error,
+        });
+    }
+    out
+}
+
+fn print_status(report: &StatusReport) {
+    println!(
+        "pgherd  {}  listen {}{}",
+        if report.pgherd.running {
+            "running"
+        } else {
+            "not running"
+        },
+        report.pgherd.listen.join(", "),
+        report
+            .pgherd
+            .pid
+            .map(|p| format!("  pid {p}"))
+            .unwrap_or_default()
+    );
+    println!();
+    let header = ["NODE", "ROLE", "STATE", "ADDRESS", "DATA DIR / ERROR"];
+    let rows: Vec<[String; 5]> = report
+        .nodes
+        .iter()
+        .map(|n| {
+            [
+                n.name.clone(),
+                n.role.clone(),
+                n.state.clone(),
+                format!("{}:{}", n.host, n.port),
+                n.error.clone().or(n.data_dir.clone()).unwrap_or_default(),
+            ]
+        })
+        .collect();
+    let widths: Vec<usize> = (0..5)
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].len())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: [&str; 5]| {
+        cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_owned()
+    };
+    println!("{}", line(header));
+    for r in &rows {
+        println!("{}", line([&r[0], &r[1], &r[2], &r[3], &r[4]]));
+    }
+}

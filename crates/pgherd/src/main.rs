@@ -1,0 +1,135 @@
+//! The `pgherd` command: runs the proxy, manages the embedded local cluster, and benchmarks.
+
+mod local;
+mod logging;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use pgherd_config::Config;
+
+#[derive(Parser)]
+#[command(
+    name = "pgherd",
+    version,
+    about = "PostgreSQL pooler, router and high-availability manager in one program"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run pgherd with a config file.
+    Run {
+        #[arg(long, short, default_value = "pgherd.toml")]
+        config: PathBuf,
+    },
+    /// Create (first time) and start a local cluster (a primary and streaming replicas) with
+    /// pgherd in front of it.
+    Up(local::UpOptions),
+    /// Stop what `pgherd up` started.
+    Down {
+        #[arg(long, default_value = local::DEFAULT_DIR)]
+        dir: PathBuf,
+    },
+    /// Show pgherd and its nodes.
+    Status {
+        /// The cluster directory made by `pgherd up`.
+        #[arg(long, default_value = local::DEFAULT_DIR, conflicts_with = "config")]
+        dir: PathBuf,
+        /// Or any pgherd config file.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Print JSON for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Validate a config file and exit.
+    CheckConfig {
+        #[arg(default_value = "pgherd.toml")]
+        config: PathBuf,
+    },
+    /// Print a SCRAM-SHA-256 verifier for a password read from standard input, for [users].
+    Passwd {
+        /// The user the verifier is for (printed in the TOML snippet).
+        user: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run { config } => run(&config),
+        Command::Up(options) => local::up(options),
+        Command::Down { dir } => local::down(&dir),
+        Command::Status { dir, config, json } => local::status(&dir, config.as_deref(), json),
+        Command::CheckConfig { config } => check_config(&config),
+        Command::Passwd { user } => passwd(&user),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("pgherd: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Builds the runtime pgherd serves on: `workers` threads, or one per CPU.
+pub fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, String> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if workers > 0 {
+        builder.worker_threads(workers);
+    }
+    builder
+        .enable_all()
+        .thread_name("pgherd-worker")
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))
+}
+
+fn run(path: &std::path::Path) -> Result<(), String> {
+    let config = Config::load(path).map_err(|e| e.to_string())?;
+    logging::init(&config.proxy);
+    let rt = runtime(config.proxy.workers)?;
+    rt.block_on(pgherd_proxy::serve(config, |_| {}))
+}
+
+fn check_config(path: &std::path::Path) -> Result<(), String> {
+    let config = Config::load(path).map_err(|e| e.to_string())?;
+    println!(
+        "{}: ok ({} node(s), {} database entr{}, {} user(s), {} hba rule(s))",
+        path.display(),
+        config.nodes.len(),
+        config.databases.len(),
+        if config.databases.len() == 1 {
+            "y"
+        } else {
+            "ies"
+        },
+        config.users.len(),
+        config.hba.len()
+    );
+    Ok(())
+}
+
+fn passwd(user: &str) -> Result<(), String> {
+    let mut password = String::new();
+    std::io::stdin()
+        .read_line(&mut password)
+        .map_err(|e| format!("cannot read the password from standard input: {e}"))?;
+    let password = password.trim_end_matches(['\n', '\r']);
+    if password.is_empty() {
+        return Err("the password read from standard input is empty".into());
+    }
+    let verifier = pgherd_wire::scram::ScramVerifier::from_password(
+        password,
+        &rand::random::<[u8; 16]>(),
+        pgherd_wire::scram::DEFAULT_ITERATIONS,
+    );
+    println!("[users.{user}]\nscram = \"{verifier}\"");
+    Ok(())
+}

@@ -14,14 +14,28 @@ pub struct PgBinaries {
 
 const TOOLS: &[&str] = &["initdb", "pg_ctl", "pg_basebackup", "postgres", "psql"];
 
+const INSTALL_HINT: &str = "Install them, e.g. `apt-get install postgresql` on Debian or Ubuntu \
+    (`dnf install postgresql-server` on Fedora), or point PGHERD_PG_BIN at their directory.";
+
 impl PgBinaries {
     /// Looks in `$PGHERD_PG_BIN`, then `pg_config --bindir`, then `/usr/lib/postgresql/*/bin`
     /// (newest version first).
     pub fn find() -> Result<PgBinaries, ClusterError> {
-        let mut candidates: Vec<PathBuf> = Vec::new();
         if let Some(dir) = std::env::var_os("PGHERD_PG_BIN") {
-            candidates.push(PathBuf::from(dir));
+            // An explicit choice is final: silently using other binaries would surprise.
+            let dir = PathBuf::from(dir);
+            return match TOOLS.iter().find(|t| !dir.join(t).is_file()) {
+                None => Ok(PgBinaries {
+                    major_version: version_of(&dir.join("postgres")).unwrap_or(0),
+                    bin_dir: dir,
+                }),
+                Some(missing) => Err(ClusterError::NotInstalled(format!(
+                    "PGHERD_PG_BIN is {} but it has no {missing}. {INSTALL_HINT}",
+                    dir.display()
+                ))),
+            };
         }
+        let mut candidates: Vec<PathBuf> = Vec::new();
         if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
             if out.status.success() {
                 candidates.push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
@@ -47,13 +61,10 @@ impl PgBinaries {
                 });
             }
         }
-        Err(ClusterError::NotInstalled(
+        Err(ClusterError::NotInstalled(format!(
             "PostgreSQL server programs (initdb, pg_ctl, pg_basebackup, postgres, psql) were not \
-             found in $PGHERD_PG_BIN, `pg_config --bindir` or /usr/lib/postgresql/*/bin. Install \
-             them, e.g. `apt-get install postgresql` on Debian or Ubuntu, or point PGHERD_PG_BIN \
-             at their directory."
-                .into(),
-        ))
+             found by `pg_config --bindir` or in /usr/lib/postgresql/*/bin. {INSTALL_HINT}"
+        )))
     }
 
     pub fn tool(&self, name: &str) -> PathBuf {

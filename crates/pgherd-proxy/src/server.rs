@@ -340,12 +340,14 @@ async fn authenticate(
                 })?;
                 continue;
             }
-            Authentication::Unsupported { code } => return Err(ServerError::new(
-                node,
-                ServerErrorKind::Unexpected(format!(
+            Authentication::Unsupported { code } => {
+                return Err(ServerError::new(
+                    node,
+                    ServerErrorKind::Unexpected(format!(
                     "server asks for authentication method {code}, which pgherd does not support"
                 )),
-            )),
+                ))
+            }
         }
         write_flush(stream, &out).await.map_err(io_err(node))?;
     }

@@ -6,6 +6,7 @@
 
 mod certs;
 mod pgherd;
+pub mod raw;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -162,6 +162,9 @@ impl Session {
     /// Relays until the client leaves or is sent away; returns why, after cleaning up.
     pub async fn run(mut self) -> Disconnect {
         let end = self.serve().await;
+        if let Err(reason) = &end {
+            tracing::debug!(client = self.shared.id, %reason, holding_server = self.lease.is_some(), "session ending");
+        }
         self.finish(&end).await;
         match end {
             Ok(()) => Disconnect::ClientClosed,
@@ -820,6 +823,7 @@ impl Session {
             // The server (or pgherd) is discarding messages after an error, as the protocol says.
             return Ok(());
         }
+        tracing::trace!(client = self.shared.id, tag = %(tag as char), len = message.len(), "client message");
         let body = message.slice(HEADER_BYTES..);
         let rewrite = self.mode_shares_servers();
         let Some(lease) = self.lease.as_mut() else {
@@ -968,6 +972,9 @@ impl Session {
             ftag::COPY_DATA | ftag::COPY_DONE | ftag::COPY_FAIL => {
                 if self.queue.in_copy_in() {
                     lease.out.extend_from_slice(&message);
+                    if tag != ftag::COPY_DATA {
+                        self.queue.client_copy_finished();
+                    }
                 }
             }
             _ => {
@@ -1064,6 +1071,7 @@ impl Session {
                 .map_err(|what| {
                     Relayed::Server(ServerError::new(node, ServerErrorKind::Unexpected(what)))
                 })?;
+            tracing::trace!(client = self.shared.id, tag = %(h.tag as char), to_client = d.to_client, synthetic_before = before.len(), synthetic_after = after.len(), "server message");
             self.write_synthetics(&before).map_err(Relayed::Client)?;
             let Some(lease) = self.lease.as_mut() else {
                 return Ok(());
@@ -1157,14 +1165,7 @@ impl Session {
                     .and_then(|s| std::str::from_utf8(s).ok())
                     .and_then(session_changes);
                 match changes {
-                    Some(changes) => {
-                        let in_tx = self
-                            .lease
-                            .as_ref()
-                            .is_some_and(|l| l.conn.tx_status != TxStatus::Idle)
-                            || self.client_tx != TxStatus::Idle;
-                        self.params.record(changes, in_tx);
-                    }
+                    Some(changes) => self.params.record(changes),
                     None => {
                         tracing::debug!(client = self.shared.id, "a session change pgherd cannot replay; the server will be reset before its next client");
                         self.untracked_change = true;

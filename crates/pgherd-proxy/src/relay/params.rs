@@ -106,13 +106,10 @@ impl SessionParams {
         }
     }
 
-    /// Records statement changes; inside a transaction they wait for its end.
-    pub fn record(&mut self, changes: Vec<Change>, in_transaction: bool) {
-        if in_transaction {
-            self.pending.extend(changes);
-        } else {
-            self.apply(changes);
-        }
+    /// Records statement changes. They count once the transaction they ran in (explicit or
+    /// the implicit one of a single query) commits: see [`Self::end_transaction`].
+    pub fn record(&mut self, changes: Vec<Change>) {
+        self.pending.extend(changes);
     }
 
     /// The client's transaction ended; keep its changes only if it committed.
@@ -420,14 +417,15 @@ mod tests {
                 sql: format!("SET work_mem = '{v}'"),
             }]
         };
-        p.record(set("1MB"), true);
+        p.record(set("1MB"));
         assert_eq!(p.fingerprint(), BASELINE);
         p.end_transaction(false);
         assert_eq!(p.fingerprint(), BASELINE);
-        p.record(set("2MB"), true);
+        p.record(set("2MB"));
         p.end_transaction(true);
         assert_ne!(p.fingerprint(), BASELINE);
-        p.record(vec![Change::ResetAll], false);
+        p.record(vec![Change::ResetAll]);
+        p.end_transaction(true);
         assert_eq!(p.fingerprint(), BASELINE);
     }
 
@@ -435,15 +433,14 @@ mod tests {
     fn reset_all_returns_to_the_startup_settings() {
         let mut p = params(&[("user", "u"), ("application_name", "app")]);
         let at_start = p.fingerprint();
-        p.record(
-            vec![Change::Set {
-                name: "work_mem".into(),
-                sql: "SET work_mem = '2MB'".into(),
-            }],
-            false,
-        );
+        p.record(vec![Change::Set {
+            name: "work_mem".into(),
+            sql: "SET work_mem = '2MB'".into(),
+        }]);
+        p.end_transaction(true);
         assert_ne!(p.fingerprint(), at_start);
-        p.record(vec![Change::ResetAll], false);
+        p.record(vec![Change::ResetAll]);
+        p.end_transaction(true);
         assert_eq!(p.fingerprint(), at_start);
         assert_eq!(p.apply_sql().unwrap(), "SET \"application_name\" TO 'app'");
         // The server reporting the startup value back changes nothing.

@@ -93,6 +93,9 @@ pub struct ResponseQueue {
     skipping_to_sync: bool,
     /// The server is in COPY FROM STDIN and waits for the client's data.
     copy_in: bool,
+    /// The client has not ended its COPY data yet. The server ignores Sync and Flush until
+    /// then, so no answer may be expected for them.
+    client_copy_open: bool,
 }
 
 impl ResponseQueue {
@@ -116,9 +119,18 @@ impl ResponseQueue {
 
     pub fn push_client(&mut self, request: Request) {
         if request == Request::Sync {
+            if self.client_copy_open {
+                // Ignored by a server in COPY FROM STDIN.
+                return;
+            }
             self.skipping_to_sync = false;
         }
         self.entries.push_back(Entry::Client(request));
+    }
+
+    /// The client sent CopyDone or CopyFail: from now on its Syncs count again.
+    pub fn client_copy_finished(&mut self) {
+        self.client_copy_open = false;
     }
 
     pub fn push_internal(&mut self, request: Request) {
@@ -238,6 +250,14 @@ impl ResponseQueue {
             }
             tag::COPY_IN_RESPONSE | tag::COPY_BOTH_RESPONSE => {
                 self.copy_in = true;
+                self.client_copy_open = true;
+                // Syncs the client pipelined behind the COPY arrived in copy mode, where the
+                // server ignores them (drivers do send them). They will not be answered.
+                let mut kept = VecDeque::with_capacity(self.entries.len());
+                kept.extend(self.entries.drain(..).enumerate().filter_map(|(i, e)| {
+                    (i == 0 || !matches!(e, Entry::Client(Request::Sync))).then_some(e)
+                }));
+                self.entries = kept;
                 false
             }
             tag::DATA_ROW
@@ -278,6 +298,7 @@ impl ResponseQueue {
         self.entries.clear();
         self.skipping_to_sync = false;
         self.copy_in = false;
+        self.client_copy_open = false;
     }
 
     /// How many ReadyForQuery messages the client still expects for requests already sent.
@@ -440,6 +461,21 @@ mod tests {
         r.q.push_client(Request::Query { sql: None });
         assert_eq!(r.feed(b"G"), ["G"]);
         assert!(r.q.in_copy_in() && !r.q.is_settled());
+        assert_eq!(r.feed(b"CZ"), ["C", "Z"]);
+        assert!(r.q.is_settled());
+    }
+
+    #[test]
+    fn syncs_sent_into_a_copy_are_not_answered() {
+        // tokio-postgres: Bind Execute Sync, then the data, then CopyDone Sync.
+        let mut r = Run::new();
+        r.q.push_client(Request::Bind);
+        r.q.push_client(Request::Execute { sql: None });
+        r.q.push_client(Request::Sync);
+        assert_eq!(r.feed(b"2G"), ["2", "G"]);
+        r.q.push_client(Request::Sync); // a Sync inside the data: ignored by the server
+        r.q.client_copy_finished();
+        r.q.push_client(Request::Sync);
         assert_eq!(r.feed(b"CZ"), ["C", "Z"]);
         assert!(r.q.is_settled());
     }

@@ -1,0 +1,205 @@
+//! The command line as a user meets it: `pgherd up` / `status` / `down` on a fresh directory,
+//! `check-config` on a broken file, and `up` without PostgreSQL installed.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+fn pgherd(args: &[&str]) -> std::process::Output {
+    Command::new(BIN).args(args).output().expect("run pgherd")
+}
+
+fn text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn up_status_down_on_a_fresh_directory() {
+    let dir = tempfile::Builder::new()
+        .prefix("pgherd-up-")
+        .tempdir()
+        .unwrap();
+    let cluster_dir = dir.path().join("local");
+    let dir_arg = cluster_dir.to_str().unwrap();
+    let port = pgherd_cluster::free_port().unwrap().to_string();
+    let up = pgherd(&[
+        "up",
+        "--dir",
+        dir_arg,
+        "--replicas",
+        "1",
+        "--port",
+        &port,
+        "--detach",
+    ]);
+    let up_text = text(&up);
+    assert!(up.status.success(), "pgherd up failed:\n{up_text}");
+    let guard = Down(dir_arg.to_owned());
+    assert!(
+        up_text.contains(&format!("127.0.0.1:{port}/app")),
+        "{up_text}"
+    );
+
+    // status --json for scripts.
+    let status = pgherd(&["status", "--dir", dir_arg, "--json"]);
+    assert!(status.status.success(), "{}", text(&status));
+    let json: serde_json::Value =
+        serde_json::from_slice(&status.stdout).expect("status --json is JSON");
+    assert_eq!(json["pgherd"]["listen"][0], format!("127.0.0.1:{port}"));
+    assert_eq!(json["pgherd"]["running"], true);
+    let nodes = json["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 2);
+    assert_eq!(nodes[0]["name"], "pg1");
+    assert_eq!(nodes[0]["role"], "primary");
+    assert_eq!(nodes[1]["role"], "replica");
+    for node in nodes {
+        assert_eq!(node["state"], "up");
+        assert_eq!(node["host"], "127.0.0.1");
+        assert!(node["port"].as_u64().unwrap() > 0);
+        assert!(node["data_dir"].as_str().unwrap().starts_with(dir_arg));
+    }
+    // The human table.
+    let table = text(&pgherd(&["status", "--dir", dir_arg]));
+    assert!(
+        table.contains("pg1") && table.contains("primary") && table.contains("replica"),
+        "{table}"
+    );
+
+    // The printed connection string works, and writes reach the replica.
+    let password = std::fs::read_to_string(cluster_dir.join("passwords")).unwrap();
+    let password = password
+        .lines()
+        .find_map(|l| l.strip_prefix("app="))
+        .unwrap()
+        .to_owned();
+    let url = format!("postgres://app:{password}@127.0.0.1:{port}/app");
+    psql(
+        &url,
+        &[
+            "-c",
+            "CREATE TABLE hello (x int)",
+            "-c",
+            "INSERT INTO hello VALUES (1)",
+        ],
+    )
+    .unwrap();
+    let replica_port = nodes[1]["port"].as_u64().unwrap().to_string();
+    let replica_url = format!("postgres://app:{password}@127.0.0.1:{replica_port}/app");
+    let mut seen = String::new();
+    for _ in 0..100 {
+        seen = psql(&replica_url, &["-c", "SELECT count(*) FROM hello"]).unwrap_or_default();
+        if seen == "1" {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(seen, "1", "the replica should stream the primary's writes");
+
+    // A second `up` reuses the running cluster.
+    let again = pgherd(&["up", "--dir", dir_arg, "--detach"]);
+    assert!(again.status.success(), "{}", text(&again));
+    assert!(text(&again).contains("already running"), "{}", text(&again));
+
+    drop(guard);
+    let after = pgherd(&["status", "--dir", dir_arg, "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&after.stdout).unwrap();
+    assert_eq!(json["pgherd"]["running"], false);
+    assert!(json["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|n| n["state"] == "down"));
+}
+
+/// Stops what `up` started even when the test fails half way.
+struct Down(String);
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        let out = pgherd(&["down", "--dir", &self.0]);
+        assert!(
+            out.status.success() || std::thread::panicking(),
+            "pgherd down failed:\n{}",
+            text(&out)
+        );
+    }
+}
+
+#[test]
+fn check_config_names_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pgherd.toml");
+    std::fs::write(
+        &path,
+        "[[nodes]]\nname = \"pg1\"\nport = 5432\n\n[pool]\nmax_size = 0\n",
+    )
+    .unwrap();
+    let out = pgherd(&["check-config", path.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let message = text(&out);
+    assert!(
+        message.contains(&format!(
+            "{}:6:12: pool.max_size: must be at least 1",
+            path.display()
+        )),
+        "{message}"
+    );
+    std::fs::write(&path, "[[nodes]]\nname = \"pg1\"\nport = 5432\n").unwrap();
+    let out = pgherd(&["check-config", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    // `run` refuses the same broken file the same way.
+    std::fs::write(&path, "[[nodes]]\nname = \"pg1\"\nport = 99999\n").unwrap();
+    let out = pgherd(&["run", "--config", path.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("pgherd.toml:3:8"), "{}", text(&out));
+}
+
+#[test]
+fn up_without_postgresql_says_what_to_install() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "up",
+            "--dir",
+            dir.path().join("x").to_str().unwrap(),
+            "--detach",
+        ])
+        .env("PGHERD_PG_BIN", "/nonexistent/bin")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("apt-get install postgresql"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn passwd_prints_a_verifier_pgherd_accepts() {
+    use std::io::Write;
+    let mut child = Command::new(BIN)
+        .args(["passwd", "alice"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"s3cret\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let snippet = String::from_utf8_lossy(&out.stdout);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pgherd.toml");
+    std::fs::write(
+        &path,
+        format!("[[nodes]]\nname = \"pg1\"\nport = 5432\n\n{snippet}"),
+    )
+    .unwrap();
+    let check = pgherd(&["check-config", path.to_str().unwrap()]);
+    assert!(check.status.success(), "{}\n{snippet}", text(&check));
+}

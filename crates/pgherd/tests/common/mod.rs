@@ -1,0 +1,85 @@
+//! Shared setup for the integration tests: a cluster, an application user and database, and
+//! pgherd in front.
+#![allow(dead_code)]
+
+use pgherd_testkit::{Pgherd, PgherdConfig, TestCluster};
+use pgherd_wire::scram::ScramVerifier;
+use tokio_postgres::{Client, NoTls};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_pgherd");
+pub const APP: &str = "app";
+pub const APP_PASSWORD: &str = "app-secret-1";
+
+pub struct Env {
+    pub pgherd: Pgherd,
+    pub app_verifier: ScramVerifier,
+    // Dropped last: pgherd stops before its cluster.
+    pub cluster: TestCluster,
+}
+
+/// A cluster with `replicas`, a user `app` owning database `app`, and pgherd configured by
+/// `tweak` (which gets a config that already lists `app`).
+pub fn env(replicas: usize, tweak: impl FnOnce(PgherdConfig) -> PgherdConfig) -> Env {
+    let cluster = TestCluster::start(replicas);
+    let app_verifier = cluster.create_user(APP, APP_PASSWORD);
+    cluster.sql(&format!("CREATE DATABASE {APP} OWNER {APP}"));
+    let config = tweak(PgherdConfig::new().user(APP, &app_verifier, ""));
+    let pgherd = Pgherd::start(BIN, &cluster, &config);
+    Env {
+        pgherd,
+        app_verifier,
+        cluster,
+    }
+}
+
+impl Env {
+    pub async fn app(&self) -> Client {
+        connect(&self.pgherd.conninfo(APP, APP_PASSWORD, APP)).await
+    }
+
+    pub fn app_url(&self) -> String {
+        self.pgherd.url(APP, APP_PASSWORD, APP)
+    }
+
+    /// Runs SQL on the primary directly, as the superuser, in database `app`.
+    pub fn direct(&self, sql: &str) -> String {
+        self.cluster.sql_on("pg1", APP, sql)
+    }
+}
+
+pub async fn connect(conninfo: &str) -> Client {
+    try_connect(conninfo)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect through pgherd ({conninfo}): {e}"))
+}
+
+pub async fn try_connect(conninfo: &str) -> Result<Client, tokio_postgres::Error> {
+    let (client, connection) = tokio_postgres::connect(conninfo, NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// The SQLSTATE of a failed call.
+pub fn code(e: &tokio_postgres::Error) -> String {
+    e.code()
+        .map(|c| c.code().to_owned())
+        .unwrap_or_else(|| format!("no SQLSTATE: {e}"))
+}
+
+/// psql through pgherd; returns stdout, or stderr on failure.
+pub fn psql(url: &str, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new(pgherd_testkit::pg_bin("psql"))
+        .arg(url)
+        .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"])
+        .args(args)
+        .env_remove("PGPASSWORD")
+        .output()
+        .expect("run psql");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}

@@ -1,0 +1,476 @@
+//! Pooling through pgherd against real PostgreSQL: every pool mode with psql and pgbench,
+//! prepared statements shared safely between clients, pipelines, session settings, COPY, pool
+//! exhaustion, and clients that leave mid-transaction.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use pgherd_testkit::raw::{errors, first_column, RawClient};
+use pgherd_testkit::{Pgherd, PgherdConfig};
+use pgherd_wire::frontend;
+
+fn pgbench(url: &str, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new(pgherd_testkit::pg_bin("pgbench"))
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("run pgbench");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(text)
+    }
+}
+
+#[test]
+fn psql_and_pgbench_in_every_pool_mode() {
+    let env = env(0, |c| c.max_size(4));
+    pgbench(&env.app_url(), &["-i", "-s", "1", "-q"]).expect("pgbench -i through pgherd");
+    for mode in ["session", "transaction", "statement"] {
+        // Session mode needs a server per client; the others share four among eight clients.
+        let max_size = if mode == "session" { 8 } else { 4 };
+        let config =
+            PgherdConfig::new()
+                .mode(mode)
+                .max_size(max_size)
+                .user(APP, &env.app_verifier, "");
+        let pgherd = Pgherd::start(BIN, &env.cluster, &config);
+        let url = pgherd.url(APP, APP_PASSWORD, APP);
+        let table = format!("psql_{mode}");
+        let out = psql(
+            &url,
+            &[
+                "-c",
+                &format!("CREATE TABLE {table} (id int)"),
+                "-c",
+                &format!("INSERT INTO {table} SELECT generate_series(1, 100)"),
+                "-c",
+                &format!("SELECT count(*), sum(id) FROM {table}"),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("psql in {mode} mode: {e}"));
+        assert_eq!(out, "100|5050", "psql in {mode} mode");
+        for protocol in ["simple", "extended", "prepared"] {
+            let out = pgbench(
+                &url,
+                &["-S", "-c", "8", "-j", "2", "-T", "2", "-M", protocol],
+            )
+            .unwrap_or_else(|e| panic!("pgbench -S -M {protocol} in {mode} mode failed:\n{e}"));
+            assert!(
+                out.contains("number of failed transactions: 0"),
+                "{mode}/{protocol}: {out}"
+            );
+        }
+        let tpcb = pgbench(&url, &["-c", "4", "-j", "2", "-T", "2"]);
+        if mode == "statement" {
+            let err = tpcb.expect_err("TPC-B uses BEGIN, which statement mode refuses");
+            assert!(
+                err.contains("transaction blocks are not allowed in statement pooling mode"),
+                "{err}"
+            );
+        } else {
+            let out = tpcb.unwrap_or_else(|e| panic!("pgbench TPC-B in {mode} mode failed:\n{e}"));
+            assert!(
+                out.contains("number of failed transactions: 0"),
+                "{mode}: {out}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_clients_with_prepared_statements_share_five_server_connections() {
+    let env = env(0, |c| c.max_size(5).mode("transaction"));
+    let setup = env.app().await;
+    setup.batch_execute("CREATE TABLE kv (k int PRIMARY KEY, v text); INSERT INTO kv SELECT i, 'v' || i FROM generate_series(1, 1000) i").await.unwrap();
+    let mut tasks = Vec::new();
+    for client_no in 0..100 {
+        let conninfo = env.pgherd.conninfo(APP, APP_PASSWORD, APP);
+        tasks.push(tokio::spawn(async move {
+            let client = connect(&conninfo).await;
+            // Each client prepares its own statements; texts differ per client group so
+            // server-side statements are both shared and distinct.
+            let get = client
+                .prepare("SELECT v FROM kv WHERE k = $1")
+                .await
+                .unwrap();
+            let add = client
+                .prepare(&format!("SELECT $1::int + {}", client_no % 7))
+                .await
+                .unwrap();
+            for i in 0..50 {
+                let k = (client_no * 50 + i) % 1000 + 1;
+                let row = client.query_one(&get, &[&k]).await.unwrap();
+                assert_eq!(row.get::<_, String>(0), format!("v{k}"));
+                let row = client.query_one(&add, &[&i]).await.unwrap();
+                assert_eq!(row.get::<_, i32>(0), i + client_no % 7);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("client task");
+    }
+    let backends: i64 = env
+        .direct("SELECT count(*) FROM pg_stat_activity WHERE usename = 'app' AND backend_type = 'client backend'")
+        .parse()
+        .unwrap();
+    assert!(
+        backends <= 5,
+        "pgherd opened {backends} server connections with max_size 5"
+    );
+}
+
+/// Two clients use the same statement name for different statements on one shared server
+/// connection; each must run its own.
+#[test]
+fn statement_names_from_different_clients_never_collide() {
+    let env = env(0, |c| c.max_size(1));
+    let mut a = RawClient::login(env.pgherd.port, APP, APP, APP_PASSWORD).unwrap();
+    let mut b = RawClient::login(env.pgherd.port, APP, APP, APP_PASSWORD).unwrap();
+    let prepare = |name: &str, sql: &str| {
+        let mut out = BytesMut::new();
+        frontend::encode_parse(&mut out, name.as_bytes(), sql.as_bytes(), &[0, 0]).unwrap();
+        frontend::encode_sync(&mut out);
+        out
+    };
+    let execute = |name: &str| {
+        let mut out = BytesMut::new();
+        frontend::encode_bind(&mut out, b"", name.as_bytes(), &[0, 0, 0, 0, 0, 0]).unwrap();
+        frontend::encode_execute(&mut out, b"", 0).unwrap();
+        frontend::encode_sync(&mut out);
+        out
+    };
+    a.send(&prepare("S_1", "SELECT 'from a'"));
+    assert!(errors(&a.recv_until_ready()).is_empty());
+    b.send(&prepare("S_1", "SELECT 'from b'"));
+    assert!(errors(&b.recv_until_ready()).is_empty());
+    for _ in 0..3 {
+        a.send(&execute("S_1"));
+        assert_eq!(first_column(&a.recv_until_ready()), ["from a"]);
+        b.send(&execute("S_1"));
+        assert_eq!(first_column(&b.recv_until_ready()), ["from b"]);
+    }
+    // A name the client never prepared is an error, as PostgreSQL says it.
+    a.send(&execute("S_2"));
+    let err = errors(&a.recv_until_ready());
+    assert_eq!(err[0].code.code(), "26000", "{err:?}");
+    // Redefining a live name is refused; closing it frees the name.
+    a.send(&prepare("S_1", "SELECT 'again'"));
+    assert_eq!(errors(&a.recv_until_ready())[0].code.code(), "42P05");
+    let mut close = BytesMut::new();
+    frontend::encode_close(&mut close, frontend::Target::Statement, b"S_1").unwrap();
+    frontend::encode_sync(&mut close);
+    a.send(&close);
+    assert!(errors(&a.recv_until_ready()).is_empty());
+    a.send(&prepare("S_1", "SELECT 'again'"));
+    assert!(errors(&a.recv_until_ready()).is_empty());
+    a.send(&execute("S_1"));
+    assert_eq!(first_column(&a.recv_until_ready()), ["again"]);
+}
+
+/// A pipeline with several Syncs keeps its server connection until the last ReadyForQuery it
+/// is owed, even while another client waits for that connection.
+#[test]
+fn pipeline_with_several_syncs_keeps_its_server() {
+    let env = env(0, |c| c.max_size(1));
+    let mut a = RawClient::login(env.pgherd.port, APP, APP, APP_PASSWORD).unwrap();
+    let mut b = RawClient::login(env.pgherd.port, APP, APP, APP_PASSWORD).unwrap();
+    let mut pipeline = BytesMut::new();
+    for (i, sql) in ["SELECT 'a1', pg_sleep(0.2)", "SELECT 'a2'", "SELECT 'a3'"]
+        .iter()
+        .enumerate()
+    {
+        frontend::encode_parse(&mut pipeline, b"", sql.as_bytes(), &[0, 0]).unwrap();
+        frontend::encode_bind(&mut pipeline, b"", b"", &[0, 0, 0, 0, 0, 0]).unwrap();
+        frontend::encode_execute(&mut pipeline, b"", 0).unwrap();
+        frontend::encode_sync(&mut pipeline);
+        if i == 0 {
+            frontend::encode_query(&mut pipeline, b"SELECT 'a-simple'").unwrap();
+        }
+    }
+    a.send(&pipeline);
+    std::thread::sleep(Duration::from_millis(50));
+    let b_thread = std::thread::spawn(move || {
+        let answer = first_column(&b.query("SELECT 'b'"));
+        (b, answer)
+    });
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        got.extend(first_column(&a.recv_until_ready()));
+    }
+    assert_eq!(got, ["a1", "a-simple", "a2", "a3"]);
+    let (_, b_answer) = b_thread.join().unwrap();
+    assert_eq!(b_answer, ["b"]);
+}
+
+/// The first column of the first row of a simple query.
+async fn one(c: &tokio_postgres::Client, sql: &str) -> String {
+    let rows = c
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    rows.iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{sql}: no row"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_settings_follow_their_client_and_never_leak() {
+    let env = env(0, |c| c.max_size(1).mode("transaction"));
+    let a = env.app().await;
+    let b = env.app().await;
+    a.batch_execute("SET work_mem = '7MB'; SET search_path = custom, public; SET TIME ZONE 'Asia/Tokyo'; SET application_name = 'client-a'").await.unwrap();
+    let default_zone = env.direct("SHOW TimeZone");
+    for _ in 0..3 {
+        assert_eq!(
+            one(&b, "SHOW work_mem").await,
+            "4MB",
+            "b must not see a's work_mem"
+        );
+        assert_eq!(one(&b, "SHOW search_path").await, "\"$user\", public");
+        assert_eq!(one(&b, "SHOW TimeZone").await, default_zone);
+        assert_eq!(
+            one(&a, "SHOW work_mem").await,
+            "7MB",
+            "a keeps its work_mem"
+        );
+        assert_eq!(one(&a, "SHOW search_path").await, "custom, public");
+        assert_eq!(one(&a, "SHOW TimeZone").await, "Asia/Tokyo");
+        assert_eq!(one(&a, "SHOW application_name").await, "client-a");
+    }
+    // Rolled-back and local settings do not stick; RESET does.
+    a.batch_execute("BEGIN; SET work_mem = '9MB'; ROLLBACK")
+        .await
+        .unwrap();
+    assert_eq!(one(&b, "SHOW work_mem").await, "4MB");
+    assert_eq!(one(&a, "SHOW work_mem").await, "7MB");
+    a.batch_execute("BEGIN; SET LOCAL work_mem = '11MB'; COMMIT")
+        .await
+        .unwrap();
+    assert_eq!(one(&a, "SHOW work_mem").await, "7MB");
+    a.batch_execute("RESET work_mem").await.unwrap();
+    assert_eq!(one(&b, "SHOW TimeZone").await, default_zone);
+    assert_eq!(one(&a, "SHOW work_mem").await, "4MB");
+    // A role change must not leak either.
+    env.direct("GRANT pg_read_all_stats TO app");
+    a.batch_execute("SET ROLE pg_read_all_stats").await.unwrap();
+    assert_eq!(one(&b, "SELECT current_user").await, "app");
+    assert_eq!(one(&a, "SELECT current_user").await, "pg_read_all_stats");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_parameters_apply_on_every_server_connection() {
+    let env = env(0, |c| c.max_size(1));
+    let base = env.pgherd.conninfo(APP, APP_PASSWORD, APP);
+    let a = connect(&format!("{base} application_name=alpha options='-c search_path=alpha_schema -c statement_timeout=1234'")).await;
+    let b = connect(&format!("{base} application_name=beta")).await;
+    for _ in 0..3 {
+        assert_eq!(one(&a, "SHOW application_name").await, "alpha");
+        assert_eq!(one(&a, "SHOW search_path").await, "alpha_schema");
+        assert_eq!(one(&a, "SHOW statement_timeout").await, "1234ms");
+        assert_eq!(one(&b, "SHOW application_name").await, "beta");
+        assert_eq!(one(&b, "SHOW statement_timeout").await, "0");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_in_and_out() {
+    let env = env(0, |c| c.max_size(2));
+    let client = env.app().await;
+    client
+        .batch_execute("CREATE TABLE copied (id int, payload text)")
+        .await
+        .unwrap();
+    let rows = 200_000;
+    let sink = client.copy_in("COPY copied FROM STDIN").await.unwrap();
+    futures_util::pin_mut!(sink);
+    let mut chunk = String::new();
+    for i in 0..rows {
+        chunk.push_str(&format!("{i}\tpayload-{i}-{}\n", "x".repeat(i % 50)));
+        if chunk.len() > 64 << 10 {
+            sink.send(Bytes::from(std::mem::take(&mut chunk)))
+                .await
+                .unwrap();
+        }
+    }
+    sink.send(Bytes::from(chunk)).await.unwrap();
+    let copied = sink.finish().await.unwrap();
+    assert_eq!(copied, rows as u64);
+    assert_eq!(
+        env.direct("SELECT count(*), sum(id) FROM copied"),
+        format!("{rows}|{}", (rows as u64) * (rows as u64 - 1) / 2)
+    );
+
+    let stream = client
+        .copy_out("COPY (SELECT * FROM copied ORDER BY id) TO STDOUT")
+        .await
+        .unwrap();
+    futures_util::pin_mut!(stream);
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        bytes.extend_from_slice(&chunk.unwrap());
+    }
+    let text = String::from_utf8(bytes).unwrap();
+    assert_eq!(text.lines().count(), rows);
+    assert_eq!(
+        text.lines().nth(12345).unwrap(),
+        format!("12345\tpayload-12345-{}", "x".repeat(12345 % 50))
+    );
+
+    // A COPY the server rejects, and one the client aborts, leave the session usable.
+    // (Raw protocol: tokio-postgres itself cannot continue after a failed copy_in, even
+    // directly against PostgreSQL.)
+    let mut raw = RawClient::login(env.pgherd.port, APP, APP, APP_PASSWORD).unwrap();
+    let failed = raw.query("COPY nonexistent FROM STDIN");
+    assert_eq!(errors(&failed)[0].code.code(), "42P01");
+    let mut out = BytesMut::new();
+    frontend::encode_query(&mut out, b"COPY copied FROM STDIN").unwrap();
+    raw.send(&out);
+    assert_eq!(raw.recv().unwrap().0, b'G');
+    out.clear();
+    pgherd_wire::frame::write_message(&mut out, b'd', |b| b.extend_from_slice(b"-1\tnever\n"))
+        .unwrap();
+    frontend::encode_copy_fail(&mut out, b"changed my mind").unwrap();
+    raw.send(&out);
+    let aborted = raw.recv_until_ready();
+    assert_eq!(errors(&aborted)[0].code.code(), "57014", "{aborted:?}");
+    assert_eq!(
+        first_column(&raw.query("SELECT count(*) FROM copied WHERE id = -1")),
+        ["0"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_exhaustion_gives_the_wait_timeout_error_and_the_client_recovers() {
+    let env = env(0, |c| c.max_size(1).wait_timeout_ms(300));
+    let holder = env.app().await;
+    holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let waiter = env.app().await;
+    let started = std::time::Instant::now();
+    let err = waiter.simple_query("SELECT 2").await.unwrap_err();
+    assert_eq!(code(&err), "53300", "{err}");
+    let message = err.as_db_error().unwrap().message().to_owned();
+    assert!(
+        message.contains("no server connection became free within"),
+        "{message}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    holder.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        waiter
+            .query_one("SELECT 3", &[])
+            .await
+            .unwrap()
+            .get::<_, i32>(0),
+        3
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_mid_transaction_is_rolled_back_and_the_server_reused() {
+    let env = env(0, |c| c.max_size(1));
+    let setup = env.app().await;
+    setup
+        .batch_execute("CREATE TABLE left_behind (id int)")
+        .await
+        .unwrap();
+    let backend_before: i32 = setup
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    {
+        let leaver = env.app().await;
+        leaver
+            .batch_execute("BEGIN; INSERT INTO left_behind VALUES (1)")
+            .await
+            .unwrap();
+        // Dropped here: the connection closes mid-transaction.
+    }
+    let after = env.app().await;
+    let mut count = -1i64;
+    for _ in 0..50 {
+        match after
+            .query_one("SELECT count(*) FROM left_behind", &[])
+            .await
+        {
+            Ok(row) => {
+                count = row.get(0);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    assert_eq!(
+        count, 0,
+        "the insert of the departed client must be rolled back"
+    );
+    let backend_after: i32 = after
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        backend_before, backend_after,
+        "the server connection should be reused"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_and_failed_transactions_behave_as_in_postgresql() {
+    let env = env(0, |c| c.max_size(2));
+    let client = env.app().await;
+    let err = client.simple_query("SELECT 1/0").await.unwrap_err();
+    assert_eq!(code(&err), "22012");
+    assert_eq!(
+        client
+            .query_one("SELECT 5", &[])
+            .await
+            .unwrap()
+            .get::<_, i32>(0),
+        5
+    );
+    // A failed transaction stays failed until rolled back.
+    client.batch_execute("BEGIN").await.unwrap();
+    assert!(client.simple_query("SELECT 1/0").await.is_err());
+    let err = client.simple_query("SELECT 1").await.unwrap_err();
+    assert_eq!(code(&err), "25P02");
+    client.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(
+        client
+            .query_one("SELECT 6", &[])
+            .await
+            .unwrap()
+            .get::<_, i32>(0),
+        6
+    );
+}
+
+#[test]
+fn notifications_reach_a_session_mode_listener() {
+    let env = env(0, |c| c.mode("session"));
+    let mut listener = RawClient::login(env.pgherd.port, APP, APP, APP_PASSWORD).unwrap();
+    listener.query("LISTEN pgherd_channel");
+    let mut talker = RawClient::login(env.pgherd.port, APP, APP, APP_PASSWORD).unwrap();
+    talker.query("NOTIFY pgherd_channel, 'hello'");
+    // The notification arrives while the listener is idle; pgherd must pass it on unasked.
+    let message = listener.recv().expect("a notification");
+    assert_eq!(
+        message.0, b'A',
+        "expected NotificationResponse, got {:?}",
+        message.0 as char
+    );
+    assert!(String::from_utf8_lossy(&message.1).contains("hello"));
+}

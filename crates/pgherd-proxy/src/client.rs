@@ -54,7 +54,13 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
     let login_timeout = Duration::from_millis(app.config().proxy.client_login_timeout_ms);
     let mut stream = Stream::Plain(tcp);
     let mut buf = BytesMut::new();
-    let login = tokio::time::timeout(login_timeout, login(&app, &mut stream, &mut buf, addr)).await;
+    // Boxed: the login's state (TLS handshake, SCRAM) is large and must not stay allocated in
+    // this task for the whole session.
+    let login = tokio::time::timeout(
+        login_timeout,
+        Box::pin(login(&app, &mut stream, &mut buf, addr)),
+    )
+    .await;
     let end = match login {
         Ok(Ok(LoggedIn::Client {
             shared,
@@ -72,13 +78,13 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
                 route,
                 params,
             });
-            let end = session.run().await;
+            let end = Box::pin(session.run()).await;
             app.clients.unregister(&shared);
             log_end(&end, addr, Some(shared.id));
             return;
         }
         Ok(Ok(LoggedIn::Admin { shared, can_modify })) => {
-            let end = admin::serve(&app, &shared, &mut stream, buf, can_modify).await;
+            let end = Box::pin(admin::serve(&app, &shared, &mut stream, buf, can_modify)).await;
             app.clients.unregister(&shared);
             end
         }

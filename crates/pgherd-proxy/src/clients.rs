@@ -3,13 +3,19 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
 use pgherd_wire::startup::CancelKey;
 use tokio::sync::Notify;
+
+/// pgherd is shutting down: end the session at its next idle point.
+pub const SIGNAL_SHUTDOWN: u8 = 1;
+/// An operator killed the session: end it now.
+pub const SIGNAL_KILL: u8 = 2;
 
 use crate::server::send_cancel;
 
@@ -43,8 +49,10 @@ pub struct ClientShared {
     pub connected_at: SystemTime,
     live: Mutex<Live>,
     cancel_acknowledged: Notify,
-    /// Wakes the session when an operator kills it.
-    pub killed: Notify,
+    /// Signals for the session (SIGNAL_*), read with one atomic load per poll instead of
+    /// registering a waiter per transaction.
+    signals: AtomicU8,
+    waker: AtomicWaker,
 }
 
 impl ClientShared {
@@ -54,6 +62,18 @@ impl ClientShared {
 
     pub fn target(&self) -> Option<ServerTarget> {
         self.live.lock().target
+    }
+
+    /// Clears the target unless a cancel for it is still on its way (then returns false and
+    /// [`Self::clear_target`] must be awaited).
+    pub fn try_clear_target(&self) -> bool {
+        let mut live = self.live.lock();
+        if live.cancels_in_flight == 0 {
+            live.target = None;
+            true
+        } else {
+            false
+        }
     }
 
     /// Clears the target once no cancel for it is still on its way.
@@ -73,7 +93,21 @@ impl ClientShared {
 
     pub fn kill(&self, reason: String) {
         self.live.lock().kill_reason = Some(reason);
-        self.killed.notify_one();
+        self.raise(SIGNAL_KILL);
+    }
+
+    pub fn raise(&self, signal: u8) {
+        self.signals.fetch_or(signal, Ordering::AcqRel);
+        self.waker.wake();
+    }
+
+    pub fn signals(&self) -> u8 {
+        self.signals.load(Ordering::Acquire)
+    }
+
+    /// The session's task, to wake when a signal is raised.
+    pub fn register_waker(&self, waker: &std::task::Waker) {
+        self.waker.register(waker);
     }
 
     pub fn kill_reason(&self) -> Option<String> {
@@ -143,7 +177,8 @@ impl ClientRegistry {
             connected_at: SystemTime::now(),
             live: Mutex::new(Live::default()),
             cancel_acknowledged: Notify::new(),
-            killed: Notify::new(),
+            signals: AtomicU8::new(0),
+            waker: AtomicWaker::new(),
         });
         map.insert(pid, shared.clone());
         shared
@@ -151,6 +186,13 @@ impl ClientRegistry {
 
     pub fn unregister(&self, shared: &ClientShared) {
         self.by_pid.lock().remove(&shared.key.process_id);
+    }
+
+    /// Raises `signal` on every registered client.
+    pub fn signal_all(&self, signal: u8) {
+        for client in self.by_pid.lock().values() {
+            client.raise(signal);
+        }
     }
 
     pub fn all(&self) -> Vec<Arc<ClientShared>> {

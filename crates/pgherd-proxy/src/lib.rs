@@ -13,6 +13,7 @@
 pub mod admin;
 pub mod app;
 mod auth_query;
+mod buffers;
 pub mod client;
 pub mod clients;
 pub mod error;

@@ -3,7 +3,8 @@
 //! A pool's state is a plain struct behind a short lock that is never held across an await:
 //! idle connections, counts, and a FIFO of waiting clients. A released connection goes straight
 //! to the first waiter if there is one. Every connection is counted exactly once in `total`,
-//! whether idle, lent out, or still connecting, so `max_size` is never exceeded.
+//! whether idle, lent out, or still connecting, so `max_size` is never exceeded. Connections
+//! are boxed, so lending one out moves a pointer; taking an idle one needs no await.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use pgherd_config::PoolSettings;
 use pgherd_wire::backend::TxStatus;
@@ -30,7 +32,7 @@ enum Handoff {
 
 #[derive(Debug, Default)]
 struct PoolState {
-    idle: VecDeque<ServerConn>,
+    idle: VecDeque<Box<ServerConn>>,
     /// Idle, lent out, and connecting.
     total: u32,
     lent: u32,
@@ -72,7 +74,7 @@ pub struct Pool {
     pub user: String,
     pub server_dbname: String,
     pub node: NodeAddress,
-    settings: Mutex<PoolSettings>,
+    settings: ArcSwap<PoolSettings>,
     state: Mutex<PoolState>,
     pub stats: PoolStats,
     /// ParameterStatus values from the newest login, shown to clients at their login.
@@ -112,7 +114,7 @@ impl Pool {
             user,
             server_dbname,
             node,
-            settings: Mutex::new(settings),
+            settings: ArcSwap::from_pointee(settings),
             state: Mutex::new(PoolState::default()),
             stats: PoolStats::default(),
             template_params: Mutex::new(Vec::new()),
@@ -120,12 +122,12 @@ impl Pool {
         }
     }
 
-    pub fn settings(&self) -> PoolSettings {
-        self.settings.lock().clone()
+    pub fn settings(&self) -> Arc<PoolSettings> {
+        self.settings.load_full()
     }
 
     pub fn update_settings(&self, settings: PoolSettings) {
-        *self.settings.lock() = settings;
+        self.settings.store(Arc::new(settings));
         // A larger pool may let waiters connect now.
         self.wake_waiters_to_retry();
     }
@@ -139,7 +141,7 @@ impl Pool {
     }
 
     pub fn snapshot(&self) -> PoolSnapshot {
-        let settings = self.settings.lock().clone();
+        let settings = self.settings.load();
         let st = self.state.lock();
         let idle = st.idle.len() as u32;
         PoolSnapshot {
@@ -152,19 +154,37 @@ impl Pool {
         }
     }
 
+    /// An idle connection, if one is ready now: the path every transaction takes when the pool
+    /// is warm. No await, no allocation.
+    pub fn try_acquire(&self) -> Option<Box<ServerConn>> {
+        loop {
+            let conn = {
+                let mut st = self.state.lock();
+                if st.closed {
+                    return None;
+                }
+                let conn = st.idle.pop_back()?;
+                st.lent += 1;
+                conn
+            };
+            if let Some(conn) = self.check_idle_conn(conn) {
+                return Some(conn);
+            }
+        }
+    }
+
     /// Takes a connection: an idle one, a new one if below `max_size`, or the next one released
     /// within the wait timeout.
-    pub async fn acquire(&self, ctx: &ConnectContext) -> Result<ServerConn, AcquireError> {
+    pub async fn acquire(&self, ctx: &ConnectContext) -> Result<Box<ServerConn>, AcquireError> {
         let started = Instant::now();
         let (wait_timeout, max_size) = {
-            let s = self.settings.lock();
+            let s = self.settings.load();
             (s.wait_timeout(), s.max_size)
         };
         loop {
-            // Lives for one loop turn on the stack; boxing the connection would only add an allocation.
-            #[allow(clippy::large_enum_variant)]
+            // Lives for one loop turn; the connection is boxed already.
             enum Next {
-                Use(ServerConn),
+                Use(Box<ServerConn>),
                 Connect,
                 Wait(oneshot::Receiver<Handoff>),
             }
@@ -176,7 +196,7 @@ impl Pool {
                 if let Some(conn) = st.idle.pop_back() {
                     st.lent += 1;
                     Next::Use(conn)
-                } else if st.total < self.settings.lock().max_size {
+                } else if st.total < self.settings.load().max_size {
                     st.total += 1;
                     Next::Connect
                 } else {
@@ -187,19 +207,19 @@ impl Pool {
             };
             match next {
                 Next::Use(conn) => match self.check_idle_conn(conn) {
-                    Some(conn) => return Ok(self.lent(conn, started)),
+                    Some(conn) => return Ok(self.record_wait(conn, started)),
                     None => continue,
                 },
                 Next::Connect => {
                     let conn = self.open(ctx).await?;
                     self.state.lock().lent += 1;
-                    return Ok(self.lent(conn, started));
+                    return Ok(self.record_wait(conn, started));
                 }
                 Next::Wait(rx) => {
                     let remaining = wait_timeout.saturating_sub(started.elapsed());
                     match tokio::time::timeout(remaining, rx).await {
-                        Ok(Ok(Handoff::Conn(conn))) => match self.check_idle_conn(*conn) {
-                            Some(conn) => return Ok(self.lent(conn, started)),
+                        Ok(Ok(Handoff::Conn(conn))) => match self.check_idle_conn(conn) {
+                            Some(conn) => return Ok(self.record_wait(conn, started)),
                             None => continue,
                         },
                         Ok(Ok(Handoff::Retry)) => continue,
@@ -218,7 +238,7 @@ impl Pool {
         }
     }
 
-    fn lent(&self, mut conn: ServerConn, started: Instant) -> ServerConn {
+    fn record_wait(&self, conn: Box<ServerConn>, started: Instant) -> Box<ServerConn> {
         let waited_us = started.elapsed().as_micros() as u64;
         self.stats
             .wait_us_total
@@ -226,15 +246,13 @@ impl Pool {
         self.stats
             .wait_us_max
             .fetch_max(waited_us, Ordering::Relaxed);
-        conn.last_used = Instant::now();
         conn
     }
 
     /// Opens a connection for a slot already counted in `total`.
-    async fn open(&self, ctx: &ConnectContext) -> Result<ServerConn, AcquireError> {
+    async fn open(&self, ctx: &ConnectContext) -> Result<Box<ServerConn>, AcquireError> {
         let credentials = self.credentials.lock().clone();
-        let statement_capacity = self.settings.lock().prepared_statements_per_server;
-        let timeout = Duration::from_millis(self.settings.lock().server_connect_timeout_ms);
+        let settings = self.settings.load_full();
         let spec = ConnectSpec {
             node: &self.node.name,
             host: &self.node.host,
@@ -244,15 +262,15 @@ impl Pool {
             credentials: &credentials,
             tls_mode: ctx.tls_mode,
             tls: ctx.tls.as_ref(),
-            timeout,
+            timeout: Duration::from_millis(settings.server_connect_timeout_ms),
         };
         let id = ctx.next_server_id.fetch_add(1, Ordering::Relaxed);
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
-        match server::connect(&spec, id, statement_capacity).await {
+        match server::connect(&spec, id, settings.prepared_statements_per_server).await {
             Ok(conn) => {
                 *self.template_params.lock() = conn.reported.clone();
                 tracing::debug!(server = id, node = %self.node.name, db = %self.database, user = %self.user, "server connection opened");
-                Ok(conn)
+                Ok(Box::new(conn))
             }
             Err(e) => {
                 self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
@@ -264,7 +282,7 @@ impl Pool {
 
     /// Drops an idle connection that died while it sat in the pool. Looks at the reactor's
     /// readiness only, so the common case costs no syscall.
-    fn check_idle_conn(&self, mut conn: ServerConn) -> Option<ServerConn> {
+    fn check_idle_conn(&self, conn: Box<ServerConn>) -> Option<Box<ServerConn>> {
         let mut cx = Context::from_waker(Waker::noop());
         if conn.stream.poll_read_ready(&mut cx).is_ready() {
             if let (false, Some(tcp)) = (conn.stream.is_tls(), conn.stream.tcp()) {
@@ -280,18 +298,23 @@ impl Pool {
                 return None;
             }
         }
-        conn.read_buf.clear();
         Some(conn)
     }
 
     /// Returns a lent connection. `reusable` is false when the connection is broken or its
     /// state unknown; it is then closed.
-    pub fn release(&self, mut conn: ServerConn, reusable: bool) {
-        let settings = self.settings.lock().clone();
+    pub fn release(&self, mut conn: Box<ServerConn>, reusable: bool) {
+        let settings = self.settings.load();
+        let now = Instant::now();
         let expired = settings.server_lifetime_ms > 0
-            && conn.created_at.elapsed() >= Duration::from_millis(settings.server_lifetime_ms);
-        let keep =
-            reusable && !expired && conn.tx_status == TxStatus::Idle && conn.read_buf.is_empty();
+            && now.duration_since(conn.created_at)
+                >= Duration::from_millis(settings.server_lifetime_ms);
+        let keep = reusable
+            && !expired
+            && conn.tx_status == TxStatus::Idle
+            && conn.read_buf.is_empty()
+            && conn.write_buf.is_empty();
+        conn.last_used = now;
         let mut st = self.state.lock();
         st.lent = st.lent.saturating_sub(1);
         if !keep || st.closed || st.total > settings.max_size {
@@ -301,17 +324,16 @@ impl Pool {
             tracing::debug!(server = conn.id, node = %conn.node, reusable, expired, "server connection closed");
             return;
         }
-        conn.last_used = Instant::now();
         loop {
             match st.waiters.pop_front() {
                 Some(waiter) => {
                     st.lent += 1;
-                    match waiter.send(Handoff::Conn(Box::new(conn))) {
+                    match waiter.send(Handoff::Conn(conn)) {
                         Ok(()) => return,
                         Err(Handoff::Conn(back)) => {
                             // That client gave up waiting; try the next one.
                             st.lent -= 1;
-                            conn = *back;
+                            conn = back;
                         }
                         Err(Handoff::Retry) => return,
                     }
@@ -340,8 +362,7 @@ impl Pool {
     }
 
     fn wake_waiters_to_retry(&self) {
-        let mut st = self.state.lock();
-        let waiting = std::mem::take(&mut st.waiters);
+        let waiting = std::mem::take(&mut self.state.lock().waiters);
         for waiter in waiting {
             let _ = waiter.send(Handoff::Retry);
         }
@@ -350,7 +371,7 @@ impl Pool {
     /// Periodic upkeep: closes idle connections past their idle timeout or lifetime and
     /// reports how many connections are missing to reach `min_size`.
     pub fn maintain(&self) -> u32 {
-        let settings = self.settings.lock().clone();
+        let settings = self.settings.load_full();
         let idle_limit = Duration::from_millis(settings.server_idle_timeout_ms);
         let life_limit = Duration::from_millis(settings.server_lifetime_ms);
         let mut closing = Vec::new();
@@ -388,7 +409,7 @@ impl Pool {
     pub async fn warm_up_one(&self, ctx: &ConnectContext) -> Result<(), AcquireError> {
         {
             let mut st = self.state.lock();
-            if st.closed || st.total >= self.settings.lock().min_size {
+            if st.closed || st.total >= self.settings.load().min_size {
                 return Ok(());
             }
             st.total += 1;
@@ -412,7 +433,7 @@ impl Pool {
         drop(idle);
     }
 
-    /// Closes idle connections now (RECONNECT-style), keeping the pool open.
+    /// Closes idle connections now, keeping the pool open.
     pub fn drop_idle(&self) {
         let idle = {
             let mut st = self.state.lock();

@@ -79,6 +79,8 @@ pub struct ServerConn {
     pub tx_status: TxStatus,
     /// Bytes read from the server not yet relayed.
     pub read_buf: BytesMut,
+    /// Bytes for the server not yet written.
+    pub write_buf: BytesMut,
 }
 
 impl std::fmt::Debug for ServerConn {
@@ -172,6 +174,7 @@ async fn connect_inner(
                     last_used: now,
                     tx_status: status,
                     read_buf: buf,
+                    write_buf: BytesMut::new(),
                 });
             }
             tag::ERROR_RESPONSE => {

@@ -220,7 +220,9 @@ fn run_seed(seed: u64) {
 fn codec_survives_mutated_input() {
     let seeds: Vec<u64> = match std::env::var("PGHERD_FUZZ_SEED") {
         Ok(s) => vec![s.parse().expect("PGHERD_FUZZ_SEED must be a number")],
-        Err(_) => (1..=25).map(|i| i * 0x9e37_79b9_7f4a_7c15).collect(),
+        Err(_) => (1..=25u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect(),
     };
     for seed in seeds {
         if std::panic::catch_unwind(|| run_seed(seed)).is_err() {

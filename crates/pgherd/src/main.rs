@@ -1,5 +1,6 @@
 //! The `pgherd` command: runs the proxy, manages the embedded local cluster, and benchmarks.
 
+mod bench;
 mod local;
 mod logging;
 
@@ -52,6 +53,9 @@ enum Command {
         #[arg(default_value = "pgherd.toml")]
         config: PathBuf,
     },
+    /// Benchmarks that measure pgherd beside its peers in one run.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
     /// Print a SCRAM-SHA-256 verifier for a password read from standard input, for [users].
     Passwd {
         /// The user the verifier is for (printed in the TOML snippet).
@@ -68,6 +72,7 @@ fn main() -> ExitCode {
         Command::Status { dir, config, json } => local::status(&dir, config.as_deref(), json),
         Command::CheckConfig { config } => check_config(&config),
         Command::Passwd { user } => passwd(&user),
+        Command::Bench(command) => bench::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -80,8 +85,12 @@ fn main() -> ExitCode {
 
 /// Builds the runtime pgherd serves on: `workers` threads, or one per CPU.
 pub fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, String> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if workers > 0 {
+    let mut builder = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    if workers > 1 {
         builder.worker_threads(workers);
     }
     builder

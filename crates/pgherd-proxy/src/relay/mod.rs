@@ -1,18 +1,21 @@
 //! The data path: one [`Session`] per logged-in client, relaying between the client socket and
 //! the server connection it holds at the moment.
 //!
-//! A session alternates between two phases. *Idle*: no server connection; it waits for the
-//! client's next request without holding read buffers. *Attached*: it holds a server
-//! connection and pumps bytes both ways from one poll loop that reads and writes whichever side
+//! The session is one poll-driven state machine ([`Session::poll_step`]). *Idle*: no server
+//! connection and no buffers; it waits for the client's socket to become readable. *Attached*:
+//! it holds a server connection and pumps bytes both ways, reading and writing whichever side
 //! can make progress, so a client that pipelines without reading (or a server streaming a huge
 //! result) can never deadlock the pair. In transaction and statement mode the server goes back
 //! to the pool as soon as the response queue says it owes nothing and the transaction is over.
+//!
+//! The warm path of a transaction (take an idle server, relay, give it back) takes no await
+//! beyond socket readiness, no allocation, and no lock but the pool's.
 
 pub mod params;
 pub mod queue;
 pub mod statements;
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -30,7 +33,8 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio_util::io::poll_read_buf;
 
 use crate::app::App;
-use crate::clients::{ClientShared, ServerTarget};
+use crate::buffers;
+use crate::clients::{ClientShared, ServerTarget, SIGNAL_KILL, SIGNAL_SHUTDOWN};
 use crate::error::{client_io, Disconnect, ServerError, ServerErrorKind};
 use crate::nodes::NodeState;
 use crate::pool::{AcquireError, Pool};
@@ -42,10 +46,60 @@ use statements::{ClientStatements, StatementDef, StatementError};
 
 /// Stop reading from one side while this much is waiting to be written to the other.
 const HIGH_WATER_BYTES: usize = 256 << 10;
-/// Read at least this much at a time.
-const READ_CHUNK_BYTES: usize = 8 << 10;
 /// How long cleaning up after a departed client may take before the server is dropped.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The server connection a session holds.
+struct Lease {
+    conn: Box<ServerConn>,
+    pool: Arc<Pool>,
+    flush_pending: bool,
+    /// The client's unnamed statement exists on this server connection.
+    unnamed_here: bool,
+}
+
+/// What the session loop must do next that needs an await.
+enum Step {
+    /// A request needs a server connection.
+    NeedServer,
+    /// The server owes nothing and the transaction is over: give it back.
+    Release,
+    ServerFailed(ServerError),
+}
+
+/// Where a relay step failed.
+enum Relayed {
+    Server(ServerError),
+    Client(Disconnect),
+}
+
+impl From<WireError> for Relayed {
+    fn from(e: WireError) -> Self {
+        Relayed::Client(Disconnect::Protocol(e))
+    }
+}
+
+impl From<Disconnect> for Relayed {
+    fn from(d: Disconnect) -> Self {
+        Relayed::Client(d)
+    }
+}
+
+fn server_failed<T>(node: &str, kind: ServerErrorKind) -> Poll<Result<T, Relayed>> {
+    Poll::Ready(Err(Relayed::Server(ServerError::new(node, kind))))
+}
+
+/// The parameters a session starts with.
+pub struct SessionSetup {
+    pub app: Arc<App>,
+    pub shared: Arc<ClientShared>,
+    pub client: Stream,
+    /// Bytes the client sent after its startup packet, already read.
+    pub client_in: BytesMut,
+    pub mode: PoolMode,
+    pub route: Route,
+    pub params: SessionParams,
+}
 
 /// What the client knows about its current session, kept across server connections.
 pub struct Session {
@@ -60,7 +114,7 @@ pub struct Session {
     database: String,
     user: String,
     max_message_bytes: usize,
-    lease: Option<Box<Lease>>,
+    lease: Option<Lease>,
     /// The pool last used, and its node, to skip the registry on the next attach.
     last_pool: Option<(Arc<NodeState>, Arc<Pool>)>,
     queue: ResponseQueue,
@@ -77,7 +131,7 @@ pub struct Session {
     /// The client's current transaction saw an error or a rollback.
     tx_failed: bool,
     client_tx: TxStatus,
-    /// Bytes of a streamed message still to pass from the client to the server.
+    /// Bytes of a streamed COPY message still to pass from the client to the server.
     client_passthrough: usize,
     /// Bytes of a streamed message still to pass from the server; `true` if they go to the
     /// client, `false` if they are dropped.
@@ -89,47 +143,22 @@ pub struct Session {
     pending_error: Option<PgError>,
     /// A server's last words before it closed (FATAL), reported when the close is noticed.
     server_last_words: Option<PgError>,
-    shutdown: tokio::sync::watch::Receiver<bool>,
     /// pgherd is shutting down: end the session at the next point where it is idle.
     stop_when_idle: bool,
-}
-
-struct Lease {
-    conn: ServerConn,
-    pool: Arc<Pool>,
-    out: BytesMut,
-    flush_pending: bool,
-    /// The client's unnamed statement exists on this server connection.
-    unnamed_here: bool,
-}
-
-/// Why the attached phase stopped.
-enum Pause {
-    /// The server owes nothing and the transaction is over: give it back.
-    Release,
-    ServerFailed(ServerError),
-}
-
-/// The parameters a session starts with.
-pub struct SessionSetup {
-    pub app: Arc<App>,
-    pub shared: Arc<ClientShared>,
-    pub client: Stream,
-    /// Bytes the client sent after its startup packet, already read.
-    pub client_in: BytesMut,
-    pub mode: PoolMode,
-    pub route: Route,
-    pub params: SessionParams,
+    idle_timeout: Option<Duration>,
+    idle_timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Session {
     pub fn new(setup: SessionSetup) -> Session {
         let config = setup.app.config();
+        let idle_ms = config.proxy.client_idle_timeout_ms;
         Session {
             max_message_bytes: config.proxy.max_message_bytes,
+            idle_timeout: (idle_ms > 0).then(|| Duration::from_millis(idle_ms)),
+            idle_timer: None,
             database: setup.shared.database.clone(),
             user: setup.shared.user.clone(),
-            shutdown: setup.app.shutdown_signal(),
             app: setup.app,
             shared: setup.shared,
             client: setup.client,
@@ -162,60 +191,62 @@ impl Session {
     /// Relays until the client leaves or is sent away; returns why, after cleaning up.
     pub async fn run(mut self) -> Disconnect {
         let end = self.serve().await;
-        if let Err(reason) = &end {
-            tracing::debug!(client = self.shared.id, %reason, holding_server = self.lease.is_some(), "session ending");
-        }
-        self.finish(&end).await;
-        match end {
-            Ok(()) => Disconnect::ClientClosed,
-            Err(reason) => reason,
-        }
+        tracing::debug!(client = self.shared.id, reason = %end, holding_server = self.lease.is_some(), "session ending");
+        // Cleanup can wait on a server: keep its state out of the session's own future.
+        Box::pin(self.finish(&end)).await;
+        buffers::release_if_empty(&mut self.client_in);
+        buffers::release_if_empty(&mut self.client_out);
+        end
     }
 
-    async fn serve(&mut self) -> Result<(), Disconnect> {
+    async fn serve(&mut self) -> Disconnect {
         loop {
-            if self.lease.is_none() {
-                self.wait_for_request().await?;
-                if !self.handle_requests_without_server()? {
-                    continue;
-                }
-                if let Err(err) = self.attach().await {
-                    self.answer_request_with_error(err)?;
-                    continue;
-                }
-            }
-            self.process_client_input()?;
-            match self.relay_until_pause().await? {
-                Pause::Release => self.detach(true).await,
-                Pause::ServerFailed(e) => self.on_server_failure(e).await?,
-            }
-        }
-    }
-
-    /// Runs the pump, watching for shutdown and for an operator's kill. The pump keeps all its
-    /// state in `self`, so dropping it between polls loses nothing.
-    async fn relay_until_pause(&mut self) -> Result<Pause, Disconnect> {
-        enum Event {
-            Relay(Result<Pause, Disconnect>),
-            Shutdown,
-            Killed,
-        }
-        let shared = self.shared.clone();
-        let mut shutdown = self.shutdown.clone();
-        loop {
-            let watch_shutdown = !self.stop_when_idle;
-            let event = tokio::select! {
-                r = poll_fn(|cx| self.poll_relay(cx)) => Event::Relay(r),
-                _ = shutdown.changed(), if watch_shutdown => Event::Shutdown,
-                _ = shared.killed.notified() => Event::Killed,
+            let step = match poll_fn(|cx| self.poll_step(cx)).await {
+                Ok(step) => step,
+                Err(end) => return end,
             };
-            match event {
-                Event::Relay(r) => return r,
-                Event::Shutdown => self.stop_when_idle = true,
-                Event::Killed => {
-                    return Err(Disconnect::Killed(shared.kill_reason().unwrap_or_default()))
+            let result = match step {
+                Step::NeedServer => match self.attach().await {
+                    Ok(()) => self.process_client_input(),
+                    Err(err) => self.answer_request_with_error(err),
+                },
+                Step::Release => {
+                    self.detach(true).await;
+                    Ok(())
                 }
+                Step::ServerFailed(e) => Box::pin(self.on_server_failure(e)).await,
+            };
+            if let Err(end) = result {
+                return end;
             }
+        }
+    }
+
+    fn mode_shares_servers(&self) -> bool {
+        self.mode != PoolMode::Session
+    }
+
+    /// One turn of the state machine: check signals, then the idle or the attached phase.
+    fn poll_step(&mut self, cx: &mut Context<'_>) -> Poll<Result<Step, Disconnect>> {
+        self.shared.register_waker(cx.waker());
+        let signals = self.shared.signals();
+        if signals & SIGNAL_KILL != 0 {
+            return Poll::Ready(Err(Disconnect::Killed(
+                self.shared.kill_reason().unwrap_or_default(),
+            )));
+        }
+        if signals & SIGNAL_SHUTDOWN != 0 {
+            self.stop_when_idle = true;
+        }
+        if self.lease.is_some() {
+            match self.poll_relay(cx) {
+                Poll::Ready(Err(Relayed::Server(e))) => Poll::Ready(Ok(Step::ServerFailed(e))),
+                Poll::Ready(Err(Relayed::Client(d))) => Poll::Ready(Err(d)),
+                Poll::Ready(Ok(step)) => Poll::Ready(Ok(step)),
+                Poll::Pending => Poll::Pending,
+            }
+        } else {
+            self.poll_idle(cx)
         }
     }
 
@@ -227,68 +258,56 @@ impl Session {
             && self
                 .lease
                 .as_ref()
-                .is_none_or(|l| l.out.is_empty() && l.conn.tx_status == TxStatus::Idle)
-    }
-
-    fn mode_shares_servers(&self) -> bool {
-        self.mode != PoolMode::Session
+                .is_none_or(|l| l.conn.write_buf.is_empty() && l.conn.tx_status == TxStatus::Idle)
     }
 
     // ----- idle phase -------------------------------------------------------------------
 
-    /// Waits until a whole message is buffered, flushing what the client is owed first. Between
-    /// requests nothing is buffered, so idle clients cost no buffer memory.
-    async fn wait_for_request(&mut self) -> Result<(), Disconnect> {
+    /// No server: flush what the client is owed, answer what needs no server, and wait for the
+    /// next request without holding buffers.
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<Result<Step, Disconnect>> {
         loop {
-            if *self.shutdown.borrow() && self.client_tx == TxStatus::Idle {
-                return Err(Disconnect::Shutdown);
+            while !self.client_out.is_empty() {
+                let n = ready!(Pin::new(&mut self.client).poll_write(cx, &self.client_out))
+                    .map_err(client_io)?;
+                self.client_out.advance(n);
+                self.client_flush_pending = self.client.is_tls();
+            }
+            if self.client_flush_pending {
+                ready!(Pin::new(&mut self.client).poll_flush(cx)).map_err(client_io)?;
+                self.client_flush_pending = false;
+            }
+            if self.stop_when_idle && self.client_tx == TxStatus::Idle {
+                return Poll::Ready(Err(Disconnect::Shutdown));
+            }
+            buffers::ready_for_write(&mut self.client_out);
+            if self.handle_requests_without_server()? {
+                self.idle_timer = None;
+                return Poll::Ready(Ok(Step::NeedServer));
             }
             if !self.client_out.is_empty() {
-                self.client
-                    .write_all(&self.client_out)
-                    .await
-                    .map_err(client_io)?;
-                self.client.flush().await.map_err(client_io)?;
-                self.client_out.clear();
+                continue;
             }
-            if self.has_whole_message()? {
-                return Ok(());
+            buffers::release_if_empty(&mut self.client_in);
+            buffers::release_if_empty(&mut self.client_out);
+            if let Some(timeout) = self.idle_timeout {
+                let timer = self
+                    .idle_timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err(Disconnect::IdleTimeout));
+                }
             }
-            if self.client_in.is_empty() {
-                self.client_in = BytesMut::new();
-                self.client_out = BytesMut::new();
-            }
-            let idle_ms = self.app.config().proxy.client_idle_timeout_ms;
-            let idle = async {
-                if idle_ms == 0 {
-                    std::future::pending::<()>().await
-                } else {
-                    tokio::time::sleep(Duration::from_millis(idle_ms)).await
-                }
-            };
-            let watch_shutdown = self.client_tx == TxStatus::Idle;
-            tokio::select! {
-                read = poll_fn(|cx| poll_read_when_ready(&mut self.client, cx, &mut self.client_in)) => {
-                    if read.map_err(client_io)? == 0 {
-                        return Err(Disconnect::ClientClosed);
-                    }
-                }
-                _ = self.shutdown.changed(), if watch_shutdown => return Err(Disconnect::Shutdown),
-                _ = idle => return Err(Disconnect::IdleTimeout),
-                _ = self.shared.killed.notified() => {
-                    return Err(Disconnect::Killed(self.shared.kill_reason().unwrap_or_default()));
-                }
+            match ready!(poll_read_when_ready(
+                &mut self.client,
+                cx,
+                &mut self.client_in
+            )) {
+                Ok(0) => return Poll::Ready(Err(Disconnect::ClientClosed)),
+                Ok(_) => self.idle_timer = None,
+                Err(e) => return Poll::Ready(Err(client_io(e))),
             }
         }
-    }
-
-    fn has_whole_message(&self) -> Result<bool, Disconnect> {
-        Ok(
-            match read_header(&self.client_in, self.max_message_bytes)? {
-                Some(h) => self.client_in.len() >= h.total_len(),
-                None => false,
-            },
-        )
     }
 
     /// Handles, without a server, the messages that need none. Returns true when the next
@@ -406,59 +425,35 @@ impl Session {
     }
 
     /// Takes a server connection for the next request and makes it carry this session's
-    /// settings.
+    /// settings. An idle connection is taken without waiting; otherwise the (boxed) slow path
+    /// connects or queues.
     async fn attach(&mut self) -> Result<(), PgError> {
         let node = self.pick_node()?;
         let pool = self.pool_for(&node)?;
-        let conn = match pool.acquire(&self.app.connect_context()).await {
-            Ok(conn) => conn,
-            Err(AcquireError::WaitTimeout { waited, max_size }) => {
-                return Err(PgError::error(
-                    SqlState::TOO_MANY_CONNECTIONS,
-                    format!(
-                        "no server connection became free within {} ms (pool for database \"{}\", user \"{}\" on node {} has max_size {max_size})",
-                        waited.as_millis(),
-                        self.database,
-                        self.user,
-                        node.name()
-                    ),
-                )
-                .with_hint("raise pool.max_size or pool.wait_timeout_ms, or shorten transactions"));
-            }
-            Err(AcquireError::Server(e)) => {
-                tracing::warn!(client = self.shared.id, error = %e, "cannot get a server connection");
-                return Err(e.to_client_error());
-            }
-            Err(AcquireError::Closed) => {
-                self.last_pool = None;
-                return Err(PgError::error(
-                    SqlState::CANNOT_CONNECT_NOW,
-                    "the pool was closed; retry the request",
-                ));
-            }
+        let conn = match pool.try_acquire() {
+            Some(conn) => conn,
+            None => Box::pin(self.acquire_slow(&pool, &node)).await?,
         };
         self.shared.set_target(Some(ServerTarget {
             server_id: conn.id,
             peer: conn.peer,
             key: conn.cancel_key,
         }));
-        let mut lease = Box::new(Lease {
+        let mut lease = Lease {
             conn,
             pool,
-            out: BytesMut::new(),
             flush_pending: false,
             unnamed_here: false,
-        });
+        };
         if lease.conn.params_fp != self.params.fingerprint() {
             // Reset and apply separately: a setting the server refuses must not roll back the
             // reset and leave the previous client's settings in place.
             if lease.conn.params_fp != params::BASELINE {
-                frontend::encode_query(&mut lease.out, params::RESET_SQL.as_bytes())
-                    .map_err(PgError::from)?;
+                frontend::encode_query(&mut lease.conn.write_buf, params::RESET_SQL.as_bytes())?;
                 self.queue.push_internal(Request::Query { sql: None });
             }
             if let Some(sql) = self.params.apply_sql() {
-                frontend::encode_query(&mut lease.out, sql.as_bytes()).map_err(PgError::from)?;
+                frontend::encode_query(&mut lease.conn.write_buf, sql.as_bytes())?;
                 self.queue.push_internal(Request::Query { sql: None });
             }
             lease.conn.params_fp = self.params.fingerprint();
@@ -467,21 +462,54 @@ impl Session {
         Ok(())
     }
 
+    async fn acquire_slow(
+        &mut self,
+        pool: &Arc<Pool>,
+        node: &NodeState,
+    ) -> Result<Box<ServerConn>, PgError> {
+        match pool.acquire(&self.app.connect_context()).await {
+            Ok(conn) => Ok(conn),
+            Err(AcquireError::WaitTimeout { waited, max_size }) => Err(PgError::error(
+                SqlState::TOO_MANY_CONNECTIONS,
+                format!(
+                    "no server connection became free within {} ms (pool for database \"{}\", user \"{}\" on node {} has max_size {max_size})",
+                    waited.as_millis(),
+                    self.database,
+                    self.user,
+                    node.name()
+                ),
+            )
+            .with_hint("raise pool.max_size or pool.wait_timeout_ms, or shorten transactions")),
+            Err(AcquireError::Server(e)) => {
+                tracing::warn!(client = self.shared.id, error = %e, "cannot get a server connection");
+                Err(e.to_client_error())
+            }
+            Err(AcquireError::Closed) => {
+                self.last_pool = None;
+                Err(PgError::error(SqlState::CANNOT_CONNECT_NOW, "the pool was closed; retry the request"))
+            }
+        }
+    }
+
     /// Gives the server connection back. `reusable` is false if its state is unknown.
     async fn detach(&mut self, reusable: bool) {
-        let Some(lease) = self.lease.take() else {
+        if self.lease.is_none() {
+            return;
+        }
+        if !self.shared.try_clear_target() {
+            // A cancel is on its way to this server: it must land before anyone else's query.
+            self.shared.clear_target().await;
+        }
+        let Some(Lease { mut conn, pool, .. }) = self.lease.take() else {
             return;
         };
-        self.shared.clear_target().await;
-        let Lease { conn, pool, .. } = *lease;
         let clean = reusable && self.queue.is_settled() && conn.read_buf.is_empty();
+        if !clean {
+            conn.write_buf.clear();
+        }
         pool.release(conn, clean);
         self.queue.clear();
         self.server_passthrough = None;
-        // Shrink the buffers of an idle client back to nothing.
-        if self.client_in.is_empty() {
-            self.client_in = BytesMut::new();
-        }
     }
 
     /// A server connection failed while attached. The client keeps its connection in
@@ -524,21 +552,19 @@ impl Session {
         Ok(())
     }
 
-    /// Leaves the server in a state the next client can use, or closes it.
-    async fn finish(&mut self, end: &Result<(), Disconnect>) {
-        if let Err(reason) = end {
-            if let Some(err) = reason.client_error() {
-                let mut buf = BytesMut::new();
-                if err.encode(&mut buf).is_ok() {
-                    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-                        let _ = self.client.write_all(&self.client_out).await;
-                        let _ = self.client.write_all(&buf).await;
-                        let _ = self.client.flush().await;
-                    })
-                    .await;
-                }
+    /// Tells the client why it is being disconnected, then leaves the server in a state the
+    /// next client can use, or closes it.
+    async fn finish(&mut self, end: &Disconnect) {
+        if let Some(err) = end.client_error() {
+            if err.encode(&mut self.client_out).is_ok() {
+                let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                    let _ = self.client.write_all(&self.client_out).await;
+                    let _ = self.client.flush().await;
+                })
+                .await;
             }
         }
+        self.client_out.clear();
         if self.lease.is_none() {
             return;
         }
@@ -552,32 +578,30 @@ impl Session {
     /// The client left while holding a server: finish or cancel what runs, roll back an open
     /// transaction, and reset a session-mode connection.
     async fn clean_up_server(&mut self) -> Result<(), ()> {
-        let Some(lease) = self.lease.as_mut() else {
-            return Ok(());
-        };
-        lease.out.clear();
+        let lease = self.lease.as_mut().ok_or(())?;
+        lease.conn.write_buf.clear();
         if self.queue.in_copy_in() {
-            frontend::encode_copy_fail(&mut lease.out, b"client disconnected").map_err(|_| ())?;
+            frontend::encode_copy_fail(&mut lease.conn.write_buf, b"client disconnected")
+                .map_err(|_| ())?;
+            self.queue.client_copy_finished();
         }
         if !self.queue.is_empty() {
             // Something is still running: ask the server to stop it.
             self.app.clients.cancel(self.shared.key, CLEANUP_TIMEOUT);
-            if self.queue.skipping_to_sync() || !self.queue.is_empty() {
-                frontend::encode_sync(&mut lease.out);
-                self.queue.push_internal(Request::Sync);
-            }
+            frontend::encode_sync(&mut lease.conn.write_buf);
+            self.queue.push_internal(Request::Sync);
         }
         self.drain_internal().await?;
         let lease = self.lease.as_mut().ok_or(())?;
         if lease.conn.tx_status != TxStatus::Idle {
-            frontend::encode_query(&mut lease.out, b"ROLLBACK").map_err(|_| ())?;
+            frontend::encode_query(&mut lease.conn.write_buf, b"ROLLBACK").map_err(|_| ())?;
             self.queue.push_internal(Request::Query { sql: None });
             self.drain_internal().await?;
         }
         let lease = self.lease.as_mut().ok_or(())?;
-        let reset = lease.pool.settings().server_reset_query;
+        let reset = lease.pool.settings().server_reset_query.clone();
         if self.mode == PoolMode::Session && !reset.is_empty() {
-            frontend::encode_query(&mut lease.out, reset.as_bytes()).map_err(|_| ())?;
+            frontend::encode_query(&mut lease.conn.write_buf, reset.as_bytes()).map_err(|_| ())?;
             self.queue.push_internal(Request::Query { sql: None });
             self.drain_internal().await?;
             let lease = self.lease.as_mut().ok_or(())?;
@@ -590,30 +614,30 @@ impl Session {
     /// Sends what is queued for the server and reads until it owes nothing, with every
     /// response going nowhere: the client is gone.
     async fn drain_internal(&mut self) -> Result<(), ()> {
-        self.client_out.clear();
-        while !self.queue.is_empty() || self.lease.as_ref().is_some_and(|l| !l.out.is_empty()) {
-            let Some(lease) = self.lease.as_mut() else {
-                return Err(());
-            };
-            if !lease.out.is_empty() {
-                lease
-                    .conn
-                    .stream
-                    .write_all(&lease.out)
+        loop {
+            let lease = self.lease.as_mut().ok_or(())?;
+            if !lease.conn.write_buf.is_empty() {
+                let conn = &mut lease.conn;
+                conn.stream
+                    .write_all(&conn.write_buf)
                     .await
                     .map_err(|_| ())?;
-                lease.conn.stream.flush().await.map_err(|_| ())?;
-                lease.out.clear();
+                conn.stream.flush().await.map_err(|_| ())?;
+                conn.write_buf.clear();
             }
             if self.queue.is_empty() {
-                break;
+                return Ok(());
             }
-            let n = poll_fn(|cx| {
-                let lease = self.lease.as_mut().map(|l| &mut l.conn);
-                match lease {
-                    Some(conn) => poll_read_buf(Pin::new(&mut conn.stream), cx, &mut conn.read_buf),
-                    None => Poll::Ready(Err(io::Error::other("no server"))),
+            let n = poll_fn(|cx| match self.lease.as_mut() {
+                Some(lease) => {
+                    buffers::ready_for_read(&mut lease.conn.read_buf);
+                    poll_read_buf(
+                        Pin::new(&mut lease.conn.stream),
+                        cx,
+                        &mut lease.conn.read_buf,
+                    )
                 }
+                None => Poll::Ready(Err(io::Error::other("no server"))),
             })
             .await
             .map_err(|_| ())?;
@@ -623,49 +647,42 @@ impl Session {
             self.process_server_input().map_err(|_| ())?;
             self.client_out.clear();
         }
-        Ok(())
     }
 
     // ----- attached phase: the pump --------------------------------------------------------
 
-    fn poll_relay(&mut self, cx: &mut Context<'_>) -> Poll<Result<Pause, Disconnect>> {
+    fn poll_relay(&mut self, cx: &mut Context<'_>) -> Poll<Result<Step, Relayed>> {
         loop {
             let mut progressed = false;
             let Some(lease) = self.lease.as_mut() else {
-                return Poll::Ready(Ok(Pause::Release));
+                return Poll::Ready(Ok(Step::Release));
             };
+            let conn = &mut lease.conn;
 
             // Towards the server.
-            if !lease.out.is_empty() {
-                match Pin::new(&mut lease.conn.stream).poll_write(cx, &lease.out) {
+            if !conn.write_buf.is_empty() {
+                match Pin::new(&mut conn.stream).poll_write(cx, &conn.write_buf) {
                     Poll::Ready(Ok(n)) => {
-                        lease.out.advance(n);
-                        lease.flush_pending = lease.conn.stream.is_tls();
+                        conn.write_buf.advance(n);
+                        lease.flush_pending = conn.stream.is_tls();
                         progressed = true;
                     }
                     Poll::Ready(Err(e)) => {
-                        let node = lease.conn.node.clone();
-                        return Poll::Ready(Ok(Pause::ServerFailed(ServerError::new(
-                            &node,
-                            ServerErrorKind::Io(e),
-                        ))));
+                        return server_failed(&conn.node, ServerErrorKind::Io(e))
                     }
                     Poll::Pending => {}
                 }
             }
-            if lease.flush_pending && lease.out.is_empty() {
-                match Pin::new(&mut lease.conn.stream).poll_flush(cx) {
+            if lease.flush_pending && conn.write_buf.is_empty() {
+                match Pin::new(&mut conn.stream).poll_flush(cx) {
                     Poll::Ready(Ok(())) => lease.flush_pending = false,
                     Poll::Ready(Err(e)) => {
-                        let node = lease.conn.node.clone();
-                        return Poll::Ready(Ok(Pause::ServerFailed(ServerError::new(
-                            &node,
-                            ServerErrorKind::Io(e),
-                        ))));
+                        return server_failed(&conn.node, ServerErrorKind::Io(e))
                     }
                     Poll::Pending => {}
                 }
             }
+            let server_backlog = conn.write_buf.len();
 
             // Towards the client.
             if !self.client_out.is_empty() {
@@ -675,14 +692,14 @@ impl Session {
                         self.client_flush_pending = self.client.is_tls();
                         progressed = true;
                     }
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(client_io(e))),
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(Relayed::Client(client_io(e)))),
                     Poll::Pending => {}
                 }
             }
             if self.client_flush_pending && self.client_out.is_empty() {
                 match Pin::new(&mut self.client).poll_flush(cx) {
                     Poll::Ready(Ok(())) => self.client_flush_pending = false,
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(client_io(e))),
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(Relayed::Client(client_io(e)))),
                     Poll::Pending => {}
                 }
             }
@@ -690,61 +707,46 @@ impl Session {
             // From the server.
             if self.client_out.len() < HIGH_WATER_BYTES {
                 let Some(lease) = self.lease.as_mut() else {
-                    return Poll::Ready(Ok(Pause::Release));
+                    return Poll::Ready(Ok(Step::Release));
                 };
-                reserve_for_read(&mut lease.conn.read_buf);
-                match poll_read_buf(
-                    Pin::new(&mut lease.conn.stream),
-                    cx,
-                    &mut lease.conn.read_buf,
-                ) {
+                let conn = &mut lease.conn;
+                buffers::ready_for_read(&mut conn.read_buf);
+                match poll_read_buf(Pin::new(&mut conn.stream), cx, &mut conn.read_buf) {
                     Poll::Ready(Ok(0)) => {
-                        let node = lease.conn.node.clone();
-                        return Poll::Ready(Ok(Pause::ServerFailed(ServerError::new(
-                            &node,
-                            ServerErrorKind::Closed(None),
-                        ))));
+                        return server_failed(&conn.node, ServerErrorKind::Closed(None))
                     }
                     Poll::Ready(Ok(_)) => {
-                        if let Err(e) = self.process_server_input() {
-                            return Poll::Ready(match e {
-                                Relayed::Server(e) => Ok(Pause::ServerFailed(e)),
-                                Relayed::Client(d) => Err(d),
-                            });
-                        }
+                        self.process_server_input()?;
                         progressed = true;
                     }
                     Poll::Ready(Err(e)) => {
-                        let node = lease.conn.node.clone();
-                        return Poll::Ready(Ok(Pause::ServerFailed(ServerError::new(
-                            &node,
-                            ServerErrorKind::Io(e),
-                        ))));
+                        return server_failed(&conn.node, ServerErrorKind::Io(e))
                     }
                     Poll::Pending => {}
                 }
             }
 
             // From the client.
-            let server_backlog = self.lease.as_ref().map_or(0, |l| l.out.len());
             if server_backlog < HIGH_WATER_BYTES {
-                reserve_for_read(&mut self.client_in);
+                buffers::ready_for_read(&mut self.client_in);
                 match poll_read_buf(Pin::new(&mut self.client), cx, &mut self.client_in) {
-                    Poll::Ready(Ok(0)) => return Poll::Ready(Err(Disconnect::ClientClosed)),
+                    Poll::Ready(Ok(0)) => {
+                        return Poll::Ready(Err(Relayed::Client(Disconnect::ClientClosed)))
+                    }
                     Poll::Ready(Ok(_)) => {
                         self.process_client_input()?;
                         progressed = true;
                     }
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(client_io(e))),
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(Relayed::Client(client_io(e)))),
                     Poll::Pending => {}
                 }
             }
 
             if self.can_release() {
-                return Poll::Ready(Ok(Pause::Release));
+                return Poll::Ready(Ok(Step::Release));
             }
             if self.stop_when_idle && self.at_idle_point() {
-                return Poll::Ready(Err(Disconnect::Shutdown));
+                return Poll::Ready(Err(Relayed::Client(Disconnect::Shutdown)));
             }
             if !progressed {
                 return Poll::Pending;
@@ -761,7 +763,7 @@ impl Session {
         self.mode_shares_servers()
             && self.queue.is_settled()
             && lease.conn.tx_status == TxStatus::Idle
-            && lease.out.is_empty()
+            && lease.conn.write_buf.is_empty()
             && !lease.flush_pending
             && self.server_passthrough.is_none()
     }
@@ -771,27 +773,35 @@ impl Session {
     /// Turns buffered client messages into bytes for the server, queueing what each will be
     /// answered with.
     fn process_client_input(&mut self) -> Result<(), Disconnect> {
+        // Borrow the bytes out of `self` so messages can be handled as slices, uncopied.
+        let mut input = std::mem::take(&mut self.client_in);
+        let result = self.consume_client_messages(&mut input);
+        self.client_in = input;
+        result?;
+        self.emit_ready_synthetics()
+    }
+
+    fn consume_client_messages(&mut self, input: &mut BytesMut) -> Result<(), Disconnect> {
         if let Some(lease) = self.lease.as_mut() {
             lease.conn.statements.begin_batch();
         }
         loop {
             if self.client_passthrough > 0 {
-                let n = self.client_passthrough.min(self.client_in.len());
+                let n = self.client_passthrough.min(input.len());
                 if n == 0 {
-                    break;
+                    return Ok(());
                 }
                 if let Some(lease) = self.lease.as_mut() {
-                    lease.out.extend_from_slice(&self.client_in[..n]);
+                    lease.conn.write_buf.extend_from_slice(&input[..n]);
                 }
-                self.client_in.advance(n);
+                input.advance(n);
                 self.client_passthrough -= n;
                 continue;
             }
-            let Some(h) = read_header(&self.client_in, self.max_message_bytes)? else {
-                break;
+            let Some(h) = read_header(input, self.max_message_bytes)? else {
+                return Ok(());
             };
-            let whole = self.client_in.len() >= h.total_len();
-            if !whole {
+            if input.len() < h.total_len() {
                 // COPY data streams through; everything else is inspected whole.
                 if h.tag == ftag::COPY_DATA
                     && self.queue.in_copy_in()
@@ -800,16 +810,15 @@ impl Session {
                     self.client_passthrough = h.total_len();
                     continue;
                 }
-                break;
+                return Ok(());
             }
-            let message = self.client_in.split_to(h.total_len()).freeze();
-            self.on_client_message(h.tag, message)?;
+            self.on_client_message(h.tag, &input[..h.total_len()])?;
+            input.advance(h.total_len());
         }
-        self.emit_ready_synthetics()?;
-        Ok(())
     }
 
-    fn on_client_message(&mut self, tag: u8, message: Bytes) -> Result<(), Disconnect> {
+    fn on_client_message(&mut self, tag: u8, message: &[u8]) -> Result<(), Disconnect> {
+        tracing::trace!(client = self.shared.id, tag = %(tag as char), len = message.len(), "client message");
         if tag == ftag::TERMINATE {
             return Err(Disconnect::Terminated);
         }
@@ -823,26 +832,25 @@ impl Session {
             // The server (or pgherd) is discarding messages after an error, as the protocol says.
             return Ok(());
         }
-        tracing::trace!(client = self.shared.id, tag = %(tag as char), len = message.len(), "client message");
-        let body = message.slice(HEADER_BYTES..);
+        let body = &message[HEADER_BYTES..];
         let rewrite = self.mode_shares_servers();
         let Some(lease) = self.lease.as_mut() else {
             return Ok(());
         };
         match tag {
             ftag::QUERY => {
-                let q = frontend::Query::parse(&body)?;
-                let sql = may_change_session(q.sql).then(|| body.slice(..q.sql.len()));
-                lease.out.extend_from_slice(&message);
+                let q = frontend::Query::parse(body)?;
+                let sql = may_change_session(q.sql).then(|| Bytes::copy_from_slice(q.sql));
+                lease.conn.write_buf.extend_from_slice(message);
                 self.queue.push_client(Request::Query { sql });
                 lease.pool.stats.queries.fetch_add(1, Ordering::Relaxed);
             }
             ftag::FUNCTION_CALL => {
-                lease.out.extend_from_slice(&message);
+                lease.conn.write_buf.extend_from_slice(message);
                 self.queue.push_client(Request::Query { sql: None });
             }
             ftag::PARSE => {
-                let p = frontend::Parse::parse(&body)?;
+                let p = frontend::Parse::parse(body)?;
                 if p.name.is_empty() || !rewrite {
                     if p.name.is_empty() {
                         self.unnamed_query.clear();
@@ -852,7 +860,7 @@ impl Session {
                         self.has_unnamed = true;
                         lease.unnamed_here = true;
                     }
-                    lease.out.extend_from_slice(&message);
+                    lease.conn.write_buf.extend_from_slice(message);
                     self.queue.push_client(Request::Parse { cached: None });
                 } else {
                     let def = StatementDef::new(p.query, p.param_types);
@@ -866,7 +874,7 @@ impl Session {
                     } else {
                         evict_for(lease, &mut self.queue, &def)?;
                         frontend::encode_parse(
-                            &mut lease.out,
+                            &mut lease.conn.write_buf,
                             &def.server_name,
                             &def.query,
                             &def.param_types,
@@ -878,7 +886,7 @@ impl Session {
                 }
             }
             ftag::BIND => {
-                let b = frontend::Bind::parse(&body)?;
+                let b = frontend::Bind::parse(body)?;
                 if b.statement.is_empty() || !rewrite {
                     if b.statement.is_empty() {
                         self.ensure_unnamed_here()?;
@@ -890,7 +898,7 @@ impl Session {
                     let Some(lease) = self.lease.as_mut() else {
                         return Ok(());
                     };
-                    lease.out.extend_from_slice(&message);
+                    lease.conn.write_buf.extend_from_slice(message);
                 } else {
                     let def = match self.statements.get(b.statement) {
                         Ok(def) => def.clone(),
@@ -901,7 +909,12 @@ impl Session {
                         }
                     };
                     ensure_prepared(lease, &mut self.queue, &def)?;
-                    frontend::encode_bind(&mut lease.out, b.portal, &def.server_name, b.rest)?;
+                    frontend::encode_bind(
+                        &mut lease.conn.write_buf,
+                        b.portal,
+                        &def.server_name,
+                        b.rest,
+                    )?;
                     if b.portal.is_empty() {
                         self.portal_sql = may_change_session(&def.query)
                             .then(|| Bytes::copy_from_slice(&def.query));
@@ -910,7 +923,7 @@ impl Session {
                 self.queue.push_client(Request::Bind);
             }
             ftag::DESCRIBE => {
-                let d = frontend::Describe::parse(&body)?;
+                let d = frontend::Describe::parse(body)?;
                 match (d.target, d.name.is_empty(), rewrite) {
                     (Target::Statement, false, true) => {
                         let def = match self.statements.get(d.name) {
@@ -923,7 +936,7 @@ impl Session {
                         };
                         ensure_prepared(lease, &mut self.queue, &def)?;
                         frontend::encode_describe(
-                            &mut lease.out,
+                            &mut lease.conn.write_buf,
                             Target::Statement,
                             &def.server_name,
                         )?;
@@ -933,25 +946,25 @@ impl Session {
                         let Some(lease) = self.lease.as_mut() else {
                             return Ok(());
                         };
-                        lease.out.extend_from_slice(&message);
+                        lease.conn.write_buf.extend_from_slice(message);
                     }
-                    _ => lease.out.extend_from_slice(&message),
+                    _ => lease.conn.write_buf.extend_from_slice(message),
                 }
                 self.queue.push_client(Request::Describe);
             }
             ftag::EXECUTE => {
-                let e = frontend::Execute::parse(&body)?;
+                let e = frontend::Execute::parse(body)?;
                 let sql = if e.portal.is_empty() {
                     self.portal_sql.clone()
                 } else {
                     None
                 };
-                lease.out.extend_from_slice(&message);
+                lease.conn.write_buf.extend_from_slice(message);
                 self.queue.push_client(Request::Execute { sql });
                 lease.pool.stats.queries.fetch_add(1, Ordering::Relaxed);
             }
             ftag::CLOSE => {
-                let c = frontend::Close::parse(&body)?;
+                let c = frontend::Close::parse(body)?;
                 if c.target == Target::Statement && !c.name.is_empty() && rewrite {
                     // The server-side statement stays cached for others; only the name goes.
                     self.statements.close(c.name);
@@ -960,18 +973,18 @@ impl Session {
                     if c.target == Target::Statement && c.name.is_empty() {
                         self.has_unnamed = false;
                     }
-                    lease.out.extend_from_slice(&message);
+                    lease.conn.write_buf.extend_from_slice(message);
                     self.queue.push_client(Request::Close);
                 }
             }
             ftag::SYNC => {
-                lease.out.extend_from_slice(&message);
+                lease.conn.write_buf.extend_from_slice(message);
                 self.queue.push_client(Request::Sync);
             }
-            ftag::FLUSH => lease.out.extend_from_slice(&message),
+            ftag::FLUSH => lease.conn.write_buf.extend_from_slice(message),
             ftag::COPY_DATA | ftag::COPY_DONE | ftag::COPY_FAIL => {
                 if self.queue.in_copy_in() {
-                    lease.out.extend_from_slice(&message);
+                    lease.conn.write_buf.extend_from_slice(message);
                     if tag != ftag::COPY_DATA {
                         self.queue.client_copy_finished();
                     }
@@ -995,7 +1008,7 @@ impl Session {
         };
         if !lease.unnamed_here && self.has_unnamed {
             frontend::encode_parse(
-                &mut lease.out,
+                &mut lease.conn.write_buf,
                 b"",
                 &self.unnamed_query,
                 &self.unnamed_types,
@@ -1033,33 +1046,44 @@ impl Session {
     // ----- server → client -----------------------------------------------------------------
 
     fn process_server_input(&mut self) -> Result<(), Relayed> {
+        let Some(lease) = self.lease.as_mut() else {
+            return Ok(());
+        };
+        let mut input = std::mem::take(&mut lease.conn.read_buf);
+        let result = self.consume_server_messages(&mut input);
+        if let Some(lease) = self.lease.as_mut() {
+            lease.conn.read_buf = input;
+        }
+        result
+    }
+
+    fn consume_server_messages(&mut self, input: &mut BytesMut) -> Result<(), Relayed> {
         let mut before = Vec::new();
         let mut after = Vec::new();
         loop {
-            let Some(lease) = self.lease.as_mut() else {
-                return Ok(());
-            };
-            let buf = &mut lease.conn.read_buf;
             if let Some((to_client, remaining)) = self.server_passthrough {
-                let n = remaining.min(buf.len());
+                let n = remaining.min(input.len());
                 if n == 0 {
                     return Ok(());
                 }
                 if to_client {
-                    self.client_out.extend_from_slice(&buf[..n]);
+                    self.client_out.extend_from_slice(&input[..n]);
                 }
-                buf.advance(n);
+                input.advance(n);
                 self.server_passthrough = (remaining > n).then_some((to_client, remaining - n));
                 continue;
             }
-            let node = &lease.conn.node;
-            let header = read_header(buf, MAX_SERVER_MESSAGE_BYTES).map_err(|e| {
-                Relayed::Server(ServerError::new(node, ServerErrorKind::Protocol(e)))
-            })?;
-            let Some(h) = header else {
-                return Ok(());
+            let h = match read_header(input, MAX_SERVER_MESSAGE_BYTES) {
+                Ok(Some(h)) => h,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    return Err(Relayed::Server(ServerError::new(
+                        &self.node_name(),
+                        ServerErrorKind::Protocol(e),
+                    )))
+                }
             };
-            let whole = buf.len() >= h.total_len();
+            let whole = input.len() >= h.total_len();
             if !whole && !matches!(h.tag, btag::DATA_ROW | btag::COPY_DATA) {
                 return Ok(());
             }
@@ -1069,25 +1093,28 @@ impl Session {
                 .queue
                 .on_server_message(h.tag, &mut before, &mut after)
                 .map_err(|what| {
-                    Relayed::Server(ServerError::new(node, ServerErrorKind::Unexpected(what)))
+                    Relayed::Server(ServerError::new(
+                        &self.node_name(),
+                        ServerErrorKind::Unexpected(what),
+                    ))
                 })?;
-            tracing::trace!(client = self.shared.id, tag = %(h.tag as char), to_client = d.to_client, synthetic_before = before.len(), synthetic_after = after.len(), "server message");
-            self.write_synthetics(&before).map_err(Relayed::Client)?;
-            let Some(lease) = self.lease.as_mut() else {
-                return Ok(());
-            };
+            tracing::trace!(client = self.shared.id, tag = %(h.tag as char), to_client = d.to_client, "server message");
+            self.write_synthetics(&before)?;
             if !whole {
                 // Rows and COPY data stream through without being buffered whole.
-                let n = lease.conn.read_buf.len();
+                let n = input.len();
                 if d.to_client {
-                    self.client_out.extend_from_slice(&lease.conn.read_buf[..n]);
+                    self.client_out.extend_from_slice(input);
                 }
-                lease.conn.read_buf.advance(n);
+                input.advance(n);
                 self.server_passthrough = Some((d.to_client, h.total_len() - n));
                 continue;
             }
-            let message = lease.conn.read_buf.split_to(h.total_len());
+            let message = &input[..h.total_len()];
             let body = &message[HEADER_BYTES..];
+            let Some(lease) = self.lease.as_mut() else {
+                return Ok(());
+            };
             for hash in &d.uncached {
                 lease.conn.statements.forget(hash);
             }
@@ -1115,14 +1142,14 @@ impl Session {
                     self.on_command_complete(tag, d.sql.as_deref());
                 }
                 btag::ERROR_RESPONSE => {
-                    let err = PgError::parse(body).ok();
                     if d.to_client {
                         self.tx_failed = true;
                     }
-                    if let Some(err) = err {
-                        if err.severity == pgherd_wire::Severity::Fatal
-                            || err.severity == pgherd_wire::Severity::Panic
-                        {
+                    if let Ok(err) = PgError::parse(body) {
+                        if matches!(
+                            err.severity,
+                            pgherd_wire::Severity::Fatal | pgherd_wire::Severity::Panic
+                        ) {
                             // The server is about to close; say so when the close is seen.
                             self.server_last_words = Some(err);
                             forward = false;
@@ -1136,19 +1163,24 @@ impl Session {
                                     err.message
                                 ),
                             );
-                            notice
-                                .encode_notice(&mut self.client_out)
-                                .map_err(|e| Relayed::Client(e.into()))?;
+                            notice.encode_notice(&mut self.client_out)?;
                         }
                     }
                 }
                 _ => {}
             }
             if forward {
-                self.client_out.extend_from_slice(&message);
+                self.client_out.extend_from_slice(message);
             }
-            self.write_synthetics(&after).map_err(Relayed::Client)?;
+            input.advance(h.total_len());
+            self.write_synthetics(&after)?;
         }
+    }
+
+    fn node_name(&self) -> String {
+        self.lease
+            .as_ref()
+            .map_or_else(String::new, |l| l.conn.node.clone())
     }
 
     fn on_command_complete(&mut self, tag: &[u8], sql: Option<&[u8]>) {
@@ -1198,16 +1230,14 @@ impl Session {
                 .stats
                 .transactions
                 .fetch_add(1, Ordering::Relaxed);
+            // A server carrying state the session cannot replay is reset before anyone uses it
+            // again, this client included.
             lease.conn.params_fp = if self.untracked_change {
                 UNKNOWN
             } else {
                 self.params.fingerprint()
             };
-            if self.untracked_change {
-                // The server carries state the session cannot replay; it will be reset before
-                // anyone uses it again, this client included.
-                self.untracked_change = false;
-            }
+            self.untracked_change = false;
         } else if self.mode == PoolMode::Statement {
             return Err(Relayed::Client(Disconnect::Refused(PgError::fatal(
                 SqlState::FEATURE_NOT_SUPPORTED,
@@ -1215,18 +1245,6 @@ impl Session {
             ))));
         }
         Ok(())
-    }
-}
-
-/// Where a relay step failed.
-enum Relayed {
-    Server(ServerError),
-    Client(Disconnect),
-}
-
-impl From<WireError> for Relayed {
-    fn from(e: WireError) -> Self {
-        Relayed::Client(Disconnect::Protocol(e))
     }
 }
 
@@ -1254,7 +1272,11 @@ fn evict_for(
     def: &StatementDef,
 ) -> Result<(), WireError> {
     if let Some(victim) = lease.conn.statements.insert(def.hash) {
-        frontend::encode_close(&mut lease.out, Target::Statement, &victim.server_name())?;
+        frontend::encode_close(
+            &mut lease.conn.write_buf,
+            Target::Statement,
+            &victim.server_name(),
+        )?;
         queue.push_internal(Request::Close);
     }
     Ok(())
@@ -1271,7 +1293,7 @@ fn ensure_prepared(
     }
     evict_for(lease, queue, def)?;
     frontend::encode_parse(
-        &mut lease.out,
+        &mut lease.conn.write_buf,
         &def.server_name,
         &def.query,
         &def.param_types,
@@ -1282,25 +1304,13 @@ fn ensure_prepared(
     Ok(())
 }
 
-fn reserve_for_read(buf: &mut BytesMut) {
-    if buf.capacity() - buf.len() < READ_CHUNK_BYTES / 2 {
-        buf.reserve(READ_CHUNK_BYTES);
-    }
-}
-
-/// Reads once the socket is readable, allocating the buffer only then.
+/// Reads once the socket is readable, taking a buffer only then.
 fn poll_read_when_ready(
     stream: &mut Stream,
     cx: &mut Context<'_>,
     buf: &mut BytesMut,
 ) -> Poll<io::Result<usize>> {
     ready!(stream.poll_read_ready(cx))?;
-    reserve_for_read(buf);
+    buffers::ready_for_read(buf);
     poll_read_buf(Pin::new(stream), cx, buf)
-}
-
-impl From<Disconnect> for Relayed {
-    fn from(d: Disconnect) -> Self {
-        Relayed::Client(d)
-    }
 }

@@ -1,0 +1,546 @@
+//! `pgherd bench`: benchmarks that measure pgherd side by side with its peers in the same run.
+//! Figures are printed and written as CSV and Markdown; nothing here asserts a speed.
+
+mod pgbench;
+mod procstat;
+mod targets;
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand, ValueEnum};
+use pgbench::{median, Pgbench, PgbenchResult};
+use targets::{start_pgbouncer, start_pgherd, BenchCluster, BenchUser, ProxyProcess};
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// pgbench against direct PostgreSQL, pgherd and PgBouncer (transaction pooling), interleaved,
+    /// plus resident memory per idle client.
+    Pooler(PoolerOptions),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Workload {
+    /// pgbench -S, simple query protocol.
+    SelectSimple,
+    /// pgbench -S -M prepared.
+    SelectPrepared,
+    /// pgbench's TPC-B-like script.
+    Tpcb,
+    /// pgbench -S -C: a new connection per transaction.
+    Connect,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Workload::SelectSimple => "select-simple",
+            Workload::SelectPrepared => "select-prepared",
+            Workload::Tpcb => "tpcb",
+            Workload::Connect => "connect",
+        }
+    }
+
+    fn pgbench_args(self) -> &'static [&'static str] {
+        match self {
+            Workload::SelectSimple => &["-S", "-M", "simple"],
+            Workload::SelectPrepared => &["-S", "-M", "prepared"],
+            Workload::Tpcb => &["-M", "simple"],
+            Workload::Connect => &["-S", "-C", "-M", "simple"],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Target {
+    Direct,
+    Pgherd,
+    Pgbouncer,
+}
+
+impl Target {
+    fn name(self) -> &'static str {
+        match self {
+            Target::Direct => "direct",
+            Target::Pgherd => "pgherd",
+            Target::Pgbouncer => "pgbouncer",
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct PoolerOptions {
+    /// Client counts to run each workload at.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,96")]
+    clients: Vec<u32>,
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "select-simple,select-prepared,tpcb,connect"
+    )]
+    workloads: Vec<Workload>,
+    #[arg(long, value_delimiter = ',', default_value = "direct,pgherd,pgbouncer")]
+    targets: Vec<Target>,
+    /// Seconds per pgbench run.
+    #[arg(long, default_value_t = 10)]
+    duration_s: u64,
+    /// Each (workload, clients, target) runs this many times, interleaved; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// pgbench scale factor.
+    #[arg(long, default_value_t = 20)]
+    scale: u32,
+    /// Server connections per pool, the same for pgherd and PgBouncer.
+    #[arg(long, default_value_t = 20)]
+    pool_size: u32,
+    /// pgherd worker threads (0 = one per CPU).
+    #[arg(long, default_value_t = 0)]
+    pgherd_workers: usize,
+    /// Idle clients for the memory measurement (0 skips it).
+    #[arg(long, default_value_t = 10_000)]
+    idle_clients: u32,
+    /// Where CSV and Markdown results go.
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+    /// Working directory for the cluster (a temporary one by default).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+pub fn run(command: BenchCommand) -> Result<(), String> {
+    match command {
+        BenchCommand::Pooler(options) => pooler(options),
+    }
+}
+
+struct Sample {
+    round: u32,
+    workload: Workload,
+    clients: u32,
+    target: Target,
+    result: PgbenchResult,
+    /// Proxy CPU time per transaction (pgherd and PgBouncer only).
+    cpu_us_per_txn: Option<f64>,
+}
+
+struct Fixture {
+    cluster: BenchCluster,
+    pgherd: Option<ProxyProcess>,
+    pgbouncer: Option<ProxyProcess>,
+    bench: BenchUser,
+    idle: BenchUser,
+    pgbench: Pgbench,
+    _tmp: Option<tempfile_dir::TempDir>,
+}
+
+mod tempfile_dir {
+    /// A directory removed when dropped.
+    pub struct TempDir(pub std::path::PathBuf);
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn pooler(options: PoolerOptions) -> Result<(), String> {
+    let fixture = setup(&options)?;
+    let started = Instant::now();
+    let total = options.rounds as usize
+        * options.workloads.len()
+        * options.clients.len()
+        * options.targets.len();
+    let mut samples = Vec::new();
+    for round in 0..options.rounds {
+        for &workload in &options.workloads {
+            for &clients in &options.clients {
+                // Rotate the order each round so no target always runs first (a warm cache,
+                // the machine's other load) and medians compare like with like.
+                let n = options.targets.len();
+                for k in 0..n {
+                    let target = options.targets[(k + round as usize) % n];
+                    let sample = measure(&fixture, &options, round, workload, clients, target)?;
+                    eprintln!(
+                        "[{}/{total}] round {} {:<16} {:>3} clients {:<9} {:>9.0} tps  avg {:.3} ms  p99 {:.3} ms{}",
+                        samples.len() + 1,
+                        round + 1,
+                        workload.name(),
+                        clients,
+                        target.name(),
+                        sample.result.tps,
+                        sample.result.latency_avg_ms,
+                        sample.result.latency_p99_ms,
+                        sample.cpu_us_per_txn.map(|c| format!("  cpu {c:.1} us/txn")).unwrap_or_default()
+                    );
+                    samples.push(sample);
+                }
+            }
+        }
+    }
+    let memory = if options.idle_clients > 0 {
+        idle_memory(&fixture, &options)?
+    } else {
+        Vec::new()
+    };
+    let report = render_report(&options, &samples, &memory, started.elapsed());
+    println!("{report}");
+    write_outputs(&options, &samples, &report)
+}
+
+fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
+    let raised = procstat::raise_fd_limit(u64::from(options.idle_clients) * 2 + 4096);
+    if options.idle_clients > 0 && raised < u64::from(options.idle_clients) + 1024 {
+        return Err(format!("the open-file limit is {raised}; {} idle clients need more (run as root or raise ulimit -n)", options.idle_clients));
+    }
+    let (dir, tmp) = match &options.dir {
+        Some(d) => (d.clone(), None),
+        None => {
+            let d = std::env::temp_dir().join(format!("pgherd-bench-{}", std::process::id()));
+            (d.clone(), Some(tempfile_dir::TempDir(d)))
+        }
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let pgbench_bin = pgherd_cluster::PgBinaries::find()
+        .map_err(|e| e.to_string())?
+        .tool("pgbench");
+    let bench = BenchUser::new("bench", pgherd_wire::scram::DEFAULT_ITERATIONS);
+    let idle = BenchUser::new("idle", 16);
+    eprintln!("creating a PostgreSQL primary in {} ...", dir.display());
+    let settings = [
+        ("max_connections", "400"),
+        ("shared_buffers", "'256MB'"),
+        // TPC-B measures the poolers, not this machine's disk flushes.
+        ("synchronous_commit", "off"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let cluster = BenchCluster::create(&dir, 0, settings, &[&bench, &idle])?;
+    cluster.sql("postgres", "CREATE DATABASE bench OWNER bench")?;
+    eprintln!("pgbench -i -s {} ...", options.scale);
+    let init = std::process::Command::new(&pgbench_bin)
+        .args(["-i", "-q", "-s", &options.scale.to_string()])
+        .arg(bench.url(cluster.primary_port(), "bench"))
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !init.status.success() {
+        return Err(format!(
+            "pgbench -i failed: {}",
+            String::from_utf8_lossy(&init.stderr)
+        ));
+    }
+    let users = [&bench, &idle];
+    let pgherd = match options.targets.contains(&Target::Pgherd) {
+        true => Some(start_pgherd(
+            &cluster,
+            &users,
+            options.pool_size,
+            options.pgherd_workers,
+            "",
+        )?),
+        false => None,
+    };
+    let pgbouncer = match options.targets.contains(&Target::Pgbouncer) {
+        true => Some(start_pgbouncer(&cluster, &users, options.pool_size)?),
+        false => None,
+    };
+    let log_dir = dir.join("pgbench-logs");
+    std::fs::create_dir_all(&log_dir).map_err(|e| e.to_string())?;
+    Ok(Fixture {
+        cluster,
+        pgherd,
+        pgbouncer,
+        bench,
+        idle,
+        pgbench: Pgbench {
+            binary: pgbench_bin,
+            log_dir,
+        },
+        _tmp: tmp,
+    })
+}
+
+fn port_of(fixture: &Fixture, target: Target) -> Result<(u16, Option<&ProxyProcess>), String> {
+    Ok(match target {
+        Target::Direct => (fixture.cluster.primary_port(), None),
+        Target::Pgherd => {
+            let p = fixture.pgherd.as_ref().ok_or("pgherd is not running")?;
+            (p.port, Some(p))
+        }
+        Target::Pgbouncer => {
+            let p = fixture
+                .pgbouncer
+                .as_ref()
+                .ok_or("pgbouncer is not running")?;
+            (p.port, Some(p))
+        }
+    })
+}
+
+fn measure(
+    fixture: &Fixture,
+    options: &PoolerOptions,
+    round: u32,
+    workload: Workload,
+    clients: u32,
+    target: Target,
+) -> Result<Sample, String> {
+    let (port, proxy) = port_of(fixture, target)?;
+    let threads = clients.clamp(1, 4);
+    let mut args: Vec<String> = workload
+        .pgbench_args()
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend([
+        "-c".into(),
+        clients.to_string(),
+        "-j".into(),
+        threads.to_string(),
+        "-T".into(),
+        options.duration_s.to_string(),
+    ]);
+    let cpu_before = proxy.map(|p| p.cpu_us());
+    let timeout = Duration::from_secs(options.duration_s * 3 + 60);
+    let result = fixture
+        .pgbench
+        .run(&fixture.bench.url(port, "bench"), &args, 0.25, timeout)?;
+    let cpu_us_per_txn = match (proxy, cpu_before) {
+        (Some(p), Some(before)) if result.transactions > 0 => {
+            Some((p.cpu_us().saturating_sub(before)) as f64 / result.transactions as f64)
+        }
+        _ => None,
+    };
+    Ok(Sample {
+        round,
+        workload,
+        clients,
+        target,
+        result,
+        cpu_us_per_txn,
+    })
+}
+
+/// Resident memory per idle client: RSS before, then with `idle_clients` connections open.
+fn idle_memory(
+    fixture: &Fixture,
+    options: &PoolerOptions,
+) -> Result<Vec<(Target, f64, u64)>, String> {
+    let script = fixture.pgbench.log_dir.join("idle.sql");
+    let hold_s = 20 + options.idle_clients / 500;
+    std::fs::write(&script, format!("\\sleep {hold_s} s\n")).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for target in [Target::Pgherd, Target::Pgbouncer] {
+        let Ok((port, Some(proxy))) = port_of(fixture, target) else {
+            continue;
+        };
+        let before = procstat::rss_kib(proxy.pid()).unwrap_or(0);
+        let fds_before = procstat::open_fds(proxy.pid());
+        eprintln!(
+            "opening {} idle clients to {} ...",
+            options.idle_clients,
+            target.name()
+        );
+        let mut child = std::process::Command::new(&fixture.pgbench.binary)
+            .args([
+                "-n",
+                "-c",
+                &options.idle_clients.to_string(),
+                "-j",
+                "16",
+                "-t",
+                "1",
+                "-f",
+            ])
+            .arg(&script)
+            .arg(fixture.idle.url(port, "bench"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(u64::from(hold_s));
+        let mut connected = 0;
+        while Instant::now() < deadline {
+            connected = procstat::open_fds(proxy.pid()).saturating_sub(fds_before);
+            if connected >= options.idle_clients as usize {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // Let allocations settle before reading.
+        std::thread::sleep(Duration::from_millis(500));
+        let during = procstat::rss_kib(proxy.pid()).unwrap_or(0);
+        let _ = child.kill();
+        let _ = child.wait();
+        if connected < options.idle_clients as usize {
+            return Err(format!(
+                "only {connected} of {} idle clients connected to {}",
+                options.idle_clients,
+                target.name()
+            ));
+        }
+        let per_client =
+            (during.saturating_sub(before)) as f64 * 1024.0 / f64::from(options.idle_clients);
+        out.push((target, per_client, during));
+        // Give the proxy time to notice the clients left.
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    Ok(out)
+}
+
+fn medians<'a>(
+    samples: &'a [Sample],
+    workload: Workload,
+    clients: u32,
+    target: Target,
+) -> (f64, f64, f64, f64, u64) {
+    let pick: Vec<&'a Sample> = samples
+        .iter()
+        .filter(|s| s.workload == workload && s.clients == clients && s.target == target)
+        .collect();
+    let m = |f: &dyn Fn(&Sample) -> f64| median(&pick.iter().map(|s| f(s)).collect::<Vec<_>>());
+    (
+        m(&|s| s.result.tps),
+        m(&|s| s.result.latency_avg_ms),
+        m(&|s| s.result.latency_p99_ms),
+        m(&|s| s.cpu_us_per_txn.unwrap_or(f64::NAN)),
+        pick.iter().map(|s| s.result.failed).sum(),
+    )
+}
+
+fn fmt(v: f64, decimals: usize) -> String {
+    if v.is_finite() {
+        format!("{v:.decimals$}")
+    } else {
+        "–".into()
+    }
+}
+
+fn render_report(
+    options: &PoolerOptions,
+    samples: &[Sample],
+    memory: &[(Target, f64, u64)],
+    took: Duration,
+) -> String {
+    let mut r = String::new();
+    let _ = writeln!(
+        r,
+        "## pgherd bench pooler\n\n{} round(s) x {} s per run, scale {}, pool size {}, medians over rounds; {} min in all. \
+         CPU is the pooler process's user+system time per transaction from /proc.\n",
+        options.rounds,
+        options.duration_s,
+        options.scale,
+        options.pool_size,
+        took.as_secs() / 60
+    );
+    let _ = writeln!(r, "| workload | clients | direct TPS | pgherd TPS | PgBouncer TPS | pgherd / direct | pgherd / PgBouncer | avg ms direct / pgherd / PgBouncer | p99 ms direct / pgherd / PgBouncer | CPU µs/txn pgherd / PgBouncer | CPU ratio | failed |");
+    let _ = writeln!(
+        r,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for &workload in &options.workloads {
+        for &clients in &options.clients {
+            let d = medians(samples, workload, clients, Target::Direct);
+            let h = medians(samples, workload, clients, Target::Pgherd);
+            let b = medians(samples, workload, clients, Target::Pgbouncer);
+            let _ = writeln!(
+                r,
+                "| {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} / {} / {} | {} / {} | {} | {} |",
+                workload.name(),
+                clients,
+                fmt(d.0, 0),
+                fmt(h.0, 0),
+                fmt(b.0, 0),
+                fmt(h.0 / d.0, 2),
+                fmt(h.0 / b.0, 2),
+                fmt(d.1, 3),
+                fmt(h.1, 3),
+                fmt(b.1, 3),
+                fmt(d.2, 3),
+                fmt(h.2, 3),
+                fmt(b.2, 3),
+                fmt(h.3, 1),
+                fmt(b.3, 1),
+                fmt(h.3 / b.3, 2),
+                d.4 + h.4 + b.4
+            );
+        }
+    }
+    if options.clients.contains(&1) {
+        let _ = writeln!(
+            r,
+            "\nLatency pgherd and PgBouncer add over direct PostgreSQL at 1 client (mean, ms):\n"
+        );
+        let _ = writeln!(r, "| workload | pgherd adds | PgBouncer adds | ratio |");
+        let _ = writeln!(r, "|---|---:|---:|---:|");
+        for &workload in &options.workloads {
+            let d = medians(samples, workload, 1, Target::Direct).1;
+            let h = medians(samples, workload, 1, Target::Pgherd).1 - d;
+            let b = medians(samples, workload, 1, Target::Pgbouncer).1 - d;
+            let _ = writeln!(
+                r,
+                "| {} | {} | {} | {} |",
+                workload.name(),
+                fmt(h, 3),
+                fmt(b, 3),
+                fmt(h / b, 2)
+            );
+        }
+    }
+    if !memory.is_empty() {
+        let _ = writeln!(
+            r,
+            "\nResident memory with {} idle clients connected:\n",
+            options.idle_clients
+        );
+        let _ = writeln!(
+            r,
+            "| pooler | bytes per idle client | RSS with all connected (MiB) |"
+        );
+        let _ = writeln!(r, "|---|---:|---:|");
+        for (target, per_client, rss) in memory {
+            let _ = writeln!(
+                r,
+                "| {} | {:.0} | {:.1} |",
+                target.name(),
+                per_client,
+                *rss as f64 / 1024.0
+            );
+        }
+    }
+    r
+}
+
+fn write_outputs(options: &PoolerOptions, samples: &[Sample], report: &str) -> Result<(), String> {
+    std::fs::create_dir_all(&options.out).map_err(|e| format!("{}: {e}", options.out.display()))?;
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let csv_path = options.out.join(format!("pooler-{stamp}.csv"));
+    let mut csv = String::from("round,workload,clients,target,tps,latency_avg_ms,latency_p99_ms,proxy_cpu_us_per_txn,transactions,failed\n");
+    for s in samples {
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{:.1},{:.4},{:.4},{},{},{}",
+            s.round + 1,
+            s.workload.name(),
+            s.clients,
+            s.target.name(),
+            s.result.tps,
+            s.result.latency_avg_ms,
+            s.result.latency_p99_ms,
+            s.cpu_us_per_txn
+                .map(|c| format!("{c:.2}"))
+                .unwrap_or_default(),
+            s.result.transactions,
+            s.result.failed
+        );
+    }
+    std::fs::write(&csv_path, csv).map_err(|e| e.to_string())?;
+    let md_path = options.out.join(format!("pooler-{stamp}.md"));
+    std::fs::write(&md_path, report).map_err(|e| e.to_string())?;
+    eprintln!("wrote {} and {}", csv_path.display(), md_path.display());
+    Ok(())
+}

@@ -1,0 +1,273 @@
+//! What benchmarks measure against: a local PostgreSQL primary, pgherd and PgBouncer in front
+//! of it, each started fresh for the run and stopped when dropped.
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pgherd_cluster::{free_port, ClusterSpec, LocalCluster, RunAs, StopMode};
+use pgherd_wire::scram::ScramVerifier;
+
+use super::procstat;
+
+/// A role pgbench logs in as, and the verifier both the server and the poolers hold.
+#[derive(Clone)]
+pub struct BenchUser {
+    pub name: String,
+    pub password: String,
+    pub verifier: ScramVerifier,
+}
+
+impl BenchUser {
+    /// `iterations` below PostgreSQL's 4096 keep thousands of logins cheap for the client side
+    /// of the idle-memory measurement; the server side costs the same either way.
+    pub fn new(name: &str, iterations: u32) -> Self {
+        let password = format!("{name}-{}", rand::random::<u32>());
+        let verifier =
+            ScramVerifier::from_password(&password, &rand::random::<[u8; 16]>(), iterations);
+        BenchUser {
+            name: name.to_owned(),
+            password,
+            verifier,
+        }
+    }
+
+    pub fn url(&self, port: u16, database: &str) -> String {
+        format!(
+            "postgres://{}:{}@127.0.0.1:{port}/{database}",
+            self.name, self.password
+        )
+    }
+}
+
+pub struct BenchCluster {
+    pub cluster: LocalCluster,
+    pub dir: PathBuf,
+    pub superuser_password: String,
+}
+
+impl BenchCluster {
+    /// A primary (plus `replicas`) under `dir`, with `users` created on it.
+    pub fn create(
+        dir: &Path,
+        replicas: usize,
+        settings: Vec<(String, String)>,
+        users: &[&BenchUser],
+    ) -> Result<Self, String> {
+        let superuser_password = format!("bench-{}", rand::random::<u32>());
+        let ports = (0..=replicas)
+            .map(|_| free_port().map_err(|e| e.to_string()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let cluster = LocalCluster::create(&ClusterSpec {
+            dir: dir.join("cluster"),
+            ports,
+            superuser: "postgres".into(),
+            superuser_password: superuser_password.clone(),
+            settings,
+            template: None,
+        })
+        .map_err(|e| e.to_string())?;
+        for user in users {
+            cluster
+                .primary()
+                .psql(
+                    "postgres",
+                    &format!(
+                        "CREATE ROLE {} LOGIN PASSWORD '{}'",
+                        user.name, user.verifier
+                    ),
+                )
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(BenchCluster {
+            cluster,
+            dir: dir.to_owned(),
+            superuser_password,
+        })
+    }
+
+    pub fn primary_port(&self) -> u16 {
+        self.cluster.primary().port
+    }
+
+    pub fn sql(&self, database: &str, sql: &str) -> Result<String, String> {
+        self.cluster
+            .primary()
+            .psql(database, sql)
+            .map_err(|e| e.to_string())
+    }
+
+    pub fn run_as(&self) -> Option<&RunAs> {
+        self.cluster.run_as.as_ref()
+    }
+}
+
+impl Drop for BenchCluster {
+    fn drop(&mut self) {
+        let _ = self.cluster.stop_all(StopMode::Fast);
+    }
+}
+
+/// A pooler process started for the benchmark.
+pub struct ProxyProcess {
+    pub name: &'static str,
+    pub port: u16,
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl ProxyProcess {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn cpu_us(&self) -> u64 {
+        procstat::cpu_us(self.pid()).unwrap_or(0)
+    }
+
+    fn wait_ready(mut self) -> Result<Self, String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                return Err(format!(
+                    "{} exited at startup ({status}):\n{log}",
+                    self.name
+                ));
+            }
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return Ok(self);
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{} did not listen within 30 s", self.name));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn log_file(path: &Path) -> Result<(std::fs::File, std::fs::File), String> {
+    let f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let g = f.try_clone().map_err(|e| e.to_string())?;
+    Ok((f, g))
+}
+
+/// pgherd in transaction mode with `pool_size` server connections, as its own process so its
+/// CPU time can be read.
+pub fn start_pgherd(
+    cluster: &BenchCluster,
+    users: &[&BenchUser],
+    pool_size: u32,
+    workers: usize,
+    extra: &str,
+) -> Result<ProxyProcess, String> {
+    let port = free_port().map_err(|e| e.to_string())?;
+    let mut config = format!(
+        "[pgherd]\nlisten = [\"127.0.0.1:{port}\"]\nworkers = {workers}\nmax_client_connections = 20000\nlog_level = \"warn\"\n\n\
+         [cluster]\nuser = \"postgres\"\npassword = \"{}\"\n\n",
+        cluster.superuser_password
+    );
+    for node in &cluster.cluster.nodes {
+        config.push_str(&format!(
+            "[[nodes]]\nname = \"{}\"\nport = {}\n\n",
+            node.name, node.port
+        ));
+    }
+    config.push_str(&format!(
+        "[pool]\nmode = \"transaction\"\nmax_size = {pool_size}\n\n[databases.\"*\"]\n\n"
+    ));
+    for user in users {
+        config.push_str(&format!(
+            "[users.{}]\nscram = \"{}\"\n\n",
+            user.name, user.verifier
+        ));
+    }
+    config.push_str(extra);
+    let path = cluster.dir.join("pgherd.toml");
+    std::fs::write(&path, config).map_err(|e| e.to_string())?;
+    let log = cluster.dir.join("pgherd.log");
+    let (out, err) = log_file(&log)?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let child = Command::new(exe)
+        .args(["run", "--config"])
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("cannot start pgherd: {e}"))?;
+    ProxyProcess {
+        name: "pgherd",
+        port,
+        child,
+        log,
+    }
+    .wait_ready()
+}
+
+/// PgBouncer (from the distribution) in transaction mode with the same pool size and the same
+/// SCRAM verifiers, run as the PostgreSQL OS user because it refuses to run as root.
+pub fn start_pgbouncer(
+    cluster: &BenchCluster,
+    users: &[&BenchUser],
+    pool_size: u32,
+) -> Result<ProxyProcess, String> {
+    let binary = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .ok_or("pgbouncer is not installed (Debian: apt-get install pgbouncer)")?;
+    let dir = cluster.dir.join("pgbouncer");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let port = free_port().map_err(|e| e.to_string())?;
+    let userlist: String = users
+        .iter()
+        .map(|u| format!("\"{}\" \"{}\"\n", u.name, u.verifier))
+        .collect();
+    std::fs::write(dir.join("userlist.txt"), userlist).map_err(|e| e.to_string())?;
+    let ini = format!(
+        "[databases]\n* = host=127.0.0.1 port={}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
+         unix_socket_dir =\nauth_type = scram-sha-256\nauth_file = {}\npool_mode = transaction\n\
+         default_pool_size = {pool_size}\nmax_client_conn = 20000\nserver_reset_query =\n\
+         ignore_startup_parameters = extra_float_digits\nlogfile = {}\npidfile = {}\nlog_connections = 0\nlog_disconnections = 0\n",
+        cluster.primary_port(),
+        dir.join("userlist.txt").display(),
+        dir.join("pgbouncer.log").display(),
+        dir.join("pgbouncer.pid").display(),
+    );
+    let ini_path = dir.join("pgbouncer.ini");
+    std::fs::write(&ini_path, ini).map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(binary);
+    cmd.arg(&ini_path).stdin(Stdio::null());
+    if let Some(user) = cluster.run_as() {
+        use std::os::unix::process::CommandExt;
+        let _ = Command::new("chown")
+            .arg("-R")
+            .arg(format!("{}:{}", user.uid, user.gid))
+            .arg(&dir)
+            .status();
+        cmd.uid(user.uid).gid(user.gid);
+    }
+    let log = dir.join("pgbouncer.stderr");
+    let (out, err) = log_file(&log)?;
+    let child = cmd
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("cannot start pgbouncer: {e}"))?;
+    ProxyProcess {
+        name: "pgbouncer",
+        port,
+        child,
+        log,
+    }
+    .wait_ready()
+}

@@ -49,7 +49,7 @@ pub enum LogFormat {
 #[derive(Debug, Clone)]
 pub struct ProxySettings {
     pub listen: Vec<SocketAddr>,
-    /// Threads serving connections; 0 means one per CPU.
+    /// Threads serving connections; 0 means a quarter of the CPUs, at least one.
     pub workers: usize,
     pub max_client_connections: usize,
     /// Largest message accepted from a client, header included.

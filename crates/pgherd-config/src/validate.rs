@@ -211,7 +211,7 @@ fn proxy(c: &Checker<'_>, raw: &RawConfig) -> Result<ProxySettings, ConfigError>
     if p.workers > 1024 {
         return Err(c.error(
             &path!["pgherd", "workers"],
-            "must be between 0 (one per CPU) and 1024",
+            "must be between 0 (a quarter of the CPUs) and 1024",
         ));
     }
     if p.max_client_connections == 0 {

@@ -41,6 +41,8 @@ pub struct App {
     pub reloads: AtomicU64,
     /// Connections for auth_query, per node.
     auth_pools: Mutex<HashMap<String, Arc<Pool>>>,
+    /// Startup settings shared by the clients that sent the same ones.
+    pub settings_interner: crate::relay::params::Interner,
 }
 
 impl App {
@@ -64,6 +66,7 @@ impl App {
             credentials: Mutex::new(HashMap::new()),
             reloads: AtomicU64::new(0),
             auth_pools: Mutex::new(HashMap::new()),
+            settings_interner: Default::default(),
             config: ArcSwap::from_pointee(config),
         }))
     }

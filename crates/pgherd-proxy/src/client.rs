@@ -41,7 +41,7 @@ const CLIENT_REPORTED: &[&str] = &[
 /// Serves one accepted connection to its end.
 pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
     let limit = app.config().proxy.max_client_connections;
-    let Some(_slot) = app.clients.admit(limit) else {
+    let Some(slot) = app.clients.admit(limit) else {
         let err = PgError::fatal(
             SqlState::TOO_MANY_CONNECTIONS,
             "sorry, too many clients already",
@@ -69,18 +69,24 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
             params,
         })) => {
             tracing::debug!(client = shared.id, %addr, user = %shared.user, db = %shared.database, "client logged in");
-            let session = Session::new(SessionSetup {
-                app: app.clone(),
+            // The session gets a task of its own, so nothing of the login stays allocated for
+            // the life of the connection.
+            let run = Box::new(SessionRun {
                 shared: shared.clone(),
-                client: stream,
-                client_in: buf,
-                mode,
-                route,
-                params,
+                session: Session::new(SessionSetup {
+                    app: app.clone(),
+                    shared,
+                    client: stream,
+                    client_in: buf,
+                    mode,
+                    route,
+                    params,
+                }),
+                app: app.clone(),
+                _slot: slot,
+                addr,
             });
-            let end = Box::pin(session.run()).await;
-            app.clients.unregister(&shared);
-            log_end(&end, addr, Some(shared.id));
+            tokio::spawn(serve_session(run));
             return;
         }
         Ok(Ok(LoggedIn::Admin { shared, can_modify })) => {
@@ -95,6 +101,25 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
         send_error(&mut stream, &err).await;
     }
     log_end(&end, addr, None);
+    drop(slot);
+}
+
+/// Everything a session's task owns, boxed so the task itself stays small: an idle client
+/// costs this box, the task, and its socket.
+struct SessionRun {
+    session: Session,
+    app: Arc<App>,
+    shared: Arc<crate::clients::ClientShared>,
+    /// Keeps the client counted against max_client_connections.
+    _slot: crate::clients::ConnectionSlot,
+    addr: SocketAddr,
+}
+
+/// Runs a logged-in client's session to its end.
+async fn serve_session(mut run: Box<SessionRun>) {
+    let end = run.session.run().await;
+    run.app.clients.unregister(&run.shared);
+    log_end(&end, run.addr, Some(run.shared.id));
 }
 
 fn log_end(end: &Disconnect, addr: SocketAddr, client: Option<u64>) {
@@ -319,7 +344,7 @@ async fn finish_login(
         shared: shared.clone(),
         mode: resolved.pool.mode,
         route: resolved.route,
-        params: SessionParams::from_startup(&params.params),
+        params: SessionParams::from_startup(&params.params, &app.settings_interner),
     })
 }
 

@@ -34,7 +34,7 @@ struct Live {
     /// is not handed to another client until this is zero, so a late cancel can never hit
     /// someone else's query.
     cancels_in_flight: u32,
-    kill_reason: Option<String>,
+    kill_reason: Option<Box<str>>,
 }
 
 /// What other tasks may see of a client.
@@ -48,7 +48,6 @@ pub struct ClientShared {
     pub tls: bool,
     pub connected_at: SystemTime,
     live: Mutex<Live>,
-    cancel_acknowledged: Notify,
     /// Signals for the session (SIGNAL_*), read with one atomic load per poll instead of
     /// registering a waiter per transaction.
     signals: AtomicU8,
@@ -76,10 +75,11 @@ impl ClientShared {
         }
     }
 
-    /// Clears the target once no cancel for it is still on its way.
-    pub async fn clear_target(&self) {
+    /// Clears the target once no cancel for it is still on its way. `acknowledged` is the
+    /// registry's [`ClientRegistry::cancel_acknowledged`].
+    pub async fn clear_target(&self, acknowledged: &Notify) {
         loop {
-            let notified = self.cancel_acknowledged.notified();
+            let notified = acknowledged.notified();
             {
                 let mut live = self.live.lock();
                 if live.cancels_in_flight == 0 {
@@ -92,7 +92,7 @@ impl ClientShared {
     }
 
     pub fn kill(&self, reason: String) {
-        self.live.lock().kill_reason = Some(reason);
+        self.live.lock().kill_reason = Some(reason.into_boxed_str());
         self.raise(SIGNAL_KILL);
     }
 
@@ -111,7 +111,7 @@ impl ClientShared {
     }
 
     pub fn kill_reason(&self) -> Option<String> {
-        self.live.lock().kill_reason.clone()
+        self.live.lock().kill_reason.as_deref().map(str::to_owned)
     }
 }
 
@@ -122,6 +122,9 @@ pub struct ClientRegistry {
     next_pid: AtomicI32,
     next_id: AtomicU64,
     count: AtomicUsize,
+    /// Notified whenever any cancel has been delivered; one for all clients, since cancels are
+    /// rare and a client need not carry its own.
+    pub cancel_acknowledged: Notify,
 }
 
 impl ClientRegistry {
@@ -176,7 +179,6 @@ impl ClientRegistry {
             tls,
             connected_at: SystemTime::now(),
             live: Mutex::new(Live::default()),
-            cancel_acknowledged: Notify::new(),
             signals: AtomicU8::new(0),
             waker: AtomicWaker::new(),
         });
@@ -203,7 +205,7 @@ impl ClientRegistry {
 
     /// Forwards a cancel request to the server running the client's query, if any. The work
     /// happens in its own task, so it completes even if the requesting socket closes at once.
-    pub fn cancel(&self, key: CancelKey, timeout: Duration) {
+    pub fn cancel(self: &Arc<Self>, key: CancelKey, timeout: Duration) {
         let Some(client) = self.by_pid.lock().get(&key.process_id).cloned() else {
             tracing::debug!(
                 pid = key.process_id,
@@ -234,6 +236,7 @@ impl ClientRegistry {
                 }
             }
         };
+        let registry = self.clone();
         tokio::spawn(async move {
             match send_cancel(target.peer, target.key, timeout).await {
                 Ok(()) => tracing::info!(
@@ -246,7 +249,7 @@ impl ClientRegistry {
                 }
             }
             client.live.lock().cancels_in_flight -= 1;
-            client.cancel_acknowledged.notify_waiters();
+            registry.cancel_acknowledged.notify_waiters();
         });
     }
 }

@@ -83,6 +83,11 @@ impl NodeState {
         self.up.load(Ordering::Acquire)
     }
 
+    /// Up and in `role`: two atomic loads, cheap enough for every transaction.
+    pub fn is_usable_as(&self, role: Role) -> bool {
+        self.is_up() && self.role() == role
+    }
+
     pub fn health(&self) -> NodeHealth {
         self.health.lock().clone()
     }

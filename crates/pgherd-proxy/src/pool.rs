@@ -7,7 +7,7 @@
 //! are boxed, so lending one out moves a pointer; taking an idle one needs no await.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::Duration;
@@ -21,6 +21,9 @@ use tokio::time::Instant;
 
 use crate::error::ServerError;
 use crate::server::{self, ConnectSpec, ServerConn, ServerCredentials};
+
+/// A connection released this recently is handed out without a liveness check.
+const TRUST_RECENTLY_USED: Duration = Duration::from_millis(500);
 
 /// What a waiting client receives.
 #[derive(Debug)]
@@ -76,6 +79,8 @@ pub struct Pool {
     pub node: NodeAddress,
     settings: ArcSwap<PoolSettings>,
     state: Mutex<PoolState>,
+    /// Mirrors `PoolState::closed`, readable without the lock on every attach.
+    closed: AtomicBool,
     pub stats: PoolStats,
     /// ParameterStatus values from the newest login, shown to clients at their login.
     template_params: Mutex<Vec<(String, String)>>,
@@ -116,6 +121,7 @@ impl Pool {
             node,
             settings: ArcSwap::from_pointee(settings),
             state: Mutex::new(PoolState::default()),
+            closed: AtomicBool::new(false),
             stats: PoolStats::default(),
             template_params: Mutex::new(Vec::new()),
             credentials,
@@ -280,9 +286,13 @@ impl Pool {
         }
     }
 
-    /// Drops an idle connection that died while it sat in the pool. Looks at the reactor's
-    /// readiness only, so the common case costs no syscall.
+    /// Drops an idle connection that died while it sat in the pool. Connections back from
+    /// work a moment ago are trusted (a failure is still caught by the relay); older ones are
+    /// checked through the reactor's readiness, which costs no syscall unless data arrived.
     fn check_idle_conn(&self, conn: Box<ServerConn>) -> Option<Box<ServerConn>> {
+        if conn.last_used.elapsed() < TRUST_RECENTLY_USED {
+            return Some(conn);
+        }
         let mut cx = Context::from_waker(Waker::noop());
         if conn.stream.poll_read_ready(&mut cx).is_ready() {
             if let (false, Some(tcp)) = (conn.stream.is_tls(), conn.stream.tcp()) {
@@ -422,6 +432,7 @@ impl Pool {
 
     /// Closes idle connections and refuses new acquisitions; lent ones close on release.
     pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
         let idle = {
             let mut st = self.state.lock();
             st.closed = true;
@@ -449,6 +460,6 @@ impl Pool {
     }
 
     pub fn is_closed(&self) -> bool {
-        self.state.lock().closed
+        self.closed.load(Ordering::Acquire)
     }
 }

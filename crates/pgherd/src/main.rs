@@ -10,6 +10,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use pgherd_config::Config;
 
+/// mimalloc: size classes that fit pgherd's many small per-client allocations with less waste
+/// and fragmentation than glibc's allocator under connection churn.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "pgherd",
@@ -83,8 +88,21 @@ fn main() -> ExitCode {
     }
 }
 
-/// Builds the runtime pgherd serves on: `workers` threads, or one per CPU.
+/// Worker threads when the config says 0: a quarter of the CPUs, at least one. A pooler
+/// needs a fraction of the database's CPU, and on small machines it shares them with the
+/// database: measured on 2 cores, one thread gives more throughput than two.
+fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).max(1))
+}
+
+/// Builds the runtime pgherd serves on. One worker runs everything on one thread, with no
+/// work stealing or cross-thread wakeups.
 pub fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, String> {
+    let workers = if workers == 0 {
+        default_workers()
+    } else {
+        workers
+    };
     let mut builder = if workers == 1 {
         tokio::runtime::Builder::new_current_thread()
     } else {

@@ -49,6 +49,15 @@ const HIGH_WATER_BYTES: usize = 256 << 10;
 /// How long cleaning up after a departed client may take before the server is dropped.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The text of the client's unnamed statement.
+#[derive(Default)]
+struct UnnamedStatement {
+    query: Vec<u8>,
+    param_types: Vec<u8>,
+    /// False once the client closed it (the buffers are kept for reuse).
+    present: bool,
+}
+
 /// The server connection a session holds.
 struct Lease {
     conn: Box<ServerConn>,
@@ -64,7 +73,8 @@ enum Step {
     NeedServer,
     /// The server owes nothing and the transaction is over: give it back.
     Release,
-    ServerFailed(ServerError),
+    /// Boxed: rare, and large enough to double the size of every idle session's task.
+    ServerFailed(Box<ServerError>),
 }
 
 /// Where a relay step failed.
@@ -111,20 +121,18 @@ pub struct Session {
     client_flush_pending: bool,
     mode: PoolMode,
     route: Route,
-    database: String,
-    user: String,
     max_message_bytes: usize,
     lease: Option<Lease>,
     /// The pool last used, and its node, to skip the registry on the next attach.
     last_pool: Option<(Arc<NodeState>, Arc<Pool>)>,
     queue: ResponseQueue,
-    statements: ClientStatements,
+    /// Created at the client's first named statement.
+    statements: Option<Box<ClientStatements>>,
     /// The client's last unnamed Parse, replayed if a later Bind lands on another server.
-    unnamed_query: Vec<u8>,
-    unnamed_types: Vec<u8>,
-    has_unnamed: bool,
+    /// Boxed and reused: most clients never send one, and an idle client should be small.
+    unnamed: Option<Box<UnnamedStatement>>,
     /// Statement text bound to the unnamed portal, when it might change session settings.
-    portal_sql: Option<Bytes>,
+    portal_sql: Option<Box<[u8]>>,
     params: SessionParams,
     /// A statement changed session state in a way pgherd could not follow.
     untracked_change: bool,
@@ -140,12 +148,13 @@ pub struct Session {
     /// messages until its Sync and answer that Sync itself.
     local_skip_to_sync: bool,
     /// An error to give the client in answer to its next request (its transaction was lost).
-    pending_error: Option<PgError>,
+    pending_error: Option<Box<PgError>>,
     /// A server's last words before it closed (FATAL), reported when the close is noticed.
-    server_last_words: Option<PgError>,
+    server_last_words: Option<Box<PgError>>,
     /// pgherd is shutting down: end the session at the next point where it is idle.
     stop_when_idle: bool,
-    idle_timeout: Option<Duration>,
+    /// 0 disables.
+    idle_timeout_ms: u64,
     idle_timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
@@ -155,10 +164,8 @@ impl Session {
         let idle_ms = config.proxy.client_idle_timeout_ms;
         Session {
             max_message_bytes: config.proxy.max_message_bytes,
-            idle_timeout: (idle_ms > 0).then(|| Duration::from_millis(idle_ms)),
+            idle_timeout_ms: idle_ms,
             idle_timer: None,
-            database: setup.shared.database.clone(),
-            user: setup.shared.user.clone(),
             app: setup.app,
             shared: setup.shared,
             client: setup.client,
@@ -170,10 +177,8 @@ impl Session {
             lease: None,
             last_pool: None,
             queue: ResponseQueue::default(),
-            statements: ClientStatements::default(),
-            unnamed_query: Vec::new(),
-            unnamed_types: Vec::new(),
-            has_unnamed: false,
+            statements: None,
+            unnamed: None,
             portal_sql: None,
             params: setup.params,
             untracked_change: false,
@@ -189,7 +194,7 @@ impl Session {
     }
 
     /// Relays until the client leaves or is sent away; returns why, after cleaning up.
-    pub async fn run(mut self) -> Disconnect {
+    pub async fn run(&mut self) -> Disconnect {
         let end = self.serve().await;
         tracing::debug!(client = self.shared.id, reason = %end, holding_server = self.lease.is_some(), "session ending");
         // Cleanup can wait on a server: keep its state out of the session's own future.
@@ -211,10 +216,19 @@ impl Session {
                     Err(err) => self.answer_request_with_error(err),
                 },
                 Step::Release => {
-                    self.detach(true).await;
+                    if !self.shared.try_clear_target() {
+                        // A cancel is on its way to this server: it must land before anyone
+                        // else's query runs there. Rare, so its wait lives in a box.
+                        Box::pin(
+                            self.shared
+                                .clear_target(&self.app.clients.cancel_acknowledged),
+                        )
+                        .await;
+                    }
+                    self.give_back_server(true);
                     Ok(())
                 }
-                Step::ServerFailed(e) => Box::pin(self.on_server_failure(e)).await,
+                Step::ServerFailed(e) => Box::pin(self.on_server_failure(*e)).await,
             };
             if let Err(end) = result {
                 return end;
@@ -240,7 +254,9 @@ impl Session {
         }
         if self.lease.is_some() {
             match self.poll_relay(cx) {
-                Poll::Ready(Err(Relayed::Server(e))) => Poll::Ready(Ok(Step::ServerFailed(e))),
+                Poll::Ready(Err(Relayed::Server(e))) => {
+                    Poll::Ready(Ok(Step::ServerFailed(Box::new(e))))
+                }
                 Poll::Ready(Err(Relayed::Client(d))) => Poll::Ready(Err(d)),
                 Poll::Ready(Ok(step)) => Poll::Ready(Ok(step)),
                 Poll::Pending => Poll::Pending,
@@ -290,7 +306,8 @@ impl Session {
             }
             buffers::release_if_empty(&mut self.client_in);
             buffers::release_if_empty(&mut self.client_out);
-            if let Some(timeout) = self.idle_timeout {
+            if self.idle_timeout_ms > 0 {
+                let timeout = Duration::from_millis(self.idle_timeout_ms);
                 let timer = self
                     .idle_timer
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
@@ -349,7 +366,7 @@ impl Session {
                 }
                 _ => {
                     if let Some(err) = self.pending_error.take() {
-                        self.answer_request_with_error(err)?;
+                        self.answer_request_with_error(*err)?;
                         continue;
                     }
                     return Ok(true);
@@ -380,6 +397,14 @@ impl Session {
     // ----- attach / detach ----------------------------------------------------------------
 
     fn pick_node(&self) -> Result<Arc<NodeState>, PgError> {
+        // The primary rarely changes: reuse the last one while it still is the primary.
+        if self.route == Route::Primary {
+            if let Some((node, _)) = &self.last_pool {
+                if node.is_usable_as(crate::nodes::Role::Primary) {
+                    return Ok(node.clone());
+                }
+            }
+        }
         let nodes = &self.app.nodes;
         let node = match self.route {
             Route::Primary => nodes.primary(),
@@ -395,7 +420,7 @@ impl Session {
                     } else {
                         "replica or primary"
                     },
-                    self.database
+                    self.shared.database
                 ),
             )
             .with_detail(format!("nodes: {}", nodes.describe_all()))
@@ -410,13 +435,13 @@ impl Session {
         }
         let pool = self
             .app
-            .pool(&self.database, &self.user, node)
+            .pool(&self.shared.database, &self.shared.user, node)
             .ok_or_else(|| {
                 PgError::error(
                     SqlState::INVALID_CATALOG_NAME,
                     format!(
                         "database \"{}\" is no longer served by pgherd",
-                        self.database
+                        self.shared.database
                     ),
                 )
             })?;
@@ -432,6 +457,8 @@ impl Session {
         let pool = self.pool_for(&node)?;
         let conn = match pool.try_acquire() {
             Some(conn) => conn,
+            // Boxed: opening a connection has a large future, which would otherwise sit in every
+            // idle session's task.
             None => Box::pin(self.acquire_slow(&pool, &node)).await?,
         };
         self.shared.set_target(Some(ServerTarget {
@@ -474,8 +501,8 @@ impl Session {
                 format!(
                     "no server connection became free within {} ms (pool for database \"{}\", user \"{}\" on node {} has max_size {max_size})",
                     waited.as_millis(),
-                    self.database,
-                    self.user,
+                    self.shared.database,
+                    self.shared.user,
                     node.name()
                 ),
             )
@@ -491,15 +518,20 @@ impl Session {
         }
     }
 
-    /// Gives the server connection back. `reusable` is false if its state is unknown.
+    /// Gives the server connection back once no cancel is on its way to it. `reusable` is
+    /// false if its state is unknown.
     async fn detach(&mut self, reusable: bool) {
         if self.lease.is_none() {
             return;
         }
-        if !self.shared.try_clear_target() {
-            // A cancel is on its way to this server: it must land before anyone else's query.
-            self.shared.clear_target().await;
-        }
+        self.shared
+            .clear_target(&self.app.clients.cancel_acknowledged)
+            .await;
+        self.give_back_server(reusable);
+    }
+
+    /// Returns the server connection to its pool; the cancel target must be cleared already.
+    fn give_back_server(&mut self, reusable: bool) {
         let Some(Lease { mut conn, pool, .. }) = self.lease.take() else {
             return;
         };
@@ -518,7 +550,7 @@ impl Session {
     async fn on_server_failure(&mut self, e: ServerError) -> Result<(), Disconnect> {
         let e = match (e.kind, self.server_last_words.take()) {
             (ServerErrorKind::Closed(None), Some(words)) => {
-                ServerError::new(&e.node, ServerErrorKind::Closed(Some(words)))
+                ServerError::new(&e.node, ServerErrorKind::Closed(Some(*words)))
             }
             (kind, _) => ServerError { node: e.node, kind },
         };
@@ -547,7 +579,7 @@ impl Session {
                 self.local_skip_to_sync = true;
             }
         } else if was_in_transaction {
-            self.pending_error = Some(err);
+            self.pending_error = Some(Box::new(err));
         }
         Ok(())
     }
@@ -853,18 +885,23 @@ impl Session {
                 let p = frontend::Parse::parse(body)?;
                 if p.name.is_empty() || !rewrite {
                     if p.name.is_empty() {
-                        self.unnamed_query.clear();
-                        self.unnamed_query.extend_from_slice(p.query);
-                        self.unnamed_types.clear();
-                        self.unnamed_types.extend_from_slice(p.param_types);
-                        self.has_unnamed = true;
+                        let unnamed = self.unnamed.get_or_insert_with(Default::default);
+                        unnamed.query.clear();
+                        unnamed.query.extend_from_slice(p.query);
+                        unnamed.param_types.clear();
+                        unnamed.param_types.extend_from_slice(p.param_types);
+                        unnamed.present = true;
                         lease.unnamed_here = true;
                     }
                     lease.conn.write_buf.extend_from_slice(message);
                     self.queue.push_client(Request::Parse { cached: None });
                 } else {
                     let def = StatementDef::new(p.query, p.param_types);
-                    if let Err(e) = self.statements.define(p.name, def.clone()) {
+                    if let Err(e) = self
+                        .statements
+                        .get_or_insert_with(Default::default)
+                        .define(p.name, def.clone())
+                    {
                         self.queue
                             .push_synthetic(Synthetic::Error(statement_error(e)));
                         return Ok(());
@@ -891,8 +928,11 @@ impl Session {
                     if b.statement.is_empty() {
                         self.ensure_unnamed_here()?;
                         if b.portal.is_empty() {
-                            self.portal_sql = may_change_session(&self.unnamed_query)
-                                .then(|| Bytes::copy_from_slice(&self.unnamed_query));
+                            self.portal_sql = self
+                                .unnamed
+                                .as_ref()
+                                .filter(|u| u.present && may_change_session(&u.query))
+                                .map(|u| u.query.clone().into_boxed_slice());
                         }
                     }
                     let Some(lease) = self.lease.as_mut() else {
@@ -900,7 +940,7 @@ impl Session {
                     };
                     lease.conn.write_buf.extend_from_slice(message);
                 } else {
-                    let def = match self.statements.get(b.statement) {
+                    let def = match statement(&self.statements, b.statement) {
                         Ok(def) => def.clone(),
                         Err(e) => {
                             self.queue
@@ -917,7 +957,7 @@ impl Session {
                     )?;
                     if b.portal.is_empty() {
                         self.portal_sql = may_change_session(&def.query)
-                            .then(|| Bytes::copy_from_slice(&def.query));
+                            .then(|| def.query.clone().into_boxed_slice());
                     }
                 }
                 self.queue.push_client(Request::Bind);
@@ -926,7 +966,7 @@ impl Session {
                 let d = frontend::Describe::parse(body)?;
                 match (d.target, d.name.is_empty(), rewrite) {
                     (Target::Statement, false, true) => {
-                        let def = match self.statements.get(d.name) {
+                        let def = match statement(&self.statements, d.name) {
                             Ok(def) => def.clone(),
                             Err(e) => {
                                 self.queue
@@ -955,7 +995,7 @@ impl Session {
             ftag::EXECUTE => {
                 let e = frontend::Execute::parse(body)?;
                 let sql = if e.portal.is_empty() {
-                    self.portal_sql.clone()
+                    self.portal_sql.as_deref().map(Bytes::copy_from_slice)
                 } else {
                     None
                 };
@@ -967,11 +1007,15 @@ impl Session {
                 let c = frontend::Close::parse(body)?;
                 if c.target == Target::Statement && !c.name.is_empty() && rewrite {
                     // The server-side statement stays cached for others; only the name goes.
-                    self.statements.close(c.name);
+                    if let Some(statements) = self.statements.as_mut() {
+                        statements.close(c.name);
+                    }
                     self.queue.push_synthetic(Synthetic::CloseComplete);
                 } else {
                     if c.target == Target::Statement && c.name.is_empty() {
-                        self.has_unnamed = false;
+                        if let Some(unnamed) = self.unnamed.as_mut() {
+                            unnamed.present = false;
+                        }
                     }
                     lease.conn.write_buf.extend_from_slice(message);
                     self.queue.push_client(Request::Close);
@@ -1006,12 +1050,15 @@ impl Session {
         let Some(lease) = self.lease.as_mut() else {
             return Ok(());
         };
-        if !lease.unnamed_here && self.has_unnamed {
+        let Some(unnamed) = self.unnamed.as_ref().filter(|u| u.present) else {
+            return Ok(());
+        };
+        if !lease.unnamed_here {
             frontend::encode_parse(
                 &mut lease.conn.write_buf,
                 b"",
-                &self.unnamed_query,
-                &self.unnamed_types,
+                &unnamed.query,
+                &unnamed.param_types,
             )?;
             self.queue.push_internal(Request::Parse { cached: None });
             lease.unnamed_here = true;
@@ -1151,7 +1198,7 @@ impl Session {
                             pgherd_wire::Severity::Fatal | pgherd_wire::Severity::Panic
                         ) {
                             // The server is about to close; say so when the close is seen.
-                            self.server_last_words = Some(err);
+                            self.server_last_words = Some(Box::new(err));
                             forward = false;
                         } else if d.internal_error {
                             tracing::warn!(client = self.shared.id, error = %err, "pgherd's own statement failed on the server");
@@ -1248,6 +1295,19 @@ impl Session {
     }
 }
 
+/// The client's statement `name`, or the error PostgreSQL would give.
+fn statement<'a>(
+    statements: &'a Option<Box<ClientStatements>>,
+    name: &[u8],
+) -> Result<&'a Arc<StatementDef>, StatementError> {
+    match statements {
+        Some(s) => s.get(name),
+        None => Err(StatementError::DoesNotExist(
+            String::from_utf8_lossy(name).into_owned(),
+        )),
+    }
+}
+
 fn statement_error(e: StatementError) -> PgError {
     match e {
         StatementError::AlreadyExists(name) => PgError::error(
@@ -1304,7 +1364,9 @@ fn ensure_prepared(
     Ok(())
 }
 
-/// Reads once the socket is readable, taking a buffer only then.
+/// Reads once the socket is readable, holding a buffer only while bytes are there: readiness
+/// can be stale, and an idle session must not park with a buffer taken for a read that would
+/// have blocked.
 fn poll_read_when_ready(
     stream: &mut Stream,
     cx: &mut Context<'_>,
@@ -1312,5 +1374,9 @@ fn poll_read_when_ready(
 ) -> Poll<io::Result<usize>> {
     ready!(stream.poll_read_ready(cx))?;
     buffers::ready_for_read(buf);
-    poll_read_buf(Pin::new(stream), cx, buf)
+    let read = poll_read_buf(Pin::new(stream), cx, buf);
+    if read.is_pending() {
+        buffers::release_if_empty(buf);
+    }
+    read
 }

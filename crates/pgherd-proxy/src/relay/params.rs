@@ -10,8 +10,8 @@
 //! [`BASELINE`]; one that ran something pgherd could not follow is [`UNKNOWN`] and is always
 //! reset.
 
-use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use pg_query::protobuf::{node::Node as NodeEnum, VariableSetKind};
 
@@ -36,6 +36,77 @@ const TRANSACTION_SCOPED: &[&str] = &[
     "transaction_deferrable",
 ];
 
+/// Name → statement pairs sorted by name. A client has a handful at most, and a B-tree's
+/// first node alone would cost an idle client half a kilobyte.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Settings(Vec<(String, String)>);
+
+impl Settings {
+    fn get(&self, name: &str) -> Option<&String> {
+        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v)
+    }
+
+    fn insert(&mut self, name: String, sql: String) {
+        match self.0.binary_search_by(|(k, _)| k.as_str().cmp(&name)) {
+            Ok(i) => self.0[i].1 = sql,
+            Err(i) => self.0.insert(i, (name, sql)),
+        }
+    }
+
+    fn remove(&mut self, name: &str) {
+        self.0.retain(|(k, _)| k != name);
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    fn values(&self) -> impl Iterator<Item = &String> {
+        self.0.iter().map(|(_, v)| v)
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Shares identical startup settings between clients: drivers of one application all send
+/// the same ones, and each idle client should cost as little as possible.
+#[derive(Debug, Default)]
+pub struct Interner {
+    by_hash: parking_lot::Mutex<std::collections::HashMap<u64, std::sync::Weak<Settings>>>,
+}
+
+impl Interner {
+    /// Forgotten entries are swept once the table holds this many.
+    const SWEEP_AT: usize = 4096;
+
+    pub fn intern(&self, settings: Settings) -> Arc<Settings> {
+        if settings.is_empty() {
+            return Arc::default();
+        }
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        settings.hash(&mut hasher);
+        let key = hasher.finish();
+        let mut map = self.by_hash.lock();
+        if let Some(existing) = map.get(&key).and_then(std::sync::Weak::upgrade) {
+            if *existing == settings {
+                return existing;
+            }
+        }
+        if map.len() >= Self::SWEEP_AT {
+            map.retain(|_, w| w.strong_count() > 0);
+        }
+        let shared = Arc::new(settings);
+        map.insert(key, Arc::downgrade(&shared));
+        shared
+    }
+}
+
 /// A change to session state made by a client statement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
@@ -54,9 +125,10 @@ pub enum Change {
 pub struct SessionParams {
     /// Lower-case setting name → the statement that restores it, from the startup packet.
     /// `RESET` goes back to these, as in PostgreSQL.
-    startup: BTreeMap<String, String>,
+    /// Shared between clients that sent the same startup parameters (see [`Interner`]).
+    startup: Arc<Settings>,
     /// Lower-case setting name → the statement that restores it, for changes made since.
-    entries: BTreeMap<String, String>,
+    entries: Settings,
     fingerprint: u64,
     /// Changes made inside the current transaction; they count once it commits.
     pending: Vec<Change>,
@@ -64,17 +136,21 @@ pub struct SessionParams {
 
 impl SessionParams {
     /// The settings a client asked for in its startup packet (`options=-c a=b` included).
-    pub fn from_startup(params: &[(String, String)]) -> Self {
-        let mut s = SessionParams::default();
+    pub fn from_startup(params: &[(String, String)], interner: &Interner) -> Self {
+        let mut startup = Settings::default();
         for (name, value) in params {
             if name == "options" {
                 for (n, v) in parse_options(value) {
-                    s.startup.insert(n.to_lowercase(), set_sql(&n, &v));
+                    startup.insert(n.to_lowercase(), set_sql(&n, &v));
                 }
             } else if !NOT_SETTINGS.contains(&name.as_str()) && !name.starts_with("_pq_.") {
-                s.startup.insert(name.to_lowercase(), set_sql(name, value));
+                startup.insert(name.to_lowercase(), set_sql(name, value));
             }
         }
+        let mut s = SessionParams {
+            startup: interner.intern(startup),
+            ..Default::default()
+        };
         s.refresh_fingerprint();
         s
     }
@@ -315,7 +391,7 @@ mod tests {
             .iter()
             .map(|(a, b)| (a.to_string(), b.to_string()))
             .collect();
-        SessionParams::from_startup(&owned)
+        SessionParams::from_startup(&owned, &Interner::default())
     }
 
     #[test]

@@ -94,7 +94,7 @@ pub struct PoolerOptions {
     /// Server connections per pool, the same for pgherd and PgBouncer.
     #[arg(long, default_value_t = 20)]
     pool_size: u32,
-    /// pgherd worker threads (0 = one per CPU).
+    /// pgherd worker threads (0 = pgherd's default: a quarter of the CPUs, at least one).
     #[arg(long, default_value_t = 0)]
     pgherd_workers: usize,
     /// Idle clients for the memory measurement (0 skips it).
@@ -122,6 +122,8 @@ struct Sample {
     result: PgbenchResult,
     /// Proxy CPU time per transaction (pgherd and PgBouncer only).
     cpu_us_per_txn: Option<f64>,
+    /// pgbench failed: the first line of its complaint.
+    error: Option<String>,
 }
 
 struct Fixture {
@@ -161,6 +163,18 @@ fn pooler(options: PoolerOptions) -> Result<(), String> {
                 for k in 0..n {
                     let target = options.targets[(k + round as usize) % n];
                     let sample = measure(&fixture, &options, round, workload, clients, target)?;
+                    if let Some(error) = &sample.error {
+                        eprintln!(
+                            "[{}/{total}] round {} {} {} clients {}: FAILED: {error}",
+                            samples.len() + 1,
+                            round + 1,
+                            workload.name(),
+                            clients,
+                            target.name()
+                        );
+                        samples.push(sample);
+                        continue;
+                    }
                     eprintln!(
                         "[{}/{total}] round {} {:<16} {:>3} clients {:<9} {:>9.0} tps  avg {:.3} ms  p99 {:.3} ms{}",
                         samples.len() + 1,
@@ -303,9 +317,27 @@ fn measure(
     ]);
     let cpu_before = proxy.map(|p| p.cpu_us());
     let timeout = Duration::from_secs(options.duration_s * 3 + 60);
-    let result = fixture
-        .pgbench
-        .run(&fixture.bench.url(port, "bench"), &args, 0.25, timeout)?;
+    let url = fixture.bench.url(port, "bench");
+    let (result, error) = match fixture.pgbench.run(&url, &args, 0.25, timeout) {
+        Ok(result) => (result, None),
+        // A peer failing a workload is a result too (PgBouncer before 1.21 cannot do
+        // protocol-level prepared statements in transaction mode).
+        Err(e) => {
+            let first = e
+                .lines()
+                .find(|l| l.contains("ERROR") || l.contains("error"))
+                .unwrap_or(&e)
+                .trim()
+                .to_owned();
+            let nan = PgbenchResult {
+                tps: f64::NAN,
+                latency_avg_ms: f64::NAN,
+                latency_p99_ms: f64::NAN,
+                ..Default::default()
+            };
+            (nan, Some(first))
+        }
+    };
     let cpu_us_per_txn = match (proxy, cpu_before) {
         (Some(p), Some(before)) if result.transactions > 0 => {
             Some((p.cpu_us().saturating_sub(before)) as f64 / result.transactions as f64)
@@ -319,6 +351,7 @@ fn measure(
         target,
         result,
         cpu_us_per_txn,
+        error,
     })
 }
 
@@ -417,6 +450,16 @@ fn fmt(v: f64, decimals: usize) -> String {
     }
 }
 
+/// A TPS median, or how many runs failed when none succeeded.
+fn tps_cell(tps: f64, failed_runs: usize) -> String {
+    match (tps.is_finite(), failed_runs) {
+        (true, 0) => format!("{tps:.0}"),
+        (true, n) => format!("{tps:.0} ({n} failed)"),
+        (false, n) if n > 0 => "fails".into(),
+        _ => "–".into(),
+    }
+}
+
 fn render_report(
     options: &PoolerOptions,
     samples: &[Sample],
@@ -439,6 +482,17 @@ fn render_report(
         r,
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
+    let failed_runs = |workload: Workload, clients: u32, target: Target| {
+        samples
+            .iter()
+            .filter(|s| {
+                s.workload == workload
+                    && s.clients == clients
+                    && s.target == target
+                    && s.error.is_some()
+            })
+            .count()
+    };
     for &workload in &options.workloads {
         for &clients in &options.clients {
             let d = medians(samples, workload, clients, Target::Direct);
@@ -449,9 +503,9 @@ fn render_report(
                 "| {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} / {} / {} | {} / {} | {} | {} |",
                 workload.name(),
                 clients,
-                fmt(d.0, 0),
-                fmt(h.0, 0),
-                fmt(b.0, 0),
+                tps_cell(d.0, failed_runs(workload, clients, Target::Direct)),
+                tps_cell(h.0, failed_runs(workload, clients, Target::Pgherd)),
+                tps_cell(b.0, failed_runs(workload, clients, Target::Pgbouncer)),
                 fmt(h.0 / d.0, 2),
                 fmt(h.0 / b.0, 2),
                 fmt(d.1, 3),
@@ -488,6 +542,23 @@ fn render_report(
             );
         }
     }
+    let mut errors: Vec<String> = samples
+        .iter()
+        .filter_map(|s| {
+            s.error.as_ref().map(|e| {
+                format!(
+                    "- {} {} clients {}: {e}",
+                    s.workload.name(),
+                    s.clients,
+                    s.target.name()
+                )
+            })
+        })
+        .collect();
+    errors.dedup();
+    if !errors.is_empty() {
+        let _ = writeln!(r, "\nFailed runs:\n\n{}", errors.join("\n"));
+    }
     if !memory.is_empty() {
         let _ = writeln!(
             r,
@@ -519,11 +590,11 @@ fn write_outputs(options: &PoolerOptions, samples: &[Sample], report: &str) -> R
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let csv_path = options.out.join(format!("pooler-{stamp}.csv"));
-    let mut csv = String::from("round,workload,clients,target,tps,latency_avg_ms,latency_p99_ms,proxy_cpu_us_per_txn,transactions,failed\n");
+    let mut csv = String::from("round,workload,clients,target,tps,latency_avg_ms,latency_p99_ms,proxy_cpu_us_per_txn,transactions,failed,error\n");
     for s in samples {
         let _ = writeln!(
             csv,
-            "{},{},{},{},{:.1},{:.4},{:.4},{},{},{}",
+            "{},{},{},{},{:.1},{:.4},{:.4},{},{},{},{}",
             s.round + 1,
             s.workload.name(),
             s.clients,
@@ -535,7 +606,11 @@ fn write_outputs(options: &PoolerOptions, samples: &[Sample], report: &str) -> R
                 .map(|c| format!("{c:.2}"))
                 .unwrap_or_default(),
             s.result.transactions,
-            s.result.failed
+            s.result.failed,
+            s.error
+                .as_deref()
+                .map(|e| format!("\"{}\"", e.replace('"', "'")))
+                .unwrap_or_default()
         );
     }
     std::fs::write(&csv_path, csv).map_err(|e| e.to_string())?;

@@ -244,7 +244,8 @@ async fn login(
         }
         Some((_, method)) => method,
     };
-    authenticate(app, stream, buf, &user, method).await?;
+    // The rest of the handshake goes out in one write with the last authentication message.
+    let mut out = authenticate(app, stream, buf, &user, method).await?;
 
     let shared = app
         .clients
@@ -260,12 +261,11 @@ async fn login(
                 format!("user \"{user}\" is not allowed on the admin console (add it to pgherd.admin_users or pgherd.stats_users)"),
             )));
         }
-        let mut out = BytesMut::new();
         admin::write_login(&mut out, shared.key)?;
         write_flush(stream, &out).await.map_err(client_io)?;
         return Ok(LoggedIn::Admin { shared, can_modify });
     }
-    match finish_login(app, stream, &params, &shared, &user, &database).await {
+    match finish_login(app, stream, out, &params, &shared, &user, &database).await {
         Ok(logged_in) => Ok(logged_in),
         Err(e) => {
             app.clients.unregister(&shared);
@@ -277,6 +277,7 @@ async fn login(
 async fn finish_login(
     app: &Arc<App>,
     stream: &mut Stream,
+    mut out: BytesMut,
     params: &StartupParams,
     shared: &Arc<crate::clients::ClientShared>,
     user: &str,
@@ -324,18 +325,18 @@ async fn finish_login(
             Err(AcquireError::WaitTimeout { .. }) | Err(AcquireError::Closed) => {}
         }
     }
-    let mut reported = pool.template_params();
-    for name in CLIENT_REPORTED {
-        if let Some(value) = params.get(name) {
-            match reported.iter_mut().find(|(k, _)| k == name) {
-                Some(entry) => entry.1 = value.to_owned(),
-                None => reported.push((name.to_string(), value.to_owned())),
-            }
-        }
+    let template = pool.template_params();
+    for (name, value) in template.iter() {
+        let own = CLIENT_REPORTED
+            .contains(&name.as_str())
+            .then(|| params.get(name))
+            .flatten();
+        backend::encode_parameter_status(&mut out, name, own.unwrap_or(value))?;
     }
-    let mut out = BytesMut::with_capacity(512);
-    for (name, value) in &reported {
-        backend::encode_parameter_status(&mut out, name, value)?;
+    for name in CLIENT_REPORTED {
+        if let (Some(value), false) = (params.get(name), template.iter().any(|(k, _)| k == name)) {
+            backend::encode_parameter_status(&mut out, name, value)?;
+        }
     }
     backend::encode_backend_key_data(&mut out, shared.key)?;
     backend::encode_ready_for_query(&mut out, TxStatus::Idle);
@@ -458,7 +459,8 @@ async fn authenticate(
     buf: &mut BytesMut,
     user: &str,
     method: AuthMethod,
-) -> Result<(), Disconnect> {
+) -> Result<BytesMut, Disconnect> {
+    let mut out = BytesMut::with_capacity(1024);
     match method {
         AuthMethod::Reject => return Err(auth_failed(user)),
         AuthMethod::Trust => {}
@@ -493,13 +495,12 @@ async fn authenticate(
             if use_md5 {
                 md5_exchange(app, stream, buf, user, secrets.md5.as_deref()).await?;
             } else {
-                scram_exchange(app, stream, buf, user, secrets.scram).await?;
+                scram_exchange(app, stream, buf, &mut out, user, secrets.scram).await?;
             }
         }
     }
-    let mut out = BytesMut::new();
     backend::encode_auth_ok(&mut out)?;
-    write_flush(stream, &out).await.map_err(client_io)
+    Ok(out)
 }
 
 async fn read_password_message(
@@ -548,10 +549,13 @@ async fn md5_exchange(
     }
 }
 
+/// Runs the SCRAM exchange; the final server message is left in `last` for the caller to send
+/// with what follows it.
 async fn scram_exchange(
     app: &Arc<App>,
     stream: &mut Stream,
     buf: &mut BytesMut,
+    last: &mut BytesMut,
     user: &str,
     verifier: Option<ScramVerifier>,
 ) -> Result<(), Disconnect> {
@@ -584,9 +588,7 @@ async fn scram_exchange(
     write_flush(stream, &out).await.map_err(client_io)?;
     let body = read_password_message(app, stream, buf).await?;
     let success = server.client_final(&body).map_err(scram_failure)?;
-    out.clear();
-    backend::encode_auth_sasl_final(&mut out, &success.server_final)?;
-    write_flush(stream, &out).await.map_err(client_io)?;
+    backend::encode_auth_sasl_final(last, &success.server_final)?;
     if let Some(v) = verifier {
         // Keep what lets pgherd log in to servers holding the same verifier as this user.
         let creds = app.user_credentials(user);

@@ -83,7 +83,7 @@ pub struct Pool {
     closed: AtomicBool,
     pub stats: PoolStats,
     /// ParameterStatus values from the newest login, shown to clients at their login.
-    template_params: Mutex<Vec<(String, String)>>,
+    template_params: Mutex<Arc<Vec<(String, String)>>>,
     credentials: Arc<Mutex<ServerCredentials>>,
 }
 
@@ -123,7 +123,7 @@ impl Pool {
             state: Mutex::new(PoolState::default()),
             closed: AtomicBool::new(false),
             stats: PoolStats::default(),
-            template_params: Mutex::new(Vec::new()),
+            template_params: Mutex::new(Arc::default()),
             credentials,
         }
     }
@@ -138,7 +138,7 @@ impl Pool {
         self.wake_waiters_to_retry();
     }
 
-    pub fn template_params(&self) -> Vec<(String, String)> {
+    pub fn template_params(&self) -> Arc<Vec<(String, String)>> {
         self.template_params.lock().clone()
     }
 
@@ -274,7 +274,7 @@ impl Pool {
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
         match server::connect(&spec, id, settings.prepared_statements_per_server).await {
             Ok(conn) => {
-                *self.template_params.lock() = conn.reported.clone();
+                *self.template_params.lock() = Arc::new(conn.reported.clone());
                 tracing::debug!(server = id, node = %self.node.name, db = %self.database, user = %self.user, "server connection opened");
                 Ok(Box::new(conn))
             }

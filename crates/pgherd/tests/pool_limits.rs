@@ -1,0 +1,227 @@
+//! Pool behaviour at its limits: the bounded statement cache, idle timeouts, lifetimes and
+//! min_size, the session-mode reset, explicit replica routing, and the shutdown deadline.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Counts this user's server connections on the primary.
+fn backends(env: &Env) -> i64 {
+    env.direct("SELECT count(*) FROM pg_stat_activity WHERE usename = 'app' AND backend_type = 'client backend'")
+        .parse()
+        .unwrap()
+}
+
+fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_per_server_statement_cache_is_bounded_and_evicts_transparently() {
+    let env = env(0, |c| {
+        c.max_size(1).pool("prepared_statements_per_server = 3")
+    });
+    let client = env.app().await;
+    let mut statements = Vec::new();
+    for i in 0..10 {
+        statements.push(
+            client
+                .prepare(&format!("SELECT $1::int + {i}"))
+                .await
+                .unwrap(),
+        );
+    }
+    for round in 0..3 {
+        for (i, s) in statements.iter().enumerate() {
+            let v: i32 = client.query_one(s, &[&round]).await.unwrap().get(0);
+            assert_eq!(v, round + i as i32);
+        }
+    }
+    // The one server connection holds at most the cache size (plus, transiently, the statement
+    // of the batch being run).
+    let held: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'pgherd_%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        held <= 4,
+        "{held} statements held with prepared_statements_per_server = 3"
+    );
+}
+
+#[test]
+fn idle_timeout_lifetime_and_min_size_are_kept() {
+    let env = env(0, |c| {
+        c.max_size(4)
+            .pool("min_size = 2")
+            .pool("server_idle_timeout_ms = 500")
+            .pool("server_lifetime_ms = 2000")
+    });
+    // min_size opens connections once the pool exists (after the first login).
+    psql(&env.app_url(), &["-c", "SELECT 1"]).unwrap();
+    wait_until(
+        "min_size connections are open",
+        Duration::from_secs(10),
+        || backends(&env) >= 2,
+    );
+    // Four busy clients grow the pool; once idle past the timeout it shrinks back to min_size.
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let url = env.app_url();
+            std::thread::spawn(move || psql(&url, &["-c", "SELECT pg_sleep(0.5)"]).unwrap())
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert!(backends(&env) >= 3, "the pool should have grown");
+    wait_until(
+        "idle connections beyond min_size are closed",
+        Duration::from_secs(10),
+        || backends(&env) == 2,
+    );
+    // Past their lifetime, connections are replaced, so backends change.
+    let pids = env.direct("SELECT string_agg(pid::text, ',' ORDER BY pid) FROM pg_stat_activity WHERE usename = 'app'");
+    wait_until(
+        "old connections are replaced",
+        Duration::from_secs(15),
+        || {
+            let now = env.direct("SELECT string_agg(pid::text, ',' ORDER BY pid) FROM pg_stat_activity WHERE usename = 'app'");
+            !now.is_empty() && now.split(',').all(|p| !pids.split(',').any(|q| q == p))
+        },
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_mode_resets_the_server_for_the_next_client() {
+    let env = env(0, |c| c.mode("session").max_size(1));
+    let first = env.app().await;
+    first
+        .batch_execute("CREATE TEMP TABLE mine (x int); SET work_mem = '9MB'; PREPARE p AS SELECT 1; LISTEN chan")
+        .await
+        .unwrap();
+    let pid: i32 = first
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    drop(first);
+    let second = env.app().await;
+    let mut same = false;
+    for _ in 0..50 {
+        let now: i32 = second
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if now == pid {
+            same = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        same,
+        "the second client should get the first one's server connection"
+    );
+    let temp: i64 = second
+        .query_one(
+            "SELECT count(*) FROM pg_class WHERE relname = 'mine' AND relpersistence = 't'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        temp, 0,
+        "temp tables must not survive into another client's session"
+    );
+    let work_mem: String = second.query_one("SHOW work_mem", &[]).await.unwrap().get(0);
+    assert_eq!(work_mem, "4MB");
+    let prepared: i64 = second
+        .query_one("SELECT count(*) FROM pg_prepared_statements WHERE name = 'p'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(prepared, 0);
+}
+
+#[test]
+fn replica_route_reads_from_a_replica_and_writes_are_refused_there() {
+    let env = env(1, |c| {
+        c.database("app", "")
+            .database("app_ro", "dbname = \"app\"\nroute = \"replica\"")
+    });
+    psql(
+        &env.app_url(),
+        &[
+            "-c",
+            "CREATE TABLE t (x int)",
+            "-c",
+            "INSERT INTO t VALUES (1)",
+        ],
+    )
+    .unwrap();
+    env.cluster.wait_replayed();
+    let ro = env.pgherd.url(APP, APP_PASSWORD, "app_ro");
+    let out = psql(&ro, &["-c", "SELECT pg_is_in_recovery(), count(*) FROM t"]).unwrap();
+    assert_eq!(out, "t|1", "route = replica should land on the replica");
+    let err = psql(&ro, &["-c", "INSERT INTO t VALUES (2)"]).unwrap_err();
+    assert!(
+        err.contains("cannot execute INSERT in a read-only transaction"),
+        "{err}"
+    );
+    // With the replica gone, the primary serves the reads.
+    env.cluster
+        .node("pg2")
+        .stop(pgherd_cluster::StopMode::Immediate)
+        .unwrap();
+    wait_until(
+        "reads fall back to the primary",
+        Duration::from_secs(10),
+        || {
+            psql(&ro, &["-c", "SELECT pg_is_in_recovery()"])
+                .map(|o| o == "f")
+                .unwrap_or(false)
+        },
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_what_is_left_at_the_deadline() {
+    let mut env = env(0, |c| c.proxy("shutdown_timeout_ms = 1000"));
+    let stuck = env.app().await;
+    stuck.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let started = Instant::now();
+    env.pgherd.signal(libc::SIGTERM);
+    let status = env
+        .pgherd
+        .wait_exit(Duration::from_secs(10))
+        .expect("pgherd must exit at the deadline");
+    assert!(status.success());
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "exited before the deadline"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "exited long after the deadline"
+    );
+    assert!(stuck.simple_query("SELECT 1").await.is_err());
+    // The abandoned transaction was rolled back by PostgreSQL when its connection closed.
+    wait_until(
+        "the server session is gone",
+        Duration::from_secs(10),
+        || backends(&env) == 0,
+    );
+}

@@ -118,7 +118,11 @@ impl PgherdConfig {
     pub fn render(&self, cluster: &TestCluster) -> String {
         let mut t = String::new();
         let _ = writeln!(t, "[pgherd]\nlisten = [\"127.0.0.1:{}\"]", self.port);
-        if !self.proxy_extra.iter().any(|l| l.starts_with("shutdown_timeout_ms")) {
+        if !self
+            .proxy_extra
+            .iter()
+            .any(|l| l.starts_with("shutdown_timeout_ms"))
+        {
             let _ = writeln!(t, "shutdown_timeout_ms = 5000");
         }
         for line in &self.proxy_extra {

@@ -149,7 +149,10 @@ async fn session_mode_resets_the_server_for_the_next_client() {
     let work_mem: String = second.query_one("SHOW work_mem", &[]).await.unwrap().get(0);
     assert_eq!(work_mem, "4MB");
     let prepared: i64 = second
-        .query_one("SELECT count(*) FROM pg_prepared_statements WHERE name = 'p'", &[])
+        .query_one(
+            "SELECT count(*) FROM pg_prepared_statements WHERE name = 'p'",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);

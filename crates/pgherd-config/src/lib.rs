@@ -38,6 +38,24 @@ pub struct Config {
     /// Ordered; the first match decides. Never empty: a file without rules gets one rule
     /// that asks everybody for SCRAM.
     pub hba: Vec<HbaRule>,
+    pub routing: RoutingSettings,
+}
+
+/// Cluster-wide rules for sending reads to replicas.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutingSettings {
+    /// A replica further behind the primary than this gets no reads (0 disables the check).
+    pub max_lag_bytes: u64,
+    /// A replica that has not replayed WAL the primary wrote this long ago gets no reads
+    /// (0 disables the check).
+    pub max_lag_ms: u64,
+    /// How long a read after a write may wait for a replica to replay that write before the
+    /// primary serves it instead.
+    pub read_your_writes_wait_ms: u64,
+    /// A replica taken out of the read set comes back after this many healthy checks in a row.
+    pub rejoin_after_checks: u32,
+    /// Routing decisions kept per database, keyed by statement shape.
+    pub decision_cache_entries: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +135,8 @@ pub struct NodeConfig {
     pub port: u16,
     /// Set when pgherd manages the node's processes on this machine (`pgherd up`).
     pub data_dir: Option<PathBuf>,
+    /// Share of reads under the `weighted` policy; 0 keeps reads off the node.
+    pub weight: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,12 +192,69 @@ impl PoolSettings {
     }
 }
 
-/// Where a database's queries go until the read/write balancer exists.
+/// Where a session's statements go unless a hint says otherwise (the routing crate owns it).
+pub use pgherd_route::Route;
+
+/// How fresh the data a session reads from replicas must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
+pub enum Consistency {
+    /// Any replica within the lag limits.
+    Eventual,
+    /// As `Eventual`, and never older than the session's own last committed write.
+    ReadYourWrites,
+    /// No replica reads at all.
     Primary,
-    /// Read-only: served by replicas, or by the primary when none is available.
-    Replica,
+}
+
+impl Consistency {
+    pub fn parse(s: &str) -> Option<Consistency> {
+        Some(match s {
+            "eventual" => Consistency::Eventual,
+            "read_your_writes" => Consistency::ReadYourWrites,
+            "primary" => Consistency::Primary,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Consistency::Eventual => "eventual",
+            Consistency::ReadYourWrites => "read_your_writes",
+            Consistency::Primary => "primary",
+        }
+    }
+}
+
+/// How reads are spread over the nodes that may serve them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Balance {
+    RoundRobin,
+    /// The node with the fewest sessions running a statement on it right now.
+    LeastOutstanding,
+    /// In proportion to each node's `weight`.
+    Weighted,
+    Random,
+}
+
+impl Balance {
+    pub fn parse(s: &str) -> Option<Balance> {
+        Some(match s {
+            "round_robin" => Balance::RoundRobin,
+            "least_outstanding" => Balance::LeastOutstanding,
+            "weighted" => Balance::Weighted,
+            "random" => Balance::Random,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Balance::RoundRobin => "round_robin",
+            Balance::LeastOutstanding => "least_outstanding",
+            Balance::Weighted => "weighted",
+            Balance::Random => "random",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,6 +265,10 @@ pub struct DatabaseConfig {
     pub max_size: Option<u32>,
     pub min_size: Option<u32>,
     pub route: Route,
+    pub consistency: Consistency,
+    pub balance: Balance,
+    /// The primary also serves reads (with its weight under `weighted`).
+    pub primary_reads: bool,
 }
 
 #[derive(Clone, PartialEq, Eq)]
@@ -198,6 +279,10 @@ pub struct UserConfig {
     /// Used to log in to servers instead of passing the client's credentials through.
     pub server_password: Option<String>,
     pub mode: Option<PoolMode>,
+    /// Overrides the database's route for this user.
+    pub route: Option<Route>,
+    /// Overrides the database's consistency for this user.
+    pub consistency: Option<Consistency>,
 }
 
 impl std::fmt::Debug for UserConfig {
@@ -207,6 +292,8 @@ impl std::fmt::Debug for UserConfig {
             .field("md5", &self.md5.is_some())
             .field("server_password", &self.server_password.is_some())
             .field("mode", &self.mode)
+            .field("route", &self.route)
+            .field("consistency", &self.consistency)
             .finish()
     }
 }
@@ -226,6 +313,9 @@ pub struct AuthQuery {
 pub struct ResolvedDatabase {
     pub server_dbname: String,
     pub route: Route,
+    pub consistency: Consistency,
+    pub balance: Balance,
+    pub primary_reads: bool,
     pub pool: PoolSettings,
 }
 
@@ -259,12 +349,18 @@ impl Config {
         if let Some(min) = entry.min_size {
             pool.min_size = min;
         }
-        if let Some(mode) = self.users.get(user).and_then(|u| u.mode) {
+        let user = self.users.get(user);
+        if let Some(mode) = user.and_then(|u| u.mode) {
             pool.mode = mode;
         }
         Some(ResolvedDatabase {
             server_dbname: entry.dbname.clone().unwrap_or_else(|| database.to_owned()),
-            route: entry.route,
+            route: user.and_then(|u| u.route).unwrap_or(entry.route),
+            consistency: user
+                .and_then(|u| u.consistency)
+                .unwrap_or(entry.consistency),
+            balance: entry.balance,
+            primary_reads: entry.primary_reads,
             pool,
         })
     }

@@ -27,6 +27,51 @@ pub struct RawConfig {
     pub auth: RawAuth,
     #[serde(default)]
     pub hba: Vec<RawHba>,
+    #[serde(default)]
+    pub routing: RawRouting,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRouting {
+    #[serde(default = "default_max_lag_bytes")]
+    pub max_lag_bytes: u64,
+    #[serde(default = "default_max_lag_ms")]
+    pub max_lag_ms: u64,
+    #[serde(default = "default_read_your_writes_wait_ms")]
+    pub read_your_writes_wait_ms: u64,
+    #[serde(default = "default_rejoin_after_checks")]
+    pub rejoin_after_checks: u32,
+    #[serde(default = "default_decision_cache_entries")]
+    pub decision_cache_entries: usize,
+}
+
+impl Default for RawRouting {
+    fn default() -> Self {
+        RawRouting {
+            max_lag_bytes: default_max_lag_bytes(),
+            max_lag_ms: default_max_lag_ms(),
+            read_your_writes_wait_ms: default_read_your_writes_wait_ms(),
+            rejoin_after_checks: default_rejoin_after_checks(),
+            decision_cache_entries: default_decision_cache_entries(),
+        }
+    }
+}
+
+fn default_max_lag_bytes() -> u64 {
+    16 << 20
+}
+fn default_max_lag_ms() -> u64 {
+    5_000
+}
+fn default_read_your_writes_wait_ms() -> u64 {
+    20
+}
+fn default_rejoin_after_checks() -> u32 {
+    3
+}
+fn default_decision_cache_entries() -> usize {
+    10_000
 }
 
 #[derive(Debug, Deserialize)]
@@ -178,6 +223,12 @@ pub struct RawNode {
     pub host: String,
     pub port: u16,
     pub data_dir: Option<String>,
+    #[serde(default = "default_node_weight")]
+    pub weight: u32,
+}
+
+fn default_node_weight() -> u32 {
+    1
 }
 
 fn default_node_host() -> String {
@@ -256,6 +307,10 @@ pub struct RawDatabase {
     pub max_size: Option<u32>,
     pub min_size: Option<u32>,
     pub route: Option<String>,
+    pub consistency: Option<String>,
+    pub balance: Option<String>,
+    #[serde(default)]
+    pub primary_reads: bool,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -265,6 +320,8 @@ pub struct RawUser {
     pub md5: Option<String>,
     pub server_password: Option<String>,
     pub mode: Option<String>,
+    pub route: Option<String>,
+    pub consistency: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -14,9 +14,9 @@ use toml_edit::{ImDocument, Item, Value};
 use crate::hba::{AuthMethod, ConnectionType, HbaRule, NameMatch};
 use crate::raw::{RawConfig, RawHba};
 use crate::{
-    AuthQuery, ClientTls, ClientTlsMode, ClusterSettings, Config, ConfigError, DatabaseConfig,
-    LogFormat, NodeConfig, PoolMode, PoolSettings, ProxySettings, Route, ServerTls, ServerTlsMode,
-    UserConfig, WILDCARD_DATABASE,
+    AuthQuery, Balance, ClientTls, ClientTlsMode, ClusterSettings, Config, ConfigError,
+    Consistency, DatabaseConfig, LogFormat, NodeConfig, PoolMode, PoolSettings, ProxySettings,
+    Route, RoutingSettings, ServerTls, ServerTlsMode, UserConfig, WILDCARD_DATABASE,
 };
 
 /// One step of a field path: a table key or an array index.
@@ -160,6 +160,7 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
     let users = users(&c, &raw)?;
     let auth_query = auth_query(&c, &raw, &cluster);
     let hba = hba(&c, &raw.hba)?;
+    let routing = routing(&c, &raw)?;
     if hba.iter().any(|r| r.method == AuthMethod::Cert)
         && client_tls
             .as_ref()
@@ -187,6 +188,7 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
         users,
         auth_query,
         hba,
+        routing,
     })
 }
 
@@ -378,9 +380,53 @@ fn nodes(c: &Checker<'_>, raw: &RawConfig) -> Result<Vec<NodeConfig>, ConfigErro
             host: n.host.clone(),
             port: n.port,
             data_dir: n.data_dir.as_deref().map(|d| c.file_path(d)),
+            weight: n.weight,
         });
     }
     Ok(nodes)
+}
+
+fn route(c: &Checker<'_>, path: &[Seg], value: &str) -> Result<Route, ConfigError> {
+    Route::parse(value).ok_or_else(|| {
+        c.error(
+            path,
+            format!("unknown route {value:?}; expected auto, primary or replica"),
+        )
+    })
+}
+
+fn consistency(c: &Checker<'_>, path: &[Seg], value: &str) -> Result<Consistency, ConfigError> {
+    Consistency::parse(value).ok_or_else(|| {
+        c.error(
+            path,
+            format!(
+                "unknown consistency {value:?}; expected read_your_writes, eventual or primary"
+            ),
+        )
+    })
+}
+
+fn routing(c: &Checker<'_>, raw: &RawConfig) -> Result<RoutingSettings, ConfigError> {
+    let r = &raw.routing;
+    if r.rejoin_after_checks == 0 {
+        return Err(c.error(
+            &path!["routing", "rejoin_after_checks"],
+            "must be at least 1",
+        ));
+    }
+    if r.decision_cache_entries == 0 {
+        return Err(c.error(
+            &path!["routing", "decision_cache_entries"],
+            "must be at least 1",
+        ));
+    }
+    Ok(RoutingSettings {
+        max_lag_bytes: r.max_lag_bytes,
+        max_lag_ms: r.max_lag_ms,
+        read_your_writes_wait_ms: r.read_your_writes_wait_ms,
+        rejoin_after_checks: r.rejoin_after_checks,
+        decision_cache_entries: r.decision_cache_entries,
+    })
 }
 
 fn pool_mode(c: &Checker<'_>, path: &[Seg], value: &str) -> Result<PoolMode, ConfigError> {
@@ -446,15 +492,26 @@ fn databases(
             .as_deref()
             .map(|m| pool_mode(c, &path!["databases", name.as_str(), "mode"], m))
             .transpose()?;
-        let route = match d.route.as_deref() {
-            None | Some("primary") => Route::Primary,
-            Some("replica") => Route::Replica,
-            Some(other) => {
-                return Err(c.error(
-                    &path!["databases", name.as_str(), "route"],
-                    format!("unknown route {other:?}; expected \"primary\" or \"replica\""),
-                ))
-            }
+        let route = d
+            .route
+            .as_deref()
+            .map(|r| route(c, &path!["databases", name.as_str(), "route"], r))
+            .transpose()?
+            .unwrap_or(Route::Auto);
+        let consistency = d
+            .consistency
+            .as_deref()
+            .map(|v| consistency(c, &path!["databases", name.as_str(), "consistency"], v))
+            .transpose()?
+            .unwrap_or(Consistency::ReadYourWrites);
+        let balance = match d.balance.as_deref() {
+            None => Balance::RoundRobin,
+            Some(v) => Balance::parse(v).ok_or_else(|| {
+                c.error(
+                    &path!["databases", name.as_str(), "balance"],
+                    format!("unknown balance policy {v:?}; expected round_robin, least_outstanding, weighted or random"),
+                )
+            })?,
         };
         if d.max_size == Some(0) {
             return Err(c.error(
@@ -486,6 +543,9 @@ fn databases(
                 max_size: d.max_size,
                 min_size: d.min_size,
                 route,
+                consistency,
+                balance,
+                primary_reads: d.primary_reads,
             },
         );
     }
@@ -497,7 +557,10 @@ fn databases(
                 mode: None,
                 max_size: None,
                 min_size: None,
-                route: Route::Primary,
+                route: Route::Auto,
+                consistency: Consistency::ReadYourWrites,
+                balance: Balance::RoundRobin,
+                primary_reads: false,
             },
         );
     }
@@ -532,6 +595,16 @@ fn users(c: &Checker<'_>, raw: &RawConfig) -> Result<BTreeMap<String, UserConfig
             .as_deref()
             .map(|m| pool_mode(c, &path!["users", name.as_str(), "mode"], m))
             .transpose()?;
+        let route = u
+            .route
+            .as_deref()
+            .map(|r| route(c, &path!["users", name.as_str(), "route"], r))
+            .transpose()?;
+        let consistency = u
+            .consistency
+            .as_deref()
+            .map(|v| consistency(c, &path!["users", name.as_str(), "consistency"], v))
+            .transpose()?;
         out.insert(
             name.clone(),
             UserConfig {
@@ -539,6 +612,8 @@ fn users(c: &Checker<'_>, raw: &RawConfig) -> Result<BTreeMap<String, UserConfig
                 md5: u.md5.clone(),
                 server_password: u.server_password.clone(),
                 mode,
+                route,
+                consistency,
             },
         );
     }

@@ -234,6 +234,10 @@ fn show_nodes(app: &Arc<App>) -> Table {
                 } else {
                     "down".into()
                 },
+                pgherd_route::balance::format_lsn(n.lsn()),
+                n.lag_bytes().to_string(),
+                n.lag_ms().to_string(),
+                if n.in_read_set() { "yes" } else { "no" }.into(),
                 health.checks_ok.to_string(),
                 health.checks_failed.to_string(),
                 health.last_error.unwrap_or_default(),
@@ -247,6 +251,10 @@ fn show_nodes(app: &Arc<App>) -> Table {
             "port",
             "role",
             "state",
+            "lsn",
+            "lag_bytes",
+            "lag_ms",
+            "in_read_set",
             "checks_ok",
             "checks_failed",
             "last_error",

@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use crate::clients::ClientRegistry;
 use crate::nodes::{NodeState, Nodes};
 use crate::pool::{ConnectContext, NodeAddress, Pool};
+use crate::routing::Router;
 use crate::server::ServerCredentials;
 use crate::tls;
 
@@ -26,7 +27,9 @@ struct PoolKey {
 
 pub struct App {
     config: ArcSwap<Config>,
-    pub nodes: Nodes,
+    pub nodes: Arc<Nodes>,
+    /// Routing decisions and function catalogs, per server database.
+    routers: Mutex<HashMap<String, Arc<Router>>>,
     pub clients: Arc<ClientRegistry>,
     pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
     connect: ArcSwap<ConnectContext>,
@@ -54,7 +57,11 @@ impl App {
         };
         let (shutdown_tx, _) = watch::channel(false);
         Ok(Arc::new(App {
-            nodes: Nodes::new(&config.nodes),
+            nodes: Arc::new(Nodes::new(
+                &config.nodes,
+                config.routing.rejoin_after_checks,
+            )),
+            routers: Mutex::new(HashMap::new()),
             clients: Arc::new(ClientRegistry::new()),
             pools: Mutex::new(HashMap::new()),
             next_server_id: connect.next_server_id.clone(),
@@ -181,6 +188,32 @@ impl App {
         pool.clone()
     }
 
+    /// The router of a server database, created (and its function catalog loading) on first
+    /// use.
+    pub fn router(self: &Arc<Self>, server_dbname: &str) -> Arc<Router> {
+        let mut routers = self.routers.lock();
+        if let Some(router) = routers.get(server_dbname) {
+            return router.clone();
+        }
+        let router = Arc::new(Router::new(
+            server_dbname.to_owned(),
+            self.config().routing.decision_cache_entries,
+        ));
+        routers.insert(server_dbname.to_owned(), router.clone());
+        router.refresh_catalog(self.clone());
+        router
+    }
+
+    /// Closes the idle connections to `node` in every pool: after a failure they are likely
+    /// dead, and each would cost a client's request a retry.
+    pub fn drop_idle_connections(&self, node: &NodeState) {
+        for pool in self.pools.lock().values() {
+            if pool.node.name == node.config.name {
+                pool.drop_idle();
+            }
+        }
+    }
+
     pub fn pools(&self) -> Vec<Arc<Pool>> {
         let mut pools: Vec<_> = self.pools.lock().values().cloned().collect();
         pools.sort_by(|a, b| {
@@ -209,6 +242,9 @@ impl App {
         self.connect.store(Arc::new(connect));
         self.client_tls.store(acceptor);
         let started = self.nodes.reconcile(&new.nodes);
+        self.nodes
+            .rejoin_after_checks
+            .store(new.routing.rejoin_after_checks, Ordering::Relaxed);
         if !started.is_empty() {
             notes.push(format!(
                 "nodes added: {}",

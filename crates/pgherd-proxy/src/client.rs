@@ -22,7 +22,7 @@ use crate::error::{client_io, Disconnect};
 use crate::msgio::{read_message, read_startup_packet, write_flush, ReadError};
 use crate::pool::AcquireError;
 use crate::relay::params::SessionParams;
-use crate::relay::{Session, SessionSetup};
+use crate::relay::{RoutingSetup, Session, SessionSetup};
 use crate::stream::Stream;
 
 /// The virtual database of the admin console.
@@ -65,7 +65,7 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
         Ok(Ok(LoggedIn::Client {
             shared,
             mode,
-            route,
+            routing,
             params,
         })) => {
             tracing::debug!(client = shared.id, %addr, user = %shared.user, db = %shared.database, "client logged in");
@@ -79,7 +79,7 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
                     client: stream,
                     client_in: buf,
                     mode,
-                    route,
+                    routing,
                     params,
                 }),
                 app: app.clone(),
@@ -148,7 +148,7 @@ enum LoggedIn {
     Client {
         shared: Arc<crate::clients::ClientShared>,
         mode: pgherd_config::PoolMode,
-        route: Route,
+        routing: RoutingSetup,
         params: SessionParams,
     },
     Admin {
@@ -294,6 +294,7 @@ async fn finish_login(
     })?;
     let node = match resolved.route {
         Route::Primary => app.nodes.primary(),
+        Route::Auto => app.nodes.primary().or_else(|| app.nodes.pick_replica()),
         Route::Replica => app.nodes.pick_replica().or_else(|| app.nodes.primary()),
     }
     .ok_or_else(|| {
@@ -344,7 +345,15 @@ async fn finish_login(
     Ok(LoggedIn::Client {
         shared: shared.clone(),
         mode: resolved.pool.mode,
-        route: resolved.route,
+        routing: RoutingSetup {
+            route: resolved.route,
+            consistency: resolved.consistency,
+            balance: resolved.balance,
+            primary_reads: resolved.primary_reads,
+            // A session-mode client keeps one server, so there is nothing to route.
+            router: (resolved.pool.mode != pgherd_config::PoolMode::Session)
+                .then(|| app.router(&resolved.server_dbname)),
+        },
         params: SessionParams::from_startup(&params.params, &app.settings_interner),
     })
 }

@@ -4,7 +4,8 @@
 //! the startup packet, applies the hba rules and authenticates; [`relay::Session`] then waits
 //! for the client's request, borrows a server connection from a [`pool::Pool`] (opened by
 //! [`server`]), and pumps bytes both ways while [`relay::queue`] tracks what the server still
-//! owes, until the server can go back to the pool.
+//! owes, until the server can go back to the pool. Before it borrows, [`routing`] says which
+//! node the request may run on.
 //!
 //! Architecture invariants: this is the only crate that does network IO; protocol parsing
 //! lives in `pgherd-wire`, configuration in `pgherd-config`. No lock is held across an await.
@@ -22,6 +23,7 @@ mod msgio;
 pub mod nodes;
 pub mod pool;
 pub mod relay;
+pub mod routing;
 pub mod server;
 pub mod stream;
 pub mod tls;

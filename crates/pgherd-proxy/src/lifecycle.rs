@@ -28,7 +28,7 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
     let first_check = Duration::from_millis(config.cluster.health_check_timeout_ms * 2);
     let _ = tokio::time::timeout(
         first_check,
-        nodes::check_all_once(&app.nodes.all(), &config.cluster, &app.connect_context()),
+        nodes::check_all_once(&app.nodes, &config.cluster, &app.connect_context()),
     )
     .await;
     tracing::info!(nodes = %app.nodes.describe_all(), "initial node check done");
@@ -104,6 +104,7 @@ pub fn reload(app: &Arc<App>) -> Result<Vec<String>, String> {
 fn spawn_monitor(app: &Arc<App>, node: Arc<NodeState>) {
     let settings_app = app.clone();
     tokio::spawn(nodes::monitor(
+        app.nodes.clone(),
         node,
         move || settings_app.config().cluster.clone(),
         app.connect_context(),
@@ -151,6 +152,12 @@ async fn upkeep(app: Arc<App>) {
             _ = stopping.changed() => return,
         }
         for pool in app.pools() {
+            // Idle connections to a node that stopped answering are dead or soon will be; a
+            // node that comes back gets fresh ones.
+            if app.nodes.get(&pool.node.name).is_some_and(|n| !n.is_up()) {
+                pool.drop_idle();
+                continue;
+            }
             let missing = pool.maintain();
             if missing > 0 {
                 let app = app.clone();

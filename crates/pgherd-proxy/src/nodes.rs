@@ -2,13 +2,14 @@
 //! than trusted from the config, and whether they answer. One monitor task per node keeps a
 //! management connection open and checks it every `cluster.health_check_period_ms`.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use pgherd_config::{ClusterSettings, NodeConfig};
+use pgherd_route::balance::{format_lsn, insert_lsn_as_end, parse_lsn, Candidate, Lsn, LsnHistory};
 
 use crate::pool::ConnectContext;
 use crate::server::{self, ConnectSpec, QueryError, ServerConn, ServerCredentials};
@@ -50,6 +51,16 @@ pub struct NodeHealth {
     pub checks_failed: u64,
 }
 
+/// What one health check learned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observation {
+    pub role: Role,
+    /// The primary's WAL insert position, or a replica's replay position (0 if none yet).
+    pub lsn: Lsn,
+    /// A replica's last received position (0 on a primary).
+    pub receive_lsn: Lsn,
+}
+
 #[derive(Debug)]
 pub struct NodeState {
     pub config: NodeConfig,
@@ -58,6 +69,18 @@ pub struct NodeState {
     /// Set when a reload removed the node; its monitor then stops.
     retired: AtomicBool,
     health: Mutex<NodeHealth>,
+    /// The primary's WAL insert position or a replica's replay position, as last seen.
+    lsn: AtomicU64,
+    receive_lsn: AtomicU64,
+    lag_bytes: AtomicU64,
+    lag_ms: AtomicU64,
+    /// Sessions holding a server connection to this node right now.
+    outstanding: AtomicU32,
+    /// Healthy checks in a row since the last failure.
+    healthy_streak: AtomicU32,
+    /// May serve reads: taken out on a failed check or connection, back after
+    /// `routing.rejoin_after_checks` healthy checks.
+    in_read_set: AtomicBool,
 }
 
 impl NodeState {
@@ -68,6 +91,66 @@ impl NodeState {
             up: AtomicBool::new(false),
             retired: AtomicBool::new(false),
             health: Mutex::new(NodeHealth::default()),
+            lsn: AtomicU64::new(0),
+            receive_lsn: AtomicU64::new(0),
+            lag_bytes: AtomicU64::new(0),
+            lag_ms: AtomicU64::new(0),
+            outstanding: AtomicU32::new(0),
+            healthy_streak: AtomicU32::new(0),
+            in_read_set: AtomicBool::new(false),
+        }
+    }
+
+    pub fn lsn(&self) -> Lsn {
+        self.lsn.load(Ordering::Acquire)
+    }
+
+    pub fn receive_lsn(&self) -> Lsn {
+        self.receive_lsn.load(Ordering::Acquire)
+    }
+
+    pub fn lag_bytes(&self) -> u64 {
+        self.lag_bytes.load(Ordering::Relaxed)
+    }
+
+    pub fn lag_ms(&self) -> u64 {
+        self.lag_ms.load(Ordering::Relaxed)
+    }
+
+    pub fn in_read_set(&self) -> bool {
+        self.in_read_set.load(Ordering::Acquire)
+    }
+
+    /// A session saw this replica replay at least `lsn` (a fresher figure than the monitor's).
+    pub fn saw_replay(&self, lsn: Lsn) {
+        self.lsn.fetch_max(lsn, Ordering::AcqRel);
+    }
+
+    pub fn begin_lease(&self) {
+        self.outstanding.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn end_lease(&self) {
+        self.outstanding.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// A session could not use the node: no reads until it passes enough checks again. The
+    /// primary keeps its role and its writes; only its place among readers is affected.
+    pub fn leave_read_set(&self, why: &str) {
+        self.healthy_streak.store(0, Ordering::Release);
+        if self.in_read_set.swap(false, Ordering::AcqRel) {
+            tracing::warn!(node = %self.config.name, reason = why, "node leaves the read set");
+        }
+    }
+
+    fn candidate(&self, role: Role) -> Candidate {
+        Candidate {
+            weight: self.config.weight,
+            outstanding: self.outstanding.load(Ordering::Relaxed),
+            replay_lsn: (role == Role::Replica).then(|| self.lsn()),
+            lag_bytes: self.lag_bytes(),
+            lag_ms: self.lag_ms(),
+            healthy: self.is_usable_as(role) && (role == Role::Primary || self.in_read_set()),
         }
     }
 
@@ -92,19 +175,36 @@ impl NodeState {
         self.health.lock().clone()
     }
 
-    fn record(&self, outcome: Result<Role, String>) {
+    fn record(&self, outcome: Result<Observation, String>, rejoin_after_checks: u32) {
         let mut health = self.health.lock();
         health.last_check = Some(SystemTime::now());
         match outcome {
-            Ok(role) => {
+            Ok(seen) => {
+                let role = seen.role;
                 let previous = self.role();
                 let was_up = self.is_up();
                 self.role.store(role.to_u8(), Ordering::Release);
+                if previous != role {
+                    self.lsn.store(seen.lsn, Ordering::Release);
+                } else {
+                    self.lsn.fetch_max(seen.lsn, Ordering::AcqRel);
+                }
+                self.receive_lsn.store(seen.receive_lsn, Ordering::Release);
                 self.up.store(true, Ordering::Release);
                 health.checks_ok += 1;
                 health.last_error = None;
+                let streak = self.healthy_streak.fetch_add(1, Ordering::AcqRel) + 1;
+                // The first check after startup admits a node at once; after a failure it must
+                // prove itself several times.
+                let first_ever = health.checks_failed == 0 && health.checks_ok == 1;
+                if !self.in_read_set() && (first_ever || streak >= rejoin_after_checks) {
+                    self.in_read_set.store(true, Ordering::Release);
+                    if !first_ever {
+                        tracing::info!(node = %self.config.name, healthy_checks = streak, "node rejoins the read set");
+                    }
+                }
                 if previous != role || !was_up {
-                    tracing::info!(node = %self.config.name, role = role.as_str(), "node is up");
+                    tracing::info!(node = %self.config.name, role = role.as_str(), lsn = %format_lsn(seen.lsn), "node is up");
                 }
             }
             Err(error) => {
@@ -114,13 +214,27 @@ impl NodeState {
                 self.up.store(false, Ordering::Release);
                 health.checks_failed += 1;
                 health.last_error = Some(error);
+                drop(health);
+                self.leave_read_set("health check failed");
             }
         }
     }
 
-    /// "pg1 (replica)" or "pg1 (down: connection refused)", for error messages.
+    /// "pg1 (replica, lag 0 B / 0 ms)" or "pg1 (down: connection refused)", for error messages.
     pub fn describe(&self) -> String {
-        if self.is_up() {
+        if self.is_up() && self.role() == Role::Replica {
+            format!(
+                "{} (replica{}, lag {} B / {} ms)",
+                self.config.name,
+                if self.in_read_set() {
+                    ""
+                } else {
+                    ", out of the read set"
+                },
+                self.lag_bytes(),
+                self.lag_ms()
+            )
+        } else if self.is_up() {
             format!("{} ({})", self.config.name, self.role().as_str())
         } else {
             let error = self
@@ -135,10 +249,21 @@ impl NodeState {
 pub struct Nodes {
     list: ArcSwap<Vec<Arc<NodeState>>>,
     next_replica: AtomicUsize,
+    /// Shared by all sessions so round-robin and weighted shares hold across them.
+    read_ticket: AtomicU64,
+    /// The primary's WAL position over time (ms since `clock_origin`), to express replica lag
+    /// in time.
+    primary_history: Mutex<(String, LsnHistory)>,
+    clock_origin: Instant,
+    pub rejoin_after_checks: AtomicU32,
 }
 
+/// Primary positions kept to date replica lag: at a 100 ms check period, about two minutes of
+/// a busy primary.
+const PRIMARY_HISTORY_SAMPLES: usize = 1_200;
+
 impl Nodes {
-    pub fn new(configs: &[NodeConfig]) -> Self {
+    pub fn new(configs: &[NodeConfig], rejoin_after_checks: u32) -> Self {
         Nodes {
             list: ArcSwap::from_pointee(
                 configs
@@ -149,7 +274,59 @@ impl Nodes {
                     .collect(),
             ),
             next_replica: AtomicUsize::new(0),
+            read_ticket: AtomicU64::new(0),
+            primary_history: Mutex::new((String::new(), LsnHistory::new(PRIMARY_HISTORY_SAMPLES))),
+            clock_origin: Instant::now(),
+            rejoin_after_checks: AtomicU32::new(rejoin_after_checks),
         }
+    }
+
+    /// Records a health check and, for replicas, how far behind the primary they are.
+    pub fn record(&self, node: &NodeState, outcome: Result<Observation, String>) {
+        let now_ms = self.clock_origin.elapsed().as_millis() as u64;
+        if let Ok(seen) = &outcome {
+            let mut history = self.primary_history.lock();
+            match seen.role {
+                Role::Primary => {
+                    if history.0 != node.config.name {
+                        history.0 = node.config.name.clone();
+                        history.1.clear();
+                    }
+                    history.1.record(now_ms, seen.lsn);
+                    node.lag_bytes.store(0, Ordering::Relaxed);
+                    node.lag_ms.store(0, Ordering::Relaxed);
+                }
+                Role::Replica => {
+                    let replay = seen.lsn.max(node.lsn());
+                    node.lag_bytes
+                        .store(history.1.lag_bytes(replay), Ordering::Relaxed);
+                    node.lag_ms
+                        .store(history.1.lag_ms(replay, now_ms), Ordering::Relaxed);
+                }
+                Role::Unknown => {}
+            }
+        }
+        node.record(outcome, self.rejoin_after_checks.load(Ordering::Relaxed));
+    }
+
+    /// Where a read may go, in config order, with what the chooser needs to know; the primary
+    /// is among them only when `primary_reads`.
+    pub fn read_candidates(&self, primary_reads: bool) -> (Vec<Arc<NodeState>>, Vec<Candidate>) {
+        let list = self.list.load();
+        let mut nodes = Vec::with_capacity(list.len());
+        let mut candidates = Vec::with_capacity(list.len());
+        for node in list.iter() {
+            let role = node.role();
+            if role == Role::Replica || (primary_reads && role == Role::Primary) {
+                candidates.push(node.candidate(role));
+                nodes.push(node.clone());
+            }
+        }
+        (nodes, candidates)
+    }
+
+    pub fn next_read_ticket(&self) -> u64 {
+        self.read_ticket.fetch_add(1, Ordering::Relaxed)
     }
 
     pub fn all(&self) -> Arc<Vec<Arc<NodeState>>> {
@@ -236,30 +413,40 @@ pub fn management_credentials(cluster: &ClusterSettings) -> ServerCredentials {
     }
 }
 
+/// A connection as pgherd's own user (`[cluster]`) to `database` on `node`.
+pub async fn management_connection(
+    node: &NodeState,
+    cluster: &ClusterSettings,
+    ctx: &ConnectContext,
+    database: &str,
+) -> Result<ServerConn, crate::error::ServerError> {
+    let credentials = management_credentials(cluster);
+    let spec = ConnectSpec {
+        node: &node.config.name,
+        host: &node.config.host,
+        port: node.config.port,
+        user: &cluster.user,
+        database,
+        credentials: &credentials,
+        tls_mode: ctx.tls_mode,
+        tls: ctx.tls.as_ref(),
+        timeout: Duration::from_millis(cluster.health_check_timeout_ms),
+    };
+    let id = ctx.next_server_id.fetch_add(1, Ordering::Relaxed);
+    server::connect(&spec, id, 1).await
+}
+
 /// One health check: (re)connect if needed and ask the node whether it is in recovery.
 pub async fn check_once(
     node: &NodeState,
     cluster: &ClusterSettings,
     ctx: &ConnectContext,
     conn: &mut Option<ServerConn>,
-) -> Result<Role, String> {
+) -> Result<Observation, String> {
     let timeout = Duration::from_millis(cluster.health_check_timeout_ms);
     if conn.is_none() {
-        let credentials = management_credentials(cluster);
-        let spec = ConnectSpec {
-            node: &node.config.name,
-            host: &node.config.host,
-            port: node.config.port,
-            user: &cluster.user,
-            database: &cluster.database,
-            credentials: &credentials,
-            tls_mode: ctx.tls_mode,
-            tls: ctx.tls.as_ref(),
-            timeout,
-        };
-        let id = ctx.next_server_id.fetch_add(1, Ordering::Relaxed);
         *conn = Some(
-            server::connect(&spec, id, 1)
+            management_connection(node, cluster, ctx, &cluster.database)
                 .await
                 .map_err(|e| e.to_string())?,
         );
@@ -267,7 +454,7 @@ pub async fn check_once(
     let Some(c) = conn.as_mut() else {
         return Err("no management connection".into());
     };
-    let answer = tokio::time::timeout(timeout, c.simple_query("SELECT pg_is_in_recovery()")).await;
+    let answer = tokio::time::timeout(timeout, c.simple_query(CHECK_SQL)).await;
     let rows = match answer {
         Ok(Ok(rows)) => rows,
         Ok(Err(QueryError::Sql(e))) => return Err(e.to_string()),
@@ -280,33 +467,49 @@ pub async fn check_once(
             return Err(format!("no answer within {} ms", timeout.as_millis()));
         }
     };
-    match rows
-        .first()
-        .and_then(|r| r.first())
-        .and_then(|v| v.as_deref())
-    {
-        Some("t") => Ok(Role::Replica),
-        Some("f") => Ok(Role::Primary),
-        other => Err(format!(
-            "unexpected answer to pg_is_in_recovery(): {other:?}"
-        )),
-    }
+    let row = rows.first().map(|r| r.as_slice()).unwrap_or_default();
+    let field = |i: usize| row.get(i).and_then(|v| v.as_deref());
+    let lsn = |i: usize| field(i).and_then(parse_lsn).unwrap_or(0);
+    let role = match field(0) {
+        Some("t") => Role::Replica,
+        Some("f") => Role::Primary,
+        other => {
+            return Err(format!(
+                "unexpected answer to pg_is_in_recovery(): {other:?}"
+            ))
+        }
+    };
+    Ok(Observation {
+        role,
+        lsn: match role {
+            Role::Primary => insert_lsn_as_end(lsn(1)),
+            _ => lsn(1),
+        },
+        receive_lsn: lsn(2),
+    })
 }
+
+/// Role, then the primary's insert position or the replica's replay position, then what a
+/// replica has received.
+const CHECK_SQL: &str = "SELECT pg_is_in_recovery(), \
+     CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END, \
+     pg_last_wal_receive_lsn()";
 
 /// Checks every node once, concurrently; used at startup so routing is known before the
 /// first client arrives.
 pub async fn check_all_once(
-    nodes: &[Arc<NodeState>],
+    nodes: &Arc<Nodes>,
     cluster: &ClusterSettings,
     ctx: &Arc<ConnectContext>,
 ) {
     let mut checks = tokio::task::JoinSet::new();
-    for node in nodes {
-        let (node, cluster, ctx) = (node.clone(), cluster.clone(), ctx.clone());
+    for node in nodes.all().iter() {
+        let (nodes, node, cluster, ctx) =
+            (nodes.clone(), node.clone(), cluster.clone(), ctx.clone());
         checks.spawn(async move {
             let mut conn = None;
             let outcome = check_once(&node, &cluster, &ctx, &mut conn).await;
-            node.record(outcome);
+            nodes.record(&node, outcome);
         });
     }
     while checks.join_next().await.is_some() {}
@@ -314,6 +517,7 @@ pub async fn check_all_once(
 
 /// Runs until the node is retired or `stop` fires.
 pub async fn monitor(
+    nodes: Arc<Nodes>,
     node: Arc<NodeState>,
     settings: impl Fn() -> ClusterSettings,
     ctx: Arc<ConnectContext>,
@@ -326,7 +530,7 @@ pub async fn monitor(
         }
         let cluster = settings();
         let outcome = check_once(&node, &cluster, &ctx, &mut conn).await;
-        node.record(outcome);
+        nodes.record(&node, outcome);
         let period = Duration::from_millis(cluster.health_check_period_ms);
         tokio::select! {
             _ = tokio::time::sleep(period) => {}

@@ -49,6 +49,8 @@ pub enum TxEffect {
     SetReadOnly,
     /// SET [SESSION] default_transaction_read_only; `Some(true)` = on.
     DefaultReadOnly(Option<bool>),
+    /// COMMIT, END, ROLLBACK, ABORT.
+    End,
 }
 
 /// The verdict on one query string (which may hold several statements).
@@ -62,12 +64,18 @@ pub struct Decision {
     /// False when the decision depends on literal values (SET statements), so it must not be
     /// reused for another query of the same shape.
     pub cacheable: bool,
-    /// `SET pgherd.route = ...`: handled by pgherd, never sent to a server.
+    /// `SET pgherd.route = ...` (or RESET: "auto"): pgherd's own routing setting.
     pub route_setting: Option<String>,
+    /// A function's volatility was unknown, so the verdict may change once the catalog is
+    /// loaded; not to be cached.
+    pub needs_catalog: bool,
+    /// `COPY ... FROM STDIN`: the server will wait for the client's data, so nothing may be
+    /// queued behind it.
+    pub copy_in: bool,
 }
 
 impl Decision {
-    fn new(target: Target, reason: impl Into<String>) -> Self {
+    pub fn new(target: Target, reason: impl Into<String>) -> Self {
         Decision {
             target,
             reason: reason.into(),
@@ -75,6 +83,8 @@ impl Decision {
             tx: TxEffect::None,
             cacheable: true,
             route_setting: None,
+            needs_catalog: false,
+            copy_in: false,
         }
     }
 
@@ -92,6 +102,8 @@ impl Decision {
         };
         winner.pin = winner.pin.or(loser.pin);
         winner.cacheable &= loser.cacheable;
+        winner.needs_catalog |= loser.needs_catalog;
+        winner.copy_in |= loser.copy_in;
         if winner.tx == TxEffect::None {
             winner.tx = loser.tx;
         }
@@ -183,10 +195,12 @@ pub fn classify(sql: &str, functions: &dyn FunctionCatalog) -> Decision {
                     ));
                 }
                 None => {
-                    decision = decision.merge(Decision::new(
+                    let mut d = Decision::new(
                         Target::Primary,
                         format!("calls function {bare}, whose volatility is unknown"),
-                    ));
+                    );
+                    d.needs_catalog = true;
+                    decision = decision.merge(d);
                 }
             }
         }
@@ -259,7 +273,12 @@ fn classify_statement(node: &NodeEnum, functions: &dyn FunctionCatalog) -> Decis
                 | TransactionStmtKind::TransStmtRollbackPrepared => {
                     Decision::new(Target::Primary, "two-phase commit needs the primary")
                 }
-                _ => Decision::new(Target::Any, "ends or marks the current transaction"),
+                TransactionStmtKind::TransStmtCommit | TransactionStmtKind::TransStmtRollback => {
+                    let mut d = Decision::new(Target::Any, "ends the current transaction");
+                    d.tx = TxEffect::End;
+                    d
+                }
+                _ => Decision::new(Target::Any, "marks the current transaction"),
             }
         }
         NodeEnum::VariableSetStmt(v) => {
@@ -310,7 +329,9 @@ fn classify_statement(node: &NodeEnum, functions: &dyn FunctionCatalog) -> Decis
         }
         NodeEnum::CopyStmt(c) => {
             if c.is_from {
-                Decision::new(Target::Primary, "COPY FROM writes")
+                let mut d = Decision::new(Target::Primary, "COPY FROM writes");
+                d.copy_in = c.filename.is_empty() && !c.is_program;
+                d
             } else if c.is_program || !c.filename.is_empty() {
                 Decision::new(
                     Target::Primary,
@@ -389,6 +410,11 @@ fn classify_read(node: &NodeEnum, reason: &str, _functions: &dyn FunctionCatalog
         match inner {
             NodeRef::SelectStmt(s) if !s.locking_clause.is_empty() => {
                 return Decision::new(Target::Primary, "SELECT ... FOR UPDATE/SHARE locks rows");
+            }
+            NodeRef::RangeVar(r)
+                if r.relpersistence == "t" || r.schemaname.starts_with("pg_temp") =>
+            {
+                return Decision::new(Target::Primary, "uses a temporary table");
             }
             NodeRef::InsertStmt(_)
             | NodeRef::UpdateStmt(_)

@@ -8,13 +8,14 @@
 //! Architecture invariant: no sockets, no clocks, no global state; the same input always gives
 //! the same decision.
 
+pub mod balance;
 mod classify;
 mod shape;
 
 pub use classify::{classify, Decision, FunctionCatalog, Pin, Target, TxEffect, ROUTE_SETTING};
 pub use shape::{shape, HintError, Shape};
 
-/// A routing choice from a hint, a setting or the config.
+/// Where a session's statements go: from a hint, the `pgherd.route` setting or the config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Route {
     /// Everything on the primary.

@@ -304,3 +304,18 @@ fn unparsable_text_goes_to_the_primary() {
     check("SELEC 1", Target::Primary, "cannot be parsed");
     check("", Target::Any, "empty");
 }
+
+#[test]
+fn temporary_tables_and_transaction_ends() {
+    check(
+        "SELECT * FROM pg_temp.scratch",
+        Target::Primary,
+        "temporary table",
+    );
+    let d = classify("COMMIT", &Catalog);
+    assert_eq!((d.target, d.tx), (Target::Any, TxEffect::End));
+    let d = classify("COPY t FROM STDIN", &Catalog);
+    assert!(d.copy_in && d.target == Target::Primary);
+    assert!(!classify("COPY t FROM '/tmp/x'", &Catalog).copy_in);
+    assert!(classify("SELECT unknown_fn(1)", &Catalog).needs_catalog);
+}

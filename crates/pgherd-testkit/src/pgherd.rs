@@ -30,6 +30,8 @@ pub struct PgherdConfig {
     pub pool_extra: Vec<String>,
     /// Raw TOML sections appended at the end.
     pub sections: Vec<String>,
+    /// Extra lines for a `[[nodes]]` entry, by node name.
+    pub node_extra: Vec<(String, String)>,
 }
 
 impl PgherdConfig {
@@ -45,7 +47,15 @@ impl PgherdConfig {
             proxy_extra: Vec::new(),
             pool_extra: Vec::new(),
             sections: Vec::new(),
+            node_extra: Vec::new(),
         }
+    }
+
+    /// The node's share of reads under the `weighted` balance policy.
+    pub fn node_weight(mut self, node: &str, weight: u32) -> Self {
+        self.node_extra
+            .push((node.to_owned(), format!("weight = {weight}")));
+        self
     }
 
     pub fn mode(mut self, mode: &str) -> Self {
@@ -135,9 +145,13 @@ impl PgherdConfig {
         for node in &cluster.cluster.nodes {
             let _ = writeln!(
                 t,
-                "[[nodes]]\nname = \"{}\"\nport = {}\n",
+                "[[nodes]]\nname = \"{}\"\nport = {}",
                 node.name, node.port
             );
+            for (_, line) in self.node_extra.iter().filter(|(n, _)| *n == node.name) {
+                let _ = writeln!(t, "{line}");
+            }
+            t.push('\n');
         }
         let _ = writeln!(
             t,

@@ -387,6 +387,10 @@ struct NodeStatus {
     port: u16,
     data_dir: Option<String>,
     error: Option<String>,
+    /// The primary's WAL insert position or a replica's replay position.
+    lsn: Option<String>,
+    /// How far a replica's replay is behind the primary's position, in bytes.
+    lag_bytes: Option<u64>,
 }
 
 pub fn status(dir: &Path, config_path: Option<&Path>, json: bool) -> Result<(), String> {
@@ -446,14 +450,33 @@ async fn check_nodes(config: &Config) -> Vec<NodeStatus> {
             .flatten(),
         next_server_id: Default::default(),
     };
-    let registry = pgherd_proxy::nodes::Nodes::new(&config.nodes);
-    let mut out = Vec::new();
+    use pgherd_proxy::nodes::Role;
+    use pgherd_route::balance::format_lsn;
+    let registry = pgherd_proxy::nodes::Nodes::new(&config.nodes, 1);
+    let mut seen = Vec::new();
     for node in registry.all().iter() {
         let mut conn = None;
-        let outcome = pgherd_proxy::nodes::check_once(node, &config.cluster, &ctx, &mut conn).await;
-        let (role, state, error) = match outcome {
-            Ok(role) => (role.as_str().to_owned(), "up".to_owned(), None),
-            Err(e) => ("unknown".to_owned(), "down".to_owned(), Some(e)),
+        seen.push(pgherd_proxy::nodes::check_once(node, &config.cluster, &ctx, &mut conn).await);
+    }
+    let primary_lsn = seen
+        .iter()
+        .filter_map(|s| s.as_ref().ok())
+        .find(|s| s.role == Role::Primary)
+        .map(|s| s.lsn);
+    let mut out = Vec::new();
+    for (node, outcome) in registry.all().iter().zip(seen) {
+        let (role, state, error, lsn, lag_bytes) = match outcome {
+            Ok(o) => (
+                o.role.as_str().to_owned(),
+                "up".to_owned(),
+                None,
+                Some(format_lsn(o.lsn)),
+                match (o.role, primary_lsn) {
+                    (Role::Replica, Some(p)) => Some(p.saturating_sub(o.lsn)),
+                    _ => None,
+                },
+            ),
+            Err(e) => ("unknown".to_owned(), "down".to_owned(), Some(e), None, None),
         };
         out.push(NodeStatus {
             name: node.config.name.clone(),
@@ -467,6 +490,8 @@ async fn check_nodes(config: &Config) -> Vec<NodeStatus> {
                 .as_ref()
                 .map(|d| d.display().to_string()),
             error,
+            lsn,
+            lag_bytes,
         });
     }
     out
@@ -488,8 +513,16 @@ fn print_status(report: &StatusReport) {
             .unwrap_or_default()
     );
     println!();
-    let header = ["NODE", "ROLE", "STATE", "ADDRESS", "DATA DIR / ERROR"];
-    let rows: Vec<[String; 5]> = report
+    let header = [
+        "NODE",
+        "ROLE",
+        "STATE",
+        "ADDRESS",
+        "LSN",
+        "LAG",
+        "DATA DIR / ERROR",
+    ];
+    let rows: Vec<[String; 7]> = report
         .nodes
         .iter()
         .map(|n| {
@@ -498,11 +531,13 @@ fn print_status(report: &StatusReport) {
                 n.role.clone(),
                 n.state.clone(),
                 format!("{}:{}", n.host, n.port),
+                n.lsn.clone().unwrap_or_default(),
+                n.lag_bytes.map(|b| format!("{b} B")).unwrap_or_default(),
                 n.error.clone().or(n.data_dir.clone()).unwrap_or_default(),
             ]
         })
         .collect();
-    let widths: Vec<usize> = (0..5)
+    let widths: Vec<usize> = (0..7)
         .map(|i| {
             rows.iter()
                 .map(|r| r[i].len())
@@ -511,7 +546,7 @@ fn print_status(report: &StatusReport) {
                 .unwrap_or(0)
         })
         .collect();
-    let line = |cells: [&str; 5]| {
+    let line = |cells: [&str; 7]| {
         cells
             .iter()
             .zip(&widths)
@@ -523,6 +558,9 @@ fn print_status(report: &StatusReport) {
     };
     println!("{}", line(header));
     for r in &rows {
-        println!("{}", line([&r[0], &r[1], &r[2], &r[3], &r[4]]));
+        println!(
+            "{}",
+            line([&r[0], &r[1], &r[2], &r[3], &r[4], &r[5], &r[6]])
+        );
     }
 }

@@ -13,24 +13,6 @@ use pgherd_testkit::raw::{errors, first_column, RawClient};
 use pgherd_testkit::{Pgherd, PgherdConfig};
 use pgherd_wire::frontend;
 
-fn pgbench(url: &str, args: &[&str]) -> Result<String, String> {
-    let out = std::process::Command::new(pgherd_testkit::pg_bin("pgbench"))
-        .args(args)
-        .arg(url)
-        .output()
-        .expect("run pgbench");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if out.status.success() {
-        Ok(text)
-    } else {
-        Err(text)
-    }
-}
-
 #[test]
 fn psql_and_pgbench_in_every_pool_mode() {
     let env = env(0, |c| c.max_size(4));

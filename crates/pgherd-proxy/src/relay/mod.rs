@@ -24,7 +24,11 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use pgherd_config::{PoolMode, Route};
+use pgherd_config::{Balance, Consistency, PoolMode, Route};
+use pgherd_route::balance::{
+    choose, insert_lsn_as_end, parse_lsn, Lsn, NoChoice, Policy, Requirement,
+};
+use pgherd_route::{Target as RouteTarget, TxEffect};
 use pgherd_wire::backend::{self, tag as btag, TxStatus};
 use pgherd_wire::frame::{read_header, HEADER_BYTES};
 use pgherd_wire::frontend::{self, tag as ftag, Target};
@@ -36,8 +40,9 @@ use crate::app::App;
 use crate::buffers;
 use crate::clients::{ClientShared, ServerTarget, SIGNAL_KILL, SIGNAL_SHUTDOWN};
 use crate::error::{client_io, Disconnect, ServerError, ServerErrorKind};
-use crate::nodes::NodeState;
+use crate::nodes::{NodeState, Role};
 use crate::pool::{AcquireError, Pool};
+use crate::routing::{Routed, Router};
 use crate::server::{ServerConn, MAX_SERVER_MESSAGE_BYTES};
 use crate::stream::Stream;
 use params::{may_change_session, session_changes, SessionParams, UNKNOWN};
@@ -56,15 +61,144 @@ struct UnnamedStatement {
     param_types: Vec<u8>,
     /// False once the client closed it (the buffers are kept for reuse).
     present: bool,
+    routed: Option<Routed>,
 }
 
 /// The server connection a session holds.
 struct Lease {
     conn: Box<ServerConn>,
     pool: Arc<Pool>,
+    node: Arc<NodeState>,
+    /// The node was a replica when the lease began.
+    on_replica: bool,
     flush_pending: bool,
     /// The client's unnamed statement exists on this server connection.
     unnamed_here: bool,
+}
+
+/// How a session's statements are routed, as configured for its database and user.
+pub struct RoutingSetup {
+    pub route: Route,
+    pub consistency: Consistency,
+    pub balance: Balance,
+    pub primary_reads: bool,
+    /// `None` in session mode: the client keeps one server, so nothing moves.
+    pub router: Option<Arc<Router>>,
+}
+
+/// What pgherd asks the primary after a session's write transaction: the position the
+/// replicas must reach before that session reads from them.
+const LSN_PROBE_SQL: &[u8] = b"SELECT pg_current_wal_insert_lsn()";
+/// How often a read waiting for a replica to replay the session's write asks it.
+const REPLAY_POLL_INTERVAL: Duration = Duration::from_millis(1);
+/// Times one request is moved to another node after the replica it was sent to failed.
+const MAX_REPLAYS: u8 = 3;
+
+/// Client messages sent to a replica and not answered yet, kept so they can be sent elsewhere
+/// if the replica fails before answering anything.
+#[derive(Default)]
+struct Replay {
+    bytes: BytesMut,
+    /// False once a message that cannot be repeated (defining or closing a named statement,
+    /// streamed COPY data) went out.
+    repeatable: bool,
+    /// Something of the answer already reached the client.
+    answered: bool,
+    attempts: u8,
+}
+
+/// A session's routing state.
+struct Routing {
+    setup: RoutingSetup,
+    /// `SET pgherd.route`.
+    override_route: Option<Route>,
+    /// Session state (a temporary table, a session lock...) ties the client to its server.
+    pinned: Option<pgherd_route::Pin>,
+    default_read_only: bool,
+    /// The WAL position of the session's last write known to be committed.
+    min_lsn: Lsn,
+    /// Statements that may write sent to the primary, counted; and the count the last LSN
+    /// probe answered for. Reads must wait for a probe while `write_seq > probed_seq`.
+    write_seq: u64,
+    probed_seq: u64,
+    /// What the probe in flight returned.
+    probe_lsn: Option<Lsn>,
+    /// The decision for the statement at the front of the client's input, made to choose its
+    /// node and reused when it is relayed.
+    front: Option<Routed>,
+    /// The next client message starts a new request (after a Query or Sync).
+    at_unit_start: bool,
+    unit_begins: bool,
+    unit_ends: bool,
+    unit_copies_in: bool,
+    /// The next request needs the primary but the lease is a replica: it waits until the
+    /// replica owes nothing, then the session moves.
+    held: bool,
+    replay: Option<Box<Replay>>,
+}
+
+impl Routing {
+    fn new(setup: RoutingSetup) -> Self {
+        Routing {
+            setup,
+            override_route: None,
+            pinned: None,
+            default_read_only: false,
+            min_lsn: 0,
+            write_seq: 0,
+            probed_seq: 0,
+            probe_lsn: None,
+            front: None,
+            at_unit_start: true,
+            unit_begins: false,
+            unit_ends: false,
+            unit_copies_in: false,
+            held: false,
+            replay: None,
+        }
+    }
+
+    fn route(&self) -> Route {
+        self.override_route.unwrap_or(self.setup.route)
+    }
+
+    fn read_your_writes(&self) -> bool {
+        self.setup.router.is_some() && self.setup.consistency == Consistency::ReadYourWrites
+    }
+
+    /// Where a request runs, from its decision (`None`: it has no statement).
+    fn target(&self, routed: Option<&Routed>) -> RouteTarget {
+        let route = self.route();
+        if self.setup.router.is_none() {
+            return match self.setup.route {
+                Route::Replica => RouteTarget::Replica,
+                _ => RouteTarget::Primary,
+            };
+        }
+        let Some(routed) = routed else {
+            return match route {
+                Route::Replica => RouteTarget::Replica,
+                _ => RouteTarget::Any,
+            };
+        };
+        let target = routed.target(route);
+        let automatic = routed.hint.is_none() && route == Route::Auto;
+        if automatic
+            && target == RouteTarget::Replica
+            && self.setup.consistency == Consistency::Primary
+        {
+            return RouteTarget::Primary;
+        }
+        if automatic
+            && self.default_read_only
+            && routed.decision.pin.is_none()
+            && routed.decision.tx == (TxEffect::Begin { read_only: false })
+        {
+            // default_transaction_read_only makes this BEGIN a read-only transaction.
+            return RouteTarget::Replica;
+        }
+        target
+    }
 }
 
 /// What the session loop must do next that needs an await.
@@ -107,7 +241,7 @@ pub struct SessionSetup {
     /// Bytes the client sent after its startup packet, already read.
     pub client_in: BytesMut,
     pub mode: PoolMode,
-    pub route: Route,
+    pub routing: RoutingSetup,
     pub params: SessionParams,
 }
 
@@ -120,7 +254,7 @@ pub struct Session {
     client_out: BytesMut,
     client_flush_pending: bool,
     mode: PoolMode,
-    route: Route,
+    routing: Routing,
     max_message_bytes: usize,
     lease: Option<Lease>,
     /// The pool last used, and its node, to skip the registry on the next attach.
@@ -173,7 +307,7 @@ impl Session {
             client_out: BytesMut::new(),
             client_flush_pending: false,
             mode: setup.mode,
-            route: setup.route,
+            routing: Routing::new(setup.routing),
             lease: None,
             last_pool: None,
             queue: ResponseQueue::default(),
@@ -396,26 +530,104 @@ impl Session {
 
     // ----- attach / detach ----------------------------------------------------------------
 
-    fn pick_node(&self) -> Result<Arc<NodeState>, PgError> {
-        // The primary rarely changes: reuse the last one while it still is the primary.
-        if self.route == Route::Primary {
-            if let Some((node, _)) = &self.last_pool {
-                if node.is_usable_as(crate::nodes::Role::Primary) {
-                    return Ok(node.clone());
+    /// The routing decision for the request at the front of `input`: its first Query, Parse
+    /// or Bind. `None` when routing is off, the request has no statement (a lone Sync) or is
+    /// not complete yet. An invalid hint or `pgherd.route` value is the client's error.
+    fn route_front(&self, input: &[u8]) -> Result<Option<Routed>, PgError> {
+        let Some(router) = self.routing.setup.router.as_ref() else {
+            return Ok(None);
+        };
+        let mut at = 0;
+        loop {
+            let rest = &input[at..];
+            let Ok(Some(h)) = read_header(rest, self.max_message_bytes) else {
+                return Ok(None);
+            };
+            if rest.len() < h.total_len() {
+                return Ok(None);
+            }
+            let body = &rest[HEADER_BYTES..h.total_len()];
+            match h.tag {
+                ftag::QUERY => {
+                    return match frontend::Query::parse(body) {
+                        Ok(q) => router.route(&self.app, q.sql).map(Some),
+                        Err(_) => Ok(None),
+                    }
                 }
+                ftag::PARSE => {
+                    return match frontend::Parse::parse(body) {
+                        Ok(p) => router.route(&self.app, p.query).map(Some),
+                        Err(_) => Ok(None),
+                    }
+                }
+                ftag::BIND => {
+                    return Ok(frontend::Bind::parse(body)
+                        .ok()
+                        .and_then(|b| self.statement_routed(b.statement)))
+                }
+                ftag::FUNCTION_CALL => {
+                    return Ok(Some(Routed::primary("a function call by OID may write")))
+                }
+                ftag::SYNC | ftag::TERMINATE => return Ok(None),
+                _ => at += h.total_len(),
+            }
+        }
+    }
+
+    /// The decision for a statement the client prepared (`""`: the unnamed one).
+    fn statement_routed(&self, name: &[u8]) -> Option<Routed> {
+        let router = self.routing.setup.router.as_ref()?;
+        if name.is_empty() {
+            return self
+                .unnamed
+                .as_ref()
+                .filter(|u| u.present)
+                .and_then(|u| u.routed.clone());
+        }
+        let def = statement(&self.statements, name).ok()?;
+        Some(
+            def.routed
+                .get_or_init(|| {
+                    router
+                        .route(&self.app, &def.query)
+                        .unwrap_or_else(|_| Routed::primary("its routing hint is invalid"))
+                })
+                .clone(),
+        )
+    }
+
+    /// The node for a request with `target`, and the WAL position to wait for when the chosen
+    /// replica has not replayed the session's last write yet.
+    fn pick_node(&self, target: RouteTarget) -> Result<(Arc<NodeState>, Option<Lsn>), PgError> {
+        match target {
+            RouteTarget::Any => {
+                // Transaction control and settings run wherever the session was last.
+                if let Some((node, _)) = &self.last_pool {
+                    if node.is_up() && (node.role() == Role::Primary || node.in_read_set()) {
+                        return Ok((node.clone(), None));
+                    }
+                }
+            }
+            RouteTarget::Replica => {
+                if let Some(choice) = self.pick_reader() {
+                    return Ok(choice);
+                }
+            }
+            RouteTarget::Primary => {}
+        }
+        // The primary rarely changes: reuse the last one while it still is the primary.
+        if let Some((node, _)) = &self.last_pool {
+            if node.is_usable_as(Role::Primary) {
+                return Ok((node.clone(), None));
             }
         }
         let nodes = &self.app.nodes;
-        let node = match self.route {
-            Route::Primary => nodes.primary(),
-            Route::Replica => nodes.pick_replica().or_else(|| nodes.primary()),
-        };
-        node.ok_or_else(|| {
+        nodes.primary().map(|n| (n, None)).ok_or_else(|| {
             PgError::error(
                 SqlState::CONNECTION_FAILURE,
                 format!(
                     "no {} node is available for database \"{}\"",
-                    if self.route == Route::Primary {
+                    if target == RouteTarget::Primary {
                         "primary"
                     } else {
                         "replica or primary"
@@ -425,6 +637,46 @@ impl Session {
             )
             .with_detail(format!("nodes: {}", nodes.describe_all()))
         })
+    }
+
+    /// A node for a read under the database's balance policy, lag limits and the session's
+    /// consistency; `None` means the primary.
+    fn pick_reader(&self) -> Option<(Arc<NodeState>, Option<Lsn>)> {
+        let setup = &self.routing.setup;
+        let read_your_writes = self.routing.read_your_writes();
+        if read_your_writes && self.routing.write_seq > self.routing.probed_seq {
+            // Where the session's last write ends is not known yet.
+            return None;
+        }
+        let (nodes, candidates) = self.app.nodes.read_candidates(setup.primary_reads);
+        if candidates.is_empty() {
+            return None;
+        }
+        let config = self.app.config();
+        let req = Requirement {
+            max_lag_bytes: config.routing.max_lag_bytes,
+            max_lag_ms: config.routing.max_lag_ms,
+            min_lsn: if read_your_writes {
+                self.routing.min_lsn
+            } else {
+                0
+            },
+        };
+        let (policy, ticket) = match setup.balance {
+            Balance::RoundRobin => (Policy::RoundRobin, self.app.nodes.next_read_ticket()),
+            Balance::LeastOutstanding => {
+                (Policy::LeastOutstanding, self.app.nodes.next_read_ticket())
+            }
+            Balance::Weighted => (Policy::Weighted, self.app.nodes.next_read_ticket()),
+            Balance::Random => (Policy::Random, rand::random()),
+        };
+        match choose(policy, &candidates, &req, ticket) {
+            Ok(i) => Some((nodes[i].clone(), None)),
+            Err(NoChoice::NotCaughtUp(i)) if config.routing.read_your_writes_wait_ms > 0 => {
+                Some((nodes[i].clone(), Some(req.min_lsn)))
+            }
+            Err(_) => None,
+        }
     }
 
     fn pool_for(&mut self, node: &Arc<NodeState>) -> Result<Arc<Pool>, PgError> {
@@ -449,26 +701,62 @@ impl Session {
         Ok(pool)
     }
 
-    /// Takes a server connection for the next request and makes it carry this session's
-    /// settings. An idle connection is taken without waiting; otherwise the (boxed) slow path
-    /// connects or queues.
+    /// Takes a server connection for the next request, on the node its routing decision
+    /// allows, and makes it carry this session's settings. An idle connection is taken
+    /// without waiting; otherwise the (boxed) slow path connects or queues. A replica that
+    /// cannot be reached leaves the read set and the request goes elsewhere.
     async fn attach(&mut self) -> Result<(), PgError> {
-        let node = self.pick_node()?;
-        let pool = self.pool_for(&node)?;
-        let conn = match pool.try_acquire() {
-            Some(conn) => conn,
-            // Boxed: opening a connection has a large future, which would otherwise sit in every
-            // idle session's task.
-            None => Box::pin(self.acquire_slow(&pool, &node)).await?,
+        let routed = self.route_front(&self.client_in)?;
+        let mut target = self.routing.target(routed.as_ref());
+        self.routing.front = routed;
+        let mut failures = 0;
+        let (node, pool, conn) = loop {
+            let (node, wait_for_lsn) = self.pick_node(target)?;
+            let pool = self.pool_for(&node)?;
+            let acquired = match pool.try_acquire() {
+                Some(conn) => Ok(conn),
+                // Boxed: opening a connection has a large future, which would otherwise sit in
+                // every idle session's task.
+                None => Box::pin(pool.acquire(&self.app.connect_context())).await,
+            };
+            let conn = match acquired {
+                Ok(conn) => conn,
+                Err(AcquireError::Server(e))
+                    if node.role() == Role::Replica && failures < MAX_REPLAYS =>
+                {
+                    failures += 1;
+                    node.leave_read_set(&e.to_string());
+                    self.app.drop_idle_connections(&node);
+                    continue;
+                }
+                Err(e) => return Err(self.acquire_error(e, &node)),
+            };
+            let Some(lsn) = wait_for_lsn else {
+                break (node, pool, conn);
+            };
+            let wait = Duration::from_millis(self.app.config().routing.read_your_writes_wait_ms);
+            match Box::pin(wait_for_replay(conn, &node, lsn, wait)).await {
+                Ok(conn) => break (node, pool, conn),
+                Err(conn) => {
+                    if let Some(conn) = conn {
+                        pool.release(conn, true);
+                    }
+                    target = RouteTarget::Primary;
+                }
+            }
         };
         self.shared.set_target(Some(ServerTarget {
             server_id: conn.id,
             peer: conn.peer,
             key: conn.cancel_key,
         }));
+        node.begin_lease();
+        let on_replica = node.role() == Role::Replica;
         let mut lease = Lease {
             conn,
             pool,
+            node,
+            on_replica,
             flush_pending: false,
             unnamed_here: false,
         };
@@ -486,17 +774,19 @@ impl Session {
             lease.conn.params_fp = self.params.fingerprint();
         }
         self.lease = Some(lease);
+        self.routing.at_unit_start = true;
+        if on_replica && self.client_tx == TxStatus::Idle {
+            let replay = self.routing.replay.get_or_insert_with(Default::default);
+            replay.bytes.clear();
+            replay.repeatable = true;
+            replay.answered = false;
+        }
         Ok(())
     }
 
-    async fn acquire_slow(
-        &mut self,
-        pool: &Arc<Pool>,
-        node: &NodeState,
-    ) -> Result<Box<ServerConn>, PgError> {
-        match pool.acquire(&self.app.connect_context()).await {
-            Ok(conn) => Ok(conn),
-            Err(AcquireError::WaitTimeout { waited, max_size }) => Err(PgError::error(
+    fn acquire_error(&mut self, e: AcquireError, node: &NodeState) -> PgError {
+        match e {
+            AcquireError::WaitTimeout { waited, max_size } => PgError::error(
                 SqlState::TOO_MANY_CONNECTIONS,
                 format!(
                     "no server connection became free within {} ms (pool for database \"{}\", user \"{}\" on node {} has max_size {max_size})",
@@ -506,14 +796,14 @@ impl Session {
                     node.name()
                 ),
             )
-            .with_hint("raise pool.max_size or pool.wait_timeout_ms, or shorten transactions")),
-            Err(AcquireError::Server(e)) => {
+            .with_hint("raise pool.max_size or pool.wait_timeout_ms, or shorten transactions"),
+            AcquireError::Server(e) => {
                 tracing::warn!(client = self.shared.id, error = %e, "cannot get a server connection");
-                Err(e.to_client_error())
+                e.to_client_error()
             }
-            Err(AcquireError::Closed) => {
+            AcquireError::Closed => {
                 self.last_pool = None;
-                Err(PgError::error(SqlState::CANNOT_CONNECT_NOW, "the pool was closed; retry the request"))
+                PgError::error(SqlState::CANNOT_CONNECT_NOW, "the pool was closed; retry the request")
             }
         }
     }
@@ -532,9 +822,23 @@ impl Session {
 
     /// Returns the server connection to its pool; the cancel target must be cleared already.
     fn give_back_server(&mut self, reusable: bool) {
-        let Some(Lease { mut conn, pool, .. }) = self.lease.take() else {
+        let Some(Lease {
+            mut conn,
+            pool,
+            node,
+            ..
+        }) = self.lease.take()
+        else {
             return;
         };
+        node.end_lease();
+        self.routing.held = false;
+        if let Some(replay) = self.routing.replay.as_mut() {
+            replay.bytes.clear();
+            if replay.bytes.capacity() > HIGH_WATER_BYTES {
+                replay.bytes = BytesMut::new();
+            }
+        }
         let clean = reusable && self.queue.is_settled() && conn.read_buf.is_empty();
         if !clean {
             conn.write_buf.clear();
@@ -554,6 +858,9 @@ impl Session {
             }
             (kind, _) => ServerError { node: e.node, kind },
         };
+        if self.try_elsewhere(&e).await {
+            return Ok(());
+        }
         tracing::warn!(client = self.shared.id, error = %e, "server connection failed");
         let owed_ready = self.queue.client_ready_owed();
         let had_requests = self.queue.has_client_requests();
@@ -582,6 +889,39 @@ impl Session {
             self.pending_error = Some(Box::new(err));
         }
         Ok(())
+    }
+
+    /// A replica failed before answering any of the reads sent to it: they had no effect
+    /// there, so they are put back in front of the client's input to run on another node,
+    /// and the replica leaves the read set. Returns false if that is not possible.
+    async fn try_elsewhere(&mut self, e: &ServerError) -> bool {
+        let Some(lease) = self.lease.as_ref() else {
+            return false;
+        };
+        let Some(replay) = self.routing.replay.as_mut() else {
+            return false;
+        };
+        if !lease.on_replica
+            || self.client_tx != TxStatus::Idle
+            || !replay.repeatable
+            || replay.answered
+            || replay.bytes.is_empty()
+            || replay.attempts >= MAX_REPLAYS
+            || self.client_passthrough > 0
+        {
+            return false;
+        }
+        replay.attempts += 1;
+        let mut again = std::mem::take(&mut replay.bytes);
+        again.extend_from_slice(&self.client_in);
+        self.client_in = again;
+        let node = lease.node.clone();
+        tracing::warn!(client = self.shared.id, node = %node.name(), error = %e, "replica failed before answering; sending the request elsewhere");
+        node.leave_read_set(&e.to_string());
+        self.app.drop_idle_connections(&node);
+        self.detach(false).await;
+        self.routing.at_unit_start = true;
+        true
     }
 
     /// Tells the client why it is being disconnected, then leaves the server in a state the
@@ -759,7 +1099,7 @@ impl Session {
             }
 
             // From the client.
-            if server_backlog < HIGH_WATER_BYTES {
+            if server_backlog < HIGH_WATER_BYTES && !self.routing.held {
                 buffers::ready_for_read(&mut self.client_in);
                 match poll_read_buf(Pin::new(&mut self.client), cx, &mut self.client_in) {
                     Poll::Ready(Ok(0)) => {
@@ -774,6 +1114,23 @@ impl Session {
                 }
             }
 
+            if self.routing.held && self.queue.is_settled() {
+                let in_transaction = self
+                    .lease
+                    .as_ref()
+                    .is_some_and(|l| l.conn.tx_status != TxStatus::Idle);
+                if in_transaction || !self.mode_shares_servers() {
+                    // The transaction lives on this server: the request follows it there.
+                    self.routing.held = false;
+                    self.routing.at_unit_start = false;
+                    self.process_client_input()?;
+                    progressed = true;
+                }
+            }
+            if self.probe_before_release() {
+                self.push_lsn_probe()?;
+                continue;
+            }
             if self.can_release() {
                 return Poll::Ready(Ok(Step::Release));
             }
@@ -793,6 +1150,7 @@ impl Session {
             return false;
         };
         self.mode_shares_servers()
+            && self.routing.pinned.is_none()
             && self.queue.is_settled()
             && lease.conn.tx_status == TxStatus::Idle
             && lease.conn.write_buf.is_empty()
@@ -840,13 +1198,130 @@ impl Session {
                     && !self.queue.skipping_to_sync()
                 {
                     self.client_passthrough = h.total_len();
+                    if let Some(replay) = self.routing.replay.as_mut() {
+                        replay.repeatable = false;
+                    }
                     continue;
                 }
                 return Ok(());
             }
-            self.on_client_message(h.tag, &input[..h.total_len()])?;
+            if self.must_hold(&input[..]) {
+                self.routing.held = true;
+                return Ok(());
+            }
+            let message = &input[..h.total_len()];
+            if let Some(replay) = self.routing.replay.as_mut() {
+                if self.lease.as_ref().is_some_and(|l| l.on_replica) && replay.repeatable {
+                    replay.bytes.extend_from_slice(message);
+                }
+            }
+            self.on_client_message(h.tag, message)?;
             input.advance(h.total_len());
         }
+    }
+
+    /// True when the request starting at the front of `input` must run on the primary while
+    /// the session holds a replica: it waits until the replica owes nothing.
+    fn must_hold(&self, input: &[u8]) -> bool {
+        if !self.routing.at_unit_start
+            || self.routing.pinned.is_some()
+            || !self.mode_shares_servers()
+            || !self.lease.as_ref().is_some_and(|l| l.on_replica)
+        {
+            return false;
+        }
+        let routed = self.route_front(input).ok().flatten();
+        self.routing.target(routed.as_ref()) == RouteTarget::Primary
+    }
+
+    /// Notes what a statement the client sends means for routing: a `pgherd.route` setting,
+    /// session state that pins the client to this server, a possible write (`executes`: it
+    /// runs now, rather than being prepared).
+    fn track_statement(&mut self, routed: &Routed, executes: bool) {
+        let decision = &routed.decision;
+        if let Some(value) = &decision.route_setting {
+            self.routing.override_route = Route::parse(value);
+        }
+        self.routing.unit_copies_in |= decision.copy_in;
+        match decision.tx {
+            TxEffect::Begin { .. } => self.routing.unit_begins = true,
+            TxEffect::End => self.routing.unit_ends = true,
+            TxEffect::DefaultReadOnly(Some(on)) => self.routing.default_read_only = on,
+            TxEffect::DefaultReadOnly(None) | TxEffect::SetReadOnly | TxEffect::None => {}
+        }
+        if let Some(pin) = decision.pin {
+            if self.routing.pinned.is_none() && self.mode_shares_servers() {
+                tracing::info!(client = self.shared.id, node = %self.node_name(), reason = pin.describe(), "session pinned to its server connection");
+                self.routing.pinned = Some(pin);
+            }
+        }
+        if executes {
+            self.note_possible_write(decision.target == RouteTarget::Primary);
+        }
+    }
+
+    fn note_possible_write(&mut self, writes: bool) {
+        if writes && self.lease.as_ref().is_some_and(|l| !l.on_replica) {
+            self.routing.write_seq += 1;
+        }
+    }
+
+    /// The routing decision for a Query or Parse: the one made to choose the node if it is
+    /// this statement's, otherwise a fresh one.
+    fn statement_decision(&mut self, sql: &[u8]) -> Option<Result<Routed, PgError>> {
+        let router = self.routing.setup.router.clone()?;
+        if let Some(front) = self.routing.front.take() {
+            return Some(Ok(front));
+        }
+        Some(router.route(&self.app, sql))
+    }
+
+    /// A Query or Sync ended a request. After a write that may have committed, the primary is
+    /// asked for its WAL position in the same round trip.
+    fn end_unit(&mut self) -> Result<(), Disconnect> {
+        // Nothing may follow a COPY FROM STDIN before the client's data: the probe then waits
+        // until the server is free again.
+        let may_commit = !self.routing.unit_copies_in
+            && (self.routing.unit_ends
+                || (self.client_tx == TxStatus::Idle && !self.routing.unit_begins));
+        self.routing.at_unit_start = true;
+        self.routing.unit_begins = false;
+        self.routing.unit_ends = false;
+        self.routing.unit_copies_in = false;
+        self.routing.front = None;
+        if may_commit && self.write_needs_probe() && !self.queue.skipping_to_sync() {
+            self.push_lsn_probe()?;
+        }
+        Ok(())
+    }
+
+    fn write_needs_probe(&self) -> bool {
+        self.routing.read_your_writes()
+            && self.routing.write_seq > self.routing.probed_seq
+            && self.lease.as_ref().is_some_and(|l| !l.on_replica)
+    }
+
+    /// The transaction is over but where its writes end is still unknown: ask before the
+    /// server goes back (rare: the probe usually rides along with the request).
+    fn probe_before_release(&self) -> bool {
+        self.write_needs_probe()
+            && self.mode_shares_servers()
+            && self.queue.is_settled()
+            && self
+                .lease
+                .as_ref()
+                .is_some_and(|l| l.conn.tx_status == TxStatus::Idle && l.conn.write_buf.is_empty())
+    }
+
+    fn push_lsn_probe(&mut self) -> Result<(), Disconnect> {
+        let Some(lease) = self.lease.as_mut() else {
+            return Ok(());
+        };
+        frontend::encode_query(&mut lease.conn.write_buf, LSN_PROBE_SQL)?;
+        self.queue.push_internal(Request::LsnProbe {
+            write_seq: self.routing.write_seq,
+        });
+        Ok(())
     }
 
     fn on_client_message(&mut self, tag: u8, message: &[u8]) -> Result<(), Disconnect> {
@@ -865,7 +1340,58 @@ impl Session {
             return Ok(());
         }
         let body = &message[HEADER_BYTES..];
+        self.relay_client_message(tag, message, body)?;
+        if matches!(tag, ftag::QUERY | ftag::SYNC) {
+            self.end_unit()?;
+        }
+        Ok(())
+    }
+
+    fn relay_client_message(
+        &mut self,
+        tag: u8,
+        message: &[u8],
+        body: &[u8],
+    ) -> Result<(), Disconnect> {
         let rewrite = self.mode_shares_servers();
+        let mut parse_routed = None;
+        match tag {
+            ftag::QUERY | ftag::PARSE => {
+                let sql = if tag == ftag::QUERY {
+                    frontend::Query::parse(body)?.sql
+                } else {
+                    frontend::Parse::parse(body)?.query
+                };
+                match self.statement_decision(sql) {
+                    Some(Err(e)) => {
+                        // pgherd's error in the request's place. A simple query still gets its
+                        // ReadyForQuery: a Sync takes the query's place on the server.
+                        self.queue.push_synthetic(Synthetic::Error(e));
+                        if tag == ftag::QUERY {
+                            if let Some(lease) = self.lease.as_mut() {
+                                frontend::encode_sync(&mut lease.conn.write_buf);
+                                self.queue.push_client(Request::Sync);
+                            }
+                        }
+                        return Ok(());
+                    }
+                    Some(Ok(routed)) => {
+                        self.track_statement(&routed, tag == ftag::QUERY);
+                        parse_routed = Some(routed);
+                    }
+                    None => {}
+                }
+            }
+            ftag::BIND if self.routing.setup.router.is_some() => {
+                let b = frontend::Bind::parse(body)?;
+                match self.statement_routed(b.statement) {
+                    Some(routed) => self.track_statement(&routed, true),
+                    None => self.note_possible_write(true),
+                }
+            }
+            ftag::FUNCTION_CALL => self.note_possible_write(true),
+            _ => {}
+        }
         let Some(lease) = self.lease.as_mut() else {
             return Ok(());
         };
@@ -891,12 +1417,19 @@ impl Session {
                         unnamed.param_types.clear();
                         unnamed.param_types.extend_from_slice(p.param_types);
                         unnamed.present = true;
+                        unnamed.routed = parse_routed;
                         lease.unnamed_here = true;
                     }
                     lease.conn.write_buf.extend_from_slice(message);
                     self.queue.push_client(Request::Parse { cached: None });
                 } else {
                     let def = StatementDef::new(p.query, p.param_types);
+                    if let Some(routed) = parse_routed {
+                        let _ = def.routed.set(routed);
+                    }
+                    if let Some(replay) = self.routing.replay.as_mut() {
+                        replay.repeatable = false;
+                    }
                     if let Err(e) = self
                         .statements
                         .get_or_insert_with(Default::default)
@@ -1006,6 +1539,9 @@ impl Session {
             ftag::CLOSE => {
                 let c = frontend::Close::parse(body)?;
                 if c.target == Target::Statement && !c.name.is_empty() && rewrite {
+                    if let Some(replay) = self.routing.replay.as_mut() {
+                        replay.repeatable = false;
+                    }
                     // The server-side statement stays cached for others; only the name goes.
                     if let Some(statements) = self.statements.as_mut() {
                         statements.close(c.name);
@@ -1115,6 +1651,7 @@ impl Session {
                 }
                 if to_client {
                     self.client_out.extend_from_slice(&input[..n]);
+                    self.note_answered();
                 }
                 input.advance(n);
                 self.server_passthrough = (remaining > n).then_some((to_client, remaining - n));
@@ -1152,6 +1689,7 @@ impl Session {
                 let n = input.len();
                 if d.to_client {
                     self.client_out.extend_from_slice(input);
+                    self.note_answered();
                 }
                 input.advance(n);
                 self.server_passthrough = Some((d.to_client, h.total_len() - n));
@@ -1178,6 +1716,23 @@ impl Session {
                     if d.client_ready {
                         self.on_client_ready(status)?;
                     }
+                    if let Some(write_seq) = d.probe {
+                        self.on_probe_answered(write_seq, status);
+                    }
+                }
+                // A server's warning that it is shutting down concerns pgherd, which moves
+                // the client on, not the client.
+                btag::NOTICE_RESPONSE
+                    if PgError::parse(body).is_ok_and(|n| n.code == SqlState::ADMIN_SHUTDOWN) =>
+                {
+                    forward = false;
+                }
+                btag::DATA_ROW if d.probe.is_some() => {
+                    self.routing.probe_lsn = backend::parse_data_row(body)
+                        .ok()
+                        .and_then(|values| values.into_iter().next().flatten())
+                        .and_then(|v| std::str::from_utf8(v).ok())
+                        .and_then(parse_lsn);
                 }
                 btag::PARAMETER_STATUS if d.to_client => {
                     if let Ok(p) = backend::ParameterStatus::parse(body) {
@@ -1200,7 +1755,7 @@ impl Session {
                             // The server is about to close; say so when the close is seen.
                             self.server_last_words = Some(Box::new(err));
                             forward = false;
-                        } else if d.internal_error {
+                        } else if d.internal_error && d.probe.is_none() {
                             tracing::warn!(client = self.shared.id, error = %err, "pgherd's own statement failed on the server");
                             let notice = PgError::new(
                                 pgherd_wire::Severity::Warning,
@@ -1218,10 +1773,52 @@ impl Session {
             }
             if forward {
                 self.client_out.extend_from_slice(message);
+                if !matches!(
+                    h.tag,
+                    btag::NOTICE_RESPONSE | btag::NOTIFICATION_RESPONSE | btag::PARAMETER_STATUS
+                ) {
+                    self.note_answered();
+                }
             }
             input.advance(h.total_len());
             self.write_synthetics(&after)?;
+            let replay_pending = self
+                .routing
+                .replay
+                .as_ref()
+                .is_some_and(|r| !r.bytes.is_empty());
+            if replay_pending && !self.queue.has_client_requests() {
+                if let Some(replay) = self.routing.replay.as_mut() {
+                    // Everything sent was answered: nothing to repeat elsewhere any more.
+                    replay.bytes.clear();
+                    replay.answered = false;
+                    replay.repeatable = true;
+                    replay.attempts = 0;
+                }
+            }
         }
+    }
+
+    fn note_answered(&mut self) {
+        if let Some(replay) = self.routing.replay.as_mut() {
+            replay.answered = true;
+        }
+    }
+
+    /// The primary said where the session's writes end (or could not: then reads stay on the
+    /// primary until a later probe succeeds).
+    fn on_probe_answered(&mut self, write_seq: u64, status: TxStatus) {
+        let lsn = self.routing.probe_lsn.take();
+        if status != TxStatus::Idle {
+            // Asked inside a transaction that is still open: its commit comes later.
+            return;
+        }
+        self.routing.probed_seq = self.routing.probed_seq.max(write_seq);
+        self.routing.min_lsn = match lsn {
+            Some(lsn) if self.routing.min_lsn == Lsn::MAX => insert_lsn_as_end(lsn),
+            Some(lsn) => self.routing.min_lsn.max(insert_lsn_as_end(lsn)),
+            None => Lsn::MAX,
+        };
     }
 
     fn node_name(&self) -> String {
@@ -1362,6 +1959,37 @@ fn ensure_prepared(
         cached: Some(def.hash),
     });
     Ok(())
+}
+
+/// Asks a replica how far it has replayed until it reaches `lsn` or `wait` passes. Gives the
+/// connection back in `Err` if it is still usable.
+async fn wait_for_replay(
+    mut conn: Box<ServerConn>,
+    node: &NodeState,
+    lsn: Lsn,
+    wait: Duration,
+) -> Result<Box<ServerConn>, Option<Box<ServerConn>>> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let rows = match conn.simple_query("SELECT pg_last_wal_replay_lsn()").await {
+            Ok(rows) => rows,
+            Err(_) => return Err(None),
+        };
+        let replayed = rows
+            .first()
+            .and_then(|r| r.first())
+            .and_then(|v| v.as_deref())
+            .and_then(parse_lsn)
+            .unwrap_or(0);
+        node.saw_replay(replayed);
+        if replayed >= lsn {
+            return Ok(conn);
+        }
+        if tokio::time::Instant::now() + REPLAY_POLL_INTERVAL > deadline {
+            return Err(Some(conn));
+        }
+        tokio::time::sleep(REPLAY_POLL_INTERVAL).await;
+    }
 }
 
 /// Reads once the socket is readable, holding a buffer only while bytes are there: readiness

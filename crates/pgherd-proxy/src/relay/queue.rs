@@ -39,15 +39,23 @@ pub enum Request {
     Close,
     /// ReadyForQuery.
     Sync,
+    /// pgherd's `SELECT pg_current_wal_insert_lsn()` after the session's writes numbered up
+    /// to `write_seq`: a simple query whose one row is the WAL position.
+    LsnProbe {
+        write_seq: u64,
+    },
 }
 
 impl Request {
     fn ends_with_ready_for_query(&self) -> bool {
-        matches!(self, Request::Query { .. } | Request::Sync)
+        matches!(
+            self,
+            Request::Query { .. } | Request::Sync | Request::LsnProbe { .. }
+        )
     }
 
     fn is_query(&self) -> bool {
-        matches!(self, Request::Query { .. })
+        matches!(self, Request::Query { .. } | Request::LsnProbe { .. })
     }
 }
 
@@ -82,6 +90,8 @@ pub struct Disposition {
     pub uncached: Vec<StatementHash>,
     /// For a CommandComplete answering the client: the statement text, if it was kept.
     pub sql: Option<Bytes>,
+    /// The message answers an LSN probe covering writes up to this number.
+    pub probe: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -183,6 +193,9 @@ impl ResponseQueue {
             Entry::Synthetic(_) => unreachable_synthetic(),
         };
         d.to_client = is_client;
+        if let Request::LsnProbe { write_seq } = request {
+            d.probe = Some(write_seq);
+        }
         let completes = match message_tag {
             tag::NOTICE_RESPONSE | tag::NOTIFICATION_RESPONSE | tag::PARAMETER_STATUS => false,
             tag::READY_FOR_QUERY => {
@@ -225,7 +238,7 @@ impl ResponseQueue {
             tag::ROW_DESCRIPTION | tag::NO_DATA => match request {
                 Request::Describe => true,
                 // A simple query describes its rows too; an Execute never does.
-                Request::Query { .. } => false,
+                Request::Query { .. } | Request::LsnProbe { .. } => false,
                 _ => {
                     return Err(format!(
                         "row description arrived while waiting for {request:?}"
@@ -240,7 +253,7 @@ impl ResponseQueue {
                 }
                 match request {
                     Request::Execute { .. } => true,
-                    Request::Query { .. } => false,
+                    Request::Query { .. } | Request::LsnProbe { .. } => false,
                     _ => {
                         return Err(format!(
                             "command completion arrived while waiting for {request:?}"
@@ -307,6 +320,13 @@ impl ResponseQueue {
             .iter()
             .filter(|e| matches!(e, Entry::Client(r) if r.ends_with_ready_for_query()))
             .count()
+    }
+
+    /// True if an LSN probe is in flight.
+    pub fn has_probe(&self) -> bool {
+        self.entries
+            .iter()
+            .any(|e| matches!(e, Entry::Internal(Request::LsnProbe { .. })))
     }
 
     /// True if any request in flight is the client's (as opposed to pgherd's own).

@@ -9,7 +9,9 @@
 //! and least recently used ones are closed first.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use crate::routing::Routed;
 
 use sha2::{Digest, Sha256};
 
@@ -42,14 +44,25 @@ impl StatementHash {
 }
 
 /// A statement as the client defined it.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct StatementDef {
     pub hash: StatementHash,
     pub server_name: Vec<u8>,
     pub query: Vec<u8>,
     /// The Parse message's parameter-type section, as sent.
     pub param_types: Vec<u8>,
+    /// Where it runs, decided at first use.
+    pub routed: OnceLock<Routed>,
 }
+
+/// The hash covers the text and parameter types, so it alone decides equality.
+impl PartialEq for StatementDef {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash
+    }
+}
+
+impl Eq for StatementDef {}
 
 impl StatementDef {
     pub fn new(query: &[u8], param_types: &[u8]) -> Arc<Self> {
@@ -59,6 +72,7 @@ impl StatementDef {
             server_name: hash.server_name(),
             query: query.to_vec(),
             param_types: param_types.to_vec(),
+            routed: OnceLock::new(),
         })
     }
 }

@@ -83,3 +83,22 @@ pub fn psql(url: &str, args: &[&str]) -> Result<String, String> {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
 }
+
+/// pgbench with `args` against `url`; returns its output, as an error if it failed.
+pub fn pgbench(url: &str, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new(pgherd_testkit::pg_bin("pgbench"))
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("run pgbench");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(text)
+    }
+}

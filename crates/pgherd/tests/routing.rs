@@ -1,0 +1,422 @@
+//! Read/write splitting against real clusters: writes never reach a replica, reads spread by
+//! weight, read-your-writes against a replica that replays late, a replica killed mid-workload,
+//! hints and settings, and session state that pins a client to its server.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::*;
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+/// The first value of the first row of a simple query.
+async fn value(c: &Client, sql: &str) -> Result<String, tokio_postgres::Error> {
+    let messages = c.simple_query(sql).await?;
+    Ok(messages
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap_or("NULL").to_owned()),
+            _ => None,
+        })
+        .unwrap_or_default())
+}
+
+/// The port of the server that ran `sql` (which must return `current_setting('port')`).
+async fn served_by(c: &Client, sql: &str) -> u16 {
+    value(c, sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .parse()
+        .expect("a port")
+}
+
+const WHERE: &str = "SELECT current_setting('port')";
+
+/// Waits until plain reads reach a replica: the function catalog is loaded and the replicas
+/// are in the read set.
+async fn wait_for_replica_reads(c: &Client, primary_port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if served_by(c, WHERE).await != primary_port {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "reads never reached a replica through pgherd"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn admin_rows(env: &Env, command: &str) -> String {
+    psql(
+        &env.pgherd
+            .url("postgres", pgherd_testkit::SUPERUSER_PASSWORD, "pgherd"),
+        &["-c", command],
+    )
+    .unwrap_or_else(|e| panic!("{command}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_go_to_the_primary_and_reads_to_replicas_under_a_mixed_workload() {
+    let env = env(2, |c| {
+        c.superuser()
+            .max_size(10)
+            .proxy("admin_users = [\"postgres\"]")
+    });
+    let primary = env.cluster.primary().port;
+    pgbench(&env.app_url(), &["-i", "-s", "2", "-q"]).expect("pgbench -i through pgherd");
+    env.direct("CREATE SEQUENCE s; CREATE TABLE log (id int)");
+    env.direct(
+        "CREATE FUNCTION bump() RETURNS int VOLATILE LANGUAGE sql AS 'INSERT INTO log VALUES (1) RETURNING 1'",
+    );
+    env.direct("GRANT ALL ON ALL TABLES IN SCHEMA public TO app; GRANT ALL ON SEQUENCE s TO app");
+    env.cluster.wait_replayed();
+    let c = env.app().await;
+    wait_for_replica_reads(&c, primary).await;
+
+    // Statements a replica would refuse, each answered without error through pgherd.
+    for sql in [
+        "SELECT nextval('s')",
+        "SELECT bump()",
+        "SELECT aid FROM pgbench_accounts WHERE aid = 1 FOR UPDATE",
+        "WITH x AS (UPDATE pgbench_branches SET bbalance = bbalance WHERE bid = 1 RETURNING 1) SELECT count(*) FROM x",
+        "CREATE TABLE made_here (a int)",
+        "SELECT setval('s', 10)",
+    ] {
+        value(&c, sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql} failed through pgherd: {e}"));
+    }
+    assert_eq!(
+        served_by(&c, "BEGIN; SELECT current_setting('port'); COMMIT").await,
+        primary,
+        "a transaction that may write runs on the primary"
+    );
+    // A session without writes of its own, so read-your-writes does not hold it back.
+    let reader = env.app().await;
+    reader.simple_query("BEGIN READ ONLY").await.unwrap();
+    assert_ne!(
+        served_by(&reader, WHERE).await,
+        primary,
+        "BEGIN READ ONLY runs on a replica"
+    );
+    reader.simple_query("COMMIT").await.unwrap();
+
+    // TPC-B writers and select-only readers at once: no write may reach a replica.
+    let url = env.app_url();
+    let writers = {
+        let url = url.clone();
+        std::thread::spawn(move || pgbench(&url, &["-c", "4", "-j", "2", "-T", "6", "-n"]))
+    };
+    let readers = pgbench(&url, &["-S", "-c", "12", "-j", "2", "-T", "6", "-n"]);
+    let writers = writers.join().expect("writer thread");
+    let writers = writers.unwrap_or_else(|e| panic!("TPC-B through pgherd failed: {e}"));
+    let readers = readers.unwrap_or_else(|e| panic!("select-only through pgherd failed: {e}"));
+    for out in [&writers, &readers] {
+        assert!(
+            !out.contains("read-only transaction"),
+            "a write reached a replica:\n{out}"
+        );
+        assert!(out.contains("number of failed transactions: 0"), "{out}");
+    }
+    // The replicas did serve reads: pgherd's own pool counters per node say so.
+    let pools = admin_rows(&env, "SHOW POOLS");
+    let replica_pools: Vec<&str> = pools
+        .lines()
+        .filter(|l| l.contains("|pg2|") || l.contains("|pg3|"))
+        .collect();
+    assert!(!replica_pools.is_empty(), "no pool on a replica:\n{pools}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_are_spread_by_weight() {
+    let env = env(2, |c| {
+        c.database("app", "balance = \"weighted\"")
+            .node_weight("pg1", 0)
+            .node_weight("pg2", 1)
+            .node_weight("pg3", 3)
+    });
+    let primary = env.cluster.primary().port;
+    let c = env.app().await;
+    wait_for_replica_reads(&c, primary).await;
+    let mut counts: HashMap<u16, u32> = HashMap::new();
+    for _ in 0..400 {
+        *counts.entry(served_by(&c, WHERE).await).or_default() += 1;
+    }
+    let port = |name: &str| env.cluster.node(name).port;
+    let (light, heavy) = (
+        counts.get(&port("pg2")).copied().unwrap_or(0),
+        counts.get(&port("pg3")).copied().unwrap_or(0),
+    );
+    assert_eq!(
+        counts.get(&primary),
+        None,
+        "weight 0 keeps reads off the primary: {counts:?}"
+    );
+    // 1:3 within 10 percentage points of the reads.
+    assert!(
+        (60..=140).contains(&light) && (260..=340).contains(&heavy),
+        "expected about 100 and 300 reads, got pg2={light} pg3={heavy}"
+    );
+}
+
+/// A session never reads a replica older than its own last commit; `eventual` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_your_writes_against_a_replica_that_replays_late() {
+    let env = env(1, |c| {
+        c.superuser()
+            .database("app", "consistency = \"read_your_writes\"")
+            .database("eventual", "dbname = \"app\"\nconsistency = \"eventual\"")
+            .section("[routing]\nread_your_writes_wait_ms = 0")
+    });
+    let primary = env.cluster.primary().port;
+    let replica = env.cluster.node("pg2");
+    replica
+        .write_auto_settings(&[("recovery_min_apply_delay".into(), "'500ms'".into())])
+        .unwrap();
+    env.cluster
+        .sql_on("pg2", "postgres", "SELECT pg_reload_conf()");
+    env.direct("CREATE TABLE t (id int PRIMARY KEY); GRANT ALL ON t TO app");
+    env.cluster.wait_replayed();
+
+    let c = env.app().await;
+    wait_for_replica_reads(&c, primary).await;
+    let insert = c.prepare("INSERT INTO t VALUES ($1)").await.unwrap();
+    let read = c
+        .prepare("SELECT count(*) FROM t WHERE id = $1")
+        .await
+        .unwrap();
+    for id in 0..10_000i32 {
+        c.execute(&insert, &[&id]).await.unwrap();
+        let seen: i64 = c.query_one(&read, &[&id]).await.unwrap().get(0);
+        assert_eq!(
+            seen, 1,
+            "iteration {id}: the session did not see its own write"
+        );
+    }
+    // Reads that follow no write of the session still use the replica.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let fresh = env.app().await;
+    assert_ne!(
+        served_by(&fresh, WHERE).await,
+        primary,
+        "a new session reads from the replica"
+    );
+
+    let e = connect(&env.pgherd.conninfo(APP, APP_PASSWORD, "eventual")).await;
+    wait_for_replica_reads(&e, primary).await;
+    let mut stale = 0;
+    for id in 100_000..100_100i32 {
+        e.execute(&format!("INSERT INTO t VALUES ({id})"), &[])
+            .await
+            .unwrap();
+        let seen: i64 = e
+            .query_one(&format!("SELECT count(*) FROM t WHERE id = {id}"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        if seen == 0 {
+            stale += 1;
+        }
+    }
+    assert!(
+        stale > 0,
+        "eventual consistency never read from the late replica"
+    );
+}
+
+/// With a replica that keeps up, read-your-writes waits briefly and still reads from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_your_writes_uses_a_replica_once_it_has_replayed_the_write() {
+    let env = env(1, |c| {
+        c.superuser()
+            .section("[routing]\nread_your_writes_wait_ms = 2000")
+    });
+    let primary = env.cluster.primary().port;
+    env.direct("CREATE TABLE t (id int PRIMARY KEY); GRANT ALL ON t TO app");
+    env.cluster.wait_replayed();
+    let c = env.app().await;
+    wait_for_replica_reads(&c, primary).await;
+    let mut replica_reads = 0;
+    for id in 0..200i32 {
+        c.execute(&format!("INSERT INTO t VALUES ({id})"), &[])
+            .await
+            .unwrap();
+        let row = c
+            .query_one(
+                &format!("SELECT count(*), current_setting('port') FROM t WHERE id = {id}"),
+                &[],
+            )
+            .await
+            .unwrap();
+        let (seen, port): (i64, String) = (row.get(0), row.get(1));
+        assert_eq!(
+            seen, 1,
+            "iteration {id}: the session did not see its own write"
+        );
+        if port != primary.to_string() {
+            replica_reads += 1;
+        }
+    }
+    assert!(
+        replica_reads > 150,
+        "reads after writes should wait for the replica, not fall back: {replica_reads}/200 on the replica"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_mid_workload_costs_no_query_and_rejoins() {
+    let env = env(2, |c| {
+        c.max_size(10).section("[routing]\nrejoin_after_checks = 3")
+    });
+    let primary = env.cluster.primary().port;
+    pgbench(&env.app_url(), &["-i", "-s", "1", "-q"]).expect("pgbench -i");
+    env.cluster.wait_replayed();
+    let c = env.app().await;
+    wait_for_replica_reads(&c, primary).await;
+
+    let url = env.app_url();
+    let readers =
+        std::thread::spawn(move || pgbench(&url, &["-S", "-c", "8", "-j", "2", "-T", "8", "-n"]));
+    std::thread::sleep(Duration::from_secs(3));
+    let victim = env.cluster.node("pg2");
+    victim
+        .stop(pgherd_cluster::StopMode::Immediate)
+        .expect("stop pg2");
+    let out = readers.join().expect("reader thread");
+    let out = out.unwrap_or_else(|e| panic!("reads failed when a replica died: {e}"));
+    assert!(out.contains("number of failed transactions: 0"), "{out}");
+
+    // While it is down no read goes there, and the other nodes answer.
+    for _ in 0..20 {
+        assert_ne!(served_by(&c, WHERE).await, victim.port);
+    }
+    victim.start(Duration::from_secs(30)).expect("restart pg2");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut ports = Vec::new();
+        for _ in 0..10 {
+            ports.push(served_by(&c, WHERE).await);
+        }
+        if ports.contains(&victim.port) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "pg2 never rejoined the read set");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        env.pgherd.log().contains("rejoins the read set"),
+        "{}",
+        env.pgherd.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hints_and_the_route_setting() {
+    let writer =
+        pgherd_wire::scram::ScramVerifier::from_password(APP_PASSWORD, b"writer-salt", 4096);
+    let env = env(1, |c| {
+        c.user(
+            "writer",
+            &writer,
+            &format!("route = \"primary\"\nserver_password = \"{APP_PASSWORD}\""),
+        )
+    });
+    let primary = env.cluster.primary().port;
+    let replica = env.cluster.node("pg2").port;
+    let c = env.app().await;
+    wait_for_replica_reads(&c, primary).await;
+
+    assert_eq!(
+        served_by(&c, &format!("/* pgherd:primary */ {WHERE}")).await,
+        primary
+    );
+    assert_eq!(
+        served_by(&c, &format!("{WHERE} -- pgherd:replica")).await,
+        replica
+    );
+
+    for bad in [
+        "/* pgherd:elsewhere */ SELECT 1",
+        "SET pgherd.route = 'nowhere'",
+    ] {
+        let err = c.simple_query(bad).await.expect_err(bad);
+        assert_eq!(code(&err), "22023", "{bad}: {err}");
+        let text = err
+            .as_db_error()
+            .map(|d| format!("{} {}", d.message(), d.hint().unwrap_or("")))
+            .unwrap_or_default();
+        assert!(
+            text.contains("primary") && text.contains("replica"),
+            "{bad}: {text}"
+        );
+        // The connection stays usable, in extended protocol too.
+        assert_eq!(value(&c, "SELECT 1").await.unwrap(), "1");
+    }
+    let err = c
+        .prepare("/* pgherd:bogus */ SELECT 1")
+        .await
+        .expect_err("bad hint in Parse");
+    assert_eq!(code(&err), "22023");
+    assert_eq!(
+        c.query_one("SELECT 2", &[]).await.unwrap().get::<_, i32>(0),
+        2
+    );
+
+    // PRIMARY is an SQL keyword, so the value is quoted.
+    c.simple_query("SET pgherd.route = 'primary'")
+        .await
+        .unwrap();
+    assert_eq!(served_by(&c, WHERE).await, primary);
+    assert_eq!(value(&c, "SHOW pgherd.route").await.unwrap(), "primary");
+    c.simple_query("SET pgherd.route = 'auto'").await.unwrap();
+    assert_eq!(served_by(&c, WHERE).await, replica);
+
+    // A per-user default.
+    env.cluster.create_user("writer", APP_PASSWORD);
+    env.direct("GRANT CONNECT ON DATABASE app TO writer");
+    let w = connect(&env.pgherd.conninfo("writer", APP_PASSWORD, APP)).await;
+    for _ in 0..5 {
+        assert_eq!(served_by(&w, WHERE).await, primary);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_state_pins_the_client_to_its_server() {
+    let env = env(1, |c| c.max_size(2));
+    let c = env.app().await;
+    c.simple_query("CREATE TEMP TABLE scratch (a int)")
+        .await
+        .unwrap();
+    // Other clients keep the pool busy; the temp table must stay visible to its session.
+    let others: Vec<_> = (0..4)
+        .map(|_| {
+            let url = env.pgherd.conninfo(APP, APP_PASSWORD, APP);
+            tokio::spawn(async move {
+                let o = connect(&url).await;
+                for _ in 0..50 {
+                    o.simple_query("SELECT 1").await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for i in 0..50 {
+        c.simple_query(&format!("INSERT INTO scratch VALUES ({i})"))
+            .await
+            .unwrap();
+        assert_eq!(
+            value(&c, "SELECT count(*) FROM scratch").await.unwrap(),
+            (i + 1).to_string()
+        );
+    }
+    for o in others {
+        o.await.unwrap();
+    }
+    assert!(
+        env.pgherd.log().contains("session pinned"),
+        "{}",
+        env.pgherd.log()
+    );
+}

@@ -313,6 +313,14 @@ impl Nodes {
     /// is among them only when `primary_reads`.
     pub fn read_candidates(&self, primary_reads: bool) -> (Vec<Arc<NodeState>>, Vec<Candidate>) {
         let list = self.list.load();
+        let reads_here = |n: &Arc<NodeState>| {
+            let role = n.role();
+            role == Role::Replica || (primary_reads && role == Role::Primary)
+        };
+        if !list.iter().any(reads_here) {
+            // A cluster without replicas pays nothing for routing.
+            return (Vec::new(), Vec::new());
+        }
         let mut nodes = Vec::with_capacity(list.len());
         let mut candidates = Vec::with_capacity(list.len());
         for node in list.iter() {

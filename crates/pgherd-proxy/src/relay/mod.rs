@@ -708,7 +708,13 @@ impl Session {
     async fn attach(&mut self) -> Result<(), PgError> {
         let routed = self.route_front(&self.client_in)?;
         let mut target = self.routing.target(routed.as_ref());
-        self.routing.front = routed;
+        // Kept for the statement it was made for (a Bind's decision belongs to a statement
+        // prepared earlier, not to the next Query or Parse).
+        let first_is_text = matches!(
+            read_header(&self.client_in, self.max_message_bytes),
+            Ok(Some(h)) if matches!(h.tag, ftag::QUERY | ftag::PARSE)
+        );
+        self.routing.front = routed.filter(|_| first_is_text);
         let mut failures = 0;
         let (node, pool, conn) = loop {
             let (node, wait_for_lsn) = self.pick_node(target)?;

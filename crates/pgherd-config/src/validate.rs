@@ -386,24 +386,43 @@ fn nodes(c: &Checker<'_>, raw: &RawConfig) -> Result<Vec<NodeConfig>, ConfigErro
     Ok(nodes)
 }
 
-fn route(c: &Checker<'_>, path: &[Seg], value: &str) -> Result<Route, ConfigError> {
-    Route::parse(value).ok_or_else(|| {
+/// One of a setting's allowed words, or an error naming them.
+fn choice<T>(
+    c: &Checker<'_>,
+    path: &[Seg],
+    value: &str,
+    parse: fn(&str) -> Option<T>,
+    what: &str,
+    expected: &str,
+) -> Result<T, ConfigError> {
+    parse(value).ok_or_else(|| {
         c.error(
             path,
-            format!("unknown route {value:?}; expected auto, primary or replica"),
+            format!("unknown {what} {value:?}; expected {expected}"),
         )
     })
 }
 
+fn route(c: &Checker<'_>, path: &[Seg], value: &str) -> Result<Route, ConfigError> {
+    choice(
+        c,
+        path,
+        value,
+        Route::parse,
+        "route",
+        "auto, primary or replica",
+    )
+}
+
 fn consistency(c: &Checker<'_>, path: &[Seg], value: &str) -> Result<Consistency, ConfigError> {
-    Consistency::parse(value).ok_or_else(|| {
-        c.error(
-            path,
-            format!(
-                "unknown consistency {value:?}; expected read_your_writes, eventual or primary"
-            ),
-        )
-    })
+    choice(
+        c,
+        path,
+        value,
+        Consistency::parse,
+        "consistency",
+        "read_your_writes, eventual or primary",
+    )
 }
 
 fn routing(c: &Checker<'_>, raw: &RawConfig) -> Result<RoutingSettings, ConfigError> {
@@ -430,12 +449,14 @@ fn routing(c: &Checker<'_>, raw: &RawConfig) -> Result<RoutingSettings, ConfigEr
 }
 
 fn pool_mode(c: &Checker<'_>, path: &[Seg], value: &str) -> Result<PoolMode, ConfigError> {
-    PoolMode::parse(value).ok_or_else(|| {
-        c.error(
-            path,
-            format!("unknown pool mode {value:?}; expected session, transaction or statement"),
-        )
-    })
+    choice(
+        c,
+        path,
+        value,
+        PoolMode::parse,
+        "pool mode",
+        "session, transaction or statement",
+    )
 }
 
 fn pool(c: &Checker<'_>, raw: &RawConfig) -> Result<PoolSettings, ConfigError> {
@@ -506,12 +527,14 @@ fn databases(
             .unwrap_or(Consistency::ReadYourWrites);
         let balance = match d.balance.as_deref() {
             None => Balance::RoundRobin,
-            Some(v) => Balance::parse(v).ok_or_else(|| {
-                c.error(
-                    &path!["databases", name.as_str(), "balance"],
-                    format!("unknown balance policy {v:?}; expected round_robin, least_outstanding, weighted or random"),
-                )
-            })?,
+            Some(v) => choice(
+                c,
+                &path!["databases", name.as_str(), "balance"],
+                v,
+                Balance::parse,
+                "balance policy",
+                "round_robin, least_outstanding, weighted or random",
+            )?,
         };
         if d.max_size == Some(0) {
             return Err(c.error(

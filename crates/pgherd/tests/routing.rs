@@ -190,7 +190,11 @@ async fn read_your_writes_against_a_replica_that_replays_late() {
         .unwrap();
     for id in 0..10_000i32 {
         c.execute(&insert, &[&id]).await.unwrap();
-        let seen: i64 = c.query_one(&read, &[&id]).await.unwrap().get(0);
+        let seen: i64 = c
+            .query_one(&read, &[&id])
+            .await
+            .unwrap_or_else(|e| panic!("iteration {id}: {e:?}"))
+            .get(0);
         assert_eq!(
             seen, 1,
             "iteration {id}: the session did not see its own write"

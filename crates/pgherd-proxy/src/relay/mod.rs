@@ -107,6 +107,19 @@ struct Replay {
     attempts: u8,
 }
 
+impl Replay {
+    /// Nothing sent is outstanding any more: start collecting afresh (a large buffer from a
+    /// big request is not kept).
+    fn restart(&mut self) {
+        self.bytes.clear();
+        if self.bytes.capacity() > HIGH_WATER_BYTES {
+            self.bytes = BytesMut::new();
+        }
+        self.repeatable = true;
+        self.answered = false;
+    }
+}
+
 /// A session's routing state.
 struct Routing {
     setup: RoutingSetup,
@@ -533,7 +546,21 @@ impl Session {
     /// The routing decision for the request at the front of `input`: its first Query, Parse
     /// or Bind. `None` when routing is off, the request has no statement (a lone Sync) or is
     /// not complete yet. An invalid hint or `pgherd.route` value is the client's error.
-    fn route_front(&self, input: &[u8]) -> Result<Option<Routed>, PgError> {
+    ///
+    /// A decision made from a Query's or Parse's own text is kept in `routing.front`, so the
+    /// statement is not classified again when it is relayed; a Bind's belongs to a statement
+    /// prepared earlier and is not kept.
+    fn route_front(&mut self, input: &[u8]) -> Result<Option<Routed>, PgError> {
+        let routed = self.decide_front(input)?;
+        self.routing.front = routed
+            .as_ref()
+            .filter(|(_, from_text)| *from_text)
+            .map(|(r, _)| r.clone());
+        Ok(routed.map(|(r, _)| r))
+    }
+
+    /// `route_front`'s decision, and whether it came from the statement's own text.
+    fn decide_front(&self, input: &[u8]) -> Result<Option<(Routed, bool)>, PgError> {
         let Some(router) = self.routing.setup.router.as_ref() else {
             return Ok(None);
         };
@@ -548,25 +575,29 @@ impl Session {
             }
             let body = &rest[HEADER_BYTES..h.total_len()];
             match h.tag {
-                ftag::QUERY => {
-                    return match frontend::Query::parse(body) {
-                        Ok(q) => router.route(&self.app, q.sql).map(Some),
+                ftag::QUERY | ftag::PARSE => {
+                    let sql = if h.tag == ftag::QUERY {
+                        frontend::Query::parse(body).map(|q| q.sql)
+                    } else {
+                        frontend::Parse::parse(body).map(|p| p.query)
+                    };
+                    return match sql {
+                        Ok(sql) => router.route(&self.app, sql).map(|r| Some((r, true))),
+                        // Malformed: relaying it reports the protocol error.
                         Err(_) => Ok(None),
-                    }
-                }
-                ftag::PARSE => {
-                    return match frontend::Parse::parse(body) {
-                        Ok(p) => router.route(&self.app, p.query).map(Some),
-                        Err(_) => Ok(None),
-                    }
+                    };
                 }
                 ftag::BIND => {
                     return Ok(frontend::Bind::parse(body)
                         .ok()
-                        .and_then(|b| self.statement_routed(b.statement)))
+                        .and_then(|b| self.statement_routed(b.statement))
+                        .map(|r| (r, false)))
                 }
                 ftag::FUNCTION_CALL => {
-                    return Ok(Some(Routed::primary("a function call by OID may write")))
+                    return Ok(Some((
+                        Routed::primary("a function call by OID may write"),
+                        false,
+                    )))
                 }
                 ftag::SYNC | ftag::TERMINATE => return Ok(None),
                 _ => at += h.total_len(),
@@ -706,15 +737,10 @@ impl Session {
     /// without waiting; otherwise the (boxed) slow path connects or queues. A replica that
     /// cannot be reached leaves the read set and the request goes elsewhere.
     async fn attach(&mut self) -> Result<(), PgError> {
-        let routed = self.route_front(&self.client_in)?;
-        let mut target = self.routing.target(routed.as_ref());
-        // Kept for the statement it was made for (a Bind's decision belongs to a statement
-        // prepared earlier, not to the next Query or Parse).
-        let first_is_text = matches!(
-            read_header(&self.client_in, self.max_message_bytes),
-            Ok(Some(h)) if matches!(h.tag, ftag::QUERY | ftag::PARSE)
-        );
-        self.routing.front = routed.filter(|_| first_is_text);
+        let input = std::mem::take(&mut self.client_in);
+        let routed = self.route_front(&input);
+        self.client_in = input;
+        let mut target = self.routing.target(routed?.as_ref());
         let mut failures = 0;
         let (node, pool, conn) = loop {
             let (node, wait_for_lsn) = self.pick_node(target)?;
@@ -782,10 +808,10 @@ impl Session {
         self.lease = Some(lease);
         self.routing.at_unit_start = true;
         if on_replica && self.client_tx == TxStatus::Idle {
-            let replay = self.routing.replay.get_or_insert_with(Default::default);
-            replay.bytes.clear();
-            replay.repeatable = true;
-            replay.answered = false;
+            self.routing
+                .replay
+                .get_or_insert_with(Default::default)
+                .restart();
         }
         Ok(())
     }
@@ -840,10 +866,7 @@ impl Session {
         node.end_lease();
         self.routing.held = false;
         if let Some(replay) = self.routing.replay.as_mut() {
-            replay.bytes.clear();
-            if replay.bytes.capacity() > HIGH_WATER_BYTES {
-                replay.bytes = BytesMut::new();
-            }
+            replay.restart();
         }
         let clean = reusable && self.queue.is_settled() && conn.read_buf.is_empty();
         if !clean {
@@ -1221,6 +1244,9 @@ impl Session {
                     replay.bytes.extend_from_slice(message);
                 }
             }
+            // The request's first message decided where it runs; a Query or Sync starts the
+            // next one (`end_unit`).
+            self.routing.at_unit_start = false;
             self.on_client_message(h.tag, message)?;
             input.advance(h.total_len());
         }
@@ -1228,7 +1254,7 @@ impl Session {
 
     /// True when the request starting at the front of `input` must run on the primary while
     /// the session holds a replica: it waits until the replica owes nothing.
-    fn must_hold(&self, input: &[u8]) -> bool {
+    fn must_hold(&mut self, input: &[u8]) -> bool {
         if !self.routing.at_unit_start
             || self.routing.pinned.is_some()
             || !self.mode_shares_servers()
@@ -1788,17 +1814,10 @@ impl Session {
             }
             input.advance(h.total_len());
             self.write_synthetics(&after)?;
-            let replay_pending = self
-                .routing
-                .replay
-                .as_ref()
-                .is_some_and(|r| !r.bytes.is_empty());
-            if replay_pending && !self.queue.has_client_requests() {
-                if let Some(replay) = self.routing.replay.as_mut() {
+            if let Some(replay) = self.routing.replay.as_mut() {
+                if !replay.bytes.is_empty() && !self.queue.has_client_requests() {
                     // Everything sent was answered: nothing to repeat elsewhere any more.
-                    replay.bytes.clear();
-                    replay.answered = false;
-                    replay.repeatable = true;
+                    replay.restart();
                     replay.attempts = 0;
                 }
             }

@@ -1,8 +1,11 @@
 //! `pgherd bench`: benchmarks that measure pgherd side by side with its peers in the same run.
 //! Figures are printed and written as CSV and Markdown; nothing here asserts a speed.
 
+mod cgroup;
 mod pgbench;
 mod procstat;
+mod scaling;
+mod svg;
 mod targets;
 
 use std::fmt::Write as _;
@@ -11,13 +14,17 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand, ValueEnum};
 use pgbench::{median, Pgbench, PgbenchResult};
-use targets::{start_pgbouncer, start_pgherd, BenchCluster, BenchUser, ProxyProcess};
+use targets::{start_pgbouncer, start_pgherd, BenchCluster, BenchUser, PgherdSetup, ProxyProcess};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
     /// pgbench against direct PostgreSQL, pgherd and PgBouncer (transaction pooling), interleaved,
     /// plus resident memory per idle client.
     Pooler(PoolerOptions),
+    /// Read scaling over 1 to 4 nodes, each under its own CPU quota: one node direct, pgherd and
+    /// Pgpool-II (streaming replication, load balancing) at 1–120 clients, interleaved; CSV,
+    /// SVG plots and a ratio table.
+    Scaling(scaling::ScalingOptions),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -111,6 +118,7 @@ pub struct PoolerOptions {
 pub fn run(command: BenchCommand) -> Result<(), String> {
     match command {
         BenchCommand::Pooler(options) => pooler(options),
+        BenchCommand::Scaling(options) => scaling::scaling(options),
     }
 }
 
@@ -256,10 +264,13 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
     let pgherd = match options.targets.contains(&Target::Pgherd) {
         true => Some(start_pgherd(
             &cluster,
-            &users,
-            options.pool_size,
-            options.pgherd_workers,
-            "",
+            &PgherdSetup {
+                nodes: 1,
+                users: &users,
+                pool_size: options.pool_size,
+                workers: options.pgherd_workers,
+                database_keys: "",
+            },
         )?),
         false => None,
     };

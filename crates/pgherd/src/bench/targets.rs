@@ -148,7 +148,20 @@ impl ProxyProcess {
 }
 
 impl Drop for ProxyProcess {
+    /// SIGINT first: all three stop quickly on it, and Pgpool-II takes its pre-forked children
+    /// down with it (SIGKILL would leave them holding server connections).
     fn drop(&mut self) {
+        // SAFETY: kill(2) with a pid this process spawned and has not yet reaped.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGINT);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -160,37 +173,49 @@ fn log_file(path: &Path) -> Result<(std::fs::File, std::fs::File), String> {
     Ok((f, g))
 }
 
-/// pgherd in transaction mode with `pool_size` server connections, as its own process so its
-/// CPU time can be read.
-pub fn start_pgherd(
-    cluster: &BenchCluster,
-    users: &[&BenchUser],
-    pool_size: u32,
-    workers: usize,
-    extra: &str,
-) -> Result<ProxyProcess, String> {
+/// What a pgherd started for a benchmark fronts and how.
+pub struct PgherdSetup<'a> {
+    /// The cluster's first `nodes` nodes (the primary first).
+    pub nodes: usize,
+    pub users: &'a [&'a BenchUser],
+    /// Server connections per pool.
+    pub pool_size: u32,
+    /// 0 = pgherd's default.
+    pub workers: usize,
+    /// Keys for the `[databases."*"]` section.
+    pub database_keys: &'a str,
+}
+
+/// pgherd in transaction mode, as its own process so its CPU time can be read.
+pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<ProxyProcess, String> {
+    let PgherdSetup {
+        nodes,
+        users,
+        pool_size,
+        workers,
+        database_keys,
+    } = setup;
     let port = free_port().map_err(|e| e.to_string())?;
     let mut config = format!(
         "[pgherd]\nlisten = [\"127.0.0.1:{port}\"]\nworkers = {workers}\nmax_client_connections = 20000\nlog_level = \"warn\"\n\n\
          [cluster]\nuser = \"postgres\"\npassword = \"{}\"\n\n",
         cluster.superuser_password
     );
-    for node in &cluster.cluster.nodes {
+    for node in cluster.cluster.nodes.iter().take(*nodes) {
         config.push_str(&format!(
             "[[nodes]]\nname = \"{}\"\nport = {}\n\n",
             node.name, node.port
         ));
     }
     config.push_str(&format!(
-        "[pool]\nmode = \"transaction\"\nmax_size = {pool_size}\n\n[databases.\"*\"]\n\n"
+        "[pool]\nmode = \"transaction\"\nmax_size = {pool_size}\n\n[databases.\"*\"]\n{database_keys}\n\n"
     ));
-    for user in users {
+    for user in users.iter() {
         config.push_str(&format!(
             "[users.{}]\nscram = \"{}\"\n\n",
             user.name, user.verifier
         ));
     }
-    config.push_str(extra);
     let path = cluster.dir.join("pgherd.toml");
     std::fs::write(&path, config).map_err(|e| e.to_string())?;
     let log = cluster.dir.join("pgherd.log");
@@ -246,25 +271,111 @@ pub fn start_pgbouncer(
     let ini_path = dir.join("pgbouncer.ini");
     std::fs::write(&ini_path, ini).map_err(|e| e.to_string())?;
     let mut cmd = Command::new(binary);
-    cmd.arg(&ini_path).stdin(Stdio::null());
+    cmd.arg(&ini_path);
+    spawn_as_postgres_user(cluster, "pgbouncer", &dir, port, cmd)
+}
+
+/// Pgpool-II (from the distribution) in streaming-replication mode with load balancing over the
+/// cluster's first `nodes` nodes, every node weighted 1 as in the seeds' benchmarks. Clients
+/// authenticate with SCRAM against `pool_passwd`; one pre-forked child per client as Pgpool-II
+/// requires (`num_init_children`), each keeping one pooled connection per node.
+pub fn start_pgpool(
+    cluster: &BenchCluster,
+    nodes: usize,
+    user: &BenchUser,
+    max_clients: u32,
+    statement_level_load_balance: bool,
+) -> Result<ProxyProcess, String> {
+    let binary = PathBuf::from("/usr/sbin/pgpool");
+    if !binary.is_file() {
+        return Err("Pgpool-II is not installed (Debian: apt-get install pgpool2)".into());
+    }
+    let dir = cluster.dir.join(format!("pgpool-{nodes}"));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let port = free_port().map_err(|e| e.to_string())?;
+    let pcp_port = free_port().map_err(|e| e.to_string())?;
+    let mut conf = format!(
+        "backend_clustering_mode = 'streaming_replication'\n\
+         listen_addresses = '127.0.0.1'\nport = {port}\nsocket_dir = '{d}'\n\
+         pcp_listen_addresses = '127.0.0.1'\npcp_port = {pcp_port}\npcp_socket_dir = '{d}'\n\
+         pid_file_name = '{d}/pgpool.pid'\nlogdir = '{d}'\n\
+         num_init_children = {max_clients}\nmax_pool = 1\nreserved_connections = 0\n\
+         enable_pool_hba = on\npool_passwd = 'pool_passwd'\n\
+         load_balance_mode = on\nstatement_level_load_balance = {}\n\
+         sr_check_user = 'postgres'\nsr_check_password = '{}'\nsr_check_database = 'postgres'\n\
+         health_check_period = 0\nfailover_on_backend_error = off\nuse_watchdog = off\n\
+         log_min_messages = warning\n",
+        if statement_level_load_balance {
+            "on"
+        } else {
+            "off"
+        },
+        cluster.superuser_password,
+        d = dir.display(),
+    );
+    for (i, node) in cluster.cluster.nodes.iter().take(nodes).enumerate() {
+        conf.push_str(&format!(
+            "backend_hostname{i} = '127.0.0.1'\nbackend_port{i} = {}\nbackend_weight{i} = 1\n\
+             backend_flag{i} = 'DISALLOW_TO_FAILOVER'\nbackend_application_name{i} = '{}'\n",
+            node.port, node.name
+        ));
+    }
+    let write = |name: &str, text: &str| {
+        std::fs::write(dir.join(name), text).map_err(|e| format!("{name}: {e}"))
+    };
+    write("pgpool.conf", &conf)?;
+    write("pcp.conf", "")?;
+    write(
+        "pool_hba.conf",
+        "host all all 127.0.0.1/32 scram-sha-256\nlocal all all trust\n",
+    )?;
+    // Pgpool-II needs the clear password to answer the servers' SCRAM challenges itself.
+    write(
+        "pool_passwd",
+        &format!(
+            "{}:TEXT{}\npostgres:TEXT{}\n",
+            user.name, user.password, cluster.superuser_password
+        ),
+    )?;
+    let mut cmd = Command::new(binary);
+    cmd.arg("-n")
+        .arg("-f")
+        .arg(dir.join("pgpool.conf"))
+        .arg("-F")
+        .arg(dir.join("pcp.conf"))
+        .arg("-a")
+        .arg(dir.join("pool_hba.conf"));
+    spawn_as_postgres_user(cluster, "pgpool", &dir, port, cmd)
+}
+
+/// Starts a peer that refuses to run as root as the PostgreSQL OS user, owning `dir`, logging
+/// to `dir/<name>.stderr`, and waits until it listens on `port`.
+fn spawn_as_postgres_user(
+    cluster: &BenchCluster,
+    name: &'static str,
+    dir: &Path,
+    port: u16,
+    mut cmd: Command,
+) -> Result<ProxyProcess, String> {
+    cmd.stdin(Stdio::null());
     if let Some(user) = cluster.run_as() {
         use std::os::unix::process::CommandExt;
         let _ = Command::new("chown")
             .arg("-R")
             .arg(format!("{}:{}", user.uid, user.gid))
-            .arg(&dir)
+            .arg(dir)
             .status();
         cmd.uid(user.uid).gid(user.gid);
     }
-    let log = dir.join("pgbouncer.stderr");
+    let log = dir.join(format!("{name}.stderr"));
     let (out, err) = log_file(&log)?;
     let child = cmd
         .stdout(out)
         .stderr(err)
         .spawn()
-        .map_err(|e| format!("cannot start pgbouncer: {e}"))?;
+        .map_err(|e| format!("cannot start {name}: {e}"))?;
     ProxyProcess {
-        name: "pgbouncer",
+        name,
         port,
         child,
         log,

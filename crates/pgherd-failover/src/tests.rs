@@ -1,0 +1,303 @@
+use super::*;
+
+const POLICY: Policy = Policy {
+    failures_before_down: 3,
+    max_lag_on_failover_bytes: 1 << 20,
+    durability: Durability::Async,
+};
+
+fn node(name: &str, check: Check) -> NodeView {
+    NodeView {
+        name: name.into(),
+        priority: 1,
+        consecutive_failures: u32::from(check == Check::Failed) * 3,
+        check,
+        fenced: false,
+    }
+}
+
+fn replica(received_lsn: Lsn, upstream_alive: bool) -> Check {
+    Check::Replica {
+        timeline: 1,
+        received_lsn,
+        replayed_lsn: received_lsn,
+        upstream_alive,
+    }
+}
+
+fn primary() -> Check {
+    Check::Primary {
+        timeline: 1,
+        lsn: 1000,
+    }
+}
+
+fn view<'a>(nodes: &'a [NodeView], synchronous: &'a [usize]) -> View<'a> {
+    View {
+        nodes,
+        elected: Some(0),
+        last_primary_lsn: Some(1000),
+        synchronous,
+        sync_quorum: 1,
+    }
+}
+
+fn verdict(policy: &Policy, nodes: &[NodeView], synchronous: &[usize]) -> (Verdict, String) {
+    let v = view(nodes, synchronous);
+    let verdict = decide(policy, &v);
+    let sentence = verdict.sentence(&v);
+    (verdict, sentence)
+}
+
+#[test]
+fn a_primary_that_answers_is_up() {
+    let nodes = [node("pg1", primary()), node("pg2", replica(1000, true))];
+    let (v, s) = verdict(&POLICY, &nodes, &[]);
+    assert_eq!(v, Verdict::PrimaryUp);
+    assert_eq!(s, "primary pg1 is up");
+    assert_eq!(routable_primary(&view(&nodes, &[])), Some(0));
+}
+
+#[test]
+fn a_few_failed_checks_are_only_suspicious() {
+    let mut nodes = [
+        node("pg1", Check::Failed),
+        node("pg2", replica(1000, false)),
+    ];
+    nodes[0].consecutive_failures = 2;
+    let (v, s) = verdict(&POLICY, &nodes, &[]);
+    assert_eq!(
+        v,
+        Verdict::Suspect {
+            failures: 2,
+            needed: 3
+        }
+    );
+    assert_eq!(s, "primary pg1 failed 2 check(s) in a row; down after 3");
+    assert_eq!(routable_primary(&view(&nodes, &[])), None);
+}
+
+#[test]
+fn a_replica_that_still_streams_blocks_promotion() {
+    let nodes = [
+        node("pg1", Check::Failed),
+        node("pg2", replica(1000, false)),
+        node("pg3", replica(900, true)),
+    ];
+    let (v, s) = verdict(&POLICY, &nodes, &[]);
+    assert_eq!(v, Verdict::Guarded { seen_by: vec![2] });
+    assert_eq!(
+        s,
+        "primary pg1 does not answer pgherd but pg3 still stream(s) from it: not promoting, pgherd's own path to it is the problem"
+    );
+}
+
+#[test]
+fn promotion_needs_a_majority_of_replicas_to_confirm() {
+    let nodes = [
+        node("pg1", Check::Failed),
+        node("pg2", replica(1000, false)),
+        node("pg3", Check::Failed),
+        node("pg4", Check::Failed),
+    ];
+    let (v, s) = verdict(&POLICY, &nodes, &[]);
+    assert_eq!(
+        v,
+        Verdict::NotConfirmed {
+            confirmed: 1,
+            needed: 2
+        }
+    );
+    assert!(
+        s.contains("only 1 replica(s) answer of the 2 needed"),
+        "{s}"
+    );
+}
+
+#[test]
+fn the_most_advanced_replica_is_promoted_and_the_others_follow() {
+    let nodes = [
+        node("pg1", Check::Failed),
+        node("pg2", replica(990, false)),
+        node("pg3", replica(1000, false)),
+        node("pg4", replica(995, false)),
+    ];
+    let (v, s) = verdict(&POLICY, &nodes, &[]);
+    assert_eq!(
+        v,
+        Verdict::Promote {
+            candidate: 2,
+            old: 0,
+            followers: vec![1, 3]
+        }
+    );
+    assert_eq!(
+        s,
+        "primary pg1 is down and no replica sees it: promoting pg3 (received up to 0/3E8, primary last seen at 0/3E8), fencing pg1, re-pointing pg2, pg4"
+    );
+}
+
+#[test]
+fn ties_go_to_priority_and_priority_zero_never_promotes() {
+    let mut nodes = [
+        node("pg1", Check::Failed),
+        node("pg2", replica(1000, false)),
+        node("pg3", replica(1000, false)),
+        node("pg4", replica(2000, false)),
+    ];
+    nodes[2].priority = 5;
+    nodes[3].priority = 0;
+    let (v, _) = verdict(&POLICY, &nodes, &[]);
+    assert!(matches!(v, Verdict::Promote { candidate: 2, .. }), "{v:?}");
+}
+
+#[test]
+fn async_mode_never_promotes_a_replica_too_far_behind() {
+    let nodes = [node("pg1", Check::Failed), node("pg2", replica(0, false))];
+    let policy = Policy {
+        max_lag_on_failover_bytes: 100,
+        ..POLICY
+    };
+    let (v, s) = verdict(&policy, &nodes, &[]);
+    assert_eq!(
+        v,
+        Verdict::NoCandidate {
+            rejected: vec![(1, Rejection::TooFarBehind { behind_bytes: 1000 })]
+        }
+    );
+    assert_eq!(
+        s,
+        "primary pg1 is down and no replica may be promoted; pg2: 1000 bytes behind the primary, over max_lag_on_failover_bytes"
+    );
+}
+
+#[test]
+fn sync_mode_promotes_only_a_synchronous_standby() {
+    let policy = Policy {
+        durability: Durability::Sync,
+        ..POLICY
+    };
+    let nodes = [
+        node("pg1", Check::Failed),
+        node("pg2", replica(1000, false)),
+        node("pg3", replica(900, false)),
+    ];
+    let (v, _) = verdict(&policy, &nodes, &[2]);
+    assert!(matches!(v, Verdict::Promote { candidate: 2, .. }), "{v:?}");
+    let (v, s) = verdict(&policy, &nodes, &[]);
+    assert_eq!(
+        v,
+        Verdict::SyncQuorumLost {
+            answering: 0,
+            needed: 1
+        }
+    );
+    assert!(s.contains("only 0 synchronous standby(s) answer"), "{s}");
+}
+
+#[test]
+fn sync_mode_waits_when_the_newest_commit_may_be_on_a_silent_standby() {
+    let policy = Policy {
+        durability: Durability::Sync,
+        ..POLICY
+    };
+    // ANY 1 (pg2, pg3, pg4): a commit may be on pg4 alone, and pg4 does not answer, though
+    // a majority of replicas confirms the primary is gone.
+    let nodes = [
+        node("pg1", Check::Failed),
+        node("pg2", replica(900, false)),
+        node("pg3", replica(950, false)),
+        node("pg4", Check::Failed),
+    ];
+    let (v, _) = verdict(&policy, &nodes, &[1, 2, 3]);
+    assert_eq!(
+        v,
+        Verdict::SyncQuorumLost {
+            answering: 2,
+            needed: 3
+        }
+    );
+}
+
+#[test]
+fn a_second_writable_node_is_fenced_and_never_routed() {
+    let mut nodes = [
+        node("pg1", primary()),
+        node("pg2", primary()),
+        node("pg3", replica(1000, true)),
+    ];
+    let (v, s) = verdict(&POLICY, &nodes, &[]);
+    assert_eq!(v, Verdict::Fence { node: 1 });
+    assert_eq!(
+        s,
+        "pg2 accepts writes but pg1 is the elected primary: fencing pg2"
+    );
+    assert_eq!(routable_primary(&view(&nodes, &[])), Some(0));
+    nodes[1].fenced = true;
+    assert_eq!(verdict(&POLICY, &nodes, &[]).0, Verdict::PrimaryUp);
+}
+
+#[test]
+fn election_needs_exactly_one_writable_node() {
+    let nodes = [node("pg1", primary()), node("pg2", replica(1000, true))];
+    let v = View {
+        elected: None,
+        ..view(&nodes, &[])
+    };
+    assert_eq!(decide(&POLICY, &v), Verdict::Elect { node: 0 });
+    let both = [node("pg1", primary()), node("pg2", primary())];
+    let v = View {
+        elected: None,
+        ..view(&both, &[])
+    };
+    let verdict = decide(&POLICY, &v);
+    assert_eq!(
+        verdict,
+        Verdict::Ambiguous {
+            writable: vec![0, 1]
+        }
+    );
+    assert_eq!(routable_primary(&v), None);
+    assert_eq!(
+        verdict.sentence(&v),
+        "pg1, pg2 all accept writes and none is elected: routing no writes"
+    );
+}
+
+#[test]
+fn a_demoted_primary_gets_no_writes() {
+    let nodes = [
+        node("pg1", replica(1000, false)),
+        node("pg2", replica(1000, false)),
+    ];
+    assert_eq!(verdict(&POLICY, &nodes, &[]).0, Verdict::PrimaryDemoted);
+    assert_eq!(routable_primary(&view(&nodes, &[])), None);
+}
+
+#[test]
+fn sync_mode_never_skips_a_more_advanced_standby_it_may_not_promote() {
+    let policy = Policy {
+        durability: Durability::Sync,
+        ..POLICY
+    };
+    let mut nodes = [
+        node("pg1", Check::Failed),
+        node("pg2", replica(1000, false)),
+        node("pg3", replica(900, false)),
+    ];
+    nodes[1].priority = 0;
+    let (v, s) = verdict(&policy, &nodes, &[1, 2]);
+    assert_eq!(
+        v,
+        Verdict::NoCandidate {
+            rejected: vec![
+                (1, Rejection::PriorityZero),
+                (2, Rejection::MissesAcknowledgedWal { behind_bytes: 100 })
+            ]
+        }
+    );
+    assert_eq!(
+        s,
+        "primary pg1 is down and no replica may be promoted; pg2: priority 0; pg3: 100 bytes behind a synchronous standby that may not be promoted, which may hold acknowledged commits"
+    );
+}

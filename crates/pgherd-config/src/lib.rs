@@ -126,6 +126,8 @@ pub struct ClusterSettings {
     pub database: String,
     pub health_check_period_ms: u64,
     pub health_check_timeout_ms: u64,
+    /// Failed checks in a row before a node counts as down.
+    pub health_check_failures_before_down: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

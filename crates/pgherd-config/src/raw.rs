@@ -188,6 +188,8 @@ pub struct RawCluster {
     pub health_check_period_ms: u64,
     #[serde(default = "default_health_check_timeout_ms")]
     pub health_check_timeout_ms: u64,
+    #[serde(default = "default_health_check_failures_before_down")]
+    pub health_check_failures_before_down: u32,
 }
 
 impl Default for RawCluster {
@@ -198,6 +200,7 @@ impl Default for RawCluster {
             database: default_cluster_database(),
             health_check_period_ms: default_health_check_period_ms(),
             health_check_timeout_ms: default_health_check_timeout_ms(),
+            health_check_failures_before_down: default_health_check_failures_before_down(),
         }
     }
 }
@@ -213,6 +216,9 @@ fn default_health_check_period_ms() -> u64 {
 }
 fn default_health_check_timeout_ms() -> u64 {
     2_000
+}
+fn default_health_check_failures_before_down() -> u32 {
+    3
 }
 
 #[derive(Debug, Deserialize)]

@@ -329,6 +329,12 @@ fn cluster(c: &Checker<'_>, raw: &RawConfig) -> Result<ClusterSettings, ConfigEr
             return Err(c.error(&path!["cluster", field], "must be at least 10"));
         }
     }
+    if k.health_check_failures_before_down == 0 {
+        return Err(c.error(
+            &path!["cluster", "health_check_failures_before_down"],
+            "must be at least 1",
+        ));
+    }
     if k.user.is_empty() {
         return Err(c.error(&path!["cluster", "user"], "must not be empty"));
     }
@@ -338,6 +344,7 @@ fn cluster(c: &Checker<'_>, raw: &RawConfig) -> Result<ClusterSettings, ConfigEr
         database: k.database.clone(),
         health_check_period_ms: k.health_check_period_ms,
         health_check_timeout_ms: k.health_check_timeout_ms,
+        health_check_failures_before_down: k.health_check_failures_before_down,
     })
 }
 

@@ -60,6 +60,7 @@ impl App {
             nodes: Arc::new(Nodes::new(
                 &config.nodes,
                 config.routing.rejoin_after_checks,
+                config.cluster.health_check_failures_before_down,
             )),
             routers: Mutex::new(HashMap::new()),
             clients: Arc::new(ClientRegistry::new()),
@@ -245,6 +246,10 @@ impl App {
         self.nodes
             .rejoin_after_checks
             .store(new.routing.rejoin_after_checks, Ordering::Relaxed);
+        self.nodes.failures_before_down.store(
+            new.cluster.health_check_failures_before_down,
+            Ordering::Relaxed,
+        );
         if !started.is_empty() {
             notes.push(format!(
                 "nodes added: {}",

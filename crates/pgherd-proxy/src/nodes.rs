@@ -49,6 +49,8 @@ pub struct NodeHealth {
     pub last_check: Option<SystemTime>,
     pub checks_ok: u64,
     pub checks_failed: u64,
+    /// Failed checks since the last good one.
+    pub failed_streak: u32,
 }
 
 /// What one health check learned.
@@ -175,7 +177,7 @@ impl NodeState {
         self.health.lock().clone()
     }
 
-    fn record(&self, outcome: Result<Observation, String>, rejoin_after_checks: u32) {
+    fn record(&self, outcome: Result<Observation, String>, thresholds: CheckThresholds) {
         let mut health = self.health.lock();
         health.last_check = Some(SystemTime::now());
         match outcome {
@@ -192,12 +194,13 @@ impl NodeState {
                 self.receive_lsn.store(seen.receive_lsn, Ordering::Release);
                 self.up.store(true, Ordering::Release);
                 health.checks_ok += 1;
+                health.failed_streak = 0;
                 health.last_error = None;
                 let streak = self.healthy_streak.fetch_add(1, Ordering::AcqRel) + 1;
                 // The first check after startup admits a node at once; after a failure it must
                 // prove itself several times.
                 let first_ever = health.checks_failed == 0 && health.checks_ok == 1;
-                if !self.in_read_set() && (first_ever || streak >= rejoin_after_checks) {
+                if !self.in_read_set() && (first_ever || streak >= thresholds.rejoin_after_checks) {
                     self.in_read_set.store(true, Ordering::Release);
                     if !first_ever {
                         tracing::info!(node = %self.config.name, healthy_checks = streak, "node rejoins the read set");
@@ -208,14 +211,26 @@ impl NodeState {
                 }
             }
             Err(error) => {
-                if self.is_up() || health.checks_failed == 0 {
+                health.checks_failed += 1;
+                health.failed_streak = health.failed_streak.saturating_add(1);
+                let failed_streak = health.failed_streak;
+                // One slow check on a busy machine must not take a node out of service: it is
+                // down only after several failures in a row (failed connections from sessions
+                // still take a replica out of the read set at once).
+                let down = failed_streak >= thresholds.failures_before_down;
+                if self.is_up() {
+                    tracing::warn!(node = %self.config.name, %error, failed_streak, failures_before_down = thresholds.failures_before_down, "node health check failed");
+                } else if health.checks_failed == 1 {
                     tracing::warn!(node = %self.config.name, %error, "node health check failed");
                 }
-                self.up.store(false, Ordering::Release);
-                health.checks_failed += 1;
                 health.last_error = Some(error);
                 drop(health);
-                self.leave_read_set("health check failed");
+                if down {
+                    if self.up.swap(false, Ordering::AcqRel) {
+                        tracing::warn!(node = %self.config.name, failed_streak, "node is down");
+                    }
+                    self.leave_read_set("health check failed");
+                }
             }
         }
     }
@@ -256,6 +271,14 @@ pub struct Nodes {
     primary_history: Mutex<(String, LsnHistory)>,
     clock_origin: Instant,
     pub rejoin_after_checks: AtomicU32,
+    pub failures_before_down: AtomicU32,
+}
+
+/// How many checks in a row change a node's standing.
+#[derive(Debug, Clone, Copy)]
+struct CheckThresholds {
+    rejoin_after_checks: u32,
+    failures_before_down: u32,
 }
 
 /// Primary positions kept to date replica lag: at a 100 ms check period, about two minutes of
@@ -263,7 +286,11 @@ pub struct Nodes {
 const PRIMARY_HISTORY_SAMPLES: usize = 1_200;
 
 impl Nodes {
-    pub fn new(configs: &[NodeConfig], rejoin_after_checks: u32) -> Self {
+    pub fn new(
+        configs: &[NodeConfig],
+        rejoin_after_checks: u32,
+        failures_before_down: u32,
+    ) -> Self {
         Nodes {
             list: ArcSwap::from_pointee(
                 configs
@@ -278,6 +305,7 @@ impl Nodes {
             primary_history: Mutex::new((String::new(), LsnHistory::new(PRIMARY_HISTORY_SAMPLES))),
             clock_origin: Instant::now(),
             rejoin_after_checks: AtomicU32::new(rejoin_after_checks),
+            failures_before_down: AtomicU32::new(failures_before_down),
         }
     }
 
@@ -306,7 +334,13 @@ impl Nodes {
                 Role::Unknown => {}
             }
         }
-        node.record(outcome, self.rejoin_after_checks.load(Ordering::Relaxed));
+        node.record(
+            outcome,
+            CheckThresholds {
+                rejoin_after_checks: self.rejoin_after_checks.load(Ordering::Relaxed),
+                failures_before_down: self.failures_before_down.load(Ordering::Relaxed),
+            },
+        );
     }
 
     /// Where a read may go, in config order, with what the chooser needs to know; the primary
@@ -544,5 +578,63 @@ pub async fn monitor(
             _ = tokio::time::sleep(period) => {}
             _ = stop.changed() => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_node(failures_before_down: u32) -> (Nodes, Arc<NodeState>) {
+        let config = NodeConfig {
+            name: "pg1".into(),
+            host: "127.0.0.1".into(),
+            port: 5432,
+            data_dir: None,
+            weight: 1,
+        };
+        let nodes = Nodes::new(&[config], 2, failures_before_down);
+        let node = nodes.list.load()[0].clone();
+        (nodes, node)
+    }
+
+    fn seen(role: Role) -> Result<Observation, String> {
+        Ok(Observation {
+            role,
+            lsn: 100,
+            receive_lsn: 0,
+        })
+    }
+
+    #[test]
+    fn a_node_is_down_only_after_consecutive_failed_checks() {
+        let (nodes, node) = one_node(3);
+        nodes.record(&node, seen(Role::Replica));
+        assert!(node.is_up() && node.in_read_set());
+        nodes.record(&node, Err("no answer within 2000 ms".into()));
+        nodes.record(&node, Err("no answer within 2000 ms".into()));
+        assert!(node.is_up() && node.in_read_set(), "two slow checks");
+        // A good check in between starts the count again.
+        nodes.record(&node, seen(Role::Replica));
+        nodes.record(&node, Err("no answer within 2000 ms".into()));
+        nodes.record(&node, Err("no answer within 2000 ms".into()));
+        assert!(node.is_up());
+        nodes.record(&node, Err("connection refused".into()));
+        assert!(!node.is_up() && !node.in_read_set());
+        assert_eq!(node.health().failed_streak, 3);
+        // Back up at once, back in the read set after `rejoin_after_checks` good checks.
+        nodes.record(&node, seen(Role::Replica));
+        assert!(node.is_up() && !node.in_read_set());
+        nodes.record(&node, seen(Role::Replica));
+        assert!(node.in_read_set());
+    }
+
+    #[test]
+    fn one_failure_is_enough_when_configured() {
+        let (nodes, node) = one_node(1);
+        nodes.record(&node, seen(Role::Primary));
+        nodes.record(&node, Err("connection refused".into()));
+        assert!(!node.is_up());
+        assert!(nodes.primary().is_none());
     }
 }

@@ -39,6 +39,17 @@ pub struct Config {
     /// that asks everybody for SCRAM.
     pub hba: Vec<HbaRule>,
     pub routing: RoutingSettings,
+    pub failover: FailoverSettings,
+}
+
+/// Automatic failover (`[failover]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailoverSettings {
+    /// Off by default while failover is being built (fencing, switchover and drills are not
+    /// there yet).
+    pub enabled: bool,
+    /// A replica further behind the primary's last known position is never promoted.
+    pub max_lag_on_failover_bytes: u64,
 }
 
 /// Cluster-wide rules for sending reads to replicas.
@@ -139,6 +150,8 @@ pub struct NodeConfig {
     pub data_dir: Option<PathBuf>,
     /// Share of reads under the `weighted` policy; 0 keeps reads off the node.
     pub weight: u32,
+    /// Failover preference among equally advanced replicas; 0 = never promoted.
+    pub priority: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

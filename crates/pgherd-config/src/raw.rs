@@ -29,6 +29,30 @@ pub struct RawConfig {
     pub hba: Vec<RawHba>,
     #[serde(default)]
     pub routing: RawRouting,
+    #[serde(default)]
+    pub failover: RawFailover,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFailover {
+    #[serde(default)]
+    pub enabled: bool,
+    #[serde(default = "default_max_lag_on_failover_bytes")]
+    pub max_lag_on_failover_bytes: u64,
+}
+
+impl Default for RawFailover {
+    fn default() -> Self {
+        RawFailover {
+            enabled: false,
+            max_lag_on_failover_bytes: default_max_lag_on_failover_bytes(),
+        }
+    }
+}
+
+fn default_max_lag_on_failover_bytes() -> u64 {
+    16 << 20
 }
 
 #[derive(Debug, Deserialize)]
@@ -231,6 +255,12 @@ pub struct RawNode {
     pub data_dir: Option<String>,
     #[serde(default = "default_node_weight")]
     pub weight: u32,
+    #[serde(default = "default_node_priority")]
+    pub priority: u32,
+}
+
+fn default_node_priority() -> u32 {
+    1
 }
 
 fn default_node_weight() -> u32 {

@@ -15,8 +15,8 @@ use crate::hba::{AuthMethod, ConnectionType, HbaRule, NameMatch};
 use crate::raw::{RawConfig, RawHba};
 use crate::{
     AuthQuery, Balance, ClientTls, ClientTlsMode, ClusterSettings, Config, ConfigError,
-    Consistency, DatabaseConfig, LogFormat, NodeConfig, PoolMode, PoolSettings, ProxySettings,
-    Route, RoutingSettings, ServerTls, ServerTlsMode, UserConfig, WILDCARD_DATABASE,
+    Consistency, DatabaseConfig, FailoverSettings, LogFormat, NodeConfig, PoolMode, PoolSettings,
+    ProxySettings, Route, RoutingSettings, ServerTls, ServerTlsMode, UserConfig, WILDCARD_DATABASE,
 };
 
 /// One step of a field path: a table key or an array index.
@@ -189,6 +189,10 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
         auth_query,
         hba,
         routing,
+        failover: FailoverSettings {
+            enabled: raw.failover.enabled,
+            max_lag_on_failover_bytes: raw.failover.max_lag_on_failover_bytes,
+        },
     })
 }
 
@@ -388,6 +392,7 @@ fn nodes(c: &Checker<'_>, raw: &RawConfig) -> Result<Vec<NodeConfig>, ConfigErro
             port: n.port,
             data_dir: n.data_dir.as_deref().map(|d| c.file_path(d)),
             weight: n.weight,
+            priority: n.priority,
         });
     }
     Ok(nodes)

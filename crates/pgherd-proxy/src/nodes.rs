@@ -51,6 +51,8 @@ pub struct NodeHealth {
     pub checks_failed: u64,
     /// Failed checks since the last good one.
     pub failed_streak: u32,
+    /// What the last good check saw.
+    pub last_seen: Option<Observation>,
 }
 
 /// What one health check learned.
@@ -61,6 +63,10 @@ pub struct Observation {
     pub lsn: Lsn,
     /// A replica's last received position (0 on a primary).
     pub receive_lsn: Lsn,
+    /// The timeline of the node's latest checkpoint.
+    pub timeline: u32,
+    /// A replica's WAL receiver is streaming from its upstream right now.
+    pub upstream_streaming: bool,
 }
 
 #[derive(Debug)]
@@ -83,6 +89,9 @@ pub struct NodeState {
     /// May serve reads: taken out on a failed check or connection, back after
     /// `routing.rejoin_after_checks` healthy checks.
     in_read_set: AtomicBool,
+    /// Failover fenced this node (a primary that was replaced, or a node that accepts writes
+    /// but was not elected): it gets no traffic.
+    fenced: AtomicBool,
 }
 
 impl NodeState {
@@ -100,7 +109,21 @@ impl NodeState {
             outstanding: AtomicU32::new(0),
             healthy_streak: AtomicU32::new(0),
             in_read_set: AtomicBool::new(false),
+            fenced: AtomicBool::new(false),
         }
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
+    }
+
+    /// Takes the node out of all traffic; returns whether it was not fenced before.
+    pub fn fence(&self) -> bool {
+        let first = !self.fenced.swap(true, Ordering::AcqRel);
+        if first {
+            self.in_read_set.store(false, Ordering::Release);
+        }
+        first
     }
 
     pub fn lsn(&self) -> Lsn {
@@ -168,9 +191,9 @@ impl NodeState {
         self.up.load(Ordering::Acquire)
     }
 
-    /// Up and in `role`: two atomic loads, cheap enough for every transaction.
+    /// Up, in `role` and not fenced: three atomic loads, cheap enough for every transaction.
     pub fn is_usable_as(&self, role: Role) -> bool {
-        self.is_up() && self.role() == role
+        self.is_up() && self.role() == role && !self.is_fenced()
     }
 
     pub fn health(&self) -> NodeHealth {
@@ -195,6 +218,7 @@ impl NodeState {
                 self.up.store(true, Ordering::Release);
                 health.checks_ok += 1;
                 health.failed_streak = 0;
+                health.last_seen = Some(seen);
                 health.last_error = None;
                 let streak = self.healthy_streak.fetch_add(1, Ordering::AcqRel) + 1;
                 // The first check after startup admits a node at once; after a failure it must
@@ -272,6 +296,9 @@ pub struct Nodes {
     clock_origin: Instant,
     pub rejoin_after_checks: AtomicU32,
     pub failures_before_down: AtomicU32,
+    /// The node failover elected as the primary; `None` until it runs (and always when it is
+    /// off), when the node that reports being primary is used.
+    elected: Mutex<Option<String>>,
 }
 
 /// How many checks in a row change a node's standing.
@@ -306,6 +333,7 @@ impl Nodes {
             clock_origin: Instant::now(),
             rejoin_after_checks: AtomicU32::new(rejoin_after_checks),
             failures_before_down: AtomicU32::new(failures_before_down),
+            elected: Mutex::new(None),
         }
     }
 
@@ -383,13 +411,18 @@ impl Nodes {
             .cloned()
     }
 
-    /// The node that accepts writes. If monitoring ever sees two, the first in config order is
-    /// used and both are reported; choosing between them is the failover logic's job.
+    /// The node that accepts writes: the elected primary when failover runs. Without an
+    /// election, if monitoring ever sees two, the first in config order is used and both are
+    /// reported.
     pub fn primary(&self) -> Option<Arc<NodeState>> {
         let list = self.list.load();
-        let mut primaries = list
-            .iter()
-            .filter(|n| n.is_up() && n.role() == Role::Primary);
+        if let Some(elected) = self.elected.lock().as_deref() {
+            return list
+                .iter()
+                .find(|n| n.name() == elected && n.is_usable_as(Role::Primary))
+                .cloned();
+        }
+        let mut primaries = list.iter().filter(|n| n.is_usable_as(Role::Primary));
         let first = primaries.next().cloned();
         if let Some(other) = primaries.next() {
             tracing::error!(first = %first.as_ref().map_or("", |n| n.name()), second = %other.name(), "two nodes report being primary");
@@ -397,12 +430,21 @@ impl Nodes {
         first
     }
 
+    pub fn elected(&self) -> Option<String> {
+        self.elected.lock().clone()
+    }
+
+    /// Failover's choice of primary (`None` while a promotion is under way: no writes).
+    pub fn elect(&self, name: Option<&str>) {
+        *self.elected.lock() = name.map(str::to_owned);
+    }
+
     /// The next healthy replica, round robin; `None` if there is none.
     pub fn pick_replica(&self) -> Option<Arc<NodeState>> {
         let list = self.list.load();
         let replicas: Vec<&Arc<NodeState>> = list
             .iter()
-            .filter(|n| n.is_up() && n.role() == Role::Replica)
+            .filter(|n| n.is_usable_as(Role::Replica))
             .collect();
         if replicas.is_empty() {
             return None;
@@ -528,14 +570,19 @@ pub async fn check_once(
             _ => lsn(1),
         },
         receive_lsn: lsn(2),
+        timeline: field(3).and_then(|t| t.parse().ok()).unwrap_or(0),
+        upstream_streaming: field(4) == Some("t"),
     })
 }
 
-/// Role, then the primary's insert position or the replica's replay position, then what a
-/// replica has received.
+/// Role, then the primary's insert position or the replica's replay position, what a replica
+/// has received, the checkpoint timeline, and whether a replica's WAL receiver is streaming
+/// (the split-brain guard asks replicas whether they still hear the primary).
 const CHECK_SQL: &str = "SELECT pg_is_in_recovery(), \
      CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END, \
-     pg_last_wal_receive_lsn()";
+     pg_last_wal_receive_lsn(), \
+     (SELECT timeline_id FROM pg_control_checkpoint()), \
+     EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming')";
 
 /// Checks every node once, concurrently; used at startup so routing is known before the
 /// first client arrives.
@@ -592,6 +639,7 @@ mod tests {
             port: 5432,
             data_dir: None,
             weight: 1,
+            priority: 1,
         };
         let nodes = Nodes::new(&[config], 2, failures_before_down);
         let node = nodes.list.load()[0].clone();
@@ -603,6 +651,8 @@ mod tests {
             role,
             lsn: 100,
             receive_lsn: 0,
+            timeline: 1,
+            upstream_streaming: false,
         })
     }
 

@@ -32,6 +32,8 @@ pub struct PgherdConfig {
     pub sections: Vec<String>,
     /// Extra lines for a `[[nodes]]` entry, by node name.
     pub node_extra: Vec<(String, String)>,
+    /// pgherd reaches these nodes on another port (a forwarder a test can cut).
+    pub node_ports: Vec<(String, u16)>,
 }
 
 impl PgherdConfig {
@@ -48,7 +50,14 @@ impl PgherdConfig {
             pool_extra: Vec::new(),
             sections: Vec::new(),
             node_extra: Vec::new(),
+            node_ports: Vec::new(),
         }
+    }
+
+    /// pgherd reaches `node` through `port` instead of the node's own.
+    pub fn node_port(mut self, node: &str, port: u16) -> Self {
+        self.node_ports.push((node.to_owned(), port));
+        self
     }
 
     /// The node's share of reads under the `weighted` balance policy.
@@ -143,11 +152,12 @@ impl PgherdConfig {
             "\n[cluster]\nuser = \"{SUPERUSER}\"\npassword = \"{SUPERUSER_PASSWORD}\"\nhealth_check_period_ms = 200\nhealth_check_timeout_ms = 2000\n"
         );
         for node in &cluster.cluster.nodes {
-            let _ = writeln!(
-                t,
-                "[[nodes]]\nname = \"{}\"\nport = {}",
-                node.name, node.port
-            );
+            let port = self
+                .node_ports
+                .iter()
+                .find(|(n, _)| *n == node.name)
+                .map_or(node.port, |(_, p)| *p);
+            let _ = writeln!(t, "[[nodes]]\nname = \"{}\"\nport = {port}", node.name);
             for (_, line) in self.node_extra.iter().filter(|(n, _)| *n == node.name) {
                 let _ = writeln!(t, "{line}");
             }

@@ -1,0 +1,289 @@
+//! Carries out failover decisions: every check period, what the node monitors saw becomes a
+//! `pgherd_failover::View`, `decide` gives one verdict, and this task acts on it: elect,
+//! fence, or promote the chosen replica with `pg_promote()` and re-point the others. The
+//! decision rules live in the pure `pgherd-failover` crate; this is their IO shell.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgherd_config::ClusterSettings;
+use pgherd_failover::{decide, Check, Durability, NodeView, Policy, Verdict, View};
+
+use crate::app::App;
+use crate::nodes::{check_once, management_connection, NodeState, Role};
+use crate::pool::ConnectContext;
+
+/// Runs until shutdown. Does nothing while `[failover] enabled` is false.
+pub async fn run(app: Arc<App>) {
+    let mut stop = app.shutdown_signal();
+    let mut last_sentence = String::new();
+    // Fenced nodes already made read-only (ALTER SYSTEM outlives restarts).
+    let mut sealed: HashSet<String> = HashSet::new();
+    loop {
+        let config = app.config();
+        let period = Duration::from_millis(config.cluster.health_check_period_ms);
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
+        if !config.failover.enabled {
+            continue;
+        }
+        let policy = Policy {
+            failures_before_down: config.cluster.health_check_failures_before_down,
+            max_lag_on_failover_bytes: config.failover.max_lag_on_failover_bytes,
+            durability: Durability::Async,
+        };
+        let nodes = app.nodes.all();
+        let views: Vec<NodeView> = nodes.iter().map(|n| view_of(n)).collect();
+        let elected = app
+            .nodes
+            .elected()
+            .and_then(|name| nodes.iter().position(|n| n.name() == name));
+        let view = View {
+            nodes: &views,
+            elected,
+            last_primary_lsn: elected.map(|i| nodes[i].lsn()),
+            synchronous: &[],
+            sync_quorum: 1,
+        };
+        let verdict = decide(&policy, &view);
+        let sentence = verdict.sentence(&view);
+        if sentence != last_sentence {
+            match verdict {
+                Verdict::PrimaryUp | Verdict::Elect { .. } => {
+                    tracing::info!(decision = %sentence, "failover")
+                }
+                _ => tracing::warn!(decision = %sentence, "failover"),
+            }
+            last_sentence = sentence;
+        }
+        act(&app, &config.cluster, &nodes, verdict).await;
+        // A fenced node that answers again (a replaced primary restarted) is made to refuse
+        // writes, whatever else happens.
+        for node in nodes.iter() {
+            let answers = node.health().failed_streak == 0 && node.is_up();
+            if node.is_fenced()
+                && answers
+                && !sealed.contains(node.name())
+                && seal(&config.cluster, &app.connect_context(), node).await
+            {
+                sealed.insert(node.name().to_owned());
+            }
+        }
+    }
+}
+
+/// What the monitors last saw of a node, in the decision crate's terms.
+fn view_of(node: &NodeState) -> NodeView {
+    let health = node.health();
+    let check = match health.last_seen {
+        Some(seen) if health.failed_streak == 0 => match seen.role {
+            Role::Primary => Check::Primary {
+                timeline: seen.timeline,
+                lsn: seen.lsn,
+            },
+            Role::Replica => Check::Replica {
+                timeline: seen.timeline,
+                received_lsn: seen.receive_lsn,
+                replayed_lsn: seen.lsn,
+                upstream_alive: seen.upstream_streaming,
+            },
+            Role::Unknown => Check::Failed,
+        },
+        _ => Check::Failed,
+    };
+    NodeView {
+        name: node.name().to_owned(),
+        priority: node.config.priority,
+        check,
+        consecutive_failures: health.failed_streak,
+        fenced: node.is_fenced(),
+    }
+}
+
+async fn act(
+    app: &Arc<App>,
+    cluster: &ClusterSettings,
+    nodes: &[Arc<NodeState>],
+    verdict: Verdict,
+) {
+    let ctx = app.connect_context();
+    match verdict {
+        Verdict::Elect { node } => app.nodes.elect(Some(nodes[node].name())),
+        Verdict::Fence { node } => fence(app, cluster, &ctx, &nodes[node]).await,
+        Verdict::Promote {
+            candidate,
+            old,
+            followers,
+        } => {
+            // From here until the candidate accepts writes, no node gets them.
+            app.nodes.elect(None);
+            fence(app, cluster, &ctx, &nodes[old]).await;
+            let new_primary = &nodes[candidate];
+            match run_sql(new_primary, cluster, &ctx, "SELECT pg_promote(true, 60)").await {
+                Ok(rows) if first_value(&rows) == Some("t") => {
+                    // Learn its new role now rather than at its next check, so writes resume
+                    // as soon as it accepts them.
+                    let mut conn = None;
+                    let seen = check_once(new_primary, cluster, &ctx, &mut conn).await;
+                    app.nodes.record(new_primary, seen);
+                    tracing::warn!(node = new_primary.name(), "promoted; writes go to it now");
+                    app.nodes.elect(Some(new_primary.name()));
+                }
+                Ok(rows) => {
+                    tracing::error!(node = new_primary.name(), answer = ?first_value(&rows), "pg_promote() did not complete; retrying at the next check");
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(node = new_primary.name(), error = %e, "pg_promote() failed; retrying at the next check");
+                    return;
+                }
+            }
+            for follower in followers {
+                if let Err(e) = repoint(cluster, &ctx, &nodes[follower], new_primary).await {
+                    tracing::error!(node = nodes[follower].name(), primary = new_primary.name(), error = %e, "cannot re-point replica to the new primary");
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Takes a node out of traffic and, when it answers, makes it refuse writes and ends its
+/// client sessions, so a primary that was replaced cannot take writes from anyone.
+async fn fence(app: &Arc<App>, cluster: &ClusterSettings, ctx: &ConnectContext, node: &NodeState) {
+    if node.fence() {
+        tracing::warn!(node = node.name(), "fenced: no more traffic through pgherd");
+    }
+    app.drop_idle_connections(node);
+    seal(cluster, ctx, node).await;
+}
+
+/// Makes a fenced node refuse writes and ends its client sessions; false if it does not
+/// answer.
+async fn seal(cluster: &ClusterSettings, ctx: &ConnectContext, node: &NodeState) -> bool {
+    let statements = [
+        "ALTER SYSTEM SET default_transaction_read_only = on",
+        "SELECT pg_reload_conf()",
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+    ];
+    for sql in statements {
+        if let Err(e) = run_sql(node, cluster, ctx, sql).await {
+            tracing::debug!(node = node.name(), error = %e, "fencing statement not applied (node unreachable)");
+            return false;
+        }
+    }
+    tracing::warn!(
+        node = node.name(),
+        "fenced node set read-only and its sessions ended"
+    );
+    true
+}
+
+/// Points `replica` at `primary`: its replication slot is created there first (slots are not
+/// copied by promotion), then `primary_conninfo` is changed and reloaded; the replica follows
+/// the new timeline (`recovery_target_timeline = 'latest'` is PostgreSQL's default).
+async fn repoint(
+    cluster: &ClusterSettings,
+    ctx: &ConnectContext,
+    replica: &NodeState,
+    primary: &NodeState,
+) -> Result<(), String> {
+    let slot = run_sql(replica, cluster, ctx, "SHOW primary_slot_name").await?;
+    if let Some(slot) = first_value(&slot).filter(|s| !s.is_empty()) {
+        run_sql(
+            primary,
+            cluster,
+            ctx,
+            &format!(
+                "SELECT pg_create_physical_replication_slot({}) \
+                 WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = {})",
+                quote_literal(slot),
+                quote_literal(slot)
+            ),
+        )
+        .await?;
+    }
+    let mut conninfo = format!(
+        "host={} port={} user={} application_name={}",
+        conninfo_value(&primary.config.host),
+        primary.config.port,
+        conninfo_value(&cluster.user),
+        conninfo_value(replica.name())
+    );
+    if let Some(password) = &cluster.password {
+        conninfo.push_str(&format!(" password={}", conninfo_value(password)));
+    }
+    run_sql(
+        replica,
+        cluster,
+        ctx,
+        &format!(
+            "ALTER SYSTEM SET primary_conninfo = {}",
+            quote_literal(&conninfo)
+        ),
+    )
+    .await?;
+    run_sql(replica, cluster, ctx, "SELECT pg_reload_conf()").await?;
+    tracing::warn!(
+        node = replica.name(),
+        primary = primary.name(),
+        "replica re-pointed to the new primary"
+    );
+    Ok(())
+}
+
+async fn run_sql(
+    node: &NodeState,
+    cluster: &ClusterSettings,
+    ctx: &ConnectContext,
+    sql: &str,
+) -> Result<crate::server::Rows, String> {
+    let mut conn = management_connection(node, cluster, ctx, &cluster.database)
+        .await
+        .map_err(|e| e.to_string())?;
+    // pg_promote() itself waits up to 60 s.
+    let deadline = Duration::from_secs(90);
+    match tokio::time::timeout(deadline, conn.simple_query(sql)).await {
+        Ok(Ok(rows)) => Ok(rows),
+        Ok(Err(crate::server::QueryError::Sql(e))) => Err(e.to_string()),
+        Ok(Err(crate::server::QueryError::Server(e))) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {} ms", deadline.as_millis())),
+    }
+}
+
+fn first_value(rows: &crate::server::Rows) -> Option<&str> {
+    rows.first()?.first()?.as_deref()
+}
+
+/// A SQL string literal.
+fn quote_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// A libpq connection-string value, quoted when it needs to be.
+fn conninfo_value(s: &str) -> String {
+    if !s.is_empty() && !s.contains([' ', '\'', '\\']) {
+        return s.to_owned();
+    }
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(quote_literal("it's"), "'it''s'");
+        assert_eq!(conninfo_value("pg1"), "pg1");
+        assert_eq!(conninfo_value("a b'c"), "'a b\\'c'");
+        assert_eq!(conninfo_value(""), "''");
+    }
+}

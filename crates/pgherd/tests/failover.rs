@@ -1,0 +1,240 @@
+//! Automatic failover against real clusters: the primary killed with `pg_ctl stop -m
+//! immediate` is replaced by the most advanced replica, the other replica follows it, and the
+//! old primary, restarted, gets no traffic and is made read-only; and when only pgherd's own
+//! path to the primary is cut while the replicas still stream from it, nothing is promoted.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+
+const FAILOVER: &str = "[failover]\nenabled = true";
+
+async fn first_value(
+    c: &tokio_postgres::Client,
+    sql: &str,
+) -> Result<String, tokio_postgres::Error> {
+    let rows = c.simple_query(sql).await?;
+    Ok(rows
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap_or("").to_owned()),
+            _ => None,
+        })
+        .unwrap_or_default())
+}
+
+/// Waits until `f` holds, or fails the test with `what` and pgherd's log.
+fn wait_until(env: &Env, what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} within {timeout:?}\n--- pgherd log ---\n{}",
+            env.pgherd.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_is_replaced_and_fenced() {
+    let env = env(2, |c| c.section(FAILOVER));
+    let c = env.app().await;
+    c.batch_execute("CREATE TABLE acked (id int PRIMARY KEY)")
+        .await
+        .expect("create");
+    c.batch_execute("INSERT INTO acked VALUES (1)")
+        .await
+        .expect("insert before the fault");
+    env.cluster.wait_replayed();
+    wait_until(&env, "pgherd elected pg1", Duration::from_secs(10), || {
+        env.pgherd
+            .log()
+            .contains("pg1 accepts writes: elected primary")
+    });
+
+    let old = env.cluster.node("pg1");
+    old.stop(pgherd_cluster::StopMode::Immediate)
+        .expect("kill pg1");
+    let fault = Instant::now();
+    // Writes resume through the same endpoint once a replica is promoted.
+    let mut id = 2;
+    let recovered = loop {
+        let attempt = async {
+            let c = try_connect(&env.pgherd.conninfo(APP, APP_PASSWORD, APP)).await?;
+            c.batch_execute(&format!("INSERT INTO acked VALUES ({id})"))
+                .await?;
+            first_value(&c, "SELECT current_setting('port')").await
+        };
+        match attempt.await {
+            Ok(port) => break port,
+            Err(_) if fault.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!(
+                "no write succeeded within 30 s of the fault: {e}\n--- pgherd log ---\n{}",
+                env.pgherd.log()
+            ),
+        }
+        id += 1;
+    };
+    let rto = fault.elapsed();
+    let new_primary = env
+        .cluster
+        .cluster
+        .nodes
+        .iter()
+        .find(|n| n.port.to_string() == recovered)
+        .expect("writes land on a cluster node");
+    assert_ne!(new_primary.name, "pg1");
+    let log = env.pgherd.log();
+    assert!(
+        log.contains("primary pg1 is down and no replica sees it: promoting"),
+        "{log}"
+    );
+    eprintln!("writes resumed on {} after {rto:?}", new_primary.name);
+
+    // The write acknowledged before the fault survived, on the new primary.
+    let c = env.app().await;
+    assert_eq!(
+        first_value(&c, "SELECT count(*) FROM acked WHERE id = 1")
+            .await
+            .expect("read"),
+        "1"
+    );
+    // The other replica follows the new primary: a write after the failover reaches it.
+    let follower = env
+        .cluster
+        .cluster
+        .nodes
+        .iter()
+        .find(|n| n.name != "pg1" && n.name != new_primary.name)
+        .expect("a third node");
+    let last = id;
+    wait_until(
+        &env,
+        "the other replica replayed a write made after the failover",
+        Duration::from_secs(30),
+        || {
+            follower
+                .psql(
+                    APP,
+                    &format!("SELECT count(*) FROM acked WHERE id = {last}"),
+                )
+                .map(|s| s == "1")
+                .unwrap_or(false)
+        },
+    );
+
+    // The old primary comes back writable on its own: pgherd sends it nothing and makes it
+    // read-only.
+    old.start(Duration::from_secs(30)).expect("restart pg1");
+    wait_until(
+        &env,
+        "the old primary was set read-only",
+        Duration::from_secs(30),
+        || {
+            old.psql("postgres", "SHOW default_transaction_read_only")
+                .map(|s| s == "on")
+                .unwrap_or(false)
+        },
+    );
+    for _ in 0..20 {
+        let port = first_value(&c, "SELECT current_setting('port')")
+            .await
+            .expect("query");
+        assert_ne!(
+            port,
+            old.port.to_string(),
+            "traffic reached the fenced node"
+        );
+        c.batch_execute(&format!("INSERT INTO acked VALUES ({})", id + 100))
+            .await
+            .expect("write after the old primary returned");
+        id += 1;
+    }
+}
+
+/// A TCP forwarder to a node that the test can cut: pgherd's only path to it.
+struct Forwarder {
+    tasks: Arc<std::sync::Mutex<JoinSet<()>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Forwarder {
+    /// Forwards connections accepted on `listener` to `target`.
+    fn start(listener: std::net::TcpListener, target: u16) -> Forwarder {
+        listener.set_nonblocking(true).expect("nonblocking");
+        let listener = TcpListener::from_std(listener).expect("tokio listener");
+        let tasks: Arc<std::sync::Mutex<JoinSet<()>>> = Arc::default();
+        let spawned = tasks.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                spawned.lock().expect("lock").spawn(async move {
+                    if let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", target)).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Forwarder { tasks, accept }
+    }
+
+    /// Closes the listener and every forwarded connection.
+    fn cut(&self) {
+        self.accept.abort();
+        self.tasks.lock().expect("lock").abort_all();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_promotion_when_only_pgherds_path_to_the_primary_fails() {
+    let path = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let path_port = path.local_addr().expect("addr").port();
+    let env = env(2, |c| c.section(FAILOVER).node_port("pg1", path_port));
+    let forwarder = Forwarder::start(path, env.cluster.primary().port);
+    let c = env.app().await;
+    c.batch_execute("CREATE TABLE t (id int)")
+        .await
+        .expect("write through the path");
+    wait_until(&env, "pgherd elected pg1", Duration::from_secs(10), || {
+        env.pgherd
+            .log()
+            .contains("pg1 accepts writes: elected primary")
+    });
+
+    forwarder.cut();
+    wait_until(
+        &env,
+        "pgherd saw the replicas still streaming and refused to promote",
+        Duration::from_secs(15),
+        || {
+            env.pgherd
+                .log()
+                .contains("still stream(s) from it: not promoting")
+        },
+    );
+    // Well past detection (3 failures at 200 ms): still no promotion, both replicas follow pg1.
+    std::thread::sleep(Duration::from_secs(3));
+    for replica in ["pg2", "pg3"] {
+        assert_eq!(
+            env.cluster
+                .sql_on(replica, "postgres", "SELECT pg_is_in_recovery()"),
+            "t",
+            "{replica} was promoted although it still streamed from the primary\n{}",
+            env.pgherd.log()
+        );
+    }
+    assert!(
+        !env.pgherd.log().contains("no replica sees it: promoting"),
+        "{}",
+        env.pgherd.log()
+    );
+    // The primary itself was never touched.
+    assert_eq!(env.direct("SELECT count(*) FROM t"), "0");
+}

@@ -121,29 +121,27 @@ async fn act(
             old,
             followers,
         } => {
-            // From here until the candidate accepts writes, no node gets them.
+            // From here until the candidate accepts writes, no node gets them. The old primary
+            // does not answer, so it is only excluded now; the loop makes it read-only when it
+            // answers again (trying now could wait out a connect timeout and delay promotion).
             app.nodes.elect(None);
-            fence(app, cluster, &ctx, &nodes[old]).await;
+            exclude(app, &nodes[old]);
             let new_primary = &nodes[candidate];
-            match run_sql(new_primary, cluster, &ctx, "SELECT pg_promote(true, 60)").await {
-                Ok(rows) if first_value(&rows) == Some("t") => {
-                    // Learn its new role now rather than at its next check, so writes resume
-                    // as soon as it accepts them.
-                    let mut conn = None;
-                    let seen = check_once(new_primary, cluster, &ctx, &mut conn).await;
-                    app.nodes.record(new_primary, seen);
-                    tracing::warn!(node = new_primary.name(), "promoted; writes go to it now");
-                    app.nodes.elect(Some(new_primary.name()));
-                }
-                Ok(rows) => {
-                    tracing::error!(node = new_primary.name(), answer = ?first_value(&rows), "pg_promote() did not complete; retrying at the next check");
-                    return;
-                }
-                Err(e) => {
-                    tracing::error!(node = new_primary.name(), error = %e, "pg_promote() failed; retrying at the next check");
-                    return;
-                }
+            let answer = run_sql(new_primary, cluster, &ctx, "SELECT pg_promote(true, 60)").await;
+            // Whatever the answer (it may be lost after the promotion happened), ask the
+            // candidate what it is now; this also lets writes resume before its next check.
+            let mut conn = None;
+            let seen = check_once(new_primary, cluster, &ctx, &mut conn).await;
+            let promoted = matches!(&seen, Ok(s) if s.role == Role::Primary);
+            app.nodes.record(new_primary, seen);
+            if !promoted {
+                tracing::error!(node = new_primary.name(), answer = ?answer.as_ref().map(|rows| first_value(rows).map(str::to_owned)), "promotion did not complete; retrying at the next check");
+                // Still the elected (fenced, down) primary, so the next check decides again.
+                app.nodes.elect(Some(nodes[old].name()));
+                return;
             }
+            tracing::warn!(node = new_primary.name(), "promoted; writes go to it now");
+            app.nodes.elect(Some(new_primary.name()));
             for follower in followers {
                 if let Err(e) = repoint(cluster, &ctx, &nodes[follower], new_primary).await {
                     tracing::error!(node = nodes[follower].name(), primary = new_primary.name(), error = %e, "cannot re-point replica to the new primary");
@@ -157,11 +155,16 @@ async fn act(
 /// Takes a node out of traffic and, when it answers, makes it refuse writes and ends its
 /// client sessions, so a primary that was replaced cannot take writes from anyone.
 async fn fence(app: &Arc<App>, cluster: &ClusterSettings, ctx: &ConnectContext, node: &NodeState) {
+    exclude(app, node);
+    seal(cluster, ctx, node).await;
+}
+
+/// No more traffic through pgherd to `node`.
+fn exclude(app: &App, node: &NodeState) {
     if node.fence() {
         tracing::warn!(node = node.name(), "fenced: no more traffic through pgherd");
     }
     app.drop_idle_connections(node);
-    seal(cluster, ctx, node).await;
 }
 
 /// Makes a fenced node refuse writes and ends its client sessions; false if it does not

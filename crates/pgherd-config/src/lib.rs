@@ -50,6 +50,8 @@ pub struct FailoverSettings {
     pub enabled: bool,
     /// A replica further behind the primary's last known position is never promoted.
     pub max_lag_on_failover_bytes: u64,
+    /// Run through `sh -c` for every failover event, with the event in `PGHERD_*` variables.
+    pub notify_command: Option<String>,
 }
 
 /// Cluster-wide rules for sending reads to replicas.

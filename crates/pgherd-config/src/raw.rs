@@ -40,6 +40,7 @@ pub struct RawFailover {
     pub enabled: bool,
     #[serde(default = "default_max_lag_on_failover_bytes")]
     pub max_lag_on_failover_bytes: u64,
+    pub notify_command: Option<String>,
 }
 
 impl Default for RawFailover {
@@ -47,6 +48,7 @@ impl Default for RawFailover {
         RawFailover {
             enabled: false,
             max_lag_on_failover_bytes: default_max_lag_on_failover_bytes(),
+            notify_command: None,
         }
     }
 }

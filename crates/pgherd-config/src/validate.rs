@@ -192,6 +192,7 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
         failover: FailoverSettings {
             enabled: raw.failover.enabled,
             max_lag_on_failover_bytes: raw.failover.max_lag_on_failover_bytes,
+            notify_command: raw.failover.notify_command.clone(),
         },
     })
 }

@@ -154,7 +154,7 @@ fn run_script(
     Ok(())
 }
 
-const COMMANDS: &str = "SHOW HELP|VERSION|NODES|POOLS|CLIENTS|CONFIG, RELOAD, SHUTDOWN";
+const COMMANDS: &str = "SHOW HELP|VERSION|NODES|POOLS|CLIENTS|CONFIG|EVENTS, RELOAD, SHUTDOWN";
 
 fn run_command(
     app: &Arc<App>,
@@ -187,6 +187,7 @@ fn run_command(
             rows: vec![vec![format!("pgherd {VERSION}")]],
         })),
         ["SHOW", "NODES"] => Ok(Outcome::Rows(show_nodes(app))),
+        ["SHOW", "EVENTS"] => Ok(Outcome::Rows(show_events(app))),
         ["SHOW", "POOLS"] => Ok(Outcome::Rows(show_pools(app))),
         ["SHOW", "CLIENTS"] => Ok(Outcome::Rows(show_clients(app))),
         ["SHOW", "CONFIG"] => Ok(Outcome::Rows(show_config(app))),
@@ -229,7 +230,9 @@ fn show_nodes(app: &Arc<App>) -> Table {
                 n.config.host.clone(),
                 n.config.port.to_string(),
                 n.role().as_str().to_owned(),
-                if n.is_up() {
+                if n.is_fenced() {
+                    "fenced".into()
+                } else if n.is_up() {
                     "up".into()
                 } else {
                     "down".into()
@@ -259,6 +262,25 @@ fn show_nodes(app: &Arc<App>) -> Table {
             "checks_failed",
             "last_error",
         ],
+        rows,
+    }
+}
+
+fn show_events(app: &Arc<App>) -> Table {
+    let rows = app
+        .events
+        .list()
+        .into_iter()
+        .map(|e| {
+            let at =
+                e.at.duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| format!("{:.3}", d.as_secs_f64()))
+                    .unwrap_or_default();
+            vec![at, e.kind.to_owned(), e.node, e.detail]
+        })
+        .collect();
+    Table {
+        columns: &["at_epoch_s", "kind", "node", "detail"],
         rows,
     }
 }

@@ -46,6 +46,8 @@ pub struct App {
     auth_pools: Mutex<HashMap<String, Arc<Pool>>>,
     /// Startup settings shared by the clients that sent the same ones.
     pub settings_interner: crate::relay::params::Interner,
+    /// Failover decisions and actions, for `SHOW EVENTS` and the notification command.
+    pub events: crate::events::Events,
 }
 
 impl App {
@@ -63,6 +65,7 @@ impl App {
                 config.cluster.health_check_failures_before_down,
             )),
             routers: Mutex::new(HashMap::new()),
+            events: Default::default(),
             clients: Arc::new(ClientRegistry::new()),
             pools: Mutex::new(HashMap::new()),
             next_server_id: connect.next_server_id.clone(),

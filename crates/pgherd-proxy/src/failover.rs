@@ -60,6 +60,12 @@ pub async fn run(app: Arc<App>) {
                 }
                 _ => tracing::warn!(decision = %sentence, "failover"),
             }
+            let node = match &verdict {
+                Verdict::Elect { node } | Verdict::Fence { node } => nodes[*node].name(),
+                Verdict::Promote { candidate, .. } => nodes[*candidate].name(),
+                _ => elected.map_or("", |i| nodes[i].name()),
+            };
+            event(&app, kind(&verdict), node, &sentence);
             last_sentence = sentence;
         }
         act(&app, &config.cluster, &nodes, verdict).await;
@@ -73,9 +79,43 @@ pub async fn run(app: Arc<App>) {
                 && seal(&config.cluster, &app.connect_context(), node).await
             {
                 sealed.insert(node.name().to_owned());
+                event(
+                    &app,
+                    "sealed",
+                    node.name(),
+                    "set read-only (default_transaction_read_only) and its client sessions ended",
+                );
             }
         }
     }
+}
+
+/// One word for a verdict in the event list.
+fn kind(verdict: &Verdict) -> &'static str {
+    match verdict {
+        Verdict::PrimaryUp => "primary_up",
+        Verdict::Suspect { .. } => "suspect",
+        Verdict::PrimaryDemoted => "demoted",
+        Verdict::Guarded { .. } => "guarded",
+        Verdict::NotConfirmed { .. } => "not_confirmed",
+        Verdict::NoCandidate { .. } => "no_candidate",
+        Verdict::SyncQuorumLost { .. } => "sync_quorum_lost",
+        Verdict::Promote { .. } => "promoting",
+        Verdict::Elect { .. } => "elected",
+        Verdict::Ambiguous { .. } => "ambiguous",
+        Verdict::Fence { .. } => "fencing",
+        Verdict::NoPrimary => "no_primary",
+    }
+}
+
+fn event(app: &App, kind: &'static str, node: &str, detail: &str) {
+    let config = app.config();
+    app.events.record(
+        kind,
+        node,
+        detail,
+        config.failover.notify_command.as_deref(),
+    );
 }
 
 /// What the monitors last saw of a node, in the decision crate's terms.
@@ -136,15 +176,41 @@ async fn act(
             app.nodes.record(new_primary, seen);
             if !promoted {
                 tracing::error!(node = new_primary.name(), answer = ?answer.as_ref().map(|rows| first_value(rows).map(str::to_owned)), "promotion did not complete; retrying at the next check");
+                event(
+                    app,
+                    "promotion_failed",
+                    new_primary.name(),
+                    &format!("pg_promote() answered {answer:?}; retrying at the next check"),
+                );
                 // Still the elected (fenced, down) primary, so the next check decides again.
                 app.nodes.elect(Some(nodes[old].name()));
                 return;
             }
             tracing::warn!(node = new_primary.name(), "promoted; writes go to it now");
             app.nodes.elect(Some(new_primary.name()));
+            event(
+                app,
+                "promoted",
+                new_primary.name(),
+                "promoted; writes go to it now",
+            );
             for follower in followers {
-                if let Err(e) = repoint(cluster, &ctx, &nodes[follower], new_primary).await {
-                    tracing::error!(node = nodes[follower].name(), primary = new_primary.name(), error = %e, "cannot re-point replica to the new primary");
+                match repoint(cluster, &ctx, &nodes[follower], new_primary).await {
+                    Ok(()) => event(
+                        app,
+                        "repointed",
+                        nodes[follower].name(),
+                        &format!("follows {} now", new_primary.name()),
+                    ),
+                    Err(e) => {
+                        tracing::error!(node = nodes[follower].name(), primary = new_primary.name(), error = %e, "cannot re-point replica to the new primary");
+                        event(
+                            app,
+                            "repoint_failed",
+                            nodes[follower].name(),
+                            &format!("cannot follow {}: {e}", new_primary.name()),
+                        );
+                    }
                 }
             }
         }
@@ -163,6 +229,7 @@ async fn fence(app: &Arc<App>, cluster: &ClusterSettings, ctx: &ConnectContext, 
 fn exclude(app: &App, node: &NodeState) {
     if node.fence() {
         tracing::warn!(node = node.name(), "fenced: no more traffic through pgherd");
+        event(app, "fenced", node.name(), "no more traffic through pgherd");
     }
     app.drop_idle_connections(node);
 }

@@ -43,7 +43,20 @@ fn wait_until(env: &Env, what: &str, timeout: Duration, mut f: impl FnMut() -> b
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_is_replaced_and_fenced() {
-    let env = env(2, |c| c.section(FAILOVER));
+    let notified = std::env::temp_dir().join(format!(
+        "pgherd-notify-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    let section = format!(
+        "{FAILOVER}\nnotify_command = \"echo \\\"$PGHERD_EVENT $PGHERD_NODE\\\" >> {}\"",
+        notified.display()
+    );
+    let env = env(2, |c| {
+        c.superuser()
+            .proxy("admin_users = [\"postgres\"]")
+            .section(&section)
+    });
     let c = env.app().await;
     c.batch_execute("CREATE TABLE acked (id int PRIMARY KEY)")
         .await
@@ -144,6 +157,50 @@ async fn a_killed_primary_is_replaced_and_fenced() {
                 .unwrap_or(false)
         },
     );
+    // Every step is an event, on the admin console and through the notification command.
+    let events = psql(
+        &env.pgherd
+            .url("postgres", pgherd_testkit::SUPERUSER_PASSWORD, "pgherd"),
+        &["-c", "SHOW EVENTS"],
+    )
+    .expect("SHOW EVENTS");
+    for kind in [
+        "elected",
+        "suspect",
+        "promoting",
+        "fenced",
+        "promoted",
+        "repointed",
+        "sealed",
+    ] {
+        assert!(
+            events.contains(&format!("|{kind}|")),
+            "no {kind} event in:\n{events}"
+        );
+    }
+    let nodes = psql(
+        &env.pgherd
+            .url("postgres", pgherd_testkit::SUPERUSER_PASSWORD, "pgherd"),
+        &["-c", "SHOW NODES"],
+    )
+    .expect("SHOW NODES");
+    assert!(
+        nodes
+            .lines()
+            .any(|l| l.starts_with("pg1|") && l.contains("|fenced|")),
+        "{nodes}"
+    );
+    let mut notes = String::new();
+    wait_until(
+        &env,
+        "the notification command ran for the promotion",
+        Duration::from_secs(10),
+        || {
+            notes = std::fs::read_to_string(&notified).unwrap_or_default();
+            notes.contains(&format!("promoted {}", new_primary.name))
+        },
+    );
+    let _ = std::fs::remove_file(&notified);
     for _ in 0..20 {
         let port = first_value(&c, "SELECT current_setting('port')")
             .await

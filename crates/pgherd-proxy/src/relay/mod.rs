@@ -1252,18 +1252,33 @@ impl Session {
         }
     }
 
-    /// True when the request starting at the front of `input` must run on the primary while
-    /// the session holds a replica: it waits until the replica owes nothing.
+    /// True when the request starting at the front of `input` must wait until the server it
+    /// would otherwise follow owes nothing, then be routed afresh: a request for the primary
+    /// while the session holds a replica, or a read while the session holds the primary only
+    /// for pgherd's LSN probe (without waiting for its answer the read could not go to a
+    /// replica).
     fn must_hold(&mut self, input: &[u8]) -> bool {
         if !self.routing.at_unit_start
             || self.routing.pinned.is_some()
             || !self.mode_shares_servers()
-            || !self.lease.as_ref().is_some_and(|l| l.on_replica)
         {
             return false;
         }
+        let Some(lease) = self.lease.as_ref() else {
+            return false;
+        };
+        let wanted = if lease.on_replica {
+            RouteTarget::Primary
+        } else if self.client_tx == TxStatus::Idle
+            && self.queue.has_probe()
+            && !self.queue.has_client_requests()
+        {
+            RouteTarget::Replica
+        } else {
+            return false;
+        };
         let routed = self.route_front(input).ok().flatten();
-        self.routing.target(routed.as_ref()) == RouteTarget::Primary
+        self.routing.target(routed.as_ref()) == wanted
     }
 
     /// Notes what a statement the client sends means for routing: a `pgherd.route` setting,

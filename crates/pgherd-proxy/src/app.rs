@@ -61,8 +61,10 @@ impl App {
         Ok(Arc::new(App {
             nodes: Arc::new(Nodes::new(
                 &config.nodes,
-                config.routing.rejoin_after_checks,
-                config.cluster.health_check_failures_before_down,
+                crate::nodes::CheckThresholds {
+                    rejoin_after_checks: config.routing.rejoin_after_checks,
+                    failures_before_down: config.cluster.health_check_failures_before_down,
+                },
             )),
             routers: Mutex::new(HashMap::new()),
             events: Default::default(),

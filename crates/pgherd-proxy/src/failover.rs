@@ -155,7 +155,8 @@ async fn act(
     let ctx = app.connect_context();
     match verdict {
         Verdict::Elect { node } => app.nodes.elect(Some(nodes[node].name())),
-        Verdict::Fence { node } => fence(app, cluster, &ctx, &nodes[node]).await,
+        // It answers as a primary, so the loop seals it right after.
+        Verdict::Fence { node } => exclude(app, &nodes[node]),
         Verdict::Promote {
             candidate,
             old,
@@ -218,14 +219,8 @@ async fn act(
     }
 }
 
-/// Takes a node out of traffic and, when it answers, makes it refuse writes and ends its
-/// client sessions, so a primary that was replaced cannot take writes from anyone.
-async fn fence(app: &Arc<App>, cluster: &ClusterSettings, ctx: &ConnectContext, node: &NodeState) {
-    exclude(app, node);
-    seal(cluster, ctx, node).await;
-}
-
-/// No more traffic through pgherd to `node`.
+/// No more traffic through pgherd to `node`. Making it refuse writes is [`seal`]'s, once it
+/// answers, so a primary that was replaced cannot take writes from anyone.
 fn exclude(app: &App, node: &NodeState) {
     if node.fence() {
         tracing::warn!(node = node.name(), "fenced: no more traffic through pgherd");

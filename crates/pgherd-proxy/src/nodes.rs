@@ -303,9 +303,11 @@ pub struct Nodes {
 
 /// How many checks in a row change a node's standing.
 #[derive(Debug, Clone, Copy)]
-struct CheckThresholds {
-    rejoin_after_checks: u32,
-    failures_before_down: u32,
+pub struct CheckThresholds {
+    /// Healthy checks before a replica taken out of the read set gets reads again.
+    pub rejoin_after_checks: u32,
+    /// Failed checks before a node counts as down.
+    pub failures_before_down: u32,
 }
 
 /// Primary positions kept to date replica lag: at a 100 ms check period, about two minutes of
@@ -313,11 +315,7 @@ struct CheckThresholds {
 const PRIMARY_HISTORY_SAMPLES: usize = 1_200;
 
 impl Nodes {
-    pub fn new(
-        configs: &[NodeConfig],
-        rejoin_after_checks: u32,
-        failures_before_down: u32,
-    ) -> Self {
+    pub fn new(configs: &[NodeConfig], thresholds: CheckThresholds) -> Self {
         Nodes {
             list: ArcSwap::from_pointee(
                 configs
@@ -331,8 +329,8 @@ impl Nodes {
             read_ticket: AtomicU64::new(0),
             primary_history: Mutex::new((String::new(), LsnHistory::new(PRIMARY_HISTORY_SAMPLES))),
             clock_origin: Instant::now(),
-            rejoin_after_checks: AtomicU32::new(rejoin_after_checks),
-            failures_before_down: AtomicU32::new(failures_before_down),
+            rejoin_after_checks: AtomicU32::new(thresholds.rejoin_after_checks),
+            failures_before_down: AtomicU32::new(thresholds.failures_before_down),
             elected: Mutex::new(None),
         }
     }
@@ -641,7 +639,13 @@ mod tests {
             weight: 1,
             priority: 1,
         };
-        let nodes = Nodes::new(&[config], 2, failures_before_down);
+        let nodes = Nodes::new(
+            &[config],
+            CheckThresholds {
+                rejoin_after_checks: 2,
+                failures_before_down,
+            },
+        );
         let node = nodes.list.load()[0].clone();
         (nodes, node)
     }

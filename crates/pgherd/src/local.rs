@@ -452,7 +452,13 @@ async fn check_nodes(config: &Config) -> Vec<NodeStatus> {
     };
     use pgherd_proxy::nodes::Role;
     use pgherd_route::balance::format_lsn;
-    let registry = pgherd_proxy::nodes::Nodes::new(&config.nodes, 1, 1);
+    let registry = pgherd_proxy::nodes::Nodes::new(
+        &config.nodes,
+        pgherd_proxy::nodes::CheckThresholds {
+            rejoin_after_checks: 1,
+            failures_before_down: 1,
+        },
+    );
     let mut seen = Vec::new();
     for node in registry.all().iter() {
         let mut conn = None;

@@ -14,20 +14,6 @@ use tokio::task::JoinSet;
 
 const FAILOVER: &str = "[failover]\nenabled = true";
 
-async fn first_value(
-    c: &tokio_postgres::Client,
-    sql: &str,
-) -> Result<String, tokio_postgres::Error> {
-    let rows = c.simple_query(sql).await?;
-    Ok(rows
-        .iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap_or("").to_owned()),
-            _ => None,
-        })
-        .unwrap_or_default())
-}
-
 /// Waits until `f` holds, or fails the test with `what` and pgherd's log.
 fn wait_until(env: &Env, what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;

@@ -8,23 +8,11 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::*;
-use tokio_postgres::{Client, SimpleQueryMessage};
-
-/// The first value of the first row of a simple query.
-async fn value(c: &Client, sql: &str) -> Result<String, tokio_postgres::Error> {
-    let messages = c.simple_query(sql).await?;
-    Ok(messages
-        .iter()
-        .find_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap_or("NULL").to_owned()),
-            _ => None,
-        })
-        .unwrap_or_default())
-}
+use tokio_postgres::Client;
 
 /// The port of the server that ran `sql` (which must return `current_setting('port')`).
 async fn served_by(c: &Client, sql: &str) -> u16 {
-    value(c, sql)
+    first_value(c, sql)
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
         .parse()
@@ -85,7 +73,7 @@ async fn writes_go_to_the_primary_and_reads_to_replicas_under_a_mixed_workload()
         "CREATE TABLE made_here (a int)",
         "SELECT setval('s', 10)",
     ] {
-        value(&c, sql)
+        first_value(&c, sql)
             .await
             .unwrap_or_else(|e| panic!("{sql} failed through pgherd: {e}"));
     }
@@ -375,7 +363,7 @@ async fn hints_and_the_route_setting() {
             "{bad}: {text}"
         );
         // The connection stays usable, in extended protocol too.
-        assert_eq!(value(&c, "SELECT 1").await.unwrap(), "1");
+        assert_eq!(first_value(&c, "SELECT 1").await.unwrap(), "1");
     }
     let err = c
         .prepare("/* pgherd:bogus */ SELECT 1")
@@ -392,7 +380,10 @@ async fn hints_and_the_route_setting() {
         .await
         .unwrap();
     assert_eq!(served_by(&c, WHERE).await, primary);
-    assert_eq!(value(&c, "SHOW pgherd.route").await.unwrap(), "primary");
+    assert_eq!(
+        first_value(&c, "SHOW pgherd.route").await.unwrap(),
+        "primary"
+    );
     c.simple_query("SET pgherd.route = 'auto'").await.unwrap();
     assert_eq!(served_by(&c, WHERE).await, replica);
 
@@ -429,7 +420,9 @@ async fn session_state_pins_the_client_to_its_server() {
             .await
             .unwrap();
         assert_eq!(
-            value(&c, "SELECT count(*) FROM scratch").await.unwrap(),
+            first_value(&c, "SELECT count(*) FROM scratch")
+                .await
+                .unwrap(),
             (i + 1).to_string()
         );
     }

@@ -216,14 +216,7 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
     if options.idle_clients > 0 && raised < u64::from(options.idle_clients) + 1024 {
         return Err(format!("the open-file limit is {raised}; {} idle clients need more (run as root or raise ulimit -n)", options.idle_clients));
     }
-    let (dir, tmp) = match &options.dir {
-        Some(d) => (d.clone(), None),
-        None => {
-            let d = std::env::temp_dir().join(format!("pgherd-bench-{}", std::process::id()));
-            (d.clone(), Some(tempfile_dir::TempDir(d)))
-        }
-    };
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let (dir, tmp) = work_dir(options.dir.as_ref())?;
     let pgbench_bin = pgherd_cluster::PgBinaries::find()
         .map_err(|e| e.to_string())?
         .tool("pgbench");
@@ -241,18 +234,11 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
     .collect();
     let cluster = BenchCluster::create(&dir, 0, settings, &[&bench, &cheap])?;
     cluster.sql("postgres", "CREATE DATABASE bench OWNER bench")?;
-    eprintln!("pgbench -i -s {} ...", options.scale);
-    let init = std::process::Command::new(&pgbench_bin)
-        .args(["-i", "-q", "-s", &options.scale.to_string()])
-        .arg(bench.url(cluster.primary_port(), "bench"))
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !init.status.success() {
-        return Err(format!(
-            "pgbench -i failed: {}",
-            String::from_utf8_lossy(&init.stderr)
-        ));
-    }
+    pgbench_init(
+        &pgbench_bin,
+        &bench.url(cluster.primary_port(), "bench"),
+        options.scale,
+    )?;
     cluster.sql(
         "bench",
         &format!(
@@ -344,26 +330,7 @@ fn measure(
         &fixture.bench
     };
     let url = user.url(port, "bench");
-    let (result, error) = match fixture.pgbench.run(&url, &args, 0.25, timeout) {
-        Ok(result) => (result, None),
-        // A peer failing a workload is a result too (PgBouncer before 1.21 cannot do
-        // protocol-level prepared statements in transaction mode).
-        Err(e) => {
-            let first = e
-                .lines()
-                .find(|l| l.contains("ERROR") || l.contains("error"))
-                .unwrap_or(&e)
-                .trim()
-                .to_owned();
-            let nan = PgbenchResult {
-                tps: f64::NAN,
-                latency_avg_ms: f64::NAN,
-                latency_p99_ms: f64::NAN,
-                ..Default::default()
-            };
-            (nan, Some(first))
-        }
-    };
+    let (result, error) = outcome(fixture.pgbench.run(&url, &args, 0.25, timeout));
     let cpu_us_per_txn = match (proxy, cpu_before) {
         (Some(p), Some(before)) if result.transactions > 0 => {
             Some((p.cpu_us().saturating_sub(before)) as f64 / result.transactions as f64)
@@ -568,23 +535,18 @@ fn render_report(
             );
         }
     }
-    let mut errors: Vec<String> = samples
-        .iter()
-        .filter_map(|s| {
-            s.error.as_ref().map(|e| {
-                format!(
-                    "- {} {} clients {}: {e}",
-                    s.workload.name(),
-                    s.clients,
-                    s.target.name()
-                )
-            })
-        })
-        .collect();
-    errors.dedup();
-    if !errors.is_empty() {
-        let _ = writeln!(r, "\nFailed runs:\n\n{}", errors.join("\n"));
-    }
+    write_failed_runs(
+        &mut r,
+        samples.iter().filter_map(|s| {
+            let e = s.error.as_ref()?;
+            Some(format!(
+                "- {} {} clients {}: {e}",
+                s.workload.name(),
+                s.clients,
+                s.target.name()
+            ))
+        }),
+    );
     if !memory.is_empty() {
         let _ = writeln!(
             r,
@@ -610,12 +572,8 @@ fn render_report(
 }
 
 fn write_outputs(options: &PoolerOptions, samples: &[Sample], report: &str) -> Result<(), String> {
-    std::fs::create_dir_all(&options.out).map_err(|e| format!("{}: {e}", options.out.display()))?;
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let csv_path = options.out.join(format!("pooler-{stamp}.csv"));
+    let prefix = output_prefix(&options.out, "pooler")?;
+    let csv_path = prefix.with_extension("csv");
     let mut csv = String::from("round,workload,clients,target,tps,latency_avg_ms,latency_p99_ms,proxy_cpu_us_per_txn,transactions,failed,error\n");
     for s in samples {
         let _ = writeln!(
@@ -633,15 +591,92 @@ fn write_outputs(options: &PoolerOptions, samples: &[Sample], report: &str) -> R
                 .unwrap_or_default(),
             s.result.transactions,
             s.result.failed,
-            s.error
-                .as_deref()
-                .map(|e| format!("\"{}\"", e.replace('"', "'")))
-                .unwrap_or_default()
+            csv_text(s.error.as_deref())
         );
     }
     std::fs::write(&csv_path, csv).map_err(|e| e.to_string())?;
-    let md_path = options.out.join(format!("pooler-{stamp}.md"));
+    let md_path = prefix.with_extension("md");
     std::fs::write(&md_path, report).map_err(|e| e.to_string())?;
     eprintln!("wrote {} and {}", csv_path.display(), md_path.display());
     Ok(())
+}
+
+/// The benchmark's working directory: `dir` if given, otherwise a temporary one removed when
+/// the returned guard drops.
+fn work_dir(dir: Option<&PathBuf>) -> Result<(PathBuf, Option<tempfile_dir::TempDir>), String> {
+    let (dir, tmp) = match dir {
+        Some(d) => (d.clone(), None),
+        None => {
+            let d = std::env::temp_dir().join(format!("pgherd-bench-{}", std::process::id()));
+            (d.clone(), Some(tempfile_dir::TempDir(d)))
+        }
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok((dir, tmp))
+}
+
+/// `pgbench -i` at `scale`.
+fn pgbench_init(pgbench: &std::path::Path, url: &str, scale: u32) -> Result<(), String> {
+    eprintln!("pgbench -i -s {scale} ...");
+    let init = std::process::Command::new(pgbench)
+        .args(["-i", "-q", "-s", &scale.to_string()])
+        .arg(url)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !init.status.success() {
+        return Err(format!(
+            "pgbench -i failed: {}",
+            String::from_utf8_lossy(&init.stderr)
+        ));
+    }
+    Ok(())
+}
+
+/// A run's figures, or figures of NaN and the first line of pgbench's complaint. A peer failing
+/// a workload is a result too (PgBouncer before 1.21 cannot do protocol-level prepared
+/// statements in transaction mode).
+fn outcome(run: Result<PgbenchResult, String>) -> (PgbenchResult, Option<String>) {
+    match run {
+        Ok(result) => (result, None),
+        Err(e) => {
+            let first = e
+                .lines()
+                .find(|l| l.contains("ERROR") || l.contains("error"))
+                .unwrap_or(&e)
+                .trim()
+                .to_owned();
+            let nan = PgbenchResult {
+                tps: f64::NAN,
+                latency_avg_ms: f64::NAN,
+                latency_p99_ms: f64::NAN,
+                ..Default::default()
+            };
+            (nan, Some(first))
+        }
+    }
+}
+
+/// The report's list of failed runs, each once, if there were any.
+fn write_failed_runs(r: &mut String, lines: impl Iterator<Item = String>) {
+    let mut errors: Vec<String> = lines.collect();
+    errors.dedup();
+    if !errors.is_empty() {
+        let _ = writeln!(r, "\nFailed runs:\n\n{}", errors.join("\n"));
+    }
+}
+
+/// `out/<name>-<unix seconds>`, the stem every output file of one run shares.
+fn output_prefix(out: &std::path::Path, name: &str) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Ok(out.join(format!("{name}-{stamp}")))
+}
+
+/// A free-text CSV field: quoted, inner quotes made single.
+fn csv_text(text: Option<&str>) -> String {
+    text.map(|e| format!("\"{}\"", e.replace('"', "'")))
+        .unwrap_or_default()
 }

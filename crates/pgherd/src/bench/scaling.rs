@@ -17,6 +17,7 @@ use super::targets::{
     start_pgherd, start_pgpool, BenchCluster, BenchUser, PgherdSetup, ProxyProcess,
 };
 use super::tempfile_dir;
+use super::{csv_text, fmt, outcome, output_prefix, pgbench_init, work_dir, write_failed_runs};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
 pub enum ScalingWorkload {
@@ -123,19 +124,14 @@ struct Sample {
 }
 
 struct Fixture {
-    cluster: BenchCluster,
+    /// Declared (so dropped) before the cluster: nodes leave their groups before they stop,
+    /// so the groups can be removed.
     quotas: Option<CpuQuotas>,
+    cluster: BenchCluster,
     user: BenchUser,
     pgbench: Pgbench,
     seq_scan_script: PathBuf,
     _tmp: Option<tempfile_dir::TempDir>,
-}
-
-impl Drop for Fixture {
-    /// Nodes leave their groups before the cluster stops, so the groups can be removed.
-    fn drop(&mut self) {
-        self.quotas.take();
-    }
 }
 
 pub fn scaling(options: ScalingOptions) -> Result<(), String> {
@@ -148,14 +144,16 @@ pub fn scaling(options: ScalingOptions) -> Result<(), String> {
     let fixture = setup(&options, *nodes.last().unwrap_or(&1))?;
     let started = Instant::now();
     let mut samples = Vec::new();
-    let per_block = |n: usize| {
+    // The base line is one node with nothing in front: measured once, in the first block.
+    let block_targets = |n: usize| -> Vec<ScalingTarget> {
         options
             .targets
             .iter()
-            .filter(|t| **t != ScalingTarget::Direct || n == nodes[0])
-            .count()
+            .copied()
+            .filter(|t| *t != ScalingTarget::Direct || n == nodes[0])
+            .collect()
     };
-    let total: usize = nodes.iter().map(|&n| per_block(n)).sum::<usize>()
+    let total: usize = nodes.iter().map(|&n| block_targets(n).len()).sum::<usize>()
         * options.rounds as usize
         * options.workloads.len()
         * options.clients.len();
@@ -188,13 +186,7 @@ pub fn scaling(options: ScalingOptions) -> Result<(), String> {
             )?),
             false => None,
         };
-        // The base line is one node with nothing in front: measured once, in the first block.
-        let targets: Vec<ScalingTarget> = options
-            .targets
-            .iter()
-            .copied()
-            .filter(|t| *t != ScalingTarget::Direct || n == nodes[0])
-            .collect();
+        let targets = block_targets(n);
         for round in 0..options.rounds {
             for &workload in &options.workloads {
                 for &clients in &options.clients {
@@ -247,14 +239,7 @@ pub fn scaling(options: ScalingOptions) -> Result<(), String> {
 }
 
 fn setup(options: &ScalingOptions, max_nodes: usize) -> Result<Fixture, String> {
-    let (dir, tmp) = match &options.dir {
-        Some(d) => (d.clone(), None),
-        None => {
-            let d = std::env::temp_dir().join(format!("pgherd-bench-{}", std::process::id()));
-            (d.clone(), Some(tempfile_dir::TempDir(d)))
-        }
-    };
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let (dir, tmp) = work_dir(options.dir.as_ref())?;
     let mut quotas = match options.cpu_quota_percent {
         0 => None,
         _ => Some(CpuQuotas::new()?),
@@ -286,18 +271,11 @@ fn setup(options: &ScalingOptions, max_nodes: usize) -> Result<Fixture, String> 
     .collect();
     let cluster = BenchCluster::create(&dir, max_nodes - 1, settings, &[&user])?;
     cluster.sql("postgres", "CREATE DATABASE bench OWNER bench")?;
-    eprintln!("pgbench -i -s {} ...", options.scale);
-    let init = std::process::Command::new(&pgbench_bin)
-        .args(["-i", "-q", "-s", &options.scale.to_string()])
-        .arg(user.url(cluster.primary_port(), "bench"))
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !init.status.success() {
-        return Err(format!(
-            "pgbench -i failed: {}",
-            String::from_utf8_lossy(&init.stderr)
-        ));
-    }
+    pgbench_init(
+        &pgbench_bin,
+        &user.url(cluster.primary_port(), "bench"),
+        options.scale,
+    )?;
     for sql in [
         "CREATE TABLE seq_scan (k integer, filler text)".to_owned(),
         format!(
@@ -428,7 +406,7 @@ fn measure(
     let before = fixture.quotas.as_ref().map(periods);
     let timeout = Duration::from_secs(options.duration_s * 3 + 60);
     let url = fixture.user.url(port, "bench");
-    let outcome = fixture.pgbench.run(&url, &args, 0.1, timeout);
+    let run = fixture.pgbench.run(&url, &args, 0.1, timeout);
     let throttled = match (fixture.quotas.as_ref(), before) {
         (Some(quotas), Some(before)) => {
             let shares: Vec<f64> = periods(quotas)
@@ -440,24 +418,7 @@ fn measure(
         }
         _ => None,
     };
-    let (result, error) = match outcome {
-        Ok(result) => (result, None),
-        Err(e) => (
-            PgbenchResult {
-                tps: f64::NAN,
-                latency_avg_ms: f64::NAN,
-                latency_p99_ms: f64::NAN,
-                ..Default::default()
-            },
-            Some(
-                e.lines()
-                    .find(|l| l.contains("ERROR") || l.contains("error"))
-                    .unwrap_or(&e)
-                    .trim()
-                    .to_owned(),
-            ),
-        ),
-    };
+    let (result, error) = outcome(run);
     Sample {
         round,
         nodes,
@@ -498,14 +459,6 @@ fn peak(m: &Medians, workload: ScalingWorkload, target: ScalingTarget, nodes: us
                 best
             }
         })
-}
-
-fn fmt(v: f64, decimals: usize) -> String {
-    if v.is_finite() {
-        format!("{v:.decimals$}")
-    } else {
-        "–".into()
-    }
 }
 
 /// What classifying a statement with PostgreSQL's parser costs in pgherd, against computing
@@ -684,24 +637,19 @@ fn render_report(
             p.statement, p.classify_us, p.shape_us
         );
     }
-    let mut errors: Vec<String> = samples
-        .iter()
-        .filter_map(|s| {
-            s.error.as_ref().map(|e| {
-                format!(
-                    "- {} {} node(s) {} clients {}: {e}",
-                    s.workload.name(),
-                    s.nodes,
-                    s.clients,
-                    s.target.name()
-                )
-            })
-        })
-        .collect();
-    errors.dedup();
-    if !errors.is_empty() {
-        let _ = writeln!(r, "\nFailed runs:\n\n{}", errors.join("\n"));
-    }
+    write_failed_runs(
+        &mut r,
+        samples.iter().filter_map(|s| {
+            let e = s.error.as_ref()?;
+            Some(format!(
+                "- {} {} node(s) {} clients {}: {e}",
+                s.workload.name(),
+                s.nodes,
+                s.clients,
+                s.target.name()
+            ))
+        }),
+    );
     r
 }
 
@@ -711,12 +659,7 @@ fn write_outputs(
     samples: &[Sample],
     report: &str,
 ) -> Result<(), String> {
-    std::fs::create_dir_all(&options.out).map_err(|e| format!("{}: {e}", options.out.display()))?;
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let prefix = options.out.join(format!("scaling-{stamp}"));
+    let prefix = output_prefix(&options.out, "scaling")?;
     let mut csv = String::from(
         "round,workload,nodes,clients,target,tps,latency_avg_ms,latency_p99_ms,transactions,failed,nodes_throttled_share,error\n",
     );
@@ -735,10 +678,7 @@ fn write_outputs(
             s.result.transactions,
             s.result.failed,
             s.throttled.map(|t| format!("{t:.3}")).unwrap_or_default(),
-            s.error
-                .as_deref()
-                .map(|e| format!("\"{}\"", e.replace('"', "'")))
-                .unwrap_or_default()
+            csv_text(s.error.as_deref())
         );
     }
     let mut written = vec![

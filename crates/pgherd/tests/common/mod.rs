@@ -61,6 +61,20 @@ pub async fn try_connect(conninfo: &str) -> Result<Client, tokio_postgres::Error
     Ok(client)
 }
 
+/// The first value of the first row of a simple query ("NULL" for a null, "" without rows).
+pub async fn first_value(c: &Client, sql: &str) -> Result<String, tokio_postgres::Error> {
+    let messages = c.simple_query(sql).await?;
+    Ok(messages
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some(r.get(0).unwrap_or("NULL").to_owned())
+            }
+            _ => None,
+        })
+        .unwrap_or_default())
+}
+
 /// The SQLSTATE of a failed call.
 pub fn code(e: &tokio_postgres::Error) -> String {
     e.code()

@@ -141,6 +141,8 @@ pub struct ClusterSettings {
     pub health_check_timeout_ms: u64,
     /// Failed checks in a row before a node counts as down.
     pub health_check_failures_before_down: u32,
+    /// How long a request that needs the primary waits while none accepts writes.
+    pub primary_wait_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -216,6 +216,8 @@ pub struct RawCluster {
     pub health_check_timeout_ms: u64,
     #[serde(default = "default_health_check_failures_before_down")]
     pub health_check_failures_before_down: u32,
+    #[serde(default = "default_primary_wait_ms")]
+    pub primary_wait_ms: u64,
 }
 
 impl Default for RawCluster {
@@ -227,6 +229,7 @@ impl Default for RawCluster {
             health_check_period_ms: default_health_check_period_ms(),
             health_check_timeout_ms: default_health_check_timeout_ms(),
             health_check_failures_before_down: default_health_check_failures_before_down(),
+            primary_wait_ms: default_primary_wait_ms(),
         }
     }
 }
@@ -245,6 +248,9 @@ fn default_health_check_timeout_ms() -> u64 {
 }
 fn default_health_check_failures_before_down() -> u32 {
     3
+}
+fn default_primary_wait_ms() -> u64 {
+    10_000
 }
 
 #[derive(Debug, Deserialize)]

@@ -350,6 +350,7 @@ fn cluster(c: &Checker<'_>, raw: &RawConfig) -> Result<ClusterSettings, ConfigEr
         health_check_period_ms: k.health_check_period_ms,
         health_check_timeout_ms: k.health_check_timeout_ms,
         health_check_failures_before_down: k.health_check_failures_before_down,
+        primary_wait_ms: k.primary_wait_ms,
     })
 }
 

@@ -39,6 +39,26 @@ impl ServerError {
         }
     }
 
+    /// The node did not answer or is going down or starting up: trying again later, or on
+    /// another node, may work. A refused login or a protocol error will not change by waiting.
+    pub fn is_transient(&self) -> bool {
+        match &self.kind {
+            ServerErrorKind::Connect(_)
+            | ServerErrorKind::ConnectTimeout
+            | ServerErrorKind::Io(_)
+            | ServerErrorKind::Timeout
+            | ServerErrorKind::Closed(None) => true,
+            // Class 57P: admin or crash shutdown, or not accepting connections yet.
+            ServerErrorKind::Rejected(e) | ServerErrorKind::Closed(Some(e)) => {
+                e.code.code().starts_with("57P")
+            }
+            ServerErrorKind::Tls(_)
+            | ServerErrorKind::NoCredentials(_)
+            | ServerErrorKind::Protocol(_)
+            | ServerErrorKind::Unexpected(_) => false,
+        }
+    }
+
     /// What the client sees.
     pub fn to_client_error(&self) -> PgError {
         match &self.kind {

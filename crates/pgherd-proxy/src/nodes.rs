@@ -299,6 +299,9 @@ pub struct Nodes {
     /// The node failover elected as the primary; `None` until it runs (and always when it is
     /// off), when the node that reports being primary is used.
     elected: Mutex<Option<String>>,
+    /// Woken when a node goes up or down, changes role, or the election changes: requests
+    /// waiting for a primary look again.
+    standing: tokio::sync::Notify,
 }
 
 /// How many checks in a row change a node's standing.
@@ -332,7 +335,14 @@ impl Nodes {
             rejoin_after_checks: AtomicU32::new(thresholds.rejoin_after_checks),
             failures_before_down: AtomicU32::new(thresholds.failures_before_down),
             elected: Mutex::new(None),
+            standing: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Resolves when some node's standing may have changed (see `standing`); callers look
+    /// again on a timer as well, since a change can land between their look and this call.
+    pub async fn standing_changed(&self) {
+        self.standing.notified().await
     }
 
     /// Records a health check and, for replicas, how far behind the primary they are.
@@ -360,6 +370,7 @@ impl Nodes {
                 Role::Unknown => {}
             }
         }
+        let before = (node.is_up(), node.role());
         node.record(
             outcome,
             CheckThresholds {
@@ -367,6 +378,9 @@ impl Nodes {
                 failures_before_down: self.failures_before_down.load(Ordering::Relaxed),
             },
         );
+        if before != (node.is_up(), node.role()) {
+            self.standing.notify_waiters();
+        }
     }
 
     /// Where a read may go, in config order, with what the chooser needs to know; the primary
@@ -435,6 +449,7 @@ impl Nodes {
     /// Failover's choice of primary (`None` while a promotion is under way: no writes).
     pub fn elect(&self, name: Option<&str>) {
         *self.elected.lock() = name.map(str::to_owned);
+        self.standing.notify_waiters();
     }
 
     /// The next healthy replica, round robin; `None` if there is none.

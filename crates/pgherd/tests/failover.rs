@@ -68,7 +68,8 @@ async fn a_killed_primary_is_replaced_and_fenced() {
             let c = try_connect(&env.pgherd.conninfo(APP, APP_PASSWORD, APP)).await?;
             c.batch_execute(&format!("INSERT INTO acked VALUES ({id})"))
                 .await?;
-            first_value(&c, "SELECT current_setting('port')").await
+            // The hint: the port must be the primary's, not a replica's that serves the read.
+            first_value(&c, "/* pgherd:primary */ SELECT current_setting('port')").await
         };
         match attempt.await {
             Ok(port) => break port,
@@ -188,9 +189,13 @@ async fn a_killed_primary_is_replaced_and_fenced() {
     );
     let _ = std::fs::remove_file(&notified);
     for _ in 0..20 {
-        let port = first_value(&c, "SELECT current_setting('port')")
-            .await
-            .expect("query");
+        let port = match first_value(&c, "SELECT current_setting('port')").await {
+            Ok(port) => port,
+            Err(e) => panic!(
+                "a read after the old primary returned failed: {e}\n--- pgherd log ---\n{}",
+                env.pgherd.log()
+            ),
+        };
         assert_ne!(
             port,
             old.port.to_string(),
@@ -241,15 +246,15 @@ async fn no_promotion_when_only_pgherds_path_to_the_primary_fails() {
     let path_port = path.local_addr().expect("addr").port();
     let env = env(2, |c| c.section(FAILOVER).node_port("pg1", path_port));
     let forwarder = Forwarder::start(path, env.cluster.primary().port);
-    let c = env.app().await;
-    c.batch_execute("CREATE TABLE t (id int)")
-        .await
-        .expect("write through the path");
     wait_until(&env, "pgherd elected pg1", Duration::from_secs(10), || {
         env.pgherd
             .log()
             .contains("pg1 accepts writes: elected primary")
     });
+    let c = env.app().await;
+    c.batch_execute("CREATE TABLE t (id int)")
+        .await
+        .expect("write through the path");
 
     forwarder.cut();
     wait_until(

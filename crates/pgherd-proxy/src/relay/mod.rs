@@ -21,7 +21,7 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use pgherd_config::{Balance, Consistency, PoolMode, Route};
@@ -51,6 +51,9 @@ use statements::{ClientStatements, StatementDef, StatementError};
 
 /// Stop reading from one side while this much is waiting to be written to the other.
 const HIGH_WATER_BYTES: usize = 256 << 10;
+/// How often a request waiting for a primary looks again when no node's standing changes
+/// (a primary that restarts quickly never counts as down).
+const PRIMARY_RECHECK: Duration = Duration::from_millis(50);
 /// How long cleaning up after a departed client may take before the server is dropped.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -742,8 +745,17 @@ impl Session {
         self.client_in = input;
         let mut target = self.routing.target(routed?.as_ref());
         let mut failures = 0;
+        let mut held_since = None;
         let (node, pool, conn) = loop {
-            let (node, wait_for_lsn) = self.pick_node(target)?;
+            let (node, wait_for_lsn) = match self.pick_node(target) {
+                Ok(choice) => choice,
+                Err(e) => {
+                    if self.hold_for_primary(&mut held_since).await {
+                        continue;
+                    }
+                    return Err(e);
+                }
+            };
             let pool = self.pool_for(&node)?;
             let acquired = match pool.try_acquire() {
                 Some(conn) => Ok(conn),
@@ -761,7 +773,16 @@ impl Session {
                     self.app.drop_idle_connections(&node);
                     continue;
                 }
-                Err(e) => return Err(self.acquire_error(e, &node)),
+                Err(e) => {
+                    // The primary does not answer: it may be restarting or being replaced.
+                    if matches!(&e, AcquireError::Server(se) if se.is_transient())
+                        && node.role() != Role::Replica
+                        && self.hold_for_primary(&mut held_since).await
+                    {
+                        continue;
+                    }
+                    return Err(self.acquire_error(e, &node));
+                }
             };
             let Some(lsn) = wait_for_lsn else {
                 break (node, pool, conn);
@@ -814,6 +835,27 @@ impl Session {
                 .restart();
         }
         Ok(())
+    }
+
+    /// Lets a request that has sent nothing yet wait a little for a node that accepts writes
+    /// (a failover, a switchover or a restart of the primary) instead of failing it; false
+    /// once `cluster.primary_wait_ms` has passed since it first waited.
+    async fn hold_for_primary(&self, since: &mut Option<Instant>) -> bool {
+        let limit = Duration::from_millis(self.app.config().cluster.primary_wait_ms);
+        let started = *since.get_or_insert_with(|| {
+            tracing::debug!(
+                client = self.shared.id,
+                "request waits for a node that accepts writes"
+            );
+            Instant::now()
+        });
+        let left = limit.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return false;
+        }
+        let _ = tokio::time::timeout(left.min(PRIMARY_RECHECK), self.app.nodes.standing_changed())
+            .await;
+        true
     }
 
     fn acquire_error(&mut self, e: AcquireError, node: &NodeState) -> PgError {

@@ -273,6 +273,9 @@ fn base_settings(node: &LocalNode, extra: &[(String, String)]) -> Vec<(String, S
         ("wal_log_hints", "on".to_owned()),
         ("max_connections", "200".to_owned()),
         ("log_line_prefix", "'%m [%p] %q%u@%d '".to_owned()),
+        // A standby's WAL receiver reports cluster_name as its application_name: the name
+        // pgherd lists in synchronous_standby_names.
+        ("cluster_name", format!("'{}'", node.name)),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))

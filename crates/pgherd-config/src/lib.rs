@@ -40,6 +40,7 @@ pub struct Config {
     pub hba: Vec<HbaRule>,
     pub routing: RoutingSettings,
     pub failover: FailoverSettings,
+    pub replication: ReplicationSettings,
 }
 
 /// Automatic failover (`[failover]`).
@@ -52,6 +53,75 @@ pub struct FailoverSettings {
     pub max_lag_on_failover_bytes: u64,
     /// Run through `sh -c` for every failover event, with the event in `PGHERD_*` variables.
     pub notify_command: Option<String>,
+}
+
+/// How commits are made durable (`[replication]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicationSettings {
+    pub durability: Durability,
+    /// `k` in `ANY k (...)`: standbys that confirm each commit (fewer while fewer stream).
+    pub sync_standbys: u32,
+    /// What a synchronous standby confirms before the commit is acknowledged.
+    pub synchronous_commit: SynchronousCommit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// pgherd leaves `synchronous_standby_names` alone; failover bounds loss by lag.
+    Async,
+    /// pgherd keeps `synchronous_standby_names = ANY k (streaming standbys)` on the primary and
+    /// empties it (commits acknowledged on the primary alone) while no standby streams.
+    Sync,
+    /// Like `Sync`, but never degrades: with no standby streaming, writes are refused.
+    Strict,
+}
+
+impl Durability {
+    pub fn parse(s: &str) -> Option<Durability> {
+        Some(match s {
+            "async" => Durability::Async,
+            "sync" => Durability::Sync,
+            "strict" => Durability::Strict,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Async => "async",
+            Durability::Sync => "sync",
+            Durability::Strict => "strict",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SynchronousCommit {
+    /// The standby has flushed the commit to disk.
+    On,
+    /// The standby has written it (not flushed).
+    RemoteWrite,
+    /// The standby has replayed it: reads there see it before the client hears back.
+    RemoteApply,
+}
+
+impl SynchronousCommit {
+    pub fn parse(s: &str) -> Option<SynchronousCommit> {
+        Some(match s {
+            "on" => SynchronousCommit::On,
+            "remote_write" => SynchronousCommit::RemoteWrite,
+            "remote_apply" => SynchronousCommit::RemoteApply,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SynchronousCommit::On => "on",
+            SynchronousCommit::RemoteWrite => "remote_write",
+            SynchronousCommit::RemoteApply => "remote_apply",
+        }
+    }
 }
 
 /// Cluster-wide rules for sending reads to replicas.

@@ -31,6 +31,39 @@ pub struct RawConfig {
     pub routing: RawRouting,
     #[serde(default)]
     pub failover: RawFailover,
+    #[serde(default)]
+    pub replication: RawReplication,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawReplication {
+    #[serde(default = "default_durability")]
+    pub durability: String,
+    #[serde(default = "default_sync_standbys")]
+    pub sync_standbys: u32,
+    #[serde(default = "default_synchronous_commit")]
+    pub synchronous_commit: String,
+}
+
+impl Default for RawReplication {
+    fn default() -> Self {
+        RawReplication {
+            durability: default_durability(),
+            sync_standbys: default_sync_standbys(),
+            synchronous_commit: default_synchronous_commit(),
+        }
+    }
+}
+
+fn default_durability() -> String {
+    "sync".to_owned()
+}
+fn default_sync_standbys() -> u32 {
+    1
+}
+fn default_synchronous_commit() -> String {
+    "on".to_owned()
 }
 
 #[derive(Debug, Deserialize)]

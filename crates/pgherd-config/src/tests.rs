@@ -127,3 +127,29 @@ fn unreadable_file_is_reported_with_its_path() {
         "{err}"
     );
 }
+
+#[test]
+fn replication_defaults_to_sync_and_rejects_unknown_levels() {
+    let config = parse(NODE).unwrap();
+    assert_eq!(config.replication.durability, Durability::Sync);
+    assert_eq!(config.replication.sync_standbys, 1);
+    assert_eq!(config.replication.synchronous_commit, SynchronousCommit::On);
+    let config = parse(&format!(
+        "{NODE}[replication]\ndurability = \"strict\"\nsync_standbys = 2\nsynchronous_commit = \"remote_apply\"\n"
+    ))
+    .unwrap();
+    assert_eq!(config.replication.durability, Durability::Strict);
+    assert_eq!(config.replication.sync_standbys, 2);
+    check_err(
+        &format!("{NODE}[replication]\ndurability = \"eager\"\n"),
+        "pgherd.toml:5:14: replication.durability: unknown durability \"eager\"; expected async, sync or strict",
+    );
+    check_err(
+        &format!("{NODE}[replication]\nsync_standbys = 0\n"),
+        "pgherd.toml:5:17: replication.sync_standbys: must be at least 1",
+    );
+    check_err(
+        &format!("{NODE}[replication]\nsynchronous_commit = \"local\"\n"),
+        "pgherd.toml:5:22: replication.synchronous_commit: unknown synchronous_commit level \"local\"",
+    );
+}

@@ -15,8 +15,9 @@ use crate::hba::{AuthMethod, ConnectionType, HbaRule, NameMatch};
 use crate::raw::{RawConfig, RawHba};
 use crate::{
     AuthQuery, Balance, ClientTls, ClientTlsMode, ClusterSettings, Config, ConfigError,
-    Consistency, DatabaseConfig, FailoverSettings, LogFormat, NodeConfig, PoolMode, PoolSettings,
-    ProxySettings, Route, RoutingSettings, ServerTls, ServerTlsMode, UserConfig, WILDCARD_DATABASE,
+    Consistency, DatabaseConfig, Durability, FailoverSettings, LogFormat, NodeConfig, PoolMode,
+    PoolSettings, ProxySettings, ReplicationSettings, Route, RoutingSettings, ServerTls,
+    ServerTlsMode, SynchronousCommit, UserConfig, WILDCARD_DATABASE,
 };
 
 /// One step of a field path: a table key or an array index.
@@ -194,6 +195,36 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
             max_lag_on_failover_bytes: raw.failover.max_lag_on_failover_bytes,
             notify_command: raw.failover.notify_command.clone(),
         },
+        replication: replication(&c, &raw)?,
+    })
+}
+
+fn replication(c: &Checker<'_>, raw: &RawConfig) -> Result<ReplicationSettings, ConfigError> {
+    let r = &raw.replication;
+    if r.sync_standbys == 0 {
+        return Err(c.error(
+            &path!["replication", "sync_standbys"],
+            "must be at least 1 (use durability = \"async\" for no synchronous standby)",
+        ));
+    }
+    Ok(ReplicationSettings {
+        durability: choice(
+            c,
+            &path!["replication", "durability"],
+            &r.durability,
+            Durability::parse,
+            "durability",
+            "async, sync or strict",
+        )?,
+        sync_standbys: r.sync_standbys,
+        synchronous_commit: choice(
+            c,
+            &path!["replication", "synchronous_commit"],
+            &r.synchronous_commit,
+            SynchronousCommit::parse,
+            "synchronous_commit level",
+            "on, remote_write or remote_apply",
+        )?,
     })
 }
 

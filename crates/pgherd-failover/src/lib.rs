@@ -25,6 +25,9 @@
 
 use std::fmt::Write as _;
 
+mod sync;
+pub use sync::{desired_sync_set, SyncSet};
+
 /// A WAL position as a byte offset.
 pub type Lsn = u64;
 

@@ -2,13 +2,19 @@
 //! `pgherd_failover::View`, `decide` gives one verdict, and this task acts on it: elect,
 //! fence, or promote the chosen replica with `pg_promote()` and re-point the others. The
 //! decision rules live in the pure `pgherd-failover` crate; this is their IO shell.
+//!
+//! The same task keeps the primary's synchronous standby set in `sync` and `strict`
+//! durability ([`SyncKeeper`]): which standbys hold acknowledged commits is what failover may
+//! promote in those modes.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pgherd_config::ClusterSettings;
-use pgherd_failover::{decide, Check, Durability, NodeView, Policy, Verdict, View};
+use pgherd_config::{ClusterSettings, Config};
+use pgherd_failover::{
+    decide, desired_sync_set, Check, Durability, NodeView, Policy, SyncSet, Verdict, View,
+};
 
 use crate::app::App;
 use crate::nodes::{check_once, management_connection, NodeState, Role};
@@ -20,6 +26,7 @@ pub async fn run(app: Arc<App>) {
     let mut last_sentence = String::new();
     // Fenced nodes already made read-only (ALTER SYSTEM outlives restarts).
     let mut sealed: HashSet<String> = HashSet::new();
+    let mut keeper = SyncKeeper::default();
     loop {
         let config = app.config();
         let period = Duration::from_millis(config.cluster.health_check_period_ms);
@@ -30,26 +37,34 @@ pub async fn run(app: Arc<App>) {
         if *stop.borrow() {
             return;
         }
+        let nodes = app.nodes.all();
+        if let Some(primary) = app
+            .nodes
+            .primary()
+            .and_then(|p| nodes.iter().position(|n| n.name() == p.name()))
+        {
+            keeper.keep(&app, &config, &nodes, primary).await;
+        }
         if !config.failover.enabled {
             continue;
         }
         let policy = Policy {
             failures_before_down: config.cluster.health_check_failures_before_down,
             max_lag_on_failover_bytes: config.failover.max_lag_on_failover_bytes,
-            durability: Durability::Async,
+            durability: durability(&config),
         };
-        let nodes = app.nodes.all();
         let views: Vec<NodeView> = nodes.iter().map(|n| view_of(n)).collect();
         let elected = app
             .nodes
             .elected()
             .and_then(|name| nodes.iter().position(|n| n.name() == name));
+        let (synchronous, sync_quorum) = keeper.holders(&nodes, elected);
         let view = View {
             nodes: &views,
             elected,
             last_primary_lsn: elected.map(|i| nodes[i].lsn()),
-            synchronous: &[],
-            sync_quorum: 1,
+            synchronous: &synchronous,
+            sync_quorum,
         };
         let verdict = decide(&policy, &view);
         let sentence = verdict.sentence(&view);
@@ -87,6 +102,155 @@ pub async fn run(app: Arc<App>) {
                 );
             }
         }
+    }
+}
+
+fn durability(config: &Config) -> Durability {
+    match config.replication.durability {
+        pgherd_config::Durability::Async => Durability::Async,
+        pgherd_config::Durability::Sync => Durability::Sync,
+        pgherd_config::Durability::Strict => Durability::Strict,
+    }
+}
+
+/// Keeps `synchronous_standby_names` on the primary equal to `ANY k (standbys streaming
+/// now)` (see `pgherd_failover::desired_sync_set`) and remembers which standbys may hold
+/// acknowledged commits.
+#[derive(Default)]
+struct SyncKeeper {
+    /// The set pgherd put in force on a primary (by name); while it changes, the union of the
+    /// old and the new one.
+    in_force: Option<(String, SyncSet)>,
+    /// Standbys streaming under a name no node has, reported once each.
+    unknown_reported: HashSet<String>,
+}
+
+impl SyncKeeper {
+    /// The standbys that may hold every acknowledged commit of the elected primary, as node
+    /// indices, and how many confirm each commit. Before pgherd has set the primary's set,
+    /// every other unfenced node counts, one confirming: the most cautious reading.
+    fn holders(&self, nodes: &[Arc<NodeState>], elected: Option<usize>) -> (Vec<usize>, usize) {
+        let Some(elected) = elected else {
+            return (Vec::new(), 1);
+        };
+        match &self.in_force {
+            Some((primary, set)) if nodes[elected].name() == primary => (
+                set.standbys
+                    .iter()
+                    .filter_map(|name| nodes.iter().position(|n| n.name() == name))
+                    .collect(),
+                set.quorum,
+            ),
+            _ => (
+                (0..nodes.len())
+                    .filter(|&i| i != elected && !nodes[i].is_fenced())
+                    .collect(),
+                1,
+            ),
+        }
+    }
+
+    async fn keep(&mut self, app: &App, config: &Config, nodes: &[Arc<NodeState>], primary: usize) {
+        let durability = durability(config);
+        if durability == Durability::Async {
+            self.in_force = None;
+            app.nodes.refuse_writes(None);
+            return;
+        }
+        let primary = &nodes[primary];
+        let Some(seen) = primary
+            .health()
+            .last_seen
+            .filter(|s| s.role == Role::Primary)
+        else {
+            return;
+        };
+        let streaming = seen.streaming_standbys;
+        for name in &streaming {
+            if !nodes.iter().any(|n| n.name() == name) && self.unknown_reported.insert(name.clone())
+            {
+                tracing::warn!(primary = primary.name(), standby = %name, "a standby streams under a name that is no node's: it cannot be made synchronous; set application_name to its node name in its primary_conninfo");
+            }
+        }
+        let eligible: Vec<String> = nodes
+            .iter()
+            .filter(|n| n.name() != primary.name() && !n.is_fenced())
+            .map(|n| n.name().to_owned())
+            .collect();
+        let current = self
+            .in_force
+            .as_ref()
+            .filter(|(p, _)| p == primary.name())
+            .map(|(_, set)| set.clone());
+        let Some(desired) = desired_sync_set(
+            durability,
+            config.replication.sync_standbys as usize,
+            &streaming,
+            &eligible,
+            current.as_ref(),
+        ) else {
+            return;
+        };
+        let none_streams = !desired.standbys.iter().any(|s| streaming.contains(s));
+        app.nodes
+            .refuse_writes((durability == Durability::Strict && none_streams).then(|| {
+                format!(
+                    "no synchronous standby streams from primary {} and durability is strict",
+                    primary.name()
+                )
+            }));
+        if current.as_ref() == Some(&desired) {
+            return;
+        }
+        // Until the primary has reloaded, either set may be in force.
+        if let Some(current) = &current {
+            self.in_force = Some((primary.name().to_owned(), current.union(&desired)));
+        }
+        let ctx = app.connect_context();
+        let statements = [
+            format!(
+                "ALTER SYSTEM SET synchronous_standby_names = {}",
+                quote_literal(&desired.setting())
+            ),
+            format!(
+                "ALTER SYSTEM SET synchronous_commit = {}",
+                quote_literal(config.replication.synchronous_commit.as_str())
+            ),
+            "SELECT pg_reload_conf()".to_owned(),
+        ];
+        for sql in &statements {
+            if let Err(e) = run_sql(primary, &config.cluster, &ctx, sql).await {
+                tracing::warn!(node = primary.name(), error = %e, "cannot set the synchronous standbys; trying again at the next check");
+                return;
+            }
+        }
+        let (kind, detail) = if desired.standbys.is_empty() {
+            (
+                "sync_degraded",
+                "no standby streams: commits are acknowledged by the primary alone until one does"
+                    .to_owned(),
+            )
+        } else if none_streams {
+            (
+                "writes_refused",
+                format!(
+                    "no standby streams: synchronous_standby_names stays '{}' and writes are refused (durability = strict)",
+                    desired.setting()
+                ),
+            )
+        } else {
+            (
+                "sync_standbys",
+                format!(
+                    "synchronous_standby_names = '{}', synchronous_commit = {}",
+                    desired.setting(),
+                    config.replication.synchronous_commit.as_str()
+                ),
+            )
+        };
+        tracing::info!(node = primary.name(), %detail, "synchronous standbys set");
+        event(app, kind, primary.name(), &detail);
+        self.in_force = Some((primary.name().to_owned(), desired));
     }
 }
 

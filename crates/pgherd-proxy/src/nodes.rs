@@ -56,7 +56,7 @@ pub struct NodeHealth {
 }
 
 /// What one health check learned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Observation {
     pub role: Role,
     /// The primary's WAL insert position, or a replica's replay position (0 if none yet).
@@ -67,6 +67,8 @@ pub struct Observation {
     pub timeline: u32,
     /// A replica's WAL receiver is streaming from its upstream right now.
     pub upstream_streaming: bool,
+    /// On a primary: the `application_name`s of the standbys streaming from it.
+    pub streaming_standbys: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -218,6 +220,7 @@ impl NodeState {
                 self.up.store(true, Ordering::Release);
                 health.checks_ok += 1;
                 health.failed_streak = 0;
+                let seen_lsn = seen.lsn;
                 health.last_seen = Some(seen);
                 health.last_error = None;
                 let streak = self.healthy_streak.fetch_add(1, Ordering::AcqRel) + 1;
@@ -231,7 +234,7 @@ impl NodeState {
                     }
                 }
                 if previous != role || !was_up {
-                    tracing::info!(node = %self.config.name, role = role.as_str(), lsn = %format_lsn(seen.lsn), "node is up");
+                    tracing::info!(node = %self.config.name, role = role.as_str(), lsn = %format_lsn(seen_lsn), "node is up");
                 }
             }
             Err(error) => {
@@ -302,6 +305,11 @@ pub struct Nodes {
     /// Woken when a node goes up or down, changes role, or the election changes: requests
     /// waiting for a primary look again.
     standing: tokio::sync::Notify,
+    /// Why writes are refused even though a primary answers (`strict` durability with no
+    /// synchronous standby streaming).
+    writes_refused: Mutex<Option<String>>,
+    /// `writes_refused` is set: the one load every write pays.
+    any_writes_refused: AtomicBool,
 }
 
 /// How many checks in a row change a node's standing.
@@ -336,7 +344,32 @@ impl Nodes {
             failures_before_down: AtomicU32::new(thresholds.failures_before_down),
             elected: Mutex::new(None),
             standing: tokio::sync::Notify::new(),
+            writes_refused: Mutex::new(None),
+            any_writes_refused: AtomicBool::new(false),
         }
+    }
+
+    /// Refuses writes with `reason`, or accepts them again with `None`.
+    pub fn refuse_writes(&self, reason: Option<String>) {
+        let mut refused = self.writes_refused.lock();
+        if *refused != reason {
+            match &reason {
+                Some(why) => tracing::warn!(reason = %why, "writes are refused"),
+                None => tracing::info!("writes are accepted again"),
+            }
+            self.any_writes_refused
+                .store(reason.is_some(), Ordering::Release);
+            *refused = reason;
+            drop(refused);
+            self.standing.notify_waiters();
+        }
+    }
+
+    pub fn writes_refused(&self) -> Option<String> {
+        if !self.any_writes_refused.load(Ordering::Acquire) {
+            return None;
+        }
+        self.writes_refused.lock().clone()
     }
 
     /// Resolves when some node's standing may have changed (see `standing`); callers look
@@ -585,17 +618,22 @@ pub async fn check_once(
         receive_lsn: lsn(2),
         timeline: field(3).and_then(|t| t.parse().ok()).unwrap_or(0),
         upstream_streaming: field(4) == Some("t"),
+        streaming_standbys: field(5)
+            .map(|names| names.lines().map(str::to_owned).collect())
+            .unwrap_or_default(),
     })
 }
 
 /// Role, then the primary's insert position or the replica's replay position, what a replica
 /// has received, the checkpoint timeline, and whether a replica's WAL receiver is streaming
-/// (the split-brain guard asks replicas whether they still hear the primary).
+/// (the split-brain guard asks replicas whether they still hear the primary), and on a primary
+/// the standbys streaming from it (application names can hold no newline).
 const CHECK_SQL: &str = "SELECT pg_is_in_recovery(), \
      CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END, \
      pg_last_wal_receive_lsn(), \
      (SELECT timeline_id FROM pg_control_checkpoint()), \
-     EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming')";
+     EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'), \
+     (SELECT string_agg(application_name, E'\\n') FROM pg_stat_replication WHERE state = 'streaming')";
 
 /// Checks every node once, concurrently; used at startup so routing is known before the
 /// first client arrives.
@@ -672,6 +710,7 @@ mod tests {
             receive_lsn: 0,
             timeline: 1,
             upstream_streaming: false,
+            streaming_standbys: Vec::new(),
         })
     }
 

@@ -28,6 +28,8 @@ pub struct PgherdConfig {
     pub proxy_extra: Vec<String>,
     /// Raw TOML added to `[pool]`.
     pub pool_extra: Vec<String>,
+    /// Raw TOML added to `[cluster]`.
+    pub cluster_extra: Vec<String>,
     /// Raw TOML sections appended at the end.
     pub sections: Vec<String>,
     /// Extra lines for a `[[nodes]]` entry, by node name.
@@ -48,6 +50,7 @@ impl PgherdConfig {
             databases: Vec::new(),
             proxy_extra: Vec::new(),
             pool_extra: Vec::new(),
+            cluster_extra: Vec::new(),
             sections: Vec::new(),
             node_extra: Vec::new(),
             node_ports: Vec::new(),
@@ -118,6 +121,11 @@ impl PgherdConfig {
         self
     }
 
+    pub fn cluster(mut self, line: &str) -> Self {
+        self.cluster_extra.push(line.into());
+        self
+    }
+
     pub fn section(mut self, toml: &str) -> Self {
         self.sections.push(toml.into());
         self
@@ -149,8 +157,12 @@ impl PgherdConfig {
         }
         let _ = writeln!(
             t,
-            "\n[cluster]\nuser = \"{SUPERUSER}\"\npassword = \"{SUPERUSER_PASSWORD}\"\nhealth_check_period_ms = 200\nhealth_check_timeout_ms = 2000\n"
+            "\n[cluster]\nuser = \"{SUPERUSER}\"\npassword = \"{SUPERUSER_PASSWORD}\"\nhealth_check_period_ms = 200\nhealth_check_timeout_ms = 2000"
         );
+        for line in &self.cluster_extra {
+            let _ = writeln!(t, "{line}");
+        }
+        t.push('\n');
         for node in &cluster.cluster.nodes {
             let port = self
                 .node_ports

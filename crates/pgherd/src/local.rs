@@ -213,7 +213,11 @@ fn render_config(
         "[pool]\nmode = \"transaction\"\nmax_size = 20\n\n\
          # Every database on the cluster, under its own name.\n[databases.\"*\"]\n\n\
          [users.{APP_USER}]\nscram = \"{app_verifier}\"\n\n\
-         [users.{SUPERUSER}]\nscram = \"{superuser_verifier}\"\n"
+         [users.{SUPERUSER}]\nscram = \"{superuser_verifier}\"\n\n\
+         # No acknowledged commit exists on the primary alone while a replica streams.\n\
+         [replication]\ndurability = \"sync\"\n\n\
+         # A dead primary is replaced by the most advanced synchronous replica.\n\
+         [failover]\nenabled = true\n"
     ));
     text
 }

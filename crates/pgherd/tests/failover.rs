@@ -14,19 +14,6 @@ use tokio::task::JoinSet;
 
 const FAILOVER: &str = "[failover]\nenabled = true";
 
-/// Waits until `f` holds, or fails the test with `what` and pgherd's log.
-fn wait_until(env: &Env, what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} within {timeout:?}\n--- pgherd log ---\n{}",
-            env.pgherd.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_is_replaced_and_fenced() {
     let notified = std::env::temp_dir().join(format!(

@@ -647,7 +647,15 @@ impl Session {
                     return Ok(choice);
                 }
             }
-            RouteTarget::Primary => {}
+            RouteTarget::Primary => {
+                if let Some(why) = self.app.nodes.writes_refused() {
+                    return Err(PgError::error(
+                        SqlState::READ_ONLY_SQL_TRANSACTION,
+                        format!("writes are refused: {why}"),
+                    )
+                    .with_hint("writes resume when a synchronous standby streams again"));
+                }
+            }
         }
         // The primary rarely changes: reuse the last one while it still is the primary.
         if let Some((node, _)) = &self.last_pool {

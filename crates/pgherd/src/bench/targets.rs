@@ -207,8 +207,11 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
             node.name, node.port
         ));
     }
+    // The peers replicate asynchronously; so does pgherd here, so the figures compare the
+    // middleware and not the durability.
     config.push_str(&format!(
-        "[pool]\nmode = \"transaction\"\nmax_size = {pool_size}\n\n[databases.\"*\"]\n{database_keys}\n\n"
+        "[pool]\nmode = \"transaction\"\nmax_size = {pool_size}\n\n[databases.\"*\"]\n{database_keys}\n\n\
+         [replication]\ndurability = \"async\"\n\n"
     ));
     for user in users.iter() {
         config.push_str(&format!(

@@ -2,6 +2,8 @@
 //! pgherd in front.
 #![allow(dead_code)]
 
+use std::time::{Duration, Instant};
+
 use pgherd_testkit::{Pgherd, PgherdConfig, TestCluster};
 use pgherd_wire::scram::ScramVerifier;
 use tokio_postgres::{Client, NoTls};
@@ -114,5 +116,18 @@ pub fn pgbench(url: &str, args: &[&str]) -> Result<String, String> {
         Ok(text)
     } else {
         Err(text)
+    }
+}
+
+/// Waits until `f` holds, or fails the test with `what` and pgherd's log.
+pub fn wait_until(env: &Env, what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} within {timeout:?}\n--- pgherd log ---\n{}",
+            env.pgherd.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
 }

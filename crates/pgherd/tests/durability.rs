@@ -1,0 +1,157 @@
+//! Durability modes against real clusters: in `sync` pgherd keeps the primary's
+//! `synchronous_standby_names` equal to the standbys streaming now and degrades to the primary
+//! alone when none is left; in `strict` it refuses writes instead.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use pgherd_cluster::StopMode;
+
+const SUPERUSER: &str = pgherd_testkit::SUPERUSER;
+
+fn sync_names(env: &Env) -> String {
+    env.cluster
+        .sql_on("pg1", "postgres", "SHOW synchronous_standby_names")
+}
+
+fn wait_sync_names(env: &Env, expected: &str) {
+    wait_until(
+        env,
+        &format!("synchronous_standby_names became {expected:?}"),
+        Duration::from_secs(20),
+        || sync_names(env) == expected,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_keeps_the_streaming_standbys_synchronous_and_degrades_when_none_is_left() {
+    let env = env(2, |c| {
+        c.superuser()
+            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
+    });
+    wait_sync_names(&env, "ANY 1 (\"pg2\", \"pg3\")");
+    assert_eq!(
+        env.cluster.sql_on(
+            "pg1",
+            "postgres",
+            "SELECT string_agg(application_name || ':' || sync_state, ',' ORDER BY application_name) FROM pg_stat_replication"
+        ),
+        "pg2:quorum,pg3:quorum"
+    );
+    let c = env.app().await;
+    c.batch_execute("CREATE TABLE t (id int); INSERT INTO t VALUES (1)")
+        .await
+        .expect("write with two synchronous standbys");
+
+    env.cluster
+        .node("pg3")
+        .stop(StopMode::Immediate)
+        .expect("stop pg3");
+    wait_sync_names(&env, "ANY 1 (\"pg2\")");
+    c.batch_execute("INSERT INTO t VALUES (2)")
+        .await
+        .expect("write with one synchronous standby");
+
+    env.cluster
+        .node("pg2")
+        .stop(StopMode::Immediate)
+        .expect("stop pg2");
+    wait_sync_names(&env, "");
+    c.batch_execute("INSERT INTO t VALUES (3)")
+        .await
+        .expect("write once sync has degraded to the primary alone");
+
+    env.cluster
+        .node("pg2")
+        .start(Duration::from_secs(30))
+        .expect("start pg2");
+    wait_sync_names(&env, "ANY 1 (\"pg2\")");
+    c.batch_execute("INSERT INTO t VALUES (4)")
+        .await
+        .expect("write with pg2 synchronous again");
+    assert_eq!(env.direct("SELECT count(*) FROM t"), "4");
+
+    let events = psql(
+        &env.pgherd
+            .url(SUPERUSER, pgherd_testkit::SUPERUSER_PASSWORD, "pgherd"),
+        &["-c", "SHOW EVENTS"],
+    )
+    .expect("SHOW EVENTS");
+    for kind in ["|sync_standbys|", "|sync_degraded|"] {
+        assert!(events.contains(kind), "no {kind} event in:\n{events}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_refuses_writes_rather_than_acknowledge_them_on_the_primary_alone() {
+    let env = env(1, |c| {
+        c.cluster("primary_wait_ms = 1000").section(
+            "[replication]\ndurability = \"strict\"\nsynchronous_commit = \"remote_apply\"",
+        )
+    });
+    wait_sync_names(&env, "ANY 1 (\"pg2\")");
+    assert_eq!(
+        env.cluster
+            .sql_on("pg1", "postgres", "SHOW synchronous_commit"),
+        "remote_apply"
+    );
+    let c = env.app().await;
+    c.batch_execute("CREATE TABLE t (id int); INSERT INTO t VALUES (1)")
+        .await
+        .expect("write with a synchronous standby");
+    // remote_apply: the standby shows a commit before the client hears of it.
+    assert_eq!(
+        env.cluster.sql_on("pg2", APP, "SELECT count(*) FROM t"),
+        "1"
+    );
+
+    env.cluster
+        .node("pg2")
+        .stop(StopMode::Immediate)
+        .expect("stop pg2");
+    wait_until(
+        &env,
+        "pgherd refused writes",
+        Duration::from_secs(20),
+        || env.pgherd.log().contains("writes are refused"),
+    );
+    let err = c
+        .batch_execute("INSERT INTO t VALUES (2)")
+        .await
+        .expect_err("a write without a synchronous standby must be refused");
+    assert_eq!(code(&err), "25006", "{err:?}");
+    assert!(
+        err.as_db_error()
+            .is_some_and(|e| e.message().contains("no synchronous standby streams")),
+        "{err:?}"
+    );
+    // Refused, not committed locally and left waiting.
+    assert_eq!(env.direct("SELECT count(*) FROM t"), "1");
+    assert_eq!(sync_names(&env), "ANY 1 (\"pg2\")");
+    // Reads still work.
+    assert_eq!(
+        first_value(&c, "SELECT count(*) FROM t")
+            .await
+            .expect("read"),
+        "1"
+    );
+
+    env.cluster
+        .node("pg2")
+        .start(Duration::from_secs(30))
+        .expect("start pg2");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match c.batch_execute("INSERT INTO t VALUES (3)").await {
+            Ok(()) => break,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "writes did not resume with the standby back: {e}\n{}",
+                env.pgherd.log()
+            ),
+        }
+    }
+    assert_eq!(env.direct("SELECT count(*) FROM t"), "2");
+}

@@ -12,7 +12,14 @@ pub struct PgBinaries {
     pub major_version: u32,
 }
 
-const TOOLS: &[&str] = &["initdb", "pg_ctl", "pg_basebackup", "postgres", "psql"];
+const TOOLS: &[&str] = &[
+    "initdb",
+    "pg_ctl",
+    "pg_basebackup",
+    "pg_controldata",
+    "postgres",
+    "psql",
+];
 
 const INSTALL_HINT: &str = "Install them, e.g. `apt-get install postgresql` on Debian or Ubuntu \
     (`dnf install postgresql-server` on Fedora), or point PGHERD_PG_BIN at their directory.";
@@ -62,7 +69,7 @@ impl PgBinaries {
             }
         }
         Err(ClusterError::NotInstalled(format!(
-            "PostgreSQL server programs (initdb, pg_ctl, pg_basebackup, postgres, psql) were not \
+            "PostgreSQL server programs (initdb, pg_ctl, pg_basebackup, pg_controldata, postgres, psql) were not \
              found by `pg_config --bindir` or in /usr/lib/postgresql/*/bin. {INSTALL_HINT}"
         )))
     }

@@ -42,6 +42,61 @@ pub struct LocalNode {
 }
 
 impl LocalNode {
+    /// A node pgherd manages on this machine, laid out as [`crate::LocalCluster`] lays out its
+    /// nodes: the log in `../logs/NAME.log` and the socket in `../run` next to the data
+    /// directory. Run as the `postgres` OS user when pgherd runs as root.
+    pub fn managed(
+        name: &str,
+        port: u16,
+        data_dir: &Path,
+        superuser: &str,
+    ) -> Result<LocalNode, ClusterError> {
+        let parent = data_dir.parent().unwrap_or(Path::new("/"));
+        Ok(LocalNode {
+            name: name.to_owned(),
+            port,
+            data_dir: data_dir.to_owned(),
+            log_file: parent.join("logs").join(format!("{name}.log")),
+            socket_dir: parent.join("run"),
+            binaries: PgBinaries::find()?,
+            run_as: crate::osuser::postgres_user()?,
+            superuser: superuser.to_owned(),
+        })
+    }
+
+    /// The WAL position of the latest checkpoint (after a clean stop: the shutdown checkpoint,
+    /// the last record the node wrote), from `pg_controldata`.
+    pub fn checkpoint_lsn(&self) -> Result<String, ClusterError> {
+        let out = run(
+            self.tool("pg_controldata").arg("-D").arg(&self.data_dir),
+            &format!("reading the control file of node {}", self.name),
+        )?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .find_map(|l| l.strip_prefix("Latest checkpoint location:"))
+            .map(|v| v.trim().to_owned())
+            .ok_or_else(|| {
+                ClusterError::Setup(format!(
+                    "pg_controldata of node {} shows no latest checkpoint location",
+                    self.name
+                ))
+            })
+    }
+
+    /// Makes the stopped node start as a standby streaming with `conninfo` (through `slot`,
+    /// if any): `standby.signal` plus settings in postgresql.auto.conf.
+    pub fn make_standby(&self, conninfo: &str, slot: Option<&str>) -> Result<(), ClusterError> {
+        let signal = self.data_dir.join("standby.signal");
+        std::fs::write(&signal, b"").map_err(|e| ClusterError::io(&signal, e))?;
+        hand_over(&signal, self.run_as.as_ref(), false)?;
+        let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
+        let mut settings = vec![("primary_conninfo".to_owned(), quote(conninfo))];
+        if let Some(slot) = slot {
+            settings.push(("primary_slot_name".to_owned(), quote(slot)));
+        }
+        self.write_auto_settings(&settings)
+    }
+
     fn tool(&self, name: &str) -> std::process::Command {
         pg_command(&self.binaries.tool(name), self.run_as.as_ref())
     }

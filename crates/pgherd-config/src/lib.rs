@@ -53,6 +53,8 @@ pub struct FailoverSettings {
     pub max_lag_on_failover_bytes: u64,
     /// Run through `sh -c` for every failover event, with the event in `PGHERD_*` variables.
     pub notify_command: Option<String>,
+    /// How long a switchover lets transactions on the old primary finish before ending them.
+    pub switchover_drain_ms: u64,
 }
 
 /// How commits are made durable (`[replication]`).

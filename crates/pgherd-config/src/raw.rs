@@ -74,6 +74,8 @@ pub struct RawFailover {
     #[serde(default = "default_max_lag_on_failover_bytes")]
     pub max_lag_on_failover_bytes: u64,
     pub notify_command: Option<String>,
+    #[serde(default = "default_switchover_drain_ms")]
+    pub switchover_drain_ms: u64,
 }
 
 impl Default for RawFailover {
@@ -82,8 +84,13 @@ impl Default for RawFailover {
             enabled: false,
             max_lag_on_failover_bytes: default_max_lag_on_failover_bytes(),
             notify_command: None,
+            switchover_drain_ms: default_switchover_drain_ms(),
         }
     }
+}
+
+fn default_switchover_drain_ms() -> u64 {
+    10_000
 }
 
 fn default_max_lag_on_failover_bytes() -> u64 {

@@ -194,6 +194,7 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
             enabled: raw.failover.enabled,
             max_lag_on_failover_bytes: raw.failover.max_lag_on_failover_bytes,
             notify_command: raw.failover.notify_command.clone(),
+            switchover_drain_ms: raw.failover.switchover_drain_ms,
         },
         replication: replication(&c, &raw)?,
     })

@@ -71,7 +71,7 @@ pub async fn serve(
             ftag::QUERY => match frontend::Query::parse(&body) {
                 Ok(q) => {
                     let text = String::from_utf8_lossy(q.sql).into_owned();
-                    run_script(app, shared, &text, can_modify, &mut out)
+                    run_script(app, shared, &text, can_modify, &mut out).await
                 }
                 Err(e) => return Disconnect::Protocol(e),
             },
@@ -113,7 +113,7 @@ pub async fn serve(
     }
 }
 
-fn run_script(
+async fn run_script(
     app: &Arc<App>,
     shared: &Arc<ClientShared>,
     text: &str,
@@ -129,7 +129,17 @@ fn run_script(
         backend::encode_empty(out, pgherd_wire::backend::tag::EMPTY_QUERY_RESPONSE);
     }
     for command in commands {
-        match run_command(app, shared, command, can_modify) {
+        let outcome = match switchover_target(command) {
+            Some(_) if !can_modify => Err(permission_denied("SWITCHOVER")),
+            Some(to) => crate::switchover::switchover(app, to).await.map(|steps| {
+                Outcome::Rows(Table {
+                    columns: &["step"],
+                    rows: steps.into_iter().map(|s| vec![s]).collect(),
+                })
+            }),
+            None => run_command(app, shared, command, can_modify),
+        };
+        match outcome {
             Ok(Outcome::Rows(table)) => {
                 backend::encode_text_row_description(out, table.columns)?;
                 for row in &table.rows {
@@ -154,7 +164,28 @@ fn run_script(
     Ok(())
 }
 
-const COMMANDS: &str = "SHOW HELP|VERSION|NODES|POOLS|CLIENTS|CONFIG|EVENTS, RELOAD, SHUTDOWN";
+const COMMANDS: &str =
+    "SHOW HELP|VERSION|NODES|POOLS|CLIENTS|CONFIG|EVENTS, SWITCHOVER [TO node], RELOAD, SHUTDOWN";
+
+/// `SWITCHOVER` gives `Some(None)`, `SWITCHOVER TO node` `Some(Some(node))` (node names keep
+/// their case); anything else `None`.
+fn switchover_target(command: &str) -> Option<Option<&str>> {
+    let words: Vec<&str> = command.split_whitespace().collect();
+    match words.as_slice() {
+        [w] if w.eq_ignore_ascii_case("SWITCHOVER") => Some(None),
+        [w, to, node] if w.eq_ignore_ascii_case("SWITCHOVER") && to.eq_ignore_ascii_case("TO") => {
+            Some(Some(node.trim_matches('"')))
+        }
+        _ => None,
+    }
+}
+
+fn permission_denied(name: &str) -> PgError {
+    PgError::error(
+        SqlState::INSUFFICIENT_PRIVILEGE,
+        format!("permission denied: {name} needs a user listed in pgherd.admin_users"),
+    )
+}
 
 fn run_command(
     app: &Arc<App>,
@@ -171,10 +202,7 @@ fn run_command(
         if can_modify {
             Ok(())
         } else {
-            Err(PgError::error(
-                SqlState::INSUFFICIENT_PRIVILEGE,
-                format!("permission denied: {name} needs a user listed in pgherd.admin_users"),
-            ))
+            Err(permission_denied(name))
         }
     };
     match words.as_slice() {

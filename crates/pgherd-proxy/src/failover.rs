@@ -37,6 +37,10 @@ pub async fn run(app: Arc<App>) {
         if *stop.borrow() {
             return;
         }
+        if app.nodes.is_switching() {
+            // The switchover moves the primary itself; nodes stop and start on purpose.
+            continue;
+        }
         let nodes = app.nodes.all();
         if let Some(primary) = app
             .nodes
@@ -206,23 +210,9 @@ impl SyncKeeper {
         if let Some(current) = &current {
             self.in_force = Some((primary.name().to_owned(), current.union(&desired)));
         }
-        let ctx = app.connect_context();
-        let statements = [
-            format!(
-                "ALTER SYSTEM SET synchronous_standby_names = {}",
-                quote_literal(&desired.setting())
-            ),
-            format!(
-                "ALTER SYSTEM SET synchronous_commit = {}",
-                quote_literal(config.replication.synchronous_commit.as_str())
-            ),
-            "SELECT pg_reload_conf()".to_owned(),
-        ];
-        for sql in &statements {
-            if let Err(e) = run_sql(primary, &config.cluster, &ctx, sql).await {
-                tracing::warn!(node = primary.name(), error = %e, "cannot set the synchronous standbys; trying again at the next check");
-                return;
-            }
+        if let Err(e) = apply_sync_set(app, config, primary, &desired).await {
+            tracing::warn!(node = primary.name(), error = %e, "cannot set the synchronous standbys; trying again at the next check");
+            return;
         }
         let (kind, detail) = if desired.standbys.is_empty() {
             (
@@ -254,6 +244,55 @@ impl SyncKeeper {
     }
 }
 
+/// Sets `node`'s synchronous standbys to `set` and reloads it.
+async fn apply_sync_set(
+    app: &App,
+    config: &Config,
+    node: &NodeState,
+    set: &SyncSet,
+) -> Result<(), String> {
+    let ctx = app.connect_context();
+    let statements = [
+        format!(
+            "ALTER SYSTEM SET synchronous_standby_names = {}",
+            quote_literal(&set.setting())
+        ),
+        format!(
+            "ALTER SYSTEM SET synchronous_commit = {}",
+            quote_literal(config.replication.synchronous_commit.as_str())
+        ),
+        "SELECT pg_reload_conf()".to_owned(),
+    ];
+    for sql in &statements {
+        run_sql(node, &config.cluster, &ctx, sql).await?;
+    }
+    Ok(())
+}
+
+/// In `sync` and `strict` durability, makes a just-promoted primary wait for every other
+/// unfenced node as a standby before pgherd sends it writes, so its first commits are not
+/// acknowledged on it alone; the keeper narrows the set to the standbys that stream.
+pub(crate) async fn preset_sync(app: &App, nodes: &[Arc<NodeState>], new_primary: &NodeState) {
+    let config = app.config();
+    let others: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.name() != new_primary.name() && !n.is_fenced())
+        .map(|n| n.name().to_owned())
+        .collect();
+    let Some(set) = desired_sync_set(
+        durability(&config),
+        config.replication.sync_standbys as usize,
+        &others,
+        &others,
+        None,
+    ) else {
+        return;
+    };
+    if let Err(e) = apply_sync_set(app, &config, new_primary, &set).await {
+        tracing::warn!(node = new_primary.name(), error = %e, "cannot set the new primary's synchronous standbys; the next check tries again");
+    }
+}
+
 /// One word for a verdict in the event list.
 fn kind(verdict: &Verdict) -> &'static str {
     match verdict {
@@ -272,7 +311,7 @@ fn kind(verdict: &Verdict) -> &'static str {
     }
 }
 
-fn event(app: &App, kind: &'static str, node: &str, detail: &str) {
+pub(crate) fn event(app: &App, kind: &'static str, node: &str, detail: &str) {
     let config = app.config();
     app.events.record(
         kind,
@@ -351,6 +390,7 @@ async fn act(
                 app.nodes.elect(Some(nodes[old].name()));
                 return;
             }
+            preset_sync(app, nodes, new_primary).await;
             tracing::warn!(node = new_primary.name(), "promoted; writes go to it now");
             app.nodes.elect(Some(new_primary.name()));
             event(
@@ -418,7 +458,7 @@ async fn seal(cluster: &ClusterSettings, ctx: &ConnectContext, node: &NodeState)
 /// Points `replica` at `primary`: its replication slot is created there first (slots are not
 /// copied by promotion), then `primary_conninfo` is changed and reloaded; the replica follows
 /// the new timeline (`recovery_target_timeline = 'latest'` is PostgreSQL's default).
-async fn repoint(
+pub(crate) async fn repoint(
     cluster: &ClusterSettings,
     ctx: &ConnectContext,
     replica: &NodeState,
@@ -426,29 +466,9 @@ async fn repoint(
 ) -> Result<(), String> {
     let slot = run_sql(replica, cluster, ctx, "SHOW primary_slot_name").await?;
     if let Some(slot) = first_value(&slot).filter(|s| !s.is_empty()) {
-        run_sql(
-            primary,
-            cluster,
-            ctx,
-            &format!(
-                "SELECT pg_create_physical_replication_slot({}) \
-                 WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = {})",
-                quote_literal(slot),
-                quote_literal(slot)
-            ),
-        )
-        .await?;
+        create_slot(cluster, ctx, primary, slot).await?;
     }
-    let mut conninfo = format!(
-        "host={} port={} user={} application_name={}",
-        conninfo_value(&primary.config.host),
-        primary.config.port,
-        conninfo_value(&cluster.user),
-        conninfo_value(replica.name())
-    );
-    if let Some(password) = &cluster.password {
-        conninfo.push_str(&format!(" password={}", conninfo_value(password)));
-    }
+    let conninfo = primary_conninfo(cluster, primary, replica.name());
     run_sql(
         replica,
         cluster,
@@ -468,7 +488,49 @@ async fn repoint(
     Ok(())
 }
 
-async fn run_sql(
+/// Creates the physical replication slot `slot` on `primary` unless it exists.
+pub(crate) async fn create_slot(
+    cluster: &ClusterSettings,
+    ctx: &ConnectContext,
+    primary: &NodeState,
+    slot: &str,
+) -> Result<(), String> {
+    run_sql(
+        primary,
+        cluster,
+        ctx,
+        &format!(
+            "SELECT pg_create_physical_replication_slot({}) \
+             WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = {})",
+            quote_literal(slot),
+            quote_literal(slot)
+        ),
+    )
+    .await
+    .map(|_| ())
+}
+
+/// How a standby named `standby` connects to `primary` (its name is its application_name, the
+/// name synchronous_standby_names lists).
+pub(crate) fn primary_conninfo(
+    cluster: &ClusterSettings,
+    primary: &NodeState,
+    standby: &str,
+) -> String {
+    let mut conninfo = format!(
+        "host={} port={} user={} application_name={}",
+        conninfo_value(&primary.config.host),
+        primary.config.port,
+        conninfo_value(&cluster.user),
+        conninfo_value(standby)
+    );
+    if let Some(password) = &cluster.password {
+        conninfo.push_str(&format!(" password={}", conninfo_value(password)));
+    }
+    conninfo
+}
+
+pub(crate) async fn run_sql(
     node: &NodeState,
     cluster: &ClusterSettings,
     ctx: &ConnectContext,
@@ -487,12 +549,12 @@ async fn run_sql(
     }
 }
 
-fn first_value(rows: &crate::server::Rows) -> Option<&str> {
+pub(crate) fn first_value(rows: &crate::server::Rows) -> Option<&str> {
     rows.first()?.first()?.as_deref()
 }
 
 /// A SQL string literal.
-fn quote_literal(s: &str) -> String {
+pub(crate) fn quote_literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 

@@ -28,6 +28,7 @@ pub mod relay;
 pub mod routing;
 pub mod server;
 pub mod stream;
+pub mod switchover;
 pub mod tls;
 
 pub use lifecycle::serve;

@@ -185,6 +185,11 @@ impl NodeState {
         &self.config.name
     }
 
+    /// Sessions holding a server connection to this node right now.
+    pub fn outstanding(&self) -> u32 {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+
     pub fn role(&self) -> Role {
         Role::from_u8(self.role.load(Ordering::Acquire))
     }
@@ -310,6 +315,9 @@ pub struct Nodes {
     writes_refused: Mutex<Option<String>>,
     /// `writes_refused` is set: the one load every write pays.
     any_writes_refused: AtomicBool,
+    /// A switchover is under way: no node takes new transactions as the primary (they wait)
+    /// and failover does not act.
+    switching: AtomicBool,
 }
 
 /// How many checks in a row change a node's standing.
@@ -346,6 +354,7 @@ impl Nodes {
             standing: tokio::sync::Notify::new(),
             writes_refused: Mutex::new(None),
             any_writes_refused: AtomicBool::new(false),
+            switching: AtomicBool::new(false),
         }
     }
 
@@ -363,6 +372,33 @@ impl Nodes {
             drop(refused);
             self.standing.notify_waiters();
         }
+    }
+
+    /// pgherd stopped `node` on purpose: it is down, in no role, until its monitor sees it
+    /// answer again (a switchover's old primary comes back as a standby, and no session may
+    /// take it for the primary in between).
+    pub fn mark_stopped(&self, node: &NodeState, why: &str) {
+        node.up.store(false, Ordering::Release);
+        node.role.store(Role::Unknown.to_u8(), Ordering::Release);
+        node.leave_read_set(why);
+        self.standing.notify_waiters();
+    }
+
+    /// Starts a switchover; false if one is under way already.
+    pub fn begin_switching(&self) -> bool {
+        self.switching
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Ends a switchover: new transactions go to the (new) primary.
+    pub fn end_switching(&self) {
+        self.switching.store(false, Ordering::Release);
+        self.standing.notify_waiters();
+    }
+
+    pub fn is_switching(&self) -> bool {
+        self.switching.load(Ordering::Acquire)
     }
 
     pub fn writes_refused(&self) -> Option<String> {
@@ -419,6 +455,8 @@ impl Nodes {
     /// Where a read may go, in config order, with what the chooser needs to know; the primary
     /// is among them only when `primary_reads`.
     pub fn read_candidates(&self, primary_reads: bool) -> (Vec<Arc<NodeState>>, Vec<Candidate>) {
+        // The primary being switched over drains; it takes no new reads either.
+        let primary_reads = primary_reads && !self.is_switching();
         let list = self.list.load();
         let reads_here = |n: &Arc<NodeState>| {
             let role = n.role();
@@ -460,6 +498,9 @@ impl Nodes {
     /// election, if monitoring ever sees two, the first in config order is used and both are
     /// reported.
     pub fn primary(&self) -> Option<Arc<NodeState>> {
+        if self.is_switching() {
+            return None;
+        }
         let list = self.list.load();
         if let Some(elected) = self.elected.lock().as_deref() {
             return list

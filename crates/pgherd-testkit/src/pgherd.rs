@@ -36,6 +36,8 @@ pub struct PgherdConfig {
     pub node_extra: Vec<(String, String)>,
     /// pgherd reaches these nodes on another port (a forwarder a test can cut).
     pub node_ports: Vec<(String, u16)>,
+    /// Every node gets its `data_dir`: pgherd manages the nodes' processes (switchover).
+    pub manage_nodes: bool,
 }
 
 impl PgherdConfig {
@@ -54,7 +56,14 @@ impl PgherdConfig {
             sections: Vec::new(),
             node_extra: Vec::new(),
             node_ports: Vec::new(),
+            manage_nodes: false,
         }
+    }
+
+    /// pgherd may stop and start the nodes (their `data_dir` is in the config).
+    pub fn manage_nodes(mut self) -> Self {
+        self.manage_nodes = true;
+        self
     }
 
     /// pgherd reaches `node` through `port` instead of the node's own.
@@ -170,6 +179,9 @@ impl PgherdConfig {
                 .find(|(n, _)| *n == node.name)
                 .map_or(node.port, |(_, p)| *p);
             let _ = writeln!(t, "[[nodes]]\nname = \"{}\"\nport = {port}", node.name);
+            if self.manage_nodes {
+                let _ = writeln!(t, "data_dir = \"{}\"", node.data_dir.display());
+            }
             for (_, line) in self.node_extra.iter().filter(|(n, _)| *n == node.name) {
                 let _ = writeln!(t, "{line}");
             }

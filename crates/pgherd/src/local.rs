@@ -397,6 +397,52 @@ struct NodeStatus {
     lag_bytes: Option<u64>,
 }
 
+/// Runs `command` on the admin console of the pgherd configured by `dir` or `config_path`,
+/// logging in as the `[cluster]` user (an admin user in configs `pgherd up` writes), and
+/// prints its answer.
+pub fn admin_command(dir: &Path, config_path: Option<&Path>, command: &str) -> Result<(), String> {
+    let path = match config_path {
+        Some(p) => absolute(p)?,
+        None => absolute(dir)?.join(CONFIG_FILE),
+    };
+    let config = Config::load(&path).map_err(|e| e.to_string())?;
+    let listen = config
+        .proxy
+        .listen
+        .first()
+        .ok_or_else(|| format!("{} has no listen address", path.display()))?;
+    let address = connectable(*listen);
+    let psql = pgherd_cluster::PgBinaries::find()
+        .map_err(|e| e.to_string())?
+        .tool("psql");
+    let out = std::process::Command::new(&psql)
+        .env(
+            "PGPASSWORD",
+            config.cluster.password.clone().unwrap_or_default(),
+        )
+        .args([
+            "-X",
+            "-h",
+            &address.ip().to_string(),
+            "-p",
+            &address.port().to_string(),
+            "-U",
+            &config.cluster.user,
+            "-d",
+            "pgherd",
+            "-c",
+            command,
+        ])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", psql.display()))?;
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+    }
+}
+
 pub fn status(dir: &Path, config_path: Option<&Path>, json: bool) -> Result<(), String> {
     let dir = absolute(dir)?;
     let path = match config_path {

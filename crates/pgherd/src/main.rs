@@ -53,6 +53,19 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Move the primary role to another node with no lost transaction and no client error
+    /// (asks the running pgherd, on its admin console, as the [cluster] user).
+    Switchover {
+        /// The cluster directory made by `pgherd up`.
+        #[arg(long, default_value = local::DEFAULT_DIR, conflicts_with = "config")]
+        dir: PathBuf,
+        /// Or any pgherd config file.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// The node to promote; by default the most advanced streaming replica.
+        #[arg(long)]
+        to: Option<String>,
+    },
     /// Validate a config file and exit.
     CheckConfig {
         #[arg(default_value = "pgherd.toml")]
@@ -75,6 +88,13 @@ fn main() -> ExitCode {
         Command::Up(options) => local::up(options),
         Command::Down { dir } => local::down(&dir),
         Command::Status { dir, config, json } => local::status(&dir, config.as_deref(), json),
+        Command::Switchover { dir, config, to } => {
+            let command = match &to {
+                Some(node) => format!("SWITCHOVER TO {node}"),
+                None => "SWITCHOVER".to_owned(),
+            };
+            local::admin_command(&dir, config.as_deref(), &command)
+        }
         Command::CheckConfig { config } => check_config(&config),
         Command::Passwd { user } => passwd(&user),
         Command::Bench(command) => bench::run(command),

@@ -637,7 +637,11 @@ impl Session {
             RouteTarget::Any => {
                 // Transaction control and settings run wherever the session was last.
                 if let Some((node, _)) = &self.last_pool {
-                    if node.is_up() && (node.role() == Role::Primary || node.in_read_set()) {
+                    let usable = match node.role() {
+                        Role::Primary => !self.app.nodes.is_switching(),
+                        _ => node.in_read_set(),
+                    };
+                    if node.is_up() && usable {
                         return Ok((node.clone(), None));
                     }
                 }
@@ -659,7 +663,7 @@ impl Session {
         }
         // The primary rarely changes: reuse the last one while it still is the primary.
         if let Some((node, _)) = &self.last_pool {
-            if node.is_usable_as(Role::Primary) {
+            if node.is_usable_as(Role::Primary) && !self.app.nodes.is_switching() {
                 return Ok((node.clone(), None));
             }
         }

@@ -1,0 +1,326 @@
+//! Planned role change with no lost transaction and no client error: new transactions wait at
+//! pgherd, running ones finish, the old primary stops cleanly (so its last WAL reaches the
+//! standbys), the target replays all of it and is promoted, the old primary restarts as its
+//! standby and the other replicas follow; then the waiting transactions go to the new primary.
+//!
+//! The old primary must be managed by pgherd on this machine (`data_dir` in its node entry):
+//! stopping and restarting it is done with PostgreSQL's own programs, as its OS user.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pgherd_cluster::{LocalNode, StopMode};
+use pgherd_route::balance::{format_lsn, parse_lsn, Lsn};
+use pgherd_wire::{PgError, SqlState};
+
+use crate::app::App;
+use crate::failover::{
+    create_slot, event, first_value, preset_sync, primary_conninfo, repoint, run_sql,
+};
+use crate::nodes::{check_once, NodeState, Role};
+
+/// How long the target may take to replay the old primary's last WAL.
+const REPLAY_TIMEOUT: Duration = Duration::from_secs(30);
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Switches the primary over to `to` (or the most advanced streaming replica); returns what
+/// was done, one sentence per step.
+pub async fn switchover(app: &Arc<App>, to: Option<&str>) -> Result<Vec<String>, PgError> {
+    let nodes = app.nodes.all();
+    let old = app.nodes.primary().ok_or_else(|| {
+        PgError::error(
+            SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "no node accepts writes: there is no primary to switch over from",
+        )
+    })?;
+    let config = app.config();
+    let old_dir = old.config.data_dir.clone().ok_or_else(|| {
+        PgError::error(
+            SqlState::FEATURE_NOT_SUPPORTED,
+            format!(
+                "switchover stops and restarts the old primary {}, so pgherd must manage it on this machine",
+                old.name()
+            ),
+        )
+        .with_hint("set data_dir in its [[nodes]] entry")
+    })?;
+    let target = choose_target(&nodes, &old, to)?;
+    let local = LocalNode::managed(old.name(), old.config.port, &old_dir, &config.cluster.user)
+        .map_err(|e| PgError::error(SqlState::SYSTEM_ERROR, e.to_string()))?;
+    if !app.nodes.begin_switching() {
+        return Err(PgError::error(
+            SqlState::OBJECT_IN_USE,
+            "a switchover is already under way",
+        ));
+    }
+    let mut run = Run {
+        app,
+        steps: Vec::new(),
+    };
+    let result = run.steps(&nodes, &old, local, &target).await;
+    app.nodes.end_switching();
+    match result {
+        Ok(()) => Ok(run.steps),
+        Err(e) => {
+            event(app, "switchover_failed", old.name(), &e);
+            Err(PgError::error(
+                SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("switchover failed: {e}"),
+            )
+            .with_detail(run.steps.join("; ")))
+        }
+    }
+}
+
+/// The named replica, or the most advanced streaming one (priority breaks ties; priority 0
+/// never).
+fn choose_target(
+    nodes: &[Arc<NodeState>],
+    old: &NodeState,
+    to: Option<&str>,
+) -> Result<Arc<NodeState>, PgError> {
+    let refuse = |msg: String| PgError::error(SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, msg);
+    let streaming = |n: &NodeState| {
+        n.health()
+            .last_seen
+            .is_some_and(|s| s.role == Role::Replica && s.upstream_streaming)
+    };
+    if let Some(name) = to {
+        let node = nodes.iter().find(|n| n.name() == name).ok_or_else(|| {
+            PgError::error(
+                SqlState::UNDEFINED_OBJECT,
+                format!("no node named \"{name}\""),
+            )
+        })?;
+        if node.name() == old.name() {
+            return Err(refuse(format!("{name} is the primary already")));
+        }
+        if !node.is_usable_as(Role::Replica) {
+            return Err(refuse(format!(
+                "{name} cannot become the primary: it is not an answering replica ({})",
+                node.describe()
+            )));
+        }
+        if !streaming(node) {
+            return Err(refuse(format!(
+                "{name} does not stream from {}: it could miss WAL",
+                old.name()
+            )));
+        }
+        return Ok(node.clone());
+    }
+    nodes
+        .iter()
+        .filter(|n| n.is_usable_as(Role::Replica) && n.config.priority > 0 && streaming(n))
+        .max_by_key(|n| (n.lsn(), n.config.priority))
+        .cloned()
+        .ok_or_else(|| refuse("no replica streams from the primary and may be promoted".into()))
+}
+
+struct Run<'a> {
+    app: &'a Arc<App>,
+    steps: Vec<String>,
+}
+
+impl Run<'_> {
+    fn step(&mut self, kind: &'static str, node: &str, text: String) {
+        tracing::warn!(node, step = %text, "switchover");
+        event(self.app, kind, node, &text);
+        self.steps.push(text);
+    }
+
+    async fn steps(
+        &mut self,
+        nodes: &[Arc<NodeState>],
+        old: &Arc<NodeState>,
+        local: LocalNode,
+        target: &Arc<NodeState>,
+    ) -> Result<(), String> {
+        let app = self.app;
+        let config = app.config();
+        let cluster = &config.cluster;
+        let ctx = app.connect_context();
+        self.step(
+            "switchover_started",
+            old.name(),
+            format!(
+                "switching over from {} to {}: new transactions wait",
+                old.name(),
+                target.name()
+            ),
+        );
+        let drain = Duration::from_millis(config.failover.switchover_drain_ms);
+        let started = Instant::now();
+        while old.outstanding() > 0 && started.elapsed() < drain {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let left = old.outstanding();
+        self.step(
+            "drained",
+            old.name(),
+            if left == 0 {
+                format!(
+                    "transactions on {} finished in {} ms",
+                    old.name(),
+                    started.elapsed().as_millis()
+                )
+            } else {
+                format!(
+                    "{left} session(s) still held {} after {} ms; stopping it ends them",
+                    old.name(),
+                    drain.as_millis()
+                )
+            },
+        );
+        app.drop_idle_connections(old);
+
+        let node = local.clone();
+        blocking(move || node.stop(StopMode::Fast)).await?;
+        app.nodes.mark_stopped(old, "stopped for a switchover");
+        let node = local.clone();
+        let last = blocking(move || node.checkpoint_lsn()).await?;
+        let last_lsn =
+            parse_lsn(&last).ok_or_else(|| format!("unreadable checkpoint LSN {last}"))?;
+        self.step(
+            "stopped",
+            old.name(),
+            format!(
+                "{} stopped cleanly; its last WAL ends at {last}",
+                old.name()
+            ),
+        );
+
+        if let Err(e) = wait_replayed(app, target, last_lsn).await {
+            self.restart_as_primary(&local, old).await;
+            return Err(e);
+        }
+        self.step(
+            "caught_up",
+            target.name(),
+            format!("{} replayed all of {}'s WAL", target.name(), old.name()),
+        );
+
+        let answer = run_sql(target, cluster, &ctx, "SELECT pg_promote(true, 60)").await;
+        let mut conn = None;
+        let seen = check_once(target, cluster, &ctx, &mut conn).await;
+        let promoted = matches!(&seen, Ok(s) if s.role == Role::Primary);
+        app.nodes.record(target, seen);
+        if !promoted {
+            self.restart_as_primary(&local, old).await;
+            return Err(format!(
+                "{} was not promoted (pg_promote answered {answer:?})",
+                target.name()
+            ));
+        }
+        preset_sync(app, nodes, target).await;
+        app.nodes.elect(Some(target.name()));
+        self.step(
+            "promoted",
+            target.name(),
+            format!("promoted {}; writes go to it now", target.name()),
+        );
+
+        // The old primary follows the new one from where it stopped: no rewind is needed
+        // after a clean shutdown whose WAL the target replayed.
+        create_slot(cluster, &ctx, target, old.name()).await?;
+        let conninfo = primary_conninfo(cluster, target, old.name());
+        let node = local.clone();
+        let slot = old.name().to_owned();
+        blocking(move || {
+            node.make_standby(&conninfo, Some(&slot))?;
+            node.start(START_TIMEOUT)
+        })
+        .await?;
+        self.step(
+            "rejoined",
+            old.name(),
+            format!("{} restarted as a standby of {}", old.name(), target.name()),
+        );
+        for follower in nodes
+            .iter()
+            .filter(|n| n.name() != old.name() && n.name() != target.name())
+            .filter(|n| n.is_usable_as(Role::Replica))
+        {
+            match repoint(cluster, &ctx, follower, target).await {
+                Ok(()) => self.step(
+                    "repointed",
+                    follower.name(),
+                    format!("{} follows {} now", follower.name(), target.name()),
+                ),
+                Err(e) => self.step(
+                    "repoint_failed",
+                    follower.name(),
+                    format!("{} cannot follow {}: {e}", follower.name(), target.name()),
+                ),
+            }
+        }
+        self.step(
+            "switched_over",
+            target.name(),
+            format!(
+                "switched over from {} to {} in {} ms",
+                old.name(),
+                target.name(),
+                started.elapsed().as_millis()
+            ),
+        );
+        Ok(())
+    }
+
+    /// Undoes a switchover that failed before the promotion: the old primary, unchanged,
+    /// takes writes again.
+    async fn restart_as_primary(&mut self, local: &LocalNode, old: &NodeState) {
+        let node = local.clone();
+        match blocking(move || node.start(START_TIMEOUT)).await {
+            Ok(()) => self.step(
+                "switchover_aborted",
+                old.name(),
+                format!("{} restarted as the primary; nothing changed", old.name()),
+            ),
+            Err(e) => self.step(
+                "switchover_aborted",
+                old.name(),
+                format!("{} could not be restarted: {e}", old.name()),
+            ),
+        }
+    }
+}
+
+/// Waits until `target` has replayed WAL up to `lsn`.
+async fn wait_replayed(app: &App, target: &NodeState, lsn: Lsn) -> Result<(), String> {
+    let config = app.config();
+    let ctx = app.connect_context();
+    let started = Instant::now();
+    let mut replayed = 0;
+    while started.elapsed() < REPLAY_TIMEOUT {
+        let rows = run_sql(
+            target,
+            &config.cluster,
+            &ctx,
+            "SELECT pg_last_wal_replay_lsn()",
+        )
+        .await?;
+        replayed = first_value(&rows).and_then(parse_lsn).unwrap_or(0);
+        if replayed >= lsn {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Err(format!(
+        "{} replayed only up to {} of {} within {} s",
+        target.name(),
+        format_lsn(replayed),
+        format_lsn(lsn),
+        REPLAY_TIMEOUT.as_secs()
+    ))
+}
+
+/// Runs a PostgreSQL program (pg_ctl, pg_controldata) off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, pgherd_cluster::ClusterError> + Send + 'static,
+) -> Result<T, String> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(e) => Err(format!("the task running a PostgreSQL program failed: {e}")),
+    }
+}

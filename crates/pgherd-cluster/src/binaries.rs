@@ -17,6 +17,7 @@ const TOOLS: &[&str] = &[
     "pg_ctl",
     "pg_basebackup",
     "pg_controldata",
+    "pg_rewind",
     "postgres",
     "psql",
 ];
@@ -69,7 +70,7 @@ impl PgBinaries {
             }
         }
         Err(ClusterError::NotInstalled(format!(
-            "PostgreSQL server programs (initdb, pg_ctl, pg_basebackup, pg_controldata, postgres, psql) were not \
+            "PostgreSQL server programs (initdb, pg_ctl, pg_basebackup, pg_controldata, pg_rewind, postgres, psql) were not \
              found by `pg_config --bindir` or in /usr/lib/postgresql/*/bin. {INSTALL_HINT}"
         )))
     }

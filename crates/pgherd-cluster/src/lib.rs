@@ -271,6 +271,9 @@ fn base_settings(node: &LocalNode, extra: &[(String, String)]) -> Vec<(String, S
         ("max_replication_slots", "16".to_owned()),
         ("hot_standby", "on".to_owned()),
         ("wal_log_hints", "on".to_owned()),
+        // pg_rewind reads the target's WAL back to the last checkpoint before the histories
+        // diverged: keep some, so a replaced primary can be rewound rather than copied.
+        ("wal_keep_size", "'256MB'".to_owned()),
         ("max_connections", "200".to_owned()),
         ("log_line_prefix", "'%m [%p] %q%u@%d '".to_owned()),
         // A standby's WAL receiver reports cluster_name as its application_name: the name

@@ -9,6 +9,24 @@ use crate::command::{pg_command, run};
 use crate::osuser::{hand_over, RunAs};
 use crate::ClusterError;
 
+/// Configuration files `pg_rewind` and `pg_basebackup` replace with the source's; a node that
+/// rejoins keeps its own.
+const OWN_FILES: &[&str] = &[
+    "postgresql.conf",
+    "postgresql.auto.conf",
+    "pg_hba.conf",
+    "pg_ident.conf",
+];
+
+/// Settings of a node's former role, dropped from its postgresql.auto.conf when it rejoins.
+const ROLE_SETTINGS: &[&str] = &[
+    "primary_conninfo",
+    "primary_slot_name",
+    "default_transaction_read_only",
+    "synchronous_standby_names",
+    "synchronous_commit",
+];
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopMode {
     /// Waits for clients to disconnect.
@@ -95,6 +113,77 @@ impl LocalNode {
             settings.push(("primary_slot_name".to_owned(), quote(slot)));
         }
         self.write_auto_settings(&settings)
+    }
+
+    /// Turns this stopped node, whose history may have diverged from `source` (a node that
+    /// was a primary and was replaced), into a standby of it: `pg_rewind`, or a fresh
+    /// `pg_basebackup` when rewinding fails (the old data directory is kept beside it as
+    /// `NAME.before-rejoin`). The node's own configuration files survive either way; settings
+    /// of its former role (`primary_conninfo`, `default_transaction_read_only`, ...) do not.
+    /// Returns how it was done (the program, and why rewinding failed if it did).
+    pub fn rejoin(
+        &self,
+        source_conninfo: &str,
+        slot: Option<&str>,
+    ) -> Result<String, ClusterError> {
+        let saved: Vec<(&str, Option<String>)> = OWN_FILES
+            .iter()
+            .map(|f| (*f, std::fs::read_to_string(self.data_dir.join(f)).ok()))
+            .collect();
+        let rewound = run(
+            self.tool("pg_rewind")
+                .arg("-D")
+                .arg(&self.data_dir)
+                .arg(format!("--source-server={source_conninfo}")),
+            &format!("pg_rewind of node {}", self.name),
+        );
+        let how = match rewound {
+            Ok(_) => "pg_rewind".to_owned(),
+            Err(rewind_error) => {
+                let aside = self.data_dir.with_extension("before-rejoin");
+                if aside.exists() {
+                    std::fs::remove_dir_all(&aside).map_err(|e| ClusterError::io(&aside, e))?;
+                }
+                std::fs::rename(&self.data_dir, &aside)
+                    .map_err(|e| ClusterError::io(&self.data_dir, e))?;
+                let copied = run(
+                    self.tool("pg_basebackup")
+                        .arg("-d")
+                        .arg(source_conninfo)
+                        .arg("-D")
+                        .arg(&self.data_dir)
+                        .args(["-X", "stream", "-c", "fast"]),
+                    &format!("pg_basebackup of node {}", self.name),
+                );
+                if let Err(copy_error) = copied {
+                    let _ = std::fs::remove_dir_all(&self.data_dir);
+                    let _ = std::fs::rename(&aside, &self.data_dir);
+                    return Err(ClusterError::Setup(format!(
+                        "node {} could not rejoin: {rewind_error}; then {copy_error}",
+                        self.name
+                    )));
+                }
+                format!("pg_basebackup, as pg_rewind failed: {rewind_error}")
+            }
+        };
+        for (file, text) in saved {
+            let Some(mut text) = text else { continue };
+            if file == "postgresql.auto.conf" {
+                text = text
+                    .lines()
+                    .filter(|l| {
+                        let name = l.split('=').next().unwrap_or("").trim();
+                        !ROLE_SETTINGS.contains(&name)
+                    })
+                    .map(|l| format!("{l}\n"))
+                    .collect();
+            }
+            let path = self.data_dir.join(file);
+            std::fs::write(&path, text).map_err(|e| ClusterError::io(&path, e))?;
+            hand_over(&path, self.run_as.as_ref(), false)?;
+        }
+        self.make_standby(source_conninfo, slot)?;
+        Ok(how)
     }
 
     fn tool(&self, name: &str) -> std::process::Command {

@@ -55,6 +55,9 @@ pub struct FailoverSettings {
     pub notify_command: Option<String>,
     /// How long a switchover lets transactions on the old primary finish before ending them.
     pub switchover_drain_ms: u64,
+    /// A fenced node pgherd manages locally is rewound and rejoined as a standby as soon as it
+    /// answers again.
+    pub auto_rejoin: bool,
 }
 
 /// How commits are made durable (`[replication]`).

@@ -76,6 +76,8 @@ pub struct RawFailover {
     pub notify_command: Option<String>,
     #[serde(default = "default_switchover_drain_ms")]
     pub switchover_drain_ms: u64,
+    #[serde(default)]
+    pub auto_rejoin: bool,
 }
 
 impl Default for RawFailover {
@@ -85,6 +87,7 @@ impl Default for RawFailover {
             max_lag_on_failover_bytes: default_max_lag_on_failover_bytes(),
             notify_command: None,
             switchover_drain_ms: default_switchover_drain_ms(),
+            auto_rejoin: false,
         }
     }
 }

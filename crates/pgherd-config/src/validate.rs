@@ -195,6 +195,7 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
             max_lag_on_failover_bytes: raw.failover.max_lag_on_failover_bytes,
             notify_command: raw.failover.notify_command.clone(),
             switchover_drain_ms: raw.failover.switchover_drain_ms,
+            auto_rejoin: raw.failover.auto_rejoin,
         },
         replication: replication(&c, &raw)?,
     })

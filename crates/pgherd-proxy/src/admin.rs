@@ -129,9 +129,9 @@ async fn run_script(
         backend::encode_empty(out, pgherd_wire::backend::tag::EMPTY_QUERY_RESPONSE);
     }
     for command in commands {
-        let outcome = match switchover_target(command) {
-            Some(_) if !can_modify => Err(permission_denied("SWITCHOVER")),
-            Some(to) => crate::switchover::switchover(app, to).await.map(|steps| {
+        let outcome = match Operation::parse(command) {
+            Some(op) if !can_modify => Err(permission_denied(op.name())),
+            Some(op) => op.run(app).await.map(|steps| {
                 Outcome::Rows(Table {
                     columns: &["step"],
                     rows: steps.into_iter().map(|s| vec![s]).collect(),
@@ -164,19 +164,44 @@ async fn run_script(
     Ok(())
 }
 
-const COMMANDS: &str =
-    "SHOW HELP|VERSION|NODES|POOLS|CLIENTS|CONFIG|EVENTS, SWITCHOVER [TO node], RELOAD, SHUTDOWN";
+const COMMANDS: &str = "SHOW HELP|VERSION|NODES|POOLS|CLIENTS|CONFIG|EVENTS, SWITCHOVER [TO node], REJOIN node, RELOAD, SHUTDOWN";
 
-/// `SWITCHOVER` gives `Some(None)`, `SWITCHOVER TO node` `Some(Some(node))` (node names keep
-/// their case); anything else `None`.
-fn switchover_target(command: &str) -> Option<Option<&str>> {
-    let words: Vec<&str> = command.split_whitespace().collect();
-    match words.as_slice() {
-        [w] if w.eq_ignore_ascii_case("SWITCHOVER") => Some(None),
-        [w, to, node] if w.eq_ignore_ascii_case("SWITCHOVER") && to.eq_ignore_ascii_case("TO") => {
-            Some(Some(node.trim_matches('"')))
+/// Admin commands that act on nodes and take time; they answer with the steps taken.
+enum Operation<'a> {
+    /// `SWITCHOVER [TO node]`
+    Switchover(Option<&'a str>),
+    /// `REJOIN node`
+    Rejoin(&'a str),
+}
+
+impl<'a> Operation<'a> {
+    /// Node names keep their case (and lose double quotes).
+    fn parse(command: &'a str) -> Option<Operation<'a>> {
+        let words: Vec<&str> = command.split_whitespace().collect();
+        let is = |w: &str, keyword: &str| w.eq_ignore_ascii_case(keyword);
+        let node = |w: &'a str| w.trim_matches('"');
+        match words.as_slice() {
+            [w] if is(w, "SWITCHOVER") => Some(Operation::Switchover(None)),
+            [w, to, n] if is(w, "SWITCHOVER") && is(to, "TO") => {
+                Some(Operation::Switchover(Some(node(n))))
+            }
+            [w, n] if is(w, "REJOIN") => Some(Operation::Rejoin(node(n))),
+            _ => None,
         }
-        _ => None,
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Operation::Switchover(_) => "SWITCHOVER",
+            Operation::Rejoin(_) => "REJOIN",
+        }
+    }
+
+    async fn run(self, app: &Arc<App>) -> Result<Vec<String>, PgError> {
+        match self {
+            Operation::Switchover(to) => crate::switchover::switchover(app, to).await,
+            Operation::Rejoin(node) => crate::rejoin::rejoin(app, node).await,
+        }
     }
 }
 

@@ -88,6 +88,8 @@ pub async fn run(app: Arc<App>) {
             last_sentence = sentence;
         }
         act(&app, &config.cluster, &nodes, verdict).await;
+        // A node that rejoined may be fenced (and sealed) again later.
+        sealed.retain(|name| nodes.iter().any(|n| n.name() == name && n.is_fenced()));
         // A fenced node that answers again (a replaced primary restarted) is made to refuse
         // writes, whatever else happens.
         for node in nodes.iter() {
@@ -104,6 +106,15 @@ pub async fn run(app: Arc<App>) {
                     node.name(),
                     "set read-only (default_transaction_read_only) and its client sessions ended",
                 );
+                if config.failover.auto_rejoin && node.config.data_dir.is_some() {
+                    // In the background: rewinding can take a while and failover must go on.
+                    let (app, name) = (app.clone(), node.name().to_owned());
+                    tokio::spawn(async move {
+                        if let Err(e) = crate::rejoin::rejoin(&app, &name).await {
+                            tracing::error!(node = %name, error = %e.message, "automatic rejoin failed; the node stays fenced (REJOIN retries)");
+                        }
+                    });
+                }
             }
         }
     }

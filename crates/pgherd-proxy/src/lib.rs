@@ -24,6 +24,7 @@ pub mod lifecycle;
 mod msgio;
 pub mod nodes;
 pub mod pool;
+pub mod rejoin;
 pub mod relay;
 pub mod routing;
 pub mod server;

@@ -119,6 +119,12 @@ impl NodeState {
         self.fenced.load(Ordering::Acquire)
     }
 
+    /// Lets the node have traffic again (it rejoined as a standby); reads still wait for
+    /// `rejoin_after_checks` healthy checks.
+    pub fn unfence(&self) {
+        self.fenced.store(false, Ordering::Release);
+    }
+
     /// Takes the node out of all traffic; returns whether it was not fenced before.
     pub fn fence(&self) -> bool {
         let first = !self.fenced.swap(true, Ordering::AcqRel);

@@ -316,7 +316,7 @@ async fn wait_replayed(app: &App, target: &NodeState, lsn: Lsn) -> Result<(), St
 }
 
 /// Runs a PostgreSQL program (pg_ctl, pg_controldata) off the async workers.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, pgherd_cluster::ClusterError> + Send + 'static,
 ) -> Result<T, String> {
     match tokio::task::spawn_blocking(f).await {

@@ -217,7 +217,9 @@ fn render_config(
          # No acknowledged commit exists on the primary alone while a replica streams.\n\
          [replication]\ndurability = \"sync\"\n\n\
          # A dead primary is replaced by the most advanced synchronous replica.\n\
-         [failover]\nenabled = true\n"
+         [failover]\nenabled = true\n\
+         # The replaced primary, once it answers again, is rewound and follows the new one.\n\
+         auto_rejoin = true\n"
     ));
     text
 }

@@ -66,6 +66,18 @@ enum Command {
         #[arg(long)]
         to: Option<String>,
     },
+    /// Make a node a standby of the primary again (a replaced primary after a failover):
+    /// pg_rewind, or pg_basebackup when rewinding fails (asks the running pgherd).
+    Rejoin {
+        /// The node to rejoin.
+        node: String,
+        /// The cluster directory made by `pgherd up`.
+        #[arg(long, default_value = local::DEFAULT_DIR, conflicts_with = "config")]
+        dir: PathBuf,
+        /// Or any pgherd config file.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
     /// Validate a config file and exit.
     CheckConfig {
         #[arg(default_value = "pgherd.toml")]
@@ -94,6 +106,9 @@ fn main() -> ExitCode {
                 None => "SWITCHOVER".to_owned(),
             };
             local::admin_command(&dir, config.as_deref(), &command)
+        }
+        Command::Rejoin { node, dir, config } => {
+            local::admin_command(&dir, config.as_deref(), &format!("REJOIN \"{node}\""))
         }
         Command::CheckConfig { config } => check_config(&config),
         Command::Passwd { user } => passwd(&user),

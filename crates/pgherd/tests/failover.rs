@@ -27,6 +27,7 @@ async fn a_killed_primary_is_replaced_and_fenced() {
     );
     let env = env(2, |c| {
         c.superuser()
+            .manage_nodes()
             .proxy("admin_users = [\"postgres\"]")
             .section(&section)
     });
@@ -193,6 +194,60 @@ async fn a_killed_primary_is_replaced_and_fenced() {
             .expect("write after the old primary returned");
         id += 1;
     }
+
+    // The old primary's history diverged (its end-of-recovery checkpoint, and a row written
+    // to it directly); REJOIN rewinds it into a standby of the new primary.
+    old.psql(
+        APP,
+        // Not waiting for the synchronous standbys it had as the primary.
+        "BEGIN READ WRITE; SET LOCAL synchronous_commit = local; \
+         INSERT INTO acked VALUES (999999); COMMIT",
+    )
+    .expect("a write only the old primary has");
+    let admin = env
+        .pgherd
+        .url("postgres", pgherd_testkit::SUPERUSER_PASSWORD, "pgherd");
+    let steps = psql(&admin, &["-c", "REJOIN pg1"])
+        .unwrap_or_else(|e| panic!("REJOIN failed: {e}\n{}", env.pgherd.log()));
+    assert!(
+        steps.contains(&format!(
+            "pg1 rejoined as a standby of {}",
+            new_primary.name
+        )),
+        "{steps}"
+    );
+    eprintln!("rejoin:\n{steps}");
+    assert_eq!(
+        old.psql("postgres", "SELECT pg_is_in_recovery()")
+            .expect("pg1 answers"),
+        "t"
+    );
+    c.batch_execute("INSERT INTO acked VALUES (424242)")
+        .await
+        .expect("write after the rejoin");
+    wait_until(
+        &env,
+        "the rejoined node replayed a new write",
+        Duration::from_secs(30),
+        || {
+            old.psql(APP, "SELECT count(*) FROM acked WHERE id = 424242")
+                .map(|s| s == "1")
+                .unwrap_or(false)
+        },
+    );
+    assert_eq!(
+        old.psql(APP, "SELECT count(*) FROM acked WHERE id = 999999")
+            .expect("query"),
+        "0",
+        "the diverged write survived the rewind"
+    );
+    let nodes = psql(&admin, &["-c", "SHOW NODES"]).expect("SHOW NODES");
+    assert!(
+        nodes
+            .lines()
+            .any(|l| l.starts_with("pg1|") && !l.contains("|fenced|")),
+        "{nodes}"
+    );
 }
 
 /// A TCP forwarder to a node that the test can cut: pgherd's only path to it.

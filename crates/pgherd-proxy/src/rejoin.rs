@@ -1,0 +1,105 @@
+//! Brings a node back as a standby of the primary: the replaced primary after a failover
+//! (fenced, its history diverged) or a replica that lost its way. The node is stopped,
+//! rewound with `pg_rewind` from the primary (or copied afresh with `pg_basebackup` when that
+//! fails), restarted as a standby with its own slot on the primary, and unfenced: it gets
+//! reads again once its monitor has seen it healthy `rejoin_after_checks` times.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgherd_cluster::{LocalNode, StopMode};
+use pgherd_wire::{PgError, SqlState};
+
+use crate::app::App;
+use crate::failover::{create_slot, event, primary_conninfo, run_sql};
+use crate::nodes::NodeState;
+use crate::switchover::blocking;
+
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Rejoins node `name`; returns what was done, one sentence per step.
+pub async fn rejoin(app: &Arc<App>, name: &str) -> Result<Vec<String>, PgError> {
+    let refuse = |msg: String| PgError::error(SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, msg);
+    let node = app.nodes.get(name).ok_or_else(|| {
+        PgError::error(
+            SqlState::UNDEFINED_OBJECT,
+            format!("no node named \"{name}\""),
+        )
+    })?;
+    let primary = app
+        .nodes
+        .primary()
+        .ok_or_else(|| refuse("no node accepts writes: there is no primary to follow".into()))?;
+    if primary.name() == node.name() {
+        return Err(refuse(format!(
+            "{name} is the primary pgherd sends writes to; it cannot rejoin as a standby"
+        )));
+    }
+    let config = app.config();
+    let data_dir = node.config.data_dir.clone().ok_or_else(|| {
+        PgError::error(
+            SqlState::FEATURE_NOT_SUPPORTED,
+            format!("rejoin stops, rewinds and restarts {name}, so pgherd must manage it on this machine"),
+        )
+        .with_hint("set data_dir in its [[nodes]] entry")
+    })?;
+    let local = LocalNode::managed(name, node.config.port, &data_dir, &config.cluster.user)
+        .map_err(|e| PgError::error(SqlState::SYSTEM_ERROR, e.to_string()))?;
+    run(app, &node, &primary, local).await.map_err(|e| {
+        event(app, "rejoin_failed", name, &e);
+        refuse(format!("rejoin of {name} failed: {e}"))
+    })
+}
+
+async fn run(
+    app: &Arc<App>,
+    node: &Arc<NodeState>,
+    primary: &Arc<NodeState>,
+    local: LocalNode,
+) -> Result<Vec<String>, String> {
+    let config = app.config();
+    let ctx = app.connect_context();
+    let mut steps = Vec::new();
+    // No traffic while it changes; it stays fenced if anything below fails.
+    node.fence();
+    app.drop_idle_connections(node);
+    let stopping = local.clone();
+    blocking(move || {
+        if stopping.is_running() {
+            stopping.stop(StopMode::Fast)
+        } else {
+            Ok(())
+        }
+    })
+    .await?;
+    app.nodes.mark_stopped(node, "stopped to rejoin");
+    steps.push(format!("{} stopped", node.name()));
+    create_slot(&config.cluster, &ctx, primary, node.name()).await?;
+    // pg_rewind reads the source's timeline from its control file, which a just-promoted
+    // primary updates only at its next checkpoint: without one, rewind sees the same
+    // timeline and changes nothing.
+    run_sql(primary, &config.cluster, &ctx, "CHECKPOINT").await?;
+    let conninfo = format!(
+        "{} dbname=postgres",
+        primary_conninfo(&config.cluster, primary, node.name())
+    );
+    let rejoining = local.clone();
+    let slot = node.name().to_owned();
+    let how = blocking(move || rejoining.rejoin(&conninfo, Some(&slot))).await?;
+    steps.push(format!(
+        "{} made a standby of {} with {how}",
+        node.name(),
+        primary.name()
+    ));
+    blocking(move || local.start(START_TIMEOUT)).await?;
+    node.unfence();
+    let done = format!(
+        "{} rejoined as a standby of {} ({how})",
+        node.name(),
+        primary.name()
+    );
+    tracing::warn!(node = node.name(), %how, "rejoined as a standby");
+    event(app, "rejoined", node.name(), &done);
+    steps.push(done);
+    Ok(steps)
+}

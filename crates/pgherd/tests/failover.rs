@@ -211,7 +211,7 @@ async fn a_killed_primary_is_replaced_and_fenced() {
         .unwrap_or_else(|e| panic!("REJOIN failed: {e}\n{}", env.pgherd.log()));
     assert!(
         steps.contains(&format!(
-            "pg1 rejoined as a standby of {}",
+            "pg1 rejoined as a standby of {} (pg_rewind)",
             new_primary.name
         )),
         "{steps}"

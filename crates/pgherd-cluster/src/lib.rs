@@ -274,6 +274,12 @@ fn base_settings(node: &LocalNode, extra: &[(String, String)]) -> Vec<(String, S
         // pg_rewind reads the target's WAL back to the last checkpoint before the histories
         // diverged: keep some, so a replaced primary can be rewound rather than copied.
         ("wal_keep_size", "'256MB'".to_owned()),
+        // A standby pings a silent primary after half of wal_receiver_timeout, so a live one
+        // is heard from at least that often; pgherd's split-brain guard counts a standby as
+        // still hearing its primary only within the timeout, so a hung primary stops
+        // guarding itself after 10 s rather than PostgreSQL's default 60.
+        ("wal_receiver_timeout", "'10s'".to_owned()),
+        ("wal_sender_timeout", "'10s'".to_owned()),
         ("max_connections", "200".to_owned()),
         ("log_line_prefix", "'%m [%p] %q%u@%d '".to_owned()),
         // A standby's WAL receiver reports cluster_name as its application_name: the name

@@ -16,8 +16,9 @@
 //!    pgherd and confirm that they lost the primary too.
 //! 5. Candidates: answering replicas with priority above 0; in `async` mode at most
 //!    `max_lag_on_failover_bytes` behind the primary's last known position; in `sync` modes
-//!    only standbys that were synchronous, and only when enough of them answer that the one
-//!    holding the newest acknowledged commit must be among them. The most advanced (received
+//!    standbys that were synchronous (or replicas at least as advanced as all of them), and
+//!    only when enough of them answer that the one holding the newest acknowledged commit must
+//!    be among them. The most advanced (received
 //!    WAL) wins; ties go to the higher priority, then to the first in the configuration.
 //!
 //! Architecture invariant: no sockets, no clocks, no global state; the same view always gives
@@ -247,10 +248,16 @@ pub fn decide(policy: &Policy, view: &View) -> Verdict {
             return Verdict::SyncQuorumLost { answering, needed };
         }
     }
+    // The newest WAL a synchronous standby has: every acknowledged commit is at or before it.
+    let newest_sync = view
+        .synchronous
+        .iter()
+        .filter_map(|&i| view.nodes.get(i).filter(|n| !n.fenced)?.received())
+        .max();
     let mut rejected = Vec::new();
     let mut best: Option<(usize, Lsn)> = None;
     for &i in &replicas {
-        match eligibility(policy, view, i) {
+        match eligibility(policy, view, i, newest_sync) {
             Err(why) => rejected.push((i, why)),
             Ok(lsn) => {
                 let better = match best {
@@ -269,12 +276,7 @@ pub fn decide(policy: &Policy, view: &View) -> Verdict {
     if policy.durability.is_sync() {
         // The newest acknowledged commit is on the most advanced synchronous standby; if that
         // one may not be promoted (priority 0), promoting another would lose it.
-        let newest = view
-            .synchronous
-            .iter()
-            .filter_map(|&i| view.nodes.get(i).filter(|n| !n.fenced)?.received())
-            .max();
-        if let (Some(newest), Some((best_node, best_lsn))) = (newest, best) {
+        if let (Some(newest), Some((best_node, best_lsn))) = (newest_sync, best) {
             if best_lsn < newest {
                 rejected.push((
                     best_node,
@@ -299,8 +301,16 @@ pub fn decide(policy: &Policy, view: &View) -> Verdict {
     }
 }
 
-/// Whether replica `i` may be promoted, and how far it has received WAL if so.
-fn eligibility(policy: &Policy, view: &View, i: usize) -> Result<Lsn, Rejection> {
+/// Whether replica `i` may be promoted, and how far it has received WAL if so. In sync modes
+/// a replica outside the synchronous set qualifies when it has received at least as much as
+/// every synchronous one (`newest_sync`): it then holds every acknowledged commit, and passing
+/// it over would leave it ahead of the new primary, unable to follow.
+fn eligibility(
+    policy: &Policy,
+    view: &View,
+    i: usize,
+    newest_sync: Option<Lsn>,
+) -> Result<Lsn, Rejection> {
     let node = &view.nodes[i];
     let received = node.received().ok_or(Rejection::NoAnswer)?;
     if node.fenced {
@@ -310,7 +320,7 @@ fn eligibility(policy: &Policy, view: &View, i: usize) -> Result<Lsn, Rejection>
         return Err(Rejection::PriorityZero);
     }
     if policy.durability.is_sync() {
-        if !view.synchronous.contains(&i) {
+        if !view.synchronous.contains(&i) && newest_sync.is_none_or(|newest| received < newest) {
             return Err(Rejection::NotSynchronous);
         }
     } else if let Some(primary_lsn) = view.last_primary_lsn {
@@ -411,7 +421,9 @@ impl Rejection {
             Rejection::NoAnswer => "does not answer".into(),
             Rejection::PriorityZero => "priority 0".into(),
             Rejection::Fenced => "fenced".into(),
-            Rejection::NotSynchronous => "was not a synchronous standby".into(),
+            Rejection::NotSynchronous => {
+                "was not a synchronous standby and is behind the synchronous ones".into()
+            }
             Rejection::TooFarBehind { behind_bytes } => {
                 format!("{behind_bytes} bytes behind the primary, over max_lag_on_failover_bytes")
             }

@@ -15,7 +15,7 @@ pub async fn lookup(
     auth: &AuthQuery,
     user: &str,
 ) -> Result<Option<Option<String>>, String> {
-    let node = app.nodes.primary().ok_or_else(|| {
+    let node = app.nodes.writer().ok_or_else(|| {
         format!(
             "no primary node to run auth_query on ({})",
             app.nodes.describe_all()

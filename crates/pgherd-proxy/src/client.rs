@@ -293,9 +293,9 @@ async fn finish_login(
         )
     })?;
     let node = match resolved.route {
-        Route::Primary => app.nodes.primary(),
-        Route::Auto => app.nodes.primary().or_else(|| app.nodes.pick_replica()),
-        Route::Replica => app.nodes.pick_replica().or_else(|| app.nodes.primary()),
+        Route::Primary => app.nodes.writer(),
+        Route::Auto => app.nodes.writer().or_else(|| app.nodes.pick_replica()),
+        Route::Replica => app.nodes.pick_replica().or_else(|| app.nodes.writer()),
     }
     .ok_or_else(|| {
         Disconnect::Refused(

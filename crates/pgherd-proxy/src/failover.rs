@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use pgherd_config::{ClusterSettings, Config};
 use pgherd_failover::{
-    decide, desired_sync_set, Check, Durability, NodeView, Policy, SyncSet, Verdict, View,
+    decide, desired_sync_set, format_lsn, Check, Durability, NodeView, Policy, SyncSet, Verdict,
+    View,
 };
 
 use crate::app::App;
@@ -44,7 +45,7 @@ pub async fn run(app: Arc<App>) {
         let nodes = app.nodes.all();
         if let Some(primary) = app
             .nodes
-            .primary()
+            .writer()
             .and_then(|p| nodes.iter().position(|n| n.name() == p.name()))
         {
             keeper.keep(&app, &config, &nodes, primary).await;
@@ -170,6 +171,7 @@ impl SyncKeeper {
         if durability == Durability::Async {
             self.in_force = None;
             app.nodes.refuse_writes(None);
+            app.nodes.set_sync_pending(false);
             return;
         }
         let primary = &nodes[primary];
@@ -215,6 +217,7 @@ impl SyncKeeper {
                 )
             }));
         if current.as_ref() == Some(&desired) {
+            app.nodes.set_sync_pending(false);
             return;
         }
         // Until the primary has reloaded, either set may be in force.
@@ -252,6 +255,7 @@ impl SyncKeeper {
         tracing::info!(node = primary.name(), %detail, "synchronous standbys set");
         event(app, kind, primary.name(), &detail);
         self.in_force = Some((primary.name().to_owned(), desired));
+        app.nodes.set_sync_pending(false);
     }
 }
 
@@ -282,8 +286,19 @@ async fn apply_sync_set(
 
 /// In `sync` and `strict` durability, makes a just-promoted primary wait for every other
 /// unfenced node as a standby before pgherd sends it writes, so its first commits are not
-/// acknowledged on it alone; the keeper narrows the set to the standbys that stream.
-pub(crate) async fn preset_sync(app: &App, nodes: &[Arc<NodeState>], new_primary: &NodeState) {
+/// acknowledged on it alone; the keeper narrows the set to the standbys that stream. Call it
+/// before electing the node; it ends the wait [`Nodes::elect`] starts, unless it failed (then
+/// the keeper's next pass does).
+pub(crate) async fn elect_durably(app: &App, nodes: &[Arc<NodeState>], new_primary: &NodeState) {
+    let durable = preset_sync(app, nodes, new_primary).await;
+    app.nodes.elect(Some(new_primary.name()));
+    if durable {
+        app.nodes.set_sync_pending(false);
+    }
+}
+
+/// Sets the new primary's synchronous standbys; false if that failed.
+async fn preset_sync(app: &App, nodes: &[Arc<NodeState>], new_primary: &NodeState) -> bool {
     let config = app.config();
     let others: Vec<String> = nodes
         .iter()
@@ -297,10 +312,14 @@ pub(crate) async fn preset_sync(app: &App, nodes: &[Arc<NodeState>], new_primary
         &others,
         None,
     ) else {
-        return;
+        return true;
     };
-    if let Err(e) = apply_sync_set(app, &config, new_primary, &set).await {
-        tracing::warn!(node = new_primary.name(), error = %e, "cannot set the new primary's synchronous standbys; the next check tries again");
+    match apply_sync_set(app, &config, new_primary, &set).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(node = new_primary.name(), error = %e, "cannot set the new primary's synchronous standbys; the next check tries again");
+            false
+        }
     }
 }
 
@@ -382,6 +401,29 @@ async fn act(
             app.nodes.elect(None);
             exclude(app, &nodes[old]);
             let new_primary = &nodes[candidate];
+            let promoted_at = received(new_primary);
+            // The others follow the candidate before it is promoted (cascading until then):
+            // a replaced primary that wakes up (a hung one resumed) could otherwise still ship
+            // them WAL the candidate never got, and they could not follow it.
+            for &follower in &followers {
+                match repoint(cluster, &ctx, &nodes[follower], new_primary).await {
+                    Ok(()) => event(
+                        app,
+                        "repointed",
+                        nodes[follower].name(),
+                        &format!("follows {} now", new_primary.name()),
+                    ),
+                    Err(e) => {
+                        tracing::error!(node = nodes[follower].name(), primary = new_primary.name(), error = %e, "cannot re-point replica to the new primary");
+                        event(
+                            app,
+                            "repoint_failed",
+                            nodes[follower].name(),
+                            &format!("cannot follow {}: {e}", new_primary.name()),
+                        );
+                    }
+                }
+            }
             let answer = run_sql(new_primary, cluster, &ctx, "SELECT pg_promote(true, 60)").await;
             // Whatever the answer (it may be lost after the promotion happened), ask the
             // candidate what it is now; this also lets writes resume before its next check.
@@ -401,37 +443,48 @@ async fn act(
                 app.nodes.elect(Some(nodes[old].name()));
                 return;
             }
-            preset_sync(app, nodes, new_primary).await;
+            elect_durably(app, nodes, new_primary).await;
             tracing::warn!(node = new_primary.name(), "promoted; writes go to it now");
-            app.nodes.elect(Some(new_primary.name()));
+            // A follower with WAL the new primary never had (one that may not be promoted)
+            // cannot follow it until it is rewound.
+            for follower in followers.iter().map(|&f| &nodes[f]) {
+                if received(follower) <= promoted_at {
+                    continue;
+                }
+                let detail = format!(
+                    "has WAL up to {} beyond where {} was promoted ({}): it cannot follow until it rejoins",
+                    format_lsn(received(follower)),
+                    new_primary.name(),
+                    format_lsn(promoted_at)
+                );
+                tracing::error!(node = follower.name(), %detail, "replica diverged");
+                event(app, "diverged", follower.name(), &detail);
+                let config = app.config();
+                if config.failover.auto_rejoin && follower.config.data_dir.is_some() {
+                    let (app, name) = (app.clone(), follower.name().to_owned());
+                    tokio::spawn(async move {
+                        if let Err(e) = crate::rejoin::rejoin(&app, &name).await {
+                            tracing::error!(node = %name, error = %e.message, "automatic rejoin failed");
+                        }
+                    });
+                }
+            }
             event(
                 app,
                 "promoted",
                 new_primary.name(),
                 "promoted; writes go to it now",
             );
-            for follower in followers {
-                match repoint(cluster, &ctx, &nodes[follower], new_primary).await {
-                    Ok(()) => event(
-                        app,
-                        "repointed",
-                        nodes[follower].name(),
-                        &format!("follows {} now", new_primary.name()),
-                    ),
-                    Err(e) => {
-                        tracing::error!(node = nodes[follower].name(), primary = new_primary.name(), error = %e, "cannot re-point replica to the new primary");
-                        event(
-                            app,
-                            "repoint_failed",
-                            nodes[follower].name(),
-                            &format!("cannot follow {}: {e}", new_primary.name()),
-                        );
-                    }
-                }
-            }
         }
         _ => {}
     }
+}
+
+/// How far a node had received WAL at its last good check.
+fn received(node: &NodeState) -> u64 {
+    node.health()
+        .last_seen
+        .map_or(0, |seen| seen.receive_lsn.max(seen.lsn))
 }
 
 /// No more traffic through pgherd to `node`. Making it refuse writes is [`seal`]'s, once it
@@ -442,6 +495,29 @@ fn exclude(app: &App, node: &NodeState) {
         event(app, "fenced", node.name(), "no more traffic through pgherd");
     }
     app.drop_idle_connections(node);
+    // Sessions in the middle of a request there may wait forever on a hung server; they end
+    // now (their clients reconnect and reach the new primary).
+    let ip: Option<std::net::IpAddr> = node.config.host.parse().ok();
+    let mut ended = 0;
+    for client in app.clients.all() {
+        let on_node = client.target().is_some_and(|t| {
+            t.peer.port() == node.config.port && ip.is_none_or(|ip| ip == t.peer.ip())
+        });
+        if on_node {
+            client.kill(format!(
+                "node {} was fenced by failover while this session used it",
+                node.name()
+            ));
+            ended += 1;
+        }
+    }
+    if ended > 0 {
+        tracing::warn!(
+            node = node.name(),
+            sessions = ended,
+            "sessions using the fenced node ended"
+        );
+    }
 }
 
 /// Makes a fenced node refuse writes and ends its client sessions; false if it does not

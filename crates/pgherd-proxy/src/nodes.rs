@@ -324,6 +324,9 @@ pub struct Nodes {
     /// A switchover is under way: no node takes new transactions as the primary (they wait)
     /// and failover does not act.
     switching: AtomicBool,
+    /// Set at startup and whenever another node is elected; cleared once the writer's
+    /// synchronous standbys are in force (or durability is `async`).
+    sync_pending: AtomicBool,
 }
 
 /// How many checks in a row change a node's standing.
@@ -361,6 +364,7 @@ impl Nodes {
             writes_refused: Mutex::new(None),
             any_writes_refused: AtomicBool::new(false),
             switching: AtomicBool::new(false),
+            sync_pending: AtomicBool::new(true),
         }
     }
 
@@ -405,6 +409,23 @@ impl Nodes {
 
     pub fn is_switching(&self) -> bool {
         self.switching.load(Ordering::Acquire)
+    }
+
+    /// New transactions wait rather than go to the primary: a switchover is under way, or
+    /// in `sync`/`strict` durability the primary's synchronous standbys are not set yet (a
+    /// commit acknowledged now could exist on the primary alone).
+    pub fn writes_paused(&self) -> bool {
+        self.switching.load(Ordering::Acquire) || self.sync_pending.load(Ordering::Acquire)
+    }
+
+    /// Whether the writer's synchronous standbys still have to be set before it takes writes.
+    pub fn set_sync_pending(&self, pending: bool) {
+        if self.sync_pending.swap(pending, Ordering::AcqRel) != pending {
+            if pending {
+                tracing::info!("writes wait until the primary's synchronous standbys are set");
+            }
+            self.standing.notify_waiters();
+        }
     }
 
     pub fn writes_refused(&self) -> Option<String> {
@@ -462,7 +483,7 @@ impl Nodes {
     /// is among them only when `primary_reads`.
     pub fn read_candidates(&self, primary_reads: bool) -> (Vec<Arc<NodeState>>, Vec<Candidate>) {
         // The primary being switched over drains; it takes no new reads either.
-        let primary_reads = primary_reads && !self.is_switching();
+        let primary_reads = primary_reads && !self.writes_paused();
         let list = self.list.load();
         let reads_here = |n: &Arc<NodeState>| {
             let role = n.role();
@@ -500,13 +521,19 @@ impl Nodes {
             .cloned()
     }
 
+    /// The node sessions send writes to: [`Self::writer`], unless writes are paused (a
+    /// switchover, or a primary whose synchronous standbys are not set yet).
+    pub fn primary(&self) -> Option<Arc<NodeState>> {
+        if self.writes_paused() {
+            return None;
+        }
+        self.writer()
+    }
+
     /// The node that accepts writes: the elected primary when failover runs. Without an
     /// election, if monitoring ever sees two, the first in config order is used and both are
     /// reported.
-    pub fn primary(&self) -> Option<Arc<NodeState>> {
-        if self.is_switching() {
-            return None;
-        }
+    pub fn writer(&self) -> Option<Arc<NodeState>> {
         let list = self.list.load();
         if let Some(elected) = self.elected.lock().as_deref() {
             return list
@@ -528,7 +555,13 @@ impl Nodes {
 
     /// Failover's choice of primary (`None` while a promotion is under way: no writes).
     pub fn elect(&self, name: Option<&str>) {
-        *self.elected.lock() = name.map(str::to_owned);
+        let mut elected = self.elected.lock();
+        if name.is_some() && elected.as_deref() != name {
+            // Another primary: its synchronous standbys must be set before it takes writes.
+            self.sync_pending.store(true, Ordering::Release);
+        }
+        *elected = name.map(str::to_owned);
+        drop(elected);
         self.standing.notify_waiters();
     }
 
@@ -672,14 +705,18 @@ pub async fn check_once(
 }
 
 /// Role, then the primary's insert position or the replica's replay position, what a replica
-/// has received, the checkpoint timeline, and whether a replica's WAL receiver is streaming
-/// (the split-brain guard asks replicas whether they still hear the primary), and on a primary
+/// has received, the checkpoint timeline, and whether a replica's WAL receiver is streaming and
+/// heard from its upstream within `wal_receiver_timeout` (the split-brain guard asks replicas
+/// whether they still hear the primary; a hung primary keeps the connection open but goes
+/// silent), and on a primary
 /// the standbys streaming from it (application names can hold no newline).
 const CHECK_SQL: &str = "SELECT pg_is_in_recovery(), \
      CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END, \
      pg_last_wal_receive_lsn(), \
      (SELECT timeline_id FROM pg_control_checkpoint()), \
-     EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'), \
+     EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming' \
+       AND (current_setting('wal_receiver_timeout')::interval = '0' \
+            OR last_msg_receipt_time > now() - current_setting('wal_receiver_timeout')::interval)), \
      (SELECT string_agg(application_name, E'\\n') FROM pg_stat_replication WHERE state = 'streaming')";
 
 /// Checks every node once, concurrently; used at startup so routing is known before the

@@ -28,7 +28,7 @@ pub async fn rejoin(app: &Arc<App>, name: &str) -> Result<Vec<String>, PgError> 
     })?;
     let primary = app
         .nodes
-        .primary()
+        .writer()
         .ok_or_else(|| refuse("no node accepts writes: there is no primary to follow".into()))?;
     if primary.name() == node.name() {
         return Err(refuse(format!(

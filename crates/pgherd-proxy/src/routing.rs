@@ -154,7 +154,7 @@ impl Router {
     async fn load_catalog(&self, app: &Arc<App>) -> Result<usize, String> {
         let node = app
             .nodes
-            .primary()
+            .writer()
             .ok_or_else(|| "no primary is up".to_owned())?;
         let config = app.config();
         let mut conn = nodes::management_connection(

@@ -15,7 +15,7 @@ use pgherd_wire::{PgError, SqlState};
 
 use crate::app::App;
 use crate::failover::{
-    create_slot, event, first_value, preset_sync, primary_conninfo, repoint, run_sql,
+    create_slot, elect_durably, event, first_value, primary_conninfo, repoint, run_sql,
 };
 use crate::nodes::{check_once, NodeState, Role};
 
@@ -27,7 +27,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// was done, one sentence per step.
 pub async fn switchover(app: &Arc<App>, to: Option<&str>) -> Result<Vec<String>, PgError> {
     let nodes = app.nodes.all();
-    let old = app.nodes.primary().ok_or_else(|| {
+    let old = app.nodes.writer().ok_or_else(|| {
         PgError::error(
             SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
             "no node accepts writes: there is no primary to switch over from",
@@ -212,8 +212,7 @@ impl Run<'_> {
                 target.name()
             ));
         }
-        preset_sync(app, nodes, target).await;
-        app.nodes.elect(Some(target.name()));
+        elect_durably(app, nodes, target).await;
         self.step(
             "promoted",
             target.name(),

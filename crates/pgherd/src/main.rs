@@ -1,6 +1,7 @@
 //! The `pgherd` command: runs the proxy, manages the embedded local cluster, and benchmarks.
 
 mod bench;
+mod drill;
 mod local;
 mod logging;
 
@@ -78,6 +79,9 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Fault drills on a local cluster: faults on the primary under write load; checks that no
+    /// acknowledged write is lost and no two nodes took writes, and reports the RTO clients saw.
+    Drill(drill::DrillOptions),
     /// Validate a config file and exit.
     CheckConfig {
         #[arg(default_value = "pgherd.toml")]
@@ -110,6 +114,7 @@ fn main() -> ExitCode {
         Command::Rejoin { node, dir, config } => {
             local::admin_command(&dir, config.as_deref(), &format!("REJOIN \"{node}\""))
         }
+        Command::Drill(options) => drill::run(options),
         Command::CheckConfig { config } => check_config(&config),
         Command::Passwd { user } => passwd(&user),
         Command::Bench(command) => bench::run(command),

@@ -638,7 +638,7 @@ impl Session {
                 // Transaction control and settings run wherever the session was last.
                 if let Some((node, _)) = &self.last_pool {
                     let usable = match node.role() {
-                        Role::Primary => !self.app.nodes.is_switching(),
+                        Role::Primary => !self.app.nodes.writes_paused(),
                         _ => node.in_read_set(),
                     };
                     if node.is_up() && usable {
@@ -663,7 +663,7 @@ impl Session {
         }
         // The primary rarely changes: reuse the last one while it still is the primary.
         if let Some((node, _)) = &self.last_pool {
-            if node.is_usable_as(Role::Primary) && !self.app.nodes.is_switching() {
+            if node.is_usable_as(Role::Primary) && !self.app.nodes.writes_paused() {
                 return Ok((node.clone(), None));
             }
         }
@@ -1020,7 +1020,12 @@ impl Session {
             }
         }
         self.client_out.clear();
-        if self.lease.is_none() {
+        let Some(lease) = self.lease.as_ref() else {
+            return;
+        };
+        if lease.node.is_fenced() {
+            // Failover took the node out (it may hang): nothing there is worth cleaning up.
+            self.detach(false).await;
             return;
         }
         let reusable = matches!(

@@ -6,7 +6,7 @@ mod pgbench;
 mod procstat;
 mod scaling;
 mod svg;
-mod targets;
+pub(crate) mod targets;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -145,7 +145,7 @@ struct Fixture {
     _tmp: Option<tempfile_dir::TempDir>,
 }
 
-mod tempfile_dir {
+pub(crate) mod tempfile_dir {
     /// A directory removed when dropped.
     pub struct TempDir(pub std::path::PathBuf);
     impl Drop for TempDir {
@@ -256,6 +256,7 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
                 pool_size: options.pool_size,
                 workers: options.pgherd_workers,
                 database_keys: "",
+                ha: false,
             },
         )?),
         false => None,
@@ -603,7 +604,9 @@ fn write_outputs(options: &PoolerOptions, samples: &[Sample], report: &str) -> R
 
 /// The benchmark's working directory: `dir` if given, otherwise a temporary one removed when
 /// the returned guard drops.
-fn work_dir(dir: Option<&PathBuf>) -> Result<(PathBuf, Option<tempfile_dir::TempDir>), String> {
+pub(crate) fn work_dir(
+    dir: Option<&PathBuf>,
+) -> Result<(PathBuf, Option<tempfile_dir::TempDir>), String> {
     let (dir, tmp) = match dir {
         Some(d) => (d.clone(), None),
         None => {

@@ -172,6 +172,7 @@ pub fn scaling(options: ScalingOptions) -> Result<(), String> {
                         "primary_reads = true\nbalance = \"{}\"",
                         options.balance
                     ),
+                    ha: false,
                 },
             )?),
             false => None,

@@ -184,6 +184,10 @@ pub struct PgherdSetup<'a> {
     pub workers: usize,
     /// Keys for the `[databases."*"]` section.
     pub database_keys: &'a str,
+    /// High availability as `pgherd up` sets it (sync durability, failover, auto rejoin, the
+    /// nodes' data directories, the superuser on the admin console) instead of the
+    /// benchmarks' asynchronous replication without failover.
+    pub ha: bool,
 }
 
 /// pgherd in transaction mode, as its own process so its CPU time can be read.
@@ -194,25 +198,45 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
         pool_size,
         workers,
         database_keys,
+        ha,
     } = setup;
     let port = free_port().map_err(|e| e.to_string())?;
     let mut config = format!(
-        "[pgherd]\nlisten = [\"127.0.0.1:{port}\"]\nworkers = {workers}\nmax_client_connections = 20000\nlog_level = \"warn\"\n\n\
+        "[pgherd]\nlisten = [\"127.0.0.1:{port}\"]\nworkers = {workers}\nmax_client_connections = 20000\nlog_level = \"{}\"\n{}\n\
          [cluster]\nuser = \"postgres\"\npassword = \"{}\"\n\n",
+        if *ha { "info" } else { "warn" },
+        if *ha { "admin_users = [\"postgres\"]\n" } else { "" },
         cluster.superuser_password
     );
     for node in cluster.cluster.nodes.iter().take(*nodes) {
         config.push_str(&format!(
-            "[[nodes]]\nname = \"{}\"\nport = {}\n\n",
+            "[[nodes]]\nname = \"{}\"\nport = {}\n",
             node.name, node.port
         ));
+        if *ha {
+            config.push_str(&format!("data_dir = \"{}\"\n", node.data_dir.display()));
+        }
+        config.push('\n');
     }
-    // The peers replicate asynchronously; so does pgherd here, so the figures compare the
-    // middleware and not the durability.
     config.push_str(&format!(
-        "[pool]\nmode = \"transaction\"\nmax_size = {pool_size}\n\n[databases.\"*\"]\n{database_keys}\n\n\
-         [replication]\ndurability = \"async\"\n\n"
+        "[pool]\nmode = \"transaction\"\nmax_size = {pool_size}\n\n[databases.\"*\"]\n{database_keys}\n\n"
     ));
+    if *ha {
+        config.push_str("[failover]\nenabled = true\nauto_rejoin = true\n\n");
+        let superuser = ScramVerifier::from_password(
+            &cluster.superuser_password,
+            &rand::random::<[u8; 16]>(),
+            4096,
+        );
+        config.push_str(&format!(
+            "[users.postgres]\nscram = \"{superuser}\"\nserver_password = \"{}\"\n\n",
+            cluster.superuser_password
+        ));
+    } else {
+        // The peers replicate asynchronously; so does pgherd here, so the figures compare
+        // the middleware and not the durability.
+        config.push_str("[replication]\ndurability = \"async\"\n\n");
+    }
     for user in users.iter() {
         config.push_str(&format!(
             "[users.{}]\nscram = \"{}\"\n\n",

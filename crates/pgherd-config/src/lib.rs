@@ -46,8 +46,8 @@ pub struct Config {
 /// Automatic failover (`[failover]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FailoverSettings {
-    /// Off by default while failover is being built (fencing, switchover and drills are not
-    /// there yet).
+    /// Off by default for clusters pgherd did not make (promoting is the operator's call to
+    /// delegate); `pgherd up` turns it on.
     pub enabled: bool,
     /// A replica further behind the primary's last known position is never promoted.
     pub max_lag_on_failover_bytes: u64,

@@ -458,21 +458,32 @@ fn report(rounds: &[Round], log: &Log, lost: &[i64], violations: &[String], prim
             r.errors
         );
     }
-    let mut rtos: Vec<u128> = rounds
-        .iter()
-        .filter_map(|r| r.rto.map(|d| d.as_millis()))
-        .collect();
-    rtos.sort_unstable();
-    let pick = |q: f64| {
-        rtos.get(((rtos.len() as f64 - 1.0) * q).round() as usize)
-            .map_or("-".to_owned(), |v| v.to_string())
+    let summary = |what: &str, of: &dyn Fn(&Round) -> bool| {
+        let mut rtos: Vec<u128> = rounds
+            .iter()
+            .filter(|r| of(r))
+            .filter_map(|r| r.rto.map(|d| d.as_millis()))
+            .collect();
+        rtos.sort_unstable();
+        let pick = |q: f64| {
+            rtos.get(((rtos.len() as f64 - 1.0) * q).round() as usize)
+                .map_or("-".to_owned(), |v| v.to_string())
+        };
+        println!(
+            "RTO {what}: median {} ms, p95 {} ms over {} round(s)",
+            pick(0.5),
+            pick(0.95),
+            rtos.len()
+        );
     };
-    println!(
-        "RTO median {} ms, p95 {} ms over {} round(s)",
-        pick(0.5),
-        pick(0.95),
-        rtos.len()
-    );
+    summary("all", &|_| true);
+    let mut faults: Vec<Fault> = rounds.iter().map(|r| r.fault).collect();
+    faults.dedup();
+    faults.sort_by_key(|f| f.name());
+    faults.dedup();
+    for fault in faults {
+        summary(fault.name(), &|r| r.fault == fault);
+    }
     println!(
         "acknowledged writes: {}, lost: {}, client errors: {}, split-brain signs: {}, final primary port {primary_port}",
         log.acks.len(),

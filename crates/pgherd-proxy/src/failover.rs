@@ -424,20 +424,13 @@ async fn act(
                     }
                 }
             }
-            let answer = run_sql(new_primary, cluster, &ctx, "SELECT pg_promote(true, 60)").await;
-            // Whatever the answer (it may be lost after the promotion happened), ask the
-            // candidate what it is now; this also lets writes resume before its next check.
-            let mut conn = None;
-            let seen = check_once(new_primary, cluster, &ctx, &mut conn).await;
-            let promoted = matches!(&seen, Ok(s) if s.role == Role::Primary);
-            app.nodes.record(new_primary, seen);
-            if !promoted {
-                tracing::error!(node = new_primary.name(), answer = ?answer.as_ref().map(|rows| first_value(rows).map(str::to_owned)), "promotion did not complete; retrying at the next check");
+            if let Err(e) = promote(app, new_primary).await {
+                tracing::error!(node = new_primary.name(), error = %e, "promotion did not complete; retrying at the next check");
                 event(
                     app,
                     "promotion_failed",
                     new_primary.name(),
-                    &format!("pg_promote() answered {answer:?}; retrying at the next check"),
+                    &format!("{e}; retrying at the next check"),
                 );
                 // Still the elected (fenced, down) primary, so the next check decides again.
                 app.nodes.elect(Some(nodes[old].name()));
@@ -478,6 +471,33 @@ async fn act(
         }
         _ => {}
     }
+}
+
+/// Promotes `node` with `pg_promote()` and checks that it accepts writes now. Whatever the
+/// answer (it may be lost after the promotion happened), the node is asked what it is; this
+/// also records it as a primary before its monitor's next check.
+pub(crate) async fn promote(app: &App, node: &NodeState) -> Result<(), String> {
+    let config = app.config();
+    let ctx = app.connect_context();
+    let answer = run_sql(node, &config.cluster, &ctx, "SELECT pg_promote(true, 60)").await;
+    let mut conn = None;
+    let seen = check_once(node, &config.cluster, &ctx, &mut conn).await;
+    let promoted = matches!(&seen, Ok(s) if s.role == Role::Primary);
+    app.nodes.record(node, seen);
+    if promoted {
+        return Ok(());
+    }
+    Err(match answer {
+        Ok(rows) => format!(
+            "{} was not promoted (pg_promote() answered {:?})",
+            node.name(),
+            first_value(&rows)
+        ),
+        Err(e) => format!(
+            "{} was not promoted (pg_promote() failed: {e})",
+            node.name()
+        ),
+    })
 }
 
 /// How far a node had received WAL at its last good check.

@@ -15,7 +15,7 @@ use pgherd_wire::{PgError, SqlState};
 
 use crate::app::App;
 use crate::failover::{
-    create_slot, elect_durably, event, first_value, primary_conninfo, repoint, run_sql,
+    create_slot, elect_durably, event, first_value, primary_conninfo, promote, repoint, run_sql,
 };
 use crate::nodes::{check_once, NodeState, Role};
 
@@ -200,15 +200,18 @@ impl Run<'_> {
             format!("{} replayed all of {}'s WAL", target.name(), old.name()),
         );
 
-        let answer = run_sql(target, cluster, &ctx, "SELECT pg_promote(true, 60)").await;
-        let mut conn = None;
-        let seen = check_once(target, cluster, &ctx, &mut conn).await;
-        let promoted = matches!(&seen, Ok(s) if s.role == Role::Primary);
-        app.nodes.record(target, seen);
-        if !promoted {
-            self.restart_as_primary(&local, old).await;
+        if let Err(e) = promote(app, target).await {
+            // Only a target that still answers as a standby proves the old primary may take
+            // writes again; otherwise two primaries could result.
+            let mut conn = None;
+            let seen = check_once(target, cluster, &ctx, &mut conn).await;
+            if matches!(seen, Ok(s) if s.role == Role::Replica) {
+                self.restart_as_primary(&local, old).await;
+                return Err(e);
+            }
             return Err(format!(
-                "{} was not promoted (pg_promote answered {answer:?})",
+                "{e}; {} is left stopped: check {} and rejoin one of them",
+                old.name(),
                 target.name()
             ));
         }

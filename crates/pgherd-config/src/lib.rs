@@ -58,6 +58,9 @@ pub struct FailoverSettings {
     /// A fenced node pgherd manages locally is rewound and rejoined as a standby as soon as it
     /// answers again.
     pub auto_rejoin: bool,
+    /// Run through `sh -c` when a node is fenced (STONITH: power it off, cut its network),
+    /// with the node in `PGHERD_*` variables.
+    pub fence_command: Option<String>,
 }
 
 /// How commits are made durable (`[replication]`).

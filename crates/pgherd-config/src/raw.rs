@@ -78,6 +78,7 @@ pub struct RawFailover {
     pub switchover_drain_ms: u64,
     #[serde(default)]
     pub auto_rejoin: bool,
+    pub fence_command: Option<String>,
 }
 
 impl Default for RawFailover {
@@ -88,6 +89,7 @@ impl Default for RawFailover {
             notify_command: None,
             switchover_drain_ms: default_switchover_drain_ms(),
             auto_rejoin: false,
+            fence_command: None,
         }
     }
 }

@@ -196,6 +196,7 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
             notify_command: raw.failover.notify_command.clone(),
             switchover_drain_ms: raw.failover.switchover_drain_ms,
             auto_rejoin: raw.failover.auto_rejoin,
+            fence_command: raw.failover.fence_command.clone(),
         },
         replication: replication(&c, &raw)?,
     })

@@ -65,25 +65,33 @@ fn notify(command: &str, event: Event) {
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
+    run_hook(
+        "notification command",
+        command,
+        vec![
+            ("PGHERD_EVENT", event.kind.to_owned()),
+            ("PGHERD_NODE", event.node),
+            ("PGHERD_DETAIL", event.detail),
+            ("PGHERD_TIME", seconds.to_string()),
+        ],
+    );
+}
+
+/// Runs an operator's command through `sh -c` in the background with `vars` in its
+/// environment; its failure is logged, never fatal.
+pub fn run_hook(what: &'static str, command: &str, vars: Vec<(&'static str, String)>) {
     let mut cmd = tokio::process::Command::new("sh");
     cmd.arg("-c")
         .arg(command)
-        .env("PGHERD_EVENT", event.kind)
-        .env("PGHERD_NODE", &event.node)
-        .env("PGHERD_DETAIL", &event.detail)
-        .env("PGHERD_TIME", seconds.to_string())
+        .envs(vars)
         .stdin(std::process::Stdio::null())
         .kill_on_drop(false);
     let command = command.to_owned();
     tokio::spawn(async move {
         match cmd.status().await {
             Ok(status) if status.success() => {}
-            Ok(status) => {
-                tracing::warn!(%command, %status, event = event.kind, "notification command failed")
-            }
-            Err(e) => {
-                tracing::warn!(%command, error = %e, event = event.kind, "cannot run the notification command")
-            }
+            Ok(status) => tracing::warn!(%command, %status, what, "hook command failed"),
+            Err(e) => tracing::warn!(%command, error = %e, what, "cannot run the hook command"),
         }
     });
 }

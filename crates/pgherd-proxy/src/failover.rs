@@ -513,6 +513,26 @@ fn exclude(app: &App, node: &NodeState) {
     if node.fence() {
         tracing::warn!(node = node.name(), "fenced: no more traffic through pgherd");
         event(app, "fenced", node.name(), "no more traffic through pgherd");
+        let config = app.config();
+        if let Some(command) = config.failover.fence_command.as_deref() {
+            crate::events::run_hook(
+                "fence command",
+                command,
+                vec![
+                    ("PGHERD_NODE", node.name().to_owned()),
+                    ("PGHERD_HOST", node.config.host.clone()),
+                    ("PGHERD_PORT", node.config.port.to_string()),
+                    (
+                        "PGHERD_DATA_DIR",
+                        node.config
+                            .data_dir
+                            .as_ref()
+                            .map(|d| d.display().to_string())
+                            .unwrap_or_default(),
+                    ),
+                ],
+            );
+        }
     }
     app.drop_idle_connections(node);
     // Sessions in the middle of a request there may wait forever on a hung server; they end

@@ -21,9 +21,12 @@ async fn a_killed_primary_is_replaced_and_fenced() {
         std::process::id(),
         rand::random::<u32>()
     ));
+    let fenced_file = notified.with_extension("fenced");
     let section = format!(
-        "{FAILOVER}\nnotify_command = \"echo \\\"$PGHERD_EVENT $PGHERD_NODE\\\" >> {}\"",
-        notified.display()
+        "{FAILOVER}\nnotify_command = \"echo \\\"$PGHERD_EVENT $PGHERD_NODE\\\" >> {}\"\n\
+         fence_command = \"echo \\\"$PGHERD_NODE $PGHERD_PORT\\\" >> {}\"",
+        notified.display(),
+        fenced_file.display()
     );
     let env = env(2, |c| {
         c.superuser()
@@ -176,6 +179,14 @@ async fn a_killed_primary_is_replaced_and_fenced() {
         },
     );
     let _ = std::fs::remove_file(&notified);
+    // The fencing hook ran once for the old primary, with its address.
+    let fenced = std::fs::read_to_string(&fenced_file).unwrap_or_default();
+    let _ = std::fs::remove_file(&fenced_file);
+    assert_eq!(
+        fenced.trim(),
+        format!("pg1 {}", old.port),
+        "fence command output"
+    );
     for _ in 0..20 {
         let port = match first_value(&c, "SELECT current_setting('port')").await {
             Ok(port) => port,

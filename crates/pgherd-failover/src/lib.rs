@@ -16,9 +16,8 @@
 //!    pgherd and confirm that they lost the primary too.
 //! 5. Candidates: answering replicas with priority above 0; in `async` mode at most
 //!    `max_lag_on_failover_bytes` behind the primary's last known position; in `sync` modes
-//!    standbys that were synchronous (or replicas at least as advanced as all of them), and
-//!    only when enough of them answer that the one holding the newest acknowledged commit must
-//!    be among them. The most advanced (received
+//!    only standbys that were synchronous, and only when enough of them answer that the one
+//!    holding the newest acknowledged commit must be among them. The most advanced (received
 //!    WAL) wins; ties go to the higher priority, then to the first in the configuration.
 //!
 //! Architecture invariant: no sockets, no clocks, no global state; the same view always gives
@@ -257,7 +256,7 @@ pub fn decide(policy: &Policy, view: &View) -> Verdict {
     let mut rejected = Vec::new();
     let mut best: Option<(usize, Lsn)> = None;
     for &i in &replicas {
-        match eligibility(policy, view, i, newest_sync) {
+        match eligibility(policy, view, i) {
             Err(why) => rejected.push((i, why)),
             Ok(lsn) => {
                 let better = match best {
@@ -302,15 +301,9 @@ pub fn decide(policy: &Policy, view: &View) -> Verdict {
 }
 
 /// Whether replica `i` may be promoted, and how far it has received WAL if so. In sync modes
-/// a replica outside the synchronous set qualifies when it has received at least as much as
-/// every synchronous one (`newest_sync`): it then holds every acknowledged commit, and passing
-/// it over would leave it ahead of the new primary, unable to follow.
-fn eligibility(
-    policy: &Policy,
-    view: &View,
-    i: usize,
-    newest_sync: Option<Lsn>,
-) -> Result<Lsn, Rejection> {
+/// only a standby of the synchronous set qualifies, even one behind a replica outside it: the
+/// WAL only that replica has was never acknowledged, and the proxy rewinds it afterwards.
+fn eligibility(policy: &Policy, view: &View, i: usize) -> Result<Lsn, Rejection> {
     let node = &view.nodes[i];
     let received = node.received().ok_or(Rejection::NoAnswer)?;
     if node.fenced {
@@ -320,7 +313,7 @@ fn eligibility(
         return Err(Rejection::PriorityZero);
     }
     if policy.durability.is_sync() {
-        if !view.synchronous.contains(&i) && newest_sync.is_none_or(|newest| received < newest) {
+        if !view.synchronous.contains(&i) {
             return Err(Rejection::NotSynchronous);
         }
     } else if let Some(primary_lsn) = view.last_primary_lsn {
@@ -421,9 +414,7 @@ impl Rejection {
             Rejection::NoAnswer => "does not answer".into(),
             Rejection::PriorityZero => "priority 0".into(),
             Rejection::Fenced => "fenced".into(),
-            Rejection::NotSynchronous => {
-                "was not a synchronous standby and is behind the synchronous ones".into()
-            }
+            Rejection::NotSynchronous => "was not a synchronous standby".into(),
             Rejection::TooFarBehind { behind_bytes } => {
                 format!("{behind_bytes} bytes behind the primary, over max_lag_on_failover_bytes")
             }

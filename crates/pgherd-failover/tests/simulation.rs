@@ -275,13 +275,7 @@ impl Sim {
                 ));
             }
         }
-        // Recompute the best candidate independently. In sync modes: a synchronous standby, or
-        // any replica at least as far as the most advanced answering synchronous one.
-        let received = |i: usize| match view.nodes[i].check {
-            Check::Replica { received_lsn, .. } if !view.nodes[i].fenced => Some(received_lsn),
-            _ => None,
-        };
-        let newest_sync = self.synchronous.iter().filter_map(|&i| received(i)).max();
+        // Recompute the best candidate independently.
         let eligible = |i: usize| {
             let n = &view.nodes[i];
             let Check::Replica { received_lsn, .. } = n.check else {
@@ -292,10 +286,7 @@ impl Sim {
                     p.saturating_sub(received_lsn) <= self.policy.max_lag_on_failover_bytes
                 }
                 (Durability::Async, None) => true,
-                _ => {
-                    self.synchronous.contains(&i)
-                        || newest_sync.is_some_and(|newest| received_lsn >= newest)
-                }
+                _ => self.synchronous.contains(&i),
             };
             (i != old && n.priority > 0 && !n.fenced && lag_ok).then_some(received_lsn)
         };
@@ -308,11 +299,9 @@ impl Sim {
             ));
         }
         if self.policy.durability.is_sync() {
-            if !self.synchronous.contains(&candidate)
-                && newest_sync.is_none_or(|newest| self.nodes[candidate].lsn < newest)
-            {
+            if !self.synchronous.contains(&candidate) {
                 return Err(format!(
-                    "sync mode promoted pg{}, neither synchronous nor ahead of the synchronous standbys",
+                    "sync mode promoted non-synchronous pg{}",
                     candidate + 1
                 ));
             }

@@ -47,7 +47,7 @@ pub struct DrillOptions {
     #[arg(long, value_delimiter = ',', default_values_t = [Fault::Kill, Fault::Immediate, Fault::Sigstop, Fault::Switchover].to_vec(), value_enum)]
     faults: Vec<Fault>,
     /// Rounds (one fault each).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, alias = "kills", default_value_t = 4)]
     rounds: usize,
     #[arg(long, default_value_t = 2)]
     replicas: usize,
@@ -229,6 +229,21 @@ async fn round(
 ) -> Result<Round, String> {
     let c = connect(super_url).await?;
     wait_full_strength(&c, replicas).await?;
+    // Writes flow before the fault, so the RTO has a start.
+    let ready = Instant::now();
+    let deadline = ready + RECOVERY_TIMEOUT;
+    while !log
+        .lock()
+        .map_err(|_| "poisoned")?
+        .acks
+        .last()
+        .is_some_and(|a| a.at > ready)
+    {
+        if Instant::now() > deadline {
+            return Err("no write was acknowledged with the cluster whole".into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let old_port: u16 = value(&c, "/* pgherd:primary */ SELECT current_setting('port')")
         .await?
         .parse()

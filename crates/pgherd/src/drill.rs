@@ -232,12 +232,12 @@ async fn round(
     // Writes flow before the fault, so the RTO has a start.
     let ready = Instant::now();
     let deadline = ready + RECOVERY_TIMEOUT;
-    while !log
+    while log
         .lock()
         .map_err(|_| "poisoned")?
         .acks
         .last()
-        .is_some_and(|a| a.at > ready)
+        .is_none_or(|a| a.at <= ready)
     {
         if Instant::now() > deadline {
             return Err("no write was acknowledged with the cluster whole".into());

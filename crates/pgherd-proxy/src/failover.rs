@@ -697,6 +697,49 @@ fn conninfo_value(s: &str) -> String {
 mod tests {
     use super::*;
 
+    /// docs/ha.md's decision table names every verdict's event word.
+    #[test]
+    fn every_verdict_is_in_the_ha_doc() {
+        let doc = include_str!("../../../docs/ha.md");
+        let verdicts = [
+            Verdict::PrimaryUp,
+            Verdict::Suspect {
+                failures: 1,
+                needed: 3,
+            },
+            Verdict::PrimaryDemoted,
+            Verdict::Guarded {
+                seen_by: Vec::new(),
+            },
+            Verdict::NotConfirmed {
+                confirmed: 0,
+                needed: 1,
+            },
+            Verdict::NoCandidate {
+                rejected: Vec::new(),
+            },
+            Verdict::SyncQuorumLost {
+                answering: 0,
+                needed: 1,
+            },
+            Verdict::Promote {
+                candidate: 0,
+                old: 1,
+                followers: Vec::new(),
+            },
+            Verdict::Elect { node: 0 },
+            Verdict::Ambiguous {
+                writable: Vec::new(),
+            },
+            Verdict::Fence { node: 0 },
+            Verdict::NoPrimary,
+        ];
+        for verdict in &verdicts {
+            let row = format!("| `{}` |", kind(verdict));
+            assert!(doc.contains(&row), "docs/ha.md has no row {row}");
+        }
+    }
+
     #[test]
     fn quoting() {
         assert_eq!(quote_literal("it's"), "'it''s'");

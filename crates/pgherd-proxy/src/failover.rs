@@ -208,7 +208,9 @@ impl SyncKeeper {
         ) else {
             return;
         };
-        let none_streams = !desired.standbys.iter().any(|s| streaming.contains(s));
+        // A cluster without replicas has nothing to wait for, in any durability.
+        let none_streams =
+            !eligible.is_empty() && !desired.standbys.iter().any(|s| streaming.contains(s));
         app.nodes
             .refuse_writes((durability == Durability::Strict && none_streams).then(|| {
                 format!(
@@ -228,7 +230,13 @@ impl SyncKeeper {
             tracing::warn!(node = primary.name(), error = %e, "cannot set the synchronous standbys; trying again at the next check");
             return;
         }
-        let (kind, detail) = if desired.standbys.is_empty() {
+        let (kind, detail) = if eligible.is_empty() {
+            (
+                "sync_standbys",
+                "no replica is configured: commits are acknowledged by the primary alone"
+                    .to_owned(),
+            )
+        } else if desired.standbys.is_empty() {
             (
                 "sync_degraded",
                 "no standby streams: commits are acknowledged by the primary alone until one does"

@@ -155,3 +155,16 @@ async fn strict_refuses_writes_rather_than_acknowledge_them_on_the_primary_alone
     }
     assert_eq!(env.direct("SELECT count(*) FROM t"), "2");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_without_replicas_takes_writes() {
+    let env = env(0, |c| {
+        c.cluster("primary_wait_ms = 2000")
+            .section("[replication]\ndurability = \"strict\"")
+    });
+    let c = env.app().await;
+    c.batch_execute("CREATE TABLE t (id int); INSERT INTO t VALUES (1)")
+        .await
+        .expect("a cluster without replicas has no standby to wait for");
+    assert_eq!(sync_names(&env), "");
+}

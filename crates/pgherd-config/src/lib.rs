@@ -73,35 +73,8 @@ pub struct ReplicationSettings {
     pub synchronous_commit: SynchronousCommit,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Durability {
-    /// pgherd leaves `synchronous_standby_names` alone; failover bounds loss by lag.
-    Async,
-    /// pgherd keeps `synchronous_standby_names = ANY k (streaming standbys)` on the primary and
-    /// empties it (commits acknowledged on the primary alone) while no standby streams.
-    Sync,
-    /// Like `Sync`, but never degrades: with no standby streaming, writes are refused.
-    Strict,
-}
-
-impl Durability {
-    pub fn parse(s: &str) -> Option<Durability> {
-        Some(match s {
-            "async" => Durability::Async,
-            "sync" => Durability::Sync,
-            "strict" => Durability::Strict,
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Durability::Async => "async",
-            Durability::Sync => "sync",
-            Durability::Strict => "strict",
-        }
-    }
-}
+/// The failover decisions' own notion, so config and decisions cannot drift apart.
+pub use pgherd_failover::Durability;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SynchronousCommit {

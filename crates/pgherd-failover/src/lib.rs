@@ -31,20 +31,41 @@ pub use sync::{desired_sync_set, SyncSet};
 /// A WAL position as a byte offset.
 pub type Lsn = u64;
 
-/// How commits are made durable, which decides who may be promoted.
+/// How commits are made durable, which decides who may be promoted (`[replication]
+/// durability`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
-    /// Asynchronous replication: promote the most advanced replica within the lag bound.
+    /// pgherd leaves `synchronous_standby_names` alone; failover promotes the most advanced
+    /// replica within the lag bound.
     Async,
-    /// `synchronous_standby_names = ANY k (...)`: only a synchronous standby may be promoted.
+    /// pgherd keeps `synchronous_standby_names = ANY k (streaming standbys)` on the primary and
+    /// empties it (commits acknowledged on the primary alone) while no standby streams; only a
+    /// synchronous standby may be promoted.
     Sync,
-    /// Like `Sync`, and writes are refused rather than acknowledged on the primary alone.
+    /// Like `Sync`, but never degrades: with no standby streaming, writes are refused.
     Strict,
 }
 
 impl Durability {
     pub fn is_sync(self) -> bool {
         self != Durability::Async
+    }
+
+    pub fn parse(s: &str) -> Option<Durability> {
+        Some(match s {
+            "async" => Durability::Async,
+            "sync" => Durability::Sync,
+            "strict" => Durability::Strict,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Async => "async",
+            Durability::Sync => "sync",
+            Durability::Strict => "strict",
+        }
     }
 }
 

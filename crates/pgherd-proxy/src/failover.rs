@@ -56,7 +56,7 @@ pub async fn run(app: Arc<App>) {
         let policy = Policy {
             failures_before_down: config.cluster.health_check_failures_before_down,
             max_lag_on_failover_bytes: config.failover.max_lag_on_failover_bytes,
-            durability: durability(&config),
+            durability: config.replication.durability,
         };
         let views: Vec<NodeView> = nodes.iter().map(|n| view_of(n)).collect();
         let elected = app
@@ -121,14 +121,6 @@ pub async fn run(app: Arc<App>) {
     }
 }
 
-fn durability(config: &Config) -> Durability {
-    match config.replication.durability {
-        pgherd_config::Durability::Async => Durability::Async,
-        pgherd_config::Durability::Sync => Durability::Sync,
-        pgherd_config::Durability::Strict => Durability::Strict,
-    }
-}
-
 /// Keeps `synchronous_standby_names` on the primary equal to `ANY k (standbys streaming
 /// now)` (see `pgherd_failover::desired_sync_set`) and remembers which standbys may hold
 /// acknowledged commits.
@@ -167,7 +159,7 @@ impl SyncKeeper {
     }
 
     async fn keep(&mut self, app: &App, config: &Config, nodes: &[Arc<NodeState>], primary: usize) {
-        let durability = durability(config);
+        let durability = config.replication.durability;
         if durability == Durability::Async {
             self.in_force = None;
             app.nodes.refuse_writes(None);
@@ -314,7 +306,7 @@ async fn preset_sync(app: &App, nodes: &[Arc<NodeState>], new_primary: &NodeStat
         .map(|n| n.name().to_owned())
         .collect();
     let Some(set) = desired_sync_set(
-        durability(&config),
+        config.replication.durability,
         config.replication.sync_standbys as usize,
         &others,
         &others,

@@ -5,7 +5,6 @@
 //! reads again once its monitor has seen it healthy `rejoin_after_checks` times.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use pgherd_cluster::{LocalNode, StopMode};
 use pgherd_wire::{PgError, SqlState};
@@ -13,9 +12,7 @@ use pgherd_wire::{PgError, SqlState};
 use crate::app::App;
 use crate::failover::{create_slot, event, primary_conninfo, run_sql};
 use crate::nodes::NodeState;
-use crate::switchover::blocking;
-
-const START_TIMEOUT: Duration = Duration::from_secs(60);
+use crate::switchover::{blocking, managed_node, START_TIMEOUT};
 
 /// Rejoins node `name`; returns what was done, one sentence per step.
 pub async fn rejoin(app: &Arc<App>, name: &str) -> Result<Vec<String>, PgError> {
@@ -35,16 +32,11 @@ pub async fn rejoin(app: &Arc<App>, name: &str) -> Result<Vec<String>, PgError> 
             "{name} is the primary pgherd sends writes to; it cannot rejoin as a standby"
         )));
     }
-    let config = app.config();
-    let data_dir = node.config.data_dir.clone().ok_or_else(|| {
-        PgError::error(
-            SqlState::FEATURE_NOT_SUPPORTED,
-            format!("rejoin stops, rewinds and restarts {name}, so pgherd must manage it on this machine"),
-        )
-        .with_hint("set data_dir in its [[nodes]] entry")
-    })?;
-    let local = LocalNode::managed(name, node.config.port, &data_dir, &config.cluster.user)
-        .map_err(|e| PgError::error(SqlState::SYSTEM_ERROR, e.to_string()))?;
+    let local = managed_node(
+        app,
+        &node,
+        &format!("rejoin stops, rewinds and restarts {name}"),
+    )?;
     run(app, &node, &primary, local).await.map_err(|e| {
         event(app, "rejoin_failed", name, &e);
         refuse(format!("rejoin of {name} failed: {e}"))

@@ -21,7 +21,31 @@ use crate::nodes::{check_once, NodeState, Role};
 
 /// How long the target may take to replay the old primary's last WAL.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(30);
-const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a node pgherd starts may take to accept connections.
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `node` as a node pgherd manages on this machine; an error saying why (`needed_for`) when
+/// its entry has no `data_dir`.
+pub(crate) fn managed_node(
+    app: &App,
+    node: &NodeState,
+    needed_for: &str,
+) -> Result<LocalNode, PgError> {
+    let data_dir = node.config.data_dir.as_deref().ok_or_else(|| {
+        PgError::error(
+            SqlState::FEATURE_NOT_SUPPORTED,
+            format!("{needed_for}, so pgherd must manage it on this machine"),
+        )
+        .with_hint("set data_dir in its [[nodes]] entry")
+    })?;
+    LocalNode::managed(
+        node.name(),
+        node.config.port,
+        data_dir,
+        &app.config().cluster.user,
+    )
+    .map_err(|e| PgError::error(SqlState::SYSTEM_ERROR, e.to_string()))
+}
 
 /// Switches the primary over to `to` (or the most advanced streaming replica); returns what
 /// was done, one sentence per step.
@@ -33,20 +57,15 @@ pub async fn switchover(app: &Arc<App>, to: Option<&str>) -> Result<Vec<String>,
             "no node accepts writes: there is no primary to switch over from",
         )
     })?;
-    let config = app.config();
-    let old_dir = old.config.data_dir.clone().ok_or_else(|| {
-        PgError::error(
-            SqlState::FEATURE_NOT_SUPPORTED,
-            format!(
-                "switchover stops and restarts the old primary {}, so pgherd must manage it on this machine",
-                old.name()
-            ),
-        )
-        .with_hint("set data_dir in its [[nodes]] entry")
-    })?;
+    let local = managed_node(
+        app,
+        &old,
+        &format!(
+            "switchover stops and restarts the old primary {}",
+            old.name()
+        ),
+    )?;
     let target = choose_target(&nodes, &old, to)?;
-    let local = LocalNode::managed(old.name(), old.config.port, &old_dir, &config.cluster.user)
-        .map_err(|e| PgError::error(SqlState::SYSTEM_ERROR, e.to_string()))?;
     if !app.nodes.begin_switching() {
         return Err(PgError::error(
             SqlState::OBJECT_IN_USE,

@@ -16,6 +16,8 @@ use tokio::sync::Notify;
 pub const SIGNAL_SHUTDOWN: u8 = 1;
 /// An operator killed the session: end it now.
 pub const SIGNAL_KILL: u8 = 2;
+/// The client cancelled the request that waits for a server (raised only during such a wait).
+pub const SIGNAL_CANCEL: u8 = 4;
 
 use crate::server::send_cancel;
 
@@ -34,6 +36,8 @@ struct Live {
     /// is not handed to another client until this is zero, so a late cancel can never hit
     /// someone else's query.
     cancels_in_flight: u32,
+    /// A request waits for a server (pool queue, a primary): a cancel ends the wait.
+    waiting: bool,
     kill_reason: Option<Box<str>>,
 }
 
@@ -89,6 +93,33 @@ impl ClientShared {
             }
             notified.await;
         }
+    }
+
+    /// Marks the start of a wait for a server that a cancel request may end.
+    pub fn begin_wait(&self) {
+        let mut live = self.live.lock();
+        live.waiting = true;
+        self.signals.fetch_and(!SIGNAL_CANCEL, Ordering::AcqRel);
+    }
+
+    /// Ends the wait; a cancel that arrives from now on is for a running query (or ignored).
+    pub fn end_wait(&self) {
+        let mut live = self.live.lock();
+        live.waiting = false;
+        self.signals.fetch_and(!SIGNAL_CANCEL, Ordering::AcqRel);
+    }
+
+    /// Resolves once a cancel request arrives for the current wait.
+    pub async fn wait_cancelled(&self) {
+        std::future::poll_fn(|cx| {
+            self.register_waker(cx.waker());
+            if self.signals() & SIGNAL_CANCEL != 0 {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await
     }
 
     pub fn kill(&self, reason: String) {
@@ -226,6 +257,15 @@ impl ClientRegistry {
                 Some(t) => {
                     live.cancels_in_flight += 1;
                     t
+                }
+                None if live.waiting => {
+                    // Raised under the lock, so it cannot outlive the wait it is meant for.
+                    client.raise(SIGNAL_CANCEL);
+                    tracing::info!(
+                        client = client.id,
+                        "cancel request ends the request's wait for a server"
+                    );
+                    return;
                 }
                 None => {
                     tracing::debug!(

@@ -28,12 +28,17 @@ pub async fn run(app: Arc<App>) {
     // Fenced nodes already made read-only (ALTER SYSTEM outlives restarts).
     let mut sealed: HashSet<String> = HashSet::new();
     let mut keeper = SyncKeeper::default();
+    // The first turn runs at once: writes wait for the synchronous standby set, and the
+    // initial node check has just given this task what it needs to put the set in force.
+    let mut first_turn = true;
     loop {
         let config = app.config();
-        let period = Duration::from_millis(config.cluster.health_check_period_ms);
-        tokio::select! {
-            _ = tokio::time::sleep(period) => {}
-            _ = stop.changed() => return,
+        if !std::mem::take(&mut first_turn) {
+            let period = Duration::from_millis(config.cluster.health_check_period_ms);
+            tokio::select! {
+                _ = tokio::time::sleep(period) => {}
+                _ = stop.changed() => return,
+            }
         }
         if *stop.borrow() {
             return;

@@ -44,6 +44,34 @@ struct PoolState {
     closed: bool,
 }
 
+/// A slot counted in `total` while its connection opens; given back if the opening is
+/// abandoned (the waiting request was cancelled). `open` gives it back itself on failure.
+struct ConnectingSlot<'a> {
+    pool: &'a Pool,
+}
+
+impl Drop for ConnectingSlot<'_> {
+    fn drop(&mut self) {
+        self.pool.forget_slot();
+    }
+}
+
+/// A place in the pool's wait queue. If the waiter is dropped just after a connection was
+/// handed to it, that connection goes back to the pool instead of vanishing with the channel.
+struct WaitTicket<'a> {
+    pool: &'a Pool,
+    rx: oneshot::Receiver<Handoff>,
+}
+
+impl Drop for WaitTicket<'_> {
+    fn drop(&mut self) {
+        self.rx.close();
+        if let Ok(Handoff::Conn(conn)) = self.rx.try_recv() {
+            self.pool.release(conn, true);
+        }
+    }
+}
+
 /// Counters for SHOW POOLS / SHOW STATS.
 #[derive(Debug, Default)]
 pub struct PoolStats {
@@ -180,7 +208,8 @@ impl Pool {
     }
 
     /// Takes a connection: an idle one, a new one if below `max_size`, or the next one released
-    /// within the wait timeout.
+    /// within the wait timeout. Safe to drop at any await (a cancelled wait): a slot being
+    /// connected is given back, and a connection handed over at that moment returns to the pool.
     pub async fn acquire(&self, ctx: &ConnectContext) -> Result<Box<ServerConn>, AcquireError> {
         let started = Instant::now();
         let (wait_timeout, max_size) = {
@@ -217,13 +246,17 @@ impl Pool {
                     None => continue,
                 },
                 Next::Connect => {
-                    let conn = self.open(ctx).await?;
+                    let slot = ConnectingSlot { pool: self };
+                    let conn = self.open(ctx).await;
+                    std::mem::forget(slot);
+                    let conn = conn?;
                     self.state.lock().lent += 1;
                     return Ok(self.record_wait(conn, started));
                 }
                 Next::Wait(rx) => {
                     let remaining = wait_timeout.saturating_sub(started.elapsed());
-                    match tokio::time::timeout(remaining, rx).await {
+                    let mut ticket = WaitTicket { pool: self, rx };
+                    match tokio::time::timeout(remaining, &mut ticket.rx).await {
                         Ok(Ok(Handoff::Conn(conn))) => match self.check_idle_conn(conn) {
                             Some(conn) => return Ok(self.record_wait(conn, started)),
                             None => continue,

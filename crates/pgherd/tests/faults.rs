@@ -68,6 +68,66 @@ fn cancel_request_is_honoured_when_its_socket_closes_at_once() {
     assert_eq!(first_column(&victim2.recv_until_ready()), [""]);
 }
 
+/// A request still waiting for a server (a full pool, then a primary that is down) is
+/// cancelled like a running statement: 57014 at once, and the pool keeps its connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_ends_a_wait_for_a_server() {
+    let env = env(0, |c| {
+        c.max_size(1)
+            .mode("transaction")
+            .cluster("primary_wait_ms = 20000")
+    });
+    let holder = env.app().await;
+    let waiter = env.app().await;
+    holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+
+    // The only server connection is in `holder`'s transaction: `waiter` queues for it.
+    let token = waiter.cancel_token();
+    let queued = tokio::spawn(async move {
+        let result = first_value(&waiter, "SELECT 'served'").await;
+        (waiter, result)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cancelled_at = Instant::now();
+    token.cancel_query(NoTls).await.expect("send cancel");
+    let (waiter, result) = queued.await.unwrap();
+    assert_eq!(
+        code(&result.expect_err("the queued request must be cancelled")),
+        "57014"
+    );
+    assert!(cancelled_at.elapsed() < Duration::from_secs(5));
+
+    // The connection handed back by `holder` still serves both sessions.
+    holder.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        first_value(&waiter, "SELECT 'served'").await.unwrap(),
+        "served"
+    );
+    assert_eq!(
+        first_value(&holder, "SELECT 'again'").await.unwrap(),
+        "again"
+    );
+
+    // With the primary down, a request waits for it (primary_wait_ms) until cancelled.
+    env.cluster
+        .primary()
+        .stop(pgherd_cluster::StopMode::Immediate)
+        .unwrap();
+    // Once pgherd has seen it down (3 failed checks 250 ms apart), nothing is sent to it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let token = waiter.cancel_token();
+    let held = tokio::spawn(async move { first_value(&waiter, "SELECT 'held'").await });
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let cancelled_at = Instant::now();
+    token.cancel_query(NoTls).await.expect("send cancel");
+    let err = held
+        .await
+        .unwrap()
+        .expect_err("the held request must be cancelled");
+    assert_eq!(code(&err), "57014", "{err}");
+    assert!(cancelled_at.elapsed() < Duration::from_secs(5));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_killed_mid_query_fails_that_query_and_the_next_one_works() {
     let env = env(0, |c| c.max_size(2).mode("transaction"));

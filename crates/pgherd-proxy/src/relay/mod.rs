@@ -762,7 +762,10 @@ impl Session {
             let (node, wait_for_lsn) = match self.pick_node(target) {
                 Ok(choice) => choice,
                 Err(e) => {
-                    if self.hold_for_primary(&mut held_since).await {
+                    if self
+                        .interruptible(self.hold_for_primary(&mut held_since))
+                        .await?
+                    {
                         continue;
                     }
                     return Err(e);
@@ -773,7 +776,9 @@ impl Session {
                 Some(conn) => Ok(conn),
                 // Boxed: opening a connection has a large future, which would otherwise sit in
                 // every idle session's task.
-                None => Box::pin(pool.acquire(&self.app.connect_context())).await,
+                None => {
+                    Box::pin(self.interruptible(pool.acquire(&self.app.connect_context()))).await?
+                }
             };
             let conn = match acquired {
                 Ok(conn) => conn,
@@ -789,7 +794,9 @@ impl Session {
                     // The primary does not answer: it may be restarting or being replaced.
                     if matches!(&e, AcquireError::Server(se) if se.is_transient())
                         && node.role() != Role::Replica
-                        && self.hold_for_primary(&mut held_since).await
+                        && self
+                            .interruptible(self.hold_for_primary(&mut held_since))
+                            .await?
                     {
                         continue;
                     }
@@ -847,6 +854,23 @@ impl Session {
                 .restart();
         }
         Ok(())
+    }
+
+    /// Runs a wait for a server unless the client cancels its request first; then the request
+    /// fails as PostgreSQL fails a cancelled statement.
+    async fn interruptible<T>(&self, wait: impl Future<Output = T>) -> Result<T, PgError> {
+        self.shared.begin_wait();
+        let outcome = tokio::select! {
+            biased;
+            done = wait => Ok(done),
+            () = self.shared.wait_cancelled() => Err(PgError::error(
+                SqlState::QUERY_CANCELED,
+                "canceling statement due to user request",
+            )
+            .with_detail("the request was still waiting for a server connection")),
+        };
+        self.shared.end_wait();
+        outcome
     }
 
     /// Lets a request that has sent nothing yet wait a little for a node that accepts writes

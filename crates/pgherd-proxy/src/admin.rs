@@ -296,6 +296,7 @@ fn show_nodes(app: &Arc<App>) -> Table {
                 if n.in_read_set() { "yes" } else { "no" }.into(),
                 health.checks_ok.to_string(),
                 health.checks_failed.to_string(),
+                health.times_down.to_string(),
                 health.last_error.unwrap_or_default(),
             ]
         })
@@ -313,6 +314,7 @@ fn show_nodes(app: &Arc<App>) -> Table {
             "in_read_set",
             "checks_ok",
             "checks_failed",
+            "times_down",
             "last_error",
         ],
         rows,

@@ -49,6 +49,8 @@ pub struct NodeHealth {
     pub last_check: Option<SystemTime>,
     pub checks_ok: u64,
     pub checks_failed: u64,
+    /// How often the node went from up to down.
+    pub times_down: u64,
     /// Failed checks since the last good one.
     pub failed_streak: u32,
     /// What the last good check saw.
@@ -262,9 +264,13 @@ impl NodeState {
                     tracing::warn!(node = %self.config.name, %error, "node health check failed");
                 }
                 health.last_error = Some(error);
+                let went_down = down && self.up.swap(false, Ordering::AcqRel);
+                if went_down {
+                    health.times_down += 1;
+                }
                 drop(health);
                 if down {
-                    if self.up.swap(false, Ordering::AcqRel) {
+                    if went_down {
                         tracing::warn!(node = %self.config.name, failed_streak, "node is down");
                     }
                     self.leave_read_set("health check failed");

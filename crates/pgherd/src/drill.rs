@@ -28,6 +28,10 @@ pub enum Fault {
     Sigstop,
     /// A planned switchover under load.
     Switchover,
+    /// SIGKILL of the primary and of one synchronous standby together; the standby restarts
+    /// after a few seconds. Until it does, no survivor is sure to hold every acknowledged
+    /// commit, so pgherd must not promote one.
+    Double,
 }
 
 impl Fault {
@@ -37,6 +41,7 @@ impl Fault {
             Fault::Immediate => "immediate",
             Fault::Sigstop => "sigstop",
             Fault::Switchover => "switchover",
+            Fault::Double => "double",
         }
     }
 }
@@ -57,6 +62,13 @@ pub struct DrillOptions {
     /// Where the cluster lives (default: a temporary directory removed afterwards).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Before the faults, this many seconds of heavy load without any fault, counting the
+    /// health checks that failed anyway and the nodes wrongly marked down (false positives).
+    #[arg(long, default_value_t = 0)]
+    calm_s: u64,
+    /// Readers (sequential scans through pgherd) that load the cluster during the calm phase.
+    #[arg(long, default_value_t = 16)]
+    calm_readers: usize,
 }
 
 /// One acknowledged write: its id, when the client heard back, and the port of the node that
@@ -80,7 +92,12 @@ struct Round {
     new_primary: String,
     rto: Option<Duration>,
     errors: usize,
+    /// What went wrong in the round beyond lost writes (a promotion that should not be).
+    violation: Option<String>,
 }
+
+/// How long the second node of a double failure stays down.
+const DOUBLE_OUTAGE: Duration = Duration::from_secs(4);
 
 /// How long a round may take to get writes going again, and the cluster back to full strength.
 const RECOVERY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -152,6 +169,9 @@ async fn drill(
         .map(|w| tokio::spawn(writer(w as i64, app_url.clone(), stop.clone(), log.clone())))
         .collect();
 
+    if options.calm_s > 0 {
+        calm(options, &app_url, &admin_url).await?;
+    }
     let mut rounds = Vec::new();
     let mut injections = Vec::new();
     let mut failure = None;
@@ -201,7 +221,8 @@ async fn drill(
         .map(|a| a.id)
         .filter(|id| !on_primary.contains(id))
         .collect();
-    let violations = split_brain(&log.acks, &injections);
+    let mut violations = split_brain(&log.acks, &injections);
+    violations.extend(rounds.iter().filter_map(|r| r.violation.clone()));
     report(&rounds, &log, &lost, &violations, primary_port);
     if let Some(f) = failure {
         return Err(f);
@@ -254,11 +275,45 @@ async fn round(
     injections.push(injected);
     let mut stopped_pids = Vec::new();
     let mut killed = None;
+    let mut violation = None;
     match fault {
         Fault::Kill => {
             let pid = postmaster_pid(&old)?;
             signal(pid, libc::SIGKILL)?;
             killed = Some(pid);
+        }
+        Fault::Double => {
+            let standby = cluster
+                .cluster
+                .nodes
+                .iter()
+                .find(|n| n.port != old_port)
+                .cloned()
+                .ok_or("a double failure needs a replica")?;
+            let standby_pid = postmaster_pid(&standby)?;
+            let pid = postmaster_pid(&old)?;
+            signal(pid, libc::SIGKILL)?;
+            signal(standby_pid, libc::SIGKILL)?;
+            killed = Some(pid);
+            tokio::time::sleep(DOUBLE_OUTAGE).await;
+            let early = log
+                .lock()
+                .map_err(|_| "poisoned")?
+                .acks
+                .iter()
+                .find(|a| a.at > injected && a.port != old_port)
+                .map(|a| a.port);
+            if let Some(port) = early {
+                violation = Some(format!(
+                    "double failure: the node on port {port} took writes while synchronous standby {} was down",
+                    standby.name
+                ));
+            }
+            wait_gone(&standby, standby_pid).await;
+            tokio::task::spawn_blocking(move || standby.start(Duration::from_secs(60)))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
         }
         Fault::Immediate => blocking_stop(&old, StopMode::Immediate).await?,
         Fault::Sigstop => {
@@ -313,7 +368,7 @@ async fn round(
         wait_gone(&old, pid).await;
     }
     match fault {
-        Fault::Kill | Fault::Immediate => {
+        Fault::Kill | Fault::Immediate | Fault::Double => {
             let node = old.clone();
             tokio::task::spawn_blocking(move || node.start(Duration::from_secs(60)))
                 .await
@@ -333,7 +388,118 @@ async fn round(
         new_primary: new.name.clone(),
         rto: last_before.map(|t| first_after.at.duration_since(t)),
         errors,
+        violation,
     })
+}
+
+/// Heavy load and no fault for `calm_s` seconds: every health check that fails, node marked
+/// down or failover event in that time is a false positive.
+async fn calm(options: &DrillOptions, app_url: &str, admin_url: &str) -> Result<(), String> {
+    let admin = connect(admin_url).await?;
+    let before = check_counts(&admin).await?;
+    let events_before = admin
+        .simple_query("SHOW EVENTS")
+        .await
+        .map_err(|e| db_message(&e))?
+        .iter()
+        .filter(|m| matches!(m, SimpleQueryMessage::Row(_)))
+        .count();
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..options.calm_readers)
+        .map(|_| {
+            let (url, stop) = (app_url.to_owned(), stop.clone());
+            tokio::spawn(async move {
+                let mut reads = 0u64;
+                let Ok(c) = connect(&url).await else {
+                    return reads;
+                };
+                while !stop.load(Ordering::Relaxed) {
+                    // A sequential scan of the growing table: CPU on whichever node serves it.
+                    if c.simple_query("SELECT sum(id), count(*) FROM drill_writes")
+                        .await
+                        .is_ok()
+                    {
+                        reads += 1;
+                    }
+                }
+                reads
+            })
+        })
+        .collect();
+    eprintln!(
+        "calm phase: {} s of load ({} readers) without a fault",
+        options.calm_s, options.calm_readers
+    );
+    tokio::time::sleep(Duration::from_secs(options.calm_s)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut reads = 0;
+    for r in readers {
+        reads += r.await.unwrap_or(0);
+    }
+    let after = check_counts(&admin).await?;
+    let events: Vec<String> = admin
+        .simple_query("SHOW EVENTS")
+        .await
+        .map_err(|e| db_message(&e))?
+        .iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(format!(
+                "{} {}: {}",
+                r.get(1).unwrap_or(""),
+                r.get(2).unwrap_or(""),
+                r.get(3).unwrap_or("")
+            )),
+            _ => None,
+        })
+        .skip(events_before)
+        .collect();
+    let (mut checks, mut failed, mut down) = (0, 0, 0);
+    for (name, (ok_after, failed_after, down_after)) in &after {
+        let (ok_before, failed_before, down_before) = before.get(name).copied().unwrap_or_default();
+        checks += ok_after - ok_before + failed_after - failed_before;
+        failed += failed_after - failed_before;
+        down += down_after - down_before;
+    }
+    println!(
+        "calm phase: {} s, {reads} scans; health checks {checks}, failed {failed}, nodes marked down {down}, events {}",
+        options.calm_s,
+        events.len()
+    );
+    for e in &events {
+        println!("  event: {e}");
+    }
+    Ok(())
+}
+
+/// Per node: (checks ok, checks failed, times marked down), from SHOW NODES.
+async fn check_counts(
+    admin: &Client,
+) -> Result<std::collections::HashMap<String, (u64, u64, u64)>, String> {
+    let messages = admin
+        .simple_query("SHOW NODES")
+        .await
+        .map_err(|e| db_message(&e))?;
+    let mut counts = std::collections::HashMap::new();
+    for m in &messages {
+        if let SimpleQueryMessage::Row(r) = m {
+            let number = |column: &str| -> Result<u64, String> {
+                r.try_get(column)
+                    .ok()
+                    .flatten()
+                    .and_then(|v: &str| v.parse().ok())
+                    .ok_or_else(|| format!("SHOW NODES has no number in column {column}"))
+            };
+            counts.insert(
+                r.get("name").unwrap_or_default().to_owned(),
+                (
+                    number("checks_ok")?,
+                    number("checks_failed")?,
+                    number("times_down")?,
+                ),
+            );
+        }
+    }
+    Ok(counts)
 }
 
 /// Inserts rows with unique ids through pgherd until told to stop, logging each

@@ -339,3 +339,88 @@ async fn no_promotion_when_only_pgherds_path_to_the_primary_fails() {
     // The primary itself was never touched.
     assert_eq!(env.direct("SELECT count(*) FROM t"), "0");
 }
+
+/// When `pg_rewind` cannot work (here: the old primary's WAL is gone), REJOIN copies the node
+/// afresh with `pg_basebackup`, keeps the old directory aside, and the node follows the new
+/// primary without its diverged write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejoin_falls_back_to_a_fresh_copy_when_rewind_fails() {
+    let env = env(1, |c| {
+        c.superuser()
+            .manage_nodes()
+            .proxy("admin_users = [\"postgres\"]")
+            .section(FAILOVER)
+    });
+    let c = env.app().await;
+    c.batch_execute("CREATE TABLE acked (id int PRIMARY KEY); INSERT INTO acked VALUES (1)")
+        .await
+        .expect("write before the fault");
+    wait_until(&env, "pgherd elected pg1", Duration::from_secs(10), || {
+        env.pgherd
+            .log()
+            .contains("pg1 accepts writes: elected primary")
+    });
+    let old = env.cluster.node("pg1");
+    old.stop(pgherd_cluster::StopMode::Immediate)
+        .expect("kill pg1");
+    wait_until(&env, "pg2 was promoted", Duration::from_secs(30), || {
+        env.pgherd.log().contains("promoted")
+            && env
+                .cluster
+                .node("pg2")
+                .psql("postgres", "SELECT pg_is_in_recovery()")
+                .is_ok_and(|s| s == "f")
+    });
+
+    // The old primary comes back, takes a write of its own, and loses its WAL.
+    old.start(Duration::from_secs(30)).expect("restart pg1");
+    old.psql(
+        APP,
+        "BEGIN READ WRITE; SET LOCAL synchronous_commit = local; \
+         INSERT INTO acked VALUES (999999); COMMIT",
+    )
+    .expect("a write only the old primary has");
+    old.stop(pgherd_cluster::StopMode::Fast).expect("stop pg1");
+    let wal = old.data_dir.join("pg_wal");
+    for entry in std::fs::read_dir(&wal).expect("read pg_wal") {
+        let path = entry.expect("entry").path();
+        if path.is_file() {
+            std::fs::remove_file(&path).expect("remove a WAL segment");
+        }
+    }
+
+    let admin = env
+        .pgherd
+        .url("postgres", pgherd_testkit::SUPERUSER_PASSWORD, "pgherd");
+    let steps = psql(&admin, &["-c", "REJOIN pg1"])
+        .unwrap_or_else(|e| panic!("REJOIN failed: {e}\n{}", env.pgherd.log()));
+    assert!(
+        steps.contains("pg1 rejoined as a standby of pg2 (pg_basebackup, as pg_rewind failed"),
+        "{steps}"
+    );
+    assert!(old.data_dir.with_extension("before-rejoin").is_dir());
+    assert_eq!(
+        old.psql("postgres", "SELECT pg_is_in_recovery()")
+            .expect("pg1 answers"),
+        "t"
+    );
+    c.batch_execute("INSERT INTO acked VALUES (424242)")
+        .await
+        .expect("write after the rejoin");
+    wait_until(
+        &env,
+        "the copied node replayed a new write",
+        Duration::from_secs(30),
+        || {
+            old.psql(APP, "SELECT count(*) FROM acked WHERE id IN (1, 424242)")
+                .map(|s| s == "2")
+                .unwrap_or(false)
+        },
+    );
+    assert_eq!(
+        old.psql(APP, "SELECT count(*) FROM acked WHERE id = 999999")
+            .expect("query"),
+        "0",
+        "the diverged write survived the copy"
+    );
+}

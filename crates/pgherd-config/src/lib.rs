@@ -41,6 +41,16 @@ pub struct Config {
     pub routing: RoutingSettings,
     pub failover: FailoverSettings,
     pub replication: ReplicationSettings,
+    pub api: ApiSettings,
+}
+
+/// The HTTP API, health endpoints, metrics and dashboard (`[api]`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ApiSettings {
+    /// Empty: no HTTP listener.
+    pub listen: Vec<SocketAddr>,
+    /// Bearer token the changing endpoints need; without one they are refused.
+    pub token: Option<String>,
 }
 
 /// Automatic failover (`[failover]`).

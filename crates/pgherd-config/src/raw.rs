@@ -33,6 +33,16 @@ pub struct RawConfig {
     pub failover: RawFailover,
     #[serde(default)]
     pub replication: RawReplication,
+    #[serde(default)]
+    pub api: RawApi,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawApi {
+    #[serde(default)]
+    pub listen: Vec<String>,
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -14,9 +14,9 @@ use toml_edit::{ImDocument, Item, Value};
 use crate::hba::{AuthMethod, ConnectionType, HbaRule, NameMatch};
 use crate::raw::{RawConfig, RawHba};
 use crate::{
-    AuthQuery, Balance, ClientTls, ClientTlsMode, ClusterSettings, Config, ConfigError,
-    Consistency, DatabaseConfig, Durability, FailoverSettings, LogFormat, NodeConfig, PoolMode,
-    PoolSettings, ProxySettings, ReplicationSettings, Route, RoutingSettings, ServerTls,
+    ApiSettings, AuthQuery, Balance, ClientTls, ClientTlsMode, ClusterSettings, Config,
+    ConfigError, Consistency, DatabaseConfig, Durability, FailoverSettings, LogFormat, NodeConfig,
+    PoolMode, PoolSettings, ProxySettings, ReplicationSettings, Route, RoutingSettings, ServerTls,
     ServerTlsMode, SynchronousCommit, UserConfig, WILDCARD_DATABASE,
 };
 
@@ -199,7 +199,40 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
             fence_command: raw.failover.fence_command.clone(),
         },
         replication: replication(&c, &raw)?,
+        api: api(&c, &raw)?,
     })
+}
+
+fn api(c: &Checker<'_>, raw: &RawConfig) -> Result<ApiSettings, ConfigError> {
+    let listen = addresses(c, "api", &raw.api.listen)?;
+    let token = raw.api.token.clone();
+    if token.as_deref().is_some_and(|t| t.len() < 16) {
+        return Err(c.error(
+            &path!["api", "token"],
+            "must be at least 16 characters (it guards switchover and the like)",
+        ));
+    }
+    Ok(ApiSettings { listen, token })
+}
+
+/// `section.listen` as socket addresses.
+fn addresses(
+    c: &Checker<'_>,
+    section: &'static str,
+    listen: &[String],
+) -> Result<Vec<SocketAddr>, ConfigError> {
+    listen
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            a.parse::<SocketAddr>().map_err(|_| {
+                c.error(
+                    &path![section, "listen", i],
+                    format!("{a:?} is not an address with a port, e.g. \"127.0.0.1:6432\""),
+                )
+            })
+        })
+        .collect()
 }
 
 fn replication(c: &Checker<'_>, raw: &RawConfig) -> Result<ReplicationSettings, ConfigError> {
@@ -236,19 +269,7 @@ fn proxy(c: &Checker<'_>, raw: &RawConfig) -> Result<ProxySettings, ConfigError>
     if p.listen.is_empty() {
         return Err(c.error(&path!["pgherd", "listen"], "needs at least one address"));
     }
-    let listen = p
-        .listen
-        .iter()
-        .enumerate()
-        .map(|(i, a)| {
-            a.parse::<SocketAddr>().map_err(|_| {
-                c.error(
-                    &path!["pgherd", "listen", i],
-                    format!("{a:?} is not an address with a port, e.g. \"127.0.0.1:6432\""),
-                )
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let listen = addresses(c, "pgherd", &p.listen)?;
     if p.workers > 1024 {
         return Err(c.error(
             &path!["pgherd", "workers"],

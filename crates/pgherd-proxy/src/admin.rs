@@ -2,9 +2,7 @@
 //! (`psql -p 6432 -U admin pgherd`), named as in PgBouncer where they mean the same thing.
 //! Admin users may change things; stats users may only look.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::UNIX_EPOCH;
 
 use bytes::BytesMut;
 use pgherd_wire::backend::{self, TxStatus};
@@ -17,14 +15,9 @@ use crate::clients::ClientShared;
 use crate::error::{client_io, Disconnect};
 use crate::msgio::{read_message, write_flush, ReadError};
 use crate::stream::Stream;
+use crate::views::{self, Table};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-
-/// A result set of text columns.
-struct Table {
-    columns: &'static [&'static str],
-    rows: Vec<Vec<String>>,
-}
 
 enum Outcome {
     Rows(Table),
@@ -131,19 +124,21 @@ async fn run_script(
     for command in commands {
         let outcome = match Operation::parse(command) {
             Some(op) if !can_modify => Err(permission_denied(op.name())),
-            Some(op) => op.run(app).await.map(|steps| {
-                Outcome::Rows(Table {
-                    columns: &["step"],
-                    rows: steps.into_iter().map(|s| vec![s]).collect(),
-                })
-            }),
+            Some(op) => op
+                .run(app)
+                .await
+                .map(|steps| Outcome::Rows(Table::lines(&["step"], steps))),
             None => run_command(app, shared, command, can_modify),
         };
         match outcome {
             Ok(Outcome::Rows(table)) => {
                 backend::encode_text_row_description(out, table.columns)?;
                 for row in &table.rows {
-                    backend::encode_data_row(out, row.iter().map(|v| Some(v.as_bytes())))?;
+                    let texts: Vec<Option<String>> = row.iter().map(views::Cell::text).collect();
+                    backend::encode_data_row(
+                        out,
+                        texts.iter().map(|v| v.as_deref().map(str::as_bytes)),
+                    )?;
                 }
                 backend::encode_command_complete(out, &format!("SHOW {}", table.rows.len()))?;
             }
@@ -164,7 +159,7 @@ async fn run_script(
     Ok(())
 }
 
-const COMMANDS: &str = "SHOW HELP|VERSION|NODES|POOLS|CLIENTS|CONFIG|EVENTS, SWITCHOVER [TO node], REJOIN node, RELOAD, SHUTDOWN";
+const COMMANDS: &str = "SHOW HELP|VERSION|NODES|POOLS|STATS|LISTS|CLIENTS|CONFIG|EVENTS, SWITCHOVER [TO node], REJOIN node, RELOAD, SHUTDOWN";
 
 /// Admin commands that act on nodes and take time; they answer with the steps taken.
 enum Operation<'a> {
@@ -231,19 +226,21 @@ fn run_command(
         }
     };
     match words.as_slice() {
-        ["SHOW", "HELP"] => Ok(Outcome::Rows(Table {
-            columns: &["command"],
-            rows: COMMANDS.split(", ").map(|c| vec![c.to_owned()]).collect(),
-        })),
-        ["SHOW", "VERSION"] => Ok(Outcome::Rows(Table {
-            columns: &["version"],
-            rows: vec![vec![format!("pgherd {VERSION}")]],
-        })),
-        ["SHOW", "NODES"] => Ok(Outcome::Rows(show_nodes(app))),
-        ["SHOW", "EVENTS"] => Ok(Outcome::Rows(show_events(app))),
-        ["SHOW", "POOLS"] => Ok(Outcome::Rows(show_pools(app))),
-        ["SHOW", "CLIENTS"] => Ok(Outcome::Rows(show_clients(app))),
-        ["SHOW", "CONFIG"] => Ok(Outcome::Rows(show_config(app))),
+        ["SHOW", "HELP"] => Ok(Outcome::Rows(Table::lines(
+            &["command"],
+            COMMANDS.split(", ").map(str::to_owned).collect(),
+        ))),
+        ["SHOW", "VERSION"] => Ok(Outcome::Rows(Table::lines(
+            &["version"],
+            vec![format!("pgherd {VERSION}")],
+        ))),
+        ["SHOW", "NODES"] => Ok(Outcome::Rows(views::nodes(app))),
+        ["SHOW", "EVENTS"] => Ok(Outcome::Rows(views::events(app))),
+        ["SHOW", "POOLS"] => Ok(Outcome::Rows(views::pools(app))),
+        ["SHOW", "STATS"] => Ok(Outcome::Rows(views::stats(app))),
+        ["SHOW", "LISTS"] => Ok(Outcome::Rows(views::lists(app))),
+        ["SHOW", "CLIENTS"] => Ok(Outcome::Rows(views::clients(app))),
+        ["SHOW", "CONFIG"] => Ok(Outcome::Rows(views::config(app))),
         ["RELOAD"] => {
             needs_admin("RELOAD")?;
             match crate::lifecycle::reload(app) {
@@ -268,202 +265,5 @@ fn run_command(
             format!("unknown admin command \"{command}\""),
         )
         .with_hint(format!("commands: {COMMANDS}"))),
-    }
-}
-
-fn show_nodes(app: &Arc<App>) -> Table {
-    let rows = app
-        .nodes
-        .all()
-        .iter()
-        .map(|n| {
-            let health = n.health();
-            vec![
-                n.config.name.clone(),
-                n.config.host.clone(),
-                n.config.port.to_string(),
-                n.role().as_str().to_owned(),
-                if n.is_fenced() {
-                    "fenced".into()
-                } else if n.is_up() {
-                    "up".into()
-                } else {
-                    "down".into()
-                },
-                pgherd_route::balance::format_lsn(n.lsn()),
-                n.lag_bytes().to_string(),
-                n.lag_ms().to_string(),
-                if n.in_read_set() { "yes" } else { "no" }.into(),
-                health.checks_ok.to_string(),
-                health.checks_failed.to_string(),
-                health.times_down.to_string(),
-                health.last_error.unwrap_or_default(),
-            ]
-        })
-        .collect();
-    Table {
-        columns: &[
-            "name",
-            "host",
-            "port",
-            "role",
-            "state",
-            "lsn",
-            "lag_bytes",
-            "lag_ms",
-            "in_read_set",
-            "checks_ok",
-            "checks_failed",
-            "times_down",
-            "last_error",
-        ],
-        rows,
-    }
-}
-
-fn show_events(app: &Arc<App>) -> Table {
-    let rows = app
-        .events
-        .list()
-        .into_iter()
-        .map(|e| {
-            let at =
-                e.at.duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| format!("{:.3}", d.as_secs_f64()))
-                    .unwrap_or_default();
-            vec![at, e.kind.to_owned(), e.node, e.detail]
-        })
-        .collect();
-    Table {
-        columns: &["at_epoch_s", "kind", "node", "detail"],
-        rows,
-    }
-}
-
-fn show_pools(app: &Arc<App>) -> Table {
-    let rows = app
-        .pools()
-        .iter()
-        .map(|p| {
-            let s = p.snapshot();
-            let transactions = p.stats.transactions.load(Ordering::Relaxed);
-            vec![
-                p.database.clone(),
-                p.user.clone(),
-                p.node.name.clone(),
-                s.mode.as_str().to_owned(),
-                s.waiting.to_string(),
-                s.lent.to_string(),
-                s.idle.to_string(),
-                s.connecting.to_string(),
-                s.max_size.to_string(),
-                transactions.to_string(),
-                p.stats.queries.load(Ordering::Relaxed).to_string(),
-                p.stats.wait_us_max.load(Ordering::Relaxed).to_string(),
-                p.stats.wait_timeouts.load(Ordering::Relaxed).to_string(),
-            ]
-        })
-        .collect();
-    Table {
-        columns: &[
-            "database",
-            "user",
-            "node",
-            "pool_mode",
-            "cl_waiting",
-            "sv_active",
-            "sv_idle",
-            "sv_connecting",
-            "max_size",
-            "transactions",
-            "queries",
-            "max_wait_us",
-            "wait_timeouts",
-        ],
-        rows,
-    }
-}
-
-fn show_clients(app: &Arc<App>) -> Table {
-    let rows = app
-        .clients
-        .all()
-        .iter()
-        .map(|c| {
-            vec![
-                c.id.to_string(),
-                c.user.clone(),
-                c.database.clone(),
-                c.addr.to_string(),
-                c.tls.to_string(),
-                c.connected_at
-                    .duration_since(UNIX_EPOCH)
-                    .map(|d| d.as_secs().to_string())
-                    .unwrap_or_default(),
-                c.target()
-                    .map(|t| t.server_id.to_string())
-                    .unwrap_or_default(),
-            ]
-        })
-        .collect();
-    Table {
-        columns: &[
-            "id",
-            "user",
-            "database",
-            "addr",
-            "tls",
-            "connected_at",
-            "server",
-        ],
-        rows,
-    }
-}
-
-fn show_config(app: &Arc<App>) -> Table {
-    let c = app.config();
-    let p = &c.pool;
-    let rows = [
-        ("config_file", c.source.display().to_string()),
-        (
-            "listen",
-            c.proxy
-                .listen
-                .iter()
-                .map(|a| a.to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-        ),
-        ("workers", c.proxy.workers.to_string()),
-        (
-            "max_client_connections",
-            c.proxy.max_client_connections.to_string(),
-        ),
-        ("max_message_bytes", c.proxy.max_message_bytes.to_string()),
-        ("pool.mode", p.mode.as_str().to_owned()),
-        ("pool.max_size", p.max_size.to_string()),
-        ("pool.min_size", p.min_size.to_string()),
-        ("pool.wait_timeout_ms", p.wait_timeout_ms.to_string()),
-        (
-            "pool.server_idle_timeout_ms",
-            p.server_idle_timeout_ms.to_string(),
-        ),
-        ("pool.server_lifetime_ms", p.server_lifetime_ms.to_string()),
-        (
-            "pool.prepared_statements_per_server",
-            p.prepared_statements_per_server.to_string(),
-        ),
-        (
-            "cluster.health_check_period_ms",
-            c.cluster.health_check_period_ms.to_string(),
-        ),
-        ("reloads", app.reloads.load(Ordering::Relaxed).to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| vec![k.to_owned(), v])
-    .collect();
-    Table {
-        columns: &["key", "value"],
-        rows,
     }
 }

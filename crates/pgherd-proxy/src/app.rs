@@ -239,6 +239,9 @@ impl App {
         if new.proxy.workers != old.proxy.workers {
             notes.push("pgherd.workers changes take effect after a restart".to_owned());
         }
+        if new.api.listen != old.api.listen {
+            notes.push("api.listen changes take effect after a restart".to_owned());
+        }
         // Build everything fallible first, so a bad certificate leaves the old config in place.
         let connect = connect_context(&new, self.next_server_id.clone())?;
         let acceptor = match &new.client_tls {

@@ -23,6 +23,8 @@ pub struct Event {
 #[derive(Default)]
 pub struct Events {
     kept: Mutex<VecDeque<Event>>,
+    /// Events of each kind since start (the kept list is bounded; metrics count everything).
+    counts: Mutex<std::collections::BTreeMap<&'static str, u64>>,
 }
 
 impl Events {
@@ -49,6 +51,7 @@ impl Events {
             }
             kept.push_back(event.clone());
         }
+        *self.counts.lock().entry(kind).or_default() += 1;
         if let Some(command) = notify_command.filter(|c| !c.trim().is_empty()) {
             notify(command, event);
         }
@@ -56,6 +59,11 @@ impl Events {
 
     pub fn list(&self) -> Vec<Event> {
         self.kept.lock().iter().cloned().collect()
+    }
+
+    /// How many events of each kind happened since start.
+    pub fn counts(&self) -> Vec<(&'static str, u64)> {
+        self.counts.lock().iter().map(|(k, n)| (*k, *n)).collect()
     }
 }
 

@@ -48,6 +48,19 @@ pub async fn run(app: Arc<App>) {
             continue;
         }
         let nodes = app.nodes.all();
+        if config.failover.enabled {
+            decide_and_act(
+                &app,
+                &config,
+                &nodes,
+                &keeper,
+                &mut last_sentence,
+                &mut sealed,
+            )
+            .await;
+        }
+        // After the decision, so a primary elected in this turn gets its synchronous standbys
+        // (and takes writes) now rather than a period later.
         if let Some(primary) = app
             .nodes
             .writer()
@@ -55,72 +68,81 @@ pub async fn run(app: Arc<App>) {
         {
             keeper.keep(&app, &config, &nodes, primary).await;
         }
-        if !config.failover.enabled {
-            continue;
-        }
-        let policy = Policy {
-            failures_before_down: config.cluster.health_check_failures_before_down,
-            max_lag_on_failover_bytes: config.failover.max_lag_on_failover_bytes,
-            durability: config.replication.durability,
-        };
-        let views: Vec<NodeView> = nodes.iter().map(|n| view_of(n)).collect();
-        let elected = app
-            .nodes
-            .elected()
-            .and_then(|name| nodes.iter().position(|n| n.name() == name));
-        let (synchronous, sync_quorum) = keeper.holders(&nodes, elected);
-        let view = View {
-            nodes: &views,
-            elected,
-            last_primary_lsn: elected.map(|i| nodes[i].lsn()),
-            synchronous: &synchronous,
-            sync_quorum,
-        };
-        let verdict = decide(&policy, &view);
-        let sentence = verdict.sentence(&view);
-        if sentence != last_sentence {
-            match verdict {
-                Verdict::PrimaryUp | Verdict::Elect { .. } => {
-                    tracing::info!(decision = %sentence, "failover")
-                }
-                _ => tracing::warn!(decision = %sentence, "failover"),
+    }
+}
+
+/// One failover turn: the verdict on what the monitors saw, acted on; then fenced nodes that
+/// answer again are sealed (and rejoined when configured).
+async fn decide_and_act(
+    app: &Arc<App>,
+    config: &Config,
+    nodes: &[Arc<NodeState>],
+    keeper: &SyncKeeper,
+    last_sentence: &mut String,
+    sealed: &mut HashSet<String>,
+) {
+    let policy = Policy {
+        failures_before_down: config.cluster.health_check_failures_before_down,
+        max_lag_on_failover_bytes: config.failover.max_lag_on_failover_bytes,
+        durability: config.replication.durability,
+    };
+    let views: Vec<NodeView> = nodes.iter().map(|n| view_of(n)).collect();
+    let elected = app
+        .nodes
+        .elected()
+        .and_then(|name| nodes.iter().position(|n| n.name() == name));
+    let (synchronous, sync_quorum) = keeper.holders(nodes, elected);
+    let view = View {
+        nodes: &views,
+        elected,
+        last_primary_lsn: elected.map(|i| nodes[i].lsn()),
+        synchronous: &synchronous,
+        sync_quorum,
+    };
+    let verdict = decide(&policy, &view);
+    let sentence = verdict.sentence(&view);
+    if sentence != *last_sentence {
+        match verdict {
+            Verdict::PrimaryUp | Verdict::Elect { .. } => {
+                tracing::info!(decision = %sentence, "failover")
             }
-            let node = match &verdict {
-                Verdict::Elect { node } | Verdict::Fence { node } => nodes[*node].name(),
-                Verdict::Promote { candidate, .. } => nodes[*candidate].name(),
-                _ => elected.map_or("", |i| nodes[i].name()),
-            };
-            event(&app, kind(&verdict), node, &sentence);
-            last_sentence = sentence;
+            _ => tracing::warn!(decision = %sentence, "failover"),
         }
-        act(&app, &config.cluster, &nodes, verdict).await;
-        // A node that rejoined may be fenced (and sealed) again later.
-        sealed.retain(|name| nodes.iter().any(|n| n.name() == name && n.is_fenced()));
-        // A fenced node that answers again (a replaced primary restarted) is made to refuse
-        // writes, whatever else happens.
-        for node in nodes.iter() {
-            let answers = node.health().failed_streak == 0 && node.is_up();
-            if node.is_fenced()
-                && answers
-                && !sealed.contains(node.name())
-                && seal(&config.cluster, &app.connect_context(), node).await
-            {
-                sealed.insert(node.name().to_owned());
-                event(
-                    &app,
-                    "sealed",
-                    node.name(),
-                    "set read-only (default_transaction_read_only) and its client sessions ended",
-                );
-                if config.failover.auto_rejoin && node.config.data_dir.is_some() {
-                    // In the background: rewinding can take a while and failover must go on.
-                    let (app, name) = (app.clone(), node.name().to_owned());
-                    tokio::spawn(async move {
-                        if let Err(e) = crate::rejoin::rejoin(&app, &name).await {
-                            tracing::error!(node = %name, error = %e.message, "automatic rejoin failed; the node stays fenced (REJOIN retries)");
-                        }
-                    });
-                }
+        let node = match &verdict {
+            Verdict::Elect { node } | Verdict::Fence { node } => nodes[*node].name(),
+            Verdict::Promote { candidate, .. } => nodes[*candidate].name(),
+            _ => elected.map_or("", |i| nodes[i].name()),
+        };
+        event(app, kind(&verdict), node, &sentence);
+        *last_sentence = sentence;
+    }
+    act(app, &config.cluster, nodes, verdict).await;
+    // A node that rejoined may be fenced (and sealed) again later.
+    sealed.retain(|name| nodes.iter().any(|n| n.name() == name && n.is_fenced()));
+    // A fenced node that answers again (a replaced primary restarted) is made to refuse
+    // writes, whatever else happens.
+    for node in nodes.iter() {
+        let answers = node.health().failed_streak == 0 && node.is_up();
+        if node.is_fenced()
+            && answers
+            && !sealed.contains(node.name())
+            && seal(&config.cluster, &app.connect_context(), node).await
+        {
+            sealed.insert(node.name().to_owned());
+            event(
+                app,
+                "sealed",
+                node.name(),
+                "set read-only (default_transaction_read_only) and its client sessions ended",
+            );
+            if config.failover.auto_rejoin && node.config.data_dir.is_some() {
+                // In the background: rewinding can take a while and failover must go on.
+                let (app, name) = (app.clone(), node.name().to_owned());
+                tokio::spawn(async move {
+                    if let Err(e) = crate::rejoin::rejoin(&app, &name).await {
+                        tracing::error!(node = %name, error = %e.message, "automatic rejoin failed; the node stays fenced (REJOIN retries)");
+                    }
+                });
             }
         }
     }

@@ -20,7 +20,9 @@ pub mod clients;
 pub mod error;
 pub mod events;
 pub mod failover;
+pub mod http;
 pub mod lifecycle;
+pub mod metrics;
 mod msgio;
 pub mod nodes;
 pub mod pool;
@@ -31,5 +33,6 @@ pub mod server;
 pub mod stream;
 pub mod switchover;
 pub mod tls;
+pub mod views;
 
 pub use lifecycle::serve;

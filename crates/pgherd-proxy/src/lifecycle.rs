@@ -41,6 +41,7 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
         .iter()
         .filter_map(|l| l.local_addr().ok())
         .collect();
+    let api_listeners = crate::http::bind(&config.api.listen).await?;
 
     for node in app.nodes.all().iter() {
         spawn_monitor(&app, node.clone());
@@ -50,6 +51,7 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
     for listener in listeners {
         tokio::spawn(accept_loop(app.clone(), listener));
     }
+    crate::http::spawn(&app, api_listeners);
     tracing::info!(listen = ?addrs, "pgherd is ready");
     on_ready(&addrs);
 

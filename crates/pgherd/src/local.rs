@@ -31,6 +31,10 @@ pub struct UpOptions {
     /// The port pgherd listens on, on 127.0.0.1 (first run only).
     #[arg(long, default_value_t = 6432)]
     port: u16,
+    /// The port of pgherd's HTTP API (health checks, metrics, JSON), on 127.0.0.1 (first run
+    /// only).
+    #[arg(long, default_value_t = 8008)]
+    api_port: u16,
     /// Return once everything is ready, leaving pgherd running in the background.
     #[arg(long)]
     detach: bool,
@@ -172,7 +176,7 @@ fn create(dir: &Path, options: &UpOptions) -> Result<(), String> {
     // Streaming replicas connect with the superuser's password; keep it unchanged for them.
     let config = render_config(
         &cluster,
-        options.port,
+        (options.port, options.api_port),
         &passwords,
         &app_verifier,
         &superuser_verifier,
@@ -184,9 +188,10 @@ fn create(dir: &Path, options: &UpOptions) -> Result<(), String> {
     Ok(())
 }
 
+/// `ports`: pgherd's and its HTTP API's.
 fn render_config(
     cluster: &LocalCluster,
-    port: u16,
+    (port, api_port): (u16, u16),
     passwords: &Passwords,
     app_verifier: &ScramVerifier,
     superuser_verifier: &ScramVerifier,
@@ -195,8 +200,11 @@ fn render_config(
         "# Written by `pgherd up`. Edit freely; `pgherd check-config {CONFIG_FILE}` validates it.\n\n\
          [pgherd]\nlisten = [\"127.0.0.1:{port}\"]\nadmin_users = [\"{SUPERUSER}\"]\n\n\
          # How pgherd logs in to the nodes to watch them.\n\
-         [cluster]\nuser = \"{SUPERUSER}\"\npassword = \"{}\"\n\n",
-        passwords.superuser
+         [cluster]\nuser = \"{SUPERUSER}\"\npassword = \"{}\"\n\n\
+         # Health checks, metrics and JSON over HTTP; changes (switchover, rejoin) need the token.\n\
+         [api]\nlisten = [\"127.0.0.1:{api_port}\"]\ntoken = \"{}\"\n\n",
+        passwords.superuser,
+        random_password()
     );
     for node in &cluster.nodes {
         let data_dir = node
@@ -373,6 +381,9 @@ pub fn down(dir: &Path) -> Result<(), String> {
 #[derive(Serialize)]
 struct StatusReport {
     config: String,
+    /// `pgherd` when the running pgherd answered (its HTTP API), `nodes` when pgherd is not
+    /// running or has no `[api]` and the nodes were asked directly.
+    source: &'static str,
     pgherd: ProxyStatus,
     nodes: Vec<NodeStatus>,
 }
@@ -397,6 +408,13 @@ struct NodeStatus {
     lsn: Option<String>,
     /// How far a replica's replay is behind the primary's position, in bytes.
     lag_bytes: Option<u64>,
+    /// The rest is known only from a running pgherd.
+    lag_ms: Option<u64>,
+    /// Writes go to this node now.
+    takes_writes: Option<bool>,
+    in_read_set: Option<bool>,
+    /// Server connections pgherd holds to the node (in use and idle).
+    server_connections: Option<u64>,
 }
 
 /// Runs `command` on the admin console of the pgherd configured by `dir` or `config_path`,
@@ -458,10 +476,19 @@ pub fn status(dir: &Path, config_path: Option<&Path>, json: bool) -> Result<(), 
         config.proxy.listen.iter().any(|a| {
             TcpStream::connect_timeout(&connectable(*a), Duration::from_millis(500)).is_ok()
         });
-    let rt = crate::runtime(1)?;
-    let nodes = rt.block_on(check_nodes(&config));
+    let from_pgherd = match config.api.listen.first() {
+        Some(api) if listening => fetch_status(connectable(*api))
+            .map_err(|e| eprintln!("pgherd's HTTP API did not answer ({e}); asking the nodes"))
+            .ok(),
+        _ => None,
+    };
+    let (source, nodes) = match from_pgherd {
+        Some(answer) => ("pgherd", nodes_from_pgherd(&config, &answer)),
+        None => ("nodes", crate::runtime(1)?.block_on(check_nodes(&config))),
+    };
     let report = StatusReport {
         config: path.display().to_string(),
+        source,
         pgherd: ProxyStatus {
             listen: config.proxy.listen.iter().map(|a| a.to_string()).collect(),
             running: listening,
@@ -478,6 +505,58 @@ pub fn status(dir: &Path, config_path: Option<&Path>, json: bool) -> Result<(), 
         print_status(&report);
     }
     Ok(())
+}
+
+/// `GET /api/status` from the running pgherd.
+fn fetch_status(api: SocketAddr) -> Result<serde_json::Value, String> {
+    ureq::get(&format!("http://{api}/api/status"))
+        .timeout(Duration::from_secs(3))
+        .call()
+        .map_err(|e| e.to_string())?
+        .into_json()
+        .map_err(|e| e.to_string())
+}
+
+/// The nodes as the running pgherd sees them.
+fn nodes_from_pgherd(config: &Config, answer: &serde_json::Value) -> Vec<NodeStatus> {
+    let rows = answer["nodes"].as_array().cloned().unwrap_or_default();
+    let pools = answer["pools"].as_array().cloned().unwrap_or_default();
+    rows.iter()
+        .map(|n| {
+            let name = n["name"].as_str().unwrap_or_default().to_owned();
+            let connections = pools
+                .iter()
+                .filter(|p| p["node"].as_str() == Some(&name))
+                .map(|p| p["sv_active"].as_u64().unwrap_or(0) + p["sv_idle"].as_u64().unwrap_or(0))
+                .sum();
+            let role = n["role"].as_str().unwrap_or("unknown").to_owned();
+            NodeStatus {
+                data_dir: config
+                    .nodes
+                    .iter()
+                    .find(|c| c.name == name)
+                    .and_then(|c| c.data_dir.as_ref())
+                    .map(|d| d.display().to_string()),
+                role: role.clone(),
+                state: n["state"].as_str().unwrap_or("unknown").to_owned(),
+                host: n["host"].as_str().unwrap_or_default().to_owned(),
+                port: n["port"]
+                    .as_u64()
+                    .and_then(|p| u16::try_from(p).ok())
+                    .unwrap_or(0),
+                error: n["last_error"].as_str().map(str::to_owned),
+                lsn: n["lsn"].as_str().map(str::to_owned),
+                lag_bytes: (role == "replica")
+                    .then(|| n["lag_bytes"].as_u64())
+                    .flatten(),
+                lag_ms: (role == "replica").then(|| n["lag_ms"].as_u64()).flatten(),
+                takes_writes: n["takes_writes"].as_bool(),
+                in_read_set: n["in_read_set"].as_bool(),
+                server_connections: Some(connections),
+                name,
+            }
+        })
+        .collect()
 }
 
 /// A wildcard listen address is reached through loopback.
@@ -550,6 +629,10 @@ async fn check_nodes(config: &Config) -> Vec<NodeStatus> {
             error,
             lsn,
             lag_bytes,
+            lag_ms: None,
+            takes_writes: None,
+            in_read_set: None,
+            server_connections: None,
         });
     }
     out
@@ -570,32 +653,60 @@ fn print_status(report: &StatusReport) {
             .map(|p| format!("  pid {p}"))
             .unwrap_or_default()
     );
+    println!(
+        "{}",
+        if report.source == "pgherd" {
+            "as pgherd sees the nodes:"
+        } else {
+            "pgherd did not answer over HTTP ([api]); the nodes as they answer directly:"
+        }
+    );
     println!();
-    let header = [
+    const COLUMNS: usize = 9;
+    let header: [&str; COLUMNS] = [
         "NODE",
         "ROLE",
         "STATE",
+        "WRITES",
+        "READS",
         "ADDRESS",
         "LSN",
         "LAG",
-        "DATA DIR / ERROR",
+        "CONNS / DATA DIR / ERROR",
     ];
-    let rows: Vec<[String; 7]> = report
+    let yes_no = |b: Option<bool>| match b {
+        Some(true) => "yes".to_owned(),
+        Some(false) => "no".to_owned(),
+        None => "?".to_owned(),
+    };
+    let rows: Vec<[String; COLUMNS]> = report
         .nodes
         .iter()
         .map(|n| {
+            let lag = match (n.lag_bytes, n.lag_ms) {
+                (Some(b), Some(ms)) => format!("{b} B / {ms} ms"),
+                (Some(b), None) => format!("{b} B"),
+                _ => String::new(),
+            };
+            let last = match (&n.error, n.server_connections) {
+                (Some(e), _) => e.clone(),
+                (None, Some(c)) => format!("{c} conns  {}", n.data_dir.clone().unwrap_or_default()),
+                (None, None) => n.data_dir.clone().unwrap_or_default(),
+            };
             [
                 n.name.clone(),
                 n.role.clone(),
                 n.state.clone(),
+                yes_no(n.takes_writes),
+                yes_no(n.in_read_set),
                 format!("{}:{}", n.host, n.port),
                 n.lsn.clone().unwrap_or_default(),
-                n.lag_bytes.map(|b| format!("{b} B")).unwrap_or_default(),
-                n.error.clone().or(n.data_dir.clone()).unwrap_or_default(),
+                lag,
+                last.trim_end().to_owned(),
             ]
         })
         .collect();
-    let widths: Vec<usize> = (0..7)
+    let widths: Vec<usize> = (0..COLUMNS)
         .map(|i| {
             rows.iter()
                 .map(|r| r[i].len())
@@ -604,7 +715,7 @@ fn print_status(report: &StatusReport) {
                 .unwrap_or(0)
         })
         .collect();
-    let line = |cells: [&str; 7]| {
+    let line = |cells: [&str; COLUMNS]| {
         cells
             .iter()
             .zip(&widths)
@@ -616,9 +727,6 @@ fn print_status(report: &StatusReport) {
     };
     println!("{}", line(header));
     for r in &rows {
-        println!(
-            "{}",
-            line([&r[0], &r[1], &r[2], &r[3], &r[4], &r[5], &r[6]])
-        );
+        println!("{}", line(std::array::from_fn(|i| r[i].as_str())));
     }
 }

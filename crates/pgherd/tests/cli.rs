@@ -28,6 +28,7 @@ fn up_status_down_on_a_fresh_directory() {
     let cluster_dir = dir.path().join("local");
     let dir_arg = cluster_dir.to_str().unwrap();
     let port = pgherd_cluster::free_port().unwrap().to_string();
+    let api_port = pgherd_cluster::free_port().unwrap().to_string();
     let up = pgherd(&[
         "up",
         "--dir",
@@ -36,6 +37,8 @@ fn up_status_down_on_a_fresh_directory() {
         "1",
         "--port",
         &port,
+        "--api-port",
+        &api_port,
         "--detach",
     ]);
     let up_text = text(&up);
@@ -53,11 +56,17 @@ fn up_status_down_on_a_fresh_directory() {
         serde_json::from_slice(&status.stdout).expect("status --json is JSON");
     assert_eq!(json["pgherd"]["listen"][0], format!("127.0.0.1:{port}"));
     assert_eq!(json["pgherd"]["running"], true);
+    // From the running pgherd (its HTTP API), not from the nodes directly.
+    assert_eq!(json["source"], "pgherd", "{json}");
     let nodes = json["nodes"].as_array().unwrap();
     assert_eq!(nodes.len(), 2);
     assert_eq!(nodes[0]["name"], "pg1");
     assert_eq!(nodes[0]["role"], "primary");
     assert_eq!(nodes[1]["role"], "replica");
+    assert_eq!(nodes[0]["takes_writes"], true, "{json}");
+    assert_eq!(nodes[1]["takes_writes"], false, "{json}");
+    assert_eq!(nodes[1]["in_read_set"], true, "{json}");
+    assert!(nodes[1]["lag_bytes"].is_u64(), "{json}");
     for node in nodes {
         assert_eq!(node["state"], "up");
         assert_eq!(node["host"], "127.0.0.1");
@@ -110,6 +119,7 @@ fn up_status_down_on_a_fresh_directory() {
     let after = pgherd(&["status", "--dir", dir_arg, "--json"]);
     let json: serde_json::Value = serde_json::from_slice(&after.stdout).unwrap();
     assert_eq!(json["pgherd"]["running"], false);
+    assert_eq!(json["source"], "nodes");
     assert!(json["nodes"]
         .as_array()
         .unwrap()

@@ -1,0 +1,408 @@
+//! The HTTP API (`[api] listen`): JSON views, health checks for load balancers and
+//! orchestrators (HAProxy `option httpchk`, Kubernetes probes), Prometheus metrics, and the
+//! operations of the admin console behind a bearer token. It reads the same views as the
+//! console and acts through the same functions; it never touches client sessions itself.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use pgherd_wire::{PgError, SqlState};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+
+use crate::app::App;
+use crate::nodes::Role;
+use crate::views;
+
+/// Binds every `[api] listen` address (before pgherd reports ready, so a port in use is a
+/// startup error) and serves them until shutdown.
+pub async fn bind(addrs: &[SocketAddr]) -> Result<Vec<TcpListener>, String> {
+    let mut listeners = Vec::new();
+    for addr in addrs {
+        listeners.push(TcpListener::bind(addr).await.map_err(|e| {
+            format!("cannot listen for the HTTP API on {addr} ([api] listen): {e}")
+        })?);
+    }
+    Ok(listeners)
+}
+
+pub fn spawn(app: &Arc<App>, listeners: Vec<TcpListener>) {
+    for listener in listeners {
+        let router = router(app.clone());
+        let mut stop = app.shutdown_signal();
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "HTTP API listening");
+        }
+        tokio::spawn(async move {
+            let served = axum::serve(listener, router)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.wait_for(|stopping| *stopping).await;
+                })
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "HTTP API stopped");
+            }
+        });
+    }
+}
+
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/primary", get(cluster_primary))
+        .route("/replica", get(cluster_replica))
+        .route("/node/{name}/primary", get(node_primary))
+        .route("/node/{name}/replica", get(node_replica))
+        .route("/metrics", get(metrics))
+        .route("/api/nodes", get(|s| view(s, views::nodes)))
+        .route("/api/pools", get(|s| view(s, views::pools)))
+        .route("/api/stats", get(|s| view(s, views::stats)))
+        .route("/api/lists", get(|s| view(s, views::lists)))
+        .route("/api/clients", get(|s| view(s, views::clients)))
+        .route("/api/events", get(|s| view(s, views::events)))
+        .route("/api/config", get(|s| view(s, views::config)))
+        .route("/api/status", get(status))
+        .route("/api/switchover", post(switchover))
+        .route("/api/rejoin/{name}", post(rejoin))
+        .route("/api/reload", post(reload))
+        .fallback(not_found)
+        .with_state(app)
+}
+
+type AppState = State<Arc<App>>;
+
+async fn view(State(app): AppState, make: fn(&App) -> views::Table) -> Json<Value> {
+    Json(make(&app).json())
+}
+
+/// Everything `pgherd status` prints, in one answer.
+async fn status(State(app): AppState) -> Json<Value> {
+    let writer = app.nodes.writer().map(|n| n.name().to_owned());
+    Json(json!({
+        "version": crate::admin::VERSION,
+        "primary": writer,
+        "nodes": views::nodes(&app).json(),
+        "pools": views::pools(&app).json(),
+        "lists": views::lists(&app).json(),
+    }))
+}
+
+/// 200 while pgherd runs, 503 once it drains.
+async fn health(State(app): AppState) -> Response {
+    if app.is_shutting_down() {
+        answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "stopping"}),
+        )
+    } else {
+        answer(StatusCode::OK, json!({"status": "up"}))
+    }
+}
+
+/// 200 when pgherd can serve writes now (a node takes them), 503 otherwise.
+async fn ready(State(app): AppState) -> Response {
+    cluster_primary(State(app)).await
+}
+
+async fn cluster_primary(State(app): AppState) -> Response {
+    match app.nodes.writer() {
+        Some(n) if !app.is_shutting_down() => answer(StatusCode::OK, json!({"primary": n.name()})),
+        _ => answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"primary": null, "reason": "no node takes writes now", "nodes": app.nodes.describe_all()}),
+        ),
+    }
+}
+
+/// The lag limits of `?lag=` (bytes, or with a kB/MB/GB unit as in Patroni) and `?lag_ms=`.
+struct LagLimit {
+    bytes: Option<u64>,
+    ms: Option<u64>,
+}
+
+impl LagLimit {
+    fn from_query(query: &HashMap<String, String>) -> Result<LagLimit, Refusal> {
+        let bytes = match query.get("lag") {
+            Some(text) => Some(parse_bytes(text).ok_or_else(|| {
+                Refusal(
+                    StatusCode::BAD_REQUEST,
+                    json!({"error": format!("lag={text:?} is not a size; use bytes or a number with kB, MB or GB")}),
+                )
+            })?),
+            None => None,
+        };
+        let ms = match query.get("lag_ms") {
+            Some(text) => Some(text.parse().map_err(|_| {
+                Refusal(
+                    StatusCode::BAD_REQUEST,
+                    json!({"error": format!("lag_ms={text:?} is not a number of milliseconds")}),
+                )
+            })?),
+            None => None,
+        };
+        Ok(LagLimit { bytes, ms })
+    }
+
+    fn admits(&self, n: &crate::nodes::NodeState) -> bool {
+        self.bytes.is_none_or(|b| n.lag_bytes() <= b) && self.ms.is_none_or(|m| n.lag_ms() <= m)
+    }
+}
+
+fn parse_bytes(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let number: u64 = number.parse().ok()?;
+    let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1 << 10,
+        "mb" => 1 << 20,
+        "gb" => 1 << 30,
+        _ => return None,
+    };
+    number.checked_mul(factor)
+}
+
+/// Whether `n` answered its last health check. Load balancers hear about a failed check at
+/// once (within one period), although pgherd itself declares a node down only after
+/// `health_check_failures_before_down` of them.
+fn answered_last_check(n: &crate::nodes::NodeState) -> bool {
+    n.is_up() && n.health().failed_streak == 0
+}
+
+/// Whether `n` serves reads now within `limit`.
+fn serves_reads(n: &crate::nodes::NodeState, limit: &LagLimit) -> bool {
+    n.role() == Role::Replica
+        && answered_last_check(n)
+        && !n.is_fenced()
+        && n.in_read_set()
+        && limit.admits(n)
+}
+
+/// 200 if at least one replica serves reads within the lag limit.
+async fn cluster_replica(
+    State(app): AppState,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let limit = match LagLimit::from_query(&query) {
+        Ok(l) => l,
+        Err(r) => return r.into_response(),
+    };
+    let serving: Vec<String> = app
+        .nodes
+        .all()
+        .iter()
+        .filter(|n| serves_reads(n, &limit))
+        .map(|n| n.name().to_owned())
+        .collect();
+    if serving.is_empty() {
+        answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"replicas": serving, "reason": "no replica serves reads within the limits"}),
+        )
+    } else {
+        answer(StatusCode::OK, json!({"replicas": serving}))
+    }
+}
+
+async fn node_primary(State(app): AppState, Path(name): Path<String>) -> Response {
+    let Some(n) = views::node(&app, &name) else {
+        return unknown_node(&name);
+    };
+    let row = node_json(&app, &name);
+    if views::takes_writes(&app, &n) && answered_last_check(&n) {
+        answer(StatusCode::OK, row)
+    } else {
+        answer(StatusCode::SERVICE_UNAVAILABLE, row)
+    }
+}
+
+async fn node_replica(
+    State(app): AppState,
+    Path(name): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let limit = match LagLimit::from_query(&query) {
+        Ok(l) => l,
+        Err(r) => return r.into_response(),
+    };
+    let Some(n) = views::node(&app, &name) else {
+        return unknown_node(&name);
+    };
+    let row = node_json(&app, &name);
+    if serves_reads(&n, &limit) {
+        answer(StatusCode::OK, row)
+    } else {
+        answer(StatusCode::SERVICE_UNAVAILABLE, row)
+    }
+}
+
+/// SHOW NODES's row for one node, as JSON.
+fn node_json(app: &App, name: &str) -> Value {
+    match views::nodes(app).json() {
+        Value::Array(rows) => rows
+            .into_iter()
+            .find(|r| r.get("name").and_then(Value::as_str) == Some(name))
+            .unwrap_or(Value::Null),
+        _ => Value::Null,
+    }
+}
+
+fn unknown_node(name: &str) -> Response {
+    answer(
+        StatusCode::NOT_FOUND,
+        json!({"error": format!("no node named {name:?} in the config")}),
+    )
+}
+
+async fn metrics(State(app): AppState) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::metrics::render(&app),
+    )
+        .into_response()
+}
+
+#[derive(serde::Deserialize, Default)]
+struct SwitchoverRequest {
+    to: Option<String>,
+}
+
+async fn switchover(
+    State(app): AppState,
+    headers: HeaderMap,
+    body: Option<Json<SwitchoverRequest>>,
+) -> Response {
+    if let Err(r) = authorize(&app, &headers) {
+        return r.into_response();
+    }
+    let to = body.and_then(|Json(b)| b.to);
+    steps(crate::switchover::switchover(&app, to.as_deref()).await)
+}
+
+async fn rejoin(State(app): AppState, headers: HeaderMap, Path(name): Path<String>) -> Response {
+    if let Err(r) = authorize(&app, &headers) {
+        return r.into_response();
+    }
+    steps(crate::rejoin::rejoin(&app, &name).await)
+}
+
+async fn reload(State(app): AppState, headers: HeaderMap) -> Response {
+    if let Err(r) = authorize(&app, &headers) {
+        return r.into_response();
+    }
+    match crate::lifecycle::reload(&app) {
+        Ok(notes) => answer(StatusCode::OK, json!({"reloaded": true, "notes": notes})),
+        Err(e) => answer(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            json!({"error": format!("reload failed, keeping the running config: {e}")}),
+        ),
+    }
+}
+
+fn steps(result: Result<Vec<String>, PgError>) -> Response {
+    match result {
+        Ok(steps) => answer(StatusCode::OK, json!({"steps": steps})),
+        Err(e) => {
+            let status = if e.code == SqlState::INSUFFICIENT_PRIVILEGE {
+                StatusCode::FORBIDDEN
+            } else {
+                StatusCode::CONFLICT
+            };
+            answer(
+                status,
+                json!({"error": e.message, "sqlstate": e.code.code()}),
+            )
+        }
+    }
+}
+
+/// Changing endpoints need `Authorization: Bearer <[api] token>`; without a configured token
+/// they are refused outright.
+fn authorize(app: &App, headers: &HeaderMap) -> Result<(), Refusal> {
+    let config = app.config();
+    let Some(token) = config.api.token.as_deref() else {
+        return Err(Refusal(
+            StatusCode::FORBIDDEN,
+            json!({"error": "changes over HTTP are off: set [api] token"}),
+        ));
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if constant_time_eq(given.as_bytes(), token.as_bytes()) {
+        Ok(())
+    } else {
+        tracing::warn!("HTTP API request with a missing or wrong token refused");
+        Err(Refusal(
+            StatusCode::UNAUTHORIZED,
+            json!({"error": "missing or wrong token (Authorization: Bearer <[api] token>)"}),
+        ))
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn not_found() -> Response {
+    answer(
+        StatusCode::NOT_FOUND,
+        json!({"error": "no such endpoint", "endpoints": [
+            "GET /health", "GET /ready", "GET /primary", "GET /replica?lag=&lag_ms=",
+            "GET /node/{name}/primary", "GET /node/{name}/replica?lag=&lag_ms=", "GET /metrics",
+            "GET /api/status", "GET /api/nodes", "GET /api/pools", "GET /api/stats",
+            "GET /api/lists", "GET /api/clients", "GET /api/events", "GET /api/config",
+            "POST /api/switchover {\"to\": node}", "POST /api/rejoin/{name}", "POST /api/reload",
+        ]}),
+    )
+}
+
+/// An answer that ends a request early (bad parameters, no token).
+struct Refusal(StatusCode, Value);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        answer(self.0, self.1)
+    }
+}
+
+fn answer(status: StatusCode, body: Value) -> Response {
+    (status, Json(body)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lag_sizes_read_like_patroni() {
+        assert_eq!(parse_bytes("0"), Some(0));
+        assert_eq!(parse_bytes("1024"), Some(1024));
+        assert_eq!(parse_bytes("16kB"), Some(16 << 10));
+        assert_eq!(parse_bytes("10MB"), Some(10 << 20));
+        assert_eq!(parse_bytes("1GB"), Some(1 << 30));
+        assert_eq!(parse_bytes("ten"), None);
+        assert_eq!(parse_bytes("5TB"), None);
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+        assert!(!constant_time_eq(b"", b"abc"));
+    }
+}

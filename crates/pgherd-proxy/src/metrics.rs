@@ -1,0 +1,269 @@
+//! Prometheus text exposition (format 0.0.4) of the counters pgherd keeps anyway: nothing
+//! here adds work to the data path; a scrape reads atomics and snapshots.
+//! Every metric is listed in docs/metrics.md; a test checks the two agree.
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+
+use crate::app::App;
+use crate::views;
+
+/// One metric family being written: its samples follow its HELP and TYPE lines.
+struct Family<'a> {
+    out: &'a mut String,
+}
+
+impl Family<'_> {
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape(v));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn family<'a>(out: &'a mut String, name: &str, kind: &str, help: &str) -> Family<'a> {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    Family { out }
+}
+
+/// The whole exposition.
+pub fn render(app: &App) -> String {
+    let mut out = String::with_capacity(8 << 10);
+
+    family(
+        &mut out,
+        "pgherd_info",
+        "gauge",
+        "Always 1; the version as a label.",
+    )
+    .sample("pgherd_info", &[("version", crate::admin::VERSION)], 1.0);
+    let uptime = app.started_at.elapsed().map_or(0.0, |d| d.as_secs_f64());
+    family(
+        &mut out,
+        "pgherd_uptime_seconds",
+        "gauge",
+        "Seconds since pgherd started.",
+    )
+    .sample("pgherd_uptime_seconds", &[], uptime);
+    family(
+        &mut out,
+        "pgherd_config_reloads_total",
+        "counter",
+        "Successful config reloads.",
+    )
+    .sample(
+        "pgherd_config_reloads_total",
+        &[],
+        app.reloads.load(Ordering::Relaxed) as f64,
+    );
+    let mut per_pair: std::collections::BTreeMap<(String, String), u64> = Default::default();
+    for c in app.clients.all() {
+        *per_pair
+            .entry((c.database.clone(), c.user.clone()))
+            .or_default() += 1;
+    }
+    let mut f = family(
+        &mut out,
+        "pgherd_clients",
+        "gauge",
+        "Client connections logged in, per database and user.",
+    );
+    for ((database, user), n) in &per_pair {
+        f.sample(
+            "pgherd_clients",
+            &[("database", database), ("user", user)],
+            *n as f64,
+        );
+    }
+
+    let pools = app.pools();
+    let pool_gauges: [(&str, &str); 3] = [
+        (
+            "pgherd_pool_clients_waiting",
+            "Requests waiting for a server connection of the pool.",
+        ),
+        (
+            "pgherd_pool_max_size",
+            "Largest number of server connections the pool may open.",
+        ),
+        (
+            "pgherd_pool_server_connections",
+            "Server connections of the pool by state (active: lent to a client; idle; connecting).",
+        ),
+    ];
+    let snapshots: Vec<_> = pools.iter().map(|p| (p, p.snapshot())).collect();
+    for (name, help) in pool_gauges {
+        let mut f = family(&mut out, name, "gauge", help);
+        for (p, s) in &snapshots {
+            let labels = [
+                ("database", p.database.as_str()),
+                ("user", p.user.as_str()),
+                ("node", p.node.name.as_str()),
+            ];
+            match name {
+                "pgherd_pool_clients_waiting" => f.sample(name, &labels, s.waiting as f64),
+                "pgherd_pool_max_size" => f.sample(name, &labels, f64::from(s.max_size)),
+                _ => {
+                    for (state, n) in [
+                        ("active", f64::from(s.lent)),
+                        ("idle", s.idle as f64),
+                        ("connecting", f64::from(s.connecting)),
+                    ] {
+                        let mut with_state = labels.to_vec();
+                        with_state.push(("state", state));
+                        f.sample(name, &with_state, n);
+                    }
+                }
+            }
+        }
+    }
+    type Counter = fn(&crate::pool::PoolStats) -> f64;
+    let pool_counters: [(&str, &str, Counter); 6] = [
+        (
+            "pgherd_transactions_total",
+            "Transactions (or statements outside one) served by the pool.",
+            |s| s.transactions.load(Ordering::Relaxed) as f64,
+        ),
+        ("pgherd_queries_total", "Queries served by the pool.", |s| {
+            s.queries.load(Ordering::Relaxed) as f64
+        }),
+        (
+            "pgherd_pool_wait_seconds_total",
+            "Time requests spent waiting for a server connection.",
+            |s| s.wait_us_total.load(Ordering::Relaxed) as f64 / 1e6,
+        ),
+        (
+            "pgherd_pool_wait_timeouts_total",
+            "Requests that found no server connection within pool.wait_timeout_ms.",
+            |s| s.wait_timeouts.load(Ordering::Relaxed) as f64,
+        ),
+        (
+            "pgherd_server_connects_total",
+            "Server connections opened.",
+            |s| s.connects.load(Ordering::Relaxed) as f64,
+        ),
+        (
+            "pgherd_server_connect_failures_total",
+            "Server connections that could not be opened.",
+            |s| s.connect_failures.load(Ordering::Relaxed) as f64,
+        ),
+    ];
+    for (name, help, read) in pool_counters {
+        let mut f = family(&mut out, name, "counter", help);
+        for p in &pools {
+            f.sample(
+                name,
+                &[
+                    ("database", p.database.as_str()),
+                    ("user", p.user.as_str()),
+                    ("node", p.node.name.as_str()),
+                ],
+                read(&p.stats),
+            );
+        }
+    }
+
+    let nodes = app.nodes.all();
+    type NodeValue = fn(&App, &crate::nodes::NodeState) -> f64;
+    let node_gauges: [(&str, &str, NodeValue); 6] = [
+        (
+            "pgherd_node_up",
+            "1 if the node's health checks pass (down only after failures_before_down in a row).",
+            |_, n| f64::from(u8::from(n.is_up())),
+        ),
+        (
+            "pgherd_node_fenced",
+            "1 if failover fenced the node: no traffic through pgherd.",
+            |_, n| f64::from(u8::from(n.is_fenced())),
+        ),
+        (
+            "pgherd_node_takes_writes",
+            "1 for the node writes are routed to now.",
+            |app, n| f64::from(u8::from(views::takes_writes(app, n))),
+        ),
+        (
+            "pgherd_node_in_read_set",
+            "1 if reads may be balanced to the node.",
+            |_, n| f64::from(u8::from(n.in_read_set())),
+        ),
+        (
+            "pgherd_node_replication_lag_bytes",
+            "WAL bytes the replica's replay is behind the primary (0 on the primary).",
+            |_, n| n.lag_bytes() as f64,
+        ),
+        (
+            "pgherd_node_replication_lag_seconds",
+            "How far the replica's replay is behind the primary, in time.",
+            |_, n| n.lag_ms() as f64 / 1e3,
+        ),
+    ];
+    for (name, help, read) in node_gauges {
+        let mut f = family(&mut out, name, "gauge", help);
+        for n in nodes.iter() {
+            f.sample(
+                name,
+                &[("node", n.name()), ("role", n.role().as_str())],
+                read(app, n),
+            );
+        }
+    }
+    let health_checks = "pgherd_node_health_checks_total";
+    let mut f = family(
+        &mut out,
+        health_checks,
+        "counter",
+        "Health checks of the node by result.",
+    );
+    for n in nodes.iter() {
+        let h = n.health();
+        f.sample(
+            health_checks,
+            &[("node", n.name()), ("result", "ok")],
+            h.checks_ok as f64,
+        );
+        f.sample(
+            health_checks,
+            &[("node", n.name()), ("result", "failed")],
+            h.checks_failed as f64,
+        );
+    }
+    let mut f = family(
+        &mut out,
+        "pgherd_node_down_total",
+        "counter",
+        "Times the node went from up to down.",
+    );
+    for n in nodes.iter() {
+        f.sample(
+            "pgherd_node_down_total",
+            &[("node", n.name())],
+            n.health().times_down as f64,
+        );
+    }
+    let mut f = family(
+        &mut out,
+        "pgherd_events_total",
+        "counter",
+        "Cluster events by kind (promoted: failovers; switched_over: switchovers; see SHOW EVENTS).",
+    );
+    for (kind, n) in app.events.counts() {
+        f.sample("pgherd_events_total", &[("kind", kind)], n as f64);
+    }
+    out
+}

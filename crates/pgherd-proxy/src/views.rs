@@ -1,0 +1,441 @@
+//! What pgherd shows about itself, computed once and rendered by every surface: the admin
+//! console (text columns), the HTTP API (JSON) and the metrics. A view never changes state.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::UNIX_EPOCH;
+
+use crate::app::App;
+use crate::nodes::{NodeState, Role};
+
+/// One value of a view, typed so JSON keeps numbers as numbers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cell {
+    Text(String),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Null,
+}
+
+impl Cell {
+    /// The admin console's text: what PgBouncer-style tools print.
+    pub fn text(&self) -> Option<String> {
+        match self {
+            Cell::Text(s) => Some(s.clone()),
+            Cell::Int(i) => Some(i.to_string()),
+            Cell::Float(f) => Some(format!("{f:.3}")),
+            Cell::Bool(b) => Some(if *b { "yes" } else { "no" }.to_owned()),
+            Cell::Null => None,
+        }
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        match self {
+            Cell::Text(s) => serde_json::Value::String(s.clone()),
+            Cell::Int(i) => serde_json::Value::from(*i),
+            Cell::Float(f) => serde_json::Value::from(*f),
+            Cell::Bool(b) => serde_json::Value::Bool(*b),
+            Cell::Null => serde_json::Value::Null,
+        }
+    }
+}
+
+impl From<String> for Cell {
+    fn from(s: String) -> Self {
+        Cell::Text(s)
+    }
+}
+
+impl From<&str> for Cell {
+    fn from(s: &str) -> Self {
+        Cell::Text(s.to_owned())
+    }
+}
+
+impl From<u64> for Cell {
+    fn from(n: u64) -> Self {
+        Cell::Int(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+}
+
+impl From<u32> for Cell {
+    fn from(n: u32) -> Self {
+        Cell::Int(n.into())
+    }
+}
+
+impl From<usize> for Cell {
+    fn from(n: usize) -> Self {
+        Cell::Int(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+}
+
+impl From<u16> for Cell {
+    fn from(n: u16) -> Self {
+        Cell::Int(n.into())
+    }
+}
+
+impl From<bool> for Cell {
+    fn from(b: bool) -> Self {
+        Cell::Bool(b)
+    }
+}
+
+impl<T: Into<Cell>> From<Option<T>> for Cell {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(Cell::Null, Into::into)
+    }
+}
+
+/// A result set: named columns and typed rows.
+#[derive(Debug, Clone)]
+pub struct Table {
+    pub columns: &'static [&'static str],
+    pub rows: Vec<Vec<Cell>>,
+}
+
+impl Table {
+    /// One line of text per value: the console's single-column answers.
+    pub fn lines(column: &'static [&'static str], lines: Vec<String>) -> Table {
+        Table {
+            columns: column,
+            rows: lines.into_iter().map(|l| vec![Cell::Text(l)]).collect(),
+        }
+    }
+
+    /// An array of objects keyed by column name.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::Value::Array(
+            self.rows
+                .iter()
+                .map(|row| {
+                    serde_json::Value::Object(
+                        self.columns
+                            .iter()
+                            .zip(row)
+                            .map(|(c, v)| ((*c).to_owned(), v.json()))
+                            .collect(),
+                    )
+                })
+                .collect(),
+        )
+    }
+}
+
+/// `up`, `down` or `fenced`.
+pub fn node_state(n: &NodeState) -> &'static str {
+    if n.is_fenced() {
+        "fenced"
+    } else if n.is_up() {
+        "up"
+    } else {
+        "down"
+    }
+}
+
+/// Whether `n` is the node writes go to (the elected primary; writes may be held for a
+/// moment during a switchover or while its synchronous standbys are set).
+pub fn takes_writes(app: &App, n: &NodeState) -> bool {
+    app.nodes.writer().is_some_and(|p| p.name() == n.name())
+}
+
+/// Why a node serves no reads, or `None` if it does.
+fn read_set_reason(n: &NodeState) -> Option<String> {
+    if n.in_read_set() {
+        return None;
+    }
+    let health = n.health();
+    Some(if n.is_fenced() {
+        "fenced".to_owned()
+    } else if !n.is_up() {
+        format!(
+            "down: {}",
+            health
+                .last_error
+                .unwrap_or_else(|| "not checked yet".to_owned())
+        )
+    } else if n.role() == Role::Replica {
+        "recovering from a failure (needs healthy checks in a row)".to_owned()
+    } else {
+        "not a replica".to_owned()
+    })
+}
+
+pub fn nodes(app: &App) -> Table {
+    let rows = app
+        .nodes
+        .all()
+        .iter()
+        .map(|n| {
+            let health = n.health();
+            let timeline = health.last_seen.as_ref().map(|s| s.timeline);
+            vec![
+                n.config.name.clone().into(),
+                n.config.host.clone().into(),
+                n.config.port.into(),
+                n.role().as_str().into(),
+                node_state(n).into(),
+                takes_writes(app, n).into(),
+                pgherd_route::balance::format_lsn(n.lsn()).into(),
+                timeline.into(),
+                n.lag_bytes().into(),
+                n.lag_ms().into(),
+                n.in_read_set().into(),
+                read_set_reason(n).into(),
+                health.checks_ok.into(),
+                health.checks_failed.into(),
+                health.times_down.into(),
+                health.last_error.into(),
+            ]
+        })
+        .collect();
+    Table {
+        columns: &[
+            "name",
+            "host",
+            "port",
+            "role",
+            "state",
+            "takes_writes",
+            "lsn",
+            "timeline",
+            "lag_bytes",
+            "lag_ms",
+            "in_read_set",
+            "out_of_read_set_because",
+            "checks_ok",
+            "checks_failed",
+            "times_down",
+            "last_error",
+        ],
+        rows,
+    }
+}
+
+pub fn events(app: &App) -> Table {
+    let rows = app
+        .events
+        .list()
+        .into_iter()
+        .map(|e| {
+            let at =
+                e.at.duration_since(UNIX_EPOCH)
+                    .map_or(Cell::Null, |d| Cell::Float(d.as_secs_f64()));
+            vec![at, e.kind.into(), e.node.into(), e.detail.into()]
+        })
+        .collect();
+    Table {
+        columns: &["at_epoch_s", "kind", "node", "detail"],
+        rows,
+    }
+}
+
+pub fn pools(app: &App) -> Table {
+    let rows = app
+        .pools()
+        .iter()
+        .map(|p| {
+            let s = p.snapshot();
+            vec![
+                p.database.clone().into(),
+                p.user.clone().into(),
+                p.node.name.clone().into(),
+                s.mode.as_str().into(),
+                s.waiting.into(),
+                s.lent.into(),
+                s.idle.into(),
+                s.connecting.into(),
+                s.max_size.into(),
+                p.stats.transactions.load(Ordering::Relaxed).into(),
+                p.stats.queries.load(Ordering::Relaxed).into(),
+                p.stats.wait_us_max.load(Ordering::Relaxed).into(),
+                p.stats.wait_timeouts.load(Ordering::Relaxed).into(),
+            ]
+        })
+        .collect();
+    Table {
+        columns: &[
+            "database",
+            "user",
+            "node",
+            "pool_mode",
+            "cl_waiting",
+            "sv_active",
+            "sv_idle",
+            "sv_connecting",
+            "max_size",
+            "transactions",
+            "queries",
+            "max_wait_us",
+            "wait_timeouts",
+        ],
+        rows,
+    }
+}
+
+/// Totals per pool since start, like PgBouncer's SHOW STATS.
+pub fn stats(app: &App) -> Table {
+    let rows = app
+        .pools()
+        .iter()
+        .map(|p| {
+            let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+            let transactions = load(&p.stats.transactions);
+            let wait_us = load(&p.stats.wait_us_total);
+            vec![
+                p.database.clone().into(),
+                p.user.clone().into(),
+                p.node.name.clone().into(),
+                transactions.into(),
+                load(&p.stats.queries).into(),
+                wait_us.into(),
+                load(&p.stats.wait_us_max).into(),
+                load(&p.stats.wait_timeouts).into(),
+                load(&p.stats.connects).into(),
+                load(&p.stats.connect_failures).into(),
+            ]
+        })
+        .collect();
+    Table {
+        columns: &[
+            "database",
+            "user",
+            "node",
+            "total_xact_count",
+            "total_query_count",
+            "total_wait_time_us",
+            "max_wait_time_us",
+            "wait_timeouts",
+            "server_connects",
+            "server_connect_failures",
+        ],
+        rows,
+    }
+}
+
+/// How many of each thing pgherd holds, like PgBouncer's SHOW LISTS.
+pub fn lists(app: &App) -> Table {
+    let config = app.config();
+    let pools = app.pools();
+    let (mut lent, mut idle, mut connecting, mut waiting) = (0u64, 0u64, 0u64, 0u64);
+    for p in &pools {
+        let s = p.snapshot();
+        lent += u64::from(s.lent);
+        idle += s.idle as u64;
+        connecting += u64::from(s.connecting);
+        waiting += s.waiting as u64;
+    }
+    let rows = [
+        ("databases", config.databases.len() as u64),
+        ("users", config.users.len() as u64),
+        ("nodes", app.nodes.all().len() as u64),
+        ("pools", pools.len() as u64),
+        ("clients", app.clients.all().len() as u64),
+        ("clients_waiting", waiting),
+        ("servers_active", lent),
+        ("servers_idle", idle),
+        ("servers_connecting", connecting),
+        ("events", app.events.list().len() as u64),
+    ]
+    .into_iter()
+    .map(|(k, v)| vec![Cell::from(k), Cell::from(v)])
+    .collect();
+    Table {
+        columns: &["list", "items"],
+        rows,
+    }
+}
+
+pub fn clients(app: &App) -> Table {
+    let rows = app
+        .clients
+        .all()
+        .iter()
+        .map(|c| {
+            vec![
+                c.id.into(),
+                c.user.clone().into(),
+                c.database.clone().into(),
+                c.addr.to_string().into(),
+                c.tls.into(),
+                c.connected_at
+                    .duration_since(UNIX_EPOCH)
+                    .ok()
+                    .map(|d| d.as_secs())
+                    .into(),
+                c.target().map(|t| t.server_id).into(),
+            ]
+        })
+        .collect();
+    Table {
+        columns: &[
+            "id",
+            "user",
+            "database",
+            "addr",
+            "tls",
+            "connected_at",
+            "server",
+        ],
+        rows,
+    }
+}
+
+pub fn config(app: &App) -> Table {
+    let c = app.config();
+    let p = &c.pool;
+    let join = |addrs: &[std::net::SocketAddr]| {
+        addrs
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let rows: Vec<(&str, Cell)> = vec![
+        ("config_file", c.source.display().to_string().into()),
+        ("listen", join(&c.proxy.listen).into()),
+        ("api.listen", join(&c.api.listen).into()),
+        ("workers", c.proxy.workers.into()),
+        (
+            "max_client_connections",
+            c.proxy.max_client_connections.into(),
+        ),
+        ("max_message_bytes", c.proxy.max_message_bytes.into()),
+        ("pool.mode", p.mode.as_str().into()),
+        ("pool.max_size", p.max_size.into()),
+        ("pool.min_size", p.min_size.into()),
+        ("pool.wait_timeout_ms", p.wait_timeout_ms.into()),
+        (
+            "pool.server_idle_timeout_ms",
+            p.server_idle_timeout_ms.into(),
+        ),
+        ("pool.server_lifetime_ms", p.server_lifetime_ms.into()),
+        (
+            "pool.prepared_statements_per_server",
+            p.prepared_statements_per_server.into(),
+        ),
+        (
+            "cluster.health_check_period_ms",
+            c.cluster.health_check_period_ms.into(),
+        ),
+        ("cluster.primary_wait_ms", c.cluster.primary_wait_ms.into()),
+        ("failover.enabled", c.failover.enabled.into()),
+        ("failover.auto_rejoin", c.failover.auto_rejoin.into()),
+        (
+            "replication.durability",
+            c.replication.durability.as_str().into(),
+        ),
+        ("reloads", app.reloads.load(Ordering::Relaxed).into()),
+    ];
+    Table {
+        columns: &["key", "value"],
+        rows: rows.into_iter().map(|(k, v)| vec![k.into(), v]).collect(),
+    }
+}
+
+/// The node named `name`, if configured.
+pub fn node(app: &Arc<App>, name: &str) -> Option<Arc<NodeState>> {
+    app.nodes.all().iter().find(|n| n.name() == name).cloned()
+}

@@ -1,0 +1,247 @@
+//! The HTTP API against a real cluster: health endpoints in the style of Patroni's, JSON
+//! views, Prometheus metrics (parsed, every documented metric present), and the token that
+//! guards changes (a switchover over HTTP).
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use common::*;
+use pgherd_testkit::SUPERUSER;
+
+const TOKEN: &str = "api-test-token-0123456789";
+
+struct Api {
+    base: String,
+}
+
+impl Api {
+    /// (status, body as JSON or text).
+    fn get(&self, path: &str) -> (u16, String) {
+        answer(ureq::get(&format!("{}{path}", self.base)).call())
+    }
+
+    fn json(&self, path: &str) -> serde_json::Value {
+        let (status, body) = self.get(path);
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: not JSON ({e}): {body}"))
+    }
+
+    fn post(&self, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+        let mut request = ureq::post(&format!("{}{path}", self.base))
+            .set("Content-Type", "application/json")
+            .timeout(Duration::from_secs(120));
+        if let Some(t) = token {
+            request = request.set("Authorization", &format!("Bearer {t}"));
+        }
+        answer(request.send_string(body))
+    }
+}
+
+fn answer(result: Result<ureq::Response, ureq::Error>) -> (u16, String) {
+    match result {
+        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("HTTP request failed: {e}"),
+    }
+}
+
+fn env_with_api(replicas: usize) -> (Env, Api) {
+    let port = pgherd_cluster::free_port().expect("free port");
+    let env = env(replicas, |c| {
+        c.manage_nodes()
+            .superuser()
+            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
+            .section("[failover]\nenabled = true")
+            .section(&format!(
+                "[api]\nlisten = [\"127.0.0.1:{port}\"]\ntoken = \"{TOKEN}\""
+            ))
+    });
+    (
+        env,
+        Api {
+            base: format!("http://127.0.0.1:{port}"),
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_endpoints_views_and_a_switchover_over_http() {
+    let (env, api) = env_with_api(2);
+    wait_until(&env, "pgherd elected pg1", Duration::from_secs(10), || {
+        api.get("/node/pg1/primary").0 == 200
+    });
+    assert_eq!(api.get("/health").0, 200);
+    assert_eq!(api.get("/ready").0, 200);
+    assert_eq!(api.json("/primary")["primary"], "pg1");
+    for replica in ["pg2", "pg3"] {
+        assert_eq!(api.get(&format!("/node/{replica}/primary")).0, 503);
+        let (status, body) = api.get(&format!("/node/{replica}/replica?lag=16MB"));
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(
+        api.get("/node/pg1/replica").0,
+        503,
+        "the primary is no replica"
+    );
+    assert_eq!(api.get("/replica").0, 200);
+    // Bad input gets a precise error.
+    let (status, body) = api.get("/replica?lag=lots");
+    assert_eq!(status, 400);
+    assert!(body.contains("not a size"), "{body}");
+    let (status, body) = api.get("/node/nosuch/primary");
+    assert_eq!(status, 404);
+    assert!(body.contains("nosuch"), "{body}");
+    assert_eq!(api.get("/no/such/endpoint").0, 404);
+
+    // JSON views keep numbers as numbers.
+    let nodes = api.json("/api/nodes");
+    let nodes = nodes.as_array().expect("an array of nodes");
+    assert_eq!(nodes.len(), 3);
+    assert_eq!(nodes[0]["name"], "pg1");
+    assert_eq!(nodes[0]["role"], "primary");
+    assert_eq!(nodes[0]["takes_writes"], true);
+    assert!(nodes[1]["lag_bytes"].is_u64(), "{nodes:?}");
+    assert!(nodes[1]["port"].is_u64(), "{nodes:?}");
+    let client = env.app().await;
+    first_value(&client, "SELECT 1").await.expect("a query");
+    let pools = api.json("/api/pools");
+    assert!(pools.as_array().is_some_and(|p| !p.is_empty()), "{pools}");
+    let status = api.json("/api/status");
+    assert_eq!(status["primary"], "pg1");
+    for view in ["stats", "lists", "clients", "events", "config"] {
+        assert!(api.json(&format!("/api/{view}")).is_array(), "{view}");
+    }
+
+    // A stopped replica fails its next check: the endpoint flips without waiting for pgherd
+    // to declare the node down.
+    env.cluster
+        .node("pg3")
+        .stop(pgherd_cluster::StopMode::Immediate)
+        .expect("stop pg3");
+    let stopped = Instant::now();
+    wait_until(
+        &env,
+        "/node/pg3/replica says 503",
+        Duration::from_secs(10),
+        || api.get("/node/pg3/replica").0 == 503,
+    );
+    eprintln!(
+        "/node/pg3/replica flipped {:?} after the stop",
+        stopped.elapsed()
+    );
+    assert_eq!(api.get("/node/pg2/replica").0, 200);
+    env.cluster
+        .node("pg3")
+        .start(Duration::from_secs(30))
+        .expect("restart pg3");
+    wait_until(
+        &env,
+        "/node/pg3/replica says 200 again",
+        Duration::from_secs(30),
+        || api.get("/node/pg3/replica").0 == 200,
+    );
+
+    // Changes need the token.
+    let (status, body) = api.post("/api/reload", None, "");
+    assert_eq!(status, 401, "{body}");
+    let (status, _) = api.post("/api/reload", Some("wrong-token-0123456789"), "");
+    assert_eq!(status, 401);
+    let (status, body) = api.post("/api/reload", Some(TOKEN), "");
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = api.post("/api/switchover", Some(TOKEN), r#"{"to": "nosuch"}"#);
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("nosuch"), "{body}");
+    let (status, body) = api.post("/api/switchover", Some(TOKEN), r#"{"to": "pg2"}"#);
+    assert_eq!(
+        status,
+        200,
+        "switchover over HTTP: {body}\n{}",
+        env.pgherd.log()
+    );
+    assert!(body.contains("steps"), "{body}");
+    assert_eq!(api.json("/primary")["primary"], "pg2");
+    assert_eq!(api.get("/node/pg2/primary").0, 200);
+    wait_until(
+        &env,
+        "pg1 serves reads as a replica",
+        Duration::from_secs(30),
+        || api.get("/node/pg1/replica").0 == 200,
+    );
+    drop(client);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_parse_and_every_documented_metric_is_there() {
+    let (env, api) = env_with_api(1);
+    wait_until(&env, "pgherd elected pg1", Duration::from_secs(10), || {
+        api.get("/node/pg1/primary").0 == 200
+    });
+    // A client and some traffic, so every per-pool and per-client family has samples.
+    let client = env.app().await;
+    for _ in 0..5 {
+        first_value(&client, "SELECT 1").await.expect("a query");
+    }
+    let (status, text) = api.get("/metrics");
+    assert_eq!(status, 200);
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
+        .expect("the Prometheus text format");
+    let scraped: HashSet<&str> = scrape.samples.iter().map(|s| s.metric.as_str()).collect();
+
+    let doc_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/metrics.md");
+    let doc = std::fs::read_to_string(&doc_path).expect("docs/metrics.md");
+    let documented: HashSet<&str> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .filter(|name| name.starts_with("pgherd_"))
+        .collect();
+    assert!(documented.len() > 10, "{documented:?}");
+    for name in &documented {
+        assert!(
+            scraped.contains(name),
+            "{name} is documented but not exported:\n{text}"
+        );
+    }
+    for name in &scraped {
+        assert!(
+            documented.contains(name),
+            "{name} is exported but not in docs/metrics.md"
+        );
+    }
+    // Figures agree with what happened.
+    let value = |metric: &str, label: (&str, &str)| -> f64 {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == metric && s.labels.get(label.0) == Some(label.1))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => f64::NAN,
+            })
+            .sum()
+    };
+    assert!(
+        value("pgherd_queries_total", ("database", APP)) >= 5.0,
+        "{text}"
+    );
+    assert_eq!(value("pgherd_clients", ("database", APP)), 1.0, "{text}");
+    assert_eq!(
+        value("pgherd_node_takes_writes", ("node", "pg1")),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(value("pgherd_node_up", ("node", "pg2")), 1.0, "{text}");
+    assert!(
+        value("pgherd_node_health_checks_total", ("result", "ok")) > 0.0,
+        "{text}"
+    );
+    assert!(
+        value("pgherd_events_total", ("kind", "elected")) >= 1.0,
+        "{text}"
+    );
+    drop(client);
+}

@@ -159,14 +159,36 @@ async fn run_script(
     Ok(())
 }
 
-const COMMANDS: &str = "SHOW HELP|VERSION|NODES|POOLS|STATS|LISTS|CLIENTS|CONFIG|EVENTS, SWITCHOVER [TO node], REJOIN node, RELOAD, SHUTDOWN";
+const COMMANDS: &str = "SHOW HELP|VERSION|NODES|POOLS|STATS|LISTS|CLIENTS|CONFIG|EVENTS, SWITCHOVER [TO node], REJOIN node, DETACH node, ATTACH node, PAUSE [db], RESUME [db], KILL db, RELOAD, SHUTDOWN";
 
-/// Admin commands that act on nodes and take time; they answer with the steps taken.
+/// The right form of each command, for the error when one is misspelt.
+const USAGE: &[(&str, &str)] = &[
+    (
+        "SHOW",
+        "SHOW HELP|VERSION|NODES|POOLS|STATS|LISTS|CLIENTS|CONFIG|EVENTS",
+    ),
+    ("SWITCHOVER", "SWITCHOVER [TO node]"),
+    ("REJOIN", "REJOIN node"),
+    ("DETACH", "DETACH node"),
+    ("ATTACH", "ATTACH node"),
+    ("PAUSE", "PAUSE [db]"),
+    ("RESUME", "RESUME [db]"),
+    ("KILL", "KILL db"),
+    ("RELOAD", "RELOAD"),
+    ("SHUTDOWN", "SHUTDOWN"),
+];
+
+/// Admin commands that act on nodes or sessions; they answer with the steps taken.
 enum Operation<'a> {
     /// `SWITCHOVER [TO node]`
     Switchover(Option<&'a str>),
     /// `REJOIN node`
     Rejoin(&'a str),
+    Detach(&'a str),
+    Attach(&'a str),
+    Pause(Option<&'a str>),
+    Resume(Option<&'a str>),
+    Kill(&'a str),
 }
 
 impl<'a> Operation<'a> {
@@ -181,6 +203,13 @@ impl<'a> Operation<'a> {
                 Some(Operation::Switchover(Some(node(n))))
             }
             [w, n] if is(w, "REJOIN") => Some(Operation::Rejoin(node(n))),
+            [w, n] if is(w, "DETACH") => Some(Operation::Detach(node(n))),
+            [w, n] if is(w, "ATTACH") => Some(Operation::Attach(node(n))),
+            [w] if is(w, "PAUSE") => Some(Operation::Pause(None)),
+            [w, d] if is(w, "PAUSE") => Some(Operation::Pause(Some(node(d)))),
+            [w] if is(w, "RESUME") => Some(Operation::Resume(None)),
+            [w, d] if is(w, "RESUME") => Some(Operation::Resume(Some(node(d)))),
+            [w, d] if is(w, "KILL") => Some(Operation::Kill(node(d))),
             _ => None,
         }
     }
@@ -189,13 +218,24 @@ impl<'a> Operation<'a> {
         match self {
             Operation::Switchover(_) => "SWITCHOVER",
             Operation::Rejoin(_) => "REJOIN",
+            Operation::Detach(_) => "DETACH",
+            Operation::Attach(_) => "ATTACH",
+            Operation::Pause(_) => "PAUSE",
+            Operation::Resume(_) => "RESUME",
+            Operation::Kill(_) => "KILL",
         }
     }
 
     async fn run(self, app: &Arc<App>) -> Result<Vec<String>, PgError> {
+        use crate::control;
         match self {
             Operation::Switchover(to) => crate::switchover::switchover(app, to).await,
             Operation::Rejoin(node) => crate::rejoin::rejoin(app, node).await,
+            Operation::Detach(node) => control::detach(app, node),
+            Operation::Attach(node) => control::attach(app, node),
+            Operation::Pause(db) => control::pause(app, db).await,
+            Operation::Resume(db) => control::resume(app, db),
+            Operation::Kill(db) => control::kill(app, db),
         }
     }
 }
@@ -260,10 +300,21 @@ fn run_command(
             app.begin_shutdown();
             Ok(Outcome::Done("SHUTDOWN", Vec::new()))
         }
-        _ => Err(PgError::error(
+        [first, ..] => match USAGE.iter().find(|(word, _)| word == first) {
+            Some((_, usage)) => Err(PgError::error(
+                SqlState::SYNTAX_ERROR,
+                format!("syntax error in admin command \"{command}\""),
+            )
+            .with_hint(format!("write it as: {usage}"))),
+            None => Err(PgError::error(
+                SqlState::SYNTAX_ERROR,
+                format!("unknown admin command \"{command}\""),
+            )
+            .with_hint(format!("commands: {COMMANDS}"))),
+        },
+        [] => Err(PgError::error(
             SqlState::SYNTAX_ERROR,
-            format!("unknown admin command \"{command}\""),
-        )
-        .with_hint(format!("commands: {COMMANDS}"))),
+            "empty admin command",
+        )),
     }
 }

@@ -48,6 +48,8 @@ pub struct App {
     pub settings_interner: crate::relay::params::Interner,
     /// Failover decisions and actions, for `SHOW EVENTS` and the notification command.
     pub events: crate::events::Events,
+    /// Databases whose new transactions wait (`PAUSE`).
+    pub pauses: crate::control::Pauses,
 }
 
 impl App {
@@ -68,6 +70,7 @@ impl App {
             )),
             routers: Mutex::new(HashMap::new()),
             events: Default::default(),
+            pauses: Default::default(),
             clients: Arc::new(ClientRegistry::new()),
             pools: Mutex::new(HashMap::new()),
             next_server_id: connect.next_server_id.clone(),

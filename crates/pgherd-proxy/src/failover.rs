@@ -399,7 +399,13 @@ fn view_of(node: &NodeState) -> NodeView {
     };
     NodeView {
         name: node.name().to_owned(),
-        priority: node.config.priority,
+        // A detached replica is never promoted, but its WAL still counts: if it holds the
+        // newest acknowledged commit, no other standby is promoted in its place.
+        priority: if node.is_detached() {
+            0
+        } else {
+            node.config.priority
+        },
         check,
         consecutive_failures: health.failed_streak,
         fenced: node.is_fenced(),

@@ -71,6 +71,11 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/status", get(status))
         .route("/api/switchover", post(switchover))
         .route("/api/rejoin/{name}", post(rejoin))
+        .route("/api/detach/{name}", post(detach))
+        .route("/api/attach/{name}", post(attach))
+        .route("/api/pause", post(pause))
+        .route("/api/resume", post(resume))
+        .route("/api/kill/{database}", post(kill))
         .route("/api/reload", post(reload))
         .fallback(not_found)
         .with_state(app)
@@ -297,6 +302,53 @@ async fn rejoin(State(app): AppState, headers: HeaderMap, Path(name): Path<Strin
     steps(crate::rejoin::rejoin(&app, &name).await)
 }
 
+async fn detach(State(app): AppState, headers: HeaderMap, Path(name): Path<String>) -> Response {
+    if let Err(r) = authorize(&app, &headers) {
+        return r.into_response();
+    }
+    steps(crate::control::detach(&app, &name))
+}
+
+async fn attach(State(app): AppState, headers: HeaderMap, Path(name): Path<String>) -> Response {
+    if let Err(r) = authorize(&app, &headers) {
+        return r.into_response();
+    }
+    steps(crate::control::attach(&app, &name))
+}
+
+/// `?database=NAME`, or every database without it.
+async fn pause(
+    State(app): AppState,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    if let Err(r) = authorize(&app, &headers) {
+        return r.into_response();
+    }
+    steps(crate::control::pause(&app, query.get("database").map(String::as_str)).await)
+}
+
+async fn resume(
+    State(app): AppState,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    if let Err(r) = authorize(&app, &headers) {
+        return r.into_response();
+    }
+    steps(crate::control::resume(
+        &app,
+        query.get("database").map(String::as_str),
+    ))
+}
+
+async fn kill(State(app): AppState, headers: HeaderMap, Path(database): Path<String>) -> Response {
+    if let Err(r) = authorize(&app, &headers) {
+        return r.into_response();
+    }
+    steps(crate::control::kill(&app, &database))
+}
+
 async fn reload(State(app): AppState, headers: HeaderMap) -> Response {
     if let Err(r) = authorize(&app, &headers) {
         return r.into_response();
@@ -314,10 +366,12 @@ fn steps(result: Result<Vec<String>, PgError>) -> Response {
     match result {
         Ok(steps) => answer(StatusCode::OK, json!({"steps": steps})),
         Err(e) => {
-            let status = if e.code == SqlState::INSUFFICIENT_PRIVILEGE {
-                StatusCode::FORBIDDEN
-            } else {
-                StatusCode::CONFLICT
+            let status = match e.code {
+                SqlState::INSUFFICIENT_PRIVILEGE => StatusCode::FORBIDDEN,
+                SqlState::UNDEFINED_OBJECT | SqlState::INVALID_CATALOG_NAME => {
+                    StatusCode::NOT_FOUND
+                }
+                _ => StatusCode::CONFLICT,
             };
             answer(
                 status,
@@ -365,7 +419,9 @@ async fn not_found() -> Response {
             "GET /node/{name}/primary", "GET /node/{name}/replica?lag=&lag_ms=", "GET /metrics",
             "GET /api/status", "GET /api/nodes", "GET /api/pools", "GET /api/stats",
             "GET /api/lists", "GET /api/clients", "GET /api/events", "GET /api/config",
-            "POST /api/switchover {\"to\": node}", "POST /api/rejoin/{name}", "POST /api/reload",
+            "POST /api/switchover {\"to\": node}", "POST /api/rejoin/{name}",
+            "POST /api/detach/{name}", "POST /api/attach/{name}", "POST /api/pause?database=",
+            "POST /api/resume?database=", "POST /api/kill/{database}", "POST /api/reload",
         ]}),
     )
 }

@@ -17,6 +17,7 @@ mod auth_query;
 mod buffers;
 pub mod client;
 pub mod clients;
+pub mod control;
 pub mod error;
 pub mod events;
 pub mod failover;

@@ -93,10 +93,14 @@ pub struct NodeState {
     /// May serve reads: taken out on a failed check or connection, back after
     /// `routing.rejoin_after_checks` healthy checks.
     in_read_set: AtomicBool,
-    /// Failover fenced this node (a primary that was replaced, or a node that accepts writes
-    /// but was not elected): it gets no traffic.
-    fenced: AtomicBool,
+    /// Why the node gets no traffic: [`FENCED`] by failover (a primary that was replaced, or a
+    /// node that accepts writes but was not elected), [`DETACHED`] by the operator. One atomic,
+    /// so the per-transaction check stays one load.
+    excluded: AtomicU8,
 }
+
+const FENCED: u8 = 1;
+const DETACHED: u8 = 2;
 
 impl NodeState {
     fn new(config: NodeConfig) -> Self {
@@ -113,23 +117,49 @@ impl NodeState {
             outstanding: AtomicU32::new(0),
             healthy_streak: AtomicU32::new(0),
             in_read_set: AtomicBool::new(false),
-            fenced: AtomicBool::new(false),
+            excluded: AtomicU8::new(0),
         }
     }
 
     pub fn is_fenced(&self) -> bool {
-        self.fenced.load(Ordering::Acquire)
+        self.excluded.load(Ordering::Acquire) & FENCED != 0
+    }
+
+    /// The operator took the node out of traffic (`DETACH`).
+    pub fn is_detached(&self) -> bool {
+        self.excluded.load(Ordering::Acquire) & DETACHED != 0
+    }
+
+    /// Fenced or detached: no traffic either way.
+    pub fn is_excluded(&self) -> bool {
+        self.excluded.load(Ordering::Acquire) != 0
     }
 
     /// Lets the node have traffic again (it rejoined as a standby); reads still wait for
     /// `rejoin_after_checks` healthy checks.
     pub fn unfence(&self) {
-        self.fenced.store(false, Ordering::Release);
+        self.excluded.fetch_and(!FENCED, Ordering::AcqRel);
     }
 
     /// Takes the node out of all traffic; returns whether it was not fenced before.
     pub fn fence(&self) -> bool {
-        let first = !self.fenced.swap(true, Ordering::AcqRel);
+        self.exclude(FENCED)
+    }
+
+    /// The operator's exclusion; returns whether it was not detached before.
+    pub fn detach(&self) -> bool {
+        self.exclude(DETACHED)
+    }
+
+    /// Undoes [`Self::detach`]; returns whether it was detached. Reads come back after
+    /// `rejoin_after_checks` healthy checks, as after a failure.
+    pub fn attach(&self) -> bool {
+        self.healthy_streak.store(0, Ordering::Release);
+        self.excluded.fetch_and(!DETACHED, Ordering::AcqRel) & DETACHED != 0
+    }
+
+    fn exclude(&self, why: u8) -> bool {
+        let first = self.excluded.fetch_or(why, Ordering::AcqRel) & why == 0;
         if first {
             self.in_read_set.store(false, Ordering::Release);
         }
@@ -206,9 +236,10 @@ impl NodeState {
         self.up.load(Ordering::Acquire)
     }
 
-    /// Up, in `role` and not fenced: three atomic loads, cheap enough for every transaction.
+    /// Up, in `role` and neither fenced nor detached: three atomic loads, cheap enough for
+    /// every transaction.
     pub fn is_usable_as(&self, role: Role) -> bool {
-        self.is_up() && self.role() == role && !self.is_fenced()
+        self.is_up() && self.role() == role && !self.is_excluded()
     }
 
     pub fn health(&self) -> NodeHealth {
@@ -240,7 +271,11 @@ impl NodeState {
                 // The first check after startup admits a node at once; after a failure it must
                 // prove itself several times.
                 let first_ever = health.checks_failed == 0 && health.checks_ok == 1;
-                if !self.in_read_set() && (first_ever || streak >= thresholds.rejoin_after_checks) {
+                // A fenced or detached node stays out of the read set however healthy it is.
+                if !self.in_read_set()
+                    && !self.is_excluded()
+                    && (first_ever || streak >= thresholds.rejoin_after_checks)
+                {
                     self.in_read_set.store(true, Ordering::Release);
                     if !first_ever {
                         tracing::info!(node = %self.config.name, healthy_checks = streak, "node rejoins the read set");

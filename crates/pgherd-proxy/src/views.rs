@@ -124,10 +124,12 @@ impl Table {
     }
 }
 
-/// `up`, `down` or `fenced`.
+/// `up`, `down`, `fenced` or `detached`.
 pub fn node_state(n: &NodeState) -> &'static str {
     if n.is_fenced() {
         "fenced"
+    } else if n.is_detached() {
+        "detached"
     } else if n.is_up() {
         "up"
     } else {
@@ -149,6 +151,8 @@ fn read_set_reason(n: &NodeState) -> Option<String> {
     let health = n.health();
     Some(if n.is_fenced() {
         "fenced".to_owned()
+    } else if n.is_detached() {
+        "detached by the operator".to_owned()
     } else if !n.is_up() {
         format!(
             "down: {}",

@@ -151,7 +151,7 @@ async fn health_endpoints_views_and_a_switchover_over_http() {
     let (status, body) = api.post("/api/reload", Some(TOKEN), "");
     assert_eq!(status, 200, "{body}");
     let (status, body) = api.post("/api/switchover", Some(TOKEN), r#"{"to": "nosuch"}"#);
-    assert_eq!(status, 409, "{body}");
+    assert_eq!(status, 404, "{body}");
     assert!(body.contains("nosuch"), "{body}");
     let (status, body) = api.post("/api/switchover", Some(TOKEN), r#"{"to": "pg2"}"#);
     assert_eq!(

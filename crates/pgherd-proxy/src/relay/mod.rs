@@ -641,7 +641,7 @@ impl Session {
                         Role::Primary => !self.app.nodes.writes_paused(),
                         _ => node.in_read_set(),
                     };
-                    if node.is_up() && usable {
+                    if node.is_usable_as(node.role()) && usable {
                         return Ok((node.clone(), None));
                     }
                 }
@@ -752,6 +752,9 @@ impl Session {
     /// without waiting; otherwise the (boxed) slow path connects or queues. A replica that
     /// cannot be reached leaves the read set and the request goes elsewhere.
     async fn attach(&mut self) -> Result<(), PgError> {
+        if self.app.pauses.is_paused(&self.shared.database) {
+            Box::pin(self.wait_while_paused()).await?;
+        }
         let input = std::mem::take(&mut self.client_in);
         let routed = self.route_front(&input);
         self.client_in = input;
@@ -854,6 +857,28 @@ impl Session {
                 .restart();
         }
         Ok(())
+    }
+
+    /// `PAUSE` on the admin console holds the request (nothing sent yet) until `RESUME`, for
+    /// at most `pool.wait_timeout_ms`, as a wait for a server connection would be.
+    async fn wait_while_paused(&self) -> Result<(), PgError> {
+        let database = &self.shared.database;
+        tracing::debug!(client = self.shared.id, %database, "request waits: the database is paused");
+        let limit = Duration::from_millis(self.app.config().pool.wait_timeout_ms);
+        if self
+            .interruptible(self.app.pauses.wait_resumed(database, limit))
+            .await?
+        {
+            return Ok(());
+        }
+        Err(PgError::error(
+            SqlState::CANNOT_CONNECT_NOW,
+            format!(
+                "database \"{database}\" is paused (PAUSE on the admin console) and was not resumed within {} ms",
+                limit.as_millis()
+            ),
+        )
+        .with_hint("retry after RESUME"))
     }
 
     /// Runs a wait for a server unless the client cancels its request first; then the request

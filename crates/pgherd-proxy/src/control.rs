@@ -1,0 +1,233 @@
+//! The operator's levers that are not failover: take a node out of traffic and back
+//! (`DETACH`/`ATTACH`), hold new transactions of a database or of all (`PAUSE`/`RESUME`),
+//! end a database's sessions (`KILL`). The admin console and the HTTP API both act through
+//! these functions; each answers with the steps it took, or a PostgreSQL-style error.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use pgherd_wire::{PgError, SqlState};
+use tokio::sync::Notify;
+
+use crate::app::App;
+use crate::failover::event;
+use crate::nodes::NodeState;
+
+/// How long `PAUSE` waits for running transactions to give their server connections back.
+const PAUSE_DRAIN: Duration = Duration::from_secs(30);
+
+/// Databases whose new transactions wait (PgBouncer's `PAUSE`).
+#[derive(Default)]
+pub struct Pauses {
+    /// Cheap check for every transaction: false unless something is paused.
+    any: AtomicBool,
+    /// Paused client-facing database names.
+    paused: Mutex<HashSet<String>>,
+    /// `PAUSE` without a database.
+    everything: AtomicBool,
+    /// Woken by RESUME.
+    resumed: Notify,
+}
+
+impl Pauses {
+    pub fn is_paused(&self, database: &str) -> bool {
+        if !self.any.load(Ordering::Acquire) {
+            return false;
+        }
+        self.everything.load(Ordering::Acquire) || self.paused.lock().contains(database)
+    }
+
+    /// Waits until `database` is resumed; false if `limit` passed first.
+    pub async fn wait_resumed(&self, database: &str, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let resumed = self.resumed.notified();
+            if !self.is_paused(database) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, resumed).await.is_err() {
+                return !self.is_paused(database);
+            }
+        }
+    }
+
+    fn pause(&self, database: Option<&str>) {
+        match database {
+            None => self.everything.store(true, Ordering::Release),
+            Some(db) => {
+                self.paused.lock().insert(db.to_owned());
+            }
+        }
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// Returns whether anything was paused.
+    fn resume(&self, database: Option<&str>) -> bool {
+        let was = match database {
+            None => {
+                let everything = self.everything.swap(false, Ordering::AcqRel);
+                let some = !std::mem::take(&mut *self.paused.lock()).is_empty();
+                everything || some
+            }
+            Some(db) => self.paused.lock().remove(db),
+        };
+        let still = self.everything.load(Ordering::Acquire) || !self.paused.lock().is_empty();
+        self.any.store(still, Ordering::Release);
+        self.resumed.notify_waiters();
+        was
+    }
+}
+
+fn find_node(app: &App, name: &str) -> Result<Arc<NodeState>, PgError> {
+    app.nodes
+        .all()
+        .iter()
+        .find(|n| n.name() == name)
+        .cloned()
+        .ok_or_else(|| {
+            PgError::error(
+                SqlState::UNDEFINED_OBJECT,
+                format!("no node named \"{name}\" in the config"),
+            )
+        })
+}
+
+/// `DETACH node`: no new traffic to the node; sessions using it finish what they run.
+pub fn detach(app: &App, name: &str) -> Result<Vec<String>, PgError> {
+    let node = find_node(app, name)?;
+    if app.nodes.writer().is_some_and(|w| w.name() == name) {
+        return Err(PgError::error(
+            SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("{name} takes the writes; detaching it would stop them"),
+        )
+        .with_hint("run SWITCHOVER to another node first"));
+    }
+    if !node.detach() {
+        return Ok(vec![format!("{name} was already detached")]);
+    }
+    app.drop_idle_connections(&node);
+    let detail = "no new traffic through pgherd (operator); running transactions there finish; never promoted while detached";
+    tracing::warn!(node = name, "detached by the operator");
+    event(app, "detached", name, detail);
+    Ok(vec![format!("{name} detached: {detail}")])
+}
+
+/// `ATTACH node`: undoes DETACH.
+pub fn attach(app: &App, name: &str) -> Result<Vec<String>, PgError> {
+    let node = find_node(app, name)?;
+    if !node.attach() {
+        return Ok(vec![format!("{name} was not detached")]);
+    }
+    let checks = app.config().routing.rejoin_after_checks;
+    let detail = format!("traffic allowed again; reads after {checks} healthy checks");
+    tracing::info!(node = name, "attached by the operator");
+    event(app, "attached", name, &detail);
+    Ok(vec![format!("{name} attached: {detail}")])
+}
+
+/// `PAUSE [db]`: new transactions of the database (or of all) wait; returns once running
+/// ones have given their server connections back.
+pub async fn pause(app: &App, database: Option<&str>) -> Result<Vec<String>, PgError> {
+    if let Some(db) = database {
+        check_database(app, db)?;
+    }
+    app.pauses.pause(database);
+    let what = database.map_or("all databases".to_owned(), |d| format!("database \"{d}\""));
+    event(
+        app,
+        "paused",
+        "",
+        &format!("new transactions of {what} wait"),
+    );
+    let started = Instant::now();
+    loop {
+        let in_use: u32 = app
+            .pools()
+            .iter()
+            .filter(|p| database.is_none_or(|d| p.database == d))
+            .map(|p| p.snapshot().lent)
+            .sum();
+        if in_use == 0 {
+            return Ok(vec![format!(
+                "{what} paused: new transactions wait, none is running ({} ms)",
+                started.elapsed().as_millis()
+            )]);
+        }
+        if started.elapsed() > PAUSE_DRAIN {
+            return Err(PgError::error(
+                SqlState::OBJECT_IN_USE,
+                format!(
+                    "{what} is paused, but {in_use} server connection(s) are still in use after {} s",
+                    PAUSE_DRAIN.as_secs()
+                ),
+            )
+            .with_hint("PAUSE again to keep waiting, RESUME to let new transactions run"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `RESUME [db]`.
+pub fn resume(app: &App, database: Option<&str>) -> Result<Vec<String>, PgError> {
+    let what = database.map_or("all databases".to_owned(), |d| format!("database \"{d}\""));
+    if !app.pauses.resume(database) {
+        return Err(PgError::error(
+            SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("{what} is not paused"),
+        ));
+    }
+    event(
+        app,
+        "resumed",
+        "",
+        &format!("{what} takes new transactions again"),
+    );
+    Ok(vec![format!("{what} resumed")])
+}
+
+/// `KILL db`: ends every client session of the database at once; its idle server
+/// connections close.
+pub fn kill(app: &App, database: &str) -> Result<Vec<String>, PgError> {
+    check_database(app, database)?;
+    let mut ended = 0;
+    for client in app.clients.all() {
+        if client.database == database {
+            client.kill(format!("KILL {database} on the admin console"));
+            ended += 1;
+        }
+    }
+    for pool in app.pools() {
+        if pool.database == database {
+            pool.drop_idle();
+        }
+    }
+    event(
+        app,
+        "killed",
+        "",
+        &format!("{ended} session(s) of database \"{database}\" ended"),
+    );
+    Ok(vec![format!(
+        "{ended} session(s) of database \"{database}\" ended"
+    )])
+}
+
+fn check_database(app: &App, database: &str) -> Result<(), PgError> {
+    let config = app.config();
+    let served = config.databases.contains_key(database)
+        || config
+            .databases
+            .contains_key(pgherd_config::WILDCARD_DATABASE)
+        || app.pools().iter().any(|p| p.database == database);
+    if served {
+        Ok(())
+    } else {
+        Err(PgError::error(
+            SqlState::INVALID_CATALOG_NAME,
+            format!("database \"{database}\" is not served by pgherd"),
+        ))
+    }
+}

@@ -1,0 +1,245 @@
+//! The admin console against a real cluster: every SHOW, the commands that steer (DETACH,
+//! ATTACH, PAUSE, RESUME, KILL), wrong syntax and an unprivileged user, each answered with a
+//! precise error on a connection that stays usable.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use pgherd_testkit::{SUPERUSER, SUPERUSER_PASSWORD};
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+/// Rows as column-name → value maps.
+async fn rows(
+    c: &Client,
+    command: &str,
+) -> Result<Vec<Vec<(String, String)>>, tokio_postgres::Error> {
+    Ok(c.simple_query(command)
+        .await?
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(
+                r.columns()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, col)| (col.name().to_owned(), r.get(i).unwrap_or("").to_owned()))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect())
+}
+
+fn field<'a>(row: &'a [(String, String)], name: &str) -> &'a str {
+    row.iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_else(|| panic!("no column {name} in {row:?}"))
+}
+
+async fn node_row(admin: &Client, name: &str) -> Vec<(String, String)> {
+    rows(admin, "SHOW NODES")
+        .await
+        .expect("SHOW NODES")
+        .into_iter()
+        .find(|r| field(r, "name") == name)
+        .expect("the node is listed")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_with_its_errors() {
+    let env = env(1, |c| {
+        c.superuser()
+            .manage_nodes()
+            .mode("transaction")
+            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
+            .proxy(&format!("stats_users = [\"{APP}\"]"))
+    });
+    let admin = connect(&env.pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")).await;
+    let stats = connect(&env.pgherd.conninfo(APP, APP_PASSWORD, "pgherd")).await;
+    let app = env.app().await;
+    first_value(&app, "SELECT 1").await.expect("a query");
+
+    // Every SHOW answers with its columns, for admins and stats users alike.
+    for (command, column) in [
+        ("SHOW NODES", "in_read_set"),
+        ("SHOW POOLS", "sv_idle"),
+        ("SHOW STATS", "total_xact_count"),
+        ("SHOW LISTS", "items"),
+        ("SHOW CLIENTS", "addr"),
+        ("SHOW CONFIG", "value"),
+        ("SHOW EVENTS", "kind"),
+        ("SHOW VERSION", "version"),
+        ("SHOW HELP", "command"),
+    ] {
+        for who in [&admin, &stats] {
+            let messages = who
+                .simple_query(command)
+                .await
+                .unwrap_or_else(|e| panic!("{command}: {e}"));
+            let found = messages.iter().any(|m| match m {
+                SimpleQueryMessage::RowDescription(cols) => cols.iter().any(|c| c.name() == column),
+                _ => false,
+            });
+            assert!(found, "{command} has no column {column}");
+        }
+    }
+    let stats_rows = rows(&admin, "SHOW STATS").await.unwrap();
+    assert!(
+        stats_rows
+            .iter()
+            .any(|r| field(r, "database") == APP && field(r, "total_query_count") != "0"),
+        "{stats_rows:?}"
+    );
+    let lists = rows(&admin, "SHOW LISTS").await.unwrap();
+    let clients = lists
+        .iter()
+        .find(|r| field(r, "list") == "clients")
+        .expect("clients");
+    assert_eq!(
+        field(clients, "items"),
+        "3",
+        "admin, stats and app: {lists:?}"
+    );
+
+    // Errors: precise, and the connection stays usable.
+    for (command, code, needle) in [
+        ("FROBNICATE", "42601", "unknown admin command"),
+        ("DETACH", "42601", "DETACH node"),
+        ("PAUSE a b", "42601", "PAUSE [db]"),
+        ("SHOW NOTHING", "42601", "SHOW HELP|VERSION"),
+        ("DETACH nosuch", "42704", "nosuch"),
+        ("DETACH pg1", "55000", "takes the writes"),
+        ("KILL", "42601", "KILL db"),
+        ("RESUME", "55000", "not paused"),
+    ] {
+        let err = admin.simple_query(command).await.expect_err(command);
+        let db = err
+            .as_db_error()
+            .unwrap_or_else(|| panic!("{command}: {err}"));
+        assert_eq!(db.code().code(), code, "{command}: {db:?}");
+        let text = format!("{} {}", db.message(), db.hint().unwrap_or(""));
+        assert!(text.contains(needle), "{command}: {text}");
+    }
+    for command in [
+        "DETACH pg2",
+        "PAUSE",
+        "RESUME",
+        "KILL app",
+        "RELOAD",
+        "SHUTDOWN",
+    ] {
+        let err = stats.simple_query(command).await.expect_err(command);
+        assert_eq!(code(&err), "42501", "{command} by a stats user: {err}");
+    }
+    assert_eq!(rows(&stats, "SHOW VERSION").await.unwrap().len(), 1);
+
+    // DETACH: reads stop going to the replica; ATTACH brings them back.
+    let primary_port = env.cluster.primary().port.to_string();
+    let replica_port = env.cluster.node("pg2").port.to_string();
+    let steps = rows(&admin, "DETACH pg2").await.expect("DETACH pg2");
+    assert!(
+        field(&steps[0], "step").contains("pg2 detached"),
+        "{steps:?}"
+    );
+    assert_eq!(field(&node_row(&admin, "pg2").await, "state"), "detached");
+    for _ in 0..20 {
+        let port = first_value(&app, "/* pgherd:replica */ SELECT current_setting('port')")
+            .await
+            .expect("a read while pg2 is detached");
+        assert_eq!(port, primary_port, "a read reached the detached replica");
+    }
+    let err = admin
+        .simple_query("SWITCHOVER TO pg2")
+        .await
+        .expect_err("switch to detached");
+    assert_eq!(code(&err), "55000", "{err}");
+    rows(&admin, "ATTACH pg2").await.expect("ATTACH pg2");
+    let mut back = false;
+    for _ in 0..100 {
+        let port = first_value(&app, "/* pgherd:replica */ SELECT current_setting('port')")
+            .await
+            .expect("a read after ATTACH");
+        if port == replica_port {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(back, "reads did not return to pg2 after ATTACH");
+    let events = rows(&admin, "SHOW EVENTS").await.unwrap();
+    for kind in ["detached", "attached"] {
+        assert!(
+            events.iter().any(|r| field(r, "kind") == kind),
+            "{events:?}"
+        );
+    }
+
+    // PAUSE waits for the running transaction; new ones wait until RESUME.
+    app.batch_execute("BEGIN; SELECT 1")
+        .await
+        .expect("open a transaction");
+    let pause_done = Arc::new(AtomicBool::new(false));
+    let pausing = {
+        let url = env.pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd");
+        let done = pause_done.clone();
+        tokio::spawn(async move {
+            let admin = connect(&url).await;
+            let result = admin.simple_query(&format!("PAUSE {APP}")).await;
+            done.store(true, Ordering::SeqCst);
+            result.map(|_| ())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !pause_done.load(Ordering::SeqCst),
+        "PAUSE returned while a transaction still ran"
+    );
+    app.batch_execute("COMMIT").await.expect("commit");
+    pausing
+        .await
+        .unwrap()
+        .expect("PAUSE completes once the transaction ended");
+    let other = env.app().await;
+    let resumed = Arc::new(AtomicBool::new(false));
+    let waiting = {
+        let resumed = resumed.clone();
+        tokio::spawn(async move {
+            let value = first_value(&other, "SELECT 'ran'").await;
+            (resumed.load(Ordering::SeqCst), value)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a query ran while the database was paused"
+    );
+    resumed.store(true, Ordering::SeqCst);
+    rows(&admin, &format!("RESUME {APP}"))
+        .await
+        .expect("RESUME");
+    let (after_resume, value) = waiting.await.unwrap();
+    assert!(after_resume);
+    assert_eq!(value.expect("the held query runs after RESUME"), "ran");
+
+    // KILL ends the database's sessions; new ones work.
+    rows(&admin, &format!("KILL {APP}")).await.expect("KILL");
+    let err = first_value(&app, "SELECT 1")
+        .await
+        .expect_err("a killed session");
+    assert!(
+        err.as_db_error()
+            .is_some_and(|d| d.code().code() == "57P01")
+            || err.is_closed(),
+        "{err}"
+    );
+    let fresh = env.app().await;
+    assert_eq!(
+        first_value(&fresh, "SELECT 'again'").await.unwrap(),
+        "again"
+    );
+    assert_eq!(rows(&admin, "SHOW VERSION").await.unwrap().len(), 1);
+}

@@ -54,6 +54,7 @@ pub fn spawn(app: &Arc<App>, listeners: Vec<TcpListener>) {
 
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
+        .route("/", get(dashboard))
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/primary", get(cluster_primary))
@@ -267,6 +268,19 @@ fn unknown_node(name: &str) -> Response {
     )
 }
 
+/// The dashboard: one page built into the binary (no CDN, works offline) that polls the JSON
+/// endpoints and sends its actions with the token the operator types in.
+async fn dashboard() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        include_str!("dashboard.html"),
+    )
+        .into_response()
+}
+
 async fn metrics(State(app): AppState) -> Response {
     (
         [(
@@ -415,7 +429,7 @@ async fn not_found() -> Response {
     answer(
         StatusCode::NOT_FOUND,
         json!({"error": "no such endpoint", "endpoints": [
-            "GET /health", "GET /ready", "GET /primary", "GET /replica?lag=&lag_ms=",
+            "GET / (the dashboard)", "GET /health", "GET /ready", "GET /primary", "GET /replica?lag=&lag_ms=",
             "GET /node/{name}/primary", "GET /node/{name}/replica?lag=&lag_ms=", "GET /metrics",
             "GET /api/status", "GET /api/nodes", "GET /api/pools", "GET /api/stats",
             "GET /api/lists", "GET /api/clients", "GET /api/events", "GET /api/config",

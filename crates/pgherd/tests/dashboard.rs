@@ -1,0 +1,107 @@
+//! The web dashboard end to end in headless Chromium (Debian's package, driven by Playwright
+//! from tests/dashboard; `.ci/run` installs both): the page loads without console errors and
+//! shows every node with its role, shows a stopped replica as down within a few seconds, and
+//! a switchover started from the page (token, confirmation) completes. Screenshots of the
+//! healthy and the degraded cluster are kept in target/test-artifacts.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use pgherd_testkit::SUPERUSER;
+
+const TOKEN: &str = "dashboard-test-token-42";
+
+fn phase(api: &str, name: &str, vars: &[(&str, &str)]) -> String {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/dashboard");
+    let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-artifacts");
+    std::fs::create_dir_all(&shots).expect("artifact dir");
+    let mut cmd = Command::new("node");
+    cmd.current_dir(&dir)
+        .arg("dashboard.mjs")
+        .arg(name)
+        .env("PGHERD_API", api)
+        .env("PGHERD_TOKEN", TOKEN)
+        .env("SCREENSHOTS", &shots);
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run node (see tests/dashboard)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "dashboard phase {name} failed:\n{text}"
+    );
+    eprintln!("{}", text.trim());
+    text
+}
+
+#[test]
+fn dashboard_shows_the_cluster_and_switches_over() {
+    let port = pgherd_cluster::free_port().expect("free port");
+    let env = env(2, |c| {
+        c.manage_nodes()
+            .superuser()
+            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
+            .section("[failover]\nenabled = true")
+            .section(&format!(
+                "[api]\nlisten = [\"127.0.0.1:{port}\"]\ntoken = \"{TOKEN}\""
+            ))
+    });
+    let api = format!("http://127.0.0.1:{port}");
+    // Traffic for the charts and pools while the page watches.
+    let script = std::env::temp_dir().join(format!("pgherd-dash-{port}.sql"));
+    std::fs::write(&script, "SELECT 1;\n").expect("pgbench script");
+    let url = env.app_url();
+    let traffic = std::thread::spawn(move || {
+        pgbench(
+            &url,
+            &[
+                "-n",
+                "-c",
+                "4",
+                "-T",
+                "12",
+                "-f",
+                script.to_str().unwrap_or_default(),
+            ],
+        )
+    });
+    wait_until(&env, "pgherd elected pg1", Duration::from_secs(10), || {
+        env.pgherd
+            .log()
+            .contains("pg1 accepts writes: elected primary")
+    });
+    phase(
+        &api,
+        "healthy",
+        &[(
+            "EXPECT",
+            r#"{"pg1": "primary", "pg2": "replica", "pg3": "replica"}"#,
+        )],
+    );
+    let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-artifacts");
+    assert!(shots.join("dashboard-healthy.png").is_file());
+
+    env.cluster
+        .node("pg3")
+        .stop(pgherd_cluster::StopMode::Immediate)
+        .expect("stop pg3");
+    phase(&api, "degraded", &[("STOPPED", "pg3")]);
+    assert!(shots.join("dashboard-degraded.png").is_file());
+    if let Err(e) = traffic.join().expect("traffic thread") {
+        panic!("traffic through pgherd failed while the page watched: {e}");
+    }
+
+    let said = phase(&api, "switchover", &[("TARGET", "pg2")]);
+    assert!(said.contains("switchover: ok"), "{said}");
+    let log = env.pgherd.log();
+    assert!(log.contains("switched"), "{log}");
+}

@@ -1,0 +1,82 @@
+// One phase of the dashboard test, in Debian's headless Chromium driven by playwright-core.
+// Usage: node dashboard.mjs PHASE  with PGHERD_API (base URL), PGHERD_TOKEN, SCREENSHOTS (dir)
+// and EXPECT (JSON: {"pg1": "primary", ...} roles, for the healthy phase).
+// Phases: healthy (every node with its role, no console error, screenshot),
+// degraded (node $STOPPED shown down within a few seconds, screenshot),
+// switchover (started from the page with the token and a confirmation, pg $TARGET becomes
+// the primary on the page).
+import { chromium } from "playwright-core";
+
+const phase = process.argv[2];
+const base = process.env.PGHERD_API;
+const shots = process.env.SCREENSHOTS;
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+});
+const problems = [];
+try {
+  const page = await browser.newPage({ viewport: { width: 1366, height: 900 } });
+  page.on("console", (m) => { if (m.type() === "error") problems.push("console: " + m.text()); });
+  page.on("pageerror", (e) => problems.push("page error: " + e.message));
+  page.on("requestfailed", (r) => problems.push("request failed: " + r.url()));
+  await page.goto(base + "/", { waitUntil: "load" });
+  // The first poll has drawn the topology.
+  await page.waitForSelector("#topology g.node", { timeout: 10000 });
+
+  if (phase === "healthy") {
+    const expect = JSON.parse(process.env.EXPECT);
+    for (const [node, role] of Object.entries(expect)) {
+      const g = page.locator(`#topology g.node[data-node="${node}"]`);
+      await g.waitFor({ timeout: 5000 });
+      const got = await g.getAttribute("data-role");
+      if (got !== role) problems.push(`${node}: role ${got} on the page, expected ${role}`);
+      const state = await g.getAttribute("data-state");
+      if (state !== "up") problems.push(`${node}: state ${state}, expected up`);
+    }
+    const count = await page.locator("#topology g.node").count();
+    if (count !== Object.keys(expect).length) problems.push(`${count} nodes drawn`);
+    const writes = await page.textContent("#writes");
+    if (!writes.includes(Object.keys(expect).find((n) => expect[n] === "primary"))) {
+      problems.push("header does not name the primary: " + writes);
+    }
+    // Let a few polls run (charts fill) before the picture.
+    await page.waitForTimeout(3000);
+    await page.screenshot({ path: `${shots}/dashboard-healthy.png`, fullPage: true });
+  } else if (phase === "degraded") {
+    const node = process.env.STOPPED;
+    const started = Date.now();
+    await page.waitForSelector(`#topology g.node[data-node="${node}"][data-state="down"]`, { timeout: 15000 });
+    await page.waitForSelector(`#nodes tr[data-node="${node}"] td.state-down`, { timeout: 5000 });
+    console.log(`page showed ${node} down ${Date.now() - started} ms after loading`);
+    await page.waitForTimeout(1500);
+    await page.screenshot({ path: `${shots}/dashboard-degraded.png`, fullPage: true });
+  } else if (phase === "switchover") {
+    const target = process.env.TARGET;
+    await page.fill("#token", process.env.PGHERD_TOKEN);
+    await page.dispatchEvent("#token", "change");
+    await page.click(`button[data-action="switchover"][data-node="${target}"]`);
+    await page.waitForSelector("#confirm", { state: "visible" });
+    const question = await page.textContent("#confirm-text");
+    if (!question.includes(target)) problems.push("the confirmation does not name the target: " + question);
+    await page.click("#confirm-ok");
+    await page.waitForSelector(`#topology g.node[data-node="${target}"][data-role="primary"]`, { timeout: 90000 });
+    await page.waitForFunction(() => document.querySelector("#message").textContent.includes("done"), null, { timeout: 90000 });
+    const message = await page.textContent("#message");
+    console.log("page says: " + message);
+    await page.screenshot({ path: `${shots}/dashboard-switched.png`, fullPage: true });
+  } else {
+    problems.push("unknown phase " + phase);
+  }
+} catch (e) {
+  problems.push(String(e && e.stack || e));
+} finally {
+  await browser.close();
+}
+if (problems.length) {
+  console.error(problems.join("\n"));
+  process.exit(1);
+}
+console.log(`${phase}: ok`);

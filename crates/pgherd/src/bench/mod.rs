@@ -63,6 +63,9 @@ impl Workload {
 pub enum Target {
     Direct,
     Pgherd,
+    /// The same pgherd while a scraper reads `/metrics` every `--scrape-ms`: the cost of
+    /// being watched.
+    PgherdScraped,
     Pgbouncer,
 }
 
@@ -71,6 +74,7 @@ impl Target {
         match self {
             Target::Direct => "direct",
             Target::Pgherd => "pgherd",
+            Target::PgherdScraped => "pgherd-scraped",
             Target::Pgbouncer => "pgbouncer",
         }
     }
@@ -107,6 +111,10 @@ pub struct PoolerOptions {
     /// Idle clients for the memory measurement (0 skips it).
     #[arg(long, default_value_t = 10_000)]
     idle_clients: u32,
+    /// How often the `pgherd-scraped` target's scraper reads /metrics (Prometheus scrapes
+    /// every 15 s by default; this is far harsher).
+    #[arg(long, default_value_t = 1000)]
+    scrape_ms: u64,
     /// Where CSV and Markdown results go.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -247,7 +255,9 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
         ),
     )?;
     let users = [&bench, &cheap];
-    let pgherd = match options.targets.contains(&Target::Pgherd) {
+    let pgherd = match options.targets.contains(&Target::Pgherd)
+        || options.targets.contains(&Target::PgherdScraped)
+    {
         true => Some(start_pgherd(
             &cluster,
             &PgherdSetup {
@@ -284,7 +294,7 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
 fn port_of(fixture: &Fixture, target: Target) -> Result<(u16, Option<&ProxyProcess>), String> {
     Ok(match target {
         Target::Direct => (fixture.cluster.primary_port(), None),
-        Target::Pgherd => {
+        Target::Pgherd | Target::PgherdScraped => {
             let p = fixture.pgherd.as_ref().ok_or("pgherd is not running")?;
             (p.port, Some(p))
         }
@@ -331,7 +341,20 @@ fn measure(
         &fixture.bench
     };
     let url = user.url(port, "bench");
+    let scraper = match (target, proxy.and_then(|p| p.api_port)) {
+        (Target::PgherdScraped, Some(api_port)) => {
+            Some(Scraper::start(api_port, options.scrape_ms))
+        }
+        (Target::PgherdScraped, None) => return Err("pgherd runs without an HTTP API".into()),
+        _ => None,
+    };
     let (result, error) = outcome(fixture.pgbench.run(&url, &args, 0.25, timeout));
+    if let Some(scraper) = scraper {
+        let scrapes = scraper.stop();
+        if scrapes == 0 {
+            return Err("the scraper never read /metrics".into());
+        }
+    }
     let cpu_us_per_txn = match (proxy, cpu_before) {
         (Some(p), Some(before)) if result.transactions > 0 => {
             Some((p.cpu_us().saturating_sub(before)) as f64 / result.transactions as f64)
@@ -347,6 +370,41 @@ fn measure(
         cpu_us_per_txn,
         error,
     })
+}
+
+/// Reads pgherd's /metrics on a timer in its own thread, as Prometheus would.
+struct Scraper {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl Scraper {
+    fn start(api_port: u16, every_ms: u64) -> Scraper {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let url = format!("http://127.0.0.1:{api_port}/metrics");
+            let mut scrapes = 0;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let read = ureq::get(&url)
+                    .timeout(Duration::from_secs(5))
+                    .call()
+                    .map(|r| r.into_string().is_ok());
+                if matches!(read, Ok(true)) {
+                    scrapes += 1;
+                }
+                std::thread::sleep(Duration::from_millis(every_ms));
+            }
+            scrapes
+        });
+        Scraper { stop, thread }
+    }
+
+    /// Stops it; how many scrapes succeeded.
+    fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap_or(0)
+    }
 }
 
 /// Resident memory per idle client: RSS before, then with `idle_clients` connections open.
@@ -534,6 +592,32 @@ fn render_report(
                 fmt(b, 3),
                 fmt(h / b, 2)
             );
+        }
+    }
+    if options.targets.contains(&Target::PgherdScraped) {
+        let _ = writeln!(
+            r,
+            "\nCost of metrics: pgherd with a scraper reading /metrics every {} ms vs. the same pgherd unwatched (medians):\n",
+            options.scrape_ms
+        );
+        let _ = writeln!(r, "| workload | clients | pgherd TPS | scraped TPS | scraped / unwatched | CPU µs/txn unwatched / scraped |");
+        let _ = writeln!(r, "|---|---:|---:|---:|---:|---:|");
+        for &workload in &options.workloads {
+            for &clients in &options.clients {
+                let h = medians(samples, workload, clients, Target::Pgherd);
+                let s = medians(samples, workload, clients, Target::PgherdScraped);
+                let _ = writeln!(
+                    r,
+                    "| {} | {} | {} | {} | {} | {} / {} |",
+                    workload.name(),
+                    clients,
+                    fmt(h.0, 0),
+                    fmt(s.0, 0),
+                    fmt(s.0 / h.0, 3),
+                    fmt(h.3, 1),
+                    fmt(s.3, 1)
+                );
+            }
         }
     }
     write_failed_runs(

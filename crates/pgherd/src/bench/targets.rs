@@ -113,6 +113,8 @@ impl Drop for BenchCluster {
 pub struct ProxyProcess {
     pub name: &'static str,
     pub port: u16,
+    /// pgherd's HTTP API (metrics), if the process has one.
+    pub api_port: Option<u16>,
     child: Child,
     pub log: PathBuf,
 }
@@ -201,9 +203,10 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
         ha,
     } = setup;
     let port = free_port().map_err(|e| e.to_string())?;
+    let api_port = free_port().map_err(|e| e.to_string())?;
     let mut config = format!(
         "[pgherd]\nlisten = [\"127.0.0.1:{port}\"]\nworkers = {workers}\nmax_client_connections = 20000\nlog_level = \"{}\"\n{}\n\
-         [cluster]\nuser = \"postgres\"\npassword = \"{}\"\n\n",
+         [cluster]\nuser = \"postgres\"\npassword = \"{}\"\n\n[api]\nlisten = [\"127.0.0.1:{api_port}\"]\n\n",
         if *ha { "info" } else { "warn" },
         if *ha { "admin_users = [\"postgres\"]\n" } else { "" },
         cluster.superuser_password
@@ -259,6 +262,7 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
     ProxyProcess {
         name: "pgherd",
         port,
+        api_port: Some(api_port),
         child,
         log,
     }
@@ -404,6 +408,7 @@ fn spawn_as_postgres_user(
     ProxyProcess {
         name,
         port,
+        api_port: None,
         child,
         log,
     }

@@ -50,6 +50,8 @@ pub struct App {
     pub events: crate::events::Events,
     /// Databases whose new transactions wait (`PAUSE`).
     pub pauses: crate::control::Pauses,
+    /// Errors pgherd itself answered requests with (no server had them), for the metrics.
+    pub own_errors: crate::counters::ErrorClasses,
 }
 
 impl App {
@@ -71,6 +73,7 @@ impl App {
             routers: Mutex::new(HashMap::new()),
             events: Default::default(),
             pauses: Default::default(),
+            own_errors: Default::default(),
             clients: Arc::new(ClientRegistry::new()),
             pools: Mutex::new(HashMap::new()),
             next_server_id: connect.next_server_id.clone(),
@@ -221,6 +224,18 @@ impl App {
                 pool.drop_idle();
             }
         }
+    }
+
+    /// The routers by server database name, for the metrics.
+    pub fn routers(&self) -> Vec<(String, Arc<Router>)> {
+        let mut routers: Vec<_> = self
+            .routers
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        routers.sort_by(|a, b| a.0.cmp(&b.0));
+        routers
     }
 
     pub fn pools(&self) -> Vec<Arc<Pool>> {

@@ -18,6 +18,7 @@ mod buffers;
 pub mod client;
 pub mod clients;
 pub mod control;
+pub mod counters;
 pub mod error;
 pub mod events;
 pub mod failover;

@@ -6,6 +6,7 @@ use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
 use crate::app::App;
+use crate::counters::Histogram;
 use crate::views;
 
 /// One metric family being written: its samples follow its HELP and TYPE lines.
@@ -14,6 +15,25 @@ struct Family<'a> {
 }
 
 impl Family<'_> {
+    /// A histogram's `_bucket` (cumulative, with `le`), `_sum` and `_count` samples.
+    fn histogram(&mut self, name: &str, labels: &[(&str, &str)], h: &Histogram) {
+        let (buckets, sum) = h.snapshot();
+        let bucket_name = format!("{name}_bucket");
+        for (bound, count) in &buckets {
+            let le = if bound.is_infinite() {
+                "+Inf".to_owned()
+            } else {
+                bound.to_string()
+            };
+            let mut with_le = labels.to_vec();
+            with_le.push(("le", &le));
+            self.sample(&bucket_name, &with_le, *count as f64);
+        }
+        self.sample(&format!("{name}_sum"), labels, sum);
+        let count = buckets.last().map_or(0, |(_, n)| *n);
+        self.sample(&format!("{name}_count"), labels, count as f64);
+    }
+
     fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
         self.out.push_str(name);
         if !labels.is_empty() {
@@ -175,6 +195,84 @@ pub fn render(app: &App) -> String {
                     ("node", p.node.name.as_str()),
                 ],
                 read(&p.stats),
+            );
+        }
+    }
+
+    for (name, help, pick) in [
+        (
+            "pgherd_transaction_duration_seconds",
+            "Transactions (or statements outside one) from their first request reaching pgherd, wait for a server included, to the ReadyForQuery that ends them.",
+            (|s| &s.transaction_time) as fn(&crate::pool::PoolStats) -> &Histogram,
+        ),
+        (
+            "pgherd_pool_wait_duration_seconds",
+            "Waits for a server connection by requests that found none idle (requests served at once are not counted).",
+            |s| &s.wait_time,
+        ),
+    ] {
+        let mut f = family(&mut out, name, "histogram", help);
+        for p in &pools {
+            let labels = [
+                ("database", p.database.as_str()),
+                ("user", p.user.as_str()),
+                ("node", p.node.name.as_str()),
+            ];
+            f.histogram(name, &labels, pick(&p.stats));
+        }
+    }
+    let mut f = family(
+        &mut out,
+        "pgherd_server_errors_total",
+        "counter",
+        "Errors servers sent to clients, by SQLSTATE class (the code's first two characters).",
+    );
+    for p in &pools {
+        for (class, n) in p.stats.server_errors.snapshot() {
+            f.sample(
+                "pgherd_server_errors_total",
+                &[
+                    ("database", p.database.as_str()),
+                    ("user", p.user.as_str()),
+                    ("node", p.node.name.as_str()),
+                    ("class", class.as_str()),
+                ],
+                n as f64,
+            );
+        }
+    }
+    let mut f = family(
+        &mut out,
+        "pgherd_errors_total",
+        "counter",
+        "Errors pgherd itself answered requests with (no node to send them to, a cancelled wait, a full pool), by SQLSTATE class.",
+    );
+    for (class, n) in app.own_errors.snapshot() {
+        f.sample(
+            "pgherd_errors_total",
+            &[("class", class.as_str())],
+            n as f64,
+        );
+    }
+    let routers = app.routers();
+    for (name, help, read) in [
+        (
+            "pgherd_route_cache_hits_total",
+            "Read/write routing decisions found in the cache (by statement shape).",
+            (|r| r.cache_hits.load(Ordering::Relaxed)) as fn(&crate::routing::Router) -> u64,
+        ),
+        (
+            "pgherd_route_cache_misses_total",
+            "Statements classified with the PostgreSQL parser (not in the cache).",
+            |r| r.cache_misses.load(Ordering::Relaxed),
+        ),
+    ] {
+        let mut f = family(&mut out, name, "counter", help);
+        for (database, router) in &routers {
+            f.sample(
+                name,
+                &[("database", database.as_str())],
+                read(router) as f64,
             );
         }
     }

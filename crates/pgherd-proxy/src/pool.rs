@@ -82,6 +82,13 @@ pub struct PoolStats {
     pub connects: AtomicU64,
     pub connect_failures: AtomicU64,
     pub wait_timeouts: AtomicU64,
+    /// From a transaction's first message (or its wait for a server) to the ReadyForQuery
+    /// that ends it.
+    pub transaction_time: crate::counters::Histogram,
+    /// Waits of requests that found no idle connection (the fast path is not timed).
+    pub wait_time: crate::counters::Histogram,
+    /// Errors the servers sent to clients.
+    pub server_errors: crate::counters::ErrorClasses,
 }
 
 /// A pool's view of the node it connects to.
@@ -278,7 +285,9 @@ impl Pool {
     }
 
     fn record_wait(&self, conn: Box<ServerConn>, started: Instant) -> Box<ServerConn> {
-        let waited_us = started.elapsed().as_micros() as u64;
+        let waited = started.elapsed();
+        self.stats.wait_time.observe(waited);
+        let waited_us = waited.as_micros() as u64;
         self.stats
             .wait_us_total
             .fetch_add(waited_us, Ordering::Relaxed);

@@ -6,7 +6,7 @@
 //! only ever moves functions from "unknown" (primary) to what `pg_proc` says.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -75,6 +75,9 @@ pub struct Router {
     capacity: usize,
     loading: AtomicBool,
     last_load: Mutex<Option<Instant>>,
+    /// Decisions found in the cache, and statements classified with the parser.
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
 }
 
 impl Router {
@@ -86,6 +89,8 @@ impl Router {
             capacity,
             loading: AtomicBool::new(false),
             last_load: Mutex::new(None),
+            cache_hits: AtomicU64::new(0),
+            cache_misses: AtomicU64::new(0),
         }
     }
 
@@ -95,11 +100,13 @@ impl Router {
         let hint = shape.hint.map_err(|e| hint_error(&e))?;
         let key = (shape.hash, sql.len());
         if let Some(decision) = self.decisions.lock().get(&key) {
+            self.cache_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(Routed {
                 decision: decision.clone(),
                 hint,
             });
         }
+        self.cache_misses.fetch_add(1, Ordering::Relaxed);
         let text = String::from_utf8_lossy(sql);
         let catalog = self.catalog.load();
         let decision = Arc::new(classify(&text, &**catalog));

@@ -183,11 +183,30 @@ async fn metrics_parse_and_every_documented_metric_is_there() {
     for _ in 0..5 {
         first_value(&client, "SELECT 1").await.expect("a query");
     }
+    // An error from the server, and one pgherd answers itself (an unknown routing hint).
+    first_value(&client, "SELECT 1/0")
+        .await
+        .expect_err("division by zero");
+    first_value(&client, "/* pgherd:nowhere */ SELECT 1")
+        .await
+        .expect_err("an unknown hint");
     let (status, text) = api.get("/metrics");
     assert_eq!(status, 200);
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
         .expect("the Prometheus text format");
-    let scraped: HashSet<&str> = scrape.samples.iter().map(|s| s.metric.as_str()).collect();
+    // A histogram's `_sum` and `_count` samples belong to its family.
+    let scraped: HashSet<&str> = scrape
+        .samples
+        .iter()
+        .map(|s| {
+            let name = s.metric.as_str();
+            ["_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .filter(|base| base.ends_with("_seconds"))
+                .unwrap_or(name)
+        })
+        .collect();
 
     let doc_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/metrics.md");
     let doc = std::fs::read_to_string(&doc_path).expect("docs/metrics.md");
@@ -243,5 +262,36 @@ async fn metrics_parse_and_every_documented_metric_is_there() {
         value("pgherd_events_total", ("kind", "elected")) >= 1.0,
         "{text}"
     );
+    assert!(
+        value("pgherd_server_errors_total", ("class", "22")) >= 1.0,
+        "{text}"
+    );
+    assert!(
+        value("pgherd_errors_total", ("class", "22")) >= 1.0,
+        "{text}"
+    );
+    assert!(
+        value("pgherd_route_cache_misses_total", ("database", APP)) >= 1.0,
+        "{text}"
+    );
+    assert!(
+        value("pgherd_route_cache_hits_total", ("database", APP)) >= 1.0,
+        "{text}"
+    );
+    // Every pool of the app database (reads may have gone to either node).
+    let transactions: f64 = scrape
+        .samples
+        .iter()
+        .filter_map(|s| match &s.value {
+            prometheus_parse::Value::Histogram(buckets)
+                if s.metric == "pgherd_transaction_duration_seconds"
+                    && s.labels.get("database") == Some(APP) =>
+            {
+                buckets.last().map(|b| b.count)
+            }
+            _ => None,
+        })
+        .sum();
+    assert!(transactions >= 5.0, "{text}");
     drop(client);
 }

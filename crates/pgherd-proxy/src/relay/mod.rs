@@ -288,6 +288,8 @@ pub struct Session {
     untracked_change: bool,
     /// The client's current transaction saw an error or a rollback.
     tx_failed: bool,
+    /// When the current transaction's first request arrived (for the latency histogram).
+    tx_started: Option<Instant>,
     client_tx: TxStatus,
     /// Bytes of a streamed COPY message still to pass from the client to the server.
     client_passthrough: usize,
@@ -333,6 +335,7 @@ impl Session {
             params: setup.params,
             untracked_change: false,
             tx_failed: false,
+            tx_started: None,
             client_tx: TxStatus::Idle,
             client_passthrough: 0,
             server_passthrough: None,
@@ -530,6 +533,8 @@ impl Session {
     /// query gets the error and ReadyForQuery; an extended-protocol batch gets the error and its
     /// messages are skipped up to the Sync, which is answered.
     fn answer_request_with_error(&mut self, err: PgError) -> Result<(), Disconnect> {
+        self.app.own_errors.count(&err.code);
+        self.tx_started = None;
         err.encode(&mut self.client_out)?;
         let Some(h) = read_header(&self.client_in, self.max_message_bytes)? else {
             return Ok(());
@@ -752,6 +757,8 @@ impl Session {
     /// without waiting; otherwise the (boxed) slow path connects or queues. A replica that
     /// cannot be reached leaves the read set and the request goes elsewhere.
     async fn attach(&mut self) -> Result<(), PgError> {
+        // The transaction's time, as its client sees it, includes any wait for a server.
+        self.tx_started.get_or_insert_with(Instant::now);
         if self.app.pauses.is_paused(&self.shared.database) {
             Box::pin(self.wait_while_paused()).await?;
         }
@@ -1355,6 +1362,7 @@ impl Session {
             // The request's first message decided where it runs; a Query or Sync starts the
             // next one (`end_unit`).
             self.routing.at_unit_start = false;
+            self.tx_started.get_or_insert_with(Instant::now);
             self.on_client_message(h.tag, message)?;
             input.advance(h.total_len());
         }
@@ -1903,6 +1911,9 @@ impl Session {
                         self.tx_failed = true;
                     }
                     if let Ok(err) = PgError::parse(body) {
+                        if d.to_client {
+                            lease.pool.stats.server_errors.count(&err.code);
+                        }
                         if matches!(
                             err.severity,
                             pgherd_wire::Severity::Fatal | pgherd_wire::Severity::Panic
@@ -2022,6 +2033,9 @@ impl Session {
                 .stats
                 .transactions
                 .fetch_add(1, Ordering::Relaxed);
+            if let Some(started) = self.tx_started.take() {
+                lease.pool.stats.transaction_time.observe(started.elapsed());
+            }
             // A server carrying state the session cannot replay is reset before anyone uses it
             // again, this client included.
             lease.conn.params_fp = if self.untracked_change {

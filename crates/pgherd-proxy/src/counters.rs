@@ -1,0 +1,99 @@
+//! Counters many sessions update at once, for the metrics: a fixed-bucket latency histogram
+//! (two relaxed atomic adds per observation, no lock, no allocation) and errors by SQLSTATE
+//! class (rare, so behind a lock).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Upper bounds of the buckets, in microseconds (100 µs to 10 s); anything slower lands in
+/// the implicit `+Inf` bucket.
+pub const BOUNDS_US: [u64; 16] = [
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000,
+];
+
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Observations per bucket (not cumulative); the last one is `+Inf`.
+    buckets: [AtomicU64; BOUNDS_US.len() + 1],
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, elapsed: Duration) {
+        let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        let bucket = BOUNDS_US.partition_point(|&bound| bound < us);
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    /// Cumulative counts per bound (seconds), ending with `+Inf`; and the sum in seconds.
+    pub fn snapshot(&self) -> (Vec<(f64, u64)>, f64) {
+        let mut cumulative = 0;
+        let mut out = Vec::with_capacity(BOUNDS_US.len() + 1);
+        for (i, bucket) in self.buckets.iter().enumerate() {
+            cumulative += bucket.load(Ordering::Relaxed);
+            let bound = BOUNDS_US.get(i).map_or(f64::INFINITY, |&b| b as f64 / 1e6);
+            out.push((bound, cumulative));
+        }
+        (out, self.sum_us.load(Ordering::Relaxed) as f64 / 1e6)
+    }
+}
+
+/// Errors by SQLSTATE class (the code's first two characters).
+#[derive(Debug, Default)]
+pub struct ErrorClasses(parking_lot::Mutex<std::collections::BTreeMap<[u8; 2], u64>>);
+
+impl ErrorClasses {
+    pub fn count(&self, code: &pgherd_wire::SqlState) {
+        if let [a, b, ..] = code.code().as_bytes() {
+            *self.0.lock().entry([*a, *b]).or_default() += 1;
+        }
+    }
+
+    /// (class, count), classes in order.
+    pub fn snapshot(&self) -> Vec<(String, u64)> {
+        self.0
+            .lock()
+            .iter()
+            .map(|(class, n)| (String::from_utf8_lossy(class).into_owned(), *n))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn observations_land_in_the_first_bucket_that_holds_them() {
+        let h = Histogram::default();
+        for us in [0, 100, 101, 999, 1_000, 20_000_000] {
+            h.observe(Duration::from_micros(us));
+        }
+        let (buckets, sum) = h.snapshot();
+        let count = |bound: f64| buckets.iter().find(|(b, _)| *b == bound).map(|(_, n)| *n);
+        assert_eq!(
+            count(0.0001),
+            Some(2),
+            "0 and 100 µs: le=100µs is inclusive"
+        );
+        assert_eq!(count(0.00025), Some(3));
+        assert_eq!(count(0.001), Some(5));
+        assert_eq!(count(10.0), Some(5));
+        assert_eq!(buckets.last(), Some(&(f64::INFINITY, 6)));
+        assert!((sum - (0.0 + 0.0001 + 0.000101 + 0.000999 + 0.001 + 20.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn errors_count_by_class() {
+        let e = ErrorClasses::default();
+        e.count(&pgherd_wire::SqlState::QUERY_CANCELED);
+        e.count(&pgherd_wire::SqlState::ADMIN_SHUTDOWN);
+        e.count(&pgherd_wire::SqlState::SYNTAX_ERROR);
+        assert_eq!(
+            e.snapshot(),
+            vec![("42".to_owned(), 1), ("57".to_owned(), 2)]
+        );
+    }
+}

@@ -40,6 +40,27 @@ pub struct UpOptions {
     detach: bool,
 }
 
+/// Which pgherd an operator command talks to: the one `pgherd up` made in `--dir`, or the
+/// one running with `--config`.
+#[derive(clap::Args, Debug)]
+pub struct Where {
+    /// The cluster directory made by `pgherd up`.
+    #[arg(long, default_value = DEFAULT_DIR, conflicts_with = "config")]
+    dir: PathBuf,
+    /// Or any pgherd config file.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+}
+
+impl Where {
+    fn config_path(&self) -> Result<PathBuf, String> {
+        match &self.config {
+            Some(p) => absolute(p),
+            None => Ok(absolute(&self.dir)?.join(CONFIG_FILE)),
+        }
+    }
+}
+
 fn absolute(path: &Path) -> Result<PathBuf, String> {
     std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()))
 }
@@ -420,11 +441,8 @@ struct NodeStatus {
 /// Runs `command` on the admin console of the pgherd configured by `dir` or `config_path`,
 /// logging in as the `[cluster]` user (an admin user in configs `pgherd up` writes), and
 /// prints its answer.
-pub fn admin_command(dir: &Path, config_path: Option<&Path>, command: &str) -> Result<(), String> {
-    let path = match config_path {
-        Some(p) => absolute(p)?,
-        None => absolute(dir)?.join(CONFIG_FILE),
-    };
+pub fn admin_command(at: &Where, command: &str) -> Result<(), String> {
+    let path = at.config_path()?;
     let config = Config::load(&path).map_err(|e| e.to_string())?;
     let listen = config
         .proxy
@@ -463,14 +481,10 @@ pub fn admin_command(dir: &Path, config_path: Option<&Path>, command: &str) -> R
     }
 }
 
-pub fn status(dir: &Path, config_path: Option<&Path>, json: bool) -> Result<(), String> {
-    let dir = absolute(dir)?;
-    let path = match config_path {
-        Some(p) => absolute(p)?,
-        None => dir.join(CONFIG_FILE),
-    };
+pub fn status(at: &Where, json: bool) -> Result<(), String> {
+    let path = at.config_path()?;
     let config = Config::load(&path).map_err(|e| e.to_string())?;
-    let pid_dir = path.parent().unwrap_or(&dir).to_owned();
+    let pid_dir = path.parent().unwrap_or(Path::new("/")).to_owned();
     let pid = running_pid(&pid_dir);
     let listening =
         config.proxy.listen.iter().any(|a| {
@@ -507,9 +521,48 @@ pub fn status(dir: &Path, config_path: Option<&Path>, json: bool) -> Result<(), 
     Ok(())
 }
 
+/// `pgherd events`: the running pgherd's event log, from its HTTP API.
+pub fn events(at: &Where, json: bool) -> Result<(), String> {
+    let path = at.config_path()?;
+    let config = Config::load(&path).map_err(|e| e.to_string())?;
+    let api = config.api.listen.first().ok_or_else(|| {
+        format!(
+            "{} has no [api] listen address; events are also on the admin console (SHOW EVENTS)",
+            path.display()
+        )
+    })?;
+    let events = fetch(connectable(*api), "/api/events")
+        .map_err(|e| format!("pgherd's HTTP API at {api} did not answer: {e}"))?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&events).map_err(|e| e.to_string())?
+        );
+        return Ok(());
+    }
+    for e in events.as_array().into_iter().flatten() {
+        let at_s = e["at_epoch_s"].as_f64().unwrap_or(0.0);
+        let millis = (at_s.fract() * 1000.0) as u32;
+        let secs = at_s as i64;
+        let (h, m, s) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60);
+        println!(
+            "{h:02}:{m:02}:{s:02}.{millis:03} UTC  {:<16} {:<6} {}",
+            e["kind"].as_str().unwrap_or(""),
+            e["node"].as_str().unwrap_or(""),
+            e["detail"].as_str().unwrap_or("")
+        );
+    }
+    Ok(())
+}
+
 /// `GET /api/status` from the running pgherd.
 fn fetch_status(api: SocketAddr) -> Result<serde_json::Value, String> {
-    ureq::get(&format!("http://{api}/api/status"))
+    fetch(api, "/api/status")
+}
+
+/// `GET path` from the running pgherd's HTTP API, as JSON.
+fn fetch(api: SocketAddr, path: &str) -> Result<serde_json::Value, String> {
+    ureq::get(&format!("http://{api}{path}"))
         .timeout(Duration::from_secs(3))
         .call()
         .map_err(|e| e.to_string())?

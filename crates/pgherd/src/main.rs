@@ -44,12 +44,8 @@ enum Command {
     },
     /// Show pgherd and its nodes.
     Status {
-        /// The cluster directory made by `pgherd up`.
-        #[arg(long, default_value = local::DEFAULT_DIR, conflicts_with = "config")]
-        dir: PathBuf,
-        /// Or any pgherd config file.
-        #[arg(long, short)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        at: local::Where,
         /// Print JSON for scripts.
         #[arg(long)]
         json: bool,
@@ -57,12 +53,8 @@ enum Command {
     /// Move the primary role to another node with no lost transaction and no client error
     /// (asks the running pgherd, on its admin console, as the [cluster] user).
     Switchover {
-        /// The cluster directory made by `pgherd up`.
-        #[arg(long, default_value = local::DEFAULT_DIR, conflicts_with = "config")]
-        dir: PathBuf,
-        /// Or any pgherd config file.
-        #[arg(long, short)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        at: local::Where,
         /// The node to promote; by default the most advanced streaming replica.
         #[arg(long)]
         to: Option<String>,
@@ -72,12 +64,30 @@ enum Command {
     Rejoin {
         /// The node to rejoin.
         node: String,
-        /// The cluster directory made by `pgherd up`.
-        #[arg(long, default_value = local::DEFAULT_DIR, conflicts_with = "config")]
-        dir: PathBuf,
-        /// Or any pgherd config file.
-        #[arg(long, short)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        at: local::Where,
+    },
+    /// Take a node out of traffic (transactions running there finish; never promoted while
+    /// detached); asks the running pgherd.
+    Detach {
+        node: String,
+        #[command(flatten)]
+        at: local::Where,
+    },
+    /// Let a detached node take traffic again.
+    Attach {
+        node: String,
+        #[command(flatten)]
+        at: local::Where,
+    },
+    /// The running pgherd's cluster events (failovers, switchovers, rejoins, ...), oldest
+    /// first (from its HTTP API).
+    Events {
+        #[command(flatten)]
+        at: local::Where,
+        /// Print JSON for scripts.
+        #[arg(long)]
+        json: bool,
     },
     /// Fault drills on a local cluster: faults on the primary under write load; checks that no
     /// acknowledged write is lost and no two nodes took writes, and reports the RTO clients saw.
@@ -103,17 +113,18 @@ fn main() -> ExitCode {
         Command::Run { config } => run(&config),
         Command::Up(options) => local::up(options),
         Command::Down { dir } => local::down(&dir),
-        Command::Status { dir, config, json } => local::status(&dir, config.as_deref(), json),
-        Command::Switchover { dir, config, to } => {
+        Command::Status { at, json } => local::status(&at, json),
+        Command::Switchover { at, to } => {
             let command = match &to {
                 Some(node) => format!("SWITCHOVER TO {node}"),
                 None => "SWITCHOVER".to_owned(),
             };
-            local::admin_command(&dir, config.as_deref(), &command)
+            local::admin_command(&at, &command)
         }
-        Command::Rejoin { node, dir, config } => {
-            local::admin_command(&dir, config.as_deref(), &format!("REJOIN \"{node}\""))
-        }
+        Command::Rejoin { node, at } => local::admin_command(&at, &format!("REJOIN \"{node}\"")),
+        Command::Detach { node, at } => local::admin_command(&at, &format!("DETACH \"{node}\"")),
+        Command::Attach { node, at } => local::admin_command(&at, &format!("ATTACH \"{node}\"")),
+        Command::Events { at, json } => local::events(&at, json),
         Command::Drill(options) => drill::run(options),
         Command::CheckConfig { config } => check_config(&config),
         Command::Passwd { user } => passwd(&user),

@@ -73,6 +73,40 @@ fn up_status_down_on_a_fresh_directory() {
         assert!(node["port"].as_u64().unwrap() > 0);
         assert!(node["data_dir"].as_str().unwrap().starts_with(dir_arg));
     }
+    // Operator commands against the running pgherd.
+    let detached = pgherd(&["detach", "pg2", "--dir", dir_arg]);
+    assert!(detached.status.success(), "{}", text(&detached));
+    assert!(
+        text(&detached).contains("pg2 detached"),
+        "{}",
+        text(&detached)
+    );
+    let status = pgherd(&["status", "--dir", dir_arg, "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(json["nodes"][1]["state"], "detached", "{json}");
+    let events = pgherd(&["events", "--dir", dir_arg, "--json"]);
+    assert!(events.status.success(), "{}", text(&events));
+    let events: serde_json::Value = serde_json::from_slice(&events.stdout).unwrap();
+    assert!(
+        events
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "detached" && e["node"] == "pg2"),
+        "{events}"
+    );
+    let human = text(&pgherd(&["events", "--dir", dir_arg]));
+    assert!(human.contains("detached"), "{human}");
+    let attached = pgherd(&["attach", "pg2", "--dir", dir_arg]);
+    assert!(attached.status.success(), "{}", text(&attached));
+    let unknown = pgherd(&["detach", "nosuch", "--dir", dir_arg]);
+    assert!(!unknown.status.success());
+    assert!(
+        text(&unknown).contains("no node named"),
+        "{}",
+        text(&unknown)
+    );
+
     // The human table.
     let table = text(&pgherd(&["status", "--dir", dir_arg]));
     assert!(

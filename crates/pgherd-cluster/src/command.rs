@@ -21,17 +21,39 @@ const PG_ENV: &[&str] = &[
     "PGDATA",
 ];
 
-/// A command for `program`, run as `run_as` when set, with a clean PostgreSQL environment.
-pub fn pg_command(program: &std::path::Path, run_as: Option<&RunAs>) -> Command {
-    let mut cmd = Command::new(program);
+/// A command for `program`, run as `run_as` when set, with a clean PostgreSQL environment;
+/// inside network namespace `netns` when set (through `ip netns exec`, then `setpriv` to drop
+/// to `run_as`, since entering a namespace needs the root the uid change gives up).
+pub fn pg_command(
+    program: &std::path::Path,
+    run_as: Option<&RunAs>,
+    netns: Option<&str>,
+) -> Command {
+    let mut cmd = match netns {
+        None => Command::new(program),
+        Some(ns) => {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", ns]);
+            if let Some(user) = run_as {
+                cmd.arg("setpriv")
+                    .arg(format!("--reuid={}", user.uid))
+                    .arg(format!("--regid={}", user.gid))
+                    .args(["--clear-groups", "--"]);
+            }
+            cmd.arg(program);
+            cmd
+        }
+    };
     for var in PG_ENV {
         cmd.env_remove(var);
     }
     cmd.env("LC_ALL", "C.UTF-8");
     if let Some(user) = run_as {
         use std::os::unix::process::CommandExt;
-        // std drops root's supplementary groups when it changes the uid.
-        cmd.uid(user.uid).gid(user.gid);
+        if netns.is_none() {
+            // std drops root's supplementary groups when it changes the uid.
+            cmd.uid(user.uid).gid(user.gid);
+        }
         cmd.env("HOME", &user.home);
         cmd.env("USER", &user.name);
     }

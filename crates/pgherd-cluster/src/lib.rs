@@ -62,6 +62,9 @@ pub struct ClusterSpec {
     /// Copy this initdb'ed data directory instead of running initdb (tests use this to save
     /// a second per cluster). It must have been made by [`LocalCluster::make_template`].
     pub template: Option<PathBuf>,
+    /// Per node (primary first), a network namespace and the node's address in it, for
+    /// fault drills that cut a node off; empty: every node on 127.0.0.1.
+    pub netns: Vec<(String, String)>,
 }
 
 /// A running local cluster.
@@ -96,6 +99,11 @@ impl LocalCluster {
             .enumerate()
             .map(|(i, port)| LocalNode {
                 name: format!("pg{}", i + 1),
+                host: spec
+                    .netns
+                    .get(i)
+                    .map_or("127.0.0.1".to_owned(), |(_, address)| address.clone()),
+                netns: spec.netns.get(i).map(|(ns, _)| ns.clone()),
                 port: *port,
                 data_dir: spec.dir.join(format!("pg{}", i + 1)),
                 log_file: spec.dir.join("logs").join(format!("pg{}.log", i + 1)),
@@ -115,6 +123,10 @@ impl LocalCluster {
             None => primary.initdb(&spec.superuser, &spec.superuser_password)?,
         }
         primary.write_settings(&base_settings(primary, &spec.settings))?;
+        if !spec.netns.is_empty() {
+            // Nodes in namespaces reach each other, and pgherd reaches them, over their veths.
+            primary.allow_hosts("10.0.0.0/8")?;
+        }
         primary.start(Duration::from_secs(60))?;
         for replica in replicas {
             primary.psql(
@@ -151,6 +163,8 @@ impl LocalCluster {
         osuser::hand_over(parent, run_as.as_ref(), false)?;
         let node = LocalNode {
             name: "template".into(),
+            host: "127.0.0.1".into(),
+            netns: None,
             port: 0,
             data_dir: dir.to_owned(),
             log_file: parent.join("template.log"),
@@ -175,6 +189,8 @@ impl LocalCluster {
             .iter()
             .map(|(name, port)| LocalNode {
                 name: name.clone(),
+                host: "127.0.0.1".into(),
+                netns: None,
                 port: *port,
                 data_dir: dir.join(name),
                 log_file: dir.join("logs").join(format!("{name}.log")),
@@ -259,7 +275,7 @@ impl LocalCluster {
 /// and what streaming replication needs.
 fn base_settings(node: &LocalNode, extra: &[(String, String)]) -> Vec<(String, String)> {
     let mut settings: Vec<(String, String)> = [
-        ("listen_addresses", "'127.0.0.1'".to_owned()),
+        ("listen_addresses", format!("'{}'", node.host)),
         ("port", node.port.to_string()),
         (
             "unix_socket_directories",

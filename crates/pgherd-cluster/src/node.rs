@@ -50,6 +50,10 @@ impl StopMode {
 #[derive(Debug, Clone)]
 pub struct LocalNode {
     pub name: String,
+    /// Where the node listens and others reach it: 127.0.0.1, or its address in `netns`.
+    pub host: String,
+    /// The network namespace its processes run in (fault drills cut its link).
+    pub netns: Option<String>,
     pub port: u16,
     pub data_dir: PathBuf,
     pub log_file: PathBuf,
@@ -65,13 +69,16 @@ impl LocalNode {
     /// directory. Run as the `postgres` OS user when pgherd runs as root.
     pub fn managed(
         name: &str,
-        port: u16,
+        (host, port): (&str, u16),
+        netns: Option<&str>,
         data_dir: &Path,
         superuser: &str,
     ) -> Result<LocalNode, ClusterError> {
         let parent = data_dir.parent().unwrap_or(Path::new("/"));
         Ok(LocalNode {
             name: name.to_owned(),
+            host: host.to_owned(),
+            netns: netns.map(str::to_owned),
             port,
             data_dir: data_dir.to_owned(),
             log_file: parent.join("logs").join(format!("{name}.log")),
@@ -187,7 +194,11 @@ impl LocalNode {
     }
 
     fn tool(&self, name: &str) -> std::process::Command {
-        pg_command(&self.binaries.tool(name), self.run_as.as_ref())
+        pg_command(
+            &self.binaries.tool(name),
+            self.run_as.as_ref(),
+            self.netns.as_deref(),
+        )
     }
 
     /// Creates the data directory with `superuser` holding `password`; TCP logins need SCRAM,
@@ -307,6 +318,20 @@ impl LocalNode {
         text.lines().next()?.trim().parse().ok()
     }
 
+    /// Lets TCP logins (SCRAM) and replication in from `cidr` besides loopback.
+    pub fn allow_hosts(&self, cidr: &str) -> Result<(), ClusterError> {
+        let path = self.data_dir.join("pg_hba.conf");
+        let mut hba = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(|e| ClusterError::io(&path, e))?;
+        writeln!(
+            hba,
+            "host all all {cidr} scram-sha-256\nhost replication all {cidr} scram-sha-256"
+        )
+        .map_err(|e| ClusterError::io(&path, e))
+    }
+
     /// Clones `primary` into this node's data directory as a streaming replica.
     pub fn basebackup(&self, primary: &LocalNode, password: &str) -> Result<(), ClusterError> {
         run(
@@ -314,7 +339,7 @@ impl LocalNode {
                 .env("PGPASSWORD", password)
                 .args([
                     "-h",
-                    "127.0.0.1",
+                    &primary.host,
                     "-p",
                     &primary.port.to_string(),
                     "-U",

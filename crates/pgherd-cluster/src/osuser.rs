@@ -98,7 +98,7 @@ pub fn check_reachable(dir: &Path, run_as: Option<&RunAs>) -> Result<(), Cluster
     let Some(user) = run_as else {
         return Ok(());
     };
-    let mut cmd = crate::command::pg_command(Path::new("/usr/bin/test"), Some(user));
+    let mut cmd = crate::command::pg_command(Path::new("/usr/bin/test"), Some(user), None);
     cmd.arg("-w").arg(dir);
     let ok = cmd.status().map(|s| s.success()).unwrap_or(false);
     if ok {

@@ -213,6 +213,9 @@ pub struct NodeConfig {
     pub port: u16,
     /// Set when pgherd manages the node's processes on this machine (`pgherd up`).
     pub data_dir: Option<PathBuf>,
+    /// The network namespace a managed node's processes run in (pgherd starts, stops and
+    /// rewinds it there).
+    pub netns: Option<String>,
     /// Share of reads under the `weighted` policy; 0 keeps reads off the node.
     pub weight: u32,
     /// Failover preference among equally advanced replicas; 0 = never promoted.

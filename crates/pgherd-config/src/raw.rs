@@ -318,6 +318,7 @@ pub struct RawNode {
     pub host: String,
     pub port: u16,
     pub data_dir: Option<String>,
+    pub netns: Option<String>,
     #[serde(default = "default_node_weight")]
     pub weight: u32,
     #[serde(default = "default_node_priority")]

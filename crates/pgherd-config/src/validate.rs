@@ -448,6 +448,7 @@ fn nodes(c: &Checker<'_>, raw: &RawConfig) -> Result<Vec<NodeConfig>, ConfigErro
             host: n.host.clone(),
             port: n.port,
             data_dir: n.data_dir.as_deref().map(|d| c.file_path(d)),
+            netns: n.netns.clone(),
             weight: n.weight,
             priority: n.priority,
         });

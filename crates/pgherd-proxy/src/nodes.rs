@@ -814,6 +814,7 @@ mod tests {
             host: "127.0.0.1".into(),
             port: 5432,
             data_dir: None,
+            netns: None,
             weight: 1,
             priority: 1,
         };

@@ -40,7 +40,8 @@ pub(crate) fn managed_node(
     })?;
     LocalNode::managed(
         node.name(),
-        node.config.port,
+        (&node.config.host, node.config.port),
+        node.config.netns.as_deref(),
         data_dir,
         &app.config().cluster.user,
     )

@@ -69,6 +69,7 @@ impl TestCluster {
             superuser_password: SUPERUSER_PASSWORD.into(),
             settings,
             template: Some(template().to_owned()),
+            netns: Vec::new(),
         };
         let cluster = LocalCluster::create(&spec).unwrap_or_else(|e| {
             print_logs(&spec.dir.join("logs"));

@@ -32,6 +32,10 @@ pub enum Fault {
     /// after a few seconds. Until it does, no survivor is sure to hold every acknowledged
     /// commit, so pgherd must not promote one.
     Double,
+    /// The primary cut off the network: every node runs in its own network namespace, and
+    /// the primary's veth goes down (pgherd and the replicas stop hearing it, it keeps
+    /// running); the link comes back once writes go on elsewhere.
+    Partition,
 }
 
 impl Fault {
@@ -42,6 +46,7 @@ impl Fault {
             Fault::Sigstop => "sigstop",
             Fault::Switchover => "switchover",
             Fault::Double => "double",
+            Fault::Partition => "partition",
         }
     }
 }
@@ -120,7 +125,18 @@ pub fn run(options: DrillOptions) -> Result<(), String> {
         options.replicas,
         dir.display()
     );
-    let cluster = BenchCluster::create(&dir, options.replicas, Vec::new(), &[&user])?;
+    // Declared before the cluster so it is torn down after the nodes stopped.
+    let network = match options.faults.contains(&Fault::Partition) {
+        true => Some(Network::create(options.replicas + 1)?),
+        false => None,
+    };
+    let cluster = BenchCluster::create_in(
+        &dir,
+        options.replicas,
+        Vec::new(),
+        &[&user],
+        network.as_ref().map(Network::nodes).unwrap_or_default(),
+    )?;
     cluster.sql("postgres", "CREATE DATABASE drill OWNER drill")?;
     let pgherd = start_pgherd(
         &cluster,
@@ -282,6 +298,7 @@ async fn round(
             signal(pid, libc::SIGKILL)?;
             killed = Some(pid);
         }
+        Fault::Partition => link(&old, false)?,
         Fault::Double => {
             let standby = cluster
                 .cluster
@@ -381,6 +398,7 @@ async fn round(
             }
         }
         Fault::Switchover => {}
+        Fault::Partition => link(&old, true)?,
     }
     Ok(Round {
         fault,
@@ -580,9 +598,10 @@ async fn stored_ids(cluster: &BenchCluster, app_url: &str) -> Result<(u16, HashS
         .parse()
         .map_err(|_| "unreadable port")?;
     // Straight to the node, not through pgherd: what it holds, whatever pgherd routes.
+    let node = node_by_port(cluster, port)?;
     let direct = connect(&format!(
-        "postgres://postgres:{}@127.0.0.1:{port}/drill",
-        cluster.superuser_password
+        "postgres://postgres:{}@{}:{port}/drill",
+        cluster.superuser_password, node.host
     ))
     .await?;
     let rows = direct
@@ -717,6 +736,122 @@ fn node_by_port(cluster: &BenchCluster, port: u16) -> Result<LocalNode, String> 
         .find(|n| n.port == port)
         .cloned()
         .ok_or_else(|| format!("no cluster node listens on port {port}"))
+}
+
+/// A network for a cluster whose nodes each run in their own namespace: a bridge on the host
+/// (10.X.0.1) and per node a namespace with a veth pair, the node's end at 10.X.0.(i+2).
+/// Nodes reach each other through the bridge (no IP forwarding needed); cutting a node is
+/// taking its host-side veth down. Removed when dropped.
+struct Network {
+    id: u32,
+    subnet: u8,
+    nodes: usize,
+}
+
+impl Network {
+    fn create(nodes: usize) -> Result<Network, String> {
+        let id = std::process::id() % 100_000;
+        let subnet = 100 + (id % 100) as u8;
+        let network = Network { id, subnet, nodes };
+        let bridge = network.bridge();
+        ip(&["link", "add", &bridge, "type", "bridge"])?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("10.{subnet}.0.1/24"),
+            "dev",
+            &bridge,
+        ])?;
+        ip(&["link", "set", &bridge, "up"])?;
+        for i in 0..nodes {
+            let (ns, host_end, node_end) = network.names(i);
+            ip(&["netns", "add", &ns])?;
+            ip(&[
+                "link", "add", &host_end, "type", "veth", "peer", "name", &node_end,
+            ])?;
+            ip(&["link", "set", &node_end, "netns", &ns])?;
+            ip(&["link", "set", &host_end, "master", &bridge])?;
+            ip(&["link", "set", &host_end, "up"])?;
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{}/24", network.address(i)),
+                "dev",
+                &node_end,
+            ])?;
+            ip(&["-n", &ns, "link", "set", &node_end, "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(network)
+    }
+
+    fn bridge(&self) -> String {
+        format!("phb{}", self.id)
+    }
+
+    /// (namespace, host-side veth, node-side veth).
+    fn names(&self, i: usize) -> (String, String, String) {
+        (
+            format!("pgherd-drill-{}-{i}", self.id),
+            format!("phv{}h{i}", self.id),
+            format!("phv{}n{i}", self.id),
+        )
+    }
+
+    fn address(&self, i: usize) -> String {
+        format!("10.{}.0.{}", self.subnet, i + 2)
+    }
+
+    /// (namespace, address) per node, for the cluster.
+    fn nodes(&self) -> Vec<(String, String)> {
+        (0..self.nodes)
+            .map(|i| (self.names(i).0, self.address(i)))
+            .collect()
+    }
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        for i in 0..self.nodes {
+            let _ = ip(&["netns", "del", &self.names(i).0]);
+        }
+        let _ = ip(&["link", "del", &self.bridge()]);
+    }
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run ip (iproute2): {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {} (network namespaces need root)",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Takes the node's link to everyone down, or brings it back up: its host-side veth.
+fn link(node: &LocalNode, up: bool) -> Result<(), String> {
+    let ns = node
+        .netns
+        .as_deref()
+        .ok_or_else(|| format!("node {} runs in no network namespace", node.name))?;
+    // pgherd-drill-ID-I → phvIDhI
+    let rest = ns.trim_start_matches("pgherd-drill-");
+    let (id, i) = rest.split_once('-').ok_or("unexpected namespace name")?;
+    ip(&[
+        "link",
+        "set",
+        &format!("phv{id}h{i}"),
+        if up { "up" } else { "down" },
+    ])
 }
 
 fn postmaster_pid(node: &LocalNode) -> Result<u32, String> {

@@ -179,6 +179,7 @@ fn create(dir: &Path, options: &UpOptions) -> Result<(), String> {
         superuser_password: passwords.superuser.clone(),
         settings: Vec::new(),
         template: None,
+        netns: Vec::new(),
     })
     .map_err(|e| e.to_string())?;
     // The servers hold the very verifiers pgherd holds, so pgherd can pass a client's SCRAM

@@ -13,9 +13,9 @@ fn every_fault_keeps_every_acknowledged_write() {
         .args([
             "drill",
             "--rounds",
-            "5",
+            "6",
             "--faults",
-            "kill,immediate,sigstop,switchover,double",
+            "kill,immediate,sigstop,switchover,double,partition",
             "--writers",
             "3",
             "--calm-s",
@@ -30,7 +30,14 @@ fn every_fault_keeps_every_acknowledged_write() {
     assert!(stdout.contains("split-brain signs: 0"), "{stdout}");
     // Not asserted to be free of failed checks: a shared CI machine may stall one.
     assert!(stdout.contains("calm phase: 3 s,"), "{stdout}");
-    for fault in ["kill", "immediate", "sigstop", "switchover", "double"] {
+    for fault in [
+        "kill",
+        "immediate",
+        "sigstop",
+        "switchover",
+        "double",
+        "partition",
+    ] {
         assert!(
             stdout.lines().any(|l| l.contains(fault)),
             "no {fault} round in:\n{stdout}"

@@ -55,6 +55,18 @@ impl BenchCluster {
         settings: Vec<(String, String)>,
         users: &[&BenchUser],
     ) -> Result<Self, String> {
+        Self::create_in(dir, replicas, settings, users, Vec::new())
+    }
+
+    /// As [`Self::create`], each node in its network namespace at its address (`netns`:
+    /// (namespace, address) per node, primary first).
+    pub fn create_in(
+        dir: &Path,
+        replicas: usize,
+        settings: Vec<(String, String)>,
+        users: &[&BenchUser],
+        netns: Vec<(String, String)>,
+    ) -> Result<Self, String> {
         let superuser_password = format!("bench-{}", rand::random::<u32>());
         let ports = (0..=replicas)
             .map(|_| free_port().map_err(|e| e.to_string()))
@@ -66,6 +78,7 @@ impl BenchCluster {
             superuser_password: superuser_password.clone(),
             settings,
             template: None,
+            netns,
         })
         .map_err(|e| e.to_string())?;
         for user in users {
@@ -213,9 +226,12 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
     );
     for node in cluster.cluster.nodes.iter().take(*nodes) {
         config.push_str(&format!(
-            "[[nodes]]\nname = \"{}\"\nport = {}\n",
-            node.name, node.port
+            "[[nodes]]\nname = \"{}\"\nhost = \"{}\"\nport = {}\n",
+            node.name, node.host, node.port
         ));
+        if let Some(netns) = &node.netns {
+            config.push_str(&format!("netns = \"{netns}\"\n"));
+        }
         if *ha {
             config.push_str(&format!("data_dir = \"{}\"\n", node.data_dir.display()));
         }

@@ -93,6 +93,11 @@ pub enum Check {
         received_lsn: Lsn,
         replayed_lsn: Lsn,
         upstream_alive: bool,
+        /// Its position is final for now: it did not move over the last checks, or only its
+        /// replay moved, below a received position that did not. A standby that restarted
+        /// reports a received position from before the WAL it holds on disk and replays that
+        /// WAL for a while: until it is done, its position understates what it holds.
+        settled: bool,
     },
 }
 
@@ -172,6 +177,9 @@ pub enum Verdict {
     /// In sync mode too few synchronous standbys answer: the newest acknowledged commit may be
     /// only on one that does not.
     SyncQuorumLost { answering: usize, needed: usize },
+    /// The primary is down but these replicas still replay WAL they hold beyond the position
+    /// they report: choosing now could pass over the one holding the newest commits.
+    Settling { replicas: Vec<usize> },
     /// Promote `candidate`; `old` is fenced; `followers` are re-pointed to the candidate.
     Promote {
         candidate: usize,
@@ -250,6 +258,14 @@ pub fn decide(policy: &Policy, view: &View) -> Verdict {
     let needed = replicas.len() / 2 + 1;
     if confirmed < needed {
         return Verdict::NotConfirmed { confirmed, needed };
+    }
+    let settling: Vec<usize> = replicas
+        .iter()
+        .copied()
+        .filter(|&i| matches!(view.nodes[i].check, Check::Replica { settled: false, .. }))
+        .collect();
+    if !settling.is_empty() {
+        return Verdict::Settling { replicas: settling };
     }
     if policy.durability.is_sync() {
         // With ANY k of n, a commit is on at least k of them: it is certainly on an answering
@@ -388,6 +404,10 @@ impl Verdict {
                 }
                 s
             }
+            Verdict::Settling { replicas } => format!(
+                "primary {primary} is down; {} still replay(s) WAL beyond the position reported: choosing once positions stop moving",
+                names(replicas)
+            ),
             Verdict::SyncQuorumLost { answering, needed } => format!(
                 "primary {primary} is down but only {answering} synchronous standby(s) answer of the {needed} needed to be sure the newest commit is among them: not promoting"
             ),

@@ -22,6 +22,7 @@ fn replica(received_lsn: Lsn, upstream_alive: bool) -> Check {
         received_lsn,
         replayed_lsn: received_lsn,
         upstream_alive,
+        settled: true,
     }
 }
 
@@ -310,4 +311,45 @@ fn sync_mode_never_skips_a_more_advanced_standby_it_may_not_promote() {
         s,
         "primary pg1 is down and no replica may be promoted; pg2: priority 0; pg3: 100 bytes behind a synchronous standby that may not be promoted, which may hold acknowledged commits"
     );
+}
+
+#[test]
+fn a_restarted_standby_still_replaying_holds_the_choice_back() {
+    let policy = Policy {
+        durability: Durability::Sync,
+        ..POLICY
+    };
+    // pg2 restarted after a crash: it reports a received position from before the WAL it
+    // holds (900 → 0, the start of the segment) and its replay is still at 950, moving. pg3
+    // streamed up to 1000. What pg2 holds beyond 1000 may be acknowledged commits.
+    let recovering = Check::Replica {
+        timeline: 1,
+        received_lsn: 0,
+        replayed_lsn: 950,
+        upstream_alive: false,
+        settled: false,
+    };
+    let nodes = [
+        node("pg1", Check::Failed),
+        node("pg2", recovering),
+        node("pg3", replica(1000, false)),
+    ];
+    let (v, s) = verdict(&policy, &nodes, &[1, 2]);
+    assert_eq!(v, Verdict::Settling { replicas: vec![1] });
+    assert!(s.contains("pg2 still replay(s) WAL"), "{s}");
+    // Once its replay stops at 1200, it is the most advanced and is promoted.
+    let settled = Check::Replica {
+        timeline: 1,
+        received_lsn: 0,
+        replayed_lsn: 1200,
+        upstream_alive: false,
+        settled: true,
+    };
+    let nodes = [
+        node("pg1", Check::Failed),
+        node("pg2", settled),
+        node("pg3", replica(1000, false)),
+    ];
+    let (v, _) = verdict(&policy, &nodes, &[1, 2]);
+    assert!(matches!(v, Verdict::Promote { candidate: 1, .. }), "{v:?}");
 }

@@ -20,6 +20,11 @@ struct SimNode {
     timeline: u32,
     /// WAL this node holds (received, for a standby).
     lsn: Lsn,
+    /// What it reports: equal to `lsn` except while a restarted standby replays the WAL it
+    /// holds, when the received position it reports is from before that WAL (PostgreSQL
+    /// reports the start of the segment it would stream from) and replay is still short of it.
+    replayed: Lsn,
+    reported_received: Lsn,
     upstream: Option<usize>,
     cut_from_pgherd: bool,
     cut_from_cluster: bool,
@@ -39,6 +44,10 @@ struct Sim {
     fenced: Vec<bool>,
     last_primary_lsn: Option<Lsn>,
     synchronous: Vec<usize>,
+    /// Per node, the position the previous check reported and how many checks in a row it
+    /// was final (as the proxy computes `settled`).
+    reported: Vec<Option<(Lsn, Lsn)>>,
+    settled_checks: Vec<u32>,
     /// The newest commit acknowledged to a client, on the current primary's history.
     acked: Lsn,
     trace: Vec<String>,
@@ -60,6 +69,8 @@ impl Sim {
                 writable: i == 0,
                 timeline: 1,
                 lsn: 0,
+                replayed: 0,
+                reported_received: 0,
                 upstream: (i > 0).then_some(0),
                 cut_from_pgherd: false,
                 cut_from_cluster: false,
@@ -81,6 +92,8 @@ impl Sim {
             elected: None,
             failures: vec![0; count],
             fenced: vec![false; count],
+            reported: vec![None; count],
+            settled_checks: vec![0; count],
             last_primary_lsn: None,
             acked: 0,
             trace: Vec::new(),
@@ -96,6 +109,8 @@ impl Sim {
         let up = &self.nodes[u];
         r.alive
             && !r.writable
+            // A restarted standby replays what it holds before it streams again.
+            && r.replayed == r.lsn
             && up.alive
             && up.writable
             && !r.cut_from_cluster
@@ -107,10 +122,18 @@ impl Sim {
         let n = self.nodes.len();
         let pick = self.rng.gen_range(0..n);
         let roll: f64 = self.rng.gen();
+        let unreplayed = self.rng.gen_range(0..8000);
         let node = &mut self.nodes[pick];
         match roll {
             r if r < 0.03 => node.alive = false,
-            r if r < 0.10 => node.alive = true,
+            r if r < 0.10 => {
+                if !node.alive && !node.writable {
+                    // Crash recovery: replays WAL on disk, reporting less than it holds.
+                    node.replayed = node.lsn.saturating_sub(unreplayed);
+                    node.reported_received = node.replayed - node.replayed % 4096;
+                }
+                node.alive = true;
+            }
             r if r < 0.13 => node.cut_from_pgherd = true,
             r if r < 0.20 => node.cut_from_pgherd = false,
             r if r < 0.22 => node.cut_from_cluster = true,
@@ -134,10 +157,17 @@ impl Sim {
                 let u = self.nodes[r].upstream.unwrap_or(r);
                 let target = self.nodes[u].lsn;
                 let step = self.rng.gen_range(0..3000);
-                self.nodes[r].lsn = (self.nodes[r].lsn + step).min(target);
-                if self.nodes[r].lsn == target {
-                    self.nodes[r].caught_up = true;
+                let node = &mut self.nodes[r];
+                node.lsn = (node.lsn + step).min(target);
+                node.replayed = node.lsn;
+                node.reported_received = node.lsn;
+                if node.lsn == target {
+                    node.caught_up = true;
                 }
+            } else if self.nodes[r].alive && self.nodes[r].replayed < self.nodes[r].lsn {
+                let step = self.rng.gen_range(0..2500);
+                let node = &mut self.nodes[r];
+                node.replayed = (node.replayed + step).min(node.lsn);
             }
         }
         if let Some(p) = written {
@@ -169,14 +199,26 @@ impl Sim {
                         lsn: node.lsn,
                     }
                 } else {
+                    let now = (node.reported_received, node.replayed);
+                    let settled = self.reported[i].is_some_and(|(received, replayed)| {
+                        received == now.0 && (replayed == now.1 || now.1 <= now.0)
+                    });
+                    self.settled_checks[i] = if settled {
+                        self.settled_checks[i] + 1
+                    } else {
+                        0
+                    };
+                    self.reported[i] = Some(now);
                     Check::Replica {
                         timeline: node.timeline,
-                        received_lsn: node.lsn,
-                        replayed_lsn: node.lsn,
+                        received_lsn: now.0,
+                        replayed_lsn: now.1,
                         upstream_alive: self.streams(i),
+                        settled: self.settled_checks[i] >= 2,
                     }
                 };
                 self.failures[i] = if check == Check::Failed {
+                    self.settled_checks[i] = 0;
                     self.failures[i] + 1
                 } else {
                     0
@@ -278,9 +320,15 @@ impl Sim {
         // Recompute the best candidate independently.
         let eligible = |i: usize| {
             let n = &view.nodes[i];
-            let Check::Replica { received_lsn, .. } = n.check else {
+            let Check::Replica {
+                received_lsn,
+                replayed_lsn,
+                ..
+            } = n.check
+            else {
                 return None;
             };
+            let received_lsn = received_lsn.max(replayed_lsn);
             let lag_ok = match (self.policy.durability, view.last_primary_lsn) {
                 (Durability::Async, Some(p)) => {
                     p.saturating_sub(received_lsn) <= self.policy.max_lag_on_failover_bytes
@@ -332,6 +380,9 @@ impl Sim {
                 self.last_primary_lsn = None;
                 let new_timeline = self.nodes.iter().map(|n| n.timeline).max().unwrap_or(1) + 1;
                 let c = &mut self.nodes[candidate];
+                // Promotion replays everything the candidate holds first.
+                c.replayed = c.lsn;
+                c.reported_received = c.lsn;
                 c.writable = true;
                 c.timeline = new_timeline;
                 c.upstream = None;
@@ -358,6 +409,8 @@ impl Sim {
                 let node = &mut self.nodes[i];
                 node.writable = false;
                 node.lsn = node.lsn.min(primary_lsn);
+                node.replayed = node.lsn;
+                node.reported_received = node.lsn;
                 node.upstream = Some(primary);
                 node.timeline = primary_timeline;
                 node.caught_up = false;

@@ -360,6 +360,7 @@ fn kind(verdict: &Verdict) -> &'static str {
         Verdict::NotConfirmed { .. } => "not_confirmed",
         Verdict::NoCandidate { .. } => "no_candidate",
         Verdict::SyncQuorumLost { .. } => "sync_quorum_lost",
+        Verdict::Settling { .. } => "settling",
         Verdict::Promote { .. } => "promoting",
         Verdict::Elect { .. } => "elected",
         Verdict::Ambiguous { .. } => "ambiguous",
@@ -379,6 +380,10 @@ pub(crate) fn event(app: &App, kind: &'static str, node: &str, detail: &str) {
 }
 
 /// What the monitors last saw of a node, in the decision crate's terms.
+/// Checks in a row a replica's position must hold still before failover trusts it: one quiet
+/// interval could be a pause in a restarted standby's replay.
+const SETTLED_CHECKS: u32 = 2;
+
 fn view_of(node: &NodeState) -> NodeView {
     let health = node.health();
     let check = match health.last_seen {
@@ -392,6 +397,7 @@ fn view_of(node: &NodeState) -> NodeView {
                 received_lsn: seen.receive_lsn,
                 replayed_lsn: seen.lsn,
                 upstream_alive: seen.upstream_streaming,
+                settled: health.settled_checks >= SETTLED_CHECKS,
             },
             Role::Unknown => Check::Failed,
         },
@@ -754,6 +760,9 @@ mod tests {
             Verdict::SyncQuorumLost {
                 answering: 0,
                 needed: 1,
+            },
+            Verdict::Settling {
+                replicas: Vec::new(),
             },
             Verdict::Promote {
                 candidate: 0,

@@ -53,6 +53,10 @@ pub struct NodeHealth {
     pub times_down: u64,
     /// Failed checks since the last good one.
     pub failed_streak: u32,
+    /// Good checks in a row at which the node's WAL position was final for now: unchanged,
+    /// or only replay moving below an unchanged received position (see
+    /// `pgherd_failover::Check::Replica::settled`).
+    pub settled_checks: u32,
     /// What the last good check saw.
     pub last_seen: Option<Observation>,
 }
@@ -264,6 +268,16 @@ impl NodeState {
                 self.up.store(true, Ordering::Release);
                 health.checks_ok += 1;
                 health.failed_streak = 0;
+                let settled = health.last_seen.as_ref().is_some_and(|prev| {
+                    prev.role == seen.role
+                        && prev.receive_lsn == seen.receive_lsn
+                        && (prev.lsn == seen.lsn || seen.lsn <= seen.receive_lsn)
+                });
+                health.settled_checks = if settled {
+                    health.settled_checks.saturating_add(1)
+                } else {
+                    0
+                };
                 let seen_lsn = seen.lsn;
                 health.last_seen = Some(seen);
                 health.last_error = None;
@@ -288,6 +302,7 @@ impl NodeState {
             Err(error) => {
                 health.checks_failed += 1;
                 health.failed_streak = health.failed_streak.saturating_add(1);
+                health.settled_checks = 0;
                 let failed_streak = health.failed_streak;
                 // One slow check on a busy machine must not take a node out of service: it is
                 // down only after several failures in a row (failed connections from sessions

@@ -66,7 +66,23 @@ pub async fn switchover(app: &Arc<App>, to: Option<&str>) -> Result<Vec<String>,
             old.name()
         ),
     )?;
-    let target = choose_target(&nodes, &old, to)?;
+    // A replica that has just (re)joined streams before pgherd's next health check says so:
+    // give the checks a moment before refusing.
+    let waited = Instant::now();
+    let target = loop {
+        match choose_target(&nodes, &old, to) {
+            Ok(target) => break target,
+            Err(e)
+                if e.code == SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE
+                    && to != Some(old.name())
+                    && waited.elapsed() < TARGET_WAIT =>
+            {
+                let period = app.config().cluster.health_check_period_ms;
+                tokio::time::sleep(Duration::from_millis(period.max(50))).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
     if !app.nodes.begin_switching() {
         return Err(PgError::error(
             SqlState::OBJECT_IN_USE,
@@ -91,6 +107,9 @@ pub async fn switchover(app: &Arc<App>, to: Option<&str>) -> Result<Vec<String>,
         }
     }
 }
+
+/// How long a switchover waits for a replica that streams (as pgherd's checks see it).
+const TARGET_WAIT: Duration = Duration::from_secs(3);
 
 /// The named replica, or the most advanced streaming one (priority breaks ties; priority 0
 /// never).

@@ -240,6 +240,20 @@ async fn drill(
     let mut violations = split_brain(&log.acks, &injections);
     violations.extend(rounds.iter().filter_map(|r| r.violation.clone()));
     report(&rounds, &log, &lost, &violations, primary_port);
+    for id in lost.iter().take(10) {
+        if let Some(ack) = log.acks.iter().find(|a| a.id == *id) {
+            let round = injections.iter().rposition(|&t| t <= ack.at);
+            let since = round.map(|r| ack.at.duration_since(injections[r]).as_millis());
+            println!(
+                "  lost id {id}: acknowledged by port {} {}",
+                ack.port,
+                match (round, since) {
+                    (Some(r), Some(ms)) => format!("in round {} ({ms} ms after its fault)", r + 1),
+                    _ => "before the first fault".to_owned(),
+                }
+            );
+        }
+    }
     if let Some(f) = failure {
         return Err(f);
     }
@@ -693,9 +707,6 @@ fn report(rounds: &[Round], log: &Log, lost: &[i64], violations: &[String], prim
     );
     for v in violations {
         println!("  {v}");
-    }
-    if let Some(first) = lost.first() {
-        println!("  first lost id: {first}");
     }
 }
 

@@ -158,7 +158,17 @@ struct SyncKeeper {
     in_force: Option<(String, SyncSet)>,
     /// Standbys streaming under a name no node has, reported once each.
     unknown_reported: HashSet<String>,
+    /// The primary being kept and since when: its standbys get [`STANDBY_GRACE`] to start
+    /// streaming before `sync` degrades.
+    primary_since: Option<(String, std::time::Instant)>,
 }
+
+/// How long `sync` durability waits for a standby of a new primary (after startup, a failover
+/// or a switchover) to stream before letting the primary acknowledge commits alone. Standbys
+/// re-pointed or restarted need a few seconds to connect (PostgreSQL retries every
+/// `wal_retrieve_retry_interval`, 5 s); degrading at once would acknowledge commits on one
+/// node exactly when the cluster has just lost one.
+const STANDBY_GRACE: Duration = Duration::from_secs(15);
 
 impl SyncKeeper {
     /// The standbys that may hold every acknowledged commit of the elected primary, as node
@@ -218,15 +228,34 @@ impl SyncKeeper {
             .as_ref()
             .filter(|(p, _)| p == primary.name())
             .map(|(_, set)| set.clone());
-        let Some(desired) = desired_sync_set(
+        if self.primary_since.as_ref().map(|(p, _)| p.as_str()) != Some(primary.name()) {
+            self.primary_since = Some((primary.name().to_owned(), std::time::Instant::now()));
+        }
+        let young = self
+            .primary_since
+            .as_ref()
+            .is_some_and(|(_, since)| since.elapsed() < STANDBY_GRACE);
+        let sync_standbys = config.replication.sync_standbys as usize;
+        let Some(mut desired) = desired_sync_set(
             durability,
-            config.replication.sync_standbys as usize,
+            sync_standbys,
             &streaming,
             &eligible,
             current.as_ref(),
         ) else {
             return;
         };
+        let waiting_for_standbys =
+            durability == Durability::Sync && young && desired.standbys.is_empty();
+        if waiting_for_standbys {
+            // Every standby the new primary may get counts until one streams: commits wait
+            // for it rather than rest on the primary alone.
+            if let Some(all) =
+                desired_sync_set(durability, sync_standbys, &eligible, &eligible, None)
+            {
+                desired = all;
+            }
+        }
         // A cluster without replicas has nothing to wait for, in any durability.
         let none_streams =
             !eligible.is_empty() && !desired.standbys.iter().any(|s| streaming.contains(s));
@@ -260,6 +289,15 @@ impl SyncKeeper {
                 "sync_degraded",
                 "no standby streams: commits are acknowledged by the primary alone until one does"
                     .to_owned(),
+            )
+        } else if none_streams && waiting_for_standbys {
+            (
+                "sync_standbys",
+                format!(
+                    "no standby streams yet: synchronous_standby_names = '{}' while they connect (commits wait; up to {} s, then sync degrades)",
+                    desired.setting(),
+                    STANDBY_GRACE.as_secs()
+                ),
             )
         } else if none_streams {
             (
@@ -441,6 +479,12 @@ async fn act(
             exclude(app, &nodes[old]);
             let new_primary = &nodes[candidate];
             let promoted_at = received(new_primary);
+            // Positions as the decision saw them: once a follower streams from the promoted
+            // candidate, its position grows with the new timeline's WAL.
+            let before: Vec<(usize, u64)> = followers
+                .iter()
+                .map(|&f| (f, received(&nodes[f])))
+                .collect();
             // The others follow the candidate before it is promoted (cascading until then):
             // a replaced primary that wakes up (a hung one resumed) could otherwise still ship
             // them WAL the candidate never got, and they could not follow it.
@@ -479,13 +523,13 @@ async fn act(
             tracing::warn!(node = new_primary.name(), "promoted; writes go to it now");
             // A follower with WAL the new primary never had (one that may not be promoted)
             // cannot follow it until it is rewound.
-            for follower in followers.iter().map(|&f| &nodes[f]) {
-                if received(follower) <= promoted_at {
+            for (follower, had) in before.iter().map(|&(f, had)| (&nodes[f], had)) {
+                if had <= promoted_at {
                     continue;
                 }
                 let detail = format!(
-                    "has WAL up to {} beyond where {} was promoted ({}): it cannot follow until it rejoins",
-                    format_lsn(received(follower)),
+                    "had WAL up to {} beyond where {} was promoted ({}): it cannot follow until it rejoins",
+                    format_lsn(had),
                     new_primary.name(),
                     format_lsn(promoted_at)
                 );

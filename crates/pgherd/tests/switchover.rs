@@ -1,6 +1,7 @@
-//! Switchover under load: clients writing through pgherd see no error and lose no
-//! acknowledged write while the primary role moves; the old primary comes back as a standby of
-//! the new one and the other replica follows it.
+//! Switchover under load: clients writing through pgherd (our own writers, which check every
+//! acknowledged id, and pgbench's TPC-B) see no error and lose no acknowledged write while the
+//! primary role moves; the old primary comes back as a standby of the new one and the other
+//! replica follows it.
 
 mod common;
 
@@ -37,6 +38,11 @@ async fn switchover_under_load_loses_nothing_and_fails_no_client() {
     // A bad target is refused with a reason, and nothing changes.
     let refused = psql(&admin, &["-c", "SWITCHOVER TO pg9"]).expect_err("unknown node");
     assert!(refused.contains("no node named \"pg9\""), "{refused}");
+
+    // pgbench's TPC-B through pgherd too: any failed transaction aborts its client.
+    let url = env.app_url();
+    pgbench(&url, &["-i", "-s", "1", "-q"]).expect("pgbench -i through pgherd");
+    let tpcb = std::thread::spawn(move || pgbench(&url, &["-n", "-c", "4", "-j", "2", "-T", "5"]));
 
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Mutex::new(Tally::default()));
@@ -84,6 +90,9 @@ async fn switchover_under_load_loses_nothing_and_fails_no_client() {
         "{answer}\n{}",
         env.pgherd.log()
     );
+    let tpcb = tpcb.join().expect("pgbench thread");
+    let tpcb = tpcb.unwrap_or_else(|e| panic!("pgbench failed across the switchover: {e}"));
+    assert!(tpcb.contains("number of failed transactions: 0"), "{tpcb}");
     let tally = std::mem::take(&mut *tally.lock().expect("tally"));
     assert!(
         tally.errors.is_empty(),

@@ -53,6 +53,19 @@ pub fn spawn(app: &Arc<App>, listeners: Vec<TcpListener>) {
 }
 
 pub fn router(app: Arc<App>) -> Router {
+    let changes = Router::new()
+        .route("/api/switchover", post(switchover))
+        .route("/api/rejoin/{name}", post(rejoin))
+        .route("/api/detach/{name}", post(detach))
+        .route("/api/attach/{name}", post(attach))
+        .route("/api/pause", post(pause))
+        .route("/api/resume", post(resume))
+        .route("/api/kill/{database}", post(kill))
+        .route("/api/reload", post(reload))
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            require_token,
+        ));
     Router::new()
         .route("/", get(dashboard))
         .route("/health", get(health))
@@ -70,14 +83,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/events", get(|s| view(s, views::events)))
         .route("/api/config", get(|s| view(s, views::config)))
         .route("/api/status", get(status))
-        .route("/api/switchover", post(switchover))
-        .route("/api/rejoin/{name}", post(rejoin))
-        .route("/api/detach/{name}", post(detach))
-        .route("/api/attach/{name}", post(attach))
-        .route("/api/pause", post(pause))
-        .route("/api/resume", post(resume))
-        .route("/api/kill/{database}", post(kill))
-        .route("/api/reload", post(reload))
+        .merge(changes)
         .fallback(not_found)
         .with_state(app)
 }
@@ -297,76 +303,40 @@ struct SwitchoverRequest {
     to: Option<String>,
 }
 
-async fn switchover(
-    State(app): AppState,
-    headers: HeaderMap,
-    body: Option<Json<SwitchoverRequest>>,
-) -> Response {
-    if let Err(r) = authorize(&app, &headers) {
-        return r.into_response();
-    }
+async fn switchover(State(app): AppState, body: Option<Json<SwitchoverRequest>>) -> Response {
     let to = body.and_then(|Json(b)| b.to);
     steps(crate::switchover::switchover(&app, to.as_deref()).await)
 }
 
-async fn rejoin(State(app): AppState, headers: HeaderMap, Path(name): Path<String>) -> Response {
-    if let Err(r) = authorize(&app, &headers) {
-        return r.into_response();
-    }
+async fn rejoin(State(app): AppState, Path(name): Path<String>) -> Response {
     steps(crate::rejoin::rejoin(&app, &name).await)
 }
 
-async fn detach(State(app): AppState, headers: HeaderMap, Path(name): Path<String>) -> Response {
-    if let Err(r) = authorize(&app, &headers) {
-        return r.into_response();
-    }
+async fn detach(State(app): AppState, Path(name): Path<String>) -> Response {
     steps(crate::control::detach(&app, &name))
 }
 
-async fn attach(State(app): AppState, headers: HeaderMap, Path(name): Path<String>) -> Response {
-    if let Err(r) = authorize(&app, &headers) {
-        return r.into_response();
-    }
+async fn attach(State(app): AppState, Path(name): Path<String>) -> Response {
     steps(crate::control::attach(&app, &name))
 }
 
 /// `?database=NAME`, or every database without it.
-async fn pause(
-    State(app): AppState,
-    headers: HeaderMap,
-    Query(query): Query<HashMap<String, String>>,
-) -> Response {
-    if let Err(r) = authorize(&app, &headers) {
-        return r.into_response();
-    }
+async fn pause(State(app): AppState, Query(query): Query<HashMap<String, String>>) -> Response {
     steps(crate::control::pause(&app, query.get("database").map(String::as_str)).await)
 }
 
-async fn resume(
-    State(app): AppState,
-    headers: HeaderMap,
-    Query(query): Query<HashMap<String, String>>,
-) -> Response {
-    if let Err(r) = authorize(&app, &headers) {
-        return r.into_response();
-    }
+async fn resume(State(app): AppState, Query(query): Query<HashMap<String, String>>) -> Response {
     steps(crate::control::resume(
         &app,
         query.get("database").map(String::as_str),
     ))
 }
 
-async fn kill(State(app): AppState, headers: HeaderMap, Path(database): Path<String>) -> Response {
-    if let Err(r) = authorize(&app, &headers) {
-        return r.into_response();
-    }
+async fn kill(State(app): AppState, Path(database): Path<String>) -> Response {
     steps(crate::control::kill(&app, &database))
 }
 
-async fn reload(State(app): AppState, headers: HeaderMap) -> Response {
-    if let Err(r) = authorize(&app, &headers) {
-        return r.into_response();
-    }
+async fn reload(State(app): AppState) -> Response {
     match crate::lifecycle::reload(&app) {
         Ok(notes) => answer(StatusCode::OK, json!({"reloaded": true, "notes": notes})),
         Err(e) => answer(
@@ -392,6 +362,18 @@ fn steps(result: Result<Vec<String>, PgError>) -> Response {
                 json!({"error": e.message, "sqlstate": e.code.code()}),
             )
         }
+    }
+}
+
+/// In front of every endpoint that changes something.
+async fn require_token(
+    State(app): AppState,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match authorize(&app, request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => refusal.into_response(),
     }
 }
 

@@ -53,29 +53,17 @@ impl From<&str> for Cell {
     }
 }
 
-impl From<u64> for Cell {
-    fn from(n: u64) -> Self {
-        Cell::Int(i64::try_from(n).unwrap_or(i64::MAX))
-    }
+/// Unsigned counters and sizes; anything past i64 (never, in practice) shows as its maximum.
+macro_rules! int_cells {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Cell {
+            fn from(n: $t) -> Self {
+                Cell::Int(i64::try_from(n).unwrap_or(i64::MAX))
+            }
+        }
+    )*};
 }
-
-impl From<u32> for Cell {
-    fn from(n: u32) -> Self {
-        Cell::Int(n.into())
-    }
-}
-
-impl From<usize> for Cell {
-    fn from(n: usize) -> Self {
-        Cell::Int(i64::try_from(n).unwrap_or(i64::MAX))
-    }
-}
-
-impl From<u16> for Cell {
-    fn from(n: u16) -> Self {
-        Cell::Int(n.into())
-    }
-}
+int_cells!(u64, u32, u16, usize);
 
 impl From<bool> for Cell {
     fn from(b: bool) -> Self {

@@ -8,7 +8,6 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use common::*;
-use pgherd_testkit::SUPERUSER;
 
 const TOKEN: &str = "api-test-token-0123456789";
 
@@ -47,28 +46,14 @@ fn answer(result: Result<ureq::Response, ureq::Error>) -> (u16, String) {
     }
 }
 
-fn env_with_api(replicas: usize) -> (Env, Api) {
-    let port = pgherd_cluster::free_port().expect("free port");
-    let env = env(replicas, |c| {
-        c.manage_nodes()
-            .superuser()
-            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
-            .section("[failover]\nenabled = true")
-            .section(&format!(
-                "[api]\nlisten = [\"127.0.0.1:{port}\"]\ntoken = \"{TOKEN}\""
-            ))
-    });
-    (
-        env,
-        Api {
-            base: format!("http://127.0.0.1:{port}"),
-        },
-    )
+fn api_env(replicas: usize) -> (Env, Api) {
+    let (env, base) = env_with_api(replicas, TOKEN);
+    (env, Api { base })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_endpoints_views_and_a_switchover_over_http() {
-    let (env, api) = env_with_api(2);
+    let (env, api) = api_env(2);
     wait_until(&env, "pgherd elected pg1", Duration::from_secs(10), || {
         api.get("/node/pg1/primary").0 == 200
     });
@@ -174,7 +159,7 @@ async fn health_endpoints_views_and_a_switchover_over_http() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_parse_and_every_documented_metric_is_there() {
-    let (env, api) = env_with_api(1);
+    let (env, api) = api_env(1);
     wait_until(&env, "pgherd elected pg1", Duration::from_secs(10), || {
         api.get("/node/pg1/primary").0 == 200
     });

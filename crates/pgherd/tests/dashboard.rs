@@ -11,7 +11,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use pgherd_testkit::SUPERUSER;
 
 const TOKEN: &str = "dashboard-test-token-42";
 
@@ -45,19 +44,9 @@ fn phase(api: &str, name: &str, vars: &[(&str, &str)]) -> String {
 
 #[test]
 fn dashboard_shows_the_cluster_and_switches_over() {
-    let port = pgherd_cluster::free_port().expect("free port");
-    let env = env(2, |c| {
-        c.manage_nodes()
-            .superuser()
-            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
-            .section("[failover]\nenabled = true")
-            .section(&format!(
-                "[api]\nlisten = [\"127.0.0.1:{port}\"]\ntoken = \"{TOKEN}\""
-            ))
-    });
-    let api = format!("http://127.0.0.1:{port}");
+    let (env, api) = env_with_api(2, TOKEN);
     // Traffic for the charts and pools while the page watches.
-    let script = std::env::temp_dir().join(format!("pgherd-dash-{port}.sql"));
+    let script = std::env::temp_dir().join(format!("pgherd-dash-{}.sql", env.pgherd.port));
     std::fs::write(&script, "SELECT 1;\n").expect("pgbench script");
     let url = env.app_url();
     let traffic = std::thread::spawn(move || {

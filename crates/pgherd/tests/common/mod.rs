@@ -131,3 +131,23 @@ pub fn wait_until(env: &Env, what: &str, timeout: Duration, mut f: impl FnMut() 
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A cluster with `replicas` and pgherd managing its nodes with failover on, the superuser
+/// on the admin console, and the HTTP API on a free port guarded by `token`; returns the
+/// API's base URL too.
+pub fn env_with_api(replicas: usize, token: &str) -> (Env, String) {
+    let port = pgherd_cluster::free_port().expect("free port");
+    let env = env(replicas, |c| {
+        c.manage_nodes()
+            .superuser()
+            .proxy(&format!(
+                "admin_users = [\"{}\"]",
+                pgherd_testkit::SUPERUSER
+            ))
+            .section("[failover]\nenabled = true")
+            .section(&format!(
+                "[api]\nlisten = [\"127.0.0.1:{port}\"]\ntoken = \"{token}\""
+            ))
+    });
+    (env, format!("http://127.0.0.1:{port}"))
+}

@@ -159,13 +159,13 @@ async fn run_script(
     Ok(())
 }
 
-const COMMANDS: &str = "SHOW HELP|VERSION|NODES|POOLS|STATS|LISTS|CLIENTS|CONFIG|EVENTS, SWITCHOVER [TO node], REJOIN node, DETACH node, ATTACH node, PAUSE [db], RESUME [db], KILL db, RELOAD, SHUTDOWN";
+const COMMANDS: &str = "SHOW HELP|VERSION|NODES|POOLS|STATS|LISTS|CLIENTS|SERVERS|CONFIG|EVENTS, SWITCHOVER [TO node], REJOIN node, DETACH node, ATTACH node, PAUSE [db], RESUME [db], KILL db, RELOAD, SHUTDOWN";
 
 /// The right form of each command, for the error when one is misspelt.
 const USAGE: &[(&str, &str)] = &[
     (
         "SHOW",
-        "SHOW HELP|VERSION|NODES|POOLS|STATS|LISTS|CLIENTS|CONFIG|EVENTS",
+        "SHOW HELP|VERSION|NODES|POOLS|STATS|LISTS|CLIENTS|SERVERS|CONFIG|EVENTS",
     ),
     ("SWITCHOVER", "SWITCHOVER [TO node]"),
     ("REJOIN", "REJOIN node"),
@@ -280,6 +280,7 @@ fn run_command(
         ["SHOW", "STATS"] => Ok(Outcome::Rows(views::stats(app))),
         ["SHOW", "LISTS"] => Ok(Outcome::Rows(views::lists(app))),
         ["SHOW", "CLIENTS"] => Ok(Outcome::Rows(views::clients(app))),
+        ["SHOW", "SERVERS"] => Ok(Outcome::Rows(views::servers(app))),
         ["SHOW", "CONFIG"] => Ok(Outcome::Rows(views::config(app))),
         ["RELOAD"] => {
             needs_admin("RELOAD")?;

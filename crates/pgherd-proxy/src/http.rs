@@ -80,6 +80,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/stats", get(|s| view(s, views::stats)))
         .route("/api/lists", get(|s| view(s, views::lists)))
         .route("/api/clients", get(|s| view(s, views::clients)))
+        .route("/api/servers", get(|s| view(s, views::servers)))
         .route("/api/events", get(|s| view(s, views::events)))
         .route("/api/config", get(|s| view(s, views::config)))
         .route("/api/status", get(status))
@@ -414,7 +415,7 @@ async fn not_found() -> Response {
             "GET / (the dashboard)", "GET /health", "GET /ready", "GET /primary", "GET /replica?lag=&lag_ms=",
             "GET /node/{name}/primary", "GET /node/{name}/replica?lag=&lag_ms=", "GET /metrics",
             "GET /api/status", "GET /api/nodes", "GET /api/pools", "GET /api/stats",
-            "GET /api/lists", "GET /api/clients", "GET /api/events", "GET /api/config",
+            "GET /api/lists", "GET /api/clients", "GET /api/servers", "GET /api/events", "GET /api/config",
             "POST /api/switchover {\"to\": node}", "POST /api/rejoin/{name}",
             "POST /api/detach/{name}", "POST /api/attach/{name}", "POST /api/pause?database=",
             "POST /api/resume?database=", "POST /api/kill/{database}", "POST /api/reload",

@@ -181,6 +181,24 @@ impl Pool {
         !self.template_params.lock().is_empty()
     }
 
+    /// The idle connections: (server id, backend pid, age, idle for).
+    pub fn idle_servers(&self) -> Vec<(u64, i32, Duration, Duration)> {
+        let now = Instant::now();
+        self.state
+            .lock()
+            .idle
+            .iter()
+            .map(|c| {
+                (
+                    c.id,
+                    c.cancel_key.process_id,
+                    now.duration_since(c.created_at),
+                    now.duration_since(c.last_used),
+                )
+            })
+            .collect()
+    }
+
     pub fn snapshot(&self) -> PoolSnapshot {
         let settings = self.settings.load();
         let st = self.state.lock();

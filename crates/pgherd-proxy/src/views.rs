@@ -340,6 +340,70 @@ pub fn lists(app: &App) -> Table {
     }
 }
 
+/// Server connections: those lent to a client now (from the clients' cancel targets) and the
+/// idle ones in the pools, like PgBouncer's SHOW SERVERS. Connections being opened are not
+/// listed (SHOW POOLS counts them).
+pub fn servers(app: &App) -> Table {
+    let nodes = app.nodes.all();
+    let node_of = |peer: std::net::SocketAddr| {
+        nodes
+            .iter()
+            .find(|n| {
+                n.config.port == peer.port()
+                    && n.config
+                        .host
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip == peer.ip())
+            })
+            .map_or_else(|| peer.to_string(), |n| n.name().to_owned())
+    };
+    let mut rows: Vec<Vec<Cell>> = Vec::new();
+    for c in app.clients.all() {
+        if let Some(t) = c.target() {
+            rows.push(vec![
+                t.server_id.into(),
+                c.database.clone().into(),
+                c.user.clone().into(),
+                node_of(t.peer).into(),
+                "active".into(),
+                t.key.process_id.to_string().into(),
+                c.id.into(),
+                Cell::Null,
+                Cell::Null,
+            ]);
+        }
+    }
+    for p in app.pools() {
+        for (id, pid, age, idle) in p.idle_servers() {
+            rows.push(vec![
+                id.into(),
+                p.database.clone().into(),
+                p.user.clone().into(),
+                p.node.name.clone().into(),
+                "idle".into(),
+                pid.to_string().into(),
+                Cell::Null,
+                age.as_secs().into(),
+                idle.as_secs().into(),
+            ]);
+        }
+    }
+    Table {
+        columns: &[
+            "id",
+            "database",
+            "user",
+            "node",
+            "state",
+            "backend_pid",
+            "client",
+            "age_s",
+            "idle_s",
+        ],
+        rows,
+    }
+}
+
 pub fn clients(app: &App) -> Table {
     let rows = app
         .clients

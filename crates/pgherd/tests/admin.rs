@@ -70,6 +70,7 @@ async fn every_command_with_its_errors() {
         ("SHOW STATS", "total_xact_count"),
         ("SHOW LISTS", "items"),
         ("SHOW CLIENTS", "addr"),
+        ("SHOW SERVERS", "backend_pid"),
         ("SHOW CONFIG", "value"),
         ("SHOW EVENTS", "kind"),
         ("SHOW VERSION", "version"),
@@ -93,6 +94,14 @@ async fn every_command_with_its_errors() {
             .iter()
             .any(|r| field(r, "database") == APP && field(r, "total_query_count") != "0"),
         "{stats_rows:?}"
+    );
+    // The app's server connection, idle in its pool now, with its backend's pid.
+    let servers = rows(&admin, "SHOW SERVERS").await.unwrap();
+    assert!(
+        servers.iter().any(|r| field(r, "database") == APP
+            && field(r, "state") == "idle"
+            && field(r, "backend_pid").parse::<i32>().is_ok_and(|p| p > 0)),
+        "{servers:?}"
     );
     let lists = rows(&admin, "SHOW LISTS").await.unwrap();
     let clients = lists

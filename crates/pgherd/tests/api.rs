@@ -95,7 +95,7 @@ async fn health_endpoints_views_and_a_switchover_over_http() {
     assert!(pools.as_array().is_some_and(|p| !p.is_empty()), "{pools}");
     let status = api.json("/api/status");
     assert_eq!(status["primary"], "pg1");
-    for view in ["stats", "lists", "clients", "events", "config"] {
+    for view in ["stats", "lists", "clients", "servers", "events", "config"] {
         assert!(api.json(&format!("/api/{view}")).is_array(), "{view}");
     }
 

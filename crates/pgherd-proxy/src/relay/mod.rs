@@ -1016,6 +1016,7 @@ impl Session {
         self.tx_failed = false;
         self.params.end_transaction(false);
         if had_requests {
+            self.app.own_errors.count(&err.code);
             err.encode(&mut self.client_out)?;
             for _ in 0..owed_ready {
                 backend::encode_ready_for_query(&mut self.client_out, TxStatus::Idle);
@@ -1067,6 +1068,7 @@ impl Session {
     /// next client can use, or closes it.
     async fn finish(&mut self, end: &Disconnect) {
         if let Some(err) = end.client_error() {
+            self.app.own_errors.count(&err.code);
             if err.encode(&mut self.client_out).is_ok() {
                 let _ = tokio::time::timeout(Duration::from_secs(1), async {
                     let _ = self.client.write_all(&self.client_out).await;
@@ -1782,6 +1784,7 @@ impl Session {
                 }
                 Synthetic::Error(e) => {
                     self.tx_failed = true;
+                    self.app.own_errors.count(&e.code);
                     e.encode(&mut self.client_out)?
                 }
             }

@@ -159,8 +159,6 @@ async fn run_script(
     Ok(())
 }
 
-const COMMANDS: &str = "SHOW HELP|VERSION|NODES|POOLS|STATS|LISTS|CLIENTS|SERVERS|CONFIG|EVENTS, SWITCHOVER [TO node], REJOIN node, DETACH node, ATTACH node, PAUSE [db], RESUME [db], KILL db, RELOAD, SHUTDOWN";
-
 /// The right form of each command, for the error when one is misspelt.
 const USAGE: &[(&str, &str)] = &[
     (
@@ -177,6 +175,11 @@ const USAGE: &[(&str, &str)] = &[
     ("RELOAD", "RELOAD"),
     ("SHUTDOWN", "SHUTDOWN"),
 ];
+
+/// Every command's form, for SHOW HELP and the hint for an unknown command.
+fn commands() -> impl Iterator<Item = &'static str> {
+    USAGE.iter().map(|(_, usage)| *usage)
+}
 
 /// Admin commands that act on nodes or sessions; they answer with the steps taken.
 enum Operation<'a> {
@@ -268,7 +271,7 @@ fn run_command(
     match words.as_slice() {
         ["SHOW", "HELP"] => Ok(Outcome::Rows(Table::lines(
             &["command"],
-            COMMANDS.split(", ").map(str::to_owned).collect(),
+            commands().map(str::to_owned).collect(),
         ))),
         ["SHOW", "VERSION"] => Ok(Outcome::Rows(Table::lines(
             &["version"],
@@ -311,7 +314,10 @@ fn run_command(
                 SqlState::SYNTAX_ERROR,
                 format!("unknown admin command \"{command}\""),
             )
-            .with_hint(format!("commands: {COMMANDS}"))),
+            .with_hint(format!(
+                "commands: {}",
+                commands().collect::<Vec<_>>().join(", ")
+            ))),
         },
         [] => Err(PgError::error(
             SqlState::SYNTAX_ERROR,

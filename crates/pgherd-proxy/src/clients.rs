@@ -27,6 +27,19 @@ pub struct ServerTarget {
     pub server_id: u64,
     pub peer: SocketAddr,
     pub key: CancelKey,
+    /// The node, by the address of its `NodeState` (see [`ServerTarget::is_on`]): exact
+    /// whatever the node's host is called, and free to copy on every transaction.
+    pub node: usize,
+}
+
+impl ServerTarget {
+    pub fn node_id(node: &crate::nodes::NodeState) -> usize {
+        node as *const crate::nodes::NodeState as usize
+    }
+
+    pub fn is_on(&self, node: &crate::nodes::NodeState) -> bool {
+        self.node == Self::node_id(node)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -36,8 +49,6 @@ struct Live {
     /// is not handed to another client until this is zero, so a late cancel can never hit
     /// someone else's query.
     cancels_in_flight: u32,
-    /// A request waits for a server (pool queue, a primary): a cancel ends the wait.
-    waiting: bool,
     kill_reason: Option<Box<str>>,
 }
 
@@ -95,17 +106,14 @@ impl ClientShared {
         }
     }
 
-    /// Marks the start of a wait for a server that a cancel request may end.
+    /// Marks the start of a wait for a server that a cancel request may end: a cancel raised
+    /// before it (the client ran nothing then) is forgotten.
     pub fn begin_wait(&self) {
-        let mut live = self.live.lock();
-        live.waiting = true;
         self.signals.fetch_and(!SIGNAL_CANCEL, Ordering::AcqRel);
     }
 
     /// Ends the wait; a cancel that arrives from now on is for a running query (or ignored).
     pub fn end_wait(&self) {
-        let mut live = self.live.lock();
-        live.waiting = false;
         self.signals.fetch_and(!SIGNAL_CANCEL, Ordering::AcqRel);
     }
 
@@ -258,19 +266,13 @@ impl ClientRegistry {
                     live.cancels_in_flight += 1;
                     t
                 }
-                None if live.waiting => {
-                    // Raised under the lock, so it cannot outlive the wait it is meant for.
-                    client.raise(SIGNAL_CANCEL);
-                    tracing::info!(
-                        client = client.id,
-                        "cancel request ends the request's wait for a server"
-                    );
-                    return;
-                }
                 None => {
+                    // Ends a wait for a server if one is under way; otherwise the next wait
+                    // clears it unseen, as PostgreSQL ignores a cancel for an idle session.
+                    client.raise(SIGNAL_CANCEL);
                     tracing::debug!(
                         client = client.id,
-                        "cancel request while the client runs nothing ignored"
+                        "cancel request for a client that runs nothing on a server"
                     );
                     return;
                 }

@@ -22,14 +22,26 @@ const PAUSE_DRAIN: Duration = Duration::from_secs(30);
 /// Databases whose new transactions wait (PgBouncer's `PAUSE`).
 #[derive(Default)]
 pub struct Pauses {
-    /// Cheap check for every transaction: false unless something is paused.
+    /// Cheap check for every transaction: false unless something is paused. Written only
+    /// under the `paused` lock, so it always agrees with it.
     any: AtomicBool,
-    /// Paused client-facing database names.
-    paused: Mutex<HashSet<String>>,
-    /// `PAUSE` without a database.
-    everything: AtomicBool,
+    paused: Mutex<Paused>,
     /// Woken by RESUME.
     resumed: Notify,
+}
+
+#[derive(Default)]
+struct Paused {
+    /// `PAUSE` without a database.
+    everything: bool,
+    /// Paused client-facing database names.
+    databases: HashSet<String>,
+}
+
+impl Paused {
+    fn any(&self) -> bool {
+        self.everything || !self.databases.is_empty()
+    }
 }
 
 impl Pauses {
@@ -37,7 +49,8 @@ impl Pauses {
         if !self.any.load(Ordering::Acquire) {
             return false;
         }
-        self.everything.load(Ordering::Acquire) || self.paused.lock().contains(database)
+        let paused = self.paused.lock();
+        paused.everything || paused.databases.contains(database)
     }
 
     /// Waits until `database` is resumed; false if `limit` passed first.
@@ -55,10 +68,11 @@ impl Pauses {
     }
 
     fn pause(&self, database: Option<&str>) {
+        let mut paused = self.paused.lock();
         match database {
-            None => self.everything.store(true, Ordering::Release),
+            None => paused.everything = true,
             Some(db) => {
-                self.paused.lock().insert(db.to_owned());
+                paused.databases.insert(db.to_owned());
             }
         }
         self.any.store(true, Ordering::Release);
@@ -66,33 +80,29 @@ impl Pauses {
 
     /// Returns whether anything was paused.
     fn resume(&self, database: Option<&str>) -> bool {
+        let mut paused = self.paused.lock();
         let was = match database {
             None => {
-                let everything = self.everything.swap(false, Ordering::AcqRel);
-                let some = !std::mem::take(&mut *self.paused.lock()).is_empty();
-                everything || some
+                let was = paused.any();
+                *paused = Paused::default();
+                was
             }
-            Some(db) => self.paused.lock().remove(db),
+            Some(db) => paused.databases.remove(db),
         };
-        let still = self.everything.load(Ordering::Acquire) || !self.paused.lock().is_empty();
-        self.any.store(still, Ordering::Release);
+        self.any.store(paused.any(), Ordering::Release);
+        drop(paused);
         self.resumed.notify_waiters();
         was
     }
 }
 
 fn find_node(app: &App, name: &str) -> Result<Arc<NodeState>, PgError> {
-    app.nodes
-        .all()
-        .iter()
-        .find(|n| n.name() == name)
-        .cloned()
-        .ok_or_else(|| {
-            PgError::error(
-                SqlState::UNDEFINED_OBJECT,
-                format!("no node named \"{name}\" in the config"),
-            )
-        })
+    app.nodes.get(name).ok_or_else(|| {
+        PgError::error(
+            SqlState::UNDEFINED_OBJECT,
+            format!("no node named \"{name}\" in the config"),
+        )
+    })
 }
 
 /// `DETACH node`: no new traffic to the node; sessions using it finish what they run.

@@ -27,6 +27,11 @@ impl Histogram {
         self.sum_us.fetch_add(us, Ordering::Relaxed);
     }
 
+    /// Microseconds observed in all.
+    pub fn sum_us(&self) -> u64 {
+        self.sum_us.load(Ordering::Relaxed)
+    }
+
     /// Cumulative counts per bound (seconds), ending with `+Inf`; and the sum in seconds.
     pub fn snapshot(&self) -> (Vec<(f64, u64)>, f64) {
         let mut cumulative = 0;

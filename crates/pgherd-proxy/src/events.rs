@@ -61,6 +61,11 @@ impl Events {
         self.kept.lock().iter().cloned().collect()
     }
 
+    /// How many events are kept.
+    pub fn kept_count(&self) -> usize {
+        self.kept.lock().len()
+    }
+
     /// How many events of each kind happened since start.
     pub fn counts(&self) -> Vec<(&'static str, u64)> {
         self.counts.lock().iter().map(|(k, n)| (*k, *n)).collect()

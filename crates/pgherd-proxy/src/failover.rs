@@ -122,7 +122,7 @@ async fn decide_and_act(
     // A fenced node that answers again (a replaced primary restarted) is made to refuse
     // writes, whatever else happens.
     for node in nodes.iter() {
-        let answers = node.health().failed_streak == 0 && node.is_up();
+        let answers = node.answers();
         if node.is_fenced()
             && answers
             && !sealed.contains(node.name())
@@ -535,15 +535,10 @@ async fn act(
                 );
                 tracing::error!(node = follower.name(), %detail, "replica diverged");
                 event(app, "diverged", follower.name(), &detail);
-                let config = app.config();
-                if config.failover.auto_rejoin && follower.config.data_dir.is_some() {
-                    let (app, name) = (app.clone(), follower.name().to_owned());
-                    tokio::spawn(async move {
-                        if let Err(e) = crate::rejoin::rejoin(&app, &name).await {
-                            tracing::error!(node = %name, error = %e.message, "automatic rejoin failed");
-                        }
-                    });
-                }
+                // Its extra WAL was never acknowledged and must not be read: fenced, it is
+                // sealed and (with auto_rejoin) rewound by the loop like any fenced node.
+                follower.fence();
+                app.drop_idle_connections(follower);
             }
             event(
                 app,
@@ -620,13 +615,9 @@ fn exclude(app: &App, node: &NodeState) {
     app.drop_idle_connections(node);
     // Sessions in the middle of a request there may wait forever on a hung server; they end
     // now (their clients reconnect and reach the new primary).
-    let ip: Option<std::net::IpAddr> = node.config.host.parse().ok();
     let mut ended = 0;
     for client in app.clients.all() {
-        let on_node = client.target().is_some_and(|t| {
-            t.peer.port() == node.config.port && ip.is_none_or(|ip| ip == t.peer.ip())
-        });
-        if on_node {
+        if client.target().is_some_and(|t| t.is_on(node)) {
             client.kill(format!(
                 "node {} was fenced by failover while this session used it",
                 node.name()

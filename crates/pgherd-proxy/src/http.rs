@@ -124,14 +124,20 @@ async fn ready(State(app): AppState) -> Response {
     cluster_primary(State(app)).await
 }
 
+/// A write-through check: a node takes writes, pgherd is not draining, and writes are not
+/// refused (`strict` durability without a streaming standby). A switchover's moment of held
+/// writes does not count against it: those writes wait, they do not fail.
 async fn cluster_primary(State(app): AppState) -> Response {
-    match app.nodes.writer() {
-        Some(n) if !app.is_shutting_down() => answer(StatusCode::OK, json!({"primary": n.name()})),
-        _ => answer(
-            StatusCode::SERVICE_UNAVAILABLE,
-            json!({"primary": null, "reason": "no node takes writes now", "nodes": app.nodes.describe_all()}),
-        ),
-    }
+    let reason = match (app.nodes.writer(), app.nodes.writes_refused()) {
+        _ if app.is_shutting_down() => "pgherd is shutting down".to_owned(),
+        (None, _) => "no node takes writes now".to_owned(),
+        (Some(_), Some(refused)) => refused,
+        (Some(n), None) => return answer(StatusCode::OK, json!({"primary": n.name()})),
+    };
+    answer(
+        StatusCode::SERVICE_UNAVAILABLE,
+        json!({"primary": null, "reason": reason, "nodes": app.nodes.describe_all()}),
+    )
 }
 
 /// The lag limits of `?lag=` (bytes, or with a kB/MB/GB unit as in Patroni) and `?lag_ms=`.
@@ -183,20 +189,9 @@ fn parse_bytes(text: &str) -> Option<u64> {
     number.checked_mul(factor)
 }
 
-/// Whether `n` answered its last health check. Load balancers hear about a failed check at
-/// once (within one period), although pgherd itself declares a node down only after
-/// `health_check_failures_before_down` of them.
-fn answered_last_check(n: &crate::nodes::NodeState) -> bool {
-    n.is_up() && n.health().failed_streak == 0
-}
-
 /// Whether `n` serves reads now within `limit`.
 fn serves_reads(n: &crate::nodes::NodeState, limit: &LagLimit) -> bool {
-    n.role() == Role::Replica
-        && answered_last_check(n)
-        && !n.is_fenced()
-        && n.in_read_set()
-        && limit.admits(n)
+    n.role() == Role::Replica && n.answers() && !n.is_fenced() && n.in_read_set() && limit.admits(n)
 }
 
 /// 200 if at least one replica serves reads within the lag limit.
@@ -226,11 +221,11 @@ async fn cluster_replica(
 }
 
 async fn node_primary(State(app): AppState, Path(name): Path<String>) -> Response {
-    let Some(n) = views::node(&app, &name) else {
+    let Some(n) = app.nodes.get(&name) else {
         return unknown_node(&name);
     };
     let row = node_json(&app, &name);
-    if views::takes_writes(&app, &n) && answered_last_check(&n) {
+    if views::takes_writes(&app, &n) && n.answers() {
         answer(StatusCode::OK, row)
     } else {
         answer(StatusCode::SERVICE_UNAVAILABLE, row)
@@ -246,7 +241,7 @@ async fn node_replica(
         Ok(l) => l,
         Err(r) => return r.into_response(),
     };
-    let Some(n) = views::node(&app, &name) else {
+    let Some(n) = app.nodes.get(&name) else {
         return unknown_node(&name);
     };
     let row = node_json(&app, &name);

@@ -166,7 +166,7 @@ pub fn render(app: &App) -> String {
         (
             "pgherd_pool_wait_seconds_total",
             "Time requests spent waiting for a server connection.",
-            |s| s.wait_us_total.load(Ordering::Relaxed) as f64 / 1e6,
+            |s| s.wait_time.sum_us() as f64 / 1e6,
         ),
         (
             "pgherd_pool_wait_timeouts_total",
@@ -259,12 +259,12 @@ pub fn render(app: &App) -> String {
         (
             "pgherd_route_cache_hits_total",
             "Read/write routing decisions found in the cache (by statement shape).",
-            (|r| r.cache_hits.load(Ordering::Relaxed)) as fn(&crate::routing::Router) -> u64,
+            (|r| r.cache_counts().0) as fn(&crate::routing::Router) -> u64,
         ),
         (
             "pgherd_route_cache_misses_total",
             "Statements classified with the PostgreSQL parser (not in the cache).",
-            |r| r.cache_misses.load(Ordering::Relaxed),
+            |r| r.cache_counts().1,
         ),
     ] {
         let mut f = family(&mut out, name, "counter", help);

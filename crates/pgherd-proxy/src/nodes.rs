@@ -101,6 +101,17 @@ pub struct NodeState {
     /// node that accepts writes but was not elected), [`DETACHED`] by the operator. One atomic,
     /// so the per-transaction check stays one load.
     excluded: AtomicU8,
+    /// A rejoin (rewind or copy) is working on the node's data directory.
+    rejoining: AtomicBool,
+}
+
+/// Held while a rejoin works on a node; a second one is refused meanwhile.
+pub struct RejoinClaim<'a>(&'a NodeState);
+
+impl Drop for RejoinClaim<'_> {
+    fn drop(&mut self) {
+        self.0.rejoining.store(false, Ordering::Release);
+    }
 }
 
 const FENCED: u8 = 1;
@@ -122,6 +133,7 @@ impl NodeState {
             healthy_streak: AtomicU32::new(0),
             in_read_set: AtomicBool::new(false),
             excluded: AtomicU8::new(0),
+            rejoining: AtomicBool::new(false),
         }
     }
 
@@ -132,6 +144,11 @@ impl NodeState {
     /// The operator took the node out of traffic (`DETACH`).
     pub fn is_detached(&self) -> bool {
         self.excluded.load(Ordering::Acquire) & DETACHED != 0
+    }
+
+    /// Claims the node for a rejoin; `None` if one is under way.
+    pub fn claim_rejoin(&self) -> Option<RejoinClaim<'_>> {
+        (!self.rejoining.swap(true, Ordering::AcqRel)).then_some(RejoinClaim(self))
     }
 
     /// Fenced or detached: no traffic either way.
@@ -244,6 +261,13 @@ impl NodeState {
     /// every transaction.
     pub fn is_usable_as(&self, role: Role) -> bool {
         self.is_up() && self.role() == role && !self.is_excluded()
+    }
+
+    /// Up and its last health check passed: pgherd declares a node down only after
+    /// `health_check_failures_before_down` failed checks, but one failed check is news for
+    /// load balancers and for sealing.
+    pub fn answers(&self) -> bool {
+        self.is_up() && self.health.lock().failed_streak == 0
     }
 
     pub fn health(&self) -> NodeHealth {

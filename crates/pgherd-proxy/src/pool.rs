@@ -44,8 +44,8 @@ struct PoolState {
     closed: bool,
 }
 
-/// A slot counted in `total` while its connection opens; given back if the opening is
-/// abandoned (the waiting request was cancelled). `open` gives it back itself on failure.
+/// A slot counted in `total` while its connection opens; given back unless the opening
+/// succeeds (it failed, or it was abandoned because the waiting request was cancelled).
 struct ConnectingSlot<'a> {
     pool: &'a Pool,
 }
@@ -66,8 +66,11 @@ struct WaitTicket<'a> {
 impl Drop for WaitTicket<'_> {
     fn drop(&mut self) {
         self.rx.close();
-        if let Ok(Handoff::Conn(conn)) = self.rx.try_recv() {
-            self.pool.release(conn, true);
+        match self.rx.try_recv() {
+            Ok(Handoff::Conn(conn)) => self.pool.release(conn, true),
+            // The free slot it was told about goes to the next waiter.
+            Ok(Handoff::Retry) => Pool::wake_one_to_retry(&mut self.pool.state.lock()),
+            Err(_) => {}
         }
     }
 }
@@ -77,7 +80,6 @@ impl Drop for WaitTicket<'_> {
 pub struct PoolStats {
     pub transactions: AtomicU64,
     pub queries: AtomicU64,
-    pub wait_us_total: AtomicU64,
     pub wait_us_max: AtomicU64,
     pub connects: AtomicU64,
     pub connect_failures: AtomicU64,
@@ -271,10 +273,7 @@ impl Pool {
                     None => continue,
                 },
                 Next::Connect => {
-                    let slot = ConnectingSlot { pool: self };
-                    let conn = self.open(ctx).await;
-                    std::mem::forget(slot);
-                    let conn = conn?;
+                    let conn = self.open(ctx).await?;
                     self.state.lock().lent += 1;
                     return Ok(self.record_wait(conn, started));
                 }
@@ -307,9 +306,6 @@ impl Pool {
         self.stats.wait_time.observe(waited);
         let waited_us = waited.as_micros() as u64;
         self.stats
-            .wait_us_total
-            .fetch_add(waited_us, Ordering::Relaxed);
-        self.stats
             .wait_us_max
             .fetch_max(waited_us, Ordering::Relaxed);
         conn
@@ -317,6 +313,7 @@ impl Pool {
 
     /// Opens a connection for a slot already counted in `total`.
     async fn open(&self, ctx: &ConnectContext) -> Result<Box<ServerConn>, AcquireError> {
+        let slot = ConnectingSlot { pool: self };
         let credentials = self.credentials.lock().clone();
         let settings = self.settings.load_full();
         let spec = ConnectSpec {
@@ -334,13 +331,14 @@ impl Pool {
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
         match server::connect(&spec, id, settings.prepared_statements_per_server).await {
             Ok(conn) => {
+                std::mem::forget(slot);
                 *self.template_params.lock() = Arc::new(conn.reported.clone());
                 tracing::debug!(server = id, node = %self.node.name, db = %self.database, user = %self.user, "server connection opened");
                 Ok(Box::new(conn))
             }
             Err(e) => {
                 self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
-                self.forget_slot();
+                drop(slot);
                 Err(AcquireError::Server(e))
             }
         }

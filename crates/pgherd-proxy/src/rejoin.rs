@@ -32,6 +32,19 @@ pub async fn rejoin(app: &Arc<App>, name: &str) -> Result<Vec<String>, PgError> 
             "{name} is the primary pgherd sends writes to; it cannot rejoin as a standby"
         )));
     }
+    if app.nodes.is_switching() {
+        return Err(refuse(format!(
+            "a switchover is under way; rejoin {name} after it"
+        )));
+    }
+    // Automatic rejoins (sealing, divergence) and operators may ask at once: one rewind per
+    // data directory.
+    let Some(_claim) = node.claim_rejoin() else {
+        return Err(PgError::error(
+            SqlState::OBJECT_IN_USE,
+            format!("{name} is being rejoined already"),
+        ));
+    };
     let local = managed_node(
         app,
         &node,

@@ -6,7 +6,7 @@
 //! only ever moves functions from "unknown" (primary) to what `pg_proc` says.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -71,26 +71,36 @@ pub struct Router {
     server_dbname: String,
     catalog: ArcSwap<Catalog>,
     /// (shape hash, text length) → decision. Cleared when full or when the catalog changes.
-    decisions: Mutex<HashMap<(u64, usize), Arc<Decision>>>,
+    decisions: Mutex<DecisionCache>,
     capacity: usize,
     loading: AtomicBool,
     last_load: Mutex<Option<Instant>>,
-    /// Decisions found in the cache, and statements classified with the parser.
-    pub cache_hits: AtomicU64,
-    pub cache_misses: AtomicU64,
+}
+
+/// The decisions by statement shape, and how often a lookup found one (counted under the
+/// lock the lookup takes anyway).
+#[derive(Default)]
+struct DecisionCache {
+    map: HashMap<(u64, usize), Arc<Decision>>,
+    hits: u64,
+    misses: u64,
 }
 
 impl Router {
+    /// (decisions found in the cache, statements classified with the parser) since start.
+    pub fn cache_counts(&self) -> (u64, u64) {
+        let cache = self.decisions.lock();
+        (cache.hits, cache.misses)
+    }
+
     pub fn new(server_dbname: String, capacity: usize) -> Router {
         Router {
             server_dbname,
             catalog: ArcSwap::from_pointee(Catalog::default()),
-            decisions: Mutex::new(HashMap::new()),
+            decisions: Mutex::default(),
             capacity,
             loading: AtomicBool::new(false),
             last_load: Mutex::new(None),
-            cache_hits: AtomicU64::new(0),
-            cache_misses: AtomicU64::new(0),
         }
     }
 
@@ -99,14 +109,14 @@ impl Router {
         let shape = shape(sql);
         let hint = shape.hint.map_err(|e| hint_error(&e))?;
         let key = (shape.hash, sql.len());
-        if let Some(decision) = self.decisions.lock().get(&key) {
-            self.cache_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(Routed {
-                decision: decision.clone(),
-                hint,
-            });
+        {
+            let mut cache = self.decisions.lock();
+            if let Some(decision) = cache.map.get(&key).cloned() {
+                cache.hits += 1;
+                return Ok(Routed { decision, hint });
+            }
+            cache.misses += 1;
         }
-        self.cache_misses.fetch_add(1, Ordering::Relaxed);
         let text = String::from_utf8_lossy(sql);
         let catalog = self.catalog.load();
         let decision = Arc::new(classify(&text, &**catalog));
@@ -114,11 +124,11 @@ impl Router {
             self.reload_catalog_soon(app);
         }
         if decision.cacheable && !decision.needs_catalog {
-            let mut decisions = self.decisions.lock();
-            if decisions.len() >= self.capacity {
-                decisions.clear();
+            let mut cache = self.decisions.lock();
+            if cache.map.len() >= self.capacity {
+                cache.map.clear();
             }
-            decisions.insert(key, decision.clone());
+            cache.map.insert(key, decision.clone());
         }
         if let Some(value) = &decision.route_setting {
             if Route::parse(value).is_none() {
@@ -184,7 +194,7 @@ impl Router {
         }
         let count = catalog.volatile.len();
         self.catalog.store(Arc::new(catalog));
-        self.decisions.lock().clear();
+        self.decisions.lock().map.clear();
         Ok(count)
     }
 }

@@ -2,7 +2,6 @@
 //! console (text columns), the HTTP API (JSON) and the metrics. A view never changes state.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
 use crate::app::App;
@@ -275,7 +274,7 @@ pub fn stats(app: &App) -> Table {
         .map(|p| {
             let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
             let transactions = load(&p.stats.transactions);
-            let wait_us = load(&p.stats.wait_us_total);
+            let wait_us = p.stats.wait_time.sum_us();
             vec![
                 p.database.clone().into(),
                 p.user.clone().into(),
@@ -329,7 +328,7 @@ pub fn lists(app: &App) -> Table {
         ("servers_active", lent),
         ("servers_idle", idle),
         ("servers_connecting", connecting),
-        ("events", app.events.list().len() as u64),
+        ("events", app.events.kept_count() as u64),
     ]
     .into_iter()
     .map(|(k, v)| vec![Cell::from(k), Cell::from(v)])
@@ -345,17 +344,11 @@ pub fn lists(app: &App) -> Table {
 /// listed (SHOW POOLS counts them).
 pub fn servers(app: &App) -> Table {
     let nodes = app.nodes.all();
-    let node_of = |peer: std::net::SocketAddr| {
+    let node_of = |target: &crate::clients::ServerTarget| {
         nodes
             .iter()
-            .find(|n| {
-                n.config.port == peer.port()
-                    && n.config
-                        .host
-                        .parse::<std::net::IpAddr>()
-                        .is_ok_and(|ip| ip == peer.ip())
-            })
-            .map_or_else(|| peer.to_string(), |n| n.name().to_owned())
+            .find(|n| target.is_on(n))
+            .map_or_else(|| target.peer.to_string(), |n| n.name().to_owned())
     };
     let mut rows: Vec<Vec<Cell>> = Vec::new();
     for c in app.clients.all() {
@@ -364,7 +357,7 @@ pub fn servers(app: &App) -> Table {
                 t.server_id.into(),
                 c.database.clone().into(),
                 c.user.clone().into(),
-                node_of(t.peer).into(),
+                node_of(&t).into(),
                 "active".into(),
                 t.key.process_id.to_string().into(),
                 c.id.into(),
@@ -489,9 +482,4 @@ pub fn config(app: &App) -> Table {
         columns: &["key", "value"],
         rows: rows.into_iter().map(|(k, v)| vec![k.into(), v]).collect(),
     }
-}
-
-/// The node named `name`, if configured.
-pub fn node(app: &Arc<App>, name: &str) -> Option<Arc<NodeState>> {
-    app.nodes.all().iter().find(|n| n.name() == name).cloned()
 }

@@ -150,7 +150,13 @@ pub fn run(options: DrillOptions) -> Result<(), String> {
         },
     )?;
     let rt = crate::runtime(2)?;
-    let result = rt.block_on(drill(&options, &cluster, &user, pgherd.port));
+    let result = rt.block_on(drill(
+        &options,
+        &cluster,
+        network.as_ref(),
+        &user,
+        pgherd.port,
+    ));
     if result.is_err() {
         eprintln!("pgherd's log: {}", pgherd.log.display());
     }
@@ -160,6 +166,7 @@ pub fn run(options: DrillOptions) -> Result<(), String> {
 async fn drill(
     options: &DrillOptions,
     cluster: &BenchCluster,
+    network: Option<&Network>,
     user: &BenchUser,
     port: u16,
 ) -> Result<(), String> {
@@ -195,10 +202,10 @@ async fn drill(
         let fault = options.faults[r % options.faults.len()];
         match round(
             cluster,
+            network,
             &super_url,
             &admin_url,
             fault,
-            options.replicas,
             &log,
             &mut injections,
         )
@@ -271,15 +278,15 @@ async fn drill(
 /// again.
 async fn round(
     cluster: &BenchCluster,
+    network: Option<&Network>,
     super_url: &str,
     admin_url: &str,
     fault: Fault,
-    replicas: usize,
     log: &Mutex<Log>,
     injections: &mut Vec<Instant>,
 ) -> Result<Round, String> {
     let c = connect(super_url).await?;
-    wait_full_strength(&c, replicas).await?;
+    wait_full_strength(&c, cluster.cluster.nodes.len() - 1).await?;
     // Writes flow before the fault, so the RTO has a start.
     let ready = Instant::now();
     let deadline = ready + RECOVERY_TIMEOUT;
@@ -312,7 +319,7 @@ async fn round(
             signal(pid, libc::SIGKILL)?;
             killed = Some(pid);
         }
-        Fault::Partition => link(&old, false)?,
+        Fault::Partition => set_link(network, &old, false)?,
         Fault::Double => {
             let standby = cluster
                 .cluster
@@ -327,24 +334,14 @@ async fn round(
             signal(standby_pid, libc::SIGKILL)?;
             killed = Some(pid);
             tokio::time::sleep(DOUBLE_OUTAGE).await;
-            let early = log
-                .lock()
-                .map_err(|_| "poisoned")?
-                .acks
-                .iter()
-                .find(|a| a.at > injected && a.port != old_port)
-                .map(|a| a.port);
-            if let Some(port) = early {
+            if let Some(Ack { port, .. }) = first_ack_elsewhere(log, injected, old_port)? {
                 violation = Some(format!(
                     "double failure: the node on port {port} took writes while synchronous standby {} was down",
                     standby.name
                 ));
             }
             wait_gone(&standby, standby_pid).await;
-            tokio::task::spawn_blocking(move || standby.start(Duration::from_secs(60)))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
+            blocking_start(&standby).await?;
         }
         Fault::Immediate => blocking_stop(&old, StopMode::Immediate).await?,
         Fault::Sigstop => {
@@ -364,14 +361,7 @@ async fn round(
     // Writes resume on another node.
     let deadline = Instant::now() + RECOVERY_TIMEOUT;
     let first_after = loop {
-        let found = log
-            .lock()
-            .map_err(|_| "poisoned")?
-            .acks
-            .iter()
-            .find(|a| a.at > injected && a.port != old_port)
-            .copied();
-        if let Some(ack) = found {
+        if let Some(ack) = first_ack_elsewhere(log, injected, old_port)? {
             break ack;
         }
         if Instant::now() > deadline {
@@ -399,20 +389,14 @@ async fn round(
         wait_gone(&old, pid).await;
     }
     match fault {
-        Fault::Kill | Fault::Immediate | Fault::Double => {
-            let node = old.clone();
-            tokio::task::spawn_blocking(move || node.start(Duration::from_secs(60)))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
-        }
+        Fault::Kill | Fault::Immediate | Fault::Double => blocking_start(&old).await?,
         Fault::Sigstop => {
             for pid in &stopped_pids {
                 let _ = signal(*pid, libc::SIGCONT);
             }
         }
         Fault::Switchover => {}
-        Fault::Partition => link(&old, true)?,
+        Fault::Partition => set_link(network, &old, true)?,
     }
     Ok(Round {
         fault,
@@ -849,20 +833,28 @@ fn ip(args: &[&str]) -> Result<(), String> {
 }
 
 /// Takes the node's link to everyone down, or brings it back up: its host-side veth.
-fn link(node: &LocalNode, up: bool) -> Result<(), String> {
-    let ns = node
-        .netns
-        .as_deref()
-        .ok_or_else(|| format!("node {} runs in no network namespace", node.name))?;
-    // pgherd-drill-ID-I → phvIDhI
-    let rest = ns.trim_start_matches("pgherd-drill-");
-    let (id, i) = rest.split_once('-').ok_or("unexpected namespace name")?;
-    ip(&[
-        "link",
-        "set",
-        &format!("phv{id}h{i}"),
-        if up { "up" } else { "down" },
-    ])
+fn set_link(network: Option<&Network>, node: &LocalNode, up: bool) -> Result<(), String> {
+    let network = network.ok_or("a partition needs the nodes in network namespaces")?;
+    let i = (0..network.nodes)
+        .find(|&i| node.netns.as_deref() == Some(network.names(i).0.as_str()))
+        .ok_or_else(|| format!("node {} runs in none of the drill's namespaces", node.name))?;
+    let host_end = network.names(i).1;
+    ip(&["link", "set", &host_end, if up { "up" } else { "down" }])
+}
+
+/// The first write acknowledged after `since` by a node other than the one on `old_port`.
+fn first_ack_elsewhere(
+    log: &Mutex<Log>,
+    since: Instant,
+    old_port: u16,
+) -> Result<Option<Ack>, String> {
+    Ok(log
+        .lock()
+        .map_err(|_| "writer log poisoned")?
+        .acks
+        .iter()
+        .find(|a| a.at > since && a.port != old_port)
+        .copied())
 }
 
 fn postmaster_pid(node: &LocalNode) -> Result<u32, String> {
@@ -931,6 +923,14 @@ fn signal(pid: u32, sig: libc::c_int) -> Result<(), String> {
             std::io::Error::last_os_error()
         ))
     }
+}
+
+async fn blocking_start(node: &LocalNode) -> Result<(), String> {
+    let node = node.clone();
+    tokio::task::spawn_blocking(move || node.start(RECOVERY_TIMEOUT))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
 }
 
 async fn blocking_stop(node: &LocalNode, mode: StopMode) -> Result<(), String> {

@@ -646,7 +646,7 @@ impl Session {
                         Role::Primary => !self.app.nodes.writes_paused(),
                         _ => node.in_read_set(),
                     };
-                    if node.is_usable_as(node.role()) && usable {
+                    if node.is_up() && !node.is_excluded() && usable {
                         return Ok((node.clone(), None));
                     }
                 }
@@ -831,6 +831,7 @@ impl Session {
             server_id: conn.id,
             peer: conn.peer,
             key: conn.cancel_key,
+            node: ServerTarget::node_id(&node),
         }));
         node.begin_lease();
         let on_replica = node.role() == Role::Replica;
@@ -1014,6 +1015,7 @@ impl Session {
         }
         self.client_tx = TxStatus::Idle;
         self.tx_failed = false;
+        self.tx_started = None;
         self.params.end_transaction(false);
         if had_requests {
             self.app.own_errors.count(&err.code);
@@ -1363,8 +1365,9 @@ impl Session {
             }
             // The request's first message decided where it runs; a Query or Sync starts the
             // next one (`end_unit`).
-            self.routing.at_unit_start = false;
-            self.tx_started.get_or_insert_with(Instant::now);
+            if std::mem::take(&mut self.routing.at_unit_start) {
+                self.tx_started.get_or_insert_with(Instant::now);
+            }
             self.on_client_message(h.tag, message)?;
             input.advance(h.total_len());
         }

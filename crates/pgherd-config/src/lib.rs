@@ -1,8 +1,8 @@
 //! `pgherd.toml`: what every setting means, its default, and validation whose errors name the
 //! file, line, column and field (`pgherd.toml:14:11: hba[2].address: ...`).
 //!
-//! Architecture invariant: this crate reads the config file and nothing else: no sockets, no
-//! processes, no clocks. Certificates and keys named by the config are read by the proxy.
+//! Architecture invariant: this crate reads the config file (and, for `pgherd up`, the bench and
+//! the tests, writes one owner-only) and nothing else: no sockets, no processes, no clocks. Certificates and keys named by the config are read by the proxy.
 
 mod error;
 pub mod hba;
@@ -26,6 +26,9 @@ pub const WILDCARD_DATABASE: &str = "*";
 pub struct Config {
     /// The file it was read from (for messages and reloads).
     pub source: PathBuf,
+    /// Where the file holds its first secret (a password, an md5 hash, the API token), if it
+    /// holds any: such a file must not be readable by other users.
+    pub secret: Option<ConfigError>,
     pub proxy: ProxySettings,
     pub client_tls: Option<ClientTls>,
     pub server_tls: ServerTls,
@@ -403,11 +406,41 @@ pub struct ResolvedDatabase {
 }
 
 impl Config {
-    /// Reads and validates `path`.
+    /// Reads and validates `path`. A file holding secrets that every local user can read is
+    /// refused, as PostgreSQL refuses such a key file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let source = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::unplaced(path, "", format!("cannot read: {e}")))?;
-        Config::parse(&source, path)
+        let config = Config::parse(&source, path)?;
+        if let Some(secret) = &config.secret {
+            let mode = file_mode(path)
+                .map_err(|e| ConfigError::unplaced(path, "", format!("cannot stat: {e}")))?;
+            if mode & 0o004 != 0 {
+                return Err(ConfigError {
+                    message: format!(
+                        "holds a secret, but the file is readable by every user (mode {:04o}); \
+                         run `chmod 600 {}` (or 640 for a group you trust)",
+                        mode & 0o7777,
+                        path.display()
+                    ),
+                    ..secret.clone()
+                });
+            }
+        }
+        Ok(config)
+    }
+
+    /// A warning when the file's secrets are readable by its group (allowed: the group may
+    /// be a trusted operators' group), for the log.
+    pub fn group_readable_secret(&self) -> Option<String> {
+        let secret = self.secret.as_ref()?;
+        let mode = file_mode(&self.source).ok()?;
+        (mode & 0o040 != 0).then(|| {
+            format!(
+                "{secret} readable by the file's group (mode {:04o}); make sure only operators are in it",
+                mode & 0o7777
+            )
+        })
     }
 
     /// Validates `source`, naming `path` in errors.
@@ -451,6 +484,27 @@ impl Config {
     pub fn node(&self, name: &str) -> Option<&NodeConfig> {
         self.nodes.iter().find(|n| n.name == name)
     }
+}
+
+/// Writes a file only its owner can read or write (mode 0600 from the start, never briefly
+/// readable by others): configs holding secrets, password files.
+pub fn write_private_file(path: &Path, contents: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    // An existing file keeps its old mode through open(): narrow it too.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.write_all(contents.as_bytes())
+}
+
+fn file_mode(path: &Path) -> std::io::Result<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map(|m| m.mode())
 }
 
 #[cfg(test)]

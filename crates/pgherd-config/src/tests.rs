@@ -153,3 +153,45 @@ fn replication_defaults_to_sync_and_rejects_unknown_levels() {
         "pgherd.toml:5:22: replication.synchronous_commit: unknown synchronous_commit level \"local\"",
     );
 }
+
+#[test]
+fn secrets_readable_by_everyone_are_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pgherd.toml");
+    let set_mode = |mode: u32| {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    let with_secret =
+        format!("{NODE}\n[cluster]\nuser = \"postgres\"\npassword = \"hunter2-hunter2\"\n");
+    std::fs::write(&path, &with_secret).unwrap();
+    set_mode(0o644);
+    let err = Config::load(&path).unwrap_err().to_string();
+    let expected = format!("{}:7:12: cluster.password: holds a secret, but the file is readable by every user (mode 0644)", path.display());
+    assert!(
+        err.starts_with(&expected),
+        "\n   got: {err}\nwanted: {expected}"
+    );
+    set_mode(0o640);
+    let config = Config::load(&path).unwrap();
+    assert!(config
+        .group_readable_secret()
+        .unwrap()
+        .contains("cluster.password"));
+    set_mode(0o600);
+    assert!(Config::load(&path)
+        .unwrap()
+        .group_readable_secret()
+        .is_none());
+    // Without secrets, any mode will do.
+    std::fs::write(&path, NODE).unwrap();
+    set_mode(0o644);
+    assert!(Config::load(&path).unwrap().secret.is_none());
+    // The writer used for generated configs leaves nobody else a way in, even over an
+    // existing file.
+    set_mode(0o666);
+    write_private_file(&path, &with_secret).unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert!(Config::load(&path).is_ok());
+}

@@ -177,8 +177,10 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
             "cert authentication needs [tls] with client_ca_file to check client certificates",
         ));
     }
+    let secret = secret_field(&raw).map(|path| c.error(&path, "holds a secret"));
     Ok(Config {
         source: file.to_owned(),
+        secret,
         proxy,
         client_tls,
         server_tls,
@@ -200,6 +202,30 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
         },
         replication: replication(&c, &raw)?,
         api: api(&c, &raw)?,
+    })
+}
+
+/// The first field that holds a password, a password-equivalent hash or a token: what others
+/// must not be able to read.
+fn secret_field(raw: &RawConfig) -> Option<Vec<Seg>> {
+    if raw.cluster.password.is_some() {
+        return Some(path!["cluster", "password"].to_vec());
+    }
+    if raw.api.token.is_some() {
+        return Some(path!["api", "token"].to_vec());
+    }
+    if raw.auth.password.is_some() {
+        return Some(path!["auth", "password"].to_vec());
+    }
+    raw.users.iter().find_map(|(name, u)| {
+        if u.server_password.is_some() {
+            Some(path!["users", name.as_str(), "server_password"].to_vec())
+        } else if u.md5.is_some() {
+            // An md5 hash logs in to PostgreSQL as well as the password does.
+            Some(path!["users", name.as_str(), "md5"].to_vec())
+        } else {
+            None
+        }
     })
 }
 

@@ -234,7 +234,8 @@ impl Pgherd {
         let id = rand::random::<u32>();
         let config_path = cluster.dir().join(format!("pgherd-{id}.toml"));
         let log_path = cluster.dir().join(format!("pgherd-{id}.log"));
-        std::fs::write(&config_path, config.render(cluster)).expect("write pgherd config");
+        pgherd_config::write_private_file(&config_path, &config.render(cluster))
+            .expect("write pgherd config");
         let mut pgherd = Pgherd {
             child: None,
             port: config.port,
@@ -327,7 +328,8 @@ impl Pgherd {
     }
 
     pub fn rewrite_config(&self, cluster: &TestCluster, config: &PgherdConfig) {
-        std::fs::write(&self.config_path, config.render(cluster)).expect("rewrite pgherd config");
+        pgherd_config::write_private_file(&self.config_path, &config.render(cluster))
+            .expect("rewrite pgherd config");
     }
 
     pub fn log(&self) -> String {

@@ -167,8 +167,8 @@ pub fn parse_command_complete(body: &[u8]) -> Result<&[u8], WireError> {
 /// Column names of a RowDescription (the rest of each field descriptor is skipped).
 pub fn parse_row_description(body: &[u8]) -> Result<Vec<&str>, WireError> {
     let mut r = BodyReader::new("RowDescription", body);
-    let count = r.i16("field count")?;
-    let mut names = Vec::with_capacity(count.max(0) as usize);
+    let count = r.u16("field count")?;
+    let mut names = Vec::with_capacity(usize::from(count));
     for _ in 0..count {
         names.push(r.cstr_utf8("field name")?);
         r.take(18, "field descriptor")?;
@@ -180,8 +180,8 @@ pub fn parse_row_description(body: &[u8]) -> Result<Vec<&str>, WireError> {
 /// Column values of a DataRow; `None` is SQL NULL.
 pub fn parse_data_row(body: &[u8]) -> Result<Vec<Option<&[u8]>>, WireError> {
     let mut r = BodyReader::new("DataRow", body);
-    let count = r.i16("column count")?;
-    let mut values = Vec::with_capacity(count.max(0) as usize);
+    let count = r.u16("column count")?;
+    let mut values = Vec::with_capacity(usize::from(count));
     for _ in 0..count {
         let len = r.i32("value length")?;
         values.push(if len < 0 {

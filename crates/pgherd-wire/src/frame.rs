@@ -114,6 +114,12 @@ impl<'a> BodyReader<'a> {
         Ok(i16::from_be_bytes([bytes[0], bytes[1]]))
     }
 
+    /// An unsigned 16-bit count, as PostgreSQL reads message counts (`pq_getmsgint(msg, 2)`).
+    pub fn u16(&mut self, field: &'static str) -> Result<u16, WireError> {
+        let bytes = self.take(2, field)?;
+        Ok(u16::from_be_bytes([bytes[0], bytes[1]]))
+    }
+
     pub fn i32(&mut self, field: &'static str) -> Result<i32, WireError> {
         let bytes = self.take(4, field)?;
         Ok(i32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))

@@ -103,14 +103,9 @@ impl<'a> Parse<'a> {
         let query = r.cstr("query string")?;
         let param_types = r.rest();
         let mut types = BodyReader::new("Parse", param_types);
-        let count = types.i16("parameter count")?;
-        if count < 0 {
-            return Err(WireError::Malformed {
-                message: "Parse",
-                reason: "parameter count (negative)",
-            });
-        }
-        types.take(count as usize * 4, "parameter types")?;
+        // Unsigned, as the server reads it: up to 65,535 parameter types.
+        let count = types.u16("parameter count")?;
+        types.take(usize::from(count) * 4, "parameter types")?;
         types.finish()?;
         Ok(Parse {
             name,
@@ -332,6 +327,19 @@ mod tests {
             (p.name, p.query, p.param_types),
             (&b"S_1"[..], &b"select $1"[..], &[0, 1, 0, 0, 0, 23][..])
         );
+    }
+
+    #[test]
+    fn parse_takes_up_to_65535_parameter_types() {
+        // The count is unsigned on the wire: 40,000 types is 0x9C40, negative as an i16.
+        for count in [32_768u16, 40_000, u16::MAX] {
+            let mut types = count.to_be_bytes().to_vec();
+            types.resize(2 + usize::from(count) * 4, 0);
+            let mut buf = BytesMut::new();
+            encode_parse(&mut buf, b"", b"select $1", &types).unwrap();
+            let p = Parse::parse(body(&buf)).unwrap();
+            assert_eq!(p.param_types.len(), types.len(), "{count} types");
+        }
     }
 
     #[test]

@@ -2,7 +2,6 @@
 //! on first run, writes a pgherd.toml for it and serves it; `pgherd down` stops it; `pgherd
 //! status` reports on any pgherd config.
 
-use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -17,6 +16,8 @@ const CONFIG_FILE: &str = "pgherd.toml";
 const PID_FILE: &str = "pgherd.pid";
 const LOG_FILE: &str = "pgherd.log";
 const PASSWORD_FILE: &str = "passwords";
+/// The same passwords as a libpq password file, for `PGPASSFILE`.
+const PGPASS_FILE: &str = "pgpass";
 const APP_USER: &str = "app";
 const SUPERUSER: &str = "postgres";
 
@@ -98,17 +99,22 @@ impl Passwords {
         })
     }
 
+    /// `host:port:*:user:password` lines for pgherd's own address.
+    fn save_pgpass(&self, path: &Path, listen: &SocketAddr) -> std::io::Result<()> {
+        let escape = |s: &str| s.replace('\\', "\\\\").replace(':', "\\:");
+        let (host, port) = (listen.ip(), listen.port());
+        let text = format!(
+            "{host}:{port}:*:{APP_USER}:{}\n{host}:{port}:*:{SUPERUSER}:{}\n",
+            escape(&self.app),
+            escape(&self.superuser)
+        );
+        pgherd_config::write_private_file(path, &text)
+    }
+
     fn save(&self, dir: &Path) -> Result<(), String> {
-        use std::os::unix::fs::OpenOptionsExt;
         let path = dir.join(PASSWORD_FILE);
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        writeln!(f, "{APP_USER}={}\n{SUPERUSER}={}", self.app, self.superuser)
+        let text = format!("{APP_USER}={}\n{SUPERUSER}={}\n", self.app, self.superuser);
+        pgherd_config::write_private_file(&path, &text)
             .map_err(|e| format!("{}: {e}", path.display()))
     }
 }
@@ -205,7 +211,9 @@ fn create(dir: &Path, options: &UpOptions) -> Result<(), String> {
     );
     passwords.save(dir)?;
     let path = dir.join(CONFIG_FILE);
-    std::fs::write(&path, config).map_err(|e| format!("{}: {e}", path.display()))?;
+    // It holds the superuser's password and the API token.
+    pgherd_config::write_private_file(&path, &config)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     Config::load(&path).map_err(|e| format!("the generated config is invalid (a bug): {e}"))?;
     Ok(())
 }
@@ -272,18 +280,35 @@ fn open_cluster(dir: &Path, config: &Config) -> Result<LocalCluster, String> {
     LocalCluster::open(dir, &nodes, &config.cluster.user, &password).map_err(|e| e.to_string())
 }
 
+/// Says how to connect without printing a password: the passwords go to a libpq password
+/// file next to the config (mode 0600), which the printed command names.
 fn print_connect(dir: &Path, config: &Config) {
     let Some(listen) = config.proxy.listen.first() else {
         return;
     };
-    let password = Passwords::load(dir)
-        .map(|p| p.app)
-        .unwrap_or_else(|| "<password>".into());
-    println!(
-        "Connect:  psql \"postgres://{APP_USER}:{password}@{}:{}/{APP_USER}\"",
-        listen.ip(),
-        listen.port()
-    );
+    let pgpass = dir.join(PGPASS_FILE);
+    match Passwords::load(dir) {
+        Some(passwords) => {
+            if let Err(e) = passwords.save_pgpass(&pgpass, listen) {
+                eprintln!("pgherd: cannot write {}: {e}", pgpass.display());
+            }
+            println!(
+                "Connect:  PGPASSFILE={} psql \"postgres://{APP_USER}@{}:{}/{APP_USER}\"",
+                pgpass.display(),
+                listen.ip(),
+                listen.port()
+            );
+            println!(
+                "          (passwords of {APP_USER} and {SUPERUSER}: {}, readable only by you)",
+                dir.join(PASSWORD_FILE).display()
+            );
+        }
+        None => println!(
+            "Connect:  psql \"postgres://{APP_USER}@{}:{}/{APP_USER}\"",
+            listen.ip(),
+            listen.port()
+        ),
+    }
     println!("Status:   pgherd status --dir {}", dir.display());
 }
 

@@ -172,6 +172,9 @@ pub fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, String> {
 fn run(path: &std::path::Path) -> Result<(), String> {
     let config = Config::load(path).map_err(|e| e.to_string())?;
     logging::init(&config.proxy);
+    if let Some(warning) = config.group_readable_secret() {
+        tracing::warn!("{warning}");
+    }
     let rt = runtime(config.proxy.workers)?;
     rt.block_on(pgherd_proxy::serve(config, |_| {}))
 }

@@ -263,7 +263,7 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
         ));
     }
     let path = cluster.dir.join("pgherd.toml");
-    std::fs::write(&path, config).map_err(|e| e.to_string())?;
+    pgherd_config::write_private_file(&path, &config).map_err(|e| e.to_string())?;
     let log = cluster.dir.join("pgherd.log");
     let (out, err) = log_file(&log)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;

@@ -133,6 +133,10 @@ pub struct RoutingSettings {
     pub rejoin_after_checks: u32,
     /// Routing decisions kept per database, keyed by statement shape.
     pub decision_cache_entries: usize,
+    /// Statements longer than this are not parsed: they run on the primary, and pgherd
+    /// checks the session's state after them (parsing costs up to a kilobyte of memory and
+    /// a microsecond of CPU per byte of text, on the thread that serves other clients too).
+    pub max_parse_bytes: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

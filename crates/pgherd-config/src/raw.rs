@@ -125,6 +125,8 @@ pub struct RawRouting {
     pub rejoin_after_checks: u32,
     #[serde(default = "default_decision_cache_entries")]
     pub decision_cache_entries: usize,
+    #[serde(default = "default_max_parse_bytes")]
+    pub max_parse_bytes: usize,
 }
 
 impl Default for RawRouting {
@@ -135,6 +137,7 @@ impl Default for RawRouting {
             read_your_writes_wait_ms: default_read_your_writes_wait_ms(),
             rejoin_after_checks: default_rejoin_after_checks(),
             decision_cache_entries: default_decision_cache_entries(),
+            max_parse_bytes: default_max_parse_bytes(),
         }
     }
 }
@@ -150,6 +153,9 @@ fn default_read_your_writes_wait_ms() -> u64 {
 }
 fn default_rejoin_after_checks() -> u32 {
     3
+}
+fn default_max_parse_bytes() -> usize {
+    32 << 10
 }
 fn default_decision_cache_entries() -> usize {
     10_000

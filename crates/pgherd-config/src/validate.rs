@@ -541,6 +541,7 @@ fn routing(c: &Checker<'_>, raw: &RawConfig) -> Result<RoutingSettings, ConfigEr
         read_your_writes_wait_ms: r.read_your_writes_wait_ms,
         rejoin_after_checks: r.rejoin_after_checks,
         decision_cache_entries: r.decision_cache_entries,
+        max_parse_bytes: r.max_parse_bytes,
     })
 }
 

@@ -200,19 +200,14 @@ impl App {
         pool.clone()
     }
 
-    /// The router of a server database, created (and its function catalog loading) on first
-    /// use.
+    /// The router of a server database, created (and its catalog loading) on first use.
     pub fn router(self: &Arc<Self>, server_dbname: &str) -> Arc<Router> {
         let mut routers = self.routers.lock();
         if let Some(router) = routers.get(server_dbname) {
             return router.clone();
         }
-        let router = Arc::new(Router::new(
-            server_dbname.to_owned(),
-            self.config().routing.decision_cache_entries,
-        ));
+        let router = Router::start(self, server_dbname.to_owned());
         routers.insert(server_dbname.to_owned(), router.clone());
-        router.refresh_catalog(self.clone());
         router
     }
 

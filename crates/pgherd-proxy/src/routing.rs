@@ -1,19 +1,24 @@
 //! Where each request runs: the per-database [`Router`] turns a statement into a routing
-//! decision (with `pgherd-route`'s classifier, a cache keyed by statement shape, and the
-//! database's function volatilities loaded from `pg_proc`).
+//! decision (with `pgherd-route`'s lexer and classifier, a cache keyed by the statement's text
+//! with literals blanked, and what the database's catalog says about its functions and
+//! relations).
 //!
-//! Invariant: a statement pgherd cannot prove to be a read runs on the primary. The catalog
-//! only ever moves functions from "unknown" (primary) to what `pg_proc` says.
+//! Invariant: a statement pgherd cannot prove to be a read runs on the primary, and one it
+//! cannot prove harmless to the session gets its session checked. A cache hit is only ever
+//! the decision for the same token stream up to literal values: the key is the whole
+//! normalised text, compared exactly, from a lexer that reads strings as the server does.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
-use pgherd_route::{classify, shape, Decision, FunctionCatalog, HintError, Route, Target};
+use pgherd_route::catalog::{Persistence, RelationRow, Snapshot, SnapshotBuilder};
+use pgherd_route::{classify, lex, Decision, HintError, Route, Target};
 use pgherd_wire::{PgError, SqlState};
+use tokio::sync::Notify;
 
 use crate::app::App;
 use crate::nodes;
@@ -29,7 +34,7 @@ impl Routed {
     /// A request pgherd cannot inspect, which therefore runs on the primary.
     pub fn primary(reason: &str) -> Routed {
         Routed {
-            decision: Arc::new(Decision::new(Target::Primary, reason)),
+            decision: Arc::new(Decision::unread(reason)),
             hint: None,
         }
     }
@@ -49,41 +54,88 @@ impl Routed {
     }
 }
 
-/// Function name → "some overload is VOLATILE".
-#[derive(Default)]
-struct Catalog {
-    volatile: HashMap<String, bool>,
-}
+/// The catalog is read again at least this often, for changes made outside pgherd.
+const CATALOG_REFRESH_INTERVAL: Duration = Duration::from_secs(60);
+/// And at most this often, however many changes ask for it.
+const CATALOG_RELOAD_MIN_INTERVAL: Duration = Duration::from_secs(1);
 
-impl FunctionCatalog for Catalog {
-    fn volatile(&self, name: &str) -> Option<bool> {
-        self.volatile.get(name).copied()
-    }
-}
+const FUNCTIONS_SQL: &str = "\
+SELECT lower(p.proname), bool_or(p.provolatile = 'v'), \
+       bool_or(p.oid >= 16384 AND l.lanname NOT IN ('internal', 'c')) \
+FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_language l ON l.oid = p.prolang GROUP BY 1";
 
-/// How often an unknown function may trigger a catalog reload.
-const CATALOG_RELOAD_MIN_INTERVAL: Duration = Duration::from_secs(5);
+/// Bodies of user functions that may set custom settings.
+const FUNCTION_SOURCES_SQL: &str = "\
+SELECT p.prosrc FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_language l ON l.oid = p.prolang \
+WHERE p.oid >= 16384 AND l.lanname NOT IN ('internal', 'c') AND p.prosrc ~* 'set_config|\\mset\\M'";
 
-const CATALOG_SQL: &str =
-    "SELECT lower(proname), bool_or(provolatile = 'v') FROM pg_catalog.pg_proc GROUP BY 1";
+/// Relations with their own facts: which run user code when touched (user triggers, rules
+/// other than a view's, and policies, defaults, checks and index expressions that call user
+/// functions), which draw from sequences (defaults on a sequence, identity columns).
+const RELATIONS_SQL: &str = "\
+WITH user_fn AS ( \
+  SELECT p.oid FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_language l ON l.oid = p.prolang \
+  WHERE p.oid >= 16384 AND l.lanname NOT IN ('internal', 'c')), \
+uses_fn AS ( \
+  SELECT d.classid, d.objid FROM pg_catalog.pg_depend d \
+  WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass AND d.refobjid IN (SELECT oid FROM user_fn)), \
+code AS ( \
+  SELECT t.tgrelid AS rel FROM pg_catalog.pg_trigger t \
+    WHERE NOT t.tgisinternal AND t.tgfoid IN (SELECT oid FROM user_fn) \
+  UNION SELECT r.ev_class FROM pg_catalog.pg_rewrite r WHERE r.rulename <> '_RETURN' \
+  UNION SELECT r.ev_class FROM pg_catalog.pg_rewrite r JOIN uses_fn u \
+    ON u.classid = 'pg_catalog.pg_rewrite'::regclass AND u.objid = r.oid \
+  UNION SELECT p.polrelid FROM pg_catalog.pg_policy p JOIN uses_fn u \
+    ON u.classid = 'pg_catalog.pg_policy'::regclass AND u.objid = p.oid \
+  UNION SELECT a.adrelid FROM pg_catalog.pg_attrdef a JOIN uses_fn u \
+    ON u.classid = 'pg_catalog.pg_attrdef'::regclass AND u.objid = a.oid \
+  UNION SELECT c.conrelid FROM pg_catalog.pg_constraint c JOIN uses_fn u \
+    ON u.classid = 'pg_catalog.pg_constraint'::regclass AND u.objid = c.oid WHERE c.conrelid <> 0 \
+  UNION SELECT i.indrelid FROM pg_catalog.pg_index i JOIN uses_fn u \
+    ON u.classid = 'pg_catalog.pg_class'::regclass AND u.objid = i.indexrelid), \
+seq AS ( \
+  SELECT a.adrelid AS rel FROM pg_catalog.pg_attrdef a JOIN pg_catalog.pg_depend d \
+    ON d.classid = 'pg_catalog.pg_attrdef'::regclass AND d.objid = a.oid \
+    AND d.refclassid = 'pg_catalog.pg_class'::regclass \
+    JOIN pg_catalog.pg_class s ON s.oid = d.refobjid AND s.relkind = 'S' \
+  UNION SELECT attrelid FROM pg_catalog.pg_attribute WHERE attidentity <> '' AND NOT attisdropped) \
+SELECT c.oid, c.relname, c.relpersistence, c.oid IN (SELECT rel FROM code), \
+       c.oid IN (SELECT rel FROM seq) \
+FROM pg_catalog.pg_class c WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')";
+
+/// What touching one relation may touch too: a view and what it reads, a partitioned table
+/// and its partitions, a referenced table and the tables its deletes and updates cascade to.
+const REACHES_SQL: &str = "\
+SELECT r.ev_class, d.refobjid FROM pg_catalog.pg_rewrite r JOIN pg_catalog.pg_depend d \
+  ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid \
+  AND d.refclassid = 'pg_catalog.pg_class'::regclass WHERE d.refobjid <> r.ev_class \
+UNION SELECT inhparent, inhrelid FROM pg_catalog.pg_inherits \
+UNION SELECT confrelid, conrelid FROM pg_catalog.pg_constraint WHERE contype = 'f'";
 
 pub struct Router {
     server_dbname: String,
-    catalog: ArcSwap<Catalog>,
-    /// (shape hash, text length) → decision. Cleared when full or when the catalog changes.
+    catalog: ArcSwap<Snapshot>,
+    /// Normalised statement text → decision. Cleared when full or when the catalog changes.
     decisions: Mutex<DecisionCache>,
     capacity: usize,
-    loading: AtomicBool,
-    last_load: Mutex<Option<Instant>>,
+    max_parse_bytes: usize,
+    /// Wakes the catalog task to read the catalog again (a statement named something it
+    /// does not know, or a schema change committed).
+    reload: Notify,
 }
 
-/// The decisions by statement shape, and how often a lookup found one (counted under the
-/// lock the lookup takes anyway).
+/// The decisions by key, and how often a lookup found one (counted under the lock the
+/// lookup takes anyway).
 #[derive(Default)]
 struct DecisionCache {
-    map: HashMap<(u64, usize), Arc<Decision>>,
+    map: HashMap<Box<[u8]>, Arc<Decision>>,
     hits: u64,
     misses: u64,
+}
+
+thread_local! {
+    /// The key being built, reused: the lookup allocates nothing on a hit.
+    static KEY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Router {
@@ -93,82 +145,81 @@ impl Router {
         (cache.hits, cache.misses)
     }
 
-    pub fn new(server_dbname: String, capacity: usize) -> Router {
-        Router {
+    /// A router whose catalog a task of its own loads now, and again when asked or every
+    /// minute.
+    pub fn start(app: &Arc<App>, server_dbname: String) -> Arc<Router> {
+        let config = app.config();
+        let router = Arc::new(Router {
             server_dbname,
-            catalog: ArcSwap::from_pointee(Catalog::default()),
+            catalog: ArcSwap::from_pointee(Snapshot::default()),
             decisions: Mutex::default(),
-            capacity,
-            loading: AtomicBool::new(false),
-            last_load: Mutex::new(None),
-        }
-    }
-
-    /// Decides for `sql`; an invalid hint is the client's error.
-    pub fn route(self: &Arc<Self>, app: &Arc<App>, sql: &[u8]) -> Result<Routed, PgError> {
-        let shape = shape(sql);
-        let hint = shape.hint.map_err(|e| hint_error(&e))?;
-        let key = (shape.hash, sql.len());
-        {
-            let mut cache = self.decisions.lock();
-            if let Some(decision) = cache.map.get(&key).cloned() {
-                cache.hits += 1;
-                return Ok(Routed { decision, hint });
-            }
-            cache.misses += 1;
-        }
-        let text = String::from_utf8_lossy(sql);
-        let catalog = self.catalog.load();
-        let decision = Arc::new(classify(&text, &**catalog));
-        if decision.needs_catalog {
-            self.reload_catalog_soon(app);
-        }
-        if decision.cacheable && !decision.needs_catalog {
-            let mut cache = self.decisions.lock();
-            if cache.map.len() >= self.capacity {
-                cache.map.clear();
-            }
-            cache.map.insert(key, decision.clone());
-        }
-        if let Some(value) = &decision.route_setting {
-            if Route::parse(value).is_none() {
-                return Err(route_setting_error(value));
-            }
-        }
-        Ok(Routed { decision, hint })
-    }
-
-    fn reload_catalog_soon(self: &Arc<Self>, app: &Arc<App>) {
-        let recent = self
-            .last_load
-            .lock()
-            .is_some_and(|at| at.elapsed() < CATALOG_RELOAD_MIN_INTERVAL);
-        if !recent {
-            self.refresh_catalog(app.clone());
-        }
-    }
-
-    /// Loads the database's function volatilities from the primary, in the background.
-    pub fn refresh_catalog(self: &Arc<Self>, app: Arc<App>) {
-        if self.loading.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        *self.last_load.lock() = Some(Instant::now());
-        let router = self.clone();
-        tokio::spawn(async move {
-            match router.load_catalog(&app).await {
-                Ok(functions) => {
-                    tracing::debug!(database = %router.server_dbname, functions, "function catalog loaded");
-                }
-                Err(error) => {
-                    tracing::warn!(database = %router.server_dbname, %error, "cannot load the function catalog; statements calling functions go to the primary");
-                }
-            }
-            router.loading.store(false, Ordering::Release);
+            capacity: config.routing.decision_cache_entries,
+            max_parse_bytes: config.routing.max_parse_bytes,
+            reload: Notify::new(),
         });
+        tokio::spawn(keep_catalog(app.clone(), Arc::downgrade(&router)));
+        router
     }
 
-    async fn load_catalog(&self, app: &Arc<App>) -> Result<usize, String> {
+    /// The catalog as last read, for the session-state probe's custom settings.
+    pub fn catalog(&self) -> arc_swap::Guard<Arc<Snapshot>> {
+        self.catalog.load()
+    }
+
+    /// Asks for the catalog to be read again soon (a schema change committed).
+    pub fn catalog_changed(&self) {
+        self.reload.notify_one();
+    }
+
+    /// Decides for `sql`, as read by a session whose `standard_conforming_strings` is as
+    /// given; an invalid hint is the client's error.
+    pub fn route(&self, sql: &[u8], standard_conforming_strings: bool) -> Result<Routed, PgError> {
+        KEY.with(|key| {
+            let mut key = key.borrow_mut();
+            key.clear();
+            let long = sql.len() > self.max_parse_bytes;
+            // A text too long to parse gets no key: it would only fill the cache.
+            let lexed = lex(
+                if long { &[] } else { sql },
+                standard_conforming_strings,
+                &mut key,
+            );
+            let hint = lexed.hint.clone().map_err(|e| hint_error(&e))?;
+            if lexed.cacheable && !long {
+                let mut cache = self.decisions.lock();
+                if let Some(decision) = cache.map.get(key.as_slice()).cloned() {
+                    cache.hits += 1;
+                    return Ok(Routed { decision, hint });
+                }
+                cache.misses += 1;
+            }
+            let text = String::from_utf8_lossy(sql);
+            let decision = Arc::new(classify(
+                &text,
+                &lexed,
+                &**self.catalog.load(),
+                self.max_parse_bytes,
+            ));
+            if decision.needs_catalog {
+                self.reload.notify_one();
+            }
+            if lexed.cacheable && !long && decision.cacheable && !decision.needs_catalog {
+                let mut cache = self.decisions.lock();
+                if cache.map.len() >= self.capacity {
+                    cache.map.clear();
+                }
+                cache.map.insert(key.as_slice().into(), decision.clone());
+            }
+            if let Some(value) = &decision.route_setting {
+                if Route::parse(value).is_none() {
+                    return Err(route_setting_error(value));
+                }
+            }
+            Ok(Routed { decision, hint })
+        })
+    }
+
+    async fn load_catalog(&self, app: &Arc<App>) -> Result<(usize, usize), String> {
         let node = app
             .nodes
             .writer()
@@ -182,20 +233,79 @@ impl Router {
         )
         .await
         .map_err(|e| e.to_string())?;
-        let rows = conn
-            .simple_query(CATALOG_SQL)
+        let mut builder = SnapshotBuilder::default();
+        for row in conn
+            .simple_query(FUNCTIONS_SQL)
             .await
-            .map_err(|e| e.to_string())?;
-        let mut catalog = Catalog::default();
-        for row in rows {
-            if let (Some(Some(name)), Some(Some(volatile))) = (row.first(), row.get(1)) {
-                catalog.volatile.insert(name.clone(), volatile == "t");
+            .map_err(|e| e.to_string())?
+        {
+            if let [Some(name), Some(volatile), Some(user)] = row.as_slice() {
+                builder.function(name, volatile == "t", user == "t");
             }
         }
-        let count = catalog.volatile.len();
-        self.catalog.store(Arc::new(catalog));
+        for row in conn
+            .simple_query(FUNCTION_SOURCES_SQL)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            if let Some(Some(source)) = row.first() {
+                builder.function_source(source);
+            }
+        }
+        for row in conn
+            .simple_query(RELATIONS_SQL)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            if let [Some(oid), Some(name), Some(persistence), Some(code), Some(seq)] =
+                row.as_slice()
+            {
+                builder.relation(RelationRow {
+                    oid: oid.parse().map_err(|_| format!("relation oid {oid:?}"))?,
+                    name: name.clone(),
+                    persistence: Persistence::from_code(persistence),
+                    runs_user_code: code == "t",
+                    draws_sequences: seq == "t",
+                });
+            }
+        }
+        for row in conn
+            .simple_query(REACHES_SQL)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            if let [Some(from), Some(to)] = row.as_slice() {
+                if let (Ok(from), Ok(to)) = (from.parse(), to.parse()) {
+                    builder.reaches(from, to);
+                }
+            }
+        }
+        let snapshot = builder.build();
+        let counts = (snapshot.function_count(), snapshot.relation_count());
+        self.catalog.store(Arc::new(snapshot));
         self.decisions.lock().map.clear();
-        Ok(count)
+        Ok(counts)
+    }
+}
+
+/// Reads the catalog, then again whenever asked (at most once a second) or every minute, for
+/// as long as the router exists.
+async fn keep_catalog(app: Arc<App>, router: std::sync::Weak<Router>) {
+    loop {
+        let Some(r) = router.upgrade() else {
+            return;
+        };
+        match r.load_catalog(&app).await {
+            Ok((functions, relations)) => {
+                tracing::debug!(database = %r.server_dbname, functions, relations, "catalog loaded");
+            }
+            Err(error) => {
+                tracing::warn!(database = %r.server_dbname, %error, "cannot load the catalog; statements calling functions go to the primary and sessions are checked after unknown statements");
+            }
+        }
+        let _ = tokio::time::timeout(CATALOG_REFRESH_INTERVAL, r.reload.notified()).await;
+        drop(r);
+        tokio::time::sleep(CATALOG_RELOAD_MIN_INTERVAL).await;
     }
 }
 

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::error::{ServerError, ServerErrorKind};
 use crate::msgio::{read_message, write_flush, ReadError};
-use crate::relay::params::BASELINE;
+use crate::relay::params::{Residue, BASELINE};
 use crate::relay::statements::ServerStatements;
 use crate::stream::Stream;
 
@@ -73,6 +73,8 @@ pub struct ServerConn {
     pub reported: Vec<(String, String)>,
     /// Fingerprint of the session settings this connection carries (see `relay::params`).
     pub params_fp: u64,
+    /// What the last client's transactions left that settings do not cover.
+    pub residue: Residue,
     pub statements: ServerStatements,
     pub created_at: Instant,
     pub last_used: Instant,
@@ -169,6 +171,7 @@ async fn connect_inner(
                     cancel_key,
                     reported,
                     params_fp: BASELINE,
+                    residue: Residue::default(),
                     statements: ServerStatements::new(statement_capacity),
                     created_at: now,
                     last_used: now,

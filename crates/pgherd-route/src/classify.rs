@@ -1,123 +1,20 @@
-//! Which node a statement may run on, decided with PostgreSQL's own parser (`pg_query`), and
-//! the sentence that says why. Anything pgherd cannot prove to be a read goes to the primary.
+//! Which node a statement may run on and what it may do to the session, decided with
+//! PostgreSQL's own parser (`pg_query`), and the sentence that says why. Anything pgherd
+//! cannot prove to be a read goes to the primary; anything it cannot prove harmless to the
+//! session is an unknown session effect, which the proxy checks on the server.
+//!
+//! Two views of one parse: the statement tree for what each top-level statement is, and the
+//! library's summary (its C walker visits every expression) for every function called and
+//! every relation touched, wherever in the text they are.
 
+use pg_query::protobuf::summary_result::Context;
 use pg_query::protobuf::{node::Node as NodeEnum, TransactionStmtKind, VariableSetKind};
-use pg_query::{Context, NodeRef};
+use pg_query::NodeRef;
 
-/// Where a statement may run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Target {
-    /// Only the primary.
-    Primary,
-    /// Any replica (or the primary).
-    Replica,
-    /// Wherever the session is: transaction control, SHOW, SET, DEALLOCATE...
-    Any,
-}
-
-/// Session state that ties a client to one server connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Pin {
-    TempTable,
-    AdvisoryLock,
-    SqlPrepare,
-    Listen,
-    HoldCursor,
-}
-
-impl Pin {
-    pub fn describe(&self) -> &'static str {
-        match self {
-            Pin::TempTable => "a temporary table",
-            Pin::AdvisoryLock => "a session-level advisory lock",
-            Pin::SqlPrepare => "an SQL-level PREPARE",
-            Pin::Listen => "LISTEN",
-            Pin::HoldCursor => "a cursor WITH HOLD",
-        }
-    }
-}
-
-/// What a statement does to the transaction state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TxEffect {
-    None,
-    /// BEGIN / START TRANSACTION; `read_only` when it says READ ONLY.
-    Begin {
-        read_only: bool,
-    },
-    /// SET TRANSACTION READ ONLY inside a transaction.
-    SetReadOnly,
-    /// SET [SESSION] default_transaction_read_only; `Some(true)` = on.
-    DefaultReadOnly(Option<bool>),
-    /// COMMIT, END, ROLLBACK, ABORT.
-    End,
-}
-
-/// The verdict on one query string (which may hold several statements).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Decision {
-    pub target: Target,
-    /// Why, in a sentence fragment: "INSERT writes", "calls volatile function nextval".
-    pub reason: String,
-    pub pin: Option<Pin>,
-    pub tx: TxEffect,
-    /// False when the decision depends on literal values (SET statements), so it must not be
-    /// reused for another query of the same shape.
-    pub cacheable: bool,
-    /// `SET pgherd.route = ...` (or RESET: "auto"): pgherd's own routing setting.
-    pub route_setting: Option<String>,
-    /// A function's volatility was unknown, so the verdict may change once the catalog is
-    /// loaded; not to be cached.
-    pub needs_catalog: bool,
-    /// `COPY ... FROM STDIN`: the server will wait for the client's data, so nothing may be
-    /// queued behind it.
-    pub copy_in: bool,
-}
-
-impl Decision {
-    pub fn new(target: Target, reason: impl Into<String>) -> Self {
-        Decision {
-            target,
-            reason: reason.into(),
-            pin: None,
-            tx: TxEffect::None,
-            cacheable: true,
-            route_setting: None,
-            needs_catalog: false,
-            copy_in: false,
-        }
-    }
-
-    /// Combines the verdicts of several statements in one query: the strictest wins.
-    fn merge(self, other: Decision) -> Decision {
-        let rank = |t: Target| match t {
-            Target::Any => 0,
-            Target::Replica => 1,
-            Target::Primary => 2,
-        };
-        let (mut winner, loser) = if rank(other.target) > rank(self.target) {
-            (other, self)
-        } else {
-            (self, other)
-        };
-        winner.pin = winner.pin.or(loser.pin);
-        winner.cacheable &= loser.cacheable;
-        winner.needs_catalog |= loser.needs_catalog;
-        winner.copy_in |= loser.copy_in;
-        if winner.tx == TxEffect::None {
-            winner.tx = loser.tx;
-        }
-        winner.route_setting = winner.route_setting.or(loser.route_setting);
-        winner
-    }
-}
-
-/// What pgherd knows about the functions of a database.
-pub trait FunctionCatalog {
-    /// `Some(true)` if any function of that (lower-case, unqualified) name is VOLATILE,
-    /// `Some(false)` if all are STABLE or IMMUTABLE, `None` if the name is unknown.
-    fn volatile(&self, name: &str) -> Option<bool>;
-}
+use crate::catalog::{custom_settings_set_in, Catalog};
+use crate::decision::{Decision, Pin, SessionEffect, Target, TxEffect};
+use crate::lexer::Lexed;
+use crate::parse::{self, Parsed};
 
 /// Volatile functions that change nothing, so a replica may run them.
 const HARMLESS_VOLATILE: &[&str] = &[
@@ -139,88 +36,216 @@ const SESSION_LOCK_FUNCTIONS: &[&str] = &[
     "pg_try_advisory_lock_shared",
 ];
 
+/// Built-in (or C extension) functions that change session state: settings, the random
+/// seed, replication slots and origins tied to the session, extension settings and
+/// connections.
+const SESSION_CHANGING_FUNCTIONS: &[&str] = &[
+    "set_config",
+    "setseed",
+    "pg_create_logical_replication_slot",
+    "pg_create_physical_replication_slot",
+    "pg_replication_origin_session_setup",
+    "set_limit",
+    "dblink_connect",
+    "dblink_connect_u",
+    "dblink_open",
+];
+
+/// Functions that draw from sequences.
+const SEQUENCE_FUNCTIONS: &[&str] = &["nextval", "setval"];
+
 /// The name pgherd's own routing setting goes by.
 pub const ROUTE_SETTING: &str = "pgherd.route";
 
-/// Classifies `sql`. Unparsable text goes to the primary.
-pub fn classify(sql: &str, functions: &dyn FunctionCatalog) -> Decision {
-    let parsed = match pg_query::parse(sql) {
+/// Classifies `sql` (which `lexed` describes). Text the server would read differently from
+/// the parser library, or that is too large or deep to parse, goes to the primary unread.
+pub fn classify(
+    sql: &str,
+    lexed: &Lexed,
+    catalog: &dyn Catalog,
+    max_parse_bytes: usize,
+) -> Decision {
+    if lexed.strings_depend_on_settings {
+        return Decision::unread(
+            "has backslashes in strings while standard_conforming_strings is off, so the primary runs it",
+        );
+    }
+    let parsed = match parse::parse(sql, lexed, max_parse_bytes) {
         Ok(p) => p,
-        Err(e) => {
-            return Decision::new(
-                Target::Primary,
-                format!("cannot be parsed ({e}), so the primary runs it"),
-            );
-        }
+        Err(e) => return Decision::unread(format!("{e}, so the primary runs it")),
     };
     let mut decision: Option<Decision> = None;
-    for raw in &parsed.protobuf.stmts {
+    for raw in &parsed.tree.protobuf.stmts {
         let Some(node) = raw.stmt.as_ref().and_then(|s| s.node.as_ref()) else {
             continue;
         };
-        let d = classify_statement(node, functions);
+        let d = classify_statement(node);
         decision = Some(match decision {
             None => d,
             Some(previous) => previous.merge(d),
         });
     }
-    let Some(mut decision) = decision else {
+    let Some(decision) = decision else {
         return Decision::new(Target::Any, "is empty");
     };
-    if decision.target == Target::Replica || decision.target == Target::Any {
-        // Function calls anywhere in a read decide too.
-        for (name, context) in &parsed.functions {
-            if *context != Context::Call {
-                continue;
-            }
-            let bare = name.rsplit('.').next().unwrap_or(name).to_lowercase();
-            if SESSION_LOCK_FUNCTIONS.contains(&bare.as_str()) {
-                let mut d = Decision::new(
-                    Target::Primary,
-                    format!("calls {bare}, which takes a session lock"),
-                );
-                d.pin = Some(Pin::AdvisoryLock);
-                decision = decision.merge(d);
-                continue;
-            }
-            if HARMLESS_VOLATILE.contains(&bare.as_str()) {
-                continue;
-            }
-            match functions.volatile(&bare) {
-                Some(false) => {}
-                Some(true) => {
+    let decision = function_effects(decision, &parsed, lexed, catalog);
+    let mut decision = relation_effects(decision, &parsed, catalog);
+    if decision.session == SessionEffect::Unknown && calls(&parsed, "set_config") {
+        decision.custom_settings = custom_settings_set_in(sql);
+        // The names are literals, which the cache key does not see.
+        decision.cacheable &= decision.custom_settings.is_empty();
+    }
+    decision
+}
+
+fn calls(parsed: &Parsed, name: &str) -> bool {
+    parsed
+        .summary
+        .functions
+        .iter()
+        .any(|f| f.context == Context::Call && f.function_name.eq_ignore_ascii_case(name))
+}
+
+/// What the functions a statement calls, anywhere in it, mean for where it runs and for
+/// the session.
+fn function_effects(
+    mut decision: Decision,
+    parsed: &Parsed,
+    lexed: &Lexed,
+    catalog: &dyn Catalog,
+) -> Decision {
+    for function in &parsed.summary.functions {
+        if function.context != Context::Call {
+            continue;
+        }
+        let bare = function.function_name.to_lowercase();
+        let name = bare.as_str();
+        if SESSION_LOCK_FUNCTIONS.contains(&name) {
+            let mut d = Decision::new(
+                Target::Primary,
+                format!("calls {name}, which takes a session lock"),
+            );
+            d.pin = Some(Pin::AdvisoryLock);
+            decision = decision.merge(d);
+            continue;
+        }
+        if name == "set_config" && sets_locally(parsed, lexed) {
+            // set_config(..., true) ends with the transaction, as SET LOCAL does.
+        } else if SESSION_CHANGING_FUNCTIONS.contains(&name) {
+            decision = decision.with_session(SessionEffect::Unknown);
+        }
+        if SEQUENCE_FUNCTIONS.contains(&name) {
+            decision = decision.with_session(SessionEffect::Sequences);
+        }
+        if HARMLESS_VOLATILE.contains(&name) {
+            continue;
+        }
+        match catalog.function(name) {
+            Some(info) => {
+                if info.user_defined {
+                    decision = decision.with_session(SessionEffect::Unknown);
+                }
+                if info.volatile {
                     decision = decision.merge(Decision::new(
                         Target::Primary,
-                        format!("calls volatile function {bare}"),
+                        format!("calls volatile function {name}"),
                     ));
                 }
-                None => {
-                    let mut d = Decision::new(
-                        Target::Primary,
-                        format!("calls function {bare}, whose volatility is unknown"),
-                    );
-                    d.needs_catalog = true;
-                    decision = decision.merge(d);
-                }
+            }
+            None => {
+                let mut d = Decision::new(
+                    Target::Primary,
+                    format!("calls function {name}, whose volatility is unknown"),
+                );
+                d.needs_catalog = true;
+                d.session = SessionEffect::Unknown;
+                decision = decision.merge(d);
             }
         }
     }
     decision
 }
 
-fn is_read_only_option(options: &[pg_query::protobuf::Node]) -> bool {
-    options.iter().any(|o| match o.node.as_ref() {
-        Some(NodeEnum::DefElem(d)) if d.defname == "transaction_read_only" => d
-            .arg
-            .as_ref()
-            .and_then(|a| a.node.as_ref())
-            .is_some_and(|a| match a {
-                NodeEnum::AConst(c) => {
-                    matches!(&c.val, Some(pg_query::protobuf::a_const::Val::Ival(i)) if i.ival == 1)
+/// Every `set_config` call in the text passes `true` as its third argument (the tree's
+/// walk must have found as many calls as the text has tokens naming the function).
+fn sets_locally(parsed: &Parsed, lexed: &Lexed) -> bool {
+    let mut local_calls = 0;
+    for (node, ..) in parsed.tree.protobuf.nodes() {
+        let NodeRef::FuncCall(call) = node else {
+            continue;
+        };
+        let is_set_config = call
+            .funcname
+            .last()
+            .and_then(|n| n.node.as_ref())
+            .is_some_and(
+                |n| matches!(n, NodeEnum::String(s) if s.sval.eq_ignore_ascii_case("set_config")),
+            );
+        if !is_set_config {
+            continue;
+        }
+        let local = call.args.get(2).and_then(|a| a.node.as_ref()).is_some_and(|a| {
+            matches!(a, NodeEnum::AConst(c)
+                if matches!(&c.val, Some(pg_query::protobuf::a_const::Val::Boolval(b)) if b.boolval))
+        });
+        if !local {
+            return false;
+        }
+        local_calls += 1;
+    }
+    local_calls > 0 && local_calls == lexed.set_config_names
+}
+
+/// What the relations a statement touches mean: unlogged and temporary relations cannot be
+/// read on a standby; user code that may run when they are touched; sequences drawn when
+/// they are written.
+fn relation_effects(mut decision: Decision, parsed: &Parsed, catalog: &dyn Catalog) -> Decision {
+    let writes = decision.target == Target::Primary;
+    for table in &parsed.summary.tables {
+        let name = table.table_name.as_str();
+        if table.schema_name.starts_with("pg_temp") {
+            decision = decision.merge(Decision::new(Target::Primary, "uses a temporary table"));
+            continue;
+        }
+        match catalog.relation(name) {
+            Some(info) => {
+                if info.runs_user_code {
+                    decision = decision.with_session(SessionEffect::Unknown);
                 }
-                _ => false,
-            }),
-        _ => false,
+                if info.draws_sequences && writes && table.context != Context::Select {
+                    decision = decision.with_session(SessionEffect::Sequences);
+                }
+                if info.standby_unreadable {
+                    decision = decision.merge(Decision::new(
+                        Target::Primary,
+                        format!("uses {name}, which is unlogged or temporary (a standby cannot read it)"),
+                    ));
+                }
+            }
+            None => {
+                // Created since the catalog was read, or a temporary table of this session.
+                decision.needs_catalog = true;
+                decision = decision.with_session(SessionEffect::Unknown);
+            }
+        }
+    }
+    decision
+}
+
+/// The value of a `transaction_read_only` option; the last one counts, as in PostgreSQL
+/// (`START TRANSACTION READ ONLY, READ WRITE` is read-write).
+fn read_only_option(options: &[pg_query::protobuf::Node]) -> Option<bool> {
+    options.iter().rev().find_map(|o| match o.node.as_ref() {
+        Some(NodeEnum::DefElem(d)) if d.defname == "transaction_read_only" => {
+            match d.arg.as_ref().and_then(|a| a.node.as_ref()) {
+                Some(NodeEnum::AConst(c)) => Some(matches!(
+                    &c.val,
+                    Some(pg_query::protobuf::a_const::Val::Ival(i)) if i.ival == 1
+                )),
+                _ => None,
+            }
+        }
+        _ => None,
     })
 }
 
@@ -239,76 +264,31 @@ fn set_value(args: &[pg_query::protobuf::Node]) -> Option<String> {
     }
 }
 
-fn classify_statement(node: &NodeEnum, functions: &dyn FunctionCatalog) -> Decision {
+fn is_temporary(relation: Option<&pg_query::protobuf::RangeVar>) -> bool {
+    relation.is_some_and(|r| r.relpersistence == "t" || r.schemaname.starts_with("pg_temp"))
+}
+
+fn temporary_object(reason: &str) -> Decision {
+    let mut d = Decision::ddl(Target::Primary, reason);
+    d.pin = Some(Pin::TempTable);
+    d
+}
+
+fn classify_statement(node: &NodeEnum) -> Decision {
     match node {
-        NodeEnum::SelectStmt(s) => {
-            if s.into_clause.is_some() {
-                return Decision::new(Target::Primary, "SELECT INTO creates a table");
+        NodeEnum::SelectStmt(s) => match &s.into_clause {
+            Some(into) if is_temporary(into.rel.as_ref()) => {
+                temporary_object("SELECT INTO TEMP creates session state")
             }
-            classify_read(node, "SELECT reads", functions)
-        }
+            Some(_) => Decision::ddl(Target::Primary, "SELECT INTO creates a table"),
+            None => classify_read(node, "SELECT reads"),
+        },
         NodeEnum::InsertStmt(_) => Decision::new(Target::Primary, "INSERT writes"),
         NodeEnum::UpdateStmt(_) => Decision::new(Target::Primary, "UPDATE writes"),
         NodeEnum::DeleteStmt(_) => Decision::new(Target::Primary, "DELETE writes"),
         NodeEnum::MergeStmt(_) => Decision::new(Target::Primary, "MERGE writes"),
-        NodeEnum::TransactionStmt(t) => {
-            let kind =
-                TransactionStmtKind::try_from(t.kind).unwrap_or(TransactionStmtKind::Undefined);
-            match kind {
-                TransactionStmtKind::TransStmtBegin | TransactionStmtKind::TransStmtStart => {
-                    let read_only = is_read_only_option(&t.options);
-                    let mut d = if read_only {
-                        Decision::new(
-                            Target::Replica,
-                            "BEGIN READ ONLY opens a read-only transaction",
-                        )
-                    } else {
-                        Decision::new(Target::Primary, "BEGIN opens a transaction that may write")
-                    };
-                    d.tx = TxEffect::Begin { read_only };
-                    d
-                }
-                TransactionStmtKind::TransStmtPrepare
-                | TransactionStmtKind::TransStmtCommitPrepared
-                | TransactionStmtKind::TransStmtRollbackPrepared => {
-                    Decision::new(Target::Primary, "two-phase commit needs the primary")
-                }
-                TransactionStmtKind::TransStmtCommit | TransactionStmtKind::TransStmtRollback => {
-                    let mut d = Decision::new(Target::Any, "ends the current transaction");
-                    d.tx = TxEffect::End;
-                    d
-                }
-                _ => Decision::new(Target::Any, "marks the current transaction"),
-            }
-        }
-        NodeEnum::VariableSetStmt(v) => {
-            let name = v.name.to_lowercase();
-            let kind = VariableSetKind::try_from(v.kind).unwrap_or(VariableSetKind::Undefined);
-            let mut d = Decision::new(Target::Any, "changes a setting");
-            d.cacheable = false;
-            if name == ROUTE_SETTING {
-                d.route_setting = Some(match kind {
-                    VariableSetKind::VarSetValue => set_value(&v.args).unwrap_or_default(),
-                    _ => "auto".to_owned(),
-                });
-                d.reason = "sets pgherd's routing".into();
-            } else if name == "transaction"
-                && kind == VariableSetKind::VarSetMulti
-                && is_read_only_option(&v.args)
-            {
-                d.tx = TxEffect::SetReadOnly;
-            } else if name == "session characteristics" && is_read_only_option(&v.args) {
-                d.tx = TxEffect::DefaultReadOnly(Some(true));
-            } else if name == "default_transaction_read_only" {
-                let on = match kind {
-                    VariableSetKind::VarSetValue => set_value(&v.args)
-                        .map(|s| matches!(s.as_str(), "on" | "true" | "1" | "yes")),
-                    _ => Some(false),
-                };
-                d.tx = TxEffect::DefaultReadOnly(on);
-            }
-            d
-        }
+        NodeEnum::TransactionStmt(t) => classify_transaction(t),
+        NodeEnum::VariableSetStmt(v) => classify_set(v),
         NodeEnum::VariableShowStmt(_) => Decision::new(Target::Any, "SHOW reads a setting"),
         NodeEnum::DeallocateStmt(_) => {
             Decision::new(Target::Any, "DEALLOCATE forgets a prepared statement")
@@ -320,7 +300,7 @@ fn classify_statement(node: &NodeEnum, functions: &dyn FunctionCatalog) -> Decis
             );
             match e.query.as_ref().and_then(|q| q.node.as_ref()) {
                 Some(inner) if analyze => {
-                    let mut d = classify_statement(inner, functions);
+                    let mut d = classify_statement(inner);
                     d.reason = format!("EXPLAIN ANALYZE runs a statement that {}", d.reason);
                     d
                 }
@@ -339,7 +319,7 @@ fn classify_statement(node: &NodeEnum, functions: &dyn FunctionCatalog) -> Decis
                 )
             } else {
                 match c.query.as_ref().and_then(|q| q.node.as_ref()) {
-                    Some(inner) => classify_read(inner, "COPY TO reads", functions),
+                    Some(inner) => classify_read(inner, "COPY TO reads"),
                     None => Decision::new(Target::Replica, "COPY TO reads"),
                 }
             }
@@ -360,11 +340,12 @@ fn classify_statement(node: &NodeEnum, functions: &dyn FunctionCatalog) -> Decis
         NodeEnum::ExecuteStmt(_) => Decision::new(
             Target::Primary,
             "EXECUTE runs an SQL-level prepared statement",
-        ),
+        )
+        .with_session(SessionEffect::Unknown),
         NodeEnum::DeclareCursorStmt(c) => {
             const CURSOR_OPT_HOLD: i32 = 0x0020;
             let mut d = match c.query.as_ref().and_then(|q| q.node.as_ref()) {
-                Some(inner) => classify_read(inner, "DECLARE reads", functions),
+                Some(inner) => classify_read(inner, "DECLARE reads"),
                 None => Decision::new(Target::Primary, "DECLARE"),
             };
             if c.options & CURSOR_OPT_HOLD != 0 {
@@ -375,45 +356,110 @@ fn classify_statement(node: &NodeEnum, functions: &dyn FunctionCatalog) -> Decis
         NodeEnum::FetchStmt(_) | NodeEnum::ClosePortalStmt(_) => {
             Decision::new(Target::Any, "uses a cursor of the current transaction")
         }
-        NodeEnum::CreateStmt(c) => {
-            let temp = c.relation.as_ref().is_some_and(|r| r.relpersistence == "t");
-            let mut d = Decision::new(Target::Primary, "CREATE TABLE changes the schema");
-            if temp {
-                d.reason = "CREATE TEMPORARY TABLE creates session state".into();
-                d.pin = Some(Pin::TempTable);
-            }
+        NodeEnum::DoStmt(_) => Decision::new(Target::Primary, "DO runs a block of code")
+            .with_session(SessionEffect::Unknown),
+        NodeEnum::CallStmt(_) => Decision::new(Target::Primary, "CALL runs a procedure")
+            .with_session(SessionEffect::Unknown),
+        NodeEnum::LoadStmt(_) => {
+            let mut d = Decision::new(Target::Primary, "LOAD loads a library into the session");
+            d.pin = Some(Pin::LoadedLibrary);
             d
         }
-        NodeEnum::CreateTableAsStmt(c) => {
-            let temp = c
-                .into
-                .as_ref()
-                .and_then(|i| i.rel.as_ref())
-                .is_some_and(|r| r.relpersistence == "t");
-            let mut d = Decision::new(Target::Primary, "CREATE TABLE AS writes");
-            if temp {
-                d.pin = Some(Pin::TempTable);
-            }
-            d
+        NodeEnum::CreateStmt(c) if is_temporary(c.relation.as_ref()) => {
+            temporary_object("CREATE TEMPORARY TABLE creates session state")
         }
-        _ => Decision::new(
+        NodeEnum::CreateStmt(_) => {
+            Decision::ddl(Target::Primary, "CREATE TABLE changes the schema")
+        }
+        NodeEnum::CreateTableAsStmt(c)
+            if is_temporary(c.into.as_ref().and_then(|i| i.rel.as_ref())) =>
+        {
+            temporary_object("CREATE TEMPORARY TABLE AS creates session state")
+        }
+        NodeEnum::CreateTableAsStmt(_) => Decision::ddl(Target::Primary, "CREATE TABLE AS writes"),
+        NodeEnum::ViewStmt(v) if is_temporary(v.view.as_ref()) => {
+            temporary_object("CREATE TEMPORARY VIEW creates session state")
+        }
+        NodeEnum::CreateSeqStmt(s) if is_temporary(s.sequence.as_ref()) => {
+            temporary_object("CREATE TEMPORARY SEQUENCE creates session state")
+        }
+        _ => Decision::ddl(
             Target::Primary,
             "is not a statement pgherd can prove read-only, so the primary runs it",
         ),
     }
 }
 
+fn classify_transaction(t: &pg_query::protobuf::TransactionStmt) -> Decision {
+    let kind = TransactionStmtKind::try_from(t.kind).unwrap_or(TransactionStmtKind::Undefined);
+    match kind {
+        TransactionStmtKind::TransStmtBegin | TransactionStmtKind::TransStmtStart => {
+            let read_only = read_only_option(&t.options);
+            let mut d = if read_only == Some(true) {
+                Decision::new(
+                    Target::Replica,
+                    "BEGIN READ ONLY opens a read-only transaction",
+                )
+            } else {
+                Decision::new(Target::Primary, "BEGIN opens a transaction that may write")
+            };
+            d.tx = TxEffect::Begin { read_only };
+            d
+        }
+        TransactionStmtKind::TransStmtPrepare
+        | TransactionStmtKind::TransStmtCommitPrepared
+        | TransactionStmtKind::TransStmtRollbackPrepared => {
+            Decision::new(Target::Primary, "two-phase commit needs the primary")
+        }
+        TransactionStmtKind::TransStmtCommit | TransactionStmtKind::TransStmtRollback => {
+            let mut d = Decision::new(Target::Any, "ends the current transaction");
+            d.tx = TxEffect::End;
+            d
+        }
+        _ => Decision::new(Target::Any, "marks the current transaction"),
+    }
+}
+
+fn classify_set(v: &pg_query::protobuf::VariableSetStmt) -> Decision {
+    let name = v.name.to_lowercase();
+    let kind = VariableSetKind::try_from(v.kind).unwrap_or(VariableSetKind::Undefined);
+    let mut d = Decision::new(Target::Any, "changes a setting");
+    d.cacheable = false;
+    if name == ROUTE_SETTING {
+        d.route_setting = Some(match kind {
+            VariableSetKind::VarSetValue => set_value(&v.args).unwrap_or_default(),
+            _ => "auto".to_owned(),
+        });
+        d.reason = "sets pgherd's routing".into();
+    } else if name == "transaction" && kind == VariableSetKind::VarSetMulti {
+        if read_only_option(&v.args) == Some(true) {
+            d.tx = TxEffect::SetReadOnly;
+        }
+    } else if name == "session characteristics" {
+        if let Some(on) = read_only_option(&v.args) {
+            d.tx = TxEffect::DefaultReadOnly(Some(on));
+        }
+    } else if name == "default_transaction_read_only" {
+        let on = match kind {
+            VariableSetKind::VarSetValue => {
+                set_value(&v.args).map(|s| matches!(s.as_str(), "on" | "true" | "1" | "yes"))
+            }
+            _ => Some(false),
+        };
+        d.tx = TxEffect::DefaultReadOnly(on);
+    }
+    d
+}
+
 /// A read statement (SELECT, VALUES, a COPY or cursor query): the replica may run it unless
 /// something inside it writes or locks.
-fn classify_read(node: &NodeEnum, reason: &str, _functions: &dyn FunctionCatalog) -> Decision {
+fn classify_read(node: &NodeEnum, reason: &str) -> Decision {
     for (inner, _depth, _context, _) in node.nodes() {
         match inner {
             NodeRef::SelectStmt(s) if !s.locking_clause.is_empty() => {
                 return Decision::new(Target::Primary, "SELECT ... FOR UPDATE/SHARE locks rows");
             }
-            NodeRef::RangeVar(r)
-                if r.relpersistence == "t" || r.schemaname.starts_with("pg_temp") =>
-            {
+            NodeRef::RangeVar(r) if is_temporary(Some(r)) => {
                 return Decision::new(Target::Primary, "uses a temporary table");
             }
             NodeRef::InsertStmt(_)

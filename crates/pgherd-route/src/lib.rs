@@ -1,19 +1,25 @@
-//! Where a statement may run, decided without IO.
+//! Where a statement may run and what it may do to the session, decided without IO.
 //!
-//! [`classify`] reads a query with PostgreSQL's own parser and says whether a replica may run
-//! it, and why; [`shape`] gives the literal-blind key decisions are cached under and the routing
-//! hints found in comments. The proxy supplies what only a server knows (which functions are
-//! volatile) through [`FunctionCatalog`].
+//! [`lex`] reads a statement as PostgreSQL's scanner does and gives the key decisions are
+//! cached under (literals blanked) and the routing hints in its comments; [`classify`] reads
+//! it with PostgreSQL's own parser, within bounds ([`parse`]), and says whether a replica may
+//! run it, what it does to the session, and why. The proxy supplies what only a server knows
+//! (functions, relations) as a [`catalog::Snapshot`] built from catalog rows.
 //!
 //! Architecture invariant: no sockets, no clocks, no global state; the same input always gives
 //! the same decision.
 
 pub mod balance;
+pub mod catalog;
 mod classify;
-mod shape;
+mod decision;
+mod lexer;
+pub mod parse;
 
-pub use classify::{classify, Decision, FunctionCatalog, Pin, Target, TxEffect, ROUTE_SETTING};
-pub use shape::{shape, HintError, Shape};
+pub use catalog::Catalog;
+pub use classify::{classify, ROUTE_SETTING};
+pub use decision::{Decision, Pin, SessionEffect, Target, TxEffect};
+pub use lexer::{lex, HintError, Lexed};
 
 /// Where a session's statements go: from a hint, the `pgherd.route` setting or the config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,5 +52,7 @@ impl Route {
     }
 }
 
+#[cfg(test)]
+mod lexer_tests;
 #[cfg(test)]
 mod tests;

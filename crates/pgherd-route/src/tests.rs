@@ -1,32 +1,81 @@
-//! One line per rule: input SQL → where it runs and why.
+//! One line per rule: input SQL → where it runs, what it does to the session, and why.
 
+use super::catalog::{FunctionInfo, RelationInfo};
+use super::parse::DEFAULT_MAX_PARSE_BYTES;
 use super::*;
 
-/// A catalog where `nextval`, `setval` and `bump_counter` are volatile and `lower`,
-/// `now` and `count` are not; anything else is unknown.
+/// A catalog where `nextval`, `setval` and `bump_counter` are volatile and `lower`, `now`
+/// and `count` are not; `bump_counter` and `tenant_fn` are user code; relations `t`, `u`,
+/// `pgbench_accounts` are plain, `audited` runs user code, `orders` draws sequences,
+/// `staging` is unlogged. Anything else is unknown.
 struct Catalog;
 
-impl FunctionCatalog for Catalog {
-    fn volatile(&self, name: &str) -> Option<bool> {
-        match name {
-            "nextval" | "setval" | "bump_counter" | "txid_current" | "pg_advisory_xact_lock" => {
-                Some(true)
+impl catalog::Catalog for Catalog {
+    fn function(&self, name: &str) -> Option<FunctionInfo> {
+        let (volatile, user_defined) = match name {
+            "nextval"
+            | "setval"
+            | "txid_current"
+            | "pg_advisory_xact_lock"
+            | "set_config"
+            | "setseed" => (true, false),
+            "bump_counter" => (true, true),
+            "tenant_fn" => (false, true),
+            "lower" | "now" | "count" | "sum" | "abs" | "current_setting" | "generate_series" => {
+                (false, false)
             }
-            "lower" | "now" | "count" | "sum" | "abs" => Some(false),
-            _ => None,
-        }
+            _ => return None,
+        };
+        Some(FunctionInfo {
+            volatile,
+            user_defined,
+        })
     }
+
+    fn relation(&self, name: &str) -> Option<RelationInfo> {
+        let plain = RelationInfo::default();
+        Some(match name {
+            "t" | "u" | "x" | "pgbench_accounts" | "pgbench_branches" | "new_t" | "made_here" => {
+                plain
+            }
+            "audited" => RelationInfo {
+                runs_user_code: true,
+                ..plain
+            },
+            "orders" => RelationInfo {
+                draws_sequences: true,
+                ..plain
+            },
+            "staging" => RelationInfo {
+                standby_unreadable: true,
+                ..plain
+            },
+            _ => return None,
+        })
+    }
+}
+
+fn decide(sql: &str) -> Decision {
+    let mut key = Vec::new();
+    let lexed = lex(sql.as_bytes(), true, &mut key);
+    classify(sql, &lexed, &Catalog, DEFAULT_MAX_PARSE_BYTES)
 }
 
 #[track_caller]
 fn check(sql: &str, target: Target, reason_contains: &str) {
-    let d = classify(sql, &Catalog);
+    let d = decide(sql);
     assert_eq!(d.target, target, "{sql}: {}", d.reason);
     assert!(
         d.reason.contains(reason_contains),
         "{sql}: reason {:?} lacks {reason_contains:?}",
         d.reason
     );
+}
+
+#[track_caller]
+fn effect(sql: &str, expected: SessionEffect) {
+    let d = decide(sql);
+    assert_eq!(d.session, expected, "{sql}: {}", d.reason);
 }
 
 #[test]
@@ -110,12 +159,15 @@ fn writes_and_ddl_go_to_the_primary() {
         Target::Primary,
         "EXPLAIN ANALYZE runs a statement that DELETE writes",
     );
-    check("CALL my_proc()", Target::Primary, "primary runs it");
+    check("CALL my_proc()", Target::Primary, "CALL runs a procedure");
     check(
         "DO $$ BEGIN PERFORM 1; END $$",
         Target::Primary,
-        "primary runs it",
+        "DO runs a block of code",
     );
+    assert!(decide("CREATE INDEX i ON t (a)").changes_catalog);
+    assert!(!decide("DO $$ BEGIN PERFORM 1; END $$").changes_catalog);
+    assert!(!decide("INSERT INTO t VALUES (1)").changes_catalog);
 }
 
 #[test]
@@ -184,7 +236,7 @@ fn volatile_and_unknown_functions_go_to_the_primary() {
 
 #[test]
 fn session_state_pins_the_session() {
-    let pin = |sql: &str| classify(sql, &Catalog).pin;
+    let pin = |sql: &str| decide(sql).pin;
     assert_eq!(pin("CREATE TEMP TABLE tt (a int)"), Some(Pin::TempTable));
     assert_eq!(
         pin("CREATE TEMPORARY TABLE tt AS SELECT 1"),
@@ -214,7 +266,7 @@ fn session_state_pins_the_session() {
 
 #[test]
 fn transactions() {
-    let tx = |sql: &str| classify(sql, &Catalog).tx;
+    let tx = |sql: &str| decide(sql).tx;
     check("BEGIN", Target::Primary, "may write");
     check(
         "START TRANSACTION ISOLATION LEVEL SERIALIZABLE",
@@ -227,12 +279,35 @@ fn transactions() {
         Target::Replica,
         "read-only transaction",
     );
-    assert_eq!(tx("BEGIN"), TxEffect::Begin { read_only: false });
+    assert_eq!(tx("BEGIN"), TxEffect::Begin { read_only: None });
     assert_eq!(
         tx("BEGIN TRANSACTION READ ONLY"),
-        TxEffect::Begin { read_only: true }
+        TxEffect::Begin {
+            read_only: Some(true)
+        }
     );
-    assert_eq!(tx("BEGIN READ WRITE"), TxEffect::Begin { read_only: false });
+    assert_eq!(
+        tx("BEGIN READ WRITE"),
+        TxEffect::Begin {
+            read_only: Some(false)
+        }
+    );
+    // The last option counts, as in PostgreSQL.
+    assert_eq!(
+        tx("START TRANSACTION READ ONLY, READ WRITE"),
+        TxEffect::Begin {
+            read_only: Some(false)
+        }
+    );
+    check(
+        "START TRANSACTION READ ONLY, READ WRITE",
+        Target::Primary,
+        "may write",
+    );
+    assert_eq!(
+        tx("SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE"),
+        TxEffect::DefaultReadOnly(Some(false))
+    );
     assert_eq!(tx("SET TRANSACTION READ ONLY"), TxEffect::SetReadOnly);
     assert_eq!(
         tx("SET default_transaction_read_only = on"),
@@ -264,13 +339,13 @@ fn settings_and_utilities_run_anywhere() {
     check("DEALLOCATE ALL", Target::Any, "DEALLOCATE");
     check("DISCARD ALL", Target::Any, "DISCARD");
     check("FETCH 10 FROM c", Target::Any, "cursor");
-    assert!(!classify("SET work_mem = '4MB'", &Catalog).cacheable);
-    assert!(classify("SELECT 1", &Catalog).cacheable);
+    assert!(!decide("SET work_mem = '4MB'").cacheable);
+    assert!(decide("SELECT 1").cacheable);
 }
 
 #[test]
 fn pgherd_route_setting_is_recognised() {
-    let setting = |sql: &str| classify(sql, &Catalog).route_setting;
+    let setting = |sql: &str| decide(sql).route_setting;
     assert_eq!(
         setting("SET pgherd.route = replica"),
         Some("replica".into())
@@ -294,7 +369,7 @@ fn multiple_statements_take_the_strictest() {
     check("SET x.y = 1; SELECT 1", Target::Replica, "SELECT reads");
     check("SHOW work_mem; SHOW TimeZone", Target::Any, "SHOW");
     assert_eq!(
-        classify("SELECT 1; CREATE TEMP TABLE x (a int)", &Catalog).pin,
+        decide("SELECT 1; CREATE TEMP TABLE x (a int)").pin,
         Some(Pin::TempTable)
     );
 }
@@ -312,10 +387,129 @@ fn temporary_tables_and_transaction_ends() {
         Target::Primary,
         "temporary table",
     );
-    let d = classify("COMMIT", &Catalog);
+    let d = decide("COMMIT");
     assert_eq!((d.target, d.tx), (Target::Any, TxEffect::End));
-    let d = classify("COPY t FROM STDIN", &Catalog);
+    let d = decide("COPY t FROM STDIN");
     assert!(d.copy_in && d.target == Target::Primary);
-    assert!(!classify("COPY t FROM '/tmp/x'", &Catalog).copy_in);
-    assert!(classify("SELECT unknown_fn(1)", &Catalog).needs_catalog);
+    assert!(!decide("COPY t FROM '/tmp/x'").copy_in);
+    assert!(decide("SELECT unknown_fn(1)").needs_catalog);
+}
+
+#[test]
+fn session_effects() {
+    use SessionEffect::*;
+    // Plain reads and writes leave nothing behind.
+    effect("SELECT abalance FROM pgbench_accounts WHERE aid = 1", None);
+    effect(
+        "UPDATE pgbench_accounts SET abalance = 1 WHERE aid = 1",
+        None,
+    );
+    effect("SELECT lower('A'), now(), count(*) FROM t", None);
+    effect("SET search_path = a", None);
+    effect("BEGIN", None);
+    // set_config for the session, anywhere in the text, and everything else that can
+    // change state pgherd does not follow.
+    effect("SELECT set_config('app.tenant_id', '42', false)", Unknown);
+    effect(
+        "SELECT 1 FROM t WHERE set_config('app.a', 'b', false) IS NOT NULL",
+        Unknown,
+    );
+    effect("VALUES (set_config('app.a', 'b', false))", Unknown);
+    effect("SELECT setseed(0.5)", Unknown);
+    effect("DO $$ BEGIN CREATE TEMP TABLE tt (x int); END $$", Unknown);
+    effect("CALL my_proc()", Unknown);
+    effect("SELECT tenant_fn()", Unknown);
+    effect("SELECT * FROM generate_series(1, tenant_fn())", Unknown);
+    effect("INSERT INTO t VALUES (bump_counter(1))", Unknown);
+    effect("SELECT mystery()", Unknown);
+    effect("SELECT * FROM audited", Unknown);
+    effect("DELETE FROM audited WHERE id = 1", Unknown);
+    effect("SELECT * FROM not_in_catalog", Unknown);
+    effect("ALTER TABLE t ADD COLUMN b int", Unknown);
+    effect("SELECT 1 + 1 AS two; EXECUTE p", Unknown);
+    // set_config for the transaction only: as SET LOCAL.
+    effect("SELECT set_config('app.tenant_id', $1, true)", None);
+    effect(
+        "SELECT set_config('app.a', 'x', true), set_config('app.b', 'y', false)",
+        Unknown,
+    );
+    // Sequences: explicit, and through a table's defaults when written.
+    effect("SELECT nextval('s')", Sequences);
+    effect("INSERT INTO orders (item) VALUES (1)", Sequences);
+    effect("SELECT * FROM orders", None);
+    // CTE names are not relations.
+    effect("WITH w AS (SELECT 1) SELECT * FROM w", None);
+    assert_eq!(
+        decide("SELECT set_config('app.tenant_id', '42', false)").custom_settings,
+        ["app.tenant_id"]
+    );
+    assert!(!decide("SELECT set_config('app.tenant_id', '42', false)").cacheable);
+    assert!(decide("SELECT set_config('app.tenant_id', $1, true)").cacheable);
+}
+
+#[test]
+fn temporary_objects_and_libraries_pin() {
+    let pin = |sql: &str| decide(sql).pin;
+    assert_eq!(pin("SELECT 1 INTO TEMP tt"), Some(Pin::TempTable));
+    assert_eq!(pin("CREATE TEMP VIEW v AS SELECT 1"), Some(Pin::TempTable));
+    assert_eq!(pin("CREATE TEMP SEQUENCE s"), Some(Pin::TempTable));
+    assert_eq!(pin("CREATE TABLE pg_temp.tt (a int)"), Some(Pin::TempTable));
+    assert_eq!(pin("LOAD 'auto_explain'"), Some(Pin::LoadedLibrary));
+    assert!(Pin::LoadedLibrary.forbids_reuse() && !Pin::TempTable.forbids_reuse());
+}
+
+#[test]
+fn unlogged_relations_are_read_on_the_primary() {
+    check("SELECT count(*) FROM staging", Target::Primary, "unlogged");
+    check(
+        "SELECT * FROM t JOIN staging USING (id)",
+        Target::Primary,
+        "unlogged",
+    );
+    check("SELECT * FROM t", Target::Replica, "SELECT reads");
+}
+
+#[test]
+fn modifying_statements_in_values_lists_and_limits_are_seen() {
+    check(
+        "VALUES (nextval('s'))",
+        Target::Primary,
+        "volatile function nextval",
+    );
+    check(
+        "SELECT 1 LIMIT bump_counter(1)",
+        Target::Primary,
+        "bump_counter",
+    );
+}
+
+#[test]
+fn text_that_cannot_be_read_safely_goes_to_the_primary() {
+    let deep = format!("SELECT {}", vec!["1"; 2_000].join("+"));
+    let d = decide(&deep);
+    assert_eq!(
+        (d.target, d.session, d.cacheable),
+        (Target::Primary, SessionEffect::Unknown, false)
+    );
+    assert!(d.reason.contains("nests too deeply"), "{}", d.reason);
+    let large = "SELECT 1;".repeat(300_000);
+    let d = decide(&large);
+    assert!(d.reason.contains("more than the"), "{}", d.reason);
+    assert_eq!(d.target, Target::Primary);
+    // With standard_conforming_strings off the parser library would read this otherwise.
+    let sql = r"SELECT 'a\' , 'b; DELETE FROM t; --'";
+    let mut key = Vec::new();
+    let lexed = lex(sql.as_bytes(), false, &mut key);
+    let d = classify(sql, &lexed, &Catalog, DEFAULT_MAX_PARSE_BYTES);
+    assert_eq!(
+        (d.target, d.session),
+        (Target::Primary, SessionEffect::Unknown)
+    );
+    assert!(
+        d.reason.contains("standard_conforming_strings"),
+        "{}",
+        d.reason
+    );
+    // With it on (the default), the same text is one harmless SELECT of two strings.
+    check(sql, Target::Replica, "SELECT reads");
 }

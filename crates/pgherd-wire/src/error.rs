@@ -165,7 +165,36 @@ impl PgError {
 
     /// Parses an ErrorResponse or NoticeResponse body, keeping the fields pgherd acts on.
     pub fn parse(body: &[u8]) -> Result<PgError, WireError> {
-        let fields = ErrorFields::parse(body)?;
+        Ok(PgError::from_fields(&ErrorFields::parse(body)?))
+    }
+
+    /// What the first bytes of an ErrorResponse or NoticeResponse body say, for a message
+    /// too large to hold whole: the complete fields among them, and the message cut where the
+    /// bytes end (PostgreSQL sends severity and code first).
+    pub fn parse_prefix(prefix: &[u8]) -> PgError {
+        let mut fields = Vec::new();
+        let mut rest = prefix;
+        while let Some((&code, after)) = rest.split_first() {
+            if code == 0 {
+                break;
+            }
+            match after.iter().position(|&b| b == 0) {
+                Some(end) => {
+                    fields.push((code, &after[..end]));
+                    rest = &after[end + 1..];
+                }
+                None => {
+                    if code == b'M' {
+                        fields.push((code, after));
+                    }
+                    break;
+                }
+            }
+        }
+        PgError::from_fields(&ErrorFields { fields })
+    }
+
+    fn from_fields(fields: &ErrorFields<'_>) -> PgError {
         let text = |raw: Option<&[u8]>| raw.map(|v| String::from_utf8_lossy(v).into_owned());
         let severity = fields
             .get(b'V')
@@ -177,13 +206,13 @@ impl PgError {
             .and_then(|c| std::str::from_utf8(c).ok())
             .and_then(SqlState::from_code)
             .unwrap_or(SqlState::INTERNAL_ERROR);
-        Ok(PgError {
+        PgError {
             severity,
             code,
             message: text(fields.get(b'M')).unwrap_or_default(),
             detail: text(fields.get(b'D')),
             hint: text(fields.get(b'H')),
-        })
+        }
     }
 }
 
@@ -254,6 +283,22 @@ impl<'a> ErrorFields<'a> {
 mod tests {
     use super::*;
     use crate::frame::split_message;
+
+    #[test]
+    fn a_prefix_gives_severity_code_and_the_start_of_the_message() {
+        let err = PgError::new(Severity::Notice, SqlState::ADMIN_SHUTDOWN, "x".repeat(1000));
+        let mut buf = BytesMut::new();
+        err.encode_notice(&mut buf).unwrap();
+        let body = &buf[5..];
+        let seen = PgError::parse_prefix(&body[..40]);
+        assert_eq!(
+            (seen.severity, seen.code),
+            (Severity::Notice, SqlState::ADMIN_SHUTDOWN)
+        );
+        assert!(seen.message.starts_with("xxx") && seen.message.len() < 40);
+        assert_eq!(PgError::parse_prefix(body), err);
+        assert_eq!(PgError::parse_prefix(b"").code, SqlState::INTERNAL_ERROR);
+    }
 
     #[test]
     fn error_roundtrips_through_the_wire_format() {

@@ -57,8 +57,29 @@ impl Where {
     fn config_path(&self) -> Result<PathBuf, String> {
         match &self.config {
             Some(p) => absolute(p),
-            None => Ok(absolute(&self.dir)?.join(CONFIG_FILE)),
+            None => {
+                let path = absolute(&self.dir)?.join(CONFIG_FILE);
+                tighten_own_config(&path);
+                Ok(path)
+            }
         }
+    }
+}
+
+/// Configs `up` wrote before it wrote them owner-only (they hold the superuser's password)
+/// are made so: the directory is `up`'s own, so is the file.
+fn tighten_own_config(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return;
+    };
+    if meta.permissions().mode() & 0o077 != 0
+        && std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).is_ok()
+    {
+        eprintln!(
+            "pgherd: {} holds passwords; made it readable by its owner only (mode 0600)",
+            path.display()
+        );
     }
 }
 
@@ -130,6 +151,7 @@ pub fn up(options: UpOptions) -> Result<(), String> {
             dir.display()
         );
     }
+    tighten_own_config(&config_path);
     let config = Config::load(&config_path).map_err(|e| e.to_string())?;
     let cluster = open_cluster(&dir, &config)?;
     cluster.start_all().map_err(|e| e.to_string())?;
@@ -393,6 +415,7 @@ fn spawn_detached(dir: &Path, config_path: &Path, config: &Config) -> Result<i32
 pub fn down(dir: &Path) -> Result<(), String> {
     let dir = absolute(dir)?;
     let config_path = dir.join(CONFIG_FILE);
+    tighten_own_config(&config_path);
     let config = Config::load(&config_path).map_err(|e| e.to_string())?;
     if let Some(pid) = running_pid(&dir) {
         // SAFETY: plain kill(2) on a pid read from our own pid file.

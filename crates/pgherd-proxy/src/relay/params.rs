@@ -24,6 +24,34 @@ pub const UNKNOWN: u64 = u64::MAX;
 /// leaves the role alone, hence the first statement.
 pub const RESET_SQL: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ALL";
 
+/// What a client's transactions may leave on a server connection that its settings do not
+/// cover, to clear before another client's transaction runs there.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Residue {
+    /// `currval`/`lastval` of sequences drawn from: `DISCARD SEQUENCES`.
+    pub sequences: bool,
+    /// The random seed (`setseed`), which nothing resets: a fresh one.
+    pub seed: bool,
+}
+
+impl Residue {
+    pub fn is_clear(&self) -> bool {
+        !self.sequences && !self.seed
+    }
+
+    /// The statements that clear it; `fresh_seed` in [-1, 1] becomes the random seed.
+    pub fn clear_sql(&self, fresh_seed: f64) -> Option<String> {
+        let mut parts = Vec::new();
+        if self.sequences {
+            parts.push("DISCARD SEQUENCES".to_owned());
+        }
+        if self.seed {
+            parts.push(format!("SELECT pg_catalog.setseed({fresh_seed:.17})"));
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
+}
+
 /// Startup parameters that are not session settings.
 const NOT_SETTINGS: &[&str] = &["user", "database", "replication", "options"];
 
@@ -121,8 +149,37 @@ pub enum Change {
     ResetAll,
 }
 
+/// Settings routing must know before any server reports them: from the startup packet, then
+/// from what servers report (both are GUC_REPORT parameters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StartupFlags {
+    pub standard_conforming_strings: bool,
+    pub default_transaction_read_only: bool,
+}
+
+impl Default for StartupFlags {
+    fn default() -> Self {
+        StartupFlags {
+            standard_conforming_strings: true,
+            default_transaction_read_only: false,
+        }
+    }
+}
+
+/// A boolean setting's value as PostgreSQL reads one (`on`, `true`, `yes`, `1`, prefixes).
+pub fn parse_bool(value: &str) -> Option<bool> {
+    let v = value.trim().to_ascii_lowercase();
+    match v.as_str() {
+        "on" | "true" | "yes" | "1" | "t" | "y" | "tr" | "tru" | "ye" => Some(true),
+        "off" | "false" | "no" | "0" | "f" | "n" | "of" | "fa" | "fal" | "fals" => Some(false),
+        _ => None,
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct SessionParams {
+    /// Routing's view of two settings at login.
+    pub flags: StartupFlags,
     /// Lower-case setting name → the statement that restores it, from the startup packet.
     /// `RESET` goes back to these, as in PostgreSQL.
     /// Shared between clients that sent the same startup parameters (see [`Interner`]).
@@ -138,17 +195,32 @@ impl SessionParams {
     /// The settings a client asked for in its startup packet (`options=-c a=b` included).
     pub fn from_startup(params: &[(String, String)], interner: &Interner) -> Self {
         let mut startup = Settings::default();
+        let mut flags = StartupFlags::default();
+        let mut note = |name: &str, value: &str| match name.to_lowercase().as_str() {
+            "standard_conforming_strings" => {
+                flags.standard_conforming_strings =
+                    parse_bool(value).unwrap_or(flags.standard_conforming_strings)
+            }
+            "default_transaction_read_only" => {
+                flags.default_transaction_read_only =
+                    parse_bool(value).unwrap_or(flags.default_transaction_read_only)
+            }
+            _ => {}
+        };
         for (name, value) in params {
             if name == "options" {
                 for (n, v) in parse_options(value) {
+                    note(&n, &v);
                     startup.insert(n.to_lowercase(), set_sql(&n, &v));
                 }
             } else if !NOT_SETTINGS.contains(&name.as_str()) && !name.starts_with("_pq_.") {
+                note(name, value);
                 startup.insert(name.to_lowercase(), set_sql(name, value));
             }
         }
         let mut s = SessionParams {
             startup: interner.intern(startup),
+            flags,
             ..Default::default()
         };
         s.refresh_fingerprint();
@@ -169,6 +241,12 @@ impl SessionParams {
             .map(String::as_str)
             .collect();
         (!statements.is_empty()).then(|| statements.join("; "))
+    }
+
+    /// The session's settings as a probe found them on the server after statements pgherd
+    /// could not follow: they replace what was recorded, at once (the transaction is over).
+    pub fn adopt(&mut self, changes: Vec<Change>) {
+        self.apply(changes);
     }
 
     /// A reported parameter changed while the client's request ran.
@@ -236,16 +314,14 @@ impl SessionParams {
     }
 }
 
-/// `SET "name" TO 'value'`, quoted so that any name and value survive.
+/// The statement that gives setting `name` the value `value`, read as a startup parameter or
+/// the configuration file would read it (a list for `search_path`, which `SET name TO
+/// 'a, b'` would take as one schema), quoted so that any name and value survive.
 pub fn set_sql(name: &str, value: &str) -> String {
-    format!("SET {} TO {}", quote_ident(name), quote_literal(value))
+    super::probe::set_config_sql(name, value)
 }
 
-fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-fn quote_literal(value: &str) -> String {
+pub fn quote_literal(value: &str) -> String {
     if value.contains('\\') {
         // E'' is read the same whatever standard_conforming_strings says.
         format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "\\'"))
@@ -408,7 +484,11 @@ mod tests {
         ]);
         assert_eq!(
             p.apply_sql().unwrap(),
-            "SET \"application_name\" TO 'app'; SET \"DateStyle\" TO 'ISO'; SET \"search_path\" TO 's1'; SET \"synchronous_commit\" TO 'off'; SET \"work_mem\" TO '1MB'"
+            "SELECT pg_catalog.set_config('application_name', 'app', false); \
+             SELECT pg_catalog.set_config('DateStyle', 'ISO', false); \
+             SELECT pg_catalog.set_config('search_path', 's1', false); \
+             SELECT pg_catalog.set_config('synchronous_commit', 'off', false); \
+             SELECT pg_catalog.set_config('work_mem', '1MB', false)"
         );
         assert_ne!(p.fingerprint(), BASELINE);
         assert_eq!(params(&[("user", "u")]).fingerprint(), BASELINE);
@@ -425,8 +505,14 @@ mod tests {
 
     #[test]
     fn literals_are_quoted() {
-        assert_eq!(set_sql("a\"b", "it's"), "SET \"a\"\"b\" TO 'it''s'");
-        assert_eq!(set_sql("x", "C:\\dir'"), "SET \"x\" TO E'C:\\\\dir\\''");
+        assert_eq!(
+            set_sql("a\"b", "it's"),
+            "SELECT pg_catalog.set_config('a\"b', 'it''s', false)"
+        );
+        assert_eq!(
+            set_sql("x", "C:\\dir'"),
+            "SELECT pg_catalog.set_config('x', E'C:\\\\dir\\'', false)"
+        );
     }
 
     #[test]
@@ -518,7 +604,10 @@ mod tests {
         p.record(vec![Change::ResetAll]);
         p.end_transaction(true);
         assert_eq!(p.fingerprint(), at_start);
-        assert_eq!(p.apply_sql().unwrap(), "SET \"application_name\" TO 'app'");
+        assert_eq!(
+            p.apply_sql().unwrap(),
+            "SELECT pg_catalog.set_config('application_name', 'app', false)"
+        );
         // The server reporting the startup value back changes nothing.
         p.record_reported("application_name", "app");
         assert_eq!(p.fingerprint(), at_start);

@@ -39,23 +39,30 @@ pub enum Request {
     Close,
     /// ReadyForQuery.
     Sync,
-    /// pgherd's `SELECT pg_current_wal_insert_lsn()` after the session's writes numbered up
-    /// to `write_seq`: a simple query whose one row is the WAL position.
-    LsnProbe {
-        write_seq: u64,
-    },
+    /// A simple query of pgherd's whose rows pgherd reads.
+    Probe(Probe),
+}
+
+/// What pgherd asks a server about the session it serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// `SELECT pg_current_wal_insert_lsn()` after the session's writes numbered up to
+    /// `write_seq`: one row, the WAL position.
+    Lsn { write_seq: u64 },
+    /// The session state left by a transaction that may have changed it (`relay::probe`).
+    State,
 }
 
 impl Request {
     fn ends_with_ready_for_query(&self) -> bool {
         matches!(
             self,
-            Request::Query { .. } | Request::Sync | Request::LsnProbe { .. }
+            Request::Query { .. } | Request::Sync | Request::Probe(_)
         )
     }
 
     fn is_query(&self) -> bool {
-        matches!(self, Request::Query { .. } | Request::LsnProbe { .. })
+        matches!(self, Request::Query { .. } | Request::Probe(_))
     }
 }
 
@@ -90,8 +97,8 @@ pub struct Disposition {
     pub uncached: Vec<StatementHash>,
     /// For a CommandComplete answering the client: the statement text, if it was kept.
     pub sql: Option<Bytes>,
-    /// The message answers an LSN probe covering writes up to this number.
-    pub probe: Option<u64>,
+    /// The message answers one of pgherd's probes.
+    pub probe: Option<Probe>,
 }
 
 #[derive(Debug, Default)]
@@ -193,8 +200,8 @@ impl ResponseQueue {
             Entry::Synthetic(_) => unreachable_synthetic(),
         };
         d.to_client = is_client;
-        if let Request::LsnProbe { write_seq } = request {
-            d.probe = Some(write_seq);
+        if let Request::Probe(probe) = request {
+            d.probe = Some(probe);
         }
         let completes = match message_tag {
             tag::NOTICE_RESPONSE | tag::NOTIFICATION_RESPONSE | tag::PARAMETER_STATUS => false,
@@ -238,7 +245,7 @@ impl ResponseQueue {
             tag::ROW_DESCRIPTION | tag::NO_DATA => match request {
                 Request::Describe => true,
                 // A simple query describes its rows too; an Execute never does.
-                Request::Query { .. } | Request::LsnProbe { .. } => false,
+                Request::Query { .. } | Request::Probe(_) => false,
                 _ => {
                     return Err(format!(
                         "row description arrived while waiting for {request:?}"
@@ -253,7 +260,7 @@ impl ResponseQueue {
                 }
                 match request {
                     Request::Execute { .. } => true,
-                    Request::Query { .. } | Request::LsnProbe { .. } => false,
+                    Request::Query { .. } | Request::Probe(_) => false,
                     _ => {
                         return Err(format!(
                             "command completion arrived while waiting for {request:?}"
@@ -322,11 +329,19 @@ impl ResponseQueue {
             .count()
     }
 
+    /// True if the next answer is a probe's.
+    pub fn front_is_probe(&self) -> bool {
+        matches!(
+            self.entries.front(),
+            Some(Entry::Internal(Request::Probe(_)))
+        )
+    }
+
     /// True if an LSN probe is in flight.
-    pub fn has_probe(&self) -> bool {
+    pub fn has_lsn_probe(&self) -> bool {
         self.entries
             .iter()
-            .any(|e| matches!(e, Entry::Internal(Request::LsnProbe { .. })))
+            .any(|e| matches!(e, Entry::Internal(Request::Probe(Probe::Lsn { .. }))))
     }
 
     /// True if any request in flight is the client's (as opposed to pgherd's own).

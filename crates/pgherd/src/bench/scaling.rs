@@ -471,10 +471,14 @@ struct ParserCost {
 }
 
 fn parser_cost() -> Vec<ParserCost> {
+    use pgherd_route::catalog::{FunctionInfo, RelationInfo};
     struct AllStable;
-    impl pgherd_route::FunctionCatalog for AllStable {
-        fn volatile(&self, _: &str) -> Option<bool> {
-            Some(false)
+    impl pgherd_route::Catalog for AllStable {
+        fn function(&self, _: &str) -> Option<FunctionInfo> {
+            Some(FunctionInfo::default())
+        }
+        fn relation(&self, _: &str) -> Option<RelationInfo> {
+            Some(RelationInfo::default())
         }
     }
     const STATEMENTS: &[&str] = &[
@@ -498,15 +502,22 @@ fn parser_cost() -> Vec<ParserCost> {
             ParserCost {
                 statement,
                 classify_us: time(&|| {
+                    let mut key = Vec::new();
+                    let lexed = pgherd_route::lex(statement.as_bytes(), true, &mut key);
                     std::hint::black_box(pgherd_route::classify(
                         std::hint::black_box(statement),
+                        &lexed,
                         &AllStable,
+                        pgherd_route::parse::DEFAULT_MAX_PARSE_BYTES,
                     ));
                 }),
                 shape_us: time(&|| {
-                    std::hint::black_box(pgherd_route::shape(std::hint::black_box(
-                        statement.as_bytes(),
-                    )));
+                    let mut key = Vec::with_capacity(statement.len() + 16);
+                    std::hint::black_box(pgherd_route::lex(
+                        std::hint::black_box(statement.as_bytes()),
+                        true,
+                        &mut key,
+                    ));
                 }),
             }
         })

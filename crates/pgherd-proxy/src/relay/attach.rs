@@ -1,0 +1,729 @@
+//! Where a request runs and how the session gets there: the request's routing target, the
+//! node under the balance policy and read-your-writes, a server connection from that node's
+//! pool (carrying the client's settings), waits for a primary or a paused database, and what
+//! happens when a server fails or the client leaves (cleanup, reset, or close).
+
+use super::client_input::statement;
+use super::*;
+
+impl Session {
+    /// Where the request at the front of `input` must run: the strictest target of every
+    /// statement it runs, up to its Sync (the statements of one extended-protocol batch are
+    /// one implicit transaction, so they run on one node). A batch whose end is not buffered
+    /// yet runs on the primary, unless it asks for answers first (Flush). An invalid hint or
+    /// `pgherd.route` value in its first statement is the client's error.
+    ///
+    /// The decision made from the first statement's own text (a Query or Parse) is kept in
+    /// `routing.front`, so it is not classified again when relayed.
+    pub(super) fn route_front(&mut self, input: &[u8]) -> Result<RouteTarget, PgError> {
+        self.routing.front = None;
+        if self.routing.setup.router.is_none() {
+            return Ok(self.routing.target(None));
+        }
+        let mut target: Option<RouteTarget> = None;
+        // Statements the batch itself prepares, for its Binds.
+        let mut defined: Vec<(&[u8], Routed)> = Vec::new();
+        let mut at = 0;
+        loop {
+            let rest = &input[at..];
+            let h = match read_header(rest, self.max_message_bytes) {
+                Ok(Some(h)) if rest.len() >= h.total_len() => h,
+                // The batch goes on beyond what arrived: only the primary can run whatever
+                // follows.
+                _ if target.is_some() => return Ok(RouteTarget::Primary),
+                _ => return Ok(self.routing.target(None)),
+            };
+            let body = &rest[HEADER_BYTES..h.total_len()];
+            let first = target.is_none();
+            let routed = match h.tag {
+                ftag::QUERY if !first => return Ok(strictest(target, RouteTarget::Primary)),
+                ftag::QUERY | ftag::PARSE => {
+                    let parsed = if h.tag == ftag::QUERY {
+                        frontend::Query::parse(body).map(|q| (&b""[..], q.sql))
+                    } else {
+                        frontend::Parse::parse(body).map(|p| (p.name, p.query))
+                    };
+                    // Malformed: relaying it reports the protocol error.
+                    let Ok((name, sql)) = parsed else {
+                        return Ok(strictest(target, RouteTarget::Primary));
+                    };
+                    let router = self.routing.setup.router.as_ref();
+                    let routed = match router
+                        .map(|r| r.route(sql, self.routing.standard_conforming_strings))
+                    {
+                        Some(Ok(routed)) => routed,
+                        Some(Err(e)) if first => return Err(e),
+                        _ => Routed::primary("its routing hint is invalid"),
+                    };
+                    if first {
+                        self.routing.front = Some(routed.clone());
+                    }
+                    if !name.is_empty() {
+                        defined.push((name, routed.clone()));
+                    }
+                    Some(routed)
+                }
+                ftag::BIND => frontend::Bind::parse(body).ok().map(|b| {
+                    defined
+                        .iter()
+                        .rev()
+                        .find(|(name, _)| *name == b.statement)
+                        .map(|(_, r)| r.clone())
+                        .or_else(|| self.statement_routed(b.statement))
+                        .unwrap_or_else(|| Routed::primary("binds an unknown statement"))
+                }),
+                ftag::FUNCTION_CALL => Some(Routed::primary("a function call by OID may write")),
+                ftag::SYNC | ftag::FLUSH | ftag::TERMINATE => {
+                    return Ok(target.unwrap_or_else(|| self.routing.target(None)))
+                }
+                _ => None,
+            };
+            if let Some(routed) = routed {
+                target = Some(strictest(target, self.routing.target(Some(&routed))));
+            }
+            if h.tag == ftag::QUERY {
+                // A simple query is a request of its own.
+                return Ok(target.unwrap_or(RouteTarget::Primary));
+            }
+            at += h.total_len();
+        }
+    }
+
+    /// The decision for a statement the client prepared (`""`: the unnamed one).
+    pub(super) fn statement_routed(&self, name: &[u8]) -> Option<Routed> {
+        let router = self.routing.setup.router.as_ref()?;
+        if name.is_empty() {
+            return self
+                .unnamed
+                .as_ref()
+                .filter(|u| u.present)
+                .and_then(|u| u.routed.clone());
+        }
+        let def = statement(&self.statements, name).ok()?;
+        Some(
+            def.routed
+                .get_or_init(|| {
+                    router
+                        .route(&def.query, self.routing.standard_conforming_strings)
+                        .unwrap_or_else(|_| Routed::primary("its routing hint is invalid"))
+                })
+                .clone(),
+        )
+    }
+
+    /// The node for a request with `target`, and the WAL position to wait for when the chosen
+    /// replica has not replayed the session's last write yet.
+    pub(super) fn pick_node(
+        &self,
+        target: RouteTarget,
+    ) -> Result<(Arc<NodeState>, Option<Lsn>), PgError> {
+        match target {
+            RouteTarget::Any => {
+                // Transaction control and settings run wherever the session was last.
+                if let Some((node, _)) = &self.last_pool {
+                    let usable = match node.role() {
+                        Role::Primary => !self.app.nodes.writes_paused(),
+                        _ => node.in_read_set(),
+                    };
+                    if node.is_up() && !node.is_excluded() && usable {
+                        return Ok((node.clone(), None));
+                    }
+                }
+            }
+            RouteTarget::Replica => {
+                if let Some(choice) = self.pick_reader() {
+                    return Ok(choice);
+                }
+            }
+            RouteTarget::Primary => {
+                if let Some(why) = self.app.nodes.writes_refused() {
+                    return Err(PgError::error(
+                        SqlState::READ_ONLY_SQL_TRANSACTION,
+                        format!("writes are refused: {why}"),
+                    )
+                    .with_hint("writes resume when a synchronous standby streams again"));
+                }
+            }
+        }
+        // The primary rarely changes: reuse the last one while it still is the primary.
+        if let Some((node, _)) = &self.last_pool {
+            if node.is_usable_as(Role::Primary) && !self.app.nodes.writes_paused() {
+                return Ok((node.clone(), None));
+            }
+        }
+        let nodes = &self.app.nodes;
+        nodes.primary().map(|n| (n, None)).ok_or_else(|| {
+            PgError::error(
+                SqlState::CONNECTION_FAILURE,
+                format!(
+                    "no {} node is available for database \"{}\"",
+                    if target == RouteTarget::Primary {
+                        "primary"
+                    } else {
+                        "replica or primary"
+                    },
+                    self.shared.database
+                ),
+            )
+            .with_detail(format!("nodes: {}", nodes.describe_all()))
+        })
+    }
+
+    /// A node for a read under the database's balance policy, lag limits and the session's
+    /// consistency; `None` means the primary.
+    pub(super) fn pick_reader(&self) -> Option<(Arc<NodeState>, Option<Lsn>)> {
+        let setup = &self.routing.setup;
+        let read_your_writes = self.routing.read_your_writes();
+        if read_your_writes && self.routing.write_seq > self.routing.probed_seq {
+            // Where the session's last write ends is not known yet.
+            return None;
+        }
+        let (nodes, candidates) = self.app.nodes.read_candidates(setup.primary_reads);
+        if candidates.is_empty() {
+            return None;
+        }
+        let config = self.app.config();
+        let req = Requirement {
+            max_lag_bytes: config.routing.max_lag_bytes,
+            max_lag_ms: config.routing.max_lag_ms,
+            min_lsn: if read_your_writes {
+                self.routing.min_lsn
+            } else {
+                0
+            },
+        };
+        let (policy, ticket) = match setup.balance {
+            Balance::RoundRobin => (Policy::RoundRobin, self.app.nodes.next_read_ticket()),
+            Balance::LeastOutstanding => {
+                (Policy::LeastOutstanding, self.app.nodes.next_read_ticket())
+            }
+            Balance::Weighted => (Policy::Weighted, self.app.nodes.next_read_ticket()),
+            Balance::Random => (Policy::Random, rand::random()),
+        };
+        match choose(policy, &candidates, &req, ticket) {
+            Ok(i) => Some((nodes[i].clone(), None)),
+            Err(NoChoice::NotCaughtUp(i)) if config.routing.read_your_writes_wait_ms > 0 => {
+                Some((nodes[i].clone(), Some(req.min_lsn)))
+            }
+            Err(_) => None,
+        }
+    }
+
+    pub(super) fn pool_for(&mut self, node: &Arc<NodeState>) -> Result<Arc<Pool>, PgError> {
+        if let Some((cached_node, pool)) = &self.last_pool {
+            if Arc::ptr_eq(cached_node, node) && !pool.is_closed() {
+                return Ok(pool.clone());
+            }
+        }
+        let pool = self
+            .app
+            .pool(&self.shared.database, &self.shared.user, node)
+            .ok_or_else(|| {
+                PgError::error(
+                    SqlState::INVALID_CATALOG_NAME,
+                    format!(
+                        "database \"{}\" is no longer served by pgherd",
+                        self.shared.database
+                    ),
+                )
+            })?;
+        self.last_pool = Some((node.clone(), pool.clone()));
+        Ok(pool)
+    }
+
+    /// Takes a server connection for the next request, on the node its routing decision
+    /// allows, and makes it carry this session's settings. An idle connection is taken
+    /// without waiting; otherwise the (boxed) slow path connects or queues. A replica that
+    /// cannot be reached leaves the read set and the request goes elsewhere.
+    pub(super) async fn attach(&mut self) -> Result<(), PgError> {
+        // The transaction's time, as its client sees it, includes any wait for a server.
+        self.tx_started.get_or_insert_with(Instant::now);
+        if self.app.pauses.is_paused(&self.shared.database) {
+            Box::pin(self.wait_while_paused()).await?;
+        }
+        let input = std::mem::take(&mut self.client_in);
+        let target = self.route_front(&input);
+        self.client_in = input;
+        let mut target = target?;
+        let mut failures = 0;
+        let mut held_since = None;
+        let (node, pool, conn) = loop {
+            let (node, wait_for_lsn) = match self.pick_node(target) {
+                Ok(choice) => choice,
+                Err(e) => {
+                    if self
+                        .interruptible(self.hold_for_primary(&mut held_since))
+                        .await?
+                    {
+                        continue;
+                    }
+                    return Err(e);
+                }
+            };
+            let pool = self.pool_for(&node)?;
+            let acquired = match pool.try_acquire() {
+                Some(conn) => Ok(conn),
+                // Boxed: opening a connection has a large future, which would otherwise sit in
+                // every idle session's task.
+                None => {
+                    Box::pin(self.interruptible(pool.acquire(&self.app.connect_context()))).await?
+                }
+            };
+            let conn = match acquired {
+                Ok(conn) => conn,
+                Err(AcquireError::Server(e))
+                    if node.role() == Role::Replica && failures < MAX_REPLAYS =>
+                {
+                    failures += 1;
+                    node.leave_read_set(&e.to_string());
+                    self.app.drop_idle_connections(&node);
+                    continue;
+                }
+                Err(e) => {
+                    // The primary does not answer: it may be restarting or being replaced.
+                    if matches!(&e, AcquireError::Server(se) if se.is_transient())
+                        && node.role() != Role::Replica
+                        && self
+                            .interruptible(self.hold_for_primary(&mut held_since))
+                            .await?
+                    {
+                        continue;
+                    }
+                    return Err(self.acquire_error(e, &node));
+                }
+            };
+            let Some(lsn) = wait_for_lsn else {
+                break (node, pool, conn);
+            };
+            let wait = Duration::from_millis(self.app.config().routing.read_your_writes_wait_ms);
+            match Box::pin(wait_for_replay(conn, &node, lsn, wait)).await {
+                Ok(conn) => break (node, pool, conn),
+                Err(conn) => {
+                    if let Some(conn) = conn {
+                        pool.release(conn, true);
+                    }
+                    target = RouteTarget::Primary;
+                }
+            }
+        };
+        self.shared.set_target(Some(ServerTarget {
+            server_id: conn.id,
+            peer: conn.peer,
+            key: conn.cancel_key,
+            node: ServerTarget::node_id(&node),
+        }));
+        node.begin_lease();
+        let on_replica = node.role() == Role::Replica;
+        let mut lease = Lease {
+            conn,
+            pool,
+            node,
+            on_replica,
+            flush_pending: false,
+            unnamed_here: false,
+        };
+        if lease.conn.params_fp != self.params.fingerprint() {
+            // Reset and apply separately: a setting the server refuses must not roll back the
+            // reset and leave the previous client's settings in place.
+            if lease.conn.params_fp != params::BASELINE {
+                frontend::encode_query(&mut lease.conn.write_buf, params::RESET_SQL.as_bytes())?;
+                self.queue.push_internal(Request::Query { sql: None });
+            }
+            if let Some(sql) = self.params.apply_sql() {
+                frontend::encode_query(&mut lease.conn.write_buf, sql.as_bytes())?;
+                self.queue.push_internal(Request::Query { sql: None });
+            }
+            lease.conn.params_fp = self.params.fingerprint();
+        }
+        if let Some(sql) = lease
+            .conn
+            .residue
+            .clear_sql(rand::random::<f64>() * 2.0 - 1.0)
+        {
+            frontend::encode_query(&mut lease.conn.write_buf, sql.as_bytes())?;
+            self.queue.push_internal(Request::Query { sql: None });
+            lease.conn.residue = params::Residue::default();
+        }
+        self.lease = Some(lease);
+        self.routing.at_unit_start = true;
+        if on_replica && self.client_tx == TxStatus::Idle {
+            self.routing
+                .replay
+                .get_or_insert_with(Default::default)
+                .restart();
+        }
+        Ok(())
+    }
+
+    /// `PAUSE` on the admin console holds the request (nothing sent yet) until `RESUME`, for
+    /// at most `pool.wait_timeout_ms`, as a wait for a server connection would be.
+    pub(super) async fn wait_while_paused(&self) -> Result<(), PgError> {
+        let database = &self.shared.database;
+        tracing::debug!(client = self.shared.id, %database, "request waits: the database is paused");
+        let limit = Duration::from_millis(self.app.config().pool.wait_timeout_ms);
+        if self
+            .interruptible(self.app.pauses.wait_resumed(database, limit))
+            .await?
+        {
+            return Ok(());
+        }
+        Err(PgError::error(
+            SqlState::CANNOT_CONNECT_NOW,
+            format!(
+                "database \"{database}\" is paused (PAUSE on the admin console) and was not resumed within {} ms",
+                limit.as_millis()
+            ),
+        )
+        .with_hint("retry after RESUME"))
+    }
+
+    /// Runs a wait for a server unless the client cancels its request first; then the request
+    /// fails as PostgreSQL fails a cancelled statement.
+    pub(super) async fn interruptible<T>(
+        &self,
+        wait: impl Future<Output = T>,
+    ) -> Result<T, PgError> {
+        self.shared.begin_wait();
+        let outcome = tokio::select! {
+            biased;
+            done = wait => Ok(done),
+            () = self.shared.wait_cancelled() => Err(PgError::error(
+                SqlState::QUERY_CANCELED,
+                "canceling statement due to user request",
+            )
+            .with_detail("the request was still waiting for a server connection")),
+        };
+        self.shared.end_wait();
+        outcome
+    }
+
+    /// Lets a request that has sent nothing yet wait a little for a node that accepts writes
+    /// (a failover, a switchover or a restart of the primary) instead of failing it; false
+    /// once `cluster.primary_wait_ms` has passed since it first waited.
+    pub(super) async fn hold_for_primary(&self, since: &mut Option<Instant>) -> bool {
+        let limit = Duration::from_millis(self.app.config().cluster.primary_wait_ms);
+        let started = *since.get_or_insert_with(|| {
+            tracing::debug!(
+                client = self.shared.id,
+                "request waits for a node that accepts writes"
+            );
+            Instant::now()
+        });
+        let left = limit.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return false;
+        }
+        let _ = tokio::time::timeout(left.min(PRIMARY_RECHECK), self.app.nodes.standing_changed())
+            .await;
+        true
+    }
+
+    pub(super) fn acquire_error(&mut self, e: AcquireError, node: &NodeState) -> PgError {
+        match e {
+            AcquireError::WaitTimeout { waited, max_size } => PgError::error(
+                SqlState::TOO_MANY_CONNECTIONS,
+                format!(
+                    "no server connection became free within {} ms (pool for database \"{}\", user \"{}\" on node {} has max_size {max_size})",
+                    waited.as_millis(),
+                    self.shared.database,
+                    self.shared.user,
+                    node.name()
+                ),
+            )
+            .with_hint("raise pool.max_size or pool.wait_timeout_ms, or shorten transactions"),
+            AcquireError::Server(e) => {
+                tracing::warn!(client = self.shared.id, error = %e, "cannot get a server connection");
+                e.to_client_error()
+            }
+            AcquireError::Closed => {
+                self.last_pool = None;
+                PgError::error(SqlState::CANNOT_CONNECT_NOW, "the pool was closed; retry the request")
+            }
+        }
+    }
+
+    /// Gives the server connection back once no cancel is on its way to it. `reusable` is
+    /// false if its state is unknown.
+    pub(super) async fn detach(&mut self, reusable: bool) {
+        if self.lease.is_none() {
+            return;
+        }
+        self.shared
+            .clear_target(&self.app.clients.cancel_acknowledged)
+            .await;
+        self.give_back_server(reusable);
+    }
+
+    /// Returns the server connection to its pool; the cancel target must be cleared already.
+    pub(super) fn give_back_server(&mut self, reusable: bool) {
+        let Some(Lease {
+            mut conn,
+            pool,
+            node,
+            ..
+        }) = self.lease.take()
+        else {
+            return;
+        };
+        node.end_lease();
+        self.routing.held = false;
+        // What ran there stays there: a probe ran, or the server was reset or closed.
+        self.routing.effect = SessionEffect::None;
+        if let Some(replay) = self.routing.replay.as_mut() {
+            replay.restart();
+        }
+        let clean = reusable && self.queue.is_settled() && conn.read_buf.is_empty();
+        if !clean {
+            conn.write_buf.clear();
+        }
+        pool.release(conn, clean);
+        self.queue.clear();
+        self.server_passthrough = None;
+    }
+
+    /// A server connection failed while attached. The client keeps its connection in
+    /// transaction and statement mode: it gets an error for whatever was in flight, and its
+    /// next request gets a new server.
+    pub(super) async fn on_server_failure(&mut self, e: ServerError) -> Result<(), Disconnect> {
+        let e = match (e.kind, self.server_last_words.take()) {
+            (ServerErrorKind::Closed(None), Some(words)) => {
+                ServerError::new(&e.node, ServerErrorKind::Closed(Some(*words)))
+            }
+            (kind, _) => ServerError { node: e.node, kind },
+        };
+        if self.try_elsewhere(&e).await {
+            return Ok(());
+        }
+        tracing::warn!(client = self.shared.id, error = %e, "server connection failed");
+        let owed_ready = self.queue.client_ready_owed();
+        let had_requests = self.queue.has_client_requests();
+        let was_in_transaction = self.client_tx != TxStatus::Idle;
+        self.detach(false).await;
+        if self.mode == PoolMode::Session {
+            return Err(Disconnect::ServerLost(e));
+        }
+        let mut err = e.to_client_error();
+        if was_in_transaction {
+            err = err.with_hint("the transaction was rolled back; retry it");
+        }
+        self.client_tx = TxStatus::Idle;
+        self.tx_failed = false;
+        self.tx_started = None;
+        self.params.end_transaction(false);
+        if had_requests {
+            self.app.own_errors.count(&err.code);
+            err.encode(&mut self.client_out)?;
+            for _ in 0..owed_ready {
+                backend::encode_ready_for_query(&mut self.client_out, TxStatus::Idle);
+            }
+            if owed_ready == 0 {
+                // The client has not sent its Sync yet; it will get the ReadyForQuery for it.
+                self.local_skip_to_sync = true;
+            }
+        } else if was_in_transaction {
+            self.pending_error = Some(Box::new(err));
+        }
+        Ok(())
+    }
+
+    /// A replica failed before answering any of the reads sent to it: they had no effect
+    /// there, so they are put back in front of the client's input to run on another node,
+    /// and the replica leaves the read set. Returns false if that is not possible.
+    pub(super) async fn try_elsewhere(&mut self, e: &ServerError) -> bool {
+        let Some(lease) = self.lease.as_ref() else {
+            return false;
+        };
+        let Some(replay) = self.routing.replay.as_mut() else {
+            return false;
+        };
+        if !lease.on_replica
+            || self.client_tx != TxStatus::Idle
+            || !replay.repeatable
+            || replay.answered
+            || replay.bytes.is_empty()
+            || replay.attempts >= MAX_REPLAYS
+            || self.client_passthrough > 0
+        {
+            return false;
+        }
+        replay.attempts += 1;
+        let mut again = std::mem::take(&mut replay.bytes);
+        again.extend_from_slice(&self.client_in);
+        self.client_in = again;
+        let node = lease.node.clone();
+        tracing::warn!(client = self.shared.id, node = %node.name(), error = %e, "replica failed before answering; sending the request elsewhere");
+        node.leave_read_set(&e.to_string());
+        self.app.drop_idle_connections(&node);
+        self.detach(false).await;
+        self.routing.at_unit_start = true;
+        true
+    }
+
+    /// Tells the client why it is being disconnected, then leaves the server in a state the
+    /// next client can use, or closes it.
+    pub(super) async fn finish(&mut self, end: &Disconnect) {
+        if let Some(err) = end.client_error() {
+            self.app.own_errors.count(&err.code);
+            if err.encode(&mut self.client_out).is_ok() {
+                let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                    let _ = self.client.write_all(&self.client_out).await;
+                    let _ = self.client.flush().await;
+                })
+                .await;
+            }
+        }
+        self.client_out.clear();
+        let Some(lease) = self.lease.as_ref() else {
+            return;
+        };
+        if lease.node.is_fenced() {
+            // Failover took the node out (it may hang): nothing there is worth cleaning up.
+            self.detach(false).await;
+            return;
+        }
+        let reusable = matches!(
+            tokio::time::timeout(CLEANUP_TIMEOUT, self.clean_up_server()).await,
+            Ok(Ok(()))
+        );
+        self.detach(reusable).await;
+    }
+
+    /// The client left while holding a server: finish or cancel what runs, roll back an open
+    /// transaction, and reset a session-mode connection.
+    pub(super) async fn clean_up_server(&mut self) -> Result<(), ()> {
+        let lease = self.lease.as_mut().ok_or(())?;
+        lease.conn.write_buf.clear();
+        if self.queue.in_copy_in() {
+            frontend::encode_copy_fail(&mut lease.conn.write_buf, b"client disconnected")
+                .map_err(|_| ())?;
+            self.queue.client_copy_finished();
+        }
+        if self.queue.has_client_requests() {
+            // Something of the client's is still running: ask the server to stop it (pgherd's
+            // own probes finish quickly and are waited for).
+            self.app.clients.cancel(self.shared.key, CLEANUP_TIMEOUT);
+        }
+        if !self.queue.is_empty() {
+            frontend::encode_sync(&mut lease.conn.write_buf);
+            self.queue.push_internal(Request::Sync);
+        }
+        self.drain_internal().await?;
+        let lease = self.lease.as_mut().ok_or(())?;
+        if lease.conn.tx_status != TxStatus::Idle {
+            frontend::encode_query(&mut lease.conn.write_buf, b"ROLLBACK").map_err(|_| ())?;
+            self.queue.push_internal(Request::Query { sql: None });
+            self.drain_internal().await?;
+        }
+        if self.routing.pinned.is_some_and(|p| p.forbids_reuse()) {
+            return Err(());
+        }
+        // A shared server that held this client's own session state (it was pinned, or ran
+        // something not probed yet) is reset completely before anyone else gets it.
+        let unknown_state = self.mode_shares_servers()
+            && (self.routing.pinned.is_some() || self.routing.effect == SessionEffect::Unknown);
+        let lease = self.lease.as_mut().ok_or(())?;
+        let reset = if unknown_state {
+            "DISCARD ALL".to_owned()
+        } else if self.mode == PoolMode::Session {
+            lease.pool.settings().server_reset_query.clone()
+        } else {
+            String::new()
+        };
+        if !reset.is_empty() {
+            frontend::encode_query(&mut lease.conn.write_buf, reset.as_bytes()).map_err(|_| ())?;
+            self.queue.push_internal(Request::Query { sql: None });
+            self.drain_internal().await?;
+            let lease = self.lease.as_mut().ok_or(())?;
+            lease.conn.params_fp = params::BASELINE;
+            lease.conn.statements.clear();
+            // DISCARD ALL clears sequences, but not the random seed.
+            lease.conn.residue = params::Residue {
+                sequences: false,
+                seed: unknown_state || lease.conn.residue.seed,
+            };
+        }
+        Ok(())
+    }
+
+    /// Sends what is queued for the server and reads until it owes nothing, with every
+    /// response going nowhere: the client is gone.
+    pub(super) async fn drain_internal(&mut self) -> Result<(), ()> {
+        loop {
+            let lease = self.lease.as_mut().ok_or(())?;
+            if !lease.conn.write_buf.is_empty() {
+                let conn = &mut lease.conn;
+                conn.stream
+                    .write_all(&conn.write_buf)
+                    .await
+                    .map_err(|_| ())?;
+                conn.stream.flush().await.map_err(|_| ())?;
+                conn.write_buf.clear();
+            }
+            if self.queue.is_empty() {
+                return Ok(());
+            }
+            let n = poll_fn(|cx| match self.lease.as_mut() {
+                Some(lease) => {
+                    buffers::ready_for_read(&mut lease.conn.read_buf);
+                    poll_read_buf(
+                        Pin::new(&mut lease.conn.stream),
+                        cx,
+                        &mut lease.conn.read_buf,
+                    )
+                }
+                None => Poll::Ready(Err(io::Error::other("no server"))),
+            })
+            .await
+            .map_err(|_| ())?;
+            if n == 0 {
+                return Err(());
+            }
+            self.process_server_input().map_err(|_| ())?;
+            self.client_out.clear();
+        }
+    }
+}
+
+/// The stricter of two targets: the primary over a replica over anywhere.
+pub(super) fn strictest(a: Option<RouteTarget>, b: RouteTarget) -> RouteTarget {
+    let rank = |t: RouteTarget| match t {
+        RouteTarget::Any => 0,
+        RouteTarget::Replica => 1,
+        RouteTarget::Primary => 2,
+    };
+    match a {
+        Some(a) if rank(a) >= rank(b) => a,
+        _ => b,
+    }
+}
+
+/// Asks a replica how far it has replayed until it reaches `lsn` or `wait` passes. Gives the
+/// connection back in `Err` if it is still usable.
+pub(super) async fn wait_for_replay(
+    mut conn: Box<ServerConn>,
+    node: &NodeState,
+    lsn: Lsn,
+    wait: Duration,
+) -> Result<Box<ServerConn>, Option<Box<ServerConn>>> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let rows = match conn.simple_query("SELECT pg_last_wal_replay_lsn()").await {
+            Ok(rows) => rows,
+            Err(_) => return Err(None),
+        };
+        let replayed = rows
+            .first()
+            .and_then(|r| r.first())
+            .and_then(|v| v.as_deref())
+            .and_then(parse_lsn)
+            .unwrap_or(0);
+        node.saw_replay(replayed);
+        if replayed >= lsn {
+            return Ok(conn);
+        }
+        if tokio::time::Instant::now() + REPLAY_POLL_INTERVAL > deadline {
+            return Err(Some(conn));
+        }
+        tokio::time::sleep(REPLAY_POLL_INTERVAL).await;
+    }
+}

@@ -1,0 +1,650 @@
+//! Client → server: each client message framed and inspected, renamed where server
+//! connections are shared (statements), routed (writes, pins, session effects), and queued
+//! with what the server will answer.
+
+use super::*;
+
+impl Session {
+    /// Turns buffered client messages into bytes for the server, queueing what each will be
+    /// answered with.
+    pub(super) fn process_client_input(&mut self) -> Result<(), Disconnect> {
+        // Borrow the bytes out of `self` so messages can be handled as slices, uncopied.
+        let mut input = std::mem::take(&mut self.client_in);
+        let result = self.consume_client_messages(&mut input);
+        self.client_in = input;
+        result?;
+        self.emit_ready_synthetics()
+    }
+
+    pub(super) fn consume_client_messages(
+        &mut self,
+        input: &mut BytesMut,
+    ) -> Result<(), Disconnect> {
+        if let Some(lease) = self.lease.as_mut() {
+            lease.conn.statements.begin_batch();
+        }
+        loop {
+            if self.client_passthrough > 0 {
+                let n = self.client_passthrough.min(input.len());
+                if n == 0 {
+                    return Ok(());
+                }
+                if let Some(lease) = self.lease.as_mut() {
+                    lease.conn.write_buf.extend_from_slice(&input[..n]);
+                }
+                input.advance(n);
+                self.client_passthrough -= n;
+                continue;
+            }
+            let Some(h) = read_header(input, self.max_message_bytes)? else {
+                return Ok(());
+            };
+            if input.len() < h.total_len() {
+                // COPY data streams through; everything else is inspected whole.
+                if h.tag == ftag::COPY_DATA
+                    && self.queue.in_copy_in()
+                    && !self.queue.skipping_to_sync()
+                {
+                    self.client_passthrough = h.total_len();
+                    if let Some(replay) = self.routing.replay.as_mut() {
+                        replay.repeatable = false;
+                    }
+                    continue;
+                }
+                return Ok(());
+            }
+            if self.must_hold(&input[..]) {
+                self.routing.held = true;
+                return Ok(());
+            }
+            let message = &input[..h.total_len()];
+            if let Some(replay) = self.routing.replay.as_mut() {
+                if self.lease.as_ref().is_some_and(|l| l.on_replica) && replay.repeatable {
+                    replay.bytes.extend_from_slice(message);
+                }
+            }
+            // The request's first message decided where it runs; a Query or Sync starts the
+            // next one (`end_unit`).
+            if std::mem::take(&mut self.routing.at_unit_start) {
+                self.tx_started.get_or_insert_with(Instant::now);
+            }
+            self.on_client_message(h.tag, message)?;
+            input.advance(h.total_len());
+        }
+    }
+
+    /// True when the request starting at the front of `input` must wait until the server it
+    /// would otherwise follow owes nothing, then be routed afresh: a request for the primary
+    /// while the session holds a replica, or a read while the session holds the primary only
+    /// for pgherd's LSN probe (without waiting for its answer the read could not go to a
+    /// replica).
+    pub(super) fn must_hold(&mut self, input: &[u8]) -> bool {
+        if !self.routing.at_unit_start
+            || self.routing.pinned.is_some()
+            || !self.mode_shares_servers()
+        {
+            return false;
+        }
+        let Some(lease) = self.lease.as_ref() else {
+            return false;
+        };
+        let wanted = if lease.on_replica {
+            RouteTarget::Primary
+        } else if self.client_tx == TxStatus::Idle
+            && self.queue.has_lsn_probe()
+            && !self.queue.has_client_requests()
+        {
+            RouteTarget::Replica
+        } else {
+            return false;
+        };
+        self.route_front(input).ok() == Some(wanted)
+    }
+
+    /// Notes what a statement the client sends means for routing: a `pgherd.route` setting,
+    /// session state that pins the client to this server, a possible write (`executes`: it
+    /// runs now, rather than being prepared).
+    pub(super) fn track_statement(&mut self, routed: &Routed, executes: bool) {
+        let decision = &routed.decision;
+        if let Some(value) = &decision.route_setting {
+            self.routing.override_route = Route::parse(value);
+        }
+        self.routing.unit_copies_in |= decision.copy_in;
+        match decision.tx {
+            TxEffect::Begin { .. } => self.routing.unit_begins = true,
+            TxEffect::End => self.routing.unit_ends = true,
+            TxEffect::DefaultReadOnly(Some(on)) => self.routing.default_read_only = on,
+            TxEffect::DefaultReadOnly(None) | TxEffect::SetReadOnly | TxEffect::None => {}
+        }
+        if let Some(pin) = decision.pin {
+            if self.routing.pinned.is_none() && self.mode_shares_servers() {
+                tracing::info!(client = self.shared.id, node = %self.node_name(), reason = pin.describe(), "session pinned to its server connection");
+                self.routing.pinned = Some(pin);
+            }
+        }
+        if executes {
+            self.note_possible_write(decision.target == RouteTarget::Primary);
+            self.note_session_effect(decision.session);
+            self.routing.catalog_changed |= decision.changes_catalog;
+            for name in &decision.custom_settings {
+                if !self.custom_settings.contains(name)
+                    && self.custom_settings.len() < MAX_CUSTOM_SETTINGS
+                {
+                    self.custom_settings.push(name.clone());
+                }
+            }
+        }
+    }
+
+    /// A statement that may have left session state behind was sent: sequences are
+    /// cleared before another client's transaction; anything else is probed for before the
+    /// server goes back.
+    pub(super) fn note_session_effect(&mut self, effect: SessionEffect) {
+        self.routing.effect = self.routing.effect.max(effect);
+        if effect == SessionEffect::Sequences {
+            if let Some(lease) = self.lease.as_mut() {
+                lease.conn.residue.sequences = true;
+            }
+        }
+    }
+
+    pub(super) fn note_possible_write(&mut self, writes: bool) {
+        if writes && self.lease.as_ref().is_some_and(|l| !l.on_replica) {
+            self.routing.write_seq += 1;
+        }
+    }
+
+    /// The routing decision for a Query or Parse: the one made to choose the node if it is
+    /// this statement's, otherwise a fresh one.
+    pub(super) fn statement_decision(&mut self, sql: &[u8]) -> Option<Result<Routed, PgError>> {
+        let router = self.routing.setup.router.clone()?;
+        if let Some(front) = self.routing.front.take() {
+            return Some(Ok(front));
+        }
+        Some(router.route(sql, self.routing.standard_conforming_strings))
+    }
+
+    /// A Query or Sync ended a request. After a write that may have committed, the primary is
+    /// asked for its WAL position in the same round trip.
+    pub(super) fn end_unit(&mut self) -> Result<(), Disconnect> {
+        // Nothing may follow a COPY FROM STDIN before the client's data: the probe then waits
+        // until the server is free again.
+        let may_commit = !self.routing.unit_copies_in
+            && (self.routing.unit_ends
+                || (self.client_tx == TxStatus::Idle && !self.routing.unit_begins));
+        self.routing.at_unit_start = true;
+        self.routing.unit_begins = false;
+        self.routing.unit_ends = false;
+        self.routing.unit_copies_in = false;
+        self.routing.front = None;
+        if may_commit && self.write_needs_probe() && !self.queue.skipping_to_sync() {
+            self.push_lsn_probe()?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn write_needs_probe(&self) -> bool {
+        self.routing.read_your_writes()
+            && self.routing.write_seq > self.routing.probed_seq
+            && self.lease.as_ref().is_some_and(|l| !l.on_replica)
+    }
+
+    /// The transaction is over but where its writes end is still unknown: ask before the
+    /// server goes back (rare: the probe usually rides along with the request).
+    pub(super) fn probe_before_release(&self) -> bool {
+        self.write_needs_probe()
+            && self.mode_shares_servers()
+            && self.queue.is_settled()
+            && self
+                .lease
+                .as_ref()
+                .is_some_and(|l| l.conn.tx_status == TxStatus::Idle && l.conn.write_buf.is_empty())
+    }
+
+    pub(super) fn push_lsn_probe(&mut self) -> Result<(), Disconnect> {
+        let Some(lease) = self.lease.as_mut() else {
+            return Ok(());
+        };
+        frontend::encode_query(&mut lease.conn.write_buf, LSN_PROBE_SQL)?;
+        self.queue.push_internal(Request::Probe(Probe::Lsn {
+            write_seq: self.routing.write_seq,
+        }));
+        Ok(())
+    }
+
+    /// The transaction is over and what it ran may have changed the server's session in
+    /// ways pgherd did not follow: look before anyone else gets the server.
+    pub(super) fn state_probe_due(&self) -> bool {
+        self.routing.effect == SessionEffect::Unknown
+            && self.mode_shares_servers()
+            && self.routing.pinned.is_none()
+            && self.queue.is_settled()
+            && self
+                .lease
+                .as_ref()
+                .is_some_and(|l| l.conn.tx_status == TxStatus::Idle && l.conn.write_buf.is_empty())
+    }
+
+    pub(super) fn push_state_probe(&mut self) -> Result<(), Disconnect> {
+        let Some(lease) = self.lease.as_mut() else {
+            return Ok(());
+        };
+        let mut names = self.custom_settings.clone();
+        if let Some(router) = &self.routing.setup.router {
+            names.extend(router.catalog().custom_settings().iter().cloned());
+        }
+        names.sort();
+        names.dedup();
+        frontend::encode_query(&mut lease.conn.write_buf, probe::sql(&names).as_bytes())?;
+        self.queue.push_internal(Request::Probe(Probe::State));
+        self.routing.effect = SessionEffect::None;
+        self.probe_rows = Some(Box::new(Ok(Vec::new())));
+        Ok(())
+    }
+
+    /// The session-state probe answered: session objects pin the client to this server;
+    /// otherwise its settings become the client's and the server is reset before its next
+    /// transaction, whoever runs it. A probe that failed leaves the state unknown, which
+    /// pins too.
+    pub(super) fn on_state_probe_answered(&mut self) {
+        let rows = self.probe_rows.take().map(|b| *b);
+        let findings = match rows {
+            Some(Ok(rows)) => Some(probe::read(&rows, &self.shared.user)),
+            _ => None,
+        };
+        match findings {
+            Some(f) if f.objects == 0 => {
+                self.params.adopt(f.as_changes());
+                if let Some(lease) = self.lease.as_mut() {
+                    lease.conn.params_fp = UNKNOWN;
+                    lease.conn.residue.sequences = true;
+                    lease.conn.residue.seed = true;
+                }
+            }
+            _ if self.routing.pinned.is_none() => {
+                let pin = pgherd_route::Pin::FoundState;
+                tracing::info!(client = self.shared.id, node = %self.node_name(), reason = pin.describe(), "session pinned to its server connection");
+                self.routing.pinned = Some(pin);
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn on_client_message(&mut self, tag: u8, message: &[u8]) -> Result<(), Disconnect> {
+        tracing::trace!(client = self.shared.id, tag = %(tag as char), len = message.len(), "client message");
+        if tag == ftag::TERMINATE {
+            return Err(Disconnect::Terminated);
+        }
+        if !frontend::is_session_tag(tag) {
+            return Err(Disconnect::Protocol(WireError::UnexpectedTag {
+                tag,
+                context: "from a client (invalid frontend message type)",
+            }));
+        }
+        if self.queue.skipping_to_sync() && tag != ftag::SYNC {
+            // The server (or pgherd) is discarding messages after an error, as the protocol says.
+            return Ok(());
+        }
+        let body = &message[HEADER_BYTES..];
+        self.relay_client_message(tag, message, body)?;
+        if matches!(tag, ftag::QUERY | ftag::SYNC) {
+            self.end_unit()?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn relay_client_message(
+        &mut self,
+        tag: u8,
+        message: &[u8],
+        body: &[u8],
+    ) -> Result<(), Disconnect> {
+        let rewrite = self.mode_shares_servers();
+        let mut parse_routed = None;
+        match tag {
+            ftag::QUERY | ftag::PARSE => {
+                let sql = if tag == ftag::QUERY {
+                    frontend::Query::parse(body)?.sql
+                } else {
+                    frontend::Parse::parse(body)?.query
+                };
+                match self.statement_decision(sql) {
+                    Some(Err(e)) => {
+                        // pgherd's error in the request's place. A simple query still gets its
+                        // ReadyForQuery: a Sync takes the query's place on the server.
+                        self.queue.push_synthetic(Synthetic::Error(e));
+                        if tag == ftag::QUERY {
+                            if let Some(lease) = self.lease.as_mut() {
+                                frontend::encode_sync(&mut lease.conn.write_buf);
+                                self.queue.push_client(Request::Sync);
+                            }
+                        }
+                        return Ok(());
+                    }
+                    Some(Ok(routed)) => {
+                        self.track_statement(&routed, tag == ftag::QUERY);
+                        parse_routed = Some(routed);
+                    }
+                    None => {}
+                }
+            }
+            ftag::BIND if self.routing.setup.router.is_some() => {
+                let b = frontend::Bind::parse(body)?;
+                match self.statement_routed(b.statement) {
+                    Some(routed) => self.track_statement(&routed, true),
+                    None => {
+                        self.note_possible_write(true);
+                        self.note_session_effect(SessionEffect::Unknown);
+                    }
+                }
+            }
+            ftag::FUNCTION_CALL => {
+                self.note_possible_write(true);
+                self.note_session_effect(SessionEffect::Unknown);
+            }
+            _ => {}
+        }
+        let Some(lease) = self.lease.as_mut() else {
+            return Ok(());
+        };
+        match tag {
+            ftag::QUERY => {
+                let q = frontend::Query::parse(body)?;
+                let sql = may_change_session(q.sql).then(|| Bytes::copy_from_slice(q.sql));
+                lease.conn.write_buf.extend_from_slice(message);
+                self.queue.push_client(Request::Query { sql });
+                lease.pool.stats.queries.fetch_add(1, Ordering::Relaxed);
+            }
+            ftag::FUNCTION_CALL => {
+                lease.conn.write_buf.extend_from_slice(message);
+                self.queue.push_client(Request::Query { sql: None });
+            }
+            ftag::PARSE => {
+                let p = frontend::Parse::parse(body)?;
+                if p.name.is_empty() || !rewrite {
+                    if p.name.is_empty() {
+                        let unnamed = self.unnamed.get_or_insert_with(Default::default);
+                        unnamed.query.clear();
+                        unnamed.query.extend_from_slice(p.query);
+                        unnamed.param_types.clear();
+                        unnamed.param_types.extend_from_slice(p.param_types);
+                        unnamed.present = true;
+                        unnamed.routed = parse_routed;
+                        lease.unnamed_here = true;
+                    }
+                    lease.conn.write_buf.extend_from_slice(message);
+                    self.queue.push_client(Request::Parse { cached: None });
+                } else {
+                    let def = StatementDef::new(p.query, p.param_types);
+                    if let Some(routed) = parse_routed {
+                        let _ = def.routed.set(routed);
+                    }
+                    if let Some(replay) = self.routing.replay.as_mut() {
+                        replay.repeatable = false;
+                    }
+                    if let Err(e) = self
+                        .statements
+                        .get_or_insert_with(Default::default)
+                        .define(p.name, def.clone())
+                    {
+                        self.queue
+                            .push_synthetic(Synthetic::Error(statement_error(e)));
+                        return Ok(());
+                    }
+                    if lease.conn.statements.touch(&def.hash) {
+                        self.queue.push_synthetic(Synthetic::ParseComplete);
+                    } else {
+                        evict_for(lease, &mut self.queue, &def)?;
+                        frontend::encode_parse(
+                            &mut lease.conn.write_buf,
+                            &def.server_name,
+                            &def.query,
+                            &def.param_types,
+                        )?;
+                        self.queue.push_client(Request::Parse {
+                            cached: Some(def.hash),
+                        });
+                    }
+                }
+            }
+            ftag::BIND => {
+                let b = frontend::Bind::parse(body)?;
+                if b.statement.is_empty() || !rewrite {
+                    if b.statement.is_empty() {
+                        self.ensure_unnamed_here()?;
+                        if b.portal.is_empty() {
+                            self.portal_sql = self
+                                .unnamed
+                                .as_ref()
+                                .filter(|u| u.present && may_change_session(&u.query))
+                                .map(|u| u.query.clone().into_boxed_slice());
+                        }
+                    }
+                    let Some(lease) = self.lease.as_mut() else {
+                        return Ok(());
+                    };
+                    lease.conn.write_buf.extend_from_slice(message);
+                } else {
+                    let def = match statement(&self.statements, b.statement) {
+                        Ok(def) => def.clone(),
+                        Err(e) => {
+                            self.queue
+                                .push_synthetic(Synthetic::Error(statement_error(e)));
+                            return Ok(());
+                        }
+                    };
+                    ensure_prepared(lease, &mut self.queue, &def)?;
+                    frontend::encode_bind(
+                        &mut lease.conn.write_buf,
+                        b.portal,
+                        &def.server_name,
+                        b.rest,
+                    )?;
+                    if b.portal.is_empty() {
+                        self.portal_sql = may_change_session(&def.query)
+                            .then(|| def.query.clone().into_boxed_slice());
+                    }
+                }
+                self.queue.push_client(Request::Bind);
+            }
+            ftag::DESCRIBE => {
+                let d = frontend::Describe::parse(body)?;
+                match (d.target, d.name.is_empty(), rewrite) {
+                    (Target::Statement, false, true) => {
+                        let def = match statement(&self.statements, d.name) {
+                            Ok(def) => def.clone(),
+                            Err(e) => {
+                                self.queue
+                                    .push_synthetic(Synthetic::Error(statement_error(e)));
+                                return Ok(());
+                            }
+                        };
+                        ensure_prepared(lease, &mut self.queue, &def)?;
+                        frontend::encode_describe(
+                            &mut lease.conn.write_buf,
+                            Target::Statement,
+                            &def.server_name,
+                        )?;
+                    }
+                    (Target::Statement, true, _) => {
+                        self.ensure_unnamed_here()?;
+                        let Some(lease) = self.lease.as_mut() else {
+                            return Ok(());
+                        };
+                        lease.conn.write_buf.extend_from_slice(message);
+                    }
+                    _ => lease.conn.write_buf.extend_from_slice(message),
+                }
+                self.queue.push_client(Request::Describe);
+            }
+            ftag::EXECUTE => {
+                let e = frontend::Execute::parse(body)?;
+                let sql = if e.portal.is_empty() {
+                    self.portal_sql.as_deref().map(Bytes::copy_from_slice)
+                } else {
+                    None
+                };
+                lease.conn.write_buf.extend_from_slice(message);
+                self.queue.push_client(Request::Execute { sql });
+                lease.pool.stats.queries.fetch_add(1, Ordering::Relaxed);
+            }
+            ftag::CLOSE => {
+                let c = frontend::Close::parse(body)?;
+                if c.target == Target::Statement && !c.name.is_empty() && rewrite {
+                    if let Some(replay) = self.routing.replay.as_mut() {
+                        replay.repeatable = false;
+                    }
+                    // The server-side statement stays cached for others; only the name goes.
+                    if let Some(statements) = self.statements.as_mut() {
+                        statements.close(c.name);
+                    }
+                    self.queue.push_synthetic(Synthetic::CloseComplete);
+                } else {
+                    if c.target == Target::Statement && c.name.is_empty() {
+                        if let Some(unnamed) = self.unnamed.as_mut() {
+                            unnamed.present = false;
+                        }
+                    }
+                    lease.conn.write_buf.extend_from_slice(message);
+                    self.queue.push_client(Request::Close);
+                }
+            }
+            ftag::SYNC => {
+                lease.conn.write_buf.extend_from_slice(message);
+                self.queue.push_client(Request::Sync);
+            }
+            ftag::FLUSH => lease.conn.write_buf.extend_from_slice(message),
+            ftag::COPY_DATA | ftag::COPY_DONE | ftag::COPY_FAIL => {
+                if self.queue.in_copy_in() {
+                    lease.conn.write_buf.extend_from_slice(message);
+                    if tag != ftag::COPY_DATA {
+                        self.queue.client_copy_finished();
+                    }
+                }
+            }
+            _ => {
+                return Err(Disconnect::Protocol(WireError::UnexpectedTag {
+                    tag,
+                    context: "from a client after login",
+                }))
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes sure the server holds the client's unnamed statement before a Bind or Describe
+    /// that refers to it: after a change of server connection it is replayed.
+    pub(super) fn ensure_unnamed_here(&mut self) -> Result<(), Disconnect> {
+        let Some(lease) = self.lease.as_mut() else {
+            return Ok(());
+        };
+        let Some(unnamed) = self.unnamed.as_ref().filter(|u| u.present) else {
+            return Ok(());
+        };
+        if !lease.unnamed_here {
+            frontend::encode_parse(
+                &mut lease.conn.write_buf,
+                b"",
+                &unnamed.query,
+                &unnamed.param_types,
+            )?;
+            self.queue.push_internal(Request::Parse { cached: None });
+            lease.unnamed_here = true;
+        }
+        Ok(())
+    }
+
+    pub(super) fn emit_ready_synthetics(&mut self) -> Result<(), Disconnect> {
+        let mut due = Vec::new();
+        self.queue.take_ready_synthetics(&mut due);
+        self.write_synthetics(&due)
+    }
+
+    pub(super) fn write_synthetics(&mut self, due: &[Synthetic]) -> Result<(), Disconnect> {
+        for s in due {
+            match s {
+                Synthetic::ParseComplete => {
+                    backend::encode_empty(&mut self.client_out, btag::PARSE_COMPLETE)
+                }
+                Synthetic::CloseComplete => {
+                    backend::encode_empty(&mut self.client_out, btag::CLOSE_COMPLETE)
+                }
+                Synthetic::Error(e) => {
+                    self.tx_failed = true;
+                    self.app.own_errors.count(&e.code);
+                    e.encode(&mut self.client_out)?
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The client's statement `name`, or the error PostgreSQL would give.
+pub(super) fn statement<'a>(
+    statements: &'a Option<Box<ClientStatements>>,
+    name: &[u8],
+) -> Result<&'a Arc<StatementDef>, StatementError> {
+    match statements {
+        Some(s) => s.get(name),
+        None => Err(StatementError::DoesNotExist(
+            String::from_utf8_lossy(name).into_owned(),
+        )),
+    }
+}
+
+pub(super) fn statement_error(e: StatementError) -> PgError {
+    match e {
+        StatementError::AlreadyExists(name) => PgError::error(
+            SqlState::DUPLICATE_PREPARED_STATEMENT,
+            format!("prepared statement \"{name}\" already exists"),
+        ),
+        StatementError::DoesNotExist(name) => PgError::error(
+            SqlState::INVALID_SQL_STATEMENT_NAME,
+            format!("prepared statement \"{name}\" does not exist"),
+        ),
+        StatementError::TooMany(max) => PgError::error(
+            SqlState::CONFIGURATION_LIMIT_EXCEEDED,
+            format!("a client may hold at most {max} named prepared statements"),
+        ),
+    }
+}
+
+/// Makes room in the server's statement cache for `def`, closing the least recently used one.
+pub(super) fn evict_for(
+    lease: &mut Lease,
+    queue: &mut ResponseQueue,
+    def: &StatementDef,
+) -> Result<(), WireError> {
+    if let Some(victim) = lease.conn.statements.insert(def.hash) {
+        frontend::encode_close(
+            &mut lease.conn.write_buf,
+            Target::Statement,
+            &victim.server_name(),
+        )?;
+        queue.push_internal(Request::Close);
+    }
+    Ok(())
+}
+
+/// Prepares `def` on the server first if it does not hold it yet.
+pub(super) fn ensure_prepared(
+    lease: &mut Lease,
+    queue: &mut ResponseQueue,
+    def: &StatementDef,
+) -> Result<(), WireError> {
+    if lease.conn.statements.touch(&def.hash) {
+        return Ok(());
+    }
+    evict_for(lease, queue, def)?;
+    frontend::encode_parse(
+        &mut lease.conn.write_buf,
+        &def.server_name,
+        &def.query,
+        &def.param_types,
+    )?;
+    queue.push_internal(Request::Parse {
+        cached: Some(def.hash),
+    });
+    Ok(())
+}

@@ -1,0 +1,355 @@
+//! Server → client: each server message matched against what the server owes, dropped when
+//! it answers pgherd, forwarded otherwise (rows and large messages streamed, never held
+//! whole), with what pgherd learns on the way (settings, transaction state, probe answers).
+
+use super::*;
+
+/// Server messages larger than this are not held whole: pgherd reads what it needs from their
+/// first bytes and streams the rest to the client (or drops it).
+pub(super) const STREAM_MESSAGE_BYTES: usize = 256 << 10;
+/// How much of a large error or notice pgherd waits for before streaming it: its severity and
+/// code come first.
+const ERROR_PREFIX_BYTES: usize = 4 << 10;
+
+impl Session {
+    pub(super) fn process_server_input(&mut self) -> Result<(), Relayed> {
+        let Some(lease) = self.lease.as_mut() else {
+            return Ok(());
+        };
+        let mut input = std::mem::take(&mut lease.conn.read_buf);
+        let result = self.consume_server_messages(&mut input);
+        if let Some(lease) = self.lease.as_mut() {
+            lease.conn.read_buf = input;
+        }
+        result
+    }
+
+    pub(super) fn consume_server_messages(&mut self, input: &mut BytesMut) -> Result<(), Relayed> {
+        let mut before = Vec::new();
+        let mut after = Vec::new();
+        loop {
+            if let Some((to_client, remaining)) = self.server_passthrough {
+                let n = remaining.min(input.len());
+                if n == 0 {
+                    return Ok(());
+                }
+                if to_client {
+                    self.client_out.extend_from_slice(&input[..n]);
+                    self.note_answered();
+                }
+                input.advance(n);
+                self.server_passthrough = (remaining > n).then_some((to_client, remaining - n));
+                continue;
+            }
+            let h = match read_header(input, MAX_SERVER_MESSAGE_BYTES) {
+                Ok(Some(h)) => h,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    return Err(Relayed::Server(ServerError::new(
+                        &self.node_name(),
+                        ServerErrorKind::Protocol(e),
+                    )))
+                }
+            };
+            let whole = input.len() >= h.total_len();
+            if !whole && !self.may_stream(h.tag, h.total_len(), input.len()) {
+                return Ok(());
+            }
+            before.clear();
+            after.clear();
+            let d = self
+                .queue
+                .on_server_message(h.tag, &mut before, &mut after)
+                .map_err(|what| {
+                    Relayed::Server(ServerError::new(
+                        &self.node_name(),
+                        ServerErrorKind::Unexpected(what),
+                    ))
+                })?;
+            tracing::trace!(client = self.shared.id, tag = %(h.tag as char), to_client = d.to_client, "server message");
+            self.write_synthetics(&before)?;
+            if !whole {
+                // Rows, COPY data and anything large stream through, never held whole.
+                let mut to_client = d.to_client;
+                if matches!(h.tag, btag::ERROR_RESPONSE | btag::NOTICE_RESPONSE) {
+                    let seen = PgError::parse_prefix(&input[HEADER_BYTES..]);
+                    to_client &= self.on_error_or_notice(h.tag, seen, &d)?;
+                }
+                if d.probe.is_some() {
+                    // pgherd's probes answer in a few bytes; this one cannot be read.
+                    self.routing.probe_lsn = None;
+                    self.probe_rows = Some(Box::new(Err(())));
+                }
+                let n = input.len();
+                if to_client {
+                    self.client_out.extend_from_slice(input);
+                    self.note_answered();
+                }
+                input.advance(n);
+                self.server_passthrough = Some((to_client, h.total_len() - n));
+                continue;
+            }
+            let message = &input[..h.total_len()];
+            let body = &message[HEADER_BYTES..];
+            let Some(lease) = self.lease.as_mut() else {
+                return Ok(());
+            };
+            for hash in &d.uncached {
+                lease.conn.statements.forget(hash);
+            }
+            let mut forward = d.to_client;
+            match h.tag {
+                btag::READY_FOR_QUERY => {
+                    let status = backend::parse_ready_for_query(body).map_err(|e| {
+                        Relayed::Server(ServerError::new(
+                            &lease.conn.node,
+                            ServerErrorKind::Protocol(e),
+                        ))
+                    })?;
+                    lease.conn.tx_status = status;
+                    if d.client_ready {
+                        self.on_client_ready(status)?;
+                    }
+                    match d.probe {
+                        Some(Probe::Lsn { write_seq }) => self.on_probe_answered(write_seq, status),
+                        Some(Probe::State) => self.on_state_probe_answered(),
+                        None => {}
+                    }
+                }
+                btag::NOTICE_RESPONSE | btag::ERROR_RESPONSE => {
+                    if let Ok(err) = PgError::parse(body) {
+                        forward &= self.on_error_or_notice(h.tag, err, &d)?;
+                    } else if h.tag == btag::ERROR_RESPONSE && d.to_client {
+                        self.tx_failed = true;
+                    }
+                }
+                btag::DATA_ROW if d.probe == Some(Probe::State) => {
+                    let text =
+                        |v: Option<&[u8]>| v.map(|b| String::from_utf8_lossy(b).into_owned());
+                    let row =
+                        backend::parse_data_row(body)
+                            .ok()
+                            .and_then(|values| match values[..] {
+                                [Some(kind), name, value] => Some((
+                                    String::from_utf8_lossy(kind).into_owned(),
+                                    text(name),
+                                    text(value),
+                                )),
+                                _ => None,
+                            });
+                    if let (Some(row), Some(rows)) = (row, self.probe_rows.as_mut()) {
+                        if let Ok(rows) = rows.as_mut() {
+                            rows.push(row);
+                        }
+                    }
+                }
+                btag::DATA_ROW if d.probe.is_some() => {
+                    self.routing.probe_lsn = backend::parse_data_row(body)
+                        .ok()
+                        .and_then(|values| values.into_iter().next().flatten())
+                        .and_then(|v| std::str::from_utf8(v).ok())
+                        .and_then(parse_lsn);
+                }
+                btag::PARAMETER_STATUS => {
+                    if let Ok(p) = backend::ParameterStatus::parse(body) {
+                        // What the server session now has, whoever's statement changed it
+                        // (pgherd's own restore of the client's settings included).
+                        let flag = params::parse_bool(p.value);
+                        match (p.name, flag) {
+                            ("default_transaction_read_only", Some(on)) => {
+                                self.routing.default_read_only = on
+                            }
+                            ("standard_conforming_strings", Some(on)) => {
+                                self.routing.standard_conforming_strings = on
+                            }
+                            _ => {}
+                        }
+                        if d.to_client {
+                            self.params.record_reported(p.name, p.value);
+                        }
+                    }
+                }
+                btag::COMMAND_COMPLETE if d.to_client => {
+                    let tag = backend::parse_command_complete(body).unwrap_or_default();
+                    self.on_command_complete(tag, d.sql.as_deref());
+                }
+                _ => {}
+            }
+            if forward {
+                self.client_out.extend_from_slice(message);
+                if !matches!(
+                    h.tag,
+                    btag::NOTICE_RESPONSE | btag::NOTIFICATION_RESPONSE | btag::PARAMETER_STATUS
+                ) {
+                    self.note_answered();
+                }
+            }
+            input.advance(h.total_len());
+            self.write_synthetics(&after)?;
+            if let Some(replay) = self.routing.replay.as_mut() {
+                if !replay.bytes.is_empty() && !self.queue.has_client_requests() {
+                    // Everything sent was answered: nothing to repeat elsewhere any more.
+                    replay.restart();
+                    replay.attempts = 0;
+                }
+            }
+        }
+    }
+
+    /// Whether a message not yet whole may start streaming now: rows, COPY data and anything
+    /// larger than [`STREAM_MESSAGE_BYTES`] (an error or notice once its first bytes are in),
+    /// but never a ReadyForQuery, nor a probe's rows of ordinary size.
+    fn may_stream(&self, tag: u8, total: usize, available: usize) -> bool {
+        let large = total > STREAM_MESSAGE_BYTES;
+        match tag {
+            btag::READY_FOR_QUERY => false,
+            btag::ERROR_RESPONSE | btag::NOTICE_RESPONSE => {
+                large && available >= ERROR_PREFIX_BYTES
+            }
+            btag::DATA_ROW | btag::COPY_DATA => large || !self.queue.front_is_probe(),
+            _ => large,
+        }
+    }
+
+    /// What an error or notice means to pgherd; false if the client must not see it. A
+    /// server's warning that it is shutting down concerns pgherd, which moves the client on;
+    /// a FATAL error is reported when the server's close is seen; an error answering pgherd's
+    /// own statement becomes a warning.
+    fn on_error_or_notice(
+        &mut self,
+        tag: u8,
+        err: PgError,
+        d: &queue::Disposition,
+    ) -> Result<bool, Disconnect> {
+        if tag == btag::NOTICE_RESPONSE {
+            return Ok(err.code != SqlState::ADMIN_SHUTDOWN);
+        }
+        if d.to_client {
+            self.tx_failed = true;
+            if let Some(lease) = self.lease.as_ref() {
+                lease.pool.stats.server_errors.count(&err.code);
+            }
+        }
+        if matches!(
+            err.severity,
+            pgherd_wire::Severity::Fatal | pgherd_wire::Severity::Panic
+        ) {
+            // The server is about to close; say so when the close is seen.
+            self.server_last_words = Some(Box::new(err));
+            return Ok(false);
+        }
+        if d.probe == Some(Probe::State) {
+            tracing::warn!(client = self.shared.id, error = %err, "the session-state probe failed; the client keeps its server connection");
+            self.probe_rows = Some(Box::new(Err(())));
+        } else if d.internal_error && d.probe.is_none() {
+            tracing::warn!(client = self.shared.id, error = %err, "pgherd's own statement failed on the server");
+            let notice = PgError::new(
+                pgherd_wire::Severity::Warning,
+                err.code,
+                format!("pgherd could not restore session settings: {}", err.message),
+            );
+            notice.encode_notice(&mut self.client_out)?;
+        }
+        Ok(true)
+    }
+
+    pub(super) fn note_answered(&mut self) {
+        if let Some(replay) = self.routing.replay.as_mut() {
+            replay.answered = true;
+        }
+    }
+
+    /// The primary said where the session's writes end (or could not: then reads stay on the
+    /// primary until a later probe succeeds).
+    pub(super) fn on_probe_answered(&mut self, write_seq: u64, status: TxStatus) {
+        let lsn = self.routing.probe_lsn.take();
+        if status != TxStatus::Idle {
+            // Asked inside a transaction that is still open: its commit comes later.
+            return;
+        }
+        self.routing.probed_seq = self.routing.probed_seq.max(write_seq);
+        self.routing.min_lsn = match lsn {
+            Some(lsn) if self.routing.min_lsn == Lsn::MAX => insert_lsn_as_end(lsn),
+            Some(lsn) => self.routing.min_lsn.max(insert_lsn_as_end(lsn)),
+            None => Lsn::MAX,
+        };
+    }
+
+    pub(super) fn node_name(&self) -> String {
+        self.lease
+            .as_ref()
+            .map_or_else(String::new, |l| l.conn.node.clone())
+    }
+
+    pub(super) fn on_command_complete(&mut self, tag: &[u8], sql: Option<&[u8]>) {
+        let word = tag.split(|&b| b == b' ').next().unwrap_or_default();
+        match word {
+            b"SET" | b"RESET" | b"DISCARD" => {
+                if tag == b"DISCARD ALL" {
+                    self.forget_server_statements();
+                }
+                if tag.starts_with(b"DISCARD") && tag != b"DISCARD ALL" {
+                    return;
+                }
+                let changes = sql
+                    .and_then(|s| std::str::from_utf8(s).ok())
+                    .and_then(session_changes);
+                match changes {
+                    Some(changes) => self.params.record(changes),
+                    None => {
+                        tracing::debug!(client = self.shared.id, "a session change pgherd cannot replay; the server will be reset before its next client");
+                        self.untracked_change = true;
+                    }
+                }
+            }
+            b"DEALLOCATE" if tag == b"DEALLOCATE ALL" => self.forget_server_statements(),
+            b"ROLLBACK" => self.tx_failed = true,
+            _ => {}
+        }
+    }
+
+    pub(super) fn forget_server_statements(&mut self) {
+        if let Some(lease) = self.lease.as_mut() {
+            lease.conn.statements.clear();
+            lease.unnamed_here = false;
+        }
+    }
+
+    pub(super) fn on_client_ready(&mut self, status: TxStatus) -> Result<(), Relayed> {
+        self.client_tx = status;
+        let Some(lease) = self.lease.as_mut() else {
+            return Ok(());
+        };
+        if status == TxStatus::Idle {
+            if std::mem::take(&mut self.routing.catalog_changed) {
+                if let Some(router) = &self.routing.setup.router {
+                    router.catalog_changed();
+                }
+            }
+            self.params.end_transaction(!self.tx_failed);
+            self.tx_failed = false;
+            lease
+                .pool
+                .stats
+                .transactions
+                .fetch_add(1, Ordering::Relaxed);
+            if let Some(started) = self.tx_started.take() {
+                lease.pool.stats.transaction_time.observe(started.elapsed());
+            }
+            // A server carrying state the session cannot replay is reset before anyone uses it
+            // again, this client included.
+            lease.conn.params_fp = if self.untracked_change {
+                UNKNOWN
+            } else {
+                self.params.fingerprint()
+            };
+            self.untracked_change = false;
+        } else if self.mode == PoolMode::Statement {
+            return Err(Relayed::Client(Disconnect::Refused(PgError::fatal(
+                SqlState::FEATURE_NOT_SUPPORTED,
+                "transaction blocks are not allowed in statement pooling mode",
+            ))));
+        }
+        Ok(())
+    }
+}

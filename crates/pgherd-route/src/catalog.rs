@@ -1,0 +1,331 @@
+//! What pgherd knows of one database's functions and relations, built from rows the proxy
+//! reads from the primary's catalog: which functions are volatile or user-defined, which
+//! relations a standby cannot read (unlogged, temporary), which may run user code when
+//! touched (triggers, rules, row-level security, defaults, checks or index expressions that
+//! call user functions, and what reaches such relations through views, partitions or
+//! cascading foreign keys), and which draw from sequences when written.
+//!
+//! Pure: rows in, a snapshot out. The closure over views, partitions and foreign keys is
+//! computed here so it can be tested with data.
+
+use std::collections::{HashMap, HashSet};
+
+/// What the classifier asks of a database.
+pub trait Catalog {
+    /// A function by its lower-case, unqualified name (all overloads, all schemas); `None`
+    /// when no function of that name is known.
+    fn function(&self, name: &str) -> Option<FunctionInfo>;
+    /// A relation by its unqualified name (all schemas); `None` when none is known.
+    fn relation(&self, name: &str) -> Option<RelationInfo>;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FunctionInfo {
+    /// Some overload is VOLATILE.
+    pub volatile: bool,
+    /// Some overload is user code: written in SQL or a procedural language, not built in
+    /// (C functions of extensions count as built in, but for a known list of those that
+    /// change session state).
+    pub user_defined: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RelationInfo {
+    /// Some relation of that name is unlogged or temporary: a hot standby refuses to read it.
+    pub standby_unreadable: bool,
+    /// Touching it may run user code, which may change session state.
+    pub runs_user_code: bool,
+    /// Writing it may draw from a sequence (serial or identity columns, `nextval` defaults),
+    /// which sets the session's `currval` and `lastval`.
+    pub draws_sequences: bool,
+}
+
+/// One relation row: its oid, name and own facts, before the closure.
+#[derive(Debug, Clone)]
+pub struct RelationRow {
+    pub oid: u32,
+    pub name: String,
+    pub persistence: Persistence,
+    pub runs_user_code: bool,
+    pub draws_sequences: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persistence {
+    Permanent,
+    Unlogged,
+    Temporary,
+}
+
+impl Persistence {
+    /// `pg_class.relpersistence`.
+    pub fn from_code(code: &str) -> Persistence {
+        match code {
+            "u" => Persistence::Unlogged,
+            "t" => Persistence::Temporary,
+            _ => Persistence::Permanent,
+        }
+    }
+}
+
+/// A loaded catalog.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    functions: HashMap<String, FunctionInfo>,
+    relations: HashMap<String, RelationInfo>,
+    /// Custom settings (`app.tenant_id`) user functions set: the ones a session-state probe
+    /// asks about, as PostgreSQL lists no placeholder settings.
+    custom_settings: Vec<String>,
+}
+
+impl Catalog for Snapshot {
+    fn function(&self, name: &str) -> Option<FunctionInfo> {
+        self.functions.get(name).copied()
+    }
+
+    fn relation(&self, name: &str) -> Option<RelationInfo> {
+        self.relations.get(name).copied()
+    }
+}
+
+impl Snapshot {
+    pub fn function_count(&self) -> usize {
+        self.functions.len()
+    }
+
+    pub fn relation_count(&self) -> usize {
+        self.relations.len()
+    }
+
+    pub fn custom_settings(&self) -> &[String] {
+        &self.custom_settings
+    }
+}
+
+/// Builds a [`Snapshot`] from catalog rows.
+#[derive(Debug, Default)]
+pub struct SnapshotBuilder {
+    functions: HashMap<String, FunctionInfo>,
+    relations: Vec<RelationRow>,
+    /// (from, to): touching `from` may touch `to` (a view and what it reads, a partitioned
+    /// table and its partitions, a referenced table and the tables its deletes cascade to).
+    reaches: Vec<(u32, u32)>,
+    custom_settings: HashSet<String>,
+}
+
+impl SnapshotBuilder {
+    /// One function row: name, volatility, whether it is user code. Overloads of a name
+    /// are combined.
+    pub fn function(&mut self, name: &str, volatile: bool, user_defined: bool) {
+        let info = self.functions.entry(name.to_lowercase()).or_default();
+        info.volatile |= volatile;
+        info.user_defined |= user_defined;
+    }
+
+    /// A user function's body, searched for the custom settings it sets.
+    pub fn function_source(&mut self, source: &str) {
+        self.custom_settings.extend(custom_settings_set_in(source));
+    }
+
+    pub fn relation(&mut self, row: RelationRow) {
+        self.relations.push(row);
+    }
+
+    pub fn reaches(&mut self, from: u32, to: u32) {
+        self.reaches.push((from, to));
+    }
+
+    pub fn build(self) -> Snapshot {
+        let mut code: HashSet<u32> = self
+            .relations
+            .iter()
+            .filter(|r| r.runs_user_code)
+            .map(|r| r.oid)
+            .collect();
+        let mut sequences: HashSet<u32> = self
+            .relations
+            .iter()
+            .filter(|r| r.draws_sequences)
+            .map(|r| r.oid)
+            .collect();
+        // Fixed point: whatever reaches a relation with a property has it too.
+        loop {
+            let mut changed = false;
+            for &(from, to) in &self.reaches {
+                if code.contains(&to) && code.insert(from) {
+                    changed = true;
+                }
+                if sequences.contains(&to) && sequences.insert(from) {
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        let mut relations: HashMap<String, RelationInfo> = HashMap::new();
+        for row in &self.relations {
+            let info = relations.entry(row.name.clone()).or_default();
+            info.standby_unreadable |= row.persistence != Persistence::Permanent;
+            info.runs_user_code |= code.contains(&row.oid);
+            info.draws_sequences |= sequences.contains(&row.oid);
+        }
+        let mut custom_settings: Vec<String> = self.custom_settings.into_iter().collect();
+        custom_settings.sort();
+        Snapshot {
+            functions: self.functions,
+            relations,
+            custom_settings,
+        }
+    }
+}
+
+/// The custom setting names (with a dot) a function body sets with `set_config('name', ...)`
+/// or `SET [SESSION] name`: an over-approximation is harmless, it only makes a probe ask
+/// about one more setting.
+pub fn custom_settings_set_in(source: &str) -> Vec<String> {
+    let lower = source.to_ascii_lowercase();
+    let mut names = Vec::new();
+    let mut rest = lower.as_str();
+    while let Some(i) = rest.find("set_config") {
+        rest = &rest[i + "set_config".len()..];
+        let after = rest.trim_start().strip_prefix('(').map(str::trim_start);
+        if let Some(name) = after
+            .and_then(|a| a.strip_prefix('\''))
+            .and_then(|a| a.split('\'').next())
+        {
+            if is_custom_setting(name) {
+                names.push(name.to_owned());
+            }
+        }
+    }
+    for line in lower.split([';', '\n']) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let name = match words.as_slice() {
+            ["set", "session", name, ..] | ["set", name, ..] => *name,
+            _ => continue,
+        };
+        let name = name.split(['=', ' ']).next().unwrap_or_default();
+        if is_custom_setting(name) {
+            names.push(name.to_owned());
+        }
+    }
+    names
+}
+
+/// `prefix.name`, as PostgreSQL accepts placeholder settings.
+pub fn is_custom_setting(name: &str) -> bool {
+    let mut parts = name.split('.');
+    let (Some(a), Some(b)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    let word = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$')
+    };
+    word(a) && word(b) && parts.all(word)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(oid: u32, name: &str) -> RelationRow {
+        RelationRow {
+            oid,
+            name: name.into(),
+            persistence: Persistence::Permanent,
+            runs_user_code: false,
+            draws_sequences: false,
+        }
+    }
+
+    #[test]
+    fn user_code_and_sequences_reach_through_views_partitions_and_cascades() {
+        let mut b = SnapshotBuilder::default();
+        b.relation(RelationRow {
+            runs_user_code: true,
+            ..row(1, "audited")
+        });
+        b.relation(row(2, "audited_view"));
+        b.relation(row(3, "view_of_view"));
+        b.relation(RelationRow {
+            draws_sequences: true,
+            ..row(4, "orders_2026")
+        });
+        b.relation(row(5, "orders"));
+        b.relation(row(6, "plain"));
+        b.relation(RelationRow {
+            persistence: Persistence::Unlogged,
+            ..row(7, "staging")
+        });
+        b.relation(row(8, "customers"));
+        b.reaches(2, 1);
+        b.reaches(3, 2);
+        b.reaches(5, 4);
+        // Deleting a customer cascades to the audited table.
+        b.reaches(8, 1);
+        let s = b.build();
+        let r = |n: &str| s.relation(n).unwrap();
+        assert!(r("audited").runs_user_code);
+        assert!(r("audited_view").runs_user_code);
+        assert!(r("view_of_view").runs_user_code);
+        assert!(r("customers").runs_user_code);
+        assert!(r("orders").draws_sequences && !r("orders").runs_user_code);
+        assert_eq!(r("plain"), RelationInfo::default());
+        assert!(r("staging").standby_unreadable);
+        assert!(s.relation("nosuch").is_none());
+    }
+
+    #[test]
+    fn same_name_in_two_schemas_takes_the_stricter_facts() {
+        let mut b = SnapshotBuilder::default();
+        b.relation(row(1, "t"));
+        b.relation(RelationRow {
+            persistence: Persistence::Temporary,
+            runs_user_code: true,
+            ..row(2, "t")
+        });
+        let s = b.build();
+        assert!(s.relation("t").unwrap().runs_user_code);
+        assert!(s.relation("t").unwrap().standby_unreadable);
+    }
+
+    #[test]
+    fn functions_combine_overloads() {
+        let mut b = SnapshotBuilder::default();
+        b.function("Lower", false, false);
+        b.function("bump", false, true);
+        b.function("bump", true, false);
+        let s = b.build();
+        assert_eq!(
+            s.function("lower"),
+            Some(FunctionInfo {
+                volatile: false,
+                user_defined: false
+            })
+        );
+        assert_eq!(
+            s.function("bump"),
+            Some(FunctionInfo {
+                volatile: true,
+                user_defined: true
+            })
+        );
+    }
+
+    #[test]
+    fn custom_settings_found_in_function_bodies() {
+        let body = "BEGIN PERFORM set_config('app.tenant_id', t::text, false);\n\
+                    PERFORM SET_CONFIG( 'App.Role' , 'x', true);\n\
+                    SET app.mode = 'strict';\n SET SESSION my.flag TO on;\n\
+                    PERFORM set_config(name, 'x', false); SET work_mem = '1MB'; END";
+        let mut names = custom_settings_set_in(body);
+        names.sort();
+        assert_eq!(names, ["app.mode", "app.role", "app.tenant_id", "my.flag"]);
+        assert!(is_custom_setting("a.b.c"));
+        assert!(!is_custom_setting("work_mem"));
+        assert!(!is_custom_setting("a."));
+    }
+}

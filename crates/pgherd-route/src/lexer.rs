@@ -1,0 +1,543 @@
+//! One pass over a statement's text, following PostgreSQL's own scanner (`scan.l`), that gives
+//! the *key* routing decisions are cached under (the text with every literal's value replaced
+//! by a marker, so `... WHERE aid = 7` and `... WHERE aid = 8` share a decision), the routing
+//! hints found in comments (`/* pgherd:replica */`), and an estimate of how deeply the
+//! statement nests, to skip parses that could only fail.
+//!
+//! Safety rests on one property: two texts with the same key are the same token stream for
+//! PostgreSQL, up to the values of literals. So the lexer must see every literal, comment and
+//! quoted identifier exactly where the server does: E-strings only where `E` starts a token,
+//! backslashes by `standard_conforming_strings`, string continuation across newlines, dollar
+//! quotes only at a token start. A text it cannot lex as the server would (unterminated
+//! literals, trailing junk after a number) gets no key and is classified afresh every time.
+//! The differential test in `tests.rs` checks literal boundaries against the parser library's
+//! own scanner.
+
+use crate::Route;
+
+/// A hint that names no known route.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid pgherd hint \"pgherd:{value}\"; allowed values are primary and replica")]
+pub struct HintError {
+    pub value: String,
+}
+
+/// What the lexer learned about a statement text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lexed {
+    /// The last `pgherd:` hint in a comment, if any.
+    pub hint: Result<Option<Route>, HintError>,
+    /// False when the key must not be used: the text does not lex as the server would
+    /// accept it.
+    pub cacheable: bool,
+    /// A standard string (`'...'`) holds a backslash while `standard_conforming_strings` is
+    /// off: the server reads it otherwise than the parser library, which assumes it on.
+    pub strings_depend_on_settings: bool,
+    /// A lower bound on how deeply the expression tree nests: operator chains, summed over
+    /// enclosing parentheses.
+    pub nesting_estimate: usize,
+    /// Tokens naming `set_config`: how many calls of it the text can hold at most.
+    pub set_config_names: usize,
+}
+
+/// Marks a literal in the key. No SQL text contains a NUL byte (the protocol ends query
+/// strings with one), so a marker can never equal text.
+const MARK: u8 = 0;
+
+/// The token the lexer saw last, as far as operator chains are concerned.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Last {
+    /// Start of a statement, after `,` `;` or an opening parenthesis.
+    Boundary,
+    Operand,
+    Operator,
+    /// `.` between the parts of a qualified name.
+    Glue,
+}
+
+struct Lexer<'a> {
+    sql: &'a [u8],
+    at: usize,
+    key: &'a mut Vec<u8>,
+    standard_strings: bool,
+    out: Lexed,
+    /// Operator run per open parenthesis, innermost last.
+    runs: Vec<usize>,
+    run: usize,
+    last: Last,
+    /// Where each literal starts and ends, for the differential test against the scanner.
+    spans: Option<&'a mut Vec<(usize, usize)>>,
+}
+
+/// Appends `sql`'s key to `key` (which the caller clears) and says what else it saw.
+/// `standard_conforming_strings` is the session's setting.
+pub fn lex(sql: &[u8], standard_conforming_strings: bool, key: &mut Vec<u8>) -> Lexed {
+    lex_inner(sql, standard_conforming_strings, key, None)
+}
+
+/// [`lex`], also listing each literal's byte range.
+#[cfg(test)]
+pub fn lex_with_spans(
+    sql: &[u8],
+    standard_conforming_strings: bool,
+    key: &mut Vec<u8>,
+    spans: &mut Vec<(usize, usize)>,
+) -> Lexed {
+    lex_inner(sql, standard_conforming_strings, key, Some(spans))
+}
+
+fn lex_inner<'a>(
+    sql: &'a [u8],
+    standard_conforming_strings: bool,
+    key: &'a mut Vec<u8>,
+    spans: Option<&'a mut Vec<(usize, usize)>>,
+) -> Lexed {
+    let mut lexer = Lexer {
+        sql,
+        at: 0,
+        key,
+        standard_strings: standard_conforming_strings,
+        out: Lexed {
+            hint: Ok(None),
+            cacheable: true,
+            strings_depend_on_settings: false,
+            nesting_estimate: 0,
+            set_config_names: 0,
+        },
+        runs: Vec::new(),
+        run: 0,
+        last: Last::Boundary,
+        spans,
+    };
+    lexer.run();
+    lexer.out
+}
+
+fn is_ident_start(b: u8) -> bool {
+    b.is_ascii_alphabetic() || b == b'_' || b >= 0x80
+}
+
+fn is_ident_cont(b: u8) -> bool {
+    is_ident_start(b) || b.is_ascii_digit() || b == b'$'
+}
+
+fn is_dollar_tag_cont(b: u8) -> bool {
+    is_ident_start(b) || b.is_ascii_digit()
+}
+
+fn is_op_char(b: u8) -> bool {
+    matches!(
+        b,
+        b'~' | b'!'
+            | b'@'
+            | b'#'
+            | b'^'
+            | b'&'
+            | b'|'
+            | b'`'
+            | b'?'
+            | b'+'
+            | b'-'
+            | b'*'
+            | b'/'
+            | b'%'
+            | b'<'
+            | b'>'
+            | b'='
+    )
+}
+
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'\x0c' | b'\x0b')
+}
+
+/// How a quoted string treats backslashes and doubled quotes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Quoting {
+    /// `'...'`: `''` is a quote; backslashes as `standard_conforming_strings` says.
+    Standard,
+    /// `E'...'`: backslash escapes and `''`.
+    Escape,
+    /// `B'...'`, `X'...'`: the first quote ends them.
+    Bits,
+}
+
+impl Lexer<'_> {
+    fn peek(&self, offset: usize) -> Option<u8> {
+        self.sql.get(self.at + offset).copied()
+    }
+
+    fn starts_with(&self, s: &[u8]) -> bool {
+        self.sql[self.at..].starts_with(s)
+    }
+
+    fn copy(&mut self, from: usize) {
+        self.key.extend_from_slice(&self.sql[from..self.at]);
+    }
+
+    fn copy_lowercase(&mut self, from: usize) {
+        self.key
+            .extend(self.sql[from..self.at].iter().map(u8::to_ascii_lowercase));
+    }
+
+    /// The literal from `start` to the cursor becomes a marker of its kind.
+    fn mark(&mut self, start: usize, kind: u8) {
+        self.key.extend_from_slice(&[MARK, kind]);
+        if let Some(spans) = self.spans.as_mut() {
+            spans.push((start, self.at));
+        }
+    }
+
+    fn uncacheable(&mut self) {
+        self.out.cacheable = false;
+    }
+
+    fn operand(&mut self) {
+        if self.last == Last::Operand {
+            // Two operands in a row (`1 AND`, `THEN 'x'`): no operator chain runs through.
+            self.run = 0;
+        }
+        self.last = Last::Operand;
+    }
+
+    fn operator(&mut self) {
+        self.run += 1;
+        self.last = Last::Operator;
+        let depth = self.runs.iter().sum::<usize>() + self.run;
+        self.out.nesting_estimate = self.out.nesting_estimate.max(depth);
+    }
+
+    fn boundary(&mut self) {
+        self.run = 0;
+        self.last = Last::Boundary;
+    }
+
+    fn run(&mut self) {
+        while let Some(c) = self.peek(0) {
+            let start = self.at;
+            match c {
+                b'-' if self.peek(1) == Some(b'-') => self.line_comment(),
+                b'/' if self.peek(1) == Some(b'*') => self.block_comment(),
+                b'\'' => {
+                    self.operand();
+                    self.string(start, Quoting::Standard, b'S')
+                }
+                b'"' => {
+                    self.operand();
+                    self.quoted_identifier();
+                }
+                b'$' => self.dollar(),
+                b'0'..=b'9' => {
+                    self.operand();
+                    self.number();
+                }
+                b'.' if self.peek(1).is_some_and(|b| b.is_ascii_digit()) => {
+                    self.operand();
+                    self.number();
+                }
+                b'.' if self.peek(1) == Some(b'.') => {
+                    // `..`, one token of its own (a range in PL/pgSQL).
+                    self.at += 2;
+                    self.copy(start);
+                }
+                c if is_ident_start(c) => self.identifier(),
+                c if is_space(c) => {
+                    while self.peek(0).is_some_and(is_space) {
+                        self.at += 1;
+                    }
+                    self.copy(start);
+                }
+                c if is_op_char(c) => {
+                    // An operator ends where a comment starts.
+                    while self.peek(0).is_some_and(is_op_char)
+                        && !self.starts_with(b"--")
+                        && !self.starts_with(b"/*")
+                    {
+                        self.at += 1;
+                    }
+                    self.copy(start);
+                    self.operator();
+                }
+                _ => {
+                    self.at += 1;
+                    self.copy(start);
+                    self.punctuation(c);
+                }
+            }
+        }
+    }
+
+    fn punctuation(&mut self, c: u8) {
+        match c {
+            b'(' | b'[' => {
+                self.runs.push(self.run);
+                self.boundary();
+            }
+            b')' | b']' => {
+                self.run = self.runs.pop().unwrap_or(0);
+                self.last = Last::Boundary;
+                self.operand();
+            }
+            b',' | b';' => self.boundary(),
+            b'.' => self.last = Last::Glue,
+            b':' if self.peek(0) == Some(b':') => {
+                self.at += 1;
+                self.key.push(b':');
+                self.operator();
+            }
+            _ => {}
+        }
+    }
+
+    fn line_comment(&mut self) {
+        let start = self.at;
+        while self.peek(0).is_some_and(|b| b != b'\n' && b != b'\r') {
+            self.at += 1;
+        }
+        self.note_hints(start + 2, self.at);
+        self.copy(start);
+    }
+
+    fn block_comment(&mut self) {
+        let start = self.at;
+        let mut depth = 0usize;
+        loop {
+            if self.starts_with(b"/*") {
+                depth += 1;
+                self.at += 2;
+            } else if self.starts_with(b"*/") {
+                depth -= 1;
+                self.at += 2;
+                if depth == 0 {
+                    break;
+                }
+            } else if self.peek(0).is_some() {
+                self.at += 1;
+            } else {
+                // Unterminated: the server refuses the statement.
+                self.uncacheable();
+                break;
+            }
+        }
+        let inner_end = if depth == 0 { self.at - 2 } else { self.at };
+        self.note_hints(start + 2, inner_end);
+        self.copy(start);
+    }
+
+    fn note_hints(&mut self, from: usize, to: usize) {
+        let text = String::from_utf8_lossy(&self.sql[from..to.max(from)]);
+        for word in text.split_whitespace() {
+            let Some(value) = word.strip_prefix("pgherd:") else {
+                continue;
+            };
+            self.out.hint = match value {
+                "primary" => Ok(Some(Route::Primary)),
+                "replica" => Ok(Some(Route::Replica)),
+                other => Err(HintError {
+                    value: other.to_owned(),
+                }),
+            };
+        }
+    }
+
+    /// An identifier or keyword; a one-letter one glued to a quote is a string's prefix
+    /// (`E'...'`, `B'...'`, `X'...'`, `N'...'`, `U&'...'`, `U&"..."`), as the scanner's longest
+    /// match decides.
+    fn identifier(&mut self) {
+        let start = self.at;
+        while self.peek(0).is_some_and(is_ident_cont) {
+            self.at += 1;
+        }
+        let word = &self.sql[start..self.at];
+        if word.eq_ignore_ascii_case(b"set_config") {
+            self.out.set_config_names += 1;
+        }
+        let single = (word.len() == 1).then(|| word[0].to_ascii_lowercase());
+        let next = self.peek(0);
+        self.copy_lowercase(start);
+        if self.last == Last::Glue {
+            // The second part of a qualified name continues the same operand.
+            self.last = Last::Operand;
+        } else {
+            self.operand();
+        }
+        match (single, next) {
+            (Some(b'e'), Some(b'\'')) => self.string(start, Quoting::Escape, b'S'),
+            (Some(b'b'), Some(b'\'')) => self.string(start, Quoting::Bits, b'B'),
+            (Some(b'x'), Some(b'\'')) => self.string(start, Quoting::Bits, b'X'),
+            // `N` is a keyword of its own; the string starts at the quote.
+            (Some(b'n'), Some(b'\'')) => self.string(self.at, Quoting::Standard, b'S'),
+            (Some(b'u'), Some(b'&')) if self.peek(1) == Some(b'\'') => {
+                self.at += 1;
+                self.key.push(b'&');
+                // Unicode escapes use the backslash (or UESCAPE) whatever the settings say.
+                self.string(start, Quoting::Standard, b'U');
+            }
+            (Some(b'u'), Some(b'&')) if self.peek(1) == Some(b'"') => {
+                self.at += 1;
+                self.key.push(b'&');
+                self.quoted_identifier();
+            }
+            _ => {}
+        }
+    }
+
+    /// A quoted string starting at the quote under the cursor, with every continuation (a
+    /// quote after whitespace holding a newline continues the same literal); its value
+    /// becomes a marker.
+    fn string(&mut self, start: usize, quoting: Quoting, kind: u8) {
+        self.at += 1;
+        loop {
+            match self.peek(0) {
+                None => {
+                    self.uncacheable();
+                    break;
+                }
+                Some(b'\\') if quoting != Quoting::Bits => {
+                    let escapes = quoting == Quoting::Escape || !self.standard_strings;
+                    if quoting == Quoting::Standard && !self.standard_strings {
+                        self.out.strings_depend_on_settings = true;
+                    }
+                    self.at += if escapes { 2 } else { 1 };
+                }
+                Some(b'\'') if quoting != Quoting::Bits && self.peek(1) == Some(b'\'') => {
+                    self.at += 2;
+                }
+                Some(b'\'') => {
+                    self.at += 1;
+                    match self.continuation() {
+                        Some(next_quote) => self.at = next_quote + 1,
+                        None => break,
+                    }
+                }
+                Some(_) => self.at += 1,
+            }
+        }
+        self.at = self.at.min(self.sql.len());
+        self.mark(start, kind);
+    }
+
+    /// Where the next part of a continued string starts (its opening quote): after the
+    /// closing quote, horizontal space, a newline, then any space or `--` comments, then a
+    /// quote.
+    fn continuation(&self) -> Option<usize> {
+        let s = self.sql;
+        let mut i = self.at;
+        while i < s.len() && matches!(s[i], b' ' | b'\t' | b'\x0c') {
+            i += 1;
+        }
+        if i >= s.len() || !matches!(s[i], b'\n' | b'\r') {
+            return None;
+        }
+        loop {
+            while i < s.len() && is_space(s[i]) {
+                i += 1;
+            }
+            if s[i..].starts_with(b"--") {
+                while i < s.len() && s[i] != b'\n' && s[i] != b'\r' {
+                    i += 1;
+                }
+                if i >= s.len() {
+                    return None;
+                }
+                continue;
+            }
+            break;
+        }
+        (s.get(i) == Some(&b'\'')).then_some(i)
+    }
+
+    fn quoted_identifier(&mut self) {
+        let start = self.at;
+        self.at += 1;
+        loop {
+            match self.peek(0) {
+                None => {
+                    self.uncacheable();
+                    break;
+                }
+                Some(b'"') if self.peek(1) == Some(b'"') => self.at += 2,
+                Some(b'"') => {
+                    self.at += 1;
+                    break;
+                }
+                Some(_) => self.at += 1,
+            }
+        }
+        // Part of the key as written: quoted names keep their case.
+        self.copy(start);
+        if &self.sql[start..self.at] == b"\"set_config\"" {
+            self.out.set_config_names += 1;
+        }
+        if self.last == Last::Glue {
+            self.last = Last::Operand;
+        }
+    }
+
+    /// `$1` (a parameter), `$tag$...$tag$` (a dollar-quoted literal), or a lone `$`.
+    fn dollar(&mut self) {
+        let start = self.at;
+        self.operand();
+        if self.peek(1).is_some_and(|b| b.is_ascii_digit()) {
+            self.at += 1;
+            while self.peek(0).is_some_and(|b| b.is_ascii_digit()) {
+                self.at += 1;
+            }
+            if self.peek(0).is_some_and(is_ident_start) {
+                // Trailing junk after a parameter: the server refuses it.
+                self.uncacheable();
+            }
+            self.copy(start);
+            return;
+        }
+        let mut end = self.at + 1;
+        if self.sql.get(end).copied().is_some_and(is_ident_start) {
+            while self.sql.get(end).copied().is_some_and(is_dollar_tag_cont) {
+                end += 1;
+            }
+        }
+        if self.sql.get(end) != Some(&b'$') {
+            self.at += 1;
+            self.copy(start);
+            return;
+        }
+        let tag = &self.sql[start..=end];
+        let body = end + 1;
+        match self.sql[body..].windows(tag.len()).position(|w| w == tag) {
+            Some(i) => self.at = body + i + tag.len(),
+            None => {
+                self.uncacheable();
+                self.at = self.sql.len();
+            }
+        }
+        self.mark(start, b'D');
+    }
+
+    /// A numeric literal (integer, decimal, real): PostgreSQL 15 refuses trailing junk
+    /// such as `1for`, so a number glued to a letter makes the text uncacheable.
+    fn number(&mut self) {
+        let start = self.at;
+        let s = self.sql;
+        let digits = |mut i: usize| {
+            while i < s.len() && s[i].is_ascii_digit() {
+                i += 1;
+            }
+            i
+        };
+        let mut i = digits(self.at);
+        if s.get(i) == Some(&b'.') && s.get(i + 1) != Some(&b'.') {
+            i = digits(i + 1);
+        }
+        if matches!(s.get(i), Some(b'e' | b'E')) {
+            let sign = usize::from(matches!(s.get(i + 1), Some(b'+' | b'-')));
+            if s.get(i + 1 + sign).is_some_and(u8::is_ascii_digit) {
+                i = digits(i + 1 + sign);
+            }
+        }
+        self.at = i;
+        if s.get(i).copied().is_some_and(is_ident_start) {
+            self.uncacheable();
+        }
+        self.mark(start, b'N');
+    }
+}

@@ -150,7 +150,13 @@ pub struct ProxySettings {
     pub listen: Vec<SocketAddr>,
     /// Threads serving connections; 0 means a quarter of the CPUs, at least one.
     pub workers: usize,
+    /// Logged-in clients, the admin console's users excepted.
     pub max_client_connections: usize,
+    /// Places beyond `max_client_connections` only the admin console's users may take.
+    pub admin_reserved_connections: usize,
+    /// A failed login (or a cancel request with a wrong key) is answered after this long,
+    /// doubled for each recent failure from the same address (up to 16 times); 0 disables.
+    pub auth_failure_delay_ms: u64,
     /// Largest message accepted from a client, header included.
     pub max_message_bytes: usize,
     pub client_login_timeout_ms: u64,

@@ -170,6 +170,10 @@ pub struct RawProxy {
     pub workers: usize,
     #[serde(default = "default_max_client_connections")]
     pub max_client_connections: usize,
+    #[serde(default = "default_admin_reserved_connections")]
+    pub admin_reserved_connections: usize,
+    #[serde(default = "default_auth_failure_delay_ms")]
+    pub auth_failure_delay_ms: u64,
     #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: usize,
     #[serde(default = "default_client_login_timeout_ms")]
@@ -194,6 +198,8 @@ impl Default for RawProxy {
             listen: default_listen(),
             workers: 0,
             max_client_connections: default_max_client_connections(),
+            admin_reserved_connections: default_admin_reserved_connections(),
+            auth_failure_delay_ms: default_auth_failure_delay_ms(),
             max_message_bytes: default_max_message_bytes(),
             client_login_timeout_ms: default_client_login_timeout_ms(),
             client_idle_timeout_ms: 0,
@@ -211,6 +217,12 @@ fn default_listen() -> Vec<String> {
 }
 fn default_max_client_connections() -> usize {
     10_000
+}
+fn default_admin_reserved_connections() -> usize {
+    3
+}
+fn default_auth_failure_delay_ms() -> u64 {
+    250
 }
 fn default_max_message_bytes() -> usize {
     256 << 20

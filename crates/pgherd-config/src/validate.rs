@@ -333,6 +333,12 @@ fn proxy(c: &Checker<'_>, raw: &RawConfig) -> Result<ProxySettings, ConfigError>
             ),
         ));
     }
+    if p.auth_failure_delay_ms > 10_000 {
+        return Err(c.error(
+            &path!["pgherd", "auth_failure_delay_ms"],
+            "must be at most 10000 (it doubles per recent failure, up to 16 times)",
+        ));
+    }
     if p.client_login_timeout_ms == 0 || p.shutdown_timeout_ms == 0 {
         let field = if p.client_login_timeout_ms == 0 {
             "client_login_timeout_ms"
@@ -345,6 +351,8 @@ fn proxy(c: &Checker<'_>, raw: &RawConfig) -> Result<ProxySettings, ConfigError>
         listen,
         workers: p.workers,
         max_client_connections: p.max_client_connections,
+        admin_reserved_connections: p.admin_reserved_connections,
+        auth_failure_delay_ms: p.auth_failure_delay_ms,
         max_message_bytes: p.max_message_bytes,
         client_login_timeout_ms: p.client_login_timeout_ms,
         client_idle_timeout_ms: p.client_idle_timeout_ms,

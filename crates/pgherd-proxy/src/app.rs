@@ -200,6 +200,19 @@ impl App {
         pool.clone()
     }
 
+    /// Removes `pool` again if nothing uses it: its first login was refused (a database or
+    /// user that does not exist), and a pool kept for every name tried would grow without
+    /// bound.
+    pub fn forget_pool_if_unused(&self, pool: &Arc<Pool>) {
+        let snapshot = pool.snapshot();
+        if snapshot.idle + snapshot.lent + snapshot.connecting > 0 || snapshot.waiting > 0 {
+            return;
+        }
+        let mut pools = self.pools.lock();
+        pools.retain(|_, p| !Arc::ptr_eq(p, pool));
+        pool.close();
+    }
+
     /// The router of a server database, created (and its catalog loading) on first use.
     pub fn router(self: &Arc<Self>, server_dbname: &str) -> Arc<Router> {
         let mut routers = self.routers.lock();

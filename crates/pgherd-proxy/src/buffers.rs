@@ -49,6 +49,13 @@ pub fn release_if_empty(slot: &mut BytesMut) {
     }
 }
 
+/// Lets go of a buffer that one large message grew, once it is empty, so memory goes back.
+pub fn shrink_if_grown(slot: &mut BytesMut) {
+    if slot.is_empty() && slot.capacity() > MAX_KEPT_CAPACITY {
+        *slot = BytesMut::new();
+    }
+}
+
 /// Gives an empty `slot` a pooled buffer before something is written into it.
 pub fn ready_for_write(slot: &mut BytesMut) {
     if slot.capacity() == 0 {

@@ -28,46 +28,44 @@ use crate::stream::Stream;
 /// The virtual database of the admin console.
 pub const ADMIN_DATABASE: &str = "pgherd";
 
-/// Parameters that pgherd reports from the client's own startup values when it set them.
-const CLIENT_REPORTED: &[&str] = &[
-    "application_name",
-    "client_encoding",
-    "DateStyle",
-    "IntervalStyle",
-    "TimeZone",
-    "standard_conforming_strings",
-];
-
 /// Serves one accepted connection to its end.
 pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
-    let limit = app.config().proxy.max_client_connections;
+    let proxy = app.config().proxy.clone();
+    let limit = proxy.max_client_connections + proxy.admin_reserved_connections;
     let Some(slot) = app.clients.admit(limit) else {
         let err = PgError::fatal(
             SqlState::TOO_MANY_CONNECTIONS,
             "sorry, too many clients already",
         )
-        .with_detail(format!("pgherd.max_client_connections is {limit}"));
+        .with_detail(format!(
+            "pgherd.max_client_connections is {} (and {} for admin users)",
+            proxy.max_client_connections, proxy.admin_reserved_connections
+        ));
         refuse_raw(tcp, err).await;
         tracing::warn!(%addr, "connection refused: too many clients");
         return;
     };
-    let login_timeout = Duration::from_millis(app.config().proxy.client_login_timeout_ms);
+    let login_timeout = Duration::from_millis(proxy.client_login_timeout_ms);
     let mut stream = Stream::Plain(tcp);
     let mut buf = BytesMut::new();
     // Boxed: the login's state (TLS handshake, SCRAM) is large and must not stay allocated in
     // this task for the whole session.
-    let login = tokio::time::timeout(
-        login_timeout,
-        Box::pin(login(&app, &mut stream, &mut buf, addr)),
-    )
-    .await;
+    let login = tokio::select! {
+        biased;
+        () = slot.evicted() => Err(Disconnect::LoginEvicted),
+        login = tokio::time::timeout(
+            login_timeout,
+            Box::pin(login(&app, &mut stream, &mut buf, addr, &slot)),
+        ) => login.unwrap_or(Err(Disconnect::LoginTimeout)),
+    };
+    slot.leave_pending();
     let end = match login {
-        Ok(Ok(LoggedIn::Client {
+        Ok(LoggedIn::Client {
             shared,
             mode,
             routing,
             params,
-        })) => {
+        }) => {
             tracing::debug!(client = shared.id, %addr, user = %shared.user, db = %shared.database, "client logged in");
             // The session gets a task of its own, so nothing of the login stays allocated for
             // the life of the connection.
@@ -89,19 +87,51 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
             tokio::spawn(serve_session(run));
             return;
         }
-        Ok(Ok(LoggedIn::Admin { shared, can_modify })) => {
+        Ok(LoggedIn::Admin { shared, can_modify }) => {
             let end = Box::pin(admin::serve(&app, &shared, &mut stream, buf, can_modify)).await;
             app.clients.unregister(&shared);
             end
         }
-        Ok(Err(end)) => end,
-        Err(_) => Disconnect::LoginTimeout,
+        Err(end) => end,
     };
+    if end.is_guess() && proxy.auth_failure_delay_ms > 0 {
+        // Answered late, the place still held: guessing from one address gets slow.
+        let base = Duration::from_millis(proxy.auth_failure_delay_ms);
+        let (delay, recent) = app.clients.note_failure(addr.ip(), base);
+        if crate::throttle::worth_logging(recent) {
+            tracing::warn!(%addr, recent, reason = %end, "failed login or cancel request; answers to this address are slowed down");
+        }
+        tokio::time::sleep(delay).await;
+    }
     if let Some(err) = end.client_error() {
         send_error(&mut stream, &err).await;
     }
     log_end(&end, addr, None);
     drop(slot);
+}
+
+/// Counts a connection that authenticated as logged in, before it is told so; refused if
+/// the places for its kind are taken (the admin console's users may use the reserved ones).
+fn take_place(
+    app: &Arc<App>,
+    slot: &crate::clients::ConnectionSlot,
+    admin_console: bool,
+) -> Result<(), Disconnect> {
+    let proxy = &app.config().proxy;
+    let mut limit = proxy.max_client_connections;
+    if admin_console {
+        limit += proxy.admin_reserved_connections;
+    }
+    if slot.log_in(limit).is_some() {
+        return Ok(());
+    }
+    Err(Disconnect::Refused(
+        PgError::fatal(SqlState::TOO_MANY_CONNECTIONS, "sorry, too many clients already")
+            .with_detail(format!(
+                "pgherd.max_client_connections is {}; {} more places are reserved for the admin console's users",
+                proxy.max_client_connections, proxy.admin_reserved_connections
+            )),
+    ))
 }
 
 /// Everything a session's task owns, boxed so the task itself stays small: an idle client
@@ -178,6 +208,7 @@ async fn login(
     stream: &mut Stream,
     buf: &mut BytesMut,
     addr: SocketAddr,
+    slot: &crate::clients::ConnectionSlot,
 ) -> Result<LoggedIn, Disconnect> {
     if app.is_shutting_down() {
         return Err(Disconnect::Refused(PgError::fatal(
@@ -197,7 +228,9 @@ async fn login(
                 write_flush(stream, b"N").await.map_err(client_io)?;
             }
             StartupPacket::Cancel(key) => {
-                app.clients.cancel(key, Duration::from_secs(5));
+                if !app.clients.cancel(key, Duration::from_secs(5)) {
+                    return Err(Disconnect::CancelRefused);
+                }
                 return Err(Disconnect::Done("cancel request handled"));
             }
             StartupPacket::Startup(params) => break params,
@@ -246,6 +279,7 @@ async fn login(
     };
     // The rest of the handshake goes out in one write with the last authentication message.
     let mut out = authenticate(app, stream, buf, &user, method).await?;
+    take_place(app, slot, database == ADMIN_DATABASE)?;
 
     let shared = app
         .clients
@@ -319,6 +353,7 @@ async fn finish_login(
             Ok(conn) => pool.release(conn, true),
             Err(AcquireError::Server(e)) => {
                 tracing::warn!(user, database, error = %e, "first server login failed");
+                app.forget_pool_if_unused(&pool);
                 let mut err = e.to_client_error();
                 err.severity = pgherd_wire::Severity::Fatal;
                 return Err(Disconnect::Refused(err));
@@ -326,16 +361,18 @@ async fn finish_login(
             Err(AcquireError::WaitTimeout { .. }) | Err(AcquireError::Closed) => {}
         }
     }
+    let settings = SessionParams::from_startup(&params.params, &app.settings_interner);
+    let own = validate_settings(app, &pool, &settings).await?;
     let template = pool.template_params();
     for (name, value) in template.iter() {
-        let own = CLIENT_REPORTED
-            .contains(&name.as_str())
-            .then(|| params.get(name))
-            .flatten();
-        backend::encode_parameter_status(&mut out, name, own.unwrap_or(value))?;
+        let value = own
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(value, |(_, v)| v);
+        backend::encode_parameter_status(&mut out, name, value)?;
     }
-    for name in CLIENT_REPORTED {
-        if let (Some(value), false) = (params.get(name), template.iter().any(|(k, _)| k == name)) {
+    for (name, value) in own.iter() {
+        if !template.iter().any(|(k, _)| k == name) {
             backend::encode_parameter_status(&mut out, name, value)?;
         }
     }
@@ -354,8 +391,78 @@ async fn finish_login(
             router: (resolved.pool.mode != pgherd_config::PoolMode::Session)
                 .then(|| app.router(&resolved.server_dbname)),
         },
-        params: SessionParams::from_startup(&params.params, &app.settings_interner),
+        params: settings,
     })
+}
+
+/// The client's startup settings, applied on a server before its login completes, as
+/// PostgreSQL applies them at connection start: a setting the server refuses (an unknown
+/// parameter, a bad value) fails the login with the server's error, and what the server
+/// reports back (its normalised values: `UTF8` for `utf8`) is what the client is told. The
+/// server keeps the settings, so the client's first transaction usually finds them there.
+/// Settings a server accepted before are not asked about again.
+async fn validate_settings(
+    app: &Arc<App>,
+    pool: &Arc<crate::pool::Pool>,
+    settings: &SessionParams,
+) -> Result<Arc<Vec<(String, String)>>, Disconnect> {
+    let Some(apply) = settings.apply_sql() else {
+        return Ok(Arc::default());
+    };
+    let fingerprint = settings.fingerprint();
+    if let Some(reported) = pool.validated_settings(fingerprint) {
+        return Ok(reported);
+    }
+    let mut conn = match pool.acquire(&app.connect_context()).await {
+        Ok(conn) => conn,
+        Err(AcquireError::Server(e)) => {
+            let mut err = e.to_client_error();
+            err.severity = pgherd_wire::Severity::Fatal;
+            return Err(Disconnect::Refused(err));
+        }
+        Err(AcquireError::WaitTimeout { waited, .. }) => {
+            return Err(Disconnect::Refused(PgError::fatal(
+                SqlState::TOO_MANY_CONNECTIONS,
+                format!(
+                    "no server connection became free within {} ms to check the startup settings",
+                    waited.as_millis()
+                ),
+            )))
+        }
+        Err(AcquireError::Closed) => {
+            return Err(Disconnect::Refused(PgError::fatal(
+                SqlState::CANNOT_CONNECT_NOW,
+                "the pool was closed during login; retry",
+            )))
+        }
+    };
+    let sql = if conn.params_fp == crate::relay::params::BASELINE {
+        apply
+    } else {
+        format!("{}; {apply}", crate::relay::params::RESET_SQL)
+    };
+    let mut reported = Vec::new();
+    match conn.simple_query_reporting(&sql, &mut reported).await {
+        Ok(_) => {
+            conn.params_fp = fingerprint;
+            pool.release(conn, true);
+            pool.remember_validated_settings(fingerprint, reported.clone());
+            Ok(Arc::new(reported))
+        }
+        Err(crate::server::QueryError::Sql(mut e)) => {
+            // The statements ran in one implicit transaction: nothing of them stayed.
+            conn.params_fp = crate::relay::params::UNKNOWN;
+            pool.release(conn, true);
+            e.severity = pgherd_wire::Severity::Fatal;
+            Err(Disconnect::Refused(e))
+        }
+        Err(crate::server::QueryError::Server(e)) => {
+            pool.release(conn, false);
+            let mut err = e.to_client_error();
+            err.severity = pgherd_wire::Severity::Fatal;
+            Err(Disconnect::Refused(err))
+        }
+    }
 }
 
 async fn negotiate_tls(

@@ -160,10 +160,35 @@ pub struct ClientRegistry {
     by_pid: Mutex<HashMap<i32, Arc<ClientShared>>>,
     next_pid: AtomicI32,
     next_id: AtomicU64,
+    /// Connections counted: logging in or logged in.
     count: AtomicUsize,
+    /// Connections logged in (to a database or the console).
+    logged_in: AtomicUsize,
+    /// Connections still logging in, oldest first, each with what ends its login.
+    pending: Mutex<std::collections::VecDeque<(u64, Arc<Notify>)>>,
+    next_slot: AtomicU64,
+    /// Recent failed logins and wrong cancel secrets, by address.
+    pub failures: Mutex<crate::throttle::FailureLedger>,
     /// Notified whenever any cancel has been delivered; one for all clients, since cancels are
     /// rare and a client need not carry its own.
     pub cancel_acknowledged: Notify,
+    /// Time for the failure ledger.
+    clock: Clock,
+}
+
+/// When the registry was made: the failure ledger's times count from it.
+struct Clock(std::time::Instant);
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock(std::time::Instant::now())
+    }
+}
+
+impl Clock {
+    fn elapsed(&self) -> Duration {
+        self.0.elapsed()
+    }
 }
 
 impl ClientRegistry {
@@ -175,20 +200,48 @@ impl ClientRegistry {
         }
     }
 
-    /// Counts a new connection; `None` if `limit` clients are already connected.
+    /// Counts a new connection, which starts logging in; `None` if `limit` connections are
+    /// already counted and none of them is still logging in. Otherwise the connection that
+    /// has been logging in longest makes room (it is told to end): sockets that never
+    /// finish logging in cannot keep everyone else out.
     pub fn admit(self: &Arc<Self>, limit: usize) -> Option<ConnectionSlot> {
         let previous = self.count.fetch_add(1, Ordering::AcqRel);
         if previous >= limit {
-            self.count.fetch_sub(1, Ordering::AcqRel);
-            return None;
+            let oldest = self.pending.lock().pop_front();
+            match oldest {
+                Some((_, evict)) => evict.notify_one(),
+                None => {
+                    self.count.fetch_sub(1, Ordering::AcqRel);
+                    return None;
+                }
+            }
         }
+        let id = self.next_slot.fetch_add(1, Ordering::Relaxed);
+        let evicted = Arc::new(Notify::new());
+        self.pending.lock().push_back((id, evicted.clone()));
         Some(ConnectionSlot {
             registry: self.clone(),
+            id,
+            evicted,
+            logged_in: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     pub fn connected(&self) -> usize {
         self.count.load(Ordering::Acquire)
+    }
+
+    /// Connections logged in.
+    pub fn logged_in(&self) -> usize {
+        self.logged_in.load(Ordering::Acquire)
+    }
+
+    /// Records a failure (a wrong password, a wrong cancel secret) from `address` and says
+    /// how long to wait before answering it, and how many that address made lately.
+    pub fn note_failure(&self, address: std::net::IpAddr, base: Duration) -> (Duration, u32) {
+        let now_ms = self.clock.elapsed().as_millis() as u64;
+        let base_ms = base.as_millis() as u64;
+        self.failures.lock().fail(address, now_ms, base_ms)
     }
 
     /// Registers a logged-in client under a fresh cancel key.
@@ -244,20 +297,14 @@ impl ClientRegistry {
 
     /// Forwards a cancel request to the server running the client's query, if any. The work
     /// happens in its own task, so it completes even if the requesting socket closes at once.
-    pub fn cancel(self: &Arc<Self>, key: CancelKey, timeout: Duration) {
+    /// False if the key matches no client: guessing keys is what that looks like, and the
+    /// caller slows the address down.
+    pub fn cancel(self: &Arc<Self>, key: CancelKey, timeout: Duration) -> bool {
         let Some(client) = self.by_pid.lock().get(&key.process_id).cloned() else {
-            tracing::debug!(
-                pid = key.process_id,
-                "cancel request for an unknown key ignored"
-            );
-            return;
+            return false;
         };
         if client.key.secret_key != key.secret_key {
-            tracing::warn!(
-                client = client.id,
-                "cancel request with a wrong secret ignored"
-            );
-            return;
+            return false;
         }
         let target = {
             let mut live = client.live.lock();
@@ -274,7 +321,7 @@ impl ClientRegistry {
                         client = client.id,
                         "cancel request for a client that runs nothing on a server"
                     );
-                    return;
+                    return true;
                 }
             }
         };
@@ -293,16 +340,52 @@ impl ClientRegistry {
             client.live.lock().cancels_in_flight -= 1;
             registry.cancel_acknowledged.notify_waiters();
         });
+        true
     }
 }
 
 /// Holds one place in the connection count; gives it back when dropped.
 pub struct ConnectionSlot {
     registry: Arc<ClientRegistry>,
+    id: u64,
+    evicted: Arc<Notify>,
+    logged_in: std::sync::atomic::AtomicBool,
+}
+
+impl ConnectionSlot {
+    /// Resolves when a newer connection needs this one's place while it still logs in.
+    pub async fn evicted(&self) {
+        self.evicted.notified().await
+    }
+
+    /// The login is over, whatever its outcome: the connection can no longer be made to
+    /// make room.
+    pub fn leave_pending(&self) {
+        self.registry
+            .pending
+            .lock()
+            .retain(|(id, _)| *id != self.id);
+    }
+
+    /// The connection logged in: it counts as logged in; `None` (the login is refused) if
+    /// `limit` connections are logged in already.
+    pub fn log_in(&self, limit: usize) -> Option<()> {
+        let previous = self.registry.logged_in.fetch_add(1, Ordering::AcqRel);
+        if previous >= limit {
+            self.registry.logged_in.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        self.logged_in.store(true, Ordering::Release);
+        Some(())
+    }
 }
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
+        if self.logged_in.load(Ordering::Acquire) {
+            self.registry.logged_in.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.leave_pending();
         self.registry.count.fetch_sub(1, Ordering::AcqRel);
     }
 }

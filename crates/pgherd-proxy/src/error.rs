@@ -131,6 +131,11 @@ pub enum Disconnect {
     Killed(String),
     /// Cancel requests, TLS-only probes and the like end after one exchange.
     Done(&'static str),
+    /// A cancel request whose key matches no client (a wrong secret, or no such client).
+    CancelRefused,
+    /// Still logging in when the connection limit was reached: the connection that had been
+    /// logging in longest made room for a new one.
+    LoginEvicted,
 }
 
 impl Disconnect {
@@ -160,10 +165,25 @@ impl Disconnect {
                 SqlState::ADMIN_SHUTDOWN,
                 format!("terminating connection due to administrator command: {why}"),
             )),
+            Disconnect::LoginEvicted => Some(
+                PgError::fatal(SqlState::TOO_MANY_CONNECTIONS, "sorry, too many clients already")
+                    .with_detail("the connection limit was reached while this connection was still logging in, and it had been logging in longest"),
+            ),
             Disconnect::Terminated
             | Disconnect::ClientClosed
             | Disconnect::ClientIo(_)
-            | Disconnect::Done(_) => None,
+            | Disconnect::Done(_)
+            | Disconnect::CancelRefused => None,
+        }
+    }
+
+    /// A wrong password, a refused certificate or host, a cancel request with a wrong key:
+    /// what guessing looks like, slowed down per address.
+    pub fn is_guess(&self) -> bool {
+        match self {
+            Disconnect::Refused(e) => e.code.class() == "28",
+            Disconnect::CancelRefused => true,
+            _ => false,
         }
     }
 
@@ -190,6 +210,10 @@ impl fmt::Display for Disconnect {
             Disconnect::ServerLost(e) => write!(f, "server connection lost: {e}"),
             Disconnect::Killed(why) => write!(f, "killed by administrator: {why}"),
             Disconnect::Done(what) => f.write_str(what),
+            Disconnect::CancelRefused => f.write_str("cancel request with a wrong or unknown key"),
+            Disconnect::LoginEvicted => {
+                f.write_str("still logging in when the connection limit was reached")
+            }
         }
     }
 }

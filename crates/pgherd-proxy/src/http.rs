@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -32,22 +33,63 @@ pub async fn bind(addrs: &[SocketAddr]) -> Result<Vec<TcpListener>, String> {
     Ok(listeners)
 }
 
+/// HTTP connections served at once; beyond this new ones are closed at once, so idle HTTP
+/// clients can never use up the descriptors PostgreSQL clients need.
+const MAX_HTTP_CONNECTIONS: usize = 256;
+/// A request's head must arrive within this; a kept-alive connection waiting for its next
+/// request is closed after it too.
+const HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// No HTTP connection lives longer, whatever it does.
+const HTTP_CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+
 pub fn spawn(app: &Arc<App>, listeners: Vec<TcpListener>) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_HTTP_CONNECTIONS));
     for listener in listeners {
         let router = router(app.clone());
-        let mut stop = app.shutdown_signal();
+        let stop = app.shutdown_signal();
         if let Ok(addr) = listener.local_addr() {
             tracing::info!(%addr, "HTTP API listening");
         }
-        tokio::spawn(async move {
-            let served = axum::serve(listener, router)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.wait_for(|stopping| *stopping).await;
-                })
-                .await;
-            if let Err(e) = served {
-                tracing::error!(error = %e, "HTTP API stopped");
+        tokio::spawn(serve(listener, router, stop, permits.clone()));
+    }
+}
+
+/// Accepts HTTP connections until shutdown, each bounded in time and all in number.
+async fn serve(
+    listener: TcpListener,
+    router: Router,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    permits: Arc<tokio::sync::Semaphore>,
+) {
+    let mut refused: u64 = 0;
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|stopping| *stopping) => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "HTTP API accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            refused += 1;
+            if crate::throttle::worth_logging(u32::try_from(refused).unwrap_or(u32::MAX)) {
+                tracing::warn!(%peer, refused, "HTTP API connection refused: {MAX_HTTP_CONNECTIONS} connections are open");
+            }
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        tokio::spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HTTP_HEADER_TIMEOUT)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(HTTP_CONNECTION_LIFETIME, connection).await;
+            drop(permit);
         });
     }
 }

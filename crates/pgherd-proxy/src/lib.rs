@@ -34,6 +34,7 @@ pub mod routing;
 pub mod server;
 pub mod stream;
 pub mod switchover;
+mod throttle;
 pub mod tls;
 pub mod views;
 

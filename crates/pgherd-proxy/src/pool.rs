@@ -6,7 +6,7 @@
 //! whether idle, lent out, or still connecting, so `max_size` is never exceeded. Connections
 //! are boxed, so lending one out moves a pointer; taking an idle one needs no await.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Waker};
@@ -109,6 +109,9 @@ pub struct ConnectContext {
     pub next_server_id: Arc<AtomicU64>,
 }
 
+/// ParameterStatus values a server reported: (name, value).
+pub type ReportedParams = Vec<(String, String)>;
+
 pub struct Pool {
     pub database: String,
     pub user: String,
@@ -121,6 +124,9 @@ pub struct Pool {
     pub stats: PoolStats,
     /// ParameterStatus values from the newest login, shown to clients at their login.
     template_params: Mutex<Arc<Vec<(String, String)>>>,
+    /// Startup settings a server accepted, by their fingerprint, with what it reported for
+    /// them: clients sending the same ones log in without asking a server again.
+    validated: Mutex<HashMap<u64, Arc<ReportedParams>>>,
     credentials: Arc<Mutex<ServerCredentials>>,
 }
 
@@ -161,6 +167,7 @@ impl Pool {
             closed: AtomicBool::new(false),
             stats: PoolStats::default(),
             template_params: Mutex::new(Arc::default()),
+            validated: Mutex::default(),
             credentials,
         }
     }
@@ -181,6 +188,22 @@ impl Pool {
 
     pub fn has_template_params(&self) -> bool {
         !self.template_params.lock().is_empty()
+    }
+
+    /// What a server reported for startup settings with this fingerprint, if it accepted
+    /// them before.
+    pub fn validated_settings(&self, fingerprint: u64) -> Option<Arc<ReportedParams>> {
+        self.validated.lock().get(&fingerprint).cloned()
+    }
+
+    pub fn remember_validated_settings(&self, fingerprint: u64, reported: Vec<(String, String)>) {
+        /// Distinct startup settings remembered per pool.
+        const MAX_VALIDATED: usize = 256;
+        let mut validated = self.validated.lock();
+        if validated.len() >= MAX_VALIDATED {
+            validated.clear();
+        }
+        validated.insert(fingerprint, Arc::new(reported));
     }
 
     /// The idle connections: (server id, backend pid, age, idle for).

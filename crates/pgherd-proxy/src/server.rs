@@ -385,19 +385,33 @@ impl ServerConn {
         encode(&mut out).map_err(|e| {
             QueryError::Server(ServerError::new(&self.node, ServerErrorKind::Protocol(e)))
         })?;
-        self.run(&out).await
+        self.run(&out, &mut Vec::new()).await
     }
 
     /// Runs a simple query (possibly several statements) and returns the rows of all of them.
     pub async fn simple_query(&mut self, sql: &str) -> Result<Rows, QueryError> {
+        self.simple_query_reporting(sql, &mut Vec::new()).await
+    }
+
+    /// [`Self::simple_query`], collecting the parameters the server reports meanwhile (its
+    /// normalised values of settings the statements changed).
+    pub async fn simple_query_reporting(
+        &mut self,
+        sql: &str,
+        reported: &mut Vec<(String, String)>,
+    ) -> Result<Rows, QueryError> {
         let mut out = BytesMut::with_capacity(8 + sql.len());
         frontend::encode_query(&mut out, sql.as_bytes()).map_err(|e| {
             QueryError::Server(ServerError::new(&self.node, ServerErrorKind::Protocol(e)))
         })?;
-        self.run(&out).await
+        self.run(&out, reported).await
     }
 
-    async fn run(&mut self, request: &[u8]) -> Result<Rows, QueryError> {
+    async fn run(
+        &mut self,
+        request: &[u8],
+        reported: &mut Vec<(String, String)>,
+    ) -> Result<Rows, QueryError> {
         let node = self.node.clone();
         write_flush(&mut self.stream, request)
             .await
@@ -425,6 +439,11 @@ impl ServerConn {
                     );
                 }
                 tag::ERROR_RESPONSE => failure = Some(PgError::parse(&body).map_err(protocol)?),
+                tag::PARAMETER_STATUS => {
+                    let p = backend::ParameterStatus::parse(&body).map_err(protocol)?;
+                    reported.retain(|(name, _)| name != p.name);
+                    reported.push((p.name.to_owned(), p.value.to_owned()));
+                }
                 tag::READY_FOR_QUERY => {
                     self.tx_status = backend::parse_ready_for_query(&body).map_err(protocol)?;
                     return match failure {

@@ -44,9 +44,23 @@ impl RawClient {
         database: &str,
         password: &str,
     ) -> Result<RawClient, PgError> {
+        RawClient::login_with(port, &[("user", user), ("database", database)], password)
+    }
+
+    /// Connects and logs in with these startup parameters (`user` among them).
+    pub fn login_with(
+        port: u16,
+        params: &[(&str, &str)],
+        password: &str,
+    ) -> Result<RawClient, PgError> {
+        let user = params
+            .iter()
+            .find(|(k, _)| *k == "user")
+            .map(|(_, v)| *v)
+            .expect("a user parameter");
         let mut c = RawClient::connect(port);
         let mut out = BytesMut::new();
-        encode_startup(&mut out, [("user", user), ("database", database)]).expect("encode");
+        encode_startup(&mut out, params.iter().copied()).expect("encode");
         c.send(&out);
         let mut scram: Option<ScramClient> = None;
         let mut scram_final = None;
@@ -149,6 +163,39 @@ impl RawClient {
         frontend::encode_query(&mut out, sql.as_bytes()).expect("encode");
         self.send(&out);
         self.recv_until_ready()
+    }
+
+    /// Reads up to and including the next ReadyForQuery without keeping what it reads (the
+    /// messages may be very large): each message's tag and length.
+    pub fn skip_until_ready(&mut self) -> Vec<(u8, usize)> {
+        let mut seen = Vec::new();
+        let mut chunk = vec![0u8; 64 << 10];
+        loop {
+            while self.buf.len() < 5 {
+                match self.stream.read(&mut chunk) {
+                    Ok(0) | Err(_) => return seen,
+                    Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let t = self.buf[0];
+            let len =
+                u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+            let mut left = len + 1;
+            let take = left.min(self.buf.len());
+            self.buf.drain(..take);
+            left -= take;
+            while left > 0 {
+                let want = left.min(chunk.len());
+                match self.stream.read(&mut chunk[..want]) {
+                    Ok(0) | Err(_) => return seen,
+                    Ok(n) => left -= n,
+                }
+            }
+            seen.push((t, len + 1));
+            if t == tag::READY_FOR_QUERY {
+                return seen;
+            }
+        }
     }
 
     /// True once the peer has closed the connection (reads return EOF).

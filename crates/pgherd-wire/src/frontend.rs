@@ -145,6 +145,40 @@ impl<'a> Bind<'a> {
     }
 }
 
+/// The portal and statement names at the start of a Bind body that has not fully arrived
+/// (its parameters can be large), and how many bytes they take; `None` until both are in.
+pub fn bind_names(prefix: &[u8]) -> Option<(&[u8], &[u8], usize)> {
+    let portal_end = prefix.iter().position(|&b| b == 0)?;
+    let rest = &prefix[portal_end + 1..];
+    let statement_end = rest.iter().position(|&b| b == 0)?;
+    Some((
+        &prefix[..portal_end],
+        &rest[..statement_end],
+        portal_end + statement_end + 2,
+    ))
+}
+
+/// The start of a Bind whose statement name is `statement`, for a Bind body of
+/// `rest_len` more bytes after the names, which follow separately.
+pub fn encode_bind_head(
+    buf: &mut BytesMut,
+    portal: &[u8],
+    statement: &[u8],
+    rest_len: usize,
+) -> Result<(), WireError> {
+    let len = 4 + portal.len() + 1 + statement.len() + 1 + rest_len;
+    let len = i32::try_from(len).map_err(|_| WireError::TooLong {
+        tag: tag::BIND,
+        declared: u32::try_from(len).unwrap_or(u32::MAX),
+        max_bytes: i32::MAX as usize,
+    })?;
+    buf.put_u8(tag::BIND);
+    buf.put_i32(len);
+    put_cstr(buf, portal);
+    put_cstr(buf, statement);
+    Ok(())
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Describe<'a> {
     pub target: Target,
@@ -359,6 +393,23 @@ mod tests {
         encode_bind(&mut renamed, b.portal, b"pgherd_9", b.rest).unwrap();
         let b2 = Bind::parse(body(&renamed)).unwrap();
         assert_eq!((b2.statement, b2.rest), (&b"pgherd_9"[..], &rest[..]));
+    }
+
+    #[test]
+    fn a_bind_renamed_in_two_parts_equals_one_renamed_whole() {
+        let rest = [0u8, 0, 0, 1, 0, 0, 0, 3, b'a', b'b', b'c', 0, 0];
+        let mut whole = BytesMut::new();
+        encode_bind(&mut whole, b"p", b"S_1", &rest).unwrap();
+        let body = &whole[5..];
+        let (portal, statement, used) = bind_names(&body[..8]).unwrap();
+        assert_eq!((portal, statement, used), (&b"p"[..], &b"S_1"[..], 6));
+        assert!(bind_names(&body[..3]).is_none());
+        let mut renamed = BytesMut::new();
+        encode_bind_head(&mut renamed, portal, b"pgherd_9", body.len() - used).unwrap();
+        renamed.extend_from_slice(&body[used..]);
+        let mut expected = BytesMut::new();
+        encode_bind(&mut expected, b"p", b"pgherd_9", &rest).unwrap();
+        assert_eq!(renamed, expected);
     }
 
     #[test]

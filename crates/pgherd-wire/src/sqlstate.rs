@@ -26,6 +26,7 @@ impl SqlState {
     pub const UNDEFINED_OBJECT: SqlState = SqlState(*b"42704");
     pub const TOO_MANY_CONNECTIONS: SqlState = SqlState(*b"53300");
     pub const CONFIGURATION_LIMIT_EXCEEDED: SqlState = SqlState(*b"53400");
+    pub const PROGRAM_LIMIT_EXCEEDED: SqlState = SqlState(*b"54000");
     pub const QUERY_CANCELED: SqlState = SqlState(*b"57014");
     pub const ADMIN_SHUTDOWN: SqlState = SqlState(*b"57P01");
     pub const CANNOT_CONNECT_NOW: SqlState = SqlState(*b"57P03");

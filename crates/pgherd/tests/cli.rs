@@ -114,9 +114,44 @@ fn up_status_down_on_a_fresh_directory() {
         "{table}"
     );
 
+    // Secrets stay with their owner: the config holding the superuser's password and the
+    // API token, the passwords file and the libpq password file are 0600, and `up` printed
+    // no password, only where to read them.
+    use std::os::unix::fs::PermissionsExt;
+    let passwords = std::fs::read_to_string(cluster_dir.join("passwords")).unwrap();
+    for file in ["pgherd.toml", "passwords", "pgpass"] {
+        let mode = std::fs::metadata(cluster_dir.join(file))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{file} has mode {:o}", mode & 0o777);
+    }
+    for line in passwords.lines() {
+        let secret = line.split_once('=').unwrap().1;
+        assert!(
+            !up_text.contains(secret),
+            "`up` printed a password:\n{up_text}"
+        );
+    }
+    assert!(up_text.contains("PGPASSFILE="), "{up_text}");
+    let via_pgpass = Command::new("psql")
+        .env("PGPASSFILE", cluster_dir.join("pgpass"))
+        .args([
+            &format!("postgres://app@127.0.0.1:{port}/app"),
+            "-XAtc",
+            "SELECT 'pgpass'",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&via_pgpass.stdout).trim(),
+        "pgpass",
+        "{}",
+        text(&via_pgpass)
+    );
+
     // The printed connection string works, and writes reach the replica.
-    let password = std::fs::read_to_string(cluster_dir.join("passwords")).unwrap();
-    let password = password
+    let password = passwords
         .lines()
         .find_map(|l| l.strip_prefix("app="))
         .unwrap()
@@ -202,6 +237,31 @@ fn check_config_names_file_line_and_field() {
     let out = pgherd(&["run", "--config", path.to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(text(&out).contains("pgherd.toml:3:8"), "{}", text(&out));
+    // A config holding a password that every local user can read is refused, by `run` too.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(
+        &path,
+        "[[nodes]]\nname = \"pg1\"\nport = 5432\n[cluster]\npassword = \"s3cret-s3cret\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    for command in [&["check-config"][..], &["run", "--config"]] {
+        let mut args = command.to_vec();
+        args.push(path.to_str().unwrap());
+        let out = pgherd(&args);
+        assert!(
+            !out.status.success(),
+            "{command:?} accepted a world-readable secret"
+        );
+        assert!(
+            text(&out).contains("pgherd.toml:5:12: cluster.password: holds a secret, but the file is readable by every user (mode 0644)"),
+            "{}",
+            text(&out)
+        );
+    }
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = pgherd(&["check-config", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
 }
 
 #[test]

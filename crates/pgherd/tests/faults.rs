@@ -261,6 +261,7 @@ fn malformed_input_gets_08p01_and_a_closed_connection_while_others_carry_on() {
 fn connection_limit_and_login_timeout() {
     let env = env(0, |c| {
         c.proxy("max_client_connections = 2")
+            .proxy("admin_reserved_connections = 0")
             .proxy("client_login_timeout_ms = 500")
     });
     let port = env.pgherd.port;
@@ -268,13 +269,23 @@ fn connection_limit_and_login_timeout() {
     let mut silent = RawClient::connect(port);
     // Let pgherd admit the silent one before the third arrives.
     std::thread::sleep(Duration::from_millis(200));
-    // A third connection is refused with PostgreSQL's words.
+    // At the limit, the connection logging in longest makes room for the new one.
+    let _b = RawClient::login(port, APP, APP, APP_PASSWORD).expect("the silent one made room");
+    let answer: Vec<_> = std::iter::from_fn(|| silent.recv()).collect();
+    let errs = errors(&answer);
+    assert_eq!(errs[0].code.code(), "53300");
+    assert_eq!(errs[0].message, "sorry, too many clients already");
+    // With every place taken by logged-in clients, a new connection is refused with
+    // PostgreSQL's words.
     let mut third = RawClient::connect(port);
     let answer: Vec<_> = std::iter::from_fn(|| third.recv()).collect();
     let errs = errors(&answer);
     assert_eq!(errs[0].code.code(), "53300");
     assert_eq!(errs[0].message, "sorry, too many clients already");
-    // The silent one is dropped after the login timeout, freeing its place.
+    // A connection that does not log in is dropped after the login timeout.
+    drop(_b);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut silent = RawClient::connect(port);
     let started = Instant::now();
     let answer: Vec<_> = std::iter::from_fn(|| silent.recv()).collect();
     assert!(started.elapsed() < Duration::from_secs(5));

@@ -28,9 +28,11 @@ impl Session {
             let rest = &input[at..];
             let h = match read_header(rest, self.max_message_bytes) {
                 Ok(Some(h)) if rest.len() >= h.total_len() => h,
-                // The batch goes on beyond what arrived: only the primary can run whatever
-                // follows.
-                _ if target.is_some() => return Ok(RouteTarget::Primary),
+                // The batch goes on beyond what arrived (or its first message is too large to
+                // read whole): only the primary can run whatever follows.
+                Ok(Some(h)) if target.is_some() || client_stream::streams(&h, rest.len()) => {
+                    return Ok(RouteTarget::Primary)
+                }
                 _ => return Ok(self.routing.target(None)),
             };
             let body = &rest[HEADER_BYTES..h.total_len()];
@@ -476,6 +478,8 @@ impl Session {
         if !clean {
             conn.write_buf.clear();
         }
+        buffers::shrink_if_grown(&mut conn.read_buf);
+        buffers::shrink_if_grown(&mut conn.write_buf);
         pool.release(conn, clean);
         self.queue.clear();
         self.server_passthrough = None;
@@ -542,7 +546,7 @@ impl Session {
             || replay.answered
             || replay.bytes.is_empty()
             || replay.attempts >= MAX_REPLAYS
-            || self.client_passthrough > 0
+            || self.client_stream.is_some()
         {
             return false;
         }
@@ -601,7 +605,7 @@ impl Session {
         if self.queue.has_client_requests() {
             // Something of the client's is still running: ask the server to stop it (pgherd's
             // own probes finish quickly and are waited for).
-            self.app.clients.cancel(self.shared.key, CLEANUP_TIMEOUT);
+            let _ = self.app.clients.cancel(self.shared.key, CLEANUP_TIMEOUT);
         }
         if !self.queue.is_empty() {
             frontend::encode_sync(&mut lease.conn.write_buf);

@@ -12,6 +12,7 @@ impl Session {
         let mut input = std::mem::take(&mut self.client_in);
         let result = self.consume_client_messages(&mut input);
         self.client_in = input;
+        buffers::shrink_if_grown(&mut self.client_in);
         result?;
         self.emit_ready_synthetics()
     }
@@ -24,31 +25,42 @@ impl Session {
             lease.conn.statements.begin_batch();
         }
         loop {
-            if self.client_passthrough > 0 {
-                let n = self.client_passthrough.min(input.len());
-                if n == 0 {
+            if self.client_stream.is_some() {
+                if input.is_empty() {
                     return Ok(());
                 }
-                if let Some(lease) = self.lease.as_mut() {
-                    lease.conn.write_buf.extend_from_slice(&input[..n]);
-                }
-                input.advance(n);
-                self.client_passthrough -= n;
+                self.continue_stream(input)?;
                 continue;
             }
             let Some(h) = read_header(input, self.max_message_bytes)? else {
                 return Ok(());
             };
             if input.len() < h.total_len() {
-                // COPY data streams through; everything else is inspected whole.
+                // COPY data streams through, and so does anything large; everything else is
+                // inspected whole.
                 if h.tag == ftag::COPY_DATA
                     && self.queue.in_copy_in()
                     && !self.queue.skipping_to_sync()
                 {
-                    self.client_passthrough = h.total_len();
+                    self.client_stream = Some(client_stream::ClientStream {
+                        remaining: h.total_len(),
+                        to_server: true,
+                        ends_unit: false,
+                    });
                     if let Some(replay) = self.routing.replay.as_mut() {
                         replay.repeatable = false;
                     }
+                    continue;
+                }
+                if client_stream::streams(&h, input.len()) {
+                    if self.must_hold(&input[..]) {
+                        self.routing.held = true;
+                        return Ok(());
+                    }
+                    if std::mem::take(&mut self.routing.at_unit_start) {
+                        self.tx_started.get_or_insert_with(Instant::now);
+                    }
+                    self.start_stream(&h, input)?;
                     continue;
                 }
                 return Ok(());

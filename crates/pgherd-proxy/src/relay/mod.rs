@@ -13,6 +13,7 @@
 
 mod attach;
 mod client_input;
+mod client_stream;
 pub mod params;
 pub mod probe;
 pub mod queue;
@@ -311,7 +312,7 @@ pub struct Session {
     tx_started: Option<Instant>,
     client_tx: TxStatus,
     /// Bytes of a streamed COPY message still to pass from the client to the server.
-    client_passthrough: usize,
+    client_stream: Option<client_stream::ClientStream>,
     /// Bytes of a streamed message still to pass from the server; `true` if they go to the
     /// client, `false` if they are dropped.
     server_passthrough: Option<(bool, usize)>,
@@ -361,7 +362,7 @@ impl Session {
             tx_failed: false,
             tx_started: None,
             client_tx: TxStatus::Idle,
-            client_passthrough: 0,
+            client_stream: None,
             server_passthrough: None,
             local_skip_to_sync: false,
             pending_error: None,
@@ -509,23 +510,46 @@ impl Session {
     /// Handles, without a server, the messages that need none. Returns true when the next
     /// message needs a server connection.
     fn handle_requests_without_server(&mut self) -> Result<bool, Disconnect> {
-        while let Some(h) = read_header(&self.client_in, self.max_message_bytes)? {
-            if self.client_in.len() < h.total_len() {
+        loop {
+            if self.client_stream.is_some() {
+                // The rest of a message being dropped (no server holds this session).
+                let mut input = std::mem::take(&mut self.client_in);
+                let dropped = self.continue_stream(&mut input);
+                self.client_in = input;
+                dropped?;
+                if self.client_stream.is_some() {
+                    return Ok(false);
+                }
+                continue;
+            }
+            let Some(h) = read_header(&self.client_in, self.max_message_bytes)? else {
+                return Ok(false);
+            };
+            let whole = self.client_in.len() >= h.total_len();
+            if !whole && !client_stream::streams(&h, self.client_in.len()) {
                 return Ok(false);
             }
             if self.local_skip_to_sync {
-                self.client_in.advance(h.total_len());
+                let mut input = std::mem::take(&mut self.client_in);
+                self.skip_message(&h, &mut input);
+                self.client_in = input;
                 match h.tag {
-                    ftag::SYNC => {
+                    ftag::SYNC if whole => {
                         self.local_skip_to_sync = false;
                         backend::encode_ready_for_query(&mut self.client_out, TxStatus::Idle);
                     }
-                    ftag::TERMINATE => return Err(Disconnect::Terminated),
+                    ftag::TERMINATE if whole => return Err(Disconnect::Terminated),
                     _ => {}
                 }
                 continue;
             }
             match h.tag {
+                ftag::TERMINATE | ftag::SYNC | ftag::FLUSH if !whole => {
+                    return Err(Disconnect::Protocol(WireError::Malformed {
+                        message: "Sync, Flush or Terminate",
+                        reason: "length (they have no body)",
+                    }))
+                }
                 ftag::TERMINATE => return Err(Disconnect::Terminated),
                 // Nothing is pending, so a Sync is answered at once and a Flush has nothing to flush.
                 ftag::SYNC if self.mode_shares_servers() => {
@@ -535,7 +559,9 @@ impl Session {
                 ftag::FLUSH if self.mode_shares_servers() => self.client_in.advance(h.total_len()),
                 // PostgreSQL ignores COPY messages outside COPY: a failed COPY leaves some behind.
                 ftag::COPY_DATA | ftag::COPY_DONE | ftag::COPY_FAIL => {
-                    self.client_in.advance(h.total_len())
+                    let mut input = std::mem::take(&mut self.client_in);
+                    self.skip_message(&h, &mut input);
+                    self.client_in = input;
                 }
                 t if !frontend::is_session_tag(t) => {
                     return Err(Disconnect::Protocol(WireError::UnexpectedTag {
@@ -552,7 +578,6 @@ impl Session {
                 }
             }
         }
-        Ok(false)
     }
 
     /// Answers the request at the front of the buffer with `err`, without a server: a simple
@@ -566,7 +591,9 @@ impl Session {
             return Ok(());
         };
         if matches!(h.tag, ftag::QUERY | ftag::FUNCTION_CALL) {
-            self.client_in.advance(h.total_len());
+            let mut input = std::mem::take(&mut self.client_in);
+            self.skip_message(&h, &mut input);
+            self.client_in = input;
             self.client_tx = TxStatus::Idle;
             backend::encode_ready_for_query(&mut self.client_out, TxStatus::Idle);
         } else {
@@ -590,6 +617,7 @@ impl Session {
                 match Pin::new(&mut conn.stream).poll_write(cx, &conn.write_buf) {
                     Poll::Ready(Ok(n)) => {
                         conn.write_buf.advance(n);
+                        buffers::shrink_if_grown(&mut conn.write_buf);
                         lease.flush_pending = conn.stream.is_tls();
                         progressed = true;
                     }
@@ -615,6 +643,7 @@ impl Session {
                 match Pin::new(&mut self.client).poll_write(cx, &self.client_out) {
                     Poll::Ready(Ok(n)) => {
                         self.client_out.advance(n);
+                        buffers::shrink_if_grown(&mut self.client_out);
                         self.client_flush_pending = self.client.is_tls();
                         progressed = true;
                     }

@@ -20,6 +20,8 @@ impl Session {
         let result = self.consume_server_messages(&mut input);
         if let Some(lease) = self.lease.as_mut() {
             lease.conn.read_buf = input;
+            // A buffer a large message grew is let go once emptied.
+            buffers::shrink_if_grown(&mut lease.conn.read_buf);
         }
         result
     }

@@ -147,6 +147,7 @@ pub fn run(options: DrillOptions) -> Result<(), String> {
             workers: 0,
             database_keys: "",
             ha: true,
+            baseline: None,
         },
     )?;
     let rt = crate::runtime(2)?;

@@ -711,7 +711,10 @@ pub(super) async fn wait_for_replay(
 ) -> Result<Box<ServerConn>, Option<Box<ServerConn>>> {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        let rows = match conn.simple_query("SELECT pg_last_wal_replay_lsn()").await {
+        let rows = match conn
+            .simple_query("SELECT pg_catalog.pg_last_wal_replay_lsn()")
+            .await
+        {
             Ok(rows) => rows,
             Err(_) => return Err(None),
         };

@@ -96,7 +96,7 @@ pub struct RoutingSetup {
 
 /// What pgherd asks the primary after a session's write transaction: the position the
 /// replicas must reach before that session reads from them.
-const LSN_PROBE_SQL: &[u8] = b"SELECT pg_current_wal_insert_lsn()";
+const LSN_PROBE_SQL: &[u8] = b"SELECT pg_catalog.pg_current_wal_insert_lsn()";
 /// How often a read waiting for a replica to replay the session's write asks it.
 const REPLAY_POLL_INTERVAL: Duration = Duration::from_millis(1);
 /// Times one request is moved to another node after the replica it was sent to failed.

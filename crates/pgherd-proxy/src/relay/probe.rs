@@ -21,19 +21,34 @@ pub const KIND_CUSTOM: &str = "c";
 pub const KIND_ROLE: &str = "r";
 pub const KIND_SESSION_USER: &str = "a";
 
-/// The probe for a session whose client may have set the given custom settings.
+/// The probe for a session whose client may have set the given custom settings. It runs with
+/// the client's `search_path`, which the client controls: every function, operator and type
+/// in it is schema-qualified, so nothing the client defines can answer in its place.
 pub fn sql(custom_settings: &[String]) -> String {
-    let mut sql = String::from(
-        "SELECT 'o', NULL, ((SELECT count(*) FROM pg_catalog.pg_class WHERE relnamespace = pg_catalog.pg_my_temp_schema()) \
-         + (SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = pg_catalog.pg_my_temp_schema()) \
-         + (SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()) \
-         + (SELECT count(*) FROM pg_catalog.pg_listening_channels()) \
-         + (SELECT count(*) FROM pg_catalog.pg_cursors WHERE is_holdable) \
-         + (SELECT count(*) FROM pg_catalog.pg_prepared_statements WHERE from_sql) \
-         + (SELECT count(*) FROM pg_catalog.pg_replication_slots WHERE temporary AND active_pid = pg_catalog.pg_backend_pid()))::text \
-         UNION ALL SELECT 'r', NULL, current_user::text WHERE current_user <> session_user \
-         UNION ALL SELECT 'a', NULL, session_user::text \
-         UNION ALL SELECT 's', name, setting FROM pg_catalog.pg_settings WHERE source = 'session'",
+    let count = |from: &str| format!("(SELECT pg_catalog.count(*) FROM pg_catalog.{from})");
+    let objects = [
+        count("pg_class WHERE relnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()"),
+        count("pg_proc WHERE pronamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()"),
+        count(
+            "pg_locks WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
+             AND pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()",
+        ),
+        count("pg_listening_channels()"),
+        count("pg_cursors WHERE is_holdable"),
+        count("pg_prepared_statements WHERE from_sql"),
+        count(
+            "pg_replication_slots WHERE temporary \
+             AND active_pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()",
+        ),
+    ];
+    let mut sql = format!(
+        "SELECT 'o', NULL, ({})::pg_catalog.text \
+         UNION ALL SELECT 'r', NULL, current_user::pg_catalog.text \
+           WHERE current_user OPERATOR(pg_catalog.<>) session_user \
+         UNION ALL SELECT 'a', NULL, session_user::pg_catalog.text \
+         UNION ALL SELECT 's', name, setting FROM pg_catalog.pg_settings \
+           WHERE source OPERATOR(pg_catalog.=) 'session'",
+        objects.join(" OPERATOR(pg_catalog.+) ")
     );
     if !custom_settings.is_empty() {
         let names: Vec<String> = custom_settings
@@ -167,6 +182,28 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    /// The client controls the probe's search_path: nothing in it may resolve through it.
+    #[test]
+    fn probe_names_every_function_and_operator_with_its_schema() {
+        let sql = sql(&["app.x".into()]);
+        for unqualified in [
+            " count(",
+            "(count(",
+            " = ",
+            " + ",
+            " <> ",
+            "::text",
+            " current_setting(",
+        ] {
+            assert!(!sql.contains(unqualified), "{unqualified:?} in {sql}");
+        }
+        let words: Vec<&str> = sql
+            .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.'))
+            .filter(|w| w.starts_with("pg_") && !w.starts_with("pg_catalog"))
+            .collect();
+        assert!(words.is_empty(), "unqualified catalog names: {words:?}");
     }
 
     #[test]

@@ -66,6 +66,8 @@ pub enum Target {
     /// The same pgherd while a scraper reads `/metrics` every `--scrape-ms`: the cost of
     /// being watched.
     PgherdScraped,
+    /// Another pgherd binary (`--baseline`, an earlier build) in the same run: before/after.
+    PgherdBaseline,
     Pgbouncer,
 }
 
@@ -75,6 +77,7 @@ impl Target {
             Target::Direct => "direct",
             Target::Pgherd => "pgherd",
             Target::PgherdScraped => "pgherd-scraped",
+            Target::PgherdBaseline => "pgherd-baseline",
             Target::Pgbouncer => "pgbouncer",
         }
     }
@@ -115,6 +118,11 @@ pub struct PoolerOptions {
     /// every 15 s by default; this is far harsher).
     #[arg(long, default_value_t = 1000)]
     scrape_ms: u64,
+    /// A pgherd binary from another build (the last release, the commit before a change),
+    /// measured as target `pgherd-baseline` in the same interleaved run, which adds it to the
+    /// targets.
+    #[arg(long)]
+    baseline: Option<PathBuf>,
     /// Where CSV and Markdown results go.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -145,6 +153,7 @@ struct Sample {
 struct Fixture {
     cluster: BenchCluster,
     pgherd: Option<ProxyProcess>,
+    baseline: Option<ProxyProcess>,
     pgbouncer: Option<ProxyProcess>,
     bench: BenchUser,
     /// A user whose verifier has 16 iterations: thousands of logins stay cheap for the client.
@@ -163,7 +172,15 @@ pub(crate) mod tempfile_dir {
     }
 }
 
-fn pooler(options: PoolerOptions) -> Result<(), String> {
+fn pooler(mut options: PoolerOptions) -> Result<(), String> {
+    match (
+        &options.baseline,
+        options.targets.contains(&Target::PgherdBaseline),
+    ) {
+        (Some(_), false) => options.targets.push(Target::PgherdBaseline),
+        (None, true) => return Err("target pgherd-baseline needs --baseline BINARY".into()),
+        _ => {}
+    }
     let fixture = setup(&options)?;
     let started = Instant::now();
     let total = options.rounds as usize
@@ -267,9 +284,25 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
                 workers: options.pgherd_workers,
                 database_keys: "",
                 ha: false,
+                baseline: None,
             },
         )?),
         false => None,
+    };
+    let baseline = match &options.baseline {
+        Some(binary) => Some(start_pgherd(
+            &cluster,
+            &PgherdSetup {
+                nodes: 1,
+                users: &users,
+                pool_size: options.pool_size,
+                workers: options.pgherd_workers,
+                database_keys: "",
+                ha: false,
+                baseline: Some(binary),
+            },
+        )?),
+        None => None,
     };
     let pgbouncer = match options.targets.contains(&Target::Pgbouncer) {
         true => Some(start_pgbouncer(&cluster, &users, options.pool_size)?),
@@ -280,6 +313,7 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
     Ok(Fixture {
         cluster,
         pgherd,
+        baseline,
         pgbouncer,
         bench,
         cheap,
@@ -296,6 +330,13 @@ fn port_of(fixture: &Fixture, target: Target) -> Result<(u16, Option<&ProxyProce
         Target::Direct => (fixture.cluster.primary_port(), None),
         Target::Pgherd | Target::PgherdScraped => {
             let p = fixture.pgherd.as_ref().ok_or("pgherd is not running")?;
+            (p.port, Some(p))
+        }
+        Target::PgherdBaseline => {
+            let p = fixture
+                .baseline
+                .as_ref()
+                .ok_or("the baseline pgherd is not running")?;
             (p.port, Some(p))
         }
         Target::Pgbouncer => {
@@ -592,6 +633,37 @@ fn render_report(
                 fmt(b, 3),
                 fmt(h / b, 2)
             );
+        }
+    }
+    if options.baseline.is_some() {
+        let _ = writeln!(
+            r,
+            "\nThis build against the baseline binary ({}), same run (medians):\n",
+            options
+                .baseline
+                .as_deref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        );
+        let _ = writeln!(r, "| workload | clients | baseline TPS | pgherd TPS | pgherd / baseline | CPU µs/txn baseline / pgherd | failed |");
+        let _ = writeln!(r, "|---|---:|---:|---:|---:|---:|---:|");
+        for &workload in &options.workloads {
+            for &clients in &options.clients {
+                let h = medians(samples, workload, clients, Target::Pgherd);
+                let b = medians(samples, workload, clients, Target::PgherdBaseline);
+                let _ = writeln!(
+                    r,
+                    "| {} | {} | {} | {} | {} | {} / {} | {} |",
+                    workload.name(),
+                    clients,
+                    fmt(b.0, 0),
+                    fmt(h.0, 0),
+                    fmt(h.0 / b.0, 3),
+                    fmt(b.3, 1),
+                    fmt(h.3, 1),
+                    h.4 + b.4
+                );
+            }
         }
     }
     if options.targets.contains(&Target::PgherdScraped) {

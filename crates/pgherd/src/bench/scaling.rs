@@ -173,6 +173,7 @@ pub fn scaling(options: ScalingOptions) -> Result<(), String> {
                         options.balance
                     ),
                     ha: false,
+                    baseline: None,
                 },
             )?),
             false => None,

@@ -203,6 +203,9 @@ pub struct PgherdSetup<'a> {
     /// nodes' data directories, the superuser on the admin console) instead of the
     /// benchmarks' asynchronous replication without failover.
     pub ha: bool,
+    /// Another pgherd binary (an earlier build) to run instead of this one, as
+    /// `pgherd-baseline`: before/after figures from one interleaved run.
+    pub baseline: Option<&'a Path>,
 }
 
 /// pgherd in transaction mode, as its own process so its CPU time can be read.
@@ -214,7 +217,13 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
         workers,
         database_keys,
         ha,
+        baseline,
     } = setup;
+    let name = if baseline.is_some() {
+        "pgherd-baseline"
+    } else {
+        "pgherd"
+    };
     let port = free_port().map_err(|e| e.to_string())?;
     let api_port = free_port().map_err(|e| e.to_string())?;
     let mut config = format!(
@@ -262,11 +271,14 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
             user.name, user.verifier
         ));
     }
-    let path = cluster.dir.join("pgherd.toml");
+    let path = cluster.dir.join(format!("{name}.toml"));
     pgherd_config::write_private_file(&path, &config).map_err(|e| e.to_string())?;
-    let log = cluster.dir.join("pgherd.log");
+    let log = cluster.dir.join(format!("{name}.log"));
     let (out, err) = log_file(&log)?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = match baseline {
+        Some(binary) => binary.to_path_buf(),
+        None => std::env::current_exe().map_err(|e| e.to_string())?,
+    };
     let child = Command::new(exe)
         .args(["run", "--config"])
         .arg(&path)
@@ -276,7 +288,7 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
         .spawn()
         .map_err(|e| format!("cannot start pgherd: {e}"))?;
     ProxyProcess {
-        name: "pgherd",
+        name,
         port,
         api_port: Some(api_port),
         child,

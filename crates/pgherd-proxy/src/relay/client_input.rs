@@ -437,13 +437,10 @@ impl Session {
                     };
                     lease.conn.write_buf.extend_from_slice(message);
                 } else {
-                    let def = match statement(&self.statements, b.statement) {
-                        Ok(def) => def.clone(),
-                        Err(e) => {
-                            self.queue
-                                .push_synthetic(Synthetic::Error(statement_error(e)));
-                            return Ok(());
-                        }
+                    let Some(def) =
+                        statement_or_error(&self.statements, &mut self.queue, b.statement)
+                    else {
+                        return Ok(());
                     };
                     ensure_prepared(lease, &mut self.queue, &def)?;
                     frontend::encode_bind(
@@ -463,13 +460,10 @@ impl Session {
                 let d = frontend::Describe::parse(body)?;
                 match (d.target, d.name.is_empty(), rewrite) {
                     (Target::Statement, false, true) => {
-                        let def = match statement(&self.statements, d.name) {
-                            Ok(def) => def.clone(),
-                            Err(e) => {
-                                self.queue
-                                    .push_synthetic(Synthetic::Error(statement_error(e)));
-                                return Ok(());
-                            }
+                        let Some(def) =
+                            statement_or_error(&self.statements, &mut self.queue, d.name)
+                        else {
+                            return Ok(());
                         };
                         ensure_prepared(lease, &mut self.queue, &def)?;
                         frontend::encode_describe(
@@ -602,6 +596,22 @@ pub(super) fn statement<'a>(
         None => Err(StatementError::DoesNotExist(
             String::from_utf8_lossy(name).into_owned(),
         )),
+    }
+}
+
+/// The client's statement `name`; without one, the error PostgreSQL gives is queued in the
+/// place of its answer.
+pub(super) fn statement_or_error(
+    statements: &Option<Box<ClientStatements>>,
+    queue: &mut ResponseQueue,
+    name: &[u8],
+) -> Option<Arc<StatementDef>> {
+    match statement(statements, name) {
+        Ok(def) => Some(def.clone()),
+        Err(e) => {
+            queue.push_synthetic(Synthetic::Error(statement_error(e)));
+            None
+        }
     }
 }
 

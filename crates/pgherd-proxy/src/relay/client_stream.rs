@@ -5,7 +5,7 @@
 
 use pgherd_wire::frame::Header as MessageHeader;
 
-use super::client_input::{ensure_prepared, statement, statement_error};
+use super::client_input::{ensure_prepared, statement_or_error};
 use super::*;
 
 /// Client messages larger than this are streamed rather than held whole.
@@ -195,14 +195,9 @@ impl Session {
             self.stream_rest(h, input, 0, false);
             return Ok(());
         }
-        let def = match statement(&self.statements, &name) {
-            Ok(def) => def.clone(),
-            Err(e) => {
-                self.queue
-                    .push_synthetic(Synthetic::Error(statement_error(e)));
-                self.skip_message(h, input);
-                return Ok(());
-            }
+        let Some(def) = statement_or_error(&self.statements, &mut self.queue, &name) else {
+            self.skip_message(h, input);
+            return Ok(());
         };
         let Some(lease) = self.lease.as_mut() else {
             self.skip_message(h, input);

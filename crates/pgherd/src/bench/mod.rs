@@ -553,6 +553,41 @@ fn tps_cell(tps: f64, failed_runs: usize) -> String {
     }
 }
 
+/// Two pgherd targets side by side per workload and client count: TPS, their ratio (second
+/// over first) and CPU per transaction (medians).
+fn write_comparison(
+    r: &mut String,
+    options: &PoolerOptions,
+    samples: &[Sample],
+    heading: &str,
+    ((a_name, a), (b_name, b)): ((&str, Target), (&str, Target)),
+) {
+    let _ = writeln!(r, "\n{heading} (medians):\n");
+    let _ = writeln!(
+        r,
+        "| workload | clients | {a_name} TPS | {b_name} TPS | {b_name} / {a_name} | CPU µs/txn {a_name} / {b_name} | failed |"
+    );
+    let _ = writeln!(r, "|---|---:|---:|---:|---:|---:|---:|");
+    for &workload in &options.workloads {
+        for &clients in &options.clients {
+            let x = medians(samples, workload, clients, a);
+            let y = medians(samples, workload, clients, b);
+            let _ = writeln!(
+                r,
+                "| {} | {} | {} | {} | {} | {} / {} | {} |",
+                workload.name(),
+                clients,
+                fmt(x.0, 0),
+                fmt(y.0, 0),
+                fmt(y.0 / x.0, 3),
+                fmt(x.3, 1),
+                fmt(y.3, 1),
+                x.4 + y.4
+            );
+        }
+    }
+}
+
 fn render_report(
     options: &PoolerOptions,
     samples: &[Sample],
@@ -635,62 +670,27 @@ fn render_report(
             );
         }
     }
-    if options.baseline.is_some() {
-        let _ = writeln!(
-            r,
-            "\nThis build against the baseline binary ({}), same run (medians):\n",
-            options
-                .baseline
-                .as_deref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default()
+    if let Some(baseline) = &options.baseline {
+        let heading = format!(
+            "This build against the baseline binary ({}), same run",
+            baseline.display()
         );
-        let _ = writeln!(r, "| workload | clients | baseline TPS | pgherd TPS | pgherd / baseline | CPU µs/txn baseline / pgherd | failed |");
-        let _ = writeln!(r, "|---|---:|---:|---:|---:|---:|---:|");
-        for &workload in &options.workloads {
-            for &clients in &options.clients {
-                let h = medians(samples, workload, clients, Target::Pgherd);
-                let b = medians(samples, workload, clients, Target::PgherdBaseline);
-                let _ = writeln!(
-                    r,
-                    "| {} | {} | {} | {} | {} | {} / {} | {} |",
-                    workload.name(),
-                    clients,
-                    fmt(b.0, 0),
-                    fmt(h.0, 0),
-                    fmt(h.0 / b.0, 3),
-                    fmt(b.3, 1),
-                    fmt(h.3, 1),
-                    h.4 + b.4
-                );
-            }
-        }
+        let pair = (
+            ("baseline", Target::PgherdBaseline),
+            ("pgherd", Target::Pgherd),
+        );
+        write_comparison(&mut r, options, samples, &heading, pair);
     }
     if options.targets.contains(&Target::PgherdScraped) {
-        let _ = writeln!(
-            r,
-            "\nCost of metrics: pgherd with a scraper reading /metrics every {} ms vs. the same pgherd unwatched (medians):\n",
+        let heading = format!(
+            "Cost of metrics: pgherd with a scraper reading /metrics every {} ms vs. the same pgherd unwatched",
             options.scrape_ms
         );
-        let _ = writeln!(r, "| workload | clients | pgherd TPS | scraped TPS | scraped / unwatched | CPU µs/txn unwatched / scraped |");
-        let _ = writeln!(r, "|---|---:|---:|---:|---:|---:|");
-        for &workload in &options.workloads {
-            for &clients in &options.clients {
-                let h = medians(samples, workload, clients, Target::Pgherd);
-                let s = medians(samples, workload, clients, Target::PgherdScraped);
-                let _ = writeln!(
-                    r,
-                    "| {} | {} | {} | {} | {} | {} / {} |",
-                    workload.name(),
-                    clients,
-                    fmt(h.0, 0),
-                    fmt(s.0, 0),
-                    fmt(s.0 / h.0, 3),
-                    fmt(h.3, 1),
-                    fmt(s.3, 1)
-                );
-            }
-        }
+        let pair = (
+            ("pgherd", Target::Pgherd),
+            ("scraped", Target::PgherdScraped),
+        );
+        write_comparison(&mut r, options, samples, &heading, pair);
     }
     write_failed_runs(
         &mut r,

@@ -31,6 +31,10 @@ pub struct App {
     /// Routing decisions and function catalogs, per server database.
     routers: Mutex<HashMap<String, Arc<Router>>>,
     pub clients: Arc<ClientRegistry>,
+    /// Counts schema changes sessions ran (and rollbacks of transactions that ran one):
+    /// server-side statements prepared before the latest are prepared again before use, as
+    /// a type or table they name may be another now.
+    pub schema_generation: std::sync::atomic::AtomicU64,
     pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
     connect: ArcSwap<ConnectContext>,
     client_tls: ArcSwapOption<tokio_rustls::TlsAcceptor>,
@@ -71,6 +75,7 @@ impl App {
                 },
             )),
             routers: Mutex::new(HashMap::new()),
+            schema_generation: std::sync::atomic::AtomicU64::new(1),
             events: Default::default(),
             pauses: Default::default(),
             own_errors: Default::default(),

@@ -65,11 +65,12 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
             mode,
             routing,
             params,
+            server,
         }) => {
             tracing::debug!(client = shared.id, %addr, user = %shared.user, db = %shared.database, "client logged in");
             // The session gets a task of its own, so nothing of the login stays allocated for
             // the life of the connection.
-            let run = Box::new(SessionRun {
+            let mut run = Box::new(SessionRun {
                 shared: shared.clone(),
                 session: Session::new(SessionSetup {
                     app: app.clone(),
@@ -84,6 +85,11 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
                 _slot: slot,
                 addr,
             });
+            if let Some(server) = server {
+                if let Err(e) = run.session.hold(*server) {
+                    tracing::warn!(client = run.shared.id, error = %e, "cannot start the session on its login's server");
+                }
+            }
             tokio::spawn(serve_session(run));
             return;
         }
@@ -180,6 +186,9 @@ enum LoggedIn {
         mode: pgherd_config::PoolMode,
         routing: RoutingSetup,
         params: SessionParams,
+        /// The server a session-mode client keeps from its login on (its identity is the
+        /// client's: its process id is in the client's cancel key).
+        server: Option<Box<crate::relay::Held>>,
     },
     Admin {
         shared: Arc<crate::clients::ClientShared>,
@@ -281,10 +290,10 @@ async fn login(
     let mut out = authenticate(app, stream, buf, &user, method).await?;
     take_place(app, slot, database == ADMIN_DATABASE)?;
 
-    let shared = app
-        .clients
-        .register(addr, &user, &database, stream.is_tls());
     if database == ADMIN_DATABASE {
+        let shared = app
+            .clients
+            .register(addr, &user, &database, stream.is_tls(), None);
         let proxy = &config.proxy;
         let can_modify = proxy.admin_users.iter().any(|u| u == &user);
         let can_read = can_modify || proxy.stats_users.iter().any(|u| u == &user);
@@ -299,13 +308,7 @@ async fn login(
         write_flush(stream, &out).await.map_err(client_io)?;
         return Ok(LoggedIn::Admin { shared, can_modify });
     }
-    match finish_login(app, stream, out, &params, &shared, &user, &database).await {
-        Ok(logged_in) => Ok(logged_in),
-        Err(e) => {
-            app.clients.unregister(&shared);
-            Err(e)
-        }
-    }
+    finish_login(app, stream, out, &params, addr, &user, &database).await
 }
 
 async fn finish_login(
@@ -313,7 +316,7 @@ async fn finish_login(
     stream: &mut Stream,
     mut out: BytesMut,
     params: &StartupParams,
-    shared: &Arc<crate::clients::ClientShared>,
+    addr: SocketAddr,
     user: &str,
     database: &str,
 ) -> Result<LoggedIn, Disconnect> {
@@ -362,7 +365,23 @@ async fn finish_login(
         }
     }
     let settings = SessionParams::from_startup(&params.params, &app.settings_interner);
-    let own = validate_settings(app, &pool, &settings).await?;
+    let session_mode = resolved.pool.mode == pgherd_config::PoolMode::Session;
+    let checked = crate::startup_settings::check(app, &pool, &settings, session_mode).await?;
+    let own = checked.reported;
+    let shared = app.clients.register(
+        addr,
+        user,
+        database,
+        stream.is_tls(),
+        checked.server.as_ref().map(|c| c.cancel_key.process_id),
+    );
+    let server = checked.server.map(|conn| {
+        Box::new(crate::relay::Held {
+            node: node.clone(),
+            pool: pool.clone(),
+            conn,
+        })
+    });
     let template = pool.template_params();
     for (name, value) in template.iter() {
         let value = own
@@ -378,9 +397,16 @@ async fn finish_login(
     }
     backend::encode_backend_key_data(&mut out, shared.key)?;
     backend::encode_ready_for_query(&mut out, TxStatus::Idle);
-    write_flush(stream, &out).await.map_err(client_io)?;
+    if let Err(e) = write_flush(stream, &out).await {
+        app.clients.unregister(&shared);
+        if let Some(held) = server {
+            held.pool.release(held.conn, true);
+        }
+        return Err(client_io(e));
+    }
     Ok(LoggedIn::Client {
-        shared: shared.clone(),
+        server,
+        shared,
         mode: resolved.pool.mode,
         routing: RoutingSetup {
             route: resolved.route,
@@ -393,76 +419,6 @@ async fn finish_login(
         },
         params: settings,
     })
-}
-
-/// The client's startup settings, applied on a server before its login completes, as
-/// PostgreSQL applies them at connection start: a setting the server refuses (an unknown
-/// parameter, a bad value) fails the login with the server's error, and what the server
-/// reports back (its normalised values: `UTF8` for `utf8`) is what the client is told. The
-/// server keeps the settings, so the client's first transaction usually finds them there.
-/// Settings a server accepted before are not asked about again.
-async fn validate_settings(
-    app: &Arc<App>,
-    pool: &Arc<crate::pool::Pool>,
-    settings: &SessionParams,
-) -> Result<Arc<Vec<(String, String)>>, Disconnect> {
-    let Some(apply) = settings.apply_sql() else {
-        return Ok(Arc::default());
-    };
-    let fingerprint = settings.fingerprint();
-    if let Some(reported) = pool.validated_settings(fingerprint) {
-        return Ok(reported);
-    }
-    let mut conn = match pool.acquire(&app.connect_context()).await {
-        Ok(conn) => conn,
-        Err(AcquireError::Server(e)) => {
-            let mut err = e.to_client_error();
-            err.severity = pgherd_wire::Severity::Fatal;
-            return Err(Disconnect::Refused(err));
-        }
-        Err(AcquireError::WaitTimeout { waited, .. }) => {
-            return Err(Disconnect::Refused(PgError::fatal(
-                SqlState::TOO_MANY_CONNECTIONS,
-                format!(
-                    "no server connection became free within {} ms to check the startup settings",
-                    waited.as_millis()
-                ),
-            )))
-        }
-        Err(AcquireError::Closed) => {
-            return Err(Disconnect::Refused(PgError::fatal(
-                SqlState::CANNOT_CONNECT_NOW,
-                "the pool was closed during login; retry",
-            )))
-        }
-    };
-    let sql = if conn.params_fp == crate::relay::params::BASELINE {
-        apply
-    } else {
-        format!("{}; {apply}", crate::relay::params::RESET_SQL)
-    };
-    let mut reported = Vec::new();
-    match conn.simple_query_reporting(&sql, &mut reported).await {
-        Ok(_) => {
-            conn.params_fp = fingerprint;
-            pool.release(conn, true);
-            pool.remember_validated_settings(fingerprint, reported.clone());
-            Ok(Arc::new(reported))
-        }
-        Err(crate::server::QueryError::Sql(mut e)) => {
-            // The statements ran in one implicit transaction: nothing of them stayed.
-            conn.params_fp = crate::relay::params::UNKNOWN;
-            pool.release(conn, true);
-            e.severity = pgherd_wire::Severity::Fatal;
-            Err(Disconnect::Refused(e))
-        }
-        Err(crate::server::QueryError::Server(e)) => {
-            pool.release(conn, false);
-            let mut err = e.to_client_error();
-            err.severity = pgherd_wire::Severity::Fatal;
-            Err(Disconnect::Refused(err))
-        }
-    }
 }
 
 async fn negotiate_tls(

@@ -154,10 +154,11 @@ impl ClientShared {
     }
 }
 
-/// All connected clients, by the process id in their cancel key.
+/// All connected clients, by their cancel key (process id and secret: a session-mode client
+/// carries its server's process id, which another server may use too).
 #[derive(Default)]
 pub struct ClientRegistry {
-    by_pid: Mutex<HashMap<i32, Arc<ClientShared>>>,
+    by_key: Mutex<HashMap<(i32, i32), Arc<ClientShared>>>,
     next_pid: AtomicI32,
     next_id: AtomicU64,
     /// Connections counted: logging in or logged in.
@@ -244,27 +245,31 @@ impl ClientRegistry {
         self.failures.lock().fail(address, now_ms, base_ms)
     }
 
-    /// Registers a logged-in client under a fresh cancel key.
+    /// Registers a logged-in client under a fresh cancel key: pgherd's own process id, or
+    /// `process_id` (a session-mode client's server's), with a secret of pgherd's.
     pub fn register(
         &self,
         addr: SocketAddr,
         user: &str,
         database: &str,
         tls: bool,
+        process_id: Option<i32>,
     ) -> Arc<ClientShared> {
-        let mut map = self.by_pid.lock();
-        let pid = loop {
-            let candidate = self.next_pid.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
-            if candidate != 0 && !map.contains_key(&candidate) {
-                break candidate;
+        let mut map = self.by_key.lock();
+        let key = loop {
+            let process_id = process_id
+                .unwrap_or_else(|| self.next_pid.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff);
+            let key = CancelKey {
+                process_id,
+                secret_key: rand::random(),
+            };
+            if process_id != 0 && !map.contains_key(&(key.process_id, key.secret_key)) {
+                break key;
             }
         };
         let shared = Arc::new(ClientShared {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            key: CancelKey {
-                process_id: pid,
-                secret_key: rand::random(),
-            },
+            key,
             addr,
             user: user.to_owned(),
             database: database.to_owned(),
@@ -274,23 +279,25 @@ impl ClientRegistry {
             signals: AtomicU8::new(0),
             waker: AtomicWaker::new(),
         });
-        map.insert(pid, shared.clone());
+        map.insert((key.process_id, key.secret_key), shared.clone());
         shared
     }
 
     pub fn unregister(&self, shared: &ClientShared) {
-        self.by_pid.lock().remove(&shared.key.process_id);
+        self.by_key
+            .lock()
+            .remove(&(shared.key.process_id, shared.key.secret_key));
     }
 
     /// Raises `signal` on every registered client.
     pub fn signal_all(&self, signal: u8) {
-        for client in self.by_pid.lock().values() {
+        for client in self.by_key.lock().values() {
             client.raise(signal);
         }
     }
 
     pub fn all(&self) -> Vec<Arc<ClientShared>> {
-        let mut all: Vec<_> = self.by_pid.lock().values().cloned().collect();
+        let mut all: Vec<_> = self.by_key.lock().values().cloned().collect();
         all.sort_by_key(|c| c.id);
         all
     }
@@ -300,12 +307,14 @@ impl ClientRegistry {
     /// False if the key matches no client: guessing keys is what that looks like, and the
     /// caller slows the address down.
     pub fn cancel(self: &Arc<Self>, key: CancelKey, timeout: Duration) -> bool {
-        let Some(client) = self.by_pid.lock().get(&key.process_id).cloned() else {
+        let Some(client) = self
+            .by_key
+            .lock()
+            .get(&(key.process_id, key.secret_key))
+            .cloned()
+        else {
             return false;
         };
-        if client.key.secret_key != key.secret_key {
-            return false;
-        }
         let target = {
             let mut live = client.live.lock();
             match live.target {

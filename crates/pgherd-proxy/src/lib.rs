@@ -32,6 +32,7 @@ pub mod rejoin;
 pub mod relay;
 pub mod routing;
 pub mod server;
+mod startup_settings;
 pub mod stream;
 pub mod switchover;
 mod throttle;

@@ -219,6 +219,29 @@ impl Router {
         })
     }
 
+    /// A standby refused `sql` (an unlogged table the catalog did not know yet, a write
+    /// pgherd took for a read): statements like it run on the primary from now on.
+    pub fn remember_primary(&self, sql: &[u8], standard_conforming_strings: bool) {
+        let Ok(routed) = self.route(sql, standard_conforming_strings) else {
+            return;
+        };
+        if routed.decision.target == Target::Primary {
+            return;
+        }
+        let mut decision = (*routed.decision).clone();
+        decision.target = Target::Primary;
+        decision.reason = format!("{}, but a standby refused it", decision.reason);
+        KEY.with(|key| {
+            let mut key = key.borrow_mut();
+            key.clear();
+            let lexed = lex(sql, standard_conforming_strings, &mut key);
+            if lexed.cacheable && sql.len() <= self.max_parse_bytes {
+                let mut cache = self.decisions.lock();
+                cache.map.insert(key.as_slice().into(), Arc::new(decision));
+            }
+        });
+    }
+
     async fn load_catalog(&self, app: &Arc<App>) -> Result<(usize, usize), String> {
         let node = app
             .nodes

@@ -185,20 +185,11 @@ impl SnapshotBuilder {
 /// about one more setting.
 pub fn custom_settings_set_in(source: &str) -> Vec<String> {
     let lower = source.to_ascii_lowercase();
-    let mut names = Vec::new();
-    let mut rest = lower.as_str();
-    while let Some(i) = rest.find("set_config") {
-        rest = &rest[i + "set_config".len()..];
-        let after = rest.trim_start().strip_prefix('(').map(str::trim_start);
-        if let Some(name) = after
-            .and_then(|a| a.strip_prefix('\''))
-            .and_then(|a| a.split('\'').next())
-        {
-            if is_custom_setting(name) {
-                names.push(name.to_owned());
-            }
-        }
-    }
+    let mut names: Vec<String> = literal_first_arguments(&lower, "set_config")
+        .into_iter()
+        .flatten()
+        .filter(|name| is_custom_setting(name))
+        .collect();
     for line in lower.split([';', '\n']) {
         let words: Vec<&str> = line.split_whitespace().collect();
         let name = match words.as_slice() {
@@ -211,6 +202,27 @@ pub fn custom_settings_set_in(source: &str) -> Vec<String> {
         }
     }
     names
+}
+
+/// For every place `function` followed by `(` appears in `text` (lower-case), its first
+/// argument if that is a plain string literal, else `None`. Text search, so it may find more
+/// places than there are calls (in comments, in longer names), never fewer.
+pub fn literal_first_arguments(text: &str, function: &str) -> Vec<Option<String>> {
+    let mut found = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(function) {
+        rest = &rest[i + function.len()..];
+        let Some(after) = rest.trim_start().strip_prefix('(') else {
+            continue;
+        };
+        let literal = after
+            .trim_start()
+            .strip_prefix('\'')
+            .and_then(|a| a.split_once('\''))
+            .map(|(name, _)| name.to_owned());
+        found.push(literal);
+    }
+    found
 }
 
 /// `prefix.name`, as PostgreSQL accepts placeholder settings.

@@ -11,7 +11,7 @@ use pg_query::protobuf::summary_result::Context;
 use pg_query::protobuf::{node::Node as NodeEnum, TransactionStmtKind, VariableSetKind};
 use pg_query::NodeRef;
 
-use crate::catalog::{custom_settings_set_in, Catalog};
+use crate::catalog::{custom_settings_set_in, literal_first_arguments, Catalog};
 use crate::decision::{Decision, Pin, SessionEffect, Target, TxEffect};
 use crate::lexer::Lexed;
 use crate::parse::{self, Parsed};
@@ -54,6 +54,39 @@ const SESSION_CHANGING_FUNCTIONS: &[&str] = &[
 /// Functions that draw from sequences.
 const SEQUENCE_FUNCTIONS: &[&str] = &["nextval", "setval"];
 
+/// Built-in functions a hot standby answers otherwise than the primary (or refuses): the
+/// client talks to "the database", which is the primary.
+const STANDBY_REVEALING_FUNCTIONS: &[&str] = &[
+    "pg_is_in_recovery",
+    "pg_last_wal_receive_lsn",
+    "pg_last_wal_replay_lsn",
+    "pg_last_xact_replay_timestamp",
+    "pg_is_wal_replay_paused",
+    "pg_get_wal_replay_pause_state",
+    "pg_current_wal_lsn",
+    "pg_current_wal_insert_lsn",
+    "pg_current_wal_flush_lsn",
+    "pg_walfile_name",
+    "pg_walfile_name_offset",
+    "pg_control_checkpoint",
+    "pg_control_recovery",
+];
+
+/// Settings a hot standby reports otherwise than the primary.
+const STANDBY_REVEALING_SETTINGS: &[&str] = &["transaction_read_only", "in_hot_standby", "all"];
+
+/// System views that describe the server answering rather than the database: its
+/// replication, its settings, its sessions and locks.
+const SERVER_DESCRIBING_RELATIONS: &[&str] = &[
+    "pg_settings",
+    "pg_stat_replication",
+    "pg_stat_wal_receiver",
+    "pg_replication_slots",
+    "pg_stat_replication_slots",
+    "pg_stat_activity",
+    "pg_locks",
+];
+
 /// The name pgherd's own routing setting goes by.
 pub const ROUTE_SETTING: &str = "pgherd.route";
 
@@ -91,11 +124,35 @@ pub fn classify(
     let decision = function_effects(decision, &parsed, lexed, catalog);
     let mut decision = relation_effects(decision, &parsed, catalog);
     if decision.session == SessionEffect::Unknown && calls(&parsed, "set_config") {
+        // The names are literals the cache key keeps (see the lexer).
         decision.custom_settings = custom_settings_set_in(sql);
-        // The names are literals, which the cache key does not see.
-        decision.cacheable &= decision.custom_settings.is_empty();
+    }
+    if calls(&parsed, "current_setting") {
+        decision = settings_read(decision, sql, lexed);
     }
     decision
+}
+
+/// `current_setting(name)` of a setting a standby reports otherwise (`transaction_read_only`
+/// is on there) is the primary's to answer; so is one whose name pgherd cannot read.
+fn settings_read(decision: Decision, sql: &str, lexed: &Lexed) -> Decision {
+    let names = literal_first_arguments(&sql.to_ascii_lowercase(), "current_setting");
+    let unreadable = names.len() < lexed.current_setting_names || names.iter().any(Option::is_none);
+    let revealing = names
+        .iter()
+        .flatten()
+        .find(|n| STANDBY_REVEALING_SETTINGS.contains(&n.as_str()));
+    match (revealing, unreadable) {
+        (Some(name), _) => decision.merge(Decision::new(
+            Target::Primary,
+            format!("reads setting {name}, which a standby reports otherwise"),
+        )),
+        (None, true) => decision.merge(Decision::new(
+            Target::Primary,
+            "reads a setting whose name is not a literal, which a standby may report otherwise",
+        )),
+        (None, false) => decision,
+    }
 }
 
 fn calls(parsed: &Parsed, name: &str) -> bool {
@@ -136,6 +193,12 @@ fn function_effects(
         }
         if SEQUENCE_FUNCTIONS.contains(&name) {
             decision = decision.with_session(SessionEffect::Sequences);
+        }
+        if STANDBY_REVEALING_FUNCTIONS.contains(&name) {
+            decision = decision.merge(Decision::new(
+                Target::Primary,
+                format!("calls {name}, which a standby answers otherwise"),
+            ));
         }
         if HARMLESS_VOLATILE.contains(&name) {
             continue;
@@ -206,6 +269,14 @@ fn relation_effects(mut decision: Decision, parsed: &Parsed, catalog: &dyn Catal
         if table.schema_name.starts_with("pg_temp") {
             decision = decision.merge(Decision::new(Target::Primary, "uses a temporary table"));
             continue;
+        }
+        if SERVER_DESCRIBING_RELATIONS.contains(&name)
+            && matches!(table.schema_name.as_str(), "" | "pg_catalog")
+        {
+            decision = decision.merge(Decision::new(
+                Target::Primary,
+                format!("reads {name}, which describes the server answering"),
+            ));
         }
         match catalog.relation(name) {
             Some(info) => {
@@ -289,6 +360,17 @@ fn classify_statement(node: &NodeEnum) -> Decision {
         NodeEnum::MergeStmt(_) => Decision::new(Target::Primary, "MERGE writes"),
         NodeEnum::TransactionStmt(t) => classify_transaction(t),
         NodeEnum::VariableSetStmt(v) => classify_set(v),
+        NodeEnum::VariableShowStmt(s)
+            if STANDBY_REVEALING_SETTINGS.contains(&s.name.to_lowercase().as_str()) =>
+        {
+            Decision::new(
+                Target::Primary,
+                format!(
+                    "SHOW {} reads a setting a standby reports otherwise",
+                    s.name
+                ),
+            )
+        }
         NodeEnum::VariableShowStmt(_) => Decision::new(Target::Any, "SHOW reads a setting"),
         NodeEnum::DeallocateStmt(_) => {
             Decision::new(Target::Any, "DEALLOCATE forgets a prepared statement")
@@ -414,6 +496,12 @@ fn classify_transaction(t: &pg_query::protobuf::TransactionStmt) -> Decision {
         TransactionStmtKind::TransStmtCommit | TransactionStmtKind::TransStmtRollback => {
             let mut d = Decision::new(Target::Any, "ends the current transaction");
             d.tx = TxEffect::End;
+            d.rolls_back = kind == TransactionStmtKind::TransStmtRollback;
+            d
+        }
+        TransactionStmtKind::TransStmtRollbackTo => {
+            let mut d = Decision::new(Target::Any, "rolls back to a savepoint");
+            d.rolls_back = true;
             d
         }
         _ => Decision::new(Target::Any, "marks the current transaction"),

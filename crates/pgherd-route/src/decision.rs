@@ -103,6 +103,9 @@ pub struct Decision {
     /// Changes the schema (DDL): what pgherd knows of the database's functions and
     /// relations must be read again once it commits.
     pub changes_catalog: bool,
+    /// ROLLBACK, ROLLBACK TO SAVEPOINT, ABORT: undoes what the transaction changed, schema
+    /// changes included.
+    pub rolls_back: bool,
     /// Custom settings (`app.tenant_id`) the statement sets for the session with
     /// `set_config`: a probe of the session's state asks for their values, as PostgreSQL
     /// lists no placeholder settings.
@@ -122,6 +125,7 @@ impl Decision {
             copy_in: false,
             session: SessionEffect::None,
             changes_catalog: false,
+            rolls_back: false,
             custom_settings: Vec::new(),
         }
     }
@@ -167,6 +171,7 @@ impl Decision {
         winner.copy_in |= loser.copy_in;
         winner.session = winner.session.max(loser.session);
         winner.changes_catalog |= loser.changes_catalog;
+        winner.rolls_back |= loser.rolls_back;
         winner.custom_settings.extend(loser.custom_settings);
         if winner.tx == TxEffect::None {
             winner.tx = loser.tx;

@@ -38,6 +38,8 @@ pub struct Lexed {
     pub nesting_estimate: usize,
     /// Tokens naming `set_config`: how many calls of it the text can hold at most.
     pub set_config_names: usize,
+    /// Tokens naming `current_setting`, likewise.
+    pub current_setting_names: usize,
 }
 
 /// Marks a literal in the key. No SQL text contains a NUL byte (the protocol ends query
@@ -65,8 +67,22 @@ struct Lexer<'a> {
     runs: Vec<usize>,
     run: usize,
     last: Last,
+    /// Where the lexer stands in `set_config(` / `current_setting(`: their first argument, a
+    /// setting's name, decides what the statement does, so it stays in the key.
+    setting_call: SettingCall,
+    /// The token being read is a setting's name in such a call.
+    naming_setting: bool,
     /// Where each literal starts and ends, for the differential test against the scanner.
     spans: Option<&'a mut Vec<(usize, usize)>>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SettingCall {
+    None,
+    /// The function's name was the last token.
+    Named,
+    /// Its opening parenthesis was: the next token is the setting's name.
+    Opened,
 }
 
 /// Appends `sql`'s key to `key` (which the caller clears) and says what else it saw.
@@ -103,10 +119,13 @@ fn lex_inner<'a>(
             strings_depend_on_settings: false,
             nesting_estimate: 0,
             set_config_names: 0,
+            current_setting_names: 0,
         },
         runs: Vec::new(),
         run: 0,
         last: Last::Boundary,
+        setting_call: SettingCall::None,
+        naming_setting: false,
         spans,
     };
     lexer.run();
@@ -180,9 +199,15 @@ impl Lexer<'_> {
             .extend(self.sql[from..self.at].iter().map(u8::to_ascii_lowercase));
     }
 
-    /// The literal from `start` to the cursor becomes a marker of its kind.
+    /// The literal from `start` to the cursor becomes a marker of its kind, unless it names a
+    /// setting (`set_config('name', ...)`): such a literal stays as written. Its quotes keep it
+    /// apart from any other text, as a quote outside a literal cannot occur.
     fn mark(&mut self, start: usize, kind: u8) {
-        self.key.extend_from_slice(&[MARK, kind]);
+        if self.naming_setting && kind == b'S' && self.sql[start] == b'\'' {
+            self.key.extend_from_slice(&self.sql[start..self.at]);
+        } else {
+            self.key.extend_from_slice(&[MARK, kind]);
+        }
         if let Some(spans) = self.spans.as_mut() {
             spans.push((start, self.at));
         }
@@ -215,6 +240,20 @@ impl Lexer<'_> {
     fn run(&mut self) {
         while let Some(c) = self.peek(0) {
             let start = self.at;
+            let comment = self.starts_with(b"--") || self.starts_with(b"/*");
+            let significant = !is_space(c) && !comment;
+            if significant {
+                let call = std::mem::replace(&mut self.setting_call, SettingCall::None);
+                self.naming_setting = call == SettingCall::Opened;
+                if self.naming_setting && c != b'\'' {
+                    // A name pgherd cannot see (an expression, an E-string): the decision
+                    // would depend on it, so no key.
+                    self.uncacheable();
+                }
+                if call == SettingCall::Named && c == b'(' {
+                    self.setting_call = SettingCall::Opened;
+                }
+            }
             match c {
                 b'-' if self.peek(1) == Some(b'-') => self.line_comment(),
                 b'/' if self.peek(1) == Some(b'*') => self.block_comment(),
@@ -351,6 +390,10 @@ impl Lexer<'_> {
         let word = &self.sql[start..self.at];
         if word.eq_ignore_ascii_case(b"set_config") {
             self.out.set_config_names += 1;
+            self.setting_call = SettingCall::Named;
+        } else if word.eq_ignore_ascii_case(b"current_setting") {
+            self.out.current_setting_names += 1;
+            self.setting_call = SettingCall::Named;
         }
         let single = (word.len() == 1).then(|| word[0].to_ascii_lowercase());
         let next = self.peek(0);
@@ -466,8 +509,16 @@ impl Lexer<'_> {
         }
         // Part of the key as written: quoted names keep their case.
         self.copy(start);
-        if &self.sql[start..self.at] == b"\"set_config\"" {
-            self.out.set_config_names += 1;
+        match &self.sql[start..self.at] {
+            b"\"set_config\"" => {
+                self.out.set_config_names += 1;
+                self.setting_call = SettingCall::Named;
+            }
+            b"\"current_setting\"" => {
+                self.out.current_setting_names += 1;
+                self.setting_call = SettingCall::Named;
+            }
+            _ => {}
         }
         if self.last == Last::Glue {
             self.last = Last::Operand;

@@ -443,8 +443,66 @@ fn session_effects() {
         decide("SELECT set_config('app.tenant_id', '42', false)").custom_settings,
         ["app.tenant_id"]
     );
-    assert!(!decide("SELECT set_config('app.tenant_id', '42', false)").cacheable);
+    // The setting's name is part of the cache key (the lexer keeps it), so such decisions
+    // are cached.
+    assert!(decide("SELECT set_config('app.tenant_id', '42', false)").cacheable);
     assert!(decide("SELECT set_config('app.tenant_id', $1, true)").cacheable);
+}
+
+#[test]
+fn what_a_standby_answers_otherwise_runs_on_the_primary() {
+    check(
+        "SELECT current_setting('transaction_read_only')",
+        Target::Primary,
+        "reads setting transaction_read_only",
+    );
+    check(
+        "SELECT pg_catalog.current_setting('in_hot_standby')",
+        Target::Primary,
+        "in_hot_standby",
+    );
+    check(
+        "SELECT current_setting('search_path'), current_setting('TimeZone')",
+        Target::Replica,
+        "SELECT reads",
+    );
+    check(
+        "SELECT current_setting(name) FROM t",
+        Target::Primary,
+        "not a literal",
+    );
+    check("SHOW transaction_read_only", Target::Primary, "standby");
+    check("SHOW ALL", Target::Primary, "standby");
+    check("SHOW search_path", Target::Any, "SHOW reads a setting");
+    check(
+        "SELECT pg_last_wal_replay_lsn()",
+        Target::Primary,
+        "standby answers otherwise",
+    );
+    check(
+        "SELECT count(*) FROM pg_stat_activity",
+        Target::Primary,
+        "describes the server",
+    );
+    check(
+        "SELECT setting FROM pg_catalog.pg_settings",
+        Target::Primary,
+        "describes the server",
+    );
+    // Decided by the literal, yet cached safely: the name is part of the key.
+    let key = |sql: &str| {
+        let mut key = Vec::new();
+        lex(sql.as_bytes(), true, &mut key);
+        key
+    };
+    assert_ne!(
+        key("SELECT current_setting('transaction_read_only')"),
+        key("SELECT current_setting('search_pathxxxxxxxx')")
+    );
+    assert_eq!(
+        key("SELECT current_setting('search_path'), 1"),
+        key("SELECT current_setting('search_path'), 2")
+    );
 }
 
 #[test]

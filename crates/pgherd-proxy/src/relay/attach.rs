@@ -17,6 +17,9 @@ impl Session {
     /// `routing.front`, so it is not classified again when relayed.
     pub(super) fn route_front(&mut self, input: &[u8]) -> Result<RouteTarget, PgError> {
         self.routing.front = None;
+        if std::mem::take(&mut self.routing.retry_on_primary) {
+            return Ok(RouteTarget::Primary);
+        }
         if self.routing.setup.router.is_none() {
             return Ok(self.routing.target(None));
         }
@@ -308,6 +311,17 @@ impl Session {
                 }
             }
         };
+        self.take_lease(node, pool, conn)
+    }
+
+    /// Holds `conn` from here on: its cancel key is where the client's cancels go, and it is
+    /// given the client's settings and cleared of what the last client left.
+    pub(super) fn take_lease(
+        &mut self,
+        node: Arc<NodeState>,
+        pool: Arc<Pool>,
+        conn: Box<ServerConn>,
+    ) -> Result<(), PgError> {
         self.shared.set_target(Some(ServerTarget {
             server_id: conn.id,
             peer: conn.peer,
@@ -551,6 +565,7 @@ impl Session {
             return false;
         }
         replay.attempts += 1;
+        self.skip_preliminaries = replay.preliminaries;
         let mut again = std::mem::take(&mut replay.bytes);
         again.extend_from_slice(&self.client_in);
         self.client_in = again;
@@ -561,6 +576,31 @@ impl Session {
         self.detach(false).await;
         self.routing.at_unit_start = true;
         true
+    }
+
+    /// The replica refused the request as a standby must (an unlogged table, a write, a WAL
+    /// function) before any of its results reached the client: it runs on the primary, and
+    /// its statements are remembered to run there from now on.
+    pub(super) async fn retry_on_primary(&mut self) {
+        let Some(replay) = self.routing.replay.as_mut() else {
+            return;
+        };
+        replay.refused = false;
+        replay.attempts += 1;
+        self.skip_preliminaries = replay.preliminaries;
+        let again = std::mem::take(&mut replay.bytes);
+        if let Some(router) = self.routing.setup.router.clone() {
+            for sql in statement_texts(&again, self.max_message_bytes) {
+                router.remember_primary(sql, self.routing.standard_conforming_strings);
+            }
+        }
+        let mut again = BytesMut::from(&again[..]);
+        again.extend_from_slice(&self.client_in);
+        self.client_in = again;
+        tracing::info!(client = self.shared.id, node = %self.node_name(), "a standby refused the request; it runs on the primary");
+        self.detach(true).await;
+        self.routing.retry_on_primary = true;
+        self.routing.at_unit_start = true;
     }
 
     /// Tells the client why it is being disconnected, then leaves the server in a state the
@@ -686,6 +726,24 @@ impl Session {
             self.client_out.clear();
         }
     }
+}
+
+/// The statement texts of the Query and Parse messages in `bytes`.
+fn statement_texts(bytes: &[u8], max_message_bytes: usize) -> Vec<&[u8]> {
+    let mut texts = Vec::new();
+    let mut at = 0;
+    while let Ok(Some(h)) = read_header(&bytes[at..], max_message_bytes) {
+        let Some(body) = bytes.get(at + HEADER_BYTES..at + h.total_len()) else {
+            break;
+        };
+        match h.tag {
+            ftag::QUERY => texts.extend(frontend::Query::parse(body).ok().map(|q| q.sql)),
+            ftag::PARSE => texts.extend(frontend::Parse::parse(body).ok().map(|p| p.query)),
+            _ => {}
+        }
+        at += h.total_len();
+    }
+    texts
 }
 
 /// The stricter of two targets: the primary over a replica over anywhere.

@@ -137,6 +137,14 @@ impl Session {
         if executes {
             self.note_possible_write(decision.target == RouteTarget::Primary);
             self.note_session_effect(decision.session);
+            // A schema change, or the rollback of a transaction that made one: statements
+            // prepared before may name what is gone (a temporary object concerns this
+            // client's own pinned server only).
+            let schema_changes =
+                decision.changes_catalog && decision.pin != Some(RoutePin::TempTable);
+            if schema_changes || (decision.rolls_back && self.routing.catalog_changed) {
+                self.app.schema_generation.fetch_add(1, Ordering::Relaxed);
+            }
             self.routing.catalog_changed |= decision.changes_catalog;
             for name in &decision.custom_settings {
                 if !self.custom_settings.contains(name)
@@ -362,6 +370,12 @@ impl Session {
         match tag {
             ftag::QUERY => {
                 let q = frontend::Query::parse(body)?;
+                if rewrite && self.translate_statement_reference(q.sql)? {
+                    return Ok(());
+                }
+                let Some(lease) = self.lease.as_mut() else {
+                    return Ok(());
+                };
                 let sql = may_change_session(q.sql).then(|| Bytes::copy_from_slice(q.sql));
                 lease.conn.write_buf.extend_from_slice(message);
                 self.queue.push_client(Request::Query { sql });
@@ -403,10 +417,10 @@ impl Session {
                             .push_synthetic(Synthetic::Error(statement_error(e)));
                         return Ok(());
                     }
-                    if lease.conn.statements.touch(&def.hash) {
+                    let generation = self.app.schema_generation.load(Ordering::Relaxed);
+                    if make_room(lease, &mut self.queue, &def, generation)? {
                         self.queue.push_synthetic(Synthetic::ParseComplete);
                     } else {
-                        evict_for(lease, &mut self.queue, &def)?;
                         frontend::encode_parse(
                             &mut lease.conn.write_buf,
                             &def.server_name,
@@ -421,7 +435,10 @@ impl Session {
             }
             ftag::BIND => {
                 let b = frontend::Bind::parse(body)?;
-                if b.statement.is_empty() || !rewrite {
+                if b.statement.is_empty()
+                    || !rewrite
+                    || prepared_by_sql(self.routing.pinned.is_some(), &self.statements, b.statement)
+                {
                     if b.statement.is_empty() {
                         self.ensure_unnamed_here()?;
                         if b.portal.is_empty() {
@@ -442,7 +459,12 @@ impl Session {
                     else {
                         return Ok(());
                     };
-                    ensure_prepared(lease, &mut self.queue, &def)?;
+                    ensure_prepared(
+                        lease,
+                        &mut self.queue,
+                        &def,
+                        self.app.schema_generation.load(Ordering::Relaxed),
+                    )?;
                     frontend::encode_bind(
                         &mut lease.conn.write_buf,
                         b.portal,
@@ -458,14 +480,21 @@ impl Session {
             }
             ftag::DESCRIBE => {
                 let d = frontend::Describe::parse(body)?;
-                match (d.target, d.name.is_empty(), rewrite) {
+                let by_sql =
+                    prepared_by_sql(self.routing.pinned.is_some(), &self.statements, d.name);
+                match (d.target, d.name.is_empty(), rewrite && !by_sql) {
                     (Target::Statement, false, true) => {
                         let Some(def) =
                             statement_or_error(&self.statements, &mut self.queue, d.name)
                         else {
                             return Ok(());
                         };
-                        ensure_prepared(lease, &mut self.queue, &def)?;
+                        ensure_prepared(
+                            lease,
+                            &mut self.queue,
+                            &def,
+                            self.app.schema_generation.load(Ordering::Relaxed),
+                        )?;
                         frontend::encode_describe(
                             &mut lease.conn.write_buf,
                             Target::Statement,
@@ -496,7 +525,11 @@ impl Session {
             }
             ftag::CLOSE => {
                 let c = frontend::Close::parse(body)?;
-                if c.target == Target::Statement && !c.name.is_empty() && rewrite {
+                if c.target == Target::Statement
+                    && !c.name.is_empty()
+                    && rewrite
+                    && !prepared_by_sql(self.routing.pinned.is_some(), &self.statements, c.name)
+                {
                     if let Some(replay) = self.routing.replay.as_mut() {
                         replay.repeatable = false;
                     }
@@ -566,6 +599,45 @@ impl Session {
         self.write_synthetics(&due)
     }
 
+    /// `DEALLOCATE name` and `EXECUTE name(...)` in SQL, naming a statement the client
+    /// prepared through the protocol, as PostgreSQL takes them on a connection of the client's
+    /// own: the statement is forgotten (answered by pgherd, nothing to ask a server), or run
+    /// under its name on the server. True if the query was handled so.
+    fn translate_statement_reference(&mut self, sql: &[u8]) -> Result<bool, Disconnect> {
+        let Some((kind, name, range)) = statements::sql_statement_reference(sql) else {
+            return Ok(false);
+        };
+        let Ok(def) = statement(&self.statements, &name).cloned() else {
+            // An SQL-level statement of a pinned session, or the server's error to give.
+            return Ok(false);
+        };
+        match kind {
+            statements::SqlUse::Deallocate if self.client_tx == TxStatus::Failed => Ok(false),
+            statements::SqlUse::Deallocate => {
+                if let Some(statements) = self.statements.as_mut() {
+                    statements.close(&name);
+                }
+                self.queue.push_synthetic(Synthetic::Answered("DEALLOCATE"));
+                Ok(true)
+            }
+            statements::SqlUse::Execute => {
+                let generation = self.app.schema_generation.load(Ordering::Relaxed);
+                let Some(lease) = self.lease.as_mut() else {
+                    return Ok(false);
+                };
+                ensure_prepared(lease, &mut self.queue, &def, generation)?;
+                let mut text = Vec::with_capacity(sql.len() + def.server_name.len());
+                text.extend_from_slice(&sql[..range.start]);
+                text.extend_from_slice(&def.server_name);
+                text.extend_from_slice(&sql[range.end..]);
+                frontend::encode_query(&mut lease.conn.write_buf, &text)?;
+                self.queue.push_client(Request::Query { sql: None });
+                lease.pool.stats.queries.fetch_add(1, Ordering::Relaxed);
+                Ok(true)
+            }
+        }
+    }
+
     pub(super) fn write_synthetics(&mut self, due: &[Synthetic]) -> Result<(), Disconnect> {
         for s in due {
             match s {
@@ -574,6 +646,10 @@ impl Session {
                 }
                 Synthetic::CloseComplete => {
                     backend::encode_empty(&mut self.client_out, btag::CLOSE_COMPLETE)
+                }
+                Synthetic::Answered(tag) => {
+                    backend::encode_command_complete(&mut self.client_out, tag)?;
+                    backend::encode_ready_for_query(&mut self.client_out, self.client_tx);
                 }
                 Synthetic::Error(e) => {
                     self.tx_failed = true;
@@ -584,6 +660,12 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// A named statement the client's map does not hold, in a session `pinned` to its server: one
+/// its SQL `PREPARE` made there, which protocol messages use under its own name.
+fn prepared_by_sql(pinned: bool, statements: &Option<Box<ClientStatements>>, name: &[u8]) -> bool {
+    pinned && !name.is_empty() && statement(statements, name).is_err()
 }
 
 /// The client's statement `name`, or the error PostgreSQL would give.
@@ -632,33 +714,41 @@ pub(super) fn statement_error(e: StatementError) -> PgError {
     }
 }
 
-/// Makes room in the server's statement cache for `def`, closing the least recently used one.
-pub(super) fn evict_for(
+/// Readies the server's statement cache for `def` at schema `generation`: true if the server
+/// holds a usable copy (nothing to send); otherwise a stale copy is closed, or the least
+/// recently used statement when the cache is full, and the caller sends the Parse.
+fn make_room(
     lease: &mut Lease,
     queue: &mut ResponseQueue,
     def: &StatementDef,
-) -> Result<(), WireError> {
-    if let Some(victim) = lease.conn.statements.insert(def.hash) {
-        frontend::encode_close(
-            &mut lease.conn.write_buf,
-            Target::Statement,
-            &victim.server_name(),
-        )?;
+    generation: u64,
+) -> Result<bool, WireError> {
+    let close = |lease: &mut Lease, queue: &mut ResponseQueue, name: &[u8]| {
+        frontend::encode_close(&mut lease.conn.write_buf, Target::Statement, name)?;
         queue.push_internal(Request::Close);
+        Ok::<(), WireError>(())
+    };
+    match lease.conn.statements.touch(&def.hash, generation) {
+        Holding::Fresh => return Ok(true),
+        Holding::Stale => close(lease, queue, &def.server_name)?,
+        Holding::Missing => {}
     }
-    Ok(())
+    if let Some(victim) = lease.conn.statements.insert(def.hash, generation) {
+        close(lease, queue, &victim.server_name())?;
+    }
+    Ok(false)
 }
 
-/// Prepares `def` on the server first if it does not hold it yet.
+/// Prepares `def` on the server first unless it holds a usable copy.
 pub(super) fn ensure_prepared(
     lease: &mut Lease,
     queue: &mut ResponseQueue,
     def: &StatementDef,
+    generation: u64,
 ) -> Result<(), WireError> {
-    if lease.conn.statements.touch(&def.hash) {
+    if make_room(lease, queue, def, generation)? {
         return Ok(());
     }
-    evict_for(lease, queue, def)?;
     frontend::encode_parse(
         &mut lease.conn.write_buf,
         &def.server_name,

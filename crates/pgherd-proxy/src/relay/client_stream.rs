@@ -203,7 +203,8 @@ impl Session {
             self.skip_message(h, input);
             return Ok(());
         };
-        ensure_prepared(lease, &mut self.queue, &def)?;
+        let generation = self.app.schema_generation.load(Ordering::Relaxed);
+        ensure_prepared(lease, &mut self.queue, &def, generation)?;
         frontend::encode_bind_head(
             &mut lease.conn.write_buf,
             &portal,

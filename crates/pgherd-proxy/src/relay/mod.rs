@@ -33,7 +33,7 @@ use pgherd_config::{Balance, Consistency, PoolMode, Route};
 use pgherd_route::balance::{
     choose, insert_lsn_as_end, parse_lsn, Lsn, NoChoice, Policy, Requirement,
 };
-use pgherd_route::{SessionEffect, Target as RouteTarget, TxEffect};
+use pgherd_route::{Pin as RoutePin, SessionEffect, Target as RouteTarget, TxEffect};
 use pgherd_wire::backend::{self, tag as btag, TxStatus};
 use pgherd_wire::frame::{read_header, HEADER_BYTES};
 use pgherd_wire::frontend::{self, tag as ftag, Target};
@@ -52,7 +52,7 @@ use crate::server::{ServerConn, MAX_SERVER_MESSAGE_BYTES};
 use crate::stream::Stream;
 use params::{may_change_session, session_changes, SessionParams, UNKNOWN};
 use queue::{Probe, Request, ResponseQueue, Synthetic};
-use statements::{ClientStatements, StatementDef, StatementError};
+use statements::{ClientStatements, Holding, StatementDef, StatementError};
 
 /// Stop reading from one side while this much is waiting to be written to the other.
 const HIGH_WATER_BYTES: usize = 256 << 10;
@@ -84,6 +84,14 @@ struct Lease {
     unnamed_here: bool,
 }
 
+/// A server connection a session starts with: session mode keeps the one its login used,
+/// whose process id the client was given.
+pub struct Held {
+    pub node: Arc<NodeState>,
+    pub pool: Arc<Pool>,
+    pub conn: Box<ServerConn>,
+}
+
 /// How a session's statements are routed, as configured for its database and user.
 pub struct RoutingSetup {
     pub route: Route,
@@ -105,15 +113,21 @@ const MAX_REPLAYS: u8 = 3;
 const MAX_CUSTOM_SETTINGS: usize = 64;
 
 /// Client messages sent to a replica and not answered yet, kept so they can be sent elsewhere
-/// if the replica fails before answering anything.
+/// if the replica fails, or refuses them as a standby must, before answering anything.
 #[derive(Default)]
 struct Replay {
     bytes: BytesMut,
     /// False once a message that cannot be repeated (defining or closing a named statement,
     /// streamed COPY data) went out.
     repeatable: bool,
-    /// Something of the answer already reached the client.
+    /// A result of the request already reached the client (rows, a completion).
     answered: bool,
+    /// Answers that only acknowledge (ParseComplete, BindComplete, descriptions) already
+    /// forwarded: the primary sends them again, and they are dropped there.
+    preliminaries: u32,
+    /// The replica refused the request as a standby (an unlogged table, a write, a WAL
+    /// function): the rest of its answers are dropped and it runs on the primary.
+    refused: bool,
     attempts: u8,
 }
 
@@ -127,6 +141,8 @@ impl Replay {
         }
         self.repeatable = true;
         self.answered = false;
+        self.preliminaries = 0;
+        self.refused = false;
     }
 }
 
@@ -168,6 +184,8 @@ struct Routing {
     /// replica owes nothing, then the session moves.
     held: bool,
     replay: Option<Box<Replay>>,
+    /// A standby refused the request that is about to be sent again: it runs on the primary.
+    retry_on_primary: bool,
 }
 
 impl Routing {
@@ -191,6 +209,7 @@ impl Routing {
             unit_copies_in: false,
             held: false,
             replay: None,
+            retry_on_primary: false,
         }
     }
 
@@ -245,6 +264,8 @@ enum Step {
     Release,
     /// Boxed: rare, and large enough to double the size of every idle session's task.
     ServerFailed(Box<ServerError>),
+    /// A replica refused the request as a standby must: run it on the primary.
+    RefusedByStandby,
 }
 
 /// Where a relay step failed.
@@ -328,6 +349,9 @@ pub struct Session {
     /// Custom settings the client set with `set_config` for its session, which a probe asks
     /// for (PostgreSQL lists no placeholder settings).
     custom_settings: Vec<String>,
+    /// Acknowledgements (ParseComplete, BindComplete, descriptions) of a request sent again on
+    /// another server that the client already got from the first: dropped.
+    skip_preliminaries: u32,
     /// pgherd is shutting down: end the session at the next point where it is idle.
     stop_when_idle: bool,
     /// 0 disables.
@@ -369,8 +393,16 @@ impl Session {
             server_last_words: None,
             probe_rows: None,
             custom_settings: Vec::new(),
+            skip_preliminaries: 0,
             stop_when_idle: false,
         }
+    }
+
+    /// Starts holding the server connection the login used.
+    pub fn hold(&mut self, held: Held) -> Result<(), PgError> {
+        let Held { node, pool, conn } = held;
+        self.last_pool = Some((node.clone(), pool.clone()));
+        self.take_lease(node, pool, conn)
     }
 
     /// Relays until the client leaves or is sent away; returns why, after cleaning up.
@@ -409,6 +441,10 @@ impl Session {
                     Ok(())
                 }
                 Step::ServerFailed(e) => Box::pin(self.on_server_failure(*e)).await,
+                Step::RefusedByStandby => {
+                    Box::pin(self.retry_on_primary()).await;
+                    Ok(())
+                }
             };
             if let Err(end) = result {
                 return end;
@@ -717,6 +753,14 @@ impl Session {
             if self.state_probe_due() {
                 self.push_state_probe()?;
                 continue;
+            }
+            if self
+                .routing
+                .replay
+                .as_ref()
+                .is_some_and(|r| r.refused && self.queue.is_settled())
+            {
+                return Poll::Ready(Ok(Step::RefusedByStandby));
             }
             if self.can_release() {
                 return Poll::Ready(Ok(Step::Release));

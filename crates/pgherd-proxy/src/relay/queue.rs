@@ -71,6 +71,9 @@ impl Request {
 pub enum Synthetic {
     ParseComplete,
     CloseComplete,
+    /// A simple query pgherd answers itself: its CommandComplete, then ReadyForQuery with
+    /// the transaction status at the time it is written.
+    Answered(&'static str),
     /// An error pgherd raises in the middle of a pipeline (e.g. an unknown statement name); the
     /// client's messages up to its next Sync are then skipped, as a server would.
     Error(PgError),
@@ -325,7 +328,11 @@ impl ResponseQueue {
     pub fn client_ready_owed(&self) -> usize {
         self.entries
             .iter()
-            .filter(|e| matches!(e, Entry::Client(r) if r.ends_with_ready_for_query()))
+            .filter(|e| match e {
+                Entry::Client(r) => r.ends_with_ready_for_query(),
+                Entry::Synthetic(Synthetic::Answered(_)) => true,
+                _ => false,
+            })
             .count()
     }
 
@@ -405,8 +412,19 @@ mod tests {
         match s {
             Synthetic::ParseComplete => "parse".into(),
             Synthetic::CloseComplete => "close".into(),
+            Synthetic::Answered(tag) => format!("answered {tag}"),
             Synthetic::Error(_) => "error".into(),
         }
+    }
+
+    #[test]
+    fn a_query_pgherd_answers_itself_counts_as_owing_a_ready() {
+        let mut r = Run::new();
+        r.q.push_client(Request::Query { sql: None });
+        r.q.push_synthetic(Synthetic::Answered("DEALLOCATE"));
+        assert_eq!(r.q.client_ready_owed(), 2);
+        assert_eq!(r.feed(b"CZ"), ["C", "Z", "answered DEALLOCATE"]);
+        assert!(r.q.is_settled());
     }
 
     #[test]

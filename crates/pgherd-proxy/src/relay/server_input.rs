@@ -11,6 +11,35 @@ pub(super) const STREAM_MESSAGE_BYTES: usize = 256 << 10;
 /// code come first.
 const ERROR_PREFIX_BYTES: usize = 4 << 10;
 
+/// Answers that acknowledge a message rather than carry a result.
+fn acknowledges(tag: u8) -> bool {
+    matches!(
+        tag,
+        btag::PARSE_COMPLETE
+            | btag::BIND_COMPLETE
+            | btag::CLOSE_COMPLETE
+            | btag::PARAMETER_DESCRIPTION
+            | btag::ROW_DESCRIPTION
+            | btag::NO_DATA
+    )
+}
+
+/// What a hot standby answers a request it cannot run: a write (25006, read-only
+/// transaction), an unlogged or temporary table, a WAL control function.
+fn refused_as_standby(err: &PgError) -> bool {
+    err.code == SqlState::READ_ONLY_SQL_TRANSACTION
+        || err.message.contains("during recovery")
+        || err.message == "recovery is in progress"
+}
+
+/// The server's words for a prepared statement whose plan names what no longer exists, or
+/// whose result changed shape: preparing it again mends it.
+fn names_a_stale_plan(err: &PgError) -> bool {
+    (err.code == SqlState::INTERNAL_ERROR && err.message.starts_with("cache lookup failed for"))
+        || (err.code == SqlState::FEATURE_NOT_SUPPORTED
+            && err.message == "cached plan must not change result type")
+}
+
 impl Session {
     pub(super) fn process_server_input(&mut self) -> Result<(), Relayed> {
         let Some(lease) = self.lease.as_mut() else {
@@ -109,7 +138,8 @@ impl Session {
                         ))
                     })?;
                     lease.conn.tx_status = status;
-                    if d.client_ready {
+                    let refused = self.routing.replay.as_ref().is_some_and(|r| r.refused);
+                    if d.client_ready && !refused {
                         self.on_client_ready(status)?;
                     }
                     match d.probe {
@@ -177,19 +207,28 @@ impl Session {
                 }
                 _ => {}
             }
+            let asynchronous = matches!(
+                h.tag,
+                btag::NOTICE_RESPONSE | btag::NOTIFICATION_RESPONSE | btag::PARAMETER_STATUS
+            );
+            if forward && d.to_client && !asynchronous {
+                forward = self.answer_still_owed(h.tag);
+            }
             if forward {
+                let at = self.client_out.len();
                 self.client_out.extend_from_slice(message);
-                if !matches!(
-                    h.tag,
-                    btag::NOTICE_RESPONSE | btag::NOTIFICATION_RESPONSE | btag::PARAMETER_STATUS
-                ) {
-                    self.note_answered();
+                if h.tag == btag::NOTIFICATION_RESPONSE {
+                    self.notifications_from_itself(at);
+                }
+                if !asynchronous {
+                    self.note_answer(h.tag);
                 }
             }
             input.advance(h.total_len());
             self.write_synthetics(&after)?;
             if let Some(replay) = self.routing.replay.as_mut() {
-                if !replay.bytes.is_empty() && !self.queue.has_client_requests() {
+                if !replay.bytes.is_empty() && !replay.refused && !self.queue.has_client_requests()
+                {
                     // Everything sent was answered: nothing to repeat elsewhere any more.
                     replay.restart();
                     replay.attempts = 0;
@@ -226,10 +265,24 @@ impl Session {
         if tag == btag::NOTICE_RESPONSE {
             return Ok(err.code != SqlState::ADMIN_SHUTDOWN);
         }
+        if d.to_client && self.may_retry_on_primary(&err) {
+            tracing::debug!(client = self.shared.id, error = %err, "a standby refused the request");
+            if let Some(replay) = self.routing.replay.as_mut() {
+                replay.refused = true;
+            }
+            // Nothing more of the client's goes to this replica: the refused request runs
+            // first, elsewhere.
+            self.routing.held = true;
+            return Ok(false);
+        }
         if d.to_client {
             self.tx_failed = true;
-            if let Some(lease) = self.lease.as_ref() {
+            if let Some(lease) = self.lease.as_mut() {
                 lease.pool.stats.server_errors.count(&err.code);
+                if names_a_stale_plan(&err) {
+                    // A schema change pgherd did not see: no statement held is to be trusted.
+                    lease.conn.statements.invalidate_all();
+                }
             }
         }
         if matches!(
@@ -255,10 +308,75 @@ impl Session {
         Ok(true)
     }
 
+    /// A replica refused the request as a standby, and nothing of its results reached the
+    /// client yet: it can run on the primary instead.
+    fn may_retry_on_primary(&self, err: &PgError) -> bool {
+        let on_replica = self.lease.as_ref().is_some_and(|l| l.on_replica);
+        let Some(replay) = self.routing.replay.as_ref() else {
+            return false;
+        };
+        on_replica
+            && refused_as_standby(err)
+            && self.client_tx == TxStatus::Idle
+            && replay.repeatable
+            && !replay.answered
+            && !replay.refused
+            && !replay.bytes.is_empty()
+            && replay.attempts < MAX_REPLAYS
+            && self.client_stream.is_none()
+    }
+
+    /// A notification the session's own server sent (NOTIFY in the same session) carries the
+    /// process id the client knows, where servers are shared (pgherd's own): drivers tell
+    /// their own notifications by it. `at` is where the message starts in `client_out`.
+    fn notifications_from_itself(&mut self, at: usize) {
+        let Some(lease) = self.lease.as_ref() else {
+            return;
+        };
+        let server_pid = lease.conn.cancel_key.process_id;
+        let own_pid = self.shared.key.process_id;
+        let Some(pid) = self
+            .client_out
+            .get_mut(at + HEADER_BYTES..at + HEADER_BYTES + 4)
+        else {
+            return;
+        };
+        if server_pid != own_pid && *pid == server_pid.to_be_bytes() {
+            pid.copy_from_slice(&own_pid.to_be_bytes());
+        }
+    }
+
     pub(super) fn note_answered(&mut self) {
+        self.skip_preliminaries = 0;
         if let Some(replay) = self.routing.replay.as_mut() {
             replay.answered = true;
         }
+    }
+
+    /// An answer went to the client: an acknowledgement is counted (a replay elsewhere drops
+    /// as many), anything else is a result.
+    fn note_answer(&mut self, tag: u8) {
+        if acknowledges(tag) {
+            if let Some(replay) = self.routing.replay.as_mut() {
+                replay.preliminaries += 1;
+            }
+        } else {
+            self.note_answered();
+        }
+    }
+
+    /// False for an answer the client must not get: the rest of a request a standby refused
+    /// (it runs again on the primary), or an acknowledgement the client already got before
+    /// the request moved.
+    fn answer_still_owed(&mut self, tag: u8) -> bool {
+        if self.routing.replay.as_ref().is_some_and(|r| r.refused) {
+            return false;
+        }
+        if self.skip_preliminaries > 0 && acknowledges(tag) {
+            self.skip_preliminaries -= 1;
+            return false;
+        }
+        true
     }
 
     /// The primary said where the session's writes end (or could not: then reads stay on the
@@ -310,10 +428,19 @@ impl Session {
         }
     }
 
+    /// After `DISCARD ALL` or `DEALLOCATE ALL` the server holds no prepared statement, and
+    /// neither does the client's session: its protocol-level statements are gone too, as they
+    /// would be on a server of its own.
     pub(super) fn forget_server_statements(&mut self) {
         if let Some(lease) = self.lease.as_mut() {
             lease.conn.statements.clear();
             lease.unnamed_here = false;
+        }
+        if let Some(statements) = self.statements.as_mut() {
+            statements.clear();
+        }
+        if let Some(unnamed) = self.unnamed.as_mut() {
+            unnamed.present = false;
         }
     }
 

@@ -77,6 +77,94 @@ impl StatementDef {
     }
 }
 
+/// What an SQL statement does with a prepared statement named in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SqlUse {
+    /// `DEALLOCATE [PREPARE] name`
+    Deallocate,
+    /// `EXECUTE name [(...)]`
+    Execute,
+}
+
+/// A query text that starts with `DEALLOCATE [PREPARE] name` or `EXECUTE name`: what it does,
+/// the name as PostgreSQL reads it (folded to lower case unless quoted), and where the name
+/// is in the text, so a client's protocol-level statement can be put in its server name's
+/// place. `DEALLOCATE ALL` is not a name.
+pub fn sql_statement_reference(sql: &[u8]) -> Option<(SqlUse, Vec<u8>, std::ops::Range<usize>)> {
+    let mut at = skip_blanks(sql, 0);
+    let word = |at: usize| {
+        let end = at
+            + sql[at..]
+                .iter()
+                .take_while(|b| b.is_ascii_alphabetic())
+                .count();
+        (sql[at..end].to_ascii_lowercase(), end)
+    };
+    let (first, end) = word(at);
+    let kind = match first.as_slice() {
+        b"deallocate" => SqlUse::Deallocate,
+        b"execute" => SqlUse::Execute,
+        _ => return None,
+    };
+    at = skip_blanks(sql, end);
+    if kind == SqlUse::Deallocate {
+        let (next, end) = word(at);
+        if next == b"prepare" {
+            at = skip_blanks(sql, end);
+        } else if next == b"all" && !sql.get(end).is_some_and(|b| is_name_byte(*b)) {
+            return None;
+        }
+    }
+    let (name, end) = match sql.get(at)? {
+        b'"' => {
+            let mut name = Vec::new();
+            let mut i = at + 1;
+            loop {
+                match sql.get(i)? {
+                    b'"' if sql.get(i + 1) == Some(&b'"') => {
+                        name.push(b'"');
+                        i += 2;
+                    }
+                    b'"' => break (name, i + 1),
+                    b => {
+                        name.push(*b);
+                        i += 1;
+                    }
+                }
+            }
+        }
+        b if b.is_ascii_alphabetic() || *b == b'_' || *b >= 0x80 => {
+            let end = at + sql[at..].iter().take_while(|b| is_name_byte(**b)).count();
+            (sql[at..end].to_ascii_lowercase(), end)
+        }
+        _ => return None,
+    };
+    Some((kind, name, at..end))
+}
+
+fn is_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80
+}
+
+/// Past spaces and comments.
+fn skip_blanks(sql: &[u8], mut at: usize) -> usize {
+    loop {
+        while sql.get(at).is_some_and(u8::is_ascii_whitespace) {
+            at += 1;
+        }
+        if sql[at..].starts_with(b"--") {
+            at += sql[at..].iter().take_while(|&&b| b != b'\n').count();
+        } else if sql[at..].starts_with(b"/*") {
+            match sql[at + 2..].windows(2).position(|w| w == b"*/") {
+                Some(i) => at += i + 4,
+                None => return sql.len(),
+            }
+        } else {
+            return at;
+        }
+    }
+}
+
 /// Why a client's statement operation is refused, in PostgreSQL's words.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StatementError {
@@ -131,11 +219,29 @@ impl ClientStatements {
     }
 }
 
+/// Whether a server connection holds a statement, and whether it can still be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holding {
+    /// Prepared since the last schema change pgherd knows of: use it.
+    Fresh,
+    /// Prepared before a schema change (a type it names may be gone): close it and prepare
+    /// it again, as a client's own Parse would have done.
+    Stale,
+    Missing,
+}
+
+/// One statement a server connection holds.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    last_used: u64,
+    /// The schema generation it was prepared at (see [`Holding::Stale`]).
+    generation: u64,
+}
+
 /// What one server connection holds, least recently used first out.
 #[derive(Debug)]
 pub struct ServerStatements {
-    /// Statement → the tick it was last used at.
-    last_used: HashMap<StatementHash, u64>,
+    last_used: HashMap<StatementHash, Held>,
     tick: u64,
     /// Statements used at or after this tick belong to the batch being relayed and must not be
     /// closed under it.
@@ -163,25 +269,29 @@ impl ServerStatements {
         self.batch_start = self.tick;
     }
 
-    /// True if the server holds the statement; counts as a use.
-    pub fn touch(&mut self, hash: &StatementHash) -> bool {
+    /// Whether the server holds the statement usable at schema `generation`; a fresh one
+    /// counts as a use.
+    pub fn touch(&mut self, hash: &StatementHash, generation: u64) -> Holding {
         match self.last_used.get_mut(hash) {
-            Some(t) => {
-                *t = self.tick;
-                true
+            Some(held) if held.generation >= generation => {
+                held.last_used = self.tick;
+                Holding::Fresh
             }
-            None => false,
+            Some(_) => Holding::Stale,
+            None => Holding::Missing,
         }
     }
 
-    /// Records that a Parse for `hash` is being sent. Returns statements to close first when
-    /// the cache is full (at most one, and never one used in the current batch).
-    pub fn insert(&mut self, hash: StatementHash) -> Option<StatementHash> {
-        let victim = if self.last_used.len() >= self.capacity {
+    /// Records that a Parse for `hash` is being sent at schema `generation`. Returns a
+    /// statement to close first when the cache is full (at most one, and never one used in
+    /// the current batch).
+    pub fn insert(&mut self, hash: StatementHash, generation: u64) -> Option<StatementHash> {
+        let victim = if self.last_used.len() >= self.capacity && !self.last_used.contains_key(&hash)
+        {
             self.last_used
                 .iter()
-                .filter(|(_, &t)| t < self.batch_start)
-                .min_by_key(|(_, &t)| t)
+                .filter(|(_, held)| held.last_used < self.batch_start)
+                .min_by_key(|(_, held)| held.last_used)
                 .map(|(h, _)| *h)
         } else {
             None
@@ -189,8 +299,22 @@ impl ServerStatements {
         if let Some(v) = victim {
             self.last_used.remove(&v);
         }
-        self.last_used.insert(hash, self.tick);
+        self.last_used.insert(
+            hash,
+            Held {
+                last_used: self.tick,
+                generation,
+            },
+        );
         victim
+    }
+
+    /// Every statement held may be stale: the server said one was (its plan named a type
+    /// that no longer exists), after a schema change pgherd did not see.
+    pub fn invalidate_all(&mut self) {
+        for held in self.last_used.values_mut() {
+            held.generation = 0;
+        }
     }
 
     pub fn forget(&mut self, hash: &StatementHash) {
@@ -227,6 +351,39 @@ mod tests {
     }
 
     #[test]
+    fn sql_references_to_statements() {
+        fn r(sql: &str) -> Option<(SqlUse, String, &str)> {
+            sql_statement_reference(sql.as_bytes())
+                .map(|(kind, name, range)| (kind, String::from_utf8(name).unwrap(), &sql[range]))
+        }
+        assert_eq!(
+            r("DEALLOCATE _pg3_0"),
+            Some((SqlUse::Deallocate, "_pg3_0".into(), "_pg3_0"))
+        );
+        assert_eq!(
+            r("  /* c */ deallocate prepare \"S_1\";"),
+            Some((SqlUse::Deallocate, "S_1".into(), "\"S_1\""))
+        );
+        assert_eq!(r("DEALLOCATE ALL"), None);
+        assert_eq!(
+            r("DEALLOCATE allx"),
+            Some((SqlUse::Deallocate, "allx".into(), "allx"))
+        );
+        assert_eq!(
+            r("EXECUTE Foo(1, 'x')"),
+            Some((SqlUse::Execute, "foo".into(), "Foo"))
+        );
+        assert_eq!(
+            r("-- hi\nexecute \"a\"\"b\""),
+            Some((SqlUse::Execute, "a\"b".into(), "\"a\"\"b\""))
+        );
+        assert_eq!(r("SELECT 1"), None);
+        assert_eq!(r("EXECUTE"), None);
+        assert_eq!(r("EXECUTE \"unterminated"), None);
+        assert_eq!(r("/* unterminated"), None);
+    }
+
+    #[test]
     fn clients_cannot_see_each_others_names() {
         let mut one = ClientStatements::default();
         let mut two = ClientStatements::default();
@@ -248,16 +405,31 @@ mod tests {
         let h = |i: u8| StatementHash([i; 16]);
         let mut s = ServerStatements::new(2);
         s.begin_batch();
-        assert_eq!(s.insert(h(1)), None);
+        assert_eq!(s.insert(h(1), 1), None);
         s.begin_batch();
-        assert_eq!(s.insert(h(2)), None);
+        assert_eq!(s.insert(h(2), 1), None);
         s.begin_batch();
-        assert!(s.touch(&h(1)));
+        assert_eq!(s.touch(&h(1), 1), Holding::Fresh);
         // h(2) is the least recently used and not in this batch.
-        assert_eq!(s.insert(h(3)), Some(h(2)));
+        assert_eq!(s.insert(h(3), 1), Some(h(2)));
         // Everything left was used in this batch: grow instead of closing a statement in use.
-        assert_eq!(s.insert(h(4)), None);
+        assert_eq!(s.insert(h(4), 1), None);
         assert_eq!(s.len(), 3);
-        assert!(!s.touch(&h(2)));
+        assert_eq!(s.touch(&h(2), 1), Holding::Missing);
+    }
+
+    #[test]
+    fn schema_changes_make_statements_stale() {
+        let h = |i: u8| StatementHash([i; 16]);
+        let mut s = ServerStatements::new(10);
+        s.insert(h(1), 1);
+        s.insert(h(2), 3);
+        assert_eq!(s.touch(&h(1), 2), Holding::Stale);
+        assert_eq!(s.touch(&h(2), 2), Holding::Fresh);
+        // Prepared again: fresh, and no victim for re-inserting what is held.
+        assert_eq!(s.insert(h(1), 2), None);
+        assert_eq!(s.touch(&h(1), 2), Holding::Fresh);
+        s.invalidate_all();
+        assert_eq!(s.touch(&h(2), 1), Holding::Stale);
     }
 }

@@ -31,6 +31,15 @@ pub const ADMIN_DATABASE: &str = "pgherd";
 /// Serves one accepted connection to its end.
 pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
     let proxy = app.config().proxy.clone();
+    if app.clients.failing_too_much(addr.ip()) {
+        let err = PgError::fatal(
+            SqlState::TOO_MANY_CONNECTIONS,
+            "too many failed logins from this address are waiting for their answer",
+        )
+        .with_hint("retry in a few seconds");
+        refuse_raw(tcp, err).await;
+        return;
+    }
     let limit = proxy.max_client_connections + proxy.admin_reserved_connections;
     let Some(slot) = app.clients.admit(limit) else {
         let err = PgError::fatal(
@@ -101,13 +110,13 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
         Err(end) => end,
     };
     if end.is_guess() && proxy.auth_failure_delay_ms > 0 {
-        // Answered late, the place still held: guessing from one address gets slow.
+        // Answered late, the place still held (at most a few per address, see `handle`):
+        // guessing from one address gets slow.
         let base = Duration::from_millis(proxy.auth_failure_delay_ms);
-        let (delay, recent) = app.clients.note_failure(addr.ip(), base);
+        let recent = app.clients.delay_failure(addr.ip(), base).await;
         if crate::throttle::worth_logging(recent) {
             tracing::warn!(%addr, recent, reason = %end, "failed login or cancel request; answers to this address are slowed down");
         }
-        tokio::time::sleep(delay).await;
     }
     if let Some(err) = end.client_error() {
         send_error(&mut stream, &err).await;

@@ -237,12 +237,25 @@ impl ClientRegistry {
         self.logged_in.load(Ordering::Acquire)
     }
 
-    /// Records a failure (a wrong password, a wrong cancel secret) from `address` and says
-    /// how long to wait before answering it, and how many that address made lately.
-    pub fn note_failure(&self, address: std::net::IpAddr, base: Duration) -> (Duration, u32) {
+    /// Answers a failure (a wrong password, a wrong cancel secret) from `address` late:
+    /// later the more that address failed lately. Returns how many it made lately.
+    pub async fn delay_failure(&self, address: std::net::IpAddr, base: Duration) -> u32 {
         let now_ms = self.clock.elapsed().as_millis() as u64;
         let base_ms = base.as_millis() as u64;
-        self.failures.lock().fail(address, now_ms, base_ms)
+        let (delay, recent) = {
+            let mut ledger = self.failures.lock();
+            let answer = ledger.fail(address, now_ms, base_ms);
+            ledger.waiting(address, true);
+            answer
+        };
+        tokio::time::sleep(delay).await;
+        self.failures.lock().waiting(address, false);
+        recent
+    }
+
+    /// So many failures from `address` wait for their answer that it must wait too.
+    pub fn failing_too_much(&self, address: std::net::IpAddr) -> bool {
+        self.failures.lock().saturated(address)
     }
 
     /// Registers a logged-in client under a fresh cancel key: pgherd's own process id, or

@@ -59,10 +59,27 @@ const CATALOG_REFRESH_INTERVAL: Duration = Duration::from_secs(60);
 /// And at most this often, however many changes ask for it.
 const CATALOG_RELOAD_MIN_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Functions and whether they are user code: written in SQL or a procedural language, or an
+/// aggregate (its support functions may be), and not PostgreSQL's own.
 const FUNCTIONS_SQL: &str = "\
 SELECT lower(p.proname), bool_or(p.provolatile = 'v'), \
-       bool_or(p.oid >= 16384 AND l.lanname NOT IN ('internal', 'c')) \
+       bool_or(p.oid >= 16384 AND (l.lanname NOT IN ('internal', 'c') OR p.prokind = 'a')) \
 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_language l ON l.oid = p.prolang GROUP BY 1";
+
+/// User code that runs without a function call in the text: casts and domain checks of
+/// types, operators.
+const CODE_TYPES_SQL: &str = "\
+WITH user_fn AS ( \
+  SELECT p.oid FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_language l ON l.oid = p.prolang \
+  WHERE p.oid >= 16384 AND (l.lanname NOT IN ('internal', 'c') OR p.prokind = 'a')) \
+SELECT 't', t.typname FROM pg_catalog.pg_type t WHERE t.typtype = 'd' AND EXISTS ( \
+  SELECT 1 FROM pg_catalog.pg_constraint c JOIN pg_catalog.pg_depend d \
+    ON d.classid = 'pg_catalog.pg_constraint'::regclass AND d.objid = c.oid \
+    AND d.refclassid = 'pg_catalog.pg_proc'::regclass \
+  WHERE c.contypid = t.oid AND d.refobjid IN (SELECT oid FROM user_fn)) \
+UNION SELECT 't', t.typname FROM pg_catalog.pg_cast c JOIN pg_catalog.pg_type t \
+  ON t.oid IN (c.castsource, c.casttarget) WHERE c.castfunc IN (SELECT oid FROM user_fn) \
+UNION SELECT 'o', o.oprname FROM pg_catalog.pg_operator o WHERE o.oprcode::oid IN (SELECT oid FROM user_fn)";
 
 /// Bodies of user functions that may set custom settings.
 const FUNCTION_SOURCES_SQL: &str = "\
@@ -75,7 +92,7 @@ WHERE p.oid >= 16384 AND l.lanname NOT IN ('internal', 'c') AND p.prosrc ~* 'set
 const RELATIONS_SQL: &str = "\
 WITH user_fn AS ( \
   SELECT p.oid FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_language l ON l.oid = p.prolang \
-  WHERE p.oid >= 16384 AND l.lanname NOT IN ('internal', 'c')), \
+  WHERE p.oid >= 16384 AND (l.lanname NOT IN ('internal', 'c') OR p.prokind = 'a')), \
 uses_fn AS ( \
   SELECT d.classid, d.objid FROM pg_catalog.pg_depend d \
   WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass AND d.refobjid IN (SELECT oid FROM user_fn)), \
@@ -92,7 +109,11 @@ code AS ( \
   UNION SELECT c.conrelid FROM pg_catalog.pg_constraint c JOIN uses_fn u \
     ON u.classid = 'pg_catalog.pg_constraint'::regclass AND u.objid = c.oid WHERE c.conrelid <> 0 \
   UNION SELECT i.indrelid FROM pg_catalog.pg_index i JOIN uses_fn u \
-    ON u.classid = 'pg_catalog.pg_class'::regclass AND u.objid = i.indexrelid), \
+    ON u.classid = 'pg_catalog.pg_class'::regclass AND u.objid = i.indexrelid \
+  UNION SELECT a.attrelid FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_constraint c \
+    ON c.contypid = a.atttypid JOIN uses_fn u \
+    ON u.classid = 'pg_catalog.pg_constraint'::regclass AND u.objid = c.oid \
+    WHERE NOT a.attisdropped), \
 seq AS ( \
   SELECT a.adrelid AS rel FROM pg_catalog.pg_attrdef a JOIN pg_catalog.pg_depend d \
     ON d.classid = 'pg_catalog.pg_attrdef'::regclass AND d.objid = a.oid \
@@ -122,6 +143,9 @@ pub struct Router {
     /// Wakes the catalog task to read the catalog again (a statement named something it
     /// does not know, or a schema change committed).
     reload: Notify,
+    /// Counts what changes decisions: catalog loads, statements a standby refused. A decision
+    /// kept outside the cache (a prepared statement's) is made again when it moved.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 /// The decisions by key, and how often a lookup found one (counted under the lock the
@@ -156,6 +180,7 @@ impl Router {
             capacity: config.routing.decision_cache_entries,
             max_parse_bytes: config.routing.max_parse_bytes,
             reload: Notify::new(),
+            generation: std::sync::atomic::AtomicU64::new(0),
         });
         tokio::spawn(keep_catalog(app.clone(), Arc::downgrade(&router)));
         router
@@ -164,6 +189,10 @@ impl Router {
     /// The catalog as last read, for the session-state probe's custom settings.
     pub fn catalog(&self) -> arc_swap::Guard<Arc<Snapshot>> {
         self.catalog.load()
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Asks for the catalog to be read again soon (a schema change committed).
@@ -240,6 +269,8 @@ impl Router {
                 cache.map.insert(key.as_slice().into(), Arc::new(decision));
             }
         });
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 
     async fn load_catalog(&self, app: &Arc<App>) -> Result<(usize, usize), String> {
@@ -293,6 +324,17 @@ impl Router {
             }
         }
         for row in conn
+            .simple_query(CODE_TYPES_SQL)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            match row.as_slice() {
+                [Some(kind), Some(name)] if kind == "t" => builder.code_type(name),
+                [Some(kind), Some(name)] if kind == "o" => builder.code_operator(name),
+                _ => {}
+            }
+        }
+        for row in conn
             .simple_query(REACHES_SQL)
             .await
             .map_err(|e| e.to_string())?
@@ -307,6 +349,8 @@ impl Router {
         let counts = (snapshot.function_count(), snapshot.relation_count());
         self.catalog.store(Arc::new(snapshot));
         self.decisions.lock().map.clear();
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         Ok(counts)
     }
 }

@@ -13,11 +13,17 @@ const FORGET_AFTER_MS: u64 = 60_000;
 const MAX_FACTOR: u64 = 16;
 /// Addresses remembered at most; the stalest are dropped beyond.
 const MAX_ADDRESSES: usize = 10_000;
+/// Failures of one address waiting for their answer at once, at most: beyond, new
+/// connections from it are refused until some are answered, so parallel guesses cannot
+/// outrun the delay or take every connection place.
+pub const MAX_WAITING_PER_ADDRESS: u32 = 16;
 
 #[derive(Debug, Clone, Copy)]
 struct Record {
     failures: u32,
     last_ms: u64,
+    /// Failures being answered late right now.
+    waiting: u32,
 }
 
 /// Recent failures by address.
@@ -47,6 +53,7 @@ impl FailureLedger {
         let record = self.records.entry(address).or_insert(Record {
             failures: 0,
             last_ms: now_ms,
+            waiting: 0,
         });
         if now_ms.saturating_sub(record.last_ms) > FORGET_AFTER_MS {
             record.failures = 0;
@@ -60,6 +67,25 @@ impl FailureLedger {
         )
     }
 
+    /// A failure's delayed answer starts or ends.
+    pub fn waiting(&mut self, address: IpAddr, starts: bool) {
+        if let Some(record) = self.records.get_mut(&address) {
+            record.waiting = if starts {
+                record.waiting.saturating_add(1)
+            } else {
+                record.waiting.saturating_sub(1)
+            };
+        }
+    }
+
+    /// So many failures of `address` wait for their answer that new connections from it
+    /// are refused.
+    pub fn saturated(&self, address: IpAddr) -> bool {
+        self.records
+            .get(&address)
+            .is_some_and(|r| r.waiting >= MAX_WAITING_PER_ADDRESS)
+    }
+
     /// A successful login from `address` clears its record.
     pub fn succeed(&mut self, address: IpAddr) {
         self.records.remove(&address);
@@ -67,7 +93,7 @@ impl FailureLedger {
 
     fn forget_stale(&mut self, now_ms: u64) {
         self.records
-            .retain(|_, r| now_ms.saturating_sub(r.last_ms) <= FORGET_AFTER_MS);
+            .retain(|_, r| r.waiting > 0 || now_ms.saturating_sub(r.last_ms) <= FORGET_AFTER_MS);
     }
 
     pub fn len(&self) -> usize {
@@ -110,6 +136,19 @@ mod tests {
         // A success clears the record.
         ledger.succeed(ip(1));
         assert_eq!(ledger.fail(ip(1), 70_000, 250).1, 1);
+    }
+
+    #[test]
+    fn an_address_with_many_answers_waiting_is_saturated() {
+        let mut ledger = FailureLedger::default();
+        for _ in 0..MAX_WAITING_PER_ADDRESS {
+            ledger.fail(ip(1), 0, 100);
+            ledger.waiting(ip(1), true);
+        }
+        assert!(ledger.saturated(ip(1)));
+        assert!(!ledger.saturated(ip(2)));
+        ledger.waiting(ip(1), false);
+        assert!(!ledger.saturated(ip(1)));
     }
 
     #[test]

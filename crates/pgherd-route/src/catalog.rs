@@ -17,6 +17,11 @@ pub trait Catalog {
     fn function(&self, name: &str) -> Option<FunctionInfo>;
     /// A relation by its unqualified name (all schemas); `None` when none is known.
     fn relation(&self, name: &str) -> Option<RelationInfo>;
+    /// The text names a type whose cast or domain check runs user code, or uses an operator
+    /// implemented by user code (an over-approximation: words in strings and comments count).
+    fn mentions_user_code(&self, _text: &str) -> bool {
+        false
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -76,6 +81,10 @@ pub struct Snapshot {
     /// Custom settings (`app.tenant_id`) user functions set: the ones a session-state probe
     /// asks about, as PostgreSQL lists no placeholder settings.
     custom_settings: Vec<String>,
+    /// Lower-case names of types whose casts or domain checks run user code.
+    code_types: HashSet<String>,
+    /// Operators implemented by user code.
+    code_operators: Vec<String>,
 }
 
 impl Catalog for Snapshot {
@@ -85,6 +94,21 @@ impl Catalog for Snapshot {
 
     fn relation(&self, name: &str) -> Option<RelationInfo> {
         self.relations.get(name).copied()
+    }
+
+    fn mentions_user_code(&self, text: &str) -> bool {
+        if !self.code_types.is_empty() {
+            let lower = text.to_ascii_lowercase();
+            let mut words = lower
+                .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '$'))
+                .filter(|w| !w.is_empty());
+            if words.any(|w| self.code_types.contains(w)) {
+                return true;
+            }
+        }
+        self.code_operators
+            .iter()
+            .any(|op| text.contains(op.as_str()))
     }
 }
 
@@ -111,6 +135,8 @@ pub struct SnapshotBuilder {
     /// table and its partitions, a referenced table and the tables its deletes cascade to).
     reaches: Vec<(u32, u32)>,
     custom_settings: HashSet<String>,
+    code_types: HashSet<String>,
+    code_operators: Vec<String>,
 }
 
 impl SnapshotBuilder {
@@ -133,6 +159,18 @@ impl SnapshotBuilder {
 
     pub fn reaches(&mut self, from: u32, to: u32) {
         self.reaches.push((from, to));
+    }
+
+    /// A type whose cast or domain check runs user code.
+    pub fn code_type(&mut self, name: &str) {
+        self.code_types.insert(name.to_lowercase());
+    }
+
+    /// An operator implemented by user code.
+    pub fn code_operator(&mut self, name: &str) {
+        if !self.code_operators.iter().any(|o| o == name) {
+            self.code_operators.push(name.to_owned());
+        }
     }
 
     pub fn build(self) -> Snapshot {
@@ -176,6 +214,8 @@ impl SnapshotBuilder {
             functions: self.functions,
             relations,
             custom_settings,
+            code_types: self.code_types,
+            code_operators: self.code_operators,
         }
     }
 }
@@ -325,6 +365,19 @@ mod tests {
                 user_defined: true
             })
         );
+    }
+
+    #[test]
+    fn types_and_operators_that_run_user_code_are_noticed() {
+        let mut b = SnapshotBuilder::default();
+        b.code_type("Checked_Domain");
+        b.code_operator("===");
+        let s = b.build();
+        assert!(s.mentions_user_code("SELECT 'x'::checked_domain"));
+        assert!(s.mentions_user_code("SELECT '1'::\"Checked_Domain\""));
+        assert!(s.mentions_user_code("SELECT a === b FROM t"));
+        assert!(s.mentions_user_code("SELECT a OPERATOR(public.===) b"));
+        assert!(!s.mentions_user_code("SELECT checked, domain, a == b FROM t"));
     }
 
     #[test]

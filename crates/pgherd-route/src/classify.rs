@@ -46,9 +46,30 @@ const SESSION_CHANGING_FUNCTIONS: &[&str] = &[
     "pg_create_physical_replication_slot",
     "pg_replication_origin_session_setup",
     "set_limit",
-    "dblink_connect",
-    "dblink_connect_u",
-    "dblink_open",
+];
+
+/// Functions that open a `dblink` connection kept in the server process.
+const DBLINK_FUNCTIONS: &[&str] = &["dblink_connect", "dblink_connect_u"];
+
+/// Built-in functions that run SQL given to them as text (or name a relation in a literal),
+/// which the classifier cannot see into.
+const SQL_RUNNING_FUNCTIONS: &[&str] = &[
+    "query_to_xml",
+    "query_to_xmlschema",
+    "query_to_xml_and_xmlschema",
+    "cursor_to_xml",
+    "cursor_to_xmlschema",
+    "table_to_xml",
+    "table_to_xmlschema",
+    "table_to_xml_and_xmlschema",
+    "schema_to_xml",
+    "schema_to_xmlschema",
+    "schema_to_xml_and_xmlschema",
+    "database_to_xml",
+    "database_to_xmlschema",
+    "database_to_xml_and_xmlschema",
+    "ts_stat",
+    "ts_rewrite",
 ];
 
 /// Functions that draw from sequences.
@@ -100,7 +121,7 @@ pub fn classify(
 ) -> Decision {
     if lexed.strings_depend_on_settings {
         return Decision::unread(
-            "has backslashes in strings while standard_conforming_strings is off, so the primary runs it",
+            "has a backslash the server may read otherwise (standard_conforming_strings, the client's encoding), so the primary runs it",
         );
     }
     let parsed = match parse::parse(sql, lexed, max_parse_bytes) {
@@ -123,6 +144,10 @@ pub fn classify(
     };
     let decision = function_effects(decision, &parsed, lexed, catalog);
     let mut decision = relation_effects(decision, &parsed, catalog);
+    if catalog.mentions_user_code(sql) {
+        // A type whose cast or domain check runs user code, an operator implemented by one.
+        decision = decision.with_session(SessionEffect::Unknown);
+    }
     if decision.session == SessionEffect::Unknown && calls(&parsed, "set_config") {
         // The names are literals the cache key keeps (see the lexer).
         decision.custom_settings = custom_settings_set_in(sql);
@@ -183,6 +208,24 @@ fn function_effects(
                 format!("calls {name}, which takes a session lock"),
             );
             d.pin = Some(Pin::AdvisoryLock);
+            decision = decision.merge(d);
+            continue;
+        }
+        if DBLINK_FUNCTIONS.contains(&name) {
+            let mut d = Decision::new(
+                Target::Primary,
+                format!("calls {name}, which keeps a connection in the session"),
+            );
+            d.pin = Some(Pin::Dblink);
+            decision = decision.merge(d);
+            continue;
+        }
+        if SQL_RUNNING_FUNCTIONS.contains(&name) {
+            let mut d = Decision::new(
+                Target::Primary,
+                format!("calls {name}, which runs SQL pgherd cannot see"),
+            );
+            d.session = SessionEffect::Unknown;
             decision = decision.merge(d);
             continue;
         }

@@ -26,6 +26,9 @@ pub enum Pin {
     /// Something the statement ran (a function, a `DO` block) left state pgherd found on
     /// the server afterwards: temporary objects, session locks, cursors, listeners.
     FoundState,
+    /// A `dblink` connection, which lives in the server process where pgherd cannot see it
+    /// and no reset closes it: the server connection is closed when the client leaves.
+    Dblink,
 }
 
 impl Pin {
@@ -38,12 +41,13 @@ impl Pin {
             Pin::HoldCursor => "a cursor WITH HOLD",
             Pin::LoadedLibrary => "LOAD of a library",
             Pin::FoundState => "session state created by a function or DO block",
+            Pin::Dblink => "a dblink connection",
         }
     }
 
     /// The server connection cannot be reset for another client after this.
     pub fn forbids_reuse(&self) -> bool {
-        *self == Pin::LoadedLibrary
+        matches!(self, Pin::LoadedLibrary | Pin::Dblink)
     }
 }
 

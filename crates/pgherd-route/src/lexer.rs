@@ -30,8 +30,11 @@ pub struct Lexed {
     /// False when the key must not be used: the text does not lex as the server would
     /// accept it.
     pub cacheable: bool,
-    /// A standard string (`'...'`) holds a backslash while `standard_conforming_strings` is
-    /// off: the server reads it otherwise than the parser library, which assumes it on.
+    /// The server may read the text's strings otherwise than the parser library: a standard
+    /// string (`'...'`) holds a backslash (its meaning depends on
+    /// `standard_conforming_strings`, which a statement pipelined just before may change), or
+    /// a backslash follows a non-ASCII byte (in a client-only encoding such as SJIS it may be
+    /// half of a character). Such a text gets no key and is not parsed.
     pub strings_depend_on_settings: bool,
     /// A lower bound on how deeply the expression tree nests: operator chains, summed over
     /// enclosing parentheses.
@@ -420,6 +423,8 @@ impl Lexer<'_> {
                 self.at += 1;
                 self.key.push(b'&');
                 self.quoted_identifier();
+                // The name depends on a UESCAPE literal the key would not see.
+                self.uncacheable();
             }
             _ => {}
         }
@@ -438,8 +443,10 @@ impl Lexer<'_> {
                 }
                 Some(b'\\') if quoting != Quoting::Bits => {
                     let escapes = quoting == Quoting::Escape || !self.standard_strings;
-                    if quoting == Quoting::Standard && !self.standard_strings {
+                    let after_non_ascii = self.at > 0 && self.sql[self.at - 1] >= 0x80;
+                    if quoting == Quoting::Standard || after_non_ascii {
                         self.out.strings_depend_on_settings = true;
+                        self.uncacheable();
                     }
                     self.at += if escapes { 2 } else { 1 };
                 }

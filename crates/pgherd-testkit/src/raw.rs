@@ -21,6 +21,8 @@ pub struct RawClient {
     pub stream: TcpStream,
     buf: Vec<u8>,
     pub key: Option<CancelKey>,
+    /// ParameterStatus values received at login.
+    pub parameters: Vec<(String, String)>,
 }
 
 impl RawClient {
@@ -34,6 +36,7 @@ impl RawClient {
             stream,
             buf: Vec::new(),
             key: None,
+            parameters: Vec::new(),
         }
     }
 
@@ -109,6 +112,10 @@ impl RawClient {
                 tag::BACKEND_KEY_DATA => {
                     c.key = Some(backend::parse_backend_key_data(&body).expect("key"))
                 }
+                tag::PARAMETER_STATUS => {
+                    let p = backend::ParameterStatus::parse(&body).expect("parameter status");
+                    c.parameters.push((p.name.to_owned(), p.value.to_owned()));
+                }
                 tag::READY_FOR_QUERY => return Ok(c),
                 _ => {}
             }
@@ -116,6 +123,15 @@ impl RawClient {
                 c.send(&out);
             }
         }
+    }
+
+    /// The value a ParameterStatus gave `name` at login.
+    pub fn parameter(&self, name: &str) -> Option<String> {
+        self.parameters
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
     }
 
     pub fn send(&mut self, bytes: &[u8]) {

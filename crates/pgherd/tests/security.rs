@@ -215,7 +215,12 @@ async fn session_state_never_leaks_to_the_next_client() {
             .unwrap_err();
         assert_eq!(sqlstate(&e), "55000", "{e}");
     }
-    assert!(!env.pgherd.log().contains("panicked"));
+    let log = env.pgherd.log();
+    assert!(!log.contains("panicked"));
+    // The catalog (functions, relations, their user code) was read: the checks above relied
+    // on it, not on everything being unknown.
+    assert!(!log.contains("cannot load the catalog"), "{log}");
+    assert!(log.contains("catalog loaded"), "{log}");
 }
 
 /// `name'\'` is an identifier and a string, not an E-string: the statement after it is part
@@ -495,22 +500,25 @@ fn failed_logins_and_wrong_cancel_keys_are_throttled() {
                 let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
                 let mut out = BytesMut::new();
                 pgherd_wire::startup::encode_cancel_request(&mut out, guess);
-                s.write_all(&out).unwrap();
+                let _ = s.write_all(&out);
                 let started = Instant::now();
-                let _ = s.read(&mut [0u8; 16]);
-                started.elapsed()
+                let mut answer = Vec::new();
+                let _ = s.read_to_end(&mut answer);
+                let refused = String::from_utf8_lossy(&answer).contains("too many failed logins");
+                (started.elapsed(), refused)
             })
         })
         .collect();
-    let waits: Vec<Duration> = guesses.into_iter().map(|g| g.join().unwrap()).collect();
-    assert!(
-        waits
-            .iter()
-            .filter(|w| **w >= Duration::from_millis(800))
-            .count()
-            > 150,
-        "most guesses should have been answered late"
-    );
+    let answers: Vec<(Duration, bool)> = guesses.into_iter().map(|g| g.join().unwrap()).collect();
+    // At most 16 guesses from one address wait for their (late) answer at a time; the others
+    // are turned away at once: parallel guessing cannot outrun the delay.
+    let turned_away = answers.iter().filter(|(_, refused)| *refused).count();
+    let answered_late = answers
+        .iter()
+        .filter(|(waited, refused)| !refused && *waited >= Duration::from_millis(90))
+        .count();
+    assert!(turned_away >= 150, "{turned_away} of 200 turned away");
+    assert!(answered_late >= 16, "{answered_late} answered late");
     let lines = env
         .pgherd
         .log()

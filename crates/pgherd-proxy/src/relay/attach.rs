@@ -17,6 +17,7 @@ impl Session {
     /// `routing.front`, so it is not classified again when relayed.
     pub(super) fn route_front(&mut self, input: &[u8]) -> Result<RouteTarget, PgError> {
         self.routing.front = None;
+        self.routing.replica_asked = self.routing.route() == Route::Replica;
         if std::mem::take(&mut self.routing.retry_on_primary) {
             return Ok(RouteTarget::Primary);
         }
@@ -84,6 +85,7 @@ impl Session {
                 _ => None,
             };
             if let Some(routed) = routed {
+                self.routing.replica_asked |= routed.hint == Some(Route::Replica);
                 target = Some(strictest(target, self.routing.target(Some(&routed))));
             }
             if h.tag == ftag::QUERY {
@@ -105,15 +107,18 @@ impl Session {
                 .and_then(|u| u.routed.clone());
         }
         let def = statement(&self.statements, name).ok()?;
-        Some(
-            def.routed
-                .get_or_init(|| {
-                    router
-                        .route(&def.query, self.routing.standard_conforming_strings)
-                        .unwrap_or_else(|_| Routed::primary("its routing hint is invalid"))
-                })
-                .clone(),
-        )
+        let generation = router.generation();
+        let mut decided = def.routed.lock();
+        if let Some((at, routed)) = decided.as_ref() {
+            if *at == generation {
+                return Some(routed.clone());
+            }
+        }
+        let routed = router
+            .route(&def.query, self.routing.standard_conforming_strings)
+            .unwrap_or_else(|_| Routed::primary("its routing hint is invalid"));
+        *decided = Some((generation, routed.clone()));
+        Some(routed)
     }
 
     /// The node for a request with `target`, and the WAL position to wait for when the chosen
@@ -497,6 +502,7 @@ impl Session {
         pool.release(conn, clean);
         self.queue.clear();
         self.server_passthrough = None;
+        self.after_stream.clear();
     }
 
     /// A server connection failed while attached. The client keeps its connection in
@@ -635,6 +641,11 @@ impl Session {
     /// The client left while holding a server: finish or cancel what runs, roll back an open
     /// transaction, and reset a session-mode connection.
     pub(super) async fn clean_up_server(&mut self) -> Result<(), ()> {
+        if self.client_stream.is_some_and(|s| s.to_server) {
+            // A message half passed to the server cannot be ended: anything written now
+            // would be read as part of it.
+            return Err(());
+        }
         let lease = self.lease.as_mut().ok_or(())?;
         lease.conn.write_buf.clear();
         if self.queue.in_copy_in() {
@@ -659,6 +670,7 @@ impl Session {
             self.drain_internal().await?;
         }
         if self.routing.pinned.is_some_and(|p| p.forbids_reuse()) {
+            // A library stays loaded: no reset undoes it.
             return Err(());
         }
         // A shared server that held this client's own session state (it was pinned, or ran

@@ -212,13 +212,7 @@ impl Session {
     /// The transaction is over but where its writes end is still unknown: ask before the
     /// server goes back (rare: the probe usually rides along with the request).
     pub(super) fn probe_before_release(&self) -> bool {
-        self.write_needs_probe()
-            && self.mode_shares_servers()
-            && self.queue.is_settled()
-            && self
-                .lease
-                .as_ref()
-                .is_some_and(|l| l.conn.tx_status == TxStatus::Idle && l.conn.write_buf.is_empty())
+        self.write_needs_probe() && self.mode_shares_servers() && self.server_between_requests()
     }
 
     pub(super) fn push_lsn_probe(&mut self) -> Result<(), Disconnect> {
@@ -238,11 +232,7 @@ impl Session {
         self.routing.effect == SessionEffect::Unknown
             && self.mode_shares_servers()
             && self.routing.pinned.is_none()
-            && self.queue.is_settled()
-            && self
-                .lease
-                .as_ref()
-                .is_some_and(|l| l.conn.tx_status == TxStatus::Idle && l.conn.write_buf.is_empty())
+            && self.server_between_requests()
     }
 
     pub(super) fn push_state_probe(&mut self) -> Result<(), Disconnect> {
@@ -402,8 +392,10 @@ impl Session {
                     self.queue.push_client(Request::Parse { cached: None });
                 } else {
                     let def = StatementDef::new(p.query, p.param_types);
-                    if let Some(routed) = parse_routed {
-                        let _ = def.routed.set(routed);
+                    if let (Some(routed), Some(router)) =
+                        (parse_routed, self.routing.setup.router.as_ref())
+                    {
+                        *def.routed.lock() = Some((router.generation(), routed));
                     }
                     if let Some(replay) = self.routing.replay.as_mut() {
                         replay.repeatable = false;

@@ -186,6 +186,9 @@ struct Routing {
     replay: Option<Box<Replay>>,
     /// A standby refused the request that is about to be sent again: it runs on the primary.
     retry_on_primary: bool,
+    /// The request runs on a replica because the client asked (`route = "replica"`, a hint):
+    /// what the standby refuses is the client's error to see.
+    replica_asked: bool,
 }
 
 impl Routing {
@@ -210,6 +213,7 @@ impl Routing {
             held: false,
             replay: None,
             retry_on_primary: false,
+            replica_asked: false,
         }
     }
 
@@ -349,6 +353,8 @@ pub struct Session {
     /// Custom settings the client set with `set_config` for its session, which a probe asks
     /// for (PostgreSQL lists no placeholder settings).
     custom_settings: Vec<String>,
+    /// Answers pgherd owes right after a server message still streaming to the client.
+    after_stream: Vec<queue::Synthetic>,
     /// Acknowledgements (ParseComplete, BindComplete, descriptions) of a request sent again on
     /// another server that the client already got from the first: dropped.
     skip_preliminaries: u32,
@@ -394,6 +400,7 @@ impl Session {
             probe_rows: None,
             custom_settings: Vec::new(),
             skip_preliminaries: 0,
+            after_stream: Vec::new(),
             stop_when_idle: false,
         }
     }
@@ -777,16 +784,23 @@ impl Session {
     /// True when the server owes nothing, the transaction is over, and this pool mode lends
     /// connections per transaction or statement.
     fn can_release(&self) -> bool {
-        let Some(lease) = self.lease.as_ref() else {
-            return false;
-        };
         self.mode_shares_servers()
             && self.routing.pinned.is_none()
-            && self.queue.is_settled()
-            && lease.conn.tx_status == TxStatus::Idle
-            && lease.conn.write_buf.is_empty()
-            && !lease.flush_pending
-            && self.server_passthrough.is_none()
+            && self.server_between_requests()
+    }
+
+    /// The server owes nothing, runs no transaction, has nothing on its way in either
+    /// direction, and no client message is half passed to it: pgherd may add a request of
+    /// its own, or give it back.
+    fn server_between_requests(&self) -> bool {
+        self.lease.as_ref().is_some_and(|lease| {
+            self.queue.is_settled()
+                && lease.conn.tx_status == TxStatus::Idle
+                && lease.conn.write_buf.is_empty()
+                && !lease.flush_pending
+                && self.server_passthrough.is_none()
+                && self.client_stream.is_none()
+        })
     }
 }
 

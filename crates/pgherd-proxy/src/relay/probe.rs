@@ -26,9 +26,30 @@ pub const KIND_SESSION_USER: &str = "a";
 /// in it is schema-qualified, so nothing the client defines can answer in its place.
 pub fn sql(custom_settings: &[String]) -> String {
     let count = |from: &str| format!("(SELECT pg_catalog.count(*) FROM pg_catalog.{from})");
+    // Every kind of object the session's temporary schema can hold: types and operators
+    // there shadow the permanent ones for whoever uses the server next.
+    let temporary = [
+        ("pg_class", "relnamespace"),
+        ("pg_proc", "pronamespace"),
+        ("pg_type", "typnamespace"),
+        ("pg_operator", "oprnamespace"),
+        ("pg_collation", "collnamespace"),
+        ("pg_conversion", "connamespace"),
+        ("pg_opclass", "opcnamespace"),
+        ("pg_opfamily", "opfnamespace"),
+        ("pg_ts_config", "cfgnamespace"),
+        ("pg_ts_dict", "dictnamespace"),
+        ("pg_ts_parser", "prsnamespace"),
+        ("pg_ts_template", "tmplnamespace"),
+        ("pg_statistic_ext", "stxnamespace"),
+    ]
+    .map(|(catalog, namespace)| {
+        count(&format!(
+            "{catalog} WHERE {namespace} OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()"
+        ))
+    });
     let objects = [
-        count("pg_class WHERE relnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()"),
-        count("pg_proc WHERE pronamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()"),
+        temporary.join(" OPERATOR(pg_catalog.+) "),
         count(
             "pg_locks WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
              AND pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()",

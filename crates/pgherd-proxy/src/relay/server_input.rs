@@ -70,6 +70,10 @@ impl Session {
                 }
                 input.advance(n);
                 self.server_passthrough = (remaining > n).then_some((to_client, remaining - n));
+                if self.server_passthrough.is_none() && !self.after_stream.is_empty() {
+                    let due = std::mem::take(&mut self.after_stream);
+                    self.write_synthetics(&due)?;
+                }
                 continue;
             }
             let h = match read_header(input, MAX_SERVER_MESSAGE_BYTES) {
@@ -111,13 +115,22 @@ impl Session {
                     self.routing.probe_lsn = None;
                     self.probe_rows = Some(Box::new(Err(())));
                 }
+                if let Some(lease) = self.lease.as_mut() {
+                    for hash in &d.uncached {
+                        lease.conn.statements.forget(hash);
+                    }
+                }
                 let n = input.len();
                 if to_client {
                     self.client_out.extend_from_slice(input);
-                    self.note_answered();
+                    if !matches!(h.tag, btag::NOTICE_RESPONSE | btag::NOTIFICATION_RESPONSE) {
+                        self.note_answered();
+                    }
                 }
                 input.advance(n);
                 self.server_passthrough = Some((to_client, h.total_len() - n));
+                // What pgherd answers after this message waits until it has passed whole.
+                self.after_stream.append(&mut after);
                 continue;
             }
             let message = &input[..h.total_len()];
@@ -316,6 +329,7 @@ impl Session {
             return false;
         };
         on_replica
+            && !self.routing.replica_asked
             && refused_as_standby(err)
             && self.client_tx == TxStatus::Idle
             && replay.repeatable

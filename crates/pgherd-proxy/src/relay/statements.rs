@@ -9,7 +9,7 @@
 //! and least recently used ones are closed first.
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use crate::routing::Routed;
 
@@ -51,8 +51,10 @@ pub struct StatementDef {
     pub query: Vec<u8>,
     /// The Parse message's parameter-type section, as sent.
     pub param_types: Vec<u8>,
-    /// Where it runs, decided at first use.
-    pub routed: OnceLock<Routed>,
+    /// Where it runs, decided at first use and again once the router learned something new
+    /// (its catalog was read again, a standby refused a statement): the router's generation
+    /// with the decision.
+    pub routed: parking_lot::Mutex<Option<(u64, Routed)>>,
 }
 
 /// The hash covers the text and parameter types, so it alone decides equality.
@@ -72,7 +74,7 @@ impl StatementDef {
             server_name: hash.server_name(),
             query: query.to_vec(),
             param_types: param_types.to_vec(),
-            routed: OnceLock::new(),
+            routed: parking_lot::Mutex::new(None),
         })
     }
 }

@@ -1,0 +1,331 @@
+//! Issue 16: what an application sees through pgherd is what it would see from PostgreSQL,
+//! with read/write splitting on and in each pool mode: unlogged tables, settings a standby
+//! reports otherwise, SQL that names protocol-level statements, statements whose types were
+//! recreated, the server's ParameterStatus values, and the backend's identity in session mode.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use common::*;
+use pgherd_testkit::raw::{errors, first_column, Message, RawClient};
+use pgherd_wire::frontend;
+
+fn drivers_dir() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/drivers")
+}
+
+/// Parse (named), Bind, Execute, Sync: the statement's rows and errors.
+fn run_prepared(c: &mut RawClient, name: &str, sql: &str, param: Option<&str>) -> Vec<Message> {
+    let mut out = BytesMut::new();
+    frontend::encode_parse(&mut out, name.as_bytes(), sql.as_bytes(), &[0, 0]).unwrap();
+    bind_execute(&mut out, name, param);
+    c.send(&out);
+    c.recv_until_ready()
+}
+
+fn bind_execute(out: &mut BytesMut, name: &str, param: Option<&str>) {
+    let mut rest = Vec::new();
+    rest.extend_from_slice(&0i16.to_be_bytes());
+    match param {
+        Some(p) => {
+            rest.extend_from_slice(&1i16.to_be_bytes());
+            rest.extend_from_slice(&(p.len() as i32).to_be_bytes());
+            rest.extend_from_slice(p.as_bytes());
+        }
+        None => rest.extend_from_slice(&0i16.to_be_bytes()),
+    }
+    rest.extend_from_slice(&0i16.to_be_bytes());
+    frontend::encode_bind(out, b"", name.as_bytes(), &rest).unwrap();
+    frontend::encode_execute(out, b"", 0).unwrap();
+    frontend::encode_sync(out);
+}
+
+/// Unlogged tables (created through pgherd, or directly on the primary a moment ago) are
+/// read on the primary; a standby's `transaction_read_only` never shows; ordinary reads stay
+/// on the replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_standby_cannot_read_or_answers_otherwise_runs_on_the_primary() {
+    let env = env(2, |c| c);
+    let primary = env.cluster.primary().port.to_string();
+    env.direct("CREATE TABLE plain (x int); INSERT INTO plain SELECT generate_series(1, 100); GRANT ALL ON plain TO app");
+    env.cluster.wait_replayed();
+    let c = env.app().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while first_value(&c, "SELECT current_setting('port') FROM plain LIMIT 1")
+        .await
+        .unwrap()
+        == primary
+    {
+        assert!(Instant::now() < deadline, "reads never reached a replica");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Made through pgherd, read by a new session at once.
+    c.batch_execute("CREATE UNLOGGED TABLE ul (x int); INSERT INTO ul VALUES (1), (2)")
+        .await
+        .unwrap();
+    let other = env.app().await;
+    assert_eq!(
+        first_value(&other, "SELECT count(*) FROM ul")
+            .await
+            .unwrap(),
+        "2"
+    );
+    // Made behind pgherd's back, read at once (a standby refuses it; pgherd runs it again on
+    // the primary), with the simple and the extended protocol.
+    env.direct(
+        "CREATE UNLOGGED TABLE ul2 (x int); INSERT INTO ul2 VALUES (1); GRANT ALL ON ul2 TO app",
+    );
+    assert_eq!(
+        first_value(&other, "SELECT count(*) FROM ul2")
+            .await
+            .unwrap(),
+        "1"
+    );
+    env.direct("CREATE UNLOGGED TABLE ul3 (x int); INSERT INTO ul3 VALUES (1), (2), (3); GRANT ALL ON ul3 TO app");
+    let row = other
+        .query_one("SELECT count(*) FROM ul3", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 3);
+    // Remembered: the next time it goes straight to the primary.
+    assert_eq!(
+        first_value(&other, "SELECT count(*) FROM ul2")
+            .await
+            .unwrap(),
+        "1"
+    );
+
+    // Settings a standby reports otherwise.
+    assert_eq!(
+        first_value(&other, "SELECT current_setting('transaction_read_only')")
+            .await
+            .unwrap(),
+        "off"
+    );
+    assert_eq!(
+        first_value(&other, "SHOW transaction_read_only")
+            .await
+            .unwrap(),
+        "off"
+    );
+    assert_eq!(
+        first_value(&other, "SELECT pg_is_in_recovery()")
+            .await
+            .unwrap(),
+        "f"
+    );
+    other.batch_execute("BEGIN READ ONLY").await.unwrap();
+    assert_eq!(
+        first_value(&other, "SELECT current_setting('transaction_read_only')")
+            .await
+            .unwrap(),
+        "on"
+    );
+    other.batch_execute("COMMIT").await.unwrap();
+
+    // Ordinary reads did not move: all of 60 on the replicas.
+    let reader = env.app().await;
+    let mut on_primary = 0;
+    for i in 0..60 {
+        let port = first_value(
+            &reader,
+            &format!(
+                "SELECT current_setting('port') FROM plain WHERE x = {}",
+                i % 100 + 1
+            ),
+        )
+        .await
+        .unwrap();
+        on_primary += usize::from(port == primary);
+    }
+    assert_eq!(on_primary, 0, "ordinary reads went to the primary");
+}
+
+/// psycopg with the system's libpq (older than 17) evicts statements with SQL `DEALLOCATE
+/// name`; SQL `EXECUTE` and `DEALLOCATE` name statements made through the protocol; `DISCARD
+/// ALL` forgets them; SQL `PREPARE`d ones are usable through the protocol.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_and_protocol_prepared_statements_meet_as_on_postgresql() {
+    let env = env(1, |c| c.max_size(2));
+    let port = env.pgherd.port;
+    let out = std::process::Command::new("python3")
+        .arg(drivers_dir().join("python/transparency.py"))
+        .env("PSYCOPG_IMPL", "python")
+        .env("PGHERD_HOST", "127.0.0.1")
+        .env("PGHERD_PORT", port.to_string())
+        .env("PGHERD_USER", APP)
+        .env("PGHERD_PASSWORD", APP_PASSWORD)
+        .env("PGHERD_DB", APP)
+        .output()
+        .expect("run python3");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "psycopg with the system libpq:\n{text}"
+    );
+    assert!(text.contains("implementation python"), "{text}");
+
+    let mut c = RawClient::login(port, APP, APP, APP_PASSWORD).unwrap();
+    let answer = run_prepared(&mut c, "s1", "SELECT $1::int * 2", Some("21"));
+    assert_eq!(first_column(&answer), ["42"]);
+    // SQL EXECUTE of the protocol-level statement, inside a transaction too.
+    assert_eq!(first_column(&c.query("EXECUTE s1(5)")), ["10"]);
+    c.query("BEGIN");
+    assert_eq!(first_column(&c.query("EXECUTE s1(6)")), ["12"]);
+    c.query("COMMIT");
+    // SQL DEALLOCATE forgets it; the protocol then finds nothing, as PostgreSQL would say.
+    let answer = c.query("DEALLOCATE s1");
+    assert!(errors(&answer).is_empty(), "{:?}", errors(&answer));
+    let mut out = BytesMut::new();
+    bind_execute(&mut out, "s1", Some("1"));
+    c.send(&out);
+    let errs = errors(&c.recv_until_ready());
+    assert_eq!(errs[0].code.code(), "26000", "{}", errs[0]);
+    // DISCARD ALL forgets every statement.
+    run_prepared(&mut c, "s2", "SELECT 2", None);
+    c.query("DISCARD ALL");
+    let mut out = BytesMut::new();
+    bind_execute(&mut out, "s2", None);
+    c.send(&out);
+    assert_eq!(errors(&c.recv_until_ready())[0].code.code(), "26000");
+    // SQL PREPARE, then Bind through the protocol under its own name (the session is pinned
+    // to its server, where the statement lives).
+    c.query("PREPARE by_sql(int) AS SELECT $1 + 1");
+    let mut out = BytesMut::new();
+    bind_execute(&mut out, "by_sql", Some("41"));
+    c.send(&out);
+    assert_eq!(first_column(&c.recv_until_ready()), ["42"]);
+}
+
+/// A statement prepared against a type that is then dropped and made again, or made inside
+/// a savepoint that rolls back, works when prepared again, as on PostgreSQL: pgherd does not
+/// hand out the server's stale copy.
+#[test]
+fn statements_follow_types_made_again() {
+    let env = env(0, |c| c.max_size(1));
+    env.direct("CREATE TYPE mood AS ENUM ('sad', 'ok'); GRANT USAGE ON TYPE mood TO app; GRANT CREATE ON SCHEMA public TO app");
+    let port = env.pgherd.port;
+    let mut a = RawClient::login(port, APP, APP, APP_PASSWORD).unwrap();
+    let sql = "SELECT $1::text::mood::text";
+    assert_eq!(
+        first_column(&run_prepared(&mut a, "m", sql, Some("ok"))),
+        ["ok"]
+    );
+    drop(a);
+    // The type made again, with another value, through pgherd.
+    let mut ddl = RawClient::login(port, APP, APP, APP_PASSWORD).unwrap();
+    ddl.query("DROP TYPE mood");
+    ddl.query("CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')");
+    drop(ddl);
+    let mut b = RawClient::login(port, APP, APP, APP_PASSWORD).unwrap();
+    let answer = run_prepared(&mut b, "m", sql, Some("happy"));
+    assert!(errors(&answer).is_empty(), "{:?}", errors(&answer));
+    assert_eq!(first_column(&answer), ["happy"]);
+
+    // Inside a savepoint that rolls back.
+    b.query("BEGIN");
+    b.query("SAVEPOINT s");
+    b.query("DROP TYPE mood");
+    b.query("CREATE TYPE mood AS ENUM ('only')");
+    let answer = run_prepared(&mut b, "n", sql, Some("only"));
+    assert_eq!(first_column(&answer), ["only"], "{:?}", errors(&answer));
+    b.query("ROLLBACK TO SAVEPOINT s");
+    let answer = run_prepared(&mut b, "o", sql, Some("happy"));
+    assert_eq!(first_column(&answer), ["happy"], "{:?}", errors(&answer));
+    b.query("COMMIT");
+    // Made again behind pgherd's back: the server's error makes pgherd prepare afresh.
+    env.direct(
+        "DROP TYPE mood; CREATE TYPE mood AS ENUM ('back'); GRANT USAGE ON TYPE mood TO app",
+    );
+    let first = run_prepared(&mut b, "p", sql, Some("back"));
+    let second = run_prepared(&mut b, "q", sql, Some("back"));
+    assert!(
+        first_column(&first) == ["back"] || first_column(&second) == ["back"],
+        "{:?} / {:?}",
+        errors(&first),
+        errors(&second)
+    );
+}
+
+/// Startup settings come back as the server reports them.
+#[test]
+fn parameter_status_is_the_servers() {
+    let env = env(0, |c| c);
+    let port = env.pgherd.port;
+    for (encoding, reported) in [("utf8", "UTF8"), ("eucjp", "EUC_JP"), ("LATIN1", "LATIN1")] {
+        let mut c = RawClient::login_with(
+            port,
+            &[
+                ("user", APP),
+                ("database", APP),
+                ("client_encoding", encoding),
+            ],
+            APP_PASSWORD,
+        )
+        .unwrap();
+        assert_eq!(
+            c.parameter("client_encoding").as_deref(),
+            Some(reported),
+            "{encoding}"
+        );
+        assert_eq!(first_column(&c.query("SHOW client_encoding")), [reported]);
+    }
+    let c = RawClient::login_with(
+        port,
+        &[("user", APP), ("database", APP), ("DateStyle", "german")],
+        APP_PASSWORD,
+    )
+    .unwrap();
+    assert_eq!(c.parameter("DateStyle").as_deref(), Some("German, DMY"));
+}
+
+/// Session mode: the client knows its server's process id (pg_backend_pid(),
+/// pg_terminate_backend from another session, its own notifications); transaction mode: its
+/// own notifications carry the process id it was given.
+#[test]
+fn the_backend_identity_is_the_clients() {
+    let env = env(0, |c| {
+        c.database(APP, "mode = \"session\"")
+            .database("postgres", "mode = \"transaction\"")
+    });
+    let port = env.pgherd.port;
+    let mut a = RawClient::login(port, APP, APP, APP_PASSWORD).unwrap();
+    let pid = a.key.unwrap().process_id;
+    assert_eq!(
+        first_column(&a.query("SELECT pg_backend_pid()")),
+        [pid.to_string()]
+    );
+    let notified = |c: &mut RawClient, pid: i32| {
+        let answer = c.query("LISTEN ch; NOTIFY ch, 'hi'");
+        let notes: Vec<i32> = answer
+            .iter()
+            .filter(|(t, _)| *t == b'A')
+            .map(|(_, b)| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert_eq!(notes, [pid], "notifications {answer:?}");
+    };
+    notified(&mut a, pid);
+    // Cancel still goes through pgherd with the id the client knows.
+    let mut b = RawClient::login(port, APP, APP, APP_PASSWORD).unwrap();
+    assert_ne!(b.key.unwrap().process_id, pid);
+    assert_eq!(
+        first_column(&b.query(&format!("SELECT pg_terminate_backend({pid})"))),
+        ["t"]
+    );
+    let last: Vec<Message> = std::iter::from_fn(|| a.recv()).collect();
+    assert!(
+        !errors(&last).is_empty(),
+        "the client whose backend was terminated is told and closed: {last:?}"
+    );
+    // Transaction mode: the id is pgherd's, and the session's own notifications carry it.
+    let mut t = RawClient::login(port, APP, "postgres", APP_PASSWORD).unwrap();
+    let tpid = t.key.unwrap().process_id;
+    notified(&mut t, tpid);
+}

@@ -446,17 +446,17 @@ impl Session {
                     };
                     lease.conn.write_buf.extend_from_slice(message);
                 } else {
-                    let Some(def) =
-                        statement_or_error(&self.statements, &mut self.queue, b.statement)
+                    let generation = self.app.schema_generation.load(Ordering::Relaxed);
+                    let Some(def) = prepared_on_server(
+                        lease,
+                        &self.statements,
+                        &mut self.queue,
+                        generation,
+                        b.statement,
+                    )?
                     else {
                         return Ok(());
                     };
-                    ensure_prepared(
-                        lease,
-                        &mut self.queue,
-                        &def,
-                        self.app.schema_generation.load(Ordering::Relaxed),
-                    )?;
                     frontend::encode_bind(
                         &mut lease.conn.write_buf,
                         b.portal,
@@ -476,17 +476,17 @@ impl Session {
                     prepared_by_sql(self.routing.pinned.is_some(), &self.statements, d.name);
                 match (d.target, d.name.is_empty(), rewrite && !by_sql) {
                     (Target::Statement, false, true) => {
-                        let Some(def) =
-                            statement_or_error(&self.statements, &mut self.queue, d.name)
+                        let generation = self.app.schema_generation.load(Ordering::Relaxed);
+                        let Some(def) = prepared_on_server(
+                            lease,
+                            &self.statements,
+                            &mut self.queue,
+                            generation,
+                            d.name,
+                        )?
                         else {
                             return Ok(());
                         };
-                        ensure_prepared(
-                            lease,
-                            &mut self.queue,
-                            &def,
-                            self.app.schema_generation.load(Ordering::Relaxed),
-                        )?;
                         frontend::encode_describe(
                             &mut lease.conn.write_buf,
                             Target::Statement,
@@ -732,6 +732,22 @@ fn make_room(
 }
 
 /// Prepares `def` on the server first unless it holds a usable copy.
+/// The client's statement `name`, prepared on the leased server (queued ahead of what uses
+/// it); `None` when the client has no such statement, PostgreSQL's error queued instead.
+pub(super) fn prepared_on_server(
+    lease: &mut Lease,
+    statements: &Option<Box<ClientStatements>>,
+    queue: &mut ResponseQueue,
+    generation: u64,
+    name: &[u8],
+) -> Result<Option<Arc<StatementDef>>, WireError> {
+    let Some(def) = statement_or_error(statements, queue, name) else {
+        return Ok(None);
+    };
+    ensure_prepared(lease, queue, &def, generation)?;
+    Ok(Some(def))
+}
+
 pub(super) fn ensure_prepared(
     lease: &mut Lease,
     queue: &mut ResponseQueue,

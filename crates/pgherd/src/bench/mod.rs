@@ -272,36 +272,23 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
         ),
     )?;
     let users = [&bench, &cheap];
+    let setup = |baseline| PgherdSetup {
+        nodes: 1,
+        users: &users,
+        pool_size: options.pool_size,
+        workers: options.pgherd_workers,
+        database_keys: "",
+        ha: false,
+        baseline,
+    };
     let pgherd = match options.targets.contains(&Target::Pgherd)
         || options.targets.contains(&Target::PgherdScraped)
     {
-        true => Some(start_pgherd(
-            &cluster,
-            &PgherdSetup {
-                nodes: 1,
-                users: &users,
-                pool_size: options.pool_size,
-                workers: options.pgherd_workers,
-                database_keys: "",
-                ha: false,
-                baseline: None,
-            },
-        )?),
+        true => Some(start_pgherd(&cluster, &setup(None))?),
         false => None,
     };
     let baseline = match &options.baseline {
-        Some(binary) => Some(start_pgherd(
-            &cluster,
-            &PgherdSetup {
-                nodes: 1,
-                users: &users,
-                pool_size: options.pool_size,
-                workers: options.pgherd_workers,
-                database_keys: "",
-                ha: false,
-                baseline: Some(binary),
-            },
-        )?),
+        Some(binary) => Some(start_pgherd(&cluster, &setup(Some(binary)))?),
         None => None,
     };
     let pgbouncer = match options.targets.contains(&Target::Pgbouncer) {

@@ -1,6 +1,8 @@
 //! Real drivers through transaction pooling with prepared statements: psycopg 3, asyncpg,
 //! node-postgres, pgx and pgjdbc, many clients per server connection, statement names that
-//! collide across clients. The scripts live in tests/drivers; `.ci/run` installs the drivers.
+//! collide across clients; and what asyncpg, pgx and pgjdbc see through pgherd with replicas
+//! behind it, in transaction and session mode (issue 16). The scripts live in tests/drivers;
+//! `.ci/run` installs the drivers.
 
 mod common;
 
@@ -61,52 +63,15 @@ fn drivers_share_few_server_connections_with_prepared_statements() {
     env.direct("CREATE TABLE kv (k int PRIMARY KEY, v text); INSERT INTO kv SELECT i, 'v' || i FROM generate_series(1, 1000) i");
     env.direct("CREATE TABLE driver_log (driver text, client int, i int)");
     env.direct("GRANT ALL ON kv, driver_log TO app");
-    let dir = drivers_dir();
-
-    let python = |which: &str| {
-        let mut c = Command::new("python3");
-        c.arg(dir.join("python/drivers.py")).arg(which);
-        c
-    };
-    let mut node = Command::new("node");
-    node.arg("drivers.js").current_dir(dir.join("node"));
-    let mut go = Command::new("go");
-    go.args(["run", "."])
-        .current_dir(dir.join("go"))
-        .env("GOFLAGS", "-mod=mod");
-    let jars = std::fs::read_dir(dir.join("java/target/lib"))
-        .map(|entries| {
-            entries
-                .flatten()
-                .map(|e| e.path().display().to_string())
-                .collect::<Vec<_>>()
-                .join(":")
-        })
-        .unwrap_or_default();
-    let mut java = Command::new("java");
-    java.args(["-cp", &jars, "Drivers.java"])
-        .current_dir(dir.join("java"));
 
     let runs = [
-        ("psycopg 3", python("psycopg")),
-        ("asyncpg", python("asyncpg")),
-        ("node-postgres", node),
-        ("pgx", go),
-        ("pgjdbc", java),
+        ("psycopg 3", python("drivers.py", "psycopg")),
+        ("asyncpg", python("drivers.py", "asyncpg")),
+        ("node-postgres", node()),
+        ("pgx", go(None)),
+        ("pgjdbc", java("Drivers.java")),
     ];
-    let failures: Vec<String> = std::thread::scope(|scope| {
-        let handles: Vec<_> = runs
-            .into_iter()
-            .map(|(name, cmd)| {
-                let env = &env;
-                scope.spawn(move || run_driver(env, name, cmd))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .filter_map(|h| h.join().unwrap().err())
-            .collect()
-    });
+    let failures = run_all(&env, runs);
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     let backends: i64 = env
         .direct("SELECT count(*) FROM pg_stat_activity WHERE usename = 'app' AND backend_type = 'client backend'")
@@ -116,4 +81,83 @@ fn drivers_share_few_server_connections_with_prepared_statements() {
         backends <= 3,
         "{backends} server connections with max_size 3"
     );
+}
+
+/// Issue 16 through the drivers that exercise it: an unlogged table made in one session is
+/// read in the next (a replica cannot read it), `transaction_read_only` is the primary's, the
+/// ParameterStatus values are the server's, cached statements survive a type made again (and
+/// a savepoint that rolls one back), `DEALLOCATE ALL`/`DISCARD ALL` clear what the driver
+/// prepared, and the process id the driver knows is on its own notifications and, in session
+/// mode, is its server's.
+#[test]
+fn drivers_see_what_postgresql_shows() {
+    let env = env(1, |c| {
+        c.mode("transaction")
+            .database(APP, "")
+            .database("app_session", "dbname = \"app\"\nmode = \"session\"")
+    });
+    env.direct("GRANT CREATE ON SCHEMA public TO app");
+    env.cluster.wait_replayed();
+    let session = |mut cmd: Command| {
+        cmd.env("PGHERD_SESSION_DB", "app_session");
+        cmd
+    };
+    let runs = [
+        ("asyncpg", session(python("transparency.py", "asyncpg"))),
+        ("pgx", session(go(Some("transparency")))),
+        ("pgjdbc", session(java("Transparency.java"))),
+    ];
+    let failures = run_all(&env, runs);
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+fn python(script: &str, which: &str) -> Command {
+    let mut c = Command::new("python3");
+    c.arg(drivers_dir().join("python").join(script)).arg(which);
+    c
+}
+
+fn node() -> Command {
+    let mut c = Command::new("node");
+    c.arg("drivers.js").current_dir(drivers_dir().join("node"));
+    c
+}
+
+fn go(mode: Option<&str>) -> Command {
+    let mut c = Command::new("go");
+    c.args(["run", "."])
+        .args(mode)
+        .current_dir(drivers_dir().join("go"))
+        .env("GOFLAGS", "-mod=mod");
+    c
+}
+
+fn java(source: &str) -> Command {
+    let dir = drivers_dir().join("java");
+    let jars = std::fs::read_dir(dir.join("target/lib"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.path().display().to_string())
+                .collect::<Vec<_>>()
+                .join(":")
+        })
+        .unwrap_or_default();
+    let mut c = Command::new("java");
+    c.args(["-cp", &jars, source]).current_dir(dir);
+    c
+}
+
+/// Runs every driver at once; the failures, each with the driver's output.
+fn run_all<const N: usize>(env: &Env, runs: [(&str, Command); N]) -> Vec<String> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = runs
+            .into_iter()
+            .map(|(name, cmd)| scope.spawn(move || run_driver(env, name, cmd)))
+            .collect();
+        handles
+            .into_iter()
+            .filter_map(|h| h.join().unwrap().err())
+            .collect()
+    })
 }

@@ -153,6 +153,7 @@ async fn sql_and_protocol_prepared_statements_meet_as_on_postgresql() {
     let port = env.pgherd.port;
     let out = std::process::Command::new("python3")
         .arg(drivers_dir().join("python/transparency.py"))
+        .arg("psycopg")
         .env("PSYCOPG_IMPL", "python")
         .env("PGHERD_HOST", "127.0.0.1")
         .env("PGHERD_PORT", port.to_string())

@@ -20,6 +20,13 @@ func env(name, fallback string) string {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "transparency" {
+		if err := transparency(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgx:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	clients, _ := strconv.Atoi(env("CLIENTS", "40"))
 	iterations, _ := strconv.Atoi(env("ITERATIONS", "50"))
 	url := fmt.Sprintf("postgres://%s:%s@%s:%s/%s", os.Getenv("PGHERD_USER"), os.Getenv("PGHERD_PASSWORD"),

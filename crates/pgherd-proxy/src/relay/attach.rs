@@ -572,6 +572,7 @@ impl Session {
         }
         replay.attempts += 1;
         self.skip_preliminaries = replay.preliminaries;
+        forget_defined(&mut self.statements, replay);
         let mut again = std::mem::take(&mut replay.bytes);
         again.extend_from_slice(&self.client_in);
         self.client_in = again;
@@ -594,6 +595,7 @@ impl Session {
         replay.refused = false;
         replay.attempts += 1;
         self.skip_preliminaries = replay.preliminaries;
+        forget_defined(&mut self.statements, replay);
         let again = std::mem::take(&mut replay.bytes);
         if let Some(router) = self.routing.setup.router.clone() {
             for sql in statement_texts(&again, self.max_message_bytes) {
@@ -802,5 +804,15 @@ pub(super) async fn wait_for_replay(
             return Err(Some(conn));
         }
         tokio::time::sleep(REPLAY_POLL_INTERVAL).await;
+    }
+}
+
+/// The named statements a request defined, forgotten before it is sent again (which defines
+/// them anew).
+fn forget_defined(statements: &mut Option<Box<ClientStatements>>, replay: &mut Replay) {
+    for name in replay.defined.drain(..) {
+        if let Some(statements) = statements.as_mut() {
+            statements.close(&name);
+        }
     }
 }

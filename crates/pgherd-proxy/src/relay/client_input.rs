@@ -397,9 +397,6 @@ impl Session {
                     {
                         *def.routed.lock() = Some((router.generation(), routed));
                     }
-                    if let Some(replay) = self.routing.replay.as_mut() {
-                        replay.repeatable = false;
-                    }
                     if let Err(e) = self
                         .statements
                         .get_or_insert_with(Default::default)
@@ -408,6 +405,9 @@ impl Session {
                         self.queue
                             .push_synthetic(Synthetic::Error(statement_error(e)));
                         return Ok(());
+                    }
+                    if let Some(replay) = self.routing.replay.as_mut() {
+                        replay.defined.push(p.name.into());
                     }
                     let generation = self.app.schema_generation.load(Ordering::Relaxed);
                     if make_room(lease, &mut self.queue, &def, generation)? {

@@ -117,9 +117,12 @@ const MAX_CUSTOM_SETTINGS: usize = 64;
 #[derive(Default)]
 struct Replay {
     bytes: BytesMut,
-    /// False once a message that cannot be repeated (defining or closing a named statement,
-    /// streamed COPY data) went out.
+    /// False once a message that cannot be repeated (closing a named statement, streamed
+    /// COPY data) went out.
     repeatable: bool,
+    /// Named statements the request defined: forgotten before it is sent again, which
+    /// defines them anew.
+    defined: Vec<Box<[u8]>>,
     /// A result of the request already reached the client (rows, a completion).
     answered: bool,
     /// Answers that only acknowledge (ParseComplete, BindComplete, descriptions) already
@@ -140,6 +143,7 @@ impl Replay {
             self.bytes = BytesMut::new();
         }
         self.repeatable = true;
+        self.defined.clear();
         self.answered = false;
         self.preliminaries = 0;
         self.refused = false;

@@ -146,10 +146,15 @@ async fn what_a_standby_cannot_read_or_answers_otherwise_runs_on_the_primary() {
 
 /// psycopg with the system's libpq (older than 17) evicts statements with SQL `DEALLOCATE
 /// name`; SQL `EXECUTE` and `DEALLOCATE` name statements made through the protocol; `DISCARD
-/// ALL` forgets them; SQL `PREPARE`d ones are usable through the protocol.
+/// ALL` forgets them; SQL `PREPARE`d ones are usable through the protocol; in every pool mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sql_and_protocol_prepared_statements_meet_as_on_postgresql() {
-    let env = env(1, |c| c.max_size(2));
+    let env = env(1, |c| {
+        c.max_size(2)
+            .database(APP, "mode = \"transaction\"")
+            .database("app_statement", "dbname = \"app\"\nmode = \"statement\"")
+            .database("app_session", "dbname = \"app\"\nmode = \"session\"")
+    });
     let port = env.pgherd.port;
     let out = std::process::Command::new("python3")
         .arg(drivers_dir().join("python/transparency.py"))
@@ -172,37 +177,60 @@ async fn sql_and_protocol_prepared_statements_meet_as_on_postgresql() {
         "psycopg with the system libpq:\n{text}"
     );
     assert!(text.contains("implementation python"), "{text}");
+    for (database, transactions) in [(APP, true), ("app_statement", false), ("app_session", true)] {
+        prepared_statements_meet(port, database, transactions);
+    }
+}
 
-    let mut c = RawClient::login(port, APP, APP, APP_PASSWORD).unwrap();
+fn prepared_statements_meet(port: u16, database: &str, transactions: bool) {
+    let mut c = RawClient::login(port, APP, database, APP_PASSWORD).unwrap();
     let answer = run_prepared(&mut c, "s1", "SELECT $1::int * 2", Some("21"));
-    assert_eq!(first_column(&answer), ["42"]);
+    assert_eq!(first_column(&answer), ["42"], "{database}");
     // SQL EXECUTE of the protocol-level statement, inside a transaction too.
-    assert_eq!(first_column(&c.query("EXECUTE s1(5)")), ["10"]);
-    c.query("BEGIN");
-    assert_eq!(first_column(&c.query("EXECUTE s1(6)")), ["12"]);
-    c.query("COMMIT");
+    assert_eq!(
+        first_column(&c.query("EXECUTE s1(5)")),
+        ["10"],
+        "{database}"
+    );
+    if transactions {
+        c.query("BEGIN");
+        assert_eq!(
+            first_column(&c.query("EXECUTE s1(6)")),
+            ["12"],
+            "{database}"
+        );
+        c.query("COMMIT");
+    }
     // SQL DEALLOCATE forgets it; the protocol then finds nothing, as PostgreSQL would say.
     let answer = c.query("DEALLOCATE s1");
-    assert!(errors(&answer).is_empty(), "{:?}", errors(&answer));
+    assert!(
+        errors(&answer).is_empty(),
+        "{database}: {:?}",
+        errors(&answer)
+    );
     let mut out = BytesMut::new();
     bind_execute(&mut out, "s1", Some("1"));
     c.send(&out);
     let errs = errors(&c.recv_until_ready());
-    assert_eq!(errs[0].code.code(), "26000", "{}", errs[0]);
+    assert_eq!(errs[0].code.code(), "26000", "{database}: {}", errs[0]);
     // DISCARD ALL forgets every statement.
     run_prepared(&mut c, "s2", "SELECT 2", None);
     c.query("DISCARD ALL");
     let mut out = BytesMut::new();
     bind_execute(&mut out, "s2", None);
     c.send(&out);
-    assert_eq!(errors(&c.recv_until_ready())[0].code.code(), "26000");
+    assert_eq!(
+        errors(&c.recv_until_ready())[0].code.code(),
+        "26000",
+        "{database}"
+    );
     // SQL PREPARE, then Bind through the protocol under its own name (the session is pinned
     // to its server, where the statement lives).
     c.query("PREPARE by_sql(int) AS SELECT $1 + 1");
     let mut out = BytesMut::new();
     bind_execute(&mut out, "by_sql", Some("41"));
     c.send(&out);
-    assert_eq!(first_column(&c.recv_until_ready()), ["42"]);
+    assert_eq!(first_column(&c.recv_until_ready()), ["42"], "{database}");
 }
 
 /// A statement prepared against a type that is then dropped and made again, or made inside

@@ -94,26 +94,31 @@ pub enum SqlUse {
 /// place. `DEALLOCATE ALL` is not a name.
 pub fn sql_statement_reference(sql: &[u8]) -> Option<(SqlUse, Vec<u8>, std::ops::Range<usize>)> {
     let mut at = skip_blanks(sql, 0);
+    // Every simple query passes here: the keywords are compared in place, nothing allocated.
     let word = |at: usize| {
         let end = at
             + sql[at..]
                 .iter()
                 .take_while(|b| b.is_ascii_alphabetic())
                 .count();
-        (sql[at..end].to_ascii_lowercase(), end)
+        (&sql[at..end], end)
     };
     let (first, end) = word(at);
-    let kind = match first.as_slice() {
-        b"deallocate" => SqlUse::Deallocate,
-        b"execute" => SqlUse::Execute,
-        _ => return None,
+    let kind = if first.eq_ignore_ascii_case(b"deallocate") {
+        SqlUse::Deallocate
+    } else if first.eq_ignore_ascii_case(b"execute") {
+        SqlUse::Execute
+    } else {
+        return None;
     };
     at = skip_blanks(sql, end);
     if kind == SqlUse::Deallocate {
         let (next, end) = word(at);
-        if next == b"prepare" {
+        if next.eq_ignore_ascii_case(b"prepare") {
             at = skip_blanks(sql, end);
-        } else if next == b"all" && !sql.get(end).is_some_and(|b| is_name_byte(*b)) {
+        } else if next.eq_ignore_ascii_case(b"all")
+            && !sql.get(end).is_some_and(|b| is_name_byte(*b))
+        {
             return None;
         }
     }

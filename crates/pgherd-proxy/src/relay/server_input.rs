@@ -293,8 +293,9 @@ impl Session {
             if let Some(lease) = self.lease.as_mut() {
                 lease.pool.stats.server_errors.count(&err.code);
                 if names_a_stale_plan(&err) {
-                    // A schema change pgherd did not see: no statement held is to be trusted.
-                    lease.conn.statements.invalidate_all();
+                    // A schema change pgherd did not see: no statement any server holds is to
+                    // be trusted, so every server prepares again what it uses next.
+                    self.app.schema_generation.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }

@@ -316,14 +316,6 @@ impl ServerStatements {
         victim
     }
 
-    /// Every statement held may be stale: the server said one was (its plan named a type
-    /// that no longer exists), after a schema change pgherd did not see.
-    pub fn invalidate_all(&mut self) {
-        for held in self.last_used.values_mut() {
-            held.generation = 0;
-        }
-    }
-
     pub fn forget(&mut self, hash: &StatementHash) {
         self.last_used.remove(hash);
     }
@@ -436,7 +428,8 @@ mod tests {
         // Prepared again: fresh, and no victim for re-inserting what is held.
         assert_eq!(s.insert(h(1), 2), None);
         assert_eq!(s.touch(&h(1), 2), Holding::Fresh);
-        s.invalidate_all();
-        assert_eq!(s.touch(&h(2), 1), Holding::Stale);
+        // A later generation (a stale plan reported by any server) makes both stale.
+        assert_eq!(s.touch(&h(1), 4), Holding::Stale);
+        assert_eq!(s.touch(&h(2), 4), Holding::Stale);
     }
 }

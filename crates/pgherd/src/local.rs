@@ -23,9 +23,10 @@ const SUPERUSER: &str = "postgres";
 
 #[derive(clap::Args)]
 pub struct UpOptions {
-    /// Where the cluster, its config and its logs live.
-    #[arg(long, default_value = DEFAULT_DIR)]
-    dir: PathBuf,
+    /// Where the cluster, its config and its logs live [default: ./pgherd-local, or
+    /// /var/lib/pgherd/local as root where PostgreSQL's OS user cannot reach ./]
+    #[arg(long)]
+    dir: Option<PathBuf>,
     /// Streaming replicas to create (first run only).
     #[arg(long, default_value_t = 2)]
     replicas: usize,
@@ -45,9 +46,9 @@ pub struct UpOptions {
 /// one running with `--config`.
 #[derive(clap::Args, Debug)]
 pub struct Where {
-    /// The cluster directory made by `pgherd up`.
-    #[arg(long, default_value = DEFAULT_DIR, conflicts_with = "config")]
-    dir: PathBuf,
+    /// The cluster directory made by `pgherd up` [default: as `pgherd up`'s].
+    #[arg(long, conflicts_with = "config")]
+    dir: Option<PathBuf>,
     /// Or any pgherd config file.
     #[arg(long, short)]
     config: Option<PathBuf>,
@@ -58,7 +59,7 @@ impl Where {
         match &self.config {
             Some(p) => absolute(p),
             None => {
-                let path = absolute(&self.dir)?.join(CONFIG_FILE);
+                let path = local_dir(self.dir.as_deref())?.join(CONFIG_FILE);
                 tighten_own_config(&path);
                 Ok(path)
             }
@@ -85,6 +86,40 @@ fn tighten_own_config(path: &Path) {
 
 fn absolute(path: &Path) -> Result<PathBuf, String> {
     std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Where the root-run fallback puts the local cluster.
+const ROOT_FALLBACK_DIR: &str = "/var/lib/pgherd/local";
+
+/// The local cluster's directory: the one asked for, else ./pgherd-local. As root, PostgreSQL
+/// runs as another OS user, which cannot reach a directory under a closed parent (a clone in
+/// /root): then /var/lib/pgherd/local, unless ./pgherd-local already exists. `up`, `down` and
+/// `status` decide alike, so they find the same cluster.
+pub fn local_dir(asked: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(dir) = asked {
+        return absolute(dir);
+    }
+    let here = absolute(Path::new(DEFAULT_DIR))?;
+    // SAFETY: geteuid has no preconditions.
+    let is_root = unsafe { libc::geteuid() } == 0;
+    if !is_root || here.exists() || others_can_traverse(&here) {
+        return Ok(here);
+    }
+    eprintln!(
+        "pgherd: {} is under a directory other OS users cannot enter, and PostgreSQL must not \
+         run as root: using {ROOT_FALLBACK_DIR} (choose another with --dir).",
+        here.display()
+    );
+    Ok(PathBuf::from(ROOT_FALLBACK_DIR))
+}
+
+/// Whether every existing ancestor of `path` lets other users through (the `o+x` bit).
+fn others_can_traverse(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    path.ancestors()
+        .skip(1)
+        .filter_map(|dir| std::fs::metadata(dir).ok())
+        .all(|meta| meta.permissions().mode() & 0o001 != 0)
 }
 
 fn random_password() -> String {
@@ -141,7 +176,7 @@ impl Passwords {
 }
 
 pub fn up(options: UpOptions) -> Result<(), String> {
-    let dir = absolute(&options.dir)?;
+    let dir = local_dir(options.dir.as_deref())?;
     let config_path = dir.join(CONFIG_FILE);
     if !config_path.exists() {
         create(&dir, &options)?;
@@ -412,8 +447,8 @@ fn spawn_detached(dir: &Path, config_path: &Path, config: &Config) -> Result<i32
     }
 }
 
-pub fn down(dir: &Path) -> Result<(), String> {
-    let dir = absolute(dir)?;
+pub fn down(dir: Option<&Path>) -> Result<(), String> {
+    let dir = local_dir(dir)?;
     let config_path = dir.join(CONFIG_FILE);
     tighten_own_config(&config_path);
     let config = Config::load(&config_path).map_err(|e| e.to_string())?;
@@ -830,5 +865,32 @@ fn print_status(report: &StatusReport) {
     println!("{}", line(header));
     for r in &rows {
         println!("{}", line(std::array::from_fn(|i| r[i].as_str())));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_closed_parent_stops_other_users() {
+        let top = tempfile::tempdir().expect("tempdir");
+        let open = top.path().join("open");
+        std::fs::create_dir(&open).expect("mkdir");
+        std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        // /tmp and / let others through on any machine the tests run on.
+        assert!(others_can_traverse(&open.join(DEFAULT_DIR)));
+        std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o700))
+            .expect("chmod");
+        assert!(!others_can_traverse(&open.join(DEFAULT_DIR)));
+    }
+
+    #[test]
+    fn an_asked_directory_is_taken_as_given() {
+        let dir = local_dir(Some(Path::new("/srv/somewhere"))).expect("dir");
+        assert_eq!(dir, PathBuf::from("/srv/somewhere"));
     }
 }

@@ -39,8 +39,9 @@ enum Command {
     Up(local::UpOptions),
     /// Stop what `pgherd up` started.
     Down {
-        #[arg(long, default_value = local::DEFAULT_DIR)]
-        dir: PathBuf,
+        /// The cluster directory made by `pgherd up` [default: as `pgherd up`'s].
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
     /// Show pgherd and its nodes.
     Status {
@@ -112,7 +113,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run { config } => run(&config),
         Command::Up(options) => local::up(options),
-        Command::Down { dir } => local::down(&dir),
+        Command::Down { dir } => local::down(dir.as_deref()),
         Command::Status { at, json } => local::status(&at, json),
         Command::Switchover { at, to } => {
             let command = match &to {

@@ -498,6 +498,10 @@ struct ProxyStatus {
     listen: Vec<String>,
     running: bool,
     pid: Option<i32>,
+    /// The admin console, as a libpq URL for the `[cluster]` user (no password).
+    console: Option<String>,
+    /// The HTTP API's base URLs (`[api] listen`).
+    api: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -591,6 +595,19 @@ pub fn status(at: &Where, json: bool) -> Result<(), String> {
             listen: config.proxy.listen.iter().map(|a| a.to_string()).collect(),
             running: listening,
             pid,
+            console: config.proxy.listen.first().map(|a| {
+                format!(
+                    "postgres://{}@{}/pgherd",
+                    config.cluster.user,
+                    connectable(*a)
+                )
+            }),
+            api: config
+                .api
+                .listen
+                .iter()
+                .map(|a| format!("http://{}", connectable(*a)))
+                .collect(),
         },
         nodes,
     };
@@ -790,6 +807,12 @@ fn print_status(report: &StatusReport) {
             .map(|p| format!("  pid {p}"))
             .unwrap_or_default()
     );
+    if let Some(console) = &report.pgherd.console {
+        println!("console {console}");
+    }
+    if !report.pgherd.api.is_empty() {
+        println!("api     {}", report.pgherd.api.join(", "));
+    }
     println!(
         "{}",
         if report.source == "pgherd" {

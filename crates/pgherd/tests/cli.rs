@@ -56,6 +56,14 @@ fn up_status_down_on_a_fresh_directory() {
         serde_json::from_slice(&status.stdout).expect("status --json is JSON");
     assert_eq!(json["pgherd"]["listen"][0], format!("127.0.0.1:{port}"));
     assert_eq!(json["pgherd"]["running"], true);
+    assert_eq!(
+        json["pgherd"]["api"][0],
+        format!("http://127.0.0.1:{api_port}")
+    );
+    assert_eq!(
+        json["pgherd"]["console"],
+        format!("postgres://postgres@127.0.0.1:{port}/pgherd")
+    );
     // From the running pgherd (its HTTP API), not from the nodes directly.
     assert_eq!(json["source"], "pgherd", "{json}");
     let nodes = json["nodes"].as_array().unwrap();

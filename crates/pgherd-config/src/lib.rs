@@ -291,67 +291,8 @@ impl PoolSettings {
 /// Where a session's statements go unless a hint says otherwise (the routing crate owns it).
 pub use pgherd_route::Route;
 
-/// How fresh the data a session reads from replicas must be.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Consistency {
-    /// Any replica within the lag limits.
-    Eventual,
-    /// As `Eventual`, and never older than the session's own last committed write.
-    ReadYourWrites,
-    /// No replica reads at all.
-    Primary,
-}
-
-impl Consistency {
-    pub fn parse(s: &str) -> Option<Consistency> {
-        Some(match s {
-            "eventual" => Consistency::Eventual,
-            "read_your_writes" => Consistency::ReadYourWrites,
-            "primary" => Consistency::Primary,
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Consistency::Eventual => "eventual",
-            Consistency::ReadYourWrites => "read_your_writes",
-            Consistency::Primary => "primary",
-        }
-    }
-}
-
-/// How reads are spread over the nodes that may serve them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Balance {
-    RoundRobin,
-    /// The node with the fewest sessions running a statement on it right now.
-    LeastOutstanding,
-    /// In proportion to each node's `weight`.
-    Weighted,
-    Random,
-}
-
-impl Balance {
-    pub fn parse(s: &str) -> Option<Balance> {
-        Some(match s {
-            "round_robin" => Balance::RoundRobin,
-            "least_outstanding" => Balance::LeastOutstanding,
-            "weighted" => Balance::Weighted,
-            "random" => Balance::Random,
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Balance::RoundRobin => "round_robin",
-            Balance::LeastOutstanding => "least_outstanding",
-            Balance::Weighted => "weighted",
-            Balance::Random => "random",
-        }
-    }
-}
+/// How fresh reads must be and how they are spread (the routing crate owns them too).
+pub use pgherd_route::{Balance, Consistency};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DatabaseConfig {

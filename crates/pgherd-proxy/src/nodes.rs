@@ -9,39 +9,15 @@ use std::time::{Duration, Instant, SystemTime};
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use pgherd_config::{ClusterSettings, NodeConfig};
-use pgherd_route::balance::{format_lsn, insert_lsn_as_end, parse_lsn, Candidate, Lsn, LsnHistory};
+use pgherd_route::balance::{
+    format_lsn, insert_lsn_as_end, parse_lsn, Balance, Candidate, Lsn, LsnHistory,
+};
+use pgherd_route::plan::{ClusterView, NodeStanding};
 
 use crate::pool::ConnectContext;
 use crate::server::{self, ConnectSpec, QueryError, ServerConn, ServerCredentials};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Unknown,
-    Primary,
-    Replica,
-}
-
-impl Role {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Role::Unknown => "unknown",
-            Role::Primary => "primary",
-            Role::Replica => "replica",
-        }
-    }
-
-    fn to_u8(self) -> u8 {
-        self as u8
-    }
-
-    fn from_u8(v: u8) -> Role {
-        match v {
-            1 => Role::Primary,
-            2 => Role::Replica,
-            _ => Role::Unknown,
-        }
-    }
-}
+pub use pgherd_route::Role;
 
 #[derive(Debug, Default, Clone)]
 pub struct NodeHealth {
@@ -691,6 +667,44 @@ impl Nodes {
         }
         self.list.store(Arc::new(new));
         started
+    }
+}
+
+/// The data path's view of the cluster for the planner: the nodes' atomics, read at the
+/// moment of the plan.
+impl ClusterView for Nodes {
+    type Node = Arc<NodeState>;
+
+    fn standing(&self, node: &Arc<NodeState>) -> NodeStanding {
+        NodeStanding {
+            role: node.role(),
+            up: node.is_up(),
+            excluded: node.is_excluded(),
+            in_read_set: node.in_read_set(),
+        }
+    }
+
+    fn primary(&self) -> Option<Arc<NodeState>> {
+        Nodes::primary(self)
+    }
+
+    fn writes_paused(&self) -> bool {
+        Nodes::writes_paused(self)
+    }
+
+    fn writes_refused(&self) -> Option<String> {
+        Nodes::writes_refused(self)
+    }
+
+    fn read_candidates(&self, primary_reads: bool) -> (Vec<Arc<NodeState>>, Vec<Candidate>) {
+        Nodes::read_candidates(self, primary_reads)
+    }
+
+    fn read_ticket(&self, balance: Balance) -> u64 {
+        match balance {
+            Balance::Random => rand::random(),
+            _ => self.next_read_ticket(),
+        }
     }
 }
 

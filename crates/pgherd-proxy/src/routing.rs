@@ -23,36 +23,7 @@ use tokio::sync::Notify;
 use crate::app::App;
 use crate::nodes;
 
-/// A routing decision for one statement text, with the hint its comments carry.
-#[derive(Debug, Clone)]
-pub struct Routed {
-    pub decision: Arc<Decision>,
-    pub hint: Option<Route>,
-}
-
-impl Routed {
-    /// A request pgherd cannot inspect, which therefore runs on the primary.
-    pub fn primary(reason: &str) -> Routed {
-        Routed {
-            decision: Arc::new(Decision::unread(reason)),
-            hint: None,
-        }
-    }
-
-    /// Where the statement must run for a session whose route is `route`.
-    pub fn target(&self, route: Route) -> Target {
-        let route = self.hint.unwrap_or(route);
-        match route {
-            Route::Primary => Target::Primary,
-            Route::Replica => match self.decision.target {
-                Target::Any => Target::Any,
-                _ => Target::Replica,
-            },
-            Route::Auto if self.decision.pin.is_some() => Target::Primary,
-            Route::Auto => self.decision.target,
-        }
-    }
-}
+pub use pgherd_route::Routed;
 
 /// The catalog is read again at least this often, for changes made outside pgherd.
 const CATALOG_REFRESH_INTERVAL: Duration = Duration::from_secs(60);

@@ -94,13 +94,36 @@ impl LsnHistory {
     }
 }
 
-/// How reads are spread.
+/// How reads are spread over the nodes that may serve them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
+pub enum Balance {
     RoundRobin,
+    /// The node with the fewest sessions running a statement on it right now.
     LeastOutstanding,
+    /// In proportion to each node's `weight`.
     Weighted,
     Random,
+}
+
+impl Balance {
+    pub fn parse(s: &str) -> Option<Balance> {
+        Some(match s {
+            "round_robin" => Balance::RoundRobin,
+            "least_outstanding" => Balance::LeastOutstanding,
+            "weighted" => Balance::Weighted,
+            "random" => Balance::Random,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Balance::RoundRobin => "round_robin",
+            Balance::LeastOutstanding => "least_outstanding",
+            Balance::Weighted => "weighted",
+            Balance::Random => "random",
+        }
+    }
 }
 
 /// What the chooser knows about one node that may serve reads.
@@ -155,7 +178,7 @@ impl Candidate {
 /// and weighted (so the shares hold exactly over any window), a random number for random,
 /// and breaks ties for least-outstanding.
 pub fn choose(
-    policy: Policy,
+    balance: Balance,
     candidates: &[Candidate],
     req: &Requirement,
     ticket: u64,
@@ -181,9 +204,9 @@ pub fn choose(
             .nth(n as usize)
             .map(|(i, _)| i)
     };
-    let chosen = match policy {
-        Policy::RoundRobin | Policy::Random => nth_qualifying(ticket % count),
-        Policy::Weighted => {
+    let chosen = match balance {
+        Balance::RoundRobin | Balance::Random => nth_qualifying(ticket % count),
+        Balance::Weighted => {
             let total: u64 = candidates
                 .iter()
                 .filter(|c| qualifies(c))
@@ -205,7 +228,7 @@ pub fn choose(
                 })
                 .map(|(i, _)| i)
         }
-        Policy::LeastOutstanding => {
+        Balance::LeastOutstanding => {
             let least = candidates
                 .iter()
                 .filter(|c| qualifies(c))
@@ -283,7 +306,8 @@ mod tests {
         let nodes = [replica(1, 0), replica(3, 0), replica(0, 0)];
         let mut counts = [0; 3];
         for ticket in 0..400 {
-            counts[choose(Policy::Weighted, &nodes, &Requirement::default(), ticket).unwrap()] += 1;
+            counts[choose(Balance::Weighted, &nodes, &Requirement::default(), ticket).unwrap()] +=
+                1;
         }
         assert_eq!(counts, [100, 300, 0]);
     }
@@ -298,7 +322,7 @@ mod tests {
             ..Default::default()
         };
         for ticket in 0..5 {
-            assert_eq!(choose(Policy::RoundRobin, &nodes, &req, ticket), Ok(0));
+            assert_eq!(choose(Balance::RoundRobin, &nodes, &req, ticket), Ok(0));
         }
         nodes[0].lag_ms = 9_000;
         let req = Requirement {
@@ -306,7 +330,7 @@ mod tests {
             ..req
         };
         assert_eq!(
-            choose(Policy::RoundRobin, &nodes, &req, 0),
+            choose(Balance::RoundRobin, &nodes, &req, 0),
             Err(NoChoice::NoneQualifies)
         );
     }
@@ -319,14 +343,14 @@ mod tests {
             ..Default::default()
         };
         for ticket in 0..6 {
-            assert_eq!(choose(Policy::RoundRobin, &nodes, &req, ticket), Ok(1));
+            assert_eq!(choose(Balance::RoundRobin, &nodes, &req, ticket), Ok(1));
         }
         let req = Requirement {
             min_lsn: 200,
             ..Default::default()
         };
         assert_eq!(
-            choose(Policy::RoundRobin, &nodes, &req, 0),
+            choose(Balance::RoundRobin, &nodes, &req, 0),
             Err(NoChoice::NotCaughtUp(1))
         );
         // The primary (no replay position) always has the write.
@@ -337,7 +361,7 @@ mod tests {
                 ..replica(1, 0)
             },
         ];
-        assert_eq!(choose(Policy::RoundRobin, &with_primary, &req, 0), Ok(1));
+        assert_eq!(choose(Balance::RoundRobin, &with_primary, &req, 0), Ok(1));
     }
 
     #[test]
@@ -347,7 +371,15 @@ mod tests {
         nodes[1].outstanding = 2;
         nodes[2].outstanding = 2;
         let picks: Vec<usize> = (0..4)
-            .map(|t| choose(Policy::LeastOutstanding, &nodes, &Requirement::default(), t).unwrap())
+            .map(|t| {
+                choose(
+                    Balance::LeastOutstanding,
+                    &nodes,
+                    &Requirement::default(),
+                    t,
+                )
+                .unwrap()
+            })
             .collect();
         assert_eq!(picks, [1, 2, 1, 2]);
     }

@@ -15,11 +15,44 @@ mod classify;
 mod decision;
 mod lexer;
 pub mod parse;
+pub mod plan;
 
+pub use balance::Balance;
 pub use catalog::Catalog;
 pub use classify::{classify, ROUTE_SETTING};
 pub use decision::{Decision, Pin, SessionEffect, Target, TxEffect};
 pub use lexer::{lex, HintError, Lexed};
+pub use plan::{Role, Routed};
+
+/// How fresh the data a session reads from replicas must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Consistency {
+    /// Any replica within the lag limits.
+    Eventual,
+    /// As `Eventual`, and never older than the session's own last committed write.
+    ReadYourWrites,
+    /// No replica reads at all.
+    Primary,
+}
+
+impl Consistency {
+    pub fn parse(s: &str) -> Option<Consistency> {
+        Some(match s {
+            "eventual" => Consistency::Eventual,
+            "read_your_writes" => Consistency::ReadYourWrites,
+            "primary" => Consistency::Primary,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Consistency::Eventual => "eventual",
+            Consistency::ReadYourWrites => "read_your_writes",
+            Consistency::Primary => "primary",
+        }
+    }
+}
 
 /// Where a session's statements go: from a hint, the `pgherd.route` setting or the config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -54,5 +87,7 @@ impl Route {
 
 #[cfg(test)]
 mod lexer_tests;
+#[cfg(test)]
+mod plan_tests;
 #[cfg(test)]
 mod tests;

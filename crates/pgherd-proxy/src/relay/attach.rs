@@ -3,97 +3,60 @@
 //! pool (carrying the client's settings), waits for a primary or a paused database, and what
 //! happens when a server fails or the client leaves (cleanup, reset, or close).
 
+use pgherd_route::plan::{choose_node, route_request, Framing, NoNode, ReadNeeds, Statements};
+
 use super::client_input::statement;
 use super::*;
 
+/// The session's statements, as the planner asks for them: texts through the database's
+/// router (as this session reads strings), prepared ones by name.
+struct SessionStatements<'a>(&'a Session);
+
+impl Statements for SessionStatements<'_> {
+    type Error = PgError;
+
+    fn route(&self, sql: &[u8]) -> Result<Routed, PgError> {
+        let routing = &self.0.routing;
+        match routing.setup.router.as_ref() {
+            Some(router) => router.route(sql, routing.standard_conforming_strings),
+            None => Ok(Routed::primary(
+                "the session's statements are not classified",
+            )),
+        }
+    }
+
+    fn prepared(&self, name: &[u8]) -> Option<Routed> {
+        self.0.statement_routed(name)
+    }
+}
+
 impl Session {
-    /// Where the request at the front of `input` must run: the strictest target of every
-    /// statement it runs, up to its Sync (the statements of one extended-protocol batch are
-    /// one implicit transaction, so they run on one node). A batch whose end is not buffered
-    /// yet runs on the primary, unless it asks for answers first (Flush). An invalid hint or
-    /// `pgherd.route` value in its first statement is the client's error.
-    ///
-    /// The decision made from the first statement's own text (a Query or Parse) is kept in
-    /// `routing.front`, so it is not classified again when relayed.
+    /// Where the request at the front of `input` must run ([`route_request`]); the decision
+    /// made from its first statement is kept in `routing.front`, so it is not made again when
+    /// relayed. A request a standby refused runs on the primary.
     pub(super) fn route_front(&mut self, input: &[u8]) -> Result<RouteTarget, PgError> {
-        self.routing.front = None;
-        self.routing.replica_asked = self.routing.route() == Route::Replica;
+        let session = self.routing.session_routing();
         if std::mem::take(&mut self.routing.retry_on_primary) {
+            self.routing.front = None;
+            self.routing.replica_asked = session.route() == Route::Replica;
             return Ok(RouteTarget::Primary);
         }
-        if self.routing.setup.router.is_none() {
-            return Ok(self.routing.target(None));
-        }
-        let mut target: Option<RouteTarget> = None;
-        // Statements the batch itself prepares, for its Binds.
-        let mut defined: Vec<(&[u8], Routed)> = Vec::new();
-        let mut at = 0;
-        loop {
-            let rest = &input[at..];
-            let h = match read_header(rest, self.max_message_bytes) {
-                Ok(Some(h)) if rest.len() >= h.total_len() => h,
-                // The batch goes on beyond what arrived (or its first message is too large to
-                // read whole): only the primary can run whatever follows.
-                Ok(Some(h)) if target.is_some() || client_stream::streams(&h, rest.len()) => {
-                    return Ok(RouteTarget::Primary)
-                }
-                _ => return Ok(self.routing.target(None)),
-            };
-            let body = &rest[HEADER_BYTES..h.total_len()];
-            let first = target.is_none();
-            let routed = match h.tag {
-                ftag::QUERY if !first => return Ok(strictest(target, RouteTarget::Primary)),
-                ftag::QUERY | ftag::PARSE => {
-                    let parsed = if h.tag == ftag::QUERY {
-                        frontend::Query::parse(body).map(|q| (&b""[..], q.sql))
-                    } else {
-                        frontend::Parse::parse(body).map(|p| (p.name, p.query))
-                    };
-                    // Malformed: relaying it reports the protocol error.
-                    let Ok((name, sql)) = parsed else {
-                        return Ok(strictest(target, RouteTarget::Primary));
-                    };
-                    let router = self.routing.setup.router.as_ref();
-                    let routed = match router
-                        .map(|r| r.route(sql, self.routing.standard_conforming_strings))
-                    {
-                        Some(Ok(routed)) => routed,
-                        Some(Err(e)) if first => return Err(e),
-                        _ => Routed::primary("its routing hint is invalid"),
-                    };
-                    if first {
-                        self.routing.front = Some(routed.clone());
-                    }
-                    if !name.is_empty() {
-                        defined.push((name, routed.clone()));
-                    }
-                    Some(routed)
-                }
-                ftag::BIND => frontend::Bind::parse(body).ok().map(|b| {
-                    defined
-                        .iter()
-                        .rev()
-                        .find(|(name, _)| *name == b.statement)
-                        .map(|(_, r)| r.clone())
-                        .or_else(|| self.statement_routed(b.statement))
-                        .unwrap_or_else(|| Routed::primary("binds an unknown statement"))
-                }),
-                ftag::FUNCTION_CALL => Some(Routed::primary("a function call by OID may write")),
-                ftag::SYNC | ftag::FLUSH | ftag::TERMINATE => {
-                    return Ok(target.unwrap_or_else(|| self.routing.target(None)))
-                }
-                _ => None,
-            };
-            if let Some(routed) = routed {
-                self.routing.replica_asked |= routed.hint == Some(Route::Replica);
-                target = Some(strictest(target, self.routing.target(Some(&routed))));
+        let framing = Framing {
+            max_message_bytes: self.max_message_bytes,
+            streams: client_stream::streams,
+        };
+        let planned = route_request(input, framing, &session, &SessionStatements(self));
+        let planned = match planned {
+            Ok(planned) => planned,
+            Err(e) => {
+                self.routing.front = None;
+                self.routing.replica_asked = session.route() == Route::Replica;
+                return Err(e);
             }
-            if h.tag == ftag::QUERY {
-                // A simple query is a request of its own.
-                return Ok(target.unwrap_or(RouteTarget::Primary));
-            }
-            at += h.total_len();
-        }
+        };
+        self.routing.front = planned.front;
+        self.routing.replica_asked = planned.replica_asked;
+        Ok(planned.target)
     }
 
     /// The decision for a statement the client prepared (`""`: the unnamed one).
@@ -121,49 +84,32 @@ impl Session {
         Some(routed)
     }
 
-    /// The node for a request with `target`, and the WAL position to wait for when the chosen
-    /// replica has not replayed the session's last write yet.
+    /// The node for a request with `target` ([`choose_node`]), and the WAL position to wait
+    /// for when the chosen replica has not replayed the session's last write yet.
     pub(super) fn pick_node(
         &self,
         target: RouteTarget,
     ) -> Result<(Arc<NodeState>, Option<Lsn>), PgError> {
-        match target {
-            RouteTarget::Any => {
-                // Transaction control and settings run wherever the session was last.
-                if let Some((node, _)) = &self.last_pool {
-                    let usable = match node.role() {
-                        Role::Primary => !self.app.nodes.writes_paused(),
-                        _ => node.in_read_set(),
-                    };
-                    if node.is_up() && !node.is_excluded() && usable {
-                        return Ok((node.clone(), None));
-                    }
-                }
-            }
-            RouteTarget::Replica => {
-                if let Some(choice) = self.pick_reader() {
-                    return Ok(choice);
-                }
-            }
-            RouteTarget::Primary => {
-                if let Some(why) = self.app.nodes.writes_refused() {
-                    return Err(PgError::error(
-                        SqlState::READ_ONLY_SQL_TRANSACTION,
-                        format!("writes are refused: {why}"),
-                    )
-                    .with_hint("writes resume when a synchronous standby streams again"));
-                }
-            }
-        }
-        // The primary rarely changes: reuse the last one while it still is the primary.
-        if let Some((node, _)) = &self.last_pool {
-            if node.is_usable_as(Role::Primary) && !self.app.nodes.writes_paused() {
-                return Ok((node.clone(), None));
-            }
-        }
-        let nodes = &self.app.nodes;
-        nodes.primary().map(|n| (n, None)).ok_or_else(|| {
-            PgError::error(
+        let config = self.app.config();
+        let routing = &self.routing;
+        let reads = ReadNeeds {
+            balance: routing.setup.balance,
+            primary_reads: routing.setup.primary_reads,
+            max_lag_bytes: config.routing.max_lag_bytes,
+            max_lag_ms: config.routing.max_lag_ms,
+            min_lsn: routing.read_your_writes().then_some(routing.min_lsn),
+            write_unconfirmed: routing.write_seq > routing.probed_seq,
+            may_wait: config.routing.read_your_writes_wait_ms > 0,
+        };
+        let last = self.last_pool.as_ref().map(|(node, _)| node);
+        match choose_node(&*self.app.nodes, target, last, &reads) {
+            Ok(plan) => Ok((plan.node, plan.wait_for_lsn)),
+            Err(NoNode::WritesRefused(why)) => Err(PgError::error(
+                SqlState::READ_ONLY_SQL_TRANSACTION,
+                format!("writes are refused: {why}"),
+            )
+            .with_hint("writes resume when a synchronous standby streams again")),
+            Err(NoNode::Unavailable) => Err(PgError::error(
                 SqlState::CONNECTION_FAILURE,
                 format!(
                     "no {} node is available for database \"{}\"",
@@ -175,47 +121,7 @@ impl Session {
                     self.shared.database
                 ),
             )
-            .with_detail(format!("nodes: {}", nodes.describe_all()))
-        })
-    }
-
-    /// A node for a read under the database's balance policy, lag limits and the session's
-    /// consistency; `None` means the primary.
-    pub(super) fn pick_reader(&self) -> Option<(Arc<NodeState>, Option<Lsn>)> {
-        let setup = &self.routing.setup;
-        let read_your_writes = self.routing.read_your_writes();
-        if read_your_writes && self.routing.write_seq > self.routing.probed_seq {
-            // Where the session's last write ends is not known yet.
-            return None;
-        }
-        let (nodes, candidates) = self.app.nodes.read_candidates(setup.primary_reads);
-        if candidates.is_empty() {
-            return None;
-        }
-        let config = self.app.config();
-        let req = Requirement {
-            max_lag_bytes: config.routing.max_lag_bytes,
-            max_lag_ms: config.routing.max_lag_ms,
-            min_lsn: if read_your_writes {
-                self.routing.min_lsn
-            } else {
-                0
-            },
-        };
-        let (policy, ticket) = match setup.balance {
-            Balance::RoundRobin => (Policy::RoundRobin, self.app.nodes.next_read_ticket()),
-            Balance::LeastOutstanding => {
-                (Policy::LeastOutstanding, self.app.nodes.next_read_ticket())
-            }
-            Balance::Weighted => (Policy::Weighted, self.app.nodes.next_read_ticket()),
-            Balance::Random => (Policy::Random, rand::random()),
-        };
-        match choose(policy, &candidates, &req, ticket) {
-            Ok(i) => Some((nodes[i].clone(), None)),
-            Err(NoChoice::NotCaughtUp(i)) if config.routing.read_your_writes_wait_ms > 0 => {
-                Some((nodes[i].clone(), Some(req.min_lsn)))
-            }
-            Err(_) => None,
+            .with_detail(format!("nodes: {}", self.app.nodes.describe_all()))),
         }
     }
 
@@ -761,18 +667,6 @@ fn statement_texts(bytes: &[u8], max_message_bytes: usize) -> Vec<&[u8]> {
 }
 
 /// The stricter of two targets: the primary over a replica over anywhere.
-pub(super) fn strictest(a: Option<RouteTarget>, b: RouteTarget) -> RouteTarget {
-    let rank = |t: RouteTarget| match t {
-        RouteTarget::Any => 0,
-        RouteTarget::Replica => 1,
-        RouteTarget::Primary => 2,
-    };
-    match a {
-        Some(a) if rank(a) >= rank(b) => a,
-        _ => b,
-    }
-}
-
 /// Asks a replica how far it has replayed until it reaches `lsn` or `wait` passes. Gives the
 /// connection back in `Err` if it is still usable.
 pub(super) async fn wait_for_replay(

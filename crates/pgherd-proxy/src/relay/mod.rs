@@ -30,9 +30,8 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use pgherd_config::{Balance, Consistency, PoolMode, Route};
-use pgherd_route::balance::{
-    choose, insert_lsn_as_end, parse_lsn, Lsn, NoChoice, Policy, Requirement,
-};
+use pgherd_route::balance::{insert_lsn_as_end, parse_lsn, Lsn};
+use pgherd_route::plan::SessionRouting;
 use pgherd_route::{Pin as RoutePin, SessionEffect, Target as RouteTarget, TxEffect};
 use pgherd_wire::backend::{self, tag as btag, TxStatus};
 use pgherd_wire::frame::{read_header, HEADER_BYTES};
@@ -221,46 +220,19 @@ impl Routing {
         }
     }
 
-    fn route(&self) -> Route {
-        self.override_route.unwrap_or(self.setup.route)
+    /// What the planner is told of this session.
+    fn session_routing(&self) -> SessionRouting {
+        SessionRouting {
+            splitting: self.setup.router.is_some(),
+            configured: self.setup.route,
+            override_route: self.override_route,
+            consistency: self.setup.consistency,
+            default_read_only: self.default_read_only,
+        }
     }
 
     fn read_your_writes(&self) -> bool {
-        self.setup.router.is_some() && self.setup.consistency == Consistency::ReadYourWrites
-    }
-
-    /// Where a request runs, from its decision (`None`: it has no statement).
-    fn target(&self, routed: Option<&Routed>) -> RouteTarget {
-        let route = self.route();
-        if self.setup.router.is_none() {
-            return match self.setup.route {
-                Route::Replica => RouteTarget::Replica,
-                _ => RouteTarget::Primary,
-            };
-        }
-        let Some(routed) = routed else {
-            return match route {
-                Route::Replica => RouteTarget::Replica,
-                _ => RouteTarget::Any,
-            };
-        };
-        let target = routed.target(route);
-        let automatic = routed.hint.is_none() && route == Route::Auto;
-        if automatic
-            && target == RouteTarget::Replica
-            && self.setup.consistency == Consistency::Primary
-        {
-            return RouteTarget::Primary;
-        }
-        if automatic
-            && self.default_read_only
-            && routed.decision.pin.is_none()
-            && routed.decision.tx == (TxEffect::Begin { read_only: None })
-        {
-            // default_transaction_read_only makes this BEGIN a read-only transaction.
-            return RouteTarget::Replica;
-        }
-        target
+        self.session_routing().read_your_writes()
     }
 }
 

@@ -331,11 +331,12 @@ pub enum NoNode {
 /// The node for a request with `target`: where the session was last for transaction control
 /// and settings, a replica for reads (under the balance policy, the lag limits and
 /// read-your-writes), else the primary (the one the session used last while it still is).
+/// `reads` is asked only for a read, so a write's plan costs the caller nothing to describe.
 pub fn choose_node<V: ClusterView>(
     view: &V,
     target: Target,
     last: Option<&V::Node>,
-    reads: &ReadNeeds,
+    reads: impl FnOnce() -> ReadNeeds,
 ) -> Result<NodePlan<V::Node>, NoNode> {
     let plan = |node: &V::Node, why| NodePlan {
         node: node.clone(),
@@ -356,7 +357,7 @@ pub fn choose_node<V: ClusterView>(
             }
         }
         Target::Replica => {
-            if let Some(read) = choose_reader(view, reads) {
+            if let Some(read) = choose_reader(view, &reads()) {
                 return Ok(read);
             }
         }

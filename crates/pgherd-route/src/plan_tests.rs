@@ -518,7 +518,7 @@ fn reads() -> ReadNeeds {
 #[test]
 fn a_target_and_the_cluster_give_the_node() {
     let plan = |view: &View, target, last: Option<&'static str>, reads: &ReadNeeds| {
-        choose_node(view, target, last.as_ref(), reads).map(|p| (p.node, p.wait_for_lsn))
+        choose_node(view, target, last.as_ref(), || *reads).map(|p| (p.node, p.wait_for_lsn))
     };
     let view = three_nodes();
     // Reads round robin over the replicas by ticket.
@@ -616,24 +616,24 @@ fn no_node_is_an_answer_with_a_reason() {
         ..three_nodes()
     };
     assert_eq!(
-        choose_node(&refused, Target::Primary, None, &reads()),
+        choose_node(&refused, Target::Primary, None, reads),
         Err(NoNode::WritesRefused(
             "no synchronous standby streams".into()
         ))
     );
     // Reads still run while writes are refused.
-    assert!(choose_node(&refused, Target::Replica, None, &reads()).is_ok());
+    assert!(choose_node(&refused, Target::Replica, None, reads).is_ok());
     // A switchover pauses writes: no primary, not even the session's last one.
     let paused = View {
         writes_paused: true,
         ..three_nodes()
     };
     assert_eq!(
-        choose_node(&paused, Target::Primary, Some(&"pg1"), &reads()),
+        choose_node(&paused, Target::Primary, Some(&"pg1"), reads),
         Err(NoNode::Unavailable)
     );
     assert_eq!(
-        choose_node(&paused, Target::Any, Some(&"pg1"), &reads()),
+        choose_node(&paused, Target::Any, Some(&"pg1"), reads),
         Err(NoNode::Unavailable)
     );
     // The old primary, now a replica, is not taken for writes.
@@ -641,14 +641,14 @@ fn no_node_is_an_answer_with_a_reason() {
     demoted.nodes[0].1.role = Role::Replica;
     demoted.primary = Some("pg2");
     demoted.nodes[1].1.role = Role::Primary;
-    let plan = choose_node(&demoted, Target::Primary, Some(&"pg1"), &reads()).expect("a node");
+    let plan = choose_node(&demoted, Target::Primary, Some(&"pg1"), reads).expect("a node");
     assert_eq!((plan.node, plan.why), ("pg2", "the primary"));
     let none = View {
         primary: None,
         ..three_nodes()
     };
     assert_eq!(
-        choose_node(&none, Target::Primary, None, &reads()),
+        choose_node(&none, Target::Primary, None, reads),
         Err(NoNode::Unavailable)
     );
 }

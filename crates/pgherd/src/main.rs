@@ -4,6 +4,7 @@ mod bench;
 mod drill;
 mod local;
 mod logging;
+mod operate;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -114,18 +115,18 @@ fn main() -> ExitCode {
         Command::Run { config } => run(&config),
         Command::Up(options) => local::up(options),
         Command::Down { dir } => local::down(dir.as_deref()),
-        Command::Status { at, json } => local::status(&at, json),
+        Command::Status { at, json } => operate::status(&at, json),
         Command::Switchover { at, to } => {
             let command = match &to {
                 Some(node) => format!("SWITCHOVER TO {node}"),
                 None => "SWITCHOVER".to_owned(),
             };
-            local::admin_command(&at, &command)
+            operate::admin_command(&at, &command)
         }
-        Command::Rejoin { node, at } => local::admin_command(&at, &format!("REJOIN \"{node}\"")),
-        Command::Detach { node, at } => local::admin_command(&at, &format!("DETACH \"{node}\"")),
-        Command::Attach { node, at } => local::admin_command(&at, &format!("ATTACH \"{node}\"")),
-        Command::Events { at, json } => local::events(&at, json),
+        Command::Rejoin { node, at } => operate::admin_command(&at, &format!("REJOIN \"{node}\"")),
+        Command::Detach { node, at } => operate::admin_command(&at, &format!("DETACH \"{node}\"")),
+        Command::Attach { node, at } => operate::admin_command(&at, &format!("ATTACH \"{node}\"")),
+        Command::Events { at, json } => operate::events(&at, json),
         Command::Drill(options) => drill::run(options),
         Command::CheckConfig { config } => check_config(&config),
         Command::Passwd { user } => passwd(&user),

@@ -35,7 +35,7 @@ impl Session {
     /// made from its first statement is kept in `routing.front`, so it is not made again when
     /// relayed. A request a standby refused runs on the primary.
     pub(super) fn route_front(&mut self, input: &[u8]) -> Result<RouteTarget, PgError> {
-        let session = self.routing.session_routing();
+        let session = self.routing.session;
         if std::mem::take(&mut self.routing.retry_on_primary) {
             self.routing.front = None;
             self.routing.replica_asked = session.route() == Route::Replica;
@@ -90,19 +90,21 @@ impl Session {
         &self,
         target: RouteTarget,
     ) -> Result<(Arc<NodeState>, Option<Lsn>), PgError> {
-        let config = self.app.config();
-        let routing = &self.routing;
-        let reads = ReadNeeds {
-            balance: routing.setup.balance,
-            primary_reads: routing.setup.primary_reads,
-            max_lag_bytes: config.routing.max_lag_bytes,
-            max_lag_ms: config.routing.max_lag_ms,
-            min_lsn: routing.read_your_writes().then_some(routing.min_lsn),
-            write_unconfirmed: routing.write_seq > routing.probed_seq,
-            may_wait: config.routing.read_your_writes_wait_ms > 0,
+        let reads = || {
+            let config = self.app.config();
+            let routing = &self.routing;
+            ReadNeeds {
+                balance: routing.setup.balance,
+                primary_reads: routing.setup.primary_reads,
+                max_lag_bytes: config.routing.max_lag_bytes,
+                max_lag_ms: config.routing.max_lag_ms,
+                min_lsn: routing.read_your_writes().then_some(routing.min_lsn),
+                write_unconfirmed: routing.write_seq > routing.probed_seq,
+                may_wait: config.routing.read_your_writes_wait_ms > 0,
+            }
         };
         let last = self.last_pool.as_ref().map(|(node, _)| node);
-        match choose_node(&*self.app.nodes, target, last, &reads) {
+        match choose_node(&*self.app.nodes, target, last, reads) {
             Ok(plan) => Ok((plan.node, plan.wait_for_lsn)),
             Err(NoNode::WritesRefused(why)) => Err(PgError::error(
                 SqlState::READ_ONLY_SQL_TRANSACTION,

@@ -119,13 +119,13 @@ impl Session {
     pub(super) fn track_statement(&mut self, routed: &Routed, executes: bool) {
         let decision = &routed.decision;
         if let Some(value) = &decision.route_setting {
-            self.routing.override_route = Route::parse(value);
+            self.routing.session.override_route = Route::parse(value);
         }
         self.routing.unit_copies_in |= decision.copy_in;
         match decision.tx {
             TxEffect::Begin { .. } => self.routing.unit_begins = true,
             TxEffect::End => self.routing.unit_ends = true,
-            TxEffect::DefaultReadOnly(Some(on)) => self.routing.default_read_only = on,
+            TxEffect::DefaultReadOnly(Some(on)) => self.routing.session.default_read_only = on,
             TxEffect::DefaultReadOnly(None) | TxEffect::SetReadOnly | TxEffect::None => {}
         }
         if let Some(pin) = decision.pin {

@@ -152,14 +152,14 @@ impl Replay {
 /// A session's routing state.
 struct Routing {
     setup: RoutingSetup,
-    /// `SET pgherd.route`.
-    override_route: Option<Route>,
+    /// What the planner is told of this session: the configured route and consistency,
+    /// `SET pgherd.route`, and `default_transaction_read_only` as the session has it (from
+    /// the startup packet, then as servers report it: a rolled-back SET is reported back).
+    session: SessionRouting,
     /// Session state (a temporary table, a session lock...) ties the client to its server.
     pinned: Option<pgherd_route::Pin>,
-    /// `default_transaction_read_only` and `standard_conforming_strings` as the session has
-    /// them: from the startup packet, then as servers report them (a rolled-back SET is
-    /// reported back).
-    default_read_only: bool,
+    /// `standard_conforming_strings` as the session has it, followed as
+    /// `default_transaction_read_only` is.
     standard_conforming_strings: bool,
     /// What the statements run on the current server since its session state was last
     /// known may have done to it; an unknown effect is probed before the server goes back.
@@ -197,10 +197,15 @@ struct Routing {
 impl Routing {
     fn new(setup: RoutingSetup, flags: params::StartupFlags) -> Self {
         Routing {
+            session: SessionRouting {
+                splitting: setup.router.is_some(),
+                configured: setup.route,
+                override_route: None,
+                consistency: setup.consistency,
+                default_read_only: flags.default_transaction_read_only,
+            },
             setup,
-            override_route: None,
             pinned: None,
-            default_read_only: flags.default_transaction_read_only,
             standard_conforming_strings: flags.standard_conforming_strings,
             effect: SessionEffect::None,
             catalog_changed: false,
@@ -220,19 +225,8 @@ impl Routing {
         }
     }
 
-    /// What the planner is told of this session.
-    fn session_routing(&self) -> SessionRouting {
-        SessionRouting {
-            splitting: self.setup.router.is_some(),
-            configured: self.setup.route,
-            override_route: self.override_route,
-            consistency: self.setup.consistency,
-            default_read_only: self.default_read_only,
-        }
-    }
-
     fn read_your_writes(&self) -> bool {
-        self.session_routing().read_your_writes()
+        self.session.read_your_writes()
     }
 }
 

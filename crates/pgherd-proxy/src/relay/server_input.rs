@@ -202,7 +202,7 @@ impl Session {
                         let flag = params::parse_bool(p.value);
                         match (p.name, flag) {
                             ("default_transaction_read_only", Some(on)) => {
-                                self.routing.default_read_only = on
+                                self.routing.session.default_read_only = on
                             }
                             ("standard_conforming_strings", Some(on)) => {
                                 self.routing.standard_conforming_strings = on

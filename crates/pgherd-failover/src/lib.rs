@@ -25,7 +25,9 @@
 
 use std::fmt::Write as _;
 
+pub mod state;
 mod sync;
+pub use state::{Change, ClusterState, Gate, GateReason, NodeId, SyncInForce};
 pub use sync::{desired_sync_set, SyncSet};
 
 /// A WAL position as a byte offset.

@@ -163,7 +163,7 @@ async fn run_script(
 const USAGE: &[(&str, &str)] = &[
     (
         "SHOW",
-        "SHOW HELP|VERSION|NODES|POOLS|STATS|LISTS|CLIENTS|SERVERS|CONFIG|EVENTS",
+        "SHOW HELP|VERSION|NODES|CLUSTER|POOLS|STATS|LISTS|CLIENTS|SERVERS|CONFIG|EVENTS",
     ),
     ("SWITCHOVER", "SWITCHOVER [TO node]"),
     ("REJOIN", "REJOIN node"),
@@ -278,6 +278,7 @@ fn run_command(
             vec![format!("pgherd {VERSION}")],
         ))),
         ["SHOW", "NODES"] => Ok(Outcome::Rows(views::nodes(app))),
+        ["SHOW", "CLUSTER"] => Ok(Outcome::Rows(views::cluster(app))),
         ["SHOW", "EVENTS"] => Ok(Outcome::Rows(views::events(app))),
         ["SHOW", "POOLS"] => Ok(Outcome::Rows(views::pools(app))),
         ["SHOW", "STATS"] => Ok(Outcome::Rows(views::stats(app))),

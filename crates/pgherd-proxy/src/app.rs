@@ -53,7 +53,6 @@ pub struct App {
     /// Failover decisions and actions, for `SHOW EVENTS` and the notification command.
     pub events: crate::events::Events,
     /// Databases whose new transactions wait (`PAUSE`).
-    pub pauses: crate::control::Pauses,
     /// Errors pgherd itself answered requests with (no server had them), for the metrics.
     pub own_errors: crate::counters::ErrorClasses,
 }
@@ -77,7 +76,6 @@ impl App {
             routers: Mutex::new(HashMap::new()),
             schema_generation: std::sync::atomic::AtomicU64::new(1),
             events: Default::default(),
-            pauses: Default::default(),
             own_errors: Default::default(),
             clients: Arc::new(ClientRegistry::new()),
             pools: Mutex::new(HashMap::new()),

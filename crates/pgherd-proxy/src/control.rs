@@ -1,16 +1,13 @@
 //! The operator's levers that are not failover: take a node out of traffic and back
-//! (`DETACH`/`ATTACH`), hold new transactions of a database or of all (`PAUSE`/`RESUME`),
-//! end a database's sessions (`KILL`). The admin console and the HTTP API both act through
+//! (`DETACH`/`ATTACH`), hold new transactions of a database or of all (`PAUSE`/`RESUME`,
+//! PgBouncer's; kept in the cluster view), end a database's sessions (`KILL`). The admin console and the HTTP API both act through
 //! these functions; each answers with the steps it took, or a PostgreSQL-style error.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use pgherd_failover::Change;
 use pgherd_wire::{PgError, SqlState};
-use tokio::sync::Notify;
 
 use crate::app::App;
 use crate::failover::event;
@@ -18,83 +15,6 @@ use crate::nodes::NodeState;
 
 /// How long `PAUSE` waits for running transactions to give their server connections back.
 const PAUSE_DRAIN: Duration = Duration::from_secs(30);
-
-/// Databases whose new transactions wait (PgBouncer's `PAUSE`).
-#[derive(Default)]
-pub struct Pauses {
-    /// Cheap check for every transaction: false unless something is paused. Written only
-    /// under the `paused` lock, so it always agrees with it.
-    any: AtomicBool,
-    paused: Mutex<Paused>,
-    /// Woken by RESUME.
-    resumed: Notify,
-}
-
-#[derive(Default)]
-struct Paused {
-    /// `PAUSE` without a database.
-    everything: bool,
-    /// Paused client-facing database names.
-    databases: HashSet<String>,
-}
-
-impl Paused {
-    fn any(&self) -> bool {
-        self.everything || !self.databases.is_empty()
-    }
-}
-
-impl Pauses {
-    pub fn is_paused(&self, database: &str) -> bool {
-        if !self.any.load(Ordering::Acquire) {
-            return false;
-        }
-        let paused = self.paused.lock();
-        paused.everything || paused.databases.contains(database)
-    }
-
-    /// Waits until `database` is resumed; false if `limit` passed first.
-    pub async fn wait_resumed(&self, database: &str, limit: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            let resumed = self.resumed.notified();
-            if !self.is_paused(database) {
-                return true;
-            }
-            if tokio::time::timeout_at(deadline, resumed).await.is_err() {
-                return !self.is_paused(database);
-            }
-        }
-    }
-
-    fn pause(&self, database: Option<&str>) {
-        let mut paused = self.paused.lock();
-        match database {
-            None => paused.everything = true,
-            Some(db) => {
-                paused.databases.insert(db.to_owned());
-            }
-        }
-        self.any.store(true, Ordering::Release);
-    }
-
-    /// Returns whether anything was paused.
-    fn resume(&self, database: Option<&str>) -> bool {
-        let mut paused = self.paused.lock();
-        let was = match database {
-            None => {
-                let was = paused.any();
-                *paused = Paused::default();
-                was
-            }
-            Some(db) => paused.databases.remove(db),
-        };
-        self.any.store(paused.any(), Ordering::Release);
-        drop(paused);
-        self.resumed.notify_waiters();
-        was
-    }
-}
 
 fn find_node(app: &App, name: &str) -> Result<Arc<NodeState>, PgError> {
     app.nodes.get(name).ok_or_else(|| {
@@ -115,7 +35,7 @@ pub fn detach(app: &App, name: &str) -> Result<Vec<String>, PgError> {
         )
         .with_hint("run SWITCHOVER to another node first"));
     }
-    if !node.detach() {
+    if !app.nodes.change(Change::Detach(node.id)) {
         return Ok(vec![format!("{name} was already detached")]);
     }
     app.drop_idle_connections(&node);
@@ -128,7 +48,7 @@ pub fn detach(app: &App, name: &str) -> Result<Vec<String>, PgError> {
 /// `ATTACH node`: undoes DETACH.
 pub fn attach(app: &App, name: &str) -> Result<Vec<String>, PgError> {
     let node = find_node(app, name)?;
-    if !node.attach() {
+    if !app.nodes.change(Change::Attach(node.id)) {
         return Ok(vec![format!("{name} was not detached")]);
     }
     let checks = app.config().routing.rejoin_after_checks;
@@ -144,7 +64,7 @@ pub async fn pause(app: &App, database: Option<&str>) -> Result<Vec<String>, PgE
     if let Some(db) = database {
         check_database(app, db)?;
     }
-    app.pauses.pause(database);
+    app.nodes.change(Change::Pause(database.map(str::to_owned)));
     let what = database.map_or("all databases".to_owned(), |d| format!("database \"{d}\""));
     event(
         app,
@@ -183,7 +103,10 @@ pub async fn pause(app: &App, database: Option<&str>) -> Result<Vec<String>, PgE
 /// `RESUME [db]`.
 pub fn resume(app: &App, database: Option<&str>) -> Result<Vec<String>, PgError> {
     let what = database.map_or("all databases".to_owned(), |d| format!("database \"{d}\""));
-    if !app.pauses.resume(database) {
+    if !app
+        .nodes
+        .change(Change::Resume(database.map(str::to_owned)))
+    {
         return Err(PgError::error(
             SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
             format!("{what} is not paused"),

@@ -13,12 +13,13 @@ use std::time::Duration;
 
 use pgherd_config::{ClusterSettings, Config};
 use pgherd_failover::{
-    decide, desired_sync_set, format_lsn, Check, Durability, NodeView, Policy, SyncSet, Verdict,
-    View,
+    decide, desired_sync_set, format_lsn, Change, Check, ClusterState, Durability, NodeView,
+    Policy, SyncInForce, SyncSet, Verdict, View,
 };
 
 use crate::app::App;
-use crate::nodes::{check_once, management_connection, NodeState, Role};
+use crate::monitor::{check_once, management_connection};
+use crate::nodes::{NodeState, Role};
 use crate::pool::ConnectContext;
 
 /// Runs until shutdown. Does nothing while `[failover] enabled` is false.
@@ -49,15 +50,7 @@ pub async fn run(app: Arc<App>) {
         }
         let nodes = app.nodes.all();
         if config.failover.enabled {
-            decide_and_act(
-                &app,
-                &config,
-                &nodes,
-                &keeper,
-                &mut last_sentence,
-                &mut sealed,
-            )
-            .await;
+            decide_and_act(&app, &config, &nodes, &mut last_sentence, &mut sealed).await;
         }
         // After the decision, so a primary elected in this turn gets its synchronous standbys
         // (and takes writes) now rather than a period later.
@@ -77,7 +70,6 @@ async fn decide_and_act(
     app: &Arc<App>,
     config: &Config,
     nodes: &[Arc<NodeState>],
-    keeper: &SyncKeeper,
     last_sentence: &mut String,
     sealed: &mut HashSet<String>,
 ) {
@@ -86,12 +78,12 @@ async fn decide_and_act(
         max_lag_on_failover_bytes: config.failover.max_lag_on_failover_bytes,
         durability: config.replication.durability,
     };
-    let views: Vec<NodeView> = nodes.iter().map(|n| view_of(n)).collect();
-    let elected = app
-        .nodes
-        .elected()
-        .and_then(|name| nodes.iter().position(|n| n.name() == name));
-    let (synchronous, sync_quorum) = keeper.holders(nodes, elected);
+    let state = app.nodes.view();
+    let views: Vec<NodeView> = nodes.iter().map(|n| view_of(n, &state)).collect();
+    let elected = state
+        .elected
+        .and_then(|id| nodes.iter().position(|n| n.id == id));
+    let (synchronous, sync_quorum) = holders(&state, nodes, elected);
     let view = View {
         nodes: &views,
         elected,
@@ -118,12 +110,17 @@ async fn decide_and_act(
     }
     act(app, &config.cluster, nodes, verdict).await;
     // A node that rejoined may be fenced (and sealed) again later.
-    sealed.retain(|name| nodes.iter().any(|n| n.name() == name && n.is_fenced()));
+    let state = app.nodes.view();
+    sealed.retain(|name| {
+        nodes
+            .iter()
+            .any(|n| n.name() == name && state.is_fenced(n.id))
+    });
     // A fenced node that answers again (a replaced primary restarted) is made to refuse
     // writes, whatever else happens.
     for node in nodes.iter() {
         let answers = node.answers();
-        if node.is_fenced()
+        if state.is_fenced(node.id)
             && answers
             && !sealed.contains(node.name())
             && seal(&config.cluster, &app.connect_context(), node).await
@@ -148,14 +145,40 @@ async fn decide_and_act(
     }
 }
 
+/// The standbys that may hold every acknowledged commit of the elected primary, as node
+/// indices, and how many confirm each commit. Before pgherd has set the primary's set, every
+/// other unfenced node counts, one confirming: the most cautious reading.
+fn holders(
+    state: &ClusterState,
+    nodes: &[Arc<NodeState>],
+    elected: Option<usize>,
+) -> (Vec<usize>, usize) {
+    let Some(elected) = elected else {
+        return (Vec::new(), 1);
+    };
+    match &state.sync {
+        Some(sync) if nodes[elected].id == sync.primary => (
+            sync.set
+                .standbys
+                .iter()
+                .filter_map(|name| nodes.iter().position(|n| n.name() == name))
+                .collect(),
+            sync.set.quorum,
+        ),
+        _ => (
+            (0..nodes.len())
+                .filter(|&i| i != elected && !state.is_fenced(nodes[i].id))
+                .collect(),
+            1,
+        ),
+    }
+}
+
 /// Keeps `synchronous_standby_names` on the primary equal to `ANY k (standbys streaming
 /// now)` (see `pgherd_failover::desired_sync_set`) and remembers which standbys may hold
 /// acknowledged commits.
 #[derive(Default)]
 struct SyncKeeper {
-    /// The set pgherd put in force on a primary (by name); while it changes, the union of the
-    /// old and the new one.
-    in_force: Option<(String, SyncSet)>,
     /// Standbys streaming under a name no node has, reported once each.
     unknown_reported: HashSet<String>,
     /// The primary being kept and since when: its standbys get [`STANDBY_GRACE`] to start
@@ -171,36 +194,11 @@ struct SyncKeeper {
 const STANDBY_GRACE: Duration = Duration::from_secs(15);
 
 impl SyncKeeper {
-    /// The standbys that may hold every acknowledged commit of the elected primary, as node
-    /// indices, and how many confirm each commit. Before pgherd has set the primary's set,
-    /// every other unfenced node counts, one confirming: the most cautious reading.
-    fn holders(&self, nodes: &[Arc<NodeState>], elected: Option<usize>) -> (Vec<usize>, usize) {
-        let Some(elected) = elected else {
-            return (Vec::new(), 1);
-        };
-        match &self.in_force {
-            Some((primary, set)) if nodes[elected].name() == primary => (
-                set.standbys
-                    .iter()
-                    .filter_map(|name| nodes.iter().position(|n| n.name() == name))
-                    .collect(),
-                set.quorum,
-            ),
-            _ => (
-                (0..nodes.len())
-                    .filter(|&i| i != elected && !nodes[i].is_fenced())
-                    .collect(),
-                1,
-            ),
-        }
-    }
-
     async fn keep(&mut self, app: &App, config: &Config, nodes: &[Arc<NodeState>], primary: usize) {
         let durability = config.replication.durability;
         if durability == Durability::Async {
-            self.in_force = None;
-            app.nodes.refuse_writes(None);
-            app.nodes.set_sync_pending(false);
+            app.nodes.change(Change::StrictWithoutStandby(None));
+            app.nodes.change(Change::SyncInForce(None));
             return;
         }
         let primary = &nodes[primary];
@@ -218,16 +216,17 @@ impl SyncKeeper {
                 tracing::warn!(primary = primary.name(), standby = %name, "a standby streams under a name that is no node's: it cannot be made synchronous; set application_name to its node name in its primary_conninfo");
             }
         }
+        let state = app.nodes.view();
         let eligible: Vec<String> = nodes
             .iter()
-            .filter(|n| n.name() != primary.name() && !n.is_fenced())
+            .filter(|n| n.name() != primary.name() && !state.is_fenced(n.id))
             .map(|n| n.name().to_owned())
             .collect();
-        let current = self
-            .in_force
+        let current = state
+            .sync
             .as_ref()
-            .filter(|(p, _)| p == primary.name())
-            .map(|(_, set)| set.clone());
+            .filter(|sync| sync.primary == primary.id)
+            .map(|sync| sync.set.clone());
         if self.primary_since.as_ref().map(|(p, _)| p.as_str()) != Some(primary.name()) {
             self.primary_since = Some((primary.name().to_owned(), std::time::Instant::now()));
         }
@@ -259,20 +258,23 @@ impl SyncKeeper {
         // A cluster without replicas has nothing to wait for, in any durability.
         let none_streams =
             !eligible.is_empty() && !desired.standbys.iter().any(|s| streaming.contains(s));
-        app.nodes
-            .refuse_writes((durability == Durability::Strict && none_streams).then(|| {
-                format!(
-                    "no synchronous standby streams from primary {} and durability is strict",
-                    primary.name()
-                )
-            }));
+        app.nodes.change(Change::StrictWithoutStandby(
+            (durability == Durability::Strict && none_streams).then_some(primary.id),
+        ));
+        let in_force = |set: SyncSet| {
+            Some(SyncInForce {
+                primary: primary.id,
+                set,
+            })
+        };
         if current.as_ref() == Some(&desired) {
-            app.nodes.set_sync_pending(false);
+            app.nodes.change(Change::SyncInForce(in_force(desired)));
             return;
         }
         // Until the primary has reloaded, either set may be in force.
         if let Some(current) = &current {
-            self.in_force = Some((primary.name().to_owned(), current.union(&desired)));
+            app.nodes
+                .change(Change::SyncChanging(in_force(current.union(&desired))));
         }
         if let Err(e) = apply_sync_set(app, config, primary, &desired).await {
             tracing::warn!(node = primary.name(), error = %e, "cannot set the synchronous standbys; trying again at the next check");
@@ -319,8 +321,7 @@ impl SyncKeeper {
         };
         tracing::info!(node = primary.name(), %detail, "synchronous standbys set");
         event(app, kind, primary.name(), &detail);
-        self.in_force = Some((primary.name().to_owned(), desired));
-        app.nodes.set_sync_pending(false);
+        app.nodes.change(Change::SyncInForce(in_force(desired)));
     }
 }
 
@@ -352,22 +353,32 @@ async fn apply_sync_set(
 /// In `sync` and `strict` durability, makes a just-promoted primary wait for every other
 /// unfenced node as a standby before pgherd sends it writes, so its first commits are not
 /// acknowledged on it alone; the keeper narrows the set to the standbys that stream. Call it
-/// before electing the node; it ends the wait [`Nodes::elect`] starts, unless it failed (then
-/// the keeper's next pass does).
+/// before electing the node: electing it holds writes until its set is in force, which this
+/// says unless setting it failed (then the keeper's next pass does).
 pub(crate) async fn elect_durably(app: &App, nodes: &[Arc<NodeState>], new_primary: &NodeState) {
-    let durable = preset_sync(app, nodes, new_primary).await;
-    app.nodes.elect(Some(new_primary.name()));
-    if durable {
-        app.nodes.set_sync_pending(false);
+    let preset = preset_sync(app, nodes, new_primary).await;
+    app.nodes.change(Change::Elect(new_primary.id));
+    if let Ok(set) = preset {
+        app.nodes
+            .change(Change::SyncInForce(set.map(|set| SyncInForce {
+                primary: new_primary.id,
+                set,
+            })));
     }
 }
 
-/// Sets the new primary's synchronous standbys; false if that failed.
-async fn preset_sync(app: &App, nodes: &[Arc<NodeState>], new_primary: &NodeState) -> bool {
+/// Sets the new primary's synchronous standbys: the set now in force (`None` in `async`
+/// durability), or `Err` if setting it failed.
+async fn preset_sync(
+    app: &App,
+    nodes: &[Arc<NodeState>],
+    new_primary: &NodeState,
+) -> Result<Option<SyncSet>, ()> {
     let config = app.config();
+    let state = app.nodes.view();
     let others: Vec<String> = nodes
         .iter()
-        .filter(|n| n.name() != new_primary.name() && !n.is_fenced())
+        .filter(|n| n.name() != new_primary.name() && !state.is_fenced(n.id))
         .map(|n| n.name().to_owned())
         .collect();
     let Some(set) = desired_sync_set(
@@ -377,13 +388,13 @@ async fn preset_sync(app: &App, nodes: &[Arc<NodeState>], new_primary: &NodeStat
         &others,
         None,
     ) else {
-        return true;
+        return Ok(None);
     };
     match apply_sync_set(app, &config, new_primary, &set).await {
-        Ok(()) => true,
+        Ok(()) => Ok(Some(set)),
         Err(e) => {
             tracing::warn!(node = new_primary.name(), error = %e, "cannot set the new primary's synchronous standbys; the next check tries again");
-            false
+            Err(())
         }
     }
 }
@@ -422,7 +433,7 @@ pub(crate) fn event(app: &App, kind: &'static str, node: &str, detail: &str) {
 /// interval could be a pause in a restarted standby's replay.
 const SETTLED_CHECKS: u32 = 2;
 
-fn view_of(node: &NodeState) -> NodeView {
+fn view_of(node: &NodeState, state: &ClusterState) -> NodeView {
     let health = node.health();
     let check = match health.last_seen {
         Some(seen) if health.failed_streak == 0 => match seen.role {
@@ -445,14 +456,14 @@ fn view_of(node: &NodeState) -> NodeView {
         name: node.name().to_owned(),
         // A detached replica is never promoted, but its WAL still counts: if it holds the
         // newest acknowledged commit, no other standby is promoted in its place.
-        priority: if node.is_detached() {
+        priority: if state.is_detached(node.id) {
             0
         } else {
             node.config.priority
         },
         check,
         consecutive_failures: health.failed_streak,
-        fenced: node.is_fenced(),
+        fenced: state.is_fenced(node.id),
     }
 }
 
@@ -464,7 +475,9 @@ async fn act(
 ) {
     let ctx = app.connect_context();
     match verdict {
-        Verdict::Elect { node } => app.nodes.elect(Some(nodes[node].name())),
+        Verdict::Elect { node } => {
+            app.nodes.change(Change::Elect(nodes[node].id));
+        }
         // It answers as a primary, so the loop seals it right after.
         Verdict::Fence { node } => exclude(app, &nodes[node]),
         Verdict::Promote {
@@ -475,9 +488,11 @@ async fn act(
             // From here until the candidate accepts writes, no node gets them. The old primary
             // does not answer, so it is only excluded now; the loop makes it read-only when it
             // answers again (trying now could wait out a connect timeout and delay promotion).
-            app.nodes.elect(None);
-            exclude(app, &nodes[old]);
             let new_primary = &nodes[candidate];
+            app.nodes.change(Change::BeginPromotion {
+                candidate: new_primary.id,
+            });
+            exclude(app, &nodes[old]);
             let promoted_at = received(new_primary);
             // Positions as the decision saw them: once a follower streams from the promoted
             // candidate, its position grows with the new timeline's WAL.
@@ -516,7 +531,7 @@ async fn act(
                     &format!("{e}; retrying at the next check"),
                 );
                 // Still the elected (fenced, down) primary, so the next check decides again.
-                app.nodes.elect(Some(nodes[old].name()));
+                app.nodes.change(Change::AbandonPromotion);
                 return;
             }
             elect_durably(app, nodes, new_primary).await;
@@ -537,7 +552,7 @@ async fn act(
                 event(app, "diverged", follower.name(), &detail);
                 // Its extra WAL was never acknowledged and must not be read: fenced, it is
                 // sealed and (with auto_rejoin) rewound by the loop like any fenced node.
-                follower.fence();
+                app.nodes.change(Change::Fence(follower.id));
                 app.drop_idle_connections(follower);
             }
             event(
@@ -588,7 +603,7 @@ fn received(node: &NodeState) -> u64 {
 /// No more traffic through pgherd to `node`. Making it refuse writes is [`seal`]'s, once it
 /// answers, so a primary that was replaced cannot take writes from anyone.
 fn exclude(app: &App, node: &NodeState) {
-    if node.fence() {
+    if app.nodes.change(Change::Fence(node.id)) {
         tracing::warn!(node = node.name(), "fenced: no more traffic through pgherd");
         event(app, "fenced", node.name(), "no more traffic through pgherd");
         let config = app.config();

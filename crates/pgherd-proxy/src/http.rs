@@ -118,6 +118,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/node/{name}/replica", get(node_replica))
         .route("/metrics", get(metrics))
         .route("/api/nodes", get(|s| view(s, views::nodes)))
+        .route("/api/cluster", get(|s| view(s, views::cluster)))
         .route("/api/pools", get(|s| view(s, views::pools)))
         .route("/api/stats", get(|s| view(s, views::stats)))
         .route("/api/lists", get(|s| view(s, views::lists)))
@@ -143,6 +144,7 @@ async fn status(State(app): AppState) -> Json<Value> {
     Json(json!({
         "version": crate::admin::VERSION,
         "primary": writer,
+        "cluster": views::cluster(&app).json().get(0).cloned().unwrap_or_default(),
         "nodes": views::nodes(&app).json(),
         "pools": views::pools(&app).json(),
         "lists": views::lists(&app).json(),
@@ -170,15 +172,21 @@ async fn ready(State(app): AppState) -> Response {
 /// refused (`strict` durability without a streaming standby). A switchover's moment of held
 /// writes does not count against it: those writes wait, they do not fail.
 async fn cluster_primary(State(app): AppState) -> Response {
+    let gate = views::write_gate(&app);
     let reason = match (app.nodes.writer(), app.nodes.writes_refused()) {
         _ if app.is_shutting_down() => "pgherd is shutting down".to_owned(),
         (None, _) => "no node takes writes now".to_owned(),
         (Some(_), Some(refused)) => refused,
-        (Some(n), None) => return answer(StatusCode::OK, json!({"primary": n.name()})),
+        (Some(n), None) => {
+            return answer(
+                StatusCode::OK,
+                json!({"primary": n.name(), "write_gate": gate}),
+            )
+        }
     };
     answer(
         StatusCode::SERVICE_UNAVAILABLE,
-        json!({"primary": null, "reason": reason, "nodes": app.nodes.describe_all()}),
+        json!({"primary": null, "reason": reason, "write_gate": gate, "nodes": app.nodes.describe_all()}),
     )
 }
 
@@ -232,8 +240,12 @@ fn parse_bytes(text: &str) -> Option<u64> {
 }
 
 /// Whether `n` serves reads now within `limit`.
-fn serves_reads(n: &crate::nodes::NodeState, limit: &LagLimit) -> bool {
-    n.role() == Role::Replica && n.answers() && !n.is_fenced() && n.in_read_set() && limit.admits(n)
+fn serves_reads(app: &App, n: &crate::nodes::NodeState, limit: &LagLimit) -> bool {
+    n.role() == Role::Replica
+        && n.answers()
+        && !app.nodes.view().is_excluded(n.id)
+        && n.in_read_set()
+        && limit.admits(n)
 }
 
 /// 200 if at least one replica serves reads within the lag limit.
@@ -249,7 +261,7 @@ async fn cluster_replica(
         .nodes
         .all()
         .iter()
-        .filter(|n| serves_reads(n, &limit))
+        .filter(|n| serves_reads(&app, n, &limit))
         .map(|n| n.name().to_owned())
         .collect();
     if serving.is_empty() {
@@ -287,7 +299,7 @@ async fn node_replica(
         return unknown_node(&name);
     };
     let row = node_json(&app, &name);
-    if serves_reads(&n, &limit) {
+    if serves_reads(&app, &n, &limit) {
         answer(StatusCode::OK, row)
     } else {
         answer(StatusCode::SERVICE_UNAVAILABLE, row)
@@ -451,7 +463,7 @@ async fn not_found() -> Response {
         json!({"error": "no such endpoint", "endpoints": [
             "GET / (the dashboard)", "GET /health", "GET /ready", "GET /primary", "GET /replica?lag=&lag_ms=",
             "GET /node/{name}/primary", "GET /node/{name}/replica?lag=&lag_ms=", "GET /metrics",
-            "GET /api/status", "GET /api/nodes", "GET /api/pools", "GET /api/stats",
+            "GET /api/status", "GET /api/nodes", "GET /api/cluster", "GET /api/pools", "GET /api/stats",
             "GET /api/lists", "GET /api/clients", "GET /api/servers", "GET /api/events", "GET /api/config",
             "POST /api/switchover {\"to\": node}", "POST /api/rejoin/{name}",
             "POST /api/detach/{name}", "POST /api/attach/{name}", "POST /api/pause?database=",

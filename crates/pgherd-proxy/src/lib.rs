@@ -25,6 +25,7 @@ pub mod failover;
 pub mod http;
 pub mod lifecycle;
 pub mod metrics;
+pub mod monitor;
 mod msgio;
 pub mod nodes;
 pub mod pool;

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::app::App;
 use crate::client;
-use crate::nodes::{self, NodeState};
+use crate::nodes::NodeState;
 
 /// Listen backlog: generous, so bursts of new connections (benchmarks with a connection per
 /// transaction, thousands of clients reconnecting after a failover) are not refused.
@@ -28,7 +28,7 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
     let first_check = Duration::from_millis(config.cluster.health_check_timeout_ms * 2);
     let _ = tokio::time::timeout(
         first_check,
-        nodes::check_all_once(&app.nodes, &config.cluster, &app.connect_context()),
+        crate::monitor::check_all_once(&app.nodes, &config.cluster, &app.connect_context()),
     )
     .await;
     tracing::info!(nodes = %app.nodes.describe_all(), "initial node check done");
@@ -106,7 +106,7 @@ pub fn reload(app: &Arc<App>) -> Result<Vec<String>, String> {
 
 fn spawn_monitor(app: &Arc<App>, node: Arc<NodeState>) {
     let settings_app = app.clone();
-    tokio::spawn(nodes::monitor(
+    tokio::spawn(crate::monitor::monitor(
         app.nodes.clone(),
         node,
         move || settings_app.config().cluster.clone(),

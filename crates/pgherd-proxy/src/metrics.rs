@@ -92,6 +92,37 @@ pub fn render(app: &App) -> String {
         &[],
         app.reloads.load(Ordering::Relaxed) as f64,
     );
+    let view = app.nodes.view();
+    family(
+        &mut out,
+        "pgherd_cluster_view_version",
+        "gauge",
+        "Changes applied to the cluster view since pgherd started.",
+    )
+    .sample("pgherd_cluster_view_version", &[], view.version as f64);
+    family(
+        &mut out,
+        "pgherd_cluster_epoch",
+        "gauge",
+        "Primaries elected since pgherd started.",
+    )
+    .sample("pgherd_cluster_epoch", &[], view.epoch as f64);
+    let (gate, reason) = match view.gate() {
+        pgherd_failover::Gate::Open => ("open", ""),
+        pgherd_failover::Gate::Hold(why) => ("held", why.kind()),
+        pgherd_failover::Gate::Refuse(why) => ("refused", why.kind()),
+    };
+    family(
+        &mut out,
+        "pgherd_write_gate",
+        "gauge",
+        "1 for the write gate's state now (open, held or refused) and its reason.",
+    )
+    .sample(
+        "pgherd_write_gate",
+        &[("state", gate), ("reason", reason)],
+        1.0,
+    );
     let mut per_pair: std::collections::BTreeMap<(String, String), u64> = Default::default();
     for c in app.clients.all() {
         *per_pair
@@ -288,7 +319,7 @@ pub fn render(app: &App) -> String {
         (
             "pgherd_node_fenced",
             "1 if failover fenced the node: no traffic through pgherd.",
-            |_, n| f64::from(u8::from(n.is_fenced())),
+            |app, n| f64::from(u8::from(app.nodes.is_fenced(n))),
         ),
         (
             "pgherd_node_takes_writes",

@@ -1,21 +1,21 @@
-//! The PostgreSQL nodes pgherd fronts: their roles, discovered with `pg_is_in_recovery()` rather
-//! than trusted from the config, and whether they answer. One monitor task per node keeps a
-//! management connection open and checks it every `cluster.health_check_period_ms`.
+//! The PostgreSQL nodes pgherd fronts, in two parts. What the monitors (`monitor.rs`)
+//! *observe* of each node: up or not, its role (discovered with `pg_is_in_recovery()`, never
+//! trusted from the config), WAL positions and lag, kept in atomics the data path reads. And
+//! what pgherd *decided* about the cluster: the cluster view (`pgherd_failover::ClusterState`:
+//! the elected primary, fenced and detached nodes, the synchronous set, the write gate with its
+//! reason), one versioned value changed only through [`Nodes::change`] and read by sessions
+//! without a lock ([`Nodes::snapshot`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, Guard};
 use parking_lot::Mutex;
-use pgherd_config::{ClusterSettings, NodeConfig};
-use pgherd_route::balance::{
-    format_lsn, insert_lsn_as_end, parse_lsn, Balance, Candidate, Lsn, LsnHistory,
-};
+use pgherd_config::NodeConfig;
+use pgherd_failover::{Change, ClusterState, GateReason, NodeId};
+use pgherd_route::balance::{format_lsn, Balance, Candidate, Lsn, LsnHistory};
 use pgherd_route::plan::{ClusterView, NodeStanding};
-
-use crate::pool::ConnectContext;
-use crate::server::{self, ConnectSpec, QueryError, ServerConn, ServerCredentials};
 
 pub use pgherd_route::Role;
 
@@ -55,6 +55,8 @@ pub struct Observation {
 
 #[derive(Debug)]
 pub struct NodeState {
+    /// The node's identity in the cluster view.
+    pub id: NodeId,
     pub config: NodeConfig,
     role: AtomicU8,
     up: AtomicBool,
@@ -70,13 +72,10 @@ pub struct NodeState {
     outstanding: AtomicU32,
     /// Healthy checks in a row since the last failure.
     healthy_streak: AtomicU32,
-    /// May serve reads: taken out on a failed check or connection, back after
-    /// `routing.rejoin_after_checks` healthy checks.
+    /// May serve reads as far as its health goes: taken out on a failed check or connection
+    /// (and when it is fenced or detached), back after `routing.rejoin_after_checks` healthy
+    /// checks. Fenced and detached nodes get no reads whatever this says.
     in_read_set: AtomicBool,
-    /// Why the node gets no traffic: [`FENCED`] by failover (a primary that was replaced, or a
-    /// node that accepts writes but was not elected), [`DETACHED`] by the operator. One atomic,
-    /// so the per-transaction check stays one load.
-    excluded: AtomicU8,
     /// A rejoin (rewind or copy) is working on the node's data directory.
     rejoining: AtomicBool,
 }
@@ -90,12 +89,10 @@ impl Drop for RejoinClaim<'_> {
     }
 }
 
-const FENCED: u8 = 1;
-const DETACHED: u8 = 2;
-
 impl NodeState {
-    fn new(config: NodeConfig) -> Self {
+    fn new(config: NodeConfig, id: NodeId) -> Self {
         NodeState {
+            id,
             config,
             role: AtomicU8::new(Role::Unknown.to_u8()),
             up: AtomicBool::new(false),
@@ -108,18 +105,8 @@ impl NodeState {
             outstanding: AtomicU32::new(0),
             healthy_streak: AtomicU32::new(0),
             in_read_set: AtomicBool::new(false),
-            excluded: AtomicU8::new(0),
             rejoining: AtomicBool::new(false),
         }
-    }
-
-    pub fn is_fenced(&self) -> bool {
-        self.excluded.load(Ordering::Acquire) & FENCED != 0
-    }
-
-    /// The operator took the node out of traffic (`DETACH`).
-    pub fn is_detached(&self) -> bool {
-        self.excluded.load(Ordering::Acquire) & DETACHED != 0
     }
 
     /// Claims the node for a rejoin; `None` if one is under way.
@@ -127,40 +114,9 @@ impl NodeState {
         (!self.rejoining.swap(true, Ordering::AcqRel)).then_some(RejoinClaim(self))
     }
 
-    /// Fenced or detached: no traffic either way.
-    pub fn is_excluded(&self) -> bool {
-        self.excluded.load(Ordering::Acquire) != 0
-    }
-
-    /// Lets the node have traffic again (it rejoined as a standby); reads still wait for
-    /// `rejoin_after_checks` healthy checks.
-    pub fn unfence(&self) {
-        self.excluded.fetch_and(!FENCED, Ordering::AcqRel);
-    }
-
-    /// Takes the node out of all traffic; returns whether it was not fenced before.
-    pub fn fence(&self) -> bool {
-        self.exclude(FENCED)
-    }
-
-    /// The operator's exclusion; returns whether it was not detached before.
-    pub fn detach(&self) -> bool {
-        self.exclude(DETACHED)
-    }
-
-    /// Undoes [`Self::detach`]; returns whether it was detached. Reads come back after
-    /// `rejoin_after_checks` healthy checks, as after a failure.
-    pub fn attach(&self) -> bool {
-        self.healthy_streak.store(0, Ordering::Release);
-        self.excluded.fetch_and(!DETACHED, Ordering::AcqRel) & DETACHED != 0
-    }
-
-    fn exclude(&self, why: u8) -> bool {
-        let first = self.excluded.fetch_or(why, Ordering::AcqRel) & why == 0;
-        if first {
-            self.in_read_set.store(false, Ordering::Release);
-        }
-        first
+    /// A reload removed the node.
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
     }
 
     pub fn lsn(&self) -> Lsn {
@@ -205,14 +161,17 @@ impl NodeState {
         }
     }
 
-    fn candidate(&self, role: Role) -> Candidate {
+    fn candidate(&self, role: Role, excluded: bool) -> Candidate {
         Candidate {
             weight: self.config.weight,
             outstanding: self.outstanding.load(Ordering::Relaxed),
             replay_lsn: (role == Role::Replica).then(|| self.lsn()),
             lag_bytes: self.lag_bytes(),
             lag_ms: self.lag_ms(),
-            healthy: self.is_usable_as(role) && (role == Role::Primary || self.in_read_set()),
+            healthy: self.is_up()
+                && self.role() == role
+                && !excluded
+                && (role == Role::Primary || self.in_read_set()),
         }
     }
 
@@ -233,12 +192,6 @@ impl NodeState {
         self.up.load(Ordering::Acquire)
     }
 
-    /// Up, in `role` and neither fenced nor detached: three atomic loads, cheap enough for
-    /// every transaction.
-    pub fn is_usable_as(&self, role: Role) -> bool {
-        self.is_up() && self.role() == role && !self.is_excluded()
-    }
-
     /// Up and its last health check passed: pgherd declares a node down only after
     /// `health_check_failures_before_down` failed checks, but one failed check is news for
     /// load balancers and for sealing.
@@ -250,7 +203,13 @@ impl NodeState {
         self.health.lock().clone()
     }
 
-    fn record(&self, outcome: Result<Observation, String>, thresholds: CheckThresholds) {
+    /// `excluded`: the view fences or detaches the node, which keeps it out of the read set.
+    fn record(
+        &self,
+        outcome: Result<Observation, String>,
+        thresholds: CheckThresholds,
+        excluded: bool,
+    ) {
         let mut health = self.health.lock();
         health.last_check = Some(SystemTime::now());
         match outcome {
@@ -287,7 +246,7 @@ impl NodeState {
                 let first_ever = health.checks_failed == 0 && health.checks_ok == 1;
                 // A fenced or detached node stays out of the read set however healthy it is.
                 if !self.in_read_set()
-                    && !self.is_excluded()
+                    && !excluded
                     && (first_ever || streak >= thresholds.rejoin_after_checks)
                 {
                     self.in_read_set.store(true, Ordering::Release);
@@ -357,6 +316,14 @@ impl NodeState {
 
 pub struct Nodes {
     list: ArcSwap<Vec<Arc<NodeState>>>,
+    /// Every node name seen since startup; a node's [`NodeId`] is its index here.
+    names: Mutex<Vec<String>>,
+    /// The cluster view. Read by sessions with a lock-free load; written only by
+    /// [`Nodes::change`].
+    view: ArcSwap<ClusterState>,
+    /// Held by [`Nodes::change`]: one writer at a time, so no change is lost between a load
+    /// and a store.
+    view_writer: Mutex<()>,
     next_replica: AtomicUsize,
     /// Shared by all sessions so round-robin and weighted shares hold across them.
     read_ticket: AtomicU64,
@@ -366,23 +333,9 @@ pub struct Nodes {
     clock_origin: Instant,
     pub rejoin_after_checks: AtomicU32,
     pub failures_before_down: AtomicU32,
-    /// The node failover elected as the primary; `None` until it runs (and always when it is
-    /// off), when the node that reports being primary is used.
-    elected: Mutex<Option<String>>,
-    /// Woken when a node goes up or down, changes role, or the election changes: requests
+    /// Woken when a node goes up or down or changes role, and when the view changes: requests
     /// waiting for a primary look again.
     standing: tokio::sync::Notify,
-    /// Why writes are refused even though a primary answers (`strict` durability with no
-    /// synchronous standby streaming).
-    writes_refused: Mutex<Option<String>>,
-    /// `writes_refused` is set: the one load every write pays.
-    any_writes_refused: AtomicBool,
-    /// A switchover is under way: no node takes new transactions as the primary (they wait)
-    /// and failover does not act.
-    switching: AtomicBool,
-    /// Set at startup and whenever another node is elected; cleared once the writer's
-    /// synchronous standbys are in force (or durability is `async`).
-    sync_pending: AtomicBool,
 }
 
 /// How many checks in a row change a node's standing.
@@ -400,44 +353,161 @@ const PRIMARY_HISTORY_SAMPLES: usize = 1_200;
 
 impl Nodes {
     pub fn new(configs: &[NodeConfig], thresholds: CheckThresholds) -> Self {
-        Nodes {
-            list: ArcSwap::from_pointee(
-                configs
-                    .iter()
-                    .cloned()
-                    .map(NodeState::new)
-                    .map(Arc::new)
-                    .collect(),
-            ),
+        let nodes = Nodes {
+            list: ArcSwap::from_pointee(Vec::new()),
+            names: Mutex::new(Vec::new()),
+            view: ArcSwap::from_pointee(ClusterState::default()),
+            view_writer: Mutex::new(()),
             next_replica: AtomicUsize::new(0),
             read_ticket: AtomicU64::new(0),
             primary_history: Mutex::new((String::new(), LsnHistory::new(PRIMARY_HISTORY_SAMPLES))),
             clock_origin: Instant::now(),
             rejoin_after_checks: AtomicU32::new(thresholds.rejoin_after_checks),
             failures_before_down: AtomicU32::new(thresholds.failures_before_down),
-            elected: Mutex::new(None),
             standing: tokio::sync::Notify::new(),
-            writes_refused: Mutex::new(None),
-            any_writes_refused: AtomicBool::new(false),
-            switching: AtomicBool::new(false),
-            sync_pending: AtomicBool::new(true),
+        };
+        let list = configs
+            .iter()
+            .map(|c| Arc::new(NodeState::new(c.clone(), nodes.id_for(&c.name))))
+            .collect();
+        nodes.list.store(Arc::new(list));
+        nodes
+    }
+
+    /// The id of the node named `name`: the one it had if it was ever configured, else a new
+    /// one.
+    fn id_for(&self, name: &str) -> NodeId {
+        let mut names = self.names.lock();
+        let index = match names.iter().position(|n| n == name) {
+            Some(index) => index,
+            None => {
+                names.push(name.to_owned());
+                names.len() - 1
+            }
+        };
+        NodeId(index as u32)
+    }
+
+    /// The name behind an id (for sentences; the data path never needs it).
+    pub fn name_of(&self, id: NodeId) -> String {
+        self.names
+            .lock()
+            .get(id.0 as usize)
+            .cloned()
+            .unwrap_or_else(|| id.to_string())
+    }
+
+    /// The cluster view as it is now.
+    pub fn view(&self) -> Arc<ClusterState> {
+        self.view.load_full()
+    }
+
+    /// The nodes and the view, loaded once: what one plan reads.
+    pub fn snapshot(&self) -> Snapshot<'_> {
+        Snapshot {
+            nodes: self,
+            list: self.list.load(),
+            view: self.view.load(),
         }
     }
 
-    /// Refuses writes with `reason`, or accepts them again with `None`.
-    pub fn refuse_writes(&self, reason: Option<String>) {
-        let mut refused = self.writes_refused.lock();
-        if *refused != reason {
-            match &reason {
-                Some(why) => tracing::warn!(reason = %why, "writes are refused"),
-                None => tracing::info!("writes are accepted again"),
+    /// Applies one decision to the cluster view: the only way the view changes. Returns
+    /// whether it changed anything. Nodes fenced or detached leave the read set (and come back
+    /// only after healthy checks); waiting requests look again.
+    pub fn change(&self, change: Change) -> bool {
+        let writer = self.view_writer.lock();
+        let current = self.view.load_full();
+        let Some(next) = current.apply(&change) else {
+            return false;
+        };
+        let (gate_before, gate_after) = (current.gate(), next.gate());
+        let (version, epoch) = (next.version, next.epoch);
+        self.view.store(Arc::new(next));
+        drop(writer);
+        tracing::info!(version, epoch, change = %self.describe_change(&change), "cluster view changed");
+        if gate_before != gate_after {
+            match &gate_after {
+                pgherd_failover::Gate::Open => tracing::info!("writes go to the primary again"),
+                pgherd_failover::Gate::Hold(why) => {
+                    tracing::info!(reason = %self.gate_sentence(why), "writes wait")
+                }
+                pgherd_failover::Gate::Refuse(why) => {
+                    tracing::warn!(reason = %self.gate_sentence(why), "writes are refused")
+                }
             }
-            self.any_writes_refused
-                .store(reason.is_some(), Ordering::Release);
-            *refused = reason;
-            drop(refused);
-            self.standing.notify_waiters();
         }
+        match &change {
+            Change::Fence(id) | Change::Detach(id) | Change::Attach(id) => {
+                if let Some(node) = self.by_id(*id) {
+                    node.leave_read_set(match change {
+                        Change::Fence(_) => "fenced",
+                        Change::Detach(_) => "detached",
+                        _ => "attached: reads after healthy checks",
+                    });
+                }
+            }
+            _ => {}
+        }
+        self.standing.notify_waiters();
+        true
+    }
+
+    fn describe_change(&self, change: &Change) -> String {
+        let name = |id: &NodeId| self.name_of(*id);
+        match change {
+            Change::Elect(id) => format!("{} elected primary", name(id)),
+            Change::BeginPromotion { candidate } => format!("promoting {}", name(candidate)),
+            Change::AbandonPromotion => "promotion given up".to_owned(),
+            Change::Fence(id) => format!("{} fenced", name(id)),
+            Change::Unfence(id) => format!("{} unfenced", name(id)),
+            Change::Detach(id) => format!("{} detached", name(id)),
+            Change::Attach(id) => format!("{} attached", name(id)),
+            Change::BeginSwitchover => "switchover begins".to_owned(),
+            Change::EndSwitchover => "switchover ends".to_owned(),
+            Change::SyncPending => "synchronous standbys to be set".to_owned(),
+            Change::SyncInForce(None) => "no synchronous standby set managed".to_owned(),
+            Change::SyncInForce(Some(sync)) => format!(
+                "synchronous_standby_names = '{}' on {}",
+                sync.set.setting(),
+                name(&sync.primary)
+            ),
+            Change::SyncChanging(sync) => format!(
+                "synchronous standbys changing on {}: '{}' while the primary reloads",
+                sync.as_ref().map_or(String::new(), |s| name(&s.primary)),
+                sync.as_ref().map_or(String::new(), |s| s.set.setting())
+            ),
+            Change::StrictWithoutStandby(None) => "a synchronous standby streams".to_owned(),
+            Change::StrictWithoutStandby(Some(id)) => {
+                format!("no synchronous standby streams from {}", name(id))
+            }
+            Change::Pause(None) => "all databases paused".to_owned(),
+            Change::Pause(Some(db)) => format!("database \"{db}\" paused"),
+            Change::Resume(None) => "everything resumed".to_owned(),
+            Change::Resume(Some(db)) => format!("database \"{db}\" resumed"),
+            Change::Forget(id) => format!("{} left the config", name(id)),
+        }
+    }
+
+    /// A reason of the write gate as a sentence with node names.
+    pub fn gate_sentence(&self, reason: &GateReason) -> String {
+        reason.sentence(|id| self.name_of(id))
+    }
+
+    fn by_id(&self, id: NodeId) -> Option<Arc<NodeState>> {
+        self.list.load().iter().find(|n| n.id == id).cloned()
+    }
+
+    /// Up, in `role`, and neither fenced nor detached.
+    pub fn usable_as(&self, node: &NodeState, role: Role) -> bool {
+        node.is_up() && node.role() == role && !self.view.load().is_excluded(node.id)
+    }
+
+    pub fn is_fenced(&self, node: &NodeState) -> bool {
+        self.view.load().is_fenced(node.id)
+    }
+
+    pub fn is_detached(&self, node: &NodeState) -> bool {
+        self.view.load().is_detached(node.id)
     }
 
     /// pgherd stopped `node` on purpose: it is down, in no role, until its monitor sees it
@@ -450,45 +520,33 @@ impl Nodes {
         self.standing.notify_waiters();
     }
 
-    /// Starts a switchover; false if one is under way already.
-    pub fn begin_switching(&self) -> bool {
-        self.switching
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+    /// Whether new transactions of `database` wait for `RESUME`: one load when nothing is
+    /// paused.
+    pub fn is_paused(&self, database: &str) -> bool {
+        self.view.load().is_paused(database)
     }
 
-    /// Ends a switchover: new transactions go to the (new) primary.
-    pub fn end_switching(&self) {
-        self.switching.store(false, Ordering::Release);
-        self.standing.notify_waiters();
+    /// Waits until `database` is resumed; false if `limit` passed first.
+    pub async fn wait_resumed(&self, database: &str, limit: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let changed = self.standing.notified();
+            if !self.is_paused(database) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return !self.is_paused(database);
+            }
+        }
     }
 
     pub fn is_switching(&self) -> bool {
-        self.switching.load(Ordering::Acquire)
+        self.view.load().switching
     }
 
-    /// New transactions wait rather than go to the primary: a switchover is under way, or
-    /// in `sync`/`strict` durability the primary's synchronous standbys are not set yet (a
-    /// commit acknowledged now could exist on the primary alone).
-    pub fn writes_paused(&self) -> bool {
-        self.switching.load(Ordering::Acquire) || self.sync_pending.load(Ordering::Acquire)
-    }
-
-    /// Whether the writer's synchronous standbys still have to be set before it takes writes.
-    pub fn set_sync_pending(&self, pending: bool) {
-        if self.sync_pending.swap(pending, Ordering::AcqRel) != pending {
-            if pending {
-                tracing::info!("writes wait until the primary's synchronous standbys are set");
-            }
-            self.standing.notify_waiters();
-        }
-    }
-
+    /// Why writes fail at once, as a sentence, if they do.
     pub fn writes_refused(&self) -> Option<String> {
-        if !self.any_writes_refused.load(Ordering::Acquire) {
-            return None;
-        }
-        self.writes_refused.lock().clone()
+        self.snapshot().writes_refused()
     }
 
     /// Resolves when some node's standing may have changed (see `standing`); callers look
@@ -529,36 +587,11 @@ impl Nodes {
                 rejoin_after_checks: self.rejoin_after_checks.load(Ordering::Relaxed),
                 failures_before_down: self.failures_before_down.load(Ordering::Relaxed),
             },
+            self.view.load().is_excluded(node.id),
         );
         if before != (node.is_up(), node.role()) {
             self.standing.notify_waiters();
         }
-    }
-
-    /// Where a read may go, in config order, with what the chooser needs to know; the primary
-    /// is among them only when `primary_reads`.
-    pub fn read_candidates(&self, primary_reads: bool) -> (Vec<Arc<NodeState>>, Vec<Candidate>) {
-        // The primary being switched over drains; it takes no new reads either.
-        let primary_reads = primary_reads && !self.writes_paused();
-        let list = self.list.load();
-        let reads_here = |n: &Arc<NodeState>| {
-            let role = n.role();
-            role == Role::Replica || (primary_reads && role == Role::Primary)
-        };
-        if !list.iter().any(reads_here) {
-            // A cluster without replicas pays nothing for routing.
-            return (Vec::new(), Vec::new());
-        }
-        let mut nodes = Vec::with_capacity(list.len());
-        let mut candidates = Vec::with_capacity(list.len());
-        for node in list.iter() {
-            let role = node.role();
-            if role == Role::Replica || (primary_reads && role == Role::Primary) {
-                candidates.push(node.candidate(role));
-                nodes.push(node.clone());
-            }
-        }
-        (nodes, candidates)
     }
 
     pub fn next_read_ticket(&self) -> u64 {
@@ -577,56 +610,29 @@ impl Nodes {
             .cloned()
     }
 
-    /// The node sessions send writes to: [`Self::writer`], unless writes are paused (a
-    /// switchover, or a primary whose synchronous standbys are not set yet).
+    /// The node sessions send new writes to: [`Self::writer`], unless the write gate is
+    /// closed.
     pub fn primary(&self) -> Option<Arc<NodeState>> {
-        if self.writes_paused() {
-            return None;
-        }
-        self.writer()
+        self.snapshot().primary()
     }
 
-    /// The node that accepts writes: the elected primary when failover runs. Without an
-    /// election, if monitoring ever sees two, the first in config order is used and both are
-    /// reported.
+    /// The node that accepts writes, gate or not (see [`Snapshot::writer`]).
     pub fn writer(&self) -> Option<Arc<NodeState>> {
-        let list = self.list.load();
-        if let Some(elected) = self.elected.lock().as_deref() {
-            return list
-                .iter()
-                .find(|n| n.name() == elected && n.is_usable_as(Role::Primary))
-                .cloned();
-        }
-        let mut primaries = list.iter().filter(|n| n.is_usable_as(Role::Primary));
-        let first = primaries.next().cloned();
-        if let Some(other) = primaries.next() {
-            tracing::error!(first = %first.as_ref().map_or("", |n| n.name()), second = %other.name(), "two nodes report being primary");
-        }
-        first
+        self.snapshot().writer()
     }
 
+    /// The elected primary's name, if one was elected.
     pub fn elected(&self) -> Option<String> {
-        self.elected.lock().clone()
-    }
-
-    /// Failover's choice of primary (`None` while a promotion is under way: no writes).
-    pub fn elect(&self, name: Option<&str>) {
-        let mut elected = self.elected.lock();
-        if name.is_some() && elected.as_deref() != name {
-            // Another primary: its synchronous standbys must be set before it takes writes.
-            self.sync_pending.store(true, Ordering::Release);
-        }
-        *elected = name.map(str::to_owned);
-        drop(elected);
-        self.standing.notify_waiters();
+        self.view.load().elected.map(|id| self.name_of(id))
     }
 
     /// The next healthy replica, round robin; `None` if there is none.
     pub fn pick_replica(&self) -> Option<Arc<NodeState>> {
-        let list = self.list.load();
-        let replicas: Vec<&Arc<NodeState>> = list
+        let snapshot = self.snapshot();
+        let replicas: Vec<&Arc<NodeState>> = snapshot
+            .list
             .iter()
-            .filter(|n| n.is_usable_as(Role::Replica))
+            .filter(|n| snapshot.usable_as(n, Role::Replica))
             .collect();
         if replicas.is_empty() {
             return None;
@@ -644,8 +650,9 @@ impl Nodes {
             .join(", ")
     }
 
-    /// Applies a reloaded node list; unchanged nodes keep their state and monitor. Returns the
-    /// nodes that need a new monitor.
+    /// Applies a reloaded node list; unchanged nodes keep their state and monitor, and a node
+    /// whose name stays keeps its id (and so its place in the view). Returns the nodes that
+    /// need a new monitor.
     pub fn reconcile(&self, configs: &[NodeConfig]) -> Vec<Arc<NodeState>> {
         let old = self.list.load_full();
         let mut started = Vec::new();
@@ -654,7 +661,7 @@ impl Nodes {
             .map(|c| match old.iter().find(|n| n.config == *c) {
                 Some(existing) => existing.clone(),
                 None => {
-                    let node = Arc::new(NodeState::new(c.clone()));
+                    let node = Arc::new(NodeState::new(c.clone(), self.id_for(&c.name)));
                     started.push(node.clone());
                     node
                 }
@@ -665,194 +672,115 @@ impl Nodes {
                 node.retired.store(true, Ordering::Release);
             }
         }
-        self.list.store(Arc::new(new));
+        self.list.store(Arc::new(new.clone()));
+        for node in old.iter() {
+            if !new.iter().any(|n| n.id == node.id) {
+                self.change(Change::Forget(node.id));
+            }
+        }
         started
     }
 }
 
-/// The data path's view of the cluster for the planner: the nodes' atomics, read at the
-/// moment of the plan.
-impl ClusterView for Nodes {
+/// The nodes and the cluster view as one plan sees them: loaded once, without a lock.
+pub struct Snapshot<'a> {
+    nodes: &'a Nodes,
+    list: Guard<Arc<Vec<Arc<NodeState>>>>,
+    view: Guard<Arc<ClusterState>>,
+}
+
+impl Snapshot<'_> {
+    /// Up, in `role`, and neither fenced nor detached.
+    fn usable_as(&self, node: &NodeState, role: Role) -> bool {
+        node.is_up() && node.role() == role && !self.view.is_excluded(node.id)
+    }
+
+    /// The node that accepts writes: the elected primary once failover has elected one (none
+    /// while it is fenced or a promotion is under way). Without an election the one node that
+    /// reports being primary; if monitoring ever sees two, the first in config order is used
+    /// and both are reported.
+    pub fn writer(&self) -> Option<Arc<NodeState>> {
+        if self.view.promoting.is_some() {
+            return None;
+        }
+        if let Some(elected) = self.view.elected {
+            return self
+                .list
+                .iter()
+                .find(|n| n.id == elected && self.usable_as(n, Role::Primary))
+                .cloned();
+        }
+        let mut primaries = self
+            .list
+            .iter()
+            .filter(|n| self.usable_as(n, Role::Primary));
+        let first = primaries.next().cloned();
+        if let Some(other) = primaries.next() {
+            tracing::error!(first = %first.as_ref().map_or("", |n| n.name()), second = %other.name(), "two nodes report being primary");
+        }
+        first
+    }
+}
+
+/// The data path's view of the cluster for the planner.
+impl ClusterView for Snapshot<'_> {
     type Node = Arc<NodeState>;
 
     fn standing(&self, node: &Arc<NodeState>) -> NodeStanding {
         NodeStanding {
             role: node.role(),
             up: node.is_up(),
-            excluded: node.is_excluded(),
+            excluded: self.view.is_excluded(node.id),
             in_read_set: node.in_read_set(),
         }
     }
 
     fn primary(&self) -> Option<Arc<NodeState>> {
-        Nodes::primary(self)
+        if self.view.writes_held() {
+            return None;
+        }
+        self.writer()
     }
 
     fn writes_paused(&self) -> bool {
-        Nodes::writes_paused(self)
+        self.view.writes_held()
     }
 
     fn writes_refused(&self) -> Option<String> {
-        Nodes::writes_refused(self)
+        self.view
+            .writes_refused()
+            .map(|why| self.nodes.gate_sentence(&why))
     }
 
+    /// Where a read may go, in config order; the primary is among them only when
+    /// `primary_reads` (and not while the write gate holds: a primary being switched over
+    /// drains).
     fn read_candidates(&self, primary_reads: bool) -> (Vec<Arc<NodeState>>, Vec<Candidate>) {
-        Nodes::read_candidates(self, primary_reads)
+        let primary_reads = primary_reads && !self.view.writes_held();
+        let reads_here = |n: &Arc<NodeState>| {
+            let role = n.role();
+            role == Role::Replica || (primary_reads && role == Role::Primary)
+        };
+        if !self.list.iter().any(reads_here) {
+            // A cluster without replicas pays nothing for routing.
+            return (Vec::new(), Vec::new());
+        }
+        let mut nodes = Vec::with_capacity(self.list.len());
+        let mut candidates = Vec::with_capacity(self.list.len());
+        for node in self.list.iter() {
+            let role = node.role();
+            if role == Role::Replica || (primary_reads && role == Role::Primary) {
+                candidates.push(node.candidate(role, self.view.is_excluded(node.id)));
+                nodes.push(node.clone());
+            }
+        }
+        (nodes, candidates)
     }
 
     fn read_ticket(&self, balance: Balance) -> u64 {
         match balance {
             Balance::Random => rand::random(),
-            _ => self.next_read_ticket(),
-        }
-    }
-}
-
-/// Credentials pgherd uses for its own connections to nodes.
-pub fn management_credentials(cluster: &ClusterSettings) -> ServerCredentials {
-    ServerCredentials {
-        password: cluster.password.clone(),
-        scram_keys: None,
-        md5_hash: None,
-    }
-}
-
-/// A connection as pgherd's own user (`[cluster]`) to `database` on `node`.
-pub async fn management_connection(
-    node: &NodeState,
-    cluster: &ClusterSettings,
-    ctx: &ConnectContext,
-    database: &str,
-) -> Result<ServerConn, crate::error::ServerError> {
-    let credentials = management_credentials(cluster);
-    let spec = ConnectSpec {
-        node: &node.config.name,
-        host: &node.config.host,
-        port: node.config.port,
-        user: &cluster.user,
-        database,
-        credentials: &credentials,
-        tls_mode: ctx.tls_mode,
-        tls: ctx.tls.as_ref(),
-        timeout: Duration::from_millis(cluster.health_check_timeout_ms),
-    };
-    let id = ctx.next_server_id.fetch_add(1, Ordering::Relaxed);
-    server::connect(&spec, id, 1).await
-}
-
-/// One health check: (re)connect if needed and ask the node whether it is in recovery.
-pub async fn check_once(
-    node: &NodeState,
-    cluster: &ClusterSettings,
-    ctx: &ConnectContext,
-    conn: &mut Option<ServerConn>,
-) -> Result<Observation, String> {
-    let timeout = Duration::from_millis(cluster.health_check_timeout_ms);
-    if conn.is_none() {
-        *conn = Some(
-            management_connection(node, cluster, ctx, &cluster.database)
-                .await
-                .map_err(|e| e.to_string())?,
-        );
-    }
-    let Some(c) = conn.as_mut() else {
-        return Err("no management connection".into());
-    };
-    let answer = tokio::time::timeout(timeout, c.simple_query(CHECK_SQL)).await;
-    let rows = match answer {
-        Ok(Ok(rows)) => rows,
-        Ok(Err(QueryError::Sql(e))) => return Err(e.to_string()),
-        Ok(Err(QueryError::Server(e))) => {
-            *conn = None;
-            return Err(e.to_string());
-        }
-        Err(_) => {
-            *conn = None;
-            return Err(format!("no answer within {} ms", timeout.as_millis()));
-        }
-    };
-    let row = rows.first().map(|r| r.as_slice()).unwrap_or_default();
-    let field = |i: usize| row.get(i).and_then(|v| v.as_deref());
-    let lsn = |i: usize| field(i).and_then(parse_lsn).unwrap_or(0);
-    let role = match field(0) {
-        Some("t") => Role::Replica,
-        Some("f") => Role::Primary,
-        other => {
-            return Err(format!(
-                "unexpected answer to pg_is_in_recovery(): {other:?}"
-            ))
-        }
-    };
-    Ok(Observation {
-        role,
-        lsn: match role {
-            Role::Primary => insert_lsn_as_end(lsn(1)),
-            _ => lsn(1),
-        },
-        receive_lsn: lsn(2),
-        timeline: field(3).and_then(|t| t.parse().ok()).unwrap_or(0),
-        upstream_streaming: field(4) == Some("t"),
-        streaming_standbys: field(5)
-            .map(|names| names.lines().map(str::to_owned).collect())
-            .unwrap_or_default(),
-    })
-}
-
-/// Role, then the primary's insert position or the replica's replay position, what a replica
-/// has received, the checkpoint timeline, and whether a replica's WAL receiver is streaming and
-/// heard from its upstream within `wal_receiver_timeout` (the split-brain guard asks replicas
-/// whether they still hear the primary; a hung primary keeps the connection open but goes
-/// silent), and on a primary
-/// the standbys streaming from it (application names can hold no newline).
-const CHECK_SQL: &str = "SELECT pg_is_in_recovery(), \
-     CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END, \
-     pg_last_wal_receive_lsn(), \
-     (SELECT timeline_id FROM pg_control_checkpoint()), \
-     EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming' \
-       AND (current_setting('wal_receiver_timeout')::interval = '0' \
-            OR last_msg_receipt_time > now() - current_setting('wal_receiver_timeout')::interval)), \
-     (SELECT string_agg(application_name, E'\\n') FROM pg_stat_replication WHERE state = 'streaming')";
-
-/// Checks every node once, concurrently; used at startup so routing is known before the
-/// first client arrives.
-pub async fn check_all_once(
-    nodes: &Arc<Nodes>,
-    cluster: &ClusterSettings,
-    ctx: &Arc<ConnectContext>,
-) {
-    let mut checks = tokio::task::JoinSet::new();
-    for node in nodes.all().iter() {
-        let (nodes, node, cluster, ctx) =
-            (nodes.clone(), node.clone(), cluster.clone(), ctx.clone());
-        checks.spawn(async move {
-            let mut conn = None;
-            let outcome = check_once(&node, &cluster, &ctx, &mut conn).await;
-            nodes.record(&node, outcome);
-        });
-    }
-    while checks.join_next().await.is_some() {}
-}
-
-/// Runs until the node is retired or `stop` fires.
-pub async fn monitor(
-    nodes: Arc<Nodes>,
-    node: Arc<NodeState>,
-    settings: impl Fn() -> ClusterSettings,
-    ctx: Arc<ConnectContext>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let mut conn = None;
-    loop {
-        if node.retired.load(Ordering::Acquire) || *stop.borrow() {
-            return;
-        }
-        let cluster = settings();
-        let outcome = check_once(&node, &cluster, &ctx, &mut conn).await;
-        nodes.record(&node, outcome);
-        let period = Duration::from_millis(cluster.health_check_period_ms);
-        tokio::select! {
-            _ = tokio::time::sleep(period) => {}
-            _ = stop.changed() => {}
+            _ => self.nodes.next_read_ticket(),
         }
     }
 }
@@ -861,18 +789,21 @@ pub async fn monitor(
 mod tests {
     use super::*;
 
-    fn one_node(failures_before_down: u32) -> (Nodes, Arc<NodeState>) {
-        let config = NodeConfig {
-            name: "pg1".into(),
+    fn config(name: &str, port: u16) -> NodeConfig {
+        NodeConfig {
+            name: name.into(),
             host: "127.0.0.1".into(),
-            port: 5432,
+            port,
             data_dir: None,
             netns: None,
             weight: 1,
             priority: 1,
-        };
+        }
+    }
+
+    fn one_node(failures_before_down: u32) -> (Nodes, Arc<NodeState>) {
         let nodes = Nodes::new(
-            &[config],
+            &[config("pg1", 5432)],
             CheckThresholds {
                 rejoin_after_checks: 2,
                 failures_before_down,
@@ -923,5 +854,97 @@ mod tests {
         nodes.record(&node, Err("connection refused".into()));
         assert!(!node.is_up());
         assert!(nodes.primary().is_none());
+    }
+
+    fn names(nodes: &[Arc<NodeState>]) -> Vec<&str> {
+        nodes.iter().map(|n| n.name()).collect()
+    }
+
+    #[test]
+    fn the_view_decides_where_writes_and_reads_go() {
+        let nodes = Nodes::new(
+            &[config("pg1", 5432), config("pg2", 5433)],
+            CheckThresholds {
+                rejoin_after_checks: 1,
+                failures_before_down: 1,
+            },
+        );
+        let (pg1, pg2) = (nodes.get("pg1").unwrap(), nodes.get("pg2").unwrap());
+        nodes.record(&pg1, seen(Role::Primary));
+        nodes.record(&pg2, seen(Role::Replica));
+        // The first view holds writes until the synchronous set is known.
+        assert!(nodes.primary().is_none());
+        assert_eq!(nodes.writer().map(|n| n.id), Some(pg1.id));
+        assert!(nodes.change(Change::SyncInForce(None)));
+        assert_eq!(nodes.primary().map(|n| n.id), Some(pg1.id));
+        nodes.change(Change::Elect(pg1.id));
+        assert!(
+            nodes.primary().is_none(),
+            "a new epoch waits for its standbys"
+        );
+        nodes.change(Change::SyncInForce(None));
+        assert_eq!(nodes.view().epoch, 1);
+
+        // Failover replaces pg1: from here no node takes writes until pg2 is elected, even
+        // once pg2 reports being primary.
+        nodes.change(Change::BeginPromotion { candidate: pg2.id });
+        nodes.change(Change::Fence(pg1.id));
+        assert!(nodes.writer().is_none());
+        let snapshot = nodes.snapshot();
+        let (readers, candidates) = snapshot.read_candidates(true);
+        assert_eq!(
+            names(&readers),
+            ["pg2"],
+            "the primary reads only while writes flow"
+        );
+        assert!(candidates[0].healthy);
+        drop(snapshot);
+        nodes.record(&pg2, seen(Role::Primary));
+        assert!(nodes.writer().is_none(), "promoting: not yet");
+        nodes.change(Change::Elect(pg2.id));
+        assert_eq!(nodes.writer().map(|n| n.id), Some(pg2.id));
+        assert!(nodes.primary().is_none(), "its synchronous standbys first");
+        nodes.change(Change::SyncInForce(None));
+        assert_eq!(nodes.primary().map(|n| n.id), Some(pg2.id));
+        // The fenced pg1 answers as a primary again: it gets nothing.
+        nodes.record(&pg1, seen(Role::Primary));
+        assert_eq!(nodes.writer().map(|n| n.id), Some(pg2.id));
+        assert!(!pg1.in_read_set());
+        let view = nodes.view();
+        assert_eq!((view.epoch, view.elected), (2, Some(pg2.id)));
+        assert!(
+            !nodes.change(Change::Fence(pg1.id)),
+            "fencing twice changes nothing"
+        );
+        assert_eq!(nodes.view().version, view.version);
+    }
+
+    #[test]
+    fn a_node_keeps_its_id_and_its_place_in_the_view_across_reloads() {
+        let nodes = Nodes::new(
+            &[config("pg1", 5432), config("pg2", 5433)],
+            CheckThresholds {
+                rejoin_after_checks: 1,
+                failures_before_down: 1,
+            },
+        );
+        let pg2 = nodes.get("pg2").unwrap().id;
+        nodes.change(Change::Detach(pg2));
+        // pg2 moves to another port: a new monitor, the same identity and standing.
+        let started = nodes.reconcile(&[config("pg1", 5432), config("pg2", 6433)]);
+        assert_eq!(names(&started), ["pg2"]);
+        assert_eq!(started[0].id, pg2);
+        assert!(nodes.view().is_detached(pg2));
+        // Removed, it leaves the view; added again, it comes back with its old id, attached.
+        nodes.reconcile(&[config("pg1", 5432)]);
+        assert!(!nodes.view().is_detached(pg2));
+        let started = nodes.reconcile(&[
+            config("pg1", 5432),
+            config("pg3", 5434),
+            config("pg2", 5433),
+        ]);
+        assert_eq!(names(&started), ["pg3", "pg2"]);
+        assert_eq!(started[1].id, pg2);
+        assert_ne!(started[0].id, pg2);
     }
 }

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use pgherd_cluster::{LocalNode, StopMode};
+use pgherd_failover::Change;
 use pgherd_wire::{PgError, SqlState};
 
 use crate::app::App;
@@ -66,7 +67,7 @@ async fn run(
     let ctx = app.connect_context();
     let mut steps = Vec::new();
     // No traffic while it changes; it stays fenced if anything below fails.
-    node.fence();
+    app.nodes.change(Change::Fence(node.id));
     app.drop_idle_connections(node);
     let stopping = local.clone();
     blocking(move || {
@@ -97,7 +98,7 @@ async fn run(
         primary.name()
     ));
     blocking(move || local.start(START_TIMEOUT)).await?;
-    node.unfence();
+    app.nodes.change(Change::Unfence(node.id));
     let done = format!(
         "{} rejoined as a standby of {} ({how})",
         node.name(),

@@ -21,7 +21,6 @@ use pgherd_wire::{PgError, SqlState};
 use tokio::sync::Notify;
 
 use crate::app::App;
-use crate::nodes;
 
 pub use pgherd_route::Routed;
 
@@ -250,7 +249,7 @@ impl Router {
             .writer()
             .ok_or_else(|| "no primary is up".to_owned())?;
         let config = app.config();
-        let mut conn = nodes::management_connection(
+        let mut conn = crate::monitor::management_connection(
             &node,
             &config.cluster,
             &app.connect_context(),

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pgherd_cluster::{LocalNode, StopMode};
+use pgherd_failover::Change;
 use pgherd_route::balance::{format_lsn, parse_lsn, Lsn};
 use pgherd_wire::{PgError, SqlState};
 
@@ -17,7 +18,8 @@ use crate::app::App;
 use crate::failover::{
     create_slot, elect_durably, event, first_value, primary_conninfo, promote, repoint, run_sql,
 };
-use crate::nodes::{check_once, NodeState, Role};
+use crate::monitor::check_once;
+use crate::nodes::{NodeState, Role};
 
 /// How long the target may take to replay the old primary's last WAL.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -70,7 +72,7 @@ pub async fn switchover(app: &Arc<App>, to: Option<&str>) -> Result<Vec<String>,
     // give the checks a moment before refusing.
     let waited = Instant::now();
     let target = loop {
-        match choose_target(&nodes, &old, to) {
+        match choose_target(app, &nodes, &old, to) {
             Ok(target) => break target,
             Err(e)
                 if e.code == SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE
@@ -83,7 +85,7 @@ pub async fn switchover(app: &Arc<App>, to: Option<&str>) -> Result<Vec<String>,
             Err(e) => return Err(e),
         }
     };
-    if !app.nodes.begin_switching() {
+    if !app.nodes.change(Change::BeginSwitchover) {
         return Err(PgError::error(
             SqlState::OBJECT_IN_USE,
             "a switchover is already under way",
@@ -94,7 +96,7 @@ pub async fn switchover(app: &Arc<App>, to: Option<&str>) -> Result<Vec<String>,
         steps: Vec::new(),
     };
     let result = run.steps(&nodes, &old, local, &target).await;
-    app.nodes.end_switching();
+    app.nodes.change(Change::EndSwitchover);
     match result {
         Ok(()) => Ok(run.steps),
         Err(e) => {
@@ -114,6 +116,7 @@ const TARGET_WAIT: Duration = Duration::from_secs(3);
 /// The named replica, or the most advanced streaming one (priority breaks ties; priority 0
 /// never).
 fn choose_target(
+    app: &App,
     nodes: &[Arc<NodeState>],
     old: &NodeState,
     to: Option<&str>,
@@ -134,7 +137,7 @@ fn choose_target(
         if node.name() == old.name() {
             return Err(refuse(format!("{name} is the primary already")));
         }
-        if !node.is_usable_as(Role::Replica) {
+        if !app.nodes.usable_as(node, Role::Replica) {
             return Err(refuse(format!(
                 "{name} cannot become the primary: it is not an answering replica ({})",
                 node.describe()
@@ -150,7 +153,7 @@ fn choose_target(
     }
     nodes
         .iter()
-        .filter(|n| n.is_usable_as(Role::Replica) && n.config.priority > 0 && streaming(n))
+        .filter(|n| app.nodes.usable_as(n, Role::Replica) && n.config.priority > 0 && streaming(n))
         .max_by_key(|n| (n.lsn(), n.config.priority))
         .cloned()
         .ok_or_else(|| refuse("no replica streams from the primary and may be promoted".into()))
@@ -280,7 +283,7 @@ impl Run<'_> {
         for follower in nodes
             .iter()
             .filter(|n| n.name() != old.name() && n.name() != target.name())
-            .filter(|n| n.is_usable_as(Role::Replica))
+            .filter(|n| self.app.nodes.usable_as(n, Role::Replica))
         {
             match repoint(cluster, &ctx, follower, target).await {
                 Ok(()) => self.step(

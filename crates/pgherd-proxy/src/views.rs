@@ -4,6 +4,8 @@
 use std::sync::atomic::Ordering;
 use std::time::UNIX_EPOCH;
 
+use pgherd_failover::{Gate, NodeId};
+
 use crate::app::App;
 use crate::nodes::{NodeState, Role};
 
@@ -112,10 +114,11 @@ impl Table {
 }
 
 /// `up`, `down`, `fenced` or `detached`.
-pub fn node_state(n: &NodeState) -> &'static str {
-    if n.is_fenced() {
+pub fn node_state(app: &App, n: &NodeState) -> &'static str {
+    let view = app.nodes.view();
+    if view.is_fenced(n.id) {
         "fenced"
-    } else if n.is_detached() {
+    } else if view.is_detached(n.id) {
         "detached"
     } else if n.is_up() {
         "up"
@@ -130,17 +133,29 @@ pub fn takes_writes(app: &App, n: &NodeState) -> bool {
     app.nodes.writer().is_some_and(|p| p.name() == n.name())
 }
 
+/// The write gate as one phrase: `open`, `held: <reason>` or `refused: <reason>`.
+pub fn write_gate(app: &App) -> String {
+    match app.nodes.view().gate() {
+        Gate::Open => "open".to_owned(),
+        Gate::Hold(why) => format!("held: {}", app.nodes.gate_sentence(&why)),
+        Gate::Refuse(why) => format!("refused: {}", app.nodes.gate_sentence(&why)),
+    }
+}
+
 /// Why a node serves no reads, or `None` if it does.
-fn read_set_reason(n: &NodeState) -> Option<String> {
+fn read_set_reason(app: &App, n: &NodeState) -> Option<String> {
+    let view = app.nodes.view();
+    if view.is_fenced(n.id) {
+        return Some("fenced".to_owned());
+    }
+    if view.is_detached(n.id) {
+        return Some("detached by the operator".to_owned());
+    }
     if n.in_read_set() {
         return None;
     }
     let health = n.health();
-    Some(if n.is_fenced() {
-        "fenced".to_owned()
-    } else if n.is_detached() {
-        "detached by the operator".to_owned()
-    } else if !n.is_up() {
+    Some(if !n.is_up() {
         format!(
             "down: {}",
             health
@@ -152,6 +167,58 @@ fn read_set_reason(n: &NodeState) -> Option<String> {
     } else {
         "not a replica".to_owned()
     })
+}
+
+/// The cluster view (`SHOW CLUSTER`, `/api/cluster`): one row.
+pub fn cluster(app: &App) -> Table {
+    let view = app.nodes.view();
+    let name = |id: Option<NodeId>| id.map(|id| app.nodes.name_of(id));
+    let names = |ids: &std::collections::BTreeSet<NodeId>| {
+        ids.iter()
+            .map(|&id| app.nodes.name_of(id))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let (gate, reason) = match view.gate() {
+        Gate::Open => ("open", None),
+        Gate::Hold(why) => ("held", Some(why)),
+        Gate::Refuse(why) => ("refused", Some(why)),
+    };
+    let paused = if view.paused_all {
+        "*".to_owned()
+    } else {
+        view.paused.iter().cloned().collect::<Vec<_>>().join(",")
+    };
+    Table {
+        columns: &[
+            "version",
+            "epoch",
+            "elected",
+            "writer",
+            "write_gate",
+            "gate_reason",
+            "gate_detail",
+            "promoting",
+            "fenced",
+            "detached",
+            "synchronous_standby_names",
+            "paused",
+        ],
+        rows: vec![vec![
+            view.version.into(),
+            view.epoch.into(),
+            name(view.elected).into(),
+            app.nodes.writer().map(|n| n.name().to_owned()).into(),
+            gate.into(),
+            reason.as_ref().map(|r| r.kind()).into(),
+            reason.as_ref().map(|r| app.nodes.gate_sentence(r)).into(),
+            name(view.promoting).into(),
+            names(&view.fenced).into(),
+            names(&view.detached).into(),
+            view.sync.as_ref().map(|s| s.set.setting()).into(),
+            paused.into(),
+        ]],
+    }
 }
 
 pub fn nodes(app: &App) -> Table {
@@ -167,14 +234,15 @@ pub fn nodes(app: &App) -> Table {
                 n.config.host.clone().into(),
                 n.config.port.into(),
                 n.role().as_str().into(),
-                node_state(n).into(),
+                node_state(app, n).into(),
                 takes_writes(app, n).into(),
+                takes_writes(app, n).then(|| write_gate(app)).into(),
                 pgherd_route::balance::format_lsn(n.lsn()).into(),
                 timeline.into(),
                 n.lag_bytes().into(),
                 n.lag_ms().into(),
                 n.in_read_set().into(),
-                read_set_reason(n).into(),
+                read_set_reason(app, n).into(),
                 health.checks_ok.into(),
                 health.checks_failed.into(),
                 health.times_down.into(),
@@ -190,6 +258,7 @@ pub fn nodes(app: &App) -> Table {
             "role",
             "state",
             "takes_writes",
+            "write_gate",
             "lsn",
             "timeline",
             "lag_bytes",

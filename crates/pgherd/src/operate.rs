@@ -275,7 +275,7 @@ async fn check_nodes(config: &Config) -> Vec<NodeStatus> {
     let mut seen = Vec::new();
     for node in registry.all().iter() {
         let mut conn = None;
-        seen.push(pgherd_proxy::nodes::check_once(node, &config.cluster, &ctx, &mut conn).await);
+        seen.push(pgherd_proxy::monitor::check_once(node, &config.cluster, &ctx, &mut conn).await);
     }
     let primary_lsn = seen
         .iter()

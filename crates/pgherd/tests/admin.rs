@@ -66,6 +66,7 @@ async fn every_command_with_its_errors() {
     // Every SHOW answers with its columns, for admins and stats users alike.
     for (command, column) in [
         ("SHOW NODES", "in_read_set"),
+        ("SHOW CLUSTER", "write_gate"),
         ("SHOW POOLS", "sv_idle"),
         ("SHOW STATS", "total_xact_count"),
         ("SHOW LISTS", "items"),
@@ -155,6 +156,12 @@ async fn every_command_with_its_errors() {
         "{steps:?}"
     );
     assert_eq!(field(&node_row(&admin, "pg2").await, "state"), "detached");
+    let cluster = rows(&admin, "SHOW CLUSTER").await.expect("SHOW CLUSTER");
+    assert_eq!(field(&cluster[0], "detached"), "pg2", "{cluster:?}");
+    assert_eq!(field(&cluster[0], "writer"), "pg1", "{cluster:?}");
+    assert_eq!(field(&cluster[0], "write_gate"), "open", "{cluster:?}");
+    assert_eq!(field(&node_row(&admin, "pg1").await, "write_gate"), "open");
+    let detached_at: u64 = field(&cluster[0], "version").parse().unwrap();
     for _ in 0..20 {
         let port = first_value(&app, "/* pgherd:replica */ SELECT current_setting('port')")
             .await
@@ -233,6 +240,26 @@ async fn every_command_with_its_errors() {
     let (after_resume, value) = waiting.await.unwrap();
     assert!(after_resume);
     assert_eq!(value.expect("the held query runs after RESUME"), "ran");
+
+    // PAUSE of everything is the write gate's reason, in the view, SHOW NODES and /ready's
+    // words; every change counted a version.
+    rows(&admin, "PAUSE").await.expect("PAUSE");
+    let cluster = rows(&admin, "SHOW CLUSTER").await.unwrap();
+    assert_eq!(field(&cluster[0], "write_gate"), "held", "{cluster:?}");
+    assert_eq!(field(&cluster[0], "gate_reason"), "paused", "{cluster:?}");
+    assert_eq!(field(&cluster[0], "paused"), "*", "{cluster:?}");
+    assert_eq!(
+        field(&node_row(&admin, "pg1").await, "write_gate"),
+        "held: the operator paused all databases"
+    );
+    let paused_at: u64 = field(&cluster[0], "version").parse().unwrap();
+    // ATTACH, PAUSE app, RESUME app, PAUSE: at least four changes since DETACH (the
+    // synchronous standby keeper may have made more).
+    assert!(paused_at >= detached_at + 4, "{cluster:?}");
+    rows(&admin, "RESUME").await.expect("RESUME");
+    let cluster = rows(&admin, "SHOW CLUSTER").await.unwrap();
+    assert_eq!(field(&cluster[0], "write_gate"), "open", "{cluster:?}");
+    assert_eq!(field(&cluster[0], "paused"), "", "{cluster:?}");
 
     // KILL ends the database's sessions; new ones work.
     rows(&admin, &format!("KILL {APP}")).await.expect("KILL");

@@ -104,7 +104,7 @@ impl Session {
             }
         };
         let last = self.last_pool.as_ref().map(|(node, _)| node);
-        match choose_node(&*self.app.nodes, target, last, reads) {
+        match choose_node(&self.app.nodes.snapshot(), target, last, reads) {
             Ok(plan) => Ok((plan.node, plan.wait_for_lsn)),
             Err(NoNode::WritesRefused(why)) => Err(PgError::error(
                 SqlState::READ_ONLY_SQL_TRANSACTION,
@@ -156,7 +156,7 @@ impl Session {
     pub(super) async fn attach(&mut self) -> Result<(), PgError> {
         // The transaction's time, as its client sees it, includes any wait for a server.
         self.tx_started.get_or_insert_with(Instant::now);
-        if self.app.pauses.is_paused(&self.shared.database) {
+        if self.app.nodes.is_paused(&self.shared.database) {
             Box::pin(self.wait_while_paused()).await?;
         }
         let input = std::mem::take(&mut self.client_in);
@@ -291,7 +291,7 @@ impl Session {
         tracing::debug!(client = self.shared.id, %database, "request waits: the database is paused");
         let limit = Duration::from_millis(self.app.config().pool.wait_timeout_ms);
         if self
-            .interruptible(self.app.pauses.wait_resumed(database, limit))
+            .interruptible(self.app.nodes.wait_resumed(database, limit))
             .await?
         {
             return Ok(());
@@ -536,7 +536,7 @@ impl Session {
         let Some(lease) = self.lease.as_ref() else {
             return;
         };
-        if lease.node.is_fenced() {
+        if self.app.nodes.is_fenced(&lease.node) {
             // Failover took the node out (it may hang): nothing there is worth cleaning up.
             self.detach(false).await;
             return;

@@ -1,0 +1,431 @@
+//! The cluster view: everything pgherd has decided about the cluster, as one value with a
+//! version. Where writes go (the elected primary), which nodes get no traffic (fenced by
+//! failover, detached by the operator), the synchronous standby set in force, and the one gate
+//! that holds or refuses writes, with its reason.
+//!
+//! The value changes only through [`ClusterState::apply`], which takes one [`Change`] and
+//! returns the next value (or nothing when the change changes nothing); the proxy keeps the
+//! current value where sessions read it without a lock and funnels every change through one
+//! writer. What the health checks *observe* (up, role, positions) is not part of it: those are
+//! measurements, and the view is what was decided from them.
+//!
+//! Architecture invariant: pure, like the rest of the crate. No clock, no IO; versions count
+//! changes, not time.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use crate::sync::SyncSet;
+
+/// A node's identity for as long as pgherd runs: given when its name first appears in the
+/// config and kept across reloads (a node removed and added again gets its old id back), so a
+/// view never confuses two nodes that happen to sit at the same index or behind a new pointer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeId(pub u32);
+
+/// Why new writes do not go to the primary now. Some reasons hold writes (they wait for the
+/// gate to open, up to the pool's wait limit), others refuse them at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateReason {
+    /// `durability = "strict"` and no synchronous standby streams from the primary.
+    StrictWithoutStandby { primary: NodeId },
+    /// Failover is promoting `candidate`; the old primary is fenced.
+    Promoting { candidate: NodeId },
+    /// A switchover is moving the primary.
+    Switching,
+    /// The operator paused every database (`PAUSE` without a name).
+    Paused,
+    /// The elected primary's synchronous standbys are not in force yet (startup, or a new
+    /// primary): a commit acknowledged now could exist on the primary alone.
+    SyncPending,
+}
+
+/// The write gate: open, or closed for one reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gate {
+    Open,
+    /// Writes wait.
+    Hold(GateReason),
+    /// Writes fail at once.
+    Refuse(GateReason),
+}
+
+impl GateReason {
+    /// Whether writes fail rather than wait: waiting for a standby that may never come would
+    /// only turn a clear error into a timeout.
+    pub fn refuses(&self) -> bool {
+        matches!(self, GateReason::StrictWithoutStandby { .. })
+    }
+
+    /// One word for the reason (`SHOW NODES`, `/ready`, metrics labels).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            GateReason::StrictWithoutStandby { .. } => "strict_without_standby",
+            GateReason::Promoting { .. } => "promoting",
+            GateReason::Switching => "switching",
+            GateReason::Paused => "paused",
+            GateReason::SyncPending => "sync_pending",
+        }
+    }
+
+    /// The reason as a sentence, with node names from `name`.
+    pub fn sentence(&self, name: impl Fn(NodeId) -> String) -> String {
+        match self {
+            GateReason::StrictWithoutStandby { primary } => format!(
+                "no synchronous standby streams from primary {} and durability is strict",
+                name(*primary)
+            ),
+            GateReason::Promoting { candidate } => {
+                format!("failover is promoting {}", name(*candidate))
+            }
+            GateReason::Switching => "a switchover is moving the primary".to_owned(),
+            GateReason::Paused => "the operator paused all databases".to_owned(),
+            GateReason::SyncPending => {
+                "the primary's synchronous standbys are being set".to_owned()
+            }
+        }
+    }
+}
+
+/// The cluster view. Build the first one with [`ClusterState::default`]; every later one comes
+/// from [`ClusterState::apply`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterState {
+    /// Counts the changes applied: two views with the same version are the same view.
+    pub version: u64,
+    /// Counts the primaries elected: a view from an older epoch never routes writes anywhere
+    /// a newer one does not.
+    pub epoch: u64,
+    /// The node writes go to, once elected; `None` while nothing was elected (failover off,
+    /// or not run yet), when the one node that reports being primary takes them.
+    pub elected: Option<NodeId>,
+    /// A promotion under way: no node takes writes until it is elected or given up.
+    pub promoting: Option<NodeId>,
+    /// Replaced primaries and diverged or rejoining nodes: no traffic through pgherd.
+    pub fenced: BTreeSet<NodeId>,
+    /// Taken out of traffic by the operator; never promoted while detached.
+    pub detached: BTreeSet<NodeId>,
+    /// The synchronous standbys pgherd put in force on `primary` (while they change, the
+    /// union of the old and the new set).
+    pub sync: Option<SyncInForce>,
+    /// The elected primary's synchronous standbys still have to be set (see
+    /// [`GateReason::SyncPending`]); true in the first view.
+    pub sync_pending: bool,
+    /// `strict` durability found no streaming synchronous standby on this primary.
+    pub strict_without_standby: Option<NodeId>,
+    pub switching: bool,
+    /// `PAUSE` of every database.
+    pub paused_all: bool,
+    /// Databases paused by name (their new transactions wait, reads too).
+    pub paused: BTreeSet<String>,
+}
+
+/// The synchronous standby set in force on a primary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncInForce {
+    pub primary: NodeId,
+    pub set: SyncSet,
+}
+
+impl Default for ClusterState {
+    fn default() -> Self {
+        ClusterState {
+            version: 0,
+            epoch: 0,
+            elected: None,
+            promoting: None,
+            fenced: BTreeSet::new(),
+            detached: BTreeSet::new(),
+            sync: None,
+            sync_pending: true,
+            strict_without_standby: None,
+            switching: false,
+            paused_all: false,
+            paused: BTreeSet::new(),
+        }
+    }
+}
+
+/// One decision about the cluster: the only way a view changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// `node` takes the writes. A different node than before starts a new epoch and waits
+    /// for its synchronous standbys; a promotion under way ends.
+    Elect(NodeId),
+    /// Failover starts promoting `candidate` in place of the elected primary.
+    BeginPromotion {
+        candidate: NodeId,
+    },
+    /// The promotion failed: the elected (fenced) primary stays, and failover decides again.
+    AbandonPromotion,
+    Fence(NodeId),
+    Unfence(NodeId),
+    Detach(NodeId),
+    Attach(NodeId),
+    BeginSwitchover,
+    EndSwitchover,
+    /// The elected primary's synchronous standbys must be set (again) before it takes writes.
+    SyncPending,
+    /// `set` is in force on `primary` (`None`: pgherd manages no set, `async` durability);
+    /// writes stop waiting for it.
+    SyncInForce(Option<SyncInForce>),
+    /// The primary is being given a new set: until it has reloaded, either may be in force,
+    /// so the view holds their union. Writes that waited for a set still wait.
+    SyncChanging(Option<SyncInForce>),
+    /// In `strict` durability, whether `primary` has no streaming synchronous standby.
+    StrictWithoutStandby(Option<NodeId>),
+    Pause(Option<String>),
+    /// Resumes one database, or with `None` everything paused.
+    Resume(Option<String>),
+    /// The node left the config: it keeps no place in the view.
+    Forget(NodeId),
+}
+
+impl ClusterState {
+    /// The write gate and its one reason. Refusals come first (they answer at once), then the
+    /// holds in the order an operator most needs to know them.
+    pub fn gate(&self) -> Gate {
+        let reason = if let Some(primary) = self.strict_without_standby {
+            GateReason::StrictWithoutStandby { primary }
+        } else if let Some(candidate) = self.promoting {
+            GateReason::Promoting { candidate }
+        } else if self.switching {
+            GateReason::Switching
+        } else if self.paused_all {
+            GateReason::Paused
+        } else if self.sync_pending {
+            GateReason::SyncPending
+        } else {
+            return Gate::Open;
+        };
+        if reason.refuses() {
+            Gate::Refuse(reason)
+        } else {
+            Gate::Hold(reason)
+        }
+    }
+
+    /// New transactions wait rather than go to the primary.
+    pub fn writes_held(&self) -> bool {
+        matches!(self.gate(), Gate::Hold(_))
+    }
+
+    /// Why writes fail at once, if they do.
+    pub fn writes_refused(&self) -> Option<GateReason> {
+        match self.gate() {
+            Gate::Refuse(reason) => Some(reason),
+            _ => None,
+        }
+    }
+
+    pub fn is_fenced(&self, node: NodeId) -> bool {
+        self.fenced.contains(&node)
+    }
+
+    pub fn is_detached(&self, node: NodeId) -> bool {
+        self.detached.contains(&node)
+    }
+
+    /// Fenced or detached: no traffic either way.
+    pub fn is_excluded(&self, node: NodeId) -> bool {
+        self.is_fenced(node) || self.is_detached(node)
+    }
+
+    /// Whether new transactions of `database` wait for `RESUME`.
+    pub fn is_paused(&self, database: &str) -> bool {
+        self.paused_all || (!self.paused.is_empty() && self.paused.contains(database))
+    }
+
+    /// The view after `change`, with the next version; `None` if it changes nothing.
+    pub fn apply(&self, change: &Change) -> Option<ClusterState> {
+        let mut next = self.clone();
+        match change {
+            Change::Elect(node) => {
+                if next.elected != Some(*node) {
+                    next.epoch += 1;
+                    next.sync_pending = true;
+                    next.strict_without_standby = None;
+                }
+                next.elected = Some(*node);
+                next.promoting = None;
+            }
+            Change::BeginPromotion { candidate } => next.promoting = Some(*candidate),
+            Change::AbandonPromotion => next.promoting = None,
+            Change::Fence(node) => {
+                next.fenced.insert(*node);
+            }
+            Change::Unfence(node) => {
+                next.fenced.remove(node);
+            }
+            Change::Detach(node) => {
+                next.detached.insert(*node);
+            }
+            Change::Attach(node) => {
+                next.detached.remove(node);
+            }
+            Change::BeginSwitchover => next.switching = true,
+            Change::EndSwitchover => next.switching = false,
+            Change::SyncPending => next.sync_pending = true,
+            Change::SyncInForce(set) => {
+                next.sync = set.clone();
+                next.sync_pending = false;
+            }
+            Change::SyncChanging(set) => next.sync = set.clone(),
+            Change::StrictWithoutStandby(primary) => next.strict_without_standby = *primary,
+            Change::Pause(None) => next.paused_all = true,
+            Change::Pause(Some(database)) => {
+                next.paused.insert(database.clone());
+            }
+            Change::Resume(None) => {
+                next.paused_all = false;
+                next.paused.clear();
+            }
+            Change::Resume(Some(database)) => {
+                next.paused.remove(database);
+            }
+            Change::Forget(node) => {
+                next.fenced.remove(node);
+                next.detached.remove(node);
+                if next.elected == Some(*node) {
+                    next.elected = None;
+                }
+                if next.promoting == Some(*node) {
+                    next.promoting = None;
+                }
+            }
+        }
+        if next == *self {
+            return None;
+        }
+        next.version = self.version + 1;
+        Some(next)
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: NodeId = NodeId(0);
+    const B: NodeId = NodeId(1);
+
+    fn after(changes: &[Change]) -> ClusterState {
+        changes
+            .iter()
+            .fold(ClusterState::default(), |state, change| {
+                state.apply(change).unwrap_or(state)
+            })
+    }
+
+    #[test]
+    fn the_first_view_holds_writes_until_the_sync_set_is_known() {
+        let state = ClusterState::default();
+        assert_eq!(state.gate(), Gate::Hold(GateReason::SyncPending));
+        let state = after(&[Change::SyncInForce(None)]);
+        assert_eq!(state.gate(), Gate::Open);
+        assert_eq!(state.version, 1);
+    }
+
+    #[test]
+    fn a_new_primary_is_a_new_epoch_and_waits_for_its_standbys() {
+        let state = after(&[Change::Elect(A), Change::SyncInForce(None)]);
+        assert_eq!((state.epoch, state.gate()), (1, Gate::Open));
+        // The same node again changes nothing, not even the version.
+        assert_eq!(state.apply(&Change::Elect(A)), None);
+        let next = state.apply(&Change::Elect(B)).unwrap();
+        assert_eq!(next.epoch, 2);
+        assert_eq!(next.gate(), Gate::Hold(GateReason::SyncPending));
+        assert_eq!(next.version, state.version + 1);
+    }
+
+    #[test]
+    fn a_promotion_holds_writes_until_the_candidate_is_elected() {
+        let state = after(&[
+            Change::Elect(A),
+            Change::SyncInForce(None),
+            Change::Fence(A),
+            Change::BeginPromotion { candidate: B },
+        ]);
+        assert_eq!(
+            state.gate(),
+            Gate::Hold(GateReason::Promoting { candidate: B })
+        );
+        assert!(state.is_excluded(A));
+        let given_up = state.apply(&Change::AbandonPromotion).unwrap();
+        assert_eq!(
+            given_up.elected,
+            Some(A),
+            "the fenced primary stays elected"
+        );
+        let elected = state.apply(&Change::Elect(B)).unwrap();
+        assert_eq!(elected.promoting, None);
+        assert_eq!(elected.gate(), Gate::Hold(GateReason::SyncPending));
+    }
+
+    #[test]
+    fn refusal_outranks_every_hold() {
+        let state = after(&[
+            Change::Elect(A),
+            Change::BeginSwitchover,
+            Change::StrictWithoutStandby(Some(A)),
+        ]);
+        assert_eq!(
+            state.gate(),
+            Gate::Refuse(GateReason::StrictWithoutStandby { primary: A })
+        );
+        assert!(!state.writes_held());
+        // Electing another primary clears a refusal that was about the old one.
+        let next = state.apply(&Change::Elect(B)).unwrap();
+        assert_eq!(next.gate(), Gate::Hold(GateReason::Switching));
+    }
+
+    #[test]
+    fn pauses_are_per_database_or_all() {
+        let state = after(&[Change::SyncInForce(None), Change::Pause(Some("app".into()))]);
+        assert!(state.is_paused("app") && !state.is_paused("other"));
+        assert_eq!(
+            state.gate(),
+            Gate::Open,
+            "one database's pause is not a write gate"
+        );
+        let all = state.apply(&Change::Pause(None)).unwrap();
+        assert!(all.is_paused("other"));
+        assert_eq!(all.gate(), Gate::Hold(GateReason::Paused));
+        let resumed = all.apply(&Change::Resume(None)).unwrap();
+        assert!(!resumed.is_paused("app") && resumed.gate() == Gate::Open);
+    }
+
+    #[test]
+    fn a_forgotten_node_leaves_no_trace() {
+        let state = after(&[Change::Elect(A), Change::Fence(B), Change::Detach(B)]);
+        let forgotten = state.apply(&Change::Forget(B)).unwrap();
+        assert!(!forgotten.is_excluded(B));
+        assert_eq!(forgotten.elected, Some(A));
+        assert_eq!(forgotten.apply(&Change::Forget(B)), None);
+    }
+
+    #[test]
+    fn every_reason_has_a_word_and_a_sentence() {
+        let name = |id: NodeId| format!("pg{}", id.0 + 1);
+        for reason in [
+            GateReason::StrictWithoutStandby { primary: A },
+            GateReason::Promoting { candidate: B },
+            GateReason::Switching,
+            GateReason::Paused,
+            GateReason::SyncPending,
+        ] {
+            assert!(!reason.kind().is_empty());
+            assert!(!reason.sentence(name).is_empty());
+        }
+        assert_eq!(
+            GateReason::Promoting { candidate: B }.sentence(name),
+            "failover is promoting pg2"
+        );
+    }
+}

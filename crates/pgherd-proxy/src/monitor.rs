@@ -1,0 +1,164 @@
+//! The node monitors: one task per node keeps a management connection open and checks the
+//! node every `cluster.health_check_period_ms` (its role with `pg_is_in_recovery()`, its WAL
+//! positions, whether its WAL receiver streams, who streams from it), and hands what it saw to
+//! [`Nodes::record`]. Observations only: what to do about them is failover's.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgherd_config::ClusterSettings;
+use pgherd_route::balance::{insert_lsn_as_end, parse_lsn};
+
+use crate::nodes::{NodeState, Nodes, Observation, Role};
+use crate::pool::ConnectContext;
+use crate::server::{self, ConnectSpec, QueryError, ServerConn, ServerCredentials};
+
+/// Credentials pgherd uses for its own connections to nodes.
+pub fn management_credentials(cluster: &ClusterSettings) -> ServerCredentials {
+    ServerCredentials {
+        password: cluster.password.clone(),
+        scram_keys: None,
+        md5_hash: None,
+    }
+}
+
+/// A connection as pgherd's own user (`[cluster]`) to `database` on `node`.
+pub async fn management_connection(
+    node: &NodeState,
+    cluster: &ClusterSettings,
+    ctx: &ConnectContext,
+    database: &str,
+) -> Result<ServerConn, crate::error::ServerError> {
+    let credentials = management_credentials(cluster);
+    let spec = ConnectSpec {
+        node: &node.config.name,
+        host: &node.config.host,
+        port: node.config.port,
+        user: &cluster.user,
+        database,
+        credentials: &credentials,
+        tls_mode: ctx.tls_mode,
+        tls: ctx.tls.as_ref(),
+        timeout: Duration::from_millis(cluster.health_check_timeout_ms),
+    };
+    let id = ctx.next_server_id.fetch_add(1, Ordering::Relaxed);
+    server::connect(&spec, id, 1).await
+}
+
+/// One health check: (re)connect if needed and ask the node whether it is in recovery.
+pub async fn check_once(
+    node: &NodeState,
+    cluster: &ClusterSettings,
+    ctx: &ConnectContext,
+    conn: &mut Option<ServerConn>,
+) -> Result<Observation, String> {
+    let timeout = Duration::from_millis(cluster.health_check_timeout_ms);
+    if conn.is_none() {
+        *conn = Some(
+            management_connection(node, cluster, ctx, &cluster.database)
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let Some(c) = conn.as_mut() else {
+        return Err("no management connection".into());
+    };
+    let answer = tokio::time::timeout(timeout, c.simple_query(CHECK_SQL)).await;
+    let rows = match answer {
+        Ok(Ok(rows)) => rows,
+        Ok(Err(QueryError::Sql(e))) => return Err(e.to_string()),
+        Ok(Err(QueryError::Server(e))) => {
+            *conn = None;
+            return Err(e.to_string());
+        }
+        Err(_) => {
+            *conn = None;
+            return Err(format!("no answer within {} ms", timeout.as_millis()));
+        }
+    };
+    let row = rows.first().map(|r| r.as_slice()).unwrap_or_default();
+    let field = |i: usize| row.get(i).and_then(|v| v.as_deref());
+    let lsn = |i: usize| field(i).and_then(parse_lsn).unwrap_or(0);
+    let role = match field(0) {
+        Some("t") => Role::Replica,
+        Some("f") => Role::Primary,
+        other => {
+            return Err(format!(
+                "unexpected answer to pg_is_in_recovery(): {other:?}"
+            ))
+        }
+    };
+    Ok(Observation {
+        role,
+        lsn: match role {
+            Role::Primary => insert_lsn_as_end(lsn(1)),
+            _ => lsn(1),
+        },
+        receive_lsn: lsn(2),
+        timeline: field(3).and_then(|t| t.parse().ok()).unwrap_or(0),
+        upstream_streaming: field(4) == Some("t"),
+        streaming_standbys: field(5)
+            .map(|names| names.lines().map(str::to_owned).collect())
+            .unwrap_or_default(),
+    })
+}
+
+/// Role, then the primary's insert position or the replica's replay position, what a replica
+/// has received, the checkpoint timeline, and whether a replica's WAL receiver is streaming and
+/// heard from its upstream within `wal_receiver_timeout` (the split-brain guard asks replicas
+/// whether they still hear the primary; a hung primary keeps the connection open but goes
+/// silent), and on a primary
+/// the standbys streaming from it (application names can hold no newline).
+const CHECK_SQL: &str = "SELECT pg_is_in_recovery(), \
+     CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END, \
+     pg_last_wal_receive_lsn(), \
+     (SELECT timeline_id FROM pg_control_checkpoint()), \
+     EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming' \
+       AND (current_setting('wal_receiver_timeout')::interval = '0' \
+            OR last_msg_receipt_time > now() - current_setting('wal_receiver_timeout')::interval)), \
+     (SELECT string_agg(application_name, E'\\n') FROM pg_stat_replication WHERE state = 'streaming')";
+
+/// Checks every node once, concurrently; used at startup so routing is known before the
+/// first client arrives.
+pub async fn check_all_once(
+    nodes: &Arc<Nodes>,
+    cluster: &ClusterSettings,
+    ctx: &Arc<ConnectContext>,
+) {
+    let mut checks = tokio::task::JoinSet::new();
+    for node in nodes.all().iter() {
+        let (nodes, node, cluster, ctx) =
+            (nodes.clone(), node.clone(), cluster.clone(), ctx.clone());
+        checks.spawn(async move {
+            let mut conn = None;
+            let outcome = check_once(&node, &cluster, &ctx, &mut conn).await;
+            nodes.record(&node, outcome);
+        });
+    }
+    while checks.join_next().await.is_some() {}
+}
+
+/// Runs until the node is retired or `stop` fires.
+pub async fn monitor(
+    nodes: Arc<Nodes>,
+    node: Arc<NodeState>,
+    settings: impl Fn() -> ClusterSettings,
+    ctx: Arc<ConnectContext>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut conn = None;
+    loop {
+        if node.is_retired() || *stop.borrow() {
+            return;
+        }
+        let cluster = settings();
+        let outcome = check_once(&node, &cluster, &ctx, &mut conn).await;
+        nodes.record(&node, outcome);
+        let period = Duration::from_millis(cluster.health_check_period_ms);
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}

@@ -25,8 +25,10 @@
 
 use std::fmt::Write as _;
 
+pub mod manual;
 pub mod state;
 mod sync;
+pub use manual::{plan_promotion, Promotion, Refusal, Safeguard};
 pub use state::{Change, ClusterState, Gate, GateReason, NodeId, SyncInForce};
 pub use sync::{desired_sync_set, SyncSet};
 

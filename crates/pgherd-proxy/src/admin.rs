@@ -166,6 +166,7 @@ const USAGE: &[(&str, &str)] = &[
         "SHOW HELP|VERSION|NODES|CLUSTER|POOLS|STATS|LISTS|CLIENTS|SERVERS|CONFIG|EVENTS",
     ),
     ("SWITCHOVER", "SWITCHOVER [TO node]"),
+    ("PROMOTE", "PROMOTE node [FORCE safeguard[,...]]"),
     ("REJOIN", "REJOIN node"),
     ("DETACH", "DETACH node"),
     ("ATTACH", "ATTACH node"),
@@ -187,6 +188,8 @@ enum Operation<'a> {
     Switchover(Option<&'a str>),
     /// `REJOIN node`
     Rejoin(&'a str),
+    /// `PROMOTE node [FORCE safeguard, ...]`
+    Promote(&'a str, Vec<&'a str>),
     Detach(&'a str),
     Attach(&'a str),
     Pause(Option<&'a str>),
@@ -206,6 +209,12 @@ impl<'a> Operation<'a> {
                 Some(Operation::Switchover(Some(node(n))))
             }
             [w, n] if is(w, "REJOIN") => Some(Operation::Rejoin(node(n))),
+            [w, n] if is(w, "PROMOTE") => Some(Operation::Promote(node(n), Vec::new())),
+            [w, n, force, safeguards @ ..]
+                if is(w, "PROMOTE") && is(force, "FORCE") && !safeguards.is_empty() =>
+            {
+                Some(Operation::Promote(node(n), safeguards.to_vec()))
+            }
             [w, n] if is(w, "DETACH") => Some(Operation::Detach(node(n))),
             [w, n] if is(w, "ATTACH") => Some(Operation::Attach(node(n))),
             [w] if is(w, "PAUSE") => Some(Operation::Pause(None)),
@@ -221,6 +230,7 @@ impl<'a> Operation<'a> {
         match self {
             Operation::Switchover(_) => "SWITCHOVER",
             Operation::Rejoin(_) => "REJOIN",
+            Operation::Promote(..) => "PROMOTE",
             Operation::Detach(_) => "DETACH",
             Operation::Attach(_) => "ATTACH",
             Operation::Pause(_) => "PAUSE",
@@ -234,6 +244,10 @@ impl<'a> Operation<'a> {
         match self {
             Operation::Switchover(to) => crate::switchover::switchover(app, to).await,
             Operation::Rejoin(node) => crate::rejoin::rejoin(app, node).await,
+            Operation::Promote(node, force) => {
+                let forced = control::parse_safeguards(&force)?;
+                control::promote(app, node, &forced).await
+            }
             Operation::Detach(node) => control::detach(app, node),
             Operation::Attach(node) => control::attach(app, node),
             Operation::Pause(db) => control::pause(app, db).await,

@@ -6,12 +6,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgherd_failover::Change;
+use pgherd_failover::{plan_promotion, Change, Refusal, Safeguard};
 use pgherd_wire::{PgError, SqlState};
 
 use crate::app::App;
-use crate::failover::event;
-use crate::nodes::NodeState;
+use crate::failover::{event, policy, promote_replacing, Seen};
+use crate::nodes::{NodeState, Role};
+use crate::switchover::ROLE_CHANGE_WAIT;
 
 /// How long `PAUSE` waits for running transactions to give their server connections back.
 const PAUSE_DRAIN: Duration = Duration::from_secs(30);
@@ -163,4 +164,103 @@ fn check_database(app: &App, database: &str) -> Result<(), PgError> {
             format!("database \"{database}\" is not served by pgherd"),
         ))
     }
+}
+
+/// `PROMOTE node [FORCE safeguard, ...]`: manual failover, for a dead primary when automatic
+/// failover is off or will not act. The same safeguards as failover (`pgherd_failover::
+/// plan_promotion`), each refusal a sentence naming the safeguard `FORCE` skips; then the same
+/// steps (fence the old primary, re-point the others, promote, elect with its synchronous
+/// standbys).
+pub async fn promote(
+    app: &Arc<App>,
+    name: &str,
+    forced: &[Safeguard],
+) -> Result<Vec<String>, PgError> {
+    let node = find_node(app, name)?;
+    let refuse = |msg: String| PgError::error(SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, msg);
+    let Ok(_turn) = tokio::time::timeout(ROLE_CHANGE_WAIT, app.role_change.lock()).await else {
+        return Err(PgError::error(
+            SqlState::OBJECT_IN_USE,
+            "another role change (a failover or switchover) is under way",
+        ));
+    };
+    if app.nodes.is_switching() {
+        return Err(refuse("a switchover is under way".to_owned()));
+    }
+    let config = app.config();
+    let nodes = app.nodes.all();
+    let Some(candidate) = nodes.iter().position(|n| n.id == node.id) else {
+        return Err(refuse(format!("{name} left the config")));
+    };
+    // With nothing elected (failover off), the primary being replaced is the node last seen
+    // as one.
+    let last_primary = nodes.iter().position(|n| {
+        n.health()
+            .last_seen
+            .is_some_and(|seen| seen.role == Role::Primary)
+    });
+    let seen = Seen::now(app, &nodes, last_primary);
+    let promotion = plan_promotion(&policy(&config), &seen.view(), candidate, forced)
+        .map_err(|refusals| refusal_error(name, &refusals))?;
+    let what = format!(
+        "manual promotion of {name}{}",
+        if forced.is_empty() {
+            String::new()
+        } else {
+            let names: Vec<&str> = forced.iter().map(|s| s.name()).collect();
+            format!(" (forced: {})", names.join(", "))
+        }
+    );
+    tracing::warn!(node = name, "{what}");
+    event(app, "promoting", name, &what);
+    promote_replacing(
+        app,
+        &config.cluster,
+        &nodes,
+        promotion.candidate,
+        promotion.old,
+        &promotion.followers,
+    )
+    .await
+    .map_err(|e| refuse(format!("promotion of {name} failed: {e}")))
+}
+
+fn refusal_error(name: &str, refusals: &[Refusal]) -> PgError {
+    let forceable: Vec<&str> = refusals
+        .iter()
+        .filter_map(|r| r.safeguard.map(Safeguard::name))
+        .collect();
+    let sentences: Vec<&str> = refusals.iter().map(|r| r.sentence.as_str()).collect();
+    let error = PgError::error(
+        SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("{name} is not promoted: {}", sentences.join("; ")),
+    );
+    if forceable.len() == refusals.len() {
+        error.with_hint(format!(
+            "if you know better, PROMOTE {name} FORCE {} (pgherd promote {name} --force {})",
+            forceable.join(", "),
+            forceable.join(" --force ")
+        ))
+    } else {
+        error
+    }
+}
+
+/// The safeguards named after `FORCE` (commas or spaces between them).
+pub fn parse_safeguards(words: &[&str]) -> Result<Vec<Safeguard>, PgError> {
+    words
+        .iter()
+        .flat_map(|w| w.split(','))
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            Safeguard::from_name(&w.to_ascii_lowercase()).ok_or_else(|| {
+                let known: Vec<&str> = Safeguard::ALL.iter().map(|s| s.name()).collect();
+                PgError::error(
+                    SqlState::INVALID_PARAMETER_VALUE,
+                    format!("no safeguard named \"{w}\""),
+                )
+                .with_hint(format!("safeguards: {}", known.join(", ")))
+            })
+        })
+        .collect()
 }

@@ -22,7 +22,8 @@ use crate::monitor::{check_once, management_connection};
 use crate::nodes::{NodeState, Role};
 use crate::pool::ConnectContext;
 
-/// Runs until shutdown. Does nothing while `[failover] enabled` is false.
+/// Runs until shutdown. Decides nothing while `[failover] enabled` is false, but still keeps the
+/// synchronous standbys and seals fenced nodes that answer again.
 pub async fn run(app: Arc<App>) {
     let mut stop = app.shutdown_signal();
     let mut last_sentence = String::new();
@@ -48,10 +49,16 @@ pub async fn run(app: Arc<App>) {
             // The switchover moves the primary itself; nodes stop and start on purpose.
             continue;
         }
+        // A PROMOTE or switchover the operator started acts alone; this turn waits for it.
+        let _turn = app.role_change.lock().await;
+        if app.nodes.is_switching() {
+            continue;
+        }
         let nodes = app.nodes.all();
         if config.failover.enabled {
-            decide_and_act(&app, &config, &nodes, &mut last_sentence, &mut sealed).await;
+            decide_and_act(&app, &config, &nodes, &mut last_sentence).await;
         }
+        seal_fenced(&app, &config, &nodes, &mut sealed).await;
         // After the decision, so a primary elected in this turn gets its synchronous standbys
         // (and takes writes) now rather than a period later.
         if let Some(primary) = app
@@ -64,34 +71,17 @@ pub async fn run(app: Arc<App>) {
     }
 }
 
-/// One failover turn: the verdict on what the monitors saw, acted on; then fenced nodes that
-/// answer again are sealed (and rejoined when configured).
+/// One failover turn: the verdict on what the monitors saw, acted on.
 async fn decide_and_act(
     app: &Arc<App>,
     config: &Config,
     nodes: &[Arc<NodeState>],
     last_sentence: &mut String,
-    sealed: &mut HashSet<String>,
 ) {
-    let policy = Policy {
-        failures_before_down: config.cluster.health_check_failures_before_down,
-        max_lag_on_failover_bytes: config.failover.max_lag_on_failover_bytes,
-        durability: config.replication.durability,
-    };
-    let state = app.nodes.view();
-    let views: Vec<NodeView> = nodes.iter().map(|n| view_of(n, &state)).collect();
-    let elected = state
-        .elected
-        .and_then(|id| nodes.iter().position(|n| n.id == id));
-    let (synchronous, sync_quorum) = holders(&state, nodes, elected);
-    let view = View {
-        nodes: &views,
-        elected,
-        last_primary_lsn: elected.map(|i| nodes[i].lsn()),
-        synchronous: &synchronous,
-        sync_quorum,
-    };
-    let verdict = decide(&policy, &view);
+    let seen = Seen::now(app, nodes, None);
+    let view = seen.view();
+    let elected = view.elected;
+    let verdict = decide(&policy(config), &view);
     let sentence = verdict.sentence(&view);
     if sentence != *last_sentence {
         match verdict {
@@ -109,6 +99,17 @@ async fn decide_and_act(
         *last_sentence = sentence;
     }
     act(app, &config.cluster, nodes, verdict).await;
+}
+
+/// Makes fenced nodes that answer again (a replaced primary restarted) refuse writes, and
+/// rejoins them when configured. Whoever fenced them (failover, `PROMOTE`), and whether
+/// failover is on or not.
+async fn seal_fenced(
+    app: &Arc<App>,
+    config: &Config,
+    nodes: &[Arc<NodeState>],
+    sealed: &mut HashSet<String>,
+) {
     // A node that rejoined may be fenced (and sealed) again later.
     let state = app.nodes.view();
     sealed.retain(|name| {
@@ -120,8 +121,11 @@ async fn decide_and_act(
     // writes, whatever else happens.
     for node in nodes.iter() {
         let answers = node.answers();
+        // A node being rejoined is fenced until it streams: sealing it then would leave it
+        // read-only for good.
         if state.is_fenced(node.id)
             && answers
+            && !node.is_rejoining()
             && !sealed.contains(node.name())
             && seal(&config.cluster, &app.connect_context(), node).await
         {
@@ -141,6 +145,53 @@ async fn decide_and_act(
                     }
                 });
             }
+        }
+    }
+}
+
+pub(crate) fn policy(config: &Config) -> Policy {
+    Policy {
+        failures_before_down: config.cluster.health_check_failures_before_down,
+        max_lag_on_failover_bytes: config.failover.max_lag_on_failover_bytes,
+        durability: config.replication.durability,
+    }
+}
+
+/// What the monitors saw and the cluster view said at one moment, for the decision crate.
+pub(crate) struct Seen {
+    nodes: Vec<NodeView>,
+    elected: Option<usize>,
+    last_primary_lsn: Option<u64>,
+    synchronous: Vec<usize>,
+    sync_quorum: usize,
+}
+
+impl Seen {
+    /// `primary`: the node to treat as the primary when none is elected (manual promotion
+    /// with failover off: the one last seen as primary).
+    pub(crate) fn now(app: &App, nodes: &[Arc<NodeState>], primary: Option<usize>) -> Seen {
+        let state = app.nodes.view();
+        let elected = state
+            .elected
+            .and_then(|id| nodes.iter().position(|n| n.id == id))
+            .or(primary);
+        let (synchronous, sync_quorum) = holders(&state, nodes, elected);
+        Seen {
+            nodes: nodes.iter().map(|n| view_of(n, &state)).collect(),
+            elected,
+            last_primary_lsn: elected.map(|i| nodes[i].lsn()),
+            synchronous,
+            sync_quorum,
+        }
+    }
+
+    pub(crate) fn view(&self) -> View<'_> {
+        View {
+            nodes: &self.nodes,
+            elected: self.elected,
+            last_primary_lsn: self.last_primary_lsn,
+            synchronous: &self.synchronous,
+            sync_quorum: self.sync_quorum,
         }
     }
 }
@@ -473,7 +524,6 @@ async fn act(
     nodes: &[Arc<NodeState>],
     verdict: Verdict,
 ) {
-    let ctx = app.connect_context();
     match verdict {
         Verdict::Elect { node } => {
             app.nodes.change(Change::Elect(nodes[node].id));
@@ -485,85 +535,111 @@ async fn act(
             old,
             followers,
         } => {
-            // From here until the candidate accepts writes, no node gets them. The old primary
-            // does not answer, so it is only excluded now; the loop makes it read-only when it
-            // answers again (trying now could wait out a connect timeout and delay promotion).
-            let new_primary = &nodes[candidate];
-            app.nodes.change(Change::BeginPromotion {
-                candidate: new_primary.id,
-            });
-            exclude(app, &nodes[old]);
-            let promoted_at = received(new_primary);
-            // Positions as the decision saw them: once a follower streams from the promoted
-            // candidate, its position grows with the new timeline's WAL.
-            let before: Vec<(usize, u64)> = followers
-                .iter()
-                .map(|&f| (f, received(&nodes[f])))
-                .collect();
-            // The others follow the candidate before it is promoted (cascading until then):
-            // a replaced primary that wakes up (a hung one resumed) could otherwise still ship
-            // them WAL the candidate never got, and they could not follow it.
-            for &follower in &followers {
-                match repoint(cluster, &ctx, &nodes[follower], new_primary).await {
-                    Ok(()) => event(
-                        app,
-                        "repointed",
-                        nodes[follower].name(),
-                        &format!("follows {} now", new_primary.name()),
-                    ),
-                    Err(e) => {
-                        tracing::error!(node = nodes[follower].name(), primary = new_primary.name(), error = %e, "cannot re-point replica to the new primary");
-                        event(
-                            app,
-                            "repoint_failed",
-                            nodes[follower].name(),
-                            &format!("cannot follow {}: {e}", new_primary.name()),
-                        );
-                    }
-                }
+            // The fenced old primary stays elected after a failed promotion, so the next turn
+            // decides again.
+            let promoted =
+                promote_replacing(app, cluster, nodes, candidate, Some(old), &followers).await;
+            if promoted.is_err() {
+                tracing::warn!("the promotion is retried at the next check");
             }
-            if let Err(e) = promote(app, new_primary).await {
-                tracing::error!(node = new_primary.name(), error = %e, "promotion did not complete; retrying at the next check");
-                event(
-                    app,
-                    "promotion_failed",
-                    new_primary.name(),
-                    &format!("{e}; retrying at the next check"),
-                );
-                // Still the elected (fenced, down) primary, so the next check decides again.
-                app.nodes.change(Change::AbandonPromotion);
-                return;
-            }
-            elect_durably(app, nodes, new_primary).await;
-            tracing::warn!(node = new_primary.name(), "promoted; writes go to it now");
-            // A follower with WAL the new primary never had (one that may not be promoted)
-            // cannot follow it until it is rewound.
-            for (follower, had) in before.iter().map(|&(f, had)| (&nodes[f], had)) {
-                if had <= promoted_at {
-                    continue;
-                }
-                let detail = format!(
-                    "had WAL up to {} beyond where {} was promoted ({}): it cannot follow until it rejoins",
-                    format_lsn(had),
-                    new_primary.name(),
-                    format_lsn(promoted_at)
-                );
-                tracing::error!(node = follower.name(), %detail, "replica diverged");
-                event(app, "diverged", follower.name(), &detail);
-                // Its extra WAL was never acknowledged and must not be read: fenced, it is
-                // sealed and (with auto_rejoin) rewound by the loop like any fenced node.
-                app.nodes.change(Change::Fence(follower.id));
-                app.drop_idle_connections(follower);
-            }
-            event(
-                app,
-                "promoted",
-                new_primary.name(),
-                "promoted; writes go to it now",
-            );
         }
         _ => {}
     }
+}
+
+/// Promotes `candidate` in place of `old` (if pgherd knows the primary it replaces) and
+/// re-points `followers` to it; automatic failover's `Promote` verdict and the operator's
+/// `PROMOTE` both come here. Each step is logged, recorded as an event and returned; an error
+/// leaves the old primary elected (fenced), so writes wait for the next decision.
+pub(crate) async fn promote_replacing(
+    app: &Arc<App>,
+    cluster: &ClusterSettings,
+    nodes: &[Arc<NodeState>],
+    candidate: usize,
+    old: Option<usize>,
+    followers: &[usize],
+) -> Result<Vec<String>, String> {
+    let ctx = app.connect_context();
+    let mut steps = Vec::new();
+    let new_primary = &nodes[candidate];
+    // From here until the candidate accepts writes, no node gets them. The old primary does
+    // not answer, so it is only excluded now; the loop makes it read-only when it answers
+    // again (trying now could wait out a connect timeout and delay promotion).
+    app.nodes.change(Change::BeginPromotion {
+        candidate: new_primary.id,
+    });
+    if let Some(old) = old {
+        exclude(app, &nodes[old]);
+        steps.push(format!(
+            "{} fenced: no more traffic through pgherd",
+            nodes[old].name()
+        ));
+    }
+    let promoted_at = received(new_primary);
+    // Positions as the decision saw them: once a follower streams from the promoted
+    // candidate, its position grows with the new timeline's WAL.
+    let before: Vec<(usize, u64)> = followers
+        .iter()
+        .map(|&f| (f, received(&nodes[f])))
+        .collect();
+    // The others follow the candidate before it is promoted (cascading until then): a
+    // replaced primary that wakes up (a hung one resumed) could otherwise still ship them WAL
+    // the candidate never got, and they could not follow it.
+    for &follower in followers {
+        let follower = &nodes[follower];
+        match repoint(cluster, &ctx, follower, new_primary).await {
+            Ok(()) => {
+                let detail = format!("follows {} now", new_primary.name());
+                event(app, "repointed", follower.name(), &detail);
+                steps.push(format!("{} {detail}", follower.name()));
+            }
+            Err(e) => {
+                tracing::error!(node = follower.name(), primary = new_primary.name(), error = %e, "cannot re-point replica to the new primary");
+                let detail = format!("cannot follow {}: {e}", new_primary.name());
+                event(app, "repoint_failed", follower.name(), &detail);
+                steps.push(format!("{} {detail}", follower.name()));
+            }
+        }
+    }
+    if let Err(e) = promote(app, new_primary).await {
+        tracing::error!(node = new_primary.name(), error = %e, "promotion did not complete");
+        event(app, "promotion_failed", new_primary.name(), &e);
+        app.nodes.change(Change::AbandonPromotion);
+        return Err(e);
+    }
+    elect_durably(app, nodes, new_primary).await;
+    tracing::warn!(node = new_primary.name(), "promoted; writes go to it now");
+    // A follower with WAL the new primary never had (one that may not be promoted) cannot
+    // follow it until it is rewound.
+    for (follower, had) in before.iter().map(|&(f, had)| (&nodes[f], had)) {
+        if had <= promoted_at {
+            continue;
+        }
+        let detail = format!(
+            "had WAL up to {} beyond where {} was promoted ({}): it cannot follow until it rejoins",
+            format_lsn(had),
+            new_primary.name(),
+            format_lsn(promoted_at)
+        );
+        tracing::error!(node = follower.name(), %detail, "replica diverged");
+        event(app, "diverged", follower.name(), &detail);
+        steps.push(format!("{} {detail}", follower.name()));
+        // Its extra WAL was never acknowledged and must not be read: fenced, it is sealed
+        // and (with auto_rejoin) rewound by the loop like any fenced node.
+        app.nodes.change(Change::Fence(follower.id));
+        app.drop_idle_connections(follower);
+    }
+    event(
+        app,
+        "promoted",
+        new_primary.name(),
+        "promoted; writes go to it now",
+    );
+    steps.push(format!(
+        "{} promoted; writes go to it now",
+        new_primary.name()
+    ));
+    Ok(steps)
 }
 
 /// Promotes `node` with `pg_promote()` and checks that it accepts writes now. Whatever the

@@ -98,6 +98,7 @@ pub fn router(app: Arc<App>) -> Router {
     let changes = Router::new()
         .route("/api/switchover", post(switchover))
         .route("/api/rejoin/{name}", post(rejoin))
+        .route("/api/promote/{name}", post(promote))
         .route("/api/detach/{name}", post(detach))
         .route("/api/attach/{name}", post(attach))
         .route("/api/pause", post(pause))
@@ -362,6 +363,20 @@ async fn rejoin(State(app): AppState, Path(name): Path<String>) -> Response {
     steps(crate::rejoin::rejoin(&app, &name).await)
 }
 
+/// `?force=safeguard,...` skips the named safeguards.
+async fn promote(
+    State(app): AppState,
+    Path(name): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let force: Vec<&str> = query.get("force").map(String::as_str).into_iter().collect();
+    let result = match crate::control::parse_safeguards(&force) {
+        Ok(forced) => crate::control::promote(&app, &name, &forced).await,
+        Err(e) => Err(e),
+    };
+    steps(result)
+}
+
 async fn detach(State(app): AppState, Path(name): Path<String>) -> Response {
     steps(crate::control::detach(&app, &name))
 }
@@ -405,12 +420,16 @@ fn steps(result: Result<Vec<String>, PgError>) -> Response {
                 SqlState::UNDEFINED_OBJECT | SqlState::INVALID_CATALOG_NAME => {
                     StatusCode::NOT_FOUND
                 }
+                SqlState::INVALID_PARAMETER_VALUE => StatusCode::BAD_REQUEST,
                 _ => StatusCode::CONFLICT,
             };
-            answer(
-                status,
-                json!({"error": e.message, "sqlstate": e.code.code()}),
-            )
+            let mut body = json!({"error": e.message, "sqlstate": e.code.code()});
+            for (key, value) in [("detail", e.detail), ("hint", e.hint)] {
+                if let Some(value) = value {
+                    body[key] = json!(value);
+                }
+            }
+            answer(status, body)
         }
     }
 }
@@ -465,7 +484,7 @@ async fn not_found() -> Response {
             "GET /node/{name}/primary", "GET /node/{name}/replica?lag=&lag_ms=", "GET /metrics",
             "GET /api/status", "GET /api/nodes", "GET /api/cluster", "GET /api/pools", "GET /api/stats",
             "GET /api/lists", "GET /api/clients", "GET /api/servers", "GET /api/events", "GET /api/config",
-            "POST /api/switchover {\"to\": node}", "POST /api/rejoin/{name}",
+            "POST /api/switchover {\"to\": node}", "POST /api/rejoin/{name}", "POST /api/promote/{name}?force=",
             "POST /api/detach/{name}", "POST /api/attach/{name}", "POST /api/pause?database=",
             "POST /api/resume?database=", "POST /api/kill/{database}", "POST /api/reload",
         ]}),

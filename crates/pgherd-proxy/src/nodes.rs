@@ -114,6 +114,11 @@ impl NodeState {
         (!self.rejoining.swap(true, Ordering::AcqRel)).then_some(RejoinClaim(self))
     }
 
+    /// A rejoin is working on the node's data directory now.
+    pub fn is_rejoining(&self) -> bool {
+        self.rejoining.load(Ordering::Acquire)
+    }
+
     /// A reload removed the node.
     pub fn is_retired(&self) -> bool {
         self.retired.load(Ordering::Acquire)

@@ -85,6 +85,12 @@ pub async fn switchover(app: &Arc<App>, to: Option<&str>) -> Result<Vec<String>,
             Err(e) => return Err(e),
         }
     };
+    let Ok(_turn) = tokio::time::timeout(ROLE_CHANGE_WAIT, app.role_change.lock()).await else {
+        return Err(PgError::error(
+            SqlState::OBJECT_IN_USE,
+            "another role change (a failover or PROMOTE) is under way",
+        ));
+    };
     if !app.nodes.change(Change::BeginSwitchover) {
         return Err(PgError::error(
             SqlState::OBJECT_IN_USE,
@@ -109,6 +115,10 @@ pub async fn switchover(app: &Arc<App>, to: Option<&str>) -> Result<Vec<String>,
         }
     }
 }
+
+/// How long an operator's role change waits for one under way (a failover turn that is
+/// promoting) before it is refused.
+pub(crate) const ROLE_CHANGE_WAIT: Duration = Duration::from_secs(10);
 
 /// How long a switchover waits for a replica that streams (as pgherd's checks see it).
 const TARGET_WAIT: Duration = Duration::from_secs(3);

@@ -69,6 +69,18 @@ enum Command {
         #[command(flatten)]
         at: local::Where,
     },
+    /// Promote a replica by hand when the primary is dead and automatic failover is off or
+    /// will not act (asks the running pgherd). The safeguards of automatic failover apply;
+    /// each refusal names the one `--force` skips.
+    Promote {
+        node: String,
+        /// A safeguard to skip: primary-answers, split-brain-guard, confirmed, settled,
+        /// eligible, most-advanced, sync-quorum (repeatable).
+        #[arg(long, value_name = "SAFEGUARD")]
+        force: Vec<String>,
+        #[command(flatten)]
+        at: local::Where,
+    },
     /// Take a node out of traffic (transactions running there finish; never promoted while
     /// detached); asks the running pgherd.
     Detach {
@@ -124,6 +136,20 @@ fn main() -> ExitCode {
             operate::admin_command(&at, &command)
         }
         Command::Rejoin { node, at } => operate::admin_command(&at, &format!("REJOIN \"{node}\"")),
+        Command::Promote { node, force, at } => {
+            let mut command = format!("PROMOTE \"{node}\"");
+            if !force.is_empty() {
+                command.push_str(&format!(" FORCE {}", force.join(",")));
+            }
+            // The console checks the names; this keeps anything else out of its command line.
+            match force
+                .iter()
+                .find(|f| f.is_empty() || !f.chars().all(|c| c.is_ascii_alphabetic() || c == '-'))
+            {
+                Some(bad) => Err(format!("--force {bad:?} is not a safeguard name")),
+                None => operate::admin_command(&at, &command),
+            }
+        }
         Command::Detach { node, at } => operate::admin_command(&at, &format!("DETACH \"{node}\"")),
         Command::Attach { node, at } => operate::admin_command(&at, &format!("ATTACH \"{node}\"")),
         Command::Events { at, json } => operate::events(&at, json),

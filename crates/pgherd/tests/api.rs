@@ -138,6 +138,17 @@ async fn health_endpoints_views_and_a_switchover_over_http() {
     let (status, body) = api.post("/api/switchover", Some(TOKEN), r#"{"to": "nosuch"}"#);
     assert_eq!(status, 404, "{body}");
     assert!(body.contains("nosuch"), "{body}");
+    // PROMOTE over HTTP: refusals with their sentence, hint and SQLSTATE.
+    let (status, body) = api.post("/api/promote/pg2", Some(TOKEN), "");
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("pg1 answers as the primary"), "{body}");
+    assert!(body.contains("FORCE primary-answers"), "{body}");
+    let (status, body) = api.post("/api/promote/pg2?force=nonsense", Some(TOKEN), "");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("22023"), "{body}");
+    let cluster = api.json("/api/cluster");
+    assert_eq!(cluster[0]["write_gate"], "open", "{cluster}");
+    assert_eq!(api.json("/ready")["write_gate"], "open");
     let (status, body) = api.post("/api/switchover", Some(TOKEN), r#"{"to": "pg2"}"#);
     assert_eq!(
         status,

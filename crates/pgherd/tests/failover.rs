@@ -424,3 +424,202 @@ async fn rejoin_falls_back_to_a_fresh_copy_when_rewind_fails() {
         "the diverged write survived the copy"
     );
 }
+
+/// The admin console's rows as (column, value) pairs.
+async fn console_rows(
+    c: &tokio_postgres::Client,
+    command: &str,
+) -> Result<Vec<Vec<(String, String)>>, tokio_postgres::Error> {
+    Ok(c.simple_query(command)
+        .await?
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(
+                r.columns()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, col)| (col.name().to_owned(), r.get(i).unwrap_or("").to_owned()))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect())
+}
+
+fn message(e: &tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .map_or_else(|| e.to_string(), |d| d.message().to_owned())
+}
+
+fn column<'a>(row: &'a [(String, String)], name: &str) -> &'a str {
+    row.iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_else(|| panic!("no column {name} in {row:?}"))
+}
+
+/// Manual failover with automatic failover off: PROMOTE refuses a primary, a live primary and
+/// unknown safeguards with sentences; once the primary is dead it promotes the named replica,
+/// fences the old primary (sealed when it comes back), re-points the other replica, and writes
+/// go to the new primary with nothing acknowledged lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promote_by_hand_when_failover_is_off() {
+    let env = env(2, |c| {
+        c.superuser()
+            .manage_nodes()
+            .proxy("admin_users = [\"postgres\"]")
+    });
+    let admin = connect(&env.pgherd.conninfo(
+        pgherd_testkit::SUPERUSER,
+        pgherd_testkit::SUPERUSER_PASSWORD,
+        "pgherd",
+    ))
+    .await;
+    let c = env.app().await;
+    c.batch_execute("CREATE TABLE acked (id int PRIMARY KEY); INSERT INTO acked VALUES (1)")
+        .await
+        .expect("write before the fault");
+    env.cluster.wait_replayed();
+
+    let err = admin
+        .simple_query("PROMOTE pg1")
+        .await
+        .expect_err("a primary");
+    assert_eq!(code(&err), "55000", "{err}");
+    assert!(message(&err).contains("pg1 is not a replica"), "{err:?}");
+    let err = admin
+        .simple_query("PROMOTE pg2")
+        .await
+        .expect_err("live primary");
+    let db = err.as_db_error().expect("a server error");
+    assert_eq!(db.code().code(), "55000", "{err}");
+    assert!(
+        db.message().contains("pg1 answers as the primary"),
+        "{}",
+        db.message()
+    );
+    assert!(
+        db.hint()
+            .is_some_and(|h| h.contains("FORCE primary-answers")),
+        "{:?}",
+        db.hint()
+    );
+    let err = admin
+        .simple_query("PROMOTE pg2 FORCE everything")
+        .await
+        .expect_err("unknown safeguard");
+    assert_eq!(code(&err), "22023", "{err}");
+    let err = admin
+        .simple_query("PROMOTE nosuch")
+        .await
+        .expect_err("no node");
+    assert_eq!(code(&err), "42704", "{err}");
+
+    let old = env.cluster.node("pg1");
+    old.stop(pgherd_cluster::StopMode::Immediate)
+        .expect("kill pg1");
+    // The replicas need a moment to notice that their upstream is gone and to settle: until
+    // then PROMOTE refuses, naming why. Whichever replica holds the most WAL is the one to
+    // promote.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut candidate = "pg2";
+    let steps = loop {
+        match console_rows(&admin, &format!("PROMOTE {candidate}")).await {
+            Ok(steps) => break steps,
+            Err(e) if Instant::now() < deadline => {
+                let message = e
+                    .as_db_error()
+                    .map(|d| d.message().to_owned())
+                    .unwrap_or_default();
+                assert_eq!(code(&e), "55000", "{e}");
+                if message.contains(&format!("more than {candidate}")) {
+                    candidate = if candidate == "pg2" { "pg3" } else { "pg2" };
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("PROMOTE still refused: {e:?}\n{}", env.pgherd.log()),
+        }
+    };
+    let follower = if candidate == "pg2" { "pg3" } else { "pg2" };
+    let steps: Vec<&str> = steps.iter().map(|r| r[0].1.as_str()).collect();
+    assert!(
+        steps.contains(&"pg1 fenced: no more traffic through pgherd"),
+        "{steps:?}"
+    );
+    assert!(
+        steps.contains(&format!("{follower} follows {candidate} now").as_str()),
+        "{steps:?}"
+    );
+    assert_eq!(
+        steps.last().copied(),
+        Some(format!("{candidate} promoted; writes go to it now").as_str())
+    );
+    let cluster = console_rows(&admin, "SHOW CLUSTER").await.unwrap();
+    assert_eq!(column(&cluster[0], "elected"), candidate, "{cluster:?}");
+    assert_eq!(column(&cluster[0], "fenced"), "pg1", "{cluster:?}");
+    assert_eq!(column(&cluster[0], "epoch"), "1", "{cluster:?}");
+
+    // Writes go to the new primary; the acknowledged one is there; the follower gets them.
+    let new_port = env.cluster.node(candidate).port.to_string();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let attempt = async {
+            let c = try_connect(&env.app_url()).await?;
+            c.batch_execute("INSERT INTO acked VALUES (2)").await?;
+            first_value(&c, "/* pgherd:primary */ SELECT current_setting('port')").await
+        };
+        match attempt.await {
+            Ok(port) => {
+                assert_eq!(port, new_port);
+                break;
+            }
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("write after PROMOTE: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("no write after PROMOTE: {e}\n{}", env.pgherd.log()),
+        }
+    }
+    let c = env.app().await;
+    assert_eq!(
+        first_value(&c, "SELECT count(*) FROM acked").await.unwrap(),
+        "2"
+    );
+    wait_until(
+        &env,
+        "the follower replayed the write after PROMOTE",
+        Duration::from_secs(30),
+        || {
+            env.cluster
+                .node(follower)
+                .psql(APP, "SELECT count(*) FROM acked WHERE id = 2")
+                .map(|s| s == "1")
+                .unwrap_or(false)
+        },
+    );
+
+    // The old primary restarts writable on its own: fenced, it gets nothing and is sealed,
+    // with failover off too.
+    old.start(Duration::from_secs(30)).expect("restart pg1");
+    wait_until(
+        &env,
+        "the old primary was set read-only",
+        Duration::from_secs(30),
+        || {
+            old.psql("postgres", "SHOW default_transaction_read_only")
+                .map(|s| s == "on")
+                .unwrap_or(false)
+        },
+    );
+    let err = admin.simple_query("PROMOTE pg1").await.expect_err("fenced");
+    assert!(
+        message(&err).contains("fenced") || message(&err).contains("not a replica"),
+        "{err}"
+    );
+    for _ in 0..10 {
+        let port = first_value(&c, "/* pgherd:primary */ SELECT current_setting('port')")
+            .await
+            .unwrap();
+        assert_eq!(port, new_port);
+    }
+}

@@ -167,7 +167,13 @@ pub struct ProxySettings {
     pub stats_users: Vec<String>,
     pub log_format: LogFormat,
     pub log_level: String,
+    /// Where the operator's levers (DETACH, PAUSE) are kept across restarts; relative to the
+    /// config file's directory.
+    pub state_file: PathBuf,
 }
+
+/// The state file's name when `state_file` is not set: next to the config file.
+pub const DEFAULT_STATE_FILE: &str = "pgherd.state.json";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClientTlsMode {

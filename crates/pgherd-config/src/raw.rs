@@ -190,6 +190,8 @@ pub struct RawProxy {
     pub log_format: String,
     #[serde(default = "default_log_level")]
     pub log_level: String,
+    #[serde(default)]
+    pub state_file: Option<String>,
 }
 
 impl Default for RawProxy {
@@ -208,6 +210,7 @@ impl Default for RawProxy {
             stats_users: Vec::new(),
             log_format: default_log_format(),
             log_level: default_log_level(),
+            state_file: None,
         }
     }
 }

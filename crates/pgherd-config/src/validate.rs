@@ -361,6 +361,7 @@ fn proxy(c: &Checker<'_>, raw: &RawConfig) -> Result<ProxySettings, ConfigError>
         stats_users: p.stats_users.clone(),
         log_format,
         log_level: p.log_level.clone(),
+        state_file: c.file_path(p.state_file.as_deref().unwrap_or(crate::DEFAULT_STATE_FILE)),
     })
 }
 

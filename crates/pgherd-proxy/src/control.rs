@@ -17,6 +17,16 @@ use crate::switchover::ROLE_CHANGE_WAIT;
 /// How long `PAUSE` waits for running transactions to give their server connections back.
 const PAUSE_DRAIN: Duration = Duration::from_secs(30);
 
+/// Saves DETACH and PAUSE to the state file; a step saying so if that failed (the lever is in
+/// force, but a restart forgets it).
+fn keep_levers(app: &App) -> Option<String> {
+    let error = crate::kept::save(app).err()?;
+    tracing::error!(%error, "DETACH/PAUSE state not saved: a restart forgets it");
+    Some(format!(
+        "warning: not saved ({error}): a restart of pgherd forgets it"
+    ))
+}
+
 fn find_node(app: &App, name: &str) -> Result<Arc<NodeState>, PgError> {
     app.nodes.get(name).ok_or_else(|| {
         PgError::error(
@@ -43,7 +53,9 @@ pub fn detach(app: &App, name: &str) -> Result<Vec<String>, PgError> {
     let detail = "no new traffic through pgherd (operator); running transactions there finish; never promoted while detached";
     tracing::warn!(node = name, "detached by the operator");
     event(app, "detached", name, detail);
-    Ok(vec![format!("{name} detached: {detail}")])
+    let mut steps = vec![format!("{name} detached: {detail}")];
+    steps.extend(keep_levers(app));
+    Ok(steps)
 }
 
 /// `ATTACH node`: undoes DETACH.
@@ -56,7 +68,9 @@ pub fn attach(app: &App, name: &str) -> Result<Vec<String>, PgError> {
     let detail = format!("traffic allowed again; reads after {checks} healthy checks");
     tracing::info!(node = name, "attached by the operator");
     event(app, "attached", name, &detail);
-    Ok(vec![format!("{name} attached: {detail}")])
+    let mut steps = vec![format!("{name} attached: {detail}")];
+    steps.extend(keep_levers(app));
+    Ok(steps)
 }
 
 /// `PAUSE [db]`: new transactions of the database (or of all) wait; returns once running
@@ -66,6 +80,7 @@ pub async fn pause(app: &App, database: Option<&str>) -> Result<Vec<String>, PgE
         check_database(app, db)?;
     }
     app.nodes.change(Change::Pause(database.map(str::to_owned)));
+    let not_kept = keep_levers(app);
     let what = database.map_or("all databases".to_owned(), |d| format!("database \"{d}\""));
     event(
         app,
@@ -82,10 +97,12 @@ pub async fn pause(app: &App, database: Option<&str>) -> Result<Vec<String>, PgE
             .map(|p| p.snapshot().lent)
             .sum();
         if in_use == 0 {
-            return Ok(vec![format!(
+            let mut steps = vec![format!(
                 "{what} paused: new transactions wait, none is running ({} ms)",
                 started.elapsed().as_millis()
-            )]);
+            )];
+            steps.extend(not_kept);
+            return Ok(steps);
         }
         if started.elapsed() > PAUSE_DRAIN {
             return Err(PgError::error(
@@ -119,7 +136,9 @@ pub fn resume(app: &App, database: Option<&str>) -> Result<Vec<String>, PgError>
         "",
         &format!("{what} takes new transactions again"),
     );
-    Ok(vec![format!("{what} resumed")])
+    let mut steps = vec![format!("{what} resumed")];
+    steps.extend(keep_levers(app));
+    Ok(steps)
 }
 
 /// `KILL db`: ends every client session of the database at once; its idle server

@@ -23,6 +23,7 @@ pub mod error;
 pub mod events;
 pub mod failover;
 pub mod http;
+mod kept;
 pub mod lifecycle;
 pub mod metrics;
 pub mod monitor;

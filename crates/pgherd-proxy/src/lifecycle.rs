@@ -23,6 +23,10 @@ const LISTEN_BACKLOG: u32 = 4096;
 pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Result<(), String> {
     let app = App::new(config)?;
     let config = app.config();
+    let restored = crate::kept::restore(&app)?;
+    if !restored.is_empty() {
+        tracing::warn!(file = %config.proxy.state_file.display(), kept = %restored.join("; "), "operator levers restored");
+    }
 
     // Learn the roles before the first client arrives, so its first query is routed right.
     let first_check = Duration::from_millis(config.cluster.health_check_timeout_ms * 2);

@@ -248,6 +248,14 @@ impl Pgherd {
     }
 
     fn spawn(&mut self) {
+        if let Err(status) = self.try_spawn() {
+            print_log_tail(&self.log_path, 60);
+            panic!("pgherd exited during startup: {status}");
+        }
+    }
+
+    /// Starts the process; `Err` with its exit status if it stops before it listens.
+    fn try_spawn(&mut self) -> Result<(), ExitStatus> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -271,11 +279,10 @@ impl Pgherd {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = self.try_wait() {
-                print_log_tail(&self.log_path, 60);
-                panic!("pgherd exited during startup: {status}");
+                return Err(status);
             }
             if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
+                return Ok(());
             }
             assert!(
                 Instant::now() < deadline,
@@ -305,8 +312,13 @@ impl Pgherd {
     }
 
     pub fn signal(&self, signal: i32) {
+        // Without a child, pid 0 would signal the whole process group: the tests themselves.
+        let pid = self.pid();
+        if pid == 0 {
+            return;
+        }
         // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.pid() as i32, signal) };
+        unsafe { libc::kill(pid as i32, signal) };
     }
 
     pub fn try_wait(&mut self) -> Option<ExitStatus> {
@@ -325,6 +337,34 @@ impl Pgherd {
             std::thread::sleep(Duration::from_millis(20));
         }
         None
+    }
+
+    /// Stops pgherd with SIGTERM (it drains) and waits for it to exit.
+    pub fn stop(&mut self) {
+        self.signal(libc::SIGTERM);
+        if self.wait_exit(Duration::from_secs(30)).is_none() {
+            if let Some(child) = self.child.as_mut() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        self.child = None;
+    }
+
+    /// Stops pgherd and starts it again with the same config and log.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    /// Stops pgherd and starts it again, expecting it to refuse to start: its exit status
+    /// (the log says why). Panics if it starts.
+    pub fn restart_refused(&mut self) -> ExitStatus {
+        self.stop();
+        match self.try_spawn() {
+            Err(status) => status,
+            Ok(()) => panic!("pgherd started although it was expected to refuse"),
+        }
     }
 
     pub fn rewrite_config(&self, cluster: &TestCluster, config: &PgherdConfig) {

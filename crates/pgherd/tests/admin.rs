@@ -279,3 +279,64 @@ async fn every_command_with_its_errors() {
     );
     assert_eq!(rows(&admin, "SHOW VERSION").await.unwrap().len(), 1);
 }
+
+/// DETACH and PAUSE are kept in the state file and come back after a restart; a state file
+/// that cannot be parsed stops pgherd with the place and the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detach_and_pause_survive_a_restart() {
+    let mut env = env(1, |c| {
+        c.superuser()
+            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
+    });
+    let console = env.pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd");
+    let admin = connect(&console).await;
+    rows(&admin, "DETACH pg2").await.expect("DETACH");
+    rows(&admin, &format!("PAUSE {APP}")).await.expect("PAUSE");
+    let state_file = env
+        .pgherd
+        .config_path
+        .parent()
+        .unwrap()
+        .join("pgherd.state.json");
+    let kept = std::fs::read_to_string(&state_file).expect("the state file is written");
+    assert!(
+        kept.contains("\"pg2\"") && kept.contains("\"app\""),
+        "{kept}"
+    );
+    drop(admin);
+
+    env.pgherd.restart();
+    let admin = connect(&console).await;
+    let cluster = rows(&admin, "SHOW CLUSTER").await.unwrap();
+    assert_eq!(field(&cluster[0], "detached"), "pg2", "{cluster:?}");
+    assert_eq!(field(&cluster[0], "paused"), APP, "{cluster:?}");
+    assert_eq!(field(&node_row(&admin, "pg2").await, "state"), "detached");
+    assert!(
+        env.pgherd.log().contains("operator levers restored"),
+        "{}",
+        env.pgherd.log()
+    );
+    // Still paused: a query of the database waits until RESUME.
+    let app = env.app().await;
+    let waiting = tokio::spawn(async move { first_value(&app, "SELECT 'ran'").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "a query ran in a paused database");
+    rows(&admin, &format!("RESUME {APP}"))
+        .await
+        .expect("RESUME");
+    assert_eq!(waiting.await.unwrap().expect("runs after RESUME"), "ran");
+    rows(&admin, "ATTACH pg2").await.expect("ATTACH");
+    let kept = std::fs::read_to_string(&state_file).unwrap();
+    assert!(!kept.contains("pg2") && !kept.contains("\"app\""), "{kept}");
+    drop(admin);
+
+    std::fs::write(&state_file, "{\n  \"detached\": [\"pg2\",]\n}\n").unwrap();
+    let status = env.pgherd.restart_refused();
+    assert!(!status.success());
+    let log = env.pgherd.log();
+    let place = format!("{}:2:", state_file.display());
+    assert!(
+        log.contains(&place) && log.contains("the state file is not valid"),
+        "{log}"
+    );
+}

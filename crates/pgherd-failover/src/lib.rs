@@ -8,7 +8,7 @@
 //!
 //! The rules, in the order they are applied:
 //! 1. A node that accepts writes but is not the elected primary is fenced first: at most one
-//!    node ever gets writes through pgherd ([`routable_primary`]).
+//!    node ever gets writes through pgherd ([`ClusterState::writer`]).
 //! 2. With no elected primary yet, the single node that accepts writes is elected.
 //! 3. The elected primary is down only after `failures_before_down` consecutive failed checks.
 //! 4. Split-brain guard: if any replica still streams from the primary, pgherd's own path is
@@ -25,6 +25,7 @@
 
 use std::fmt::Write as _;
 
+pub mod keeper;
 pub mod manual;
 pub mod state;
 mod sync;
@@ -145,6 +146,33 @@ pub struct View<'a> {
     pub synchronous: &'a [usize],
     /// `ANY k`: how many synchronous standbys confirm each commit.
     pub sync_quorum: usize,
+    /// Where the synchronous set took effect (the primary's WAL position then, or at its
+    /// election): commits acknowledged before were confirmed under another set or primary and
+    /// lie below it, so in sync modes the standby promoted must have received this far.
+    pub sync_since_lsn: Option<Lsn>,
+}
+
+impl View<'_> {
+    /// In sync modes: with ANY k of n, a commit is on at least k of them, so it is certainly
+    /// on one that answers only when at most k - 1 of them do not.
+    /// `Err((answering, needed))` otherwise.
+    fn sync_quorum_answers(&self) -> Result<(), (usize, usize)> {
+        let answering = self
+            .synchronous
+            .iter()
+            .filter(|&&i| self.nodes.get(i).is_some_and(|n| n.answers() && !n.fenced))
+            .count();
+        let needed = self
+            .synchronous
+            .len()
+            .saturating_sub(self.sync_quorum.max(1))
+            + 1;
+        if self.synchronous.is_empty() || answering < needed {
+            Err((answering, needed))
+        } else {
+            Ok(())
+        }
+    }
 }
 
 /// Why a replica may not be promoted.
@@ -160,6 +188,13 @@ pub enum Rejection {
     /// A synchronous standby that may not be promoted holds WAL this one lacks, which may
     /// include acknowledged commits.
     MissesAcknowledgedWal {
+        behind_bytes: u64,
+    },
+    /// A synchronous standby that has not received the WAL the primary had when its set
+    /// took effect (or when it was elected): commits acknowledged before, under
+    /// another set or primary, may be missing (a standby re-pointed after a failover, or
+    /// added after `sync` degraded, and still catching up).
+    BehindSyncFloor {
         behind_bytes: u64,
     },
 }
@@ -272,19 +307,7 @@ pub fn decide(policy: &Policy, view: &View) -> Verdict {
         return Verdict::Settling { replicas: settling };
     }
     if policy.durability.is_sync() {
-        // With ANY k of n, a commit is on at least k of them: it is certainly on an answering
-        // one only when at most k - 1 of them are silent.
-        let answering = view
-            .synchronous
-            .iter()
-            .filter(|&&i| view.nodes.get(i).is_some_and(|n| n.answers() && !n.fenced))
-            .count();
-        let needed = view
-            .synchronous
-            .len()
-            .saturating_sub(view.sync_quorum.max(1))
-            + 1;
-        if view.synchronous.is_empty() || answering < needed {
+        if let Err((answering, needed)) = view.sync_quorum_answers() {
             return Verdict::SyncQuorumLost { answering, needed };
         }
     }
@@ -357,6 +380,12 @@ fn eligibility(policy: &Policy, view: &View, i: usize) -> Result<Lsn, Rejection>
         if !view.synchronous.contains(&i) {
             return Err(Rejection::NotSynchronous);
         }
+        // Commits acknowledged before the set took effect lie below where it did.
+        if let Some(since) = view.sync_since_lsn.filter(|&since| received < since) {
+            return Err(Rejection::BehindSyncFloor {
+                behind_bytes: since - received,
+            });
+        }
     } else if let Some(primary_lsn) = view.last_primary_lsn {
         let behind_bytes = primary_lsn.saturating_sub(received);
         if behind_bytes > policy.max_lag_on_failover_bytes {
@@ -364,14 +393,6 @@ fn eligibility(policy: &Policy, view: &View, i: usize) -> Result<Lsn, Rejection>
         }
     }
     Ok(received)
-}
-
-/// The node writes go to: the elected primary while it answers as a primary and is not
-/// fenced. Never any other node, so two nodes cannot both take writes through pgherd.
-pub fn routable_primary(view: &View) -> Option<usize> {
-    let elected = view.elected?;
-    let node = view.nodes.get(elected)?;
-    (matches!(node.check, Check::Primary { .. }) && !node.fenced).then_some(elected)
 }
 
 impl Verdict {
@@ -463,6 +484,9 @@ impl Rejection {
             Rejection::TooFarBehind { behind_bytes } => {
                 format!("{behind_bytes} bytes behind the primary, over max_lag_on_failover_bytes")
             }
+            Rejection::BehindSyncFloor { behind_bytes } => format!(
+                "{behind_bytes} bytes short of where the primary was when its synchronous set took effect: commits acknowledged before may be missing"
+            ),
             Rejection::MissesAcknowledgedWal { behind_bytes } => format!(
                 "{behind_bytes} bytes behind a synchronous standby that may not be promoted, which may hold acknowledged commits"
             ),

@@ -213,17 +213,7 @@ pub fn plan_promotion(
         );
     }
     if policy.durability.is_sync() {
-        let answering = view
-            .synchronous
-            .iter()
-            .filter(|&&i| view.nodes.get(i).is_some_and(|n| n.answers() && !n.fenced))
-            .count();
-        let needed = view
-            .synchronous
-            .len()
-            .saturating_sub(view.sync_quorum.max(1))
-            + 1;
-        if view.synchronous.is_empty() || answering < needed {
+        if let Err((answering, needed)) = view.sync_quorum_answers() {
             refuse(
                 Safeguard::SyncQuorum,
                 format!(
@@ -297,6 +287,7 @@ mod tests {
             last_primary_lsn: Some(100),
             synchronous: &[1, 2],
             sync_quorum: 1,
+            sync_since_lsn: None,
         };
         plan_promotion(&policy(Durability::Async), &view, candidate, forced).map_err(|r| {
             r.into_iter()
@@ -406,6 +397,7 @@ mod tests {
             last_primary_lsn: None,
             synchronous: &[1],
             sync_quorum: 1,
+            sync_since_lsn: None,
         };
         let refusals = plan_promotion(&policy(Durability::Sync), &view, 2, &[]).unwrap_err();
         let names: Vec<_> = refusals

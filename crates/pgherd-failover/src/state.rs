@@ -16,6 +16,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use crate::sync::SyncSet;
+use crate::Lsn;
 
 /// A node's identity for as long as pgherd runs: given when its name first appears in the
 /// config and kept across reloads (a node removed and added again gets its old id back), so a
@@ -99,6 +100,10 @@ pub struct ClusterState {
     /// The node writes go to, once elected; `None` while nothing was elected (failover off,
     /// or not run yet), when the one node that reports being primary takes them.
     pub elected: Option<NodeId>,
+    /// The elected primary's WAL position when it was elected: commits acknowledged before
+    /// (under an earlier primary, or before pgherd watched) may exist on it alone, so in
+    /// `sync`/`strict` durability a standby that has not received this far may not replace it.
+    pub elected_at_lsn: Option<Lsn>,
     /// A promotion under way: no node takes writes until it is elected or given up.
     pub promoting: Option<NodeId>,
     /// Replaced primaries and diverged or rejoining nodes: no traffic through pgherd.
@@ -125,6 +130,31 @@ pub struct ClusterState {
 pub struct SyncInForce {
     pub primary: NodeId,
     pub set: SyncSet,
+    /// The primary's WAL position when this set took effect (or when the primary was
+    /// elected, for the set it got then). Commits acknowledged earlier were confirmed by other
+    /// standbys, or by an earlier primary's: all of them lie below this position, so a
+    /// standby of this set holds them only once it has received this far.
+    pub since_lsn: Lsn,
+}
+
+impl SyncInForce {
+    /// `set` in force on `primary` from `primary_lsn` on, or since when it already was
+    /// (`current` is the same set on the same primary).
+    pub fn from(
+        primary: NodeId,
+        set: SyncSet,
+        current: Option<&SyncInForce>,
+        primary_lsn: Lsn,
+    ) -> SyncInForce {
+        let since_lsn = current
+            .filter(|c| c.primary == primary && c.set == set)
+            .map_or(primary_lsn, |c| c.since_lsn);
+        SyncInForce {
+            primary,
+            set,
+            since_lsn,
+        }
+    }
 }
 
 impl Default for ClusterState {
@@ -133,6 +163,7 @@ impl Default for ClusterState {
             version: 0,
             epoch: 0,
             elected: None,
+            elected_at_lsn: None,
             promoting: None,
             fenced: BTreeSet::new(),
             detached: BTreeSet::new(),
@@ -149,9 +180,13 @@ impl Default for ClusterState {
 /// One decision about the cluster: the only way a view changes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
-    /// `node` takes the writes. A different node than before starts a new epoch and waits
-    /// for its synchronous standbys; a promotion under way ends.
-    Elect(NodeId),
+    /// `node` takes the writes; `at_lsn` is its WAL position now (see
+    /// [`ClusterState::elected_at_lsn`]). A different node than before starts a new epoch and
+    /// waits for its synchronous standbys; a promotion under way ends.
+    Elect {
+        node: NodeId,
+        at_lsn: Lsn,
+    },
     /// Failover starts promoting `candidate` in place of the elected primary.
     BeginPromotion {
         candidate: NodeId,
@@ -236,15 +271,43 @@ impl ClusterState {
         self.paused_all || (!self.paused.is_empty() && self.paused.contains(database))
     }
 
+    /// The node writes go to, given the nodes that answer as a primary now (up, not in
+    /// recovery): the elected primary while it is among them and neither fenced nor detached;
+    /// none while a promotion is under way. With nothing elected (failover off, or before its
+    /// first turn) the one unexcluded node among them; none if there are several, since which
+    /// one is right is for failover or the operator to say. At most one node, always.
+    pub fn writer(&self, primaries: impl IntoIterator<Item = NodeId>) -> Option<NodeId> {
+        if self.promoting.is_some() {
+            return None;
+        }
+        let mut usable = primaries.into_iter().filter(|&n| !self.is_excluded(n));
+        match self.elected {
+            Some(elected) => usable.find(|&n| n == elected),
+            None => {
+                let first = usable.next()?;
+                usable.next().is_none().then_some(first)
+            }
+        }
+    }
+
+    /// Where new writes go now: [`Self::writer`], unless the write gate is closed.
+    pub fn write_target(&self, primaries: impl IntoIterator<Item = NodeId>) -> Option<NodeId> {
+        match self.gate() {
+            Gate::Open => self.writer(primaries),
+            _ => None,
+        }
+    }
+
     /// The view after `change`, with the next version; `None` if it changes nothing.
     pub fn apply(&self, change: &Change) -> Option<ClusterState> {
         let mut next = self.clone();
         match change {
-            Change::Elect(node) => {
+            Change::Elect { node, at_lsn } => {
                 if next.elected != Some(*node) {
                     next.epoch += 1;
                     next.sync_pending = true;
                     next.strict_without_standby = None;
+                    next.elected_at_lsn = Some(*at_lsn);
                 }
                 next.elected = Some(*node);
                 next.promoting = None;
@@ -288,6 +351,7 @@ impl ClusterState {
                 next.detached.remove(node);
                 if next.elected == Some(*node) {
                     next.elected = None;
+                    next.elected_at_lsn = None;
                 }
                 if next.promoting == Some(*node) {
                     next.promoting = None;
@@ -334,11 +398,14 @@ mod tests {
 
     #[test]
     fn a_new_primary_is_a_new_epoch_and_waits_for_its_standbys() {
-        let state = after(&[Change::Elect(A), Change::SyncInForce(None)]);
+        let state = after(&[
+            Change::Elect { node: A, at_lsn: 0 },
+            Change::SyncInForce(None),
+        ]);
         assert_eq!((state.epoch, state.gate()), (1, Gate::Open));
         // The same node again changes nothing, not even the version.
-        assert_eq!(state.apply(&Change::Elect(A)), None);
-        let next = state.apply(&Change::Elect(B)).unwrap();
+        assert_eq!(state.apply(&Change::Elect { node: A, at_lsn: 0 }), None);
+        let next = state.apply(&Change::Elect { node: B, at_lsn: 0 }).unwrap();
         assert_eq!(next.epoch, 2);
         assert_eq!(next.gate(), Gate::Hold(GateReason::SyncPending));
         assert_eq!(next.version, state.version + 1);
@@ -347,7 +414,7 @@ mod tests {
     #[test]
     fn a_promotion_holds_writes_until_the_candidate_is_elected() {
         let state = after(&[
-            Change::Elect(A),
+            Change::Elect { node: A, at_lsn: 0 },
             Change::SyncInForce(None),
             Change::Fence(A),
             Change::BeginPromotion { candidate: B },
@@ -363,7 +430,7 @@ mod tests {
             Some(A),
             "the fenced primary stays elected"
         );
-        let elected = state.apply(&Change::Elect(B)).unwrap();
+        let elected = state.apply(&Change::Elect { node: B, at_lsn: 0 }).unwrap();
         assert_eq!(elected.promoting, None);
         assert_eq!(elected.gate(), Gate::Hold(GateReason::SyncPending));
     }
@@ -371,7 +438,7 @@ mod tests {
     #[test]
     fn refusal_outranks_every_hold() {
         let state = after(&[
-            Change::Elect(A),
+            Change::Elect { node: A, at_lsn: 0 },
             Change::BeginSwitchover,
             Change::StrictWithoutStandby(Some(A)),
         ]);
@@ -381,7 +448,7 @@ mod tests {
         );
         assert!(!state.writes_held());
         // Electing another primary clears a refusal that was about the old one.
-        let next = state.apply(&Change::Elect(B)).unwrap();
+        let next = state.apply(&Change::Elect { node: B, at_lsn: 0 }).unwrap();
         assert_eq!(next.gate(), Gate::Hold(GateReason::Switching));
     }
 
@@ -402,8 +469,46 @@ mod tests {
     }
 
     #[test]
+    fn writes_go_to_one_node_at_most() {
+        const C: NodeId = NodeId(2);
+        let state = after(&[Change::SyncInForce(None)]);
+        // Nothing elected: the one node that says it is primary, none of two.
+        assert_eq!(state.writer([A]), Some(A));
+        assert_eq!(state.writer([A, B]), None);
+        assert_eq!(state.writer([]), None);
+        let fenced = state.apply(&Change::Fence(B)).unwrap();
+        assert_eq!(
+            fenced.writer([A, B]),
+            Some(A),
+            "a fenced one does not count"
+        );
+        // Elected: only that one, whoever else says they are primary.
+        let elected = after(&[
+            Change::Elect { node: A, at_lsn: 0 },
+            Change::SyncInForce(None),
+        ]);
+        assert_eq!(elected.writer([B, C]), None);
+        assert_eq!(elected.writer([B, A]), Some(A));
+        assert_eq!(elected.write_target([A]), Some(A));
+        let detached = elected.apply(&Change::Detach(A)).unwrap();
+        assert_eq!(detached.writer([A]), None);
+        let promoting = elected
+            .apply(&Change::BeginPromotion { candidate: B })
+            .unwrap();
+        assert_eq!(promoting.writer([A, B]), None);
+        // The gate holds writes, not the writer.
+        let switching = elected.apply(&Change::BeginSwitchover).unwrap();
+        assert_eq!(switching.writer([A]), Some(A));
+        assert_eq!(switching.write_target([A]), None);
+    }
+
+    #[test]
     fn a_forgotten_node_leaves_no_trace() {
-        let state = after(&[Change::Elect(A), Change::Fence(B), Change::Detach(B)]);
+        let state = after(&[
+            Change::Elect { node: A, at_lsn: 0 },
+            Change::Fence(B),
+            Change::Detach(B),
+        ]);
         let forgotten = state.apply(&Change::Forget(B)).unwrap();
         assert!(!forgotten.is_excluded(B));
         assert_eq!(forgotten.elected, Some(A));

@@ -40,6 +40,7 @@ fn view<'a>(nodes: &'a [NodeView], synchronous: &'a [usize]) -> View<'a> {
         last_primary_lsn: Some(1000),
         synchronous,
         sync_quorum: 1,
+        sync_since_lsn: None,
     }
 }
 
@@ -56,7 +57,7 @@ fn a_primary_that_answers_is_up() {
     let (v, s) = verdict(&POLICY, &nodes, &[]);
     assert_eq!(v, Verdict::PrimaryUp);
     assert_eq!(s, "primary pg1 is up");
-    assert_eq!(routable_primary(&view(&nodes, &[])), Some(0));
+    assert_eq!(writer_of(&view(&nodes, &[])), Some(0));
 }
 
 #[test]
@@ -75,7 +76,7 @@ fn a_few_failed_checks_are_only_suspicious() {
         }
     );
     assert_eq!(s, "primary pg1 failed 2 check(s) in a row; down after 3");
-    assert_eq!(routable_primary(&view(&nodes, &[])), None);
+    assert_eq!(writer_of(&view(&nodes, &[])), None);
 }
 
 #[test]
@@ -243,7 +244,7 @@ fn a_second_writable_node_is_fenced_and_never_routed() {
         s,
         "pg2 accepts writes but pg1 is the elected primary: fencing pg2"
     );
-    assert_eq!(routable_primary(&view(&nodes, &[])), Some(0));
+    assert_eq!(writer_of(&view(&nodes, &[])), Some(0));
     nodes[1].fenced = true;
     assert_eq!(verdict(&POLICY, &nodes, &[]).0, Verdict::PrimaryUp);
 }
@@ -268,7 +269,7 @@ fn election_needs_exactly_one_writable_node() {
             writable: vec![0, 1]
         }
     );
-    assert_eq!(routable_primary(&v), None);
+    assert_eq!(writer_of(&v), None);
     assert_eq!(
         verdict.sentence(&v),
         "pg1, pg2 all accept writes and none is elected: routing no writes"
@@ -282,7 +283,7 @@ fn a_demoted_primary_gets_no_writes() {
         node("pg2", replica(1000, false)),
     ];
     assert_eq!(verdict(&POLICY, &nodes, &[]).0, Verdict::PrimaryDemoted);
-    assert_eq!(routable_primary(&view(&nodes, &[])), None);
+    assert_eq!(writer_of(&view(&nodes, &[])), None);
 }
 
 #[test]
@@ -352,4 +353,81 @@ fn a_restarted_standby_still_replaying_holds_the_choice_back() {
     ];
     let (v, _) = verdict(&policy, &nodes, &[1, 2]);
     assert!(matches!(v, Verdict::Promote { candidate: 1, .. }), "{v:?}");
+}
+
+/// Where the proxy routes writes in this view: the cluster view's writer over the nodes that
+/// answer as a primary.
+fn writer_of(view: &View) -> Option<usize> {
+    let id = |i: usize| NodeId(i as u32);
+    let elect = view.elected.map(|e| Change::Elect {
+        node: id(e),
+        at_lsn: 0,
+    });
+    let fence = (0..view.nodes.len())
+        .filter(|&i| view.nodes[i].fenced)
+        .map(|i| Change::Fence(id(i)));
+    let state = elect
+        .into_iter()
+        .chain(fence)
+        .fold(ClusterState::default(), |state, change| {
+            state.apply(&change).unwrap_or(state)
+        });
+    let primaries = (0..view.nodes.len())
+        .filter(|&i| matches!(view.nodes[i].check, Check::Primary { .. }))
+        .map(id);
+    state.writer(primaries).map(|id| id.0 as usize)
+}
+
+/// Found by the simulation once it ran the proxy's keeper: a standby re-pointed to a new
+/// primary (or added to the set after `sync` degraded) was taken for holding every
+/// acknowledged commit before it had received the WAL the primary had when its set took
+/// effect, where commits acknowledged by the old primary (or by this one alone) may end.
+#[test]
+fn a_synchronous_standby_short_of_where_its_set_took_effect_is_not_promoted() {
+    let policy = Policy {
+        durability: Durability::Sync,
+        ..POLICY
+    };
+    let nodes = [
+        node("pg1", Check::Failed),
+        node("pg2", replica(800, false)),
+        node("pg3", replica(960, false)),
+    ];
+    // ANY 1 (pg2, pg3) took effect at 950: pg3 has received past it.
+    let v = View {
+        sync_since_lsn: Some(950),
+        ..view(&nodes, &[1, 2])
+    };
+    let verdict = decide(&policy, &v);
+    assert!(
+        matches!(verdict, Verdict::Promote { candidate: 2, .. }),
+        "{verdict:?}"
+    );
+    // Both short of it: nothing is promoted, and the sentence says why.
+    let nodes = [
+        node("pg1", Check::Failed),
+        node("pg2", replica(800, false)),
+        node("pg3", replica(900, false)),
+    ];
+    let v = View {
+        sync_since_lsn: Some(950),
+        ..view(&nodes, &[1, 2])
+    };
+    let verdict = decide(&policy, &v);
+    assert_eq!(
+        verdict,
+        Verdict::NoCandidate {
+            rejected: vec![
+                (1, Rejection::BehindSyncFloor { behind_bytes: 150 }),
+                (2, Rejection::BehindSyncFloor { behind_bytes: 50 }),
+            ]
+        }
+    );
+    assert!(
+        verdict.sentence(&v).contains(
+            "pg3: 50 bytes short of where the primary was when its synchronous set took effect"
+        ),
+        "{}",
+        verdict.sentence(&v)
+    );
 }

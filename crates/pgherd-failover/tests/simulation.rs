@@ -2,15 +2,24 @@
 //! lose their link to pgherd or to each other, checks are slow; pgherd's loop observes, decides
 //! and acts. Invariants are checked after every decision. A failing seed is printed and
 //! replays exactly: `PGHERD_SIM_SEED=<seed> cargo test -p pgherd-failover --test simulation`.
+//!
+//! pgherd's state is the proxy's: a `ClusterState` changed only by the `Change`s the proxy's
+//! failover task applies for each verdict and the ones its synchronous standby keeper
+//! (`pgherd_failover::keeper`, grace period included) asks for each turn; writes go where
+//! `ClusterState::write_target` says, the function the proxy's sessions route by, and a commit
+//! is acknowledged as PostgreSQL would under the set the keeper put in force.
 
+use pgherd_failover::keeper::{preset_sync_set, sync_holders, KeeperInput, KeeperStep, SyncKeeper};
 use pgherd_failover::{
-    decide, routable_primary, Check, Durability, Lsn, NodeView, Policy, Verdict, View,
+    decide, Change, Check, ClusterState, Durability, Lsn, NodeId, NodeView, Policy, Verdict, View,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const SEEDS: u64 = 600;
 const TICKS: usize = 300;
+/// A tick is one health-check period of the proxy.
+const TICK_MS: u64 = 1_000;
 
 /// The truth about one node, which pgherd only sees through checks.
 #[derive(Debug, Clone)]
@@ -39,11 +48,15 @@ struct Sim {
     nodes: Vec<SimNode>,
     policy: Policy,
     // pgherd's state.
-    elected: Option<usize>,
+    state: ClusterState,
     failures: Vec<u32>,
-    fenced: Vec<bool>,
+    /// The role each node's last good check reported was primary (the proxy keeps a node's
+    /// role until it is down).
+    seen_primary: Vec<bool>,
     last_primary_lsn: Option<Lsn>,
-    synchronous: Vec<usize>,
+    keeper: SyncKeeper,
+    sync_standbys: usize,
+    names: Vec<String>,
     /// Per node, the position the previous check reported and how many checks in a row it
     /// was final (as the proxy computes `settled`).
     reported: Vec<Option<(Lsn, Lsn)>>,
@@ -83,15 +96,17 @@ impl Sim {
             })
             .collect();
         Sim {
-            synchronous: Vec::new(),
+            keeper: SyncKeeper::default(),
+            sync_standbys: rng.gen_range(1..=2),
+            names: (0..count).map(|i| format!("pg{}", i + 1)).collect(),
             policy: Policy {
                 failures_before_down: rng.gen_range(1..5),
                 max_lag_on_failover_bytes: rng.gen_range(0..4) * 4096,
                 durability,
             },
-            elected: None,
+            state: ClusterState::default(),
             failures: vec![0; count],
-            fenced: vec![false; count],
+            seen_primary: vec![false; count],
             reported: vec![None; count],
             settled_checks: vec![0; count],
             last_primary_lsn: None,
@@ -171,16 +186,30 @@ impl Sim {
             }
         }
         if let Some(p) = written {
-            // A commit is acknowledged when it is durable as the mode requires.
-            let durable = if self.policy.durability.is_sync() {
-                self.synchronous
-                    .iter()
-                    .filter(|&&s| self.streams(s) && self.nodes[s].upstream == Some(p))
-                    .map(|&s| self.nodes[s].lsn)
-                    .max()
-                    .unwrap_or(self.acked)
-            } else {
-                self.nodes[p].lsn
+            // A commit is acknowledged as PostgreSQL does under the synchronous set in force
+            // on the primary: once `k` of its standbys that stream (and have caught up) hold
+            // it; by the primary alone when the set is empty or pgherd manages none.
+            let primary = NodeId(p as u32);
+            let durable = match self.state.sync.as_ref().filter(|s| s.primary == primary) {
+                Some(sync) if !sync.set.standbys.is_empty() => {
+                    let mut held: Vec<Lsn> = sync
+                        .set
+                        .standbys
+                        .iter()
+                        .filter_map(|name| self.names.iter().position(|n| n == name))
+                        .filter(|&s| {
+                            self.streams(s)
+                                && self.nodes[s].upstream == Some(p)
+                                && self.nodes[s].caught_up
+                        })
+                        .map(|s| self.nodes[s].lsn)
+                        .collect();
+                    held.sort_unstable_by(|a, b| b.cmp(a));
+                    held.get(sync.set.quorum.max(1) - 1)
+                        .copied()
+                        .unwrap_or(self.acked)
+                }
+                _ => self.nodes[p].lsn,
             };
             self.acked = self.acked.max(durable.min(self.nodes[p].lsn));
         }
@@ -221,6 +250,7 @@ impl Sim {
                     self.settled_checks[i] = 0;
                     self.failures[i] + 1
                 } else {
+                    self.seen_primary[i] = matches!(check, Check::Primary { .. });
                     0
                 };
                 NodeView {
@@ -228,10 +258,90 @@ impl Sim {
                     priority: node.priority,
                     check,
                     consecutive_failures: self.failures[i],
-                    fenced: self.fenced[i],
+                    fenced: self.fenced(i),
                 }
             })
             .collect()
+    }
+
+    fn elected(&self) -> Option<usize> {
+        self.state.elected.map(|id| id.0 as usize)
+    }
+
+    fn fenced(&self, i: usize) -> bool {
+        self.state.is_fenced(NodeId(i as u32))
+    }
+
+    fn change(&mut self, change: Change) {
+        if let Some(next) = self.state.apply(&change) {
+            self.state = next;
+        }
+    }
+
+    /// The nodes the proxy holds for primaries: up (fewer failed checks in a row than make a
+    /// node down) and primary at their last good check.
+    fn primaries(&self) -> Vec<NodeId> {
+        (0..self.nodes.len())
+            .filter(|&i| {
+                self.seen_primary[i] && self.failures[i] < self.policy.failures_before_down
+            })
+            .map(|i| NodeId(i as u32))
+            .collect()
+    }
+
+    /// Replicas the keeper may make synchronous: every other unfenced node, by name.
+    fn eligible(&self, primary: usize) -> Vec<String> {
+        (0..self.nodes.len())
+            .filter(|&i| i != primary && !self.fenced(i))
+            .map(|i| self.names[i].clone())
+            .collect()
+    }
+
+    /// The proxy's keeper turn for the elected primary `e`, which just answered: what streams
+    /// from it (PostgreSQL lists a standby as streaming once it has caught up), the keeper's
+    /// step, and the set applied when the primary can be reached.
+    fn keeper_turn(&mut self, e: usize, tick: usize) {
+        let streaming: Vec<String> = (0..self.nodes.len())
+            .filter(|&i| {
+                self.streams(i) && self.nodes[i].upstream == Some(e) && self.nodes[i].caught_up
+            })
+            .map(|i| self.names[i].clone())
+            .collect();
+        let eligible = self.eligible(e);
+        let input = KeeperInput {
+            durability: self.policy.durability,
+            sync_standbys: self.sync_standbys,
+            synchronous_commit: "on",
+            primary: NodeId(e as u32),
+            primary_lsn: self.nodes[e].lsn,
+            streaming: &streaming,
+            eligible: &eligible,
+            now_ms: tick as u64 * TICK_MS,
+        };
+        match self.keeper.turn(&self.state, &input) {
+            KeeperStep::Settled(changes) => {
+                for change in changes {
+                    self.change(change);
+                }
+            }
+            KeeperStep::Apply {
+                before,
+                after,
+                event,
+                ..
+            } => {
+                for change in before {
+                    self.change(change);
+                }
+                let primary = &self.nodes[e];
+                if primary.alive && !primary.cut_from_pgherd {
+                    for change in after {
+                        self.change(change);
+                    }
+                    self.trace.push(format!("tick {tick}: keeper: {}", event.1));
+                }
+            }
+        }
     }
 
     fn run(&mut self) -> Result<(), String> {
@@ -244,41 +354,32 @@ impl Sim {
                 .gen_bool(0.05)
                 .then(|| self.rng.gen_range(0..self.nodes.len()));
             let views = self.observe(slow);
-            if let Some(e) = self.elected {
+            if let Some(e) = self.elected() {
                 if let Check::Primary { lsn, .. } = views[e].check {
                     self.last_primary_lsn = Some(lsn);
-                    // synchronous_standby_names as pgherd keeps it: a standby it may promote
-                    // joins once it streams from the primary and has caught up, and stays
-                    // (commits it alone acknowledged may exist) until the next promotion.
-                    for i in 0..self.nodes.len() {
-                        if i != e
-                            && !self.fenced[i]
-                            && self.nodes[i].priority > 0
-                            && self.nodes[i].caught_up
-                            && self.streams(i)
-                            && self.nodes[i].upstream == Some(e)
-                            && !self.synchronous.contains(&i)
-                        {
-                            self.synchronous.push(i);
-                        }
-                    }
+                    self.keeper_turn(e, tick);
                 }
             }
-            let synchronous = self.synchronous.clone();
+            let ids: Vec<(NodeId, &str)> = (0..self.nodes.len())
+                .map(|i| (NodeId(i as u32), self.names[i].as_str()))
+                .collect();
+            let holders = sync_holders(&self.state, &ids, self.elected());
             let view = View {
                 nodes: &views,
-                elected: self.elected,
+                elected: self.elected(),
                 last_primary_lsn: self.last_primary_lsn,
-                synchronous: &synchronous,
-                sync_quorum: 1,
+                synchronous: &holders.members,
+                sync_quorum: holders.quorum,
+                sync_since_lsn: holders.since_lsn,
             };
             let verdict = decide(&self.policy, &view);
             self.trace
                 .push(format!("tick {tick}: {}", verdict.sentence(&view)));
             self.check(&view, &verdict)?;
-            let written = self.traffic(routable_primary(&view));
+            let target = self.state.write_target(self.primaries());
+            let written = self.traffic(target.map(|id| id.0 as usize));
             if let Some(w) = written {
-                if Some(w) != self.elected || self.fenced[w] {
+                if Some(w) != self.elected() || self.fenced(w) {
                     return Err(format!(
                         "writes reached pg{} which is not the elected, unfenced primary",
                         w + 1
@@ -293,15 +394,6 @@ impl Sim {
 
     /// Invariants on a decision, checked against the truth.
     fn check(&self, view: &View, verdict: &Verdict) -> Result<(), String> {
-        let writable_routes = (0..self.nodes.len())
-            .filter(|&i| {
-                Some(i) == routable_primary(view)
-                    && matches!(view.nodes[i].check, Check::Primary { .. })
-            })
-            .count();
-        if writable_routes > 1 {
-            return Err("two routable primaries".into());
-        }
         let Verdict::Promote { candidate, old, .. } = verdict else {
             return Ok(());
         };
@@ -334,7 +426,7 @@ impl Sim {
                     p.saturating_sub(received_lsn) <= self.policy.max_lag_on_failover_bytes
                 }
                 (Durability::Async, None) => true,
-                _ => self.synchronous.contains(&i),
+                _ => view.synchronous.contains(&i),
             };
             (i != old && n.priority > 0 && !n.fenced && lag_ok).then_some(received_lsn)
         };
@@ -347,7 +439,7 @@ impl Sim {
             ));
         }
         if self.policy.durability.is_sync() {
-            if !self.synchronous.contains(&candidate) {
+            if !view.synchronous.contains(&candidate) {
                 return Err(format!(
                     "sync mode promoted non-synchronous pg{}",
                     candidate + 1
@@ -365,18 +457,43 @@ impl Sim {
         Ok(())
     }
 
+    /// The verdict carried out as the proxy's failover task does: the same changes, in the
+    /// same order (a promotion always succeeds here).
     fn apply(&mut self, verdict: Verdict) {
+        let id = |i: usize| NodeId(i as u32);
         match verdict {
-            Verdict::Elect { node } => self.elected = Some(node),
-            Verdict::Fence { node } => self.fenced[node] = true,
+            Verdict::Elect { node } => {
+                let at_lsn = self.nodes[node].lsn;
+                self.change(Change::Elect {
+                    node: id(node),
+                    at_lsn,
+                })
+            }
+            Verdict::Fence { node } => self.change(Change::Fence(id(node))),
             Verdict::Promote {
                 candidate,
                 old,
                 followers,
             } => {
                 self.promotions += 1;
-                self.fenced[old] = true;
-                self.elected = Some(candidate);
+                self.change(Change::BeginPromotion {
+                    candidate: id(candidate),
+                });
+                self.change(Change::Fence(id(old)));
+                // The proxy presets the new primary's set before electing it.
+                let preset = preset_sync_set(
+                    self.policy.durability,
+                    self.sync_standbys,
+                    &self.eligible(candidate),
+                );
+                let at_lsn = self.nodes[candidate].lsn;
+                self.change(Change::Elect {
+                    node: id(candidate),
+                    at_lsn,
+                });
+                self.change(Change::SyncInForce(preset.map(|set| {
+                    pgherd_failover::SyncInForce::from(id(candidate), set, None, at_lsn)
+                })));
                 self.last_primary_lsn = None;
                 let new_timeline = self.nodes.iter().map(|n| n.timeline).max().unwrap_or(1) + 1;
                 let c = &mut self.nodes[candidate];
@@ -391,8 +508,6 @@ impl Sim {
                     self.nodes[f].upstream = Some(candidate);
                     self.nodes[f].caught_up = false;
                 }
-                // Known at the new primary's first good check.
-                self.synchronous.clear();
             }
             _ => {}
         }
@@ -400,10 +515,12 @@ impl Sim {
 
     /// A fenced node that is reachable again is rewound and follows the elected primary.
     fn rejoin(&mut self) {
-        let Some(primary) = self.elected else { return };
+        let Some(primary) = self.elected() else {
+            return;
+        };
         for i in 0..self.nodes.len() {
             let node = &self.nodes[i];
-            if self.fenced[i] && node.alive && !node.cut_from_pgherd && self.rng.gen_bool(0.2) {
+            if self.fenced(i) && node.alive && !node.cut_from_pgherd && self.rng.gen_bool(0.2) {
                 let primary_lsn = self.nodes[primary].lsn;
                 let primary_timeline = self.nodes[primary].timeline;
                 let node = &mut self.nodes[i];
@@ -414,7 +531,7 @@ impl Sim {
                 node.upstream = Some(primary);
                 node.timeline = primary_timeline;
                 node.caught_up = false;
-                self.fenced[i] = false;
+                self.change(Change::Unfence(NodeId(i as u32)));
             }
         }
     }

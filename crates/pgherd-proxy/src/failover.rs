@@ -12,9 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pgherd_config::{ClusterSettings, Config};
+use pgherd_failover::keeper::{
+    preset_sync_set, sync_holders, KeeperInput, KeeperStep, SyncHolders, SyncKeeper as PureKeeper,
+};
 use pgherd_failover::{
-    decide, desired_sync_set, format_lsn, Change, Check, ClusterState, Durability, NodeView,
-    Policy, SyncInForce, SyncSet, Verdict, View,
+    decide, format_lsn, Change, Check, ClusterState, NodeView, Policy, SyncInForce, SyncSet,
+    Verdict, View,
 };
 
 use crate::app::App;
@@ -29,7 +32,7 @@ pub async fn run(app: Arc<App>) {
     let mut last_sentence = String::new();
     // Fenced nodes already made read-only (ALTER SYSTEM outlives restarts).
     let mut sealed: HashSet<String> = HashSet::new();
-    let mut keeper = SyncKeeper::default();
+    let mut keeper = KeeperShell::new();
     // The first turn runs at once: writes wait for the synchronous standby set, and the
     // initial node check has just given this task what it needs to put the set in force.
     let mut first_turn = true;
@@ -162,8 +165,7 @@ pub(crate) struct Seen {
     nodes: Vec<NodeView>,
     elected: Option<usize>,
     last_primary_lsn: Option<u64>,
-    synchronous: Vec<usize>,
-    sync_quorum: usize,
+    holders: SyncHolders,
 }
 
 impl Seen {
@@ -175,13 +177,12 @@ impl Seen {
             .elected
             .and_then(|id| nodes.iter().position(|n| n.id == id))
             .or(primary);
-        let (synchronous, sync_quorum) = holders(&state, nodes, elected);
+        let holders = holders(&state, nodes, elected);
         Seen {
             nodes: nodes.iter().map(|n| view_of(n, &state)).collect(),
             elected,
             last_primary_lsn: elected.map(|i| nodes[i].lsn()),
-            synchronous,
-            sync_quorum,
+            holders,
         }
     }
 
@@ -190,68 +191,41 @@ impl Seen {
             nodes: &self.nodes,
             elected: self.elected,
             last_primary_lsn: self.last_primary_lsn,
-            synchronous: &self.synchronous,
-            sync_quorum: self.sync_quorum,
+            synchronous: &self.holders.members,
+            sync_quorum: self.holders.quorum,
+            sync_since_lsn: self.holders.since_lsn,
         }
     }
 }
 
-/// The standbys that may hold every acknowledged commit of the elected primary, as node
-/// indices, and how many confirm each commit. Before pgherd has set the primary's set, every
-/// other unfenced node counts, one confirming: the most cautious reading.
-fn holders(
-    state: &ClusterState,
-    nodes: &[Arc<NodeState>],
-    elected: Option<usize>,
-) -> (Vec<usize>, usize) {
-    let Some(elected) = elected else {
-        return (Vec::new(), 1);
-    };
-    match &state.sync {
-        Some(sync) if nodes[elected].id == sync.primary => (
-            sync.set
-                .standbys
-                .iter()
-                .filter_map(|name| nodes.iter().position(|n| n.name() == name))
-                .collect(),
-            sync.set.quorum,
-        ),
-        _ => (
-            (0..nodes.len())
-                .filter(|&i| i != elected && !state.is_fenced(nodes[i].id))
-                .collect(),
-            1,
-        ),
-    }
+/// What `decide` is told about the synchronous set (`pgherd_failover::keeper::sync_holders`).
+fn holders(state: &ClusterState, nodes: &[Arc<NodeState>], elected: Option<usize>) -> SyncHolders {
+    let ids: Vec<(pgherd_failover::NodeId, &str)> =
+        nodes.iter().map(|n| (n.id, n.name())).collect();
+    sync_holders(state, &ids, elected)
 }
 
-/// Keeps `synchronous_standby_names` on the primary equal to `ANY k (standbys streaming
-/// now)` (see `pgherd_failover::desired_sync_set`) and remembers which standbys may hold
-/// acknowledged commits.
-#[derive(Default)]
-struct SyncKeeper {
+/// Keeps `synchronous_standby_names` on the primary as `pgherd_failover::SyncKeeper` decides
+/// each turn (`ANY k (standbys streaming now)`, with a grace period for a new primary's
+/// standbys) and carries out its steps: SQL on the primary, changes to the cluster view.
+struct KeeperShell {
+    keeper: PureKeeper,
+    /// The keeper's clock: milliseconds since this task started.
+    started: std::time::Instant,
     /// Standbys streaming under a name no node has, reported once each.
     unknown_reported: HashSet<String>,
-    /// The primary being kept and since when: its standbys get [`STANDBY_GRACE`] to start
-    /// streaming before `sync` degrades.
-    primary_since: Option<(String, std::time::Instant)>,
 }
 
-/// How long `sync` durability waits for a standby of a new primary (after startup, a failover
-/// or a switchover) to stream before letting the primary acknowledge commits alone. Standbys
-/// re-pointed or restarted need a few seconds to connect (PostgreSQL retries every
-/// `wal_retrieve_retry_interval`, 5 s); degrading at once would acknowledge commits on one
-/// node exactly when the cluster has just lost one.
-const STANDBY_GRACE: Duration = Duration::from_secs(15);
-
-impl SyncKeeper {
-    async fn keep(&mut self, app: &App, config: &Config, nodes: &[Arc<NodeState>], primary: usize) {
-        let durability = config.replication.durability;
-        if durability == Durability::Async {
-            app.nodes.change(Change::StrictWithoutStandby(None));
-            app.nodes.change(Change::SyncInForce(None));
-            return;
+impl KeeperShell {
+    fn new() -> Self {
+        KeeperShell {
+            keeper: PureKeeper::default(),
+            started: std::time::Instant::now(),
+            unknown_reported: HashSet::new(),
         }
+    }
+
+    async fn keep(&mut self, app: &App, config: &Config, nodes: &[Arc<NodeState>], primary: usize) {
         let primary = &nodes[primary];
         let Some(seen) = primary
             .health()
@@ -267,112 +241,48 @@ impl SyncKeeper {
                 tracing::warn!(primary = primary.name(), standby = %name, "a standby streams under a name that is no node's: it cannot be made synchronous; set application_name to its node name in its primary_conninfo");
             }
         }
-        let state = app.nodes.view();
+        let view = app.nodes.view();
         let eligible: Vec<String> = nodes
             .iter()
-            .filter(|n| n.name() != primary.name() && !state.is_fenced(n.id))
+            .filter(|n| n.name() != primary.name() && !view.is_fenced(n.id))
             .map(|n| n.name().to_owned())
             .collect();
-        let current = state
-            .sync
-            .as_ref()
-            .filter(|sync| sync.primary == primary.id)
-            .map(|sync| sync.set.clone());
-        if self.primary_since.as_ref().map(|(p, _)| p.as_str()) != Some(primary.name()) {
-            self.primary_since = Some((primary.name().to_owned(), std::time::Instant::now()));
-        }
-        let young = self
-            .primary_since
-            .as_ref()
-            .is_some_and(|(_, since)| since.elapsed() < STANDBY_GRACE);
-        let sync_standbys = config.replication.sync_standbys as usize;
-        let Some(mut desired) = desired_sync_set(
-            durability,
-            sync_standbys,
-            &streaming,
-            &eligible,
-            current.as_ref(),
-        ) else {
-            return;
+        let input = KeeperInput {
+            durability: config.replication.durability,
+            sync_standbys: config.replication.sync_standbys as usize,
+            synchronous_commit: config.replication.synchronous_commit.as_str(),
+            primary: primary.id,
+            primary_lsn: primary.lsn(),
+            streaming: &streaming,
+            eligible: &eligible,
+            now_ms: self.started.elapsed().as_millis() as u64,
         };
-        let waiting_for_standbys =
-            durability == Durability::Sync && young && desired.standbys.is_empty();
-        if waiting_for_standbys {
-            // Every standby the new primary may get counts until one streams: commits wait
-            // for it rather than rest on the primary alone.
-            if let Some(all) =
-                desired_sync_set(durability, sync_standbys, &eligible, &eligible, None)
-            {
-                desired = all;
+        match self.keeper.turn(&view, &input) {
+            KeeperStep::Settled(changes) => {
+                for change in changes {
+                    app.nodes.change(change);
+                }
+            }
+            KeeperStep::Apply {
+                before,
+                set,
+                after,
+                event: (kind, detail),
+            } => {
+                for change in before {
+                    app.nodes.change(change);
+                }
+                if let Err(e) = apply_sync_set(app, config, primary, &set).await {
+                    tracing::warn!(node = primary.name(), error = %e, "cannot set the synchronous standbys; trying again at the next check");
+                    return;
+                }
+                tracing::info!(node = primary.name(), %detail, "synchronous standbys set");
+                event(app, kind, primary.name(), &detail);
+                for change in after {
+                    app.nodes.change(change);
+                }
             }
         }
-        // A cluster without replicas has nothing to wait for, in any durability.
-        let none_streams =
-            !eligible.is_empty() && !desired.standbys.iter().any(|s| streaming.contains(s));
-        app.nodes.change(Change::StrictWithoutStandby(
-            (durability == Durability::Strict && none_streams).then_some(primary.id),
-        ));
-        let in_force = |set: SyncSet| {
-            Some(SyncInForce {
-                primary: primary.id,
-                set,
-            })
-        };
-        if current.as_ref() == Some(&desired) {
-            app.nodes.change(Change::SyncInForce(in_force(desired)));
-            return;
-        }
-        // Until the primary has reloaded, either set may be in force.
-        if let Some(current) = &current {
-            app.nodes
-                .change(Change::SyncChanging(in_force(current.union(&desired))));
-        }
-        if let Err(e) = apply_sync_set(app, config, primary, &desired).await {
-            tracing::warn!(node = primary.name(), error = %e, "cannot set the synchronous standbys; trying again at the next check");
-            return;
-        }
-        let (kind, detail) = if eligible.is_empty() {
-            (
-                "sync_standbys",
-                "no replica is configured: commits are acknowledged by the primary alone"
-                    .to_owned(),
-            )
-        } else if desired.standbys.is_empty() {
-            (
-                "sync_degraded",
-                "no standby streams: commits are acknowledged by the primary alone until one does"
-                    .to_owned(),
-            )
-        } else if none_streams && waiting_for_standbys {
-            (
-                "sync_standbys",
-                format!(
-                    "no standby streams yet: synchronous_standby_names = '{}' while they connect (commits wait; up to {} s, then sync degrades)",
-                    desired.setting(),
-                    STANDBY_GRACE.as_secs()
-                ),
-            )
-        } else if none_streams {
-            (
-                "writes_refused",
-                format!(
-                    "no standby streams: synchronous_standby_names stays '{}' and writes are refused (durability = strict)",
-                    desired.setting()
-                ),
-            )
-        } else {
-            (
-                "sync_standbys",
-                format!(
-                    "synchronous_standby_names = '{}', synchronous_commit = {}",
-                    desired.setting(),
-                    config.replication.synchronous_commit.as_str()
-                ),
-            )
-        };
-        tracing::info!(node = primary.name(), %detail, "synchronous standbys set");
-        event(app, kind, primary.name(), &detail);
-        app.nodes.change(Change::SyncInForce(in_force(desired)));
     }
 }
 
@@ -408,13 +318,17 @@ async fn apply_sync_set(
 /// says unless setting it failed (then the keeper's next pass does).
 pub(crate) async fn elect_durably(app: &App, nodes: &[Arc<NodeState>], new_primary: &NodeState) {
     let preset = preset_sync(app, nodes, new_primary).await;
-    app.nodes.change(Change::Elect(new_primary.id));
+    let at_lsn = received(new_primary).max(new_primary.lsn());
+    app.nodes.change(Change::Elect {
+        node: new_primary.id,
+        at_lsn,
+    });
     if let Ok(set) = preset {
-        app.nodes
-            .change(Change::SyncInForce(set.map(|set| SyncInForce {
-                primary: new_primary.id,
-                set,
-            })));
+        // Its standbys confirm commits from here on; those acknowledged before (by the old
+        // primary) they hold only once they have received this far.
+        app.nodes.change(Change::SyncInForce(
+            set.map(|set| SyncInForce::from(new_primary.id, set, None, at_lsn)),
+        ));
     }
 }
 
@@ -432,12 +346,10 @@ async fn preset_sync(
         .filter(|n| n.name() != new_primary.name() && !state.is_fenced(n.id))
         .map(|n| n.name().to_owned())
         .collect();
-    let Some(set) = desired_sync_set(
+    let Some(set) = preset_sync_set(
         config.replication.durability,
         config.replication.sync_standbys as usize,
         &others,
-        &others,
-        None,
     ) else {
         return Ok(None);
     };
@@ -526,7 +438,10 @@ async fn act(
 ) {
     match verdict {
         Verdict::Elect { node } => {
-            app.nodes.change(Change::Elect(nodes[node].id));
+            app.nodes.change(Change::Elect {
+                node: nodes[node].id,
+                at_lsn: nodes[node].lsn(),
+            });
         }
         // It answers as a primary, so the loop seals it right after.
         Verdict::Fence { node } => exclude(app, &nodes[node]),

@@ -460,7 +460,9 @@ impl Nodes {
     fn describe_change(&self, change: &Change) -> String {
         let name = |id: &NodeId| self.name_of(*id);
         match change {
-            Change::Elect(id) => format!("{} elected primary", name(id)),
+            Change::Elect { node, at_lsn } => {
+                format!("{} elected primary at {}", name(node), format_lsn(*at_lsn))
+            }
             Change::BeginPromotion { candidate } => format!("promoting {}", name(candidate)),
             Change::AbandonPromotion => "promotion given up".to_owned(),
             Change::Fence(id) => format!("{} fenced", name(id)),
@@ -700,30 +702,27 @@ impl Snapshot<'_> {
         node.is_up() && node.role() == role && !self.view.is_excluded(node.id)
     }
 
-    /// The node that accepts writes: the elected primary once failover has elected one (none
-    /// while it is fenced or a promotion is under way). Without an election the one node that
-    /// reports being primary; if monitoring ever sees two, the first in config order is used
-    /// and both are reported.
+    /// The node that accepts writes: `ClusterState::writer` over the nodes that are up and
+    /// report being primary, the same function the failover simulation checks.
     pub fn writer(&self) -> Option<Arc<NodeState>> {
-        if self.view.promoting.is_some() {
-            return None;
-        }
-        if let Some(elected) = self.view.elected {
-            return self
-                .list
+        let primaries = || {
+            self.list
                 .iter()
-                .find(|n| n.id == elected && self.usable_as(n, Role::Primary))
-                .cloned();
-        }
-        let mut primaries = self
-            .list
-            .iter()
-            .filter(|n| self.usable_as(n, Role::Primary));
-        let first = primaries.next().cloned();
-        if let Some(other) = primaries.next() {
-            tracing::error!(first = %first.as_ref().map_or("", |n| n.name()), second = %other.name(), "two nodes report being primary");
-        }
-        first
+                .filter(|n| n.is_up() && n.role() == Role::Primary)
+        };
+        let Some(id) = self.view.writer(primaries().map(|n| n.id)) else {
+            if self.view.elected.is_none() {
+                let unexcluded: Vec<&str> = primaries()
+                    .filter(|n| !self.view.is_excluded(n.id))
+                    .map(|n| n.name())
+                    .collect();
+                if unexcluded.len() > 1 {
+                    tracing::error!(nodes = %unexcluded.join(", "), "several nodes report being primary and none is elected: no writes");
+                }
+            }
+            return None;
+        };
+        primaries().find(|n| n.id == id).cloned()
     }
 }
 
@@ -882,7 +881,10 @@ mod tests {
         assert_eq!(nodes.writer().map(|n| n.id), Some(pg1.id));
         assert!(nodes.change(Change::SyncInForce(None)));
         assert_eq!(nodes.primary().map(|n| n.id), Some(pg1.id));
-        nodes.change(Change::Elect(pg1.id));
+        nodes.change(Change::Elect {
+            node: pg1.id,
+            at_lsn: 0,
+        });
         assert!(
             nodes.primary().is_none(),
             "a new epoch waits for its standbys"
@@ -906,7 +908,10 @@ mod tests {
         drop(snapshot);
         nodes.record(&pg2, seen(Role::Primary));
         assert!(nodes.writer().is_none(), "promoting: not yet");
-        nodes.change(Change::Elect(pg2.id));
+        nodes.change(Change::Elect {
+            node: pg2.id,
+            at_lsn: 0,
+        });
         assert_eq!(nodes.writer().map(|n| n.id), Some(pg2.id));
         assert!(nodes.primary().is_none(), "its synchronous standbys first");
         nodes.change(Change::SyncInForce(None));

@@ -1,0 +1,389 @@
+//! The synchronous standby keeper's decisions: each turn, from the durability mode, the
+//! standbys streaming from the primary, the replicas eligible and the time, what the primary's
+//! `synchronous_standby_names` must be and what the cluster view must say about it. The proxy
+//! applies the set with SQL and the changes through its one view writer; the seeded simulation
+//! runs the same turns.
+
+use crate::state::{Change, ClusterState, NodeId, SyncInForce};
+use crate::sync::{desired_sync_set, SyncSet};
+use crate::{Durability, Lsn};
+
+/// How long `sync` durability waits for a standby of a new primary (after startup, a failover
+/// or a switchover) to stream before letting the primary acknowledge commits alone. Standbys
+/// re-pointed or restarted need a few seconds to connect (PostgreSQL retries every
+/// `wal_retrieve_retry_interval`, 5 s); degrading at once would acknowledge commits on one
+/// node exactly when the cluster has just lost one.
+pub const STANDBY_GRACE_MS: u64 = 15_000;
+
+/// What one turn looks at.
+#[derive(Debug, Clone)]
+pub struct KeeperInput<'a> {
+    pub durability: Durability,
+    /// `[replication] sync_standbys`: the `k` of `ANY k`.
+    pub sync_standbys: usize,
+    /// `synchronous_commit` as configured, for the event's words.
+    pub synchronous_commit: &'a str,
+    /// The elected primary, which answered its last check as a primary.
+    pub primary: NodeId,
+    /// Its WAL position at that check: where a set put in force now takes effect.
+    pub primary_lsn: Lsn,
+    /// The standbys streaming from it now (`application_name`s), as its check reported.
+    pub streaming: &'a [String],
+    /// The replicas pgherd may make synchronous (configured, not fenced), in config order.
+    pub eligible: &'a [String],
+    /// Milliseconds on a monotonic clock the caller keeps.
+    pub now_ms: u64,
+}
+
+/// What a turn asks the caller to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeeperStep {
+    /// Nothing to set on the primary: apply these changes to the view.
+    Settled(Vec<Change>),
+    /// Apply `before` to the view, then set `set` on the primary (and reload it); if that
+    /// worked, apply `after` and record the event; if not, try again next turn.
+    Apply {
+        before: Vec<Change>,
+        set: SyncSet,
+        after: Vec<Change>,
+        event: (&'static str, String),
+    },
+}
+
+/// The keeper's memory between turns: which primary it keeps and since when.
+#[derive(Debug, Clone, Default)]
+pub struct SyncKeeper {
+    primary_since: Option<(NodeId, u64)>,
+}
+
+impl SyncKeeper {
+    /// One turn against the current view.
+    pub fn turn(&mut self, view: &ClusterState, input: &KeeperInput) -> KeeperStep {
+        let durability = input.durability;
+        if durability == Durability::Async {
+            return KeeperStep::Settled(vec![
+                Change::StrictWithoutStandby(None),
+                Change::SyncInForce(None),
+            ]);
+        }
+        let primary = input.primary;
+        let in_force_now = view.sync.as_ref().filter(|sync| sync.primary == primary);
+        let current = in_force_now.map(|sync| sync.set.clone());
+        if self.primary_since.map(|(p, _)| p) != Some(primary) {
+            self.primary_since = Some((primary, input.now_ms));
+        }
+        let young = self
+            .primary_since
+            .is_some_and(|(_, since)| input.now_ms.saturating_sub(since) < STANDBY_GRACE_MS);
+        let Some(mut desired) = desired_sync_set(
+            durability,
+            input.sync_standbys,
+            input.streaming,
+            input.eligible,
+            current.as_ref(),
+        ) else {
+            return KeeperStep::Settled(Vec::new());
+        };
+        let waiting_for_standbys =
+            durability == Durability::Sync && young && desired.standbys.is_empty();
+        if waiting_for_standbys {
+            // Every standby the new primary may get counts until one streams: commits wait
+            // for it rather than rest on the primary alone.
+            if let Some(all) = desired_sync_set(
+                durability,
+                input.sync_standbys,
+                input.eligible,
+                input.eligible,
+                None,
+            ) {
+                desired = all;
+            }
+        }
+        // A cluster without replicas has nothing to wait for, in any durability.
+        let none_streams = !input.eligible.is_empty()
+            && !desired.standbys.iter().any(|s| input.streaming.contains(s));
+        let strict = Change::StrictWithoutStandby(
+            (durability == Durability::Strict && none_streams).then_some(primary),
+        );
+        let in_force = |set: SyncSet| {
+            Some(SyncInForce::from(
+                primary,
+                set,
+                in_force_now,
+                input.primary_lsn,
+            ))
+        };
+        if current.as_ref() == Some(&desired) {
+            return KeeperStep::Settled(vec![strict, Change::SyncInForce(in_force(desired))]);
+        }
+        let mut before = vec![strict];
+        // Until the primary has reloaded, either set may be in force.
+        if let Some(current) = &current {
+            before.push(Change::SyncChanging(in_force(current.union(&desired))));
+        }
+        let event = if input.eligible.is_empty() {
+            (
+                "sync_standbys",
+                "no replica is configured: commits are acknowledged by the primary alone"
+                    .to_owned(),
+            )
+        } else if desired.standbys.is_empty() {
+            (
+                "sync_degraded",
+                "no standby streams: commits are acknowledged by the primary alone until one does"
+                    .to_owned(),
+            )
+        } else if none_streams && waiting_for_standbys {
+            (
+                "sync_standbys",
+                format!(
+                    "no standby streams yet: synchronous_standby_names = '{}' while they connect (commits wait; up to {} s, then sync degrades)",
+                    desired.setting(),
+                    STANDBY_GRACE_MS / 1000
+                ),
+            )
+        } else if none_streams {
+            (
+                "writes_refused",
+                format!(
+                    "no standby streams: synchronous_standby_names stays '{}' and writes are refused (durability = strict)",
+                    desired.setting()
+                ),
+            )
+        } else {
+            (
+                "sync_standbys",
+                format!(
+                    "synchronous_standby_names = '{}', synchronous_commit = {}",
+                    desired.setting(),
+                    input.synchronous_commit
+                ),
+            )
+        };
+        KeeperStep::Apply {
+            before,
+            after: vec![Change::SyncInForce(in_force(desired.clone()))],
+            set: desired,
+            event,
+        }
+    }
+}
+
+/// The set a just-promoted primary gets before it takes writes: every other unfenced node, so
+/// its first commits wait for a standby rather than rest on it alone; the keeper narrows it to
+/// the standbys that stream. `None` in `async` durability.
+pub fn preset_sync_set(
+    durability: Durability,
+    sync_standbys: usize,
+    eligible: &[String],
+) -> Option<SyncSet> {
+    desired_sync_set(durability, sync_standbys, eligible, eligible, None)
+}
+
+/// The synchronous standbys of the elected primary as `decide` needs them: indices into
+/// `nodes` (ids and names, in config order), how many confirm each commit, and where the set
+/// took effect (see [`SyncInForce::since_lsn`]). The set the view says is in force on that
+/// primary; before there is one, every other unfenced node from the primary's election on, one
+/// confirming (the most cautious reading).
+pub fn sync_holders(
+    view: &ClusterState,
+    nodes: &[(NodeId, &str)],
+    elected: Option<usize>,
+) -> SyncHolders {
+    let Some(elected) = elected else {
+        return SyncHolders::default();
+    };
+    match &view.sync {
+        Some(sync) if nodes[elected].0 == sync.primary => SyncHolders {
+            members: sync
+                .set
+                .standbys
+                .iter()
+                .filter_map(|name| nodes.iter().position(|(_, n)| n == name))
+                .collect(),
+            quorum: sync.set.quorum,
+            since_lsn: Some(sync.since_lsn),
+        },
+        _ => SyncHolders {
+            members: (0..nodes.len())
+                .filter(|&i| i != elected && !view.is_fenced(nodes[i].0))
+                .collect(),
+            quorum: 1,
+            since_lsn: view.elected_at_lsn,
+        },
+    }
+}
+
+/// What [`sync_holders`] returns: `View::synchronous`, `View::sync_quorum`,
+/// `View::sync_since_lsn`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncHolders {
+    pub members: Vec<usize>,
+    pub quorum: usize,
+    pub since_lsn: Option<Lsn>,
+}
+
+impl Default for SyncHolders {
+    fn default() -> Self {
+        SyncHolders {
+            members: Vec::new(),
+            quorum: 1,
+            since_lsn: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: NodeId = NodeId(0);
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn input<'a>(
+        durability: Durability,
+        streaming: &'a [String],
+        eligible: &'a [String],
+        now_ms: u64,
+    ) -> KeeperInput<'a> {
+        KeeperInput {
+            durability,
+            sync_standbys: 1,
+            synchronous_commit: "on",
+            primary: P,
+            primary_lsn: 0,
+            streaming,
+            eligible,
+            now_ms,
+        }
+    }
+
+    /// Applies a step as the proxy does when setting the set works.
+    fn carry_out(view: ClusterState, step: &KeeperStep) -> ClusterState {
+        let changes: Vec<&Change> = match step {
+            KeeperStep::Settled(changes) => changes.iter().collect(),
+            KeeperStep::Apply { before, after, .. } => before.iter().chain(after).collect(),
+        };
+        changes
+            .into_iter()
+            .fold(view, |view, change| view.apply(change).unwrap_or(view))
+    }
+
+    #[test]
+    fn a_new_primary_waits_for_its_standbys_for_the_grace_period_then_sync_degrades() {
+        let eligible = names(&["pg2", "pg3"]);
+        let mut keeper = SyncKeeper::default();
+        let view = ClusterState::default()
+            .apply(&Change::Elect { node: P, at_lsn: 0 })
+            .unwrap();
+        let step = keeper.turn(&view, &input(Durability::Sync, &[], &eligible, 1_000));
+        let KeeperStep::Apply { set, event, .. } = &step else {
+            panic!("{step:?}");
+        };
+        assert_eq!(set.setting(), "ANY 1 (\"pg2\", \"pg3\")");
+        assert!(event.1.contains("while they connect"), "{}", event.1);
+        let view = carry_out(view, &step);
+        assert!(!view.sync_pending);
+        // Still young: nothing to change.
+        let step = keeper.turn(&view, &input(Durability::Sync, &[], &eligible, 15_999));
+        assert!(matches!(step, KeeperStep::Settled(_)), "{step:?}");
+        // Past the grace period: the primary acknowledges alone, and says so.
+        let step = keeper.turn(&view, &input(Durability::Sync, &[], &eligible, 16_000));
+        let KeeperStep::Apply {
+            set, event, before, ..
+        } = &step
+        else {
+            panic!("{step:?}");
+        };
+        assert_eq!(set.setting(), "");
+        assert_eq!(event.0, "sync_degraded");
+        // While the primary reloads, the view keeps both sets.
+        assert!(before
+            .iter()
+            .any(|c| matches!(c, Change::SyncChanging(Some(s)) if s.set.standbys.len() == 2)));
+    }
+
+    #[test]
+    fn streaming_standbys_become_the_set_and_strict_refuses_without_them() {
+        let eligible = names(&["pg2", "pg3"]);
+        let streaming = names(&["pg3"]);
+        let mut keeper = SyncKeeper::default();
+        let view = ClusterState::default()
+            .apply(&Change::Elect { node: P, at_lsn: 0 })
+            .unwrap();
+        let step = keeper.turn(&view, &input(Durability::Strict, &streaming, &eligible, 0));
+        let view = carry_out(view, &step);
+        assert_eq!(
+            view.sync.as_ref().map(|s| s.set.setting()),
+            Some("ANY 1 (\"pg3\")".to_owned())
+        );
+        assert_eq!(view.writes_refused(), None);
+        // pg3 stops streaming: strict keeps the set and refuses writes.
+        let step = keeper.turn(&view, &input(Durability::Strict, &[], &eligible, 60_000));
+        let view = carry_out(view, &step);
+        assert_eq!(
+            view.writes_refused(),
+            Some(crate::GateReason::StrictWithoutStandby { primary: P })
+        );
+        assert_eq!(
+            view.sync.as_ref().map(|s| s.set.setting()),
+            Some("ANY 1 (\"pg3\")".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_set_takes_effect_where_the_primary_is_when_it_changes() {
+        let eligible = names(&["pg2", "pg3"]);
+        let mut keeper = SyncKeeper::default();
+        let view = ClusterState::default()
+            .apply(&Change::Elect { node: P, at_lsn: 0 })
+            .unwrap();
+        let pg2 = names(&["pg2"]);
+        let at = |lsn, streaming, now_ms| KeeperInput {
+            primary_lsn: lsn,
+            ..input(Durability::Sync, streaming, &eligible, now_ms)
+        };
+        let view = carry_out(view.clone(), &keeper.turn(&view, &at(100, &pg2, 0)));
+        assert_eq!(view.sync.as_ref().map(|s| s.since_lsn), Some(100));
+        // The same set later keeps its position; a new one takes the primary's.
+        let view = carry_out(view.clone(), &keeper.turn(&view, &at(300, &pg2, 1_000)));
+        assert_eq!(view.sync.as_ref().map(|s| s.since_lsn), Some(100));
+        let both = names(&["pg2", "pg3"]);
+        let view = carry_out(view.clone(), &keeper.turn(&view, &at(500, &both, 2_000)));
+        assert_eq!(view.sync.as_ref().map(|s| s.since_lsn), Some(500));
+        let ids = [(P, "pg1"), (NodeId(1), "pg2"), (NodeId(2), "pg3")];
+        assert_eq!(
+            sync_holders(&view, &ids, Some(0)),
+            SyncHolders {
+                members: vec![1, 2],
+                quorum: 1,
+                since_lsn: Some(500),
+            }
+        );
+        // Before any set, everyone else counts from the primary's election.
+        let fresh = ClusterState::default()
+            .apply(&Change::Elect {
+                node: P,
+                at_lsn: 42,
+            })
+            .unwrap();
+        assert_eq!(sync_holders(&fresh, &ids, Some(0)).since_lsn, Some(42));
+    }
+
+    #[test]
+    fn async_manages_nothing_and_opens_the_gate() {
+        let mut keeper = SyncKeeper::default();
+        let view = ClusterState::default();
+        let step = keeper.turn(&view, &input(Durability::Async, &[], &[], 0));
+        let view = carry_out(view, &step);
+        assert_eq!(view.gate(), crate::Gate::Open);
+        assert_eq!(view.sync, None);
+        assert_eq!(
+            preset_sync_set(Durability::Async, 1, &names(&["pg2"])),
+            None
+        );
+    }
+}

@@ -123,6 +123,17 @@ impl NodeView {
         self.check != Check::Failed
     }
 
+    /// A replica whose WAL receiver still hears the primary.
+    fn hears_upstream(&self) -> bool {
+        matches!(
+            self.check,
+            Check::Replica {
+                upstream_alive: true,
+                ..
+            }
+        )
+    }
+
     fn received(&self) -> Option<Lsn> {
         match self.check {
             Check::Replica {
@@ -277,15 +288,7 @@ pub fn decide(policy: &Policy, view: &View) -> Verdict {
     let seen_by: Vec<usize> = replicas
         .iter()
         .copied()
-        .filter(|&i| {
-            matches!(
-                view.nodes[i].check,
-                Check::Replica {
-                    upstream_alive: true,
-                    ..
-                }
-            )
-        })
+        .filter(|&i| view.nodes[i].hears_upstream())
         .collect();
     if !seen_by.is_empty() {
         return Verdict::Guarded { seen_by };

@@ -138,15 +138,7 @@ pub fn plan_promotion(
         .collect();
     let streaming: Vec<usize> = std::iter::once(candidate)
         .chain(others.iter().copied())
-        .filter(|&i| {
-            matches!(
-                view.nodes[i].check,
-                Check::Replica {
-                    upstream_alive: true,
-                    ..
-                }
-            )
-        })
+        .filter(|&i| view.nodes[i].hears_upstream())
         .collect();
     if !streaming.is_empty() {
         refuse(

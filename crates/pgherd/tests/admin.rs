@@ -13,33 +13,6 @@ use pgherd_testkit::{SUPERUSER, SUPERUSER_PASSWORD};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 /// Rows as column-name → value maps.
-async fn rows(
-    c: &Client,
-    command: &str,
-) -> Result<Vec<Vec<(String, String)>>, tokio_postgres::Error> {
-    Ok(c.simple_query(command)
-        .await?
-        .into_iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(
-                r.columns()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, col)| (col.name().to_owned(), r.get(i).unwrap_or("").to_owned()))
-                    .collect(),
-            ),
-            _ => None,
-        })
-        .collect())
-}
-
-fn field<'a>(row: &'a [(String, String)], name: &str) -> &'a str {
-    row.iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.as_str())
-        .unwrap_or_else(|| panic!("no column {name} in {row:?}"))
-}
-
 async fn node_row(admin: &Client, name: &str) -> Vec<(String, String)> {
     rows(admin, "SHOW NODES")
         .await

@@ -425,37 +425,9 @@ async fn rejoin_falls_back_to_a_fresh_copy_when_rewind_fails() {
     );
 }
 
-/// The admin console's rows as (column, value) pairs.
-async fn console_rows(
-    c: &tokio_postgres::Client,
-    command: &str,
-) -> Result<Vec<Vec<(String, String)>>, tokio_postgres::Error> {
-    Ok(c.simple_query(command)
-        .await?
-        .into_iter()
-        .filter_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => Some(
-                r.columns()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, col)| (col.name().to_owned(), r.get(i).unwrap_or("").to_owned()))
-                    .collect(),
-            ),
-            _ => None,
-        })
-        .collect())
-}
-
 fn message(e: &tokio_postgres::Error) -> String {
     e.as_db_error()
         .map_or_else(|| e.to_string(), |d| d.message().to_owned())
-}
-
-fn column<'a>(row: &'a [(String, String)], name: &str) -> &'a str {
-    row.iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.as_str())
-        .unwrap_or_else(|| panic!("no column {name} in {row:?}"))
 }
 
 /// Manual failover with automatic failover off: PROMOTE refuses a primary, a live primary and
@@ -524,7 +496,7 @@ async fn promote_by_hand_when_failover_is_off() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut candidate = "pg2";
     let steps = loop {
-        match console_rows(&admin, &format!("PROMOTE {candidate}")).await {
+        match rows(&admin, &format!("PROMOTE {candidate}")).await {
             Ok(steps) => break steps,
             Err(e) if Instant::now() < deadline => {
                 let message = e
@@ -554,10 +526,10 @@ async fn promote_by_hand_when_failover_is_off() {
         steps.last().copied(),
         Some(format!("{candidate} promoted; writes go to it now").as_str())
     );
-    let cluster = console_rows(&admin, "SHOW CLUSTER").await.unwrap();
-    assert_eq!(column(&cluster[0], "elected"), candidate, "{cluster:?}");
-    assert_eq!(column(&cluster[0], "fenced"), "pg1", "{cluster:?}");
-    assert_eq!(column(&cluster[0], "epoch"), "1", "{cluster:?}");
+    let cluster = rows(&admin, "SHOW CLUSTER").await.unwrap();
+    assert_eq!(field(&cluster[0], "elected"), candidate, "{cluster:?}");
+    assert_eq!(field(&cluster[0], "fenced"), "pg1", "{cluster:?}");
+    assert_eq!(field(&cluster[0], "epoch"), "1", "{cluster:?}");
 
     // Writes go to the new primary; the acknowledged one is there; the follower gets them.
     let new_port = env.cluster.node(candidate).port.to_string();

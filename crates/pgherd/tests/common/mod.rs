@@ -151,3 +151,32 @@ pub fn env_with_api(replicas: usize, token: &str) -> (Env, String) {
     });
     (env, format!("http://127.0.0.1:{port}"))
 }
+
+/// An admin console command's rows as (column, value) pairs.
+pub async fn rows(
+    c: &Client,
+    command: &str,
+) -> Result<Vec<Vec<(String, String)>>, tokio_postgres::Error> {
+    Ok(c.simple_query(command)
+        .await?
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(
+                r.columns()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, col)| (col.name().to_owned(), r.get(i).unwrap_or("").to_owned()))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect())
+}
+
+/// A column of one of [`rows`]' rows.
+pub fn field<'a>(row: &'a [(String, String)], name: &str) -> &'a str {
+    row.iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_else(|| panic!("no column {name} in {row:?}"))
+}

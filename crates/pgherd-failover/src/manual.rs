@@ -238,27 +238,8 @@ fn names(view: &View, nodes: &[usize]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tests::{node, replica};
     use crate::{Durability, NodeView};
-
-    fn node(name: &str, check: Check) -> NodeView {
-        NodeView {
-            name: name.into(),
-            priority: 1,
-            check,
-            consecutive_failures: 0,
-            fenced: false,
-        }
-    }
-
-    fn replica(received_lsn: Lsn, upstream_alive: bool) -> Check {
-        Check::Replica {
-            timeline: 1,
-            received_lsn,
-            replayed_lsn: received_lsn,
-            upstream_alive,
-            settled: true,
-        }
-    }
 
     fn policy(durability: Durability) -> Policy {
         Policy {

@@ -6,7 +6,7 @@ const POLICY: Policy = Policy {
     durability: Durability::Async,
 };
 
-fn node(name: &str, check: Check) -> NodeView {
+pub(crate) fn node(name: &str, check: Check) -> NodeView {
     NodeView {
         name: name.into(),
         priority: 1,
@@ -16,7 +16,7 @@ fn node(name: &str, check: Check) -> NodeView {
     }
 }
 
-fn replica(received_lsn: Lsn, upstream_alive: bool) -> Check {
+pub(crate) fn replica(received_lsn: Lsn, upstream_alive: bool) -> Check {
     Check::Replica {
         timeline: 1,
         received_lsn,

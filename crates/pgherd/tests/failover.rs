@@ -125,16 +125,7 @@ async fn a_killed_primary_is_replaced_and_fenced() {
     // The old primary comes back writable on its own: pgherd sends it nothing and makes it
     // read-only.
     old.start(Duration::from_secs(30)).expect("restart pg1");
-    wait_until(
-        &env,
-        "the old primary was set read-only",
-        Duration::from_secs(30),
-        || {
-            old.psql("postgres", "SHOW default_transaction_read_only")
-                .map(|s| s == "on")
-                .unwrap_or(false)
-        },
-    );
+    wait_sealed(&env, old);
     // Every step is an event, on the admin console and through the notification command.
     let events = psql(
         &env.pgherd
@@ -425,6 +416,20 @@ async fn rejoin_falls_back_to_a_fresh_copy_when_rewind_fails() {
     );
 }
 
+/// Waits until pgherd has made the fenced `node` read-only.
+fn wait_sealed(env: &Env, node: &pgherd_cluster::LocalNode) {
+    wait_until(
+        env,
+        &format!("{} was set read-only", node.name),
+        Duration::from_secs(30),
+        || {
+            node.psql("postgres", "SHOW default_transaction_read_only")
+                .map(|s| s == "on")
+                .unwrap_or(false)
+        },
+    );
+}
+
 fn message(e: &tokio_postgres::Error) -> String {
     e.as_db_error()
         .map_or_else(|| e.to_string(), |d| d.message().to_owned())
@@ -573,16 +578,7 @@ async fn promote_by_hand_when_failover_is_off() {
     // The old primary restarts writable on its own: fenced, it gets nothing and is sealed,
     // with failover off too.
     old.start(Duration::from_secs(30)).expect("restart pg1");
-    wait_until(
-        &env,
-        "the old primary was set read-only",
-        Duration::from_secs(30),
-        || {
-            old.psql("postgres", "SHOW default_transaction_read_only")
-                .map(|s| s == "on")
-                .unwrap_or(false)
-        },
-    );
+    wait_sealed(&env, old);
     let err = admin.simple_query("PROMOTE pg1").await.expect_err("fenced");
     assert!(
         message(&err).contains("fenced") || message(&err).contains("not a replica"),

@@ -10,7 +10,8 @@ use std::time::Duration;
 use pgherd_config::ClusterSettings;
 use pgherd_route::balance::{insert_lsn_as_end, parse_lsn};
 
-use crate::nodes::{NodeState, Nodes, Observation, Role};
+use crate::error::{ServerError, ServerErrorKind};
+use crate::nodes::{CheckFailure, CheckFailureKind, NodeState, Nodes, Observation, Role};
 use crate::pool::ConnectContext;
 use crate::server::{self, ConnectSpec, QueryError, ServerConn, ServerCredentials};
 
@@ -52,29 +53,37 @@ pub async fn check_once(
     cluster: &ClusterSettings,
     ctx: &ConnectContext,
     conn: &mut Option<ServerConn>,
-) -> Result<Observation, String> {
+) -> Result<Observation, CheckFailure> {
     let timeout = Duration::from_millis(cluster.health_check_timeout_ms);
-    if conn.is_none() {
-        *conn = Some(
+    let c = match conn {
+        Some(c) => c,
+        None => conn.insert(
             management_connection(node, cluster, ctx, &cluster.database)
                 .await
-                .map_err(|e| e.to_string())?,
-        );
-    }
-    let Some(c) = conn.as_mut() else {
-        return Err("no management connection".into());
+                .map_err(|e| failure_of(&e))?,
+        ),
     };
     let answer = tokio::time::timeout(timeout, c.simple_query(CHECK_SQL)).await;
     let rows = match answer {
         Ok(Ok(rows)) => rows,
-        Ok(Err(QueryError::Sql(e))) => return Err(e.to_string()),
+        Ok(Err(QueryError::Sql(e))) => {
+            let kind = match e.code.code() {
+                "57P01" | "57P02" => CheckFailureKind::ShuttingDown,
+                "57P03" => CheckFailureKind::StartingUp,
+                _ => CheckFailureKind::Sql,
+            };
+            return Err(CheckFailure::new(kind, e.to_string()));
+        }
         Ok(Err(QueryError::Server(e))) => {
             *conn = None;
-            return Err(e.to_string());
+            return Err(failure_of(&e));
         }
         Err(_) => {
             *conn = None;
-            return Err(format!("no answer within {} ms", timeout.as_millis()));
+            return Err(CheckFailure::new(
+                CheckFailureKind::Timeout,
+                format!("no answer within {} ms", timeout.as_millis()),
+            ));
         }
     };
     let row = rows.first().map(|r| r.as_slice()).unwrap_or_default();
@@ -84,8 +93,9 @@ pub async fn check_once(
         Some("t") => Role::Replica,
         Some("f") => Role::Primary,
         other => {
-            return Err(format!(
-                "unexpected answer to pg_is_in_recovery(): {other:?}"
+            return Err(CheckFailure::new(
+                CheckFailureKind::Protocol,
+                format!("unexpected answer to pg_is_in_recovery(): {other:?}"),
             ))
         }
     };
@@ -161,4 +171,26 @@ pub async fn monitor(
             _ = stop.changed() => {}
         }
     }
+}
+
+/// A failed connection to a node as a health-check failure of the right kind.
+fn failure_of(error: &ServerError) -> CheckFailure {
+    let kind = match &error.kind {
+        ServerErrorKind::Connect(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            CheckFailureKind::Refused
+        }
+        ServerErrorKind::Connect(_) => CheckFailureKind::Unreachable,
+        ServerErrorKind::ConnectTimeout | ServerErrorKind::Timeout => CheckFailureKind::Timeout,
+        ServerErrorKind::Tls(_) => CheckFailureKind::Tls,
+        ServerErrorKind::NoCredentials(_) => CheckFailureKind::Auth,
+        ServerErrorKind::Rejected(e) | ServerErrorKind::Closed(Some(e)) => match e.code.code() {
+            code if code.starts_with("28") => CheckFailureKind::Auth,
+            "57P03" => CheckFailureKind::StartingUp,
+            "57P01" | "57P02" => CheckFailureKind::ShuttingDown,
+            _ => CheckFailureKind::Rejected,
+        },
+        ServerErrorKind::Io(_) | ServerErrorKind::Closed(None) => CheckFailureKind::ShuttingDown,
+        ServerErrorKind::Protocol(_) | ServerErrorKind::Unexpected(_) => CheckFailureKind::Protocol,
+    };
+    CheckFailure::new(kind, error.to_string())
 }

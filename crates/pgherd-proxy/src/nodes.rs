@@ -19,9 +19,73 @@ use pgherd_route::plan::{ClusterView, NodeStanding};
 
 pub use pgherd_route::Role;
 
+/// What kind of failure a health check met: the word `SHOW NODES` and `/api/nodes` show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckFailureKind {
+    /// Nothing listens on the node's port.
+    Refused,
+    /// The node's address cannot be reached (no route, reset, DNS).
+    Unreachable,
+    /// No answer within `health_check_timeout_ms` (connecting or asking).
+    Timeout,
+    /// The node refused pgherd's login (class 28), or pgherd has no credentials for it.
+    Auth,
+    /// The node is starting up, or in crash recovery (57P03).
+    StartingUp,
+    /// The node is shutting down (57P01, 57P02) or closed the connection.
+    ShuttingDown,
+    /// It refused pgherd's connection for another reason (too many connections, no such
+    /// database).
+    Rejected,
+    Tls,
+    /// The check query failed with an SQL error.
+    Sql,
+    /// The node answered something pgherd cannot read.
+    Protocol,
+}
+
+impl CheckFailureKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckFailureKind::Refused => "refused",
+            CheckFailureKind::Unreachable => "unreachable",
+            CheckFailureKind::Timeout => "timeout",
+            CheckFailureKind::Auth => "auth",
+            CheckFailureKind::StartingUp => "starting_up",
+            CheckFailureKind::ShuttingDown => "shutting_down",
+            CheckFailureKind::Rejected => "rejected",
+            CheckFailureKind::Tls => "tls",
+            CheckFailureKind::Sql => "sql",
+            CheckFailureKind::Protocol => "protocol",
+        }
+    }
+}
+
+/// A failed health check: its kind and what happened, in words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckFailure {
+    pub kind: CheckFailureKind,
+    pub message: String,
+}
+
+impl CheckFailure {
+    pub fn new(kind: CheckFailureKind, message: impl Into<String>) -> Self {
+        CheckFailure {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for CheckFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 #[derive(Debug, Default, Clone)]
 pub struct NodeHealth {
-    pub last_error: Option<String>,
+    pub last_error: Option<CheckFailure>,
     pub last_check: Option<SystemTime>,
     pub checks_ok: u64,
     pub checks_failed: u64,
@@ -211,7 +275,7 @@ impl NodeState {
     /// `excluded`: the view fences or detaches the node, which keeps it out of the read set.
     fn record(
         &self,
-        outcome: Result<Observation, String>,
+        outcome: Result<Observation, CheckFailure>,
         thresholds: CheckThresholds,
         excluded: bool,
     ) {
@@ -273,9 +337,9 @@ impl NodeState {
                 // still take a replica out of the read set at once).
                 let down = failed_streak >= thresholds.failures_before_down;
                 if self.is_up() {
-                    tracing::warn!(node = %self.config.name, %error, failed_streak, failures_before_down = thresholds.failures_before_down, "node health check failed");
+                    tracing::warn!(node = %self.config.name, %error, kind = error.kind.as_str(), failed_streak, failures_before_down = thresholds.failures_before_down, "node health check failed");
                 } else if health.checks_failed == 1 {
-                    tracing::warn!(node = %self.config.name, %error, "node health check failed");
+                    tracing::warn!(node = %self.config.name, %error, kind = error.kind.as_str(), "node health check failed");
                 }
                 health.last_error = Some(error);
                 let went_down = down && self.up.swap(false, Ordering::AcqRel);
@@ -313,7 +377,7 @@ impl NodeState {
             let error = self
                 .health()
                 .last_error
-                .unwrap_or_else(|| "not checked yet".into());
+                .map_or_else(|| "not checked yet".to_owned(), |e| e.message);
             format!("{} (down: {error})", self.config.name)
         }
     }
@@ -563,7 +627,7 @@ impl Nodes {
     }
 
     /// Records a health check and, for replicas, how far behind the primary they are.
-    pub fn record(&self, node: &NodeState, outcome: Result<Observation, String>) {
+    pub fn record(&self, node: &NodeState, outcome: Result<Observation, CheckFailure>) {
         let now_ms = self.clock_origin.elapsed().as_millis() as u64;
         if let Ok(seen) = &outcome {
             let mut history = self.primary_history.lock();
@@ -817,7 +881,15 @@ mod tests {
         (nodes, node)
     }
 
-    fn seen(role: Role) -> Result<Observation, String> {
+    fn timeout() -> CheckFailure {
+        CheckFailure::new(CheckFailureKind::Timeout, "no answer within 2000 ms")
+    }
+
+    fn refused() -> CheckFailure {
+        CheckFailure::new(CheckFailureKind::Refused, "connection refused")
+    }
+
+    fn seen(role: Role) -> Result<Observation, CheckFailure> {
         Ok(Observation {
             role,
             lsn: 100,
@@ -833,15 +905,15 @@ mod tests {
         let (nodes, node) = one_node(3);
         nodes.record(&node, seen(Role::Replica));
         assert!(node.is_up() && node.in_read_set());
-        nodes.record(&node, Err("no answer within 2000 ms".into()));
-        nodes.record(&node, Err("no answer within 2000 ms".into()));
+        nodes.record(&node, Err(timeout()));
+        nodes.record(&node, Err(timeout()));
         assert!(node.is_up() && node.in_read_set(), "two slow checks");
         // A good check in between starts the count again.
         nodes.record(&node, seen(Role::Replica));
-        nodes.record(&node, Err("no answer within 2000 ms".into()));
-        nodes.record(&node, Err("no answer within 2000 ms".into()));
+        nodes.record(&node, Err(timeout()));
+        nodes.record(&node, Err(timeout()));
         assert!(node.is_up());
-        nodes.record(&node, Err("connection refused".into()));
+        nodes.record(&node, Err(refused()));
         assert!(!node.is_up() && !node.in_read_set());
         assert_eq!(node.health().failed_streak, 3);
         // Back up at once, back in the read set after `rejoin_after_checks` good checks.
@@ -855,7 +927,7 @@ mod tests {
     fn one_failure_is_enough_when_configured() {
         let (nodes, node) = one_node(1);
         nodes.record(&node, seen(Role::Primary));
-        nodes.record(&node, Err("connection refused".into()));
+        nodes.record(&node, Err(refused()));
         assert!(!node.is_up());
         assert!(nodes.primary().is_none());
     }

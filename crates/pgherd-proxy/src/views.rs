@@ -160,7 +160,7 @@ fn read_set_reason(app: &App, n: &NodeState) -> Option<String> {
             "down: {}",
             health
                 .last_error
-                .unwrap_or_else(|| "not checked yet".to_owned())
+                .map_or_else(|| "not checked yet".to_owned(), |e| e.message)
         )
     } else if n.role() == Role::Replica {
         "recovering from a failure (needs healthy checks in a row)".to_owned()
@@ -246,7 +246,8 @@ pub fn nodes(app: &App) -> Table {
                 health.checks_ok.into(),
                 health.checks_failed.into(),
                 health.times_down.into(),
-                health.last_error.into(),
+                health.last_error.as_ref().map(|e| e.kind.as_str()).into(),
+                health.last_error.map(|e| e.message).into(),
             ]
         })
         .collect();
@@ -268,6 +269,7 @@ pub fn nodes(app: &App) -> Table {
             "checks_ok",
             "checks_failed",
             "times_down",
+            "last_error_kind",
             "last_error",
         ],
         rows,

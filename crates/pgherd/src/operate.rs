@@ -295,7 +295,13 @@ async fn check_nodes(config: &Config) -> Vec<NodeStatus> {
                     _ => None,
                 },
             ),
-            Err(e) => ("unknown".to_owned(), "down".to_owned(), Some(e), None, None),
+            Err(e) => (
+                "unknown".to_owned(),
+                "down".to_owned(),
+                Some(format!("{} ({})", e.message, e.kind.as_str())),
+                None,
+                None,
+            ),
         };
         out.push(NodeStatus {
             name: node.config.name.clone(),

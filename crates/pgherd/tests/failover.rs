@@ -531,6 +531,18 @@ async fn promote_by_hand_when_failover_is_off() {
         steps.last().copied(),
         Some(format!("{candidate} promoted; writes go to it now").as_str())
     );
+    // The stopped primary's checks fail as refused connections, and say so.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let nodes = rows(&admin, "SHOW NODES").await.unwrap();
+        let pg1 = nodes.iter().find(|r| field(r, "name") == "pg1").unwrap();
+        if field(pg1, "last_error_kind") == "refused" {
+            assert!(!field(pg1, "last_error").is_empty(), "{pg1:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{pg1:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let cluster = rows(&admin, "SHOW CLUSTER").await.unwrap();
     assert_eq!(field(&cluster[0], "elected"), candidate, "{cluster:?}");
     assert_eq!(field(&cluster[0], "fenced"), "pg1", "{cluster:?}");

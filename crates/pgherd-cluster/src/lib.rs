@@ -13,6 +13,7 @@ mod command;
 mod node;
 mod osuser;
 mod ports;
+mod secret;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -21,6 +22,7 @@ pub use binaries::PgBinaries;
 pub use node::{LocalNode, StopMode};
 pub use osuser::RunAs;
 pub use ports::free_port;
+pub use secret::{conninfo_value, with_password, PassFile};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {

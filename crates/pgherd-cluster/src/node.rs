@@ -128,17 +128,29 @@ impl LocalNode {
     /// `NAME.before-rejoin`). The node's own configuration files survive either way; settings
     /// of its former role (`primary_conninfo`, `default_transaction_read_only`, ...) do not.
     /// Returns how it was done (the program, and why rewinding failed if it did).
+    /// `source_conninfo` holds no password: `password` reaches the programs through a
+    /// password file, and the standby's `primary_conninfo`.
     pub fn rejoin(
         &self,
         source_conninfo: &str,
+        password: Option<&str>,
         slot: Option<&str>,
     ) -> Result<String, ClusterError> {
+        let pass_file = password
+            .map(|p| crate::PassFile::new(p, self.run_as.as_ref()))
+            .transpose()?;
+        let with_pass_file = |mut cmd: std::process::Command| {
+            if let Some(file) = &pass_file {
+                cmd.env("PGPASSFILE", file.path());
+            }
+            cmd
+        };
         let saved: Vec<(&str, Option<String>)> = OWN_FILES
             .iter()
             .map(|f| (*f, std::fs::read_to_string(self.data_dir.join(f)).ok()))
             .collect();
         let rewound = run(
-            self.tool("pg_rewind")
+            with_pass_file(self.tool("pg_rewind"))
                 .arg("-D")
                 .arg(&self.data_dir)
                 .arg(format!("--source-server={source_conninfo}")),
@@ -154,7 +166,7 @@ impl LocalNode {
                 std::fs::rename(&self.data_dir, &aside)
                     .map_err(|e| ClusterError::io(&self.data_dir, e))?;
                 let copied = run(
-                    self.tool("pg_basebackup")
+                    with_pass_file(self.tool("pg_basebackup"))
                         .arg("-d")
                         .arg(source_conninfo)
                         .arg("-D")
@@ -189,7 +201,7 @@ impl LocalNode {
             std::fs::write(&path, text).map_err(|e| ClusterError::io(&path, e))?;
             hand_over(&path, self.run_as.as_ref(), false)?;
         }
-        self.make_standby(source_conninfo, slot)?;
+        self.make_standby(&crate::with_password(source_conninfo, password), slot)?;
         Ok(how)
     }
 
@@ -332,25 +344,29 @@ impl LocalNode {
         .map_err(|e| ClusterError::io(&path, e))
     }
 
-    /// Clones `primary` into this node's data directory as a streaming replica.
+    /// Clones `primary` into this node's data directory as a streaming replica. The password
+    /// reaches pg_basebackup through a password file and the standby through its
+    /// `primary_conninfo`.
     pub fn basebackup(&self, primary: &LocalNode, password: &str) -> Result<(), ClusterError> {
+        let pass_file = crate::PassFile::new(password, self.run_as.as_ref())?;
+        let conninfo = format!(
+            "host={} port={} user={}",
+            crate::conninfo_value(&primary.host),
+            primary.port,
+            crate::conninfo_value(&primary.superuser)
+        );
         run(
             self.tool("pg_basebackup")
-                .env("PGPASSWORD", password)
-                .args([
-                    "-h",
-                    &primary.host,
-                    "-p",
-                    &primary.port.to_string(),
-                    "-U",
-                    &primary.superuser,
-                ])
+                .env("PGPASSFILE", pass_file.path())
+                .arg("-d")
+                .arg(&conninfo)
                 .arg("-D")
                 .arg(&self.data_dir)
-                .args(["-R", "-X", "stream", "-c", "fast"]),
+                .args(["-X", "stream", "-c", "fast"]),
             &format!("pg_basebackup of node {} from {}", self.name, primary.name),
-        )
-        .map(|_| ())
+        )?;
+        // Not `-R`: it would point primary_conninfo at the password file, which goes away.
+        self.make_standby(&crate::with_password(&conninfo, Some(password)), None)
     }
 
     /// Runs SQL as the superuser over the node's local socket; returns unaligned rows.

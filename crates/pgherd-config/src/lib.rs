@@ -459,7 +459,7 @@ pub fn write_private_file(path: &Path, contents: &str) -> std::io::Result<()> {
     file.write_all(contents.as_bytes())
 }
 
-fn file_mode(path: &Path) -> std::io::Result<u32> {
+pub(crate) fn file_mode(path: &Path) -> std::io::Result<u32> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).map(|m| m.mode())
 }

@@ -43,6 +43,8 @@ pub struct RawApi {
     #[serde(default)]
     pub listen: Vec<String>,
     pub token: Option<String>,
+    pub token_file: Option<String>,
+    pub token_env: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -284,6 +286,8 @@ pub struct RawCluster {
     #[serde(default = "default_cluster_user")]
     pub user: String,
     pub password: Option<String>,
+    pub password_file: Option<String>,
+    pub password_env: Option<String>,
     #[serde(default = "default_cluster_database")]
     pub database: String,
     #[serde(default = "default_health_check_period_ms")]
@@ -301,6 +305,8 @@ impl Default for RawCluster {
         RawCluster {
             user: default_cluster_user(),
             password: None,
+            password_file: None,
+            password_env: None,
             database: default_cluster_database(),
             health_check_period_ms: default_health_check_period_ms(),
             health_check_timeout_ms: default_health_check_timeout_ms(),
@@ -442,6 +448,8 @@ pub struct RawUser {
     pub scram: Option<String>,
     pub md5: Option<String>,
     pub server_password: Option<String>,
+    pub server_password_file: Option<String>,
+    pub server_password_env: Option<String>,
     pub mode: Option<String>,
     pub route: Option<String>,
     pub consistency: Option<String>,
@@ -453,6 +461,8 @@ pub struct RawAuth {
     pub query: Option<String>,
     pub user: Option<String>,
     pub password: Option<String>,
+    pub password_file: Option<String>,
+    pub password_env: Option<String>,
     pub database: Option<String>,
 }
 

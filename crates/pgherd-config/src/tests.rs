@@ -195,3 +195,70 @@ fn secrets_readable_by_everyone_are_refused() {
     assert_eq!(mode, 0o600);
     assert!(Config::load(&path).is_ok());
 }
+
+#[test]
+fn secrets_come_from_files_or_the_environment() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("pgherd.toml");
+    let secret = dir.path().join("cluster.password");
+    std::fs::write(&secret, "from-a-file\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let token = dir.path().join("api.token");
+    std::fs::write(&token, "a-token-of-sixteen-or-more\r\n").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o640)).unwrap();
+    // Only this test reads this variable.
+    std::env::set_var("PGHERD_TEST_SECRET_SERVER_PASSWORD", "from-the-environment");
+    let source = format!(
+        "{NODE}[cluster]\npassword_file = \"cluster.password\"\n\
+         [api]\ntoken_file = \"{}\"\n\
+         [users.app]\nserver_password_env = \"PGHERD_TEST_SECRET_SERVER_PASSWORD\"\n",
+        token.display()
+    );
+    let config = Config::parse(&source, &config_path).unwrap();
+    assert_eq!(config.cluster.password.as_deref(), Some("from-a-file"));
+    assert_eq!(
+        config.api.token.as_deref(),
+        Some("a-token-of-sixteen-or-more")
+    );
+    assert_eq!(
+        config.users["app"].server_password.as_deref(),
+        Some("from-the-environment")
+    );
+    // No secret in the TOML itself: any mode will do for the config file.
+    assert!(config.secret.is_none());
+
+    // A password file every user can read is refused, naming the field and the fix.
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let err = Config::parse(&source, &config_path)
+        .unwrap_err()
+        .to_string();
+    let expected = format!(
+        "{}:5:17: cluster.password_file: {} is readable by every user (mode 0644); run `chmod 600 {}`",
+        config_path.display(),
+        secret.display(),
+        secret.display()
+    );
+    assert!(
+        err.starts_with(&expected),
+        "\n   got: {err}\nwanted: {expected}"
+    );
+}
+
+#[test]
+fn a_secret_source_that_is_missing_or_doubled_is_an_error() {
+    check_err(
+        &format!("{NODE}[cluster]\npassword_env = \"PGHERD_TEST_NO_SUCH_VARIABLE\"\n"),
+        "pgherd.toml:5:16: cluster.password_env: the environment variable PGHERD_TEST_NO_SUCH_VARIABLE is not set",
+    );
+    check_err(
+        &format!("{NODE}[cluster]\npassword = \"x\"\npassword_file = \"pw\"\n"),
+        "pgherd.toml:6:17: cluster.password_file: set only one of password, password_file and password_env",
+    );
+    check_err(
+        &format!(
+            "{NODE}[auth]\nquery = \"SELECT 1\"\npassword_file = \"/nonexistent/pgherd-pw\"\n"
+        ),
+        "pgherd.toml:6:17: auth.password_file: cannot read /nonexistent/pgherd-pw",
+    );
+}

@@ -11,6 +11,7 @@ use pgherd_wire::md5::is_md5_hash;
 use pgherd_wire::scram::ScramVerifier;
 use toml_edit::{ImDocument, Item, Value};
 
+use crate::file_mode;
 use crate::hba::{AuthMethod, ConnectionType, HbaRule, NameMatch};
 use crate::raw::{RawConfig, RawHba};
 use crate::{
@@ -123,6 +124,78 @@ impl Checker<'_> {
         )
     }
 
+    /// A secret given in the TOML (`field`), in a file (`field_file`, relative to the config
+    /// file; not readable by every user; one trailing newline dropped) or in an environment
+    /// variable (`field_env`): at most one of them.
+    fn secret(
+        &self,
+        table: &[Seg],
+        field: &str,
+        given: [&Option<String>; 3],
+    ) -> Result<Option<String>, ConfigError> {
+        let names = [
+            field.to_owned(),
+            format!("{field}_file"),
+            format!("{field}_env"),
+        ];
+        let at = |i: usize| {
+            let mut path = table.to_vec();
+            path.push(Seg::from(names[i].as_str()));
+            path
+        };
+        let set: Vec<usize> = (0..3).filter(|&i| given[i].is_some()).collect();
+        if let [_, second, ..] = set.as_slice() {
+            return Err(self.error(
+                &at(*second),
+                format!(
+                    "set only one of {}, {} and {}",
+                    names[0], names[1], names[2]
+                ),
+            ));
+        }
+        let Some(&which) = set.first() else {
+            return Ok(None);
+        };
+        let Some(value) = given[which] else {
+            return Ok(None);
+        };
+        let secret = match which {
+            0 => value.clone(),
+            1 => {
+                let path = self.file_path(value);
+                let mode = file_mode(&path).map_err(|e| {
+                    self.error(&at(1), format!("cannot read {}: {e}", path.display()))
+                })?;
+                if mode & 0o004 != 0 {
+                    return Err(self.error(
+                        &at(1),
+                        format!(
+                            "{} is readable by every user (mode {:04o}); run `chmod 600 {}`",
+                            path.display(),
+                            mode & 0o7777,
+                            path.display()
+                        ),
+                    ));
+                }
+                let text = std::fs::read_to_string(&path).map_err(|e| {
+                    self.error(&at(1), format!("cannot read {}: {e}", path.display()))
+                })?;
+                let text = text.strip_suffix('\n').unwrap_or(&text);
+                text.strip_suffix('\r').unwrap_or(text).to_owned()
+            }
+            _ => std::env::var(value).map_err(|_| {
+                self.error(
+                    &at(2),
+                    format!("the environment variable {value} is not set (or not UTF-8)"),
+                )
+            })?,
+        };
+        if secret.is_empty() {
+            return Err(self.error(&at(which), "is empty"));
+        }
+        Ok(Some(secret))
+    }
+
     /// Resolves a path relative to the config file's directory.
     fn file_path(&self, value: &str) -> PathBuf {
         let p = Path::new(value);
@@ -159,7 +232,7 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
     let pool = pool(&c, &raw)?;
     let databases = databases(&c, &raw, &pool)?;
     let users = users(&c, &raw)?;
-    let auth_query = auth_query(&c, &raw, &cluster);
+    let auth_query = auth_query(&c, &raw, &cluster)?;
     let hba = hba(&c, &raw.hba)?;
     let routing = routing(&c, &raw)?;
     if hba.iter().any(|r| r.method == AuthMethod::Cert)
@@ -231,7 +304,12 @@ fn secret_field(raw: &RawConfig) -> Option<Vec<Seg>> {
 
 fn api(c: &Checker<'_>, raw: &RawConfig) -> Result<ApiSettings, ConfigError> {
     let listen = addresses(c, "api", &raw.api.listen)?;
-    let token = raw.api.token.clone();
+    let a = &raw.api;
+    let token = c.secret(
+        &path!["api"],
+        "token",
+        [&a.token, &a.token_file, &a.token_env],
+    )?;
     if token.as_deref().is_some_and(|t| t.len() < 16) {
         return Err(c.error(
             &path!["api", "token"],
@@ -435,7 +513,11 @@ fn cluster(c: &Checker<'_>, raw: &RawConfig) -> Result<ClusterSettings, ConfigEr
     }
     Ok(ClusterSettings {
         user: k.user.clone(),
-        password: k.password.clone(),
+        password: c.secret(
+            &path!["cluster"],
+            "password",
+            [&k.password, &k.password_file, &k.password_env],
+        )?,
         database: k.database.clone(),
         health_check_period_ms: k.health_check_period_ms,
         health_check_timeout_ms: k.health_check_timeout_ms,
@@ -739,7 +821,15 @@ fn users(c: &Checker<'_>, raw: &RawConfig) -> Result<BTreeMap<String, UserConfig
             UserConfig {
                 scram,
                 md5: u.md5.clone(),
-                server_password: u.server_password.clone(),
+                server_password: c.secret(
+                    &path!["users", name.as_str()],
+                    "server_password",
+                    [
+                        &u.server_password,
+                        &u.server_password_file,
+                        &u.server_password_env,
+                    ],
+                )?,
                 mode,
                 route,
                 consistency,
@@ -749,17 +839,26 @@ fn users(c: &Checker<'_>, raw: &RawConfig) -> Result<BTreeMap<String, UserConfig
     Ok(out)
 }
 
-fn auth_query(_c: &Checker<'_>, raw: &RawConfig, cluster: &ClusterSettings) -> Option<AuthQuery> {
+fn auth_query(
+    c: &Checker<'_>,
+    raw: &RawConfig,
+    cluster: &ClusterSettings,
+) -> Result<Option<AuthQuery>, ConfigError> {
     let a = &raw.auth;
-    a.query.as_ref().map(|query| AuthQuery {
+    let password = c.secret(
+        &path!["auth"],
+        "password",
+        [&a.password, &a.password_file, &a.password_env],
+    )?;
+    Ok(a.query.as_ref().map(|query| AuthQuery {
         query: query.clone(),
         user: a.user.clone().unwrap_or_else(|| cluster.user.clone()),
-        password: a.password.clone().or_else(|| cluster.password.clone()),
+        password: password.or_else(|| cluster.password.clone()),
         database: a
             .database
             .clone()
             .unwrap_or_else(|| cluster.database.clone()),
-    })
+    }))
 }
 
 fn names(c: &Checker<'_>, path: &[Seg], list: &[String]) -> Result<NameMatch, ConfigError> {

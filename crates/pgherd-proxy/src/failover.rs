@@ -11,6 +11,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pgherd_cluster::{conninfo_value, with_password};
 use pgherd_config::{ClusterSettings, Config};
 use pgherd_failover::keeper::{
     preset_sync_set, sync_holders, KeeperInput, KeeperStep, SyncHolders, SyncKeeper as PureKeeper,
@@ -724,17 +725,25 @@ pub(crate) fn primary_conninfo(
     primary: &NodeState,
     standby: &str,
 ) -> String {
-    let mut conninfo = format!(
+    with_password(
+        &primary_conninfo_without_password(cluster, primary, standby),
+        cluster.password.as_deref(),
+    )
+}
+
+/// [`primary_conninfo`] without the password, for programs that get it from a password file.
+pub(crate) fn primary_conninfo_without_password(
+    cluster: &ClusterSettings,
+    primary: &NodeState,
+    standby: &str,
+) -> String {
+    format!(
         "host={} port={} user={} application_name={}",
         conninfo_value(&primary.config.host),
         primary.config.port,
         conninfo_value(&cluster.user),
         conninfo_value(standby)
-    );
-    if let Some(password) = &cluster.password {
-        conninfo.push_str(&format!(" password={}", conninfo_value(password)));
-    }
-    conninfo
+    )
 }
 
 pub(crate) async fn run_sql(
@@ -763,14 +772,6 @@ pub(crate) fn first_value(rows: &crate::server::Rows) -> Option<&str> {
 /// A SQL string literal.
 pub(crate) fn quote_literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
-}
-
-/// A libpq connection-string value, quoted when it needs to be.
-fn conninfo_value(s: &str) -> String {
-    if !s.is_empty() && !s.contains([' ', '\'', '\\']) {
-        return s.to_owned();
-    }
-    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
 }
 
 #[cfg(test)]
@@ -826,8 +827,5 @@ mod tests {
     #[test]
     fn quoting() {
         assert_eq!(quote_literal("it's"), "'it''s'");
-        assert_eq!(conninfo_value("pg1"), "pg1");
-        assert_eq!(conninfo_value("a b'c"), "'a b\\'c'");
-        assert_eq!(conninfo_value(""), "''");
     }
 }

@@ -11,7 +11,7 @@ use pgherd_failover::Change;
 use pgherd_wire::{PgError, SqlState};
 
 use crate::app::App;
-use crate::failover::{create_slot, event, primary_conninfo, run_sql};
+use crate::failover::{create_slot, event, primary_conninfo_without_password, run_sql};
 use crate::nodes::NodeState;
 use crate::switchover::{blocking, managed_node, START_TIMEOUT};
 
@@ -87,11 +87,13 @@ async fn run(
     run_sql(primary, &config.cluster, &ctx, "CHECKPOINT").await?;
     let conninfo = format!(
         "{} dbname=postgres",
-        primary_conninfo(&config.cluster, primary, node.name())
+        primary_conninfo_without_password(&config.cluster, primary, node.name())
     );
     let rejoining = local.clone();
     let slot = node.name().to_owned();
-    let how = blocking(move || rejoining.rejoin(&conninfo, Some(&slot))).await?;
+    let password = config.cluster.password.clone();
+    let how =
+        blocking(move || rejoining.rejoin(&conninfo, password.as_deref(), Some(&slot))).await?;
     steps.push(format!(
         "{} made a standby of {} with {how}",
         node.name(),

@@ -30,6 +30,8 @@ pub struct PgherdConfig {
     pub pool_extra: Vec<String>,
     /// Raw TOML added to `[cluster]`.
     pub cluster_extra: Vec<String>,
+    /// How `[cluster]` gets its password (`password = ...` by default).
+    pub cluster_password: Option<String>,
     /// Raw TOML sections appended at the end.
     pub sections: Vec<String>,
     /// Extra lines for a `[[nodes]]` entry, by node name.
@@ -53,6 +55,7 @@ impl PgherdConfig {
             proxy_extra: Vec::new(),
             pool_extra: Vec::new(),
             cluster_extra: Vec::new(),
+            cluster_password: None,
             sections: Vec::new(),
             node_extra: Vec::new(),
             node_ports: Vec::new(),
@@ -151,6 +154,12 @@ impl PgherdConfig {
         )
     }
 
+    /// `[cluster]`'s password line instead of the inline password, e.g. `password_file = ...`.
+    pub fn cluster_password(mut self, line: &str) -> Self {
+        self.cluster_password = Some(line.into());
+        self
+    }
+
     pub fn render(&self, cluster: &TestCluster) -> String {
         let mut t = String::new();
         let _ = writeln!(t, "[pgherd]\nlisten = [\"127.0.0.1:{}\"]", self.port);
@@ -164,9 +173,13 @@ impl PgherdConfig {
         for line in &self.proxy_extra {
             let _ = writeln!(t, "{line}");
         }
+        let password = self
+            .cluster_password
+            .clone()
+            .unwrap_or_else(|| format!("password = \"{SUPERUSER_PASSWORD}\""));
         let _ = writeln!(
             t,
-            "\n[cluster]\nuser = \"{SUPERUSER}\"\npassword = \"{SUPERUSER_PASSWORD}\"\nhealth_check_period_ms = 200\nhealth_check_timeout_ms = 2000"
+            "\n[cluster]\nuser = \"{SUPERUSER}\"\n{password}\nhealth_check_period_ms = 200\nhealth_check_timeout_ms = 2000"
         );
         for line in &self.cluster_extra {
             let _ = writeln!(t, "{line}");

@@ -57,7 +57,7 @@ struct NodeStatus {
 /// Runs `command` on the admin console of the pgherd configured by `dir` or `config_path`,
 /// logging in as the `[cluster]` user (an admin user in configs `pgherd up` writes), and
 /// prints its answer.
-pub fn admin_command(at: &Where, command: &str) -> Result<(), String> {
+pub fn admin_command(at: &Where, console_command: &str) -> Result<(), String> {
     let path = at.config_path()?;
     let config = Config::load(&path).map_err(|e| e.to_string())?;
     let listen = config
@@ -69,11 +69,19 @@ pub fn admin_command(at: &Where, command: &str) -> Result<(), String> {
     let psql = pgherd_cluster::PgBinaries::find()
         .map_err(|e| e.to_string())?
         .tool("psql");
-    let out = std::process::Command::new(&psql)
-        .env(
-            "PGPASSWORD",
-            config.cluster.password.clone().unwrap_or_default(),
-        )
+    // The password goes through a password file, never the command line or environment.
+    let pass_file = config
+        .cluster
+        .password
+        .as_deref()
+        .map(|p| pgherd_cluster::PassFile::new(p, None))
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let mut command = std::process::Command::new(&psql);
+    if let Some(file) = &pass_file {
+        command.env("PGPASSFILE", file.path());
+    }
+    let out = command
         .args([
             "-X",
             "-h",
@@ -85,7 +93,7 @@ pub fn admin_command(at: &Where, command: &str) -> Result<(), String> {
             "-d",
             "pgherd",
             "-c",
-            command,
+            console_command,
         ])
         .output()
         .map_err(|e| format!("cannot run {}: {e}", psql.display()))?;

@@ -313,3 +313,57 @@ async fn detach_and_pause_survive_a_restart() {
         "{log}"
     );
 }
+
+/// The cluster password from a file and a user's server password from the environment: pgherd
+/// checks the nodes and logs in with them, and SHOW CONFIG shows neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_from_a_file_and_the_environment() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let password_file = dir.path().join("cluster.password");
+    std::fs::write(&password_file, format!("{SUPERUSER_PASSWORD}\n")).unwrap();
+    std::fs::set_permissions(&password_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    // Only this test reads this variable; pgherd inherits it.
+    std::env::set_var("PGHERD_TEST_SUPERUSER_PASSWORD", SUPERUSER_PASSWORD);
+    let verifier = pgherd_wire::scram::ScramVerifier::from_password(
+        SUPERUSER_PASSWORD,
+        b"pgherd-test-salt",
+        4096,
+    );
+    let env = env(1, |c| {
+        c.cluster_password(&format!("password_file = \"{}\"", password_file.display()))
+            .user(
+                SUPERUSER,
+                &verifier,
+                "server_password_env = \"PGHERD_TEST_SUPERUSER_PASSWORD\"",
+            )
+            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
+    });
+    let admin = connect(&env.pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")).await;
+    for name in ["pg1", "pg2"] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let row = node_row(&admin, name).await;
+            if field(&row, "state") == "up" {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{row:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // The superuser's server login uses the password from the environment.
+    let postgres = connect(
+        &env.pgherd
+            .conninfo(SUPERUSER, SUPERUSER_PASSWORD, "postgres"),
+    )
+    .await;
+    assert_eq!(
+        first_value(&postgres, "SELECT current_user").await.unwrap(),
+        SUPERUSER
+    );
+    let config = rows(&admin, "SHOW CONFIG").await.unwrap();
+    assert!(
+        !format!("{config:?}").contains(SUPERUSER_PASSWORD),
+        "{config:?}"
+    );
+}

@@ -45,6 +45,19 @@ try {
     // Let a few polls run (charts fill) before the picture.
     await page.waitForTimeout(3000);
     await page.screenshot({ path: `${shots}/dashboard-healthy.png`, fullPage: true });
+    // Transaction latency percentiles per pool are shown.
+    const header = await page.textContent("#pools thead");
+    if (!header.includes("p99")) problems.push("no latency percentiles in the pools table");
+    const latency = await page.locator("#pools tbody tr td:last-child").allTextContents();
+    if (!latency.some((t) => /\d/.test(t))) problems.push("no latency figures: " + latency.join(", "));
+    // The charts keep their history across a reload.
+    const before = await page.evaluate(() => history.tps.length);
+    await page.reload({ waitUntil: "load" });
+    await page.waitForSelector("#topology g.node", { timeout: 10000 });
+    const after = await page.evaluate(() => history.tps.length);
+    if (before < 2 || after < before) {
+      problems.push(`chart history: ${before} points before the reload, ${after} after`);
+    }
   } else if (phase === "degraded") {
     const node = process.env.STOPPED;
     const started = Date.now();

@@ -163,7 +163,7 @@ async fn run_script(
 const USAGE: &[(&str, &str)] = &[
     (
         "SHOW",
-        "SHOW HELP|VERSION|NODES|CLUSTER|POOLS|STATS|LISTS|CLIENTS|SERVERS|CONFIG|EVENTS",
+        "SHOW HELP|VERSION|NODES|CLUSTER|DATABASES|USERS|POOLS|STATS|LISTS|CLIENTS|SERVERS|CONFIG|EVENTS",
     ),
     ("SWITCHOVER", "SWITCHOVER [TO node]"),
     ("PROMOTE", "PROMOTE node [FORCE safeguard[,...]]"),
@@ -173,6 +173,8 @@ const USAGE: &[(&str, &str)] = &[
     ("PAUSE", "PAUSE [db]"),
     ("RESUME", "RESUME [db]"),
     ("KILL", "KILL db"),
+    ("RECONNECT", "RECONNECT [db]"),
+    ("WAIT_CLOSE", "WAIT_CLOSE [db]"),
     ("RELOAD", "RELOAD"),
     ("SHUTDOWN", "SHUTDOWN"),
 ];
@@ -195,6 +197,8 @@ enum Operation<'a> {
     Pause(Option<&'a str>),
     Resume(Option<&'a str>),
     Kill(&'a str),
+    Reconnect(Option<&'a str>),
+    WaitClose(Option<&'a str>),
 }
 
 impl<'a> Operation<'a> {
@@ -222,6 +226,10 @@ impl<'a> Operation<'a> {
             [w] if is(w, "RESUME") => Some(Operation::Resume(None)),
             [w, d] if is(w, "RESUME") => Some(Operation::Resume(Some(node(d)))),
             [w, d] if is(w, "KILL") => Some(Operation::Kill(node(d))),
+            [w] if is(w, "RECONNECT") => Some(Operation::Reconnect(None)),
+            [w, d] if is(w, "RECONNECT") => Some(Operation::Reconnect(Some(node(d)))),
+            [w] if is(w, "WAIT_CLOSE") => Some(Operation::WaitClose(None)),
+            [w, d] if is(w, "WAIT_CLOSE") => Some(Operation::WaitClose(Some(node(d)))),
             _ => None,
         }
     }
@@ -236,6 +244,8 @@ impl<'a> Operation<'a> {
             Operation::Pause(_) => "PAUSE",
             Operation::Resume(_) => "RESUME",
             Operation::Kill(_) => "KILL",
+            Operation::Reconnect(_) => "RECONNECT",
+            Operation::WaitClose(_) => "WAIT_CLOSE",
         }
     }
 
@@ -253,6 +263,8 @@ impl<'a> Operation<'a> {
             Operation::Pause(db) => control::pause(app, db).await,
             Operation::Resume(db) => control::resume(app, db),
             Operation::Kill(db) => control::kill(app, db),
+            Operation::Reconnect(db) => control::reconnect(app, db),
+            Operation::WaitClose(db) => control::wait_close(app, db).await,
         }
     }
 }
@@ -293,6 +305,8 @@ fn run_command(
         ))),
         ["SHOW", "NODES"] => Ok(Outcome::Rows(views::nodes(app))),
         ["SHOW", "CLUSTER"] => Ok(Outcome::Rows(views::cluster(app))),
+        ["SHOW", "DATABASES"] => Ok(Outcome::Rows(views::databases(app))),
+        ["SHOW", "USERS"] => Ok(Outcome::Rows(views::users(app))),
         ["SHOW", "EVENTS"] => Ok(Outcome::Rows(views::events(app))),
         ["SHOW", "POOLS"] => Ok(Outcome::Rows(views::pools(app))),
         ["SHOW", "STATS"] => Ok(Outcome::Rows(views::stats(app))),

@@ -283,3 +283,61 @@ pub fn parse_safeguards(words: &[&str]) -> Result<Vec<Safeguard>, PgError> {
         })
         .collect()
 }
+
+/// `RECONNECT [db]`: every server connection of the database (or of all) is opened anew:
+/// idle ones close now, lent ones when their client gives them back.
+pub fn reconnect(app: &App, database: Option<&str>) -> Result<Vec<String>, PgError> {
+    if let Some(db) = database {
+        check_database(app, db)?;
+    }
+    let what = database.map_or("all databases".to_owned(), |d| format!("database \"{d}\""));
+    let lent: u32 = app
+        .pools()
+        .iter()
+        .filter(|p| database.is_none_or(|d| p.database == d))
+        .map(|p| p.reconnect())
+        .sum();
+    let detail = format!(
+        "server connections of {what} are opened anew; {lent} in use close when released (WAIT_CLOSE waits for them)"
+    );
+    event(app, "reconnect", "", &detail);
+    Ok(vec![detail])
+}
+
+/// How long `WAIT_CLOSE` waits for connections still in use.
+const WAIT_CLOSE_LIMIT: Duration = Duration::from_secs(60);
+
+/// `WAIT_CLOSE [db]`: returns once every server connection `RECONNECT` asked to close (of the
+/// database, or of all) has closed.
+pub async fn wait_close(app: &App, database: Option<&str>) -> Result<Vec<String>, PgError> {
+    if let Some(db) = database {
+        check_database(app, db)?;
+    }
+    let what = database.map_or("all databases".to_owned(), |d| format!("database \"{d}\""));
+    let started = Instant::now();
+    loop {
+        let left: u32 = app
+            .pools()
+            .iter()
+            .filter(|p| database.is_none_or(|d| p.database == d))
+            .map(|p| p.close_needed())
+            .sum();
+        if left == 0 {
+            return Ok(vec![format!(
+                "no server connection of {what} is left to close ({} ms)",
+                started.elapsed().as_millis()
+            )]);
+        }
+        if started.elapsed() > WAIT_CLOSE_LIMIT {
+            return Err(PgError::error(
+                SqlState::OBJECT_IN_USE,
+                format!(
+                    "{left} server connection(s) of {what} are still in use after {} s",
+                    WAIT_CLOSE_LIMIT.as_secs()
+                ),
+            )
+            .with_hint("their clients hold them (session mode, or a long transaction); WAIT_CLOSE again to keep waiting"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

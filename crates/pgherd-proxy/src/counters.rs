@@ -32,6 +32,19 @@ impl Histogram {
         self.sum_us.load(Ordering::Relaxed)
     }
 
+    /// The `q` quantile (0 < q ≤ 1) of what was observed, in microseconds, estimated as
+    /// Prometheus's `histogram_quantile` does: linear within the bucket it falls in (so only
+    /// as fine as the buckets). `None` before the first observation; the last bound when it
+    /// falls beyond 10 s.
+    pub fn quantile_us(&self, q: f64) -> Option<u64> {
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        quantile_of(&counts, q)
+    }
+
     /// Cumulative counts per bound (seconds), ending with `+Inf`; and the sum in seconds.
     pub fn snapshot(&self) -> (Vec<(f64, u64)>, f64) {
         let mut cumulative = 0;
@@ -43,6 +56,28 @@ impl Histogram {
         }
         (out, self.sum_us.load(Ordering::Relaxed) as f64 / 1e6)
     }
+}
+
+/// [`Histogram::quantile_us`] over per-bucket counts (the last one `+Inf`).
+fn quantile_of(counts: &[u64], q: f64) -> Option<u64> {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let rank = q.clamp(0.0, 1.0) * total as f64;
+    let mut below = 0u64;
+    for (i, &count) in counts.iter().enumerate() {
+        if count > 0 && (below + count) as f64 >= rank {
+            let Some(&upper) = BOUNDS_US.get(i) else {
+                return BOUNDS_US.last().copied();
+            };
+            let lower = if i == 0 { 0 } else { BOUNDS_US[i - 1] };
+            let within = (rank - below as f64) / count as f64;
+            return Some(lower + ((upper - lower) as f64 * within).round() as u64);
+        }
+        below += count;
+    }
+    BOUNDS_US.last().copied()
 }
 
 /// Errors by SQLSTATE class (the code's first two characters).
@@ -100,5 +135,25 @@ mod tests {
             e.snapshot(),
             vec![("42".to_owned(), 1), ("57".to_owned(), 2)]
         );
+    }
+
+    #[test]
+    fn quantiles_interpolate_within_their_bucket() {
+        let h = Histogram::default();
+        assert_eq!(h.quantile_us(0.5), None);
+        // 100 observations of 300 µs land in (250, 500]: the median is halfway through it.
+        for _ in 0..100 {
+            h.observe(Duration::from_micros(300));
+        }
+        assert_eq!(h.quantile_us(0.5), Some(375));
+        assert_eq!(h.quantile_us(1.0), Some(500));
+        // One slow outlier moves the maximum, hardly the median or p99.
+        h.observe(Duration::from_secs(2));
+        assert_eq!(h.quantile_us(0.5), Some(376));
+        assert_eq!(h.quantile_us(0.99), Some(500));
+        assert_eq!(h.quantile_us(1.0), Some(2_500_000));
+        // Beyond the last bound: the last bound, not a made-up figure.
+        h.observe(Duration::from_secs(60));
+        assert_eq!(h.quantile_us(1.0), Some(10_000_000));
     }
 }

@@ -104,6 +104,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/pause", post(pause))
         .route("/api/resume", post(resume))
         .route("/api/kill/{database}", post(kill))
+        .route("/api/reconnect", post(reconnect))
         .route("/api/reload", post(reload))
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
@@ -120,6 +121,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(metrics))
         .route("/api/nodes", get(|s| view(s, views::nodes)))
         .route("/api/cluster", get(|s| view(s, views::cluster)))
+        .route("/api/databases", get(|s| view(s, views::databases)))
+        .route("/api/users", get(|s| view(s, views::users)))
         .route("/api/pools", get(|s| view(s, views::pools)))
         .route("/api/stats", get(|s| view(s, views::stats)))
         .route("/api/lists", get(|s| view(s, views::lists)))
@@ -377,6 +380,14 @@ async fn promote(
     steps(result)
 }
 
+/// `?database=NAME`, or every database without it.
+async fn reconnect(State(app): AppState, Query(query): Query<HashMap<String, String>>) -> Response {
+    steps(crate::control::reconnect(
+        &app,
+        query.get("database").map(String::as_str),
+    ))
+}
+
 async fn detach(State(app): AppState, Path(name): Path<String>) -> Response {
     steps(crate::control::detach(&app, &name))
 }
@@ -482,11 +493,11 @@ async fn not_found() -> Response {
         json!({"error": "no such endpoint", "endpoints": [
             "GET / (the dashboard)", "GET /health", "GET /ready", "GET /primary", "GET /replica?lag=&lag_ms=",
             "GET /node/{name}/primary", "GET /node/{name}/replica?lag=&lag_ms=", "GET /metrics",
-            "GET /api/status", "GET /api/nodes", "GET /api/cluster", "GET /api/pools", "GET /api/stats",
+            "GET /api/status", "GET /api/nodes", "GET /api/cluster", "GET /api/databases", "GET /api/users", "GET /api/pools", "GET /api/stats",
             "GET /api/lists", "GET /api/clients", "GET /api/servers", "GET /api/events", "GET /api/config",
             "POST /api/switchover {\"to\": node}", "POST /api/rejoin/{name}", "POST /api/promote/{name}?force=",
             "POST /api/detach/{name}", "POST /api/attach/{name}", "POST /api/pause?database=",
-            "POST /api/resume?database=", "POST /api/kill/{database}", "POST /api/reload",
+            "POST /api/resume?database=", "POST /api/kill/{database}", "POST /api/reconnect?database=", "POST /api/reload",
         ]}),
     )
 }

@@ -254,6 +254,28 @@ pub fn render(app: &App) -> String {
     }
     let mut f = family(
         &mut out,
+        "pgherd_transaction_duration_quantile_seconds",
+        "gauge",
+        "Transaction latency quantiles since pgherd started, estimated from the histogram's buckets (as histogram_quantile does).",
+    );
+    for p in &pools {
+        for (quantile, q) in [("0.5", 0.5), ("0.95", 0.95), ("0.99", 0.99)] {
+            if let Some(us) = p.stats.transaction_time.quantile_us(q) {
+                f.sample(
+                    "pgherd_transaction_duration_quantile_seconds",
+                    &[
+                        ("database", p.database.as_str()),
+                        ("user", p.user.as_str()),
+                        ("node", p.node.name.as_str()),
+                        ("quantile", quantile),
+                    ],
+                    us as f64 / 1e6,
+                );
+            }
+        }
+    }
+    let mut f = family(
+        &mut out,
         "pgherd_server_errors_total",
         "counter",
         "Errors servers sent to clients, by SQLSTATE class (the code's first two characters).",

@@ -42,6 +42,10 @@ struct PoolState {
     waiters: VecDeque<oneshot::Sender<Handoff>>,
     /// Set when the pool's database or user left the config, or at shutdown.
     closed: bool,
+    /// `RECONNECT`: connections opened before this close when they are released.
+    reconnect_before: Option<Instant>,
+    /// Lent connections opened before `reconnect_before`, still to close (`WAIT_CLOSE`).
+    close_needed: u32,
 }
 
 /// A slot counted in `total` while its connection opens; given back unless the opening
@@ -408,7 +412,13 @@ impl Pool {
         conn.last_used = now;
         let mut st = self.state.lock();
         st.lent = st.lent.saturating_sub(1);
-        if !keep || st.closed || st.total > settings.max_size {
+        let reconnect = st
+            .reconnect_before
+            .is_some_and(|before| conn.created_at <= before);
+        if reconnect {
+            st.close_needed = st.close_needed.saturating_sub(1);
+        }
+        if !keep || reconnect || st.closed || st.total > settings.max_size {
             st.total = st.total.saturating_sub(1);
             Self::wake_one_to_retry(&mut st);
             drop(st);
@@ -523,6 +533,28 @@ impl Pool {
             idle
         };
         drop(idle);
+    }
+
+    /// `RECONNECT`: idle connections close now, lent ones when they come back, so every
+    /// server connection of the pool is opened anew (after a change on the server side, such
+    /// as a moved database or new settings). Returns how many are still lent out.
+    pub fn reconnect(&self) -> u32 {
+        // Idle connections exist only while nobody waits: closing them wakes no one.
+        let (idle, lent) = {
+            let mut st = self.state.lock();
+            st.reconnect_before = Some(Instant::now());
+            st.close_needed = st.lent;
+            let idle = std::mem::take(&mut st.idle);
+            st.total -= idle.len() as u32;
+            (idle, st.close_needed)
+        };
+        drop(idle);
+        lent
+    }
+
+    /// Connections `RECONNECT` asked to close that are still lent out (`WAIT_CLOSE`).
+    pub fn close_needed(&self) -> u32 {
+        self.state.lock().close_needed
     }
 
     /// Closes idle connections now, keeping the pool open.

@@ -357,6 +357,9 @@ pub fn stats(app: &App) -> Table {
                 load(&p.stats.wait_timeouts).into(),
                 load(&p.stats.connects).into(),
                 load(&p.stats.connect_failures).into(),
+                p.stats.transaction_time.quantile_us(0.50).into(),
+                p.stats.transaction_time.quantile_us(0.95).into(),
+                p.stats.transaction_time.quantile_us(0.99).into(),
             ]
         })
         .collect();
@@ -372,6 +375,9 @@ pub fn stats(app: &App) -> Table {
             "wait_timeouts",
             "server_connects",
             "server_connect_failures",
+            "xact_p50_us",
+            "xact_p95_us",
+            "xact_p99_us",
         ],
         rows,
     }
@@ -552,5 +558,107 @@ pub fn config(app: &App) -> Table {
     Table {
         columns: &["key", "value"],
         rows: rows.into_iter().map(|(k, v)| vec![k.into(), v]).collect(),
+    }
+}
+
+/// `SHOW DATABASES`: the databases the config serves (`*`: any other name), with the pool
+/// settings they resolve to and what they hold now.
+pub fn databases(app: &App) -> Table {
+    let config = app.config();
+    let view = app.nodes.view();
+    let pools = app.pools();
+    let rows = config
+        .databases
+        .iter()
+        .map(|(name, d)| {
+            // The wildcard entry serves every database no other entry names.
+            let served = |database: &str| {
+                database == name
+                    || (name == pgherd_config::WILDCARD_DATABASE
+                        && !config.databases.contains_key(database))
+            };
+            let mine = || pools.iter().filter(|p| served(&p.database));
+            let server_connections: u32 = mine().map(|p| p.total()).sum();
+            let clients = app
+                .clients
+                .all()
+                .iter()
+                .filter(|c| served(&c.database))
+                .count();
+            vec![
+                name.clone().into(),
+                d.dbname.clone().into(),
+                d.mode.unwrap_or(config.pool.mode).as_str().into(),
+                d.max_size.unwrap_or(config.pool.max_size).into(),
+                d.min_size.unwrap_or(config.pool.min_size).into(),
+                d.route.as_str().into(),
+                d.consistency.as_str().into(),
+                d.balance.as_str().into(),
+                d.primary_reads.into(),
+                clients.into(),
+                server_connections.into(),
+                mine().count().into(),
+                if name == pgherd_config::WILDCARD_DATABASE {
+                    view.paused_all
+                } else {
+                    view.is_paused(name)
+                }
+                .into(),
+            ]
+        })
+        .collect();
+    Table {
+        columns: &[
+            "name",
+            "server_dbname",
+            "pool_mode",
+            "max_size",
+            "min_size",
+            "route",
+            "consistency",
+            "balance",
+            "primary_reads",
+            "clients",
+            "server_connections",
+            "pools",
+            "paused",
+        ],
+        rows,
+    }
+}
+
+/// `SHOW USERS`: the users the config names, how they log in (never the secret) and what they
+/// override.
+pub fn users(app: &App) -> Table {
+    let config = app.config();
+    let rows = config
+        .users
+        .iter()
+        .map(|(name, u)| {
+            let auth = match (&u.scram, &u.md5) {
+                (Some(_), _) => "scram-sha-256",
+                (None, Some(_)) => "md5",
+                (None, None) => "none",
+            };
+            vec![
+                name.clone().into(),
+                auth.into(),
+                u.server_password.is_some().into(),
+                u.mode.map(|m| m.as_str()).into(),
+                u.route.map(|r| r.as_str()).into(),
+                u.consistency.map(|c| c.as_str()).into(),
+            ]
+        })
+        .collect();
+    Table {
+        columns: &[
+            "name",
+            "verifier",
+            "has_server_password",
+            "pool_mode",
+            "route",
+            "consistency",
+        ],
+        rows,
     }
 }

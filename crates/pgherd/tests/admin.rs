@@ -367,3 +367,119 @@ async fn secrets_from_a_file_and_the_environment() {
         "{config:?}"
     );
 }
+
+/// RECONNECT closes idle server connections at once and lent ones when released; WAIT_CLOSE
+/// returns when none is left; SHOW DATABASES and SHOW USERS describe the config without
+/// secrets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_wait_close_and_the_config_views() {
+    let env = env(1, |c| {
+        c.superuser()
+            .mode("transaction")
+            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
+    });
+    let console = env.pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd");
+    let admin = connect(&console).await;
+    let app = env.app().await;
+    // One connection held inside a transaction, another idle in the pool.
+    let holder = env.app().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    let held_pid = primary_pid(&holder).await;
+    let idle_pid = primary_pid(&app).await;
+    assert_ne!(idle_pid, held_pid);
+
+    let steps = rows(&admin, &format!("RECONNECT {APP}"))
+        .await
+        .expect("RECONNECT");
+    // At least the transaction's connection is in use (counted per pool, replicas included).
+    assert!(
+        field(&steps[0], "step").contains(" in use close when released")
+            && !field(&steps[0], "step").contains("; 0 in use"),
+        "{steps:?}"
+    );
+    // The idle connection is gone from the server at once.
+    let gone = |pid: String| {
+        let env = &env;
+        move || {
+            env.direct(&format!(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = {pid}"
+            )) == "0"
+        }
+    };
+    wait_until(
+        &env,
+        "the idle connection closed",
+        Duration::from_secs(10),
+        gone(idle_pid.clone()),
+    );
+    let waiting = tokio::spawn(async move {
+        let admin = connect(&console).await;
+        rows(&admin, &format!("WAIT_CLOSE {APP}")).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "WAIT_CLOSE returned while a connection was in use"
+    );
+    holder.batch_execute("COMMIT").await.unwrap();
+    let steps = waiting.await.unwrap().expect("WAIT_CLOSE");
+    assert!(
+        field(&steps[0], "step").starts_with("no server connection"),
+        "{steps:?}"
+    );
+    wait_until(
+        &env,
+        "the released connection closed",
+        Duration::from_secs(10),
+        gone(held_pid.clone()),
+    );
+    // New transactions get new connections.
+    let fresh = primary_pid(&app).await;
+    assert!(fresh != idle_pid && fresh != held_pid);
+    let events = rows(&admin, "SHOW EVENTS").await.unwrap();
+    assert!(
+        events.iter().any(|e| field(e, "kind") == "reconnect"),
+        "{events:?}"
+    );
+
+    let databases = rows(&admin, "SHOW DATABASES")
+        .await
+        .expect("SHOW DATABASES");
+    // The test config serves every database through its wildcard entry.
+    let served = databases
+        .iter()
+        .find(|r| field(r, "name") == "*")
+        .unwrap_or_else(|| panic!("{databases:?}"));
+    assert_eq!(field(served, "pool_mode"), "transaction");
+    assert_eq!(field(served, "paused"), "no");
+    assert!(
+        field(served, "clients").parse::<u32>().unwrap() >= 2,
+        "{served:?}"
+    );
+    assert!(
+        field(served, "server_connections").parse::<u32>().unwrap() >= 1,
+        "{served:?}"
+    );
+    let users = rows(&admin, "SHOW USERS").await.expect("SHOW USERS");
+    let user = |name: &str| {
+        users
+            .iter()
+            .find(|r| field(r, "name") == name)
+            .unwrap_or_else(|| panic!("{users:?}"))
+            .clone()
+    };
+    assert_eq!(field(&user(APP), "verifier"), "scram-sha-256");
+    assert_eq!(field(&user(SUPERUSER), "has_server_password"), "yes");
+    assert!(!format!("{users:?}").contains(SUPERUSER_PASSWORD));
+    let err = admin
+        .simple_query("RECONNECT a b")
+        .await
+        .expect_err("wrong syntax");
+    assert_eq!(code(&err), "42601", "{err}");
+}
+
+async fn primary_pid(c: &Client) -> String {
+    first_value(c, "/* pgherd:primary */ SELECT pg_backend_pid()")
+        .await
+        .expect("pid")
+}

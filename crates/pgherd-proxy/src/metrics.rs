@@ -185,7 +185,7 @@ pub fn render(app: &App) -> String {
         }
     }
     type Counter = fn(&crate::pool::PoolStats) -> f64;
-    let pool_counters: [(&str, &str, Counter); 6] = [
+    let pool_counters: [(&str, &str, Counter); 8] = [
         (
             "pgherd_transactions_total",
             "Transactions (or statements outside one) served by the pool.",
@@ -213,6 +213,16 @@ pub fn render(app: &App) -> String {
             "pgherd_server_connect_failures_total",
             "Server connections that could not be opened.",
             |s| s.connect_failures.load(Ordering::Relaxed) as f64,
+        ),
+        (
+            "pgherd_pool_bytes_to_servers_total",
+            "Bytes written to the pool's server connections (client messages and pgherd's own statements).",
+            |s| s.bytes_to_servers.load(Ordering::Relaxed) as f64,
+        ),
+        (
+            "pgherd_pool_bytes_to_clients_total",
+            "Bytes written to clients from the pool's server connections.",
+            |s| s.bytes_to_clients.load(Ordering::Relaxed) as f64,
         ),
     ];
     for (name, help, read) in pool_counters {

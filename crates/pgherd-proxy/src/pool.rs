@@ -88,6 +88,10 @@ pub struct PoolStats {
     pub connects: AtomicU64,
     pub connect_failures: AtomicU64,
     pub wait_timeouts: AtomicU64,
+    /// Bytes written to this pool's server connections (client messages, pgherd's own
+    /// statements) and to clients from them.
+    pub bytes_to_servers: AtomicU64,
+    pub bytes_to_clients: AtomicU64,
     /// From a transaction's first message (or its wait for a server) to the ReadyForQuery
     /// that ends it.
     pub transaction_time: crate::counters::Histogram,

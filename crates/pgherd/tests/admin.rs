@@ -471,6 +471,16 @@ async fn reconnect_wait_close_and_the_config_views() {
     assert_eq!(field(&user(APP), "verifier"), "scram-sha-256");
     assert_eq!(field(&user(SUPERUSER), "has_server_password"), "yes");
     assert!(!format!("{users:?}").contains(SUPERUSER_PASSWORD));
+    // SHOW STATS counts the traffic and estimates latency per pool.
+    let stats = rows(&admin, "SHOW STATS").await.expect("SHOW STATS");
+    let busy = stats
+        .iter()
+        .find(|r| field(r, "database") == APP && field(r, "total_xact_count") != "0")
+        .unwrap_or_else(|| panic!("{stats:?}"));
+    for column in ["bytes_to_servers", "bytes_to_clients", "xact_p50_us", "xact_p99_us"] {
+        let value: u64 = field(busy, column).parse().unwrap_or(0);
+        assert!(value > 0, "{column}: {busy:?}");
+    }
     let err = admin
         .simple_query("RECONNECT a b")
         .await

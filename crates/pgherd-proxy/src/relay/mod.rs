@@ -632,6 +632,11 @@ impl Session {
                         conn.write_buf.advance(n);
                         buffers::shrink_if_grown(&mut conn.write_buf);
                         lease.flush_pending = conn.stream.is_tls();
+                        lease
+                            .pool
+                            .stats
+                            .bytes_to_servers
+                            .fetch_add(n as u64, Ordering::Relaxed);
                         progressed = true;
                     }
                     Poll::Ready(Err(e)) => {
@@ -658,6 +663,11 @@ impl Session {
                         self.client_out.advance(n);
                         buffers::shrink_if_grown(&mut self.client_out);
                         self.client_flush_pending = self.client.is_tls();
+                        lease
+                            .pool
+                            .stats
+                            .bytes_to_clients
+                            .fetch_add(n as u64, Ordering::Relaxed);
                         progressed = true;
                     }
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(Relayed::Client(client_io(e)))),

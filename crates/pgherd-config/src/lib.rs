@@ -170,6 +170,8 @@ pub struct ProxySettings {
     /// Where the operator's levers (DETACH, PAUSE) are kept across restarts; relative to the
     /// config file's directory.
     pub state_file: PathBuf,
+    /// The zone this pgherd runs in: reads prefer replicas of the same zone.
+    pub zone: Option<String>,
 }
 
 /// The state file's name when `state_file` is not set: next to the config file.
@@ -239,6 +241,12 @@ pub struct NodeConfig {
     pub weight: u32,
     /// Failover preference among equally advanced replicas; 0 = never promoted.
     pub priority: u32,
+    /// Where the node runs (a data centre, an availability zone); `None`: no zone.
+    pub zone: Option<String>,
+    /// May be one of the primary's synchronous standbys (`ANY k`). An asynchronous standby
+    /// (false) never holds commits acknowledged to clients, so in `sync`/`strict` durability
+    /// it is never promoted either.
+    pub sync: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -194,6 +194,8 @@ pub struct RawProxy {
     pub log_level: String,
     #[serde(default)]
     pub state_file: Option<String>,
+    #[serde(default)]
+    pub zone: Option<String>,
 }
 
 impl Default for RawProxy {
@@ -213,6 +215,7 @@ impl Default for RawProxy {
             log_format: default_log_format(),
             log_level: default_log_level(),
             state_file: None,
+            zone: None,
         }
     }
 }
@@ -350,6 +353,13 @@ pub struct RawNode {
     pub weight: u32,
     #[serde(default = "default_node_priority")]
     pub priority: u32,
+    pub zone: Option<String>,
+    #[serde(default = "default_true")]
+    pub sync: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_node_priority() -> u32 {

@@ -440,6 +440,7 @@ fn proxy(c: &Checker<'_>, raw: &RawConfig) -> Result<ProxySettings, ConfigError>
         log_format,
         log_level: p.log_level.clone(),
         state_file: c.file_path(p.state_file.as_deref().unwrap_or(crate::DEFAULT_STATE_FILE)),
+        zone: p.zone.clone().filter(|z| !z.is_empty()),
     })
 }
 
@@ -568,6 +569,8 @@ fn nodes(c: &Checker<'_>, raw: &RawConfig) -> Result<Vec<NodeConfig>, ConfigErro
             netns: n.netns.clone(),
             weight: n.weight,
             priority: n.priority,
+            zone: n.zone.clone().filter(|z| !z.is_empty()),
+            sync: n.sync,
         });
     }
     Ok(nodes)

@@ -67,14 +67,16 @@ impl App {
             None => None,
         };
         let (shutdown_tx, _) = watch::channel(false);
+        let nodes = Nodes::new(
+            &config.nodes,
+            crate::nodes::CheckThresholds {
+                rejoin_after_checks: config.routing.rejoin_after_checks,
+                failures_before_down: config.cluster.health_check_failures_before_down,
+            },
+        );
+        nodes.set_local_zone(config.proxy.zone.clone());
         Ok(Arc::new(App {
-            nodes: Arc::new(Nodes::new(
-                &config.nodes,
-                crate::nodes::CheckThresholds {
-                    rejoin_after_checks: config.routing.rejoin_after_checks,
-                    failures_before_down: config.cluster.health_check_failures_before_down,
-                },
-            )),
+            nodes: Arc::new(nodes),
             routers: Mutex::new(HashMap::new()),
             schema_generation: std::sync::atomic::AtomicU64::new(1),
             events: Default::default(),
@@ -283,6 +285,7 @@ impl App {
         self.connect.store(Arc::new(connect));
         self.client_tls.store(acceptor);
         let started = self.nodes.reconcile(&new.nodes);
+        self.nodes.set_local_zone(new.proxy.zone.clone());
         self.nodes
             .rejoin_after_checks
             .store(new.routing.rejoin_after_checks, Ordering::Relaxed);

@@ -245,7 +245,7 @@ impl KeeperShell {
         let view = app.nodes.view();
         let eligible: Vec<String> = nodes
             .iter()
-            .filter(|n| n.name() != primary.name() && !view.is_fenced(n.id))
+            .filter(|n| n.name() != primary.name() && n.config.sync && !view.is_fenced(n.id))
             .map(|n| n.name().to_owned())
             .collect();
         let input = KeeperInput {
@@ -344,7 +344,7 @@ async fn preset_sync(
     let state = app.nodes.view();
     let others: Vec<String> = nodes
         .iter()
-        .filter(|n| n.name() != new_primary.name() && !state.is_fenced(n.id))
+        .filter(|n| n.name() != new_primary.name() && n.config.sync && !state.is_fenced(n.id))
         .map(|n| n.name().to_owned())
         .collect();
     let Some(set) = preset_sync_set(

@@ -405,6 +405,8 @@ pub struct Nodes {
     /// Woken when a node goes up or down or changes role, and when the view changes: requests
     /// waiting for a primary look again.
     standing: tokio::sync::Notify,
+    /// The zone this pgherd runs in (`[pgherd] zone`): reads prefer its replicas.
+    local_zone: arc_swap::ArcSwapOption<String>,
 }
 
 /// How many checks in a row change a node's standing.
@@ -434,6 +436,7 @@ impl Nodes {
             rejoin_after_checks: AtomicU32::new(thresholds.rejoin_after_checks),
             failures_before_down: AtomicU32::new(thresholds.failures_before_down),
             standing: tokio::sync::Notify::new(),
+            local_zone: arc_swap::ArcSwapOption::empty(),
         };
         let list = configs
             .iter()
@@ -464,6 +467,11 @@ impl Nodes {
             .get(id.0 as usize)
             .cloned()
             .unwrap_or_else(|| id.to_string())
+    }
+
+    /// Sets the zone reads prefer (`[pgherd] zone`).
+    pub fn set_local_zone(&self, zone: Option<String>) {
+        self.local_zone.store(zone.map(Arc::new));
     }
 
     /// The cluster view as it is now.
@@ -790,6 +798,24 @@ impl Snapshot<'_> {
     }
 }
 
+/// With a local zone and a healthy candidate in it, candidates elsewhere take no reads: a
+/// replica across zones serves only when none in this one can.
+fn prefer_zone(local: Option<&str>, nodes: &[Arc<NodeState>], candidates: &mut [Candidate]) {
+    let Some(local) = local else { return };
+    let in_zone = |node: &NodeState| node.config.zone.as_deref() == Some(local);
+    let any_local = nodes
+        .iter()
+        .zip(candidates.iter())
+        .any(|(n, c)| c.healthy && in_zone(n));
+    if any_local {
+        for (node, candidate) in nodes.iter().zip(candidates.iter_mut()) {
+            if !in_zone(node) {
+                candidate.healthy = false;
+            }
+        }
+    }
+}
+
 /// The data path's view of the cluster for the planner.
 impl ClusterView for Snapshot<'_> {
     type Node = Arc<NodeState>;
@@ -842,6 +868,11 @@ impl ClusterView for Snapshot<'_> {
                 nodes.push(node.clone());
             }
         }
+        prefer_zone(
+            self.nodes.local_zone.load().as_deref().map(String::as_str),
+            &nodes,
+            &mut candidates,
+        );
         (nodes, candidates)
     }
 
@@ -866,6 +897,8 @@ mod tests {
             netns: None,
             weight: 1,
             priority: 1,
+            zone: None,
+            sync: true,
         }
     }
 
@@ -1028,5 +1061,53 @@ mod tests {
         assert_eq!(names(&started), ["pg3", "pg2"]);
         assert_eq!(started[1].id, pg2);
         assert_ne!(started[0].id, pg2);
+    }
+
+    #[test]
+    fn reads_stay_in_pgherds_zone_while_a_replica_there_can_take_them() {
+        let zoned = |name: &str, port: u16, zone: &str| NodeConfig {
+            zone: Some(zone.into()),
+            ..config(name, port)
+        };
+        let nodes = Nodes::new(
+            &[
+                zoned("pg1", 5432, "a"),
+                zoned("pg2", 5433, "a"),
+                zoned("pg3", 5434, "b"),
+            ],
+            CheckThresholds {
+                rejoin_after_checks: 1,
+                failures_before_down: 1,
+            },
+        );
+        for (name, role) in [
+            ("pg1", Role::Primary),
+            ("pg2", Role::Replica),
+            ("pg3", Role::Replica),
+        ] {
+            nodes.record(&nodes.get(name).unwrap(), seen(role));
+        }
+        let healthy = |nodes: &Nodes| {
+            let snapshot = nodes.snapshot();
+            let (readers, candidates) = snapshot.read_candidates(false);
+            readers
+                .iter()
+                .zip(&candidates)
+                .filter(|(_, c)| c.healthy)
+                .map(|(n, _)| n.name().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            healthy(&nodes),
+            ["pg2", "pg3"],
+            "no zone of its own: every replica"
+        );
+        nodes.set_local_zone(Some("a".into()));
+        assert_eq!(healthy(&nodes), ["pg2"]);
+        nodes.set_local_zone(Some("b".into()));
+        assert_eq!(healthy(&nodes), ["pg3"]);
+        // The local replica out: the other zone serves.
+        nodes.change(Change::Detach(nodes.get("pg3").unwrap().id));
+        assert_eq!(healthy(&nodes), ["pg2"]);
     }
 }

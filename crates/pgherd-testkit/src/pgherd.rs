@@ -82,6 +82,12 @@ impl PgherdConfig {
         self
     }
 
+    /// Any line for `node`'s `[[nodes]]` entry, e.g. `zone = "a"`.
+    pub fn node_line(mut self, node: &str, line: &str) -> Self {
+        self.node_extra.push((node.to_owned(), line.to_owned()));
+        self
+    }
+
     pub fn mode(mut self, mode: &str) -> Self {
         self.pool_mode = mode.into();
         self

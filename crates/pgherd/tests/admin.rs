@@ -477,7 +477,12 @@ async fn reconnect_wait_close_and_the_config_views() {
         .iter()
         .find(|r| field(r, "database") == APP && field(r, "total_xact_count") != "0")
         .unwrap_or_else(|| panic!("{stats:?}"));
-    for column in ["bytes_to_servers", "bytes_to_clients", "xact_p50_us", "xact_p99_us"] {
+    for column in [
+        "bytes_to_servers",
+        "bytes_to_clients",
+        "xact_p50_us",
+        "xact_p99_us",
+    ] {
         let value: u64 = field(busy, column).parse().unwrap_or(0);
         assert!(value > 0, "{column}: {busy:?}");
     }

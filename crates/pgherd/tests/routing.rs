@@ -435,3 +435,54 @@ async fn session_state_pins_the_client_to_its_server() {
         env.pgherd.log()
     );
 }
+
+/// Zones: pgherd in zone a sends reads to the replica in zone a, never to the one in zone b
+/// while the local one can take them; with the local one detached, zone b serves. The
+/// asynchronous standby (`sync = false`) stays out of the synchronous set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_stay_in_the_local_zone_and_an_async_standby_stays_out_of_the_set() {
+    let env = env(2, |c| {
+        c.superuser()
+            .proxy("zone = \"a\"")
+            .proxy("admin_users = [\"postgres\"]")
+            .node_line("pg1", "zone = \"a\"")
+            .node_line("pg2", "zone = \"a\"")
+            .node_line("pg3", "zone = \"b\"")
+            .node_line("pg3", "sync = false")
+    });
+    let primary_port = env.cluster.primary().port;
+    let local = env.cluster.node("pg2").port;
+    let remote = env.cluster.node("pg3").port;
+    let c = env.app().await;
+    wait_for_replica_reads(&c, primary_port).await;
+    for _ in 0..30 {
+        let port = served_by(&c, WHERE).await;
+        assert_ne!(port, remote, "a read went to the other zone");
+    }
+    let nodes = admin_rows(&env, "SHOW NODES");
+    assert!(nodes.contains("async"), "{nodes}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let cluster = admin_rows(&env, "SHOW CLUSTER");
+        if cluster.contains("ANY 1 (\"pg2\")") {
+            break;
+        }
+        assert!(!cluster.contains("\"pg3\""), "{cluster}");
+        assert!(Instant::now() < deadline, "{cluster}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    admin_rows(&env, "DETACH pg2");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let port = served_by(&c, WHERE).await;
+        assert_ne!(port, local, "a read reached the detached replica");
+        if port == remote {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the other zone never served reads with the local replica out"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -67,6 +67,9 @@ pub struct ClusterSpec {
     /// Per node (primary first), a network namespace and the node's address in it, for
     /// fault drills that cut a node off; empty: every node on 127.0.0.1.
     pub netns: Vec<(String, String)>,
+    /// A role (name, password) with REPLICATION and nothing else, made on the primary, that
+    /// the replicas stream as; `None`: they stream as the superuser.
+    pub replication_role: Option<(String, String)>,
 }
 
 /// A running local cluster.
@@ -130,6 +133,20 @@ impl LocalCluster {
             primary.allow_hosts("10.0.0.0/8")?;
         }
         primary.start(Duration::from_secs(60))?;
+        let (stream_user, stream_password) = match &spec.replication_role {
+            Some((role, password)) => {
+                primary.psql(
+                    "postgres",
+                    &format!(
+                        "CREATE ROLE \"{}\" WITH REPLICATION LOGIN PASSWORD '{}'",
+                        role.replace('"', "\"\""),
+                        password.replace('\'', "''")
+                    ),
+                )?;
+                (role.as_str(), password.as_str())
+            }
+            None => (spec.superuser.as_str(), spec.superuser_password.as_str()),
+        };
         for replica in replicas {
             primary.psql(
                 "postgres",
@@ -138,7 +155,7 @@ impl LocalCluster {
                     replica.name
                 ),
             )?;
-            replica.basebackup(primary, &spec.superuser_password)?;
+            replica.basebackup(primary, stream_user, stream_password)?;
             let mut settings = base_settings(replica, &spec.settings);
             settings.push(("primary_slot_name".into(), replica.name.clone()));
             replica.write_auto_settings(&settings)?;

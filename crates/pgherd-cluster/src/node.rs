@@ -128,12 +128,14 @@ impl LocalNode {
     /// `NAME.before-rejoin`). The node's own configuration files survive either way; settings
     /// of its former role (`primary_conninfo`, `default_transaction_read_only`, ...) do not.
     /// Returns how it was done (the program, and why rewinding failed if it did).
-    /// `source_conninfo` holds no password: `password` reaches the programs through a
-    /// password file, and the standby's `primary_conninfo`.
+    /// `source_conninfo` (for the programs; a superuser, as pg_rewind needs) holds no
+    /// password: `password` reaches them through a password file. The standby then streams
+    /// with `standby_conninfo` (password included; possibly another role).
     pub fn rejoin(
         &self,
         source_conninfo: &str,
         password: Option<&str>,
+        standby_conninfo: &str,
         slot: Option<&str>,
     ) -> Result<String, ClusterError> {
         let pass_file = password
@@ -201,7 +203,7 @@ impl LocalNode {
             std::fs::write(&path, text).map_err(|e| ClusterError::io(&path, e))?;
             hand_over(&path, self.run_as.as_ref(), false)?;
         }
-        self.make_standby(&crate::with_password(source_conninfo, password), slot)?;
+        self.make_standby(standby_conninfo, slot)?;
         Ok(how)
     }
 
@@ -347,13 +349,18 @@ impl LocalNode {
     /// Clones `primary` into this node's data directory as a streaming replica. The password
     /// reaches pg_basebackup through a password file and the standby through its
     /// `primary_conninfo`.
-    pub fn basebackup(&self, primary: &LocalNode, password: &str) -> Result<(), ClusterError> {
+    pub fn basebackup(
+        &self,
+        primary: &LocalNode,
+        user: &str,
+        password: &str,
+    ) -> Result<(), ClusterError> {
         let pass_file = crate::PassFile::new(password, self.run_as.as_ref())?;
         let conninfo = format!(
             "host={} port={} user={}",
             crate::conninfo_value(&primary.host),
             primary.port,
-            crate::conninfo_value(&primary.superuser)
+            crate::conninfo_value(user)
         );
         run(
             self.tool("pg_basebackup")

@@ -84,6 +84,20 @@ pub struct ReplicationSettings {
     pub sync_standbys: u32,
     /// What a synchronous standby confirms before the commit is acknowledged.
     pub synchronous_commit: SynchronousCommit,
+    /// The role standbys stream as (`primary_conninfo`), when not `[cluster] user`: a role
+    /// with REPLICATION and nothing else.
+    pub user: Option<String>,
+    pub password: Option<String>,
+}
+
+impl ReplicationSettings {
+    /// Who standbys log in as to stream: the replication role, else pgherd's own user.
+    pub fn standby_login<'a>(&'a self, cluster: &'a ClusterSettings) -> (&'a str, Option<&'a str>) {
+        match &self.user {
+            Some(user) => (user, self.password.as_deref()),
+            None => (&cluster.user, cluster.password.as_deref()),
+        }
+    }
 }
 
 /// The failover decisions' own notion, so config and decisions cannot drift apart.

@@ -56,6 +56,10 @@ pub struct RawReplication {
     pub sync_standbys: u32,
     #[serde(default = "default_synchronous_commit")]
     pub synchronous_commit: String,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub password_file: Option<String>,
+    pub password_env: Option<String>,
 }
 
 impl Default for RawReplication {
@@ -64,6 +68,10 @@ impl Default for RawReplication {
             durability: default_durability(),
             sync_standbys: default_sync_standbys(),
             synchronous_commit: default_synchronous_commit(),
+            user: None,
+            password: None,
+            password_file: None,
+            password_env: None,
         }
     }
 }

@@ -290,6 +290,9 @@ fn secret_field(raw: &RawConfig) -> Option<Vec<Seg>> {
     if raw.auth.password.is_some() {
         return Some(path!["auth", "password"].to_vec());
     }
+    if raw.replication.password.is_some() {
+        return Some(path!["replication", "password"].to_vec());
+    }
     raw.users.iter().find_map(|(name, u)| {
         if u.server_password.is_some() {
             Some(path!["users", name.as_str(), "server_password"].to_vec())
@@ -364,6 +367,12 @@ fn replication(c: &Checker<'_>, raw: &RawConfig) -> Result<ReplicationSettings, 
             SynchronousCommit::parse,
             "synchronous_commit level",
             "on, remote_write or remote_apply",
+        )?,
+        user: r.user.clone().filter(|u| !u.is_empty()),
+        password: c.secret(
+            &path!["replication"],
+            "password",
+            [&r.password, &r.password_file, &r.password_env],
         )?,
     })
 }

@@ -234,7 +234,7 @@ pub async fn promote(
     event(app, "promoting", name, &what);
     promote_replacing(
         app,
-        &config.cluster,
+        &config,
         &nodes,
         promotion.candidate,
         promotion.old,

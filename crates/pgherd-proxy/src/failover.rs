@@ -102,7 +102,7 @@ async fn decide_and_act(
         event(app, kind(&verdict), node, &sentence);
         *last_sentence = sentence;
     }
-    act(app, &config.cluster, nodes, verdict).await;
+    act(app, config, nodes, verdict).await;
 }
 
 /// Makes fenced nodes that answer again (a replaced primary restarted) refuse writes, and
@@ -431,12 +431,7 @@ fn view_of(node: &NodeState, state: &ClusterState) -> NodeView {
     }
 }
 
-async fn act(
-    app: &Arc<App>,
-    cluster: &ClusterSettings,
-    nodes: &[Arc<NodeState>],
-    verdict: Verdict,
-) {
+async fn act(app: &Arc<App>, config: &Config, nodes: &[Arc<NodeState>], verdict: Verdict) {
     match verdict {
         Verdict::Elect { node } => {
             app.nodes.change(Change::Elect {
@@ -454,7 +449,7 @@ async fn act(
             // The fenced old primary stays elected after a failed promotion, so the next turn
             // decides again.
             let promoted =
-                promote_replacing(app, cluster, nodes, candidate, Some(old), &followers).await;
+                promote_replacing(app, config, nodes, candidate, Some(old), &followers).await;
             if promoted.is_err() {
                 tracing::warn!("the promotion is retried at the next check");
             }
@@ -469,7 +464,7 @@ async fn act(
 /// leaves the old primary elected (fenced), so writes wait for the next decision.
 pub(crate) async fn promote_replacing(
     app: &Arc<App>,
-    cluster: &ClusterSettings,
+    config: &Config,
     nodes: &[Arc<NodeState>],
     candidate: usize,
     old: Option<usize>,
@@ -503,7 +498,7 @@ pub(crate) async fn promote_replacing(
     // the candidate never got, and they could not follow it.
     for &follower in followers {
         let follower = &nodes[follower];
-        match repoint(cluster, &ctx, follower, new_primary).await {
+        match repoint(config, &ctx, follower, new_primary).await {
             Ok(()) => {
                 let detail = format!("follows {} now", new_primary.name());
                 event(app, "repointed", follower.name(), &detail);
@@ -667,16 +662,17 @@ async fn seal(cluster: &ClusterSettings, ctx: &ConnectContext, node: &NodeState)
 /// copied by promotion), then `primary_conninfo` is changed and reloaded; the replica follows
 /// the new timeline (`recovery_target_timeline = 'latest'` is PostgreSQL's default).
 pub(crate) async fn repoint(
-    cluster: &ClusterSettings,
+    config: &Config,
     ctx: &ConnectContext,
     replica: &NodeState,
     primary: &NodeState,
 ) -> Result<(), String> {
+    let cluster = &config.cluster;
     let slot = run_sql(replica, cluster, ctx, "SHOW primary_slot_name").await?;
     if let Some(slot) = first_value(&slot).filter(|s| !s.is_empty()) {
         create_slot(cluster, ctx, primary, slot).await?;
     }
-    let conninfo = primary_conninfo(cluster, primary, replica.name());
+    let conninfo = primary_conninfo(config, primary, replica.name());
     run_sql(
         replica,
         cluster,
@@ -718,31 +714,22 @@ pub(crate) async fn create_slot(
     .map(|_| ())
 }
 
-/// How a standby named `standby` connects to `primary` (its name is its application_name, the
-/// name synchronous_standby_names lists).
-pub(crate) fn primary_conninfo(
-    cluster: &ClusterSettings,
-    primary: &NodeState,
-    standby: &str,
-) -> String {
-    with_password(
-        &primary_conninfo_without_password(cluster, primary, standby),
-        cluster.password.as_deref(),
-    )
+/// How a standby named `standby` streams from `primary` (its name is its application_name,
+/// the name synchronous_standby_names lists), as the replication role when there is one.
+pub(crate) fn primary_conninfo(config: &Config, primary: &NodeState, standby: &str) -> String {
+    let (user, password) = config.replication.standby_login(&config.cluster);
+    with_password(&conninfo_as(primary, standby, user), password)
 }
 
-/// [`primary_conninfo`] without the password, for programs that get it from a password file.
-pub(crate) fn primary_conninfo_without_password(
-    cluster: &ClusterSettings,
-    primary: &NodeState,
-    standby: &str,
-) -> String {
+/// A connection to `primary` as `user`, named `application`, without a password (programs
+/// get it from a password file).
+pub(crate) fn conninfo_as(primary: &NodeState, application: &str, user: &str) -> String {
     format!(
         "host={} port={} user={} application_name={}",
         conninfo_value(&primary.config.host),
         primary.config.port,
-        conninfo_value(&cluster.user),
-        conninfo_value(standby)
+        conninfo_value(user),
+        conninfo_value(application)
     )
 }
 

@@ -11,7 +11,7 @@ use pgherd_failover::Change;
 use pgherd_wire::{PgError, SqlState};
 
 use crate::app::App;
-use crate::failover::{create_slot, event, primary_conninfo_without_password, run_sql};
+use crate::failover::{conninfo_as, create_slot, event, primary_conninfo, run_sql};
 use crate::nodes::NodeState;
 use crate::switchover::{blocking, managed_node, START_TIMEOUT};
 
@@ -85,15 +85,19 @@ async fn run(
     // primary updates only at its next checkpoint: without one, rewind sees the same
     // timeline and changes nothing.
     run_sql(primary, &config.cluster, &ctx, "CHECKPOINT").await?;
-    let conninfo = format!(
+    // pg_rewind reads the source as pgherd's own user (it needs more than replication); the
+    // standby then streams as the replication role.
+    let source = format!(
         "{} dbname=postgres",
-        primary_conninfo_without_password(&config.cluster, primary, node.name())
+        conninfo_as(primary, node.name(), &config.cluster.user)
     );
+    let standby = primary_conninfo(&config, primary, node.name());
     let rejoining = local.clone();
     let slot = node.name().to_owned();
     let password = config.cluster.password.clone();
     let how =
-        blocking(move || rejoining.rejoin(&conninfo, password.as_deref(), Some(&slot))).await?;
+        blocking(move || rejoining.rejoin(&source, password.as_deref(), &standby, Some(&slot)))
+            .await?;
     steps.push(format!(
         "{} made a standby of {} with {how}",
         node.name(),

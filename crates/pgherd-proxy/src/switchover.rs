@@ -277,7 +277,7 @@ impl Run<'_> {
         // The old primary follows the new one from where it stopped: no rewind is needed
         // after a clean shutdown whose WAL the target replayed.
         create_slot(cluster, &ctx, target, old.name()).await?;
-        let conninfo = primary_conninfo(cluster, target, old.name());
+        let conninfo = primary_conninfo(&config, target, old.name());
         let node = local.clone();
         let slot = old.name().to_owned();
         blocking(move || {
@@ -295,7 +295,7 @@ impl Run<'_> {
             .filter(|n| n.name() != old.name() && n.name() != target.name())
             .filter(|n| self.app.nodes.usable_as(n, Role::Replica))
         {
-            match repoint(cluster, &ctx, follower, target).await {
+            match repoint(&config, &ctx, follower, target).await {
                 Ok(()) => self.step(
                     "repointed",
                     follower.name(),

@@ -70,6 +70,7 @@ impl TestCluster {
             settings,
             template: Some(template().to_owned()),
             netns: Vec::new(),
+            replication_role: None,
         };
         let cluster = LocalCluster::create(&spec).unwrap_or_else(|e| {
             print_logs(&spec.dir.join("logs"));

@@ -15,6 +15,8 @@ const CONFIG_FILE: &str = "pgherd.toml";
 const PID_FILE: &str = "pgherd.pid";
 const LOG_FILE: &str = "pgherd.log";
 const PASSWORD_FILE: &str = "passwords";
+/// The role `up`'s replicas stream as.
+const REPLICATION_USER: &str = "replicator";
 /// The same passwords as a libpq password file, for `PGPASSFILE`.
 const PGPASS_FILE: &str = "pgpass";
 const APP_USER: &str = "app";
@@ -234,6 +236,8 @@ fn create(dir: &Path, options: &UpOptions) -> Result<(), String> {
         options.replicas,
         dir.display()
     );
+    // Replicas stream as a role that can replicate and nothing else.
+    let replication_password = random_password();
     let cluster = LocalCluster::create(&ClusterSpec {
         dir: dir.to_owned(),
         ports,
@@ -242,6 +246,7 @@ fn create(dir: &Path, options: &UpOptions) -> Result<(), String> {
         settings: Vec::new(),
         template: None,
         netns: Vec::new(),
+        replication_role: Some((REPLICATION_USER.into(), replication_password.clone())),
     })
     .map_err(|e| e.to_string())?;
     // The servers hold the very verifiers pgherd holds, so pgherd can pass a client's SCRAM
@@ -257,11 +262,11 @@ fn create(dir: &Path, options: &UpOptions) -> Result<(), String> {
     for sql in &setup {
         primary.psql("postgres", sql).map_err(|e| e.to_string())?;
     }
-    // Streaming replicas connect with the superuser's password; keep it unchanged for them.
     let config = render_config(
         &cluster,
         (options.port, options.api_port),
         &passwords,
+        &replication_password,
         &app_verifier,
         &superuser_verifier,
     );
@@ -279,6 +284,7 @@ fn render_config(
     cluster: &LocalCluster,
     (port, api_port): (u16, u16),
     passwords: &Passwords,
+    replication_password: &str,
     app_verifier: &ScramVerifier,
     superuser_verifier: &ScramVerifier,
 ) -> String {
@@ -309,7 +315,9 @@ fn render_config(
          [users.{APP_USER}]\nscram = \"{app_verifier}\"\n\n\
          [users.{SUPERUSER}]\nscram = \"{superuser_verifier}\"\n\n\
          # No acknowledged commit exists on the primary alone while a replica streams.\n\
-         [replication]\ndurability = \"sync\"\n\n\
+         [replication]\ndurability = \"sync\"\n\
+         # The role replicas stream as: it can replicate and nothing else.\n\
+         user = \"{REPLICATION_USER}\"\npassword = \"{replication_password}\"\n\n\
          # A dead primary is replaced by the most advanced synchronous replica.\n\
          [failover]\nenabled = true\n\
          # The replaced primary, once it answers again, is rewound and follows the new one.\n\

@@ -81,6 +81,50 @@ fn up_status_down_on_a_fresh_directory() {
         assert!(node["port"].as_u64().unwrap() > 0);
         assert!(node["data_dir"].as_str().unwrap().starts_with(dir_arg));
     }
+    // The replica streams as the replication role, which is no superuser.
+    let ask = |sql: &str| {
+        let out =
+            std::process::Command::new(pgherd_cluster::PgBinaries::find().unwrap().tool("psql"))
+                .env("PGPASSFILE", cluster_dir.join("pgpass"))
+                .args([
+                    "-X",
+                    "-A",
+                    "-t",
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &port,
+                    "-U",
+                    "postgres",
+                    "-d",
+                    "postgres",
+                ])
+                .args(["-c", sql])
+                .output()
+                .expect("psql");
+        assert!(out.status.success(), "{sql}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let streaming =
+            ask("/* pgherd:primary */ SELECT string_agg(usename, ',') FROM pg_stat_replication");
+        if streaming == "replicator" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "streaming as {streaming:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(
+        ask("/* pgherd:primary */ SELECT rolsuper::text || rolreplication::text FROM pg_roles WHERE rolname = 'replicator'"),
+        "falsetrue"
+    );
+    let config = std::fs::read_to_string(cluster_dir.join("pgherd.toml")).unwrap();
+    assert!(config.contains("user = \"replicator\""), "{config}");
+
     // Operator commands against the running pgherd.
     let detached = pgherd(&["detach", "pg2", "--dir", dir_arg]);
     assert!(detached.status.success(), "{}", text(&detached));
@@ -186,6 +230,25 @@ fn up_status_down_on_a_fresh_directory() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     assert_eq!(seen, "1", "the replica should stream the primary's writes");
+
+    // A switchover from the command line: the old primary comes back as a standby that
+    // streams as the replication role too.
+    let switched = pgherd(&["switchover", "--dir", dir_arg]);
+    assert!(switched.status.success(), "{}", text(&switched));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let streaming = ask(
+            "/* pgherd:primary */ SELECT current_setting('port') || ' ' || coalesce(string_agg(usename, ','), '') FROM pg_stat_replication",
+        );
+        if streaming == format!("{replica_port} replicator") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "after the switchover: {streaming:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 
     // A second `up` reuses the running cluster.
     let again = pgherd(&["up", "--dir", dir_arg, "--detach"]);

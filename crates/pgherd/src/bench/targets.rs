@@ -79,6 +79,7 @@ impl BenchCluster {
             settings,
             template: None,
             netns,
+            replication_role: None,
         })
         .map_err(|e| e.to_string())?;
         for user in users {

@@ -12,6 +12,7 @@ use pgherd_wire::{PgError, SqlState};
 use crate::app::App;
 use crate::failover::{event, policy, promote_replacing, Seen};
 use crate::nodes::{NodeState, Role};
+use crate::pool::Pool;
 use crate::switchover::ROLE_CHANGE_WAIT;
 
 /// How long `PAUSE` waits for running transactions to give their server connections back.
@@ -76,12 +77,9 @@ pub fn attach(app: &App, name: &str) -> Result<Vec<String>, PgError> {
 /// `PAUSE [db]`: new transactions of the database (or of all) wait; returns once running
 /// ones have given their server connections back.
 pub async fn pause(app: &App, database: Option<&str>) -> Result<Vec<String>, PgError> {
-    if let Some(db) = database {
-        check_database(app, db)?;
-    }
+    let what = scope(app, database)?;
     app.nodes.change(Change::Pause(database.map(str::to_owned)));
     let not_kept = keep_levers(app);
-    let what = database.map_or("all databases".to_owned(), |d| format!("database \"{d}\""));
     event(
         app,
         "paused",
@@ -90,12 +88,7 @@ pub async fn pause(app: &App, database: Option<&str>) -> Result<Vec<String>, PgE
     );
     let started = Instant::now();
     loop {
-        let in_use: u32 = app
-            .pools()
-            .iter()
-            .filter(|p| database.is_none_or(|d| p.database == d))
-            .map(|p| p.snapshot().lent)
-            .sum();
+        let in_use = sum_over_pools(app, database, |p| p.snapshot().lent);
         if in_use == 0 {
             let mut steps = vec![format!(
                 "{what} paused: new transactions wait, none is running ({} ms)",
@@ -166,6 +159,23 @@ pub fn kill(app: &App, database: &str) -> Result<Vec<String>, PgError> {
     Ok(vec![format!(
         "{ended} session(s) of database \"{database}\" ended"
     )])
+}
+
+/// The database a command names (checked to be served), or all: how the answer calls it.
+fn scope(app: &App, database: Option<&str>) -> Result<String, PgError> {
+    if let Some(db) = database {
+        check_database(app, db)?;
+    }
+    Ok(database.map_or("all databases".to_owned(), |d| format!("database \"{d}\"")))
+}
+
+/// `count` summed over the pools of `database` (all pools without one).
+fn sum_over_pools(app: &App, database: Option<&str>, count: impl Fn(&Pool) -> u32) -> u32 {
+    app.pools()
+        .iter()
+        .filter(|p| database.is_none_or(|d| p.database == d))
+        .map(|p| count(p))
+        .sum()
 }
 
 fn check_database(app: &App, database: &str) -> Result<(), PgError> {
@@ -287,16 +297,8 @@ pub fn parse_safeguards(words: &[&str]) -> Result<Vec<Safeguard>, PgError> {
 /// `RECONNECT [db]`: every server connection of the database (or of all) is opened anew:
 /// idle ones close now, lent ones when their client gives them back.
 pub fn reconnect(app: &App, database: Option<&str>) -> Result<Vec<String>, PgError> {
-    if let Some(db) = database {
-        check_database(app, db)?;
-    }
-    let what = database.map_or("all databases".to_owned(), |d| format!("database \"{d}\""));
-    let lent: u32 = app
-        .pools()
-        .iter()
-        .filter(|p| database.is_none_or(|d| p.database == d))
-        .map(|p| p.reconnect())
-        .sum();
+    let what = scope(app, database)?;
+    let lent = sum_over_pools(app, database, Pool::reconnect);
     let detail = format!(
         "server connections of {what} are opened anew; {lent} in use close when released (WAIT_CLOSE waits for them)"
     );
@@ -310,18 +312,10 @@ const WAIT_CLOSE_LIMIT: Duration = Duration::from_secs(60);
 /// `WAIT_CLOSE [db]`: returns once every server connection `RECONNECT` asked to close (of the
 /// database, or of all) has closed.
 pub async fn wait_close(app: &App, database: Option<&str>) -> Result<Vec<String>, PgError> {
-    if let Some(db) = database {
-        check_database(app, db)?;
-    }
-    let what = database.map_or("all databases".to_owned(), |d| format!("database \"{d}\""));
+    let what = scope(app, database)?;
     let started = Instant::now();
     loop {
-        let left: u32 = app
-            .pools()
-            .iter()
-            .filter(|p| database.is_none_or(|d| p.database == d))
-            .map(|p| p.close_needed())
-            .sum();
+        let left = sum_over_pools(app, database, Pool::close_needed);
         if left == 0 {
             return Ok(vec![format!(
                 "no server connection of {what} is left to close ({} ms)",

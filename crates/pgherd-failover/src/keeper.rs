@@ -335,7 +335,7 @@ mod tests {
     }
 
     #[test]
-    fn a_set_takes_effect_where_the_primary_is_when_it_changes() {
+    fn a_set_takes_effect_where_the_primary_is_when_it_loses_a_standby() {
         let eligible = names(&["pg2", "pg3"]);
         let mut keeper = SyncKeeper::default();
         let view = ClusterState::default()
@@ -351,16 +351,21 @@ mod tests {
         // The same set later keeps its position; a new one takes the primary's.
         let view = carry_out(view.clone(), &keeper.turn(&view, &at(300, &pg2, 1_000)));
         assert_eq!(view.sync.as_ref().map(|s| s.since_lsn), Some(100));
+        // A standby joining keeps it: what pg2 confirmed alone is still on one of the set.
         let both = names(&["pg2", "pg3"]);
         let view = carry_out(view.clone(), &keeper.turn(&view, &at(500, &both, 2_000)));
-        assert_eq!(view.sync.as_ref().map(|s| s.since_lsn), Some(500));
+        assert_eq!(view.sync.as_ref().map(|s| s.since_lsn), Some(100));
+        // pg2 leaving moves it: what only pg2 confirmed may be missing on pg3.
+        let pg3 = names(&["pg3"]);
+        let view = carry_out(view.clone(), &keeper.turn(&view, &at(700, &pg3, 3_000)));
+        assert_eq!(view.sync.as_ref().map(|s| s.since_lsn), Some(700));
         let ids = [(P, "pg1"), (NodeId(1), "pg2"), (NodeId(2), "pg3")];
         assert_eq!(
             sync_holders(&view, &ids, Some(0)),
             SyncHolders {
-                members: vec![1, 2],
+                members: vec![2],
                 quorum: 1,
-                since_lsn: Some(500),
+                since_lsn: Some(700),
             }
         );
         // Before any set, everyone else counts from the primary's election.

@@ -138,17 +138,24 @@ pub struct SyncInForce {
 }
 
 impl SyncInForce {
-    /// `set` in force on `primary` from `primary_lsn` on, or since when it already was
-    /// (`current` is the same set on the same primary).
+    /// `set` in force on `primary`, replacing `current`. Where it takes effect stays where the
+    /// current one did when the change only adds standbys without asking more of each commit
+    /// (every commit acknowledged so far is still on `k` standbys of the set); otherwise it is
+    /// `primary_lsn`: a standby left (its share may be the only copy), `k` grew, or commits
+    /// were acknowledged by the primary alone (no set, or an empty one).
     pub fn from(
         primary: NodeId,
         set: SyncSet,
         current: Option<&SyncInForce>,
         primary_lsn: Lsn,
     ) -> SyncInForce {
-        let since_lsn = current
-            .filter(|c| c.primary == primary && c.set == set)
-            .map_or(primary_lsn, |c| c.since_lsn);
+        let covered = |c: &&SyncInForce| {
+            c.primary == primary
+                && !c.set.standbys.is_empty()
+                && c.set.standbys.iter().all(|s| set.standbys.contains(s))
+                && set.quorum <= c.set.quorum
+        };
+        let since_lsn = current.filter(covered).map_or(primary_lsn, |c| c.since_lsn);
         SyncInForce {
             primary,
             set,

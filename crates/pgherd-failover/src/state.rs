@@ -51,6 +51,25 @@ pub enum Gate {
     Refuse(GateReason),
 }
 
+impl Gate {
+    /// `open`, `held` or `refused`: the word `SHOW CLUSTER`, `SHOW NODES` and metrics use.
+    pub fn state(&self) -> &'static str {
+        match self {
+            Gate::Open => "open",
+            Gate::Hold(_) => "held",
+            Gate::Refuse(_) => "refused",
+        }
+    }
+
+    /// Why it is closed; `None` when open.
+    pub fn reason(&self) -> Option<&GateReason> {
+        match self {
+            Gate::Open => None,
+            Gate::Hold(why) | Gate::Refuse(why) => Some(why),
+        }
+    }
+}
+
 impl GateReason {
     /// Whether writes fail rather than wait: waiting for a standby that may never come would
     /// only turn a clear error into a timeout.
@@ -275,7 +294,7 @@ impl ClusterState {
 
     /// Whether new transactions of `database` wait for `RESUME`.
     pub fn is_paused(&self, database: &str) -> bool {
-        self.paused_all || (!self.paused.is_empty() && self.paused.contains(database))
+        self.paused_all || self.paused.contains(database)
     }
 
     /// The node writes go to, given the nodes that answer as a primary now (up, not in

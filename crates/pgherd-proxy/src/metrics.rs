@@ -107,11 +107,8 @@ pub fn render(app: &App) -> String {
         "Primaries elected since pgherd started.",
     )
     .sample("pgherd_cluster_epoch", &[], view.epoch as f64);
-    let (gate, reason) = match view.gate() {
-        pgherd_failover::Gate::Open => ("open", ""),
-        pgherd_failover::Gate::Hold(why) => ("held", why.kind()),
-        pgherd_failover::Gate::Refuse(why) => ("refused", why.kind()),
-    };
+    let gate = view.gate();
+    let reason = gate.reason().map_or("", |why| why.kind());
     family(
         &mut out,
         "pgherd_write_gate",
@@ -120,7 +117,7 @@ pub fn render(app: &App) -> String {
     )
     .sample(
         "pgherd_write_gate",
-        &[("state", gate), ("reason", reason)],
+        &[("state", gate.state()), ("reason", reason)],
         1.0,
     );
     let mut per_pair: std::collections::BTreeMap<(String, String), u64> = Default::default();

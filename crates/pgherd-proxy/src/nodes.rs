@@ -202,17 +202,14 @@ impl Nodes {
         self.list.load().iter().find(|n| n.id == id).cloned()
     }
 
-    /// Up, in `role`, and neither fenced nor detached.
+    /// Up, in `role`, and neither fenced nor detached (for the operator's commands; a plan
+    /// asks its [`Snapshot`]).
     pub fn usable_as(&self, node: &NodeState, role: Role) -> bool {
-        node.is_up() && node.role() == role && !self.view.load().is_excluded(node.id)
+        self.snapshot().usable_as(node, role)
     }
 
     pub fn is_fenced(&self, node: &NodeState) -> bool {
         self.view.load().is_fenced(node.id)
-    }
-
-    pub fn is_detached(&self, node: &NodeState) -> bool {
-        self.view.load().is_detached(node.id)
     }
 
     /// pgherd stopped `node` on purpose: it is down, in no role, until its monitor sees it
@@ -321,11 +318,6 @@ impl Nodes {
     /// The node that accepts writes, gate or not (see [`Snapshot::writer`]).
     pub fn writer(&self) -> Option<Arc<NodeState>> {
         self.snapshot().writer()
-    }
-
-    /// The elected primary's name, if one was elected.
-    pub fn elected(&self) -> Option<String> {
-        self.view.load().elected.map(|id| self.name_of(id))
     }
 
     /// The next healthy replica, round robin; `None` if there is none.

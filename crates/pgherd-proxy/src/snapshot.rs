@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use arc_swap::Guard;
-use pgherd_failover::ClusterState;
+use pgherd_failover::{ClusterState, Gate};
 use pgherd_route::balance::{Balance, Candidate};
 use pgherd_route::plan::{ClusterView, NodeStanding};
 
@@ -15,6 +15,8 @@ pub struct Snapshot<'a> {
     nodes: &'a Nodes,
     list: Guard<Arc<Vec<Arc<NodeState>>>>,
     view: Guard<Arc<ClusterState>>,
+    /// The write gate, folded once: a write's plan asks about it several times.
+    gate: Gate,
 }
 
 impl<'a> Snapshot<'a> {
@@ -23,7 +25,13 @@ impl<'a> Snapshot<'a> {
         list: Guard<Arc<Vec<Arc<NodeState>>>>,
         view: Guard<Arc<ClusterState>>,
     ) -> Self {
-        Snapshot { nodes, list, view }
+        let gate = view.gate();
+        Snapshot {
+            nodes,
+            list,
+            view,
+            gate,
+        }
     }
 
     /// The nodes, in config order.
@@ -92,32 +100,31 @@ impl ClusterView for Snapshot<'_> {
     }
 
     fn primary(&self) -> Option<Arc<NodeState>> {
-        if self.view.writes_held() {
+        if self.writes_paused() {
             return None;
         }
         self.writer()
     }
 
     fn writes_paused(&self) -> bool {
-        self.view.writes_held()
+        matches!(self.gate, Gate::Hold(_))
     }
 
     fn writes_refused(&self) -> Option<String> {
-        self.view
-            .writes_refused()
-            .map(|why| self.nodes.gate_sentence(&why))
+        match &self.gate {
+            Gate::Refuse(why) => Some(self.nodes.gate_sentence(why)),
+            _ => None,
+        }
     }
 
     /// Where a read may go, in config order; the primary is among them only when
     /// `primary_reads` (and not while the write gate holds: a primary being switched over
     /// drains).
     fn read_candidates(&self, primary_reads: bool) -> (Vec<Arc<NodeState>>, Vec<Candidate>) {
-        let primary_reads = primary_reads && !self.view.writes_held();
-        let reads_here = |n: &Arc<NodeState>| {
-            let role = n.role();
-            role == Role::Replica || (primary_reads && role == Role::Primary)
-        };
-        if !self.list.iter().any(reads_here) {
+        let primary_reads = primary_reads && !self.writes_paused();
+        let reads_here =
+            |role: Role| role == Role::Replica || (primary_reads && role == Role::Primary);
+        if !self.list.iter().any(|n| reads_here(n.role())) {
             // A cluster without replicas pays nothing for routing.
             return (Vec::new(), Vec::new());
         }
@@ -125,7 +132,7 @@ impl ClusterView for Snapshot<'_> {
         let mut candidates = Vec::with_capacity(self.list.len());
         for node in self.list.iter() {
             let role = node.role();
-            if role == Role::Replica || (primary_reads && role == Role::Primary) {
+            if reads_here(role) {
                 candidates.push(node.candidate(role, self.view.is_excluded(node.id)));
                 nodes.push(node.clone());
             }

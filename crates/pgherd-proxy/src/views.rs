@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::UNIX_EPOCH;
 
-use pgherd_failover::{Gate, NodeId};
+use pgherd_failover::NodeId;
 
 use crate::app::App;
 use crate::nodes::{NodeState, Role};
@@ -135,10 +135,10 @@ pub fn takes_writes(app: &App, n: &NodeState) -> bool {
 
 /// The write gate as one phrase: `open`, `held: <reason>` or `refused: <reason>`.
 pub fn write_gate(app: &App) -> String {
-    match app.nodes.view().gate() {
-        Gate::Open => "open".to_owned(),
-        Gate::Hold(why) => format!("held: {}", app.nodes.gate_sentence(&why)),
-        Gate::Refuse(why) => format!("refused: {}", app.nodes.gate_sentence(&why)),
+    let gate = app.nodes.view().gate();
+    match gate.reason() {
+        None => gate.state().to_owned(),
+        Some(why) => format!("{}: {}", gate.state(), app.nodes.gate_sentence(why)),
     }
 }
 
@@ -179,11 +179,8 @@ pub fn cluster(app: &App) -> Table {
             .collect::<Vec<_>>()
             .join(",")
     };
-    let (gate, reason) = match view.gate() {
-        Gate::Open => ("open", None),
-        Gate::Hold(why) => ("held", Some(why)),
-        Gate::Refuse(why) => ("refused", Some(why)),
-    };
+    let gate = view.gate();
+    let reason = gate.reason();
     let paused = if view.paused_all {
         "*".to_owned()
     } else {
@@ -209,9 +206,9 @@ pub fn cluster(app: &App) -> Table {
             view.epoch.into(),
             name(view.elected).into(),
             app.nodes.writer().map(|n| n.name().to_owned()).into(),
-            gate.into(),
-            reason.as_ref().map(|r| r.kind()).into(),
-            reason.as_ref().map(|r| app.nodes.gate_sentence(r)).into(),
+            gate.state().into(),
+            reason.map(|r| r.kind()).into(),
+            reason.map(|r| app.nodes.gate_sentence(r)).into(),
             name(view.promoting).into(),
             names(&view.fenced).into(),
             names(&view.detached).into(),
@@ -229,6 +226,7 @@ pub fn nodes(app: &App) -> Table {
         .map(|n| {
             let health = n.health();
             let timeline = health.last_seen.as_ref().map(|s| s.timeline);
+            let writes = takes_writes(app, n);
             vec![
                 n.config.name.clone().into(),
                 n.config.host.clone().into(),
@@ -237,8 +235,8 @@ pub fn nodes(app: &App) -> Table {
                 if n.config.sync { "sync" } else { "async" }.into(),
                 n.role().as_str().into(),
                 node_state(app, n).into(),
-                takes_writes(app, n).into(),
-                takes_writes(app, n).then(|| write_gate(app)).into(),
+                writes.into(),
+                writes.then(|| write_gate(app)).into(),
                 pgherd_route::balance::format_lsn(n.lsn()).into(),
                 timeline.into(),
                 n.lag_bytes().into(),

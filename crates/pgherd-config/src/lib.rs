@@ -7,6 +7,7 @@
 mod error;
 pub mod hba;
 mod raw;
+mod secrets;
 mod validate;
 
 use std::collections::BTreeMap;

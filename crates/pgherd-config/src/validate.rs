@@ -11,9 +11,9 @@ use pgherd_wire::md5::is_md5_hash;
 use pgherd_wire::scram::ScramVerifier;
 use toml_edit::{ImDocument, Item, Value};
 
-use crate::file_mode;
 use crate::hba::{AuthMethod, ConnectionType, HbaRule, NameMatch};
 use crate::raw::{RawConfig, RawHba};
+use crate::secrets::secret_field;
 use crate::{
     ApiSettings, AuthQuery, Balance, ClientTls, ClientTlsMode, ClusterSettings, Config,
     ConfigError, Consistency, DatabaseConfig, Durability, FailoverSettings, LogFormat, NodeConfig,
@@ -23,7 +23,7 @@ use crate::{
 
 /// One step of a field path: a table key or an array index.
 #[derive(Debug, Clone)]
-enum Seg {
+pub(crate) enum Seg {
     Key(String),
     Index(usize),
 }
@@ -63,11 +63,12 @@ fn render(path: &[Seg]) -> String {
     out
 }
 
-macro_rules! path {
+macro_rules! field_path {
     ($($seg:expr),* $(,)?) => { [$(Seg::from($seg)),*] };
 }
+pub(crate) use field_path;
 
-struct Checker<'a> {
+pub(crate) struct Checker<'a> {
     file: &'a Path,
     source: &'a str,
     doc: Option<ImDocument<&'a str>>,
@@ -114,7 +115,7 @@ impl Checker<'_> {
         best
     }
 
-    fn error(&self, path: &[Seg], message: impl Into<String>) -> ConfigError {
+    pub(crate) fn error(&self, path: &[Seg], message: impl Into<String>) -> ConfigError {
         ConfigError::at(
             self.file,
             self.source,
@@ -124,80 +125,8 @@ impl Checker<'_> {
         )
     }
 
-    /// A secret given in the TOML (`field`), in a file (`field_file`, relative to the config
-    /// file; not readable by every user; one trailing newline dropped) or in an environment
-    /// variable (`field_env`): at most one of them.
-    fn secret(
-        &self,
-        table: &[Seg],
-        field: &str,
-        given: [&Option<String>; 3],
-    ) -> Result<Option<String>, ConfigError> {
-        let names = [
-            field.to_owned(),
-            format!("{field}_file"),
-            format!("{field}_env"),
-        ];
-        let at = |i: usize| {
-            let mut path = table.to_vec();
-            path.push(Seg::from(names[i].as_str()));
-            path
-        };
-        let set: Vec<usize> = (0..3).filter(|&i| given[i].is_some()).collect();
-        if let [_, second, ..] = set.as_slice() {
-            return Err(self.error(
-                &at(*second),
-                format!(
-                    "set only one of {}, {} and {}",
-                    names[0], names[1], names[2]
-                ),
-            ));
-        }
-        let Some(&which) = set.first() else {
-            return Ok(None);
-        };
-        let Some(value) = given[which] else {
-            return Ok(None);
-        };
-        let secret = match which {
-            0 => value.clone(),
-            1 => {
-                let path = self.file_path(value);
-                let mode = file_mode(&path).map_err(|e| {
-                    self.error(&at(1), format!("cannot read {}: {e}", path.display()))
-                })?;
-                if mode & 0o004 != 0 {
-                    return Err(self.error(
-                        &at(1),
-                        format!(
-                            "{} is readable by every user (mode {:04o}); run `chmod 600 {}`",
-                            path.display(),
-                            mode & 0o7777,
-                            path.display()
-                        ),
-                    ));
-                }
-                let text = std::fs::read_to_string(&path).map_err(|e| {
-                    self.error(&at(1), format!("cannot read {}: {e}", path.display()))
-                })?;
-                let text = text.strip_suffix('\n').unwrap_or(&text);
-                text.strip_suffix('\r').unwrap_or(text).to_owned()
-            }
-            _ => std::env::var(value).map_err(|_| {
-                self.error(
-                    &at(2),
-                    format!("the environment variable {value} is not set (or not UTF-8)"),
-                )
-            })?,
-        };
-        if secret.is_empty() {
-            return Err(self.error(&at(which), "is empty"));
-        }
-        Ok(Some(secret))
-    }
-
     /// Resolves a path relative to the config file's directory.
-    fn file_path(&self, value: &str) -> PathBuf {
+    pub(crate) fn file_path(&self, value: &str) -> PathBuf {
         let p = Path::new(value);
         if p.is_absolute() {
             p.to_owned()
@@ -246,7 +175,7 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
             .position(|r| r.method == AuthMethod::Cert)
             .unwrap_or(0);
         return Err(c.error(
-            &path!["hba", index, "method"],
+            &field_path!["hba", index, "method"],
             "cert authentication needs [tls] with client_ca_file to check client certificates",
         ));
     }
@@ -278,44 +207,17 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
     })
 }
 
-/// The first field that holds a password, a password-equivalent hash or a token: what others
-/// must not be able to read.
-fn secret_field(raw: &RawConfig) -> Option<Vec<Seg>> {
-    if raw.cluster.password.is_some() {
-        return Some(path!["cluster", "password"].to_vec());
-    }
-    if raw.api.token.is_some() {
-        return Some(path!["api", "token"].to_vec());
-    }
-    if raw.auth.password.is_some() {
-        return Some(path!["auth", "password"].to_vec());
-    }
-    if raw.replication.password.is_some() {
-        return Some(path!["replication", "password"].to_vec());
-    }
-    raw.users.iter().find_map(|(name, u)| {
-        if u.server_password.is_some() {
-            Some(path!["users", name.as_str(), "server_password"].to_vec())
-        } else if u.md5.is_some() {
-            // An md5 hash logs in to PostgreSQL as well as the password does.
-            Some(path!["users", name.as_str(), "md5"].to_vec())
-        } else {
-            None
-        }
-    })
-}
-
 fn api(c: &Checker<'_>, raw: &RawConfig) -> Result<ApiSettings, ConfigError> {
     let listen = addresses(c, "api", &raw.api.listen)?;
     let a = &raw.api;
     let token = c.secret(
-        &path!["api"],
+        &field_path!["api"],
         "token",
         [&a.token, &a.token_file, &a.token_env],
     )?;
     if token.as_deref().is_some_and(|t| t.len() < 16) {
         return Err(c.error(
-            &path!["api", "token"],
+            &field_path!["api", "token"],
             "must be at least 16 characters (it guards switchover and the like)",
         ));
     }
@@ -334,7 +236,7 @@ fn addresses(
         .map(|(i, a)| {
             a.parse::<SocketAddr>().map_err(|_| {
                 c.error(
-                    &path![section, "listen", i],
+                    &field_path![section, "listen", i],
                     format!("{a:?} is not an address with a port, e.g. \"127.0.0.1:6432\""),
                 )
             })
@@ -346,14 +248,14 @@ fn replication(c: &Checker<'_>, raw: &RawConfig) -> Result<ReplicationSettings, 
     let r = &raw.replication;
     if r.sync_standbys == 0 {
         return Err(c.error(
-            &path!["replication", "sync_standbys"],
+            &field_path!["replication", "sync_standbys"],
             "must be at least 1 (use durability = \"async\" for no synchronous standby)",
         ));
     }
     Ok(ReplicationSettings {
         durability: choice(
             c,
-            &path!["replication", "durability"],
+            &field_path!["replication", "durability"],
             &r.durability,
             Durability::parse,
             "durability",
@@ -362,7 +264,7 @@ fn replication(c: &Checker<'_>, raw: &RawConfig) -> Result<ReplicationSettings, 
         sync_standbys: r.sync_standbys,
         synchronous_commit: choice(
             c,
-            &path!["replication", "synchronous_commit"],
+            &field_path!["replication", "synchronous_commit"],
             &r.synchronous_commit,
             SynchronousCommit::parse,
             "synchronous_commit level",
@@ -370,7 +272,7 @@ fn replication(c: &Checker<'_>, raw: &RawConfig) -> Result<ReplicationSettings, 
         )?,
         user: r.user.clone().filter(|u| !u.is_empty()),
         password: c.secret(
-            &path!["replication"],
+            &field_path!["replication"],
             "password",
             [&r.password, &r.password_file, &r.password_env],
         )?,
@@ -380,24 +282,27 @@ fn replication(c: &Checker<'_>, raw: &RawConfig) -> Result<ReplicationSettings, 
 fn proxy(c: &Checker<'_>, raw: &RawConfig) -> Result<ProxySettings, ConfigError> {
     let p = &raw.pgherd;
     if p.listen.is_empty() {
-        return Err(c.error(&path!["pgherd", "listen"], "needs at least one address"));
+        return Err(c.error(
+            &field_path!["pgherd", "listen"],
+            "needs at least one address",
+        ));
     }
     let listen = addresses(c, "pgherd", &p.listen)?;
     if p.workers > 1024 {
         return Err(c.error(
-            &path!["pgherd", "workers"],
+            &field_path!["pgherd", "workers"],
             "must be between 0 (a quarter of the CPUs) and 1024",
         ));
     }
     if p.max_client_connections == 0 {
         return Err(c.error(
-            &path!["pgherd", "max_client_connections"],
+            &field_path!["pgherd", "max_client_connections"],
             "must be at least 1",
         ));
     }
     if !(8 << 10..=(1 << 30) + (1 << 20)).contains(&p.max_message_bytes) {
         return Err(c.error(
-            &path!["pgherd", "max_message_bytes"],
+            &field_path!["pgherd", "max_message_bytes"],
             "must be between 8192 and 1074790400 (1 GiB plus headroom)",
         ));
     }
@@ -406,14 +311,14 @@ fn proxy(c: &Checker<'_>, raw: &RawConfig) -> Result<ProxySettings, ConfigError>
         "json" => LogFormat::Json,
         other => {
             return Err(c.error(
-                &path!["pgherd", "log_format"],
+                &field_path!["pgherd", "log_format"],
                 format!("unknown format {other:?}; expected \"human\" or \"json\""),
             ))
         }
     };
     if !["error", "warn", "info", "debug", "trace"].contains(&p.log_level.as_str()) {
         return Err(c.error(
-            &path!["pgherd", "log_level"],
+            &field_path!["pgherd", "log_level"],
             format!(
                 "unknown level {:?}; expected error, warn, info, debug or trace",
                 p.log_level
@@ -422,7 +327,7 @@ fn proxy(c: &Checker<'_>, raw: &RawConfig) -> Result<ProxySettings, ConfigError>
     }
     if p.auth_failure_delay_ms > 10_000 {
         return Err(c.error(
-            &path!["pgherd", "auth_failure_delay_ms"],
+            &field_path!["pgherd", "auth_failure_delay_ms"],
             "must be at most 10000 (it doubles per recent failure, up to 16 times)",
         ));
     }
@@ -432,7 +337,7 @@ fn proxy(c: &Checker<'_>, raw: &RawConfig) -> Result<ProxySettings, ConfigError>
         } else {
             "shutdown_timeout_ms"
         };
-        return Err(c.error(&path!["pgherd", field], "must be greater than 0"));
+        return Err(c.error(&field_path!["pgherd", field], "must be greater than 0"));
     }
     Ok(ProxySettings {
         listen,
@@ -460,7 +365,7 @@ fn client_tls(c: &Checker<'_>, raw: &RawConfig) -> Result<Option<ClientTls>, Con
         "require" => ClientTlsMode::Require,
         other => {
             return Err(c.error(
-                &path!["tls", "mode"],
+                &field_path!["tls", "mode"],
                 format!("unknown mode {other:?}; expected \"allow\" or \"require\""),
             ))
         }
@@ -483,7 +388,7 @@ fn server_tls(c: &Checker<'_>, raw: &RawConfig) -> Result<ServerTls, ConfigError
         "verify-full" => ServerTlsMode::VerifyFull,
         other => {
             return Err(c.error(
-                &path!["server_tls", "mode"],
+                &field_path!["server_tls", "mode"],
                 format!(
                     "unknown mode {other:?}; expected disable, prefer, require, verify-ca or verify-full"
                 ),
@@ -492,7 +397,7 @@ fn server_tls(c: &Checker<'_>, raw: &RawConfig) -> Result<ServerTls, ConfigError
     };
     if matches!(mode, ServerTlsMode::VerifyCa | ServerTlsMode::VerifyFull) && t.ca_file.is_none() {
         return Err(c.error(
-            &path!["server_tls", "mode"],
+            &field_path!["server_tls", "mode"],
             format!("{} needs ca_file", t.mode),
         ));
     }
@@ -509,22 +414,22 @@ fn cluster(c: &Checker<'_>, raw: &RawConfig) -> Result<ClusterSettings, ConfigEr
         ("health_check_timeout_ms", k.health_check_timeout_ms),
     ] {
         if value < 10 {
-            return Err(c.error(&path!["cluster", field], "must be at least 10"));
+            return Err(c.error(&field_path!["cluster", field], "must be at least 10"));
         }
     }
     if k.health_check_failures_before_down == 0 {
         return Err(c.error(
-            &path!["cluster", "health_check_failures_before_down"],
+            &field_path!["cluster", "health_check_failures_before_down"],
             "must be at least 1",
         ));
     }
     if k.user.is_empty() {
-        return Err(c.error(&path!["cluster", "user"], "must not be empty"));
+        return Err(c.error(&field_path!["cluster", "user"], "must not be empty"));
     }
     Ok(ClusterSettings {
         user: k.user.clone(),
         password: c.secret(
-            &path!["cluster"],
+            &field_path!["cluster"],
             "password",
             [&k.password, &k.password_file, &k.password_env],
         )?,
@@ -554,21 +459,24 @@ fn nodes(c: &Checker<'_>, raw: &RawConfig) -> Result<Vec<NodeConfig>, ConfigErro
                 .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-');
         if !valid_name {
             return Err(c.error(
-                &path!["nodes", i, "name"],
+                &field_path!["nodes", i, "name"],
                 "must be 1 to 63 letters, digits, '_' or '-'",
             ));
         }
         if !seen.insert(n.name.as_str()) {
             return Err(c.error(
-                &path!["nodes", i, "name"],
+                &field_path!["nodes", i, "name"],
                 format!("duplicate node name {:?}", n.name),
             ));
         }
         if n.host.is_empty() {
-            return Err(c.error(&path!["nodes", i, "host"], "must not be empty"));
+            return Err(c.error(&field_path!["nodes", i, "host"], "must not be empty"));
         }
         if n.port == 0 {
-            return Err(c.error(&path!["nodes", i, "port"], "must be between 1 and 65535"));
+            return Err(c.error(
+                &field_path!["nodes", i, "port"],
+                "must be between 1 and 65535",
+            ));
         }
         nodes.push(NodeConfig {
             name: n.name.clone(),
@@ -628,13 +536,13 @@ fn routing(c: &Checker<'_>, raw: &RawConfig) -> Result<RoutingSettings, ConfigEr
     let r = &raw.routing;
     if r.rejoin_after_checks == 0 {
         return Err(c.error(
-            &path!["routing", "rejoin_after_checks"],
+            &field_path!["routing", "rejoin_after_checks"],
             "must be at least 1",
         ));
     }
     if r.decision_cache_entries == 0 {
         return Err(c.error(
-            &path!["routing", "decision_cache_entries"],
+            &field_path!["routing", "decision_cache_entries"],
             "must be at least 1",
         ));
     }
@@ -661,16 +569,16 @@ fn pool_mode(c: &Checker<'_>, path: &[Seg], value: &str) -> Result<PoolMode, Con
 
 fn pool(c: &Checker<'_>, raw: &RawConfig) -> Result<PoolSettings, ConfigError> {
     let p = &raw.pool;
-    let mode = pool_mode(c, &path!["pool", "mode"], &p.mode)?;
+    let mode = pool_mode(c, &field_path!["pool", "mode"], &p.mode)?;
     if p.max_size == 0 {
-        return Err(c.error(&path!["pool", "max_size"], "must be at least 1"));
+        return Err(c.error(&field_path!["pool", "max_size"], "must be at least 1"));
     }
     if p.min_size > p.max_size {
-        return Err(c.error(&path!["pool", "min_size"], "must not exceed max_size"));
+        return Err(c.error(&field_path!["pool", "min_size"], "must not exceed max_size"));
     }
     if p.prepared_statements_per_server == 0 {
         return Err(c.error(
-            &path!["pool", "prepared_statements_per_server"],
+            &field_path!["pool", "prepared_statements_per_server"],
             "must be at least 1",
         ));
     }
@@ -679,7 +587,7 @@ fn pool(c: &Checker<'_>, raw: &RawConfig) -> Result<PoolSettings, ConfigError> {
         ("server_connect_timeout_ms", p.server_connect_timeout_ms),
     ] {
         if value == 0 {
-            return Err(c.error(&path!["pool", field], "must be greater than 0"));
+            return Err(c.error(&field_path!["pool", field], "must be greater than 0"));
         }
     }
     Ok(PoolSettings {
@@ -704,32 +612,38 @@ fn databases(
     for (name, d) in &raw.databases {
         if name.is_empty() {
             return Err(c.error(
-                &path!["databases", name.as_str()],
+                &field_path!["databases", name.as_str()],
                 "database name must not be empty",
             ));
         }
         let mode = d
             .mode
             .as_deref()
-            .map(|m| pool_mode(c, &path!["databases", name.as_str(), "mode"], m))
+            .map(|m| pool_mode(c, &field_path!["databases", name.as_str(), "mode"], m))
             .transpose()?;
         let route = d
             .route
             .as_deref()
-            .map(|r| route(c, &path!["databases", name.as_str(), "route"], r))
+            .map(|r| route(c, &field_path!["databases", name.as_str(), "route"], r))
             .transpose()?
             .unwrap_or(Route::Auto);
         let consistency = d
             .consistency
             .as_deref()
-            .map(|v| consistency(c, &path!["databases", name.as_str(), "consistency"], v))
+            .map(|v| {
+                consistency(
+                    c,
+                    &field_path!["databases", name.as_str(), "consistency"],
+                    v,
+                )
+            })
             .transpose()?
             .unwrap_or(Consistency::ReadYourWrites);
         let balance = match d.balance.as_deref() {
             None => Balance::RoundRobin,
             Some(v) => choice(
                 c,
-                &path!["databases", name.as_str(), "balance"],
+                &field_path!["databases", name.as_str(), "balance"],
                 v,
                 Balance::parse,
                 "balance policy",
@@ -738,20 +652,20 @@ fn databases(
         };
         if d.max_size == Some(0) {
             return Err(c.error(
-                &path!["databases", name.as_str(), "max_size"],
+                &field_path!["databases", name.as_str(), "max_size"],
                 "must be at least 1",
             ));
         }
         if d.min_size.unwrap_or(pool.min_size) > d.max_size.unwrap_or(pool.max_size) {
             return Err(c.error(
-                &path!["databases", name.as_str(), "min_size"],
+                &field_path!["databases", name.as_str(), "min_size"],
                 "must not exceed max_size",
             ));
         }
         let dbname =
             match (&d.dbname, name.as_str()) {
                 (Some(_), WILDCARD_DATABASE) => return Err(c.error(
-                    &path!["databases", name.as_str(), "dbname"],
+                    &field_path!["databases", name.as_str(), "dbname"],
                     "the \"*\" entry serves every database under its own name and takes no dbname",
                 )),
                 (Some(db), _) => Some(db.clone()),
@@ -799,7 +713,7 @@ fn users(c: &Checker<'_>, raw: &RawConfig) -> Result<BTreeMap<String, UserConfig
             .map(|v| {
                 ScramVerifier::parse(v).map_err(|e| {
                     c.error(
-                        &path!["users", name.as_str(), "scram"],
+                        &field_path!["users", name.as_str(), "scram"],
                         format!("{e} (generate one with `pgherd passwd {name}`)"),
                     )
                 })
@@ -808,7 +722,7 @@ fn users(c: &Checker<'_>, raw: &RawConfig) -> Result<BTreeMap<String, UserConfig
         if let Some(md5) = &u.md5 {
             if !is_md5_hash(md5) {
                 return Err(c.error(
-                    &path!["users", name.as_str(), "md5"],
+                    &field_path!["users", name.as_str(), "md5"],
                     "must be \"md5\" followed by 32 hex digits, as in pg_authid",
                 ));
             }
@@ -816,17 +730,17 @@ fn users(c: &Checker<'_>, raw: &RawConfig) -> Result<BTreeMap<String, UserConfig
         let mode = u
             .mode
             .as_deref()
-            .map(|m| pool_mode(c, &path!["users", name.as_str(), "mode"], m))
+            .map(|m| pool_mode(c, &field_path!["users", name.as_str(), "mode"], m))
             .transpose()?;
         let route = u
             .route
             .as_deref()
-            .map(|r| route(c, &path!["users", name.as_str(), "route"], r))
+            .map(|r| route(c, &field_path!["users", name.as_str(), "route"], r))
             .transpose()?;
         let consistency = u
             .consistency
             .as_deref()
-            .map(|v| consistency(c, &path!["users", name.as_str(), "consistency"], v))
+            .map(|v| consistency(c, &field_path!["users", name.as_str(), "consistency"], v))
             .transpose()?;
         out.insert(
             name.clone(),
@@ -834,7 +748,7 @@ fn users(c: &Checker<'_>, raw: &RawConfig) -> Result<BTreeMap<String, UserConfig
                 scram,
                 md5: u.md5.clone(),
                 server_password: c.secret(
-                    &path!["users", name.as_str()],
+                    &field_path!["users", name.as_str()],
                     "server_password",
                     [
                         &u.server_password,
@@ -858,7 +772,7 @@ fn auth_query(
 ) -> Result<Option<AuthQuery>, ConfigError> {
     let a = &raw.auth;
     let password = c.secret(
-        &path!["auth"],
+        &field_path!["auth"],
         "password",
         [&a.password, &a.password_file, &a.password_env],
     )?;
@@ -902,14 +816,14 @@ fn hba(c: &Checker<'_>, raw: &[RawHba]) -> Result<Vec<HbaRule>, ConfigError> {
                 "hostnossl" => ConnectionType::Plain,
                 other => {
                     return Err(c.error(
-                        &path!["hba", i, "type"],
+                        &field_path!["hba", i, "type"],
                         format!("unknown type {other:?}; expected host, hostssl or hostnossl"),
                     ))
                 }
             };
             let method = AuthMethod::parse(&r.method).ok_or_else(|| {
                 c.error(
-                    &path!["hba", i, "method"],
+                    &field_path!["hba", i, "method"],
                     format!(
                         "unknown method {:?}; expected scram-sha-256, md5, trust, cert or reject",
                         r.method
@@ -920,15 +834,15 @@ fn hba(c: &Checker<'_>, raw: &[RawHba]) -> Result<Vec<HbaRule>, ConfigError> {
                 "all" => None,
                 text => Some(parse_address(text).ok_or_else(|| {
                     c.error(
-                        &path!["hba", i, "address"],
+                        &field_path!["hba", i, "address"],
                         format!("{text:?} is not an address or CIDR block, e.g. \"10.0.0.0/8\""),
                     )
                 })?),
             };
             Ok(HbaRule {
                 connection,
-                databases: names(c, &path!["hba", i, "databases"], &r.databases)?,
-                users: names(c, &path!["hba", i, "users"], &r.users)?,
+                databases: names(c, &field_path!["hba", i, "databases"], &r.databases)?,
+                users: names(c, &field_path!["hba", i, "users"], &r.users)?,
                 address,
                 method,
             })

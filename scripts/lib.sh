@@ -67,3 +67,13 @@ ensure_rust() {
         exit 2
     fi
 }
+
+# cargo-deb builds pgherd's Debian package from crates/pgherd/Cargo.toml's [package.metadata.deb].
+# Pinned: the package test relies on its command line.
+CARGO_DEB_VERSION=3.8.0
+ensure_cargo_deb() {
+    if [ "$(cargo deb --version 2>/dev/null)" != "cargo-deb $CARGO_DEB_VERSION" ]; then
+        echo "Installing cargo-deb $CARGO_DEB_VERSION"
+        cargo install -q --locked --version "$CARGO_DEB_VERSION" cargo-deb
+    fi
+}

@@ -21,6 +21,10 @@ const PG_ENV: &[&str] = &[
     "PGDATA",
 ];
 
+/// What systemd gives the service it starts: a program pgherd runs must not notify systemd or
+/// feed its watchdog in pgherd's name (PostgreSQL built for systemd would say READY=1).
+pub const SERVICE_MANAGER_ENV: &[&str] = &["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"];
+
 /// A command for `program`, run as `run_as` when set, with a clean PostgreSQL environment;
 /// inside network namespace `netns` when set (through `ip netns exec`, then `setpriv` to drop
 /// to `run_as`, since entering a namespace needs the root the uid change gives up).
@@ -44,7 +48,7 @@ pub fn pg_command(
             cmd
         }
     };
-    for var in PG_ENV {
+    for var in PG_ENV.iter().chain(SERVICE_MANAGER_ENV) {
         cmd.env_remove(var);
     }
     cmd.env("LC_ALL", "C.UTF-8");

@@ -10,6 +10,7 @@
 
 mod binaries;
 mod command;
+pub use command::SERVICE_MANAGER_ENV;
 mod node;
 mod osuser;
 mod ports;

@@ -94,6 +94,9 @@ fn notify(command: &str, event: Event) {
 /// environment; its failure is logged, never fatal.
 pub fn run_hook(what: &'static str, command: &str, vars: Vec<(&'static str, String)>) {
     let mut cmd = tokio::process::Command::new("sh");
+    for var in pgherd_cluster::SERVICE_MANAGER_ENV {
+        cmd.env_remove(var);
+    }
     cmd.arg("-c")
         .arg(command)
         .envs(vars)

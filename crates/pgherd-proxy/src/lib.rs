@@ -39,6 +39,7 @@ mod snapshot;
 mod startup_settings;
 pub mod stream;
 pub mod switchover;
+mod systemd;
 mod throttle;
 pub mod tls;
 pub mod views;

@@ -57,6 +57,8 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
     }
     crate::http::spawn(&app, api_listeners);
     tracing::info!(listen = ?addrs, "pgherd is ready");
+    crate::systemd::spawn_watchdog();
+    crate::systemd::ready(&serving_status(&addrs));
     on_ready(&addrs);
 
     let mut hangup = signal(SignalKind::hangup()).map_err(|e| e.to_string())?;
@@ -76,6 +78,7 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
             _ = stopping.changed() => break,
         }
     }
+    crate::systemd::stopping();
     drain(&app).await;
     Ok(())
 }
@@ -101,11 +104,22 @@ async fn drain(app: &Arc<App>) {
 
 /// Reloads the config file and starts monitors for nodes it added. Used by SIGHUP and RELOAD.
 pub fn reload(app: &Arc<App>) -> Result<Vec<String>, String> {
-    let reloaded = app.reload()?;
+    crate::systemd::reloading();
+    let reloaded = app.reload();
+    crate::systemd::ready(match &reloaded {
+        Ok(_) => "serving; config reloaded",
+        Err(_) => "serving; the last reload failed and the running config is kept",
+    });
+    let reloaded = reloaded?;
     for node in reloaded.new_nodes {
         spawn_monitor(app, node);
     }
     Ok(reloaded.notes)
+}
+
+fn serving_status(addrs: &[SocketAddr]) -> String {
+    let addrs: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+    format!("serving on {}", addrs.join(", "))
 }
 
 fn spawn_monitor(app: &Arc<App>, node: Arc<NodeState>) {

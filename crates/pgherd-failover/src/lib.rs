@@ -25,6 +25,7 @@
 
 use std::fmt::Write as _;
 
+pub mod control;
 pub mod keeper;
 pub mod manual;
 pub mod state;

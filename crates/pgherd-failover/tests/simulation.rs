@@ -1,7 +1,8 @@
 //! Seeded simulation of the failover decisions against a modelled cluster: nodes die, restart,
 //! lose their link to pgherd or to each other, checks are slow; pgherd's loop observes, decides
 //! and acts. Invariants are checked after every decision. A failing seed is printed and
-//! replays exactly: `PGHERD_SIM_SEED=<seed> cargo test -p pgherd-failover --test simulation`.
+//! replays exactly: `PGHERD_SIM_SEED=<seed> cargo test -p pgherd-failover --test simulation`;
+//! `PGHERD_SIM_SEEDS=N` runs seeds 0..N instead of the default 600.
 //!
 //! pgherd's state is the proxy's: a `ClusterState` changed only by the `Change`s the proxy's
 //! failover task applies for each verdict and the ones its synchronous standby keeper
@@ -9,7 +10,8 @@
 //! `ClusterState::write_target` says, the function the proxy's sessions route by, and a commit
 //! is acknowledged as PostgreSQL would under the set the keeper put in force.
 
-use pgherd_failover::keeper::{preset_sync_set, sync_holders, KeeperInput, KeeperStep, SyncKeeper};
+use pgherd_failover::control::{Context, Io, Member, Operation, Outcome};
+use pgherd_failover::keeper::{sync_holders, KeeperInput, KeeperStep, SyncKeeper};
 use pgherd_failover::{
     decide, Change, Check, ClusterState, Durability, Lsn, NodeId, NodeView, Policy, Verdict, View,
 };
@@ -41,6 +43,12 @@ struct SimNode {
     /// Has held all of its upstream's WAL at some point since it started following it: only
     /// then does PostgreSQL count it as a synchronous standby (walsender state `streaming`).
     caught_up: bool,
+    /// Node setting `sync`: may be a synchronous standby (false: an asynchronous one, say in
+    /// another zone).
+    may_be_sync: bool,
+    /// Holds WAL its upstream's timeline forked off before: PostgreSQL will not let it
+    /// follow that upstream until it is rewound.
+    diverged: bool,
 }
 
 struct Sim {
@@ -61,10 +69,15 @@ struct Sim {
     /// was final (as the proxy computes `settled`).
     reported: Vec<Option<(Lsn, Lsn)>>,
     settled_checks: Vec<u32>,
+    /// Per node, how far it had received WAL at its last good check (the proxy's
+    /// `last_seen`).
+    last_received: Vec<Lsn>,
     /// The newest commit acknowledged to a client, on the current primary's history.
     acked: Lsn,
     trace: Vec<String>,
     promotions: usize,
+    /// Operation IO that failed (a node that could not be reached), by kind.
+    failed_io: [usize; 3],
 }
 
 impl Sim {
@@ -93,6 +106,8 @@ impl Sim {
                     rng.gen_range(1..4)
                 },
                 caught_up: true,
+                may_be_sync: i == 0 || rng.gen_bool(0.8),
+                diverged: false,
             })
             .collect();
         Sim {
@@ -109,10 +124,12 @@ impl Sim {
             seen_primary: vec![false; count],
             reported: vec![None; count],
             settled_checks: vec![0; count],
+            last_received: vec![0; count],
             last_primary_lsn: None,
             acked: 0,
             trace: Vec::new(),
             promotions: 0,
+            failed_io: [0; 3],
             nodes,
             rng,
         }
@@ -124,6 +141,7 @@ impl Sim {
         let up = &self.nodes[u];
         r.alive
             && !r.writable
+            && !r.diverged
             // A restarted standby replays what it holds before it streams again.
             && r.replayed == r.lsn
             && up.alive
@@ -251,6 +269,15 @@ impl Sim {
                     self.failures[i] + 1
                 } else {
                     self.seen_primary[i] = matches!(check, Check::Primary { .. });
+                    self.last_received[i] = match check {
+                        Check::Primary { lsn, .. } => lsn,
+                        Check::Replica {
+                            received_lsn,
+                            replayed_lsn,
+                            ..
+                        } => received_lsn.max(replayed_lsn),
+                        Check::Failed => self.last_received[i],
+                    };
                     0
                 };
                 NodeView {
@@ -289,10 +316,11 @@ impl Sim {
             .collect()
     }
 
-    /// Replicas the keeper may make synchronous: every other unfenced node, by name.
+    /// Replicas the keeper may make synchronous: every other unfenced node that may be one,
+    /// by name.
     fn eligible(&self, primary: usize) -> Vec<String> {
         (0..self.nodes.len())
-            .filter(|&i| i != primary && !self.fenced(i))
+            .filter(|&i| i != primary && !self.fenced(i) && self.nodes[i].may_be_sync)
             .map(|i| self.names[i].clone())
             .collect()
     }
@@ -386,7 +414,7 @@ impl Sim {
                     ));
                 }
             }
-            self.apply(verdict);
+            self.apply(&verdict, &view);
             self.rejoin();
         }
         Ok(())
@@ -457,59 +485,121 @@ impl Sim {
         Ok(())
     }
 
-    /// The verdict carried out as the proxy's failover task does: the same changes, in the
-    /// same order (a promotion always succeeds here).
-    fn apply(&mut self, verdict: Verdict) {
-        let id = |i: usize| NodeId(i as u32);
-        match verdict {
-            Verdict::Elect { node } => {
-                let at_lsn = self.nodes[node].lsn;
-                self.change(Change::Elect {
-                    node: id(node),
-                    at_lsn,
-                })
+    /// The verdict carried out as the proxy's failover task carries it out: the same
+    /// `control::Operation` steps, their changes applied to the view, their IO performed on
+    /// the model (where it fails as it would on real nodes that cannot be reached).
+    fn apply(&mut self, verdict: &Verdict, view: &View) {
+        let names = self.names.clone();
+        let members: Vec<Member> = (0..self.nodes.len())
+            .map(|i| Member {
+                id: NodeId(i as u32),
+                name: &names[i],
+                may_be_sync: self.nodes[i].may_be_sync,
+                received_lsn: self.last_received[i],
+            })
+            .collect();
+        let Some(mut operation) = Operation::for_verdict(verdict, view, &members) else {
+            return;
+        };
+        let elected_before = self.state.elected;
+        let mut outcome = None;
+        loop {
+            let step = operation.step(
+                outcome.take(),
+                &Context {
+                    state: &self.state,
+                    members: &members,
+                    durability: self.policy.durability,
+                    sync_standbys: self.sync_standbys,
+                },
+            );
+            for change in step.changes {
+                self.change(change);
             }
-            Verdict::Fence { node } => self.change(Change::Fence(id(node))),
-            Verdict::Promote {
-                candidate,
-                old,
-                followers,
-            } => {
+            for event in step.events {
+                self.trace.push(format!(
+                    "  {} {}: {}",
+                    event.kind, names[event.node], event.detail
+                ));
+            }
+            let Some(io) = step.io else { break };
+            let result = self.perform(&io);
+            if matches!(result, Outcome::Failed(_)) {
+                self.failed_io[match io {
+                    Io::Repoint { .. } => 0,
+                    Io::Promote { .. } => 1,
+                    _ => 2,
+                }] += 1;
+            }
+            outcome = Some(result);
+        }
+        if let Err(e) = operation.finish() {
+            self.trace.push(format!("operation failed: {e}"));
+        }
+        if self.state.elected != elected_before {
+            self.last_primary_lsn = None;
+        }
+    }
+
+    /// One IO of an operation, on the model: a node pgherd cannot reach cannot be
+    /// re-pointed, promoted or given a synchronous set.
+    fn perform(&mut self, io: &Io) -> Outcome {
+        // Faults do not wait for an operation to end: the node an IO is for may crash or be
+        // cut off between the check that chose it and the IO.
+        let target = match *io {
+            Io::CutOff { node, .. } | Io::Promote { node } | Io::SetSyncSet { node, .. } => node,
+            Io::Repoint { follower, .. } => follower,
+        };
+        if self.rng.gen_bool(0.04) {
+            if self.rng.gen_bool(0.5) {
+                self.nodes[target].alive = false;
+            } else {
+                self.nodes[target].cut_from_pgherd = true;
+            }
+        }
+        let reachable = |n: &SimNode| n.alive && !n.cut_from_pgherd;
+        let unreachable = |i: usize| Outcome::Failed(format!("pg{} does not answer", i + 1));
+        match *io {
+            Io::CutOff { .. } => Outcome::Done,
+            Io::Repoint { follower, primary } => {
+                if !reachable(&self.nodes[follower]) {
+                    return unreachable(follower);
+                }
+                // The candidate's WAL stops growing once its primary is gone: a follower
+                // holding more than it cannot follow it past its promotion.
+                self.nodes[follower].diverged = self.nodes[follower].lsn > self.nodes[primary].lsn;
+                self.nodes[follower].upstream = Some(primary);
+                self.nodes[follower].caught_up = false;
+                Outcome::Done
+            }
+            Io::Promote { node } => {
+                if !reachable(&self.nodes[node]) || self.nodes[node].writable {
+                    return unreachable(node);
+                }
                 self.promotions += 1;
-                self.change(Change::BeginPromotion {
-                    candidate: id(candidate),
-                });
-                self.change(Change::Fence(id(old)));
-                // The proxy presets the new primary's set before electing it.
-                let preset = preset_sync_set(
-                    self.policy.durability,
-                    self.sync_standbys,
-                    &self.eligible(candidate),
-                );
-                let at_lsn = self.nodes[candidate].lsn;
-                self.change(Change::Elect {
-                    node: id(candidate),
-                    at_lsn,
-                });
-                self.change(Change::SyncInForce(preset.map(|set| {
-                    pgherd_failover::SyncInForce::from(id(candidate), set, None, at_lsn)
-                })));
-                self.last_primary_lsn = None;
                 let new_timeline = self.nodes.iter().map(|n| n.timeline).max().unwrap_or(1) + 1;
-                let c = &mut self.nodes[candidate];
+                let c = &mut self.nodes[node];
                 // Promotion replays everything the candidate holds first.
                 c.replayed = c.lsn;
                 c.reported_received = c.lsn;
                 c.writable = true;
                 c.timeline = new_timeline;
                 c.upstream = None;
-                self.acked = self.acked.min(c.lsn);
-                for f in followers {
-                    self.nodes[f].upstream = Some(candidate);
-                    self.nodes[f].caught_up = false;
+                let lsn = c.lsn;
+                self.acked = self.acked.min(lsn);
+                // The proxy checks the node after pg_promote() and records what it saw.
+                self.seen_primary[node] = true;
+                self.failures[node] = 0;
+                self.last_received[node] = lsn;
+                Outcome::Promoted { received_lsn: lsn }
+            }
+            Io::SetSyncSet { node, .. } => {
+                if reachable(&self.nodes[node]) {
+                    Outcome::Done
+                } else {
+                    unreachable(node)
                 }
             }
-            _ => {}
         }
     }
 
@@ -531,16 +621,17 @@ impl Sim {
                 node.upstream = Some(primary);
                 node.timeline = primary_timeline;
                 node.caught_up = false;
+                node.diverged = false;
                 self.change(Change::Unfence(NodeId(i as u32)));
             }
         }
     }
 }
 
-fn run_seed(seed: u64) -> Result<usize, (String, Vec<String>)> {
+fn run_seed(seed: u64) -> Result<(usize, [usize; 3]), (String, Vec<String>)> {
     let mut sim = Sim::new(seed);
     match sim.run() {
-        Ok(()) => Ok(sim.promotions),
+        Ok(()) => Ok((sim.promotions, sim.failed_io)),
         Err(e) => Err((e, sim.trace)),
     }
 }
@@ -549,20 +640,44 @@ fn run_seed(seed: u64) -> Result<usize, (String, Vec<String>)> {
 fn invariants_hold_over_seeded_fault_schedules() {
     let seeds: Vec<u64> = match std::env::var("PGHERD_SIM_SEED") {
         Ok(s) => vec![s.parse().expect("PGHERD_SIM_SEED is a number")],
-        Err(_) => (0..SEEDS).collect(),
+        // More seeds for a longer run: PGHERD_SIM_SEEDS=10000.
+        Err(_) => (0..std::env::var("PGHERD_SIM_SEEDS")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(SEEDS))
+            .collect(),
     };
     let mut promotions = 0;
+    let mut failed_io = [0; 3];
     for &seed in &seeds {
         match run_seed(seed) {
-            Ok(p) => promotions += p,
+            Ok((p, failed)) => {
+                promotions += p;
+                for (total, f) in failed_io.iter_mut().zip(failed) {
+                    *total += f;
+                }
+            }
             Err((e, trace)) => {
                 let tail = trace[trace.len().saturating_sub(15)..].join("\n");
                 panic!("seed {seed}: {e}\nlast decisions:\n{tail}\nreplay: PGHERD_SIM_SEED={seed} cargo test -p pgherd-failover --test simulation");
             }
         }
     }
-    // The schedules must actually exercise failover, or the invariants prove nothing.
+    eprintln!(
+        "{} seeds: {promotions} promotions; failed re-points {}, promotions {}, synchronous sets {}",
+        seeds.len(),
+        failed_io[0],
+        failed_io[1],
+        failed_io[2]
+    );
+    // The schedules must actually exercise failover, and its failure paths, or the invariants
+    // prove nothing.
     if seeds.len() > 1 {
+        assert!(
+            failed_io.iter().all(|&f| f > 0),
+            "no failed re-point, promotion or synchronous set over {} seeds: {failed_io:?}",
+            seeds.len()
+        );
         assert!(
             promotions > seeds.len() / 2,
             "only {promotions} promotions over {} seeds",

@@ -6,11 +6,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pgherd_failover::control::Operation;
 use pgherd_failover::{plan_promotion, Change, Refusal, Safeguard};
 use pgherd_wire::{PgError, SqlState};
 
 use crate::app::App;
-use crate::failover::{event, policy, promote_replacing, Seen};
+use crate::failover::{carry_out, event, members, policy, Seen};
 use crate::nodes::{NodeState, Role};
 use crate::pool::Pool;
 use crate::switchover::ROLE_CHANGE_WAIT;
@@ -242,16 +243,15 @@ pub async fn promote(
     );
     tracing::warn!(node = name, "{what}");
     event(app, "promoting", name, &what);
-    promote_replacing(
-        app,
-        &config,
-        &nodes,
+    let operation = Operation::promote(
         promotion.candidate,
         promotion.old,
         &promotion.followers,
-    )
-    .await
-    .map_err(|e| refuse(format!("promotion of {name} failed: {e}")))
+        &members(&nodes),
+    );
+    carry_out(app, &config, &nodes, operation)
+        .await
+        .map_err(|e| refuse(format!("promotion of {name} failed: {e}")))
 }
 
 fn refusal_error(name: &str, refusals: &[Refusal]) -> PgError {

@@ -13,13 +13,11 @@ use std::time::Duration;
 
 use pgherd_cluster::{conninfo_value, with_password};
 use pgherd_config::{ClusterSettings, Config};
+use pgherd_failover::control::{Context, Io, Member, Operation, Outcome};
 use pgherd_failover::keeper::{
-    preset_sync_set, sync_holders, KeeperInput, KeeperStep, SyncHolders, SyncKeeper as PureKeeper,
+    sync_holders, KeeperInput, KeeperStep, SyncHolders, SyncKeeper as PureKeeper,
 };
-use pgherd_failover::{
-    decide, format_lsn, Change, Check, ClusterState, NodeView, Policy, SyncInForce, SyncSet,
-    Verdict, View,
-};
+use pgherd_failover::{decide, Check, ClusterState, NodeView, Policy, SyncSet, Verdict, View};
 
 use crate::app::App;
 use crate::monitor::{check_once, management_connection};
@@ -102,7 +100,15 @@ async fn decide_and_act(
         event(app, kind(&verdict), node, &sentence);
         *last_sentence = sentence;
     }
-    act(app, config, nodes, verdict).await;
+    let members = members(nodes);
+    let Some(operation) = Operation::for_verdict(&verdict, &view, &members) else {
+        return;
+    };
+    drop(members);
+    // A failed promotion leaves the fenced old primary elected: the next turn decides again.
+    if carry_out(app, config, nodes, operation).await.is_err() {
+        tracing::warn!("the promotion is retried at the next check");
+    }
 }
 
 /// Makes fenced nodes that answer again (a replaced primary restarted) refuse writes, and
@@ -312,57 +318,6 @@ async fn apply_sync_set(
     Ok(())
 }
 
-/// In `sync` and `strict` durability, makes a just-promoted primary wait for every other
-/// unfenced node as a standby before pgherd sends it writes, so its first commits are not
-/// acknowledged on it alone; the keeper narrows the set to the standbys that stream. Call it
-/// before electing the node: electing it holds writes until its set is in force, which this
-/// says unless setting it failed (then the keeper's next pass does).
-pub(crate) async fn elect_durably(app: &App, nodes: &[Arc<NodeState>], new_primary: &NodeState) {
-    let preset = preset_sync(app, nodes, new_primary).await;
-    let at_lsn = received(new_primary).max(new_primary.lsn());
-    app.nodes.change(Change::Elect {
-        node: new_primary.id,
-        at_lsn,
-    });
-    if let Ok(set) = preset {
-        // Its standbys confirm commits from here on; those acknowledged before (by the old
-        // primary) they hold only once they have received this far.
-        app.nodes.change(Change::SyncInForce(
-            set.map(|set| SyncInForce::from(new_primary.id, set, None, at_lsn)),
-        ));
-    }
-}
-
-/// Sets the new primary's synchronous standbys: the set now in force (`None` in `async`
-/// durability), or `Err` if setting it failed.
-async fn preset_sync(
-    app: &App,
-    nodes: &[Arc<NodeState>],
-    new_primary: &NodeState,
-) -> Result<Option<SyncSet>, ()> {
-    let config = app.config();
-    let state = app.nodes.view();
-    let others: Vec<String> = nodes
-        .iter()
-        .filter(|n| n.name() != new_primary.name() && n.config.sync && !state.is_fenced(n.id))
-        .map(|n| n.name().to_owned())
-        .collect();
-    let Some(set) = preset_sync_set(
-        config.replication.durability,
-        config.replication.sync_standbys as usize,
-        &others,
-    ) else {
-        return Ok(None);
-    };
-    match apply_sync_set(app, &config, new_primary, &set).await {
-        Ok(()) => Ok(Some(set)),
-        Err(e) => {
-            tracing::warn!(node = new_primary.name(), error = %e, "cannot set the new primary's synchronous standbys; the next check tries again");
-            Err(())
-        }
-    }
-}
-
 /// One word for a verdict in the event list.
 fn kind(verdict: &Verdict) -> &'static str {
     match verdict {
@@ -431,126 +386,106 @@ fn view_of(node: &NodeState, state: &ClusterState) -> NodeView {
     }
 }
 
-async fn act(app: &Arc<App>, config: &Config, nodes: &[Arc<NodeState>], verdict: Verdict) {
-    match verdict {
-        Verdict::Elect { node } => {
-            app.nodes.change(Change::Elect {
-                node: nodes[node].id,
-                at_lsn: nodes[node].lsn(),
-            });
-        }
-        // It answers as a primary, so the loop seals it right after.
-        Verdict::Fence { node } => exclude(app, &nodes[node]),
-        Verdict::Promote {
-            candidate,
-            old,
-            followers,
-        } => {
-            // The fenced old primary stays elected after a failed promotion, so the next turn
-            // decides again.
-            let promoted =
-                promote_replacing(app, config, nodes, candidate, Some(old), &followers).await;
-            if promoted.is_err() {
-                tracing::warn!("the promotion is retried at the next check");
-            }
-        }
-        _ => {}
-    }
+/// The nodes as a [`Operation`]'s steps need them.
+pub(crate) fn members(nodes: &[Arc<NodeState>]) -> Vec<Member<'_>> {
+    nodes
+        .iter()
+        .map(|n| Member {
+            id: n.id,
+            name: n.name(),
+            may_be_sync: n.config.sync,
+            received_lsn: received(n),
+        })
+        .collect()
 }
 
-/// Promotes `candidate` in place of `old` (if pgherd knows the primary it replaces) and
-/// re-points `followers` to it; automatic failover's `Promote` verdict and the operator's
-/// `PROMOTE` both come here. Each step is logged, recorded as an event and returned; an error
-/// leaves the old primary elected (fenced), so writes wait for the next decision.
-pub(crate) async fn promote_replacing(
+/// Carries `operation` out (`pgherd_failover::control`): each step's changes go to the cluster
+/// view, its events to the event list, and its IO is performed here, the outcome fed back.
+/// Failover's verdicts, `PROMOTE` and switchover's election all come here. Returns what was
+/// done, a sentence each, or why the operation failed.
+pub(crate) async fn carry_out(
     app: &Arc<App>,
     config: &Config,
     nodes: &[Arc<NodeState>],
-    candidate: usize,
-    old: Option<usize>,
-    followers: &[usize],
+    mut operation: Operation,
 ) -> Result<Vec<String>, String> {
-    let ctx = app.connect_context();
-    let mut steps = Vec::new();
-    let new_primary = &nodes[candidate];
-    // From here until the candidate accepts writes, no node gets them. The old primary does
-    // not answer, so it is only excluded now; the loop makes it read-only when it answers
-    // again (trying now could wait out a connect timeout and delay promotion).
-    app.nodes.change(Change::BeginPromotion {
-        candidate: new_primary.id,
-    });
-    if let Some(old) = old {
-        exclude(app, &nodes[old]);
-        steps.push(format!(
-            "{} fenced: no more traffic through pgherd",
-            nodes[old].name()
-        ));
-    }
-    let promoted_at = received(new_primary);
-    // Positions as the decision saw them: once a follower streams from the promoted
-    // candidate, its position grows with the new timeline's WAL.
-    let before: Vec<(usize, u64)> = followers
-        .iter()
-        .map(|&f| (f, received(&nodes[f])))
-        .collect();
-    // The others follow the candidate before it is promoted (cascading until then): a
-    // replaced primary that wakes up (a hung one resumed) could otherwise still ship them WAL
-    // the candidate never got, and they could not follow it.
-    for &follower in followers {
-        let follower = &nodes[follower];
-        match repoint(config, &ctx, follower, new_primary).await {
-            Ok(()) => {
-                let detail = format!("follows {} now", new_primary.name());
-                event(app, "repointed", follower.name(), &detail);
-                steps.push(format!("{} {detail}", follower.name()));
+    let mut outcome = None;
+    loop {
+        let step = {
+            let state = app.nodes.view();
+            let members = members(nodes);
+            operation.step(
+                outcome.take(),
+                &Context {
+                    state: &state,
+                    members: &members,
+                    durability: config.replication.durability,
+                    sync_standbys: config.replication.sync_standbys as usize,
+                },
+            )
+        };
+        for change in step.changes {
+            app.nodes.change(change);
+        }
+        for e in step.events {
+            let node = nodes[e.node].name();
+            match e.kind {
+                "repointed" => tracing::info!(node, detail = %e.detail, "{}", e.kind),
+                _ => tracing::warn!(node, detail = %e.detail, "{}", e.kind),
             }
-            Err(e) => {
-                tracing::error!(node = follower.name(), primary = new_primary.name(), error = %e, "cannot re-point replica to the new primary");
-                let detail = format!("cannot follow {}: {e}", new_primary.name());
-                event(app, "repoint_failed", follower.name(), &detail);
-                steps.push(format!("{} {detail}", follower.name()));
+            event(app, e.kind, node, &e.detail);
+        }
+        let Some(io) = step.io else {
+            return operation.finish();
+        };
+        outcome = Some(perform(app, config, nodes, io).await);
+    }
+}
+
+/// One IO of an operation, on the real nodes.
+async fn perform(app: &Arc<App>, config: &Config, nodes: &[Arc<NodeState>], io: Io) -> Outcome {
+    let failed = |what: &str, node: &NodeState, e: String| {
+        tracing::error!(node = node.name(), error = %e, "{what}");
+        Outcome::Failed(e)
+    };
+    match io {
+        Io::CutOff { node, newly } => {
+            cut_off(app, &nodes[node], newly);
+            Outcome::Done
+        }
+        Io::Repoint { follower, primary } => {
+            let (follower, primary) = (&nodes[follower], &nodes[primary]);
+            match repoint(config, &app.connect_context(), follower, primary).await {
+                Ok(()) => Outcome::Done,
+                Err(e) => failed(
+                    "cannot re-point the replica to the new primary",
+                    follower,
+                    e,
+                ),
+            }
+        }
+        Io::Promote { node } => {
+            let node = &nodes[node];
+            match promote(app, node).await {
+                // promote() recorded the check that saw it a primary.
+                Ok(()) => Outcome::Promoted {
+                    received_lsn: received(node).max(node.lsn()),
+                },
+                Err(e) => failed("promotion did not complete", node, e),
+            }
+        }
+        Io::SetSyncSet { node, set } => {
+            let node = &nodes[node];
+            match apply_sync_set(app, config, node, &set).await {
+                Ok(()) => Outcome::Done,
+                Err(e) => failed(
+                    "cannot set the new primary's synchronous standbys; the keeper tries again",
+                    node,
+                    e,
+                ),
             }
         }
     }
-    if let Err(e) = promote(app, new_primary).await {
-        tracing::error!(node = new_primary.name(), error = %e, "promotion did not complete");
-        event(app, "promotion_failed", new_primary.name(), &e);
-        app.nodes.change(Change::AbandonPromotion);
-        return Err(e);
-    }
-    elect_durably(app, nodes, new_primary).await;
-    tracing::warn!(node = new_primary.name(), "promoted; writes go to it now");
-    // A follower with WAL the new primary never had (one that may not be promoted) cannot
-    // follow it until it is rewound.
-    for (follower, had) in before.iter().map(|&(f, had)| (&nodes[f], had)) {
-        if had <= promoted_at {
-            continue;
-        }
-        let detail = format!(
-            "had WAL up to {} beyond where {} was promoted ({}): it cannot follow until it rejoins",
-            format_lsn(had),
-            new_primary.name(),
-            format_lsn(promoted_at)
-        );
-        tracing::error!(node = follower.name(), %detail, "replica diverged");
-        event(app, "diverged", follower.name(), &detail);
-        steps.push(format!("{} {detail}", follower.name()));
-        // Its extra WAL was never acknowledged and must not be read: fenced, it is sealed
-        // and (with auto_rejoin) rewound by the loop like any fenced node.
-        app.nodes.change(Change::Fence(follower.id));
-        app.drop_idle_connections(follower);
-    }
-    event(
-        app,
-        "promoted",
-        new_primary.name(),
-        "promoted; writes go to it now",
-    );
-    steps.push(format!(
-        "{} promoted; writes go to it now",
-        new_primary.name()
-    ));
-    Ok(steps)
 }
 
 /// Promotes `node` with `pg_promote()` and checks that it accepts writes now. Whatever the
@@ -581,18 +516,17 @@ pub(crate) async fn promote(app: &App, node: &NodeState) -> Result<(), String> {
 }
 
 /// How far a node had received WAL at its last good check.
-fn received(node: &NodeState) -> u64 {
+pub(crate) fn received(node: &NodeState) -> u64 {
     node.health()
         .last_seen
         .map_or(0, |seen| seen.receive_lsn.max(seen.lsn))
 }
 
-/// No more traffic through pgherd to `node`. Making it refuse writes is [`seal`]'s, once it
-/// answers, so a primary that was replaced cannot take writes from anyone.
-fn exclude(app: &App, node: &NodeState) {
-    if app.nodes.change(Change::Fence(node.id)) {
-        tracing::warn!(node = node.name(), "fenced: no more traffic through pgherd");
-        event(app, "fenced", node.name(), "no more traffic through pgherd");
+/// No more traffic through pgherd to `node`, which the view says is fenced; `newly` fenced,
+/// the fence hook runs. Making it refuse writes is [`seal`]'s, once it answers, so a primary
+/// that was replaced cannot take writes from anyone.
+fn cut_off(app: &App, node: &NodeState, newly: bool) {
+    if newly {
         let config = app.config();
         if let Some(command) = config.failover.fence_command.as_deref() {
             crate::events::run_hook(
@@ -809,6 +743,44 @@ mod tests {
             let row = format!("| `{}` |", kind(verdict));
             assert!(doc.contains(&row), "docs/ha.md has no row {row}");
         }
+    }
+
+    /// The failover decisions reach the cluster view only as `control::Operation` steps and
+    /// keeper steps, which the seeded simulation drives too: no other code in the proxy
+    /// elects, promotes or changes the synchronous set (tests, and `nodes.rs`, which applies
+    /// and logs changes, aside).
+    #[test]
+    fn failover_changes_come_only_from_the_pure_steps() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let decided_only = [
+            "Change::Elect",
+            "Change::BeginPromotion",
+            "Change::AbandonPromotion",
+            "Change::SyncInForce",
+            "Change::SyncPending",
+            "Change::SyncChanging",
+            "Change::StrictWithoutStandby",
+        ];
+        let mut files = vec![src.clone()];
+        let mut found = Vec::new();
+        while let Some(path) = files.pop() {
+            if path.is_dir() {
+                files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+                continue;
+            }
+            // The view's writer names every change to log it.
+            if path.ends_with("nodes.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap();
+            for change in decided_only {
+                if code.contains(change) {
+                    found.push(format!("{} uses {change}", path.display()));
+                }
+            }
+        }
+        assert!(found.is_empty(), "{found:#?}");
     }
 
     #[test]

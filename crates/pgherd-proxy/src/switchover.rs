@@ -10,13 +10,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pgherd_cluster::{LocalNode, StopMode};
+use pgherd_failover::control::Operation;
 use pgherd_failover::Change;
 use pgherd_route::balance::{format_lsn, parse_lsn, Lsn};
 use pgherd_wire::{PgError, SqlState};
 
 use crate::app::App;
 use crate::failover::{
-    create_slot, elect_durably, event, first_value, primary_conninfo, promote, repoint, run_sql,
+    carry_out, create_slot, event, first_value, primary_conninfo, promote, received, repoint,
+    run_sql,
 };
 use crate::monitor::check_once;
 use crate::nodes::{NodeState, Role};
@@ -267,7 +269,18 @@ impl Run<'_> {
                 target.name()
             ));
         }
-        elect_durably(app, nodes, target).await;
+        let Some(index) = nodes.iter().position(|n| n.id == target.id) else {
+            return Err(format!("{} left the config", target.name()));
+        };
+        // Its synchronous standbys first, then the election: a failure to set them leaves
+        // writes held until the keeper sets them.
+        let _ = carry_out(
+            app,
+            &config,
+            nodes,
+            Operation::elect_promoted(index, received(target).max(target.lsn())),
+        )
+        .await;
         self.step(
             "promoted",
             target.name(),

@@ -28,6 +28,7 @@ use std::fmt::Write as _;
 pub mod control;
 pub mod keeper;
 pub mod manual;
+pub mod observe;
 pub mod state;
 mod sync;
 pub use manual::{plan_promotion, Promotion, Refusal, Safeguard};

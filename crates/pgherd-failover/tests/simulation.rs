@@ -4,14 +4,18 @@
 //! replays exactly: `PGHERD_SIM_SEED=<seed> cargo test -p pgherd-failover --test simulation`;
 //! `PGHERD_SIM_SEEDS=N` runs seeds 0..N instead of the default 600.
 //!
-//! pgherd's state is the proxy's: a `ClusterState` changed only by the `Change`s the proxy's
-//! failover task applies for each verdict and the ones its synchronous standby keeper
-//! (`pgherd_failover::keeper`, grace period included) asks for each turn; writes go where
+//! pgherd's side is the proxy's code: each node's checks are counted by
+//! `pgherd_failover::observe::Track` (failures in a row, the settling rule) as the proxy's
+//! monitors count them; verdicts are carried out by `control::Operation`, whose IO is
+//! performed on the model (and fails when a node cannot be reached); the synchronous standby
+//! keeper (`pgherd_failover::keeper`, grace period included) takes its turns; the
+//! `ClusterState` changes only through the `Change`s those steps return; writes go where
 //! `ClusterState::write_target` says, the function the proxy's sessions route by, and a commit
 //! is acknowledged as PostgreSQL would under the set the keeper put in force.
 
 use pgherd_failover::control::{Context, Io, Member, Operation, Outcome};
 use pgherd_failover::keeper::{sync_holders, KeeperInput, KeeperStep, SyncKeeper};
+use pgherd_failover::observe::{Sighting, Track};
 use pgherd_failover::{
     decide, Change, Check, ClusterState, Durability, Lsn, NodeId, NodeView, Policy, Verdict, View,
 };
@@ -57,21 +61,12 @@ struct Sim {
     policy: Policy,
     // pgherd's state.
     state: ClusterState,
-    failures: Vec<u32>,
-    /// The role each node's last good check reported was primary (the proxy keeps a node's
-    /// role until it is down).
-    seen_primary: Vec<bool>,
+    /// Each node's checks, counted as the proxy's monitors count them.
+    tracks: Vec<Track>,
     last_primary_lsn: Option<Lsn>,
     keeper: SyncKeeper,
     sync_standbys: usize,
     names: Vec<String>,
-    /// Per node, the position the previous check reported and how many checks in a row it
-    /// was final (as the proxy computes `settled`).
-    reported: Vec<Option<(Lsn, Lsn)>>,
-    settled_checks: Vec<u32>,
-    /// Per node, how far it had received WAL at its last good check (the proxy's
-    /// `last_seen`).
-    last_received: Vec<Lsn>,
     /// The newest commit acknowledged to a client, on the current primary's history.
     acked: Lsn,
     trace: Vec<String>,
@@ -120,11 +115,7 @@ impl Sim {
                 durability,
             },
             state: ClusterState::default(),
-            failures: vec![0; count],
-            seen_primary: vec![false; count],
-            reported: vec![None; count],
-            settled_checks: vec![0; count],
-            last_received: vec![0; count],
+            tracks: vec![Track::default(); count],
             last_primary_lsn: None,
             acked: 0,
             trace: Vec::new(),
@@ -238,53 +229,36 @@ impl Sim {
         (0..self.nodes.len())
             .map(|i| {
                 let node = &self.nodes[i];
-                let check = if !node.alive || node.cut_from_pgherd || slow == Some(i) {
-                    Check::Failed
-                } else if node.writable {
-                    Check::Primary {
-                        timeline: node.timeline,
-                        lsn: node.lsn,
-                    }
-                } else {
-                    let now = (node.reported_received, node.replayed);
-                    let settled = self.reported[i].is_some_and(|(received, replayed)| {
-                        received == now.0 && (replayed == now.1 || now.1 <= now.0)
+                let sighting =
+                    (node.alive && !node.cut_from_pgherd && slow != Some(i)).then(|| {
+                        if node.writable {
+                            Sighting {
+                                primary: true,
+                                timeline: node.timeline,
+                                lsn: node.lsn,
+                                received_lsn: 0,
+                                upstream_alive: false,
+                            }
+                        } else {
+                            Sighting {
+                                primary: false,
+                                timeline: node.timeline,
+                                lsn: node.replayed,
+                                received_lsn: node.reported_received,
+                                upstream_alive: self.streams(i),
+                            }
+                        }
                     });
-                    self.settled_checks[i] = if settled {
-                        self.settled_checks[i] + 1
-                    } else {
-                        0
-                    };
-                    self.reported[i] = Some(now);
-                    Check::Replica {
-                        timeline: node.timeline,
-                        received_lsn: now.0,
-                        replayed_lsn: now.1,
-                        upstream_alive: self.streams(i),
-                        settled: self.settled_checks[i] >= 2,
-                    }
-                };
-                self.failures[i] = if check == Check::Failed {
-                    self.settled_checks[i] = 0;
-                    self.failures[i] + 1
-                } else {
-                    self.seen_primary[i] = matches!(check, Check::Primary { .. });
-                    self.last_received[i] = match check {
-                        Check::Primary { lsn, .. } => lsn,
-                        Check::Replica {
-                            received_lsn,
-                            replayed_lsn,
-                            ..
-                        } => received_lsn.max(replayed_lsn),
-                        Check::Failed => self.last_received[i],
-                    };
-                    0
-                };
+                let track = &mut self.tracks[i];
+                match sighting {
+                    Some(sighting) => track.saw(sighting),
+                    None => track.failed(),
+                }
                 NodeView {
-                    name: format!("pg{}", i + 1),
+                    name: self.names[i].clone(),
                     priority: node.priority,
-                    check,
-                    consecutive_failures: self.failures[i],
+                    check: track.check(),
+                    consecutive_failures: track.failed_streak(),
                     fenced: self.fenced(i),
                 }
             })
@@ -310,7 +284,9 @@ impl Sim {
     fn primaries(&self) -> Vec<NodeId> {
         (0..self.nodes.len())
             .filter(|&i| {
-                self.seen_primary[i] && self.failures[i] < self.policy.failures_before_down
+                let track = &self.tracks[i];
+                track.last_seen().is_some_and(|seen| seen.primary)
+                    && track.failed_streak() < self.policy.failures_before_down
             })
             .map(|i| NodeId(i as u32))
             .collect()
@@ -495,7 +471,7 @@ impl Sim {
                 id: NodeId(i as u32),
                 name: &names[i],
                 may_be_sync: self.nodes[i].may_be_sync,
-                received_lsn: self.last_received[i],
+                received_lsn: self.tracks[i].received_lsn(),
             })
             .collect();
         let Some(mut operation) = Operation::for_verdict(verdict, view, &members) else {
@@ -588,9 +564,13 @@ impl Sim {
                 let lsn = c.lsn;
                 self.acked = self.acked.min(lsn);
                 // The proxy checks the node after pg_promote() and records what it saw.
-                self.seen_primary[node] = true;
-                self.failures[node] = 0;
-                self.last_received[node] = lsn;
+                self.tracks[node].saw(Sighting {
+                    primary: true,
+                    timeline: new_timeline,
+                    lsn,
+                    received_lsn: 0,
+                    upstream_alive: false,
+                });
                 Outcome::Promoted { received_lsn: lsn }
             }
             Io::SetSyncSet { node, .. } => {

@@ -17,7 +17,7 @@ use pgherd_failover::control::{Context, Io, Member, Operation, Outcome};
 use pgherd_failover::keeper::{
     sync_holders, KeeperInput, KeeperStep, SyncHolders, SyncKeeper as PureKeeper,
 };
-use pgherd_failover::{decide, Check, ClusterState, NodeView, Policy, SyncSet, Verdict, View};
+use pgherd_failover::{decide, ClusterState, NodeView, Policy, SyncSet, Verdict, View};
 
 use crate::app::App;
 use crate::monitor::{check_once, management_connection};
@@ -348,29 +348,8 @@ pub(crate) fn event(app: &App, kind: &'static str, node: &str, detail: &str) {
 }
 
 /// What the monitors last saw of a node, in the decision crate's terms.
-/// Checks in a row a replica's position must hold still before failover trusts it: one quiet
-/// interval could be a pause in a restarted standby's replay.
-const SETTLED_CHECKS: u32 = 2;
-
 fn view_of(node: &NodeState, state: &ClusterState) -> NodeView {
     let health = node.health();
-    let check = match health.last_seen {
-        Some(seen) if health.failed_streak == 0 => match seen.role {
-            Role::Primary => Check::Primary {
-                timeline: seen.timeline,
-                lsn: seen.lsn,
-            },
-            Role::Replica => Check::Replica {
-                timeline: seen.timeline,
-                received_lsn: seen.receive_lsn,
-                replayed_lsn: seen.lsn,
-                upstream_alive: seen.upstream_streaming,
-                settled: health.settled_checks >= SETTLED_CHECKS,
-            },
-            Role::Unknown => Check::Failed,
-        },
-        _ => Check::Failed,
-    };
     NodeView {
         name: node.name().to_owned(),
         // A detached replica is never promoted, but its WAL still counts: if it holds the
@@ -380,8 +359,8 @@ fn view_of(node: &NodeState, state: &ClusterState) -> NodeView {
         } else {
             node.config.priority
         },
-        check,
-        consecutive_failures: health.failed_streak,
+        check: health.track.check(),
+        consecutive_failures: health.track.failed_streak(),
         fenced: state.is_fenced(node.id),
     }
 }
@@ -517,9 +496,7 @@ pub(crate) async fn promote(app: &App, node: &NodeState) -> Result<(), String> {
 
 /// How far a node had received WAL at its last good check.
 pub(crate) fn received(node: &NodeState) -> u64 {
-    node.health()
-        .last_seen
-        .map_or(0, |seen| seen.receive_lsn.max(seen.lsn))
+    node.health().track.received_lsn()
 }
 
 /// No more traffic through pgherd to `node`, which the view says is fenced; `newly` fenced,

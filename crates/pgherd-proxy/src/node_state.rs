@@ -8,6 +8,7 @@ use std::time::SystemTime;
 
 use parking_lot::Mutex;
 use pgherd_config::NodeConfig;
+use pgherd_failover::observe::{Sighting, Track};
 use pgherd_failover::NodeId;
 use pgherd_route::balance::{format_lsn, Candidate, Lsn};
 
@@ -85,12 +86,9 @@ pub struct NodeHealth {
     pub checks_failed: u64,
     /// How often the node went from up to down.
     pub times_down: u64,
-    /// Failed checks since the last good one.
-    pub failed_streak: u32,
-    /// Good checks in a row at which the node's WAL position was final for now: unchanged,
-    /// or only replay moving below an unchanged received position (see
-    /// `pgherd_failover::Check::Replica::settled`).
-    pub settled_checks: u32,
+    /// The checks as failover counts them (failed in a row, a standby's settled position):
+    /// `pgherd_failover::observe`, which the simulation keeps too.
+    pub track: Track,
     /// What the last good check saw.
     pub last_seen: Option<Observation>,
 }
@@ -109,6 +107,24 @@ pub struct Observation {
     pub upstream_streaming: bool,
     /// On a primary: the `application_name`s of the standbys streaming from it.
     pub streaming_standbys: Vec<String>,
+}
+
+impl Observation {
+    /// What failover takes from it; `None` for a node whose role is not known.
+    pub fn sighting(&self) -> Option<Sighting> {
+        let primary = match self.role {
+            Role::Primary => true,
+            Role::Replica => false,
+            Role::Unknown => return None,
+        };
+        Some(Sighting {
+            primary,
+            timeline: self.timeline,
+            lsn: self.lsn,
+            received_lsn: self.receive_lsn,
+            upstream_alive: self.upstream_streaming,
+        })
+    }
 }
 
 #[derive(Debug)]
@@ -276,7 +292,7 @@ impl NodeState {
     /// `health_check_failures_before_down` failed checks, but one failed check is news for
     /// load balancers and for sealing.
     pub fn answers(&self) -> bool {
-        self.is_up() && self.health.lock().failed_streak == 0
+        self.is_up() && self.health.lock().track.failed_streak() == 0
     }
 
     pub fn health(&self) -> NodeHealth {
@@ -306,17 +322,10 @@ impl NodeState {
                 self.receive_lsn.store(seen.receive_lsn, Ordering::Release);
                 self.up.store(true, Ordering::Release);
                 health.checks_ok += 1;
-                health.failed_streak = 0;
-                let settled = health.last_seen.as_ref().is_some_and(|prev| {
-                    prev.role == seen.role
-                        && prev.receive_lsn == seen.receive_lsn
-                        && (prev.lsn == seen.lsn || seen.lsn <= seen.receive_lsn)
-                });
-                health.settled_checks = if settled {
-                    health.settled_checks.saturating_add(1)
-                } else {
-                    0
-                };
+                match seen.sighting() {
+                    Some(sighting) => health.track.saw(sighting),
+                    None => health.track.failed(),
+                }
                 let seen_lsn = seen.lsn;
                 health.last_seen = Some(seen);
                 health.last_error = None;
@@ -340,9 +349,8 @@ impl NodeState {
             }
             Err(error) => {
                 health.checks_failed += 1;
-                health.failed_streak = health.failed_streak.saturating_add(1);
-                health.settled_checks = 0;
-                let failed_streak = health.failed_streak;
+                health.track.failed();
+                let failed_streak = health.track.failed_streak();
                 // One slow check on a busy machine must not take a node out of service: it is
                 // down only after several failures in a row (failed connections from sessions
                 // still take a replica out of the read set at once).

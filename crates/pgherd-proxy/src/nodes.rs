@@ -440,7 +440,7 @@ mod tests {
         assert!(node.is_up());
         nodes.record(&node, Err(refused()));
         assert!(!node.is_up() && !node.in_read_set());
-        assert_eq!(node.health().failed_streak, 3);
+        assert_eq!(node.health().track.failed_streak(), 3);
         // Back up at once, back in the read set after `rejoin_after_checks` good checks.
         nodes.record(&node, seen(Role::Replica));
         assert!(node.is_up() && !node.in_read_set());

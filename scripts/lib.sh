@@ -4,8 +4,9 @@
 step() { printf '\n=== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
 
 # What building pgherd needs: pg_query and etcd-client generate bindings (libclang, clang's
-# headers) and protobuf code (protoc); a C compiler builds PostgreSQL's parser.
-BUILD_PACKAGES=(build-essential pkg-config clang libclang-dev protobuf-compiler)
+# headers) and protobuf code (protoc, with the well-known .proto files of libprotobuf-dev); a C
+# compiler builds PostgreSQL's parser.
+BUILD_PACKAGES=(build-essential pkg-config clang libclang-dev protobuf-compiler libprotobuf-dev)
 # PostgreSQL's server programs (initdb, pg_ctl, postgres, pg_basebackup, pg_rewind, pgbench) and
 # psql: `pgherd up` runs its nodes with them.
 POSTGRES_PACKAGES=(postgresql-15 postgresql-client-15)

@@ -4,6 +4,7 @@
 //! Architecture invariant: this crate reads the config file (and, for `pgherd up`, the bench and
 //! the tests, writes one owner-only) and nothing else: no sockets, no processes, no clocks. Certificates and keys named by the config are read by the proxy.
 
+mod dcs;
 mod error;
 pub mod hba;
 mod raw;
@@ -15,6 +16,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use dcs::DcsSettings;
 pub use error::{line_column, ConfigError};
 pub use hba::{AuthMethod, ConnectionFacts, HbaRule};
 use pgherd_wire::scram::ScramVerifier;
@@ -46,6 +48,8 @@ pub struct Config {
     pub failover: FailoverSettings,
     pub replication: ReplicationSettings,
     pub api: ApiSettings,
+    /// `[dcs]`: several instances agreeing through etcd; `None`: one instance.
+    pub dcs: Option<DcsSettings>,
 }
 
 /// The HTTP API, health endpoints, metrics and dashboard (`[api]`).

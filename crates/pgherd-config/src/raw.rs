@@ -35,6 +35,7 @@ pub struct RawConfig {
     pub replication: RawReplication,
     #[serde(default)]
     pub api: RawApi,
+    pub dcs: Option<crate::dcs::RawDcs>,
 }
 
 #[derive(Debug, Deserialize, Default)]

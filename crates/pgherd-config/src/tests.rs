@@ -262,3 +262,37 @@ fn a_secret_source_that_is_missing_or_doubled_is_an_error() {
         "pgherd.toml:6:17: auth.password_file: cannot read /nonexistent/pgherd-pw",
     );
 }
+
+#[test]
+fn dcs_is_optional_and_checked() {
+    let config = Config::parse(NODE, Path::new("pgherd.toml")).unwrap();
+    assert_eq!(config.dcs, None);
+    let config = Config::parse(
+        &format!("{NODE}[dcs]\nendpoints = [\"127.0.0.1:2379\", \"http://10.0.0.2:2379\"]\ninstance = \"a\"\n"),
+        Path::new("pgherd.toml"),
+    )
+    .unwrap();
+    let dcs = config.dcs.unwrap();
+    assert_eq!(
+        dcs.endpoints,
+        ["http://127.0.0.1:2379", "http://10.0.0.2:2379"]
+    );
+    assert_eq!((dcs.scope.as_str(), dcs.lease_ttl_s), ("pgherd", 10));
+    assert_eq!(dcs.instance.as_deref(), Some("a"));
+    check_err(
+        &format!("{NODE}[dcs]\nscope = \"x\"\n"),
+        "pgherd.toml:4:1: dcs.endpoints: name at least one etcd endpoint",
+    );
+    check_err(
+        &format!("{NODE}[dcs]\nendpoints = [\"https://e:2379\"]\n"),
+        "pgherd.toml:5:14: dcs.endpoints[0]: \"https://e:2379\" is not an etcd client URL",
+    );
+    check_err(
+        &format!("{NODE}[dcs]\nendpoints = [\"e:2379\"]\nlease_ttl_s = 1\n"),
+        "pgherd.toml:6:15: dcs.lease_ttl_s: between 2 and 300 seconds",
+    );
+    check_err(
+        &format!("{NODE}[dcs]\nendpoints = [\"e:2379\"]\nscope = \"a/b\"\n"),
+        "pgherd.toml:6:9: dcs.scope: letters, digits",
+    );
+}

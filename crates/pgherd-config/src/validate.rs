@@ -204,6 +204,7 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
         },
         replication: replication(&c, &raw)?,
         api: api(&c, &raw)?,
+        dcs: crate::dcs::dcs(&c, raw.dcs.as_ref())?,
     })
 }
 

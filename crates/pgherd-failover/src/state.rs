@@ -238,6 +238,9 @@ pub enum Change {
     Pause(Option<String>),
     /// Resumes one database, or with `None` everything paused.
     Resume(Option<String>),
+    /// The leader instance's view, read from the agreement store: replaces this one whole,
+    /// version included, unless it is from an older epoch (never acted on).
+    Adopt(Box<ClusterState>),
     /// The node left the config: it keeps no place in the view.
     Forget(NodeId),
 }
@@ -326,6 +329,9 @@ impl ClusterState {
 
     /// The view after `change`, with the next version; `None` if it changes nothing.
     pub fn apply(&self, change: &Change) -> Option<ClusterState> {
+        if let Change::Adopt(leader) = change {
+            return (leader.epoch >= self.epoch && **leader != *self).then(|| (**leader).clone());
+        }
         let mut next = self.clone();
         match change {
             Change::Elect { node, at_lsn } => {
@@ -372,6 +378,7 @@ impl ClusterState {
             Change::Resume(Some(database)) => {
                 next.paused.remove(database);
             }
+            Change::Adopt(_) => {}
             Change::Forget(node) => {
                 next.fenced.remove(node);
                 next.detached.remove(node);
@@ -539,6 +546,30 @@ mod tests {
         assert!(!forgotten.is_excluded(B));
         assert_eq!(forgotten.elected, Some(A));
         assert_eq!(forgotten.apply(&Change::Forget(B)), None);
+    }
+
+    #[test]
+    fn a_leaders_view_is_adopted_whole_unless_its_epoch_is_older() {
+        let local = after(&[Change::Elect { node: A, at_lsn: 1 }, Change::Fence(B)]);
+        let leader = after(&[
+            Change::Elect { node: A, at_lsn: 1 },
+            Change::Elect { node: B, at_lsn: 9 },
+            Change::Fence(A),
+            Change::Pause(None),
+        ]);
+        let adopted = local
+            .apply(&Change::Adopt(Box::new(leader.clone())))
+            .unwrap();
+        assert_eq!(adopted, leader, "version and all");
+        assert_eq!(
+            adopted.apply(&Change::Adopt(Box::new(leader.clone()))),
+            None
+        );
+        assert_eq!(
+            leader.apply(&Change::Adopt(Box::new(local))),
+            None,
+            "older epoch"
+        );
     }
 
     #[test]

@@ -57,6 +57,8 @@ pub struct App {
     pub role_change: tokio::sync::Mutex<()>,
     /// Errors pgherd itself answered requests with (no server had them), for the metrics.
     pub own_errors: crate::counters::ErrorClasses,
+    /// With `[dcs]`: this instance's side of the agreement with the others (fixed at start).
+    pub dcs: Option<Arc<crate::dcs::Dcs>>,
 }
 
 impl App {
@@ -75,7 +77,13 @@ impl App {
             },
         );
         nodes.set_local_zone(config.proxy.zone.clone());
+        let listen_port = config.proxy.listen.first().map_or(0, |a| a.port());
+        let dcs = config
+            .dcs
+            .clone()
+            .map(|settings| Arc::new(crate::dcs::Dcs::new(settings, listen_port)));
         Ok(Arc::new(App {
+            dcs,
             nodes: Arc::new(nodes),
             routers: Mutex::new(HashMap::new()),
             schema_generation: std::sync::atomic::AtomicU64::new(1),
@@ -100,6 +108,11 @@ impl App {
 
     pub fn config(&self) -> Arc<Config> {
         self.config.load_full()
+    }
+
+    /// This instance may decide for the cluster: it runs alone, or leads the instances.
+    pub fn may_act(&self) -> bool {
+        self.dcs.as_ref().is_none_or(|dcs| dcs.is_leader())
     }
 
     pub fn connect_context(&self) -> Arc<ConnectContext> {

@@ -40,6 +40,7 @@ fn find_node(app: &App, name: &str) -> Result<Arc<NodeState>, PgError> {
 
 /// `DETACH node`: no new traffic to the node; sessions using it finish what they run.
 pub fn detach(app: &App, name: &str) -> Result<Vec<String>, PgError> {
+    crate::dcs::must_lead(app)?;
     let node = find_node(app, name)?;
     if app.nodes.writer().is_some_and(|w| w.name() == name) {
         return Err(PgError::error(
@@ -62,6 +63,7 @@ pub fn detach(app: &App, name: &str) -> Result<Vec<String>, PgError> {
 
 /// `ATTACH node`: undoes DETACH.
 pub fn attach(app: &App, name: &str) -> Result<Vec<String>, PgError> {
+    crate::dcs::must_lead(app)?;
     let node = find_node(app, name)?;
     if !app.nodes.change(Change::Attach(node.id)) {
         return Ok(vec![format!("{name} was not detached")]);
@@ -78,6 +80,7 @@ pub fn attach(app: &App, name: &str) -> Result<Vec<String>, PgError> {
 /// `PAUSE [db]`: new transactions of the database (or of all) wait; returns once running
 /// ones have given their server connections back.
 pub async fn pause(app: &App, database: Option<&str>) -> Result<Vec<String>, PgError> {
+    crate::dcs::must_lead(app)?;
     let what = scope(app, database)?;
     app.nodes.change(Change::Pause(database.map(str::to_owned)));
     let not_kept = keep_levers(app);
@@ -114,6 +117,7 @@ pub async fn pause(app: &App, database: Option<&str>) -> Result<Vec<String>, PgE
 
 /// `RESUME [db]`.
 pub fn resume(app: &App, database: Option<&str>) -> Result<Vec<String>, PgError> {
+    crate::dcs::must_lead(app)?;
     let what = database.map_or("all databases".to_owned(), |d| format!("database \"{d}\""));
     if !app
         .nodes
@@ -206,6 +210,7 @@ pub async fn promote(
     name: &str,
     forced: &[Safeguard],
 ) -> Result<Vec<String>, PgError> {
+    crate::dcs::must_lead(app)?;
     let node = find_node(app, name)?;
     let refuse = |msg: String| PgError::error(SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, msg);
     let Ok(_turn) = tokio::time::timeout(ROLE_CHANGE_WAIT, app.role_change.lock()).await else {

@@ -51,6 +51,10 @@ pub async fn run(app: Arc<App>) {
             // The switchover moves the primary itself; nodes stop and start on purpose.
             continue;
         }
+        if !app.may_act() {
+            // Another instance leads: it decides, and this one routes by its view.
+            continue;
+        }
         // A PROMOTE or switchover the operator started acts alone; this turn waits for it.
         let _turn = app.role_change.lock().await;
         if app.nodes.is_switching() {
@@ -417,8 +421,34 @@ pub(crate) async fn carry_out(
         let Some(io) = step.io else {
             return operation.finish();
         };
-        outcome = Some(perform(app, config, nodes, io).await);
+        outcome = Some(match agreed(app, &io).await {
+            Ok(()) => perform(app, config, nodes, io).await,
+            Err(e) => {
+                tracing::error!(error = %e, ?io, "not done: the decision could not be recorded in etcd");
+                Outcome::Failed(e)
+            }
+        });
     }
+}
+
+/// With several instances, the view that led to an IO on a node is in etcd before the IO
+/// runs, so an instance that takes over knows of it (a promotion under way, a fenced
+/// primary); an instance that lost the lead does nothing. Cutting a node off pgherd's own
+/// traffic needs no agreement.
+async fn agreed(app: &App, io: &Io) -> Result<(), String> {
+    let Some(dcs) = &app.dcs else {
+        return Ok(());
+    };
+    if matches!(io, Io::CutOff { .. }) {
+        return Ok(());
+    }
+    if !dcs.is_leader() {
+        return Err(format!(
+            "{} does not lead the cluster any more",
+            dcs.instance
+        ));
+    }
+    dcs.publish(app).await.map_err(|e| e.to_string())
 }
 
 /// One IO of an operation, on the real nodes.

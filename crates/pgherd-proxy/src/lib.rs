@@ -19,6 +19,7 @@ pub mod client;
 pub mod clients;
 pub mod control;
 pub mod counters;
+pub mod dcs;
 pub mod error;
 pub mod events;
 pub mod failover;

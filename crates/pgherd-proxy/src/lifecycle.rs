@@ -51,6 +51,9 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
         spawn_monitor(&app, node.clone());
     }
     tokio::spawn(upkeep(app.clone()));
+    if let Some(dcs) = &app.dcs {
+        tokio::spawn(crate::dcs::run(app.clone(), dcs.clone()));
+    }
     tokio::spawn(crate::failover::run(app.clone()));
     for listener in listeners {
         tokio::spawn(accept_loop(app.clone(), listener));

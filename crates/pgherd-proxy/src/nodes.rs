@@ -190,6 +190,10 @@ impl Nodes {
             Change::Resume(None) => "everything resumed".to_owned(),
             Change::Resume(Some(db)) => format!("database \"{db}\" resumed"),
             Change::Forget(id) => format!("{} left the config", name(id)),
+            Change::Adopt(view) => format!(
+                "the leader's view adopted (epoch {}, version {})",
+                view.epoch, view.version
+            ),
         }
     }
 

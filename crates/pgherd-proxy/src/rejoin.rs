@@ -17,6 +17,7 @@ use crate::switchover::{blocking, managed_node, START_TIMEOUT};
 
 /// Rejoins node `name`; returns what was done, one sentence per step.
 pub async fn rejoin(app: &Arc<App>, name: &str) -> Result<Vec<String>, PgError> {
+    crate::dcs::must_lead(app)?;
     let refuse = |msg: String| PgError::error(SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, msg);
     let node = app.nodes.get(name).ok_or_else(|| {
         PgError::error(

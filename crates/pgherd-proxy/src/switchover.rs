@@ -55,6 +55,7 @@ pub(crate) fn managed_node(
 /// Switches the primary over to `to` (or the most advanced streaming replica); returns what
 /// was done, one sentence per step.
 pub async fn switchover(app: &Arc<App>, to: Option<&str>) -> Result<Vec<String>, PgError> {
+    crate::dcs::must_lead(app)?;
     let nodes = app.nodes.all();
     let old = app.nodes.writer().ok_or_else(|| {
         PgError::error(

@@ -181,6 +181,7 @@ pub fn cluster(app: &App) -> Table {
     };
     let gate = view.gate();
     let reason = gate.reason();
+    let dcs = app.dcs.as_ref().map(|d| d.status());
     let paused = if view.paused_all {
         "*".to_owned()
     } else {
@@ -200,6 +201,9 @@ pub fn cluster(app: &App) -> Table {
             "detached",
             "synchronous_standby_names",
             "paused",
+            "instance",
+            "leader",
+            "dcs",
         ],
         rows: vec![vec![
             view.version.into(),
@@ -214,6 +218,14 @@ pub fn cluster(app: &App) -> Table {
             names(&view.detached).into(),
             view.sync.as_ref().map(|s| s.set.setting()).into(),
             paused.into(),
+            app.dcs.as_ref().map(|d| d.instance.clone()).into(),
+            dcs.as_ref().and_then(|s| s.leader.clone()).into(),
+            dcs.map(|s| match s.last_error {
+                Some(e) if !s.reachable => format!("unreachable: {e}"),
+                _ if s.reachable => "reachable".to_owned(),
+                _ => "connecting".to_owned(),
+            })
+            .into(),
         ]],
     }
 }

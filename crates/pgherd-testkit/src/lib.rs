@@ -5,6 +5,7 @@
 //! so the failure explains itself.
 
 mod certs;
+mod etcd;
 mod pgherd;
 pub mod raw;
 
@@ -13,6 +14,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use certs::TestCerts;
+pub use etcd::TestEtcd;
 pub use pgherd::{Pgherd, PgherdConfig};
 use pgherd_cluster::{free_port, ClusterSpec, LocalCluster, LocalNode, StopMode};
 use pgherd_wire::scram::{ScramVerifier, DEFAULT_ITERATIONS};

@@ -1,0 +1,125 @@
+//! `[dcs]`: the etcd cluster several pgherd instances agree through (leader lease, the shared
+//! cluster view). Absent: one instance, as before.
+
+use serde::Deserialize;
+
+use crate::validate::{field_path, Checker, Seg};
+use crate::ConfigError;
+
+/// Where and how the instances of one cluster agree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DcsSettings {
+    /// etcd client URLs (`http://host:port`).
+    pub endpoints: Vec<String>,
+    /// Key prefix shared by the instances of one cluster: `/<scope>/leader`, `/<scope>/view`,
+    /// `/<scope>/instances/<name>`.
+    pub scope: String,
+    /// This instance's name among them; `None`: the host name and the first listen port.
+    pub instance: Option<String>,
+    /// The leader lease: a leader that cannot renew it stops acting before it expires, and
+    /// another instance takes over after it expired.
+    pub lease_ttl_s: u64,
+    /// How long one request to etcd may take.
+    pub request_timeout_ms: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDcs {
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    #[serde(default = "default_scope")]
+    pub scope: String,
+    pub instance: Option<String>,
+    #[serde(default = "default_lease_ttl_s")]
+    pub lease_ttl_s: u64,
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+}
+
+fn default_scope() -> String {
+    "pgherd".to_owned()
+}
+fn default_lease_ttl_s() -> u64 {
+    10
+}
+fn default_request_timeout_ms() -> u64 {
+    2_000
+}
+
+/// Names that are safe in an etcd key and a log line.
+fn is_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+}
+
+pub(crate) fn dcs(
+    c: &Checker<'_>,
+    raw: Option<&RawDcs>,
+) -> Result<Option<DcsSettings>, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    if raw.endpoints.is_empty() {
+        return Err(c.error(
+            &field_path!["dcs", "endpoints"],
+            "name at least one etcd endpoint, e.g. [\"http://127.0.0.1:2379\"]",
+        ));
+    }
+    let mut endpoints = Vec::new();
+    for (i, endpoint) in raw.endpoints.iter().enumerate() {
+        let url = if endpoint.contains("://") {
+            endpoint.clone()
+        } else {
+            format!("http://{endpoint}")
+        };
+        let host_port = url.split_once("://").map_or("", |(_, rest)| rest);
+        if !url.starts_with("http://")
+            || host_port
+                .rsplit_once(':')
+                .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+        {
+            return Err(c.error(
+                &field_path!["dcs", "endpoints", i],
+                format!("{endpoint:?} is not an etcd client URL, e.g. \"http://127.0.0.1:2379\" (TLS to etcd is not supported yet)"),
+            ));
+        }
+        endpoints.push(url);
+    }
+    if !is_name(&raw.scope) || raw.scope.contains(':') {
+        return Err(c.error(
+            &field_path!["dcs", "scope"],
+            "letters, digits, '-', '_' and '.' only, at most 64",
+        ));
+    }
+    if let Some(instance) = raw.instance.as_deref().filter(|i| !is_name(i)) {
+        return Err(c.error(
+            &field_path!["dcs", "instance"],
+            format!("{instance:?}: letters, digits, '-', '_', '.' and ':' only, at most 64"),
+        ));
+    }
+    if !(2..=300).contains(&raw.lease_ttl_s) {
+        return Err(c.error(
+            &field_path!["dcs", "lease_ttl_s"],
+            "between 2 and 300 seconds",
+        ));
+    }
+    if raw.request_timeout_ms == 0 || raw.request_timeout_ms >= raw.lease_ttl_s * 1000 / 3 {
+        return Err(c.error(
+            &field_path!["dcs", "request_timeout_ms"],
+            format!(
+                "above 0 and below a third of the lease ({} ms), so a leader renews its lease in time",
+                raw.lease_ttl_s * 1000 / 3
+            ),
+        ));
+    }
+    Ok(Some(DcsSettings {
+        endpoints,
+        scope: raw.scope.clone(),
+        instance: raw.instance.clone(),
+        lease_ttl_s: raw.lease_ttl_s,
+        request_timeout_ms: raw.request_timeout_ms,
+    }))
+}

@@ -1,0 +1,323 @@
+//! Several pgherd instances in front of one cluster, agreeing through a real etcd: one leader
+//! acts (fails over once), the others route by its view and refuse operator actions; the
+//! leader killed, another takes over and acts; etcd gone, nobody fails over while routing to
+//! a live primary goes on, and with etcd back the cluster recovers.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use pgherd_testkit::{Pgherd, PgherdConfig, TestCluster, TestEtcd, SUPERUSER, SUPERUSER_PASSWORD};
+use tokio_postgres::Client;
+
+const LEASE_TTL_S: u64 = 3;
+
+fn instance_config(
+    etcd: &TestEtcd,
+    name: &str,
+    app: &pgherd_wire::scram::ScramVerifier,
+) -> PgherdConfig {
+    PgherdConfig::new()
+        .user(APP, app, "")
+        .superuser()
+        .proxy("admin_users = [\"postgres\"]")
+        .cluster("primary_wait_ms = 500")
+        .section("[failover]\nenabled = true")
+        .section(&format!(
+            "[dcs]\nendpoints = [\"{}\"]\nscope = \"test\"\ninstance = \"{name}\"\n\
+             lease_ttl_s = {LEASE_TTL_S}\nrequest_timeout_ms = 500",
+            etcd.endpoint()
+        ))
+}
+
+struct Instances {
+    a: Pgherd,
+    b: Pgherd,
+    cluster: TestCluster,
+}
+
+fn start(replicas: usize, etcd: &TestEtcd) -> Instances {
+    let cluster = TestCluster::start(replicas);
+    let app = cluster.create_user(APP, APP_PASSWORD);
+    cluster.sql(&format!("CREATE DATABASE {APP} OWNER {APP}"));
+    cluster.sql_on("pg1", APP, "CREATE TABLE t (id int PRIMARY KEY, via text)");
+    cluster.sql(&format!("ALTER DATABASE {APP} OWNER TO {APP}"));
+    cluster.sql_on("pg1", APP, &format!("ALTER TABLE t OWNER TO {APP}"));
+    let a = Pgherd::start(BIN, &cluster, &instance_config(etcd, "a", &app));
+    let b = Pgherd::start(BIN, &cluster, &instance_config(etcd, "b", &app));
+    Instances { a, b, cluster }
+}
+
+async fn admin(pgherd: &Pgherd) -> Client {
+    connect(&pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")).await
+}
+
+/// SHOW CLUSTER's leader column as this instance sees it.
+async fn leader_seen_by(pgherd: &Pgherd) -> String {
+    let Ok(c) = try_connect(&pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")).await else {
+        return String::new();
+    };
+    match rows(&c, "SHOW CLUSTER").await {
+        Ok(rows) => field(&rows[0], "leader").to_owned(),
+        Err(_) => String::new(),
+    }
+}
+
+async fn wait_for(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// SHOW CLUSTER's write gate as this instance sees it.
+async fn gate_seen_by(pgherd: &Pgherd) -> String {
+    let Ok(c) = try_connect(&pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")).await else {
+        return String::new();
+    };
+    match rows(&c, "SHOW CLUSTER").await {
+        Ok(rows) => field(&rows[0], "write_gate").to_owned(),
+        Err(_) => String::new(),
+    }
+}
+
+/// Both instances name one leader and route writes (the follower adopted the leader's view).
+async fn agreed(a: &Pgherd, b: &Pgherd) {
+    wait_for(
+        "both instances name one leader and let writes through",
+        Duration::from_secs(20),
+        async || {
+            let (la, lb) = (leader_seen_by(a).await, leader_seen_by(b).await);
+            !la.is_empty()
+                && la == lb
+                && gate_seen_by(a).await == "open"
+                && gate_seen_by(b).await == "open"
+        },
+    )
+    .await;
+}
+
+/// Inserts one row through `pgherd`; the error's SQLSTATE if it fails.
+async fn insert(pgherd: &Pgherd, id: i32, via: &str) -> Result<(), String> {
+    let c = try_connect(&pgherd.conninfo(APP, APP_PASSWORD, APP))
+        .await
+        .map_err(|e| code(&e))?;
+    // Retried until it succeeds: a retry of a write that went through must not fail.
+    c.batch_execute(&format!(
+        "INSERT INTO t VALUES ({id}, '{via}') ON CONFLICT (id) DO NOTHING"
+    ))
+    .await
+    .map_err(|e| {
+        let message = e.as_db_error().map(|d| d.message().to_owned());
+        format!("{}: {}", code(&e), message.unwrap_or_else(|| e.to_string()))
+    })
+}
+
+/// Waits until `replica` has replayed everything `primary` has written so far.
+async fn replayed(cluster: &TestCluster, primary: &str, replica: &str) {
+    let lsn = cluster.sql_on(primary, "postgres", "SELECT pg_current_wal_lsn()");
+    let query = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'");
+    wait_for(
+        "the replica replayed the primary's WAL",
+        Duration::from_secs(30),
+        async || {
+            cluster
+                .node(replica)
+                .psql("postgres", &query)
+                .is_ok_and(|r| r.trim() == "t")
+        },
+    )
+    .await;
+}
+
+/// The nodes that accept writes now, asked directly.
+fn primaries(cluster: &TestCluster, among: &[&str]) -> Vec<String> {
+    among
+        .iter()
+        .filter(|n| {
+            cluster
+                .node(n)
+                .psql("postgres", "SELECT pg_is_in_recovery()")
+                .is_ok_and(|r| r.trim() == "f")
+        })
+        .map(|n| n.to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_fails_over_the_others_follow_and_a_new_leader_takes_over() {
+    let etcd = TestEtcd::start();
+    let mut instances = start(2, &etcd);
+    let Instances { a, b, cluster } = &mut instances;
+
+    agreed(a, b).await;
+    let leader_name = leader_seen_by(a).await;
+    assert!(leader_name == "a" || leader_name == "b", "{leader_name}");
+    let (leader, follower) = if leader_name == "a" {
+        (&mut *a, &mut *b)
+    } else {
+        (&mut *b, &mut *a)
+    };
+
+    // Both route writes to the primary.
+    insert(leader, 1, "leader")
+        .await
+        .expect("write through the leader");
+    insert(follower, 2, "follower")
+        .await
+        .expect("write through the follower");
+
+    // An operator action on the follower would be overwritten by the leader's view: refused.
+    let console = admin(follower).await;
+    let err = rows(&console, "DETACH pg2").await.unwrap_err();
+    assert_eq!(code(&err), "55000", "{err:?}");
+    let message = err
+        .as_db_error()
+        .map(|e| e.message().to_owned())
+        .unwrap_or_default();
+    assert!(
+        message.contains(&format!("run it on the leader, {leader_name}")),
+        "{message}"
+    );
+
+    // The primary dies: the leader promotes one replica; both instances send writes there.
+    cluster.wait_replayed();
+    cluster
+        .node("pg1")
+        .stop(pgherd_cluster::StopMode::Immediate)
+        .expect("kill pg1");
+    wait_for(
+        "writes through the follower reach a new primary",
+        Duration::from_secs(30),
+        async || insert(follower, 3, "follower after failover").await.is_ok(),
+    )
+    .await;
+    insert(leader, 4, "leader after failover")
+        .await
+        .expect("write through the leader");
+    let promoted = primaries(cluster, &["pg2", "pg3"]);
+    assert_eq!(
+        promoted.len(),
+        1,
+        "exactly one replica promoted: {promoted:?}"
+    );
+    let new_primary = promoted[0].clone();
+    let rows_there = cluster.sql_on(
+        &new_primary,
+        APP,
+        "SELECT count(*) FROM t WHERE id IN (1, 2, 3, 4)",
+    );
+    assert_eq!(
+        rows_there.trim(),
+        "4",
+        "every acknowledged write is on {new_primary}"
+    );
+    // Only the leader acted.
+    assert!(leader.log().contains("promoted; writes go to it now"));
+    assert!(
+        !follower.log().contains("promoted; writes go to it now"),
+        "the follower acted too:\n{}",
+        follower.log()
+    );
+    assert!(follower.log().contains("the leader's view adopted"));
+
+    // The leader instance dies; the other takes the lease over and acts: the new primary
+    // fails too, and the last replica is promoted by the new leader.
+    leader.signal(libc::SIGKILL);
+    let follower_name = if leader_name == "a" { "b" } else { "a" };
+    wait_for(
+        "the other instance leads",
+        Duration::from_secs(4 * LEASE_TTL_S + 10),
+        async || leader_seen_by(follower).await == follower_name,
+    )
+    .await;
+    replayed(
+        cluster,
+        &new_primary,
+        if new_primary == "pg2" { "pg3" } else { "pg2" },
+    )
+    .await;
+    cluster
+        .node(&new_primary)
+        .stop(pgherd_cluster::StopMode::Immediate)
+        .expect("kill the second primary");
+    wait_for(
+        "writes reach the last replica, promoted by the new leader",
+        Duration::from_secs(30),
+        async || {
+            insert(follower, 5, "new leader after second failover")
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    let last = if new_primary == "pg2" { "pg3" } else { "pg2" };
+    assert_eq!(primaries(cluster, &[last]), vec![last.to_owned()]);
+    assert_eq!(
+        cluster.sql_on(last, APP, "SELECT count(*) FROM t").trim(),
+        "5",
+        "every acknowledged write is on {last}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_etcd_nobody_fails_over_and_routing_to_a_live_primary_goes_on() {
+    let mut etcd = TestEtcd::start();
+    let mut instances = start(1, &etcd);
+    let Instances { a, b, cluster } = &mut instances;
+    agreed(a, b).await;
+
+    etcd.kill();
+    // Routing goes on while the primary answers, through both instances.
+    for (i, pgherd) in [&*a, &*b].into_iter().enumerate() {
+        insert(pgherd, 10 + i as i32, "etcd down")
+            .await
+            .expect("write with etcd down");
+    }
+    // Beyond the lease, nobody may act: a dead primary is not replaced.
+    tokio::time::sleep(Duration::from_secs(LEASE_TTL_S + 1)).await;
+    cluster.wait_replayed();
+    cluster
+        .node("pg1")
+        .stop(pgherd_cluster::StopMode::Immediate)
+        .expect("kill pg1");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(
+        primaries(cluster, &["pg2"]).is_empty(),
+        "pg2 was promoted without a lease"
+    );
+    let refused = insert(a, 20, "no primary").await.unwrap_err();
+    assert!(refused.starts_with("08006"), "{refused}");
+
+    // etcd is back: an instance leads again and fails over.
+    etcd.restart();
+    wait_for(
+        "writes through both instances reach pg2",
+        Duration::from_secs(40),
+        async || {
+            insert(a, 21, "etcd back").await.is_ok() && insert(b, 22, "etcd back").await.is_ok()
+        },
+    )
+    .await;
+    assert_eq!(primaries(cluster, &["pg2"]), vec!["pg2".to_owned()]);
+    // Settled, the view stays as it is: nothing is changed again and again.
+    let version = |rows: Vec<Vec<(String, String)>>| field(&rows[0], "version").to_owned();
+    let console = admin(a).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = version(rows(&console, "SHOW CLUSTER").await.unwrap());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = version(rows(&console, "SHOW CLUSTER").await.unwrap());
+    assert_eq!(before, after, "the view keeps changing:\n{}", a.log());
+    assert_eq!(
+        cluster
+            .sql_on(
+                "pg2",
+                APP,
+                "SELECT count(*) FROM t WHERE id IN (10, 11, 21, 22)"
+            )
+            .trim(),
+        "4"
+    );
+}

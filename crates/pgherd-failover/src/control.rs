@@ -230,12 +230,7 @@ impl Operation {
                     ),
                     _ => ("repointed", format!("follows {} now", name(primary))),
                 };
-                self.report.push(format!("{} {detail}", name(follower)));
-                step.events.push(Event {
-                    kind,
-                    node: follower,
-                    detail,
-                });
+                self.tell(step, kind, follower, detail, ctx);
                 self.stage = Stage::Repoint(i + 1);
             }
             (Stage::AwaitPromote, Outcome::Promoted { received_lsn }) => {
@@ -401,25 +396,13 @@ impl Operation {
                     ctx.members[*candidate].name,
                     crate::format_lsn(*candidate_received)
                 );
-                self.report
-                    .push(format!("{} {detail}", ctx.members[follower].name));
-                step.events.push(Event {
-                    kind: "diverged",
-                    node: follower,
-                    detail,
-                });
+                self.tell(step, "diverged", follower, detail, ctx);
                 self.fence(follower, ctx, step);
             }
             Stage::Finish => {
                 let candidate = self.candidate();
                 let detail = "promoted; writes go to it now".to_owned();
-                self.report
-                    .push(format!("{} {detail}", ctx.members[candidate].name));
-                step.events.push(Event {
-                    kind: "promoted",
-                    node: candidate,
-                    detail,
-                });
+                self.tell(step, "promoted", candidate, detail, ctx);
                 self.result = Some(Ok(()));
                 self.stage = Stage::Done;
             }
@@ -428,6 +411,20 @@ impl Operation {
             | Stage::AwaitPreset { .. }
             | Stage::Done => self.stage = Stage::Done,
         }
+    }
+
+    /// An event about `node`, and the same words in the operator's report.
+    fn tell(
+        &mut self,
+        step: &mut Step,
+        kind: &'static str,
+        node: usize,
+        detail: String,
+        ctx: &Context,
+    ) {
+        self.report
+            .push(format!("{} {detail}", ctx.members[node].name));
+        step.events.push(Event { kind, node, detail });
     }
 
     /// Fences `node` in the view and cuts it off; the first fencing is an event.

@@ -137,12 +137,17 @@ fn runs_without_a_service_manager() {
     let dir = tempfile::tempdir().unwrap();
     let (config, port) = config(dir.path());
     let mut child = spawn(&config, &[], Stdio::null());
+    serve_then_stop(&mut child, port);
+}
+
+/// Waits until pgherd accepts clients, then stops it with SIGTERM and expects a clean exit.
+fn serve_then_stop(child: &mut Child, port: u16) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(Instant::now() < deadline, "pgherd never listened");
         std::thread::sleep(Duration::from_millis(50));
     }
-    signal(&child, libc::SIGTERM);
+    signal(child, libc::SIGTERM);
     assert!(child.wait().unwrap().success());
 }
 
@@ -165,13 +170,7 @@ fn logs_to_the_journal_when_standard_error_is_connected_to_it() {
             format!("{}:{}", meta.dev(), meta.ino() + 1)
         };
         let mut child = spawn(&config, &[("JOURNAL_STREAM", stream)], Stdio::from(log));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "pgherd never listened");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        signal(&child, libc::SIGTERM);
-        assert!(child.wait().unwrap().success());
+        serve_then_stop(&mut child, port);
         let logged = std::fs::read_to_string(&log_path).unwrap();
         let fell_back = logged.contains("cannot log to the journal");
         let on_stderr = logged.contains("pgherd is ready");

@@ -21,6 +21,9 @@ pub struct DcsSettings {
     pub lease_ttl_s: u64,
     /// How long one request to etcd may take.
     pub request_timeout_ms: u64,
+    /// Run (through `sh -c`) when this instance becomes the leader or stops being it, with
+    /// `PGHERD_ROLE` (`leader`, `follower`) and `PGHERD_INSTANCE`: to move a virtual IP.
+    pub on_role_change: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -35,6 +38,7 @@ pub struct RawDcs {
     pub lease_ttl_s: u64,
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    pub on_role_change: Option<String>,
 }
 
 fn default_scope() -> String {
@@ -121,5 +125,6 @@ pub(crate) fn dcs(
         instance: raw.instance.clone(),
         lease_ttl_s: raw.lease_ttl_s,
         request_timeout_ms: raw.request_timeout_ms,
+        on_role_change: raw.on_role_change.clone(),
     }))
 }

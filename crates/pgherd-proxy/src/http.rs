@@ -121,6 +121,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(metrics))
         .route("/api/nodes", get(|s| view(s, views::nodes)))
         .route("/api/cluster", get(|s| view(s, views::cluster)))
+        .route("/api/instances", get(|s| view(s, views::instances)))
         .route("/api/databases", get(|s| view(s, views::databases)))
         .route("/api/users", get(|s| view(s, views::users)))
         .route("/api/pools", get(|s| view(s, views::pools)))
@@ -150,6 +151,7 @@ async fn status(State(app): AppState) -> Json<Value> {
         "primary": writer,
         "cluster": views::cluster(&app).json().get(0).cloned().unwrap_or_default(),
         "nodes": views::nodes(&app).json(),
+        "instances": views::instances(&app).json(),
         "pools": views::pools(&app).json(),
         "lists": views::lists(&app).json(),
     }))
@@ -493,7 +495,7 @@ async fn not_found() -> Response {
         json!({"error": "no such endpoint", "endpoints": [
             "GET / (the dashboard)", "GET /health", "GET /ready", "GET /primary", "GET /replica?lag=&lag_ms=",
             "GET /node/{name}/primary", "GET /node/{name}/replica?lag=&lag_ms=", "GET /metrics",
-            "GET /api/status", "GET /api/nodes", "GET /api/cluster", "GET /api/databases", "GET /api/users", "GET /api/pools", "GET /api/stats",
+            "GET /api/status", "GET /api/nodes", "GET /api/cluster", "GET /api/instances", "GET /api/databases", "GET /api/users", "GET /api/pools", "GET /api/stats",
             "GET /api/lists", "GET /api/clients", "GET /api/servers", "GET /api/events", "GET /api/config",
             "POST /api/switchover {\"to\": node}", "POST /api/rejoin/{name}", "POST /api/promote/{name}?force=",
             "POST /api/detach/{name}", "POST /api/attach/{name}", "POST /api/pause?database=",

@@ -230,6 +230,48 @@ pub fn cluster(app: &App) -> Table {
     }
 }
 
+/// The pgherd instances agreeing through etcd (`[dcs]`), as last read there; this instance
+/// alone without `[dcs]`.
+pub fn instances(app: &App) -> Table {
+    let columns = &["instance", "leads", "this", "listen", "api", "pid"];
+    let Some(dcs) = &app.dcs else {
+        let config = app.config();
+        let addresses = |a: &[std::net::SocketAddr]| {
+            a.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        return Table {
+            columns,
+            rows: vec![vec![
+                Cell::Null,
+                true.into(),
+                true.into(),
+                addresses(&config.proxy.listen).into(),
+                addresses(&config.api.listen).into(),
+                std::process::id().into(),
+            ]],
+        };
+    };
+    let status = dcs.status();
+    let rows = status
+        .instances
+        .iter()
+        .map(|i| {
+            vec![
+                i.instance.clone().into(),
+                (status.leader.as_deref() == Some(i.instance.as_str())).into(),
+                (i.instance == dcs.instance).into(),
+                i.listen.join(",").into(),
+                i.api.join(",").into(),
+                i.pid.into(),
+            ]
+        })
+        .collect();
+    Table { columns, rows }
+}
+
 pub fn nodes(app: &App) -> Table {
     let rows = app
         .nodes

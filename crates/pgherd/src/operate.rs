@@ -18,6 +18,9 @@ struct StatusReport {
     /// running or has no `[api]` and the nodes were asked directly.
     source: &'static str,
     pgherd: ProxyStatus,
+    /// The pgherd instances of the cluster (`SHOW INSTANCES`): with `[dcs]`, every one
+    /// registered in etcd and which leads; otherwise the one. Empty when pgherd did not answer.
+    instances: Vec<serde_json::Value>,
     nodes: Vec<NodeStatus>,
 }
 
@@ -120,6 +123,10 @@ pub fn status(at: &Where, json: bool) -> Result<(), String> {
             .ok(),
         _ => None,
     };
+    let instances = from_pgherd
+        .as_ref()
+        .and_then(|answer| answer["instances"].as_array().cloned())
+        .unwrap_or_default();
     let (source, nodes) = match from_pgherd {
         Some(answer) => ("pgherd", nodes_from_pgherd(&config, &answer)),
         None => ("nodes", crate::runtime(1)?.block_on(check_nodes(&config))),
@@ -145,6 +152,7 @@ pub fn status(at: &Where, json: bool) -> Result<(), String> {
                 .map(|a| format!("http://{}", connectable(*a)))
                 .collect(),
         },
+        instances,
         nodes,
     };
     if json {
@@ -354,6 +362,22 @@ fn print_status(report: &StatusReport) {
     }
     if !report.pgherd.api.is_empty() {
         println!("api     {}", report.pgherd.api.join(", "));
+    }
+    if report.instances.len() > 1 || report.instances.iter().any(|i| !i["instance"].is_null()) {
+        for i in &report.instances {
+            println!(
+                "instance {}{}{}  listen {}  pid {}",
+                i["instance"].as_str().unwrap_or("?"),
+                if i["leads"] == true { "  (leader)" } else { "" },
+                if i["this"] == true {
+                    "  (this one)"
+                } else {
+                    ""
+                },
+                i["listen"].as_str().unwrap_or(""),
+                i["pid"]
+            );
+        }
     }
     println!(
         "{}",

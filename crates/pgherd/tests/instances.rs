@@ -14,6 +14,7 @@ use tokio_postgres::Client;
 const LEASE_TTL_S: u64 = 3;
 
 fn instance_config(
+    roles: &std::path::Path,
     etcd: &TestEtcd,
     name: &str,
     app: &pgherd_wire::scram::ScramVerifier,
@@ -25,9 +26,15 @@ fn instance_config(
         .cluster("primary_wait_ms = 500")
         .section("[failover]\nenabled = true")
         .section(&format!(
+            "[api]\nlisten = [\"127.0.0.1:{}\"]",
+            pgherd_cluster::free_port().expect("a free port")
+        ))
+        .section(&format!(
             "[dcs]\nendpoints = [\"{}\"]\nscope = \"test\"\ninstance = \"{name}\"\n\
-             lease_ttl_s = {LEASE_TTL_S}\nrequest_timeout_ms = 500",
-            etcd.endpoint()
+             lease_ttl_s = {LEASE_TTL_S}\nrequest_timeout_ms = 500\n\
+             on_role_change = \"echo \\\"$PGHERD_INSTANCE $PGHERD_ROLE\\\" >> {}\"",
+            etcd.endpoint(),
+            roles.display()
         ))
 }
 
@@ -44,8 +51,9 @@ fn start(replicas: usize, etcd: &TestEtcd) -> Instances {
     cluster.sql_on("pg1", APP, "CREATE TABLE t (id int PRIMARY KEY, via text)");
     cluster.sql(&format!("ALTER DATABASE {APP} OWNER TO {APP}"));
     cluster.sql_on("pg1", APP, &format!("ALTER TABLE t OWNER TO {APP}"));
-    let a = Pgherd::start(BIN, &cluster, &instance_config(etcd, "a", &app));
-    let b = Pgherd::start(BIN, &cluster, &instance_config(etcd, "b", &app));
+    let roles = cluster.dir().join("roles");
+    let a = Pgherd::start(BIN, &cluster, &instance_config(&roles, etcd, "a", &app));
+    let b = Pgherd::start(BIN, &cluster, &instance_config(&roles, etcd, "b", &app));
     Instances { a, b, cluster }
 }
 
@@ -161,6 +169,82 @@ async fn one_leader_fails_over_the_others_follow_and_a_new_leader_takes_over() {
         (&mut *b, &mut *a)
     };
 
+    // Every instance lists both (read from etcd every second), and which leads.
+    for pgherd in [&*leader, &*follower] {
+        let leads = |n: &str| if n == leader_name { "yes" } else { "no" }.to_owned();
+        let expected = vec![("a".to_owned(), leads("a")), ("b".to_owned(), leads("b"))];
+        let mut listed = Vec::new();
+        wait_for(
+            "both instances listed with the leader",
+            Duration::from_secs(5),
+            async || {
+                listed = rows(&admin(pgherd).await, "SHOW INSTANCES").await.unwrap();
+                let mut names: Vec<(String, String)> = listed
+                    .iter()
+                    .map(|r| {
+                        (
+                            field(r, "instance").to_owned(),
+                            field(r, "leads").to_owned(),
+                        )
+                    })
+                    .collect();
+                names.sort();
+                names == expected
+            },
+        )
+        .await;
+        let this: Vec<&str> = listed
+            .iter()
+            .filter(|r| field(r, "this") == "yes")
+            .map(|r| field(r, "pid"))
+            .collect();
+        assert_eq!(this, vec![pgherd.pid().to_string()], "{listed:?}");
+    }
+    // `pgherd status --json` lists them too, from the running pgherd's API.
+    let out = std::process::Command::new(BIN)
+        .args(["status", "--json", "--config"])
+        .arg(&follower.config_path)
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let mut listed: Vec<(String, bool)> = status["instances"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no instances in {status}"))
+        .iter()
+        .map(|i| {
+            (
+                i["instance"].as_str().unwrap_or("").to_owned(),
+                i["leads"] == true,
+            )
+        })
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        vec![
+            ("a".to_owned(), leader_name == "a"),
+            ("b".to_owned(), leader_name == "b")
+        ],
+        "{status}"
+    );
+
+    // The role-change hook ran on the leader.
+    wait_for(
+        "the leader's on_role_change hook ran",
+        Duration::from_secs(5),
+        async || {
+            std::fs::read_to_string(cluster.dir().join("roles"))
+                .is_ok_and(|r| r.contains(&format!("{leader_name} leader")))
+        },
+    )
+    .await;
+
     // Both route writes to the primary.
     insert(leader, 1, "leader")
         .await
@@ -233,6 +317,11 @@ async fn one_leader_fails_over_the_others_follow_and_a_new_leader_takes_over() {
         async || leader_seen_by(follower).await == follower_name,
     )
     .await;
+    let roles = std::fs::read_to_string(cluster.dir().join("roles")).unwrap_or_default();
+    assert!(
+        roles.contains(&format!("{follower_name} leader")),
+        "{roles}"
+    );
     replayed(
         cluster,
         &new_primary,

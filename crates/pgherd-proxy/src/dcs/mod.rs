@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
 use parking_lot::Mutex;
 use pgherd_config::DcsSettings;
@@ -28,6 +28,8 @@ use shared::SharedView;
 /// How often the view is published (leader) or read (the others): a promotion reaches every
 /// instance within about this long.
 const SYNC_PERIOD: Duration = Duration::from_millis(200);
+/// How often the registered instances are read, for `SHOW INSTANCES` and `pgherd status`.
+const LIST_PERIOD: Duration = Duration::from_secs(1);
 /// Wait before connecting again after etcd failed.
 const RETRY: Duration = Duration::from_millis(500);
 
@@ -41,6 +43,17 @@ pub struct Status {
     /// renewal may take, so it stops acting before another instance can take over.
     leading_until: Option<Instant>,
     pub last_error: Option<String>,
+    /// The instances registered under `/<scope>/instances/`, as last read.
+    pub instances: Vec<InstanceRecord>,
+}
+
+/// What an instance says of itself in etcd (on its lease: it is gone once the lease is).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct InstanceRecord {
+    pub instance: String,
+    pub listen: Vec<String>,
+    pub api: Vec<String>,
+    pub pid: u32,
 }
 
 /// This instance's side of the agreement.
@@ -248,7 +261,13 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
     let renew_every = Duration::from_millis(ttl * 1000 / 3);
     let mut renewed_at = Instant::now();
     let mut published: Option<(u64, u64)> = None;
+    let mut listed_at: Option<Instant> = None;
     loop {
+        if listed_at.is_none_or(|at| at.elapsed() >= LIST_PERIOD) {
+            let instances = list_instances(dcs, &mut client).await?;
+            dcs.status.lock().instances = instances;
+            listed_at = Some(Instant::now());
+        }
         if renewed_at.elapsed() >= renew_every {
             let sent = Instant::now();
             dcs.within(keeper.keep_alive()).await?;
@@ -265,6 +284,7 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
         }
         let leader = campaign(app, dcs, &mut client, lease).await?;
         let leading = leader.as_deref() == Some(dcs.instance.as_str());
+        let was_leading = dcs.is_leader();
         {
             let mut status = dcs.status.lock();
             if status.leader != leader {
@@ -284,6 +304,9 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
             status.leading_until = leading
                 .then(|| lease_until.checked_sub(dcs.timeout()))
                 .flatten();
+        }
+        if leading != was_leading {
+            role_changed(app, dcs, leading);
         }
         if leading {
             let view = app.nodes.view();
@@ -359,18 +382,59 @@ async fn campaign(
     Ok(leader)
 }
 
+/// Tells the operator's `on_role_change` command (a virtual IP to move, as keepalived's notify
+/// scripts do) that this instance leads now, or does not any more.
+fn role_changed(app: &App, dcs: &Dcs, leading: bool) {
+    let role = if leading { "leader" } else { "follower" };
+    crate::failover::event(
+        app,
+        if leading { "leads" } else { "follows" },
+        "",
+        &format!("instance {} is {role} now", dcs.instance),
+    );
+    if let Some(command) = dcs.settings.on_role_change.as_deref() {
+        crate::events::run_hook(
+            "on_role_change command",
+            command,
+            vec![
+                ("PGHERD_ROLE", role.to_owned()),
+                ("PGHERD_INSTANCE", dcs.instance.clone()),
+            ],
+        );
+    }
+}
+
+/// The instances registered under `/<scope>/instances/`.
+async fn list_instances(dcs: &Dcs, client: &mut Client) -> Result<Vec<InstanceRecord>, DcsError> {
+    let prefix = dcs.key("instances/");
+    let answer = dcs
+        .within(client.get(prefix, Some(GetOptions::new().with_prefix())))
+        .await?;
+    Ok(answer
+        .kvs()
+        .iter()
+        .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
+        .collect())
+}
+
 /// Puts this instance's record (addresses, pid) on its lease, for `pgherd status`.
 async fn register(app: &App, dcs: &Dcs, client: &mut Client, lease: i64) -> Result<(), DcsError> {
     let config = app.config();
-    let record = serde_json::json!({
-        "instance": dcs.instance,
-        "listen": config.proxy.listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        "api": config.api.listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        "pid": std::process::id(),
-    });
+    let record = InstanceRecord {
+        instance: dcs.instance.clone(),
+        listen: config
+            .proxy
+            .listen
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+        api: config.api.listen.iter().map(ToString::to_string).collect(),
+        pid: std::process::id(),
+    };
+    let record = serde_json::to_string(&record).map_err(|e| DcsError::BadView(e.to_string()))?;
     dcs.within(client.put(
         dcs.key(&format!("instances/{}", dcs.instance)),
-        record.to_string(),
+        record,
         Some(PutOptions::new().with_lease(lease)),
     ))
     .await?;

@@ -378,3 +378,105 @@ fn passwd_prints_a_verifier_pgherd_accepts() {
     let check = pgherd(&["check-config", path.to_str().unwrap()]);
     assert!(check.status.success(), "{}\n{snippet}", text(&check));
 }
+
+/// `pgherd up --instances 2`: a local etcd and two instances in the background, one leading;
+/// the printed connection string names both; writes go through either; `down` stops them all.
+#[test]
+fn up_with_two_instances_and_down() {
+    let dir = tempfile::Builder::new()
+        .prefix("pgherd-up2-")
+        .tempdir()
+        .unwrap();
+    let cluster_dir = dir.path().join("local");
+    let dir_arg = cluster_dir.to_str().unwrap();
+    // Consecutive ports: find two free ones in a row.
+    let consecutive = || loop {
+        let port = pgherd_cluster::free_port().unwrap();
+        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    };
+    let (port, api_port) = (consecutive(), consecutive());
+    let up = pgherd(&[
+        "up",
+        "--dir",
+        dir_arg,
+        "--replicas",
+        "1",
+        "--instances",
+        "2",
+        "--port",
+        &port.to_string(),
+        "--api-port",
+        &api_port.to_string(),
+    ]);
+    let up_text = text(&up);
+    assert!(
+        up.status.success(),
+        "pgherd up --instances 2 failed:\n{up_text}"
+    );
+    let guard = Down(dir_arg.to_owned());
+    assert!(
+        up_text.contains(&format!("127.0.0.1:{port},127.0.0.1:{}/app", port + 1)),
+        "{up_text}"
+    );
+    for name in ["pgherd.pid", "pgherd-2.pid", "etcd.pid"] {
+        assert!(cluster_dir.join(name).exists(), "no {name}");
+    }
+
+    // Both instances registered; one leads.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let json = loop {
+        let status = pgherd(&["status", "--dir", dir_arg, "--json"]);
+        let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap_or_default();
+        let instances = json["instances"].as_array().cloned().unwrap_or_default();
+        let leaders = instances.iter().filter(|i| i["leads"] == true).count();
+        if instances.len() == 2 && leaders == 1 {
+            break json;
+        }
+        assert!(std::time::Instant::now() < deadline, "{json}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let mut names: Vec<&str> = json["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["instance"].as_str())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["pgherd-1", "pgherd-2"], "{json}");
+
+    // Writes through each instance.
+    for (i, p) in [port, port + 1].into_iter().enumerate() {
+        let out =
+            std::process::Command::new(pgherd_cluster::PgBinaries::find().unwrap().tool("psql"))
+                .env("PGPASSFILE", cluster_dir.join("pgpass"))
+                .args([
+                    "-X",
+                    "-A",
+                    "-t",
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &p.to_string(),
+                    "-U",
+                    "app",
+                    "-d",
+                    "app",
+                ])
+                .args([
+                    "-c",
+                    &format!(
+                        "CREATE TABLE IF NOT EXISTS t{i} (id int); INSERT INTO t{i} VALUES ({i})"
+                    ),
+                ])
+                .output()
+                .expect("psql");
+        assert!(out.status.success(), "through port {p}: {}", text(&out));
+    }
+
+    drop(guard);
+    for name in ["pgherd.pid", "pgherd-2.pid", "etcd.pid"] {
+        assert!(!cluster_dir.join(name).exists(), "{name} left after down");
+    }
+}

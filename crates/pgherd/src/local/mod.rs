@@ -10,6 +10,8 @@ use pgherd_cluster::{free_port, ClusterSpec, LocalCluster, StopMode};
 use pgherd_config::Config;
 use pgherd_wire::scram::{ScramVerifier, DEFAULT_ITERATIONS};
 
+mod instances;
+
 pub const DEFAULT_DIR: &str = "pgherd-local";
 const CONFIG_FILE: &str = "pgherd.toml";
 const PID_FILE: &str = "pgherd.pid";
@@ -41,6 +43,11 @@ pub struct UpOptions {
     /// Return once everything is ready, leaving pgherd running in the background.
     #[arg(long)]
     detach: bool,
+    /// pgherd instances in front of the cluster (first run only): with more than one, `up`
+    /// also starts a local etcd they agree through, runs them all in the background, and
+    /// they listen on consecutive ports from --port (their APIs from --api-port).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=9))]
+    instances: u16,
 }
 
 /// Which pgherd an operator command talks to: the one `pgherd up` made in `--dir`, or the
@@ -156,15 +163,20 @@ impl Passwords {
         })
     }
 
-    /// `host:port:*:user:password` lines for pgherd's own address.
-    fn save_pgpass(&self, path: &Path, listen: &SocketAddr) -> std::io::Result<()> {
+    /// `host:port:*:user:password` lines for each of pgherd's addresses.
+    fn save_pgpass(&self, path: &Path, listen: &[SocketAddr]) -> std::io::Result<()> {
         let escape = |s: &str| s.replace('\\', "\\\\").replace(':', "\\:");
-        let (host, port) = (listen.ip(), listen.port());
-        let text = format!(
-            "{host}:{port}:*:{APP_USER}:{}\n{host}:{port}:*:{SUPERUSER}:{}\n",
-            escape(&self.app),
-            escape(&self.superuser)
-        );
+        let text: String = listen
+            .iter()
+            .map(|a| {
+                let (host, port) = (a.ip(), a.port());
+                format!(
+                    "{host}:{port}:*:{APP_USER}:{}\n{host}:{port}:*:{SUPERUSER}:{}\n",
+                    escape(&self.app),
+                    escape(&self.superuser)
+                )
+            })
+            .collect();
         pgherd_config::write_private_file(path, &text)
     }
 
@@ -183,7 +195,7 @@ pub fn up(options: UpOptions) -> Result<(), String> {
         create(&dir, &options)?;
     } else {
         println!(
-            "Using the existing cluster in {} (--replicas and --port apply to new clusters only).",
+            "Using the existing cluster in {} (--replicas, --instances and the ports apply to new clusters only).",
             dir.display()
         );
     }
@@ -191,13 +203,17 @@ pub fn up(options: UpOptions) -> Result<(), String> {
     let config = Config::load(&config_path).map_err(|e| e.to_string())?;
     let cluster = open_cluster(&dir, &config)?;
     cluster.start_all().map_err(|e| e.to_string())?;
+    let extra = instances::extra_configs(&dir);
+    if !extra.is_empty() {
+        return up_instances(&dir, &config_path, &extra);
+    }
     if let Some(pid) = running_pid(&dir) {
         println!("pgherd is already running (pid {pid}).");
         print_connect(&dir, &config);
         return Ok(());
     }
     if options.detach {
-        let pid = spawn_detached(&dir, &config_path, &config)?;
+        let pid = spawn_detached(&config_path, &config)?;
         println!(
             "pgherd is running in the background (pid {pid}, log {}).",
             dir.join(LOG_FILE).display()
@@ -220,6 +236,50 @@ pub fn up(options: UpOptions) -> Result<(), String> {
         eprintln!("pgherd: {e}");
     }
     served
+}
+
+/// Several instances: etcd first, then every instance not running yet, all in the background.
+fn up_instances(dir: &Path, main: &Path, extra: &[PathBuf]) -> Result<(), String> {
+    instances::start_etcd(dir)?;
+    let mut configs = Vec::new();
+    for path in std::iter::once(main).chain(extra.iter().map(PathBuf::as_path)) {
+        tighten_own_config(path);
+        let config = Config::load(path).map_err(|e| e.to_string())?;
+        match running_pid_in(&pid_file(path)) {
+            Some(pid) => println!("{} is already running (pid {pid}).", instance_name(path)),
+            None => {
+                let pid = spawn_detached(path, &config)?;
+                println!(
+                    "{} is running in the background (pid {pid}, log {}).",
+                    instance_name(path),
+                    log_file(path).display()
+                );
+            }
+        }
+        configs.push(config);
+    }
+    let listen: Vec<SocketAddr> = configs
+        .iter()
+        .filter_map(|c| c.proxy.listen.first().copied())
+        .collect();
+    print_connect_to(dir, &listen);
+    println!("Stop everything with: pgherd down --dir {}", dir.display());
+    Ok(())
+}
+
+fn instance_name(config_path: &Path) -> String {
+    config_path
+        .file_stem()
+        .map_or_else(|| "pgherd".to_owned(), |s| s.to_string_lossy().into_owned())
+}
+
+/// `pgherd.toml` → `pgherd.pid`, `pgherd-2.toml` → `pgherd-2.pid`.
+fn pid_file(config_path: &Path) -> PathBuf {
+    config_path.with_extension("pid")
+}
+
+fn log_file(config_path: &Path) -> PathBuf {
+    config_path.with_extension("log")
 }
 
 fn create(dir: &Path, options: &UpOptions) -> Result<(), String> {
@@ -264,25 +324,50 @@ fn create(dir: &Path, options: &UpOptions) -> Result<(), String> {
     }
     let config = render_config(
         &cluster,
-        (options.port, options.api_port),
         &passwords,
         &replication_password,
         &app_verifier,
         &superuser_verifier,
     );
     passwords.save(dir)?;
-    let path = dir.join(CONFIG_FILE);
-    // It holds the superuser's password and the API token.
-    pgherd_config::write_private_file(&path, &config)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    Config::load(&path).map_err(|e| format!("the generated config is invalid (a bug): {e}"))?;
+    let etcd_port = if options.instances > 1 {
+        Some(instances::create_etcd(dir)?)
+    } else {
+        None
+    };
+    for k in 1..=usize::from(options.instances) {
+        let offset = (k - 1) as u16;
+        let (port, api_port) = (
+            options.port.checked_add(offset),
+            options.api_port.checked_add(offset),
+        );
+        let (Some(port), Some(api_port)) = (port, api_port) else {
+            return Err("--port and --api-port leave no room for every instance".to_owned());
+        };
+        let mut text = config
+            .replace("{PORT}", &port.to_string())
+            .replace("{API_PORT}", &api_port.to_string());
+        if let Some(etcd_port) = etcd_port {
+            text.push('\n');
+            text.push_str(&instances::dcs_section(k, etcd_port));
+        }
+        let path = if k == 1 {
+            dir.join(CONFIG_FILE)
+        } else {
+            dir.join(format!("pgherd-{k}.toml"))
+        };
+        // It holds the superuser's password and the API token.
+        pgherd_config::write_private_file(&path, &text)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Config::load(&path).map_err(|e| format!("the generated config is invalid (a bug): {e}"))?;
+    }
     Ok(())
 }
 
-/// `ports`: pgherd's and its HTTP API's.
+/// The config of every instance, with `{PORT}` and `{API_PORT}` for pgherd's and its HTTP
+/// API's ports.
 fn render_config(
     cluster: &LocalCluster,
-    (port, api_port): (u16, u16),
     passwords: &Passwords,
     replication_password: &str,
     app_verifier: &ScramVerifier,
@@ -290,11 +375,11 @@ fn render_config(
 ) -> String {
     let mut text = format!(
         "# Written by `pgherd up`. Edit freely; `pgherd check-config {CONFIG_FILE}` validates it.\n\n\
-         [pgherd]\nlisten = [\"127.0.0.1:{port}\"]\nadmin_users = [\"{SUPERUSER}\"]\n\n\
+         [pgherd]\nlisten = [\"127.0.0.1:{{PORT}}\"]\nadmin_users = [\"{SUPERUSER}\"]\n\n\
          # How pgherd logs in to the nodes to watch them.\n\
          [cluster]\nuser = \"{SUPERUSER}\"\npassword = \"{}\"\n\n\
          # Health checks, metrics and JSON over HTTP; changes (switchover, rejoin) need the token.\n\
-         [api]\nlisten = [\"127.0.0.1:{api_port}\"]\ntoken = \"{}\"\n\n",
+         [api]\nlisten = [\"127.0.0.1:{{API_PORT}}\"]\ntoken = \"{}\"\n\n",
         passwords.superuser,
         random_password()
     );
@@ -347,9 +432,19 @@ fn open_cluster(dir: &Path, config: &Config) -> Result<LocalCluster, String> {
 /// Says how to connect without printing a password: the passwords go to a libpq password
 /// file next to the config (mode 0600), which the printed command names.
 fn print_connect(dir: &Path, config: &Config) {
-    let Some(listen) = config.proxy.listen.first() else {
+    print_connect_to(
+        dir,
+        &config.proxy.listen[..config.proxy.listen.len().min(1)],
+    );
+}
+
+/// `listen`: the first address of each instance; several make a multi-host connection string.
+fn print_connect_to(dir: &Path, listen: &[SocketAddr]) {
+    if listen.is_empty() {
         return;
-    };
+    }
+    let hosts: Vec<String> = listen.iter().map(ToString::to_string).collect();
+    let hosts = hosts.join(",");
     let pgpass = dir.join(PGPASS_FILE);
     match Passwords::load(dir) {
         Some(passwords) => {
@@ -357,21 +452,15 @@ fn print_connect(dir: &Path, config: &Config) {
                 eprintln!("pgherd: cannot write {}: {e}", pgpass.display());
             }
             println!(
-                "Connect:  PGPASSFILE={} psql \"postgres://{APP_USER}@{}:{}/{APP_USER}\"",
+                "Connect:  PGPASSFILE={} psql \"postgres://{APP_USER}@{hosts}/{APP_USER}\"",
                 pgpass.display(),
-                listen.ip(),
-                listen.port()
             );
             println!(
                 "          (passwords of {APP_USER} and {SUPERUSER}: {}, readable only by you)",
                 dir.join(PASSWORD_FILE).display()
             );
         }
-        None => println!(
-            "Connect:  psql \"postgres://{APP_USER}@{}:{}/{APP_USER}\"",
-            listen.ip(),
-            listen.port()
-        ),
+        None => println!("Connect:  psql \"postgres://{APP_USER}@{hosts}/{APP_USER}\""),
     }
     println!("Status:   pgherd status --dir {}", dir.display());
 }
@@ -382,42 +471,69 @@ fn pid_alive(pid: i32) -> bool {
 }
 
 pub(crate) fn running_pid(dir: &Path) -> Option<i32> {
-    let pid: i32 = std::fs::read_to_string(dir.join(PID_FILE))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
+    running_pid_in(&dir.join(PID_FILE))
+}
+
+/// The pid a pid file names, if that process runs.
+fn running_pid_in(path: &Path) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
     pid_alive(pid).then_some(pid)
 }
 
-fn spawn_detached(dir: &Path, config_path: &Path, config: &Config) -> Result<i32, String> {
+/// Starts `command` in a session of its own (detached from this terminal), its output
+/// appended to `log`.
+fn spawn_in_background(
+    mut command: std::process::Command,
+    log: &Path,
+) -> Result<std::process::Child, String> {
     use std::os::unix::process::CommandExt;
-    let exe =
-        std::env::current_exe().map_err(|e| format!("cannot find the pgherd executable: {e}"))?;
-    let log_path = dir.join(LOG_FILE);
-    let log = std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&log_path)
-        .map_err(|e| format!("{}: {e}", log_path.display()))?;
-    let log_err = log.try_clone().map_err(|e| e.to_string())?;
-    let mut cmd = std::process::Command::new(exe);
-    cmd.arg("run").arg("--config").arg(config_path);
-    cmd.stdin(std::process::Stdio::null())
-        .stdout(log)
-        .stderr(log_err);
-    // SAFETY: setsid is async-signal-safe; it detaches pgherd from this terminal's session.
+        .open(log)
+        .map_err(|e| format!("{}: {e}", log.display()))?;
+    let file_err = file.try_clone().map_err(|e| e.to_string())?;
+    command
+        .stdin(std::process::Stdio::null())
+        .stdout(file)
+        .stderr(file_err);
+    // SAFETY: setsid is async-signal-safe; it detaches the child from this terminal's session.
     unsafe {
-        cmd.pre_exec(|| {
+        command.pre_exec(|| {
             libc::setsid();
             Ok(())
         });
     }
-    let mut child = cmd
+    command
         .spawn()
-        .map_err(|e| format!("cannot start pgherd: {e}"))?;
+        .map_err(|e| format!("cannot start {:?}: {e}", command.get_program()))
+}
+
+/// SIGTERM, then waits up to `timeout` for the process to go.
+fn stop_process(pid: i32, timeout: Duration) -> Result<(), String> {
+    // SAFETY: plain kill(2) on a pid read from our own pid file.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = Instant::now() + timeout;
+    while pid_alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if pid_alive(pid) {
+        return Err("did not stop".to_owned());
+    }
+    Ok(())
+}
+
+/// Runs `pgherd run` with `config_path` in the background (pid and log next to the config);
+/// returns its pid once it listens.
+fn spawn_detached(config_path: &Path, config: &Config) -> Result<i32, String> {
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find the pgherd executable: {e}"))?;
+    let log_path = log_file(config_path);
+    let mut command = std::process::Command::new(exe);
+    command.arg("run").arg("--config").arg(config_path);
+    let mut child = spawn_in_background(command, &log_path)?;
     let pid = child.id() as i32;
-    std::fs::write(dir.join(PID_FILE), pid.to_string()).map_err(|e| e.to_string())?;
+    std::fs::write(pid_file(config_path), pid.to_string()).map_err(|e| e.to_string())?;
     let listen = config
         .proxy
         .listen
@@ -459,20 +575,17 @@ pub fn down(dir: Option<&Path>) -> Result<(), String> {
     let config_path = dir.join(CONFIG_FILE);
     tighten_own_config(&config_path);
     let config = Config::load(&config_path).map_err(|e| e.to_string())?;
-    if let Some(pid) = running_pid(&dir) {
-        // SAFETY: plain kill(2) on a pid read from our own pid file.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let deadline =
-            Instant::now() + Duration::from_millis(config.proxy.shutdown_timeout_ms + 5_000);
-        while pid_alive(pid) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
+    let extra = instances::extra_configs(&dir);
+    let timeout = Duration::from_millis(config.proxy.shutdown_timeout_ms + 5_000);
+    for path in std::iter::once(&config_path).chain(&extra) {
+        if let Some(pid) = running_pid_in(&pid_file(path)) {
+            stop_process(pid, timeout)
+                .map_err(|e| format!("{} (pid {pid}) {e}", instance_name(path)))?;
+            println!("{} (pid {pid}) stopped.", instance_name(path));
         }
-        if pid_alive(pid) {
-            return Err(format!("pgherd (pid {pid}) did not stop"));
-        }
-        println!("pgherd (pid {pid}) stopped.");
+        let _ = std::fs::remove_file(pid_file(path));
     }
-    let _ = std::fs::remove_file(dir.join(PID_FILE));
+    instances::stop_etcd(&dir)?;
     let cluster = open_cluster(&dir, &config)?;
     let errors = cluster.stop_all(StopMode::Fast);
     if let Some(e) = errors.first() {

@@ -11,6 +11,34 @@ fn pgherd(args: &[&str]) -> std::process::Output {
     Command::new(BIN).args(args).output().expect("run pgherd")
 }
 
+/// psql through pgherd on `port` as `user` (database of the same name), with the password file
+/// `pgherd up` wrote.
+fn psql_with_pgpass(
+    cluster_dir: &std::path::Path,
+    port: &str,
+    user: &str,
+    sql: &str,
+) -> std::process::Output {
+    Command::new(pgherd_cluster::PgBinaries::find().unwrap().tool("psql"))
+        .env("PGPASSFILE", cluster_dir.join("pgpass"))
+        .args([
+            "-X",
+            "-A",
+            "-t",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            port,
+            "-U",
+            user,
+            "-d",
+            user,
+        ])
+        .args(["-c", sql])
+        .output()
+        .expect("psql")
+}
+
 fn text(out: &std::process::Output) -> String {
     format!(
         "{}{}",
@@ -83,25 +111,7 @@ fn up_status_down_on_a_fresh_directory() {
     }
     // The replica streams as the replication role, which is no superuser.
     let ask = |sql: &str| {
-        let out =
-            std::process::Command::new(pgherd_cluster::PgBinaries::find().unwrap().tool("psql"))
-                .env("PGPASSFILE", cluster_dir.join("pgpass"))
-                .args([
-                    "-X",
-                    "-A",
-                    "-t",
-                    "-h",
-                    "127.0.0.1",
-                    "-p",
-                    &port,
-                    "-U",
-                    "postgres",
-                    "-d",
-                    "postgres",
-                ])
-                .args(["-c", sql])
-                .output()
-                .expect("psql");
+        let out = psql_with_pgpass(&cluster_dir, &port, "postgres", sql);
         assert!(out.status.success(), "{sql}: {}", text(&out));
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     };
@@ -448,30 +458,9 @@ fn up_with_two_instances_and_down() {
 
     // Writes through each instance.
     for (i, p) in [port, port + 1].into_iter().enumerate() {
-        let out =
-            std::process::Command::new(pgherd_cluster::PgBinaries::find().unwrap().tool("psql"))
-                .env("PGPASSFILE", cluster_dir.join("pgpass"))
-                .args([
-                    "-X",
-                    "-A",
-                    "-t",
-                    "-h",
-                    "127.0.0.1",
-                    "-p",
-                    &p.to_string(),
-                    "-U",
-                    "app",
-                    "-d",
-                    "app",
-                ])
-                .args([
-                    "-c",
-                    &format!(
-                        "CREATE TABLE IF NOT EXISTS t{i} (id int); INSERT INTO t{i} VALUES ({i})"
-                    ),
-                ])
-                .output()
-                .expect("psql");
+        let sql =
+            format!("CREATE TABLE IF NOT EXISTS t{i} (id int); INSERT INTO t{i} VALUES ({i})");
+        let out = psql_with_pgpass(&cluster_dir, &p.to_string(), "app", &sql);
         assert!(out.status.success(), "through port {p}: {}", text(&out));
     }
 

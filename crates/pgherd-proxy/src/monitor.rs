@@ -47,8 +47,27 @@ pub async fn management_connection(
     server::connect(&spec, id, 1).await
 }
 
-/// One health check: (re)connect if needed and ask the node whether it is in recovery.
+/// One health check: (re)connect if needed and ask the node whether it is in recovery. A
+/// kept connection that turns out to be gone (its backend was terminated, as sealing a fenced
+/// node does to every session, or the server restarted in between) gets one more try on a
+/// fresh connection: a lost connection is not a node that does not answer. If that fails too,
+/// the first failure is reported.
 pub async fn check_once(
+    node: &NodeState,
+    cluster: &ClusterSettings,
+    ctx: &ConnectContext,
+    conn: &mut Option<ServerConn>,
+) -> Result<Observation, CheckFailure> {
+    let reused = conn.is_some();
+    match check_on(node, cluster, ctx, conn).await {
+        Err(first) if reused && conn.is_none() => check_on(node, cluster, ctx, conn)
+            .await
+            .map_err(|_| first),
+        result => result,
+    }
+}
+
+async fn check_on(
     node: &NodeState,
     cluster: &ClusterSettings,
     ctx: &ConnectContext,
@@ -72,6 +91,10 @@ pub async fn check_once(
                 "57P03" => CheckFailureKind::StartingUp,
                 _ => CheckFailureKind::Sql,
             };
+            if kind != CheckFailureKind::Sql {
+                // The server ends the connection after these.
+                *conn = None;
+            }
             return Err(CheckFailure::new(kind, e.to_string()));
         }
         Ok(Err(QueryError::Server(e))) => {

@@ -60,9 +60,9 @@ pub async fn check_once(
 ) -> Result<Observation, CheckFailure> {
     let reused = conn.is_some();
     match check_on(node, cluster, ctx, conn).await {
-        Err(first) if reused && conn.is_none() => check_on(node, cluster, ctx, conn)
-            .await
-            .map_err(|_| first),
+        Err(first) if reused && conn.is_none() => {
+            check_on(node, cluster, ctx, conn).await.map_err(|_| first)
+        }
         result => result,
     }
 }

@@ -39,6 +39,9 @@ pub enum GateReason {
     /// The elected primary's synchronous standbys are not in force yet (startup, or a new
     /// primary): a commit acknowledged now could exist on the primary alone.
     SyncPending,
+    /// One of several instances (`[dcs]`) that has neither read the leader's view from etcd
+    /// nor leads: it does not know where the others send writes.
+    NoView,
 }
 
 /// The write gate: open, or closed for one reason.
@@ -85,6 +88,7 @@ impl GateReason {
             GateReason::Switching => "switching",
             GateReason::Paused => "paused",
             GateReason::SyncPending => "sync_pending",
+            GateReason::NoView => "no_view",
         }
     }
 
@@ -102,6 +106,9 @@ impl GateReason {
             GateReason::Paused => "the operator paused all databases".to_owned(),
             GateReason::SyncPending => {
                 "the primary's synchronous standbys are being set".to_owned()
+            }
+            GateReason::NoView => {
+                "this instance has not read the cluster view from etcd yet".to_owned()
             }
         }
     }
@@ -140,6 +147,9 @@ pub struct ClusterState {
     pub switching: bool,
     /// `PAUSE` of every database.
     pub paused_all: bool,
+    /// One of several instances that has no view from the leader yet (see
+    /// [`GateReason::NoView`]).
+    pub awaiting_view: bool,
     /// Databases paused by name (their new transactions wait, reads too).
     pub paused: BTreeSet<String>,
 }
@@ -198,6 +208,7 @@ impl Default for ClusterState {
             strict_without_standby: None,
             switching: false,
             paused_all: false,
+            awaiting_view: false,
             paused: BTreeSet::new(),
         }
     }
@@ -238,6 +249,9 @@ pub enum Change {
     Pause(Option<String>),
     /// Resumes one database, or with `None` everything paused.
     Resume(Option<String>),
+    /// Whether this instance still waits for a view from the leader: set when it starts as one
+    /// of several, cleared when it leads (a leader's own view is the view).
+    AwaitView(bool),
     /// The leader instance's view, read from the agreement store: replaces this one whole,
     /// version included, unless it is from an older epoch (never acted on).
     Adopt(Box<ClusterState>),
@@ -249,7 +263,9 @@ impl ClusterState {
     /// The write gate and its one reason. Refusals come first (they answer at once), then the
     /// holds in the order an operator most needs to know them.
     pub fn gate(&self) -> Gate {
-        let reason = if let Some(primary) = self.strict_without_standby {
+        let reason = if self.awaiting_view {
+            GateReason::NoView
+        } else if let Some(primary) = self.strict_without_standby {
             GateReason::StrictWithoutStandby { primary }
         } else if let Some(candidate) = self.promoting {
             GateReason::Promoting { candidate }
@@ -379,6 +395,7 @@ impl ClusterState {
                 next.paused.remove(database);
             }
             Change::Adopt(_) => {}
+            Change::AwaitView(awaiting) => next.awaiting_view = *awaiting,
             Change::Forget(node) => {
                 next.fenced.remove(node);
                 next.detached.remove(node);
@@ -573,6 +590,20 @@ mod tests {
     }
 
     #[test]
+    fn an_instance_without_a_view_holds_writes_before_anything_else() {
+        let state = after(&[
+            Change::AwaitView(true),
+            Change::Elect { node: A, at_lsn: 1 },
+            Change::SyncInForce(None),
+            Change::Pause(None),
+        ]);
+        assert_eq!(state.gate(), Gate::Hold(GateReason::NoView));
+        assert_eq!(state.write_target([A]), None);
+        let leading = state.apply(&Change::AwaitView(false)).unwrap();
+        assert_eq!(leading.gate(), Gate::Hold(GateReason::Paused));
+    }
+
+    #[test]
     fn every_reason_has_a_word_and_a_sentence() {
         let name = |id: NodeId| format!("pg{}", id.0 + 1);
         for reason in [
@@ -581,6 +612,7 @@ mod tests {
             GateReason::Switching,
             GateReason::Paused,
             GateReason::SyncPending,
+            GateReason::NoView,
         ] {
             assert!(!reason.kind().is_empty());
             assert!(!reason.sentence(name).is_empty());

@@ -77,6 +77,10 @@ impl App {
             },
         );
         nodes.set_local_zone(config.proxy.zone.clone());
+        if config.dcs.is_some() {
+            // Until it leads or has read the leader's view, it does not know where writes go.
+            nodes.change(pgherd_failover::Change::AwaitView(true));
+        }
         let listen_port = config.proxy.listen.first().map_or(0, |a| a.port());
         let dcs = config
             .dcs

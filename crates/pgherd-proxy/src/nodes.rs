@@ -190,6 +190,8 @@ impl Nodes {
             Change::Resume(None) => "everything resumed".to_owned(),
             Change::Resume(Some(db)) => format!("database \"{db}\" resumed"),
             Change::Forget(id) => format!("{} left the config", name(id)),
+            Change::AwaitView(true) => "waiting for the leader's view from etcd".to_owned(),
+            Change::AwaitView(false) => "this instance leads: its view is the cluster's".to_owned(),
             Change::Adopt(view) => format!(
                 "the leader's view adopted (epoch {}, version {})",
                 view.epoch, view.version

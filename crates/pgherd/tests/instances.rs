@@ -410,3 +410,46 @@ async fn without_etcd_nobody_fails_over_and_routing_to_a_live_primary_goes_on() 
         "4"
     );
 }
+
+/// An instance that starts while etcd is down has no view: it holds writes and says why,
+/// rather than elect a primary on its own; once etcd answers it leads (alone) and writes flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_never_read_a_view_holds_writes_and_says_why() {
+    let mut etcd = TestEtcd::start();
+    etcd.kill();
+    let cluster = TestCluster::start(1);
+    let app = cluster.create_user(APP, APP_PASSWORD);
+    cluster.sql(&format!("CREATE DATABASE {APP} OWNER {APP}"));
+    cluster.sql_on("pg1", APP, "CREATE TABLE t (id int PRIMARY KEY, via text)");
+    cluster.sql_on("pg1", APP, &format!("ALTER TABLE t OWNER TO {APP}"));
+    let roles = cluster.dir().join("roles");
+    let a = Pgherd::start(BIN, &cluster, &instance_config(&roles, &etcd, "a", &app));
+
+    let console = admin(&a).await;
+    let cluster_row = rows(&console, "SHOW CLUSTER").await.unwrap();
+    assert_eq!(
+        field(&cluster_row[0], "write_gate"),
+        "held",
+        "{cluster_row:?}"
+    );
+    assert_eq!(
+        field(&cluster_row[0], "gate_reason"),
+        "no_view",
+        "{cluster_row:?}"
+    );
+    assert_eq!(
+        field(&cluster_row[0], "gate_detail"),
+        "this instance has not read the cluster view from etcd yet"
+    );
+    let refused = insert(&a, 1, "no view").await.unwrap_err();
+    assert!(refused.starts_with("08006"), "{refused}");
+
+    etcd.restart();
+    wait_for(
+        "writes flow once the instance leads",
+        Duration::from_secs(30),
+        async || insert(&a, 2, "leading").await.is_ok(),
+    )
+    .await;
+    assert_eq!(leader_seen_by(&a).await, "a");
+}

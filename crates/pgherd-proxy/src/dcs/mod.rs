@@ -371,6 +371,9 @@ async fn campaign(
         }
     });
     let leading = leader.as_deref() == Some(dcs.instance.as_str());
+    if leading {
+        app.nodes.change(Change::AwaitView(false));
+    }
     if let Some(view) = view_kv {
         let written_by_me = serde_json::from_slice::<SharedView>(view.value())
             .is_ok_and(|v| v.leader == dcs.instance && v.lease == lease);

@@ -103,6 +103,8 @@ impl SharedView {
             switching: self.switching,
             paused_all: self.paused_all,
             paused: self.paused.iter().cloned().collect(),
+            // The leader's view: it has one.
+            awaiting_view: false,
         })
     }
 }

@@ -26,6 +26,7 @@
 use std::fmt::Write as _;
 
 pub mod control;
+pub mod fenced;
 pub mod keeper;
 pub mod manual;
 pub mod observe;

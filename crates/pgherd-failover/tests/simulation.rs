@@ -8,12 +8,14 @@
 //! `pgherd_failover::observe::Track` (failures in a row, the settling rule) as the proxy's
 //! monitors count them; verdicts are carried out by `control::Operation`, whose IO is
 //! performed on the model (and fails when a node cannot be reached); the synchronous standby
-//! keeper (`pgherd_failover::keeper`, grace period included) takes its turns; the
+//! keeper (`pgherd_failover::keeper`, grace period included) takes its turns; fenced nodes
+//! are sealed and rejoined as `pgherd_failover::fenced` says; the
 //! `ClusterState` changes only through the `Change`s those steps return; writes go where
 //! `ClusterState::write_target` says, the function the proxy's sessions route by, and a commit
 //! is acknowledged as PostgreSQL would under the set the keeper put in force.
 
 use pgherd_failover::control::{Context, Io, Member, Operation, Outcome};
+use pgherd_failover::fenced::{FencedCare, FencedNode};
 use pgherd_failover::keeper::{sync_holders, KeeperInput, KeeperStep, SyncKeeper};
 use pgherd_failover::observe::{Sighting, Track};
 use pgherd_failover::{
@@ -53,6 +55,8 @@ struct SimNode {
     /// Holds WAL its upstream's timeline forked off before: PostgreSQL will not let it
     /// follow that upstream until it is rewound.
     diverged: bool,
+    /// A rejoin (pg_rewind, then following the primary) works on it.
+    rejoining: bool,
 }
 
 struct Sim {
@@ -65,6 +69,7 @@ struct Sim {
     tracks: Vec<Track>,
     last_primary_lsn: Option<Lsn>,
     keeper: SyncKeeper,
+    fenced_care: FencedCare,
     sync_standbys: usize,
     names: Vec<String>,
     /// The newest commit acknowledged to a client, on the current primary's history.
@@ -103,10 +108,12 @@ impl Sim {
                 caught_up: true,
                 may_be_sync: i == 0 || rng.gen_bool(0.8),
                 diverged: false,
+                rejoining: false,
             })
             .collect();
         Sim {
             keeper: SyncKeeper::default(),
+            fenced_care: FencedCare::default(),
             sync_standbys: rng.gen_range(1..=2),
             names: (0..count).map(|i| format!("pg{}", i + 1)).collect(),
             policy: Policy {
@@ -391,7 +398,7 @@ impl Sim {
                 }
             }
             self.apply(&verdict, &view);
-            self.rejoin();
+            self.care_for_fenced();
         }
         Ok(())
     }
@@ -583,14 +590,31 @@ impl Sim {
         }
     }
 
-    /// A fenced node that is reachable again is rewound and follows the elected primary.
-    fn rejoin(&mut self) {
+    /// The proxy's care of fenced nodes (`pgherd_failover::fenced`, with `auto_rejoin` on
+    /// managed nodes): one that answers is sealed (SQL on it, so it must be reachable), then
+    /// rejoined; a rejoin ends after a while (pg_rewind) with the node following the elected
+    /// primary and unfenced, as the proxy's rejoin does.
+    fn care_for_fenced(&mut self) {
+        let nodes: Vec<FencedNode> = (0..self.nodes.len())
+            .map(|i| FencedNode {
+                id: NodeId(i as u32),
+                answers: self.tracks[i].failed_streak() == 0
+                    && self.tracks[i].last_seen().is_some(),
+                rejoining: self.nodes[i].rejoining,
+            })
+            .collect();
+        for id in self.fenced_care.to_seal(&self.state, &nodes) {
+            let node = &self.nodes[id.0 as usize];
+            if node.alive && !node.cut_from_pgherd && self.fenced_care.sealed(id, true, true) {
+                self.nodes[id.0 as usize].rejoining = true;
+            }
+        }
         let Some(primary) = self.elected() else {
             return;
         };
         for i in 0..self.nodes.len() {
             let node = &self.nodes[i];
-            if self.fenced(i) && node.alive && !node.cut_from_pgherd && self.rng.gen_bool(0.2) {
+            if node.rejoining && node.alive && !node.cut_from_pgherd && self.rng.gen_bool(0.2) {
                 let primary_lsn = self.nodes[primary].lsn;
                 let primary_timeline = self.nodes[primary].timeline;
                 let node = &mut self.nodes[i];
@@ -602,6 +626,7 @@ impl Sim {
                 node.timeline = primary_timeline;
                 node.caught_up = false;
                 node.diverged = false;
+                node.rejoining = false;
                 self.change(Change::Unfence(NodeId(i as u32)));
             }
         }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use pgherd_cluster::{conninfo_value, with_password};
 use pgherd_config::{ClusterSettings, Config};
 use pgherd_failover::control::{Context, Io, Member, Operation, Outcome};
+use pgherd_failover::fenced::{FencedCare, FencedNode};
 use pgherd_failover::keeper::{
     sync_holders, KeeperInput, KeeperStep, SyncHolders, SyncKeeper as PureKeeper,
 };
@@ -29,8 +30,7 @@ use crate::pool::ConnectContext;
 pub async fn run(app: Arc<App>) {
     let mut stop = app.shutdown_signal();
     let mut last_sentence = String::new();
-    // Fenced nodes already made read-only (ALTER SYSTEM outlives restarts).
-    let mut sealed: HashSet<String> = HashSet::new();
+    let mut fenced_care = FencedCare::default();
     let mut keeper = KeeperShell::new();
     // The first turn runs at once: writes wait for the synchronous standby set, and the
     // initial node check has just given this task what it needs to put the set in force.
@@ -64,7 +64,7 @@ pub async fn run(app: Arc<App>) {
         if config.failover.enabled {
             decide_and_act(&app, &config, &nodes, &mut last_sentence).await;
         }
-        seal_fenced(&app, &config, &nodes, &mut sealed).await;
+        seal_fenced(&app, &config, &nodes, &mut fenced_care).await;
         // After the decision, so a primary elected in this turn gets its synchronous standbys
         // (and takes writes) now rather than a period later.
         if let Some(primary) = app
@@ -116,49 +116,48 @@ async fn decide_and_act(
 }
 
 /// Makes fenced nodes that answer again (a replaced primary restarted) refuse writes, and
-/// rejoins them when configured. Whoever fenced them (failover, `PROMOTE`), and whether
-/// failover is on or not.
+/// rejoins them when configured (`pgherd_failover::fenced` decides which). Whoever fenced them
+/// (failover, `PROMOTE`), and whether failover is on or not.
 async fn seal_fenced(
     app: &Arc<App>,
     config: &Config,
     nodes: &[Arc<NodeState>],
-    sealed: &mut HashSet<String>,
+    care: &mut FencedCare,
 ) {
-    // A node that rejoined may be fenced (and sealed) again later.
     let state = app.nodes.view();
-    sealed.retain(|name| {
-        nodes
-            .iter()
-            .any(|n| n.name() == name && state.is_fenced(n.id))
-    });
-    // A fenced node that answers again (a replaced primary restarted) is made to refuse
-    // writes, whatever else happens.
-    for node in nodes.iter() {
-        let answers = node.answers();
-        // A node being rejoined is fenced until it streams: sealing it then would leave it
-        // read-only for good.
-        if state.is_fenced(node.id)
-            && answers
-            && !node.is_rejoining()
-            && !sealed.contains(node.name())
-            && seal(&config.cluster, &app.connect_context(), node).await
-        {
-            sealed.insert(node.name().to_owned());
-            event(
-                app,
-                "sealed",
-                node.name(),
-                "set read-only (default_transaction_read_only) and its client sessions ended",
-            );
-            if config.failover.auto_rejoin && node.config.data_dir.is_some() {
-                // In the background: rewinding can take a while and failover must go on.
-                let (app, name) = (app.clone(), node.name().to_owned());
-                tokio::spawn(async move {
-                    if let Err(e) = crate::rejoin::rejoin(&app, &name).await {
-                        tracing::error!(node = %name, error = %e.message, "automatic rejoin failed; the node stays fenced (REJOIN retries)");
-                    }
-                });
-            }
+    let fenced: Vec<FencedNode> = nodes
+        .iter()
+        .map(|n| FencedNode {
+            id: n.id,
+            answers: n.answers(),
+            rejoining: n.is_rejoining(),
+        })
+        .collect();
+    for id in care.to_seal(&state, &fenced) {
+        let Some(node) = nodes.iter().find(|n| n.id == id) else {
+            continue;
+        };
+        if !seal(&config.cluster, &app.connect_context(), node).await {
+            continue;
+        }
+        event(
+            app,
+            "sealed",
+            node.name(),
+            "set read-only (default_transaction_read_only) and its client sessions ended",
+        );
+        if care.sealed(
+            id,
+            config.failover.auto_rejoin,
+            node.config.data_dir.is_some(),
+        ) {
+            // In the background: rewinding can take a while and failover must go on.
+            let (app, name) = (app.clone(), node.name().to_owned());
+            tokio::spawn(async move {
+                if let Err(e) = crate::rejoin::rejoin(&app, &name).await {
+                    tracing::error!(node = %name, error = %e.message, "automatic rejoin failed; the node stays fenced (REJOIN retries)");
+                }
+            });
         }
     }
 }

@@ -171,7 +171,9 @@ impl SyncInForce {
     /// current one did when the change only adds standbys without asking more of each commit
     /// (every commit acknowledged so far is still on `k` standbys of the set); otherwise it is
     /// `primary_lsn`: a standby left (its share may be the only copy), `k` grew, or commits
-    /// were acknowledged by the primary alone (no set, or an empty one).
+    /// were acknowledged by the primary alone (no set, or an empty one). The same set again
+    /// changes nothing: an empty set's position is never read (no standby holds commits under
+    /// it), and the set that replaces it starts at the primary's position then.
     pub fn from(
         primary: NodeId,
         set: SyncSet,
@@ -180,9 +182,10 @@ impl SyncInForce {
     ) -> SyncInForce {
         let covered = |c: &&SyncInForce| {
             c.primary == primary
-                && !c.set.standbys.is_empty()
-                && c.set.standbys.iter().all(|s| set.standbys.contains(s))
-                && set.quorum <= c.set.quorum
+                && (c.set == set
+                    || (!c.set.standbys.is_empty()
+                        && c.set.standbys.iter().all(|s| set.standbys.contains(s))
+                        && set.quorum <= c.set.quorum))
         };
         let since_lsn = current.filter(covered).map_or(primary_lsn, |c| c.since_lsn);
         SyncInForce {
@@ -586,6 +589,31 @@ mod tests {
             leader.apply(&Change::Adopt(Box::new(local))),
             None,
             "older epoch"
+        );
+    }
+
+    #[test]
+    fn an_empty_set_kept_in_force_does_not_change_the_view() {
+        let empty = |since_lsn| {
+            Change::SyncInForce(Some(SyncInForce::from(
+                A,
+                SyncSet::default(),
+                None,
+                since_lsn,
+            )))
+        };
+        let state = after(&[Change::Elect { node: A, at_lsn: 1 }, empty(10)]);
+        let again = SyncInForce::from(A, SyncSet::default(), state.sync.as_ref(), 20);
+        assert_eq!(again.since_lsn, 10);
+        assert_eq!(state.apply(&Change::SyncInForce(Some(again))), None);
+        // The set that replaces it starts where the primary is then.
+        let one = SyncSet {
+            quorum: 1,
+            standbys: vec!["pg2".to_owned()],
+        };
+        assert_eq!(
+            SyncInForce::from(A, one, state.sync.as_ref(), 30).since_lsn,
+            30
         );
     }
 

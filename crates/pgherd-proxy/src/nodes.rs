@@ -125,15 +125,9 @@ impl Nodes {
         };
         let (gate_before, gate_after) = (current.gate(), next.gate());
         let (version, epoch) = (next.version, next.epoch);
-        let routine = only_the_sync_floor_moved(&current, &next);
         self.view.store(Arc::new(next));
         drop(writer);
-        if routine {
-            // Every turn while a primary acknowledges commits alone and is written to.
-            tracing::debug!(version, epoch, change = %self.describe_change(&change), "cluster view changed");
-        } else {
-            tracing::info!(version, epoch, change = %self.describe_change(&change), "cluster view changed");
-        }
+        tracing::info!(version, epoch, change = %self.describe_change(&change), "cluster view changed");
         if gate_before != gate_after {
             match &gate_after {
                 pgherd_failover::Gate::Open => tracing::info!("writes go to the primary again"),
@@ -388,96 +382,9 @@ impl Nodes {
     }
 }
 
-/// `next` differs from `current` only in where the synchronous set in force took effect (and
-/// the version): the sync floor following commits the primary acknowledged alone.
-fn only_the_sync_floor_moved(current: &ClusterState, next: &ClusterState) -> bool {
-    let (Some(before), Some(after)) = (&current.sync, &next.sync) else {
-        return false;
-    };
-    let mut moved = current.clone();
-    moved.version = next.version;
-    if let Some(sync) = moved.sync.as_mut() {
-        sync.since_lsn = after.since_lsn;
-    }
-    before.since_lsn != after.since_lsn && moved == *next
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_moving_sync_floor_alone_is_routine() {
-        use pgherd_failover::{SyncInForce, SyncSet};
-        let in_force = |standbys: &[&str], since_lsn| {
-            Change::SyncInForce(Some(SyncInForce {
-                primary: NodeId(0),
-                set: SyncSet {
-                    quorum: 1,
-                    standbys: standbys.iter().map(|s| s.to_string()).collect(),
-                },
-                since_lsn,
-            }))
-        };
-        let current = ClusterState::default()
-            .apply(&Change::Elect {
-                node: NodeId(0),
-                at_lsn: 1,
-            })
-            .and_then(|s| s.apply(&in_force(&[], 10)))
-            .unwrap();
-        let moved = current.apply(&in_force(&[], 20)).unwrap();
-        assert!(only_the_sync_floor_moved(&current, &moved));
-        let new_set = current.apply(&in_force(&["pg2"], 20)).unwrap();
-        assert!(!only_the_sync_floor_moved(&current, &new_set));
-        let paused = moved.apply(&Change::Pause(None)).unwrap();
-        assert!(!only_the_sync_floor_moved(&moved, &paused));
-    }
-
-    fn config(name: &str, port: u16) -> NodeConfig {
-        NodeConfig {
-            name: name.into(),
-            host: "127.0.0.1".into(),
-            port,
-            data_dir: None,
-            netns: None,
-            weight: 1,
-            priority: 1,
-            zone: None,
-            sync: true,
-        }
-    }
-
-    fn one_node(failures_before_down: u32) -> (Nodes, Arc<NodeState>) {
-        let nodes = Nodes::new(
-            &[config("pg1", 5432)],
-            CheckThresholds {
-                rejoin_after_checks: 2,
-                failures_before_down,
-            },
-        );
-        let node = nodes.list.load()[0].clone();
-        (nodes, node)
-    }
-
-    fn timeout() -> CheckFailure {
-        CheckFailure::new(CheckFailureKind::Timeout, "no answer within 2000 ms")
-    }
-
-    fn refused() -> CheckFailure {
-        CheckFailure::new(CheckFailureKind::Refused, "connection refused")
-    }
-
-    fn seen(role: Role) -> Result<Observation, CheckFailure> {
-        Ok(Observation {
-            role,
-            lsn: 100,
-            receive_lsn: 0,
-            timeline: 1,
-            upstream_streaming: false,
-            streaming_standbys: Vec::new(),
-        })
-    }
 
     #[test]
     fn a_node_is_down_only_after_consecutive_failed_checks() {

@@ -125,7 +125,8 @@ impl Nodes {
         };
         let (gate_before, gate_after) = (current.gate(), next.gate());
         let (version, epoch) = (next.version, next.epoch);
-        self.view.store(Arc::new(next));
+        let next = Arc::new(next);
+        self.view.store(next.clone());
         drop(writer);
         tracing::info!(version, epoch, change = %self.describe_change(&change), "cluster view changed");
         if gate_before != gate_after {
@@ -139,17 +140,27 @@ impl Nodes {
                 }
             }
         }
-        match &change {
-            Change::Fence(id) | Change::Detach(id) | Change::Attach(id) => {
-                if let Some(node) = self.by_id(*id) {
-                    node.leave_read_set(match change {
-                        Change::Fence(_) => "fenced",
-                        Change::Detach(_) => "detached",
-                        _ => "attached: reads after healthy checks",
-                    });
-                }
+        // From what changed, not from how: a view adopted from the leader fences, detaches
+        // and attaches too.
+        let leaving = next
+            .fenced
+            .difference(&current.fenced)
+            .map(|id| (id, "fenced"))
+            .chain(
+                next.detached
+                    .difference(&current.detached)
+                    .map(|id| (id, "detached")),
+            )
+            .chain(
+                current
+                    .detached
+                    .difference(&next.detached)
+                    .map(|id| (id, "attached: reads after healthy checks")),
+            );
+        for (id, why) in leaving {
+            if let Some(node) = self.by_id(*id) {
+                node.leave_read_set(why);
             }
-            _ => {}
         }
         self.standing.notify_waiters();
         true
@@ -385,6 +396,71 @@ impl Nodes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn config(name: &str, port: u16) -> NodeConfig {
+        NodeConfig {
+            name: name.into(),
+            host: "127.0.0.1".into(),
+            port,
+            data_dir: None,
+            netns: None,
+            weight: 1,
+            priority: 1,
+            zone: None,
+            sync: true,
+        }
+    }
+
+    fn one_node(failures_before_down: u32) -> (Nodes, Arc<NodeState>) {
+        let nodes = Nodes::new(
+            &[config("pg1", 5432)],
+            CheckThresholds {
+                rejoin_after_checks: 2,
+                failures_before_down,
+            },
+        );
+        let node = nodes.list.load()[0].clone();
+        (nodes, node)
+    }
+
+    fn timeout() -> CheckFailure {
+        CheckFailure::new(CheckFailureKind::Timeout, "no answer within 2000 ms")
+    }
+
+    fn refused() -> CheckFailure {
+        CheckFailure::new(CheckFailureKind::Refused, "connection refused")
+    }
+
+    fn seen(role: Role) -> Result<Observation, CheckFailure> {
+        Ok(Observation {
+            role,
+            lsn: 100,
+            receive_lsn: 0,
+            timeline: 1,
+            upstream_streaming: false,
+            streaming_standbys: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn a_view_adopted_from_the_leader_takes_fenced_and_detached_nodes_out_of_reads() {
+        let (nodes, node) = one_node(3);
+        nodes.record(&node, seen(Role::Replica));
+        assert!(node.in_read_set());
+        let leaders = ClusterState::default()
+            .apply(&Change::Detach(node.id))
+            .unwrap();
+        assert!(nodes.change(Change::Adopt(Box::new(leaders.clone()))));
+        assert!(!node.in_read_set(), "detached by the leader");
+        nodes.record(&node, seen(Role::Replica));
+        nodes.record(&node, seen(Role::Replica));
+        let attached = leaders.apply(&Change::Attach(node.id)).unwrap();
+        assert!(nodes.change(Change::Adopt(Box::new(attached))));
+        assert!(
+            !node.in_read_set(),
+            "attached: back only after healthy checks"
+        );
+    }
 
     #[test]
     fn a_node_is_down_only_after_consecutive_failed_checks() {

@@ -250,6 +250,8 @@ impl Session {
             on_replica,
             flush_pending: false,
             unnamed_here: false,
+            bytes_to_server: 0,
+            bytes_to_client: 0,
         };
         if lease.conn.params_fp != self.params.fingerprint() {
             // Reset and apply separately: a setting the server refuses must not roll back the
@@ -385,6 +387,9 @@ impl Session {
 
     /// Returns the server connection to its pool; the cancel target must be cleared already.
     pub(super) fn give_back_server(&mut self, reusable: bool) {
+        if let Some(lease) = self.lease.as_mut() {
+            lease.flush_byte_counts();
+        }
         let Some(Lease {
             mut conn,
             pool,

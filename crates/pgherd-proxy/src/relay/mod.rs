@@ -81,6 +81,28 @@ struct Lease {
     flush_pending: bool,
     /// The client's unnamed statement exists on this server connection.
     unnamed_here: bool,
+    /// Bytes written to the server and to the client since they were last added to the
+    /// pool's counters: counted here per write, added there once per transaction (a shared
+    /// counter per socket write would be contended by every session of the pool).
+    bytes_to_server: u64,
+    bytes_to_client: u64,
+}
+
+impl Lease {
+    /// Adds the bytes counted so far to the pool's counters.
+    fn flush_byte_counts(&mut self) {
+        let stats = &self.pool.stats;
+        if self.bytes_to_server > 0 {
+            stats
+                .bytes_to_servers
+                .fetch_add(std::mem::take(&mut self.bytes_to_server), Ordering::Relaxed);
+        }
+        if self.bytes_to_client > 0 {
+            stats
+                .bytes_to_clients
+                .fetch_add(std::mem::take(&mut self.bytes_to_client), Ordering::Relaxed);
+        }
+    }
 }
 
 /// A server connection a session starts with: session mode keeps the one its login used,
@@ -632,11 +654,7 @@ impl Session {
                         conn.write_buf.advance(n);
                         buffers::shrink_if_grown(&mut conn.write_buf);
                         lease.flush_pending = conn.stream.is_tls();
-                        lease
-                            .pool
-                            .stats
-                            .bytes_to_servers
-                            .fetch_add(n as u64, Ordering::Relaxed);
+                        lease.bytes_to_server += n as u64;
                         progressed = true;
                     }
                     Poll::Ready(Err(e)) => {
@@ -663,11 +681,7 @@ impl Session {
                         self.client_out.advance(n);
                         buffers::shrink_if_grown(&mut self.client_out);
                         self.client_flush_pending = self.client.is_tls();
-                        lease
-                            .pool
-                            .stats
-                            .bytes_to_clients
-                            .fetch_add(n as u64, Ordering::Relaxed);
+                        lease.bytes_to_client += n as u64;
                         progressed = true;
                     }
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(Relayed::Client(client_io(e)))),

@@ -477,6 +477,7 @@ impl Session {
                 .stats
                 .transactions
                 .fetch_add(1, Ordering::Relaxed);
+            lease.flush_byte_counts();
             if let Some(started) = self.tx_started.take() {
                 lease.pool.stats.transaction_time.observe(started.elapsed());
             }

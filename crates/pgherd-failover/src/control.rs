@@ -82,7 +82,8 @@ pub struct Operation {
     stage: Stage,
     /// One sentence per thing done, for the operator who asked (`PROMOTE`'s answer).
     report: Vec<String>,
-    result: Option<Result<(), String>>,
+    /// Why it failed, if it did.
+    error: Option<String>,
 }
 
 #[derive(Debug)]
@@ -189,7 +190,7 @@ impl Operation {
             kind,
             stage: Stage::Start,
             report: Vec::new(),
-            result: None,
+            error: None,
         }
     }
 
@@ -212,9 +213,9 @@ impl Operation {
 
     /// What was done, a sentence each, or why the operation failed.
     pub fn finish(self) -> Result<Vec<String>, String> {
-        match self.result {
-            Some(Err(e)) => Err(e),
-            _ => Ok(self.report),
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(self.report),
         }
     }
 
@@ -250,7 +251,7 @@ impl Operation {
                 });
                 // The fenced old primary stays elected, so writes wait for the next decision.
                 step.changes.push(Change::AbandonPromotion);
-                self.result = Some(Err(error));
+                self.error = Some(error);
                 self.stage = Stage::Done;
             }
             (Stage::AwaitPreset { at_lsn, set }, outcome) => {
@@ -403,7 +404,6 @@ impl Operation {
                 let candidate = self.candidate();
                 let detail = "promoted; writes go to it now".to_owned();
                 self.tell(step, "promoted", candidate, detail, ctx);
-                self.result = Some(Ok(()));
                 self.stage = Stage::Done;
             }
             Stage::AwaitRepoint(_)
@@ -430,7 +430,7 @@ impl Operation {
     /// Fences `node` in the view and cuts it off; the first fencing is an event.
     fn fence(&self, node: usize, ctx: &Context, step: &mut Step) {
         let id = ctx.members[node].id;
-        let newly = !ctx.state.is_fenced(id) && !step.changes.contains(&Change::Fence(id));
+        let newly = !ctx.state.is_fenced(id);
         step.changes.push(Change::Fence(id));
         if newly {
             step.events.push(Event {

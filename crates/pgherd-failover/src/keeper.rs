@@ -320,13 +320,13 @@ mod tests {
             view.sync.as_ref().map(|s| s.set.setting()),
             Some("ANY 1 (\"pg3\")".to_owned())
         );
-        assert_eq!(view.writes_refused(), None);
+        assert!(!matches!(view.gate(), crate::Gate::Refuse(_)));
         // pg3 stops streaming: strict keeps the set and refuses writes.
         let step = keeper.turn(&view, &input(Durability::Strict, &[], &eligible, 60_000));
         let view = carry_out(view, &step);
         assert_eq!(
-            view.writes_refused(),
-            Some(crate::GateReason::StrictWithoutStandby { primary: P })
+            view.gate(),
+            crate::Gate::Refuse(crate::GateReason::StrictWithoutStandby { primary: P })
         );
         assert_eq!(
             view.sync.as_ref().map(|s| s.set.setting()),

@@ -288,19 +288,6 @@ impl ClusterState {
         }
     }
 
-    /// New transactions wait rather than go to the primary.
-    pub fn writes_held(&self) -> bool {
-        matches!(self.gate(), Gate::Hold(_))
-    }
-
-    /// Why writes fail at once, if they do.
-    pub fn writes_refused(&self) -> Option<GateReason> {
-        match self.gate() {
-            Gate::Refuse(reason) => Some(reason),
-            _ => None,
-        }
-    }
-
     pub fn is_fenced(&self, node: NodeId) -> bool {
         self.fenced.contains(&node)
     }
@@ -499,7 +486,7 @@ mod tests {
             state.gate(),
             Gate::Refuse(GateReason::StrictWithoutStandby { primary: A })
         );
-        assert!(!state.writes_held());
+        assert!(!matches!(state.gate(), Gate::Hold(_)));
         // Electing another primary clears a refusal that was about the old one.
         let next = state.apply(&Change::Elect { node: B, at_lsn: 0 }).unwrap();
         assert_eq!(next.gate(), Gate::Hold(GateReason::Switching));

@@ -64,7 +64,7 @@ impl<'a> Snapshot<'a> {
             }
             return None;
         };
-        primaries().find(|n| n.id == id).cloned()
+        self.list.iter().find(|n| n.id == id).cloned()
     }
 }
 

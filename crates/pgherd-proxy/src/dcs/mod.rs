@@ -186,9 +186,7 @@ impl Dcs {
     }
 
     /// Adopts the shared view unless it is this instance's own or from an older epoch.
-    fn adopt(&self, app: &App, json: &[u8]) -> Result<(), DcsError> {
-        let shared: SharedView =
-            serde_json::from_slice(json).map_err(|e| DcsError::BadView(e.to_string()))?;
+    fn adopt(&self, app: &App, shared: &SharedView) -> Result<(), DcsError> {
         let state = shared
             .state(|name| app.nodes.get(name).map(|n| n.id))
             .map_err(DcsError::BadView)?;
@@ -200,12 +198,9 @@ impl Dcs {
 /// Refuses an operator's action on an instance that does not lead: its change to the view
 /// would be overwritten by the leader's.
 pub fn must_lead(app: &App) -> Result<(), PgError> {
-    let Some(dcs) = &app.dcs else {
+    let Some(dcs) = app.dcs.as_ref().filter(|_| !app.may_act()) else {
         return Ok(());
     };
-    if dcs.is_leader() {
-        return Ok(());
-    }
     let status = dcs.status();
     Err(PgError::error(
         SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -371,15 +366,16 @@ async fn campaign(
         }
     });
     let leading = leader.as_deref() == Some(dcs.instance.as_str());
-    if leading {
+    if leading && app.nodes.view().awaiting_view {
         app.nodes.change(Change::AwaitView(false));
     }
     if let Some(view) = view_kv {
-        let written_by_me = serde_json::from_slice::<SharedView>(view.value())
-            .is_ok_and(|v| v.leader == dcs.instance && v.lease == lease);
+        let shared: SharedView =
+            serde_json::from_slice(view.value()).map_err(|e| DcsError::BadView(e.to_string()))?;
+        let written_by_me = shared.leader == dcs.instance && shared.lease == lease;
         // A leader adopts only a view another instance wrote (it took over); its own it has.
         if !leading || !written_by_me {
-            dcs.adopt(app, view.value())?;
+            dcs.adopt(app, &shared)?;
         }
     }
     Ok(leader)

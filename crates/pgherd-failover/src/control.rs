@@ -8,7 +8,7 @@
 //!
 //! Architecture invariant: no sockets, no clocks; the same inputs give the same steps.
 
-use crate::keeper::preset_sync_set;
+use crate::keeper::{preset_sync_set, sync_eligible};
 use crate::{
     Change, Check, ClusterState, Durability, Lsn, NodeId, SyncInForce, SyncSet, Verdict, View,
 };
@@ -326,13 +326,7 @@ impl Operation {
                 // commits are not acknowledged on it alone; the keeper narrows the set to the
                 // standbys that stream.
                 let candidate = self.candidate();
-                let others: Vec<String> = ctx
-                    .members
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, m)| *i != candidate && m.may_be_sync && !ctx.state.is_fenced(m.id))
-                    .map(|(_, m)| m.name.to_owned())
-                    .collect();
+                let others = sync_eligible(ctx.state, ctx.members, ctx.members[candidate].id);
                 match preset_sync_set(ctx.durability, ctx.sync_standbys, &others) {
                     Some(set) => {
                         step.io = Some(Io::SetSyncSet {

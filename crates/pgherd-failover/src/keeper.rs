@@ -89,13 +89,7 @@ impl SyncKeeper {
         if waiting_for_standbys {
             // Every standby the new primary may get counts until one streams: commits wait
             // for it rather than rest on the primary alone.
-            if let Some(all) = desired_sync_set(
-                durability,
-                input.sync_standbys,
-                input.eligible,
-                input.eligible,
-                None,
-            ) {
+            if let Some(all) = preset_sync_set(durability, input.sync_standbys, input.eligible) {
                 desired = all;
             }
         }
@@ -172,6 +166,21 @@ impl SyncKeeper {
 /// The set a just-promoted primary gets before it takes writes: every other unfenced node, so
 /// its first commits wait for a standby rather than rest on it alone; the keeper narrows it to
 /// the standbys that stream. `None` in `async` durability.
+/// The standbys `primary` may have in its synchronous set: every other node that may be
+/// synchronous (node `sync = true`) and is not fenced, by name. The keeper's turns, a new
+/// primary's preset set and the simulation all take them from here.
+pub fn sync_eligible(
+    state: &ClusterState,
+    members: &[crate::control::Member],
+    primary: NodeId,
+) -> Vec<String> {
+    members
+        .iter()
+        .filter(|m| m.id != primary && m.may_be_sync && !state.is_fenced(m.id))
+        .map(|m| m.name.to_owned())
+        .collect()
+}
+
 pub fn preset_sync_set(
     durability: Durability,
     sync_standbys: usize,

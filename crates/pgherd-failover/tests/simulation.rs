@@ -16,7 +16,7 @@
 
 use pgherd_failover::control::{Context, Io, Member, Operation, Outcome};
 use pgherd_failover::fenced::{FencedCare, FencedNode};
-use pgherd_failover::keeper::{sync_holders, KeeperInput, KeeperStep, SyncKeeper};
+use pgherd_failover::keeper::{sync_eligible, sync_holders, KeeperInput, KeeperStep, SyncKeeper};
 use pgherd_failover::observe::{Sighting, Track};
 use pgherd_failover::{
     decide, Change, Check, ClusterState, Durability, Lsn, NodeId, NodeView, Policy, Verdict, View,
@@ -302,10 +302,8 @@ impl Sim {
     /// Replicas the keeper may make synchronous: every other unfenced node that may be one,
     /// by name.
     fn eligible(&self, primary: usize) -> Vec<String> {
-        (0..self.nodes.len())
-            .filter(|&i| i != primary && !self.fenced(i) && self.nodes[i].may_be_sync)
-            .map(|i| self.names[i].clone())
-            .collect()
+        let members = members(&self.names, &self.nodes, &self.tracks);
+        sync_eligible(&self.state, &members, NodeId(primary as u32))
     }
 
     /// The proxy's keeper turn for the elected primary `e`, which just answered: what streams
@@ -473,14 +471,7 @@ impl Sim {
     /// the model (where it fails as it would on real nodes that cannot be reached).
     fn apply(&mut self, verdict: &Verdict, view: &View) {
         let names = self.names.clone();
-        let members: Vec<Member> = (0..self.nodes.len())
-            .map(|i| Member {
-                id: NodeId(i as u32),
-                name: &names[i],
-                may_be_sync: self.nodes[i].may_be_sync,
-                received_lsn: self.tracks[i].received_lsn(),
-            })
-            .collect();
+        let members = members(&names, &self.nodes, &self.tracks);
         let Some(mut operation) = Operation::for_verdict(verdict, view, &members) else {
             return;
         };
@@ -631,6 +622,18 @@ impl Sim {
             }
         }
     }
+}
+
+/// The nodes as the control steps need them (as the proxy's `failover::members` does).
+fn members<'a>(names: &'a [String], nodes: &[SimNode], tracks: &[Track]) -> Vec<Member<'a>> {
+    (0..nodes.len())
+        .map(|i| Member {
+            id: NodeId(i as u32),
+            name: &names[i],
+            may_be_sync: nodes[i].may_be_sync,
+            received_lsn: tracks[i].received_lsn(),
+        })
+        .collect()
 }
 
 fn run_seed(seed: u64) -> Result<(usize, [usize; 3]), (String, Vec<String>)> {

@@ -16,7 +16,7 @@ use pgherd_config::{ClusterSettings, Config};
 use pgherd_failover::control::{Context, Io, Member, Operation, Outcome};
 use pgherd_failover::fenced::{FencedCare, FencedNode};
 use pgherd_failover::keeper::{
-    sync_holders, KeeperInput, KeeperStep, SyncHolders, SyncKeeper as PureKeeper,
+    sync_eligible, sync_holders, KeeperInput, KeeperStep, SyncHolders, SyncKeeper as PureKeeper,
 };
 use pgherd_failover::{decide, ClusterState, NodeView, Policy, SyncSet, Verdict, View};
 
@@ -252,11 +252,7 @@ impl KeeperShell {
             }
         }
         let view = app.nodes.view();
-        let eligible: Vec<String> = nodes
-            .iter()
-            .filter(|n| n.name() != primary.name() && n.config.sync && !view.is_fenced(n.id))
-            .map(|n| n.name().to_owned())
-            .collect();
+        let eligible = sync_eligible(&view, &members(nodes), primary.id);
         let input = KeeperInput {
             durability: config.replication.durability,
             sync_standbys: config.replication.sync_standbys as usize,

@@ -627,6 +627,7 @@ pub fn databases(app: &App) -> Table {
     let config = app.config();
     let view = app.nodes.view();
     let pools = app.pools();
+    let clients = app.clients.all();
     let rows = config
         .databases
         .iter()
@@ -639,12 +640,7 @@ pub fn databases(app: &App) -> Table {
             };
             let mine = || pools.iter().filter(|p| served(&p.database));
             let server_connections: u32 = mine().map(|p| p.total()).sum();
-            let clients = app
-                .clients
-                .all()
-                .iter()
-                .filter(|c| served(&c.database))
-                .count();
+            let clients = clients.iter().filter(|c| served(&c.database)).count();
             vec![
                 name.clone().into(),
                 d.dbname.clone().into(),

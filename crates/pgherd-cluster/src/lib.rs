@@ -23,7 +23,7 @@ pub use binaries::PgBinaries;
 pub use node::{LocalNode, StopMode};
 pub use osuser::RunAs;
 pub use ports::free_port;
-pub use secret::{conninfo_value, with_password, PassFile};
+pub use secret::{conninfo_value, passfile_field, with_password, PassFile};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {

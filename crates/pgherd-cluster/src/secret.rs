@@ -48,9 +48,13 @@ impl Drop for PassFile {
 }
 
 /// One line matching any host, port, database and user (the file serves one command).
+/// A field of a libpq password file: `\` and `:` escaped.
+pub fn passfile_field(value: &str) -> String {
+    value.replace('\\', "\\\\").replace(':', "\\:")
+}
+
 fn passfile_line(password: &str) -> String {
-    let escaped = password.replace('\\', "\\\\").replace(':', "\\:");
-    format!("*:*:*:*:{escaped}\n")
+    format!("*:*:*:*:{}\n", passfile_field(password))
 }
 
 /// A libpq connection-string value, quoted when it needs to be.

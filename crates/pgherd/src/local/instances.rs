@@ -5,9 +5,9 @@
 //! config (`pgherd-k.pid`, `pgherd-k.log`); etcd keeps its data in `etcd/`, its settings in
 //! `etcd.yml`, its pid in `etcd.pid`.
 
-use std::net::TcpStream;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pgherd_cluster::free_port;
 
@@ -20,9 +20,18 @@ const SCOPE: &str = "pgherd-local";
 /// The extra instances' config files, in order (instance 2, 3, ...).
 pub fn extra_configs(dir: &Path) -> Vec<PathBuf> {
     (2..)
-        .map(|k| dir.join(format!("pgherd-{k}.toml")))
+        .map(|k| config_path(dir, k))
         .take_while(|p| p.exists())
         .collect()
+}
+
+/// Instance `k`'s config file (1-based; instance 1's is `pgherd.toml`).
+pub fn config_path(dir: &Path, k: usize) -> PathBuf {
+    if k == 1 {
+        dir.join(super::CONFIG_FILE)
+    } else {
+        dir.join(format!("pgherd-{k}.toml"))
+    }
 }
 
 /// The `[dcs]` section of instance `k` (1-based), with the local etcd's client port.
@@ -73,24 +82,15 @@ pub fn start_etcd(dir: &Path) -> Result<(), String> {
         .ok_or("`pgherd up --instances` needs etcd: install the Debian package etcd-server")?;
     let mut command = std::process::Command::new(etcd);
     command.arg("--config-file").arg(dir.join(ETCD_CONFIG));
-    let mut child = super::spawn_in_background(command, &dir.join(ETCD_LOG))?;
-    std::fs::write(dir.join(ETCD_PID), child.id().to_string()).map_err(|e| e.to_string())?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!(
-                "etcd exited ({status}) before it was ready; see {}",
-                dir.join(ETCD_LOG).display()
-            ));
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "etcd did not listen on 127.0.0.1:{port} within 30 s"
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    println!("etcd is running (pid {}, port {port}).", child.id());
+    let pid = super::start_in_background(
+        command,
+        "etcd",
+        &dir.join(ETCD_PID),
+        &dir.join(ETCD_LOG),
+        SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_secs(30),
+    )?;
+    println!("etcd is running (pid {pid}, port {port}).");
     Ok(())
 }
 

@@ -14,8 +14,6 @@ mod instances;
 
 pub const DEFAULT_DIR: &str = "pgherd-local";
 const CONFIG_FILE: &str = "pgherd.toml";
-const PID_FILE: &str = "pgherd.pid";
-const LOG_FILE: &str = "pgherd.log";
 const PASSWORD_FILE: &str = "passwords";
 /// The role `up`'s replicas stream as.
 const REPLICATION_USER: &str = "replicator";
@@ -165,15 +163,14 @@ impl Passwords {
 
     /// `host:port:*:user:password` lines for each of pgherd's addresses.
     fn save_pgpass(&self, path: &Path, listen: &[SocketAddr]) -> std::io::Result<()> {
-        let escape = |s: &str| s.replace('\\', "\\\\").replace(':', "\\:");
         let text: String = listen
             .iter()
             .map(|a| {
                 let (host, port) = (a.ip(), a.port());
                 format!(
                     "{host}:{port}:*:{APP_USER}:{}\n{host}:{port}:*:{SUPERUSER}:{}\n",
-                    escape(&self.app),
-                    escape(&self.superuser)
+                    pgherd_cluster::passfile_field(&self.app),
+                    pgherd_cluster::passfile_field(&self.superuser)
                 )
             })
             .collect();
@@ -216,21 +213,21 @@ pub fn up(options: UpOptions) -> Result<(), String> {
         let pid = spawn_detached(&config_path, &config)?;
         println!(
             "pgherd is running in the background (pid {pid}, log {}).",
-            dir.join(LOG_FILE).display()
+            log_file(&config_path).display()
         );
         print_connect(&dir, &config);
         println!("Stop everything with: pgherd down --dir {}", dir.display());
         return Ok(());
     }
     crate::logging::init(&config.proxy);
-    std::fs::write(dir.join(PID_FILE), std::process::id().to_string())
-        .map_err(|e| format!("{}: {e}", dir.join(PID_FILE).display()))?;
+    std::fs::write(pid_file(&config_path), std::process::id().to_string())
+        .map_err(|e| format!("{}: {e}", pid_file(&config_path).display()))?;
     let rt = crate::runtime(config.proxy.workers)?;
     let served = rt.block_on(pgherd_proxy::serve(config.clone(), |_| {
         print_connect(&dir, &config);
         println!("Press Ctrl-C to stop pgherd and the cluster.");
     }));
-    let _ = std::fs::remove_file(dir.join(PID_FILE));
+    let _ = std::fs::remove_file(pid_file(&config_path));
     let stop_errors = cluster.stop_all(StopMode::Fast);
     for e in &stop_errors {
         eprintln!("pgherd: {e}");
@@ -351,11 +348,7 @@ fn create(dir: &Path, options: &UpOptions) -> Result<(), String> {
             text.push('\n');
             text.push_str(&instances::dcs_section(k, etcd_port));
         }
-        let path = if k == 1 {
-            dir.join(CONFIG_FILE)
-        } else {
-            dir.join(format!("pgherd-{k}.toml"))
-        };
+        let path = instances::config_path(dir, k);
         // It holds the superuser's password and the API token.
         pgherd_config::write_private_file(&path, &text)
             .map_err(|e| format!("{}: {e}", path.display()))?;
@@ -471,7 +464,7 @@ fn pid_alive(pid: i32) -> bool {
 }
 
 pub(crate) fn running_pid(dir: &Path) -> Option<i32> {
-    running_pid_in(&dir.join(PID_FILE))
+    running_pid_in(&pid_file(&dir.join(CONFIG_FILE)))
 }
 
 /// The pid a pid file names, if that process runs.
@@ -528,41 +521,57 @@ fn stop_process(pid: i32, timeout: Duration) -> Result<(), String> {
 fn spawn_detached(config_path: &Path, config: &Config) -> Result<i32, String> {
     let exe =
         std::env::current_exe().map_err(|e| format!("cannot find the pgherd executable: {e}"))?;
-    let log_path = log_file(config_path);
     let mut command = std::process::Command::new(exe);
     command.arg("run").arg("--config").arg(config_path);
-    let mut child = spawn_in_background(command, &log_path)?;
-    let pid = child.id() as i32;
-    std::fs::write(pid_file(config_path), pid.to_string()).map_err(|e| e.to_string())?;
     let listen = config
         .proxy
         .listen
         .first()
         .copied()
         .ok_or("no listen address")?;
-    let deadline = Instant::now() + Duration::from_secs(60);
+    start_in_background(
+        command,
+        "pgherd",
+        &pid_file(config_path),
+        &log_file(config_path),
+        listen,
+        Duration::from_secs(60),
+    )
+}
+
+/// Starts `command` in the background with its pid in `pid_path` and its output in
+/// `log_path`; returns its pid once `ready_at` accepts connections. If it exits first, the
+/// end of its log says why.
+fn start_in_background(
+    command: std::process::Command,
+    what: &str,
+    pid_path: &Path,
+    log_path: &Path,
+    ready_at: SocketAddr,
+    timeout: Duration,
+) -> Result<i32, String> {
+    let mut child = spawn_in_background(command, log_path)?;
+    let pid = child.id() as i32;
+    std::fs::write(pid_path, pid.to_string())
+        .map_err(|e| format!("{}: {e}", pid_path.display()))?;
+    let deadline = Instant::now() + timeout;
     loop {
         if let Ok(Some(status)) = child.try_wait() {
-            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            let tail: Vec<&str> = log
-                .lines()
-                .rev()
-                .take(15)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect();
+            let log = std::fs::read_to_string(log_path).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(15)..];
             return Err(format!(
-                "pgherd exited ({status}) before it was ready:\n{}",
+                "{what} exited ({status}) before it was ready:\n{}",
                 tail.join("\n")
             ));
         }
-        if TcpStream::connect_timeout(&listen, Duration::from_millis(200)).is_ok() {
+        if TcpStream::connect_timeout(&ready_at, Duration::from_millis(200)).is_ok() {
             return Ok(pid);
         }
         if Instant::now() > deadline {
             return Err(format!(
-                "pgherd did not listen on {listen} within 60 s; see {}",
+                "{what} did not listen on {ready_at} within {} s; see {}",
+                timeout.as_secs(),
                 log_path.display()
             ));
         }

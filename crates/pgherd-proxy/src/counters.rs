@@ -37,7 +37,10 @@ impl Histogram {
     /// as fine as the buckets). `None` before the first observation; the last bound when it
     /// falls beyond 10 s.
     pub fn quantile_us(&self, q: f64) -> Option<u64> {
-        quantile_of(&self.buckets.each_ref().map(|b| b.load(Ordering::Relaxed)), q)
+        quantile_of(
+            &self.buckets.each_ref().map(|b| b.load(Ordering::Relaxed)),
+            q,
+        )
     }
 
     /// Cumulative counts per bound (seconds), ending with `+Inf`; and the sum in seconds.

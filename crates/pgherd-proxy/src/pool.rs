@@ -531,10 +531,8 @@ impl Pool {
         let idle = {
             let mut st = self.state.lock();
             st.closed = true;
-            let idle = std::mem::take(&mut st.idle);
-            st.total -= idle.len() as u32;
             st.waiters.clear();
-            idle
+            Self::take_idle(&mut st)
         };
         drop(idle);
     }
@@ -548,9 +546,7 @@ impl Pool {
             let mut st = self.state.lock();
             st.reconnect_before = Some(Instant::now());
             st.close_needed = st.lent;
-            let idle = std::mem::take(&mut st.idle);
-            st.total -= idle.len() as u32;
-            (idle, st.close_needed)
+            (Self::take_idle(&mut st), st.close_needed)
         };
         drop(idle);
         lent
@@ -563,13 +559,16 @@ impl Pool {
 
     /// Closes idle connections now, keeping the pool open.
     pub fn drop_idle(&self) {
-        let idle = {
-            let mut st = self.state.lock();
-            let idle = std::mem::take(&mut st.idle);
-            st.total -= idle.len() as u32;
-            idle
-        };
+        let idle = Self::take_idle(&mut self.state.lock());
         drop(idle);
+    }
+
+    /// The idle connections, no longer counted; the caller drops (closes) them outside the
+    /// lock.
+    fn take_idle(st: &mut PoolState) -> VecDeque<Box<ServerConn>> {
+        let idle = std::mem::take(&mut st.idle);
+        st.total -= idle.len() as u32;
+        idle
     }
 
     pub fn total(&self) -> u32 {

@@ -204,6 +204,7 @@ pub fn cluster(app: &App) -> Table {
             "instance",
             "leader",
             "dcs",
+            "lease",
         ],
         rows: vec![vec![
             view.version.into(),
@@ -220,12 +221,15 @@ pub fn cluster(app: &App) -> Table {
             paused.into(),
             app.dcs.as_ref().map(|d| d.instance.clone()).into(),
             dcs.as_ref().and_then(|s| s.leader.clone()).into(),
-            dcs.map(|s| match s.last_error {
-                Some(e) if !s.reachable => format!("unreachable: {e}"),
-                _ if s.reachable => "reachable".to_owned(),
-                _ => "connecting".to_owned(),
-            })
-            .into(),
+            dcs.as_ref()
+                .map(|s| match &s.last_error {
+                    Some(e) if !s.reachable => format!("unreachable: {e}"),
+                    _ if s.reachable => "reachable".to_owned(),
+                    _ => "connecting".to_owned(),
+                })
+                .into(),
+            // Hexadecimal, as etcdctl shows leases.
+            dcs.and_then(|s| s.lease).map(|l| format!("{l:x}")).into(),
         ]],
     }
 }

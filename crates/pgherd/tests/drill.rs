@@ -45,3 +45,64 @@ fn every_fault_keeps_every_acknowledged_write() {
     }
     eprintln!("{stdout}");
 }
+
+/// `pgherd drill --instances 2`: two pgherd instances agreeing through a local etcd, the
+/// writers spread over both as a multi-host connection string does. The leader instance
+/// killed (alone and with the primary), stopped, cut off from etcd, and etcd down: no
+/// acknowledged write lost, no sign of two primaries, and no failover unless the primary
+/// failed (the drill itself fails a round whose writes moved to another node then, or where
+/// no other instance took the lease).
+#[test]
+fn instance_faults_keep_every_acknowledged_write() {
+    let faults = [
+        "instance-kill",
+        "etcd-cut",
+        "kill",
+        "etcd-down",
+        "instance-kill-primary",
+        "switchover",
+        "instance-stop",
+    ];
+    let out = std::process::Command::new(BIN)
+        .args([
+            "drill",
+            "--instances",
+            "2",
+            "--rounds",
+            &faults.len().to_string(),
+            "--faults",
+            &faults.join(","),
+            "--writers",
+            "4",
+        ])
+        .output()
+        .expect("run pgherd drill");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "drill failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains(", lost: 0,"), "{stdout}");
+    assert!(stdout.contains("split-brain signs: 0"), "{stdout}");
+    for fault in faults {
+        assert!(
+            stdout.lines().any(|l| l.contains(&format!(" {fault} "))),
+            "no {fault} round in:\n{stdout}"
+        );
+    }
+    // Writes went through both instances.
+    let through = stdout
+        .lines()
+        .find(|l| l.starts_with("acknowledged through:"))
+        .unwrap_or_else(|| panic!("no per-instance figures in:\n{stdout}"));
+    for instance in ["pgherd-1", "pgherd-2"] {
+        let count: u64 = through
+            .split(", ")
+            .find_map(|part| {
+                part.trim_start_matches("acknowledged through: ")
+                    .strip_prefix(&format!("{instance} "))
+            })
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no figure for {instance} in {through}"));
+        assert!(count > 0, "{through}");
+    }
+    eprintln!("{stdout}");
+}

@@ -357,6 +357,12 @@ async fn without_etcd_nobody_fails_over_and_routing_to_a_live_primary_goes_on() 
     let mut instances = start(1, &etcd);
     let Instances { a, b, cluster } = &mut instances;
     agreed(a, b).await;
+    let leader_before = leader_seen_by(a).await;
+    let lease_of = async |pgherd: &Pgherd| {
+        let rows = rows(&admin(pgherd).await, "SHOW CLUSTER").await.unwrap();
+        field(&rows[0], "lease").to_owned()
+    };
+    let leases_before = (lease_of(a).await, lease_of(b).await);
 
     etcd.kill();
     // Routing goes on while the primary answers, through both instances.
@@ -391,6 +397,11 @@ async fn without_etcd_nobody_fails_over_and_routing_to_a_live_primary_goes_on() 
     )
     .await;
     assert_eq!(primaries(cluster, &["pg2"]), vec!["pg2".to_owned()]);
+    // etcd kept the leases through its restart, and each instance kept using its own: the
+    // leadership did not change hands for an outage of etcd alone.
+    assert_eq!((lease_of(a).await, lease_of(b).await), leases_before);
+    assert_eq!(leader_seen_by(a).await, leader_before);
+    assert_eq!(leader_seen_by(b).await, leader_before);
     // Settled, the view stays as it is: nothing is changed again and again.
     let version = |rows: Vec<Vec<(String, String)>>| field(&rows[0], "version").to_owned();
     let console = admin(a).await;

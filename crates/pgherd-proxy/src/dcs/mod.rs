@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
+    PutOptions, Txn, TxnOp, TxnOpResponse,
 };
 use parking_lot::Mutex;
 use pgherd_config::DcsSettings;
@@ -43,6 +44,8 @@ pub struct Status {
     /// renewal may take, so it stops acting before another instance can take over.
     leading_until: Option<Instant>,
     pub last_error: Option<String>,
+    /// The lease of the current (or last) session with etcd.
+    pub lease: Option<i64>,
     /// The instances registered under `/<scope>/instances/`, as last read.
     pub instances: Vec<InstanceRecord>,
 }
@@ -64,6 +67,9 @@ pub struct Dcs {
     /// The connection and lease of the current session with etcd, for publishing the view
     /// between the periodic turns (before a promotion's IO).
     session: tokio::sync::Mutex<Option<(Client, i64)>>,
+    /// The lease of the last session: the next session keeps it if etcd still has it, so a
+    /// short outage (etcd restarting, a connection lost) does not hand the leadership over.
+    last_lease: Mutex<Option<i64>>,
 }
 
 /// Why a request to etcd failed.
@@ -96,6 +102,7 @@ impl Dcs {
             settings,
             status: Mutex::new(Status::default()),
             session: tokio::sync::Mutex::new(None),
+            last_lease: Mutex::new(None),
         }
     }
 
@@ -244,16 +251,14 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
     let mut client = dcs
         .within(Client::connect(&dcs.settings.endpoints, Some(options)))
         .await?;
-    let ttl = dcs.settings.lease_ttl_s;
-    let granted_at = Instant::now();
-    let lease = dcs.within(client.lease_grant(ttl as i64, None)).await?.id();
-    let (mut keeper, mut renewals) = dcs.within(client.lease_keep_alive(lease)).await?;
-    let mut lease_until = granted_at + Duration::from_secs(ttl);
+    let mut live = open_lease(dcs, &mut client).await?;
+    let lease = live.id;
+    dcs.status.lock().lease = Some(lease);
     *dcs.session.lock().await = Some((client.clone(), lease));
     register(app, dcs, &mut client, lease).await?;
-    tracing::info!(instance = %dcs.instance, endpoints = ?dcs.settings.endpoints, "connected to etcd");
+    tracing::info!(instance = %dcs.instance, endpoints = ?dcs.settings.endpoints, lease, "connected to etcd");
 
-    let renew_every = Duration::from_millis(ttl * 1000 / 3);
+    let renew_every = Duration::from_millis(dcs.settings.lease_ttl_s * 1000 / 3);
     let mut renewed_at = Instant::now();
     let mut published: Option<(u64, u64)> = None;
     let mut listed_at: Option<Instant> = None;
@@ -264,19 +269,10 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
             listed_at = Some(Instant::now());
         }
         if renewed_at.elapsed() >= renew_every {
-            let sent = Instant::now();
-            dcs.within(keeper.keep_alive()).await?;
-            let answer = dcs
-                .within(renewals.message())
-                .await?
-                .ok_or(DcsError::KeepAliveClosed)?;
-            if answer.ttl() <= 0 {
-                return Err(DcsError::LeaseExpired);
-            }
-            // etcd counts the TTL from when it got the renewal, which is after `sent`.
-            lease_until = sent + Duration::from_secs(answer.ttl() as u64);
-            renewed_at = sent;
+            renewed_at = Instant::now();
+            live.renew(dcs).await?;
         }
+        let lease_until = live.until;
         let leader = campaign(app, dcs, &mut client, lease).await?;
         let leading = leader.as_deref() == Some(dcs.instance.as_str());
         let was_leading = dcs.is_leader();
@@ -315,6 +311,72 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
         }
         tokio::time::sleep(SYNC_PERIOD).await;
     }
+}
+
+/// A lease kept alive by one session.
+struct LiveLease {
+    id: i64,
+    keeper: LeaseKeeper,
+    renewals: LeaseKeepAliveStream,
+    /// When etcd lets the lease expire unless it is renewed: counted from when the last
+    /// renewal was sent, which is before etcd got it.
+    until: Instant,
+}
+
+impl LiveLease {
+    /// Starts keeping lease `id` alive. Opening the stream renews the lease once (etcd-client
+    /// reads that answer itself and fails if the lease is gone), so every later answer on it
+    /// is the one to the renewal just sent.
+    async fn start(dcs: &Dcs, client: &mut Client, id: i64) -> Result<LiveLease, DcsError> {
+        let sent = Instant::now();
+        let (keeper, renewals) = match dcs.within(client.lease_keep_alive(id)).await {
+            Err(DcsError::Etcd(etcd_client::Error::LeaseKeepAliveError(_))) => {
+                return Err(DcsError::LeaseExpired)
+            }
+            opened => opened?,
+        };
+        Ok(LiveLease {
+            id,
+            keeper,
+            renewals,
+            until: sent + Duration::from_secs(dcs.settings.lease_ttl_s),
+        })
+    }
+
+    async fn renew(&mut self, dcs: &Dcs) -> Result<(), DcsError> {
+        let sent = Instant::now();
+        dcs.within(self.keeper.keep_alive()).await?;
+        self.until = sent + renewal_ttl(dcs, &mut self.renewals).await?;
+        Ok(())
+    }
+}
+
+/// The TTL the next answer on the keep-alive stream grants; an error if the lease is gone.
+async fn renewal_ttl(dcs: &Dcs, renewals: &mut LeaseKeepAliveStream) -> Result<Duration, DcsError> {
+    let answer = dcs
+        .within(renewals.message())
+        .await?
+        .ok_or(DcsError::KeepAliveClosed)?;
+    match u64::try_from(answer.ttl()) {
+        Ok(ttl) if ttl > 0 => Ok(Duration::from_secs(ttl)),
+        _ => Err(DcsError::LeaseExpired),
+    }
+}
+
+/// The lease of a new session: the last session's while etcd still has it (the leader key
+/// and the instance's record stay on it), else a new one.
+async fn open_lease(dcs: &Dcs, client: &mut Client) -> Result<LiveLease, DcsError> {
+    let last = *dcs.last_lease.lock();
+    if let Some(id) = last {
+        match LiveLease::start(dcs, client, id).await {
+            Err(DcsError::LeaseExpired) => {}
+            kept => return kept,
+        }
+    }
+    let ttl = dcs.settings.lease_ttl_s as i64;
+    let id = dcs.within(client.lease_grant(ttl, None)).await?.id();
+    *dcs.last_lease.lock() = Some(id);
+    LiveLease::start(dcs, client, id).await
 }
 
 /// Takes the leader key with this lease when nobody holds it, and reads the shared view in

@@ -280,6 +280,7 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
         database_keys: "",
         ha: false,
         baseline,
+        instance: None,
     };
     let pgherd = match options.targets.contains(&Target::Pgherd)
         || options.targets.contains(&Target::PgherdScraped)

@@ -174,6 +174,7 @@ pub fn scaling(options: ScalingOptions) -> Result<(), String> {
                     ),
                     ha: false,
                     baseline: None,
+                    instance: None,
                 },
             )?),
             false => None,

@@ -125,12 +125,14 @@ impl Drop for BenchCluster {
 
 /// A pooler process started for the benchmark.
 pub struct ProxyProcess {
-    pub name: &'static str,
+    pub name: String,
     pub port: u16,
     /// pgherd's HTTP API (metrics), if the process has one.
     pub api_port: Option<u16>,
     child: Child,
     pub log: PathBuf,
+    /// How to start it again (pgherd's binary and config), for drills that kill it.
+    relaunch: Option<(PathBuf, PathBuf)>,
 }
 
 impl ProxyProcess {
@@ -138,11 +140,30 @@ impl ProxyProcess {
         self.child.id()
     }
 
+    /// Reaps the process if it exited (a drill killed it) and starts it again with the same
+    /// binary and config; returns once it listens.
+    pub fn restart(&mut self) -> Result<(), String> {
+        let (exe, config) = self
+            .relaunch
+            .clone()
+            .ok_or_else(|| format!("{} cannot be restarted", self.name))?;
+        if self.child.try_wait().map_err(|e| e.to_string())?.is_none() {
+            return Err(format!("{} still runs", self.name));
+        }
+        self.child = spawn_pgherd(&exe, &config, &self.log, true)?;
+        self.wait_listening()
+    }
+
     pub fn cpu_us(&self) -> u64 {
         procstat::cpu_us(self.pid()).unwrap_or(0)
     }
 
     fn wait_ready(mut self) -> Result<Self, String> {
+        self.wait_listening()?;
+        Ok(self)
+    }
+
+    fn wait_listening(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
@@ -153,7 +174,7 @@ impl ProxyProcess {
                 ));
             }
             if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return Ok(self);
+                return Ok(());
             }
             if Instant::now() > deadline {
                 return Err(format!("{} did not listen within 30 s", self.name));
@@ -183,13 +204,21 @@ impl Drop for ProxyProcess {
     }
 }
 
-fn log_file(path: &Path) -> Result<(std::fs::File, std::fs::File), String> {
-    let f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+/// The log file (new, or `append`ed to) as stdout and stderr.
+fn log_file(path: &Path, append: bool) -> Result<(std::fs::File, std::fs::File), String> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(append)
+        .truncate(!append)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let g = f.try_clone().map_err(|e| e.to_string())?;
     Ok((f, g))
 }
 
 /// What a pgherd started for a benchmark fronts and how.
+#[derive(Clone, Copy)]
 pub struct PgherdSetup<'a> {
     /// The cluster's first `nodes` nodes (the primary first).
     pub nodes: usize,
@@ -207,6 +236,9 @@ pub struct PgherdSetup<'a> {
     /// Another pgherd binary (an earlier build) to run instead of this one, as
     /// `pgherd-baseline`: before/after figures from one interleaved run.
     pub baseline: Option<&'a Path>,
+    /// One of several instances agreeing through etcd: its name (for the files and the log)
+    /// and its `[dcs]` section.
+    pub instance: Option<(&'a str, &'a str)>,
 }
 
 /// pgherd in transaction mode, as its own process so its CPU time can be read.
@@ -219,11 +251,12 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
         database_keys,
         ha,
         baseline,
+        instance,
     } = setup;
-    let name = if baseline.is_some() {
-        "pgherd-baseline"
-    } else {
-        "pgherd"
+    let name = match (instance, baseline) {
+        (Some((name, _)), _) => name,
+        (None, Some(_)) => "pgherd-baseline",
+        (None, None) => "pgherd",
     };
     let port = free_port().map_err(|e| e.to_string())?;
     let api_port = free_port().map_err(|e| e.to_string())?;
@@ -272,30 +305,39 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
             user.name, user.verifier
         ));
     }
+    if let Some((_, dcs)) = instance {
+        config.push_str(dcs);
+    }
     let path = cluster.dir.join(format!("{name}.toml"));
     pgherd_config::write_private_file(&path, &config).map_err(|e| e.to_string())?;
     let log = cluster.dir.join(format!("{name}.log"));
-    let (out, err) = log_file(&log)?;
     let exe = match baseline {
         Some(binary) => binary.to_path_buf(),
         None => std::env::current_exe().map_err(|e| e.to_string())?,
     };
-    let child = Command::new(exe)
-        .args(["run", "--config"])
-        .arg(&path)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .map_err(|e| format!("cannot start pgherd: {e}"))?;
+    let child = spawn_pgherd(&exe, &path, &log, false)?;
     ProxyProcess {
-        name,
+        name: name.to_owned(),
         port,
         api_port: Some(api_port),
         child,
         log,
+        relaunch: Some((exe, path)),
     }
     .wait_ready()
+}
+
+/// `pgherd run --config <config>`, logging to `log` (appended to on a restart).
+fn spawn_pgherd(exe: &Path, config: &Path, log: &Path, append: bool) -> Result<Child, String> {
+    let (out, err) = log_file(log, append)?;
+    Command::new(exe)
+        .args(["run", "--config"])
+        .arg(config)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("cannot start pgherd: {e}"))
 }
 
 /// PgBouncer (from the distribution) in transaction mode with the same pool size and the same
@@ -428,18 +470,19 @@ fn spawn_as_postgres_user(
         cmd.uid(user.uid).gid(user.gid);
     }
     let log = dir.join(format!("{name}.stderr"));
-    let (out, err) = log_file(&log)?;
+    let (out, err) = log_file(&log, false)?;
     let child = cmd
         .stdout(out)
         .stderr(err)
         .spawn()
         .map_err(|e| format!("cannot start {name}: {e}"))?;
     ProxyProcess {
-        name,
+        name: name.to_owned(),
         port,
         api_port: None,
         child,
         log,
+        relaunch: None,
     }
     .wait_ready()
 }

@@ -37,9 +37,26 @@ pub fn config_path(dir: &Path, k: usize) -> PathBuf {
 /// The `[dcs]` section of instance `k` (1-based), with the local etcd's client port.
 pub fn dcs_section(k: usize, etcd_client_port: u16) -> String {
     format!(
-        "# Several pgherd instances agree through the local etcd `pgherd up` started.\n\
-         [dcs]\nendpoints = [\"http://127.0.0.1:{etcd_client_port}\"]\nscope = \"{SCOPE}\"\n\
-         instance = \"pgherd-{k}\"\nlease_ttl_s = 5\nrequest_timeout_ms = 1000\n"
+        "# Several pgherd instances agree through the local etcd `pgherd up` started.\n{}",
+        dcs_settings(&instance_name(k), etcd_client_port, 5, 1000)
+    )
+}
+
+/// Instance `k`'s name (1-based).
+pub fn instance_name(k: usize) -> String {
+    format!("pgherd-{k}")
+}
+
+/// A `[dcs]` section for an instance of the local scope reaching etcd on `etcd_port`.
+pub fn dcs_settings(
+    instance: &str,
+    etcd_port: u16,
+    lease_ttl_s: u64,
+    request_timeout_ms: u64,
+) -> String {
+    format!(
+        "[dcs]\nendpoints = [\"http://127.0.0.1:{etcd_port}\"]\nscope = \"{SCOPE}\"\n\
+         instance = \"{instance}\"\nlease_ttl_s = {lease_ttl_s}\nrequest_timeout_ms = {request_timeout_ms}\n"
     )
 }
 
@@ -59,8 +76,13 @@ pub fn create_etcd(dir: &Path) -> Result<u16, String> {
     Ok(client)
 }
 
+/// The local etcd's pid, if it runs.
+pub fn etcd_pid(dir: &Path) -> Option<i32> {
+    super::running_pid_in(&dir.join(ETCD_PID))
+}
+
 /// The client port etcd.yml names.
-fn etcd_client_port(dir: &Path) -> Result<u16, String> {
+pub fn etcd_client_port(dir: &Path) -> Result<u16, String> {
     let path = dir.join(ETCD_CONFIG);
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     text.lines()

@@ -10,7 +10,7 @@ use pgherd_cluster::{free_port, ClusterSpec, LocalCluster, StopMode};
 use pgherd_config::Config;
 use pgherd_wire::scram::{ScramVerifier, DEFAULT_ITERATIONS};
 
-mod instances;
+pub mod instances;
 
 pub const DEFAULT_DIR: &str = "pgherd-local";
 const CONFIG_FILE: &str = "pgherd.toml";

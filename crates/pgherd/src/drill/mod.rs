@@ -5,6 +5,16 @@
 //! acknowledged id is on the final primary and that writes never went back and forth between
 //! nodes within a round (two nodes taking writes through pgherd), and reports the RTO seen by
 //! the clients: from the last acknowledged write before the fault to the first one after it.
+//!
+//! With `--instances N`, N pgherd instances agree through a local etcd and the writers use
+//! them as a multi-host connection string does (each writer prefers another instance); the
+//! faults then include pgherd's own: the leader instance killed, alone or with the primary,
+//! stopped, cut off from etcd, and etcd itself down ([`instances`]).
+
+mod instances;
+mod network;
+mod process;
+mod relay;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -17,6 +27,9 @@ use pgherd_cluster::{LocalNode, StopMode};
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
 use crate::bench::targets::{start_pgherd, BenchCluster, BenchUser, PgherdSetup};
+use instances::Instances;
+use network::{set_link, Network};
+use process::{blocking_start, blocking_stop, node_pids, postmaster_pid, signal, wait_gone};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Fault {
@@ -36,6 +49,21 @@ pub enum Fault {
     /// the primary's veth goes down (pgherd and the replicas stop hearing it, it keeps
     /// running); the link comes back once writes go on elsewhere.
     Partition,
+    /// SIGKILL of the leading pgherd instance (`--instances`); it starts again once the
+    /// clients write through the others.
+    InstanceKill,
+    /// SIGKILL of the leading pgherd instance and of the primary together: another instance
+    /// must take the lease before it may fail over.
+    InstanceKillPrimary,
+    /// SIGSTOP of the leading pgherd instance, its link to etcd cut as well (a hung host);
+    /// SIGCONT after the lease changed hands, the link back a little later.
+    InstanceStop,
+    /// The leading pgherd instance cut off from etcd (it still reaches clients and
+    /// PostgreSQL): it stops acting, another takes the lease, nobody fails over.
+    EtcdCut,
+    /// etcd killed (the majority of a one-member etcd lost) for twice the lease: the
+    /// instances go on routing, nobody fails over.
+    EtcdDown,
 }
 
 impl Fault {
@@ -47,14 +75,55 @@ impl Fault {
             Fault::Switchover => "switchover",
             Fault::Double => "double",
             Fault::Partition => "partition",
+            Fault::InstanceKill => "instance-kill",
+            Fault::InstanceKillPrimary => "instance-kill-primary",
+            Fault::InstanceStop => "instance-stop",
+            Fault::EtcdCut => "etcd-cut",
+            Fault::EtcdDown => "etcd-down",
         }
+    }
+
+    /// A fault of pgherd's own instances or of etcd, not of PostgreSQL.
+    fn hits_instances(self) -> bool {
+        matches!(
+            self,
+            Fault::InstanceKill
+                | Fault::InstanceKillPrimary
+                | Fault::InstanceStop
+                | Fault::EtcdCut
+                | Fault::EtcdDown
+        )
+    }
+}
+
+/// The faults a drill injects when `--faults` names none.
+fn default_faults(instances: usize) -> Vec<Fault> {
+    match instances {
+        0 | 1 => vec![
+            Fault::Kill,
+            Fault::Immediate,
+            Fault::Sigstop,
+            Fault::Switchover,
+        ],
+        _ => vec![
+            Fault::Kill,
+            Fault::InstanceKill,
+            Fault::Immediate,
+            Fault::EtcdCut,
+            Fault::InstanceKillPrimary,
+            Fault::Sigstop,
+            Fault::EtcdDown,
+            Fault::Switchover,
+            Fault::InstanceStop,
+        ],
     }
 }
 
 #[derive(Args, Debug)]
 pub struct DrillOptions {
-    /// Faults injected, one per round, in turn.
-    #[arg(long, value_delimiter = ',', default_values_t = [Fault::Kill, Fault::Immediate, Fault::Sigstop, Fault::Switchover].to_vec(), value_enum)]
+    /// Faults injected, one per round, in turn (default: kill, immediate, sigstop,
+    /// switchover; with `--instances` the instance faults are mixed in).
+    #[arg(long, value_delimiter = ',', value_enum)]
     faults: Vec<Fault>,
     /// Rounds (one fault each).
     #[arg(long, alias = "kills", default_value_t = 4)]
@@ -74,15 +143,24 @@ pub struct DrillOptions {
     /// Readers (sequential scans through pgherd) that load the cluster during the calm phase.
     #[arg(long, default_value_t = 16)]
     calm_readers: usize,
+    /// pgherd instances in front of the cluster, agreeing through a local etcd (Debian's
+    /// etcd-server) when more than one.
+    #[arg(long, default_value_t = 1)]
+    instances: usize,
+    /// The instances' leader lease (`[dcs] lease_ttl_s`).
+    #[arg(long, default_value_t = 3)]
+    lease_ttl_s: u64,
 }
 
-/// One acknowledged write: its id, when the client heard back, and the port of the node that
-/// committed it.
+/// One acknowledged write: its id, when the client heard back, the port of the node that
+/// committed it, the writer and the pgherd instance it went through.
 #[derive(Debug, Clone, Copy)]
 struct Ack {
     id: i64,
     at: Instant,
     port: u16,
+    writer: usize,
+    instance: usize,
 }
 
 #[derive(Default)]
@@ -93,8 +171,11 @@ struct Log {
 
 struct Round {
     fault: Fault,
-    old_primary: String,
+    /// What the fault hit: the primary's name, or the pgherd instance's.
+    hit: String,
     new_primary: String,
+    /// The instance leading after the fault, when several run.
+    leader_after: Option<String>,
     rto: Option<Duration>,
     errors: usize,
     /// What went wrong in the round beyond lost writes (a promotion that should not be).
@@ -107,9 +188,28 @@ const DOUBLE_OUTAGE: Duration = Duration::from_secs(4);
 /// How long a round may take to get writes going again, and the cluster back to full strength.
 const RECOVERY_TIMEOUT: Duration = Duration::from_secs(60);
 
-pub fn run(options: DrillOptions) -> Result<(), String> {
-    if options.faults.is_empty() || options.rounds == 0 || options.replicas == 0 {
-        return Err("a drill needs at least one fault, one round and one replica".into());
+/// How long a client waits for a connection (libpq's `connect_timeout`) before it tries the
+/// next instance.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long a client of several instances waits for an answer before it gives up on the
+/// connection (a socket timeout) and reconnects, to another instance if this one hangs.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(3);
+
+pub fn run(mut options: DrillOptions) -> Result<(), String> {
+    if options.faults.is_empty() {
+        options.faults = default_faults(options.instances);
+    }
+    if options.rounds == 0 || options.replicas == 0 || options.instances == 0 {
+        return Err("a drill needs at least one round, one replica and one instance".into());
+    }
+    if options.instances == 1 {
+        if let Some(f) = options.faults.iter().find(|f| f.hits_instances()) {
+            return Err(format!(
+                "the fault {} needs several pgherd instances (--instances 2 or more)",
+                f.name()
+            ));
+        }
     }
     let (dir, _tmp) = crate::bench::work_dir(options.dir.as_ref())?;
     // The postmasters pg_ctl starts are orphans; adopting them lets the drill reap the one it
@@ -138,50 +238,155 @@ pub fn run(options: DrillOptions) -> Result<(), String> {
         network.as_ref().map(Network::nodes).unwrap_or_default(),
     )?;
     cluster.sql("postgres", "CREATE DATABASE drill OWNER drill")?;
-    let pgherd = start_pgherd(
-        &cluster,
-        &PgherdSetup {
-            nodes: options.replicas + 1,
-            users: &[&user],
-            pool_size: 20,
-            workers: 0,
-            database_keys: "",
-            ha: true,
-            baseline: None,
-        },
-    )?;
     let rt = crate::runtime(2)?;
+    let setup = PgherdSetup {
+        nodes: options.replicas + 1,
+        users: &[&user],
+        pool_size: 20,
+        workers: 0,
+        database_keys: "",
+        ha: true,
+        baseline: None,
+        instance: None,
+    };
+    let (single, mut instances) = match options.instances {
+        1 => (Some(start_pgherd(&cluster, &setup)?), None),
+        n => {
+            eprintln!("starting etcd and {n} pgherd instances");
+            let instances = Instances::start(&rt, &cluster, &setup, n, options.lease_ttl_s)?;
+            (None, Some(instances))
+        }
+    };
+    let front = Front {
+        ports: match (&single, &instances) {
+            (Some(p), _) => vec![p.port],
+            (None, Some(i)) => i.ports(),
+            (None, None) => Vec::new(),
+        },
+        names: match &instances {
+            Some(i) => i.names(),
+            None => vec!["pgherd".to_owned()],
+        },
+        superuser_password: cluster.superuser_password.clone(),
+        user,
+    };
     let result = rt.block_on(drill(
         &options,
         &cluster,
         network.as_ref(),
-        &user,
-        pgherd.port,
+        &front,
+        instances.as_mut(),
     ));
     if result.is_err() {
-        eprintln!("pgherd's log: {}", pgherd.log.display());
+        match (&single, &instances) {
+            (Some(p), _) => eprintln!("pgherd's log: {}", p.log.display()),
+            (None, Some(i)) => eprintln!("pgherd's logs: {}", i.logs()),
+            (None, None) => {}
+        }
     }
     result
+}
+
+/// How the drill reaches pgherd: each instance's listen port (one without `--instances`).
+struct Front {
+    ports: Vec<u16>,
+    names: Vec<String>,
+    superuser_password: String,
+    user: BenchUser,
+}
+
+impl Front {
+    /// The application's URL through each instance.
+    fn app_urls(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|&p| self.user.url(p, "drill"))
+            .collect()
+    }
+
+    fn superuser_url(&self, instance: usize, database: &str) -> String {
+        format!(
+            "postgres://postgres:{}@127.0.0.1:{}/{database}",
+            self.superuser_password, self.ports[instance]
+        )
+    }
+
+    /// The superuser on `database` through the first instance that answers.
+    async fn superuser(&self, database: &str) -> Result<Client, String> {
+        let mut last = String::from("no pgherd instance");
+        for i in 0..self.ports.len() {
+            match connect_within(&self.superuser_url(i, database), CONNECT_TIMEOUT).await {
+                Ok(c) => return Ok(c),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// What instance `i` says (SHOW CLUSTER): the leader, its write gate, whether it reaches
+    /// etcd.
+    async fn seen_by(&self, i: usize) -> Option<(String, String, String)> {
+        let c = connect_within(&self.superuser_url(i, "pgherd"), CONNECT_TIMEOUT)
+            .await
+            .ok()?;
+        let rows = tokio::time::timeout(CONNECT_TIMEOUT, c.simple_query("SHOW CLUSTER"))
+            .await
+            .ok()?
+            .ok()?;
+        rows.iter().find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some((
+                r.get("leader").unwrap_or_default().to_owned(),
+                r.get("write_gate").unwrap_or_default().to_owned(),
+                r.get("dcs").unwrap_or_default().to_owned(),
+            )),
+            _ => None,
+        })
+    }
+
+    /// The leading instance, once every instance reaches etcd, names the same leader and lets
+    /// writes through (one instance leads itself).
+    async fn agreed_leader(&self) -> Result<usize, String> {
+        if self.ports.len() == 1 {
+            return Ok(0);
+        }
+        let deadline = Instant::now() + RECOVERY_TIMEOUT;
+        loop {
+            let mut seen = Vec::new();
+            for i in 0..self.ports.len() {
+                seen.push(self.seen_by(i).await);
+            }
+            let first = seen.first().cloned().flatten();
+            if let Some((leader, _, _)) = &first {
+                let leader_index = self.names.iter().position(|n| n == leader);
+                let all_agree = seen.iter().all(|s| {
+                    s.as_ref().is_some_and(|(l, gate, dcs)| {
+                        l == leader && gate == "open" && dcs == "reachable"
+                    })
+                });
+                if let (Some(i), true) = (leader_index, all_agree) {
+                    return Ok(i);
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the instances do not agree on a leader with writes open after {} s: {seen:?}",
+                    RECOVERY_TIMEOUT.as_secs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 async fn drill(
     options: &DrillOptions,
     cluster: &BenchCluster,
     network: Option<&Network>,
-    user: &BenchUser,
-    port: u16,
+    front: &Front,
+    mut instances: Option<&mut Instances>,
 ) -> Result<(), String> {
-    let app_url = user.url(port, "drill");
-    let admin_url = format!(
-        "postgres://postgres:{}@127.0.0.1:{port}/pgherd",
-        cluster.superuser_password
-    );
-    // Through pgherd as the superuser: pg_stat_replication shows its state only to those.
-    let super_url = format!(
-        "postgres://postgres:{}@127.0.0.1:{port}/postgres",
-        cluster.superuser_password
-    );
-    let setup = connect(&app_url).await?;
+    front.agreed_leader().await?;
+    let setup = connect(&front.app_urls()[0]).await?;
     setup
         .batch_execute("CREATE TABLE drill_writes (id bigint PRIMARY KEY, writer int)")
         .await
@@ -189,35 +394,50 @@ async fn drill(
 
     let stop = Arc::new(AtomicBool::new(false));
     let log = Arc::new(Mutex::new(Log::default()));
+    let urls = Arc::new(front.app_urls());
+    // A client of several instances gives up on a hung one, as one with a socket timeout does.
+    let query_timeout = (options.instances > 1).then_some(QUERY_TIMEOUT);
     let writers: Vec<_> = (0..options.writers)
-        .map(|w| tokio::spawn(writer(w as i64, app_url.clone(), stop.clone(), log.clone())))
+        .map(|w| {
+            let writer = Writer {
+                number: w,
+                urls: urls.clone(),
+                query_timeout,
+            };
+            tokio::spawn(writer.run(stop.clone(), log.clone()))
+        })
         .collect();
 
     if options.calm_s > 0 {
-        calm(options, &app_url, &admin_url).await?;
+        calm(options, front).await?;
     }
     let mut rounds = Vec::new();
     let mut injections = Vec::new();
     let mut failure = None;
     for r in 0..options.rounds {
         let fault = options.faults[r % options.faults.len()];
-        match round(
-            cluster,
-            network,
-            &super_url,
-            &admin_url,
-            fault,
-            &log,
-            &mut injections,
-        )
-        .await
-        {
+        let outcome = match (&mut instances, fault.hits_instances()) {
+            (Some(instances), true) => {
+                instances::round(
+                    cluster,
+                    front,
+                    instances,
+                    options.writers,
+                    fault,
+                    &log,
+                    &mut injections,
+                )
+                .await
+            }
+            _ => round(cluster, network, front, fault, &log, &mut injections).await,
+        };
+        match outcome {
             Ok(round) => {
                 eprintln!(
                     "round {}: {} of {}: writes on {} after {}",
                     r + 1,
                     fault.name(),
-                    round.old_primary,
+                    round.hit,
                     round.new_primary,
                     round
                         .rto
@@ -238,7 +458,7 @@ async fn drill(
         let _ = w.await;
     }
     let log = std::mem::take(&mut *log.lock().map_err(|_| "writer log poisoned")?);
-    let (primary_port, on_primary) = stored_ids(cluster, &app_url).await?;
+    let (primary_port, on_primary) = stored_ids(cluster, front).await?;
     let lost: Vec<i64> = log
         .acks
         .iter()
@@ -247,14 +467,15 @@ async fn drill(
         .collect();
     let mut violations = split_brain(&log.acks, &injections);
     violations.extend(rounds.iter().filter_map(|r| r.violation.clone()));
-    report(&rounds, &log, &lost, &violations, primary_port);
+    report(&rounds, &log, &lost, &violations, primary_port, front);
     for id in lost.iter().take(10) {
         if let Some(ack) = log.acks.iter().find(|a| a.id == *id) {
             let round = injections.iter().rposition(|&t| t <= ack.at);
             let since = round.map(|r| ack.at.duration_since(injections[r]).as_millis());
             println!(
-                "  lost id {id}: acknowledged by port {} {}",
+                "  lost id {id}: acknowledged by port {} through {} {}",
                 ack.port,
+                front.names[ack.instance],
                 match (round, since) {
                     (Some(r), Some(ms)) => format!("in round {} ({ms} ms after its fault)", r + 1),
                     _ => "before the first fault".to_owned(),
@@ -275,20 +496,23 @@ async fn drill(
     Ok(())
 }
 
-/// One fault on the current primary, and the wait until writes go on and every node streams
-/// again.
-async fn round(
+/// Where a round starts from: the primary's port and the leading instance.
+struct Start {
+    old_port: u16,
+    leader: usize,
+}
+
+/// Waits until the cluster is whole (the primary streams to every replica, the instances agree
+/// on a leader) and writes flow, so the fault and the RTO have a start.
+async fn start_round(
     cluster: &BenchCluster,
-    network: Option<&Network>,
-    super_url: &str,
-    admin_url: &str,
-    fault: Fault,
+    front: &Front,
     log: &Mutex<Log>,
-    injections: &mut Vec<Instant>,
-) -> Result<Round, String> {
-    let c = connect(super_url).await?;
+) -> Result<Start, String> {
+    // Through pgherd as the superuser: pg_stat_replication shows its state only to those.
+    let c = front.superuser("postgres").await?;
     wait_full_strength(&c, cluster.cluster.nodes.len() - 1).await?;
-    // Writes flow before the fault, so the RTO has a start.
+    let leader = front.agreed_leader().await?;
     let ready = Instant::now();
     let deadline = ready + RECOVERY_TIMEOUT;
     while log
@@ -303,10 +527,24 @@ async fn round(
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let old_port: u16 = value(&c, "/* pgherd:primary */ SELECT current_setting('port')")
+    let old_port = value(&c, "/* pgherd:primary */ SELECT current_setting('port')")
         .await?
         .parse()
         .map_err(|_| "unreadable port")?;
+    Ok(Start { old_port, leader })
+}
+
+/// One fault on the current primary, and the wait until writes go on and every node streams
+/// again.
+async fn round(
+    cluster: &BenchCluster,
+    network: Option<&Network>,
+    front: &Front,
+    fault: Fault,
+    log: &Mutex<Log>,
+    injections: &mut Vec<Instant>,
+) -> Result<Round, String> {
+    let Start { old_port, leader } = start_round(cluster, front, log).await?;
     let old = node_by_port(cluster, old_port)?;
     let errors_before = log.lock().map_err(|_| "poisoned")?.errors;
     let injected = Instant::now();
@@ -352,12 +590,13 @@ async fn round(
             }
         }
         Fault::Switchover => {
-            let admin = connect(admin_url).await?;
+            let admin = connect(&front.superuser_url(leader, "pgherd")).await?;
             admin
                 .simple_query("SWITCHOVER")
                 .await
                 .map_err(|e| format!("SWITCHOVER: {}", db_message(&e)))?;
         }
+        _ => return Err(format!("{} is not a fault of PostgreSQL", fault.name())),
     }
     // Writes resume on another node.
     let deadline = Instant::now() + RECOVERY_TIMEOUT;
@@ -398,11 +637,13 @@ async fn round(
         }
         Fault::Switchover => {}
         Fault::Partition => set_link(network, &old, true)?,
+        _ => return Err(format!("{} is not a fault of PostgreSQL", fault.name())),
     }
     Ok(Round {
         fault,
-        old_primary: old.name.clone(),
+        hit: old.name.clone(),
         new_primary: new.name.clone(),
+        leader_after: None,
         rto: last_before.map(|t| first_after.at.duration_since(t)),
         errors,
         violation,
@@ -411,8 +652,8 @@ async fn round(
 
 /// Heavy load and no fault for `calm_s` seconds: every health check that fails, node marked
 /// down or failover event in that time is a false positive.
-async fn calm(options: &DrillOptions, app_url: &str, admin_url: &str) -> Result<(), String> {
-    let admin = connect(admin_url).await?;
+async fn calm(options: &DrillOptions, front: &Front) -> Result<(), String> {
+    let admin = front.superuser("pgherd").await?;
     let before = check_counts(&admin).await?;
     let events_before = admin
         .simple_query("SHOW EVENTS")
@@ -422,9 +663,10 @@ async fn calm(options: &DrillOptions, app_url: &str, admin_url: &str) -> Result<
         .filter(|m| matches!(m, SimpleQueryMessage::Row(_)))
         .count();
     let stop = Arc::new(AtomicBool::new(false));
+    let urls = front.app_urls();
     let readers: Vec<_> = (0..options.calm_readers)
-        .map(|_| {
-            let (url, stop) = (app_url.to_owned(), stop.clone());
+        .map(|r| {
+            let (url, stop) = (urls[r % urls.len()].clone(), stop.clone());
             tokio::spawn(async move {
                 let mut reads = 0u64;
                 let Ok(c) = connect(&url).await else {
@@ -519,49 +761,86 @@ async fn check_counts(
     Ok(counts)
 }
 
-/// Inserts rows with unique ids through pgherd until told to stop, logging each
-/// acknowledgement with the node that committed it; reconnects after errors.
-async fn writer(w: i64, url: String, stop: Arc<AtomicBool>, log: Arc<Mutex<Log>>) {
-    let mut n: i64 = 0;
-    let mut client: Option<Client> = None;
-    while !stop.load(Ordering::Relaxed) {
-        let c = match &client {
-            Some(c) => c,
-            None => match connect(&url).await {
-                Ok(c) => client.insert(c),
-                Err(_) => {
-                    if let Ok(mut log) = log.lock() {
-                        log.errors += 1;
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        n += 1;
-        let id = w * 1_000_000_000 + n;
-        let sql = format!(
-            "INSERT INTO drill_writes VALUES ({id}, {w}) RETURNING current_setting('port')"
-        );
-        match c.simple_query(&sql).await {
-            Ok(messages) => {
-                let port = first(&messages).and_then(|p| p.parse().ok()).unwrap_or(0);
-                if let Ok(mut log) = log.lock() {
-                    log.acks.push(Ack {
-                        id,
-                        at: Instant::now(),
-                        port,
-                    });
-                }
+/// A client inserting rows with unique ids through pgherd until told to stop, logging each
+/// acknowledgement with the node that committed it. It connects as a multi-host connection
+/// string does, trying the instances in turn from its own preferred one, and reconnects after
+/// errors.
+struct Writer {
+    number: usize,
+    urls: Arc<Vec<String>>,
+    query_timeout: Option<Duration>,
+}
+
+impl Writer {
+    async fn run(self, stop: Arc<AtomicBool>, log: Arc<Mutex<Log>>) {
+        let mut n: i64 = 0;
+        let mut client: Option<(Client, usize)> = None;
+        let failed = |log: &Mutex<Log>| {
+            if let Ok(mut log) = log.lock() {
+                log.errors += 1;
             }
-            Err(_) => {
-                if let Ok(mut log) = log.lock() {
-                    log.errors += 1;
+        };
+        while !stop.load(Ordering::Relaxed) {
+            let (c, instance) = match &client {
+                Some((c, instance)) => (c, *instance),
+                None => match self.connect().await {
+                    Some(connected) => {
+                        let (c, instance) = client.insert(connected);
+                        (&*c, *instance)
+                    }
+                    None => {
+                        failed(&log);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            n += 1;
+            let id = self.number as i64 * 1_000_000_000 + n;
+            let sql = format!(
+                "INSERT INTO drill_writes VALUES ({id}, {}) RETURNING current_setting('port')",
+                self.number
+            );
+            // An error and no answer in time are the same to the writer: not acknowledged.
+            let answer = match self.query_timeout {
+                Some(limit) => tokio::time::timeout(limit, c.simple_query(&sql))
+                    .await
+                    .ok()
+                    .and_then(Result::ok),
+                None => c.simple_query(&sql).await.ok(),
+            };
+            match answer {
+                Some(messages) => {
+                    let port = first(&messages).and_then(|p| p.parse().ok()).unwrap_or(0);
+                    if let Ok(mut log) = log.lock() {
+                        log.acks.push(Ack {
+                            id,
+                            at: Instant::now(),
+                            port,
+                            writer: self.number,
+                            instance,
+                        });
+                    }
                 }
-                client = None;
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                None => {
+                    failed(&log);
+                    client = None;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
         }
+    }
+
+    /// The first instance that takes the connection, from this writer's preferred one on.
+    async fn connect(&self) -> Option<(Client, usize)> {
+        let count = self.urls.len();
+        for k in 0..count {
+            let instance = (self.number + k) % count;
+            if let Ok(c) = connect_within(&self.urls[instance], CONNECT_TIMEOUT).await {
+                return Some((c, instance));
+            }
+        }
+        None
     }
 }
 
@@ -590,8 +869,8 @@ async fn wait_full_strength(c: &Client, replicas: usize) -> Result<(), String> {
 }
 
 /// The final primary's port and the ids it holds.
-async fn stored_ids(cluster: &BenchCluster, app_url: &str) -> Result<(u16, HashSet<i64>), String> {
-    let c = connect(app_url).await?;
+async fn stored_ids(cluster: &BenchCluster, front: &Front) -> Result<(u16, HashSet<i64>), String> {
+    let c = front.superuser("drill").await?;
     let port: u16 = value(&c, "/* pgherd:primary */ SELECT current_setting('port')")
         .await?
         .parse()
@@ -644,14 +923,29 @@ fn split_brain(acks: &[Ack], injections: &[Instant]) -> Vec<String> {
     violations
 }
 
-fn report(rounds: &[Round], log: &Log, lost: &[i64], violations: &[String], primary_port: u16) {
-    println!("round  fault       old   new   RTO ms  client errors");
+fn report(
+    rounds: &[Round],
+    log: &Log,
+    lost: &[i64],
+    violations: &[String],
+    primary_port: u16,
+    front: &Front,
+) {
+    let several = front.ports.len() > 1;
+    println!(
+        "round  fault                  hit                       primary after  {}RTO ms  client errors",
+        if several { "leader after  " } else { "" }
+    );
     for (i, r) in rounds.iter().enumerate() {
+        let leader = match several {
+            true => format!("{:<12}  ", r.leader_after.as_deref().unwrap_or("-")),
+            false => String::new(),
+        };
         println!(
-            "{:>5}  {:<10}  {:<4}  {:<4}  {:>6}  {:>13}",
+            "{:>5}  {:<21}  {:<24}  {:<13}  {leader}{:>6}  {:>13}",
             i + 1,
             r.fault.name(),
-            r.old_primary,
+            r.hit,
             r.new_primary,
             r.rto.map_or("?".to_owned(), |d| d.as_millis().to_string()),
             r.errors
@@ -690,9 +984,25 @@ fn report(rounds: &[Round], log: &Log, lost: &[i64], violations: &[String], prim
         log.errors,
         violations.len()
     );
+    if several {
+        let through: Vec<String> = (0..front.ports.len())
+            .map(|i| {
+                let count = log.acks.iter().filter(|a| a.instance == i).count();
+                format!("{} {count}", front.names[i])
+            })
+            .collect();
+        println!("acknowledged through: {}", through.join(", "));
+    }
     for v in violations {
         println!("  {v}");
     }
+}
+
+/// As [`connect`], giving up after `limit` (a hung instance accepts and never answers).
+async fn connect_within(url: &str, limit: Duration) -> Result<Client, String> {
+    tokio::time::timeout(limit, connect(url))
+        .await
+        .map_err(|_| format!("no answer within {} ms", limit.as_millis()))?
 }
 
 async fn connect(url: &str) -> Result<Client, String> {
@@ -734,115 +1044,6 @@ fn node_by_port(cluster: &BenchCluster, port: u16) -> Result<LocalNode, String> 
         .ok_or_else(|| format!("no cluster node listens on port {port}"))
 }
 
-/// A network for a cluster whose nodes each run in their own namespace: a bridge on the host
-/// (10.X.0.1) and per node a namespace with a veth pair, the node's end at 10.X.0.(i+2).
-/// Nodes reach each other through the bridge (no IP forwarding needed); cutting a node is
-/// taking its host-side veth down. Removed when dropped.
-struct Network {
-    id: u32,
-    subnet: u8,
-    nodes: usize,
-}
-
-impl Network {
-    fn create(nodes: usize) -> Result<Network, String> {
-        let id = std::process::id() % 100_000;
-        let subnet = 100 + (id % 100) as u8;
-        let network = Network { id, subnet, nodes };
-        let bridge = network.bridge();
-        ip(&["link", "add", &bridge, "type", "bridge"])?;
-        ip(&[
-            "addr",
-            "add",
-            &format!("10.{subnet}.0.1/24"),
-            "dev",
-            &bridge,
-        ])?;
-        ip(&["link", "set", &bridge, "up"])?;
-        for i in 0..nodes {
-            let (ns, host_end, node_end) = network.names(i);
-            ip(&["netns", "add", &ns])?;
-            ip(&[
-                "link", "add", &host_end, "type", "veth", "peer", "name", &node_end,
-            ])?;
-            ip(&["link", "set", &node_end, "netns", &ns])?;
-            ip(&["link", "set", &host_end, "master", &bridge])?;
-            ip(&["link", "set", &host_end, "up"])?;
-            ip(&[
-                "-n",
-                &ns,
-                "addr",
-                "add",
-                &format!("{}/24", network.address(i)),
-                "dev",
-                &node_end,
-            ])?;
-            ip(&["-n", &ns, "link", "set", &node_end, "up"])?;
-            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(network)
-    }
-
-    fn bridge(&self) -> String {
-        format!("phb{}", self.id)
-    }
-
-    /// (namespace, host-side veth, node-side veth).
-    fn names(&self, i: usize) -> (String, String, String) {
-        (
-            format!("pgherd-drill-{}-{i}", self.id),
-            format!("phv{}h{i}", self.id),
-            format!("phv{}n{i}", self.id),
-        )
-    }
-
-    fn address(&self, i: usize) -> String {
-        format!("10.{}.0.{}", self.subnet, i + 2)
-    }
-
-    /// (namespace, address) per node, for the cluster.
-    fn nodes(&self) -> Vec<(String, String)> {
-        (0..self.nodes)
-            .map(|i| (self.names(i).0, self.address(i)))
-            .collect()
-    }
-}
-
-impl Drop for Network {
-    fn drop(&mut self) {
-        for i in 0..self.nodes {
-            let _ = ip(&["netns", "del", &self.names(i).0]);
-        }
-        let _ = ip(&["link", "del", &self.bridge()]);
-    }
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = std::process::Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run ip (iproute2): {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {} (network namespaces need root)",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// Takes the node's link to everyone down, or brings it back up: its host-side veth.
-fn set_link(network: Option<&Network>, node: &LocalNode, up: bool) -> Result<(), String> {
-    let network = network.ok_or("a partition needs the nodes in network namespaces")?;
-    let i = (0..network.nodes)
-        .find(|&i| node.netns.as_deref() == Some(network.names(i).0.as_str()))
-        .ok_or_else(|| format!("node {} runs in none of the drill's namespaces", node.name))?;
-    let host_end = network.names(i).1;
-    ip(&["link", "set", &host_end, if up { "up" } else { "down" }])
-}
-
 /// The first write acknowledged after `since` by a node other than the one on `old_port`.
 fn first_ack_elsewhere(
     log: &Mutex<Log>,
@@ -856,88 +1057,4 @@ fn first_ack_elsewhere(
         .iter()
         .find(|a| a.at > since && a.port != old_port)
         .copied())
-}
-
-fn postmaster_pid(node: &LocalNode) -> Result<u32, String> {
-    node.postmaster_pid()
-        .ok_or_else(|| format!("node {} has no postmaster.pid", node.name))
-}
-
-/// The postmaster and its children.
-fn node_pids(node: &LocalNode) -> Result<Vec<u32>, String> {
-    let postmaster = postmaster_pid(node)?;
-    let mut pids = vec![postmaster];
-    let out = std::process::Command::new("pgrep")
-        .args(["-P", &postmaster.to_string()])
-        .output()
-        .map_err(|e| format!("pgrep: {e}"))?;
-    pids.extend(
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.trim().parse::<u32>().ok()),
-    );
-    Ok(pids)
-}
-
-/// Waits until a killed postmaster is gone, reaping it (the drill adopted it). One that stays
-/// a zombie anyway still holds its lock files in PostgreSQL's eyes: they are removed so the
-/// node can start again.
-async fn wait_gone(node: &LocalNode, pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        // SAFETY: waitpid on one process id with WNOHANG; it only reaps that process.
-        unsafe {
-            libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG);
-        }
-        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            Err(_) => return,
-            Ok(stat) => {
-                // "pid (comm) S ...": the state follows the command name.
-                let state = stat
-                    .rsplit(')')
-                    .next()
-                    .and_then(|r| r.split_whitespace().next());
-                if state == Some("Z") {
-                    let socket = format!(".s.PGSQL.{}", node.port);
-                    for file in [
-                        node.data_dir.join("postmaster.pid"),
-                        node.socket_dir.join(format!("{socket}.lock")),
-                        node.socket_dir.join(socket),
-                    ] {
-                        let _ = std::fs::remove_file(file);
-                    }
-                    return;
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn signal(pid: u32, sig: libc::c_int) -> Result<(), String> {
-    // SAFETY: kill(2) on a PostgreSQL process of the drill's own cluster.
-    if unsafe { libc::kill(pid as libc::pid_t, sig) } == 0 {
-        Ok(())
-    } else {
-        Err(format!(
-            "cannot signal process {pid}: {}",
-            std::io::Error::last_os_error()
-        ))
-    }
-}
-
-async fn blocking_start(node: &LocalNode) -> Result<(), String> {
-    let node = node.clone();
-    tokio::task::spawn_blocking(move || node.start(RECOVERY_TIMEOUT))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())
-}
-
-async fn blocking_stop(node: &LocalNode, mode: StopMode) -> Result<(), String> {
-    let node = node.clone();
-    tokio::task::spawn_blocking(move || node.stop(mode))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())
 }

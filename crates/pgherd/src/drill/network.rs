@@ -1,0 +1,113 @@
+//! The drill's network: every node in its own network namespace behind a bridge, so one can
+//! be cut off from everyone by taking its link down.
+
+use pgherd_cluster::LocalNode;
+
+/// A network for a cluster whose nodes each run in their own namespace: a bridge on the host
+/// (10.X.0.1) and per node a namespace with a veth pair, the node's end at 10.X.0.(i+2).
+/// Nodes reach each other through the bridge (no IP forwarding needed); cutting a node is
+/// taking its host-side veth down. Removed when dropped.
+pub struct Network {
+    id: u32,
+    subnet: u8,
+    nodes: usize,
+}
+
+impl Network {
+    pub fn create(nodes: usize) -> Result<Network, String> {
+        let id = std::process::id() % 100_000;
+        let subnet = 100 + (id % 100) as u8;
+        let network = Network { id, subnet, nodes };
+        let bridge = network.bridge();
+        ip(&["link", "add", &bridge, "type", "bridge"])?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("10.{subnet}.0.1/24"),
+            "dev",
+            &bridge,
+        ])?;
+        ip(&["link", "set", &bridge, "up"])?;
+        for i in 0..nodes {
+            let (ns, host_end, node_end) = network.names(i);
+            ip(&["netns", "add", &ns])?;
+            ip(&[
+                "link", "add", &host_end, "type", "veth", "peer", "name", &node_end,
+            ])?;
+            ip(&["link", "set", &node_end, "netns", &ns])?;
+            ip(&["link", "set", &host_end, "master", &bridge])?;
+            ip(&["link", "set", &host_end, "up"])?;
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{}/24", network.address(i)),
+                "dev",
+                &node_end,
+            ])?;
+            ip(&["-n", &ns, "link", "set", &node_end, "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(network)
+    }
+
+    fn bridge(&self) -> String {
+        format!("phb{}", self.id)
+    }
+
+    /// (namespace, host-side veth, node-side veth).
+    fn names(&self, i: usize) -> (String, String, String) {
+        (
+            format!("pgherd-drill-{}-{i}", self.id),
+            format!("phv{}h{i}", self.id),
+            format!("phv{}n{i}", self.id),
+        )
+    }
+
+    fn address(&self, i: usize) -> String {
+        format!("10.{}.0.{}", self.subnet, i + 2)
+    }
+
+    /// (namespace, address) per node, for the cluster.
+    pub fn nodes(&self) -> Vec<(String, String)> {
+        (0..self.nodes)
+            .map(|i| (self.names(i).0, self.address(i)))
+            .collect()
+    }
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        for i in 0..self.nodes {
+            let _ = ip(&["netns", "del", &self.names(i).0]);
+        }
+        let _ = ip(&["link", "del", &self.bridge()]);
+    }
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run ip (iproute2): {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {} (network namespaces need root)",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Takes the node's link to everyone down, or brings it back up: its host-side veth.
+pub fn set_link(network: Option<&Network>, node: &LocalNode, up: bool) -> Result<(), String> {
+    let network = network.ok_or("a partition needs the nodes in network namespaces")?;
+    let i = (0..network.nodes)
+        .find(|&i| node.netns.as_deref() == Some(network.names(i).0.as_str()))
+        .ok_or_else(|| format!("node {} runs in none of the drill's namespaces", node.name))?;
+    let host_end = network.names(i).1;
+    ip(&["link", "set", &host_end, if up { "up" } else { "down" }])
+}

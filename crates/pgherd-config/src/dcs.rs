@@ -110,11 +110,13 @@ pub(crate) fn dcs(
             "between 2 and 300 seconds",
         ));
     }
-    if raw.request_timeout_ms == 0 || raw.request_timeout_ms >= raw.lease_ttl_s * 1000 / 3 {
+    // At least 100 ms: an instance closes its write gate that long before etcd can let its
+    // lease go, and checks every 50 ms.
+    if raw.request_timeout_ms < 100 || raw.request_timeout_ms >= raw.lease_ttl_s * 1000 / 3 {
         return Err(c.error(
             &field_path!["dcs", "request_timeout_ms"],
             format!(
-                "above 0 and below a third of the lease ({} ms), so a leader renews its lease in time",
+                "at least 100 ms and below a third of the lease ({} ms), so a leader renews its lease in time",
                 raw.lease_ttl_s * 1000 / 3
             ),
         ));

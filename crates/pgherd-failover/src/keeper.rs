@@ -309,10 +309,11 @@ mod tests {
         };
         assert_eq!(set.setting(), "");
         assert_eq!(event.0, "sync_degraded");
-        // While the primary reloads, the view keeps both sets.
+        // From the moment the primary reloads, it may acknowledge alone: no standby is sure to
+        // hold a commit, whichever instance reads the view.
         assert!(before
             .iter()
-            .any(|c| matches!(c, Change::SyncChanging(Some(s)) if s.set.standbys.len() == 2)));
+            .any(|c| matches!(c, Change::SyncChanging(Some(s)) if s.set.standbys.is_empty())));
     }
 
     #[test]

@@ -25,6 +25,7 @@
 
 use std::fmt::Write as _;
 
+pub mod agreement;
 pub mod control;
 pub mod fenced;
 pub mod keeper;

@@ -42,6 +42,9 @@ pub enum GateReason {
     /// One of several instances (`[dcs]`) that has neither read the leader's view from etcd
     /// nor leads: it does not know where the others send writes.
     NoView,
+    /// One of several instances that lost etcd for longer than its lease: another instance
+    /// may lead and be replacing the primary this instance knows (see `agreement`).
+    NoLease,
 }
 
 /// The write gate: open, or closed for one reason.
@@ -77,7 +80,23 @@ impl GateReason {
     /// Whether writes fail rather than wait: waiting for a standby that may never come would
     /// only turn a clear error into a timeout.
     pub fn refuses(&self) -> bool {
-        matches!(self, GateReason::StrictWithoutStandby { .. })
+        matches!(
+            self,
+            GateReason::StrictWithoutStandby { .. } | GateReason::NoLease
+        )
+    }
+
+    /// When writes refused for this reason resume, for the client's hint.
+    pub fn resumes_when(&self) -> &'static str {
+        match self {
+            GateReason::NoLease => {
+                "writes resume when this pgherd instance reaches etcd again; another instance may take them now"
+            }
+            GateReason::StrictWithoutStandby { .. } => {
+                "writes resume when a synchronous standby streams again"
+            }
+            _ => "writes resume when the reason is gone",
+        }
     }
 
     /// One word for the reason (`SHOW NODES`, `/ready`, metrics labels).
@@ -89,6 +108,7 @@ impl GateReason {
             GateReason::Paused => "paused",
             GateReason::SyncPending => "sync_pending",
             GateReason::NoView => "no_view",
+            GateReason::NoLease => "no_lease",
         }
     }
 
@@ -109,6 +129,10 @@ impl GateReason {
             }
             GateReason::NoView => {
                 "this instance has not read the cluster view from etcd yet".to_owned()
+            }
+            GateReason::NoLease => {
+                "this instance lost etcd for longer than its lease: another instance may lead"
+                    .to_owned()
             }
         }
     }
@@ -150,6 +174,8 @@ pub struct ClusterState {
     /// One of several instances that has no view from the leader yet (see
     /// [`GateReason::NoView`]).
     pub awaiting_view: bool,
+    /// One of several instances whose lease may have run out (see [`GateReason::NoLease`]).
+    pub lease_lapsed: bool,
     /// Databases paused by name (their new transactions wait, reads too).
     pub paused: BTreeSet<String>,
 }
@@ -212,6 +238,7 @@ impl Default for ClusterState {
             switching: false,
             paused_all: false,
             awaiting_view: false,
+            lease_lapsed: false,
             paused: BTreeSet::new(),
         }
     }
@@ -255,9 +282,13 @@ pub enum Change {
     /// Whether this instance still waits for a view from the leader: set when it starts as one
     /// of several, cleared when it leads (a leader's own view is the view).
     AwaitView(bool),
-    /// The leader instance's view, read from the agreement store: replaces this one whole,
-    /// version included, unless it is from an older epoch (never acted on).
+    /// Whether this instance's lease may have run out.
+    LeaseLapsed(bool),
+    /// A predecessor's view, read by an instance that has just taken the lead: replaces this
+    /// one whole, version included, unless it is from an older epoch (never acted on).
     Adopt(Box<ClusterState>),
+    /// The leader's view, read by a follower: replaces this one whole, whatever its epoch.
+    Follow(Box<ClusterState>),
     /// The node left the config: it keeps no place in the view.
     Forget(NodeId),
 }
@@ -268,6 +299,8 @@ impl ClusterState {
     pub fn gate(&self) -> Gate {
         let reason = if self.awaiting_view {
             GateReason::NoView
+        } else if self.lease_lapsed {
+            GateReason::NoLease
         } else if let Some(primary) = self.strict_without_standby {
             GateReason::StrictWithoutStandby { primary }
         } else if let Some(candidate) = self.promoting {
@@ -333,10 +366,27 @@ impl ClusterState {
         }
     }
 
+    /// The view after every one of `changes`, in order.
+    pub fn after_all(&self, changes: &[Change]) -> ClusterState {
+        changes.iter().fold(self.clone(), |state, change| {
+            state.apply(change).unwrap_or(state)
+        })
+    }
+
+    /// Whether `changes` elect a primary: writes would go to it.
+    pub fn elects(changes: &[Change]) -> bool {
+        changes.iter().any(|c| matches!(c, Change::Elect { .. }))
+    }
+
     /// The view after `change`, with the next version; `None` if it changes nothing.
     pub fn apply(&self, change: &Change) -> Option<ClusterState> {
-        if let Change::Adopt(leader) = change {
-            return (leader.epoch >= self.epoch && **leader != *self).then(|| (**leader).clone());
+        match change {
+            Change::Adopt(leader) => {
+                return (leader.epoch >= self.epoch && **leader != *self)
+                    .then(|| (**leader).clone())
+            }
+            Change::Follow(leader) => return (**leader != *self).then(|| (**leader).clone()),
+            _ => {}
         }
         let mut next = self.clone();
         match change {
@@ -384,8 +434,9 @@ impl ClusterState {
             Change::Resume(Some(database)) => {
                 next.paused.remove(database);
             }
-            Change::Adopt(_) => {}
+            Change::Adopt(_) | Change::Follow(_) => {}
             Change::AwaitView(awaiting) => next.awaiting_view = *awaiting,
+            Change::LeaseLapsed(lapsed) => next.lease_lapsed = *lapsed,
             Change::Forget(node) => {
                 next.fenced.remove(node);
                 next.detached.remove(node);
@@ -573,9 +624,14 @@ mod tests {
             None
         );
         assert_eq!(
-            leader.apply(&Change::Adopt(Box::new(local))),
+            leader.apply(&Change::Adopt(Box::new(local.clone()))),
             None,
             "older epoch"
+        );
+        assert_eq!(
+            leader.apply(&Change::Follow(Box::new(local.clone()))),
+            Some(local),
+            "a follower takes the leader's view whatever its epoch"
         );
     }
 
@@ -616,6 +672,11 @@ mod tests {
         assert_eq!(state.write_target([A]), None);
         let leading = state.apply(&Change::AwaitView(false)).unwrap();
         assert_eq!(leading.gate(), Gate::Hold(GateReason::Paused));
+        // Refused at once: a client with several pgherd instances moves on to one that has a
+        // lease.
+        let lapsed = leading.apply(&Change::LeaseLapsed(true)).unwrap();
+        assert_eq!(lapsed.gate(), Gate::Refuse(GateReason::NoLease));
+        assert_eq!(lapsed.write_target([A]), None);
     }
 
     #[test]
@@ -628,6 +689,7 @@ mod tests {
             GateReason::Paused,
             GateReason::SyncPending,
             GateReason::NoView,
+            GateReason::NoLease,
         ] {
             assert!(!reason.kind().is_empty());
             assert!(!reason.sentence(name).is_empty());

@@ -30,20 +30,26 @@ impl SyncSet {
     }
 
     /// Every standby of either set, with the smaller quorum: while the primary switches from
-    /// one to the other, an acknowledged commit is on `quorum` of these.
+    /// one to the other, an acknowledged commit is on `quorum` of these. If either set is
+    /// empty, the primary may acknowledge commits alone: no standby is sure to hold them, and
+    /// the union is empty too.
     pub fn union(&self, other: &SyncSet) -> SyncSet {
+        if self.standbys.is_empty() || other.standbys.is_empty() {
+            return SyncSet {
+                quorum: 0,
+                standbys: Vec::new(),
+            };
+        }
         let mut standbys = self.standbys.clone();
         for name in &other.standbys {
             if !standbys.contains(name) {
                 standbys.push(name.clone());
             }
         }
-        let quorum = match (self.standbys.is_empty(), other.standbys.is_empty()) {
-            (true, _) => other.quorum,
-            (_, true) => self.quorum,
-            _ => self.quorum.min(other.quorum),
-        };
-        SyncSet { quorum, standbys }
+        SyncSet {
+            quorum: self.quorum.min(other.quorum),
+            standbys,
+        }
     }
 }
 
@@ -151,7 +157,9 @@ mod tests {
         let u = a.union(&b);
         assert_eq!(u.standbys, names(&["pg2", "pg3", "pg4"]));
         assert_eq!(u.quorum, 1);
-        assert_eq!(SyncSet::default().union(&b), b);
+        // From or to the primary acknowledging alone: no standby is sure to hold a commit.
+        assert!(SyncSet::default().union(&b).standbys.is_empty());
+        assert!(b.union(&SyncSet::default()).standbys.is_empty());
         assert_eq!(
             SyncSet {
                 quorum: 1,

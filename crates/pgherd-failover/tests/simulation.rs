@@ -12,8 +12,19 @@
 //! are sealed and rejoined as `pgherd_failover::fenced` says; the
 //! `ClusterState` changes only through the `Change`s those steps return; writes go where
 //! `ClusterState::write_target` says, the function the proxy's sessions route by, and a commit
-//! is acknowledged as PostgreSQL would under the set the keeper put in force.
+//! is acknowledged as PostgreSQL would under the set the keeper put on the node.
+//!
+//! Two seeds in three run several pgherd instances (`[dcs]`) against a modelled etcd
+//! (`sim/etcd.rs`): each instance watches the nodes itself, campaigns and adopts views by
+//! `pgherd_failover::agreement`, acts only while that says it may, and publishes its view
+//! before every operation's IO as the proxy's `failover::agreed` does. Instances crash (and
+//! start afresh, waiting for a view), stall (SIGSTOP) for longer than the lease, also between
+//! agreeing to an IO and performing it, and lose etcd; etcd goes down as a whole. The
+//! instances run side by side: they see the nodes alike (each with its own slow checks).
 
+mod sim;
+
+use pgherd_failover::agreement::{self, Adoption, LeaderKey};
 use pgherd_failover::control::{Context, Io, Member, Operation, Outcome};
 use pgherd_failover::fenced::{FencedCare, FencedNode};
 use pgherd_failover::keeper::{sync_eligible, sync_holders, KeeperInput, KeeperStep, SyncKeeper};
@@ -23,61 +34,142 @@ use pgherd_failover::{
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use sim::cluster::Cluster;
+use sim::etcd::Etcd;
 
 const SEEDS: u64 = 600;
 const TICKS: usize = 300;
 /// A tick is one health-check period of the proxy.
 const TICK_MS: u64 = 1_000;
+/// `[dcs] request_timeout_ms`.
+const REQUEST_TIMEOUT_MS: u64 = 500;
 
-/// The truth about one node, which pgherd only sees through checks.
-#[derive(Debug, Clone)]
-struct SimNode {
+/// One pgherd instance: its view, its monitors' counts, its failover task's memory, and its
+/// side of the agreement.
+struct Instance {
+    name: String,
     alive: bool,
-    writable: bool,
-    timeline: u32,
-    /// WAL this node holds (received, for a standby).
-    lsn: Lsn,
-    /// What it reports: equal to `lsn` except while a restarted standby replays the WAL it
-    /// holds, when the received position it reports is from before that WAL (PostgreSQL
-    /// reports the start of the segment it would stream from) and replay is still short of it.
-    replayed: Lsn,
-    reported_received: Lsn,
-    upstream: Option<usize>,
-    cut_from_pgherd: bool,
-    cut_from_cluster: bool,
-    priority: u32,
-    /// Has held all of its upstream's WAL at some point since it started following it: only
-    /// then does PostgreSQL count it as a synchronous standby (walsender state `streaming`).
-    caught_up: bool,
-    /// Node setting `sync`: may be a synchronous standby (false: an asynchronous one, say in
-    /// another zone).
-    may_be_sync: bool,
-    /// Holds WAL its upstream's timeline forked off before: PostgreSQL will not let it
-    /// follow that upstream until it is rewound.
-    diverged: bool,
-    /// A rejoin (pg_rewind, then following the primary) works on it.
-    rejoining: bool,
-}
-
-struct Sim {
-    rng: StdRng,
-    nodes: Vec<SimNode>,
-    policy: Policy,
-    // pgherd's state.
+    /// Stopped (SIGSTOP) until this tick.
+    stalled_until: usize,
+    cut_from_etcd: bool,
     state: ClusterState,
-    /// Each node's checks, counted as the proxy's monitors count them.
     tracks: Vec<Track>,
     last_primary_lsn: Option<Lsn>,
     keeper: SyncKeeper,
     fenced_care: FencedCare,
+    /// This run's lease, and when it runs out as this instance counts (from its renewal).
+    lease: Option<i64>,
+    lease_until_ms: u64,
+    leading_until_ms: Option<u64>,
+    /// The leader key named this instance with its lease at its last campaign.
+    leading: bool,
+    /// The version of the last view adopted from the leader.
+    adopted_version: u64,
+    /// An operation stopped between agreeing to an IO and performing it: it performs that IO
+    /// when it wakes, as a stopped process would.
+    suspended: Option<(Operation, Io)>,
+}
+
+impl Instance {
+    /// A process that has just started: with `[dcs]` it waits for a view before it routes.
+    fn start(name: String, nodes: usize, dcs: bool) -> Instance {
+        let mut state = ClusterState::default();
+        if dcs {
+            if let Some(next) = state.apply(&Change::AwaitView(true)) {
+                state = next;
+            }
+        }
+        Instance {
+            name,
+            alive: true,
+            stalled_until: 0,
+            cut_from_etcd: false,
+            state,
+            tracks: vec![Track::default(); nodes],
+            last_primary_lsn: None,
+            keeper: SyncKeeper::default(),
+            fenced_care: FencedCare::default(),
+            lease: None,
+            lease_until_ms: 0,
+            leading_until_ms: None,
+            leading: false,
+            adopted_version: 0,
+            suspended: None,
+        }
+    }
+
+    fn runs(&self, tick: usize) -> bool {
+        self.alive && tick >= self.stalled_until
+    }
+
+    fn change(&mut self, change: Change) {
+        if let Some(next) = self.state.apply(&change) {
+            self.state = next;
+        }
+    }
+
+    fn elected(&self) -> Option<usize> {
+        self.state.elected.map(|id| id.0 as usize)
+    }
+
+    fn fenced(&self, i: usize) -> bool {
+        self.state.is_fenced(NodeId(i as u32))
+    }
+}
+
+/// The agreement engine and its settings, when several instances run.
+struct Dcs {
+    etcd: Etcd,
+    lease_ttl_ms: u64,
+}
+
+struct Sim {
+    rng: StdRng,
+    cluster: Cluster,
+    policy: Policy,
     sync_standbys: usize,
-    names: Vec<String>,
-    /// The newest commit acknowledged to a client, on the current primary's history.
+    instances: Vec<Instance>,
+    dcs: Option<Dcs>,
+    /// The newest commit acknowledged to a client, and the node (and its timeline) whose
+    /// history holds the acknowledged commits.
     acked: Lsn,
+    acked_on: Option<(usize, u32)>,
+    /// The node that took the last write, its timeline, and the instance it went through.
+    last_written: Option<(usize, u32, String)>,
     trace: Vec<String>,
+    stats: Stats,
+}
+
+/// What the schedules exercised, summed over seeds.
+#[derive(Debug, Default, Clone, Copy)]
+struct Stats {
     promotions: usize,
-    /// Operation IO that failed (a node that could not be reached), by kind.
+    /// Operation IO that failed (a node that could not be reached), by kind: re-point,
+    /// promote, synchronous set.
     failed_io: [usize; 3],
+    failed_rejoins: usize,
+    /// IO refused because the instance no longer led (lease gone, etcd out of reach).
+    refused_without_lease: usize,
+    /// Leader keys taken (the first one of each seed included).
+    leaderships: usize,
+    /// IO performed late by an instance that stalled after agreeing to it.
+    late_io: usize,
+    /// Promotions held back while an instance with a lease routed by an older view.
+    waited_for_lagging: usize,
+}
+
+impl Stats {
+    fn add(&mut self, other: &Stats) {
+        self.promotions += other.promotions;
+        for (a, b) in self.failed_io.iter_mut().zip(other.failed_io) {
+            *a += b;
+        }
+        self.failed_rejoins += other.failed_rejoins;
+        self.refused_without_lease += other.refused_without_lease;
+        self.leaderships += other.leaderships;
+        self.late_io += other.late_io;
+        self.waited_for_lagging += other.waited_for_lagging;
+    }
 }
 
 impl Sim {
@@ -89,316 +181,677 @@ impl Sim {
             1 => Durability::Sync,
             _ => Durability::Strict,
         };
-        let nodes: Vec<SimNode> = (0..count)
-            .map(|i| SimNode {
-                alive: true,
-                writable: i == 0,
-                timeline: 1,
-                lsn: 0,
-                replayed: 0,
-                reported_received: 0,
-                upstream: (i > 0).then_some(0),
-                cut_from_pgherd: false,
-                cut_from_cluster: false,
-                priority: if rng.gen_bool(0.15) {
-                    0
-                } else {
-                    rng.gen_range(1..4)
-                },
-                caught_up: true,
-                may_be_sync: i == 0 || rng.gen_bool(0.8),
-                diverged: false,
-                rejoining: false,
-            })
+        let cluster = Cluster::new(&mut rng, count);
+        let instance_count = match rng.gen_range(0..3) {
+            0 => 1,
+            _ => rng.gen_range(2..=3),
+        };
+        let dcs = (instance_count > 1).then(|| Dcs {
+            etcd: Etcd::new(),
+            lease_ttl_ms: rng.gen_range(2..=6) * 1000,
+        });
+        let instances = (0..instance_count)
+            .map(|k| Instance::start(format!("pgherd-{}", k + 1), count, dcs.is_some()))
             .collect();
         Sim {
-            keeper: SyncKeeper::default(),
-            fenced_care: FencedCare::default(),
             sync_standbys: rng.gen_range(1..=2),
-            names: (0..count).map(|i| format!("pg{}", i + 1)).collect(),
             policy: Policy {
                 failures_before_down: rng.gen_range(1..5),
                 max_lag_on_failover_bytes: rng.gen_range(0..4) * 4096,
                 durability,
             },
-            state: ClusterState::default(),
-            tracks: vec![Track::default(); count],
-            last_primary_lsn: None,
+            instances,
+            dcs,
             acked: 0,
+            acked_on: None,
+            last_written: None,
             trace: Vec::new(),
-            promotions: 0,
-            failed_io: [0; 3],
-            nodes,
+            stats: Stats::default(),
+            cluster,
             rng,
         }
     }
 
-    fn streams(&self, replica: usize) -> bool {
-        let r = &self.nodes[replica];
-        let Some(u) = r.upstream else { return false };
-        let up = &self.nodes[u];
-        r.alive
-            && !r.writable
-            && !r.diverged
-            // A restarted standby replays what it holds before it streams again.
-            && r.replayed == r.lsn
-            && up.alive
-            && up.writable
-            && !r.cut_from_cluster
-            && !up.cut_from_cluster
-            && up.timeline >= r.timeline
-    }
-
-    fn faults(&mut self) {
-        let n = self.nodes.len();
-        let pick = self.rng.gen_range(0..n);
+    /// Instance crashes and restarts, stalls, links to etcd lost and back, etcd down and up.
+    fn instance_faults(&mut self, tick: usize, now_ms: u64) {
+        let Some(dcs) = &mut self.dcs else { return };
+        let nodes = self.cluster.len();
+        for k in 0..self.instances.len() {
+            let roll: f64 = self.rng.gen();
+            let instance = &mut self.instances[k];
+            match roll {
+                r if r < 0.01 && instance.alive => {
+                    instance.alive = false;
+                    self.trace
+                        .push(format!("tick {tick}: {} crashes", instance.name));
+                }
+                r if r < 0.06 && !instance.alive => {
+                    *instance = Instance::start(instance.name.clone(), nodes, true);
+                    self.trace
+                        .push(format!("tick {tick}: {} starts again", instance.name));
+                }
+                r if r < 0.075 && instance.runs(tick) => {
+                    let ticks = self
+                        .rng
+                        .gen_range(1..=(3 * dcs.lease_ttl_ms / TICK_MS) as usize);
+                    instance.stalled_until = tick + ticks;
+                    self.trace.push(format!(
+                        "tick {tick}: {} stops for {ticks} s",
+                        instance.name
+                    ));
+                }
+                r if r < 0.095 => instance.cut_from_etcd = true,
+                r if r < 0.2 => instance.cut_from_etcd = false,
+                _ => {}
+            }
+        }
         let roll: f64 = self.rng.gen();
-        let unreplayed = self.rng.gen_range(0..8000);
-        let node = &mut self.nodes[pick];
-        match roll {
-            r if r < 0.03 => node.alive = false,
-            r if r < 0.10 => {
-                if !node.alive && !node.writable {
-                    // Crash recovery: replays WAL on disk, reporting less than it holds.
-                    node.replayed = node.lsn.saturating_sub(unreplayed);
-                    node.reported_received = node.replayed - node.replayed % 4096;
-                }
-                node.alive = true;
-            }
-            r if r < 0.13 => node.cut_from_pgherd = true,
-            r if r < 0.20 => node.cut_from_pgherd = false,
-            r if r < 0.22 => node.cut_from_cluster = true,
-            r if r < 0.29 => node.cut_from_cluster = false,
-            _ => {}
+        if dcs.etcd.up && roll < 0.01 {
+            dcs.etcd.up = false;
+            self.trace.push(format!("tick {tick}: etcd down"));
+        } else if !dcs.etcd.up && roll < 0.15 {
+            dcs.etcd.restart(now_ms, dcs.lease_ttl_ms);
+            self.trace.push(format!("tick {tick}: etcd back"));
         }
     }
 
-    /// Writes through pgherd, then replication; returns where writes went.
-    fn traffic(&mut self, routable: Option<usize>) -> Option<usize> {
-        let mut written = None;
-        if let Some(p) = routable {
-            let primary = &self.nodes[p];
-            if primary.alive && primary.writable && !primary.cut_from_pgherd {
-                self.nodes[p].lsn += self.rng.gen_range(1..2000);
-                written = Some(p);
+    /// One turn of instance `k`'s etcd session (`pgherd_proxy::dcs::session`): renew the lease
+    /// (the last one while etcd has it, else a new one), campaign, adopt or publish the view.
+    /// Out of reach, nothing changes: the instance keeps what it knew.
+    fn dcs_turn(&mut self, k: usize, now_ms: u64) {
+        let Some(dcs) = &mut self.dcs else { return };
+        let instance = &mut self.instances[k];
+        if !dcs.etcd.up || instance.cut_from_etcd {
+            return;
+        }
+        let etcd = &mut dcs.etcd;
+        etcd.expire(now_ms);
+        let lease = match instance.lease {
+            Some(lease) if etcd.renew(lease, now_ms, dcs.lease_ttl_ms) => lease,
+            _ => etcd.grant(now_ms, dcs.lease_ttl_ms),
+        };
+        instance.lease = Some(lease);
+        instance.lease_until_ms = now_ms + dcs.lease_ttl_ms;
+        if etcd.campaign(&instance.name, lease) {
+            self.stats.leaderships += 1;
+            self.trace
+                .push(format!("  {} leads (lease {lease})", instance.name));
+        }
+        let key = etcd.leader.as_ref().map(|(instance, lease)| LeaderKey {
+            instance,
+            lease: *lease,
+        });
+        let leadership = agreement::leadership(&instance.name, lease, key);
+        instance.leading_until_ms = agreement::leading_until_ms(
+            leadership.leading,
+            instance.lease_until_ms,
+            REQUEST_TIMEOUT_MS,
+        );
+        instance.leading = leadership.leading;
+        if leadership.leading && instance.state.awaiting_view {
+            instance.change(Change::AwaitView(false));
+        }
+        self.follow(k);
+        if leadership.leading {
+            if let Some(dcs) = &mut self.dcs {
+                let instance = &self.instances[k];
+                dcs.etcd.publish(&instance.name, lease, &instance.state);
             }
         }
-        for r in 0..self.nodes.len() {
-            if self.streams(r) {
-                let u = self.nodes[r].upstream.unwrap_or(r);
-                let target = self.nodes[u].lsn;
-                let step = self.rng.gen_range(0..3000);
-                let node = &mut self.nodes[r];
-                node.lsn = (node.lsn + step).min(target);
-                node.replayed = node.lsn;
-                node.reported_received = node.lsn;
-                if node.lsn == target {
-                    node.caught_up = true;
-                }
-            } else if self.nodes[r].alive && self.nodes[r].replayed < self.nodes[r].lsn {
-                let step = self.rng.gen_range(0..2500);
-                let node = &mut self.nodes[r];
-                node.replayed = (node.replayed + step).min(node.lsn);
-            }
-        }
-        if let Some(p) = written {
-            // A commit is acknowledged as PostgreSQL does under the synchronous set in force
-            // on the primary: once `k` of its standbys that stream (and have caught up) hold
-            // it; by the primary alone when the set is empty or pgherd manages none.
-            let primary = NodeId(p as u32);
-            let durable = match self.state.sync.as_ref().filter(|s| s.primary == primary) {
-                Some(sync) if !sync.set.standbys.is_empty() => {
-                    let mut held: Vec<Lsn> = sync
-                        .set
-                        .standbys
-                        .iter()
-                        .filter_map(|name| self.names.iter().position(|n| n == name))
-                        .filter(|&s| {
-                            self.streams(s)
-                                && self.nodes[s].upstream == Some(p)
-                                && self.nodes[s].caught_up
-                        })
-                        .map(|s| self.nodes[s].lsn)
-                        .collect();
-                    held.sort_unstable_by(|a, b| b.cmp(a));
-                    held.get(sync.set.quorum.max(1) - 1)
-                        .copied()
-                        .unwrap_or(self.acked)
-                }
-                _ => self.nodes[p].lsn,
-            };
-            self.acked = self.acked.max(durable.min(self.nodes[p].lsn));
-        }
-        written
     }
 
-    fn observe(&mut self, slow: Option<usize>) -> Vec<NodeView> {
-        (0..self.nodes.len())
+    /// Instance `k`, in touch with etcd, reads the shared view and adopts it unless it wrote it
+    /// itself, and puts its record (the version of the leader's view it routes by) on its
+    /// lease.
+    fn follow(&mut self, k: usize) {
+        let Some(dcs) = &mut self.dcs else { return };
+        let instance = &mut self.instances[k];
+        let Some(lease) = instance.lease else { return };
+        if let Some(view) = &dcs.etcd.view {
+            let (by, with) = (&view.written_by, view.lease);
+            let state = Box::new(view.state.clone());
+            let before = instance.state.version;
+            match agreement::adoption(&instance.name, lease, instance.leading, by, with) {
+                Adoption::Keep => {}
+                Adoption::Follow => instance.change(Change::Follow(state)),
+                Adoption::TakeOver => instance.change(Change::Adopt(state)),
+            }
+            if instance.state.version != before {
+                self.trace.push(format!(
+                    "  {} adopts {}'s view: {}",
+                    instance.name,
+                    by,
+                    describe(&instance.state)
+                ));
+            }
+            instance.adopted_version = view.state.version;
+        }
+        let version = instance.adopted_version;
+        dcs.etcd.register(&instance.name, lease, version);
+    }
+
+    /// The write gate's lease reason on instance `k` (`pgherd_proxy::dcs`): writes wait once
+    /// its lease may have run out.
+    fn lease_gate(&mut self, k: usize, now_ms: u64) {
+        if self.dcs.is_none() {
+            return;
+        }
+        let instance = &mut self.instances[k];
+        let lapsed =
+            !agreement::may_route_writes(instance.lease_until_ms, REQUEST_TIMEOUT_MS, now_ms);
+        if lapsed != instance.state.lease_lapsed {
+            instance.change(Change::LeaseLapsed(lapsed));
+        }
+    }
+
+    /// Whether instance `k` may act for the cluster now (always, alone).
+    fn may_act(&self, k: usize, now_ms: u64) -> bool {
+        self.dcs.is_none() || agreement::may_act(self.instances[k].leading_until_ms, now_ms)
+    }
+
+    /// The proxy's `failover::agreed`: with several instances, the view is in etcd before an
+    /// IO on a node runs, written only by the instance that still leads; before a promotion,
+    /// every other instance with a lease routes by it.
+    fn agreed(&mut self, k: usize, io: &Io, now_ms: u64) -> Result<(), String> {
+        if matches!(io, Io::CutOff { .. }) || self.dcs.is_none() {
+            return Ok(());
+        }
+        let state = self.instances[k].state.clone();
+        self.recorded(k, &state, now_ms)?;
+        if let Io::Promote { .. } = io {
+            // The proxy waits here (a while) for the others to take this view: those in touch
+            // with etcd do, at their next read.
+            for j in (0..self.instances.len()).filter(|&j| j != k) {
+                let other = &self.instances[j];
+                let in_touch = other.runs((now_ms / TICK_MS) as usize) && !other.cut_from_etcd;
+                if in_touch {
+                    self.follow(j);
+                }
+            }
+            let lagging = self.dcs.as_ref().map_or(0, |dcs| {
+                dcs.etcd.lagging(&self.instances[k].name, state.version)
+            });
+            if !agreement::may_promote(lagging) {
+                self.stats.waited_for_lagging += 1;
+                return Err(format!(
+                    "{lagging} instance(s) with a lease do not route by this view yet"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The proxy's `failover::recorded`: instance `k` still leads, and `state` is the view in
+    /// etcd.
+    fn recorded(&mut self, k: usize, state: &ClusterState, now_ms: u64) -> Result<(), String> {
+        let refused = |sim: &mut Sim, why: &str| {
+            sim.stats.refused_without_lease += 1;
+            Err(format!("{} {why}", sim.instances[k].name))
+        };
+        if !self.may_act(k, now_ms) {
+            return refused(self, "does not lead the cluster any more");
+        }
+        let Some(dcs) = &mut self.dcs else {
+            return Ok(());
+        };
+        let instance = &self.instances[k];
+        if !dcs.etcd.up || instance.cut_from_etcd {
+            return refused(self, "cannot reach etcd");
+        }
+        dcs.etcd.expire(now_ms);
+        let lease = instance.lease.unwrap_or(0);
+        if !dcs.etcd.publish(&instance.name, lease, state) {
+            return refused(self, "does not hold the leader key");
+        }
+        Ok(())
+    }
+
+    fn observe(&mut self, k: usize) -> Vec<NodeView> {
+        let slow = self
+            .rng
+            .gen_bool(0.05)
+            .then(|| self.rng.gen_range(0..self.cluster.len()));
+        (0..self.cluster.len())
             .map(|i| {
-                let node = &self.nodes[i];
-                let sighting =
-                    (node.alive && !node.cut_from_pgherd && slow != Some(i)).then(|| {
-                        if node.writable {
-                            Sighting {
-                                primary: true,
-                                timeline: node.timeline,
-                                lsn: node.lsn,
-                                received_lsn: 0,
-                                upstream_alive: false,
-                            }
-                        } else {
-                            Sighting {
-                                primary: false,
-                                timeline: node.timeline,
-                                lsn: node.replayed,
-                                received_lsn: node.reported_received,
-                                upstream_alive: self.streams(i),
-                            }
-                        }
-                    });
-                let track = &mut self.tracks[i];
+                let sighting = self.cluster.sighting(i, slow == Some(i));
+                let instance = &mut self.instances[k];
+                let track = &mut instance.tracks[i];
                 match sighting {
                     Some(sighting) => track.saw(sighting),
                     None => track.failed(),
                 }
                 NodeView {
-                    name: self.names[i].clone(),
-                    priority: node.priority,
+                    name: self.cluster.names[i].clone(),
+                    priority: self.cluster.nodes[i].priority,
                     check: track.check(),
                     consecutive_failures: track.failed_streak(),
-                    fenced: self.fenced(i),
+                    fenced: instance.fenced(i),
                 }
             })
             .collect()
     }
 
-    fn elected(&self) -> Option<usize> {
-        self.state.elected.map(|id| id.0 as usize)
-    }
-
-    fn fenced(&self, i: usize) -> bool {
-        self.state.is_fenced(NodeId(i as u32))
-    }
-
-    fn change(&mut self, change: Change) {
-        if let Some(next) = self.state.apply(&change) {
-            self.state = next;
-        }
-    }
-
-    /// The nodes the proxy holds for primaries: up (fewer failed checks in a row than make a
-    /// node down) and primary at their last good check.
-    fn primaries(&self) -> Vec<NodeId> {
-        (0..self.nodes.len())
+    /// The nodes instance `k` holds for primaries: up (fewer failed checks in a row than make
+    /// a node down) and primary at their last good check.
+    fn primaries(&self, k: usize) -> Vec<NodeId> {
+        let tracks = &self.instances[k].tracks;
+        (0..self.cluster.len())
             .filter(|&i| {
-                let track = &self.tracks[i];
-                track.last_seen().is_some_and(|seen| seen.primary)
-                    && track.failed_streak() < self.policy.failures_before_down
+                tracks[i].last_seen().is_some_and(|seen| seen.primary)
+                    && tracks[i].failed_streak() < self.policy.failures_before_down
             })
             .map(|i| NodeId(i as u32))
             .collect()
     }
 
-    /// Replicas the keeper may make synchronous: every other unfenced node that may be one,
-    /// by name.
-    fn eligible(&self, primary: usize) -> Vec<String> {
-        let members = members(&self.names, &self.nodes, &self.tracks);
-        sync_eligible(&self.state, &members, NodeId(primary as u32))
-    }
-
-    /// The proxy's keeper turn for the elected primary `e`, which just answered: what streams
-    /// from it (PostgreSQL lists a standby as streaming once it has caught up), the keeper's
-    /// step, and the set applied when the primary can be reached.
-    fn keeper_turn(&mut self, e: usize, tick: usize) {
-        let streaming: Vec<String> = (0..self.nodes.len())
+    /// The proxy's keeper turn on instance `k` for the elected primary `e`, which just
+    /// answered: what streams from it (PostgreSQL lists a standby as streaming once it has
+    /// caught up), the keeper's step, and the set applied when the primary can be reached.
+    fn keeper_turn(&mut self, k: usize, e: usize, now_ms: u64) {
+        let streaming: Vec<String> = (0..self.cluster.len())
             .filter(|&i| {
-                self.streams(i) && self.nodes[i].upstream == Some(e) && self.nodes[i].caught_up
+                self.cluster.streams(i)
+                    && self.cluster.nodes[i].upstream == Some(e)
+                    && self.cluster.nodes[i].caught_up
             })
-            .map(|i| self.names[i].clone())
+            .map(|i| self.cluster.names[i].clone())
             .collect();
-        let eligible = self.eligible(e);
+        let members = members(&self.cluster, &self.instances[k].tracks);
+        let eligible = sync_eligible(&self.instances[k].state, &members, NodeId(e as u32));
         let input = KeeperInput {
             durability: self.policy.durability,
             sync_standbys: self.sync_standbys,
             synchronous_commit: "on",
             primary: NodeId(e as u32),
-            primary_lsn: self.nodes[e].lsn,
+            primary_lsn: self.cluster.nodes[e].lsn,
             streaming: &streaming,
             eligible: &eligible,
-            now_ms: tick as u64 * TICK_MS,
+            now_ms,
         };
-        match self.keeper.turn(&self.state, &input) {
+        let instance = &mut self.instances[k];
+        match instance.keeper.turn(&instance.state, &input) {
             KeeperStep::Settled(changes) => {
                 for change in changes {
-                    self.change(change);
+                    instance.change(change);
                 }
             }
             KeeperStep::Apply {
                 before,
+                set,
                 after,
                 event,
-                ..
             } => {
                 for change in before {
-                    self.change(change);
+                    instance.change(change);
                 }
-                let primary = &self.nodes[e];
-                if primary.alive && !primary.cut_from_pgherd {
-                    for change in after {
-                        self.change(change);
-                    }
-                    self.trace.push(format!("tick {tick}: keeper: {}", event.1));
+                // As the proxy's keeper: the view is in etcd before the primary acknowledges
+                // under the new set.
+                let io = Io::SetSyncSet {
+                    node: e,
+                    set: set.clone(),
+                };
+                if self.agreed(k, &io, now_ms).is_err() || !self.cluster.reachable(e) {
+                    return;
                 }
+                self.cluster.nodes[e].sync_setting = Some(set);
+                let instance = &mut self.instances[k];
+                for change in after {
+                    instance.change(change);
+                }
+                self.trace
+                    .push(format!("  {}: keeper: {}", instance.name, event.1));
             }
         }
     }
 
     fn run(&mut self) -> Result<(), String> {
         for tick in 0..TICKS {
+            let tick_ms = tick as u64 * TICK_MS;
             if tick > 5 {
-                self.faults();
+                self.cluster.faults(&mut self.rng);
+                self.instance_faults(tick, tick_ms);
             }
-            let slow = self
-                .rng
-                .gen_bool(0.05)
-                .then(|| self.rng.gen_range(0..self.nodes.len()));
-            let views = self.observe(slow);
-            if let Some(e) = self.elected() {
-                if let Check::Primary { lsn, .. } = views[e].check {
-                    self.last_primary_lsn = Some(lsn);
-                    self.keeper_turn(e, tick);
-                }
-            }
-            let ids: Vec<(NodeId, &str)> = (0..self.nodes.len())
-                .map(|i| (NodeId(i as u32), self.names[i].as_str()))
+            // Each instance runs at its own moment within the period.
+            let mut order: Vec<(u64, usize)> = (0..self.instances.len())
+                .map(|k| (tick_ms + self.rng.gen_range(0..TICK_MS), k))
                 .collect();
-            let holders = sync_holders(&self.state, &ids, self.elected());
-            let view = View {
-                nodes: &views,
-                elected: self.elected(),
-                last_primary_lsn: self.last_primary_lsn,
-                synchronous: &holders.members,
-                sync_quorum: holders.quorum,
-                sync_since_lsn: holders.since_lsn,
-            };
-            let verdict = decide(&self.policy, &view);
-            self.trace
-                .push(format!("tick {tick}: {}", verdict.sentence(&view)));
-            self.check(&view, &verdict)?;
-            let target = self.state.write_target(self.primaries());
-            let written = self.traffic(target.map(|id| id.0 as usize));
-            if let Some(w) = written {
-                if Some(w) != self.elected() || self.fenced(w) {
-                    return Err(format!(
-                        "writes reached pg{} which is not the elected, unfenced primary",
-                        w + 1
-                    ));
+            order.sort_unstable();
+            for (now_ms, k) in order {
+                if !self.instances[k].runs(tick) {
+                    continue;
+                }
+                self.resume(k, now_ms);
+                self.dcs_turn(k, now_ms);
+                self.lease_gate(k, now_ms);
+                self.failover_turn(k, tick, now_ms)?;
+                let target = self.instances[k].state.write_target(self.primaries(k));
+                if let Some(p) = target.map(|id| id.0 as usize) {
+                    let instance = &self.instances[k];
+                    if Some(p) != instance.elected() || instance.fenced(p) {
+                        return Err(format!(
+                            "{} routed writes to pg{} which is not its elected, unfenced primary",
+                            instance.name,
+                            p + 1
+                        ));
+                    }
+                    if let Some(durable) = self.cluster.write(&mut self.rng, p) {
+                        self.written(p, k)?;
+                        self.acknowledged(p, durable)?;
+                    }
                 }
             }
-            self.apply(&verdict, &view);
-            self.care_for_fenced();
+            self.cluster.replicate(&mut self.rng);
         }
         Ok(())
+    }
+
+    /// A write reached node `p` through instance `k`: writes move on to newer histories only,
+    /// never back to a node another one has taken writes after (two primaries).
+    fn written(&mut self, p: usize, k: usize) -> Result<(), String> {
+        let timeline = self.cluster.nodes[p].timeline;
+        if let Some((node, on_timeline, through)) = &self.last_written {
+            if *node != p && timeline <= *on_timeline {
+                return Err(format!(
+                    "writes reached pg{} (timeline {timeline}) through {} after pg{} (timeline {on_timeline}) took writes through {through}: two primaries",
+                    p + 1,
+                    self.instances[k].name,
+                    node + 1,
+                ));
+            }
+        }
+        self.last_written = Some((p, timeline, self.instances[k].name.clone()));
+        Ok(())
+    }
+
+    /// Commits up to `durable` acknowledged on node `p`: they must extend the one history of
+    /// acknowledged commits, never go back to a node that history left.
+    fn acknowledged(&mut self, p: usize, durable: Lsn) -> Result<(), String> {
+        let timeline = self.cluster.nodes[p].timeline;
+        match self.acked_on {
+            Some((node, _)) if node == p => self.acked = self.acked.max(durable),
+            Some((node, on_timeline)) if timeline <= on_timeline && durable > 0 => {
+                return Err(format!(
+                    "commits acknowledged on pg{} (timeline {timeline}) after pg{} (timeline {on_timeline}) took them: two histories",
+                    p + 1,
+                    node + 1
+                ));
+            }
+            _ if durable > 0 => {
+                self.acked_on = Some((p, timeline));
+                self.acked = self.acked.max(durable);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// One turn of instance `k`'s failover task, if it may act: the keeper, the decision,
+    /// carrying it out, the care of fenced nodes.
+    fn failover_turn(&mut self, k: usize, tick: usize, now_ms: u64) -> Result<(), String> {
+        let views = self.observe(k);
+        if !self.may_act(k, now_ms) {
+            return Ok(());
+        }
+        if let Some(e) = self.instances[k].elected() {
+            if let Check::Primary { lsn, .. } = views[e].check {
+                self.instances[k].last_primary_lsn = Some(lsn);
+                self.keeper_turn(k, e, now_ms);
+            }
+        }
+        let ids: Vec<(NodeId, &str)> = (0..self.cluster.len())
+            .map(|i| (NodeId(i as u32), self.cluster.names[i].as_str()))
+            .collect();
+        let instance = &self.instances[k];
+        let holders = sync_holders(&instance.state, &ids, instance.elected());
+        let view = View {
+            nodes: &views,
+            elected: instance.elected(),
+            last_primary_lsn: instance.last_primary_lsn,
+            synchronous: &holders.members,
+            sync_quorum: holders.quorum,
+            sync_since_lsn: holders.since_lsn,
+        };
+        let verdict = decide(&self.policy, &view);
+        self.trace.push(format!(
+            "tick {tick}: {}: {}",
+            instance.name,
+            verdict.sentence(&view)
+        ));
+        self.check(&view, &verdict)?;
+        let members = members(&self.cluster, &instance.tracks);
+        if let Some(operation) = Operation::for_verdict(&verdict, &view, &members) {
+            self.carry_out(k, operation, None, now_ms);
+        }
+        self.care_for_fenced(k, now_ms);
+        Ok(())
+    }
+
+    /// Wakes an operation that stopped after agreeing to an IO: the IO runs now, late, and
+    /// the operation goes on (its next IO must be agreed again).
+    fn resume(&mut self, k: usize, now_ms: u64) {
+        if let Some((operation, io)) = self.instances[k].suspended.take() {
+            self.stats.late_io += 1;
+            self.trace.push(format!(
+                "  {} wakes and performs {io:?}",
+                self.instances[k].name
+            ));
+            let outcome = self.perform(k, &io);
+            self.carry_out(k, operation, Some(outcome), now_ms);
+        }
+    }
+
+    /// The verdict carried out as the proxy's failover task carries it out: the same
+    /// `control::Operation` steps, their changes applied to the view, each IO agreed first,
+    /// then performed on the model (where it fails as it would on real nodes that cannot be
+    /// reached).
+    fn carry_out(
+        &mut self,
+        k: usize,
+        mut operation: Operation,
+        mut outcome: Option<Outcome>,
+        now_ms: u64,
+    ) {
+        let elected_before = self.instances[k].state.elected;
+        loop {
+            let members = members(&self.cluster, &self.instances[k].tracks);
+            let step = operation.step(
+                outcome.take(),
+                &Context {
+                    state: &self.instances[k].state,
+                    members: &members,
+                    durability: self.policy.durability,
+                    sync_standbys: self.sync_standbys,
+                },
+            );
+            // As the proxy: an instance that lost the lead while an IO ran leaves the rest to
+            // the leader.
+            if !step.changes.is_empty() && !self.may_act(k, now_ms) {
+                self.trace.push(format!(
+                    "  {} no longer leads: the operation stops",
+                    self.instances[k].name
+                ));
+                return;
+            }
+            // As the proxy: a new primary is elected only by a view in etcd.
+            if ClusterState::elects(&step.changes) {
+                let next = self.instances[k].state.after_all(&step.changes);
+                if let Err(e) = self.recorded(k, &next, now_ms) {
+                    self.trace.push(format!("  not elected: {e}"));
+                    return;
+                }
+            }
+            for change in step.changes {
+                self.instances[k].change(change);
+            }
+            for event in step.events {
+                self.trace.push(format!(
+                    "  {} {} {}: {}",
+                    self.instances[k].name,
+                    event.kind,
+                    self.cluster.names[event.node],
+                    event.detail
+                ));
+            }
+            let Some(io) = step.io else { break };
+            if let Err(e) = self.agreed(k, &io, now_ms) {
+                outcome = Some(Outcome::Failed(e));
+                continue;
+            }
+            if self.dcs.is_some() && self.rng.gen_bool(0.02) {
+                // Stopped between agreeing and performing: the IO waits for the process.
+                let ticks = self.rng.gen_range(1..=8);
+                let tick = (now_ms / TICK_MS) as usize;
+                self.instances[k].stalled_until = tick + 1 + ticks;
+                self.instances[k].suspended = Some((operation, io));
+                return;
+            }
+            outcome = Some(self.perform(k, &io));
+        }
+        if let Err(e) = operation.finish() {
+            self.trace.push(format!("  operation failed: {e}"));
+        }
+        if self.instances[k].state.elected != elected_before {
+            self.instances[k].last_primary_lsn = None;
+        }
+    }
+
+    /// One IO of an operation, on the model: a node pgherd cannot reach cannot be
+    /// re-pointed, promoted or given a synchronous set.
+    fn perform(&mut self, k: usize, io: &Io) -> Outcome {
+        // Faults do not wait for an operation to end: the node an IO is for may crash or be
+        // cut off between the check that chose it and the IO.
+        let target = match *io {
+            Io::CutOff { node, .. } | Io::Promote { node } | Io::SetSyncSet { node, .. } => node,
+            Io::Repoint { follower, .. } => follower,
+        };
+        if self.rng.gen_bool(0.04) {
+            if self.rng.gen_bool(0.5) {
+                self.cluster.nodes[target].alive = false;
+            } else {
+                self.cluster.nodes[target].cut_from_pgherd = true;
+            }
+        }
+        let unreachable = |i: usize| Outcome::Failed(format!("pg{} does not answer", i + 1));
+        let outcome = match io {
+            Io::CutOff { .. } => Outcome::Done,
+            Io::Repoint { follower, primary } => {
+                let (follower, primary) = (*follower, *primary);
+                if !self.cluster.reachable(follower) {
+                    unreachable(follower)
+                } else {
+                    // The candidate's WAL stops growing once its primary is gone: a follower
+                    // holding more than it cannot follow it past its promotion.
+                    let nodes = &mut self.cluster.nodes;
+                    nodes[follower].diverged = nodes[follower].lsn > nodes[primary].lsn;
+                    nodes[follower].upstream = Some(primary);
+                    nodes[follower].caught_up = false;
+                    Outcome::Done
+                }
+            }
+            Io::Promote { node } => self.promote(k, *node),
+            Io::SetSyncSet { node, set } => {
+                if self.cluster.reachable(*node) {
+                    self.cluster.nodes[*node].sync_setting = Some(set.clone());
+                    Outcome::Done
+                } else {
+                    unreachable(*node)
+                }
+            }
+        };
+        if matches!(outcome, Outcome::Failed(_)) {
+            self.stats.failed_io[match io {
+                Io::Repoint { .. } => 0,
+                Io::Promote { .. } => 1,
+                _ => 2,
+            }] += 1;
+        }
+        outcome
+    }
+
+    fn promote(&mut self, k: usize, node: usize) -> Outcome {
+        if !self.cluster.reachable(node) || self.cluster.nodes[node].writable {
+            return Outcome::Failed(format!("pg{} does not answer", node + 1));
+        }
+        self.stats.promotions += 1;
+        let nodes = &mut self.cluster.nodes;
+        let new_timeline = nodes.iter().map(|n| n.timeline).max().unwrap_or(1) + 1;
+        let c = &mut nodes[node];
+        // Promotion replays everything the candidate holds first.
+        c.replayed = c.lsn;
+        c.reported_received = c.lsn;
+        c.writable = true;
+        c.timeline = new_timeline;
+        c.upstream = None;
+        let lsn = c.lsn;
+        self.acked = self.acked.min(lsn);
+        // The proxy checks the node after pg_promote() and records what it saw.
+        self.instances[k].tracks[node].saw(Sighting {
+            primary: true,
+            timeline: new_timeline,
+            lsn,
+            received_lsn: 0,
+            upstream_alive: false,
+        });
+        Outcome::Promoted { received_lsn: lsn }
+    }
+
+    /// The proxy's care of fenced nodes (`pgherd_failover::fenced`, with `auto_rejoin` on
+    /// managed nodes): one that answers is sealed (SQL on it, so it must be reachable), then
+    /// rejoined; a rejoin ends after a while (pg_rewind) with the node following the elected
+    /// primary and unfenced, as the proxy's rejoin does, or fails if that primary cannot be
+    /// reached then, and is tried again after the care's backoff.
+    fn care_for_fenced(&mut self, k: usize, now_ms: u64) {
+        let instance = &self.instances[k];
+        let nodes: Vec<FencedNode> = (0..self.cluster.len())
+            .map(|i| FencedNode {
+                id: NodeId(i as u32),
+                answers: instance.tracks[i].failed_streak() == 0
+                    && instance.tracks[i].last_seen().is_some(),
+                rejoining: self.cluster.nodes[i].rejoining,
+            })
+            .collect();
+        let state = instance.state.clone();
+        let care = &mut self.instances[k].fenced_care;
+        for id in care.to_seal(&state, &nodes) {
+            if self.cluster.reachable(id.0 as usize) && care.sealed(id, true, true) {
+                self.cluster.nodes[id.0 as usize].rejoining = true;
+            }
+        }
+        for id in care.to_retry(&state, &nodes, now_ms) {
+            self.cluster.nodes[id.0 as usize].rejoining = true;
+        }
+        let Some(primary) = self.instances[k].elected() else {
+            return;
+        };
+        for i in 0..self.cluster.len() {
+            let node = &self.cluster.nodes[i];
+            // The rejoin works on the node's host (a stopped node is started).
+            if !node.rejoining || node.cut_from_pgherd || !self.rng.gen_bool(0.2) {
+                continue;
+            }
+            let upstream = &self.cluster.nodes[primary];
+            if !upstream.alive || !upstream.writable || upstream.cut_from_cluster {
+                self.cluster.nodes[i].rejoining = false;
+                let id = NodeId(i as u32);
+                self.instances[k].fenced_care.rejoin_failed(id, now_ms);
+                self.stats.failed_rejoins += 1;
+                continue;
+            }
+            let (primary_lsn, primary_timeline) = (upstream.lsn, upstream.timeline);
+            let node = &mut self.cluster.nodes[i];
+            node.alive = true;
+            node.writable = false;
+            node.lsn = node.lsn.min(primary_lsn);
+            node.replayed = node.lsn;
+            node.reported_received = node.lsn;
+            node.upstream = Some(primary);
+            node.timeline = primary_timeline;
+            node.caught_up = false;
+            node.diverged = false;
+            node.rejoining = false;
+            node.sync_setting = None;
+            self.instances[k].change(Change::Unfence(NodeId(i as u32)));
+        }
     }
 
     /// Invariants on a decision, checked against the truth.
@@ -407,9 +860,10 @@ impl Sim {
             return Ok(());
         };
         let (candidate, old) = (*candidate, *old);
+        let nodes = &self.cluster.nodes;
         for (i, node) in view.nodes.iter().enumerate() {
             let answers = node.check != Check::Failed;
-            if i != old && answers && self.streams(i) && self.nodes[i].upstream == Some(old) {
+            if i != old && answers && self.cluster.streams(i) && nodes[i].upstream == Some(old) {
                 return Err(format!(
                     "promoted pg{} while pg{} still streams from pg{}",
                     candidate + 1,
@@ -454,192 +908,47 @@ impl Sim {
                     candidate + 1
                 ));
             }
-            if self.nodes[candidate].lsn < self.acked {
+            if nodes[candidate].lsn < self.acked {
                 return Err(format!(
                     "sync mode promoted pg{} at {} but {} was acknowledged: writes lost",
                     candidate + 1,
-                    self.nodes[candidate].lsn,
+                    nodes[candidate].lsn,
                     self.acked
                 ));
             }
         }
         Ok(())
     }
+}
 
-    /// The verdict carried out as the proxy's failover task carries it out: the same
-    /// `control::Operation` steps, their changes applied to the view, their IO performed on
-    /// the model (where it fails as it would on real nodes that cannot be reached).
-    fn apply(&mut self, verdict: &Verdict, view: &View) {
-        let names = self.names.clone();
-        let members = members(&names, &self.nodes, &self.tracks);
-        let Some(mut operation) = Operation::for_verdict(verdict, view, &members) else {
-            return;
-        };
-        let elected_before = self.state.elected;
-        let mut outcome = None;
-        loop {
-            let step = operation.step(
-                outcome.take(),
-                &Context {
-                    state: &self.state,
-                    members: &members,
-                    durability: self.policy.durability,
-                    sync_standbys: self.sync_standbys,
-                },
-            );
-            for change in step.changes {
-                self.change(change);
-            }
-            for event in step.events {
-                self.trace.push(format!(
-                    "  {} {}: {}",
-                    event.kind, names[event.node], event.detail
-                ));
-            }
-            let Some(io) = step.io else { break };
-            let result = self.perform(&io);
-            if matches!(result, Outcome::Failed(_)) {
-                self.failed_io[match io {
-                    Io::Repoint { .. } => 0,
-                    Io::Promote { .. } => 1,
-                    _ => 2,
-                }] += 1;
-            }
-            outcome = Some(result);
-        }
-        if let Err(e) = operation.finish() {
-            self.trace.push(format!("operation failed: {e}"));
-        }
-        if self.state.elected != elected_before {
-            self.last_primary_lsn = None;
-        }
-    }
-
-    /// One IO of an operation, on the model: a node pgherd cannot reach cannot be
-    /// re-pointed, promoted or given a synchronous set.
-    fn perform(&mut self, io: &Io) -> Outcome {
-        // Faults do not wait for an operation to end: the node an IO is for may crash or be
-        // cut off between the check that chose it and the IO.
-        let target = match *io {
-            Io::CutOff { node, .. } | Io::Promote { node } | Io::SetSyncSet { node, .. } => node,
-            Io::Repoint { follower, .. } => follower,
-        };
-        if self.rng.gen_bool(0.04) {
-            if self.rng.gen_bool(0.5) {
-                self.nodes[target].alive = false;
-            } else {
-                self.nodes[target].cut_from_pgherd = true;
-            }
-        }
-        let reachable = |n: &SimNode| n.alive && !n.cut_from_pgherd;
-        let unreachable = |i: usize| Outcome::Failed(format!("pg{} does not answer", i + 1));
-        match *io {
-            Io::CutOff { .. } => Outcome::Done,
-            Io::Repoint { follower, primary } => {
-                if !reachable(&self.nodes[follower]) {
-                    return unreachable(follower);
-                }
-                // The candidate's WAL stops growing once its primary is gone: a follower
-                // holding more than it cannot follow it past its promotion.
-                self.nodes[follower].diverged = self.nodes[follower].lsn > self.nodes[primary].lsn;
-                self.nodes[follower].upstream = Some(primary);
-                self.nodes[follower].caught_up = false;
-                Outcome::Done
-            }
-            Io::Promote { node } => {
-                if !reachable(&self.nodes[node]) || self.nodes[node].writable {
-                    return unreachable(node);
-                }
-                self.promotions += 1;
-                let new_timeline = self.nodes.iter().map(|n| n.timeline).max().unwrap_or(1) + 1;
-                let c = &mut self.nodes[node];
-                // Promotion replays everything the candidate holds first.
-                c.replayed = c.lsn;
-                c.reported_received = c.lsn;
-                c.writable = true;
-                c.timeline = new_timeline;
-                c.upstream = None;
-                let lsn = c.lsn;
-                self.acked = self.acked.min(lsn);
-                // The proxy checks the node after pg_promote() and records what it saw.
-                self.tracks[node].saw(Sighting {
-                    primary: true,
-                    timeline: new_timeline,
-                    lsn,
-                    received_lsn: 0,
-                    upstream_alive: false,
-                });
-                Outcome::Promoted { received_lsn: lsn }
-            }
-            Io::SetSyncSet { node, .. } => {
-                if reachable(&self.nodes[node]) {
-                    Outcome::Done
-                } else {
-                    unreachable(node)
-                }
-            }
-        }
-    }
-
-    /// The proxy's care of fenced nodes (`pgherd_failover::fenced`, with `auto_rejoin` on
-    /// managed nodes): one that answers is sealed (SQL on it, so it must be reachable), then
-    /// rejoined; a rejoin ends after a while (pg_rewind) with the node following the elected
-    /// primary and unfenced, as the proxy's rejoin does.
-    fn care_for_fenced(&mut self) {
-        let nodes: Vec<FencedNode> = (0..self.nodes.len())
-            .map(|i| FencedNode {
-                id: NodeId(i as u32),
-                answers: self.tracks[i].failed_streak() == 0
-                    && self.tracks[i].last_seen().is_some(),
-                rejoining: self.nodes[i].rejoining,
-            })
-            .collect();
-        for id in self.fenced_care.to_seal(&self.state, &nodes) {
-            let node = &self.nodes[id.0 as usize];
-            if node.alive && !node.cut_from_pgherd && self.fenced_care.sealed(id, true, true) {
-                self.nodes[id.0 as usize].rejoining = true;
-            }
-        }
-        let Some(primary) = self.elected() else {
-            return;
-        };
-        for i in 0..self.nodes.len() {
-            let node = &self.nodes[i];
-            if node.rejoining && node.alive && !node.cut_from_pgherd && self.rng.gen_bool(0.2) {
-                let primary_lsn = self.nodes[primary].lsn;
-                let primary_timeline = self.nodes[primary].timeline;
-                let node = &mut self.nodes[i];
-                node.writable = false;
-                node.lsn = node.lsn.min(primary_lsn);
-                node.replayed = node.lsn;
-                node.reported_received = node.lsn;
-                node.upstream = Some(primary);
-                node.timeline = primary_timeline;
-                node.caught_up = false;
-                node.diverged = false;
-                node.rejoining = false;
-                self.change(Change::Unfence(NodeId(i as u32)));
-            }
-        }
-    }
+/// A view in a few words, for the trace.
+fn describe(state: &ClusterState) -> String {
+    format!(
+        "epoch {} version {} elected {:?} promoting {:?} fenced {:?}",
+        state.epoch,
+        state.version,
+        state.elected.map(|n| n.0 + 1),
+        state.promoting.map(|n| n.0 + 1),
+        state.fenced.iter().map(|n| n.0 + 1).collect::<Vec<_>>()
+    )
 }
 
 /// The nodes as the control steps need them (as the proxy's `failover::members` does).
-fn members<'a>(names: &'a [String], nodes: &[SimNode], tracks: &[Track]) -> Vec<Member<'a>> {
-    (0..nodes.len())
+fn members<'a>(cluster: &'a Cluster, tracks: &[Track]) -> Vec<Member<'a>> {
+    (0..cluster.len())
         .map(|i| Member {
             id: NodeId(i as u32),
-            name: &names[i],
-            may_be_sync: nodes[i].may_be_sync,
+            name: &cluster.names[i],
+            may_be_sync: cluster.nodes[i].may_be_sync,
             received_lsn: tracks[i].received_lsn(),
         })
         .collect()
 }
 
-fn run_seed(seed: u64) -> Result<(usize, [usize; 3]), (String, Vec<String>)> {
+fn run_seed(seed: u64) -> Result<(Stats, bool), (String, Vec<String>)> {
     let mut sim = Sim::new(seed);
     match sim.run() {
-        Ok(()) => Ok((sim.promotions, sim.failed_io)),
+        Ok(()) => Ok((sim.stats, sim.dcs.is_some())),
         Err(e) => Err((e, sim.trace)),
     }
 }
@@ -655,40 +964,59 @@ fn invariants_hold_over_seeded_fault_schedules() {
             .unwrap_or(SEEDS))
             .collect(),
     };
-    let mut promotions = 0;
-    let mut failed_io = [0; 3];
+    let mut total = Stats::default();
+    let mut with_instances = 0;
     for &seed in &seeds {
         match run_seed(seed) {
-            Ok((p, failed)) => {
-                promotions += p;
-                for (total, f) in failed_io.iter_mut().zip(failed) {
-                    *total += f;
-                }
+            Ok((stats, several)) => {
+                total.add(&stats);
+                with_instances += usize::from(several);
             }
             Err((e, trace)) => {
-                let tail = trace[trace.len().saturating_sub(15)..].join("\n");
+                let tail = trace[trace.len().saturating_sub(200)..].join("\n");
                 panic!("seed {seed}: {e}\nlast decisions:\n{tail}\nreplay: PGHERD_SIM_SEED={seed} cargo test -p pgherd-failover --test simulation");
             }
         }
     }
     eprintln!(
-        "{} seeds: {promotions} promotions; failed re-points {}, promotions {}, synchronous sets {}",
+        "{} seeds ({with_instances} with several instances): {} promotions; failed re-points {}, promotions {}, synchronous sets {}, rejoins {}; IO refused without the lease {}, leader keys taken {}, IO performed late after a stall {}, promotions held back for a lagging instance {}",
         seeds.len(),
-        failed_io[0],
-        failed_io[1],
-        failed_io[2]
+        total.promotions,
+        total.failed_io[0],
+        total.failed_io[1],
+        total.failed_io[2],
+        total.failed_rejoins,
+        total.refused_without_lease,
+        total.leaderships,
+        total.late_io,
+        total.waited_for_lagging,
     );
-    // The schedules must actually exercise failover, and its failure paths, or the invariants
-    // prove nothing.
+    // The schedules must actually exercise failover, its failure paths and the agreement's,
+    // or the invariants prove nothing.
     if seeds.len() > 1 {
+        let exercised = [
+            ("failed re-point", total.failed_io[0]),
+            ("failed promotion", total.failed_io[1]),
+            ("failed synchronous set", total.failed_io[2]),
+            ("failed rejoin", total.failed_rejoins),
+            ("IO refused without the lease", total.refused_without_lease),
+            (
+                "leader key taken after another",
+                total.leaderships.saturating_sub(with_instances),
+            ),
+            ("IO performed late after a stall", total.late_io),
+            (
+                "promotion held back for a lagging instance",
+                total.waited_for_lagging,
+            ),
+        ];
+        for (what, count) in exercised {
+            assert!(count > 0, "no {what} over {} seeds", seeds.len());
+        }
         assert!(
-            failed_io.iter().all(|&f| f > 0),
-            "no failed re-point, promotion or synchronous set over {} seeds: {failed_io:?}",
-            seeds.len()
-        );
-        assert!(
-            promotions > seeds.len() / 2,
-            "only {promotions} promotions over {} seeds",
+            total.promotions > seeds.len() / 2,
+            "only {} promotions over {} seeds",
+            total.promotions,
             seeds.len()
         );
     }

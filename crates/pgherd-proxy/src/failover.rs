@@ -18,7 +18,7 @@ use pgherd_failover::fenced::{FencedCare, FencedNode};
 use pgherd_failover::keeper::{
     sync_eligible, sync_holders, KeeperInput, KeeperStep, SyncHolders, SyncKeeper as PureKeeper,
 };
-use pgherd_failover::{decide, ClusterState, NodeView, Policy, SyncSet, Verdict, View};
+use pgherd_failover::{decide, ClusterState, NodeId, NodeView, Policy, SyncSet, Verdict, View};
 
 use crate::app::App;
 use crate::monitor::{check_once, management_connection};
@@ -30,7 +30,10 @@ use crate::pool::ConnectContext;
 pub async fn run(app: Arc<App>) {
     let mut stop = app.shutdown_signal();
     let mut last_sentence = String::new();
-    let mut fenced_care = FencedCare::default();
+    let fenced_care = Arc::new(SharedCare {
+        care: parking_lot::Mutex::new(FencedCare::default()),
+        clock: std::time::Instant::now(),
+    });
     let mut keeper = KeeperShell::new();
     // The first turn runs at once: writes wait for the synchronous standby set, and the
     // initial node check has just given this task what it needs to put the set in force.
@@ -64,7 +67,7 @@ pub async fn run(app: Arc<App>) {
         if config.failover.enabled {
             decide_and_act(&app, &config, &nodes, &mut last_sentence).await;
         }
-        seal_fenced(&app, &config, &nodes, &mut fenced_care).await;
+        seal_fenced(&app, &config, &nodes, &fenced_care).await;
         // After the decision, so a primary elected in this turn gets its synchronous standbys
         // (and takes writes) now rather than a period later.
         if let Some(primary) = app
@@ -115,6 +118,19 @@ async fn decide_and_act(
     }
 }
 
+/// The care of fenced nodes, shared with the rejoins it starts in the background (which tell
+/// it when they fail), and the clock its retry times count from.
+struct SharedCare {
+    care: parking_lot::Mutex<FencedCare>,
+    clock: std::time::Instant,
+}
+
+impl SharedCare {
+    fn now_ms(&self) -> u64 {
+        self.clock.elapsed().as_millis() as u64
+    }
+}
+
 /// Makes fenced nodes that answer again (a replaced primary restarted) refuse writes, and
 /// rejoins them when configured (`pgherd_failover::fenced` decides which). Whoever fenced them
 /// (failover, `PROMOTE`), and whether failover is on or not.
@@ -122,7 +138,7 @@ async fn seal_fenced(
     app: &Arc<App>,
     config: &Config,
     nodes: &[Arc<NodeState>],
-    care: &mut FencedCare,
+    shared: &Arc<SharedCare>,
 ) {
     let state = app.nodes.view();
     let fenced: Vec<FencedNode> = nodes
@@ -133,7 +149,8 @@ async fn seal_fenced(
             rejoining: n.is_rejoining(),
         })
         .collect();
-    for id in care.to_seal(&state, &fenced) {
+    let to_seal = shared.care.lock().to_seal(&state, &fenced);
+    for id in to_seal {
         let Some(node) = nodes.iter().find(|n| n.id == id) else {
             continue;
         };
@@ -146,20 +163,37 @@ async fn seal_fenced(
             node.name(),
             "set read-only (default_transaction_read_only) and its client sessions ended",
         );
-        if care.sealed(
+        let rejoin = shared.care.lock().sealed(
             id,
             config.failover.auto_rejoin,
             node.config.data_dir.is_some(),
-        ) {
-            // In the background: rewinding can take a while and failover must go on.
-            let (app, name) = (app.clone(), node.name().to_owned());
-            tokio::spawn(async move {
-                if let Err(e) = crate::rejoin::rejoin(&app, &name).await {
-                    tracing::error!(node = %name, error = %e.message, "automatic rejoin failed; the node stays fenced (REJOIN retries)");
-                }
-            });
+        );
+        if rejoin {
+            rejoin_in_background(app, shared, id, node.name());
         }
     }
+    let due = shared
+        .care
+        .lock()
+        .to_retry(&state, &fenced, shared.now_ms());
+    for id in due {
+        if let Some(node) = nodes.iter().find(|n| n.id == id) {
+            tracing::info!(node = node.name(), "rejoining again after a failed rejoin");
+            rejoin_in_background(app, shared, id, node.name());
+        }
+    }
+}
+
+/// Rejoins a fenced node in the background (rewinding can take a while and failover must go
+/// on); a failure is told to the care, which tries again later.
+fn rejoin_in_background(app: &Arc<App>, shared: &Arc<SharedCare>, id: NodeId, name: &str) {
+    let (app, name, shared) = (app.clone(), name.to_owned(), shared.clone());
+    tokio::spawn(async move {
+        if let Err(e) = crate::rejoin::rejoin(&app, &name).await {
+            let wait_ms = shared.care.lock().rejoin_failed(id, shared.now_ms());
+            tracing::error!(node = %name, error = %e.message, retry_in_ms = wait_ms, "automatic rejoin failed; the node stays fenced and is rejoined again later (or by REJOIN)");
+        }
+    });
 }
 
 pub(crate) fn policy(config: &Config) -> Policy {
@@ -277,6 +311,12 @@ impl KeeperShell {
             } => {
                 for change in before {
                     app.nodes.change(change);
+                }
+                // A successor must know which sets may be in force (a set emptied while no
+                // standby streams, above all) before the primary acknowledges under it.
+                if let Err(e) = recorded(app, &app.nodes.view()).await {
+                    tracing::warn!(node = primary.name(), error = %e, "synchronous standbys not changed: the view could not be recorded in etcd");
+                    return;
                 }
                 if let Err(e) = apply_sync_set(app, config, primary, &set).await {
                     tracing::warn!(node = primary.name(), error = %e, "cannot set the synchronous standbys; trying again at the next check");
@@ -402,6 +442,21 @@ pub(crate) async fn carry_out(
                 },
             )
         };
+        // An instance that lost the lead while an IO ran (stopped, cut off from etcd) leaves
+        // the rest to the leader: its changes would be a view no leader wrote.
+        if !step.changes.is_empty() && !app.may_act() {
+            tracing::error!("this instance no longer leads the cluster: the operation stops here, the leader decides again");
+            return Err("this instance no longer leads the cluster".to_owned());
+        }
+        // Writes go to a new primary only by a view in etcd: a successor must know of the
+        // commits it takes, or it would fence it and rewind them away.
+        if ClusterState::elects(&step.changes) {
+            let next = app.nodes.view().after_all(&step.changes);
+            if let Err(e) = recorded(app, &next).await {
+                tracing::error!(error = %e, "the new primary is not elected: the view could not be recorded in etcd; the leader decides again");
+                return Err(e);
+            }
+        }
         for change in step.changes {
             app.nodes.change(change);
         }
@@ -428,22 +483,36 @@ pub(crate) async fn carry_out(
 
 /// With several instances, the view that led to an IO on a node is in etcd before the IO
 /// runs, so an instance that takes over knows of it (a promotion under way, a fenced
-/// primary); an instance that lost the lead does nothing. Cutting a node off pgherd's own
-/// traffic needs no agreement.
+/// primary); an instance that lost the lead does nothing. Before a promotion, every other
+/// instance that holds a lease routes by that view too, so none sends writes to the old
+/// primary any more (`pgherd_failover::agreement`). Cutting a node off pgherd's own traffic
+/// needs no agreement.
 async fn agreed(app: &App, io: &Io) -> Result<(), String> {
-    let Some(dcs) = &app.dcs else {
-        return Ok(());
-    };
     if matches!(io, Io::CutOff { .. }) {
         return Ok(());
     }
+    recorded(app, &app.nodes.view()).await?;
+    match (&app.dcs, io) {
+        (Some(dcs), Io::Promote { .. }) => dcs
+            .await_followers(app.nodes.view().version)
+            .await
+            .map_err(|e| e.to_string()),
+        _ => Ok(()),
+    }
+}
+
+/// With several instances: this one still leads, and `state` is the view in etcd.
+async fn recorded(app: &App, state: &ClusterState) -> Result<(), String> {
+    let Some(dcs) = &app.dcs else {
+        return Ok(());
+    };
     if !dcs.is_leader() {
         return Err(format!(
             "{} does not lead the cluster any more",
             dcs.instance
         ));
     }
-    dcs.publish(app).await.map_err(|e| e.to_string())
+    dcs.publish(app, state).await.map_err(|e| e.to_string())
 }
 
 /// One IO of an operation, on the real nodes.

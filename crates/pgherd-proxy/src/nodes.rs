@@ -203,7 +203,15 @@ impl Nodes {
             Change::Forget(id) => format!("{} left the config", name(id)),
             Change::AwaitView(true) => "waiting for the leader's view from etcd".to_owned(),
             Change::AwaitView(false) => "this instance leads: its view is the cluster's".to_owned(),
+            Change::LeaseLapsed(true) => {
+                "etcd out of reach beyond the lease: writes wait".to_owned()
+            }
+            Change::LeaseLapsed(false) => "the lease is valid again".to_owned(),
             Change::Adopt(view) => format!(
+                "the previous leader's view taken over (epoch {}, version {})",
+                view.epoch, view.version
+            ),
+            Change::Follow(view) => format!(
                 "the leader's view adopted (epoch {}, version {})",
                 view.epoch, view.version
             ),
@@ -450,12 +458,12 @@ mod tests {
         let leaders = ClusterState::default()
             .apply(&Change::Detach(node.id))
             .unwrap();
-        assert!(nodes.change(Change::Adopt(Box::new(leaders.clone()))));
+        assert!(nodes.change(Change::Follow(Box::new(leaders.clone()))));
         assert!(!node.in_read_set(), "detached by the leader");
         nodes.record(&node, seen(Role::Replica));
         nodes.record(&node, seen(Role::Replica));
         let attached = leaders.apply(&Change::Attach(node.id)).unwrap();
-        assert!(nodes.change(Change::Adopt(Box::new(attached))));
+        assert!(nodes.change(Change::Follow(Box::new(attached))));
         assert!(
             !node.in_read_set(),
             "attached: back only after healthy checks"

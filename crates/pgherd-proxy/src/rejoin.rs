@@ -70,6 +70,12 @@ async fn run(
     // No traffic while it changes; it stays fenced if anything below fails.
     app.nodes.change(Change::Fence(node.id));
     app.drop_idle_connections(node);
+    // The primary first: if it cannot be reached, the node is left running as it is.
+    create_slot(&config.cluster, &ctx, primary, node.name()).await?;
+    // pg_rewind reads the source's timeline from its control file, which a just-promoted
+    // primary updates only at its next checkpoint: without one, rewind sees the same
+    // timeline and changes nothing.
+    run_sql(primary, &config.cluster, &ctx, "CHECKPOINT").await?;
     let stopping = local.clone();
     blocking(move || {
         if stopping.is_running() {
@@ -81,11 +87,6 @@ async fn run(
     .await?;
     app.nodes.mark_stopped(node, "stopped to rejoin");
     steps.push(format!("{} stopped", node.name()));
-    create_slot(&config.cluster, &ctx, primary, node.name()).await?;
-    // pg_rewind reads the source's timeline from its control file, which a just-promoted
-    // primary updates only at its next checkpoint: without one, rewind sees the same
-    // timeline and changes nothing.
-    run_sql(primary, &config.cluster, &ctx, "CHECKPOINT").await?;
     // pg_rewind reads the source as pgherd's own user (it needs more than replication); the
     // standby then streams as the replication role.
     let source = format!(

@@ -1,7 +1,7 @@
 //! Several pgherd instances in front of one cluster, agreeing through a real etcd: one leader
 //! acts (fails over once), the others route by its view and refuse operator actions; the
-//! leader killed, another takes over and acts; etcd gone, nobody fails over while routing to
-//! a live primary goes on, and with etcd back the cluster recovers.
+//! leader killed, another takes over and acts; etcd gone, writes go on within the lease and
+//! wait beyond it, nobody fails over, and with etcd back the cluster recovers.
 
 mod common;
 
@@ -352,7 +352,7 @@ async fn one_leader_fails_over_the_others_follow_and_a_new_leader_takes_over() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_etcd_nobody_fails_over_and_routing_to_a_live_primary_goes_on() {
+async fn without_etcd_writes_go_on_within_the_lease_and_nobody_fails_over() {
     let mut etcd = TestEtcd::start();
     let mut instances = start(1, &etcd);
     let Instances { a, b, cluster } = &mut instances;
@@ -371,8 +371,17 @@ async fn without_etcd_nobody_fails_over_and_routing_to_a_live_primary_goes_on() 
             .await
             .expect("write with etcd down");
     }
-    // Beyond the lease, nobody may act: a dead primary is not replaced.
+    // Beyond the lease, nobody may act, and writes are refused (a client of several instances
+    // moves on to one with a lease): another instance, cut off from these two but not from
+    // etcd, could be replacing the primary.
     tokio::time::sleep(Duration::from_secs(LEASE_TTL_S + 1)).await;
+    for pgherd in [&*a, &*b] {
+        let row = rows(&admin(pgherd).await, "SHOW CLUSTER").await.unwrap();
+        assert_eq!(field(&row[0], "write_gate"), "refused", "{row:?}");
+        assert_eq!(field(&row[0], "gate_reason"), "no_lease", "{row:?}");
+        let refused = insert(pgherd, 12, "no lease").await.unwrap_err();
+        assert!(refused.starts_with("25006"), "{refused}");
+    }
     cluster.wait_replayed();
     cluster
         .node("pg1")
@@ -383,8 +392,9 @@ async fn without_etcd_nobody_fails_over_and_routing_to_a_live_primary_goes_on() 
         primaries(cluster, &["pg2"]).is_empty(),
         "pg2 was promoted without a lease"
     );
+    // Still without a lease: refused as such, before anything is said about the primary.
     let refused = insert(a, 20, "no primary").await.unwrap_err();
-    assert!(refused.starts_with("08006"), "{refused}");
+    assert!(refused.starts_with("25006"), "{refused}");
 
     // etcd is back: an instance leads again and fails over.
     etcd.restart();

@@ -20,7 +20,7 @@ use etcd_client::{
 };
 use parking_lot::Mutex;
 use pgherd_config::DcsSettings;
-use pgherd_failover::Change;
+use pgherd_failover::{agreement, Change, ClusterState};
 use pgherd_wire::{PgError, SqlState};
 
 use crate::app::App;
@@ -40,12 +40,16 @@ pub struct Status {
     pub reachable: bool,
     /// The leader's instance name as last read.
     pub leader: Option<String>,
-    /// This instance leads until then: its lease's expiry as last renewed, less the time one
-    /// renewal may take, so it stops acting before another instance can take over.
-    leading_until: Option<Instant>,
+    /// This instance may act until then (milliseconds on [`Dcs::now_ms`]'s clock):
+    /// [`agreement::leading_until_ms`].
+    leading_until_ms: Option<u64>,
     pub last_error: Option<String>,
     /// The lease of the current (or last) session with etcd.
     pub lease: Option<i64>,
+    /// When that lease runs out unless renewed, as this instance counts it ([`Dcs::now_ms`]).
+    lease_until_ms: u64,
+    /// The version of the leader's view this instance routes by, as its record says.
+    routed_version: Option<u64>,
     /// The instances registered under `/<scope>/instances/`, as last read.
     pub instances: Vec<InstanceRecord>,
 }
@@ -57,6 +61,10 @@ pub struct InstanceRecord {
     pub listen: Vec<String>,
     pub api: Vec<String>,
     pub pid: u32,
+    /// The version of the leader's view it routes by: before a promotion the leader waits
+    /// until no instance with a lease routes by an older one.
+    #[serde(default)]
+    pub version: u64,
 }
 
 /// This instance's side of the agreement.
@@ -70,6 +78,8 @@ pub struct Dcs {
     /// The lease of the last session: the next session keeps it if etcd still has it, so a
     /// short outage (etcd restarting, a connection lost) does not hand the leadership over.
     last_lease: Mutex<Option<i64>>,
+    /// The origin of the agreement's times.
+    clock: Instant,
 }
 
 /// Why a request to etcd failed.
@@ -87,6 +97,8 @@ pub enum DcsError {
     NotLeader,
     #[error("the shared view cannot be read: {0}")]
     BadView(String),
+    #[error("instances {0} still route by an older view of the cluster")]
+    Lagging(String),
 }
 
 impl Dcs {
@@ -103,6 +115,7 @@ impl Dcs {
             status: Mutex::new(Status::default()),
             session: tokio::sync::Mutex::new(None),
             last_lease: Mutex::new(None),
+            clock: Instant::now(),
         }
     }
 
@@ -112,11 +125,16 @@ impl Dcs {
 
     /// This instance may act for the cluster now.
     pub fn is_leader(&self) -> bool {
-        let status = self.status.lock();
-        status.leader.as_deref() == Some(self.instance.as_str())
-            && status
-                .leading_until
-                .is_some_and(|until| Instant::now() < until)
+        let leading_until_ms = self.status.lock().leading_until_ms;
+        agreement::may_act(leading_until_ms, self.now_ms())
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.ms(Instant::now())
+    }
+
+    fn ms(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.clock).as_millis() as u64
     }
 
     fn key(&self, name: &str) -> String {
@@ -157,7 +175,7 @@ impl Dcs {
 
     /// Writes this instance's view as the shared one, if it still holds the leader key with
     /// its lease; otherwise it is not the leader and says so.
-    pub async fn publish(&self, app: &App) -> Result<(), DcsError> {
+    pub async fn publish(&self, app: &App, state: &ClusterState) -> Result<(), DcsError> {
         let session = self.session.lock().await;
         let Some((client, lease)) = session.as_ref() else {
             return Err(DcsError::NotLeader);
@@ -165,7 +183,7 @@ impl Dcs {
         let mut client = client.clone();
         let lease = *lease;
         drop(session);
-        self.publish_with(&mut client, lease, app).await
+        self.publish_with(&mut client, lease, app, state).await
     }
 
     async fn publish_with(
@@ -173,9 +191,9 @@ impl Dcs {
         client: &mut Client,
         lease: i64,
         app: &App,
+        state: &ClusterState,
     ) -> Result<(), DcsError> {
-        let view = app.nodes.view();
-        let shared = SharedView::of(&view, &self.instance, lease, |id| app.nodes.name_of(id));
+        let shared = SharedView::of(state, &self.instance, lease, |id| app.nodes.name_of(id));
         let json = serde_json::to_string(&shared).map_err(|e| DcsError::BadView(e.to_string()))?;
         let leader_key = self.key("leader");
         let txn = Txn::new()
@@ -192,12 +210,74 @@ impl Dcs {
         }
     }
 
-    /// Adopts the shared view unless it is this instance's own or from an older epoch.
-    fn adopt(&self, app: &App, shared: &SharedView) -> Result<(), DcsError> {
-        let state = shared
-            .state(|name| app.nodes.get(name).map(|n| n.id))
-            .map_err(DcsError::BadView)?;
-        app.nodes.change(Change::Adopt(Box::new(state)));
+    /// Waits until every other instance that holds a lease routes by view `version` or a
+    /// newer one (they read the view every [`SYNC_PERIOD`]); one that cannot reach etcd loses
+    /// its lease, and its record, within the TTL, having stopped routing writes before that.
+    pub async fn await_followers(&self, version: u64) -> Result<(), DcsError> {
+        let session = self.session.lock().await;
+        let Some((client, _)) = session.as_ref() else {
+            return Err(DcsError::NotLeader);
+        };
+        let mut client = client.clone();
+        drop(session);
+        let deadline =
+            Instant::now() + Duration::from_secs(self.settings.lease_ttl_s) + self.timeout();
+        loop {
+            let records = list_instances(self, &mut client).await?;
+            let lagging: Vec<String> = records
+                .iter()
+                .filter(|r| r.instance != self.instance && r.version < version)
+                .map(|r| r.instance.clone())
+                .collect();
+            if agreement::may_promote(lagging.len()) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(DcsError::Lagging(lagging.join(", ")));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Closes the write gate (`no_lease`) once this instance's lease may have run out, and
+    /// opens it when it is valid again.
+    fn watch_lease(&self, app: &App) {
+        let lease_until_ms = self.status.lock().lease_until_ms;
+        let lapsed = !agreement::may_route_writes(
+            lease_until_ms,
+            self.settings.request_timeout_ms,
+            self.now_ms(),
+        );
+        if lapsed != app.nodes.view().lease_lapsed {
+            if lapsed {
+                tracing::warn!(instance = %self.instance, "etcd out of reach for longer than the lease: writes wait until it answers");
+            }
+            app.nodes.change(Change::LeaseLapsed(lapsed));
+        }
+    }
+
+    /// Takes the shared view as [`agreement::adoption`] says.
+    fn adopt(
+        &self,
+        app: &App,
+        shared: &SharedView,
+        adoption: agreement::Adoption,
+    ) -> Result<(), DcsError> {
+        let build = || {
+            shared
+                .state(|name| app.nodes.get(name).map(|n| n.id))
+                .map(Box::new)
+                .map_err(DcsError::BadView)
+        };
+        match adoption {
+            agreement::Adoption::Keep => {}
+            agreement::Adoption::Follow => {
+                app.nodes.change(Change::Follow(build()?));
+            }
+            agreement::Adoption::TakeOver => {
+                app.nodes.change(Change::Adopt(build()?));
+            }
+        }
         Ok(())
     }
 }
@@ -222,8 +302,26 @@ pub fn must_lead(app: &App) -> Result<(), PgError> {
     ))
 }
 
-/// Runs until shutdown: sessions with etcd, one after another.
+/// How often the lease's validity is checked for the write gate: well within one request
+/// timeout, so the gate closes before etcd can let the lease go.
+const LEASE_WATCH_PERIOD: Duration = Duration::from_millis(50);
+
+/// Runs until shutdown: sessions with etcd, one after another, and the lease's watch.
 pub async fn run(app: Arc<App>, dcs: Arc<Dcs>) {
+    let watch = {
+        let (app, dcs) = (app.clone(), dcs.clone());
+        let mut stop = app.shutdown_signal();
+        async move {
+            loop {
+                dcs.watch_lease(&app);
+                tokio::select! {
+                    _ = tokio::time::sleep(LEASE_WATCH_PERIOD) => {}
+                    _ = stop.changed() => return,
+                }
+            }
+        }
+    };
+    tokio::spawn(watch);
     let mut stop = app.shutdown_signal();
     loop {
         tokio::select! {
@@ -253,12 +351,16 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
         .await?;
     let mut live = open_lease(dcs, &mut client).await?;
     let lease = live.id;
-    dcs.status.lock().lease = Some(lease);
+    {
+        let mut status = dcs.status.lock();
+        status.lease = Some(lease);
+        status.lease_until_ms = dcs.ms(live.until);
+        status.routed_version = None;
+    }
     *dcs.session.lock().await = Some((client.clone(), lease));
-    register(app, dcs, &mut client, lease).await?;
     tracing::info!(instance = %dcs.instance, endpoints = ?dcs.settings.endpoints, lease, "connected to etcd");
 
-    let renew_every = Duration::from_millis(dcs.settings.lease_ttl_s * 1000 / 3);
+    let renew_every = Duration::from_millis(agreement::renew_every_ms(dcs.settings.lease_ttl_s));
     let mut renewed_at = Instant::now();
     let mut published: Option<(u64, u64)> = None;
     let mut listed_at: Option<Instant> = None;
@@ -271,10 +373,10 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
         if renewed_at.elapsed() >= renew_every {
             renewed_at = Instant::now();
             live.renew(dcs).await?;
+            dcs.status.lock().lease_until_ms = dcs.ms(live.until);
         }
-        let lease_until = live.until;
-        let leader = campaign(app, dcs, &mut client, lease).await?;
-        let leading = leader.as_deref() == Some(dcs.instance.as_str());
+        let agreement::Leadership { leader, leading } =
+            campaign(app, dcs, &mut client, lease).await?;
         let was_leading = dcs.is_leader();
         {
             let mut status = dcs.status.lock();
@@ -292,18 +394,27 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
             status.reachable = true;
             status.last_error = None;
             status.leader = leader;
-            status.leading_until = leading
-                .then(|| lease_until.checked_sub(dcs.timeout()))
-                .flatten();
+            status.leading_until_ms = agreement::leading_until_ms(
+                leading,
+                dcs.ms(live.until),
+                dcs.settings.request_timeout_ms,
+            );
         }
         if leading != was_leading {
             role_changed(app, dcs, leading);
+        }
+        // The record says which view this instance routes by (its own, for the leader).
+        let routed = app.nodes.view().version;
+        let registered = dcs.status.lock().routed_version;
+        if registered != Some(routed) {
+            register(app, dcs, &mut client, lease, routed).await?;
+            dcs.status.lock().routed_version = Some(routed);
         }
         if leading {
             let view = app.nodes.view();
             let now = (view.epoch, view.version);
             if published != Some(now) {
-                dcs.publish_with(&mut client, lease, app).await?;
+                dcs.publish_with(&mut client, lease, app, &view).await?;
                 published = Some(now);
             }
         } else {
@@ -381,13 +492,13 @@ async fn open_lease(dcs: &Dcs, client: &mut Client) -> Result<LiveLease, DcsErro
 
 /// Takes the leader key with this lease when nobody holds it, and reads the shared view in
 /// the same transaction; a follower adopts it, a new leader adopts it before acting. Returns
-/// the leader's name.
+/// whom the key names.
 async fn campaign(
     app: &App,
     dcs: &Dcs,
     client: &mut Client,
     lease: i64,
-) -> Result<Option<String>, DcsError> {
+) -> Result<agreement::Leadership, DcsError> {
     let leader_key = dcs.key("leader");
     let view_key = dcs.key("view");
     let txn = Txn::new()
@@ -416,31 +527,36 @@ async fn campaign(
     });
     let leader_kv = gets.next().and_then(|g| g.kvs().first().cloned());
     let view_kv = gets.next().and_then(|g| g.kvs().first().cloned());
-    // The key names this instance only if it holds it with this session's lease: a key left
-    // by this instance's previous life (a restart within the TTL) leads nobody until it
-    // expires.
-    let leader = leader_kv.map(|kv| {
-        let name = String::from_utf8_lossy(kv.value()).into_owned();
-        if name == dcs.instance && kv.lease() != lease {
-            format!("{name} (previous run)")
-        } else {
-            name
-        }
-    });
-    let leading = leader.as_deref() == Some(dcs.instance.as_str());
-    if leading && app.nodes.view().awaiting_view {
+    let leader_name = leader_kv
+        .as_ref()
+        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
+    let leadership = agreement::leadership(
+        &dcs.instance,
+        lease,
+        leader_kv
+            .as_ref()
+            .zip(leader_name.as_deref())
+            .map(|(kv, instance)| agreement::LeaderKey {
+                instance,
+                lease: kv.lease(),
+            }),
+    );
+    if leadership.leading && app.nodes.view().awaiting_view {
         app.nodes.change(Change::AwaitView(false));
     }
     if let Some(view) = view_kv {
         let shared: SharedView =
             serde_json::from_slice(view.value()).map_err(|e| DcsError::BadView(e.to_string()))?;
-        let written_by_me = shared.leader == dcs.instance && shared.lease == lease;
-        // A leader adopts only a view another instance wrote (it took over); its own it has.
-        if !leading || !written_by_me {
-            dcs.adopt(app, &shared)?;
-        }
+        let adoption = agreement::adoption(
+            &dcs.instance,
+            lease,
+            leadership.leading,
+            &shared.leader,
+            shared.lease,
+        );
+        dcs.adopt(app, &shared, adoption)?;
     }
-    Ok(leader)
+    Ok(leadership)
 }
 
 /// Tells the operator's `on_role_change` command (a virtual IP to move, as keepalived's notify
@@ -479,7 +595,13 @@ async fn list_instances(dcs: &Dcs, client: &mut Client) -> Result<Vec<InstanceRe
 }
 
 /// Puts this instance's record (addresses, pid) on its lease, for `pgherd status`.
-async fn register(app: &App, dcs: &Dcs, client: &mut Client, lease: i64) -> Result<(), DcsError> {
+async fn register(
+    app: &App,
+    dcs: &Dcs,
+    client: &mut Client,
+    lease: i64,
+    version: u64,
+) -> Result<(), DcsError> {
     let config = app.config();
     let record = InstanceRecord {
         instance: dcs.instance.clone(),
@@ -491,6 +613,7 @@ async fn register(app: &App, dcs: &Dcs, client: &mut Client, lease: i64) -> Resu
             .collect(),
         api: config.api.listen.iter().map(ToString::to_string).collect(),
         pid: std::process::id(),
+        version,
     };
     let record = serde_json::to_string(&record).map_err(|e| DcsError::BadView(e.to_string()))?;
     dcs.within(client.put(

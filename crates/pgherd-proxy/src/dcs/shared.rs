@@ -103,8 +103,9 @@ impl SharedView {
             switching: self.switching,
             paused_all: self.paused_all,
             paused: self.paused.iter().cloned().collect(),
-            // The leader's view: it has one.
+            // The leader's view: it has one, and a lease.
             awaiting_view: false,
+            lease_lapsed: false,
         })
     }
 }

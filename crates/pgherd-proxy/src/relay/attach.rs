@@ -106,11 +106,15 @@ impl Session {
         let last = self.last_pool.as_ref().map(|(node, _)| node);
         match choose_node(&self.app.nodes.snapshot(), target, last, reads) {
             Ok(plan) => Ok((plan.node, plan.wait_for_lsn)),
-            Err(NoNode::WritesRefused(why)) => Err(PgError::error(
-                SqlState::READ_ONLY_SQL_TRANSACTION,
-                format!("writes are refused: {why}"),
-            )
-            .with_hint("writes resume when a synchronous standby streams again")),
+            Err(NoNode::WritesRefused(why)) => {
+                let gate = self.app.nodes.view().gate();
+                let resumes = gate.reason().map_or("", |r| r.resumes_when());
+                Err(PgError::error(
+                    SqlState::READ_ONLY_SQL_TRANSACTION,
+                    format!("writes are refused: {why}"),
+                )
+                .with_hint(resumes))
+            }
             Err(NoNode::Unavailable) => Err(PgError::error(
                 SqlState::CONNECTION_FAILURE,
                 format!(

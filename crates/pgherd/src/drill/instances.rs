@@ -165,46 +165,30 @@ pub async fn round(
             instances.relays[leader].set_cut(true);
             format!("{leader_name} (leader)")
         }
-        Fault::EtcdDown => {
+        Fault::EtcdDown | Fault::EtcdDownLong => {
             instances.kill_etcd()?;
             "etcd".to_owned()
         }
         _ => return Err(format!("{} is not a fault of pgherd or etcd", fault.name())),
     };
 
-    // Every writer writes again, through another instance if its own failed, and after a
-    // killed primary on another node.
-    let deadline = injected + RECOVERY_TIMEOUT;
-    loop {
-        let moved_on = fault != Fault::InstanceKillPrimary
-            || first_ack_elsewhere(log, injected, old_port)?.is_some();
-        if moved_on && every_writer_acked_after(log, injected, writers)? {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "not every writer wrote again within {} s",
-                RECOVERY_TIMEOUT.as_secs()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let rto = match fault {
-        Fault::InstanceKillPrimary => primary_rto(log, injected, old_port)?,
-        _ => longest_wait(log, injected)?,
+    // How long the fault lasts: a killed instance or primary until writes go on without it;
+    // the others until the lease can have changed hands (etcd down briefly: half the lease).
+    let lasts = match fault {
+        Fault::InstanceStop | Fault::EtcdCut | Fault::EtcdDownLong => instances.lease_turnover(),
+        Fault::EtcdDown => Duration::from_millis(instances.lease_ttl_s * 500),
+        _ => Duration::ZERO,
     };
-    // The fault lasts until the lease can have changed hands.
-    if matches!(
-        fault,
-        Fault::InstanceStop | Fault::EtcdCut | Fault::EtcdDown
-    ) {
-        tokio::time::sleep_until((injected + instances.lease_turnover()).into()).await;
+    if fault == Fault::InstanceKillPrimary {
+        wait_writes(log, injected, writers, Some(old_port)).await?;
     }
+    tokio::time::sleep_until((injected + lasts).into()).await;
     let leader_after = match fault {
-        Fault::EtcdDown => None,
+        Fault::EtcdDown | Fault::EtcdDownLong => None,
         _ => Some(new_leader(front, leader).await?),
     };
 
+    let restored = Instant::now();
     match fault {
         Fault::InstanceKill | Fault::InstanceKillPrimary => {
             if let Some(pid) = killed_postmaster {
@@ -221,7 +205,7 @@ pub async fn round(
             instances.relays[leader].set_cut(false);
         }
         Fault::EtcdCut => instances.relays[leader].set_cut(false),
-        Fault::EtcdDown => {
+        Fault::EtcdDown | Fault::EtcdDownLong => {
             let dir = instances.etcd_dir.clone();
             tokio::task::spawn_blocking(move || local::start_etcd(&dir))
                 .await
@@ -229,6 +213,13 @@ pub async fn round(
         }
         _ => {}
     }
+    // Every writer writes again once the fault is undone (through another instance if its
+    // own failed); the RTO is the longest any of them waited, from the fault on.
+    wait_writes(log, restored, writers, None).await?;
+    let rto = match fault {
+        Fault::InstanceKillPrimary => primary_rto(log, injected, old_port)?,
+        _ => longest_wait(log, injected)?,
+    };
     let (new_port, errors) = {
         let log = log.lock().map_err(|_| "poisoned")?;
         let last = log.acks.last().map_or(old_port, |a| a.port);
@@ -255,6 +246,33 @@ pub async fn round(
     })
 }
 
+/// Waits until every writer has written since `since` (and, with `elsewhere_than`, a node
+/// other than the one on that port has taken a write).
+async fn wait_writes(
+    log: &Mutex<Log>,
+    since: Instant,
+    writers: usize,
+    elsewhere_than: Option<u16>,
+) -> Result<(), String> {
+    let deadline = since + RECOVERY_TIMEOUT;
+    loop {
+        let moved_on = match elsewhere_than {
+            Some(port) => first_ack_elsewhere(log, since, port)?.is_some(),
+            None => true,
+        };
+        if moved_on && every_writer_acked_after(log, since, writers)? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "not every writer wrote again within {} s",
+                RECOVERY_TIMEOUT.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn every_writer_acked_after(
     log: &Mutex<Log>,
     since: Instant,
@@ -270,21 +288,24 @@ fn every_writer_acked_after(
     Ok(acked.iter().all(|&a| a))
 }
 
-/// The longest any one writer went without an acknowledgement across the fault: from its last
-/// acknowledged write before it to its first after it.
+/// The longest any one writer went without an acknowledgement from the fault on: between
+/// its last write before the fault and each later one, up to now.
 fn longest_wait(log: &Mutex<Log>, injected: Instant) -> Result<Option<Duration>, String> {
     let log = log.lock().map_err(|_| "poisoned")?;
     let writers = log.acks.iter().map(|a| a.writer).max().map_or(0, |w| w + 1);
     Ok((0..writers)
         .filter_map(|w| {
-            let mine = log.acks.iter().filter(|a| a.writer == w);
-            let before = mine
-                .clone()
-                .filter(|a| a.at <= injected)
+            let mine: Vec<Instant> = log
+                .acks
+                .iter()
+                .filter(|a| a.writer == w)
                 .map(|a| a.at)
-                .max();
-            let after = mine.filter(|a| a.at > injected).map(|a| a.at).min();
-            Some(after?.duration_since(before?))
+                .collect();
+            let start = mine.iter().rposition(|&at| at <= injected)?;
+            mine[start..]
+                .windows(2)
+                .map(|pair| pair[1].duration_since(pair[0]))
+                .max()
         })
         .max())
 }
@@ -314,14 +335,10 @@ async fn new_leader(front: &Front, old_leader: usize) -> Result<String, String> 
     let deadline = Instant::now() + RECOVERY_TIMEOUT;
     loop {
         for i in (0..front.ports.len()).filter(|&i| i != old_leader) {
-            if let Some((leader, _, _)) = front.seen_by(i).await {
-                if front
-                    .names
-                    .iter()
-                    .position(|n| *n == leader)
-                    .is_some_and(|l| l != old_leader)
-                {
-                    return Ok(leader);
+            if let Some(seen) = front.seen_by(i).await {
+                let leader = front.names.iter().position(|n| *n == seen.leader);
+                if leader.is_some_and(|l| l != old_leader) {
+                    return Ok(seen.leader);
                 }
             }
         }

@@ -61,9 +61,12 @@ pub enum Fault {
     /// The leading pgherd instance cut off from etcd (it still reaches clients and
     /// PostgreSQL): it stops acting, another takes the lease, nobody fails over.
     EtcdCut,
-    /// etcd killed (the majority of a one-member etcd lost) for twice the lease: the
-    /// instances go on routing, nobody fails over.
+    /// etcd killed (the majority of a one-member etcd lost) for half the lease: nothing
+    /// changes for the clients, nobody fails over.
     EtcdDown,
+    /// etcd killed for twice the lease: once their leases may have run out the instances hold
+    /// writes (another could lead), until etcd answers again; nobody fails over.
+    EtcdDownLong,
 }
 
 impl Fault {
@@ -80,6 +83,7 @@ impl Fault {
             Fault::InstanceStop => "instance-stop",
             Fault::EtcdCut => "etcd-cut",
             Fault::EtcdDown => "etcd-down",
+            Fault::EtcdDownLong => "etcd-down-long",
         }
     }
 
@@ -92,6 +96,7 @@ impl Fault {
                 | Fault::InstanceStop
                 | Fault::EtcdCut
                 | Fault::EtcdDown
+                | Fault::EtcdDownLong
         )
     }
 }
@@ -115,6 +120,7 @@ fn default_faults(instances: usize) -> Vec<Fault> {
             Fault::EtcdDown,
             Fault::Switchover,
             Fault::InstanceStop,
+            Fault::EtcdDownLong,
         ],
     }
 }
@@ -287,6 +293,15 @@ pub fn run(mut options: DrillOptions) -> Result<(), String> {
     result
 }
 
+/// One instance's SHOW CLUSTER, as far as the drill needs it.
+#[derive(Debug, Clone)]
+struct Seen {
+    leader: String,
+    gate: String,
+    dcs: String,
+    version: String,
+}
+
 /// How the drill reaches pgherd: each instance's listen port (one without `--instances`).
 struct Front {
     ports: Vec<u16>,
@@ -323,9 +338,8 @@ impl Front {
         Err(last)
     }
 
-    /// What instance `i` says (SHOW CLUSTER): the leader, its write gate, whether it reaches
-    /// etcd.
-    async fn seen_by(&self, i: usize) -> Option<(String, String, String)> {
+    /// What instance `i` says (SHOW CLUSTER).
+    async fn seen_by(&self, i: usize) -> Option<Seen> {
         let c = connect_within(&self.superuser_url(i, "pgherd"), CONNECT_TIMEOUT)
             .await
             .ok()?;
@@ -334,17 +348,21 @@ impl Front {
             .ok()?
             .ok()?;
         rows.iter().find_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some((
-                r.get("leader").unwrap_or_default().to_owned(),
-                r.get("write_gate").unwrap_or_default().to_owned(),
-                r.get("dcs").unwrap_or_default().to_owned(),
-            )),
+            SimpleQueryMessage::Row(r) => {
+                let column = |name: &str| r.get(name).unwrap_or_default().to_owned();
+                Some(Seen {
+                    leader: column("leader"),
+                    gate: column("write_gate"),
+                    dcs: column("dcs"),
+                    version: column("version"),
+                })
+            }
             _ => None,
         })
     }
 
-    /// The leading instance, once every instance reaches etcd, names the same leader and lets
-    /// writes through (one instance leads itself).
+    /// The leading instance, once every instance reaches etcd, names the same leader, routes
+    /// by the same view and lets writes through (one instance leads itself).
     async fn agreed_leader(&self) -> Result<usize, String> {
         if self.ports.len() == 1 {
             return Ok(0);
@@ -356,11 +374,15 @@ impl Front {
                 seen.push(self.seen_by(i).await);
             }
             let first = seen.first().cloned().flatten();
-            if let Some((leader, _, _)) = &first {
-                let leader_index = self.names.iter().position(|n| n == leader);
+            if let Some(first) = &first {
+                let leader_index = self.names.iter().position(|n| *n == first.leader);
+                // The same view everywhere: the leader's last change has reached the others.
                 let all_agree = seen.iter().all(|s| {
-                    s.as_ref().is_some_and(|(l, gate, dcs)| {
-                        l == leader && gate == "open" && dcs == "reachable"
+                    s.as_ref().is_some_and(|s| {
+                        s.leader == first.leader
+                            && s.version == first.version
+                            && s.gate == "open"
+                            && s.dcs == "reachable"
                     })
                 });
                 if let (Some(i), true) = (leader_index, all_agree) {
@@ -775,6 +797,9 @@ impl Writer {
     async fn run(self, stop: Arc<AtomicBool>, log: Arc<Mutex<Log>>) {
         let mut n: i64 = 0;
         let mut client: Option<(Client, usize)> = None;
+        // The instance to try first: this writer's own, then, after a failure, the next one
+        // (as a client with several hosts in random order moves on).
+        let mut start_at = self.number;
         let failed = |log: &Mutex<Log>| {
             if let Ok(mut log) = log.lock() {
                 log.errors += 1;
@@ -783,7 +808,7 @@ impl Writer {
         while !stop.load(Ordering::Relaxed) {
             let (c, instance) = match &client {
                 Some((c, instance)) => (c, *instance),
-                None => match self.connect().await {
+                None => match self.connect(start_at).await {
                     Some(connected) => {
                         let (c, instance) = client.insert(connected);
                         (&*c, *instance)
@@ -825,17 +850,18 @@ impl Writer {
                 None => {
                     failed(&log);
                     client = None;
+                    start_at = instance + 1;
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
         }
     }
 
-    /// The first instance that takes the connection, from this writer's preferred one on.
-    async fn connect(&self) -> Option<(Client, usize)> {
+    /// The first instance that takes the connection, from instance `first` on.
+    async fn connect(&self, first: usize) -> Option<(Client, usize)> {
         let count = self.urls.len();
         for k in 0..count {
-            let instance = (self.number + k) % count;
+            let instance = (first + k) % count;
             if let Ok(c) = connect_within(&self.urls[instance], CONNECT_TIMEOUT).await {
                 return Some((c, instance));
             }

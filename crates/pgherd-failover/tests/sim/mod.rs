@@ -1,0 +1,2 @@
+pub mod cluster;
+pub mod etcd;

@@ -204,7 +204,7 @@ impl Nodes {
             Change::AwaitView(true) => "waiting for the leader's view from etcd".to_owned(),
             Change::AwaitView(false) => "this instance leads: its view is the cluster's".to_owned(),
             Change::LeaseLapsed(true) => {
-                "etcd out of reach beyond the lease: writes wait".to_owned()
+                "etcd out of reach beyond the lease: writes are refused".to_owned()
             }
             Change::LeaseLapsed(false) => "the lease is valid again".to_owned(),
             Change::Adopt(view) => format!(

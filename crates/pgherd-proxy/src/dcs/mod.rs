@@ -95,6 +95,8 @@ pub enum DcsError {
     KeepAliveClosed,
     #[error("this instance does not hold the leader key")]
     NotLeader,
+    #[error("no session with etcd (it cannot be reached)")]
+    NoSession,
     #[error("the shared view cannot be read: {0}")]
     BadView(String),
     #[error("instances {0} still route by an older view of the cluster")]
@@ -178,7 +180,7 @@ impl Dcs {
     pub async fn publish(&self, app: &App, state: &ClusterState) -> Result<(), DcsError> {
         let session = self.session.lock().await;
         let Some((client, lease)) = session.as_ref() else {
-            return Err(DcsError::NotLeader);
+            return Err(DcsError::NoSession);
         };
         let mut client = client.clone();
         let lease = *lease;
@@ -216,7 +218,7 @@ impl Dcs {
     pub async fn await_followers(&self, version: u64) -> Result<(), DcsError> {
         let session = self.session.lock().await;
         let Some((client, _)) = session.as_ref() else {
-            return Err(DcsError::NotLeader);
+            return Err(DcsError::NoSession);
         };
         let mut client = client.clone();
         drop(session);
@@ -242,7 +244,14 @@ impl Dcs {
     /// Closes the write gate (`no_lease`) once this instance's lease may have run out, and
     /// opens it when it is valid again.
     fn watch_lease(&self, app: &App) {
-        let lease_until_ms = self.status.lock().lease_until_ms;
+        let (lease, lease_until_ms) = {
+            let status = self.status.lock();
+            (status.lease, status.lease_until_ms)
+        };
+        if lease.is_none() {
+            // Never had one: the instance has no view either, and says so (`no_view`).
+            return;
+        }
         let lapsed = !agreement::may_route_writes(
             lease_until_ms,
             self.settings.request_timeout_ms,
@@ -250,7 +259,7 @@ impl Dcs {
         );
         if lapsed != app.nodes.view().lease_lapsed {
             if lapsed {
-                tracing::warn!(instance = %self.instance, "etcd out of reach for longer than the lease: writes wait until it answers");
+                tracing::warn!(instance = %self.instance, "etcd out of reach for longer than the lease: writes are refused until it answers");
             }
             app.nodes.change(Change::LeaseLapsed(lapsed));
         }

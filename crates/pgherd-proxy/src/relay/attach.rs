@@ -172,6 +172,9 @@ impl Session {
         let (node, pool, conn) = loop {
             let (node, wait_for_lsn) = match self.pick_node(target) {
                 Ok(choice) => choice,
+                // The write gate refuses: at once, as it says (a client of several instances
+                // moves on), not after waiting for a primary.
+                Err(e) if e.code == SqlState::READ_ONLY_SQL_TRANSACTION => return Err(e),
                 Err(e) => {
                     if self
                         .interruptible(self.hold_for_primary(&mut held_since))

@@ -16,7 +16,7 @@ use tokio::runtime::Runtime;
 use super::process::{blocking_start, postmaster_pid, signal, wait_gone};
 use super::relay::Relay;
 use super::{
-    first_ack_elsewhere, node_by_port, start_round, Fault, Front, Log, Round, Start,
+    first_ack_elsewhere, node_by_port, poll, start_round, Fault, Front, Log, Round, Start,
     RECOVERY_TIMEOUT,
 };
 use crate::bench::targets::{start_pgherd, BenchCluster, PgherdSetup, ProxyProcess};
@@ -218,7 +218,17 @@ pub async fn round(
     wait_writes(log, restored, writers, None).await?;
     let rto = match fault {
         Fault::InstanceKillPrimary => primary_rto(log, injected, old_port)?,
-        _ => longest_wait(log, injected)?,
+        _ => {
+            let wait = longest_wait(log, injected)?;
+            if let Some((waited, writer, began)) = wait {
+                eprintln!(
+                    "  longest wait: writer {writer}, {} ms from {} ms after the fault",
+                    waited.as_millis(),
+                    began.as_millis()
+                );
+            }
+            wait.map(|(waited, _, _)| waited)
+        }
     };
     let (new_port, errors) = {
         let log = log.lock().map_err(|_| "poisoned")?;
@@ -254,23 +264,20 @@ async fn wait_writes(
     writers: usize,
     elsewhere_than: Option<u16>,
 ) -> Result<(), String> {
-    let deadline = since + RECOVERY_TIMEOUT;
-    loop {
+    poll(Duration::from_millis(20), async || {
         let moved_on = match elsewhere_than {
             Some(port) => first_ack_elsewhere(log, since, port)?.is_some(),
             None => true,
         };
-        if moved_on && every_writer_acked_after(log, since, writers)? {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "not every writer wrote again within {} s",
-                RECOVERY_TIMEOUT.as_secs()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        Ok((moved_on && every_writer_acked_after(log, since, writers)?).then_some(()))
+    })
+    .await?
+    .ok_or_else(|| {
+        format!(
+            "not every writer wrote again within {} s",
+            RECOVERY_TIMEOUT.as_secs()
+        )
+    })
 }
 
 fn every_writer_acked_after(
@@ -289,8 +296,12 @@ fn every_writer_acked_after(
 }
 
 /// The longest any one writer went without an acknowledgement from the fault on: between
-/// its last write before the fault and each later one, up to now.
-fn longest_wait(log: &Mutex<Log>, injected: Instant) -> Result<Option<Duration>, String> {
+/// its last write before the fault and each later one, up to now. Also which writer, and when
+/// its wait began (from the fault).
+fn longest_wait(
+    log: &Mutex<Log>,
+    injected: Instant,
+) -> Result<Option<(Duration, usize, Duration)>, String> {
     let log = log.lock().map_err(|_| "poisoned")?;
     let writers = log.acks.iter().map(|a| a.writer).max().map_or(0, |w| w + 1);
     Ok((0..writers)
@@ -304,7 +315,10 @@ fn longest_wait(log: &Mutex<Log>, injected: Instant) -> Result<Option<Duration>,
             let start = mine.iter().rposition(|&at| at <= injected)?;
             mine[start..]
                 .windows(2)
-                .map(|pair| pair[1].duration_since(pair[0]))
+                .map(|pair| {
+                    let began = pair[0].saturating_duration_since(injected);
+                    (pair[1].duration_since(pair[0]), w, began)
+                })
                 .max()
         })
         .max())
@@ -332,22 +346,22 @@ fn primary_rto(
 
 /// The instance another instance than the old leader names as leading (itself or a third).
 async fn new_leader(front: &Front, old_leader: usize) -> Result<String, String> {
-    let deadline = Instant::now() + RECOVERY_TIMEOUT;
-    loop {
+    poll(Duration::from_millis(100), async || {
         for i in (0..front.ports.len()).filter(|&i| i != old_leader) {
             if let Some(seen) = front.seen_by(i).await {
                 let leader = front.names.iter().position(|n| *n == seen.leader);
                 if leader.is_some_and(|l| l != old_leader) {
-                    return Ok(seen.leader);
+                    return Ok(Some(seen.leader));
                 }
             }
         }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "no other instance took the lease within {} s",
-                RECOVERY_TIMEOUT.as_secs()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        Ok(None)
+    })
+    .await?
+    .ok_or_else(|| {
+        format!(
+            "no other instance took the lease within {} s",
+            RECOVERY_TIMEOUT.as_secs()
+        )
+    })
 }

@@ -194,6 +194,24 @@ const DOUBLE_OUTAGE: Duration = Duration::from_secs(4);
 /// How long a round may take to get writes going again, and the cluster back to full strength.
 const RECOVERY_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Asks `check` every `period` until it has an answer; `None` once [`RECOVERY_TIMEOUT`] has
+/// passed without one. An error from `check` ends the wait at once.
+async fn poll<T>(
+    period: Duration,
+    mut check: impl AsyncFnMut() -> Result<Option<T>, String>,
+) -> Result<Option<T>, String> {
+    let deadline = Instant::now() + RECOVERY_TIMEOUT;
+    loop {
+        if let Some(answer) = check().await? {
+            return Ok(Some(answer));
+        }
+        if Instant::now() > deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(period).await;
+    }
+}
+
 /// How long a client waits for a connection (libpq's `connect_timeout`) before it tries the
 /// next instance.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -367,36 +385,34 @@ impl Front {
         if self.ports.len() == 1 {
             return Ok(0);
         }
-        let deadline = Instant::now() + RECOVERY_TIMEOUT;
-        loop {
-            let mut seen = Vec::new();
+        let mut seen = Vec::new();
+        let agreed = poll(Duration::from_millis(100), async || {
+            seen.clear();
             for i in 0..self.ports.len() {
                 seen.push(self.seen_by(i).await);
             }
-            let first = seen.first().cloned().flatten();
-            if let Some(first) = &first {
-                let leader_index = self.names.iter().position(|n| *n == first.leader);
-                // The same view everywhere: the leader's last change has reached the others.
-                let all_agree = seen.iter().all(|s| {
-                    s.as_ref().is_some_and(|s| {
-                        s.leader == first.leader
-                            && s.version == first.version
-                            && s.gate == "open"
-                            && s.dcs == "reachable"
-                    })
-                });
-                if let (Some(i), true) = (leader_index, all_agree) {
-                    return Ok(i);
-                }
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "the instances do not agree on a leader with writes open after {} s: {seen:?}",
-                    RECOVERY_TIMEOUT.as_secs()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            let Some(first) = seen.first().cloned().flatten() else {
+                return Ok(None);
+            };
+            // The same view everywhere: the leader's last change has reached the others.
+            let all_agree = seen.iter().all(|s| {
+                s.as_ref().is_some_and(|s| {
+                    s.leader == first.leader
+                        && s.version == first.version
+                        && s.gate == "open"
+                        && s.dcs == "reachable"
+                })
+            });
+            let leader = self.names.iter().position(|n| *n == first.leader);
+            Ok(leader.filter(|_| all_agree))
+        })
+        .await?;
+        agreed.ok_or_else(|| {
+            format!(
+                "the instances do not agree on a leader with writes open after {} s: {seen:?}",
+                RECOVERY_TIMEOUT.as_secs()
+            )
+        })
     }
 }
 
@@ -536,19 +552,12 @@ async fn start_round(
     wait_full_strength(&c, cluster.cluster.nodes.len() - 1).await?;
     let leader = front.agreed_leader().await?;
     let ready = Instant::now();
-    let deadline = ready + RECOVERY_TIMEOUT;
-    while log
-        .lock()
-        .map_err(|_| "poisoned")?
-        .acks
-        .last()
-        .is_none_or(|a| a.at <= ready)
-    {
-        if Instant::now() > deadline {
-            return Err("no write was acknowledged with the cluster whole".into());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    poll(Duration::from_millis(10), async || {
+        let log = log.lock().map_err(|_| "poisoned")?;
+        Ok(log.acks.last().filter(|a| a.at > ready).map(|_| ()))
+    })
+    .await?
+    .ok_or("no write was acknowledged with the cluster whole")?;
     let old_port = value(&c, "/* pgherd:primary */ SELECT current_setting('port')")
         .await?
         .parse()
@@ -621,19 +630,16 @@ async fn round(
         _ => return Err(format!("{} is not a fault of PostgreSQL", fault.name())),
     }
     // Writes resume on another node.
-    let deadline = Instant::now() + RECOVERY_TIMEOUT;
-    let first_after = loop {
-        if let Some(ack) = first_ack_elsewhere(log, injected, old_port)? {
-            break ack;
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "no write was acknowledged by another node within {} s",
-                RECOVERY_TIMEOUT.as_secs()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let first_after = poll(Duration::from_millis(20), async || {
+        first_ack_elsewhere(log, injected, old_port)
+    })
+    .await?
+    .ok_or_else(|| {
+        format!(
+            "no write was acknowledged by another node within {} s",
+            RECOVERY_TIMEOUT.as_secs()
+        )
+    })?;
     let (last_before, errors) = {
         let log = log.lock().map_err(|_| "poisoned")?;
         (
@@ -873,25 +879,23 @@ impl Writer {
 /// Waits until the primary streams to every replica (the previous round's old primary has
 /// rejoined), so each round starts from a whole cluster.
 async fn wait_full_strength(c: &Client, replicas: usize) -> Result<(), String> {
-    let deadline = Instant::now() + RECOVERY_TIMEOUT;
-    loop {
-        let streaming = value(
+    let mut streaming = String::new();
+    let whole = poll(Duration::from_millis(100), async || {
+        streaming = value(
             c,
             "/* pgherd:primary */ SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'",
         )
         .await
         .unwrap_or_default();
-        if streaming == replicas.to_string() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "the primary streams to {streaming} of {replicas} replicas after {} s",
-                RECOVERY_TIMEOUT.as_secs()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        Ok((streaming == replicas.to_string()).then_some(()))
+    })
+    .await?;
+    whole.ok_or_else(|| {
+        format!(
+            "the primary streams to {streaming} of {replicas} replicas after {} s",
+            RECOVERY_TIMEOUT.as_secs()
+        )
+    })
 }
 
 /// The final primary's port and the ids it holds.

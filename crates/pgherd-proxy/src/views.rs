@@ -237,7 +237,15 @@ pub fn cluster(app: &App) -> Table {
 /// The pgherd instances agreeing through etcd (`[dcs]`), as last read there; this instance
 /// alone without `[dcs]`.
 pub fn instances(app: &App) -> Table {
-    let columns = &["instance", "leads", "this", "listen", "api", "pid"];
+    let columns = &[
+        "instance",
+        "leads",
+        "this",
+        "listen",
+        "api",
+        "pid",
+        "view_version",
+    ];
     let Some(dcs) = &app.dcs else {
         let config = app.config();
         let addresses = |a: &[std::net::SocketAddr]| {
@@ -255,6 +263,7 @@ pub fn instances(app: &App) -> Table {
                 addresses(&config.proxy.listen).into(),
                 addresses(&config.api.listen).into(),
                 std::process::id().into(),
+                Cell::Null,
             ]],
         };
     };
@@ -270,6 +279,7 @@ pub fn instances(app: &App) -> Table {
                 i.listen.join(",").into(),
                 i.api.join(",").into(),
                 i.pid.into(),
+                i.version.into(),
             ]
         })
         .collect();

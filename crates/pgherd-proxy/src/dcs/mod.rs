@@ -384,7 +384,7 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
             live.renew(dcs).await?;
             dcs.status.lock().lease_until_ms = dcs.ms(live.until);
         }
-        let agreement::Leadership { leader, leading } =
+        let (agreement::Leadership { leader, leading }, shared_version) =
             campaign(app, dcs, &mut client, lease).await?;
         let was_leading = dcs.is_leader();
         {
@@ -412,8 +412,13 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
         if leading != was_leading {
             role_changed(app, dcs, leading);
         }
-        // The record says which view this instance routes by (its own, for the leader).
-        let routed = app.nodes.view().version;
+        // The record says which of the leader's views this instance routes by: the one it has
+        // just followed (its own, for the leader). Not its own version, which its own changes
+        // (the lease's gate) move too.
+        let routed = match (leading, shared_version) {
+            (false, Some(version)) => version,
+            _ => app.nodes.view().version,
+        };
         let registered = dcs.status.lock().routed_version;
         if registered != Some(routed) {
             register(app, dcs, &mut client, lease, routed).await?;
@@ -501,13 +506,13 @@ async fn open_lease(dcs: &Dcs, client: &mut Client) -> Result<LiveLease, DcsErro
 
 /// Takes the leader key with this lease when nobody holds it, and reads the shared view in
 /// the same transaction; a follower adopts it, a new leader adopts it before acting. Returns
-/// whom the key names.
+/// whom the key names, and the version of the shared view read.
 async fn campaign(
     app: &App,
     dcs: &Dcs,
     client: &mut Client,
     lease: i64,
-) -> Result<agreement::Leadership, DcsError> {
+) -> Result<(agreement::Leadership, Option<u64>), DcsError> {
     let leader_key = dcs.key("leader");
     let view_key = dcs.key("view");
     let txn = Txn::new()
@@ -553,9 +558,11 @@ async fn campaign(
     if leadership.leading && app.nodes.view().awaiting_view {
         app.nodes.change(Change::AwaitView(false));
     }
+    let mut shared_version = None;
     if let Some(view) = view_kv {
         let shared: SharedView =
             serde_json::from_slice(view.value()).map_err(|e| DcsError::BadView(e.to_string()))?;
+        shared_version = Some(shared.version);
         let adoption = agreement::adoption(
             &dcs.instance,
             lease,
@@ -565,7 +572,7 @@ async fn campaign(
         );
         dcs.adopt(app, &shared, adoption)?;
     }
-    Ok(leadership)
+    Ok((leadership, shared_version))
 }
 
 /// Tells the operator's `on_role_change` command (a virtual IP to move, as keepalived's notify

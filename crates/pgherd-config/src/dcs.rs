@@ -1,6 +1,8 @@
 //! `[dcs]`: the etcd cluster several pgherd instances agree through (leader lease, the shared
 //! cluster view). Absent: one instance, as before.
 
+use std::path::PathBuf;
+
 use serde::Deserialize;
 
 use crate::validate::{field_path, Checker, Seg};
@@ -24,6 +26,19 @@ pub struct DcsSettings {
     /// Run (through `sh -c`) when this instance becomes the leader or stops being it, with
     /// `PGHERD_ROLE` (`leader`, `follower`) and `PGHERD_INSTANCE`: to move a virtual IP.
     pub on_role_change: Option<String>,
+    /// TLS to etcd (`https://` endpoints).
+    pub tls: Option<DcsTls>,
+    /// An etcd user and its password (etcd with authentication enabled).
+    pub user: Option<(String, String)>,
+}
+
+/// How pgherd checks etcd's certificate, and the certificate it shows etcd (for etcd's
+/// `--client-cert-auth`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DcsTls {
+    pub ca_file: PathBuf,
+    /// (certificate, key) files.
+    pub identity: Option<(PathBuf, PathBuf)>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -39,6 +54,13 @@ pub struct RawDcs {
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
     pub on_role_change: Option<String>,
+    pub ca_file: Option<String>,
+    pub cert_file: Option<String>,
+    pub key_file: Option<String>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub password_file: Option<String>,
+    pub password_env: Option<String>,
 }
 
 fn default_scope() -> String {
@@ -72,26 +94,57 @@ pub(crate) fn dcs(
             "name at least one etcd endpoint, e.g. [\"http://127.0.0.1:2379\"]",
         ));
     }
+    // With `ca_file`, etcd is reached over TLS: endpoints are https.
+    let scheme = if raw.ca_file.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let mut endpoints = Vec::new();
     for (i, endpoint) in raw.endpoints.iter().enumerate() {
         let url = if endpoint.contains("://") {
             endpoint.clone()
         } else {
-            format!("http://{endpoint}")
+            format!("{scheme}://{endpoint}")
         };
         let host_port = url.split_once("://").map_or("", |(_, rest)| rest);
-        if !url.starts_with("http://")
+        if !url.starts_with(&format!("{scheme}://"))
             || host_port
                 .rsplit_once(':')
                 .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
         {
             return Err(c.error(
                 &field_path!["dcs", "endpoints", i],
-                format!("{endpoint:?} is not an etcd client URL, e.g. \"http://127.0.0.1:2379\" (TLS to etcd is not supported yet)"),
+                match scheme {
+                    "https" => format!("{endpoint:?} is not an etcd client URL over TLS, e.g. \"https://127.0.0.1:2379\" (ca_file is set)"),
+                    _ => format!("{endpoint:?} is not an etcd client URL, e.g. \"http://127.0.0.1:2379\" (for https, set ca_file)"),
+                },
             ));
         }
         endpoints.push(url);
     }
+    let tls = dcs_tls(c, raw)?;
+    let password = c.secret(
+        &field_path!["dcs"],
+        "password",
+        [&raw.password, &raw.password_file, &raw.password_env],
+    )?;
+    let user = match (&raw.username, password) {
+        (Some(name), Some(password)) => Some((name.clone(), password)),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(c.error(
+                &field_path!["dcs", "username"],
+                "needs a password (password, password_file or password_env)",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(c.error(
+                &field_path!["dcs", "password"],
+                "needs username, the etcd user it is the password of",
+            ))
+        }
+    };
     if !is_name(&raw.scope) || raw.scope.contains(':') {
         return Err(c.error(
             &field_path!["dcs", "scope"],
@@ -128,5 +181,38 @@ pub(crate) fn dcs(
         lease_ttl_s: raw.lease_ttl_s,
         request_timeout_ms: raw.request_timeout_ms,
         on_role_change: raw.on_role_change.clone(),
+        tls,
+        user,
     }))
+}
+
+/// `ca_file`, and `cert_file` with `key_file` (both or neither, and only with `ca_file`).
+fn dcs_tls(c: &Checker<'_>, raw: &RawDcs) -> Result<Option<DcsTls>, ConfigError> {
+    let identity = match (&raw.cert_file, &raw.key_file) {
+        (Some(cert), Some(key)) => Some((c.file_path(cert), c.file_path(key))),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(c.error(
+                &field_path!["dcs", "cert_file"],
+                "needs key_file, the certificate's private key",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(c.error(
+                &field_path!["dcs", "key_file"],
+                "needs cert_file, the certificate it is the key of",
+            ))
+        }
+    };
+    match (&raw.ca_file, identity) {
+        (Some(ca), identity) => Ok(Some(DcsTls {
+            ca_file: c.file_path(ca),
+            identity,
+        })),
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(c.error(
+            &field_path!["dcs", "cert_file"],
+            "a client certificate needs TLS to etcd: set ca_file, the CA that signed etcd's certificate",
+        )),
+    }
 }

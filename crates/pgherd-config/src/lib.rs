@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use dcs::DcsSettings;
+pub use dcs::{DcsSettings, DcsTls};
 pub use error::{line_column, ConfigError};
 pub use hba::{AuthMethod, ConnectionFacts, HbaRule};
 use pgherd_wire::scram::ScramVerifier;

@@ -96,6 +96,9 @@ pub(crate) fn secret_field(raw: &RawConfig) -> Option<Vec<Seg>> {
     if raw.replication.password.is_some() {
         return Some(field_path!["replication", "password"].to_vec());
     }
+    if raw.dcs.as_ref().is_some_and(|d| d.password.is_some()) {
+        return Some(field_path!["dcs", "password"].to_vec());
+    }
     raw.users.iter().find_map(|(name, u)| {
         if u.server_password.is_some() {
             Some(field_path!["users", name.as_str(), "server_password"].to_vec())

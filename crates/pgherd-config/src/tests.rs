@@ -285,7 +285,45 @@ fn dcs_is_optional_and_checked() {
     );
     check_err(
         &format!("{NODE}[dcs]\nendpoints = [\"https://e:2379\"]\n"),
-        "pgherd.toml:5:14: dcs.endpoints[0]: \"https://e:2379\" is not an etcd client URL",
+        "pgherd.toml:5:14: dcs.endpoints[0]: \"https://e:2379\" is not an etcd client URL, e.g. \"http://127.0.0.1:2379\" (for https, set ca_file)",
+    );
+    // TLS and a user.
+    let config = Config::parse(
+        &format!("{NODE}[dcs]\nendpoints = [\"e:2379\", \"https://f:2379\"]\nca_file = \"ca.crt\"\ncert_file = \"/etc/c.crt\"\nkey_file = \"c.key\"\nusername = \"pgherd\"\npassword = \"secret\"\n"),
+        Path::new("/etc/pgherd/pgherd.toml"),
+    )
+    .unwrap();
+    let dcs = config.dcs.unwrap();
+    assert_eq!(dcs.endpoints, ["https://e:2379", "https://f:2379"]);
+    let tls = dcs.tls.unwrap();
+    assert_eq!(tls.ca_file, Path::new("/etc/pgherd/ca.crt"));
+    assert_eq!(
+        tls.identity,
+        Some((
+            Path::new("/etc/c.crt").to_owned(),
+            Path::new("/etc/pgherd/c.key").to_owned()
+        ))
+    );
+    assert_eq!(dcs.user, Some(("pgherd".to_owned(), "secret".to_owned())));
+    check_err(
+        &format!("{NODE}[dcs]\nendpoints = [\"http://e:2379\"]\nca_file = \"ca.crt\"\n"),
+        "pgherd.toml:5:14: dcs.endpoints[0]: \"http://e:2379\" is not an etcd client URL over TLS",
+    );
+    check_err(
+        &format!(
+            "{NODE}[dcs]\nendpoints = [\"e:2379\"]\ncert_file = \"c.crt\"\nkey_file = \"c.key\"\n"
+        ),
+        "pgherd.toml:6:13: dcs.cert_file: a client certificate needs TLS to etcd",
+    );
+    check_err(
+        &format!(
+            "{NODE}[dcs]\nendpoints = [\"e:2379\"]\nca_file = \"ca\"\ncert_file = \"c.crt\"\n"
+        ),
+        "pgherd.toml:7:13: dcs.cert_file: needs key_file",
+    );
+    check_err(
+        &format!("{NODE}[dcs]\nendpoints = [\"e:2379\"]\nusername = \"u\"\n"),
+        "pgherd.toml:6:12: dcs.username: needs a password",
     );
     check_err(
         &format!("{NODE}[dcs]\nendpoints = [\"e:2379\"]\nlease_ttl_s = 1\n"),

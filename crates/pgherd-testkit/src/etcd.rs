@@ -2,6 +2,7 @@
 //! tests of several pgherd instances agreeing through it.
 
 use std::net::TcpStream;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -12,11 +13,27 @@ pub struct TestEtcd {
     pub client_port: u16,
     peer_port: u16,
     dir: tempfile::TempDir,
+    /// Clients over TLS with a certificate the CA signed: (CA, server certificate, key).
+    tls: Option<(PathBuf, PathBuf, PathBuf)>,
 }
 
 impl TestEtcd {
     /// Starts etcd; returns once it accepts clients.
     pub fn start() -> TestEtcd {
+        Self::start_with(None)
+    }
+
+    /// Starts etcd taking clients over TLS only, each with a certificate `certs`' CA signed
+    /// (`--client-cert-auth`).
+    pub fn start_tls(certs: &crate::certs::TestCerts) -> TestEtcd {
+        Self::start_with(Some((
+            certs.ca_file.clone(),
+            certs.server_cert.clone(),
+            certs.server_key.clone(),
+        )))
+    }
+
+    fn start_with(tls: Option<(PathBuf, PathBuf, PathBuf)>) -> TestEtcd {
         let mut etcd = TestEtcd {
             child: None,
             client_port: free_port().expect("no free port"),
@@ -25,6 +42,7 @@ impl TestEtcd {
                 .prefix("pgherd-etcd-")
                 .tempdir()
                 .expect("temp dir"),
+            tls,
         };
         etcd.spawn();
         etcd
@@ -32,7 +50,8 @@ impl TestEtcd {
 
     /// The client URL for `[dcs] endpoints`.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     fn spawn(&mut self) {
@@ -43,7 +62,18 @@ impl TestEtcd {
             .expect("etcd log");
         let client = self.endpoint();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let child = Command::new("etcd")
+        let mut command = Command::new("etcd");
+        if let Some((ca, cert, key)) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(cert)
+                .arg("--key-file")
+                .arg(key)
+                .arg("--trusted-ca-file")
+                .arg(ca)
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .args(["--name", "test"])
             .arg("--data-dir")
             .arg(self.dir.path().join("data"))

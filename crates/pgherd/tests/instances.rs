@@ -8,7 +8,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use pgherd_testkit::{Pgherd, PgherdConfig, TestCluster, TestEtcd, SUPERUSER, SUPERUSER_PASSWORD};
+use pgherd_testkit::{
+    Pgherd, PgherdConfig, TestCerts, TestCluster, TestEtcd, SUPERUSER, SUPERUSER_PASSWORD,
+};
 use tokio_postgres::Client;
 
 const LEASE_TTL_S: u64 = 3;
@@ -473,4 +475,95 @@ async fn an_instance_that_never_read_a_view_holds_writes_and_says_why() {
     )
     .await;
     assert_eq!(leader_seen_by(&a).await, "a");
+}
+
+/// Turns authentication on in an etcd that takes clients over TLS with a certificate: users
+/// `root` and `pgherd` (password `password`), both with the role `root`.
+async fn enable_etcd_auth(etcd: &TestEtcd, certs: &TestCerts, password: &str) {
+    use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+    let (cert, key) = certs.client("root");
+    let read = |path: &std::path::Path| std::fs::read(path).expect("certificate file");
+    let tls = TlsOptions::new()
+        .ca_certificate(Certificate::from_pem(read(&certs.ca_file)))
+        .identity(Identity::from_pem(read(&cert), read(&key)));
+    let mut client = Client::connect([etcd.endpoint()], Some(ConnectOptions::new().with_tls(tls)))
+        .await
+        .expect("connect to etcd over TLS");
+    for user in ["root", "pgherd"] {
+        client
+            .user_add(user, password, None)
+            .await
+            .expect("add user");
+        client
+            .user_grant_role(user, "root")
+            .await
+            .expect("grant role");
+    }
+    client.auth_enable().await.expect("enable authentication");
+}
+
+/// etcd over TLS only, client certificates required (`--client-cert-auth`) and authentication
+/// on: an instance given etcd's CA, its own certificate and an etcd user leads and lets writes
+/// through; one with a wrong password reaches nothing, says why, and holds writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_reaches_etcd_over_tls_as_an_etcd_user() {
+    let cluster = TestCluster::start(1);
+    let app = cluster.create_user(APP, APP_PASSWORD);
+    cluster.sql(&format!("CREATE DATABASE {APP} OWNER {APP}"));
+    cluster.sql_on("pg1", APP, "CREATE TABLE t (id int PRIMARY KEY, via text)");
+    cluster.sql_on("pg1", APP, &format!("ALTER TABLE t OWNER TO {APP}"));
+    let certs = TestCerts::create(&cluster.dir().join("etcd-certs"));
+    let etcd = TestEtcd::start_tls(&certs);
+    enable_etcd_auth(&etcd, &certs, "etcd-password").await;
+    let (cert, key) = certs.client("pgherd");
+    let config = |name: &str, password: &str| {
+        PgherdConfig::new()
+            .user(APP, &app, "")
+            .superuser()
+            .proxy("admin_users = [\"postgres\"]")
+            .section("[failover]\nenabled = true")
+            .section(&format!(
+                "[dcs]\nendpoints = [\"{}\"]\nscope = \"tls\"\ninstance = \"{name}\"\n\
+                 lease_ttl_s = {LEASE_TTL_S}\nrequest_timeout_ms = 500\n\
+                 ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n\
+                 username = \"pgherd\"\npassword = \"{password}\"",
+                etcd.endpoint(),
+                certs.ca_file.display(),
+                cert.display(),
+                key.display()
+            ))
+    };
+    assert!(etcd.endpoint().starts_with("https://"));
+    let a = Pgherd::start(BIN, &cluster, &config("a", "etcd-password"));
+    wait_for(
+        "the instance leads over TLS",
+        Duration::from_secs(20),
+        async || leader_seen_by(&a).await == "a" && gate_seen_by(&a).await == "open",
+    )
+    .await;
+    insert(&a, 1, "over tls")
+        .await
+        .expect("write through the leader");
+
+    let b = Pgherd::start(BIN, &cluster, &config("b", "wrong"));
+    let mut seen = Vec::new();
+    wait_for(
+        "the instance with a wrong password says etcd refused it",
+        Duration::from_secs(20),
+        async || {
+            let Ok(c) = try_connect(&b.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")).await
+            else {
+                return false;
+            };
+            seen = rows(&c, "SHOW CLUSTER").await.unwrap_or_default();
+            seen.first().is_some_and(|r| {
+                field(r, "dcs").starts_with("unreachable")
+                    && field(r, "dcs").contains("authentication")
+            })
+        },
+    )
+    .await;
+    assert_eq!(field(&seen[0], "gate_reason"), "no_view", "{seen:?}");
+    let refused = insert(&b, 2, "wrong password").await.unwrap_err();
+    assert!(refused.starts_with("08006"), "{refused}");
 }

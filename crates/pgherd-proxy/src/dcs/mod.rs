@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
-    PutOptions, Txn, TxnOp, TxnOpResponse,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity,
+    LeaseKeepAliveStream, LeaseKeeper, PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse,
 };
 use parking_lot::Mutex;
 use pgherd_config::DcsSettings;
@@ -97,6 +97,8 @@ pub enum DcsError {
     NotLeader,
     #[error("no session with etcd (it cannot be reached)")]
     NoSession,
+    #[error("TLS to etcd: {0}")]
+    Tls(String),
     #[error("the shared view cannot be read: {0}")]
     BadView(String),
     #[error("instances {0} still route by an older view of the cluster")]
@@ -141,6 +143,29 @@ impl Dcs {
 
     fn key(&self, name: &str) -> String {
         format!("/{}/{name}", self.settings.scope)
+    }
+
+    /// Timeouts, TLS (etcd's CA, this instance's certificate; the files are read at each
+    /// connection, so renewed certificates are picked up) and the etcd user.
+    fn connect_options(&self) -> Result<ConnectOptions, DcsError> {
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(self.timeout())
+            .with_timeout(self.timeout());
+        if let Some(tls) = &self.settings.tls {
+            let read = |path: &std::path::Path| {
+                std::fs::read(path).map_err(|e| DcsError::Tls(format!("{}: {e}", path.display())))
+            };
+            let mut config =
+                TlsOptions::new().ca_certificate(Certificate::from_pem(read(&tls.ca_file)?));
+            if let Some((cert, key)) = &tls.identity {
+                config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            options = options.with_tls(config);
+        }
+        if let Some((name, password)) = &self.settings.user {
+            options = options.with_user(name.clone(), password.clone());
+        }
+        Ok(options)
     }
 
     fn timeout(&self) -> Duration {
@@ -352,9 +377,7 @@ pub async fn run(app: Arc<App>, dcs: Arc<Dcs>) {
 /// One connection to etcd with one lease: renews it, campaigns, and keeps the view in step
 /// until something fails.
 async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
-    let options = ConnectOptions::new()
-        .with_connect_timeout(dcs.timeout())
-        .with_timeout(dcs.timeout());
+    let options = dcs.connect_options()?;
     let mut client = dcs
         .within(Client::connect(&dcs.settings.endpoints, Some(options)))
         .await?;

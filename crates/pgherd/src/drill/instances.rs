@@ -137,12 +137,14 @@ pub async fn round(
     log: &Mutex<Log>,
     injections: &mut Vec<Instant>,
 ) -> Result<Round, String> {
-    let Start { old_port, leader } = start_round(cluster, front, log).await?;
-    let old = node_by_port(cluster, old_port)?;
+    let Start {
+        old_port,
+        old,
+        leader,
+        errors_before,
+        injected,
+    } = start_round(cluster, front, log, injections).await?;
     let leader_name = instances.names[leader].clone();
-    let errors_before = log.lock().map_err(|_| "poisoned")?.errors;
-    let injected = Instant::now();
-    injections.push(injected);
     let mut killed_postmaster = None;
     let hit = match fault {
         Fault::InstanceKill => {

@@ -534,18 +534,24 @@ async fn drill(
     Ok(())
 }
 
-/// Where a round starts from: the primary's port and the leading instance.
+/// Where a round starts from: the primary (its port and node), the leading instance, the
+/// client errors so far, and when the fault is injected (now, as it returns).
 struct Start {
     old_port: u16,
+    old: LocalNode,
     leader: usize,
+    errors_before: usize,
+    injected: Instant,
 }
 
 /// Waits until the cluster is whole (the primary streams to every replica, the instances agree
-/// on a leader) and writes flow, so the fault and the RTO have a start.
+/// on a leader) and writes flow, so the fault and the RTO have a start; records the fault's
+/// time in `injections`.
 async fn start_round(
     cluster: &BenchCluster,
     front: &Front,
     log: &Mutex<Log>,
+    injections: &mut Vec<Instant>,
 ) -> Result<Start, String> {
     // Through pgherd as the superuser: pg_stat_replication shows its state only to those.
     let c = front.superuser("postgres").await?;
@@ -562,7 +568,16 @@ async fn start_round(
         .await?
         .parse()
         .map_err(|_| "unreadable port")?;
-    Ok(Start { old_port, leader })
+    let errors_before = log.lock().map_err(|_| "poisoned")?.errors;
+    let injected = Instant::now();
+    injections.push(injected);
+    Ok(Start {
+        old_port,
+        old: node_by_port(cluster, old_port)?,
+        leader,
+        errors_before,
+        injected,
+    })
 }
 
 /// One fault on the current primary, and the wait until writes go on and every node streams
@@ -575,11 +590,13 @@ async fn round(
     log: &Mutex<Log>,
     injections: &mut Vec<Instant>,
 ) -> Result<Round, String> {
-    let Start { old_port, leader } = start_round(cluster, front, log).await?;
-    let old = node_by_port(cluster, old_port)?;
-    let errors_before = log.lock().map_err(|_| "poisoned")?.errors;
-    let injected = Instant::now();
-    injections.push(injected);
+    let Start {
+        old_port,
+        old,
+        leader,
+        errors_before,
+        injected,
+    } = start_round(cluster, front, log, injections).await?;
     let mut stopped_pids = Vec::new();
     let mut killed = None;
     let mut violation = None;

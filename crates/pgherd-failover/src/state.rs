@@ -381,11 +381,16 @@ impl ClusterState {
     /// The view after `change`, with the next version; `None` if it changes nothing.
     pub fn apply(&self, change: &Change) -> Option<ClusterState> {
         match change {
-            Change::Adopt(leader) => {
-                return (leader.epoch >= self.epoch && **leader != *self)
-                    .then(|| (**leader).clone())
+            // The leader's view, with this instance's own lease gate (its lease, not the
+            // leader's, says whether it may route writes).
+            Change::Adopt(leader) | Change::Follow(leader) => {
+                let newer = matches!(change, Change::Follow(_)) || leader.epoch >= self.epoch;
+                let next = ClusterState {
+                    lease_lapsed: self.lease_lapsed,
+                    ..(**leader).clone()
+                };
+                return (newer && next != *self).then_some(next);
             }
-            Change::Follow(leader) => return (**leader != *self).then(|| (**leader).clone()),
             _ => {}
         }
         let mut next = self.clone();

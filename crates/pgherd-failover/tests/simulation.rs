@@ -63,8 +63,8 @@ struct Instance {
     leading_until_ms: Option<u64>,
     /// The leader key named this instance with its lease at its last campaign.
     leading: bool,
-    /// The version of the last view adopted from the leader.
-    adopted_version: u64,
+    /// The leader's view it routes by: the lease it was written with, its version.
+    routed: (i64, u64),
     /// An operation stopped between agreeing to an IO and performing it: it performs that IO
     /// when it wakes, as a stopped process would.
     suspended: Option<(Operation, Io)>,
@@ -93,7 +93,7 @@ impl Instance {
             lease_until_ms: 0,
             leading_until_ms: None,
             leading: false,
-            adopted_version: 0,
+            routed: (0, 0),
             suspended: None,
         }
     }
@@ -268,7 +268,15 @@ impl Sim {
         etcd.expire(now_ms);
         let lease = match instance.lease {
             Some(lease) if etcd.renew(lease, now_ms, dcs.lease_ttl_ms) => lease,
-            _ => etcd.grant(now_ms, dcs.lease_ttl_ms),
+            _ => {
+                // As the proxy: a new lease has no record a leader waits for; the instance
+                // routes no writes until it has one and has read the view.
+                let lease = etcd.grant(now_ms, dcs.lease_ttl_ms);
+                instance.change(Change::AwaitView(true));
+                etcd.register(&instance.name, lease, (0, 0));
+                instance.routed = (0, 0);
+                lease
+            }
         };
         instance.lease = Some(lease);
         instance.lease_until_ms = now_ms + dcs.lease_ttl_ms;
@@ -324,14 +332,14 @@ impl Sim {
                     describe(&instance.state)
                 ));
             }
-            instance.adopted_version = view.state.version;
+            instance.routed = (view.lease, view.state.version);
         }
-        let version = instance.adopted_version;
-        dcs.etcd.register(&instance.name, lease, version);
+        let routed = instance.routed;
+        dcs.etcd.register(&instance.name, lease, routed);
     }
 
-    /// The write gate's lease reason on instance `k` (`pgherd_proxy::dcs`): writes wait once
-    /// its lease may have run out.
+    /// The write gate's lease reason on instance `k` (`pgherd_proxy::dcs`): writes are refused
+    /// once its lease may have run out.
     fn lease_gate(&mut self, k: usize, now_ms: u64) {
         if self.dcs.is_none() {
             return;
@@ -368,8 +376,10 @@ impl Sim {
                     self.follow(j);
                 }
             }
+            let instance = &self.instances[k];
             let lagging = self.dcs.as_ref().map_or(0, |dcs| {
-                dcs.etcd.lagging(&self.instances[k].name, state.version)
+                let lease = instance.lease.unwrap_or(0);
+                dcs.etcd.lagging(&instance.name, lease, state.version)
             });
             if !agreement::may_promote(lagging) {
                 self.stats.waited_for_lagging += 1;

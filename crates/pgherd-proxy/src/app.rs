@@ -119,6 +119,12 @@ impl App {
         self.dcs.as_ref().is_none_or(|dcs| dcs.is_leader())
     }
 
+    /// Whether this instance may route a write now: alone, always; one of several, while its
+    /// lease is known valid.
+    pub fn may_route_writes(&self) -> bool {
+        self.dcs.as_ref().is_none_or(|dcs| dcs.may_route_writes())
+    }
+
     pub fn connect_context(&self) -> Arc<ConnectContext> {
         self.connect.load_full()
     }

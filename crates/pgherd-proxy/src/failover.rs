@@ -619,16 +619,25 @@ fn cut_off(app: &App, node: &NodeState, newly: bool) {
             );
         }
     }
+    end_sessions_on(
+        app,
+        node,
+        &format!(
+            "node {} was fenced by failover while this session used it",
+            node.name()
+        ),
+    );
+}
+
+/// Drops the idle server connections to `node` and ends the client sessions using it, saying
+/// `why`. Sessions in the middle of a request there may wait forever on a hung server; they
+/// end now (their clients reconnect and reach the new primary).
+pub(crate) fn end_sessions_on(app: &App, node: &NodeState, why: &str) {
     app.drop_idle_connections(node);
-    // Sessions in the middle of a request there may wait forever on a hung server; they end
-    // now (their clients reconnect and reach the new primary).
     let mut ended = 0;
     for client in app.clients.all() {
         if client.target().is_some_and(|t| t.is_on(node)) {
-            client.kill(format!(
-                "node {} was fenced by failover while this session used it",
-                node.name()
-            ));
+            client.kill(why.to_owned());
             ended += 1;
         }
     }
@@ -636,7 +645,8 @@ fn cut_off(app: &App, node: &NodeState, newly: bool) {
         tracing::warn!(
             node = node.name(),
             sessions = ended,
-            "sessions using the fenced node ended"
+            reason = why,
+            "sessions using the node ended"
         );
     }
 }

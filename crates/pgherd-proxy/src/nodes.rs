@@ -223,7 +223,7 @@ impl Nodes {
         reason.sentence(|id| self.name_of(id))
     }
 
-    fn by_id(&self, id: NodeId) -> Option<Arc<NodeState>> {
+    pub fn by_id(&self, id: NodeId) -> Option<Arc<NodeState>> {
         self.list.load().iter().find(|n| n.id == id).cloned()
     }
 

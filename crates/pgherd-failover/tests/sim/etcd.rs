@@ -23,8 +23,9 @@ pub struct Etcd {
     /// The leader key: the instance it names and the lease it is on.
     pub leader: Option<(String, i64)>,
     pub view: Option<SharedView>,
-    /// Each instance's record, on its lease: the view version it routes by.
-    pub records: BTreeMap<String, (i64, u64)>,
+    /// Each instance's record, on its lease: the leader's view it routes by (the lease that
+    /// view was written with, its version).
+    pub records: BTreeMap<String, (i64, (i64, u64))>,
 }
 
 impl Etcd {
@@ -78,16 +79,21 @@ impl Etcd {
         id
     }
 
-    /// An instance's record: the view version it routes by, on its lease.
-    pub fn register(&mut self, instance: &str, lease: i64, version: u64) {
-        self.records.insert(instance.to_owned(), (lease, version));
+    /// An instance's record, on its lease: the leader's view it routes by.
+    pub fn register(&mut self, instance: &str, lease: i64, routed: (i64, u64)) {
+        if self.leases.contains_key(&lease) {
+            self.records.insert(instance.to_owned(), (lease, routed));
+        }
     }
 
-    /// The other instances with a record that route by a view older than `version`.
-    pub fn lagging(&self, instance: &str, version: u64) -> usize {
+    /// The other instances with a record that route by another leader's view, or by an older
+    /// one of `leader_lease`'s than `version`.
+    pub fn lagging(&self, instance: &str, leader_lease: i64, version: u64) -> usize {
         self.records
             .iter()
-            .filter(|(name, (_, routed))| name.as_str() != instance && *routed < version)
+            .filter(|(name, (_, (view_lease, routed)))| {
+                name.as_str() != instance && (*view_lease != leader_lease || *routed < version)
+            })
             .count()
     }
 

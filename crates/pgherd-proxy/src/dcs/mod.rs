@@ -11,6 +11,7 @@
 
 pub mod shared;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -46,10 +47,9 @@ pub struct Status {
     pub last_error: Option<String>,
     /// The lease of the current (or last) session with etcd.
     pub lease: Option<i64>,
-    /// When that lease runs out unless renewed, as this instance counts it ([`Dcs::now_ms`]).
-    lease_until_ms: u64,
-    /// The version of the leader's view this instance routes by, as its record says.
-    routed_version: Option<u64>,
+    /// The leader's view this instance routes by, as its record says: (the lease it was
+    /// written with, its version).
+    routed: Option<(i64, u64)>,
     /// The instances registered under `/<scope>/instances/`, as last read.
     pub instances: Vec<InstanceRecord>,
 }
@@ -61,8 +61,11 @@ pub struct InstanceRecord {
     pub listen: Vec<String>,
     pub api: Vec<String>,
     pub pid: u32,
-    /// The version of the leader's view it routes by: before a promotion the leader waits
-    /// until no instance with a lease routes by an older one.
+    /// The leader's view it routes by (the lease it was written with, and its version):
+    /// before a promotion the leader waits until every instance with a lease routes by its
+    /// current one.
+    #[serde(default)]
+    pub view_lease: i64,
     #[serde(default)]
     pub version: u64,
 }
@@ -78,6 +81,12 @@ pub struct Dcs {
     /// The lease of the last session: the next session keeps it if etcd still has it, so a
     /// short outage (etcd restarting, a connection lost) does not hand the leadership over.
     last_lease: Mutex<Option<i64>>,
+    /// When this instance's lease runs out unless renewed, as it counts it ([`Dcs::now_ms`];
+    /// 0: it never had one). Read by every write's plan.
+    lease_until_ms: AtomicU64,
+    /// The last view published (lease, epoch, version): publishes go out one at a time and
+    /// never put an older view over a newer one.
+    published: tokio::sync::Mutex<Option<(i64, u64, u64)>>,
     /// The origin of the agreement's times.
     clock: Instant,
 }
@@ -119,6 +128,8 @@ impl Dcs {
             status: Mutex::new(Status::default()),
             session: tokio::sync::Mutex::new(None),
             last_lease: Mutex::new(None),
+            lease_until_ms: AtomicU64::new(0),
+            published: tokio::sync::Mutex::new(None),
             clock: Instant::now(),
         }
     }
@@ -220,6 +231,13 @@ impl Dcs {
         app: &App,
         state: &ClusterState,
     ) -> Result<(), DcsError> {
+        let mut published = self.published.lock().await;
+        if published.is_some_and(|(l, epoch, version)| {
+            l == lease && (state.epoch, state.version) <= (epoch, version)
+        }) {
+            // A newer view, or this one, is in etcd already.
+            return Ok(());
+        }
         let shared = SharedView::of(state, &self.instance, lease, |id| app.nodes.name_of(id));
         let json = serde_json::to_string(&shared).map_err(|e| DcsError::BadView(e.to_string()))?;
         let leader_key = self.key("leader");
@@ -231,10 +249,25 @@ impl Dcs {
             .and_then(vec![TxnOp::put(self.key("view"), json, None)]);
         let response = self.within(client.txn(txn)).await?;
         if response.succeeded() {
+            *published = Some((lease, state.epoch, state.version));
             Ok(())
         } else {
             Err(DcsError::NotLeader)
         }
+    }
+
+    /// Whether writes may be routed now: the lease is known valid
+    /// ([`agreement::may_route_writes`]). Asked by every write's plan, so a stalled instance
+    /// does not route one before its watch closes the gate.
+    pub fn may_route_writes(&self) -> bool {
+        let lease_until_ms = self.lease_until_ms.load(Ordering::Acquire);
+        // Never had a lease: never read a view either, and the gate holds writes for that.
+        lease_until_ms == 0
+            || agreement::may_route_writes(
+                lease_until_ms,
+                self.settings.request_timeout_ms,
+                self.now_ms(),
+            )
     }
 
     /// Waits until every other instance that holds a lease routes by view `version` or a
@@ -242,10 +275,10 @@ impl Dcs {
     /// its lease, and its record, within the TTL, having stopped routing writes before that.
     pub async fn await_followers(&self, version: u64) -> Result<(), DcsError> {
         let session = self.session.lock().await;
-        let Some((client, _)) = session.as_ref() else {
+        let Some((client, lease)) = session.as_ref() else {
             return Err(DcsError::NoSession);
         };
-        let mut client = client.clone();
+        let (mut client, lease) = (client.clone(), *lease);
         drop(session);
         let deadline =
             Instant::now() + Duration::from_secs(self.settings.lease_ttl_s) + self.timeout();
@@ -253,7 +286,9 @@ impl Dcs {
             let records = list_instances(self, &mut client).await?;
             let lagging: Vec<String> = records
                 .iter()
-                .filter(|r| r.instance != self.instance && r.version < version)
+                .filter(|r| {
+                    r.instance != self.instance && (r.view_lease != lease || r.version < version)
+                })
                 .map(|r| r.instance.clone())
                 .collect();
             if agreement::may_promote(lagging.len()) {
@@ -269,24 +304,23 @@ impl Dcs {
     /// Closes the write gate (`no_lease`) once this instance's lease may have run out, and
     /// opens it when it is valid again.
     fn watch_lease(&self, app: &App) {
-        let (lease, lease_until_ms) = {
-            let status = self.status.lock();
-            (status.lease, status.lease_until_ms)
-        };
-        if lease.is_none() {
-            // Never had one: the instance has no view either, and says so (`no_view`).
-            return;
-        }
-        let lapsed = !agreement::may_route_writes(
-            lease_until_ms,
-            self.settings.request_timeout_ms,
-            self.now_ms(),
-        );
-        if lapsed != app.nodes.view().lease_lapsed {
+        let lapsed = !self.may_route_writes();
+        let view = app.nodes.view();
+        if lapsed != view.lease_lapsed {
             if lapsed {
                 tracing::warn!(instance = %self.instance, "etcd out of reach for longer than the lease: writes are refused until it answers");
             }
             app.nodes.change(Change::LeaseLapsed(lapsed));
+            // Sessions holding a connection to the primary (session pooling, a transaction
+            // under way) would go on writing there: another instance may be replacing it.
+            let writer = view.elected.and_then(|id| app.nodes.by_id(id));
+            if let Some(node) = writer.filter(|_| lapsed) {
+                crate::failover::end_sessions_on(
+                    app,
+                    &node,
+                    "this pgherd instance lost etcd for longer than its lease: another instance may be replacing the primary",
+                );
+            }
         }
     }
 
@@ -303,13 +337,21 @@ impl Dcs {
                 .map(Box::new)
                 .map_err(DcsError::BadView)
         };
+        let before = app.nodes.view();
         match adoption {
-            agreement::Adoption::Keep => {}
-            agreement::Adoption::Follow => {
-                app.nodes.change(Change::Follow(build()?));
-            }
-            agreement::Adoption::TakeOver => {
-                app.nodes.change(Change::Adopt(build()?));
+            agreement::Adoption::Keep => return Ok(()),
+            agreement::Adoption::Follow => app.nodes.change(Change::Follow(build()?)),
+            agreement::Adoption::TakeOver => app.nodes.change(Change::Adopt(build()?)),
+        };
+        // The leader fenced them: sessions through this instance stop using them too.
+        let after = app.nodes.view();
+        for id in after.fenced.difference(&before.fenced) {
+            if let Some(node) = app.nodes.by_id(*id) {
+                let why = format!(
+                    "node {} was fenced by the leading pgherd instance while this session used it",
+                    node.name()
+                );
+                crate::failover::end_sessions_on(app, &node, &why);
             }
         }
         Ok(())
@@ -383,12 +425,19 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
         .await?;
     let mut live = open_lease(dcs, &mut client).await?;
     let lease = live.id;
+    if !live.kept {
+        // A new lease: this instance has no record any leader waits for, so it routes no
+        // writes until it has one and has read the view.
+        app.nodes.change(Change::AwaitView(true));
+        register(app, dcs, &mut client, lease, (0, 0)).await?;
+    }
     {
         let mut status = dcs.status.lock();
         status.lease = Some(lease);
-        status.lease_until_ms = dcs.ms(live.until);
-        status.routed_version = None;
+        status.routed = (!live.kept).then_some((0, 0)).or(status.routed);
     }
+    dcs.lease_until_ms
+        .store(dcs.ms(live.until), Ordering::Release);
     *dcs.session.lock().await = Some((client.clone(), lease));
     tracing::info!(instance = %dcs.instance, endpoints = ?dcs.settings.endpoints, lease, "connected to etcd");
 
@@ -405,7 +454,8 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
         if renewed_at.elapsed() >= renew_every {
             renewed_at = Instant::now();
             live.renew(dcs).await?;
-            dcs.status.lock().lease_until_ms = dcs.ms(live.until);
+            dcs.lease_until_ms
+                .store(dcs.ms(live.until), Ordering::Release);
         }
         let (agreement::Leadership { leader, leading }, shared_version) =
             campaign(app, dcs, &mut client, lease).await?;
@@ -439,13 +489,13 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
         // just followed (its own, for the leader). Not its own version, which its own changes
         // (the lease's gate) move too.
         let routed = match (leading, shared_version) {
-            (false, Some(version)) => version,
-            _ => app.nodes.view().version,
+            (false, Some(followed)) => followed,
+            _ => (lease, app.nodes.view().version),
         };
-        let registered = dcs.status.lock().routed_version;
+        let registered = dcs.status.lock().routed;
         if registered != Some(routed) {
             register(app, dcs, &mut client, lease, routed).await?;
-            dcs.status.lock().routed_version = Some(routed);
+            dcs.status.lock().routed = Some(routed);
         }
         if leading {
             let view = app.nodes.view();
@@ -464,6 +514,8 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
 /// A lease kept alive by one session.
 struct LiveLease {
     id: i64,
+    /// The last session's lease, kept: its record and any leader key are still on it.
+    kept: bool,
     keeper: LeaseKeeper,
     renewals: LeaseKeepAliveStream,
     /// When etcd lets the lease expire unless it is renewed: counted from when the last
@@ -485,6 +537,7 @@ impl LiveLease {
         };
         Ok(LiveLease {
             id,
+            kept: false,
             keeper,
             renewals,
             until: sent + Duration::from_secs(dcs.settings.lease_ttl_s),
@@ -518,7 +571,8 @@ async fn open_lease(dcs: &Dcs, client: &mut Client) -> Result<LiveLease, DcsErro
     if let Some(id) = last {
         match LiveLease::start(dcs, client, id).await {
             Err(DcsError::LeaseExpired) => {}
-            kept => return kept,
+            Ok(live) => return Ok(LiveLease { kept: true, ..live }),
+            Err(e) => return Err(e),
         }
     }
     let ttl = dcs.settings.lease_ttl_s as i64;
@@ -529,13 +583,13 @@ async fn open_lease(dcs: &Dcs, client: &mut Client) -> Result<LiveLease, DcsErro
 
 /// Takes the leader key with this lease when nobody holds it, and reads the shared view in
 /// the same transaction; a follower adopts it, a new leader adopts it before acting. Returns
-/// whom the key names, and the version of the shared view read.
+/// whom the key names, and the shared view read (the lease it was written with, its version).
 async fn campaign(
     app: &App,
     dcs: &Dcs,
     client: &mut Client,
     lease: i64,
-) -> Result<(agreement::Leadership, Option<u64>), DcsError> {
+) -> Result<(agreement::Leadership, Option<(i64, u64)>), DcsError> {
     let leader_key = dcs.key("leader");
     let view_key = dcs.key("view");
     let txn = Txn::new()
@@ -585,7 +639,7 @@ async fn campaign(
     if let Some(view) = view_kv {
         let shared: SharedView =
             serde_json::from_slice(view.value()).map_err(|e| DcsError::BadView(e.to_string()))?;
-        shared_version = Some(shared.version);
+        shared_version = Some((shared.lease, shared.version));
         let adoption = agreement::adoption(
             &dcs.instance,
             lease,
@@ -639,7 +693,7 @@ async fn register(
     dcs: &Dcs,
     client: &mut Client,
     lease: i64,
-    version: u64,
+    (view_lease, version): (i64, u64),
 ) -> Result<(), DcsError> {
     let config = app.config();
     let record = InstanceRecord {
@@ -652,6 +706,7 @@ async fn register(
             .collect(),
         api: config.api.listen.iter().map(ToString::to_string).collect(),
         pid: std::process::id(),
+        view_lease,
         version,
     };
     let record = serde_json::to_string(&record).map_err(|e| DcsError::BadView(e.to_string()))?;

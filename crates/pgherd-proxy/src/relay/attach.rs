@@ -3,6 +3,7 @@
 //! pool (carrying the client's settings), waits for a primary or a paused database, and what
 //! happens when a server fails or the client leaves (cleanup, reset, or close).
 
+use pgherd_failover::GateReason;
 use pgherd_route::plan::{choose_node, route_request, Framing, NoNode, ReadNeeds, Statements};
 
 use super::client_input::statement;
@@ -103,6 +104,19 @@ impl Session {
                 may_wait: config.routing.read_your_writes_wait_ms > 0,
             }
         };
+        if target == RouteTarget::Primary && !self.app.may_route_writes() {
+            // The clock, not only the gate: a stalled instance may run this before its lease's
+            // watch has closed the gate.
+            let reason = GateReason::NoLease;
+            return Err(PgError::error(
+                SqlState::READ_ONLY_SQL_TRANSACTION,
+                format!(
+                    "writes are refused: {}",
+                    self.app.nodes.gate_sentence(&reason)
+                ),
+            )
+            .with_hint(reason.resumes_when()));
+        }
         let last = self.last_pool.as_ref().map(|(node, _)| node);
         match choose_node(&self.app.nodes.snapshot(), target, last, reads) {
             Ok(plan) => Ok((plan.node, plan.wait_for_lsn)),

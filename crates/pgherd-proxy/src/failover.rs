@@ -491,10 +491,12 @@ async fn agreed(app: &App, io: &Io) -> Result<(), String> {
     if matches!(io, Io::CutOff { .. }) {
         return Ok(());
     }
-    recorded(app, &app.nodes.view()).await?;
+    let state = app.nodes.view();
+    recorded(app, &state).await?;
     match (&app.dcs, io) {
+        // The others follow the view just recorded (or a newer one).
         (Some(dcs), Io::Promote { .. }) => dcs
-            .await_followers(app.nodes.view().version)
+            .await_followers(state.version)
             .await
             .map_err(|e| e.to_string()),
         _ => Ok(()),

@@ -129,22 +129,19 @@ pub(crate) fn dcs(
         "password",
         [&raw.password, &raw.password_file, &raw.password_env],
     )?;
-    let user = match (&raw.username, password) {
-        (Some(name), Some(password)) => Some((name.clone(), password)),
-        (None, None) => None,
-        (Some(_), None) => {
-            return Err(c.error(
-                &field_path!["dcs", "username"],
-                "needs a password (password, password_file or password_env)",
-            ))
-        }
-        (None, Some(_)) => {
-            return Err(c.error(
-                &field_path!["dcs", "password"],
-                "needs username, the etcd user it is the password of",
-            ))
-        }
-    };
+    let user = together(
+        c,
+        (
+            raw.username.clone(),
+            "username",
+            "needs a password (password, password_file or password_env)",
+        ),
+        (
+            password,
+            "password",
+            "needs username, the etcd user it is the password of",
+        ),
+    )?;
     if !is_name(&raw.scope) || raw.scope.contains(':') {
         return Err(c.error(
             &field_path!["dcs", "scope"],
@@ -188,22 +185,19 @@ pub(crate) fn dcs(
 
 /// `ca_file`, and `cert_file` with `key_file` (both or neither, and only with `ca_file`).
 fn dcs_tls(c: &Checker<'_>, raw: &RawDcs) -> Result<Option<DcsTls>, ConfigError> {
-    let identity = match (&raw.cert_file, &raw.key_file) {
-        (Some(cert), Some(key)) => Some((c.file_path(cert), c.file_path(key))),
-        (None, None) => None,
-        (Some(_), None) => {
-            return Err(c.error(
-                &field_path!["dcs", "cert_file"],
-                "needs key_file, the certificate's private key",
-            ))
-        }
-        (None, Some(_)) => {
-            return Err(c.error(
-                &field_path!["dcs", "key_file"],
-                "needs cert_file, the certificate it is the key of",
-            ))
-        }
-    };
+    let identity = together(
+        c,
+        (
+            raw.cert_file.as_deref().map(|f| c.file_path(f)),
+            "cert_file",
+            "needs key_file, the certificate's private key",
+        ),
+        (
+            raw.key_file.as_deref().map(|f| c.file_path(f)),
+            "key_file",
+            "needs cert_file, the certificate it is the key of",
+        ),
+    )?;
     match (&raw.ca_file, identity) {
         (Some(ca), identity) => Ok(Some(DcsTls {
             ca_file: c.file_path(ca),
@@ -214,5 +208,20 @@ fn dcs_tls(c: &Checker<'_>, raw: &RawDcs) -> Result<Option<DcsTls>, ConfigError>
             &field_path!["dcs", "cert_file"],
             "a client certificate needs TLS to etcd: set ca_file, the CA that signed etcd's certificate",
         )),
+    }
+}
+
+/// Two `[dcs]` settings that go together: both, or neither. Each comes with its field name and
+/// what to say when it is given without the other.
+fn together<A, B>(
+    c: &Checker<'_>,
+    (a, a_field, a_alone): (Option<A>, &str, &str),
+    (b, b_field, b_alone): (Option<B>, &str, &str),
+) -> Result<Option<(A, B)>, ConfigError> {
+    match (a, b) {
+        (Some(a), Some(b)) => Ok(Some((a, b))),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(c.error(&field_path!["dcs", a_field], a_alone)),
+        (None, Some(_)) => Err(c.error(&field_path!["dcs", b_field], b_alone)),
     }
 }

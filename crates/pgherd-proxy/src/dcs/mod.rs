@@ -45,7 +45,9 @@ pub struct Status {
     /// [`agreement::leading_until_ms`].
     leading_until_ms: Option<u64>,
     pub last_error: Option<String>,
-    /// The lease of the current (or last) session with etcd.
+    /// The lease of the current (or last) session with etcd: the next session keeps it if
+    /// etcd still has it, so a short outage (etcd restarting, a connection lost) does not hand
+    /// the leadership over.
     pub lease: Option<i64>,
     /// The leader's view this instance routes by, as its record says: (the lease it was
     /// written with, its version).
@@ -78,9 +80,6 @@ pub struct Dcs {
     /// The connection and lease of the current session with etcd, for publishing the view
     /// between the periodic turns (before a promotion's IO).
     session: tokio::sync::Mutex<Option<(Client, i64)>>,
-    /// The lease of the last session: the next session keeps it if etcd still has it, so a
-    /// short outage (etcd restarting, a connection lost) does not hand the leadership over.
-    last_lease: Mutex<Option<i64>>,
     /// When this instance's lease runs out unless renewed, as it counts it ([`Dcs::now_ms`];
     /// 0: it never had one). Read by every write's plan.
     lease_until_ms: AtomicU64,
@@ -127,7 +126,6 @@ impl Dcs {
             settings,
             status: Mutex::new(Status::default()),
             session: tokio::sync::Mutex::new(None),
-            last_lease: Mutex::new(None),
             lease_until_ms: AtomicU64::new(0),
             published: tokio::sync::Mutex::new(None),
             clock: Instant::now(),
@@ -430,11 +428,7 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
         // writes until it has one and has read the view.
         app.nodes.change(Change::AwaitView(true));
         register(app, dcs, &mut client, lease, (0, 0)).await?;
-    }
-    {
-        let mut status = dcs.status.lock();
-        status.lease = Some(lease);
-        status.routed = (!live.kept).then_some((0, 0)).or(status.routed);
+        dcs.status.lock().routed = Some((0, 0));
     }
     dcs.lease_until_ms
         .store(dcs.ms(live.until), Ordering::Release);
@@ -443,7 +437,6 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
 
     let renew_every = Duration::from_millis(agreement::renew_every_ms(dcs.settings.lease_ttl_s));
     let mut renewed_at = Instant::now();
-    let mut published: Option<(u64, u64)> = None;
     let mut listed_at: Option<Instant> = None;
     loop {
         if listed_at.is_none_or(|at| at.elapsed() >= LIST_PERIOD) {
@@ -498,14 +491,9 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
             dcs.status.lock().routed = Some(routed);
         }
         if leading {
-            let view = app.nodes.view();
-            let now = (view.epoch, view.version);
-            if published != Some(now) {
-                dcs.publish_with(&mut client, lease, app, &view).await?;
-                published = Some(now);
-            }
-        } else {
-            published = None;
+            // Only a newer view goes out (publish_with keeps track).
+            dcs.publish_with(&mut client, lease, app, &app.nodes.view())
+                .await?;
         }
         tokio::time::sleep(SYNC_PERIOD).await;
     }
@@ -567,7 +555,7 @@ async fn renewal_ttl(dcs: &Dcs, renewals: &mut LeaseKeepAliveStream) -> Result<D
 /// The lease of a new session: the last session's while etcd still has it (the leader key
 /// and the instance's record stay on it), else a new one.
 async fn open_lease(dcs: &Dcs, client: &mut Client) -> Result<LiveLease, DcsError> {
-    let last = *dcs.last_lease.lock();
+    let last = dcs.status.lock().lease;
     if let Some(id) = last {
         match LiveLease::start(dcs, client, id).await {
             Err(DcsError::LeaseExpired) => {}
@@ -577,7 +565,7 @@ async fn open_lease(dcs: &Dcs, client: &mut Client) -> Result<LiveLease, DcsErro
     }
     let ttl = dcs.settings.lease_ttl_s as i64;
     let id = dcs.within(client.lease_grant(ttl, None)).await?.id();
-    *dcs.last_lease.lock() = Some(id);
+    dcs.status.lock().lease = Some(id);
     LiveLease::start(dcs, client, id).await
 }
 

@@ -107,27 +107,13 @@ impl Session {
         if target == RouteTarget::Primary && !self.app.may_route_writes() {
             // The clock, not only the gate: a stalled instance may run this before its lease's
             // watch has closed the gate.
-            let reason = GateReason::NoLease;
-            return Err(PgError::error(
-                SqlState::READ_ONLY_SQL_TRANSACTION,
-                format!(
-                    "writes are refused: {}",
-                    self.app.nodes.gate_sentence(&reason)
-                ),
-            )
-            .with_hint(reason.resumes_when()));
+            return Err(self.writes_refused(Some(&GateReason::NoLease)));
         }
         let last = self.last_pool.as_ref().map(|(node, _)| node);
         match choose_node(&self.app.nodes.snapshot(), target, last, reads) {
             Ok(plan) => Ok((plan.node, plan.wait_for_lsn)),
-            Err(NoNode::WritesRefused(why)) => {
-                let gate = self.app.nodes.view().gate();
-                let resumes = gate.reason().map_or("", |r| r.resumes_when());
-                Err(PgError::error(
-                    SqlState::READ_ONLY_SQL_TRANSACTION,
-                    format!("writes are refused: {why}"),
-                )
-                .with_hint(resumes))
+            Err(NoNode::WritesRefused(_)) => {
+                Err(self.writes_refused(self.app.nodes.view().gate().reason()))
             }
             Err(NoNode::Unavailable) => Err(PgError::error(
                 SqlState::CONNECTION_FAILURE,
@@ -347,6 +333,19 @@ impl Session {
         };
         self.shared.end_wait();
         outcome
+    }
+
+    /// The error for a write the gate refuses, saying why and when writes resume.
+    fn writes_refused(&self, reason: Option<&GateReason>) -> PgError {
+        let why = reason.map_or_else(
+            || "the write gate is closed".to_owned(),
+            |r| self.app.nodes.gate_sentence(r),
+        );
+        PgError::error(
+            SqlState::READ_ONLY_SQL_TRANSACTION,
+            format!("writes are refused: {why}"),
+        )
+        .with_hint(reason.map_or("", |r| r.resumes_when()))
     }
 
     /// Lets a request that has sent nothing yet wait a little for a node that accepts writes

@@ -27,7 +27,6 @@ const WAKE_CUT_OFF: Duration = Duration::from_secs(2);
 
 pub struct Instances {
     processes: Vec<ProxyProcess>,
-    names: Vec<String>,
     relays: Vec<Relay>,
     etcd_dir: PathBuf,
     lease_ttl_s: u64,
@@ -48,7 +47,6 @@ impl Instances {
         local::start_etcd(&etcd_dir)?;
         let mut instances = Instances {
             processes: Vec::new(),
-            names: Vec::new(),
             relays: Vec::new(),
             etcd_dir,
             lease_ttl_s,
@@ -62,7 +60,6 @@ impl Instances {
                 ..*setup
             };
             instances.processes.push(start_pgherd(cluster, &setup)?);
-            instances.names.push(name);
             instances.relays.push(relay);
         }
         Ok(instances)
@@ -73,7 +70,7 @@ impl Instances {
     }
 
     pub fn names(&self) -> Vec<String> {
-        self.names.clone()
+        self.processes.iter().map(|p| p.name.clone()).collect()
     }
 
     /// Where their logs are, for a failed drill.
@@ -144,7 +141,7 @@ pub async fn round(
         errors_before,
         injected,
     } = start_round(cluster, front, log, injections).await?;
-    let leader_name = instances.names[leader].clone();
+    let leader_name = front.names[leader].clone();
     let mut killed_postmaster = None;
     let hit = match fault {
         Fault::InstanceKill => {

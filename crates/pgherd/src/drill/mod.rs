@@ -11,10 +11,13 @@
 //! faults then include pgherd's own: the leader instance killed, alone or with the primary,
 //! stopped, cut off from etcd, and etcd itself down ([`instances`]).
 
+mod front;
 mod instances;
 mod network;
 mod process;
 mod relay;
+mod report;
+mod writer;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -27,9 +30,12 @@ use pgherd_cluster::{LocalNode, StopMode};
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
 use crate::bench::targets::{start_pgherd, BenchCluster, BenchUser, PgherdSetup};
+use front::Front;
 use instances::Instances;
 use network::{set_link, Network};
 use process::{blocking_start, blocking_stop, node_pids, postmaster_pid, signal, wait_gone};
+use report::{report, split_brain};
+use writer::Writer;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Fault {
@@ -309,111 +315,6 @@ pub fn run(mut options: DrillOptions) -> Result<(), String> {
         }
     }
     result
-}
-
-/// One instance's SHOW CLUSTER, as far as the drill needs it.
-#[derive(Debug, Clone)]
-struct Seen {
-    leader: String,
-    gate: String,
-    dcs: String,
-    version: String,
-}
-
-/// How the drill reaches pgherd: each instance's listen port (one without `--instances`).
-struct Front {
-    ports: Vec<u16>,
-    names: Vec<String>,
-    superuser_password: String,
-    user: BenchUser,
-}
-
-impl Front {
-    /// The application's URL through each instance.
-    fn app_urls(&self) -> Vec<String> {
-        self.ports
-            .iter()
-            .map(|&p| self.user.url(p, "drill"))
-            .collect()
-    }
-
-    fn superuser_url(&self, instance: usize, database: &str) -> String {
-        format!(
-            "postgres://postgres:{}@127.0.0.1:{}/{database}",
-            self.superuser_password, self.ports[instance]
-        )
-    }
-
-    /// The superuser on `database` through the first instance that answers.
-    async fn superuser(&self, database: &str) -> Result<Client, String> {
-        let mut last = String::from("no pgherd instance");
-        for i in 0..self.ports.len() {
-            match connect_within(&self.superuser_url(i, database), CONNECT_TIMEOUT).await {
-                Ok(c) => return Ok(c),
-                Err(e) => last = e,
-            }
-        }
-        Err(last)
-    }
-
-    /// What instance `i` says (SHOW CLUSTER).
-    async fn seen_by(&self, i: usize) -> Option<Seen> {
-        let c = connect_within(&self.superuser_url(i, "pgherd"), CONNECT_TIMEOUT)
-            .await
-            .ok()?;
-        let rows = tokio::time::timeout(CONNECT_TIMEOUT, c.simple_query("SHOW CLUSTER"))
-            .await
-            .ok()?
-            .ok()?;
-        rows.iter().find_map(|m| match m {
-            SimpleQueryMessage::Row(r) => {
-                let column = |name: &str| r.get(name).unwrap_or_default().to_owned();
-                Some(Seen {
-                    leader: column("leader"),
-                    gate: column("write_gate"),
-                    dcs: column("dcs"),
-                    version: column("version"),
-                })
-            }
-            _ => None,
-        })
-    }
-
-    /// The leading instance, once every instance reaches etcd, names the same leader, routes
-    /// by the same view and lets writes through (one instance leads itself).
-    async fn agreed_leader(&self) -> Result<usize, String> {
-        if self.ports.len() == 1 {
-            return Ok(0);
-        }
-        let mut seen = Vec::new();
-        let agreed = poll(Duration::from_millis(100), async || {
-            seen.clear();
-            for i in 0..self.ports.len() {
-                seen.push(self.seen_by(i).await);
-            }
-            let Some(first) = seen.first().cloned().flatten() else {
-                return Ok(None);
-            };
-            // The same view everywhere: the leader's last change has reached the others.
-            let all_agree = seen.iter().all(|s| {
-                s.as_ref().is_some_and(|s| {
-                    s.leader == first.leader
-                        && s.version == first.version
-                        && s.gate == "open"
-                        && s.dcs == "reachable"
-                })
-            });
-            let leader = self.names.iter().position(|n| *n == first.leader);
-            Ok(leader.filter(|_| all_agree))
-        })
-        .await?;
-        agreed.ok_or_else(|| {
-            format!(
-                "the instances do not agree on a leader with writes open after {} s: {seen:?}",
-                RECOVERY_TIMEOUT.as_secs()
-            )
-        })
-    }
 }
 
 async fn drill(
@@ -806,93 +707,6 @@ async fn check_counts(
     Ok(counts)
 }
 
-/// A client inserting rows with unique ids through pgherd until told to stop, logging each
-/// acknowledgement with the node that committed it. It connects as a multi-host connection
-/// string does, trying the instances in turn from its own preferred one, and reconnects after
-/// errors.
-struct Writer {
-    number: usize,
-    urls: Arc<Vec<String>>,
-    query_timeout: Option<Duration>,
-}
-
-impl Writer {
-    async fn run(self, stop: Arc<AtomicBool>, log: Arc<Mutex<Log>>) {
-        let mut n: i64 = 0;
-        let mut client: Option<(Client, usize)> = None;
-        // The instance to try first: this writer's own, then, after a failure, the next one
-        // (as a client with several hosts in random order moves on).
-        let mut start_at = self.number;
-        let failed = |log: &Mutex<Log>| {
-            if let Ok(mut log) = log.lock() {
-                log.errors += 1;
-            }
-        };
-        while !stop.load(Ordering::Relaxed) {
-            let (c, instance) = match &client {
-                Some((c, instance)) => (c, *instance),
-                None => match self.connect(start_at).await {
-                    Some(connected) => {
-                        let (c, instance) = client.insert(connected);
-                        (&*c, *instance)
-                    }
-                    None => {
-                        failed(&log);
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-            };
-            n += 1;
-            let id = self.number as i64 * 1_000_000_000 + n;
-            let sql = format!(
-                "INSERT INTO drill_writes VALUES ({id}, {}) RETURNING current_setting('port')",
-                self.number
-            );
-            // An error and no answer in time are the same to the writer: not acknowledged.
-            let answer = match self.query_timeout {
-                Some(limit) => tokio::time::timeout(limit, c.simple_query(&sql))
-                    .await
-                    .ok()
-                    .and_then(Result::ok),
-                None => c.simple_query(&sql).await.ok(),
-            };
-            match answer {
-                Some(messages) => {
-                    let port = first(&messages).and_then(|p| p.parse().ok()).unwrap_or(0);
-                    if let Ok(mut log) = log.lock() {
-                        log.acks.push(Ack {
-                            id,
-                            at: Instant::now(),
-                            port,
-                            writer: self.number,
-                            instance,
-                        });
-                    }
-                }
-                None => {
-                    failed(&log);
-                    client = None;
-                    start_at = instance + 1;
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-
-    /// The first instance that takes the connection, from instance `first` on.
-    async fn connect(&self, first: usize) -> Option<(Client, usize)> {
-        let count = self.urls.len();
-        for k in 0..count {
-            let instance = (first + k) % count;
-            if let Ok(c) = connect_within(&self.urls[instance], CONNECT_TIMEOUT).await {
-                return Some((c, instance));
-            }
-        }
-        None
-    }
-}
-
 /// Waits until the primary streams to every replica (the previous round's old primary has
 /// rejoined), so each round starts from a whole cluster.
 async fn wait_full_strength(c: &Client, replicas: usize) -> Result<(), String> {
@@ -934,115 +748,6 @@ async fn stored_ids(cluster: &BenchCluster, front: &Front) -> Result<(u16, HashS
         .await
         .map_err(|e| db_message(&e))?;
     Ok((port, rows.iter().map(|r| r.get::<_, i64>(0)).collect()))
-}
-
-/// Signs that two nodes took writes at once: the node acknowledging writes changes more than
-/// once after a fault (back and forth), or before the first fault. `injections`: when each
-/// fault was injected.
-fn split_brain(acks: &[Ack], injections: &[Instant]) -> Vec<String> {
-    let mut acks = acks.to_vec();
-    acks.sort_by_key(|a| a.at);
-    let round_of = |at: Instant| injections.iter().rposition(|&t| t <= at);
-    let mut violations = Vec::new();
-    let mut changes = vec![0usize; injections.len()];
-    for pair in acks.windows(2) {
-        if pair[0].port == pair[1].port {
-            continue;
-        }
-        match round_of(pair[1].at) {
-            None => violations.push(format!(
-                "writes moved from port {} to {} before any fault",
-                pair[0].port, pair[1].port
-            )),
-            Some(r) => {
-                changes[r] += 1;
-                if changes[r] > 1 {
-                    violations.push(format!(
-                        "round {}: writes moved again, from port {} to {}",
-                        r + 1,
-                        pair[0].port,
-                        pair[1].port
-                    ));
-                }
-            }
-        }
-    }
-    violations
-}
-
-fn report(
-    rounds: &[Round],
-    log: &Log,
-    lost: &[i64],
-    violations: &[String],
-    primary_port: u16,
-    front: &Front,
-) {
-    let several = front.ports.len() > 1;
-    println!(
-        "round  fault                  hit                       primary after  {}RTO ms  client errors",
-        if several { "leader after  " } else { "" }
-    );
-    for (i, r) in rounds.iter().enumerate() {
-        let leader = match several {
-            true => format!("{:<12}  ", r.leader_after.as_deref().unwrap_or("-")),
-            false => String::new(),
-        };
-        println!(
-            "{:>5}  {:<21}  {:<24}  {:<13}  {leader}{:>6}  {:>13}",
-            i + 1,
-            r.fault.name(),
-            r.hit,
-            r.new_primary,
-            r.rto.map_or("?".to_owned(), |d| d.as_millis().to_string()),
-            r.errors
-        );
-    }
-    let summary = |what: &str, of: &dyn Fn(&Round) -> bool| {
-        let mut rtos: Vec<u128> = rounds
-            .iter()
-            .filter(|r| of(r))
-            .filter_map(|r| r.rto.map(|d| d.as_millis()))
-            .collect();
-        rtos.sort_unstable();
-        let pick = |q: f64| {
-            rtos.get(((rtos.len() as f64 - 1.0) * q).round() as usize)
-                .map_or("-".to_owned(), |v| v.to_string())
-        };
-        println!(
-            "RTO {what}: median {} ms, p95 {} ms over {} round(s)",
-            pick(0.5),
-            pick(0.95),
-            rtos.len()
-        );
-    };
-    summary("all", &|_| true);
-    let mut faults: Vec<Fault> = rounds.iter().map(|r| r.fault).collect();
-    faults.dedup();
-    faults.sort_by_key(|f| f.name());
-    faults.dedup();
-    for fault in faults {
-        summary(fault.name(), &|r| r.fault == fault);
-    }
-    println!(
-        "acknowledged writes: {}, lost: {}, client errors: {}, split-brain signs: {}, final primary port {primary_port}",
-        log.acks.len(),
-        lost.len(),
-        log.errors,
-        violations.len()
-    );
-    if several {
-        let through: Vec<String> = (0..front.ports.len())
-            .map(|i| {
-                let count = log.acks.iter().filter(|a| a.instance == i).count();
-                format!("{} {count}", front.names[i])
-            })
-            .collect();
-        println!("acknowledged through: {}", through.join(", "));
-    }
-    for v in violations {
-        println!("  {v}");
-    }
 }
 
 /// As [`connect`], giving up after `limit` (a hung instance accepts and never answers).

@@ -47,13 +47,17 @@ fn text(out: &std::process::Output) -> String {
     )
 }
 
+/// A temporary directory (removed when the first value drops) and the local cluster's
+/// directory in it, which `pgherd up` creates.
+fn local_dir(prefix: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    let cluster_dir = dir.path().join("local");
+    (dir, cluster_dir)
+}
+
 #[test]
 fn up_status_down_on_a_fresh_directory() {
-    let dir = tempfile::Builder::new()
-        .prefix("pgherd-up-")
-        .tempdir()
-        .unwrap();
-    let cluster_dir = dir.path().join("local");
+    let (_dir, cluster_dir) = local_dir("pgherd-up-");
     let dir_arg = cluster_dir.to_str().unwrap();
     let port = pgherd_cluster::free_port().unwrap().to_string();
     let api_port = pgherd_cluster::free_port().unwrap().to_string();
@@ -393,11 +397,7 @@ fn passwd_prints_a_verifier_pgherd_accepts() {
 /// the printed connection string names both; writes go through either; `down` stops them all.
 #[test]
 fn up_with_two_instances_and_down() {
-    let dir = tempfile::Builder::new()
-        .prefix("pgherd-up2-")
-        .tempdir()
-        .unwrap();
-    let cluster_dir = dir.path().join("local");
+    let (_dir, cluster_dir) = local_dir("pgherd-up2-");
     let dir_arg = cluster_dir.to_str().unwrap();
     // Consecutive ports: find two free ones in a row.
     let consecutive = || loop {

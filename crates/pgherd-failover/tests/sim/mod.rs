@@ -1,2 +1,5 @@
+pub mod agreement;
 pub mod cluster;
 pub mod etcd;
+pub mod instance;
+pub mod invariants;

@@ -30,11 +30,12 @@ use crate::pool::ConnectContext;
 pub async fn run(app: Arc<App>) {
     let mut stop = app.shutdown_signal();
     let mut last_sentence = String::new();
+    let mut keeper = KeeperShell::new();
     let fenced_care = Arc::new(SharedCare {
         care: parking_lot::Mutex::new(FencedCare::default()),
-        clock: std::time::Instant::now(),
+        // The task's one clock: the keeper's.
+        clock: keeper.started,
     });
-    let mut keeper = KeeperShell::new();
     // The first turn runs at once: writes wait for the synchronous standby set, and the
     // initial node check has just given this task what it needs to put the set in force.
     let mut first_turn = true;

@@ -16,6 +16,7 @@ mod decision;
 mod lexer;
 pub mod parse;
 pub mod plan;
+pub mod shard_hash;
 
 pub use balance::Balance;
 pub use catalog::Catalog;

@@ -14,6 +14,8 @@ impl SqlState {
     pub const PROTOCOL_VIOLATION: SqlState = SqlState(*b"08P01");
     pub const FEATURE_NOT_SUPPORTED: SqlState = SqlState(*b"0A000");
     pub const INVALID_PARAMETER_VALUE: SqlState = SqlState(*b"22023");
+    pub const INVALID_TEXT_REPRESENTATION: SqlState = SqlState(*b"22P02");
+    pub const NUMERIC_VALUE_OUT_OF_RANGE: SqlState = SqlState(*b"22003");
     pub const READ_ONLY_SQL_TRANSACTION: SqlState = SqlState(*b"25006");
     pub const IN_FAILED_SQL_TRANSACTION: SqlState = SqlState(*b"25P02");
     pub const INVALID_SQL_STATEMENT_NAME: SqlState = SqlState(*b"26000");

@@ -23,6 +23,11 @@ pub struct DcsSettings {
     pub lease_ttl_s: u64,
     /// How long one request to etcd may take.
     pub request_timeout_ms: u64,
+    /// How long past its lease an instance cut off from etcd goes on routing writes to the
+    /// primary of the last view it read (while that answers and is not fenced); a leader
+    /// waits that long after an instance vanished before it promotes. 0: writes stop with the
+    /// lease.
+    pub failsafe_s: u64,
     /// Run (through `sh -c`) when this instance becomes the leader or stops being it, with
     /// `PGHERD_ROLE` (`leader`, `follower`) and `PGHERD_INSTANCE`: to move a virtual IP.
     pub on_role_change: Option<String>,
@@ -53,6 +58,8 @@ pub struct RawDcs {
     pub lease_ttl_s: u64,
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// Absent: as long as the lease.
+    pub failsafe_s: Option<u64>,
     pub on_role_change: Option<String>,
     pub ca_file: Option<String>,
     pub cert_file: Option<String>,
@@ -171,12 +178,20 @@ pub(crate) fn dcs(
             ),
         ));
     }
+    let failsafe_s = raw.failsafe_s.unwrap_or(raw.lease_ttl_s);
+    if failsafe_s > 3600 {
+        return Err(c.error(
+            &field_path!["dcs", "failsafe_s"],
+            "at most 3600 seconds (a failover waits that long after an instance vanished)",
+        ));
+    }
     Ok(Some(DcsSettings {
         endpoints,
         scope: raw.scope.clone(),
         instance: raw.instance.clone(),
         lease_ttl_s: raw.lease_ttl_s,
         request_timeout_ms: raw.request_timeout_ms,
+        failsafe_s,
         on_role_change: raw.on_role_change.clone(),
         tls,
         user,

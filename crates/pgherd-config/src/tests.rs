@@ -278,6 +278,10 @@ fn dcs_is_optional_and_checked() {
         ["http://127.0.0.1:2379", "http://10.0.0.2:2379"]
     );
     assert_eq!((dcs.scope.as_str(), dcs.lease_ttl_s), ("pgherd", 10));
+    assert_eq!(
+        dcs.failsafe_s, 10,
+        "failsafe as long as the lease unless set"
+    );
     assert_eq!(dcs.instance.as_deref(), Some("a"));
     check_err(
         &format!("{NODE}[dcs]\nscope = \"x\"\n"),
@@ -329,6 +333,16 @@ fn dcs_is_optional_and_checked() {
         &format!("{NODE}[dcs]\nendpoints = [\"e:2379\"]\nlease_ttl_s = 1\n"),
         "pgherd.toml:6:15: dcs.lease_ttl_s: between 2 and 300 seconds",
     );
+    check_err(
+        &format!("{NODE}[dcs]\nendpoints = [\"e:2379\"]\nfailsafe_s = 4000\n"),
+        "pgherd.toml:6:14: dcs.failsafe_s: at most 3600 seconds",
+    );
+    let config = Config::parse(
+        &format!("{NODE}[dcs]\nendpoints = [\"e:2379\"]\nfailsafe_s = 0\n"),
+        Path::new("pgherd.toml"),
+    )
+    .unwrap();
+    assert_eq!(config.dcs.unwrap().failsafe_s, 0);
     check_err(
         &format!("{NODE}[dcs]\nendpoints = [\"e:2379\"]\nscope = \"a/b\"\n"),
         "pgherd.toml:6:9: dcs.scope: letters, digits",

@@ -6,14 +6,18 @@
 //!
 //! Time is in milliseconds from any origin the caller keeps fixed.
 //!
-//! Writes and etcd: an instance routes writes only while its own lease is known to be
-//! valid, and a leader that replaces the primary first waits until every other instance has
-//! either taken its view (the promotion under way, the old primary fenced) or lost its lease.
-//! So no instance still sends writes to the old primary once the new one takes them, whatever
-//! it missed (stopped, cut off from etcd, started late). An outage of etcd shorter than the
-//! lease changes nothing (etcd keeps its leases through a restart, and instances keep using
-//! theirs); a longer one holds writes until etcd answers again, the price of never writing to
-//! two primaries.
+//! Writes and etcd: an instance routes writes while its own lease is known to be valid, and
+//! for `failsafe_ms` past it (the failsafe: an outage of etcd that long costs no write), to
+//! the primary of the last view it read while that primary answers and is not fenced. A
+//! leader that replaces the primary first waits until every other instance has either taken
+//! its view (the promotion under way, the old primary fenced) or lost its lease and its
+//! failsafe ([`Sightings`]: it tells from the members and records in etcd since when one
+//! may have been cut off). So no instance still sends writes to the old primary once the new
+//! one takes them, whatever it missed (stopped, cut off from etcd, started late). The price:
+//! a promotion after an instance vanished (its machine died with the primary's) waits the
+//! failsafe out too.
+
+use std::collections::BTreeMap;
 
 /// The leader key as etcd returned it: the instance it names and the lease it is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,15 +111,122 @@ pub fn adoption(
 }
 
 /// Whether the instance routes writes at `now_ms`: while its lease is known valid, as for
-/// acting (its expiry as last renewed, less one request).
-pub fn may_route_writes(lease_until_ms: u64, request_timeout_ms: u64, now_ms: u64) -> bool {
-    now_ms < lease_until_ms.saturating_sub(request_timeout_ms)
+/// acting (its expiry as last renewed, less one request), and `failsafe_ms` longer.
+pub fn may_route_writes(
+    lease_until_ms: u64,
+    request_timeout_ms: u64,
+    failsafe_ms: u64,
+    now_ms: u64,
+) -> bool {
+    now_ms < lease_expiry_ms(lease_until_ms, request_timeout_ms).saturating_add(failsafe_ms)
 }
 
-/// Whether the leader may promote a new primary: no other instance that still holds its lease
-/// routes by an older view than the one that fences the old primary (`lagging`).
-pub fn may_promote(lagging: usize) -> bool {
-    lagging == 0
+/// How long the instance still routes writes in failsafe, at `now_ms`: `None` while its lease
+/// is valid, and once the failsafe is over.
+pub fn failsafe_left_ms(
+    lease_until_ms: u64,
+    request_timeout_ms: u64,
+    failsafe_ms: u64,
+    now_ms: u64,
+) -> Option<u64> {
+    let lease_expiry_ms = lease_expiry_ms(lease_until_ms, request_timeout_ms);
+    let failsafe_until_ms = lease_expiry_ms.saturating_add(failsafe_ms);
+    (lease_expiry_ms..failsafe_until_ms)
+        .contains(&now_ms)
+        .then(|| failsafe_until_ms - now_ms)
+}
+
+fn lease_expiry_ms(lease_until_ms: u64, request_timeout_ms: u64) -> u64 {
+    lease_until_ms.saturating_sub(request_timeout_ms)
+}
+
+/// One instance as etcd lists it: its member key (on no lease, put at the start of each of its
+/// sessions with that session's lease) and whether its record (on that lease) is still there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Member<'a> {
+    pub instance: &'a str,
+    pub session: i64,
+    pub live: bool,
+}
+
+/// What an instance has seen of the members in etcd: since when each one whose record is gone
+/// (its lease expired: dead, stopped, or cut off from etcd) may have been routing writes in
+/// failsafe. Every instance keeps it from its first read on, so a follower that takes over
+/// knows what happened before; a fresh one counts from its first read. Member keys outlive
+/// leases, so an instance that came and went unseen (while this one could not read etcd) is
+/// still found gone.
+#[derive(Debug, Clone, Default)]
+pub struct Sightings {
+    read_once: bool,
+    /// Members without a record: the session that ended, and when the read that first found
+    /// it ended came back (by then etcd had let the lease go, and the instance's own count of
+    /// it had run out before).
+    gone: BTreeMap<String, (i64, u64)>,
+}
+
+impl Sightings {
+    /// The members as a read that came back at `received_ms` found them.
+    pub fn read<'a>(&mut self, received_ms: u64, members: impl IntoIterator<Item = Member<'a>>) {
+        let mut gone = BTreeMap::new();
+        for member in members.into_iter().filter(|m| !m.live) {
+            let since_ms = match self.gone.get(member.instance) {
+                Some(&(session, since_ms)) if session == member.session => since_ms,
+                _ => received_ms,
+            };
+            gone.insert(member.instance.to_owned(), (member.session, since_ms));
+        }
+        self.gone = gone;
+        self.read_once = true;
+    }
+
+    /// From when no member whose record is gone can still route writes in failsafe
+    /// (`u64::MAX`: no read yet). Members with a record are the leader's to wait for by it.
+    pub fn failsafe_over_at_ms(&self, failsafe_ms: u64) -> u64 {
+        if !self.read_once {
+            return u64::MAX;
+        }
+        self.gone
+            .values()
+            .map(|&(_, since_ms)| since_ms.saturating_add(failsafe_ms))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Members whose failsafe is over at `now_ms`, with their ended session: the leader
+    /// removes their keys (if they still name that session; a new run of the instance puts its
+    /// own).
+    pub fn forgettable(&self, failsafe_ms: u64, now_ms: u64) -> Vec<(String, i64)> {
+        self.gone
+            .iter()
+            .filter(|(_, &(_, since_ms))| now_ms >= since_ms.saturating_add(failsafe_ms))
+            .map(|(instance, &(session, _))| (instance.clone(), session))
+            .collect()
+    }
+}
+
+/// Whether the leader may promote a new primary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Promotion {
+    Go,
+    /// Instances that still hold their lease route by an older view than the one that fences
+    /// the old primary.
+    Lagging(usize),
+    /// An instance that vanished may route writes to the old primary in failsafe until then.
+    Failsafe {
+        until_ms: u64,
+    },
+}
+
+pub fn may_promote(lagging: usize, failsafe_over_at_ms: u64, now_ms: u64) -> Promotion {
+    if lagging > 0 {
+        Promotion::Lagging(lagging)
+    } else if now_ms < failsafe_over_at_ms {
+        Promotion::Failsafe {
+            until_ms: failsafe_over_at_ms,
+        }
+    } else {
+        Promotion::Go
+    }
 }
 
 #[cfg(test)]
@@ -180,10 +291,64 @@ mod tests {
     }
 
     #[test]
-    fn writes_are_routed_with_a_valid_lease_only() {
-        assert!(may_route_writes(10_000, 500, 9_499));
-        assert!(!may_route_writes(10_000, 500, 9_500));
-        assert!(may_promote(0));
-        assert!(!may_promote(1));
+    fn writes_are_routed_with_a_valid_lease_and_through_the_failsafe() {
+        assert!(may_route_writes(10_000, 500, 0, 9_499));
+        assert!(!may_route_writes(10_000, 500, 0, 9_500));
+        assert_eq!(failsafe_left_ms(10_000, 500, 0, 9_500), None, "no failsafe");
+        assert_eq!(
+            failsafe_left_ms(10_000, 500, 3_000, 9_499),
+            None,
+            "a valid lease"
+        );
+        assert_eq!(failsafe_left_ms(10_000, 500, 3_000, 9_500), Some(3_000));
+        assert!(may_route_writes(10_000, 500, 3_000, 12_499));
+        assert_eq!(failsafe_left_ms(10_000, 500, 3_000, 12_499), Some(1));
+        assert!(!may_route_writes(10_000, 500, 3_000, 12_500));
+        assert_eq!(failsafe_left_ms(10_000, 500, 3_000, 12_500), None);
+    }
+
+    #[test]
+    fn a_promotion_waits_for_lagging_instances_then_the_failsafe_of_vanished_ones() {
+        let member = |instance, session, live| Member {
+            instance,
+            session,
+            live,
+        };
+        let mut seen = Sightings::default();
+        assert_eq!(seen.failsafe_over_at_ms(3_000), u64::MAX, "never read");
+        assert_eq!(
+            may_promote(0, u64::MAX, 1_000_000),
+            Promotion::Failsafe { until_ms: u64::MAX }
+        );
+        // All live: nothing to wait for.
+        seen.read(1_010, [member("a", 1, true), member("b", 2, true)]);
+        assert_eq!(seen.failsafe_over_at_ms(3_000), 0);
+        // b's record goes: its failsafe counts from the read that found it gone.
+        seen.read(2_010, [member("a", 1, true), member("b", 2, false)]);
+        assert_eq!(seen.failsafe_over_at_ms(3_000), 5_010);
+        seen.read(2_210, [member("a", 1, true), member("b", 2, false)]);
+        assert_eq!(
+            seen.failsafe_over_at_ms(3_000),
+            5_010,
+            "from the first read"
+        );
+        assert_eq!(may_promote(1, 5_010, 9_000), Promotion::Lagging(1));
+        assert_eq!(
+            may_promote(0, 5_010, 5_009),
+            Promotion::Failsafe { until_ms: 5_010 }
+        );
+        assert_eq!(may_promote(0, 5_010, 5_010), Promotion::Go);
+        assert!(seen.forgettable(3_000, 5_009).is_empty());
+        assert_eq!(seen.forgettable(3_000, 5_010), vec![("b".to_owned(), 2)]);
+        // b ran again, unseen, and its new session ended too: counted anew.
+        seen.read(6_000, [member("a", 1, true), member("b", 7, false)]);
+        assert_eq!(seen.failsafe_over_at_ms(3_000), 9_000);
+        // b back with a record: it routes nothing before it reads the view; no wait for it.
+        seen.read(6_200, [member("a", 1, true), member("b", 8, true)]);
+        assert_eq!(seen.failsafe_over_at_ms(3_000), 0);
+        // A fresh instance's first read counts every gone member from then.
+        let mut fresh = Sightings::default();
+        fresh.read(100, [member("a", 1, false)]);
+        assert_eq!(fresh.failsafe_over_at_ms(3_000), 3_100);
     }
 }

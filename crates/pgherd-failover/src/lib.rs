@@ -11,7 +11,7 @@
 //!    node ever gets writes through pgherd ([`ClusterState::writer`]).
 //! 2. With no elected primary yet, the single node that accepts writes is elected.
 //! 3. The elected primary is down only after `failures_before_down` consecutive failed checks.
-//! 4. Split-brain guard: if any replica still streams from the primary, pgherd's own path is
+//! 4. Split-brain guard: if any replica (fenced ones too) still streams from the primary, pgherd's own path is
 //!    the problem and nothing is promoted. Promotion needs a majority of the replicas to answer
 //!    pgherd and confirm that they lost the primary too.
 //! 5. Candidates: answering replicas with priority above 0; in `async` mode at most
@@ -289,10 +289,10 @@ pub fn decide(policy: &Policy, view: &View) -> Verdict {
     let replicas: Vec<usize> = (0..view.nodes.len())
         .filter(|&i| i != elected && !view.nodes[i].fenced)
         .collect();
-    let seen_by: Vec<usize> = replicas
-        .iter()
-        .copied()
-        .filter(|&i| view.nodes[i].hears_upstream())
+    // A fenced replica gets no traffic and is no candidate, but if it still streams from the
+    // primary it is as good a witness that the primary lives as any.
+    let seen_by: Vec<usize> = (0..view.nodes.len())
+        .filter(|&i| i != elected && view.nodes[i].hears_upstream())
         .collect();
     if !seen_by.is_empty() {
         return Verdict::Guarded { seen_by };

@@ -94,6 +94,20 @@ fn a_replica_that_still_streams_blocks_promotion() {
     );
 }
 
+/// Found by the simulation with each instance's own links to the nodes: a fenced replica
+/// that still streams from the primary proves it alive as well as any other.
+#[test]
+fn a_fenced_replica_that_still_streams_blocks_promotion_too() {
+    let mut nodes = [
+        node("pg1", Check::Failed),
+        node("pg2", replica(1000, true)),
+        node("pg3", replica(1000, false)),
+    ];
+    nodes[1].fenced = true;
+    let (v, _) = verdict(&POLICY, &nodes, &[]);
+    assert_eq!(v, Verdict::Guarded { seen_by: vec![1] });
+}
+
 #[test]
 fn promotion_needs_a_majority_of_replicas_to_confirm() {
     let nodes = [

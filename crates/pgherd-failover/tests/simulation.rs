@@ -78,6 +78,10 @@ struct Stats {
     late_io: usize,
     /// Promotions held back while an instance with a lease routed by an older view.
     waited_for_lagging: usize,
+    /// Promotions held back while an instance that vanished could route writes in failsafe.
+    waited_for_failsafe: usize,
+    /// Writes routed by an instance past its lease, in failsafe.
+    failsafe_writes: usize,
 }
 
 impl Stats {
@@ -91,6 +95,8 @@ impl Stats {
         self.leaderships += other.leaderships;
         self.late_io += other.late_io;
         self.waited_for_lagging += other.waited_for_lagging;
+        self.waited_for_failsafe += other.waited_for_failsafe;
+        self.failsafe_writes += other.failsafe_writes;
     }
 }
 
@@ -111,6 +117,7 @@ impl Sim {
         let dcs = (instance_count > 1).then(|| Dcs {
             etcd: Etcd::new(),
             lease_ttl_ms: rng.gen_range(2..=6) * 1000,
+            failsafe_ms: rng.gen_range(0..=4) * 1000,
         });
         let instances = (0..instance_count)
             .map(|k| Instance::start(format!("pgherd-{}", k + 1), count, dcs.is_some()))
@@ -141,7 +148,8 @@ impl Sim {
             .then(|| self.rng.gen_range(0..self.cluster.len()));
         (0..self.cluster.len())
             .map(|i| {
-                let sighting = self.cluster.sighting(i, slow == Some(i));
+                let cut = self.instances[k].cut_from_node[i];
+                let sighting = self.cluster.sighting(i, slow == Some(i) || cut);
                 let instance = &mut self.instances[k];
                 let track = &mut instance.tracks[i];
                 match sighting {
@@ -218,7 +226,7 @@ impl Sim {
                     node: e,
                     set: set.clone(),
                 };
-                if self.agreed(k, &io, now_ms).is_err() || !self.cluster.reachable(e) {
+                if self.agreed(k, &io, now_ms).is_err() || !self.reaches(k, e) {
                     return;
                 }
                 self.cluster.nodes[e].sync_setting = Some(set);
@@ -262,7 +270,12 @@ impl Sim {
                             p + 1
                         ));
                     }
-                    if let Some(durable) = self.cluster.write(&mut self.rng, p) {
+                    let reaches = !self.instances[k].cut_from_node[p];
+                    if let Some(durable) = reaches
+                        .then(|| self.cluster.write(&mut self.rng, p))
+                        .flatten()
+                    {
+                        self.stats.failsafe_writes += usize::from(self.in_failsafe(k, now_ms));
                         self.written(p, k)?;
                         self.acknowledged(p, durable)?;
                     }
@@ -403,6 +416,11 @@ impl Sim {
         }
     }
 
+    /// Whether instance `k` reaches node `i`: the node answers, and `k`'s own link to it is up.
+    fn reaches(&self, k: usize, i: usize) -> bool {
+        self.cluster.reachable(i) && !self.instances[k].cut_from_node[i]
+    }
+
     /// One IO of an operation, on the model: a node pgherd cannot reach cannot be
     /// re-pointed, promoted or given a synchronous set.
     fn perform(&mut self, k: usize, io: &Io) -> Outcome {
@@ -424,7 +442,7 @@ impl Sim {
             Io::CutOff { .. } => Outcome::Done,
             Io::Repoint { follower, primary } => {
                 let (follower, primary) = (*follower, *primary);
-                if !self.cluster.reachable(follower) {
+                if !self.reaches(k, follower) {
                     unreachable(follower)
                 } else {
                     // The candidate's WAL stops growing once its primary is gone: a follower
@@ -438,7 +456,7 @@ impl Sim {
             }
             Io::Promote { node } => self.promote(k, *node),
             Io::SetSyncSet { node, set } => {
-                if self.cluster.reachable(*node) {
+                if self.reaches(k, *node) {
                     self.cluster.nodes[*node].sync_setting = Some(set.clone());
                     Outcome::Done
                 } else {
@@ -457,7 +475,7 @@ impl Sim {
     }
 
     fn promote(&mut self, k: usize, node: usize) -> Outcome {
-        if !self.cluster.reachable(node) || self.cluster.nodes[node].writable {
+        if !self.reaches(k, node) || self.cluster.nodes[node].writable {
             return Outcome::Failed(format!("pg{} does not answer", node + 1));
         }
         self.stats.promotions += 1;
@@ -499,9 +517,12 @@ impl Sim {
             })
             .collect();
         let state = instance.state.clone();
+        let reached: Vec<bool> = (0..self.cluster.len())
+            .map(|i| self.reaches(k, i))
+            .collect();
         let care = &mut self.instances[k].fenced_care;
         for id in care.to_seal(&state, &nodes) {
-            if self.cluster.reachable(id.0 as usize) && care.sealed(id, true, true) {
+            if reached[id.0 as usize] && care.sealed(id, true, true) {
                 self.cluster.nodes[id.0 as usize].rejoining = true;
             }
         }
@@ -601,7 +622,7 @@ fn invariants_hold_over_seeded_fault_schedules() {
         }
     }
     eprintln!(
-        "{} seeds ({with_instances} with several instances): {} promotions; failed re-points {}, promotions {}, synchronous sets {}, rejoins {}; IO refused without the lease {}, leader keys taken {}, IO performed late after a stall {}, promotions held back for a lagging instance {}",
+        "{} seeds ({with_instances} with several instances): {} promotions; failed re-points {}, promotions {}, synchronous sets {}, rejoins {}; IO refused without the lease {}, leader keys taken {}, IO performed late after a stall {}, promotions held back for a lagging instance {}, for the failsafe of a vanished one {}; writes routed in failsafe {}",
         seeds.len(),
         total.promotions,
         total.failed_io[0],
@@ -612,6 +633,8 @@ fn invariants_hold_over_seeded_fault_schedules() {
         total.leaderships,
         total.late_io,
         total.waited_for_lagging,
+        total.waited_for_failsafe,
+        total.failsafe_writes,
     );
     // The schedules must actually exercise failover, its failure paths and the agreement's,
     // or the invariants prove nothing.
@@ -631,6 +654,11 @@ fn invariants_hold_over_seeded_fault_schedules() {
                 "promotion held back for a lagging instance",
                 total.waited_for_lagging,
             ),
+            (
+                "promotion held back for a vanished instance's failsafe",
+                total.waited_for_failsafe,
+            ),
+            ("write routed in failsafe", total.failsafe_writes),
         ];
         for (what, count) in exercised {
             assert!(count > 0, "no {what} over {} seeds", seeds.len());

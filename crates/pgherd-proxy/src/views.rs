@@ -182,6 +182,7 @@ pub fn cluster(app: &App) -> Table {
     let gate = view.gate();
     let reason = gate.reason();
     let dcs = app.dcs.as_ref().map(|d| d.status());
+    let failsafe_left_ms = app.dcs.as_ref().and_then(|d| d.failsafe_left_ms());
     let paused = if view.paused_all {
         "*".to_owned()
     } else {
@@ -223,7 +224,13 @@ pub fn cluster(app: &App) -> Table {
             dcs.as_ref().and_then(|s| s.leader.clone()).into(),
             dcs.as_ref()
                 .map(|s| match &s.last_error {
-                    Some(e) if !s.reachable => format!("unreachable: {e}"),
+                    Some(e) if !s.reachable => match failsafe_left_ms {
+                        Some(ms) => format!(
+                            "unreachable, writes go on in failsafe for {} s: {e}",
+                            ms.div_ceil(1000)
+                        ),
+                        None => format!("unreachable: {e}"),
+                    },
                     _ if s.reachable => "reachable".to_owned(),
                     _ => "connecting".to_owned(),
                 })

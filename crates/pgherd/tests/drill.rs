@@ -52,8 +52,8 @@ fn every_fault_keeps_every_acknowledged_write() {
 /// killed (alone and with the primary), stopped, cut off from etcd, and etcd down: no
 /// acknowledged write lost, no sign of two primaries, and no failover unless the primary
 /// failed (the drill itself fails a round whose writes moved to another node then, or where
-/// no other instance took the lease). etcd down for longer than the lease holds writes until it
-/// is back, without a failover.
+/// no other instance took the lease). etcd down for longer than the lease and the failsafe
+/// holds writes until it is back, without a failover.
 #[test]
 fn instance_faults_keep_every_acknowledged_write() {
     let faults = [

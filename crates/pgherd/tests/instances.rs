@@ -1,7 +1,7 @@
 //! Several pgherd instances in front of one cluster, agreeing through a real etcd: one leader
 //! acts (fails over once), the others route by its view and refuse operator actions; the
-//! leader killed, another takes over and acts; etcd gone, writes go on within the lease and
-//! wait beyond it, nobody fails over, and with etcd back the cluster recovers.
+//! leader killed, another takes over and acts; etcd gone, writes go on through the lease and
+//! the failsafe and wait beyond, nobody fails over, and with etcd back the cluster recovers.
 
 mod common;
 
@@ -14,6 +14,9 @@ use pgherd_testkit::{
 use tokio_postgres::Client;
 
 const LEASE_TTL_S: u64 = 3;
+/// `[dcs] failsafe_s`: how long past its lease an instance cut off from etcd goes on routing
+/// writes.
+const FAILSAFE_S: u64 = 4;
 
 fn instance_config(
     roles: &std::path::Path,
@@ -33,7 +36,7 @@ fn instance_config(
         ))
         .section(&format!(
             "[dcs]\nendpoints = [\"{}\"]\nscope = \"test\"\ninstance = \"{name}\"\n\
-             lease_ttl_s = {LEASE_TTL_S}\nrequest_timeout_ms = 500\n\
+             lease_ttl_s = {LEASE_TTL_S}\nrequest_timeout_ms = 500\nfailsafe_s = {FAILSAFE_S}\n\
              on_role_change = \"echo \\\"$PGHERD_INSTANCE $PGHERD_ROLE\\\" >> {}\"",
             etcd.endpoint(),
             roles.display()
@@ -171,7 +174,7 @@ async fn one_leader_fails_over_the_others_follow_and_a_new_leader_takes_over() {
         (&mut *b, &mut *a)
     };
 
-    // Every instance lists both (read from etcd every second), and which leads.
+    // Every instance lists both (read from etcd at each campaign), and which leads.
     for pgherd in [&*leader, &*follower] {
         let leads = |n: &str| if n == leader_name { "yes" } else { "no" }.to_owned();
         let expected = vec![("a".to_owned(), leads("a")), ("b".to_owned(), leads("b"))];
@@ -324,6 +327,12 @@ async fn one_leader_fails_over_the_others_follow_and_a_new_leader_takes_over() {
         roles.contains(&format!("{follower_name} leader")),
         "{roles}"
     );
+    // The dead leader's member key outlives its lease: the new leader knows it may have been
+    // routing writes in failsafe, waits that out before it promotes, then removes the key.
+    assert!(
+        member_session(&etcd, &leader_name).await.is_some(),
+        "no member key for {leader_name}"
+    );
     replayed(
         cluster,
         &new_primary,
@@ -346,6 +355,17 @@ async fn one_leader_fails_over_the_others_follow_and_a_new_leader_takes_over() {
     .await;
     let last = if new_primary == "pg2" { "pg3" } else { "pg2" };
     assert_eq!(primaries(cluster, &[last]), vec![last.to_owned()]);
+    assert!(
+        follower.log().contains("waiting out the failsafe"),
+        "{}",
+        follower.log()
+    );
+    wait_for(
+        "the new leader removes the dead leader's member key",
+        Duration::from_secs(FAILSAFE_S + 10),
+        async || member_session(&etcd, &leader_name).await.is_none(),
+    )
+    .await;
     assert_eq!(
         cluster.sql_on(last, APP, "SELECT count(*) FROM t").trim(),
         "5",
@@ -354,7 +374,7 @@ async fn one_leader_fails_over_the_others_follow_and_a_new_leader_takes_over() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_etcd_writes_go_on_within_the_lease_and_nobody_fails_over() {
+async fn without_etcd_writes_go_on_through_the_lease_and_failsafe_and_nobody_fails_over() {
     let mut etcd = TestEtcd::start();
     let mut instances = start(1, &etcd);
     let Instances { a, b, cluster } = &mut instances;
@@ -373,15 +393,29 @@ async fn without_etcd_writes_go_on_within_the_lease_and_nobody_fails_over() {
             .await
             .expect("write with etcd down");
     }
-    // Beyond the lease, nobody may act, and writes are refused (a client of several instances
-    // moves on to one with a lease): another instance, cut off from these two but not from
-    // etcd, could be replacing the primary.
+    // Beyond the lease, in failsafe: writes still go on, and the console says until when.
     tokio::time::sleep(Duration::from_secs(LEASE_TTL_S + 1)).await;
+    for (i, pgherd) in [&*a, &*b].into_iter().enumerate() {
+        let row = rows(&admin(pgherd).await, "SHOW CLUSTER").await.unwrap();
+        assert_eq!(field(&row[0], "write_gate"), "open", "{row:?}");
+        let dcs = field(&row[0], "dcs");
+        assert!(
+            dcs.starts_with("unreachable, writes go on in failsafe for"),
+            "{dcs}"
+        );
+        insert(pgherd, 12 + i as i32, "failsafe")
+            .await
+            .expect("write in failsafe");
+    }
+    // Beyond the failsafe, nobody may act, and writes are refused (a client of several
+    // instances moves on to one with a lease): another instance, cut off from these two but
+    // not from etcd, could be replacing the primary.
+    tokio::time::sleep(Duration::from_secs(FAILSAFE_S)).await;
     for pgherd in [&*a, &*b] {
         let row = rows(&admin(pgherd).await, "SHOW CLUSTER").await.unwrap();
         assert_eq!(field(&row[0], "write_gate"), "refused", "{row:?}");
         assert_eq!(field(&row[0], "gate_reason"), "no_lease", "{row:?}");
-        let refused = insert(pgherd, 12, "no lease").await.unwrap_err();
+        let refused = insert(pgherd, 14, "no lease").await.unwrap_err();
         assert!(refused.starts_with("25006"), "{refused}");
     }
     cluster.wait_replayed();
@@ -427,10 +461,10 @@ async fn without_etcd_writes_go_on_within_the_lease_and_nobody_fails_over() {
             .sql_on(
                 "pg2",
                 APP,
-                "SELECT count(*) FROM t WHERE id IN (10, 11, 21, 22)"
+                "SELECT count(*) FROM t WHERE id IN (10, 11, 12, 13, 21, 22)"
             )
             .trim(),
-        "4"
+        "6"
     );
 }
 
@@ -475,6 +509,19 @@ async fn an_instance_that_never_read_a_view_holds_writes_and_says_why() {
     )
     .await;
     assert_eq!(leader_seen_by(&a).await, "a");
+}
+
+/// The lease of an instance's latest session, as its member key in etcd names it.
+async fn member_session(etcd: &TestEtcd, instance: &str) -> Option<i64> {
+    let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .expect("connect to etcd");
+    let answer = client
+        .get(format!("/test/members/{instance}"), None)
+        .await
+        .expect("read a member key");
+    let kv = answer.kvs().first()?;
+    kv.value_str().ok()?.parse().ok()
 }
 
 /// Turns authentication on in an etcd that takes clients over TLS with a certificate: users

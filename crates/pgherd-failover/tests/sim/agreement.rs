@@ -3,7 +3,7 @@
 //! etcd, each instance's session turn, its lease's write gate, and the recording of a view
 //! before an IO.
 
-use pgherd_failover::agreement::{self, Adoption, LeaderKey};
+use pgherd_failover::agreement::{self, Adoption, LeaderKey, Member, Promotion};
 use pgherd_failover::control::Io;
 use pgherd_failover::{Change, ClusterState};
 use rand::Rng;
@@ -39,6 +39,10 @@ impl Sim {
                         "tick {tick}: {} stops for {ticks} s",
                         instance.name
                     ));
+                }
+                r if r < 0.085 => {
+                    let node = self.rng.gen_range(0..nodes);
+                    instance.cut_from_node[node] = !instance.cut_from_node[node];
                 }
                 r if r < 0.095 => instance.cut_from_etcd = true,
                 r if r < 0.2 => instance.cut_from_etcd = false,
@@ -85,6 +89,8 @@ impl Sim {
             self.trace
                 .push(format!("  {} leads (lease {lease})", instance.name));
         }
+        // The campaign's transaction reads the instances' records too.
+        read_records(instance, etcd, now_ms);
         let key = etcd.leader.as_ref().map(|(instance, lease)| LeaderKey {
             instance,
             lease: *lease,
@@ -104,6 +110,10 @@ impl Sim {
             if let Some(dcs) = &mut self.dcs {
                 let instance = &self.instances[k];
                 dcs.etcd.publish(&instance.name, lease, &instance.state);
+                // Members whose failsafe is over go (as the proxy's leader does).
+                for (name, session) in instance.sightings.forgettable(dcs.failsafe_ms, now_ms) {
+                    dcs.etcd.forget(&name, session);
+                }
             }
         }
     }
@@ -144,12 +154,32 @@ impl Sim {
         if self.dcs.is_none() {
             return;
         }
+        let failsafe_ms = self.dcs.as_ref().map_or(0, |dcs| dcs.failsafe_ms);
         let instance = &mut self.instances[k];
-        let lapsed =
-            !agreement::may_route_writes(instance.lease_until_ms, REQUEST_TIMEOUT_MS, now_ms);
+        let lapsed = !agreement::may_route_writes(
+            instance.lease_until_ms,
+            REQUEST_TIMEOUT_MS,
+            failsafe_ms,
+            now_ms,
+        );
         if lapsed != instance.state.lease_lapsed {
             instance.change(Change::LeaseLapsed(lapsed));
         }
+    }
+
+    /// Whether instance `k` routes writes past its lease now.
+    pub(crate) fn in_failsafe(&self, k: usize, now_ms: u64) -> bool {
+        self.dcs.as_ref().is_some_and(|dcs| {
+            let instance = &self.instances[k];
+            instance.lease.is_some()
+                && agreement::failsafe_left_ms(
+                    instance.lease_until_ms,
+                    REQUEST_TIMEOUT_MS,
+                    dcs.failsafe_ms,
+                    now_ms,
+                )
+                .is_some()
+        })
     }
 
     /// Whether instance `k` may act for the cluster now (always, alone).
@@ -176,16 +206,28 @@ impl Sim {
                     self.follow(j);
                 }
             }
-            let instance = &self.instances[k];
-            let lagging = self.dcs.as_ref().map_or(0, |dcs| {
-                let lease = instance.lease.unwrap_or(0);
-                dcs.etcd.lagging(&instance.name, lease, state.version)
-            });
-            if !agreement::may_promote(lagging) {
-                self.stats.waited_for_lagging += 1;
-                return Err(format!(
-                    "{lagging} instance(s) with a lease do not route by this view yet"
-                ));
+            let Some(dcs) = &mut self.dcs else {
+                return Ok(());
+            };
+            let instance = &mut self.instances[k];
+            read_records(instance, &dcs.etcd, now_ms);
+            let lease = instance.lease.unwrap_or(0);
+            let lagging = dcs.etcd.lagging(&instance.name, lease, state.version);
+            let failsafe_over_at_ms = instance.sightings.failsafe_over_at_ms(dcs.failsafe_ms);
+            match agreement::may_promote(lagging, failsafe_over_at_ms, now_ms) {
+                Promotion::Go => {}
+                Promotion::Lagging(lagging) => {
+                    self.stats.waited_for_lagging += 1;
+                    return Err(format!(
+                        "{lagging} instance(s) with a lease do not route by this view yet"
+                    ));
+                }
+                Promotion::Failsafe { until_ms } => {
+                    self.stats.waited_for_failsafe += 1;
+                    return Err(format!(
+                        "an instance that vanished may route writes in failsafe until {until_ms} ms"
+                    ));
+                }
             }
         }
         Ok(())
@@ -220,4 +262,15 @@ impl Sim {
         }
         Ok(())
     }
+}
+
+/// The members and their records as `instance` reads them (`pgherd_proxy::dcs`: in the
+/// campaign's transaction, and before a promotion).
+fn read_records(instance: &mut Instance, etcd: &super::etcd::Etcd, now_ms: u64) {
+    let members = etcd.members.iter().map(|(name, &session)| Member {
+        instance: name,
+        session,
+        live: etcd.records.contains_key(name),
+    });
+    instance.sightings.read(now_ms, members);
 }

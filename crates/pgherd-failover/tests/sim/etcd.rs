@@ -26,6 +26,8 @@ pub struct Etcd {
     /// Each instance's record, on its lease: the leader's view it routes by (the lease that
     /// view was written with, its version).
     pub records: BTreeMap<String, (i64, (i64, u64))>,
+    /// Each instance's member key, on no lease: the lease of its latest session.
+    pub members: BTreeMap<String, i64>,
 }
 
 impl Etcd {
@@ -79,10 +81,19 @@ impl Etcd {
         id
     }
 
-    /// An instance's record, on its lease: the leader's view it routes by.
+    /// An instance's record, on its lease: the leader's view it routes by; and its member key
+    /// naming that lease, in the same transaction.
     pub fn register(&mut self, instance: &str, lease: i64, routed: (i64, u64)) {
         if self.leases.contains_key(&lease) {
             self.records.insert(instance.to_owned(), (lease, routed));
+            self.members.insert(instance.to_owned(), lease);
+        }
+    }
+
+    /// Removes a member key if it still names `session`.
+    pub fn forget(&mut self, instance: &str, session: i64) {
+        if self.members.get(instance) == Some(&session) {
+            self.members.remove(instance);
         }
     }
 

@@ -1,6 +1,7 @@
 //! One modelled pgherd instance: its view, its monitors' counts, its failover task's memory and
 //! its side of the agreement; and the agreement engine when several run.
 
+use pgherd_failover::agreement::Sightings;
 use pgherd_failover::control::{Io, Operation};
 use pgherd_failover::fenced::FencedCare;
 use pgherd_failover::keeper::SyncKeeper;
@@ -17,6 +18,8 @@ pub struct Instance {
     /// Stopped (SIGSTOP) until this tick.
     pub stalled_until: usize,
     pub cut_from_etcd: bool,
+    /// Its own links to the nodes, cut (the others' may be fine).
+    pub cut_from_node: Vec<bool>,
     pub state: ClusterState,
     pub tracks: Vec<Track>,
     pub last_primary_lsn: Option<Lsn>,
@@ -30,6 +33,8 @@ pub struct Instance {
     pub leading: bool,
     /// The leader's view it routes by: the lease it was written with, its version.
     pub routed: (i64, u64),
+    /// What it has read of the others' records, for the failsafe of those that vanish.
+    pub sightings: Sightings,
     /// An operation stopped between agreeing to an IO and performing it: it performs that IO
     /// when it wakes, as a stopped process would.
     pub suspended: Option<(Operation, Io)>,
@@ -49,6 +54,7 @@ impl Instance {
             alive: true,
             stalled_until: 0,
             cut_from_etcd: false,
+            cut_from_node: vec![false; nodes],
             state,
             tracks: vec![Track::default(); nodes],
             last_primary_lsn: None,
@@ -59,6 +65,7 @@ impl Instance {
             leading_until_ms: None,
             leading: false,
             routed: (0, 0),
+            sightings: Sightings::default(),
             suspended: None,
         }
     }
@@ -86,4 +93,6 @@ impl Instance {
 pub struct Dcs {
     pub etcd: Etcd,
     pub lease_ttl_ms: u64,
+    /// `[dcs] failsafe_s`, in milliseconds.
+    pub failsafe_ms: u64,
 }

@@ -3,11 +3,14 @@
 //! the synchronous standbys, sealing) and operator actions, and writes its cluster view to
 //! etcd, guarded by holding the leader key; the others adopt that view and route by it. An
 //! instance that cannot reach etcd keeps routing by the last view it had (to its primary while
-//! that answers and is not fenced) and never acts without a lease it knows to be valid.
+//! that answers and is not fenced) through its lease and its failsafe (`failsafe_s`), and
+//! never acts without a lease it knows to be valid.
 //!
 //! Keys under `/<scope>/`: `leader` (the leader's instance name, on its lease), `view` (the
 //! shared view, JSON, [`shared::SharedView`]), `instances/<name>` (each instance's addresses
-//! and pid, on its lease).
+//! and pid, on its lease), `members/<name>` (the lease of each instance's latest session, on
+//! no lease: a leader knows which instances may be routing writes in failsafe, even those
+//! that came and went while it could not read etcd; it removes those whose failsafe is over).
 
 pub mod shared;
 
@@ -30,8 +33,6 @@ use shared::SharedView;
 /// How often the view is published (leader) or read (the others): a promotion reaches every
 /// instance within about this long.
 const SYNC_PERIOD: Duration = Duration::from_millis(200);
-/// How often the registered instances are read, for `SHOW INSTANCES` and `pgherd status`.
-const LIST_PERIOD: Duration = Duration::from_secs(1);
 /// Wait before connecting again after etcd failed.
 const RETRY: Duration = Duration::from_millis(500);
 
@@ -86,6 +87,9 @@ pub struct Dcs {
     /// The last view published (lease, epoch, version): publishes go out one at a time and
     /// never put an older view over a newer one.
     published: tokio::sync::Mutex<Option<(i64, u64, u64)>>,
+    /// The instances' records as read over time: until when one that vanished may still
+    /// route writes in failsafe.
+    sightings: Mutex<agreement::Sightings>,
     /// The origin of the agreement's times.
     clock: Instant,
 }
@@ -111,6 +115,8 @@ pub enum DcsError {
     BadView(String),
     #[error("instances {0} still route by an older view of the cluster")]
     Lagging(String),
+    #[error("an instance that lost etcd may route writes to the old primary in failsafe for {0} ms more")]
+    Failsafe(u64),
 }
 
 impl Dcs {
@@ -128,6 +134,7 @@ impl Dcs {
             session: tokio::sync::Mutex::new(None),
             lease_until_ms: AtomicU64::new(0),
             published: tokio::sync::Mutex::new(None),
+            sightings: Mutex::new(agreement::Sightings::default()),
             clock: Instant::now(),
         }
     }
@@ -254,7 +261,7 @@ impl Dcs {
         }
     }
 
-    /// Whether writes may be routed now: the lease is known valid
+    /// Whether writes may be routed now: the lease is known valid, or the failsafe runs
     /// ([`agreement::may_route_writes`]). Asked by every write's plan, so a stalled instance
     /// does not route one before its watch closes the gate.
     pub fn may_route_writes(&self) -> bool {
@@ -264,13 +271,66 @@ impl Dcs {
             || agreement::may_route_writes(
                 lease_until_ms,
                 self.settings.request_timeout_ms,
+                self.failsafe_ms(),
                 self.now_ms(),
             )
     }
 
+    fn failsafe_ms(&self) -> u64 {
+        self.settings.failsafe_s * 1000
+    }
+
+    /// How long this instance still routes writes past its lease, when it does.
+    pub fn failsafe_left_ms(&self) -> Option<u64> {
+        let lease_until_ms = self.lease_until_ms.load(Ordering::Acquire);
+        let left_ms = agreement::failsafe_left_ms(
+            lease_until_ms,
+            self.settings.request_timeout_ms,
+            self.failsafe_ms(),
+            self.now_ms(),
+        );
+        // Never had a lease: nothing to be in failsafe of.
+        left_ms.filter(|_| lease_until_ms > 0)
+    }
+
+    /// Notes which members have a record, as a read that has just come back found them.
+    fn sighted(&self, listed: &Listed) {
+        let members = listed
+            .members
+            .iter()
+            .map(|(instance, session)| agreement::Member {
+                instance,
+                session: *session,
+                live: listed.records.iter().any(|r| &r.instance == instance),
+            });
+        self.sightings.lock().read(self.now_ms(), members);
+    }
+
+    /// Removes the member keys of instances whose failsafe is over (each only if it still
+    /// names the session that ended).
+    async fn forget_members(&self, client: &mut Client) -> Result<(), DcsError> {
+        let forgettable = self
+            .sightings
+            .lock()
+            .forgettable(self.failsafe_ms(), self.now_ms());
+        for (instance, session) in forgettable {
+            let key = self.key(&format!("members/{instance}"));
+            let txn = Txn::new()
+                .when(vec![Compare::value(
+                    key.clone(),
+                    CompareOp::Equal,
+                    session.to_string(),
+                )])
+                .and_then(vec![TxnOp::delete(key, None)]);
+            self.within(client.txn(txn)).await?;
+        }
+        Ok(())
+    }
+
     /// Waits until every other instance that holds a lease routes by view `version` or a
-    /// newer one (they read the view every [`SYNC_PERIOD`]); one that cannot reach etcd loses
-    /// its lease, and its record, within the TTL, having stopped routing writes before that.
+    /// newer one (they read the view every [`SYNC_PERIOD`]), and every one that lost its lease
+    /// (and its record) has come to the end of its failsafe: then none routes writes to the old
+    /// primary any more ([`agreement::may_promote`]).
     pub async fn await_followers(&self, version: u64) -> Result<(), DcsError> {
         let session = self.session.lock().await;
         let Some((client, lease)) = session.as_ref() else {
@@ -278,35 +338,59 @@ impl Dcs {
         };
         let (mut client, lease) = (client.clone(), *lease);
         drop(session);
-        let deadline =
-            Instant::now() + Duration::from_secs(self.settings.lease_ttl_s) + self.timeout();
+        // A lagging instance loses its record within the lease; its failsafe follows.
+        let deadline = Instant::now()
+            + Duration::from_secs(self.settings.lease_ttl_s)
+            + Duration::from_millis(self.failsafe_ms())
+            + 2 * self.timeout();
+        let mut said = false;
         loop {
-            let records = list_instances(self, &mut client).await?;
-            let lagging: Vec<String> = records
+            let listed = list_instances(self, &mut client).await?;
+            self.sighted(&listed);
+            let lagging: Vec<String> = listed
+                .records
                 .iter()
                 .filter(|r| {
                     r.instance != self.instance && (r.view_lease != lease || r.version < version)
                 })
                 .map(|r| r.instance.clone())
                 .collect();
-            if agreement::may_promote(lagging.len()) {
-                return Ok(());
-            }
+            let failsafe_over_at_ms = self
+                .sightings
+                .lock()
+                .failsafe_over_at_ms(self.failsafe_ms());
+            let now_ms = self.now_ms();
+            let hold = match agreement::may_promote(lagging.len(), failsafe_over_at_ms, now_ms) {
+                agreement::Promotion::Go => return Ok(()),
+                agreement::Promotion::Lagging(_) => DcsError::Lagging(lagging.join(", ")),
+                agreement::Promotion::Failsafe { until_ms } => {
+                    let wait_ms = until_ms.saturating_sub(now_ms);
+                    if !std::mem::replace(&mut said, true) {
+                        tracing::info!(instance = %self.instance, wait_ms, "before promoting, waiting out the failsafe of an instance that lost its lease");
+                    }
+                    DcsError::Failsafe(wait_ms)
+                }
+            };
             if Instant::now() >= deadline {
-                return Err(DcsError::Lagging(lagging.join(", ")));
+                return Err(hold);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
-    /// Closes the write gate (`no_lease`) once this instance's lease may have run out, and
-    /// opens it when it is valid again.
-    fn watch_lease(&self, app: &App) {
+    /// Closes the write gate (`no_lease`) once this instance's lease and failsafe may have run
+    /// out, and opens it when the lease is valid again.
+    fn watch_lease(&self, app: &App, failsafe_said: &mut bool) {
+        let in_failsafe = self.failsafe_left_ms().is_some();
+        if in_failsafe && !*failsafe_said {
+            tracing::warn!(instance = %self.instance, failsafe_s = self.settings.failsafe_s, "etcd out of reach for longer than the lease: writes go on to the primary of the last view, in failsafe");
+        }
+        *failsafe_said = in_failsafe;
         let lapsed = !self.may_route_writes();
         let view = app.nodes.view();
         if lapsed != view.lease_lapsed {
             if lapsed {
-                tracing::warn!(instance = %self.instance, "etcd out of reach for longer than the lease: writes are refused until it answers");
+                tracing::warn!(instance = %self.instance, "etcd out of reach for longer than the lease and the failsafe: writes are refused until it answers");
             }
             app.nodes.change(Change::LeaseLapsed(lapsed));
             // Sessions holding a connection to the primary (session pooling, a transaction
@@ -316,7 +400,7 @@ impl Dcs {
                 crate::failover::end_sessions_on(
                     app,
                     &node,
-                    "this pgherd instance lost etcd for longer than its lease: another instance may be replacing the primary",
+                    "this pgherd instance lost etcd for longer than its lease and failsafe: another instance may be replacing the primary",
                 );
             }
         }
@@ -386,8 +470,9 @@ pub async fn run(app: Arc<App>, dcs: Arc<Dcs>) {
         let (app, dcs) = (app.clone(), dcs.clone());
         let mut stop = app.shutdown_signal();
         async move {
+            let mut failsafe_said = false;
             loop {
-                dcs.watch_lease(&app);
+                dcs.watch_lease(&app, &mut failsafe_said);
                 tokio::select! {
                     _ = tokio::time::sleep(LEASE_WATCH_PERIOD) => {}
                     _ = stop.changed() => return,
@@ -437,13 +522,7 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
 
     let renew_every = Duration::from_millis(agreement::renew_every_ms(dcs.settings.lease_ttl_s));
     let mut renewed_at = Instant::now();
-    let mut listed_at: Option<Instant> = None;
     loop {
-        if listed_at.is_none_or(|at| at.elapsed() >= LIST_PERIOD) {
-            let instances = list_instances(dcs, &mut client).await?;
-            dcs.status.lock().instances = instances;
-            listed_at = Some(Instant::now());
-        }
         if renewed_at.elapsed() >= renew_every {
             renewed_at = Instant::now();
             live.renew(dcs).await?;
@@ -494,6 +573,7 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
             // Only a newer view goes out (publish_with keeps track).
             dcs.publish_with(&mut client, lease, app, &app.nodes.view())
                 .await?;
+            dcs.forget_members(&mut client).await?;
         }
         tokio::time::sleep(SYNC_PERIOD).await;
     }
@@ -580,6 +660,8 @@ async fn campaign(
 ) -> Result<(agreement::Leadership, Option<(i64, u64)>), DcsError> {
     let leader_key = dcs.key("leader");
     let view_key = dcs.key("view");
+    // The members and their records too, each turn: a leader must know when one vanished.
+    let prefix = |name: &str| TxnOp::get(dcs.key(name), Some(GetOptions::new().with_prefix()));
     let txn = Txn::new()
         .when(vec![Compare::create_revision(
             leader_key.clone(),
@@ -594,10 +676,14 @@ async fn campaign(
             ),
             TxnOp::get(leader_key.clone(), None),
             TxnOp::get(view_key.clone(), None),
+            prefix("instances/"),
+            prefix("members/"),
         ])
         .or_else(vec![
             TxnOp::get(leader_key, None),
             TxnOp::get(view_key, None),
+            prefix("instances/"),
+            prefix("members/"),
         ]);
     let response = dcs.within(client.txn(txn)).await?;
     let mut gets = response.op_responses().into_iter().filter_map(|r| match r {
@@ -606,6 +692,9 @@ async fn campaign(
     });
     let leader_kv = gets.next().and_then(|g| g.kvs().first().cloned());
     let view_kv = gets.next().and_then(|g| g.kvs().first().cloned());
+    let listed = Listed::of(dcs, gets.next(), gets.next());
+    dcs.sighted(&listed);
+    dcs.status.lock().instances = listed.records;
     let leader_name = leader_kv
         .as_ref()
         .map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
@@ -662,17 +751,51 @@ fn role_changed(app: &App, dcs: &Dcs, leading: bool) {
     }
 }
 
-/// The instances registered under `/<scope>/instances/`.
-async fn list_instances(dcs: &Dcs, client: &mut Client) -> Result<Vec<InstanceRecord>, DcsError> {
-    let prefix = dcs.key("instances/");
-    let answer = dcs
-        .within(client.get(prefix, Some(GetOptions::new().with_prefix())))
-        .await?;
-    Ok(answer
-        .kvs()
-        .iter()
-        .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
-        .collect())
+/// The instances registered under `/<scope>/instances/` and the members under
+/// `/<scope>/members/`, read at one revision.
+struct Listed {
+    records: Vec<InstanceRecord>,
+    /// (instance, the lease of its latest session).
+    members: Vec<(String, i64)>,
+}
+
+impl Listed {
+    fn of(
+        dcs: &Dcs,
+        records: Option<etcd_client::GetResponse>,
+        members: Option<etcd_client::GetResponse>,
+    ) -> Listed {
+        let members_prefix = dcs.key("members/");
+        Listed {
+            records: records.map_or_else(Vec::new, |g| {
+                g.kvs()
+                    .iter()
+                    .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
+                    .collect()
+            }),
+            members: members.map_or_else(Vec::new, |g| {
+                g.kvs()
+                    .iter()
+                    .filter_map(|kv| {
+                        let instance = kv.key_str().ok()?.strip_prefix(&members_prefix)?;
+                        let session = kv.value_str().ok()?.parse().ok()?;
+                        Some((instance.to_owned(), session))
+                    })
+                    .collect()
+            }),
+        }
+    }
+}
+
+async fn list_instances(dcs: &Dcs, client: &mut Client) -> Result<Listed, DcsError> {
+    let prefix = |name: &str| TxnOp::get(dcs.key(name), Some(GetOptions::new().with_prefix()));
+    let txn = Txn::new().and_then(vec![prefix("instances/"), prefix("members/")]);
+    let response = dcs.within(client.txn(txn)).await?;
+    let mut gets = response.op_responses().into_iter().filter_map(|r| match r {
+        TxnOpResponse::Get(get) => Some(get),
+        _ => None,
+    });
+    Ok(Listed::of(dcs, gets.next(), gets.next()))
 }
 
 /// Puts this instance's record (addresses, pid) on its lease, for `pgherd status`.
@@ -698,11 +821,20 @@ async fn register(
         version,
     };
     let record = serde_json::to_string(&record).map_err(|e| DcsError::BadView(e.to_string()))?;
-    dcs.within(client.put(
-        dcs.key(&format!("instances/{}", dcs.instance)),
-        record,
-        Some(PutOptions::new().with_lease(lease)),
-    ))
-    .await?;
+    // The member key with it, on no lease: once the lease is gone the leader still knows this
+    // session may route writes in failsafe for a while.
+    let txn = Txn::new().and_then(vec![
+        TxnOp::put(
+            dcs.key(&format!("instances/{}", dcs.instance)),
+            record,
+            Some(PutOptions::new().with_lease(lease)),
+        ),
+        TxnOp::put(
+            dcs.key(&format!("members/{}", dcs.instance)),
+            lease.to_string(),
+            None,
+        ),
+    ]);
+    dcs.within(client.txn(txn)).await?;
     Ok(())
 }

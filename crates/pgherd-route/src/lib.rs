@@ -17,6 +17,7 @@ mod lexer;
 pub mod parse;
 pub mod plan;
 pub mod shard_hash;
+pub mod shard_plan;
 
 pub use balance::Balance;
 pub use catalog::Catalog;

@@ -98,7 +98,7 @@ pub fn shard_of_text(key_type: KeyType, text: &str, shards: u32) -> Result<u32, 
 
 /// Integers as their input functions read them: surrounding spaces allowed, an optional sign,
 /// decimal digits, within the type's range.
-fn parse_int(key_type: KeyType, text: &str) -> Result<i64, KeyError> {
+pub(crate) fn parse_int(key_type: KeyType, text: &str) -> Result<i64, KeyError> {
     let syntax = || KeyError::Syntax(key_type.name(), text.to_owned());
     let trimmed = text.trim_matches(|c: char| c.is_ascii_whitespace());
     let digits = trimmed.strip_prefix(['+', '-']).unwrap_or(trimmed);
@@ -121,7 +121,7 @@ fn parse_int(key_type: KeyType, text: &str) -> Result<i64, KeyError> {
 
 /// A uuid as `uuid_in` reads it: 32 hex digits, optionally in braces, with an optional hyphen
 /// after any group of four digits.
-fn parse_uuid(text: &str) -> Result<[u8; 16], KeyError> {
+pub(crate) fn parse_uuid(text: &str) -> Result<[u8; 16], KeyError> {
     let syntax = || KeyError::Syntax("uuid", text.to_owned());
     let inner = match text.strip_prefix('{') {
         Some(rest) => rest.strip_suffix('}').ok_or_else(syntax)?,

@@ -16,6 +16,7 @@ impl SqlState {
     pub const INVALID_PARAMETER_VALUE: SqlState = SqlState(*b"22023");
     pub const INVALID_TEXT_REPRESENTATION: SqlState = SqlState(*b"22P02");
     pub const NUMERIC_VALUE_OUT_OF_RANGE: SqlState = SqlState(*b"22003");
+    pub const CHECK_VIOLATION: SqlState = SqlState(*b"23514");
     pub const READ_ONLY_SQL_TRANSACTION: SqlState = SqlState(*b"25006");
     pub const IN_FAILED_SQL_TRANSACTION: SqlState = SqlState(*b"25P02");
     pub const INVALID_SQL_STATEMENT_NAME: SqlState = SqlState(*b"26000");

@@ -1,0 +1,639 @@
+//! Which shards a statement needs, from its tree and the sharding map, without IO: the key
+//! routing of sharding. A statement on one sharded table whose `WHERE` pins the key (`=`,
+//! `IN`, `AND`, `OR` of those, with literals or bind parameters) runs on the shards those keys
+//! live on; without such a predicate it runs on all of them (a fan-out, merged elsewhere).
+//! An `INSERT ... VALUES` gives each row's key, so the rows can be split per shard. Bind
+//! parameters stay symbolic in the plan ([`KeySource::Param`]) and are resolved when their
+//! values are known ([`Restriction::shards`], [`ShardPlan::row_shards`]), so a prepared
+//! statement is planned once.
+//!
+//! What cannot be planned exactly is refused ([`Unsupported`], SQLSTATE `0A000`) naming the
+//! construct: never a statement sent to too few shards.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use pg_query::protobuf::{
+    a_const, node::Node as NodeEnum, AExprKind, BoolExprType, JoinType, RangeVar,
+};
+use pgherd_wire::SqlState;
+
+use crate::shard_hash::{self, KeyError, KeyType};
+
+/// How a sharded table's rows are spread over the shards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Method {
+    /// As `PARTITION BY HASH` with one partition per shard ([`shard_hash`]).
+    Hash,
+    /// Shard `i` holds integer keys from `starts[i]` up to `starts[i + 1]` (excluded); the last
+    /// shard has no upper end, and keys below `starts[0]` have no shard.
+    Range { starts: Vec<i64> },
+    /// Shard `i` holds the keys listed in `values[i]` (in their text form).
+    List { values: Vec<Vec<String>> },
+}
+
+/// A table whose rows are spread over the shards by one key column.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardedTable {
+    pub key_column: String,
+    pub key_type: KeyType,
+    pub method: Method,
+    /// The key column's position among the table's columns (from the catalog), for an
+    /// `INSERT` without a column list; `None` until known.
+    pub key_ordinal: Option<usize>,
+}
+
+/// Why a key has no shard.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error("no value was bound for parameter ${0}")]
+    Unbound(usize),
+    #[error("no shard of table {table} holds key {key}")]
+    NoShard { table: String, key: String },
+}
+
+impl ResolveError {
+    pub fn sqlstate(&self) -> SqlState {
+        match self {
+            ResolveError::Key(e) => e.sqlstate(),
+            ResolveError::Unbound(_) => SqlState::PROTOCOL_VIOLATION,
+            // As PostgreSQL says when no partition takes a row.
+            ResolveError::NoShard { .. } => SqlState::CHECK_VIOLATION,
+        }
+    }
+}
+
+impl ShardedTable {
+    /// The shard holding `key` (its text form); `None` when no shard does (outside the ranges
+    /// or lists).
+    pub fn shard_of(&self, shards: u32, key: &str) -> Result<Option<u32>, KeyError> {
+        match &self.method {
+            Method::Hash => shard_hash::shard_of_text(self.key_type, key, shards).map(Some),
+            Method::Range { starts } => {
+                let key = shard_hash::parse_int(self.key_type, key)?;
+                let holding = starts.iter().take_while(|&&start| start <= key).count();
+                Ok(holding.checked_sub(1).map(|i| i as u32))
+            }
+            Method::List { values } => {
+                let key = self.canonical(key)?;
+                Ok(values
+                    .iter()
+                    .position(|listed| {
+                        listed
+                            .iter()
+                            .any(|v| self.canonical(v).as_ref() == Ok(&key))
+                    })
+                    .map(|i| i as u32))
+            }
+        }
+    }
+
+    /// A key in the form equal keys share (`007` and `7` are one integer).
+    fn canonical(&self, key: &str) -> Result<String, KeyError> {
+        Ok(match self.key_type {
+            KeyType::Int2 | KeyType::Int4 | KeyType::Int8 => {
+                shard_hash::parse_int(self.key_type, key)?.to_string()
+            }
+            KeyType::Uuid => shard_hash::parse_uuid(key)?
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect(),
+            KeyType::Text => key.to_owned(),
+        })
+    }
+}
+
+/// The sharded tables, by name (as written in statements, optionally schema-qualified).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardMap {
+    pub shards: u32,
+    pub tables: BTreeMap<String, ShardedTable>,
+}
+
+impl ShardMap {
+    /// The sharded table a relation in a statement names, if any.
+    fn table(&self, relation: &RangeVar) -> Option<(&str, &ShardedTable)> {
+        self.lookup(&relation.schemaname, &relation.relname)
+    }
+
+    /// A table named `name` in `schema` (empty: as the search path finds it) is the sharded
+    /// table configured as `schema.name`, or as bare `name` for schema `public`.
+    fn lookup(&self, schema: &str, name: &str) -> Option<(&str, &ShardedTable)> {
+        self.tables
+            .iter()
+            .find(|(configured, _)| {
+                let (configured_schema, bare) = configured
+                    .rsplit_once('.')
+                    .unwrap_or(("public", configured));
+                bare == name && (schema.is_empty() || schema == configured_schema)
+            })
+            .map(|(configured, table)| (configured.as_str(), table))
+    }
+}
+
+/// Where a key value comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// A literal, in its text form.
+    Literal(String),
+    /// Bind parameter `$n`.
+    Param(usize),
+    /// A NULL literal: no row has a NULL key equal to anything.
+    Null,
+}
+
+/// The keys a statement's rows may have, as its `WHERE` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Restriction {
+    /// Any key: every shard.
+    All,
+    AnyOf(Vec<KeySource>),
+    And(Vec<Restriction>),
+    Or(Vec<Restriction>),
+}
+
+impl Restriction {
+    /// The shards the rows may be on, with the bind parameters' values (text form; `None`
+    /// for NULL). Empty: no row can match (any one shard answers that).
+    pub fn shards(
+        &self,
+        table: &ShardedTable,
+        shards: u32,
+        params: &[Option<String>],
+    ) -> Result<BTreeSet<u32>, ResolveError> {
+        Ok(match self {
+            Restriction::All => (0..shards).collect(),
+            Restriction::AnyOf(keys) => {
+                let mut set = BTreeSet::new();
+                for key in keys {
+                    let Some(text) = key_text(key, params)? else {
+                        continue;
+                    };
+                    match table.shard_of(shards, &text) {
+                        Ok(shard) => set.extend(shard),
+                        // A literal beyond the key type's range equals no key (PostgreSQL
+                        // compares it in the wider type); a parameter takes the key's type,
+                        // and PostgreSQL refuses it as this does.
+                        Err(KeyError::OutOfRange(..)) if matches!(key, KeySource::Literal(_)) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                set
+            }
+            Restriction::And(parts) => {
+                let mut set: BTreeSet<u32> = (0..shards).collect();
+                for part in parts {
+                    let allowed = part.shards(table, shards, params)?;
+                    set.retain(|shard| allowed.contains(shard));
+                }
+                set
+            }
+            Restriction::Or(parts) => {
+                let mut set = BTreeSet::new();
+                for part in parts {
+                    set.extend(part.shards(table, shards, params)?);
+                }
+                set
+            }
+        })
+    }
+}
+
+fn key_text(key: &KeySource, params: &[Option<String>]) -> Result<Option<String>, ResolveError> {
+    match key {
+        KeySource::Literal(text) => Ok(Some(text.clone())),
+        KeySource::Null => Ok(None),
+        KeySource::Param(n) => params
+            .get(n.wrapping_sub(1))
+            .cloned()
+            .ok_or(ResolveError::Unbound(*n)),
+    }
+}
+
+/// Where a statement runs, as far as sharding goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShardPlan {
+    /// It touches no sharded table (reference tables, or none): a read runs on any one
+    /// shard, a write on every shard.
+    Unsharded,
+    /// It reads or writes rows of one sharded table, on the shards its restriction allows.
+    Table {
+        table: String,
+        restriction: Restriction,
+    },
+    /// `INSERT ... VALUES` into a sharded table: each row's key, in order.
+    InsertRows { table: String, keys: Vec<KeySource> },
+}
+
+impl ShardPlan {
+    /// Each row's shard, for an `INSERT`.
+    pub fn row_shards(
+        &self,
+        map: &ShardMap,
+        params: &[Option<String>],
+    ) -> Result<Vec<u32>, ResolveError> {
+        let ShardPlan::InsertRows { table, keys } = self else {
+            return Ok(Vec::new());
+        };
+        let Some(sharded) = map.tables.get(table) else {
+            return Ok(Vec::new());
+        };
+        keys.iter()
+            .map(|key| {
+                let text = key_text(key, params)?;
+                let no_shard = |key: &str| ResolveError::NoShard {
+                    table: table.clone(),
+                    key: key.to_owned(),
+                };
+                // A NULL key has no shard, as a NULL has no hash partition but the default.
+                let text = text.ok_or_else(|| no_shard("NULL"))?;
+                sharded
+                    .shard_of(map.shards, &text)?
+                    .ok_or_else(|| no_shard(&text))
+            })
+            .collect()
+    }
+}
+
+/// A statement shape sharding cannot run exactly (SQLSTATE `0A000`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not supported on sharded tables: {0}")]
+pub struct Unsupported(pub String);
+
+impl Unsupported {
+    pub fn sqlstate(&self) -> SqlState {
+        SqlState::FEATURE_NOT_SUPPORTED
+    }
+}
+
+/// Plans one statement.
+pub fn plan(statement: &NodeEnum, map: &ShardMap) -> Result<ShardPlan, Unsupported> {
+    let mentions = sharded_mentions(statement, map);
+    if mentions.is_empty() {
+        return Ok(ShardPlan::Unsharded);
+    }
+    let plan = match statement {
+        NodeEnum::SelectStmt(select) => plan_select(select, map)?,
+        NodeEnum::UpdateStmt(update) => {
+            let (table, sharded_table) = target(update.relation.as_ref(), map, "UPDATE")?;
+            if !update.from_clause.is_empty() {
+                return Err(unsupported("UPDATE ... FROM"));
+            }
+            let sets_key = update.target_list.iter().any(|t| {
+                matches!(&t.node, Some(NodeEnum::ResTarget(r)) if r.name == sharded_table.key_column)
+            });
+            if sets_key {
+                return Err(unsupported(&format!(
+                    "UPDATE of the shard key column {} of {table} (rows would move between shards)",
+                    sharded_table.key_column
+                )));
+            }
+            let alias = alias_of(update.relation.as_ref());
+            ShardPlan::Table {
+                table: table.to_owned(),
+                restriction: restriction(
+                    update.where_clause.as_deref(),
+                    sharded_table,
+                    table,
+                    alias,
+                ),
+            }
+        }
+        NodeEnum::DeleteStmt(delete) => {
+            let (table, sharded_table) = target(delete.relation.as_ref(), map, "DELETE")?;
+            if !delete.using_clause.is_empty() {
+                return Err(unsupported("DELETE ... USING"));
+            }
+            let alias = alias_of(delete.relation.as_ref());
+            ShardPlan::Table {
+                table: table.to_owned(),
+                restriction: restriction(
+                    delete.where_clause.as_deref(),
+                    sharded_table,
+                    table,
+                    alias,
+                ),
+            }
+        }
+        NodeEnum::InsertStmt(insert) => plan_insert(insert, map)?,
+        _ => return Err(unsupported("this statement")),
+    };
+    // The planned table must be the only mention of a sharded table: another (a second
+    // table, the same one again in a subquery or CTE) would be read on the planned shards
+    // only.
+    if mentions.len() > 1 {
+        return Err(unsupported(&format!(
+            "a statement naming sharded tables more than once ({}: a join, subquery or CTE across shards)",
+            mentions.join(", ")
+        )));
+    }
+    Ok(plan)
+}
+
+fn unsupported(what: &str) -> Unsupported {
+    Unsupported(what.to_owned())
+}
+
+fn target<'m>(
+    relation: Option<&RangeVar>,
+    map: &'m ShardMap,
+    verb: &str,
+) -> Result<(&'m str, &'m ShardedTable), Unsupported> {
+    relation
+        .and_then(|r| map.table(r))
+        .ok_or_else(|| unsupported(&format!("{verb} of another table reading a sharded one")))
+}
+
+fn alias_of(relation: Option<&RangeVar>) -> Option<&str> {
+    relation
+        .and_then(|r| r.alias.as_ref())
+        .map(|a| a.aliasname.as_str())
+}
+
+fn plan_select(
+    select: &pg_query::protobuf::SelectStmt,
+    map: &ShardMap,
+) -> Result<ShardPlan, Unsupported> {
+    if select.larg.is_some() || select.rarg.is_some() {
+        return Err(unsupported(
+            "UNION, INTERSECT or EXCEPT over a sharded table",
+        ));
+    }
+    if select.into_clause.is_some() {
+        return Err(unsupported("SELECT INTO from a sharded table"));
+    }
+    // The one sharded table among the FROM items; joins with reference tables keep the
+    // sharded table's restriction from WHERE.
+    let mut found = None;
+    let mut relations = Vec::new();
+    for item in &select.from_clause {
+        from_relations(item.node.as_ref(), false, &mut relations);
+    }
+    for (relation, outer) in relations {
+        if outer && map.table(relation).is_some() {
+            // Every shard would return the other side's unmatched rows: duplicates.
+            return Err(unsupported(&format!(
+                "an outer join of sharded table {}",
+                relation.relname
+            )));
+        }
+        if let Some((name, table)) = map.table(relation) {
+            if found.is_some() {
+                return Err(unsupported(&format!(
+                    "a join of sharded table {name} with itself or another sharded table"
+                )));
+            }
+            found = Some((name, table, alias_of(Some(relation))));
+        }
+    }
+    let Some((name, table, alias)) = found else {
+        return Err(unsupported(
+            "a sharded table outside the FROM list (a subquery or CTE)",
+        ));
+    };
+    Ok(ShardPlan::Table {
+        table: name.to_owned(),
+        restriction: restriction(select.where_clause.as_deref(), table, name, alias),
+    })
+}
+
+/// The relations of a FROM item (a table, or the tables of a join), each with whether it is
+/// under an outer join.
+fn from_relations<'a>(
+    item: Option<&'a NodeEnum>,
+    outer: bool,
+    out: &mut Vec<(&'a RangeVar, bool)>,
+) {
+    match item {
+        Some(NodeEnum::RangeVar(relation)) => out.push((relation, outer)),
+        Some(NodeEnum::JoinExpr(join)) => {
+            let outer = outer || join.jointype != JoinType::JoinInner as i32;
+            for side in [&join.larg, &join.rarg] {
+                from_relations(side.as_ref().and_then(|n| n.node.as_ref()), outer, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn plan_insert(
+    insert: &pg_query::protobuf::InsertStmt,
+    map: &ShardMap,
+) -> Result<ShardPlan, Unsupported> {
+    let (table, sharded) = target(insert.relation.as_ref(), map, "INSERT")?;
+    let key_position = if insert.cols.is_empty() {
+        sharded.key_ordinal.ok_or_else(|| {
+            unsupported(&format!(
+                "INSERT into {table} without a column list (name the columns)"
+            ))
+        })?
+    } else {
+        insert
+            .cols
+            .iter()
+            .position(
+                |c| matches!(&c.node, Some(NodeEnum::ResTarget(r)) if r.name == sharded.key_column),
+            )
+            .ok_or_else(|| {
+                unsupported(&format!(
+                    "INSERT into {table} without its shard key column {}",
+                    sharded.key_column
+                ))
+            })?
+    };
+    let rows = match insert.select_stmt.as_ref().and_then(|s| s.node.as_ref()) {
+        Some(NodeEnum::SelectStmt(values)) if !values.values_lists.is_empty() => {
+            &values.values_lists
+        }
+        _ => return Err(unsupported(&format!("INSERT into {table} from a query"))),
+    };
+    let keys = rows
+        .iter()
+        .map(|row| {
+            let Some(NodeEnum::List(items)) = &row.node else {
+                return Err(unsupported("a VALUES row that is not a list"));
+            };
+            items
+                .items
+                .get(key_position)
+                .and_then(|item| key_source(item.node.as_ref()))
+                .ok_or_else(|| {
+                    unsupported(&format!(
+                        "a shard key of {table} given by an expression (give the value, or a parameter)"
+                    ))
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ShardPlan::InsertRows {
+        table: table.to_owned(),
+        keys,
+    })
+}
+
+/// The restriction a WHERE clause puts on the key. Anything it cannot read restricts nothing
+/// (all shards), which is always right.
+fn restriction(
+    clause: Option<&pg_query::protobuf::Node>,
+    table: &ShardedTable,
+    table_name: &str,
+    alias: Option<&str>,
+) -> Restriction {
+    let Some(node) = clause.and_then(|c| c.node.as_ref()) else {
+        return Restriction::All;
+    };
+    let is_key = |n: Option<&NodeEnum>| is_key_column(n, table, table_name, alias);
+    match node {
+        NodeEnum::BoolExpr(b) => {
+            let parts = b
+                .args
+                .iter()
+                .map(|arg| restriction(Some(arg), table, table_name, alias));
+            if b.boolop == BoolExprType::AndExpr as i32 {
+                let parts: Vec<_> = parts.filter(|p| *p != Restriction::All).collect();
+                match parts.len() {
+                    0 => Restriction::All,
+                    1 => parts.into_iter().next().unwrap_or(Restriction::All),
+                    _ => Restriction::And(parts),
+                }
+            } else if b.boolop == BoolExprType::OrExpr as i32 {
+                let parts: Vec<_> = parts.collect();
+                if parts.contains(&Restriction::All) {
+                    Restriction::All
+                } else {
+                    Restriction::Or(parts)
+                }
+            } else {
+                // NOT: the complement of a set of keys is every other key.
+                Restriction::All
+            }
+        }
+        NodeEnum::AExpr(e) if is_equals(&e.name) => {
+            let (l, r) = (
+                e.lexpr.as_ref().and_then(|n| n.node.as_ref()),
+                e.rexpr.as_ref().and_then(|n| n.node.as_ref()),
+            );
+            if e.kind == AExprKind::AexprOp as i32 {
+                let value = if is_key(l) {
+                    key_source(r)
+                } else if is_key(r) {
+                    key_source(l)
+                } else {
+                    None
+                };
+                value.map_or(Restriction::All, |v| Restriction::AnyOf(vec![v]))
+            } else if e.kind == AExprKind::AexprIn as i32 && is_key(l) {
+                let Some(NodeEnum::List(list)) = r else {
+                    return Restriction::All;
+                };
+                list.items
+                    .iter()
+                    .map(|item| key_source(item.node.as_ref()))
+                    .collect::<Option<Vec<_>>>()
+                    .map_or(Restriction::All, Restriction::AnyOf)
+            } else {
+                Restriction::All
+            }
+        }
+        _ => Restriction::All,
+    }
+}
+
+fn is_equals(name: &[pg_query::protobuf::Node]) -> bool {
+    matches!(name, [n] if matches!(&n.node, Some(NodeEnum::String(s)) if s.sval == "="))
+}
+
+/// Whether an expression is the key column (bare, or qualified by the table or its alias).
+fn is_key_column(
+    node: Option<&NodeEnum>,
+    table: &ShardedTable,
+    table_name: &str,
+    alias: Option<&str>,
+) -> bool {
+    let Some(NodeEnum::ColumnRef(column)) = node else {
+        return false;
+    };
+    let names: Vec<&str> = column
+        .fields
+        .iter()
+        .filter_map(|f| match &f.node {
+            Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
+            _ => None,
+        })
+        .collect();
+    let bare_table = table_name.rsplit('.').next().unwrap_or(table_name);
+    match names.as_slice() {
+        [column] => *column == table.key_column,
+        [qualifier, column] => {
+            *column == table.key_column
+                && match alias {
+                    Some(alias) => *qualifier == alias,
+                    None => *qualifier == bare_table,
+                }
+        }
+        _ => false,
+    }
+}
+
+/// A key given as a literal (possibly cast) or a bind parameter.
+fn key_source(node: Option<&NodeEnum>) -> Option<KeySource> {
+    match node? {
+        NodeEnum::AConst(c) if c.isnull => Some(KeySource::Null),
+        NodeEnum::AConst(c) => Some(KeySource::Literal(match c.val.as_ref()? {
+            a_const::Val::Ival(i) => i.ival.to_string(),
+            // Integers beyond 32 bits come as "floats"; a real fraction (`5.0`) compares as
+            // numeric in PostgreSQL, and pins no key here.
+            a_const::Val::Fval(f) if f.fval.bytes().all(|b| b.is_ascii_digit() || b == b'-') => {
+                f.fval.clone()
+            }
+            a_const::Val::Sval(s) => s.sval.clone(),
+            _ => return None,
+        })),
+        NodeEnum::ParamRef(p) => usize::try_from(p.number).ok().map(KeySource::Param),
+        NodeEnum::TypeCast(cast) => key_source(cast.arg.as_ref().and_then(|n| n.node.as_ref())),
+        _ => None,
+    }
+}
+
+/// Every mention of a sharded table anywhere in the statement (FROM lists, joins,
+/// subqueries in any clause, CTEs, targets of writes). The tree is walked through its
+/// serialized form, which has every field: the parser library's own walk skips some places.
+fn sharded_mentions<'m>(statement: &NodeEnum, map: &'m ShardMap) -> Vec<&'m str> {
+    fn walk<'m>(value: &serde_json::Value, map: &'m ShardMap, out: &mut Vec<&'m str>) {
+        match value {
+            serde_json::Value::Object(fields) => {
+                // A RangeVar, by its fields: inside a node it is tagged, as a statement's
+                // own field (the target of a write) it is not.
+                let text = |key: &str| fields.get(key).and_then(|v| v.as_str());
+                if let (Some(schema), Some(name), Some(_)) =
+                    (text("schemaname"), text("relname"), text("relpersistence"))
+                {
+                    if let Some((name, _)) = map.lookup(schema, name) {
+                        out.push(name);
+                    }
+                }
+                fields.values().for_each(|v| walk(v, map, out));
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| walk(v, map, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    match serde_json::to_value(statement) {
+        Ok(tree) => walk(&tree, map, &mut out),
+        // Cannot be read whole: taken as naming sharded tables twice, so it is refused.
+        Err(_) => out.extend(
+            map.tables
+                .keys()
+                .map(String::as_str)
+                .take(1)
+                .cycle()
+                .take(2),
+        ),
+    }
+    out
+}
+
+#[cfg(test)]
+#[path = "shard_plan_tests.rs"]
+mod tests;

@@ -246,8 +246,15 @@ impl ShardPlan {
                     table: table.clone(),
                     key: key.to_owned(),
                 };
-                // A NULL key has no shard, as a NULL has no hash partition but the default.
-                let text = text.ok_or_else(|| no_shard("NULL"))?;
+                let Some(text) = text else {
+                    // PostgreSQL hashes a row of NULL keys to 0: the partition of remainder 0.
+                    // A range or list has no place for it (PostgreSQL would need a default
+                    // partition).
+                    return match sharded.method {
+                        Method::Hash => Ok(0),
+                        _ => Err(no_shard("NULL")),
+                    };
+                };
                 sharded
                     .shard_of(map.shards, &text)?
                     .ok_or_else(|| no_shard(&text))
@@ -273,6 +280,12 @@ pub fn plan(statement: &NodeEnum, map: &ShardMap) -> Result<ShardPlan, Unsupport
     if mentions.is_empty() {
         return Ok(ShardPlan::Unsharded);
     }
+    if writes_in_with(statement) {
+        // Its write would run on the chosen shards only.
+        return Err(unsupported(
+            "a data-modifying WITH (INSERT, UPDATE or DELETE in a CTE) beside a sharded table",
+        ));
+    }
     let plan = match statement {
         NodeEnum::SelectStmt(select) => plan_select(select, map)?,
         NodeEnum::UpdateStmt(update) => {
@@ -280,10 +293,7 @@ pub fn plan(statement: &NodeEnum, map: &ShardMap) -> Result<ShardPlan, Unsupport
             if !update.from_clause.is_empty() {
                 return Err(unsupported("UPDATE ... FROM"));
             }
-            let sets_key = update.target_list.iter().any(|t| {
-                matches!(&t.node, Some(NodeEnum::ResTarget(r)) if r.name == sharded_table.key_column)
-            });
-            if sets_key {
+            if sets_column(&update.target_list, &sharded_table.key_column) {
                 return Err(unsupported(&format!(
                     "UPDATE of the shard key column {} of {table} (rows would move between shards)",
                     sharded_table.key_column
@@ -335,6 +345,27 @@ fn unsupported(what: &str) -> Unsupported {
     Unsupported(what.to_owned())
 }
 
+/// Whether the statement's WITH holds a CTE that writes (PostgreSQL allows them at the top
+/// level only).
+fn writes_in_with(statement: &NodeEnum) -> bool {
+    let with = match statement {
+        NodeEnum::SelectStmt(s) => s.with_clause.as_ref(),
+        NodeEnum::InsertStmt(s) => s.with_clause.as_ref(),
+        NodeEnum::UpdateStmt(s) => s.with_clause.as_ref(),
+        NodeEnum::DeleteStmt(s) => s.with_clause.as_ref(),
+        _ => None,
+    };
+    with.is_some_and(|with| {
+        with.ctes.iter().any(|cte| match &cte.node {
+            Some(NodeEnum::CommonTableExpr(cte)) => !matches!(
+                cte.ctequery.as_ref().and_then(|q| q.node.as_ref()),
+                Some(NodeEnum::SelectStmt(_))
+            ),
+            _ => true,
+        })
+    })
+}
+
 fn target<'m>(
     relation: Option<&RangeVar>,
     map: &'m ShardMap,
@@ -343,6 +374,12 @@ fn target<'m>(
     relation
         .and_then(|r| map.table(r))
         .ok_or_else(|| unsupported(&format!("{verb} of another table reading a sharded one")))
+}
+
+fn sets_column(targets: &[pg_query::protobuf::Node], column: &str) -> bool {
+    targets
+        .iter()
+        .any(|t| matches!(&t.node, Some(NodeEnum::ResTarget(r)) if r.name == column))
 }
 
 fn alias_of(relation: Option<&RangeVar>) -> Option<&str> {
@@ -368,9 +405,9 @@ fn plan_select(
     let mut found = None;
     let mut relations = Vec::new();
     for item in &select.from_clause {
-        from_relations(item.node.as_ref(), false, &mut relations);
+        from_relations(item.node.as_ref(), false, false, &mut relations);
     }
-    for (relation, outer) in relations {
+    for (relation, outer, renamed) in relations {
         if outer && map.table(relation).is_some() {
             // Every shard would return the other side's unmatched rows: duplicates.
             return Err(unsupported(&format!(
@@ -384,33 +421,50 @@ fn plan_select(
                     "a join of sharded table {name} with itself or another sharded table"
                 )));
             }
-            found = Some((name, table, alias_of(Some(relation))));
+            found = Some((name, table, alias_of(Some(relation)), renamed));
         }
     }
-    let Some((name, table, alias)) = found else {
+    let Some((name, table, alias, renamed)) = found else {
         return Err(unsupported(
             "a sharded table outside the FROM list (a subquery or CTE)",
         ));
     };
+    // Columns renamed by an alias list: the key's name may mean another column.
+    let restriction = if renamed {
+        Restriction::All
+    } else {
+        restriction(select.where_clause.as_deref(), table, name, alias)
+    };
     Ok(ShardPlan::Table {
         table: name.to_owned(),
-        restriction: restriction(select.where_clause.as_deref(), table, name, alias),
+        restriction,
     })
 }
 
 /// The relations of a FROM item (a table, or the tables of a join), each with whether it is
-/// under an outer join.
+/// under an outer join and whether an alias list renames its columns (its own, or a join's).
 fn from_relations<'a>(
     item: Option<&'a NodeEnum>,
     outer: bool,
-    out: &mut Vec<(&'a RangeVar, bool)>,
+    renamed: bool,
+    out: &mut Vec<(&'a RangeVar, bool, bool)>,
 ) {
+    let renames =
+        |alias: Option<&pg_query::protobuf::Alias>| alias.is_some_and(|a| !a.colnames.is_empty());
     match item {
-        Some(NodeEnum::RangeVar(relation)) => out.push((relation, outer)),
+        Some(NodeEnum::RangeVar(relation)) => {
+            out.push((relation, outer, renamed || renames(relation.alias.as_ref())))
+        }
         Some(NodeEnum::JoinExpr(join)) => {
             let outer = outer || join.jointype != JoinType::JoinInner as i32;
+            let renamed = renamed || renames(join.alias.as_ref());
             for side in [&join.larg, &join.rarg] {
-                from_relations(side.as_ref().and_then(|n| n.node.as_ref()), outer, out);
+                from_relations(
+                    side.as_ref().and_then(|n| n.node.as_ref()),
+                    outer,
+                    renamed,
+                    out,
+                );
             }
         }
         _ => {}
@@ -442,8 +496,26 @@ fn plan_insert(
                 ))
             })?
     };
+    if let Some(conflict) = &insert.on_conflict_clause {
+        if sets_column(&conflict.target_list, &sharded.key_column) {
+            return Err(unsupported(&format!(
+                "ON CONFLICT DO UPDATE of the shard key column {} of {table}",
+                sharded.key_column
+            )));
+        }
+    }
     let rows = match insert.select_stmt.as_ref().and_then(|s| s.node.as_ref()) {
         Some(NodeEnum::SelectStmt(values)) if !values.values_lists.is_empty() => {
+            // Split per shard, VALUES with these would insert other rows.
+            if values.limit_count.is_some()
+                || values.limit_offset.is_some()
+                || !values.sort_clause.is_empty()
+                || values.with_clause.is_some()
+            {
+                return Err(unsupported(&format!(
+                    "INSERT into {table} from VALUES with ORDER BY, LIMIT, OFFSET or WITH"
+                )));
+            }
             &values.values_lists
         }
         _ => return Err(unsupported(&format!("INSERT into {table} from a query"))),
@@ -457,7 +529,7 @@ fn plan_insert(
             items
                 .items
                 .get(key_position)
-                .and_then(|item| key_source(item.node.as_ref()))
+                .and_then(|item| key_source(item.node.as_ref(), sharded.key_type))
                 .ok_or_else(|| {
                     unsupported(&format!(
                         "a shard key of {table} given by an expression (give the value, or a parameter)"
@@ -515,9 +587,9 @@ fn restriction(
             );
             if e.kind == AExprKind::AexprOp as i32 {
                 let value = if is_key(l) {
-                    key_source(r)
+                    key_source(r, table.key_type)
                 } else if is_key(r) {
-                    key_source(l)
+                    key_source(l, table.key_type)
                 } else {
                     None
                 };
@@ -528,7 +600,7 @@ fn restriction(
                 };
                 list.items
                     .iter()
-                    .map(|item| key_source(item.node.as_ref()))
+                    .map(|item| key_source(item.node.as_ref(), table.key_type))
                     .collect::<Option<Vec<_>>>()
                     .map_or(Restriction::All, Restriction::AnyOf)
             } else {
@@ -575,8 +647,9 @@ fn is_key_column(
     }
 }
 
-/// A key given as a literal (possibly cast) or a bind parameter.
-fn key_source(node: Option<&NodeEnum>) -> Option<KeySource> {
+/// A key given as a literal or a bind parameter, possibly cast to a type that keeps its value
+/// as the key's type reads it.
+fn key_source(node: Option<&NodeEnum>, key_type: KeyType) -> Option<KeySource> {
     match node? {
         NodeEnum::AConst(c) if c.isnull => Some(KeySource::Null),
         NodeEnum::AConst(c) => Some(KeySource::Literal(match c.val.as_ref()? {
@@ -590,8 +663,39 @@ fn key_source(node: Option<&NodeEnum>) -> Option<KeySource> {
             _ => return None,
         })),
         NodeEnum::ParamRef(p) => usize::try_from(p.number).ok().map(KeySource::Param),
-        NodeEnum::TypeCast(cast) => key_source(cast.arg.as_ref().and_then(|n| n.node.as_ref())),
+        NodeEnum::TypeCast(cast) if cast_keeps_value(cast.type_name.as_ref(), key_type) => {
+            key_source(cast.arg.as_ref().and_then(|n| n.node.as_ref()), key_type)
+        }
         _ => None,
+    }
+}
+
+/// Whether a cast leaves a key's value as the key's own type reads it: to that type (or,
+/// for integers, another integer type), without a length or array bounds. `'ukraine'::
+/// varchar(2)`, `'uk '::char(3)` or `::citext` change what is compared.
+fn cast_keeps_value(type_name: Option<&pg_query::protobuf::TypeName>, key_type: KeyType) -> bool {
+    let Some(type_name) = type_name else {
+        return false;
+    };
+    if !type_name.typmods.is_empty() || !type_name.array_bounds.is_empty() {
+        return false;
+    }
+    let name = match type_name.names.as_slice() {
+        [n] => n,
+        [schema, n] if matches!(&schema.node, Some(NodeEnum::String(s)) if s.sval == "pg_catalog") => {
+            n
+        }
+        _ => return false,
+    };
+    let Some(NodeEnum::String(name)) = &name.node else {
+        return false;
+    };
+    match key_type {
+        KeyType::Int2 | KeyType::Int4 | KeyType::Int8 => {
+            matches!(name.sval.as_str(), "int2" | "int4" | "int8")
+        }
+        KeyType::Text => matches!(name.sval.as_str(), "text" | "varchar"),
+        KeyType::Uuid => name.sval == "uuid",
     }
 }
 

@@ -104,6 +104,16 @@ fn equality_and_in_on_the_key_pick_the_shards_of_those_keys() {
             int8(&["5"]),
         ),
         (
+            "SELECT * FROM accounts WHERE aid = 5::int4",
+            &[],
+            int8(&["5"]),
+        ),
+        (
+            "SELECT * FROM regions WHERE code = 'uk'::text",
+            &[],
+            BTreeSet::from([0]),
+        ),
+        (
             "SELECT * FROM accounts a WHERE a.aid = $1",
             &[Some("7")],
             int8(&["7"]),
@@ -220,6 +230,14 @@ fn without_a_predicate_that_pins_the_key_every_shard_is_read() {
         "UPDATE accounts SET abalance = 0",
         "DELETE FROM accounts WHERE aid = abs(-5)",
         "SELECT * FROM accounts WHERE aid = 5.0",
+        // Aliases that rename columns: the key's name may mean another one.
+        "SELECT * FROM accounts AS a(x, aid) WHERE aid = 5",
+        "SELECT * FROM (accounts JOIN branches USING (bid)) AS j(b, aid) WHERE aid = 5",
+        // Casts that change what is compared.
+        "SELECT * FROM regions WHERE code = 'ukraine'::varchar(2)",
+        "SELECT * FROM regions WHERE code = 'uk '::char(3)",
+        "SELECT * FROM regions WHERE code = 'UK'::citext",
+        "SELECT * FROM accounts WHERE aid = '-1'::oid::int8",
         "SELECT * FROM accounts JOIN branches b ON b.bid = accounts.bid",
     ] {
         assert_eq!(shards(sql, &[]), Ok(all()), "{sql}");
@@ -282,11 +300,16 @@ fn insert_values_give_each_rows_shard() {
         )
     );
     assert_eq!(
-        refused("INSERT INTO accounts (aid) VALUES (NULL)"),
+        refused("INSERT INTO events (id) VALUES (NULL)"),
         (
             SqlState::CHECK_VIOLATION,
-            "no shard of table accounts holds key NULL".into()
+            "no shard of table events holds key NULL".into()
         )
+    );
+    // As PostgreSQL puts a NULL hash key in the partition of remainder 0.
+    assert_eq!(
+        plan_rows("INSERT INTO accounts (aid) VALUES (NULL)", &map),
+        vec![0]
     );
     assert_eq!(
         refused("INSERT INTO events (id) VALUES (99999999999)").0,
@@ -384,6 +407,18 @@ fn statements_that_cannot_be_split_exactly_are_refused_naming_the_construct() {
         (
             "INSERT INTO branches SELECT * FROM accounts",
             "INSERT of another table reading a sharded one",
+        ),
+        (
+            "WITH moved AS (INSERT INTO audit VALUES (1) RETURNING 1) SELECT * FROM accounts WHERE aid = 5",
+            "a data-modifying WITH",
+        ),
+        (
+            "INSERT INTO accounts (aid, bid) VALUES (1, 1) ON CONFLICT (aid) DO UPDATE SET aid = 2",
+            "ON CONFLICT DO UPDATE of the shard key column aid",
+        ),
+        (
+            "INSERT INTO accounts (aid) VALUES (1), (2) LIMIT 1",
+            "from VALUES with ORDER BY, LIMIT",
         ),
     ];
     for (sql, expected) in cases {

@@ -2,7 +2,7 @@
 //! pgherd shards by, over several shard counts, the partition a real PostgreSQL 15 puts a row
 //! in is the shard `pgherd_route::shard_hash` computes.
 
-use pgherd_route::shard_hash::{shard_of_text, KeyType};
+use pgherd_route::shard_hash::{shard_of, shard_of_text, KeyType};
 use pgherd_testkit::TestCluster;
 
 /// Key values, as SQL producing `k` rows of the type.
@@ -58,8 +58,18 @@ fn hash_shards_are_the_partitions_postgresql_chooses() {
                 ));
             }
             cluster.sql(&format!("INSERT INTO {table} {keys}"));
+            // A NULL key hashes to 0: the partition of remainder 0, as pgherd's shard 0.
+            cluster.sql(&format!("INSERT INTO {table} VALUES (NULL)"));
+            let null_partition = cluster.sql(&format!(
+                "SELECT tableoid::regclass::text FROM {table} WHERE k IS NULL"
+            ));
+            assert_eq!(
+                null_partition,
+                format!("{table}_p{}", shard_of([], shards)),
+                "NULL key"
+            );
             let rows = cluster.sql(&format!(
-                "SELECT tableoid::regclass::text, k::text FROM {table}"
+                "SELECT tableoid::regclass::text, k::text FROM {table} WHERE k IS NOT NULL"
             ));
             for row in rows.lines() {
                 let (partition, key) = row.split_once('|').expect("partition|key");

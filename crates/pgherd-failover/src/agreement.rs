@@ -140,13 +140,26 @@ fn lease_expiry_ms(lease_until_ms: u64, request_timeout_ms: u64) -> u64 {
     lease_until_ms.saturating_sub(request_timeout_ms)
 }
 
-/// One instance as etcd lists it: its member key (on no lease, put at the start of each of its
-/// sessions with that session's lease) and whether its record (on that lease) is still there.
+/// One instance as etcd lists it: its member key (on no lease, put with each of its records:
+/// the session's lease and whether it routes by a view yet) and whether its record (on that
+/// lease) is still there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Member<'a> {
     pub instance: &'a str,
     pub session: i64,
+    /// The session has routed by a view: an instance opens its write gate only once its
+    /// record (and member key) says so, so a session that never did routed no write.
+    pub routed: bool,
+    /// The failsafe that session keeps (its own `failsafe_s`: instances may differ).
+    pub failsafe_ms: u64,
     pub live: bool,
+}
+
+/// How long after a member's record was found gone the leader waits: its failsafe, and one
+/// part in a thousand more, for clocks of different machines that do not run at quite the
+/// same rate (NTP slews them by up to half that).
+pub fn failsafe_wait_ms(failsafe_ms: u64) -> u64 {
+    failsafe_ms.saturating_add(failsafe_ms / 1000)
 }
 
 /// What an instance has seen of the members in etcd: since when each one whose record is gone
@@ -158,22 +171,27 @@ pub struct Member<'a> {
 #[derive(Debug, Clone, Default)]
 pub struct Sightings {
     read_once: bool,
-    /// Members without a record: the session that ended, and when the read that first found
-    /// it ended came back (by then etcd had let the lease go, and the instance's own count of
-    /// it had run out before).
-    gone: BTreeMap<String, (i64, u64)>,
+    /// Members without a record: the session that ended, when the read that first found it
+    /// ended came back (by then etcd had let the lease go, and the instance's own count of it
+    /// had run out before), and that session's failsafe.
+    gone: BTreeMap<String, (i64, u64, u64)>,
 }
 
 impl Sightings {
-    /// The members as a read that came back at `received_ms` found them.
+    /// The members as a read that came back at `received_ms` found them. An instance back
+    /// with a record, or with a newer session, stopped routing by its old one (it closes its
+    /// gate before it puts a new lease's record): its old session is not waited for.
     pub fn read<'a>(&mut self, received_ms: u64, members: impl IntoIterator<Item = Member<'a>>) {
         let mut gone = BTreeMap::new();
-        for member in members.into_iter().filter(|m| !m.live) {
+        for member in members.into_iter().filter(|m| !m.live && m.routed) {
             let since_ms = match self.gone.get(member.instance) {
-                Some(&(session, since_ms)) if session == member.session => since_ms,
+                Some(&(session, since_ms, _)) if session == member.session => since_ms,
                 _ => received_ms,
             };
-            gone.insert(member.instance.to_owned(), (member.session, since_ms));
+            gone.insert(
+                member.instance.to_owned(),
+                (member.session, since_ms, member.failsafe_ms),
+            );
         }
         self.gone = gone;
         self.read_once = true;
@@ -181,13 +199,15 @@ impl Sightings {
 
     /// From when no member whose record is gone can still route writes in failsafe
     /// (`u64::MAX`: no read yet). Members with a record are the leader's to wait for by it.
-    pub fn failsafe_over_at_ms(&self, failsafe_ms: u64) -> u64 {
+    pub fn failsafe_over_at_ms(&self) -> u64 {
         if !self.read_once {
             return u64::MAX;
         }
         self.gone
             .values()
-            .map(|&(_, since_ms)| since_ms.saturating_add(failsafe_ms))
+            .map(|&(_, since_ms, failsafe_ms)| {
+                since_ms.saturating_add(failsafe_wait_ms(failsafe_ms))
+            })
             .max()
             .unwrap_or(0)
     }
@@ -195,11 +215,13 @@ impl Sightings {
     /// Members whose failsafe is over at `now_ms`, with their ended session: the leader
     /// removes their keys (if they still name that session; a new run of the instance puts its
     /// own).
-    pub fn forgettable(&self, failsafe_ms: u64, now_ms: u64) -> Vec<(String, i64)> {
+    pub fn forgettable(&self, now_ms: u64) -> Vec<(String, i64)> {
         self.gone
             .iter()
-            .filter(|(_, &(_, since_ms))| now_ms >= since_ms.saturating_add(failsafe_ms))
-            .map(|(instance, &(session, _))| (instance.clone(), session))
+            .filter(|(_, &(_, since_ms, failsafe_ms))| {
+                now_ms >= since_ms.saturating_add(failsafe_wait_ms(failsafe_ms))
+            })
+            .map(|(instance, &(session, _, _))| (instance.clone(), session))
             .collect()
     }
 }
@@ -312,43 +334,58 @@ mod tests {
         let member = |instance, session, live| Member {
             instance,
             session,
+            routed: true,
+            failsafe_ms: 3_000,
             live,
         };
         let mut seen = Sightings::default();
-        assert_eq!(seen.failsafe_over_at_ms(3_000), u64::MAX, "never read");
+        assert_eq!(seen.failsafe_over_at_ms(), u64::MAX, "never read");
         assert_eq!(
             may_promote(0, u64::MAX, 1_000_000),
             Promotion::Failsafe { until_ms: u64::MAX }
         );
         // All live: nothing to wait for.
         seen.read(1_010, [member("a", 1, true), member("b", 2, true)]);
-        assert_eq!(seen.failsafe_over_at_ms(3_000), 0);
-        // b's record goes: its failsafe counts from the read that found it gone.
+        assert_eq!(seen.failsafe_over_at_ms(), 0);
+        // b's record goes: its failsafe (and the clocks' allowance) counts from the read that
+        // found it gone.
+        assert_eq!(failsafe_wait_ms(3_000), 3_003);
         seen.read(2_010, [member("a", 1, true), member("b", 2, false)]);
-        assert_eq!(seen.failsafe_over_at_ms(3_000), 5_010);
+        assert_eq!(seen.failsafe_over_at_ms(), 5_013);
         seen.read(2_210, [member("a", 1, true), member("b", 2, false)]);
+        assert_eq!(seen.failsafe_over_at_ms(), 5_013, "from the first read");
+        assert_eq!(may_promote(1, 5_013, 9_000), Promotion::Lagging(1));
         assert_eq!(
-            seen.failsafe_over_at_ms(3_000),
-            5_010,
-            "from the first read"
+            may_promote(0, 5_013, 5_012),
+            Promotion::Failsafe { until_ms: 5_013 }
         );
-        assert_eq!(may_promote(1, 5_010, 9_000), Promotion::Lagging(1));
-        assert_eq!(
-            may_promote(0, 5_010, 5_009),
-            Promotion::Failsafe { until_ms: 5_010 }
-        );
-        assert_eq!(may_promote(0, 5_010, 5_010), Promotion::Go);
-        assert!(seen.forgettable(3_000, 5_009).is_empty());
-        assert_eq!(seen.forgettable(3_000, 5_010), vec![("b".to_owned(), 2)]);
+        assert_eq!(may_promote(0, 5_013, 5_013), Promotion::Go);
+        assert!(seen.forgettable(5_012).is_empty());
+        assert_eq!(seen.forgettable(5_013), vec![("b".to_owned(), 2)]);
         // b ran again, unseen, and its new session ended too: counted anew.
         seen.read(6_000, [member("a", 1, true), member("b", 7, false)]);
-        assert_eq!(seen.failsafe_over_at_ms(3_000), 9_000);
+        assert_eq!(seen.failsafe_over_at_ms(), 9_003);
         // b back with a record: it routes nothing before it reads the view; no wait for it.
         seen.read(6_200, [member("a", 1, true), member("b", 8, true)]);
-        assert_eq!(seen.failsafe_over_at_ms(3_000), 0);
+        assert_eq!(seen.failsafe_over_at_ms(), 0);
+        // Each member's own failsafe counts, whatever the leader's.
+        let longer = Member {
+            failsafe_ms: 20_000,
+            ..member("b", 8, false)
+        };
+        seen.read(6_400, [member("a", 1, true), longer]);
+        assert_eq!(seen.failsafe_over_at_ms(), 26_420);
         // A fresh instance's first read counts every gone member from then.
         let mut fresh = Sightings::default();
         fresh.read(100, [member("a", 1, false)]);
-        assert_eq!(fresh.failsafe_over_at_ms(3_000), 3_100);
+        assert_eq!(fresh.failsafe_over_at_ms(), 3_103);
+        // A session that never routed by a view (it crashed, or could not read the view,
+        // before) routed no write: a crash loop does not hold promotions back.
+        let never_routed = Member {
+            routed: false,
+            ..member("b", 9, false)
+        };
+        seen.read(7_000, [member("a", 1, true), never_routed]);
+        assert_eq!(seen.failsafe_over_at_ms(), 0);
     }
 }

@@ -381,12 +381,14 @@ impl ClusterState {
     /// The view after `change`, with the next version; `None` if it changes nothing.
     pub fn apply(&self, change: &Change) -> Option<ClusterState> {
         match change {
-            // The leader's view, with this instance's own lease gate (its lease, not the
-            // leader's, says whether it may route writes).
+            // The leader's view, with this instance's own gates: its lease, not the leader's,
+            // says whether it may route writes, and it waits for a view until its record in
+            // etcd says which one it routes by (`AwaitView(false)` then).
             Change::Adopt(leader) | Change::Follow(leader) => {
                 let newer = matches!(change, Change::Follow(_)) || leader.epoch >= self.epoch;
                 let next = ClusterState {
                     lease_lapsed: self.lease_lapsed,
+                    awaiting_view: self.awaiting_view,
                     ..(**leader).clone()
                 };
                 return (newer && next != *self).then_some(next);
@@ -675,6 +677,10 @@ mod tests {
         ]);
         assert_eq!(state.gate(), Gate::Hold(GateReason::NoView));
         assert_eq!(state.write_target([A]), None);
+        // Taking the leader's view keeps it waiting until its record says it routes by it.
+        let leader = after(&[Change::Elect { node: A, at_lsn: 1 }]);
+        let followed = state.apply(&Change::Follow(Box::new(leader))).unwrap();
+        assert_eq!(followed.gate(), Gate::Hold(GateReason::NoView));
         let leading = state.apply(&Change::AwaitView(false)).unwrap();
         assert_eq!(leading.gate(), Gate::Hold(GateReason::Paused));
         // Refused at once: a client with several pgherd instances moves on to one that has a

@@ -117,7 +117,10 @@ impl Sim {
         let dcs = (instance_count > 1).then(|| Dcs {
             etcd: Etcd::new(),
             lease_ttl_ms: rng.gen_range(2..=6) * 1000,
-            failsafe_ms: rng.gen_range(0..=4) * 1000,
+            // Each instance its own `failsafe_s`: the leader must wait out each one's.
+            failsafe_ms: (0..instance_count)
+                .map(|_| rng.gen_range(0..=4) * 1000)
+                .collect(),
         });
         let instances = (0..instance_count)
             .map(|k| Instance::start(format!("pgherd-{}", k + 1), count, dcs.is_some()))

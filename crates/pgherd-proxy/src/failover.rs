@@ -495,11 +495,14 @@ async fn agreed(app: &App, io: &Io) -> Result<(), String> {
     let state = app.nodes.view();
     recorded(app, &state).await?;
     match (&app.dcs, io) {
-        // The others follow the view just recorded (or a newer one).
-        (Some(dcs), Io::Promote { .. }) => dcs
-            .await_followers(state.version)
-            .await
-            .map_err(|e| e.to_string()),
+        // The others follow the view just recorded (or a newer one); the wait may be long (a
+        // failsafe), so the lead is checked again after it.
+        (Some(dcs), Io::Promote { .. }) => {
+            dcs.await_followers(state.version)
+                .await
+                .map_err(|e| e.to_string())?;
+            recorded(app, &state).await
+        }
         _ => Ok(()),
     }
 }

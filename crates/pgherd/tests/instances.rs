@@ -520,8 +520,9 @@ async fn member_session(etcd: &TestEtcd, instance: &str) -> Option<i64> {
         .get(format!("/test/members/{instance}"), None)
         .await
         .expect("read a member key");
+    // "<lease> <view lease> <view version> <failsafe ms>"
     let kv = answer.kvs().first()?;
-    kv.value_str().ok()?.parse().ok()
+    kv.value_str().ok()?.split(' ').next()?.parse().ok()
 }
 
 /// Turns authentication on in an etcd that takes clients over TLS with a certificate: users

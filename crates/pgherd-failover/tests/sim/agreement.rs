@@ -77,7 +77,7 @@ impl Sim {
                 // routes no writes until it has one and has read the view.
                 let lease = etcd.grant(now_ms, dcs.lease_ttl_ms);
                 instance.change(Change::AwaitView(true));
-                etcd.register(&instance.name, lease, (0, 0));
+                etcd.register(&instance.name, lease, (0, 0), dcs.failsafe_ms[k]);
                 instance.routed = (0, 0);
                 lease
             }
@@ -102,16 +102,13 @@ impl Sim {
             REQUEST_TIMEOUT_MS,
         );
         instance.leading = leadership.leading;
-        if leadership.leading && instance.state.awaiting_view {
-            instance.change(Change::AwaitView(false));
-        }
         self.follow(k);
         if leadership.leading {
             if let Some(dcs) = &mut self.dcs {
                 let instance = &self.instances[k];
                 dcs.etcd.publish(&instance.name, lease, &instance.state);
                 // Members whose failsafe is over go (as the proxy's leader does).
-                for (name, session) in instance.sightings.forgettable(dcs.failsafe_ms, now_ms) {
+                for (name, session) in instance.sightings.forgettable(now_ms) {
                     dcs.etcd.forget(&name, session);
                 }
             }
@@ -144,8 +141,17 @@ impl Sim {
             }
             instance.routed = (view.lease, view.state.version);
         }
+        if instance.leading {
+            // As the proxy's record: a leader routes by its own view.
+            instance.routed = (lease, instance.state.version);
+        }
         let routed = instance.routed;
-        dcs.etcd.register(&instance.name, lease, routed);
+        dcs.etcd
+            .register(&instance.name, lease, routed, dcs.failsafe_ms[k]);
+        // Writes flow once the record says which view the instance routes by.
+        if instance.state.awaiting_view && routed.0 != 0 {
+            instance.change(Change::AwaitView(false));
+        }
     }
 
     /// The write gate's lease reason on instance `k` (`pgherd_proxy::dcs`): writes are refused
@@ -154,7 +160,7 @@ impl Sim {
         if self.dcs.is_none() {
             return;
         }
-        let failsafe_ms = self.dcs.as_ref().map_or(0, |dcs| dcs.failsafe_ms);
+        let failsafe_ms = self.dcs.as_ref().map_or(0, |dcs| dcs.failsafe_ms[k]);
         let instance = &mut self.instances[k];
         let lapsed = !agreement::may_route_writes(
             instance.lease_until_ms,
@@ -175,7 +181,7 @@ impl Sim {
                 && agreement::failsafe_left_ms(
                     instance.lease_until_ms,
                     REQUEST_TIMEOUT_MS,
-                    dcs.failsafe_ms,
+                    dcs.failsafe_ms[k],
                     now_ms,
                 )
                 .is_some()
@@ -213,7 +219,7 @@ impl Sim {
             read_records(instance, &dcs.etcd, now_ms);
             let lease = instance.lease.unwrap_or(0);
             let lagging = dcs.etcd.lagging(&instance.name, lease, state.version);
-            let failsafe_over_at_ms = instance.sightings.failsafe_over_at_ms(dcs.failsafe_ms);
+            let failsafe_over_at_ms = instance.sightings.failsafe_over_at_ms();
             match agreement::may_promote(lagging, failsafe_over_at_ms, now_ms) {
                 Promotion::Go => {}
                 Promotion::Lagging(lagging) => {
@@ -267,10 +273,15 @@ impl Sim {
 /// The members and their records as `instance` reads them (`pgherd_proxy::dcs`: in the
 /// campaign's transaction, and before a promotion).
 fn read_records(instance: &mut Instance, etcd: &super::etcd::Etcd, now_ms: u64) {
-    let members = etcd.members.iter().map(|(name, &session)| Member {
-        instance: name,
-        session,
-        live: etcd.records.contains_key(name),
-    });
+    let members = etcd
+        .members
+        .iter()
+        .map(|(name, &(session, routed, failsafe_ms))| Member {
+            instance: name,
+            session,
+            routed,
+            failsafe_ms,
+            live: etcd.records.contains_key(name),
+        });
     instance.sightings.read(now_ms, members);
 }

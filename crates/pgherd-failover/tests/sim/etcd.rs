@@ -26,8 +26,9 @@ pub struct Etcd {
     /// Each instance's record, on its lease: the leader's view it routes by (the lease that
     /// view was written with, its version).
     pub records: BTreeMap<String, (i64, (i64, u64))>,
-    /// Each instance's member key, on no lease: the lease of its latest session.
-    pub members: BTreeMap<String, i64>,
+    /// Each instance's member key, on no lease: the lease of its latest session, whether
+    /// that session routes by a view, and its failsafe.
+    pub members: BTreeMap<String, (i64, bool, u64)>,
 }
 
 impl Etcd {
@@ -82,17 +83,18 @@ impl Etcd {
     }
 
     /// An instance's record, on its lease: the leader's view it routes by; and its member key
-    /// naming that lease, in the same transaction.
-    pub fn register(&mut self, instance: &str, lease: i64, routed: (i64, u64)) {
+    /// naming that lease and its failsafe, in the same transaction.
+    pub fn register(&mut self, instance: &str, lease: i64, routed: (i64, u64), failsafe_ms: u64) {
         if self.leases.contains_key(&lease) {
             self.records.insert(instance.to_owned(), (lease, routed));
-            self.members.insert(instance.to_owned(), lease);
+            self.members
+                .insert(instance.to_owned(), (lease, routed.0 != 0, failsafe_ms));
         }
     }
 
     /// Removes a member key if it still names `session`.
     pub fn forget(&mut self, instance: &str, session: i64) {
-        if self.members.get(instance) == Some(&session) {
+        if self.members.get(instance).map(|m| m.0) == Some(session) {
             self.members.remove(instance);
         }
     }

@@ -93,6 +93,6 @@ impl Instance {
 pub struct Dcs {
     pub etcd: Etcd,
     pub lease_ttl_ms: u64,
-    /// `[dcs] failsafe_s`, in milliseconds.
-    pub failsafe_ms: u64,
+    /// Each instance's `[dcs] failsafe_s`, in milliseconds.
+    pub failsafe_ms: Vec<u64>,
 }

@@ -90,6 +90,9 @@ pub struct Dcs {
     /// The instances' records as read over time: until when one that vanished may still
     /// route writes in failsafe.
     sightings: Mutex<agreement::Sightings>,
+    /// The leader's view says it waits out failsafes ([`SharedView::honours_failsafe`]):
+    /// until then this instance keeps none.
+    failsafe_honoured: std::sync::atomic::AtomicBool,
     /// The origin of the agreement's times.
     clock: Instant,
 }
@@ -135,6 +138,7 @@ impl Dcs {
             lease_until_ms: AtomicU64::new(0),
             published: tokio::sync::Mutex::new(None),
             sightings: Mutex::new(agreement::Sightings::default()),
+            failsafe_honoured: std::sync::atomic::AtomicBool::new(false),
             clock: Instant::now(),
         }
     }
@@ -276,7 +280,17 @@ impl Dcs {
             )
     }
 
+    /// The failsafe this instance keeps: its own `failsafe_s`, under a leader that waits it
+    /// out.
     fn failsafe_ms(&self) -> u64 {
+        if self.failsafe_honoured.load(Ordering::Acquire) {
+            self.configured_failsafe_ms()
+        } else {
+            0
+        }
+    }
+
+    fn configured_failsafe_ms(&self) -> u64 {
         self.settings.failsafe_s * 1000
     }
 
@@ -295,31 +309,41 @@ impl Dcs {
 
     /// Notes which members have a record, as a read that has just come back found them.
     fn sighted(&self, listed: &Listed) {
-        let members = listed
-            .members
-            .iter()
-            .map(|(instance, session)| agreement::Member {
-                instance,
-                session: *session,
-                live: listed.records.iter().any(|r| &r.instance == instance),
-            });
+        let members = listed.members.iter().map(|member| agreement::Member {
+            instance: &member.instance,
+            session: member.session,
+            routed: member.routed,
+            failsafe_ms: member.failsafe_ms,
+            // Its record on that very lease: another process under the same name (a
+            // copied config) does not hide this one.
+            live: listed
+                .records
+                .iter()
+                .any(|(r, lease)| r.instance == member.instance && *lease == member.session),
+        });
         self.sightings.lock().read(self.now_ms(), members);
     }
 
     /// Removes the member keys of instances whose failsafe is over (each only if it still
     /// names the session that ended).
     async fn forget_members(&self, client: &mut Client) -> Result<(), DcsError> {
-        let forgettable = self
-            .sightings
-            .lock()
-            .forgettable(self.failsafe_ms(), self.now_ms());
+        let forgettable = self.sightings.lock().forgettable(self.now_ms());
         for (instance, session) in forgettable {
             let key = self.key(&format!("members/{instance}"));
+            let answer = self.within(client.get(key.clone(), None)).await?;
+            let Some(kv) = answer.kvs().first() else {
+                continue;
+            };
+            let value = kv.value_str().unwrap_or("");
+            if MemberValue::parse(value).map(|m| m.session) != Some(session) {
+                continue;
+            }
+            // Only if untouched since: a new run of the instance keeps its own.
             let txn = Txn::new()
-                .when(vec![Compare::value(
+                .when(vec![Compare::mod_revision(
                     key.clone(),
                     CompareOp::Equal,
-                    session.to_string(),
+                    kv.mod_revision(),
                 )])
                 .and_then(vec![TxnOp::delete(key, None)]);
             self.within(client.txn(txn)).await?;
@@ -341,7 +365,7 @@ impl Dcs {
         // A lagging instance loses its record within the lease; its failsafe follows.
         let deadline = Instant::now()
             + Duration::from_secs(self.settings.lease_ttl_s)
-            + Duration::from_millis(self.failsafe_ms())
+            + Duration::from_millis(agreement::failsafe_wait_ms(self.configured_failsafe_ms()))
             + 2 * self.timeout();
         let mut said = false;
         loop {
@@ -350,15 +374,13 @@ impl Dcs {
             let lagging: Vec<String> = listed
                 .records
                 .iter()
+                .map(|(r, _)| r)
                 .filter(|r| {
                     r.instance != self.instance && (r.view_lease != lease || r.version < version)
                 })
                 .map(|r| r.instance.clone())
                 .collect();
-            let failsafe_over_at_ms = self
-                .sightings
-                .lock()
-                .failsafe_over_at_ms(self.failsafe_ms());
+            let failsafe_over_at_ms = self.sightings.lock().failsafe_over_at_ms();
             let now_ms = self.now_ms();
             let hold = match agreement::may_promote(lagging.len(), failsafe_over_at_ms, now_ms) {
                 agreement::Promotion::Go => return Ok(()),
@@ -530,7 +552,12 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
                 .store(dcs.ms(live.until), Ordering::Release);
         }
         let (agreement::Leadership { leader, leading }, shared_version) =
-            campaign(app, dcs, &mut client, lease).await?;
+            match campaign(app, dcs, &mut client, lease).await {
+                Err(DcsError::BadView(why)) => {
+                    return Err(cannot_follow(app, dcs, &mut client, lease, why).await)
+                }
+                campaigned => campaigned?,
+            };
         let was_leading = dcs.is_leader();
         {
             let mut status = dcs.status.lock();
@@ -569,6 +596,12 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
             register(app, dcs, &mut client, lease, routed).await?;
             dcs.status.lock().routed = Some(routed);
         }
+        // Writes flow only once etcd says which view this session routes by: a session that
+        // vanishes before has routed none, and the leader need not wait out its failsafe.
+        let routes_by_a_view = leading || shared_version.is_some();
+        if app.nodes.view().awaiting_view && routes_by_a_view {
+            app.nodes.change(Change::AwaitView(false));
+        }
         if leading {
             // Only a newer view goes out (publish_with keeps track).
             dcs.publish_with(&mut client, lease, app, &app.nodes.view())
@@ -577,6 +610,32 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
         }
         tokio::time::sleep(SYNC_PERIOD).await;
     }
+}
+
+/// The leader's view cannot be read (an instance of another version, a node this one's
+/// config lacks): this instance can follow nobody. It holds writes and gives its lease up, so
+/// the leader does not wait for it before a promotion; its next sessions take new leases and
+/// never route writes until they can read the view.
+async fn cannot_follow(
+    app: &App,
+    dcs: &Dcs,
+    client: &mut Client,
+    lease: i64,
+    why: String,
+) -> DcsError {
+    app.nodes.change(Change::AwaitView(true));
+    tracing::error!(instance = %dcs.instance, error = %why, "the leader's view cannot be read: this instance holds writes and gives its lease up until it can");
+    if let Some(writer) = app.nodes.view().elected.and_then(|id| app.nodes.by_id(id)) {
+        crate::failover::end_sessions_on(
+            app,
+            &writer,
+            "this pgherd instance cannot read the leader's view of the cluster",
+        );
+    }
+    let _ = dcs.within(client.lease_revoke(lease)).await;
+    dcs.status.lock().lease = None;
+    dcs.lease_until_ms.store(0, Ordering::Release);
+    DcsError::BadView(why)
 }
 
 /// A lease kept alive by one session.
@@ -694,7 +753,7 @@ async fn campaign(
     let view_kv = gets.next().and_then(|g| g.kvs().first().cloned());
     let listed = Listed::of(dcs, gets.next(), gets.next());
     dcs.sighted(&listed);
-    dcs.status.lock().instances = listed.records;
+    dcs.status.lock().instances = listed.records.into_iter().map(|(r, _)| r).collect();
     let leader_name = leader_kv
         .as_ref()
         .map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
@@ -709,14 +768,13 @@ async fn campaign(
                 lease: kv.lease(),
             }),
     );
-    if leadership.leading && app.nodes.view().awaiting_view {
-        app.nodes.change(Change::AwaitView(false));
-    }
     let mut shared_version = None;
     if let Some(view) = view_kv {
         let shared: SharedView =
             serde_json::from_slice(view.value()).map_err(|e| DcsError::BadView(e.to_string()))?;
         shared_version = Some((shared.lease, shared.version));
+        dcs.failsafe_honoured
+            .store(shared.honours_failsafe, Ordering::Release);
         let adoption = agreement::adoption(
             &dcs.instance,
             lease,
@@ -751,12 +809,41 @@ fn role_changed(app: &App, dcs: &Dcs, leading: bool) {
     }
 }
 
-/// The instances registered under `/<scope>/instances/` and the members under
-/// `/<scope>/members/`, read at one revision.
+/// The instances registered under `/<scope>/instances/` (each with the lease it is on) and
+/// the members under `/<scope>/members/`, read at one revision.
 struct Listed {
-    records: Vec<InstanceRecord>,
-    /// (instance, the lease of its latest session).
-    members: Vec<(String, i64)>,
+    records: Vec<(InstanceRecord, i64)>,
+    members: Vec<MemberValue>,
+}
+
+/// A member key: the instance, the lease of its latest session, whether that session routes
+/// by a view, and its failsafe. Its value is "<lease> <view lease> <view version> <failsafe
+/// ms>" ("0 0" for the view before it routes by one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MemberValue {
+    instance: String,
+    session: i64,
+    routed: bool,
+    failsafe_ms: u64,
+}
+
+impl MemberValue {
+    fn text(lease: i64, (view_lease, version): (i64, u64), failsafe_ms: u64) -> String {
+        format!("{lease} {view_lease} {version} {failsafe_ms}")
+    }
+
+    /// (session, routed, failsafe) from a value; `None` if it is not one.
+    fn parse(value: &str) -> Option<MemberValue> {
+        let mut parts = value.split(' ');
+        let mut next = || parts.next().and_then(|p| p.parse::<i64>().ok());
+        let (session, view_lease, _version, failsafe_ms) = (next()?, next()?, next()?, next()?);
+        Some(MemberValue {
+            instance: String::new(),
+            session,
+            routed: view_lease != 0,
+            failsafe_ms: u64::try_from(failsafe_ms).ok()?,
+        })
+    }
 }
 
 impl Listed {
@@ -770,7 +857,7 @@ impl Listed {
             records: records.map_or_else(Vec::new, |g| {
                 g.kvs()
                     .iter()
-                    .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
+                    .map(|kv| (record_of(dcs, kv), kv.lease()))
                     .collect()
             }),
             members: members.map_or_else(Vec::new, |g| {
@@ -778,13 +865,43 @@ impl Listed {
                     .iter()
                     .filter_map(|kv| {
                         let instance = kv.key_str().ok()?.strip_prefix(&members_prefix)?;
-                        let session = kv.value_str().ok()?.parse().ok()?;
-                        Some((instance.to_owned(), session))
+                        // One this version cannot read (another version's) is taken for a
+                        // session that routed, with this instance's failsafe.
+                        let member = kv.value_str().ok().and_then(MemberValue::parse).unwrap_or(
+                            MemberValue {
+                                instance: String::new(),
+                                session: -kv.mod_revision(),
+                                routed: true,
+                                failsafe_ms: dcs.configured_failsafe_ms(),
+                            },
+                        );
+                        Some(MemberValue {
+                            instance: instance.to_owned(),
+                            ..member
+                        })
                     })
                     .collect()
             }),
         }
     }
+}
+
+/// An instance's record; one this version cannot read (another version's) is taken for an
+/// instance that routes by no view the leader knows, so the leader waits for it.
+fn record_of(dcs: &Dcs, kv: &etcd_client::KeyValue) -> InstanceRecord {
+    serde_json::from_slice(kv.value()).unwrap_or_else(|_| InstanceRecord {
+        instance: kv
+            .key_str()
+            .ok()
+            .and_then(|k| k.strip_prefix(&dcs.key("instances/")))
+            .unwrap_or("")
+            .to_owned(),
+        listen: Vec::new(),
+        api: Vec::new(),
+        pid: 0,
+        view_lease: 0,
+        version: 0,
+    })
 }
 
 async fn list_instances(dcs: &Dcs, client: &mut Client) -> Result<Listed, DcsError> {
@@ -831,7 +948,7 @@ async fn register(
         ),
         TxnOp::put(
             dcs.key(&format!("members/{}", dcs.instance)),
-            lease.to_string(),
+            MemberValue::text(lease, (view_lease, version), dcs.configured_failsafe_ms()),
             None,
         ),
     ]);

@@ -25,6 +25,10 @@ pub struct SharedView {
     pub switching: bool,
     pub paused_all: bool,
     pub paused: Vec<String>,
+    /// The leader waits out each instance's failsafe before a promotion: followers keep one
+    /// only under such a leader (one of an earlier version would not wait for it).
+    #[serde(default)]
+    pub honours_failsafe: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,6 +68,7 @@ impl SharedView {
             switching: state.switching,
             paused_all: state.paused_all,
             paused: state.paused.iter().cloned().collect(),
+            honours_failsafe: true,
         }
     }
 

@@ -299,32 +299,24 @@ pub fn plan(statement: &NodeEnum, map: &ShardMap) -> Result<ShardPlan, Unsupport
                     sharded_table.key_column
                 )));
             }
-            let alias = alias_of(update.relation.as_ref());
-            ShardPlan::Table {
-                table: table.to_owned(),
-                restriction: restriction(
-                    update.where_clause.as_deref(),
-                    sharded_table,
-                    table,
-                    alias,
-                ),
-            }
+            table_plan(
+                table,
+                sharded_table,
+                update.relation.as_ref(),
+                update.where_clause.as_deref(),
+            )
         }
         NodeEnum::DeleteStmt(delete) => {
             let (table, sharded_table) = target(delete.relation.as_ref(), map, "DELETE")?;
             if !delete.using_clause.is_empty() {
                 return Err(unsupported("DELETE ... USING"));
             }
-            let alias = alias_of(delete.relation.as_ref());
-            ShardPlan::Table {
-                table: table.to_owned(),
-                restriction: restriction(
-                    delete.where_clause.as_deref(),
-                    sharded_table,
-                    table,
-                    alias,
-                ),
-            }
+            table_plan(
+                table,
+                sharded_table,
+                delete.relation.as_ref(),
+                delete.where_clause.as_deref(),
+            )
         }
         NodeEnum::InsertStmt(insert) => plan_insert(insert, map)?,
         _ => return Err(unsupported("this statement")),
@@ -374,6 +366,19 @@ fn target<'m>(
     relation
         .and_then(|r| map.table(r))
         .ok_or_else(|| unsupported(&format!("{verb} of another table reading a sharded one")))
+}
+
+/// The rows of `table` an UPDATE or DELETE of `relation` touches, by its WHERE.
+fn table_plan(
+    table: &str,
+    sharded: &ShardedTable,
+    relation: Option<&RangeVar>,
+    where_clause: Option<&pg_query::protobuf::Node>,
+) -> ShardPlan {
+    ShardPlan::Table {
+        table: table.to_owned(),
+        restriction: restriction(where_clause, sharded, table, alias_of(relation)),
+    }
 }
 
 fn sets_column(targets: &[pg_query::protobuf::Node], column: &str) -> bool {

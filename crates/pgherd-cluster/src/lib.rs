@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 pub use binaries::PgBinaries;
 pub use node::{LocalNode, StopMode};
 pub use osuser::RunAs;
-pub use ports::free_port;
+pub use ports::{free_port, free_ports};
 pub use secret::{conninfo_value, passfile_field, with_password, PassFile};
 
 #[derive(Debug, thiserror::Error)]

@@ -9,16 +9,23 @@ static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
 /// A port on 127.0.0.1 nothing listens on, below the kernel's ephemeral range so outgoing
 /// connections never take it, and never the same twice in one process.
 pub fn free_port() -> std::io::Result<u16> {
+    free_ports(1)
+}
+
+/// The first of `count` consecutive ports, each as [`free_port`] gives one (for instances
+/// that take consecutive ports).
+pub fn free_ports(count: u16) -> std::io::Result<u16> {
     let mut guard = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
     let handed_out = guard.get_or_insert_with(HashSet::new);
     for _ in 0..1000 {
-        let candidate = 20_000 + (random_u32() % 12_000) as u16;
-        if handed_out.contains(&candidate) {
-            continue;
-        }
-        if TcpListener::bind(("127.0.0.1", candidate)).is_ok() {
-            handed_out.insert(candidate);
-            return Ok(candidate);
+        let first = 20_000 + (random_u32() % (12_000 - u32::from(count))) as u16;
+        let ports = first..first + count;
+        let free = ports.clone().all(|port| {
+            !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok()
+        });
+        if free {
+            handed_out.extend(ports);
+            return Ok(first);
         }
     }
     Err(std::io::Error::new(

@@ -399,13 +399,8 @@ fn passwd_prints_a_verifier_pgherd_accepts() {
 fn up_with_two_instances_and_down() {
     let (_dir, cluster_dir) = local_dir("pgherd-up2-");
     let dir_arg = cluster_dir.to_str().unwrap();
-    // Consecutive ports: find two free ones in a row.
-    let consecutive = || loop {
-        let port = pgherd_cluster::free_port().unwrap();
-        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
-            return port;
-        }
-    };
+    // Consecutive ports, two in a row, none handed out to another test.
+    let consecutive = || pgherd_cluster::free_ports(2).unwrap();
     let (port, api_port) = (consecutive(), consecutive());
     let up = pgherd(&[
         "up",

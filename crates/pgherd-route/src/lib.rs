@@ -14,6 +14,7 @@ pub mod catalog;
 mod classify;
 mod decision;
 mod lexer;
+pub mod merge_plan;
 pub mod parse;
 pub mod plan;
 pub mod shard_hash;

@@ -1,0 +1,254 @@
+//! Data-driven tests of the fan-out rewrite: SQL → what each shard runs and how the rows
+//! merge, or why not.
+
+use super::*;
+
+fn fan_out(sql: &str) -> Result<FanOut, String> {
+    let parsed = pg_query::parse(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let Some(NodeEnum::SelectStmt(select)) = parsed.protobuf.stmts[0]
+        .stmt
+        .as_ref()
+        .and_then(|s| s.node.clone())
+    else {
+        panic!("{sql}: not a SELECT");
+    };
+    plan_fan_out(&select, "aid", &|name| name == "my_agg").map_err(|e| e.to_string())
+}
+
+fn merge() -> Merge {
+    Merge {
+        hidden_columns: 0,
+        grouping: None,
+        distinct: false,
+        order_by: Vec::new(),
+        offset: 0,
+        limit: None,
+    }
+}
+
+fn asc(column: Column) -> SortKey {
+    SortKey {
+        column,
+        descending: false,
+        nulls_first: false,
+    }
+}
+
+#[test]
+fn rows_are_sorted_skipped_and_limited_after_the_shards() {
+    let cases: Vec<(&str, &str, Merge)> = vec![
+        (
+            "SELECT aid, abalance FROM accounts",
+            "SELECT aid, abalance FROM accounts",
+            merge(),
+        ),
+        (
+            "SELECT aid, abalance FROM accounts ORDER BY abalance DESC, 1 LIMIT 10 OFFSET 5",
+            "SELECT aid, abalance FROM accounts ORDER BY abalance DESC, 1 LIMIT 15",
+            Merge {
+                order_by: vec![
+                    SortKey {
+                        column: Column::Visible(1),
+                        descending: true,
+                        nulls_first: true,
+                    },
+                    asc(Column::Visible(0)),
+                ],
+                offset: 5,
+                limit: Some(10),
+                ..merge()
+            },
+        ),
+        (
+            "SELECT aid AS id FROM accounts ORDER BY id NULLS FIRST",
+            "SELECT aid AS id FROM accounts ORDER BY id NULLS FIRST",
+            Merge {
+                order_by: vec![SortKey {
+                    column: Column::Visible(0),
+                    descending: false,
+                    nulls_first: true,
+                }],
+                ..merge()
+            },
+        ),
+        // A sort key outside the select list comes back hidden.
+        (
+            "SELECT * FROM accounts ORDER BY bid, aid LIMIT 3",
+            "SELECT *, bid, aid FROM accounts ORDER BY bid, aid LIMIT 3",
+            Merge {
+                hidden_columns: 2,
+                order_by: vec![asc(Column::Hidden(0)), asc(Column::Hidden(1))],
+                limit: Some(3),
+                ..merge()
+            },
+        ),
+        (
+            "SELECT DISTINCT bid FROM accounts ORDER BY bid LIMIT 2",
+            "SELECT DISTINCT bid FROM accounts ORDER BY bid",
+            Merge {
+                distinct: true,
+                order_by: vec![asc(Column::Visible(0))],
+                limit: Some(2),
+                ..merge()
+            },
+        ),
+    ];
+    for (sql, shard_sql, expected) in cases {
+        let plan = fan_out(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        assert_eq!(plan.shard_sql, shard_sql, "{sql}");
+        assert_eq!(plan.merge, expected, "{sql}");
+    }
+}
+
+#[test]
+fn aggregates_combine_and_averages_come_from_sums_and_counts() {
+    let cases: Vec<(&str, &str, Merge)> = vec![
+        (
+            "SELECT count(*), sum(abalance), min(abalance), max(abalance) FROM accounts",
+            "SELECT count(*), sum(abalance), min(abalance), max(abalance) FROM accounts",
+            Merge {
+                grouping: Some(Grouping {
+                    keys: vec![],
+                    aggregates: vec![
+                        (0, Combine::Add),
+                        (1, Combine::Add),
+                        (2, Combine::Min),
+                        (3, Combine::Max),
+                    ],
+                }),
+                ..merge()
+            },
+        ),
+        (
+            "SELECT bid, avg(abalance) FROM accounts GROUP BY bid ORDER BY 2 DESC LIMIT 5",
+            "SELECT bid, sum(abalance), count(abalance) FROM accounts GROUP BY bid ORDER BY 2 DESC",
+            Merge {
+                hidden_columns: 1,
+                grouping: Some(Grouping {
+                    keys: vec![Column::Visible(0)],
+                    aggregates: vec![(
+                        1,
+                        Combine::Average {
+                            count: Column::Hidden(0),
+                        },
+                    )],
+                }),
+                order_by: vec![SortKey {
+                    column: Column::Visible(1),
+                    descending: true,
+                    nulls_first: true,
+                }],
+                limit: Some(5),
+                ..merge()
+            },
+        ),
+        // A group key outside the select list comes back hidden.
+        (
+            "SELECT count(*) FROM accounts GROUP BY bid",
+            "SELECT count(*), bid FROM accounts GROUP BY bid",
+            Merge {
+                hidden_columns: 1,
+                grouping: Some(Grouping {
+                    keys: vec![Column::Hidden(0)],
+                    aggregates: vec![(0, Combine::Add)],
+                }),
+                ..merge()
+            },
+        ),
+        // The shards hold disjoint keys: distinct counts of the key add up.
+        (
+            "SELECT count(DISTINCT aid), max(DISTINCT bid) FROM accounts",
+            "SELECT count(DISTINCT aid), max(DISTINCT bid) FROM accounts",
+            Merge {
+                grouping: Some(Grouping {
+                    keys: vec![],
+                    aggregates: vec![(0, Combine::Add), (1, Combine::Max)],
+                }),
+                ..merge()
+            },
+        ),
+    ];
+    for (sql, shard_sql, expected) in cases {
+        let plan = fan_out(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        assert_eq!(plan.shard_sql, shard_sql, "{sql}");
+        assert_eq!(plan.merge, expected, "{sql}");
+    }
+}
+
+#[test]
+fn what_has_no_exact_merge_is_refused_naming_it() {
+    let cases = [
+        (
+            "SELECT count(DISTINCT bid) FROM accounts",
+            "count(DISTINCT ...)",
+        ),
+        (
+            "SELECT sum(DISTINCT abalance) FROM accounts",
+            "sum(DISTINCT ...)",
+        ),
+        (
+            "SELECT string_agg(filler, ',') FROM accounts",
+            "the aggregate string_agg",
+        ),
+        (
+            "SELECT my_agg(abalance) FROM accounts",
+            "the aggregate my_agg",
+        ),
+        (
+            "SELECT sum(abalance) + 1 FROM accounts",
+            "an expression over an aggregate",
+        ),
+        (
+            "SELECT coalesce(max(abalance), 0) FROM accounts",
+            "an expression over an aggregate",
+        ),
+        (
+            "SELECT count(*) FILTER (WHERE abalance > 0) FROM accounts",
+            "with FILTER or ORDER BY",
+        ),
+        (
+            "SELECT aid, rank() OVER (ORDER BY abalance) FROM accounts",
+            "a window function",
+        ),
+        (
+            "SELECT bid, count(*) FROM accounts GROUP BY bid HAVING count(*) > 1",
+            "HAVING",
+        ),
+        (
+            "SELECT DISTINCT ON (bid) bid, aid FROM accounts",
+            "DISTINCT ON",
+        ),
+        (
+            "SELECT bid, count(*) FROM accounts GROUP BY ROLLUP (bid)",
+            "grouping sets",
+        ),
+        ("SELECT aid FROM accounts ORDER BY aid USING <", "USING"),
+        (
+            "SELECT aid FROM accounts ORDER BY aid FETCH FIRST 3 ROWS WITH TIES",
+            "WITH TIES",
+        ),
+        (
+            "SELECT aid FROM accounts LIMIT $1",
+            "LIMIT given by a parameter",
+        ),
+        (
+            "SELECT bid, count(*) FROM accounts GROUP BY bid ORDER BY sum(abalance)",
+            "ORDER BY an expression outside the select list",
+        ),
+        (
+            "SELECT DISTINCT bid FROM accounts ORDER BY aid",
+            "ORDER BY an expression outside the select list",
+        ),
+        (
+            "SELECT aid FROM accounts ORDER BY 3",
+            "a position outside the select list",
+        ),
+    ];
+    for (sql, expected) in cases {
+        let error = fan_out(sql).unwrap_err();
+        assert!(
+            error.contains(expected),
+            "{sql}: {error} (expected {expected})"
+        );
+    }
+}

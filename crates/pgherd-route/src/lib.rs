@@ -15,6 +15,7 @@ mod classify;
 mod decision;
 mod lexer;
 pub mod merge_plan;
+pub mod merge_rows;
 pub mod parse;
 pub mod plan;
 pub mod shard_hash;

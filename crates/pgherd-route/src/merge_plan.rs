@@ -62,7 +62,8 @@ pub struct Grouping {
 }
 
 /// How the shards' rows become the client's: group, drop duplicates, sort, skip and keep.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The default passes rows through as they come.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Merge {
     /// Columns after the visible ones, dropped before the client sees the rows.
     pub hidden_columns: usize,

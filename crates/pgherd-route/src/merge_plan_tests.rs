@@ -16,13 +16,15 @@ fn fan_out(sql: &str) -> Result<FanOut, String> {
 }
 
 fn merge() -> Merge {
-    Merge {
-        hidden_columns: 0,
-        grouping: None,
-        distinct: false,
-        order_by: Vec::new(),
-        offset: 0,
-        limit: None,
+    Merge::default()
+}
+
+/// Each SQL gives this shard statement and merge.
+fn check(cases: Vec<(&str, &str, Merge)>) {
+    for (sql, shard_sql, expected) in cases {
+        let plan = fan_out(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        assert_eq!(plan.shard_sql, shard_sql, "{sql}");
+        assert_eq!(plan.merge, expected, "{sql}");
     }
 }
 
@@ -93,11 +95,7 @@ fn rows_are_sorted_skipped_and_limited_after_the_shards() {
             },
         ),
     ];
-    for (sql, shard_sql, expected) in cases {
-        let plan = fan_out(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
-        assert_eq!(plan.shard_sql, shard_sql, "{sql}");
-        assert_eq!(plan.merge, expected, "{sql}");
-    }
+    check(cases);
 }
 
 #[test]
@@ -168,11 +166,7 @@ fn aggregates_combine_and_averages_come_from_sums_and_counts() {
             },
         ),
     ];
-    for (sql, shard_sql, expected) in cases {
-        let plan = fan_out(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
-        assert_eq!(plan.shard_sql, shard_sql, "{sql}");
-        assert_eq!(plan.merge, expected, "{sql}");
-    }
+    check(cases);
 }
 
 #[test]

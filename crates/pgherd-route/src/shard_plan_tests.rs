@@ -1,5 +1,5 @@
 //! Data-driven tests of key routing: SQL and bind values → shards, or why not. Hash shards
-//! are computed with `shard_hash`, which `crates/pgherd/tests/shard_hash.rs` checks against
+//! are computed with `shard_hash`, which `crates/pgherd/tests/sharding.rs` checks against
 //! PostgreSQL's own partitions.
 
 use std::collections::{BTreeMap, BTreeSet};

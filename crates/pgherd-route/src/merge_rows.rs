@@ -1,0 +1,685 @@
+//! The merge of a fan-out's rows ([`crate::merge_plan::Merge`]), pure: rows from every shard
+//! in, the client's rows out. Values are compared and combined as PostgreSQL would for their
+//! type, read from the wire format the shards used (text, or binary for integers, floats and
+//! timestamps); a type this cannot order or add exactly is refused rather than guessed.
+//!
+//! Sorted shard streams merge lazily ([`Merger::merge_sorted`], a k-way merge that keeps one
+//! row per shard); grouping needs every row first ([`Merger::combine`]).
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+
+use pgherd_wire::SqlState;
+
+use crate::merge_plan::{Column, Combine, Merge};
+
+/// One value of a row, as the server sent it (`None`: NULL).
+pub type Value = Option<Vec<u8>>;
+pub type Row = Vec<Value>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Binary,
+}
+
+/// A column of the shards' rows, from their RowDescription.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ColumnType {
+    pub oid: u32,
+    pub format: Format,
+}
+
+const BOOL: u32 = 16;
+const NAME: u32 = 19;
+const INT8: u32 = 20;
+const INT2: u32 = 21;
+const INT4: u32 = 23;
+const TEXT: u32 = 25;
+const OID: u32 = 26;
+const FLOAT4: u32 = 700;
+const FLOAT8: u32 = 701;
+const VARCHAR: u32 = 1043;
+const TIMESTAMP: u32 = 1114;
+const TIMESTAMPTZ: u32 = 1184;
+const NUMERIC: u32 = 1700;
+const UUID: u32 = 2950;
+
+/// Why rows cannot be merged exactly.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MergeError {
+    #[error("not supported on sharded tables: {0}")]
+    Unsupported(String),
+    #[error("a shard sent a value pgherd cannot read as {0}")]
+    BadValue(&'static str),
+    #[error("{0} out of the range pgherd merges exactly")]
+    OutOfRange(&'static str),
+}
+
+impl MergeError {
+    pub fn sqlstate(&self) -> SqlState {
+        match self {
+            MergeError::Unsupported(_) => SqlState::FEATURE_NOT_SUPPORTED,
+            MergeError::BadValue(_) => SqlState::PROTOCOL_VIOLATION,
+            MergeError::OutOfRange(_) => SqlState::NUMERIC_VALUE_OUT_OF_RANGE,
+        }
+    }
+}
+
+/// A value read for ordering and arithmetic.
+#[derive(Debug, Clone, PartialEq)]
+enum Typed {
+    Int(i64),
+    /// Unscaled digits and the scale (digits after the point).
+    Numeric(i128, u32),
+    Float(f64),
+    /// Compared byte by byte.
+    Bytes(Vec<u8>),
+    Bool(bool),
+}
+
+/// How a column's values order: by their type, or bytewise where that is PostgreSQL's order.
+#[derive(Debug, Clone, Copy)]
+struct Reader {
+    column: ColumnType,
+    /// Text sorts bytewise only under the C collation.
+    text_bytewise: bool,
+}
+
+impl Reader {
+    fn supported(&self) -> Result<(), MergeError> {
+        let ColumnType { oid, format } = self.column;
+        let ok = match (oid, format) {
+            (INT2 | INT4 | INT8 | OID | FLOAT4 | FLOAT8 | BOOL | UUID, _) => true,
+            (NUMERIC, Format::Text) => true,
+            (TIMESTAMP | TIMESTAMPTZ, Format::Binary) => true,
+            (NAME, _) => true,
+            (TEXT | VARCHAR, _) => self.text_bytewise,
+            _ => false,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(MergeError::Unsupported(format!(
+                "ordering or combining values of type {oid} ({format:?} format) across shards"
+            )))
+        }
+    }
+
+    fn read(&self, bytes: &[u8]) -> Result<Typed, MergeError> {
+        let ColumnType { oid, format } = self.column;
+        let text = || std::str::from_utf8(bytes).map_err(|_| MergeError::BadValue("text"));
+        Ok(match (oid, format) {
+            (INT2 | INT4 | INT8 | OID, Format::Text) => Typed::Int(
+                text()?
+                    .parse()
+                    .map_err(|_| MergeError::BadValue("an integer"))?,
+            ),
+            (INT2, Format::Binary) => Typed::Int(i64::from(i16::from_be_bytes(array(bytes)?))),
+            (INT4, Format::Binary) => Typed::Int(i64::from(i32::from_be_bytes(array(bytes)?))),
+            (OID, Format::Binary) => Typed::Int(i64::from(u32::from_be_bytes(array(bytes)?))),
+            (INT8 | TIMESTAMP | TIMESTAMPTZ, Format::Binary) => {
+                Typed::Int(i64::from_be_bytes(array(bytes)?))
+            }
+            (FLOAT4 | FLOAT8, Format::Text) => Typed::Float(match text()? {
+                "NaN" => f64::NAN,
+                "Infinity" => f64::INFINITY,
+                "-Infinity" => f64::NEG_INFINITY,
+                t => t.parse().map_err(|_| MergeError::BadValue("a float"))?,
+            }),
+            (FLOAT4, Format::Binary) => Typed::Float(f64::from(f32::from_be_bytes(array(bytes)?))),
+            (FLOAT8, Format::Binary) => Typed::Float(f64::from_be_bytes(array(bytes)?)),
+            (NUMERIC, _) => {
+                let (digits, scale) = parse_numeric(text()?)?;
+                Typed::Numeric(digits, scale)
+            }
+            (BOOL, Format::Text) => Typed::Bool(bytes == b"t"),
+            (BOOL, Format::Binary) => Typed::Bool(bytes == [1]),
+            // A uuid's text is lower-case hex: its order is its bytes' order.
+            _ => Typed::Bytes(bytes.to_vec()),
+        })
+    }
+
+    fn write(&self, value: &Typed) -> Result<Vec<u8>, MergeError> {
+        let ColumnType { oid, format } = self.column;
+        Ok(match (value, format) {
+            (Typed::Int(v), Format::Text) => v.to_string().into_bytes(),
+            (Typed::Int(v), Format::Binary) => match oid {
+                INT2 => i16::try_from(*v)
+                    .map_err(|_| MergeError::OutOfRange("smallint"))?
+                    .to_be_bytes()
+                    .to_vec(),
+                INT4 => i32::try_from(*v)
+                    .map_err(|_| MergeError::OutOfRange("integer"))?
+                    .to_be_bytes()
+                    .to_vec(),
+                _ => v.to_be_bytes().to_vec(),
+            },
+            (Typed::Numeric(digits, scale), _) => format_numeric(*digits, *scale).into_bytes(),
+            _ => {
+                return Err(MergeError::Unsupported(format!(
+                    "combining values of type {oid} across shards"
+                )))
+            }
+        })
+    }
+}
+
+fn array<const N: usize>(bytes: &[u8]) -> Result<[u8; N], MergeError> {
+    bytes
+        .try_into()
+        .map_err(|_| MergeError::BadValue("a fixed-size binary value"))
+}
+
+/// PostgreSQL's order of two values of one type: NULLs aside, NaN above every other float.
+fn compare(a: &Typed, b: &Typed) -> Ordering {
+    match (a, b) {
+        (Typed::Int(a), Typed::Int(b)) => a.cmp(b),
+        (Typed::Numeric(a, sa), Typed::Numeric(b, sb)) => compare_numeric((*a, *sa), (*b, *sb)),
+        (Typed::Float(a), Typed::Float(b)) => match (a.is_nan(), b.is_nan()) {
+            (true, true) => Ordering::Equal,
+            (true, false) => Ordering::Greater,
+            (false, true) => Ordering::Less,
+            // -0 equals 0.
+            _ => a.partial_cmp(b).unwrap_or(Ordering::Equal),
+        },
+        (Typed::Bool(a), Typed::Bool(b)) => a.cmp(b),
+        (Typed::Bytes(a), Typed::Bytes(b)) => a.cmp(b),
+        _ => Ordering::Equal,
+    }
+}
+
+/// Two numerics in order, exactly: by sign, then whole part, then the fraction's digits.
+fn compare_numeric((a, sa): (i128, u32), (b, sb): (i128, u32)) -> Ordering {
+    let sign = a.signum().cmp(&b.signum());
+    if sign != Ordering::Equal || a == 0 {
+        return sign;
+    }
+    let parts = |v: i128, s: u32| {
+        let text = format_numeric(v.abs(), s);
+        let (whole, fraction) = text.split_once('.').unwrap_or((&text, ""));
+        (whole.len(), whole.to_owned(), fraction.to_owned())
+    };
+    let ((la, wa, fa), (lb, wb, fb)) = (parts(a, sa), parts(b, sb));
+    let width = fa.len().max(fb.len());
+    let magnitude = (la, wa, format!("{fa:0<width$}")).cmp(&(lb, wb, format!("{fb:0<width$}")));
+    if a < 0 {
+        magnitude.reverse()
+    } else {
+        magnitude
+    }
+}
+
+/// A form equal values share (`1.0` and `1.00`, `-0` and `0`), for grouping and DISTINCT.
+fn canonical(value: &Typed) -> Vec<u8> {
+    match value {
+        Typed::Int(v) => v.to_be_bytes().to_vec(),
+        Typed::Numeric(digits, scale) => {
+            let (mut digits, mut scale) = (*digits, *scale);
+            while scale > 0 && digits % 10 == 0 {
+                digits /= 10;
+                scale -= 1;
+            }
+            let mut out = digits.to_be_bytes().to_vec();
+            out.extend(scale.to_be_bytes());
+            out
+        }
+        Typed::Float(v) if v.is_nan() => b"NaN".to_vec(),
+        Typed::Float(v) => (if *v == 0.0 { 0.0f64 } else { *v }).to_be_bytes().to_vec(),
+        Typed::Bytes(b) => b.clone(),
+        Typed::Bool(b) => vec![u8::from(*b)],
+    }
+}
+
+/// A numeric's text: an optional sign, digits, an optional point and digits. `NaN` and the
+/// infinities are refused: they do not add up.
+fn parse_numeric(text: &str) -> Result<(i128, u32), MergeError> {
+    let (negative, body) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (whole, fraction) = body.split_once('.').unwrap_or((body, ""));
+    if whole.is_empty()
+        || !whole
+            .bytes()
+            .chain(fraction.bytes())
+            .all(|b| b.is_ascii_digit())
+    {
+        return Err(MergeError::Unsupported(format!(
+            "the numeric value {text} across shards"
+        )));
+    }
+    let digits: i128 = format!("{whole}{fraction}")
+        .parse()
+        .map_err(|_| MergeError::OutOfRange("numeric"))?;
+    let scale = u32::try_from(fraction.len()).map_err(|_| MergeError::OutOfRange("numeric"))?;
+    Ok((if negative { -digits } else { digits }, scale))
+}
+
+fn format_numeric(digits: i128, scale: u32) -> String {
+    let sign = if digits < 0 { "-" } else { "" };
+    let text = digits.unsigned_abs().to_string();
+    if scale == 0 {
+        return format!("{sign}{text}");
+    }
+    let text = format!("{text:0>width$}", width = scale as usize + 1);
+    let (whole, fraction) = text.split_at(text.len() - scale as usize);
+    format!("{sign}{whole}.{fraction}")
+}
+
+/// `numeric_div` of a sum by a count, as `avg` gives it: the scale PostgreSQL selects
+/// (`select_div_scale`: at least 16 significant digits, no fewer than the sum's scale), the
+/// last digit rounded half away from zero.
+fn average(sum_digits: i128, sum_scale: u32, count: i64) -> Result<(i128, u32), MergeError> {
+    let overflow = || MergeError::OutOfRange("an average");
+    // Weights in base-10000 digits, as PostgreSQL's numeric stores them.
+    let weight_and_first = |digits: u128, scale: u32| -> (i64, u128) {
+        if digits == 0 {
+            return (0, 0);
+        }
+        // Align to a multiple of 4 decimal places, then find the leading base-10000 digit.
+        let pad = (4 - scale % 4) % 4;
+        let mut value = digits * 10u128.pow(pad);
+        let mut groups = 0i64;
+        while value >= 10_000 {
+            value /= 10_000;
+            groups += 1;
+        }
+        (groups - i64::from((scale + pad) / 4), value)
+    };
+    let (weight1, first1) = weight_and_first(sum_digits.unsigned_abs(), sum_scale);
+    let (weight2, first2) = weight_and_first(u128::from(count.unsigned_abs()), 0);
+    let mut qweight = weight1 - weight2;
+    if first1 <= first2 {
+        qweight -= 1;
+    }
+    let rscale = (16 - qweight * 4).max(i64::from(sum_scale)).clamp(0, 1000);
+    let rscale = u32::try_from(rscale).map_err(|_| overflow())?;
+    // sum / count to rscale + 1 places, then rounded to rscale.
+    let shift = (rscale + 1)
+        .checked_sub(sum_scale)
+        .and_then(|p| 10i128.checked_pow(p))
+        .ok_or_else(overflow)?;
+    let scaled = sum_digits.checked_mul(shift).ok_or_else(overflow)?;
+    let quotient = scaled / i128::from(count);
+    let rounded = (quotient + quotient.signum() * 5) / 10;
+    Ok((rounded, rscale))
+}
+
+/// Merges the rows of a fan-out as its [`Merge`] says.
+pub struct Merger {
+    spec: Merge,
+    readers: Vec<Reader>,
+    visible: usize,
+}
+
+impl Merger {
+    /// For the shards' columns (visible then hidden, as their RowDescription gives them).
+    /// `text_bytewise`: the database's collation is C, so text orders by its bytes.
+    pub fn new(
+        spec: Merge,
+        columns: &[ColumnType],
+        text_bytewise: bool,
+    ) -> Result<Merger, MergeError> {
+        let visible =
+            columns
+                .len()
+                .checked_sub(spec.hidden_columns)
+                .ok_or(MergeError::BadValue(
+                    "a row description with the hidden columns",
+                ))?;
+        let readers: Vec<Reader> = columns
+            .iter()
+            .map(|&column| Reader {
+                column,
+                text_bytewise,
+            })
+            .collect();
+        let merger = Merger {
+            spec,
+            readers,
+            visible,
+        };
+        for key in &merger.spec.order_by {
+            merger.reader(key.column)?.supported()?;
+        }
+        if let Some(grouping) = &merger.spec.grouping {
+            for &(column, combine) in &grouping.aggregates {
+                let reader = merger.reader(Column::Visible(column))?;
+                reader.supported()?;
+                let float = matches!(reader.column.oid, FLOAT4 | FLOAT8);
+                if float && matches!(combine, Combine::Add | Combine::Average { .. }) {
+                    // A float sum depends on the order it is added in.
+                    return Err(MergeError::Unsupported(
+                        "sum or avg of floating-point values across shards".to_owned(),
+                    ));
+                }
+            }
+        }
+        Ok(merger)
+    }
+
+    fn index(&self, column: Column) -> usize {
+        match column {
+            Column::Visible(i) => i,
+            Column::Hidden(i) => self.visible + i,
+        }
+    }
+
+    fn reader(&self, column: Column) -> Result<Reader, MergeError> {
+        self.readers
+            .get(self.index(column))
+            .copied()
+            .ok_or(MergeError::BadValue("a row with every planned column"))
+    }
+
+    fn typed(&self, column: Column, row: &Row) -> Result<Option<Typed>, MergeError> {
+        match row.get(self.index(column)).and_then(Option::as_ref) {
+            None => Ok(None),
+            Some(bytes) => self.reader(column)?.read(bytes).map(Some),
+        }
+    }
+
+    /// A column's value in the form equal values share (bytes, where its type is not one this
+    /// reads: equal values of those print alike).
+    fn key_of(&self, column: Column, row: &Row) -> Result<Option<Vec<u8>>, MergeError> {
+        let Some(bytes) = row.get(self.index(column)).and_then(Option::as_ref) else {
+            return Ok(None);
+        };
+        let reader = self.reader(column)?;
+        if reader.supported().is_err() {
+            return Ok(Some(bytes.clone()));
+        }
+        Ok(Some(canonical(&reader.read(bytes)?)))
+    }
+
+    /// Reads every value the merge orders or combines, so a value the server sent that cannot
+    /// be read is an error, not a misplaced row.
+    pub fn check_row(&self, row: &Row) -> Result<(), MergeError> {
+        let keys = self.spec.order_by.iter().map(|k| k.column);
+        let aggregates = self.spec.grouping.iter().flat_map(|g| {
+            g.aggregates.iter().flat_map(|&(column, combine)| {
+                let count = match combine {
+                    Combine::Average { count } => Some(count),
+                    _ => None,
+                };
+                std::iter::once(Column::Visible(column)).chain(count)
+            })
+        });
+        for column in keys.chain(aggregates) {
+            self.typed(column, row)?;
+        }
+        Ok(())
+    }
+
+    /// The order of two rows by the ORDER BY keys (NULLs where each key puts them).
+    pub fn compare_rows(&self, a: &Row, b: &Row) -> Ordering {
+        for key in &self.spec.order_by {
+            let (x, y) = (
+                self.typed(key.column, a).ok().flatten(),
+                self.typed(key.column, b).ok().flatten(),
+            );
+            let order = match (&x, &y) {
+                (None, None) => Ordering::Equal,
+                (None, Some(_)) => nulls(key.nulls_first),
+                (Some(_), None) => nulls(key.nulls_first).reverse(),
+                (Some(x), Some(y)) if key.descending => compare(y, x),
+                (Some(x), Some(y)) => compare(x, y),
+            };
+            if order != Ordering::Equal {
+                return order;
+            }
+        }
+        Ordering::Equal
+    }
+
+    /// Sorted streams from the shards as one sorted stream, holding one row per shard; a row
+    /// that cannot be read ends it with the error.
+    pub fn merge_sorted<I: Iterator<Item = Row>>(&self, shards: Vec<I>) -> MergeSorted<'_, I> {
+        let mut merged = MergeSorted {
+            merger: self,
+            shards,
+            heads: BinaryHeap::new(),
+            failed: None,
+        };
+        for i in 0..merged.shards.len() {
+            merged.advance(i);
+        }
+        merged
+    }
+
+    /// Rows with equal group keys as one, their aggregates combined (averages from sums and
+    /// counts), then sorted.
+    pub fn combine(&self, rows: impl IntoIterator<Item = Row>) -> Result<Vec<Row>, MergeError> {
+        let Some(grouping) = &self.spec.grouping else {
+            let mut rows: Vec<Row> = rows.into_iter().collect();
+            for row in &rows {
+                self.check_row(row)?;
+            }
+            rows.sort_by(|a, b| self.compare_rows(a, b));
+            return Ok(rows);
+        };
+        let mut groups: Vec<Row> = Vec::new();
+        let rows = rows.into_iter();
+        let mut by_key: HashMap<Vec<Option<Vec<u8>>>, usize> = HashMap::new();
+        for row in rows {
+            self.check_row(&row)?;
+            let key = grouping
+                .keys
+                .iter()
+                .map(|&k| self.key_of(k, &row))
+                .collect::<Result<Vec<_>, _>>()?;
+            match by_key.get(&key) {
+                None => {
+                    by_key.insert(key, groups.len());
+                    groups.push(row);
+                }
+                Some(&at) => {
+                    for &(column, combine) in &grouping.aggregates {
+                        self.combine_one(&mut groups[at], &row, column, combine)?;
+                    }
+                }
+            }
+        }
+        for group in &mut groups {
+            for &(column, combine) in &grouping.aggregates {
+                if let Combine::Average { count } = combine {
+                    self.finish_average(group, column, count)?;
+                }
+            }
+        }
+        groups.sort_by(|a, b| self.compare_rows(a, b));
+        Ok(groups)
+    }
+
+    fn combine_one(
+        &self,
+        group: &mut Row,
+        row: &Row,
+        column: usize,
+        combine: Combine,
+    ) -> Result<(), MergeError> {
+        let at = Column::Visible(column);
+        let (mine, theirs) = (self.typed(at, group)?, self.typed(at, row)?);
+        match (combine, mine, theirs) {
+            (_, _, None) => {}
+            (_, None, Some(_)) => group[column] = row[column].clone(),
+            // The least or greatest keeps the bytes its shard sent.
+            (Combine::Min, Some(a), Some(b)) if compare(&b, &a).is_lt() => {
+                group[column] = row[column].clone()
+            }
+            (Combine::Max, Some(a), Some(b)) if compare(&b, &a).is_gt() => {
+                group[column] = row[column].clone()
+            }
+            (Combine::Min | Combine::Max, _, _) => {}
+            (Combine::Add | Combine::Average { .. }, Some(a), Some(b)) => {
+                group[column] = Some(self.reader(at)?.write(&add(&a, &b)?)?)
+            }
+        }
+        if let Combine::Average { count } = combine {
+            let (mine, theirs) = (self.typed(count, group)?, self.typed(count, row)?);
+            if let (Some(a), Some(b)) = (mine, theirs) {
+                let total = add(&a, &b)?;
+                group[self.index(count)] = Some(self.reader(count)?.write(&total)?);
+            }
+        }
+        Ok(())
+    }
+
+    fn finish_average(
+        &self,
+        group: &mut Row,
+        column: usize,
+        count: Column,
+    ) -> Result<(), MergeError> {
+        let sum = self.typed(Column::Visible(column), group)?;
+        let count = match self.typed(count, group)? {
+            Some(Typed::Int(n)) => n,
+            _ => 0,
+        };
+        group[column] = match sum {
+            Some(_) if count == 0 => None,
+            None => None,
+            Some(Typed::Int(sum)) => {
+                let (digits, scale) = average(i128::from(sum), 0, count)?;
+                Some(format_numeric(digits, scale).into_bytes())
+            }
+            Some(Typed::Numeric(digits, scale)) => {
+                let (digits, scale) = average(digits, scale, count)?;
+                Some(format_numeric(digits, scale).into_bytes())
+            }
+            Some(_) => return Err(MergeError::Unsupported("this avg across shards".to_owned())),
+        };
+        Ok(())
+    }
+
+    /// The client's rows from merged ones: duplicates dropped (DISTINCT), OFFSET skipped,
+    /// LIMIT kept, hidden columns cut off.
+    pub fn finish(&self, rows: impl IntoIterator<Item = Row>) -> Result<Vec<Row>, MergeError> {
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        let mut skip = self.spec.offset;
+        for mut row in rows {
+            row.truncate(self.visible);
+            if self.spec.distinct {
+                let key = (0..self.visible)
+                    .map(|i| self.key_of(Column::Visible(i), &row))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if !seen.insert(key) {
+                    continue;
+                }
+            }
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
+            if self
+                .spec
+                .limit
+                .is_some_and(|limit| out.len() as u64 >= limit)
+            {
+                break;
+            }
+            out.push(row);
+        }
+        Ok(out)
+    }
+}
+
+fn nulls(first: bool) -> Ordering {
+    if first {
+        Ordering::Less
+    } else {
+        Ordering::Greater
+    }
+}
+
+fn add(a: &Typed, b: &Typed) -> Result<Typed, MergeError> {
+    match (a, b) {
+        (Typed::Int(a), Typed::Int(b)) => a
+            .checked_add(*b)
+            .map(Typed::Int)
+            .ok_or(MergeError::OutOfRange("bigint")),
+        (Typed::Numeric(a, sa), Typed::Numeric(b, sb)) => {
+            let scale = (*sa).max(*sb);
+            let widen = |v: i128, s: u32| v.checked_mul(10i128.checked_pow(scale - s)?);
+            let sum = widen(*a, *sa)
+                .zip(widen(*b, *sb))
+                .and_then(|(a, b)| a.checked_add(b))
+                .ok_or(MergeError::OutOfRange("numeric"))?;
+            Ok(Typed::Numeric(sum, scale))
+        }
+        _ => Err(MergeError::Unsupported(
+            "adding these values across shards".to_owned(),
+        )),
+    }
+}
+
+/// The k-way merge of [`Merger::merge_sorted`].
+pub struct MergeSorted<'m, I: Iterator<Item = Row>> {
+    merger: &'m Merger,
+    shards: Vec<I>,
+    heads: BinaryHeap<Head<'m>>,
+    failed: Option<MergeError>,
+}
+
+struct Head<'m> {
+    row: Row,
+    shard: usize,
+    merger: &'m Merger,
+}
+
+impl PartialEq for Head<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Head<'_> {}
+impl PartialOrd for Head<'_> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Head<'_> {
+    /// Reversed, so the heap's top is the least row (the earlier shard on ties, for a stable
+    /// merge).
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.merger
+            .compare_rows(&other.row, &self.row)
+            .then(other.shard.cmp(&self.shard))
+    }
+}
+
+impl<'m, I: Iterator<Item = Row>> MergeSorted<'m, I> {
+    fn advance(&mut self, shard: usize) {
+        if let Some(row) = self.shards[shard].next() {
+            if let Err(e) = self.merger.check_row(&row) {
+                self.failed.get_or_insert(e);
+                return;
+            }
+            self.heads.push(Head {
+                row,
+                shard,
+                merger: self.merger,
+            });
+        }
+    }
+}
+
+impl<I: Iterator<Item = Row>> Iterator for MergeSorted<'_, I> {
+    type Item = Result<Row, MergeError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some(e) = self.failed.take() {
+            self.heads.clear();
+            return Some(Err(e));
+        }
+        let Head { row, shard, .. } = self.heads.pop()?;
+        self.advance(shard);
+        Some(Ok(row))
+    }
+}
+
+#[cfg(test)]
+#[path = "merge_rows_tests.rs"]
+mod tests;

@@ -1,0 +1,373 @@
+//! The merge of fan-out rows: what PostgreSQL would answer from all the rows at once.
+
+use super::*;
+use crate::merge_plan::{Grouping, SortKey};
+
+fn text(values: &[Option<&str>]) -> Row {
+    values
+        .iter()
+        .map(|v| v.map(|s| s.as_bytes().to_vec()))
+        .collect()
+}
+
+fn columns(oids: &[u32]) -> Vec<ColumnType> {
+    oids.iter()
+        .map(|&oid| ColumnType {
+            oid,
+            format: Format::Text,
+        })
+        .collect()
+}
+
+fn spec() -> Merge {
+    Merge::default()
+}
+
+fn shown(rows: &[Row]) -> Vec<Vec<Option<String>>> {
+    rows.iter()
+        .map(|r| {
+            r.iter()
+                .map(|v| v.as_ref().map(|b| String::from_utf8_lossy(b).into_owned()))
+                .collect()
+        })
+        .collect()
+}
+
+fn strings(rows: &[&[Option<&str>]]) -> Vec<Vec<Option<String>>> {
+    rows.iter()
+        .map(|r| r.iter().map(|v| v.map(str::to_owned)).collect())
+        .collect()
+}
+
+#[test]
+fn sorted_shards_merge_into_one_order_with_nulls_where_the_key_puts_them() {
+    let merger = Merger::new(
+        Merge {
+            order_by: vec![SortKey {
+                column: Column::Visible(0),
+                descending: true,
+                nulls_first: true,
+            }],
+            offset: 1,
+            limit: Some(4),
+            ..spec()
+        },
+        &columns(&[INT4, TEXT]),
+        false,
+    )
+    .unwrap();
+    let shard = |rows: &[(Option<&str>, &str)]| {
+        rows.iter()
+            .map(|(k, v)| text(&[*k, Some(v)]))
+            .collect::<Vec<_>>()
+            .into_iter()
+    };
+    // Each shard sorted as its ORDER BY says (DESC: NULLs first).
+    let merged: Vec<Row> = merger
+        .merge_sorted(vec![
+            shard(&[(None, "a-null"), (Some("10"), "a10"), (Some("2"), "a2")]),
+            shard(&[(Some("9"), "b9"), (Some("-1"), "b-1")]),
+            shard(&[(Some("100"), "c100"), (Some("3"), "c3")]),
+        ])
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(
+        shown(&merger.finish(merged).unwrap()),
+        strings(&[
+            &[Some("100"), Some("c100")],
+            &[Some("10"), Some("a10")],
+            &[Some("9"), Some("b9")],
+            &[Some("3"), Some("c3")],
+        ]),
+        "NULL first, then 100 > 10 > 9 > 3 as integers, not as text; one skipped, four kept"
+    );
+}
+
+#[test]
+fn groups_combine_across_shards_and_averages_come_out_as_postgresql_gives_them() {
+    // SELECT bid, count(*), sum(x), min(x), max(x), avg(x) ... GROUP BY bid, with avg's count
+    // hidden after the visible columns.
+    let merger = Merger::new(
+        Merge {
+            hidden_columns: 1,
+            grouping: Some(Grouping {
+                keys: vec![Column::Visible(0)],
+                aggregates: vec![
+                    (1, Combine::Add),
+                    (2, Combine::Add),
+                    (3, Combine::Min),
+                    (4, Combine::Max),
+                    (
+                        5,
+                        Combine::Average {
+                            count: Column::Hidden(0),
+                        },
+                    ),
+                ],
+            }),
+            order_by: vec![SortKey {
+                column: Column::Visible(0),
+                descending: false,
+                nulls_first: false,
+            }],
+            ..spec()
+        },
+        &columns(&[INT4, INT8, INT8, INT4, INT4, INT8, INT8]),
+        false,
+    )
+    .unwrap();
+    let rows = vec![
+        // shard 1: bid 1 has x = 1, 2; bid 2 has x = 5
+        text(&[
+            Some("1"),
+            Some("2"),
+            Some("3"),
+            Some("1"),
+            Some("2"),
+            Some("3"),
+            Some("2"),
+        ]),
+        text(&[
+            Some("2"),
+            Some("1"),
+            Some("5"),
+            Some("5"),
+            Some("5"),
+            Some("5"),
+            Some("1"),
+        ]),
+        // shard 2: bid 1 has x = 10; bid 3 only NULLs
+        text(&[
+            Some("1"),
+            Some("1"),
+            Some("10"),
+            Some("10"),
+            Some("10"),
+            Some("10"),
+            Some("1"),
+        ]),
+        text(&[Some("3"), Some("2"), None, None, None, None, Some("0")]),
+    ];
+    let combined = merger.combine(rows).unwrap();
+    assert_eq!(
+        shown(&merger.finish(combined).unwrap()),
+        strings(&[
+            // avg(1, 2, 10) = 13 / 3, to 16 places as numeric_div gives it.
+            &[
+                Some("1"),
+                Some("3"),
+                Some("13"),
+                Some("1"),
+                Some("10"),
+                Some("4.3333333333333333")
+            ],
+            &[
+                Some("2"),
+                Some("1"),
+                Some("5"),
+                Some("5"),
+                Some("5"),
+                Some("5.0000000000000000")
+            ],
+            &[Some("3"), Some("2"), None, None, None, None],
+        ])
+    );
+}
+
+#[test]
+fn averages_take_postgresqls_division_scale() {
+    // As `SELECT avg(x)` prints them on PostgreSQL 15.
+    let cases = [
+        ((3, 0), 2, "1.5000000000000000"),
+        ((10, 0), 4, "2.5000000000000000"),
+        ((1, 0), 1, "1.00000000000000000000"),
+        ((375, 2), 2, "1.8750000000000000"),
+        ((123_456_789, 0), 10, "12345678.900000000000"),
+        ((-2, 0), 3, "-0.66666666666666666667"),
+        ((2, 0), 3, "0.66666666666666666667"),
+    ];
+    for ((digits, scale), count, expected) in cases {
+        let (d, s) = average(digits, scale, count).unwrap();
+        assert_eq!(
+            format_numeric(d, s),
+            expected,
+            "{digits}e-{scale} / {count}"
+        );
+    }
+}
+
+#[test]
+fn equal_values_are_one_whatever_their_text() {
+    let merger = Merger::new(
+        Merge {
+            distinct: true,
+            ..spec()
+        },
+        &columns(&[NUMERIC, FLOAT8]),
+        false,
+    )
+    .unwrap();
+    let rows = vec![
+        text(&[Some("1.0"), Some("0")]),
+        text(&[Some("1.00"), Some("-0")]),
+        text(&[Some("2"), Some("NaN")]),
+        text(&[Some("2.000"), Some("NaN")]),
+    ];
+    assert_eq!(merger.finish(rows).unwrap().len(), 2);
+}
+
+#[test]
+fn floats_order_with_nan_above_everything() {
+    let merger = Merger::new(
+        Merge {
+            order_by: vec![SortKey {
+                column: Column::Visible(0),
+                descending: false,
+                nulls_first: false,
+            }],
+            ..spec()
+        },
+        &columns(&[FLOAT8]),
+        false,
+    )
+    .unwrap();
+    let rows = ["NaN", "Infinity", "-1.5", "1e300", "-Infinity"]
+        .iter()
+        .map(|v| text(&[Some(v)]))
+        .collect::<Vec<_>>();
+    let sorted = merger.combine(rows).unwrap();
+    assert_eq!(
+        shown(&sorted),
+        strings(&[
+            &[Some("-Infinity")],
+            &[Some("-1.5")],
+            &[Some("1e300")],
+            &[Some("Infinity")],
+            &[Some("NaN")],
+        ])
+    );
+}
+
+#[test]
+fn binary_integers_and_timestamps_order_by_value() {
+    let merger = Merger::new(
+        Merge {
+            order_by: vec![SortKey {
+                column: Column::Visible(0),
+                descending: false,
+                nulls_first: false,
+            }],
+            ..spec()
+        },
+        &[ColumnType {
+            oid: TIMESTAMPTZ,
+            format: Format::Binary,
+        }],
+        false,
+    )
+    .unwrap();
+    let rows: Vec<Row> = [5i64, -7, 300]
+        .iter()
+        .map(|v| vec![Some(v.to_be_bytes().to_vec())])
+        .collect();
+    let sorted = merger.combine(rows).unwrap();
+    let values: Vec<i64> = sorted
+        .iter()
+        .map(|r| i64::from_be_bytes(r[0].clone().unwrap().try_into().unwrap()))
+        .collect();
+    assert_eq!(values, [-7, 5, 300]);
+}
+
+#[test]
+fn what_cannot_be_ordered_or_added_exactly_is_refused() {
+    let sort_by_first = Merge {
+        order_by: vec![SortKey {
+            column: Column::Visible(0),
+            descending: false,
+            nulls_first: false,
+        }],
+        ..spec()
+    };
+    // Text orders by the database's collation; only C's is known here.
+    let error = Merger::new(sort_by_first.clone(), &columns(&[TEXT]), false)
+        .err()
+        .unwrap();
+    assert_eq!(error.sqlstate(), SqlState::FEATURE_NOT_SUPPORTED);
+    assert!(Merger::new(sort_by_first.clone(), &columns(&[TEXT]), true).is_ok());
+    // Timestamps in text depend on the session's settings.
+    assert!(Merger::new(sort_by_first, &columns(&[TIMESTAMPTZ]), true).is_err());
+    // A float sum depends on the order of its additions.
+    let float_sum = Merge {
+        grouping: Some(Grouping {
+            keys: vec![],
+            aggregates: vec![(0, Combine::Add)],
+        }),
+        ..spec()
+    };
+    let error = Merger::new(float_sum, &columns(&[FLOAT8]), true)
+        .err()
+        .unwrap();
+    assert!(error.to_string().contains("floating-point"), "{error}");
+}
+
+#[test]
+fn least_and_greatest_keep_their_values_and_numerics_compare_exactly() {
+    let merger = Merger::new(
+        Merge {
+            grouping: Some(Grouping {
+                keys: vec![],
+                aggregates: vec![(0, Combine::Min), (1, Combine::Max), (2, Combine::Max)],
+            }),
+            ..spec()
+        },
+        &columns(&[FLOAT8, NUMERIC, BOOL]),
+        false,
+    )
+    .unwrap();
+    let rows = vec![
+        text(&[
+            Some("2.5"),
+            Some("99999999999999999999999999999999.1"),
+            Some("f"),
+        ]),
+        text(&[
+            Some("-0.5"),
+            Some("99999999999999999999999999999999.09"),
+            Some("t"),
+        ]),
+        text(&[None, Some("-100000000000000000000000000000000"), None]),
+    ];
+    let combined = merger.combine(rows).unwrap();
+    assert_eq!(
+        shown(&merger.finish(combined).unwrap()),
+        strings(&[&[
+            Some("-0.5"),
+            Some("99999999999999999999999999999999.1"),
+            Some("t")
+        ]])
+    );
+}
+
+#[test]
+fn a_value_that_cannot_be_read_is_an_error_not_a_misplaced_row() {
+    let merger = Merger::new(
+        Merge {
+            order_by: vec![SortKey {
+                column: Column::Visible(0),
+                descending: false,
+                nulls_first: false,
+            }],
+            ..spec()
+        },
+        &columns(&[INT4]),
+        false,
+    )
+    .unwrap();
+    let merged: Vec<_> = merger
+        .merge_sorted(vec![
+            vec![text(&[Some("1")])].into_iter(),
+            vec![text(&[Some("one")])].into_iter(),
+        ])
+        .collect();
+    assert!(merged.iter().any(|r| r.is_err()), "{merged:?}");
+}

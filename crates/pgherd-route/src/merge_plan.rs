@@ -120,6 +120,11 @@ const OTHER_AGGREGATES: &[&str] = &[
     "range_agg",
     "range_intersect_agg",
     "grouping",
+    // Hypothetical-set aggregates (with WITHIN GROUP).
+    "rank",
+    "dense_rank",
+    "percent_rank",
+    "cume_dist",
 ];
 
 const MERGEABLE: &[&str] = &["count", "sum", "min", "max", "avg"];
@@ -135,14 +140,17 @@ pub fn plan_fan_out(
     let mut shard = select.clone();
     let mut hidden: Vec<Node> = Vec::new();
     let distinct = !select.distinct_clause.is_empty();
+    // `count(DISTINCT key)` adds up only if `key` surely is the shard key column.
+    let key_for_distinct = single_table_unrenamed(select).then_some(shard_key);
 
     let mut aggregates = Vec::new();
     for (i, target) in shard.target_list.iter_mut().enumerate() {
         let Some(NodeEnum::ResTarget(target)) = target.node.as_mut() else {
             continue;
         };
-        if let Some(combine) = rewrite_aggregate(target, shard_key, &mut hidden, is_user_aggregate)?
-        {
+        let rewritten =
+            rewrite_aggregate(target, key_for_distinct, &mut hidden, is_user_aggregate)?;
+        if let Some(combine) = rewritten {
             aggregates.push((i, combine));
         } else if contains_aggregate(target.val.as_deref(), is_user_aggregate) {
             return Err(refused("an expression over an aggregate in a fan-out"));
@@ -158,61 +166,67 @@ pub fn plan_fan_out(
         .collect();
 
     let grouping = if aggregates.is_empty() && select.group_clause.is_empty() {
+        if select
+            .sort_clause
+            .iter()
+            .any(|s| contains_aggregate(Some(s), is_user_aggregate))
+        {
+            return Err(refused(
+                "ORDER BY an aggregate the select list does not have",
+            ));
+        }
         None
     } else {
         let mut keys = Vec::new();
         for item in &select.group_clause {
-            keys.push(column_for(item, &visible, &mut hidden, true)?);
+            keys.push(column_for(
+                item,
+                Clause::GroupBy,
+                &visible,
+                &mut hidden,
+                true,
+            )?);
         }
         Some(Grouping { keys, aggregates })
     };
-
-    let mut order_by = Vec::new();
-    for item in &select.sort_clause {
-        let Some(NodeEnum::SortBy(sort)) = &item.node else {
-            return Err(refused("this ORDER BY item"));
-        };
-        if !sort.use_op.is_empty() || sort.sortby_dir == SortByDir::SortbyUsing as i32 {
-            return Err(refused("ORDER BY ... USING in a fan-out"));
-        }
-        let key = sort
-            .node
-            .as_deref()
-            .ok_or_else(|| refused("an empty ORDER BY item"))?;
-        // With grouping or DISTINCT a hidden sort column would change the groups or rows.
-        let may_hide = grouping.is_none() && !distinct;
-        let column = column_for(key, &visible, &mut hidden, may_hide)?;
-        let descending = sort.sortby_dir == SortByDir::SortbyDesc as i32;
-        let nulls_first = match SortByNulls::try_from(sort.sortby_nulls) {
-            Ok(SortByNulls::SortbyNullsFirst) => true,
-            Ok(SortByNulls::SortbyNullsLast) => false,
-            // PostgreSQL's default: NULLs sort as larger than any value.
-            _ => descending,
-        };
-        order_by.push(SortKey {
-            column,
-            descending,
-            nulls_first,
-        });
+    // With grouping or DISTINCT a hidden sort column would change the groups or rows.
+    let may_hide = grouping.is_none() && !distinct;
+    let order_by = sort_keys(select, &visible, &mut hidden, may_hide)?;
+    // A `*` stands for columns this cannot count: positions after it are unknown.
+    let positional = grouping.is_some()
+        || order_by
+            .iter()
+            .any(|k| matches!(k.column, Column::Visible(_)));
+    if positional && select.target_list.iter().any(has_star) {
+        return Err(refused(
+            "* in the select list with GROUP BY, aggregates or ORDER BY a select-list column, in a fan-out",
+        ));
     }
 
     let limit = constant_count(select.limit_count.as_deref(), "LIMIT")?;
     let offset = constant_count(select.limit_offset.as_deref(), "OFFSET")?.unwrap_or(0);
     shard.limit_offset = None;
     shard.limit_count = match limit {
-        Some(limit) if grouping.is_none() && !distinct => Some(Box::new(integer(limit + offset))),
+        Some(limit) if grouping.is_none() && !distinct => {
+            let rows = limit.saturating_add(offset).min(i64::MAX as u64);
+            Some(Box::new(integer(rows)))
+        }
         _ => None,
     };
     if shard.limit_count.is_none() {
         shard.limit_option = LimitOption::Default as i32;
     }
     let hidden_columns = hidden.len();
-    shard.target_list.extend(hidden.into_iter().map(|val| Node {
-        node: Some(NodeEnum::ResTarget(Box::new(ResTarget {
-            val: Some(Box::new(val)),
-            ..ResTarget::default()
-        }))),
-    }));
+    shard
+        .target_list
+        .extend(hidden.into_iter().enumerate().map(|(i, val)| Node {
+            node: Some(NodeEnum::ResTarget(Box::new(ResTarget {
+                // Named apart, so no ORDER BY name of the statement means them.
+                name: format!("pgherd_hidden_{}", i + 1),
+                val: Some(Box::new(val)),
+                ..ResTarget::default()
+            }))),
+        }));
     let shard_sql = NodeEnum::SelectStmt(Box::new(shard))
         .deparse()
         .map_err(|e| refused(&format!("a statement pgherd cannot rewrite ({e})")))?;
@@ -229,6 +243,41 @@ pub fn plan_fan_out(
     })
 }
 
+fn sort_keys(
+    select: &SelectStmt,
+    visible: &[ResTarget],
+    hidden: &mut Vec<Node>,
+    may_hide: bool,
+) -> Result<Vec<SortKey>, Unsupported> {
+    let mut order_by = Vec::new();
+    for item in &select.sort_clause {
+        let Some(NodeEnum::SortBy(sort)) = &item.node else {
+            return Err(refused("this ORDER BY item"));
+        };
+        if !sort.use_op.is_empty() || sort.sortby_dir == SortByDir::SortbyUsing as i32 {
+            return Err(refused("ORDER BY ... USING in a fan-out"));
+        }
+        let key = sort
+            .node
+            .as_deref()
+            .ok_or_else(|| refused("an empty ORDER BY item"))?;
+        let column = column_for(key, Clause::OrderBy, visible, hidden, may_hide)?;
+        let descending = sort.sortby_dir == SortByDir::SortbyDesc as i32;
+        let nulls_first = match SortByNulls::try_from(sort.sortby_nulls) {
+            Ok(SortByNulls::SortbyNullsFirst) => true,
+            Ok(SortByNulls::SortbyNullsLast) => false,
+            // PostgreSQL's default: NULLs sort as larger than any value.
+            _ => descending,
+        };
+        order_by.push(SortKey {
+            column,
+            descending,
+            nulls_first,
+        });
+    }
+    Ok(order_by)
+}
+
 fn refused(what: &str) -> Unsupported {
     Unsupported(what.to_owned())
 }
@@ -240,8 +289,19 @@ fn refuse_unmergeable_shapes(select: &SelectStmt) -> Result<(), Unsupported> {
     if select.distinct_clause.iter().any(|d| d.node.is_some()) {
         return Err(refused("DISTINCT ON in a fan-out"));
     }
-    if !select.window_clause.is_empty() {
-        return Err(refused("a window in a fan-out"));
+    let clauses = || {
+        select
+            .target_list
+            .iter()
+            .chain(&select.sort_clause)
+            .chain(&select.group_clause)
+    };
+    if !select.window_clause.is_empty() || clauses().any(|n| any_node(n, is_window_call)) {
+        return Err(refused("a window function in a fan-out"));
+    }
+    // The merge orders text by the database's collation, not by one the statement names.
+    if clauses().any(|n| any_node(n, |key, _| key == "CollateClause")) {
+        return Err(refused("COLLATE in a fan-out"));
     }
     if select.having_clause.is_some() {
         return Err(refused("HAVING in a fan-out"));
@@ -258,6 +318,41 @@ fn refuse_unmergeable_shapes(select: &SelectStmt) -> Result<(), Unsupported> {
         return Err(refused("FETCH ... WITH TIES in a fan-out"));
     }
     Ok(())
+}
+
+/// The FROM list is one table whose columns keep their names.
+fn single_table_unrenamed(select: &SelectStmt) -> bool {
+    matches!(select.from_clause.as_slice(), [item] if matches!(
+        &item.node,
+        Some(NodeEnum::RangeVar(r)) if r.alias.as_ref().is_none_or(|a| a.colnames.is_empty())
+    ))
+}
+
+fn has_star(target: &Node) -> bool {
+    any_node(target, |key, _| key == "AStar")
+}
+
+fn is_window_call(key: &str, value: &serde_json::Value) -> bool {
+    key == "FuncCall" && value.get("over").is_some_and(|o| !o.is_null())
+}
+
+/// Whether any node of the tree (any depth, subqueries included) matches: by its node type
+/// and its fields, through the serialized form that has every field.
+fn any_node(node: &Node, test: impl Fn(&str, &serde_json::Value) -> bool + Copy) -> bool {
+    fn walk(
+        value: &serde_json::Value,
+        test: impl Fn(&str, &serde_json::Value) -> bool + Copy,
+    ) -> bool {
+        match value {
+            serde_json::Value::Object(fields) => fields
+                .iter()
+                .any(|(key, value)| test(key, value) || walk(value, test)),
+            serde_json::Value::Array(items) => items.iter().any(|v| walk(v, test)),
+            _ => false,
+        }
+    }
+    // Cannot be read whole: taken to match, so what it guards is refused.
+    serde_json::to_value(node).map_or(true, |tree| walk(&tree, test))
 }
 
 fn function_name(call: &FuncCall) -> Option<&str> {
@@ -279,7 +374,7 @@ fn string(node: &Node) -> Option<&str> {
 /// the shards (`avg` into `sum` and a hidden `count`). `None`: not an aggregate call.
 fn rewrite_aggregate(
     target: &mut ResTarget,
-    shard_key: &str,
+    shard_key: Option<&str>,
     hidden: &mut Vec<Node>,
     is_user_aggregate: &dyn Fn(&str) -> bool,
 ) -> Result<Option<Combine>, Unsupported> {
@@ -312,7 +407,8 @@ fn rewrite_aggregate(
         return Err(refused("an aggregate of an aggregate"));
     }
     if call.agg_distinct {
-        let on_key = matches!(call.args.as_slice(), [arg] if is_column(arg, shard_key));
+        let on_key =
+            matches!((call.args.as_slice(), shard_key), ([arg], Some(key)) if is_column(arg, key));
         match name.as_str() {
             "min" | "max" => {}
             // The shards hold disjoint keys: their distinct counts add up.
@@ -346,49 +442,76 @@ fn sval(s: &str) -> Node {
     }
 }
 
+/// The bare column `name` (one table in FROM: it is that table's).
 fn is_column(node: &Node, name: &str) -> bool {
     match &node.node {
-        Some(NodeEnum::ColumnRef(c)) => c.fields.last().and_then(string) == Some(name),
+        Some(NodeEnum::ColumnRef(c)) => {
+            matches!(c.fields.as_slice(), [field] if string(field) == Some(name))
+        }
         _ => false,
     }
 }
 
-/// Whether an expression calls an aggregate anywhere (outside subqueries, which aggregate on
-/// their own).
+/// Whether an expression calls an aggregate anywhere, subqueries included (an aggregate
+/// there may belong to this query): by name, or by syntax only aggregates have.
 fn contains_aggregate(node: Option<&Node>, is_user_aggregate: &dyn Fn(&str) -> bool) -> bool {
-    fn walk(value: &serde_json::Value, is_user_aggregate: &dyn Fn(&str) -> bool) -> bool {
-        match value {
-            serde_json::Value::Object(fields) => {
-                if fields.contains_key("SubLink") {
-                    return false;
-                }
-                if let Some(call) = fields.get("FuncCall") {
-                    let names: Vec<&str> = call
-                        .get("funcname")
-                        .and_then(|f| f.as_array())
-                        .map(|f| {
-                            f.iter()
-                                .filter_map(|n| n.pointer("/node/String/sval")?.as_str())
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    if names.last().is_some_and(|name| {
-                        MERGEABLE.contains(name)
-                            || OTHER_AGGREGATES.contains(name)
-                            || is_user_aggregate(name)
-                    }) && call.get("over").is_none_or(|o| o.is_null())
-                    {
-                        return true;
-                    }
-                }
-                fields.values().any(|v| walk(v, is_user_aggregate))
-            }
-            serde_json::Value::Array(items) => items.iter().any(|v| walk(v, is_user_aggregate)),
-            _ => false,
+    let Some(node) = node else {
+        return false;
+    };
+    let is_aggregate = |key: &str, call: &serde_json::Value| {
+        if key != "FuncCall" || call.get("over").is_some_and(|o| !o.is_null()) {
+            return false;
         }
+        let flag = |field: &str| call.get(field).and_then(|v| v.as_bool()) == Some(true);
+        let listed = |field: &str| {
+            call.get(field)
+                .is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()))
+        };
+        let syntax = flag("agg_star")
+            || flag("agg_distinct")
+            || flag("agg_within_group")
+            || listed("agg_order")
+            || call.get("agg_filter").is_some_and(|f| !f.is_null());
+        let name = call
+            .get("funcname")
+            .and_then(|f| f.as_array())
+            .and_then(|f| f.last())
+            .and_then(|n| n.pointer("/node/String/sval"))
+            .and_then(|n| n.as_str())
+            .unwrap_or("");
+        syntax
+            || MERGEABLE.contains(&name)
+            || OTHER_AGGREGATES.contains(&name)
+            || is_user_aggregate(name)
+    };
+    any_node(node, is_aggregate)
+}
+
+/// Which clause names a column: GROUP BY reads a bare name as a table column before an
+/// output name, ORDER BY the other way round.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Clause {
+    GroupBy,
+    OrderBy,
+}
+
+/// The name PostgreSQL gives an output column written without AS (`FigureColname`), where
+/// it is a column's, or `None`.
+fn implicit_name(val: Option<&Node>) -> Option<&str> {
+    match &val?.node {
+        Some(NodeEnum::ColumnRef(c)) => c.fields.last().and_then(string),
+        Some(NodeEnum::TypeCast(cast)) => implicit_name(cast.arg.as_deref()),
+        Some(NodeEnum::FuncCall(call)) => call.funcname.last().and_then(string),
+        _ => None,
     }
-    node.and_then(|n| serde_json::to_value(n).ok())
-        .is_some_and(|tree| walk(&tree, is_user_aggregate))
+}
+
+fn output_name(target: &ResTarget) -> Option<&str> {
+    if target.name.is_empty() {
+        implicit_name(target.val.as_deref())
+    } else {
+        Some(target.name.as_str())
+    }
 }
 
 /// The column a GROUP BY or ORDER BY item names: a select-list position (`ORDER BY 2`), an
@@ -396,6 +519,7 @@ fn contains_aggregate(node: Option<&Node>, is_user_aggregate: &dyn Fn(&str) -> b
 /// column computing it.
 fn column_for(
     item: &Node,
+    clause: Clause,
     visible: &[ResTarget],
     hidden: &mut Vec<Node>,
     may_hide: bool,
@@ -412,11 +536,21 @@ fn column_for(
     }
     if let Some(NodeEnum::ColumnRef(c)) = &item.node {
         if let [name] = c.fields.as_slice() {
-            if let Some(i) = visible
+            let named = visible
                 .iter()
-                .position(|t| !t.name.is_empty() && Some(t.name.as_str()) == string(name))
-            {
-                return Ok(Column::Visible(i));
+                .position(|t| output_name(t).is_some_and(|n| Some(n) == string(name)));
+            match (clause, named) {
+                (Clause::OrderBy, Some(i)) => return Ok(Column::Visible(i)),
+                // GROUP BY takes a table column of that name first; an output column named
+                // alike for something else is ambiguous without the catalog.
+                (Clause::GroupBy, Some(i))
+                    if !visible[i].val.as_deref().is_some_and(|v| same_expression(v, item)) =>
+                {
+                    return Err(refused(
+                        "GROUP BY a name that is also the name of another select-list column, in a fan-out",
+                    ))
+                }
+                _ => {}
             }
         }
     }

@@ -76,11 +76,21 @@ fn rows_are_sorted_skipped_and_limited_after_the_shards() {
         // A sort key outside the select list comes back hidden.
         (
             "SELECT * FROM accounts ORDER BY bid, aid LIMIT 3",
-            "SELECT *, bid, aid FROM accounts ORDER BY bid, aid LIMIT 3",
+            "SELECT *, bid AS pgherd_hidden_1, aid AS pgherd_hidden_2 FROM accounts ORDER BY bid, aid LIMIT 3",
             Merge {
                 hidden_columns: 2,
                 order_by: vec![asc(Column::Hidden(0)), asc(Column::Hidden(1))],
                 limit: Some(3),
+                ..merge()
+            },
+        ),
+        // ORDER BY a name means the output column first, written with AS or not (a cast of a
+        // column is named after it): here the text, as PostgreSQL sorts it.
+        (
+            "SELECT abalance::text FROM accounts ORDER BY abalance",
+            "SELECT abalance::text FROM accounts ORDER BY abalance",
+            Merge {
+                order_by: vec![asc(Column::Visible(0))],
                 ..merge()
             },
         ),
@@ -119,7 +129,7 @@ fn aggregates_combine_and_averages_come_from_sums_and_counts() {
         ),
         (
             "SELECT bid, avg(abalance) FROM accounts GROUP BY bid ORDER BY 2 DESC LIMIT 5",
-            "SELECT bid, sum(abalance), count(abalance) FROM accounts GROUP BY bid ORDER BY 2 DESC",
+            "SELECT bid, sum(abalance), count(abalance) AS pgherd_hidden_1 FROM accounts GROUP BY bid ORDER BY 2 DESC",
             Merge {
                 hidden_columns: 1,
                 grouping: Some(Grouping {
@@ -143,7 +153,7 @@ fn aggregates_combine_and_averages_come_from_sums_and_counts() {
         // A group key outside the select list comes back hidden.
         (
             "SELECT count(*) FROM accounts GROUP BY bid",
-            "SELECT count(*), bid FROM accounts GROUP BY bid",
+            "SELECT count(*), bid AS pgherd_hidden_1 FROM accounts GROUP BY bid",
             Merge {
                 hidden_columns: 1,
                 grouping: Some(Grouping {
@@ -236,6 +246,46 @@ fn what_has_no_exact_merge_is_refused_naming_it() {
         (
             "SELECT aid FROM accounts ORDER BY 3",
             "a position outside the select list",
+        ),
+        (
+            "SELECT aid, (rank() OVER (ORDER BY abalance DESC))::int FROM accounts",
+            "a window function",
+        ),
+        (
+            "SELECT aid FROM accounts ORDER BY row_number() OVER (ORDER BY abalance) LIMIT 5",
+            "a window function",
+        ),
+        (
+            "SELECT *, abalance * 2 AS x FROM accounts ORDER BY x LIMIT 3",
+            "* in the select list",
+        ),
+        (
+            "SELECT sum(abalance) AS bid FROM accounts GROUP BY bid",
+            "GROUP BY a name that is also the name of another select-list column",
+        ),
+        (
+            "SELECT max(abalance) > ALL (SELECT bbalance FROM branches) FROM accounts",
+            "an expression over an aggregate",
+        ),
+        (
+            "SELECT aid, (SELECT max(bbalance) FROM branches) FROM accounts",
+            "an expression over an aggregate",
+        ),
+        (
+            "SELECT 'x' FROM accounts ORDER BY sum(abalance)",
+            "ORDER BY an aggregate the select list does not have",
+        ),
+        (
+            "SELECT rank(1000) WITHIN GROUP (ORDER BY abalance) FROM accounts",
+            "the aggregate rank",
+        ),
+        (
+            "SELECT filler FROM accounts ORDER BY filler COLLATE \"C\"",
+            "COLLATE",
+        ),
+        (
+            "SELECT count(DISTINCT aid) FROM accounts AS a(x, aid)",
+            "count(DISTINCT ...)",
         ),
     ];
     for (sql, expected) in cases {

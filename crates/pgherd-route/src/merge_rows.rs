@@ -196,7 +196,8 @@ fn compare_numeric((a, sa): (i128, u32), (b, sb): (i128, u32)) -> Ordering {
         return sign;
     }
     let parts = |v: i128, s: u32| {
-        let text = format_numeric(v.abs(), s);
+        // Never i128::MIN: `parse_numeric` and `add` keep out of it.
+        let text = format_numeric(v.unsigned_abs().min(i128::MAX as u128) as i128, s);
         let (whole, fraction) = text.split_once('.').unwrap_or((&text, ""));
         (whole.len(), whole.to_owned(), fraction.to_owned())
     };
@@ -309,8 +310,21 @@ fn average(sum_digits: i128, sum_scale: u32, count: i64) -> Result<(i128, u32), 
 /// Merges the rows of a fan-out as its [`Merge`] says.
 pub struct Merger {
     spec: Merge,
-    readers: Vec<Reader>,
+    /// How the shards' values read.
+    input: Vec<Reader>,
+    /// How merged values read: an average is numeric text whatever its sum was.
+    output: Vec<Reader>,
     visible: usize,
+}
+
+/// Types whose equal values print alike (in either format), so their bytes group and
+/// deduplicate them even where this does not read them: text of a deterministic collation,
+/// dates and times under the one session's settings, uuids, bytes.
+fn equal_when_bytes_equal(oid: u32) -> bool {
+    matches!(
+        oid,
+        TEXT | VARCHAR | NAME | BOOL | UUID | 17 | 18 | 1042 | 1082 | 1083 | 1114 | 1184 | 1266
+    )
 }
 
 impl Merger {
@@ -328,35 +342,71 @@ impl Merger {
                 .ok_or(MergeError::BadValue(
                     "a row description with the hidden columns",
                 ))?;
-        let readers: Vec<Reader> = columns
-            .iter()
-            .map(|&column| Reader {
-                column,
-                text_bytewise,
-            })
-            .collect();
+        let reader = |column| Reader {
+            column,
+            text_bytewise,
+        };
+        let input: Vec<Reader> = columns.iter().map(|&c| reader(c)).collect();
+        let mut output = input.clone();
+        for &(column, combine) in spec.grouping.iter().flat_map(|g| &g.aggregates) {
+            let Some(shard_column) = input.get(column) else {
+                return Err(MergeError::BadValue("a row with every planned column"));
+            };
+            shard_column.supported()?;
+            let float = matches!(shard_column.column.oid, FLOAT4 | FLOAT8);
+            if float && matches!(combine, Combine::Add | Combine::Average { .. }) {
+                // A float sum depends on the order it is added in.
+                return Err(MergeError::Unsupported(
+                    "sum or avg of floating-point values across shards".to_owned(),
+                ));
+            }
+            if let Combine::Average { .. } = combine {
+                if shard_column.column.format == Format::Binary {
+                    return Err(MergeError::Unsupported(
+                        "avg in binary format across shards".to_owned(),
+                    ));
+                }
+                output[column] = reader(ColumnType {
+                    oid: NUMERIC,
+                    format: Format::Text,
+                });
+            }
+        }
         let merger = Merger {
             spec,
-            readers,
+            input,
+            output,
             visible,
         };
         for key in &merger.spec.order_by {
-            merger.reader(key.column)?.supported()?;
+            merger.reader_of(&merger.output, key.column)?.supported()?;
         }
-        if let Some(grouping) = &merger.spec.grouping {
-            for &(column, combine) in &grouping.aggregates {
-                let reader = merger.reader(Column::Visible(column))?;
-                reader.supported()?;
-                let float = matches!(reader.column.oid, FLOAT4 | FLOAT8);
-                if float && matches!(combine, Combine::Add | Combine::Average { .. }) {
-                    // A float sum depends on the order it is added in.
-                    return Err(MergeError::Unsupported(
-                        "sum or avg of floating-point values across shards".to_owned(),
-                    ));
-                }
+        let grouping_keys = merger
+            .spec
+            .grouping
+            .iter()
+            .flat_map(|g| g.keys.iter().copied());
+        let distinct_columns = (0..merger.visible)
+            .filter(|_| merger.spec.distinct)
+            .map(Column::Visible);
+        for column in grouping_keys.chain(distinct_columns) {
+            let reader = merger.reader_of(&merger.output, column)?;
+            if reader.supported().is_err() && !equal_when_bytes_equal(reader.column.oid) {
+                return Err(MergeError::Unsupported(format!(
+                    "grouping or DISTINCT on values of type {} ({:?} format) across shards",
+                    reader.column.oid, reader.column.format
+                )));
             }
         }
         Ok(merger)
+    }
+
+    /// The types of the client's columns: an average is numeric, in text.
+    pub fn output_types(&self) -> Vec<ColumnType> {
+        self.output[..self.visible]
+            .iter()
+            .map(|r| r.column)
+            .collect()
     }
 
     fn index(&self, column: Column) -> usize {
@@ -366,27 +416,46 @@ impl Merger {
         }
     }
 
-    fn reader(&self, column: Column) -> Result<Reader, MergeError> {
-        self.readers
+    fn reader_of(&self, readers: &[Reader], column: Column) -> Result<Reader, MergeError> {
+        readers
             .get(self.index(column))
             .copied()
             .ok_or(MergeError::BadValue("a row with every planned column"))
     }
 
-    fn typed(&self, column: Column, row: &Row) -> Result<Option<Typed>, MergeError> {
+    fn reader(&self, column: Column) -> Result<Reader, MergeError> {
+        self.reader_of(&self.input, column)
+    }
+
+    fn typed_with(
+        &self,
+        readers: &[Reader],
+        column: Column,
+        row: &Row,
+    ) -> Result<Option<Typed>, MergeError> {
         match row.get(self.index(column)).and_then(Option::as_ref) {
             None => Ok(None),
-            Some(bytes) => self.reader(column)?.read(bytes).map(Some),
+            Some(bytes) => self.reader_of(readers, column)?.read(bytes).map(Some),
         }
     }
 
-    /// A column's value in the form equal values share (bytes, where its type is not one this
-    /// reads: equal values of those print alike).
-    fn key_of(&self, column: Column, row: &Row) -> Result<Option<Vec<u8>>, MergeError> {
+    fn typed(&self, column: Column, row: &Row) -> Result<Option<Typed>, MergeError> {
+        self.typed_with(&self.input, column, row)
+    }
+
+    /// A column's value in the form equal values share (bytes, for types whose equal values
+    /// print alike), as the shards sent it or as merged.
+    fn key_of(
+        &self,
+        column: Column,
+        row: &Row,
+        merged: bool,
+    ) -> Result<Option<Vec<u8>>, MergeError> {
         let Some(bytes) = row.get(self.index(column)).and_then(Option::as_ref) else {
             return Ok(None);
         };
-        let reader = self.reader(column)?;
+        let readers = if merged { &self.output } else { &self.input };
+        let reader = self.reader_of(readers, column)?;
         if reader.supported().is_err() {
             return Ok(Some(bytes.clone()));
         }
@@ -415,9 +484,10 @@ impl Merger {
     /// The order of two rows by the ORDER BY keys (NULLs where each key puts them).
     pub fn compare_rows(&self, a: &Row, b: &Row) -> Ordering {
         for key in &self.spec.order_by {
+            // Rows were read when they came in (`check_row`); merged ones are this merge's.
             let (x, y) = (
-                self.typed(key.column, a).ok().flatten(),
-                self.typed(key.column, b).ok().flatten(),
+                self.typed_with(&self.output, key.column, a).ok().flatten(),
+                self.typed_with(&self.output, key.column, b).ok().flatten(),
             );
             let order = match (&x, &y) {
                 (None, None) => Ordering::Equal,
@@ -467,7 +537,7 @@ impl Merger {
             let key = grouping
                 .keys
                 .iter()
-                .map(|&k| self.key_of(k, &row))
+                .map(|&k| self.key_of(k, &row, false))
                 .collect::<Result<Vec<_>, _>>()?;
             match by_key.get(&key) {
                 None => {
@@ -563,7 +633,7 @@ impl Merger {
             row.truncate(self.visible);
             if self.spec.distinct {
                 let key = (0..self.visible)
-                    .map(|i| self.key_of(Column::Visible(i), &row))
+                    .map(|i| self.key_of(Column::Visible(i), &row, true))
                     .collect::<Result<Vec<_>, _>>()?;
                 if !seen.insert(key) {
                     continue;
@@ -600,12 +670,14 @@ fn add(a: &Typed, b: &Typed) -> Result<Typed, MergeError> {
             .checked_add(*b)
             .map(Typed::Int)
             .ok_or(MergeError::OutOfRange("bigint")),
+        // i128::MIN has no magnitude of its own (`unsigned_abs` of it is out of i128).
         (Typed::Numeric(a, sa), Typed::Numeric(b, sb)) => {
             let scale = (*sa).max(*sb);
             let widen = |v: i128, s: u32| v.checked_mul(10i128.checked_pow(scale - s)?);
             let sum = widen(*a, *sa)
                 .zip(widen(*b, *sb))
                 .and_then(|(a, b)| a.checked_add(b))
+                .filter(|sum| *sum != i128::MIN)
                 .ok_or(MergeError::OutOfRange("numeric"))?;
             Ok(Typed::Numeric(sum, scale))
         }

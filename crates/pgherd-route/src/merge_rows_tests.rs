@@ -371,3 +371,71 @@ fn a_value_that_cannot_be_read_is_an_error_not_a_misplaced_row() {
         .collect();
     assert!(merged.iter().any(|r| r.is_err()), "{merged:?}");
 }
+
+#[test]
+fn averages_sort_and_describe_themselves_as_numeric() {
+    // SELECT bid, avg(x) ... GROUP BY bid ORDER BY 2 DESC: the shards' sums are bigint, the
+    // averages numeric.
+    let merger = Merger::new(
+        Merge {
+            hidden_columns: 1,
+            grouping: Some(Grouping {
+                keys: vec![Column::Visible(0)],
+                aggregates: vec![(
+                    1,
+                    Combine::Average {
+                        count: Column::Hidden(0),
+                    },
+                )],
+            }),
+            order_by: vec![SortKey {
+                column: Column::Visible(1),
+                descending: true,
+                nulls_first: true,
+            }],
+            ..spec()
+        },
+        &columns(&[INT4, INT8, INT8]),
+        false,
+    )
+    .unwrap();
+    assert_eq!(merger.output_types(), columns(&[INT4, NUMERIC]));
+    let rows = vec![
+        text(&[Some("1"), Some("3"), Some("2")]),
+        text(&[Some("2"), Some("10"), Some("1")]),
+        text(&[Some("3"), Some("1"), Some("3")]),
+        text(&[Some("1"), Some("1"), Some("1")]),
+    ];
+    let merged = merger.finish(merger.combine(rows).unwrap()).unwrap();
+    assert_eq!(
+        shown(&merged),
+        strings(&[
+            &[Some("2"), Some("10.0000000000000000")],
+            &[Some("1"), Some("1.3333333333333333")],
+            &[Some("3"), Some("0.33333333333333333333")],
+        ])
+    );
+}
+
+#[test]
+fn groups_and_duplicates_need_values_whose_equal_ones_print_alike() {
+    let group_by_first = Merge {
+        grouping: Some(Grouping {
+            keys: vec![Column::Visible(0)],
+            aggregates: vec![],
+        }),
+        ..spec()
+    };
+    // An interval's '1 day' and '24:00:00' are equal.
+    assert!(Merger::new(group_by_first.clone(), &columns(&[1186]), false).is_err());
+    assert!(Merger::new(group_by_first, &columns(&[TEXT]), false).is_ok());
+    let distinct = Merge {
+        distinct: true,
+        ..spec()
+    };
+    let binary_numeric = [ColumnType {
+        oid: NUMERIC,
+        format: Format::Binary,
+    }];
+    assert!(Merger::new(distinct, &binary_numeric, false).is_err());
+}

@@ -212,3 +212,142 @@ fn aggregates_merged_from_shards_are_postgresqls_over_all_rows() {
         );
     }
 }
+
+/// A small differential test of the fan-out: rows hash-sharded over three databases and whole
+/// in a fourth; each query planned by `merge_plan`, its shard statement run on the three, the
+/// rows merged by `merge_rows`, equal to the query's answer over the whole table (in order,
+/// where it has one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fan_out_queries_merge_to_the_single_node_answer() {
+    use pgherd_route::merge_plan::plan_fan_out;
+    use pgherd_route::merge_rows::Row;
+    use pgherd_testkit::{SUPERUSER, SUPERUSER_PASSWORD};
+
+    let cluster = TestCluster::start(0);
+    let port = cluster.node("pg1").port;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut whole = Vec::new();
+    let mut shards = [Vec::new(), Vec::new(), Vec::new()];
+    for aid in 1..=300i64 {
+        let bid = if aid % 23 == 0 {
+            "NULL".to_owned()
+        } else {
+            (aid % 7).to_string()
+        };
+        let balance = if aid % 31 == 0 {
+            "NULL".to_owned()
+        } else {
+            rng.gen_range(-5_000..5_000).to_string()
+        };
+        let row = format!("({aid}, {bid}, {balance}, 'f{}')", aid % 5);
+        let shard = shard_of_text(KeyType::Int4, &aid.to_string(), 3).expect("a shard");
+        shards[shard as usize].push(row.clone());
+        whole.push(row);
+    }
+    let connect = async |database: &str| {
+        let conninfo = format!(
+            "host=127.0.0.1 port={port} user={SUPERUSER} password={SUPERUSER_PASSWORD} dbname={database}"
+        );
+        let (client, connection) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(connection);
+        client
+    };
+    let mut clients = Vec::new();
+    for (name, rows) in [
+        ("whole", &whole),
+        ("s0", &shards[0]),
+        ("s1", &shards[1]),
+        ("s2", &shards[2]),
+    ] {
+        cluster.sql(&format!("CREATE DATABASE {name}"));
+        let client = connect(name).await;
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE accounts (aid int PRIMARY KEY, bid int, abalance int, filler text);
+                 INSERT INTO accounts VALUES {}",
+                rows.join(", ")
+            ))
+            .await
+            .expect("load");
+        clients.push(client);
+    }
+    // Text rows and column types, as a fan-out reads them from a server.
+    let run = async |client: &tokio_postgres::Client, sql: &str| -> (Vec<ColumnType>, Vec<Row>) {
+        let statement = client.prepare(sql).await.expect("prepare");
+        let types = statement
+            .columns()
+            .iter()
+            .map(|c| ColumnType {
+                oid: c.type_().oid(),
+                format: Format::Text,
+            })
+            .collect();
+        let rows = client
+            .simple_query(sql)
+            .await
+            .expect("query")
+            .into_iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => Some(
+                    (0..r.len())
+                        .map(|i| r.get(i).map(|v| v.as_bytes().to_vec()))
+                        .collect(),
+                ),
+                _ => None,
+            })
+            .collect();
+        (types, rows)
+    };
+    let queries = [
+        "SELECT aid, abalance FROM accounts ORDER BY abalance DESC, aid LIMIT 7 OFFSET 3",
+        "SELECT bid, count(*), sum(abalance), min(abalance), max(abalance), avg(abalance) FROM accounts GROUP BY bid ORDER BY bid",
+        "SELECT bid, avg(abalance) FROM accounts GROUP BY bid ORDER BY 2 DESC, 1 LIMIT 3",
+        "SELECT count(*) FROM accounts GROUP BY bid ORDER BY 1",
+        "SELECT DISTINCT bid FROM accounts ORDER BY bid",
+        "SELECT count(DISTINCT aid), max(abalance), avg(abalance) FROM accounts",
+        "SELECT * FROM accounts ORDER BY aid LIMIT 5",
+        "SELECT aid FROM accounts WHERE abalance > 0 ORDER BY aid DESC LIMIT 4",
+        "SELECT sum(abalance) AS total, bid FROM accounts GROUP BY bid ORDER BY total DESC NULLS LAST, bid",
+        "SELECT abalance FROM accounts ORDER BY abalance NULLS FIRST, aid OFFSET 295",
+        // The shards must return LIMIT + OFFSET rows each.
+        "SELECT aid FROM accounts ORDER BY aid LIMIT 2 OFFSET 20",
+    ];
+    for sql in queries {
+        let parsed = pg_query::parse(sql).expect("parse");
+        let Some(pg_query::NodeEnum::SelectStmt(select)) = parsed.protobuf.stmts[0]
+            .stmt
+            .as_ref()
+            .and_then(|s| s.node.clone())
+        else {
+            panic!("{sql}: not a SELECT");
+        };
+        let plan =
+            plan_fan_out(&select, "aid", &|_| false).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let mut answers = Vec::new();
+        for client in &clients[1..] {
+            answers.push(run(client, &plan.shard_sql).await);
+        }
+        let merger = Merger::new(plan.merge.clone(), &answers[0].0, false)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let rows: Vec<Row> = if plan.merge.grouping.is_some() {
+            merger
+                .combine(answers.into_iter().flat_map(|(_, rows)| rows))
+                .expect("combine")
+        } else {
+            merger
+                .merge_sorted(
+                    answers
+                        .into_iter()
+                        .map(|(_, rows)| rows.into_iter())
+                        .collect(),
+                )
+                .collect::<Result<_, _>>()
+                .expect("merge")
+        };
+        let merged = merger.finish(rows).expect("finish");
+        let (_, expected) = run(&clients[0], sql).await;
+        assert_eq!(merged, expected, "{sql}\nshards ran: {}", plan.shard_sql);
+    }
+}

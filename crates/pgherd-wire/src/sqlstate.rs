@@ -27,6 +27,9 @@ impl SqlState {
     pub const DUPLICATE_PREPARED_STATEMENT: SqlState = SqlState(*b"42P05");
     pub const INSUFFICIENT_PRIVILEGE: SqlState = SqlState(*b"42501");
     pub const UNDEFINED_OBJECT: SqlState = SqlState(*b"42704");
+    pub const UNDEFINED_TABLE: SqlState = SqlState(*b"42P01");
+    pub const UNDEFINED_FUNCTION: SqlState = SqlState(*b"42883");
+    pub const INVALID_SCHEMA_NAME: SqlState = SqlState(*b"3F000");
     pub const TOO_MANY_CONNECTIONS: SqlState = SqlState(*b"53300");
     pub const CONFIGURATION_LIMIT_EXCEEDED: SqlState = SqlState(*b"53400");
     pub const PROGRAM_LIMIT_EXCEEDED: SqlState = SqlState(*b"54000");

@@ -98,6 +98,39 @@ async fn what_a_standby_cannot_read_or_answers_otherwise_runs_on_the_primary() {
         "1"
     );
 
+    // Made on the primary a moment ago, not replayed by the replicas yet (replay paused): the
+    // replica lacks the table, and the primary answers, with either protocol.
+    for replica in ["pg2", "pg3"] {
+        env.cluster
+            .sql_on(replica, "postgres", "SELECT pg_wal_replay_pause()");
+    }
+    env.direct(
+        "CREATE TABLE fresh (x int); INSERT INTO fresh VALUES (7); GRANT ALL ON fresh TO app",
+    );
+    assert_eq!(
+        first_value(&other, "SELECT max(x) FROM fresh")
+            .await
+            .unwrap(),
+        "7"
+    );
+    let row = other
+        .query_one("SELECT max(x) FROM fresh", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, Option<i32>>(0), Some(7));
+    for replica in ["pg2", "pg3"] {
+        env.cluster
+            .sql_on(replica, "postgres", "SELECT pg_wal_replay_resume()");
+    }
+    // A name nobody has is the primary's error too.
+    let missing = first_value(&other, "SELECT * FROM no_such_table")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        missing.code(),
+        Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE)
+    );
+
     // Settings a standby reports otherwise.
     assert_eq!(
         first_value(&other, "SELECT current_setting('transaction_read_only')")

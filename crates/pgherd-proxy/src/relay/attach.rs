@@ -519,8 +519,9 @@ impl Session {
     }
 
     /// The replica refused the request as a standby must (an unlogged table, a write, a WAL
-    /// function) before any of its results reached the client: it runs on the primary, and
-    /// its statements are remembered to run there from now on.
+    /// function), or lacked an object it names, before any of its results reached the
+    /// client: it runs on the primary, and its statements are remembered to run there from
+    /// now on.
     pub(super) async fn retry_on_primary(&mut self) {
         let Some(replay) = self.routing.replay.as_mut() else {
             return;
@@ -530,6 +531,8 @@ impl Session {
         self.skip_preliminaries = replay.preliminaries;
         forget_defined(&mut self.statements, replay);
         let again = std::mem::take(&mut replay.bytes);
+        // Remembered, also for an object the replica lacked: a prepared statement's later
+        // executions must find it where it was prepared again.
         if let Some(router) = self.routing.setup.router.clone() {
             for sql in statement_texts(&again, self.max_message_bytes) {
                 router.remember_primary(sql, self.routing.standard_conforming_strings);

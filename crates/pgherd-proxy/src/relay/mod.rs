@@ -150,7 +150,8 @@ struct Replay {
     /// forwarded: the primary sends them again, and they are dropped there.
     preliminaries: u32,
     /// The replica refused the request as a standby (an unlogged table, a write, a WAL
-    /// function): the rest of its answers are dropped and it runs on the primary.
+    /// function), or lacks what it names (not replayed yet): the rest of its answers are
+    /// dropped and it runs on the primary.
     refused: bool,
     attempts: u8,
 }

@@ -32,6 +32,18 @@ fn refused_as_standby(err: &PgError) -> bool {
         || err.message == "recovery is in progress"
 }
 
+/// What a replica that has not replayed an object's creation yet answers a request naming
+/// it: the primary has the authoritative answer (the same error, if it lacks it too).
+fn missing_on_replica(err: &PgError) -> bool {
+    [
+        SqlState::UNDEFINED_TABLE,
+        SqlState::UNDEFINED_FUNCTION,
+        SqlState::UNDEFINED_OBJECT,
+        SqlState::INVALID_SCHEMA_NAME,
+    ]
+    .contains(&err.code)
+}
+
 /// The server's words for a prepared statement whose plan names what no longer exists, or
 /// whose result changed shape: preparing it again mends it.
 fn names_a_stale_plan(err: &PgError) -> bool {
@@ -322,8 +334,8 @@ impl Session {
         Ok(true)
     }
 
-    /// A replica refused the request as a standby, and nothing of its results reached the
-    /// client yet: it can run on the primary instead.
+    /// A replica refused the request as a standby, or lacks what it names, and nothing of its
+    /// results reached the client yet: it can run on the primary instead.
     fn may_retry_on_primary(&self, err: &PgError) -> bool {
         let on_replica = self.lease.as_ref().is_some_and(|l| l.on_replica);
         let Some(replay) = self.routing.replay.as_ref() else {
@@ -331,7 +343,7 @@ impl Session {
         };
         on_replica
             && !self.routing.replica_asked
-            && refused_as_standby(err)
+            && (refused_as_standby(err) || missing_on_replica(err))
             && self.client_tx == TxStatus::Idle
             && replay.repeatable
             && !replay.answered

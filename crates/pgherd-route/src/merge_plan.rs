@@ -14,9 +14,13 @@
 //!   among the first n + m of some shard), and the merge skips m and keeps n. With grouping or
 //!   DISTINCT no limit reaches the shards: a group or a duplicate spans them.
 //!
+//! - HAVING leaves the shards' statement (every group's part comes back) and applies to the
+//!   merged groups: AND, OR, NOT of comparisons between select-list columns and literals.
+//!
 //! What has no exact merge is refused ([`Unsupported`], `0A000`) naming it: window functions,
-//! other aggregates, expressions over aggregates, HAVING, DISTINCT ON, grouping sets, ORDER BY
-//! with USING, FETCH ... WITH TIES, limits given as parameters.
+//! other aggregates, expressions over aggregates, other HAVING conditions, DISTINCT ON,
+//! grouping sets, COLLATE, ORDER BY with USING, FETCH ... WITH TIES, limits given as
+//! parameters.
 
 use pg_query::protobuf::{
     a_const, node::Node as NodeEnum, FuncCall, LimitOption, Node, ResTarget, SelectStmt, SortByDir,
@@ -72,6 +76,39 @@ pub struct Merge {
     pub order_by: Vec<SortKey>,
     pub offset: u64,
     pub limit: Option<u64>,
+    /// HAVING, on the merged groups (the shards return every group's part).
+    pub having: Option<Condition>,
+}
+
+/// A HAVING condition, on select-list columns and constants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Condition {
+    And(Vec<Condition>),
+    Or(Vec<Condition>),
+    Not(Box<Condition>),
+    Compare {
+        left: Operand,
+        op: CompareOp,
+        right: Operand,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Operand {
+    Column(Column),
+    /// A literal, in its text form, read as the type of what it is compared with.
+    Constant(String),
+    Null,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompareOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,6 +226,17 @@ pub fn plan_fan_out(
         }
         Some(Grouping { keys, aggregates })
     };
+    let having = match select.having_clause.as_deref() {
+        None => None,
+        Some(_) if grouping.is_none() => {
+            return Err(refused(
+                "HAVING without aggregates or GROUP BY in a fan-out",
+            ))
+        }
+        Some(condition) => Some(having_condition(condition, &visible)?),
+    };
+    // Every group's part comes back; HAVING applies to the merged groups.
+    shard.having_clause = None;
     // With grouping or DISTINCT a hidden sort column would change the groups or rows.
     let may_hide = grouping.is_none() && !distinct;
     let order_by = sort_keys(select, &visible, &mut hidden, may_hide)?;
@@ -239,8 +287,73 @@ pub fn plan_fan_out(
             order_by,
             offset,
             limit,
+            having,
         },
     })
+}
+
+/// A HAVING condition the merge can evaluate: AND, OR, NOT of comparisons between
+/// select-list columns (aggregates, group keys) and literals.
+fn having_condition(node: &Node, visible: &[ResTarget]) -> Result<Condition, Unsupported> {
+    let unsupported = || {
+        refused("this HAVING condition in a fan-out (compare select-list columns with literals)")
+    };
+    match &node.node {
+        Some(NodeEnum::BoolExpr(b)) => {
+            let parts = b
+                .args
+                .iter()
+                .map(|arg| having_condition(arg, visible))
+                .collect::<Result<Vec<_>, _>>()?;
+            match pg_query::protobuf::BoolExprType::try_from(b.boolop) {
+                Ok(pg_query::protobuf::BoolExprType::AndExpr) => Ok(Condition::And(parts)),
+                Ok(pg_query::protobuf::BoolExprType::OrExpr) => Ok(Condition::Or(parts)),
+                Ok(pg_query::protobuf::BoolExprType::NotExpr) => parts
+                    .into_iter()
+                    .next()
+                    .map(|p| Condition::Not(Box::new(p)))
+                    .ok_or_else(unsupported),
+                _ => Err(unsupported()),
+            }
+        }
+        Some(NodeEnum::AExpr(e)) if e.kind == pg_query::protobuf::AExprKind::AexprOp as i32 => {
+            let op = match e.name.as_slice() {
+                [name] => match string(name) {
+                    Some("=") => CompareOp::Eq,
+                    Some("<>") => CompareOp::Ne,
+                    Some("<") => CompareOp::Lt,
+                    Some("<=") => CompareOp::Le,
+                    Some(">") => CompareOp::Gt,
+                    Some(">=") => CompareOp::Ge,
+                    _ => return Err(unsupported()),
+                },
+                _ => return Err(unsupported()),
+            };
+            let operand = |side: Option<&Node>| -> Result<Operand, Unsupported> {
+                let side = side.ok_or_else(unsupported)?;
+                match &side.node {
+                    Some(NodeEnum::AConst(c)) if c.isnull => Ok(Operand::Null),
+                    Some(NodeEnum::AConst(c)) => match &c.val {
+                        Some(a_const::Val::Ival(i)) => Ok(Operand::Constant(i.ival.to_string())),
+                        Some(a_const::Val::Fval(f)) => Ok(Operand::Constant(f.fval.clone())),
+                        Some(a_const::Val::Sval(s)) => Ok(Operand::Constant(s.sval.clone())),
+                        _ => Err(unsupported()),
+                    },
+                    _ => visible
+                        .iter()
+                        .position(|t| t.val.as_deref().is_some_and(|v| same_expression(v, side)))
+                        .map(|i| Operand::Column(Column::Visible(i)))
+                        .ok_or_else(unsupported),
+                }
+            };
+            let (left, right) = (operand(e.lexpr.as_deref())?, operand(e.rexpr.as_deref())?);
+            if !matches!(left, Operand::Column(_)) && !matches!(right, Operand::Column(_)) {
+                return Err(unsupported());
+            }
+            Ok(Condition::Compare { left, op, right })
+        }
+        _ => Err(unsupported()),
+    }
 }
 
 fn sort_keys(
@@ -302,9 +415,6 @@ fn refuse_unmergeable_shapes(select: &SelectStmt) -> Result<(), Unsupported> {
     // The merge orders text by the database's collation, not by one the statement names.
     if clauses().any(|n| any_node(n, |key, _| key == "CollateClause")) {
         return Err(refused("COLLATE in a fan-out"));
-    }
-    if select.having_clause.is_some() {
-        return Err(refused("HAVING in a fan-out"));
     }
     if select.group_distinct
         || select

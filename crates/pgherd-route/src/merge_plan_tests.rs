@@ -163,6 +163,30 @@ fn aggregates_combine_and_averages_come_from_sums_and_counts() {
                 ..merge()
             },
         ),
+        // HAVING applies to the merged groups: the shards return every group's part.
+        (
+            "SELECT bid, count(*) FROM accounts GROUP BY bid HAVING count(*) > 1 AND NOT bid = 3",
+            "SELECT bid, count(*) FROM accounts GROUP BY bid",
+            Merge {
+                grouping: Some(Grouping {
+                    keys: vec![Column::Visible(0)],
+                    aggregates: vec![(1, Combine::Add)],
+                }),
+                having: Some(Condition::And(vec![
+                    Condition::Compare {
+                        left: Operand::Column(Column::Visible(1)),
+                        op: CompareOp::Gt,
+                        right: Operand::Constant("1".into()),
+                    },
+                    Condition::Not(Box::new(Condition::Compare {
+                        left: Operand::Column(Column::Visible(0)),
+                        op: CompareOp::Eq,
+                        right: Operand::Constant("3".into()),
+                    })),
+                ])),
+                ..merge()
+            },
+        ),
         // The shards hold disjoint keys: distinct counts of the key add up.
         (
             "SELECT count(DISTINCT aid), max(DISTINCT bid) FROM accounts",
@@ -215,8 +239,12 @@ fn what_has_no_exact_merge_is_refused_naming_it() {
             "a window function",
         ),
         (
-            "SELECT bid, count(*) FROM accounts GROUP BY bid HAVING count(*) > 1",
-            "HAVING",
+            "SELECT bid, count(*) FROM accounts GROUP BY bid HAVING sum(abalance) > 1",
+            "this HAVING condition",
+        ),
+        (
+            "SELECT 1 FROM accounts HAVING count(*) > 1",
+            "HAVING without aggregates or GROUP BY",
         ),
         (
             "SELECT DISTINCT ON (bid) bid, aid FROM accounts",

@@ -11,7 +11,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use pgherd_wire::SqlState;
 
-use crate::merge_plan::{Column, Combine, Merge};
+use crate::merge_plan::{Column, Combine, CompareOp, Condition, Merge, Operand};
 
 /// One value of a row, as the server sent it (`None`: NULL).
 pub type Value = Option<Vec<u8>>;
@@ -381,6 +381,9 @@ impl Merger {
         for key in &merger.spec.order_by {
             merger.reader_of(&merger.output, key.column)?.supported()?;
         }
+        if let Some(having) = &merger.spec.having {
+            merger.check_condition(having)?;
+        }
         let grouping_keys = merger
             .spec
             .grouping
@@ -558,8 +561,125 @@ impl Merger {
                 }
             }
         }
+        if let Some(having) = &self.spec.having {
+            let mut kept = Vec::with_capacity(groups.len());
+            for group in groups {
+                if self.holds(having, &group)? == Some(true) {
+                    kept.push(group);
+                }
+            }
+            groups = kept;
+        }
         groups.sort_by(|a, b| self.compare_rows(a, b));
         Ok(groups)
+    }
+
+    /// A HAVING condition compares only values this orders (or, for = and <>, whose equal
+    /// values print alike).
+    fn check_condition(&self, condition: &Condition) -> Result<(), MergeError> {
+        match condition {
+            Condition::Not(inner) => self.check_condition(inner),
+            Condition::And(parts) | Condition::Or(parts) => {
+                parts.iter().try_for_each(|p| self.check_condition(p))
+            }
+            Condition::Compare { left, op, right } => {
+                for operand in [left, right] {
+                    let Operand::Column(column) = operand else {
+                        continue;
+                    };
+                    let reader = self.reader_of(&self.output, *column)?;
+                    let equality = matches!(op, CompareOp::Eq | CompareOp::Ne);
+                    if reader.supported().is_err()
+                        && !(equality && equal_when_bytes_equal(reader.column.oid))
+                    {
+                        return Err(MergeError::Unsupported(format!(
+                            "HAVING on values of type {} across shards",
+                            reader.column.oid
+                        )));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A HAVING condition on a merged group, with SQL's three values (`None`: unknown).
+    fn holds(&self, condition: &Condition, group: &Row) -> Result<Option<bool>, MergeError> {
+        Ok(match condition {
+            Condition::Not(inner) => self.holds(inner, group)?.map(|b| !b),
+            Condition::And(parts) => {
+                let mut result = Some(true);
+                for part in parts {
+                    match self.holds(part, group)? {
+                        Some(false) => return Ok(Some(false)),
+                        None => result = None,
+                        Some(true) => {}
+                    }
+                }
+                result
+            }
+            Condition::Or(parts) => {
+                let mut result = Some(false);
+                for part in parts {
+                    match self.holds(part, group)? {
+                        Some(true) => return Ok(Some(true)),
+                        None => result = None,
+                        Some(false) => {}
+                    }
+                }
+                result
+            }
+            Condition::Compare { left, op, right } => {
+                // A literal reads as the type of the column it is compared with.
+                let column = match (left, right) {
+                    (Operand::Column(c), _) | (_, Operand::Column(c)) => *c,
+                    _ => return Ok(None),
+                };
+                let as_text = Reader {
+                    column: ColumnType {
+                        oid: self.reader_of(&self.output, column)?.column.oid,
+                        format: Format::Text,
+                    },
+                    text_bytewise: self.reader_of(&self.output, column)?.text_bytewise,
+                };
+                let value = |operand: &Operand| -> Result<Option<Typed>, MergeError> {
+                    match operand {
+                        Operand::Null => Ok(None),
+                        Operand::Column(c) => self.typed_with(&self.output, *c, group),
+                        Operand::Constant(text) => match as_text.read(text.as_bytes()) {
+                            Ok(value) => Ok(Some(value)),
+                            // An integer compared with a fraction compares as numeric.
+                            Err(_) => {
+                                let (digits, scale) = parse_numeric(text)?;
+                                Ok(Some(Typed::Numeric(digits, scale)))
+                            }
+                        },
+                    }
+                };
+                let (Some(a), Some(b)) = (value(left)?, value(right)?) else {
+                    return Ok(None);
+                };
+                let as_numeric = |v: Typed| match v {
+                    Typed::Int(i) => Typed::Numeric(i128::from(i), 0),
+                    other => other,
+                };
+                let (a, b) = match (&a, &b) {
+                    (Typed::Int(_), Typed::Numeric(..)) | (Typed::Numeric(..), Typed::Int(_)) => {
+                        (as_numeric(a), as_numeric(b))
+                    }
+                    _ => (a, b),
+                };
+                let order = compare(&a, &b);
+                Some(match op {
+                    CompareOp::Eq => order.is_eq(),
+                    CompareOp::Ne => order.is_ne(),
+                    CompareOp::Lt => order.is_lt(),
+                    CompareOp::Le => order.is_le(),
+                    CompareOp::Gt => order.is_gt(),
+                    CompareOp::Ge => order.is_ge(),
+                })
+            }
+        })
     }
 
     fn combine_one(

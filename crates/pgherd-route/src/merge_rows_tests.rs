@@ -439,3 +439,48 @@ fn groups_and_duplicates_need_values_whose_equal_ones_print_alike() {
     }];
     assert!(Merger::new(distinct, &binary_numeric, false).is_err());
 }
+
+#[test]
+fn having_keeps_groups_whose_condition_is_true_not_unknown() {
+    use crate::merge_plan::{CompareOp, Condition, Operand};
+    // SELECT bid, count(*) ... GROUP BY bid HAVING NOT (bid = 3) AND count(*) > 1.5
+    let merger = Merger::new(
+        Merge {
+            grouping: Some(Grouping {
+                keys: vec![Column::Visible(0)],
+                aggregates: vec![(1, Combine::Add)],
+            }),
+            having: Some(Condition::And(vec![
+                Condition::Not(Box::new(Condition::Compare {
+                    left: Operand::Column(Column::Visible(0)),
+                    op: CompareOp::Eq,
+                    right: Operand::Constant("3".into()),
+                })),
+                Condition::Compare {
+                    left: Operand::Column(Column::Visible(1)),
+                    op: CompareOp::Gt,
+                    right: Operand::Constant("1.5".into()),
+                },
+            ])),
+            order_by: vec![SortKey {
+                column: Column::Visible(0),
+                descending: false,
+                nulls_first: false,
+            }],
+            ..spec()
+        },
+        &columns(&[INT4, INT8]),
+        false,
+    )
+    .unwrap();
+    let rows = vec![
+        text(&[Some("1"), Some("1")]),
+        text(&[Some("1"), Some("1")]),
+        text(&[Some("2"), Some("1")]),
+        text(&[Some("3"), Some("5")]),
+        text(&[None, Some("9")]),
+    ];
+    let merged = merger.finish(merger.combine(rows).unwrap()).unwrap();
+    // 1 has 2 > 1.5; 2 has 1; 3 is excluded; NULL = 3 is unknown, and so is its NOT.
+    assert_eq!(shown(&merged), strings(&[&[Some("1"), Some("2")]]));
+}

@@ -311,6 +311,8 @@ async fn fan_out_queries_merge_to_the_single_node_answer() {
         "SELECT aid FROM accounts WHERE abalance > 0 ORDER BY aid DESC LIMIT 4",
         "SELECT sum(abalance) AS total, bid FROM accounts GROUP BY bid ORDER BY total DESC NULLS LAST, bid",
         "SELECT abalance FROM accounts ORDER BY abalance NULLS FIRST, aid OFFSET 295",
+        "SELECT bid, count(*), avg(abalance) FROM accounts GROUP BY bid HAVING count(*) > 42 AND avg(abalance) < 100 ORDER BY bid",
+        "SELECT bid, sum(abalance) FROM accounts GROUP BY bid HAVING NOT (bid = 3) OR sum(abalance) > 1000.5 ORDER BY bid",
         // The shards must return LIMIT + OFFSET rows each.
         "SELECT aid FROM accounts ORDER BY aid LIMIT 2 OFFSET 20",
     ];

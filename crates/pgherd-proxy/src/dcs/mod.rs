@@ -12,6 +12,8 @@
 //! no lease: a leader knows which instances may be routing writes in failsafe, even those
 //! that came and went while it could not read etcd; it removes those whose failsafe is over).
 
+mod lease;
+mod records;
 pub mod shared;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,8 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity,
-    LeaseKeepAliveStream, LeaseKeeper, PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions,
+    TlsOptions, Txn, TxnOp, TxnOpResponse,
 };
 use parking_lot::Mutex;
 use pgherd_config::DcsSettings;
@@ -28,6 +30,9 @@ use pgherd_failover::{agreement, Change, ClusterState};
 use pgherd_wire::{PgError, SqlState};
 
 use crate::app::App;
+use lease::open_lease;
+pub use records::InstanceRecord;
+use records::{list_instances, register, Listed};
 use shared::SharedView;
 
 /// How often the view is published (leader) or read (the others): a promotion reaches every
@@ -55,22 +60,6 @@ pub struct Status {
     routed: Option<(i64, u64)>,
     /// The instances registered under `/<scope>/instances/`, as last read.
     pub instances: Vec<InstanceRecord>,
-}
-
-/// What an instance says of itself in etcd (on its lease: it is gone once the lease is).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct InstanceRecord {
-    pub instance: String,
-    pub listen: Vec<String>,
-    pub api: Vec<String>,
-    pub pid: u32,
-    /// The leader's view it routes by (the lease it was written with, and its version):
-    /// before a promotion the leader waits until every instance with a lease routes by its
-    /// current one.
-    #[serde(default)]
-    pub view_lease: i64,
-    #[serde(default)]
-    pub version: u64,
 }
 
 /// This instance's side of the agreement.
@@ -305,50 +294,6 @@ impl Dcs {
         );
         // Never had a lease: nothing to be in failsafe of.
         left_ms.filter(|_| lease_until_ms > 0)
-    }
-
-    /// Notes which members have a record, as a read that has just come back found them.
-    fn sighted(&self, listed: &Listed) {
-        let members = listed.members.iter().map(|member| agreement::Member {
-            instance: &member.instance,
-            session: member.session,
-            routed: member.routed,
-            failsafe_ms: member.failsafe_ms,
-            // Its record on that very lease: another process under the same name (a
-            // copied config) does not hide this one.
-            live: listed
-                .records
-                .iter()
-                .any(|(r, lease)| r.instance == member.instance && *lease == member.session),
-        });
-        self.sightings.lock().read(self.now_ms(), members);
-    }
-
-    /// Removes the member keys of instances whose failsafe is over (each only if it still
-    /// names the session that ended).
-    async fn forget_members(&self, client: &mut Client) -> Result<(), DcsError> {
-        let forgettable = self.sightings.lock().forgettable(self.now_ms());
-        for (instance, session) in forgettable {
-            let key = self.key(&format!("members/{instance}"));
-            let answer = self.within(client.get(key.clone(), None)).await?;
-            let Some(kv) = answer.kvs().first() else {
-                continue;
-            };
-            let value = kv.value_str().unwrap_or("");
-            if MemberValue::parse(value).map(|m| m.session) != Some(session) {
-                continue;
-            }
-            // Only if untouched since: a new run of the instance keeps its own.
-            let txn = Txn::new()
-                .when(vec![Compare::mod_revision(
-                    key.clone(),
-                    CompareOp::Equal,
-                    kv.mod_revision(),
-                )])
-                .and_then(vec![TxnOp::delete(key, None)]);
-            self.within(client.txn(txn)).await?;
-        }
-        Ok(())
     }
 
     /// Waits until every other instance that holds a lease routes by view `version` or a
@@ -638,76 +583,6 @@ async fn cannot_follow(
     DcsError::BadView(why)
 }
 
-/// A lease kept alive by one session.
-struct LiveLease {
-    id: i64,
-    /// The last session's lease, kept: its record and any leader key are still on it.
-    kept: bool,
-    keeper: LeaseKeeper,
-    renewals: LeaseKeepAliveStream,
-    /// When etcd lets the lease expire unless it is renewed: counted from when the last
-    /// renewal was sent, which is before etcd got it.
-    until: Instant,
-}
-
-impl LiveLease {
-    /// Starts keeping lease `id` alive. Opening the stream renews the lease once (etcd-client
-    /// reads that answer itself and fails if the lease is gone), so every later answer on it
-    /// is the one to the renewal just sent.
-    async fn start(dcs: &Dcs, client: &mut Client, id: i64) -> Result<LiveLease, DcsError> {
-        let sent = Instant::now();
-        let (keeper, renewals) = match dcs.within(client.lease_keep_alive(id)).await {
-            Err(DcsError::Etcd(etcd_client::Error::LeaseKeepAliveError(_))) => {
-                return Err(DcsError::LeaseExpired)
-            }
-            opened => opened?,
-        };
-        Ok(LiveLease {
-            id,
-            kept: false,
-            keeper,
-            renewals,
-            until: sent + Duration::from_secs(dcs.settings.lease_ttl_s),
-        })
-    }
-
-    async fn renew(&mut self, dcs: &Dcs) -> Result<(), DcsError> {
-        let sent = Instant::now();
-        dcs.within(self.keeper.keep_alive()).await?;
-        self.until = sent + renewal_ttl(dcs, &mut self.renewals).await?;
-        Ok(())
-    }
-}
-
-/// The TTL the next answer on the keep-alive stream grants; an error if the lease is gone.
-async fn renewal_ttl(dcs: &Dcs, renewals: &mut LeaseKeepAliveStream) -> Result<Duration, DcsError> {
-    let answer = dcs
-        .within(renewals.message())
-        .await?
-        .ok_or(DcsError::KeepAliveClosed)?;
-    match u64::try_from(answer.ttl()) {
-        Ok(ttl) if ttl > 0 => Ok(Duration::from_secs(ttl)),
-        _ => Err(DcsError::LeaseExpired),
-    }
-}
-
-/// The lease of a new session: the last session's while etcd still has it (the leader key
-/// and the instance's record stay on it), else a new one.
-async fn open_lease(dcs: &Dcs, client: &mut Client) -> Result<LiveLease, DcsError> {
-    let last = dcs.status.lock().lease;
-    if let Some(id) = last {
-        match LiveLease::start(dcs, client, id).await {
-            Err(DcsError::LeaseExpired) => {}
-            Ok(live) => return Ok(LiveLease { kept: true, ..live }),
-            Err(e) => return Err(e),
-        }
-    }
-    let ttl = dcs.settings.lease_ttl_s as i64;
-    let id = dcs.within(client.lease_grant(ttl, None)).await?.id();
-    dcs.status.lock().lease = Some(id);
-    LiveLease::start(dcs, client, id).await
-}
-
 /// Takes the leader key with this lease when nobody holds it, and reads the shared view in
 /// the same transaction; a follower adopts it, a new leader adopts it before acting. Returns
 /// whom the key names, and the shared view read (the lease it was written with, its version).
@@ -807,151 +682,4 @@ fn role_changed(app: &App, dcs: &Dcs, leading: bool) {
             ],
         );
     }
-}
-
-/// The instances registered under `/<scope>/instances/` (each with the lease it is on) and
-/// the members under `/<scope>/members/`, read at one revision.
-struct Listed {
-    records: Vec<(InstanceRecord, i64)>,
-    members: Vec<MemberValue>,
-}
-
-/// A member key: the instance, the lease of its latest session, whether that session routes
-/// by a view, and its failsafe. Its value is "<lease> <view lease> <view version> <failsafe
-/// ms>" ("0 0" for the view before it routes by one).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct MemberValue {
-    instance: String,
-    session: i64,
-    routed: bool,
-    failsafe_ms: u64,
-}
-
-impl MemberValue {
-    fn text(lease: i64, (view_lease, version): (i64, u64), failsafe_ms: u64) -> String {
-        format!("{lease} {view_lease} {version} {failsafe_ms}")
-    }
-
-    /// (session, routed, failsafe) from a value; `None` if it is not one.
-    fn parse(value: &str) -> Option<MemberValue> {
-        let mut parts = value.split(' ');
-        let mut next = || parts.next().and_then(|p| p.parse::<i64>().ok());
-        let (session, view_lease, _version, failsafe_ms) = (next()?, next()?, next()?, next()?);
-        Some(MemberValue {
-            instance: String::new(),
-            session,
-            routed: view_lease != 0,
-            failsafe_ms: u64::try_from(failsafe_ms).ok()?,
-        })
-    }
-}
-
-impl Listed {
-    fn of(
-        dcs: &Dcs,
-        records: Option<etcd_client::GetResponse>,
-        members: Option<etcd_client::GetResponse>,
-    ) -> Listed {
-        let members_prefix = dcs.key("members/");
-        Listed {
-            records: records.map_or_else(Vec::new, |g| {
-                g.kvs()
-                    .iter()
-                    .map(|kv| (record_of(dcs, kv), kv.lease()))
-                    .collect()
-            }),
-            members: members.map_or_else(Vec::new, |g| {
-                g.kvs()
-                    .iter()
-                    .filter_map(|kv| {
-                        let instance = kv.key_str().ok()?.strip_prefix(&members_prefix)?;
-                        // One this version cannot read (another version's) is taken for a
-                        // session that routed, with this instance's failsafe.
-                        let member = kv.value_str().ok().and_then(MemberValue::parse).unwrap_or(
-                            MemberValue {
-                                instance: String::new(),
-                                session: -kv.mod_revision(),
-                                routed: true,
-                                failsafe_ms: dcs.configured_failsafe_ms(),
-                            },
-                        );
-                        Some(MemberValue {
-                            instance: instance.to_owned(),
-                            ..member
-                        })
-                    })
-                    .collect()
-            }),
-        }
-    }
-}
-
-/// An instance's record; one this version cannot read (another version's) is taken for an
-/// instance that routes by no view the leader knows, so the leader waits for it.
-fn record_of(dcs: &Dcs, kv: &etcd_client::KeyValue) -> InstanceRecord {
-    serde_json::from_slice(kv.value()).unwrap_or_else(|_| InstanceRecord {
-        instance: kv
-            .key_str()
-            .ok()
-            .and_then(|k| k.strip_prefix(&dcs.key("instances/")))
-            .unwrap_or("")
-            .to_owned(),
-        listen: Vec::new(),
-        api: Vec::new(),
-        pid: 0,
-        view_lease: 0,
-        version: 0,
-    })
-}
-
-async fn list_instances(dcs: &Dcs, client: &mut Client) -> Result<Listed, DcsError> {
-    let prefix = |name: &str| TxnOp::get(dcs.key(name), Some(GetOptions::new().with_prefix()));
-    let txn = Txn::new().and_then(vec![prefix("instances/"), prefix("members/")]);
-    let response = dcs.within(client.txn(txn)).await?;
-    let mut gets = response.op_responses().into_iter().filter_map(|r| match r {
-        TxnOpResponse::Get(get) => Some(get),
-        _ => None,
-    });
-    Ok(Listed::of(dcs, gets.next(), gets.next()))
-}
-
-/// Puts this instance's record (addresses, pid) on its lease, for `pgherd status`.
-async fn register(
-    app: &App,
-    dcs: &Dcs,
-    client: &mut Client,
-    lease: i64,
-    (view_lease, version): (i64, u64),
-) -> Result<(), DcsError> {
-    let config = app.config();
-    let record = InstanceRecord {
-        instance: dcs.instance.clone(),
-        listen: config
-            .proxy
-            .listen
-            .iter()
-            .map(ToString::to_string)
-            .collect(),
-        api: config.api.listen.iter().map(ToString::to_string).collect(),
-        pid: std::process::id(),
-        view_lease,
-        version,
-    };
-    let record = serde_json::to_string(&record).map_err(|e| DcsError::BadView(e.to_string()))?;
-    // The member key with it, on no lease: once the lease is gone the leader still knows this
-    // session may route writes in failsafe for a while.
-    let txn = Txn::new().and_then(vec![
-        TxnOp::put(
-            dcs.key(&format!("instances/{}", dcs.instance)),
-            record,
-            Some(PutOptions::new().with_lease(lease)),
-        ),
-        TxnOp::put(
-            dcs.key(&format!("members/{}", dcs.instance)),
-            MemberValue::text(lease, (view_lease, version), dcs.configured_failsafe_ms()),
-            None,
-        ),
-    ]);
-    dcs.within(client.txn(txn)).await?;
-    Ok(())
 }

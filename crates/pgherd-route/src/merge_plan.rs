@@ -28,6 +28,7 @@ use pg_query::protobuf::{
 };
 
 use crate::shard_plan::Unsupported;
+use crate::tree::{any_node, literal_text, same_expression, string};
 
 /// A column of the shards' rows: one the client sees (by position), or one of the hidden ones
 /// after them (by position among those).
@@ -333,12 +334,9 @@ fn having_condition(node: &Node, visible: &[ResTarget]) -> Result<Condition, Uns
                 let side = side.ok_or_else(unsupported)?;
                 match &side.node {
                     Some(NodeEnum::AConst(c)) if c.isnull => Ok(Operand::Null),
-                    Some(NodeEnum::AConst(c)) => match &c.val {
-                        Some(a_const::Val::Ival(i)) => Ok(Operand::Constant(i.ival.to_string())),
-                        Some(a_const::Val::Fval(f)) => Ok(Operand::Constant(f.fval.clone())),
-                        Some(a_const::Val::Sval(s)) => Ok(Operand::Constant(s.sval.clone())),
-                        _ => Err(unsupported()),
-                    },
+                    Some(NodeEnum::AConst(c)) => literal_text(c)
+                        .map(Operand::Constant)
+                        .ok_or_else(unsupported),
                     _ => visible
                         .iter()
                         .position(|t| t.val.as_deref().is_some_and(|v| same_expression(v, side)))
@@ -446,36 +444,10 @@ fn is_window_call(key: &str, value: &serde_json::Value) -> bool {
     key == "FuncCall" && value.get("over").is_some_and(|o| !o.is_null())
 }
 
-/// Whether any node of the tree (any depth, subqueries included) matches: by its node type
-/// and its fields, through the serialized form that has every field.
-fn any_node(node: &Node, test: impl Fn(&str, &serde_json::Value) -> bool + Copy) -> bool {
-    fn walk(
-        value: &serde_json::Value,
-        test: impl Fn(&str, &serde_json::Value) -> bool + Copy,
-    ) -> bool {
-        match value {
-            serde_json::Value::Object(fields) => fields
-                .iter()
-                .any(|(key, value)| test(key, value) || walk(value, test)),
-            serde_json::Value::Array(items) => items.iter().any(|v| walk(v, test)),
-            _ => false,
-        }
-    }
-    // Cannot be read whole: taken to match, so what it guards is refused.
-    serde_json::to_value(node).map_or(true, |tree| walk(&tree, test))
-}
-
 fn function_name(call: &FuncCall) -> Option<&str> {
     match call.funcname.as_slice() {
         [name] => string(name),
         [schema, name] if string(schema) == Some("pg_catalog") => string(name),
-        _ => None,
-    }
-}
-
-fn string(node: &Node) -> Option<&str> {
-    match &node.node {
-        Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
         _ => None,
     }
 }
@@ -677,26 +649,6 @@ fn column_for(
     }
     hidden.push(item.clone());
     Ok(Column::Hidden(hidden.len() - 1))
-}
-
-/// Two expressions alike but for where they were written.
-fn same_expression(a: &Node, b: &Node) -> bool {
-    fn strip(value: &mut serde_json::Value) {
-        match value {
-            serde_json::Value::Object(fields) => {
-                fields.remove("location");
-                fields.values_mut().for_each(strip);
-            }
-            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
-            _ => {}
-        }
-    }
-    let tree = |n: &Node| {
-        let mut value = serde_json::to_value(n).ok()?;
-        strip(&mut value);
-        Some(value)
-    };
-    matches!((tree(a), tree(b)), (Some(a), Some(b)) if a == b)
 }
 
 /// A LIMIT or OFFSET given as a constant (NULL: none).

@@ -603,32 +603,31 @@ impl Merger {
         }
     }
 
+    /// AND (`decisive` false) or OR (`decisive` true) in SQL's three values: a part with the
+    /// decisive value decides, else any unknown part makes it unknown.
+    fn junction(
+        &self,
+        parts: &[Condition],
+        group: &Row,
+        decisive: bool,
+    ) -> Result<Option<bool>, MergeError> {
+        let mut result = Some(!decisive);
+        for part in parts {
+            match self.holds(part, group)? {
+                Some(value) if value == decisive => return Ok(Some(decisive)),
+                None => result = None,
+                Some(_) => {}
+            }
+        }
+        Ok(result)
+    }
+
     /// A HAVING condition on a merged group, with SQL's three values (`None`: unknown).
     fn holds(&self, condition: &Condition, group: &Row) -> Result<Option<bool>, MergeError> {
         Ok(match condition {
             Condition::Not(inner) => self.holds(inner, group)?.map(|b| !b),
-            Condition::And(parts) => {
-                let mut result = Some(true);
-                for part in parts {
-                    match self.holds(part, group)? {
-                        Some(false) => return Ok(Some(false)),
-                        None => result = None,
-                        Some(true) => {}
-                    }
-                }
-                result
-            }
-            Condition::Or(parts) => {
-                let mut result = Some(false);
-                for part in parts {
-                    match self.holds(part, group)? {
-                        Some(true) => return Ok(Some(true)),
-                        None => result = None,
-                        Some(false) => {}
-                    }
-                }
-                result
-            }
+            Condition::And(parts) => self.junction(parts, group, false)?,
+            Condition::Or(parts) => self.junction(parts, group, true)?,
             Condition::Compare { left, op, right } => {
                 // A literal reads as the type of the column it is compared with.
                 let column = match (left, right) {

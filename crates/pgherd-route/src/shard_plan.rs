@@ -18,6 +18,7 @@ use pg_query::protobuf::{
 use pgherd_wire::SqlState;
 
 use crate::shard_hash::{self, KeyError, KeyType};
+use crate::tree;
 
 /// How a sharded table's rows are spread over the shards.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -617,7 +618,7 @@ fn restriction(
 }
 
 fn is_equals(name: &[pg_query::protobuf::Node]) -> bool {
-    matches!(name, [n] if matches!(&n.node, Some(NodeEnum::String(s)) if s.sval == "="))
+    matches!(name, [n] if tree::string(n) == Some("="))
 }
 
 /// Whether an expression is the key column (bare, or qualified by the table or its alias).
@@ -630,14 +631,7 @@ fn is_key_column(
     let Some(NodeEnum::ColumnRef(column)) = node else {
         return false;
     };
-    let names: Vec<&str> = column
-        .fields
-        .iter()
-        .filter_map(|f| match &f.node {
-            Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
-            _ => None,
-        })
-        .collect();
+    let names: Vec<&str> = column.fields.iter().filter_map(tree::string).collect();
     let bare_table = table_name.rsplit('.').next().unwrap_or(table_name);
     match names.as_slice() {
         [column] => *column == table.key_column,
@@ -657,16 +651,14 @@ fn is_key_column(
 fn key_source(node: Option<&NodeEnum>, key_type: KeyType) -> Option<KeySource> {
     match node? {
         NodeEnum::AConst(c) if c.isnull => Some(KeySource::Null),
-        NodeEnum::AConst(c) => Some(KeySource::Literal(match c.val.as_ref()? {
-            a_const::Val::Ival(i) => i.ival.to_string(),
+        NodeEnum::AConst(c) => {
+            let text = tree::literal_text(c)?;
             // Integers beyond 32 bits come as "floats"; a real fraction (`5.0`) compares as
             // numeric in PostgreSQL, and pins no key here.
-            a_const::Val::Fval(f) if f.fval.bytes().all(|b| b.is_ascii_digit() || b == b'-') => {
-                f.fval.clone()
-            }
-            a_const::Val::Sval(s) => s.sval.clone(),
-            _ => return None,
-        })),
+            let fraction = matches!(c.val, Some(a_const::Val::Fval(_)))
+                && !text.bytes().all(|b| b.is_ascii_digit() || b == b'-');
+            (!fraction).then_some(KeySource::Literal(text))
+        }
         NodeEnum::ParamRef(p) => usize::try_from(p.number).ok().map(KeySource::Param),
         NodeEnum::TypeCast(cast) if cast_keeps_value(cast.type_name.as_ref(), key_type) => {
             key_source(cast.arg.as_ref().and_then(|n| n.node.as_ref()), key_type)
@@ -708,38 +700,22 @@ fn cast_keeps_value(type_name: Option<&pg_query::protobuf::TypeName>, key_type: 
 /// subqueries in any clause, CTEs, targets of writes). The tree is walked through its
 /// serialized form, which has every field: the parser library's own walk skips some places.
 fn sharded_mentions<'m>(statement: &NodeEnum, map: &'m ShardMap) -> Vec<&'m str> {
-    fn walk<'m>(value: &serde_json::Value, map: &'m ShardMap, out: &mut Vec<&'m str>) {
-        match value {
-            serde_json::Value::Object(fields) => {
-                // A RangeVar, by its fields: inside a node it is tagged, as a statement's
-                // own field (the target of a write) it is not.
-                let text = |key: &str| fields.get(key).and_then(|v| v.as_str());
-                if let (Some(schema), Some(name), Some(_)) =
-                    (text("schemaname"), text("relname"), text("relpersistence"))
-                {
-                    if let Some((name, _)) = map.lookup(schema, name) {
-                        out.push(name);
-                    }
-                }
-                fields.values().for_each(|v| walk(v, map, out));
-            }
-            serde_json::Value::Array(items) => items.iter().for_each(|v| walk(v, map, out)),
-            _ => {}
-        }
-    }
-    let mut out = Vec::new();
-    match serde_json::to_value(statement) {
-        Ok(tree) => walk(&tree, map, &mut out),
+    let Ok(tree) = serde_json::to_value(statement) else {
         // Cannot be read whole: taken as naming sharded tables twice, so it is refused.
-        Err(_) => out.extend(
-            map.tables
-                .keys()
-                .map(String::as_str)
-                .take(1)
-                .cycle()
-                .take(2),
-        ),
-    }
+        let any = map.tables.keys().map(String::as_str).take(1);
+        return any.clone().chain(any).collect();
+    };
+    let mut out = Vec::new();
+    tree::objects(&tree, &mut |fields| {
+        // A RangeVar, by its fields: inside a node it is tagged, as a statement's own field
+        // (the target of a write) it is not.
+        let text = |key: &str| fields.get(key).and_then(|v| v.as_str());
+        if let (Some(schema), Some(name), Some(_)) =
+            (text("schemaname"), text("relname"), text("relpersistence"))
+        {
+            out.extend(map.lookup(schema, name).map(|(name, _)| name));
+        }
+    });
     out
 }
 

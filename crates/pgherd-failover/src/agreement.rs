@@ -63,7 +63,7 @@ pub fn leading_until_ms(
     lease_until_ms: u64,
     request_timeout_ms: u64,
 ) -> Option<u64> {
-    leading.then(|| lease_until_ms.saturating_sub(request_timeout_ms))
+    leading.then(|| lease_expiry_ms(lease_until_ms, request_timeout_ms))
 }
 
 /// Whether the instance may act for the cluster (fail over, set standbys, run the operator's
@@ -110,30 +110,47 @@ pub fn adoption(
     }
 }
 
-/// Whether the instance routes writes at `now_ms`: while its lease is known valid, as for
-/// acting (its expiry as last renewed, less one request), and `failsafe_ms` longer.
-pub fn may_route_writes(
-    lease_until_ms: u64,
-    request_timeout_ms: u64,
-    failsafe_ms: u64,
-    now_ms: u64,
-) -> bool {
-    now_ms < lease_expiry_ms(lease_until_ms, request_timeout_ms).saturating_add(failsafe_ms)
+/// Where an instance stands for routing writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteLease {
+    /// Its lease is known valid (or it never had one: then it has read no view either, and
+    /// the gate holds writes for that).
+    Valid,
+    /// Past its lease, within its failsafe: writes go on for this long.
+    Failsafe {
+        left_ms: u64,
+    },
+    Lapsed,
 }
 
-/// How long the instance still routes writes in failsafe, at `now_ms`: `None` while its lease
-/// is valid, and once the failsafe is over.
-pub fn failsafe_left_ms(
-    lease_until_ms: u64,
+impl WriteLease {
+    pub fn may_route_writes(self) -> bool {
+        self != WriteLease::Lapsed
+    }
+}
+
+/// Where an instance stands at `now_ms` with its lease as last renewed (`None`: it never had
+/// one): valid as for acting (its expiry less one request), then `failsafe_ms` of failsafe.
+pub fn write_lease(
+    lease_until_ms: Option<u64>,
     request_timeout_ms: u64,
     failsafe_ms: u64,
     now_ms: u64,
-) -> Option<u64> {
-    let lease_expiry_ms = lease_expiry_ms(lease_until_ms, request_timeout_ms);
-    let failsafe_until_ms = lease_expiry_ms.saturating_add(failsafe_ms);
-    (lease_expiry_ms..failsafe_until_ms)
-        .contains(&now_ms)
-        .then(|| failsafe_until_ms - now_ms)
+) -> WriteLease {
+    let Some(lease_until_ms) = lease_until_ms else {
+        return WriteLease::Valid;
+    };
+    let expiry_ms = lease_expiry_ms(lease_until_ms, request_timeout_ms);
+    let failsafe_until_ms = expiry_ms.saturating_add(failsafe_ms);
+    if now_ms < expiry_ms {
+        WriteLease::Valid
+    } else if now_ms < failsafe_until_ms {
+        WriteLease::Failsafe {
+            left_ms: failsafe_until_ms - now_ms,
+        }
+    } else {
+        WriteLease::Lapsed
+    }
 }
 
 fn lease_expiry_ms(lease_until_ms: u64, request_timeout_ms: u64) -> u64 {
@@ -314,19 +331,20 @@ mod tests {
 
     #[test]
     fn writes_are_routed_with_a_valid_lease_and_through_the_failsafe() {
-        assert!(may_route_writes(10_000, 500, 0, 9_499));
-        assert!(!may_route_writes(10_000, 500, 0, 9_500));
-        assert_eq!(failsafe_left_ms(10_000, 500, 0, 9_500), None, "no failsafe");
+        let at = |now_ms, failsafe_ms| write_lease(Some(10_000), 500, failsafe_ms, now_ms);
+        assert_eq!(at(9_499, 0), WriteLease::Valid);
+        assert_eq!(at(9_500, 0), WriteLease::Lapsed, "no failsafe");
+        assert_eq!(at(9_499, 3_000), WriteLease::Valid);
+        assert_eq!(at(9_500, 3_000), WriteLease::Failsafe { left_ms: 3_000 });
+        assert_eq!(at(12_499, 3_000), WriteLease::Failsafe { left_ms: 1 });
+        assert!(at(12_499, 3_000).may_route_writes());
+        assert_eq!(at(12_500, 3_000), WriteLease::Lapsed);
+        assert!(!at(12_500, 3_000).may_route_writes());
         assert_eq!(
-            failsafe_left_ms(10_000, 500, 3_000, 9_499),
-            None,
-            "a valid lease"
+            write_lease(None, 500, 0, u64::MAX),
+            WriteLease::Valid,
+            "never had one"
         );
-        assert_eq!(failsafe_left_ms(10_000, 500, 3_000, 9_500), Some(3_000));
-        assert!(may_route_writes(10_000, 500, 3_000, 12_499));
-        assert_eq!(failsafe_left_ms(10_000, 500, 3_000, 12_499), Some(1));
-        assert!(!may_route_writes(10_000, 500, 3_000, 12_500));
-        assert_eq!(failsafe_left_ms(10_000, 500, 3_000, 12_500), None);
     }
 
     #[test]

@@ -122,7 +122,9 @@ impl App {
     /// Whether this instance may route a write now: alone, always; one of several, while its
     /// lease is known valid.
     pub fn may_route_writes(&self) -> bool {
-        self.dcs.as_ref().is_none_or(|dcs| dcs.may_route_writes())
+        self.dcs
+            .as_ref()
+            .is_none_or(|dcs| dcs.write_lease().may_route_writes())
     }
 
     pub fn connect_context(&self) -> Arc<ConnectContext> {

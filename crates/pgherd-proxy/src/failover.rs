@@ -501,7 +501,7 @@ async fn agreed(app: &App, io: &Io) -> Result<(), String> {
             dcs.await_followers(state.version)
                 .await
                 .map_err(|e| e.to_string())?;
-            recorded(app, &state).await
+            still_leads(dcs)
         }
         _ => Ok(()),
     }
@@ -512,13 +512,19 @@ async fn recorded(app: &App, state: &ClusterState) -> Result<(), String> {
     let Some(dcs) = &app.dcs else {
         return Ok(());
     };
-    if !dcs.is_leader() {
-        return Err(format!(
+    still_leads(dcs)?;
+    dcs.publish(app, state).await.map_err(|e| e.to_string())
+}
+
+fn still_leads(dcs: &crate::dcs::Dcs) -> Result<(), String> {
+    if dcs.is_leader() {
+        Ok(())
+    } else {
+        Err(format!(
             "{} does not lead the cluster any more",
             dcs.instance
-        ));
+        ))
     }
-    dcs.publish(app, state).await.map_err(|e| e.to_string())
 }
 
 /// One IO of an operation, on the real nodes.

@@ -182,7 +182,10 @@ pub fn cluster(app: &App) -> Table {
     let gate = view.gate();
     let reason = gate.reason();
     let dcs = app.dcs.as_ref().map(|d| d.status());
-    let failsafe_left_ms = app.dcs.as_ref().and_then(|d| d.failsafe_left_ms());
+    let failsafe_left_ms = app.dcs.as_ref().and_then(|d| match d.write_lease() {
+        pgherd_failover::agreement::WriteLease::Failsafe { left_ms } => Some(left_ms),
+        _ => None,
+    });
     let paused = if view.paused_all {
         "*".to_owned()
     } else {

@@ -3,7 +3,7 @@
 //! etcd, each instance's session turn, its lease's write gate, and the recording of a view
 //! before an IO.
 
-use pgherd_failover::agreement::{self, Adoption, LeaderKey, Member, Promotion};
+use pgherd_failover::agreement::{self, Adoption, LeaderKey, Member, Promotion, WriteLease};
 use pgherd_failover::control::Io;
 use pgherd_failover::{Change, ClusterState};
 use rand::Rng;
@@ -154,20 +154,26 @@ impl Sim {
         }
     }
 
-    /// The write gate's lease reason on instance `k` (`pgherd_proxy::dcs`): writes are refused
-    /// once its lease may have run out.
-    pub(crate) fn lease_gate(&mut self, k: usize, now_ms: u64) {
-        if self.dcs.is_none() {
-            return;
-        }
-        let failsafe_ms = self.dcs.as_ref().map_or(0, |dcs| dcs.failsafe_ms[k]);
-        let instance = &mut self.instances[k];
-        let lapsed = !agreement::may_route_writes(
-            instance.lease_until_ms,
+    /// Where instance `k` stands for routing writes (`pgherd_proxy::dcs::Dcs::write_lease`).
+    fn write_lease(&self, k: usize, now_ms: u64) -> Option<WriteLease> {
+        let dcs = self.dcs.as_ref()?;
+        let instance = &self.instances[k];
+        Some(agreement::write_lease(
+            instance.lease.map(|_| instance.lease_until_ms),
             REQUEST_TIMEOUT_MS,
-            failsafe_ms,
+            dcs.failsafe_ms[k],
             now_ms,
-        );
+        ))
+    }
+
+    /// The write gate's lease reason on instance `k` (`pgherd_proxy::dcs`): writes are refused
+    /// once its lease and failsafe may have run out.
+    pub(crate) fn lease_gate(&mut self, k: usize, now_ms: u64) {
+        let Some(lease) = self.write_lease(k, now_ms) else {
+            return;
+        };
+        let lapsed = !lease.may_route_writes();
+        let instance = &mut self.instances[k];
         if lapsed != instance.state.lease_lapsed {
             instance.change(Change::LeaseLapsed(lapsed));
         }
@@ -175,17 +181,10 @@ impl Sim {
 
     /// Whether instance `k` routes writes past its lease now.
     pub(crate) fn in_failsafe(&self, k: usize, now_ms: u64) -> bool {
-        self.dcs.as_ref().is_some_and(|dcs| {
-            let instance = &self.instances[k];
-            instance.lease.is_some()
-                && agreement::failsafe_left_ms(
-                    instance.lease_until_ms,
-                    REQUEST_TIMEOUT_MS,
-                    dcs.failsafe_ms[k],
-                    now_ms,
-                )
-                .is_some()
-        })
+        matches!(
+            self.write_lease(k, now_ms),
+            Some(WriteLease::Failsafe { .. })
+        )
     }
 
     /// Whether instance `k` may act for the cluster now (always, alone).

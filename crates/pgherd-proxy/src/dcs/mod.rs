@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions,
-    TlsOptions, Txn, TxnOp, TxnOpResponse,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, Identity, PutOptions, TlsOptions, Txn,
+    TxnOp,
 };
 use parking_lot::Mutex;
 use pgherd_config::DcsSettings;
@@ -47,9 +47,9 @@ pub struct Status {
     pub reachable: bool,
     /// The leader's instance name as last read.
     pub leader: Option<String>,
-    /// This instance may act until then (milliseconds on [`Dcs::now_ms`]'s clock):
-    /// [`agreement::leading_until_ms`].
-    leading_until_ms: Option<u64>,
+    /// The leader key named this instance with its session's lease at the last campaign;
+    /// until when it may act follows from the lease ([`Dcs::is_leader`]).
+    leading: bool,
     pub last_error: Option<String>,
     /// The lease of the current (or last) session with etcd: the next session keeps it if
     /// etcd still has it, so a short outage (etcd restarting, a connection lost) does not hand
@@ -138,7 +138,12 @@ impl Dcs {
 
     /// This instance may act for the cluster now.
     pub fn is_leader(&self) -> bool {
-        let leading_until_ms = self.status.lock().leading_until_ms;
+        let leading = self.status.lock().leading;
+        let leading_until_ms = agreement::leading_until_ms(
+            leading,
+            self.lease_until_ms.load(Ordering::Acquire),
+            self.settings.request_timeout_ms,
+        );
         agreement::may_act(leading_until_ms, self.now_ms())
     }
 
@@ -254,19 +259,18 @@ impl Dcs {
         }
     }
 
-    /// Whether writes may be routed now: the lease is known valid, or the failsafe runs
-    /// ([`agreement::may_route_writes`]). Asked by every write's plan, so a stalled instance
-    /// does not route one before its watch closes the gate.
-    pub fn may_route_writes(&self) -> bool {
-        let lease_until_ms = self.lease_until_ms.load(Ordering::Acquire);
-        // Never had a lease: never read a view either, and the gate holds writes for that.
-        lease_until_ms == 0
-            || agreement::may_route_writes(
-                lease_until_ms,
-                self.settings.request_timeout_ms,
-                self.failsafe_ms(),
-                self.now_ms(),
-            )
+    /// Where this instance stands for routing writes now ([`agreement::write_lease`]).
+    /// Asked by every write's plan, so a stalled instance does not route one before its watch
+    /// closes the gate: two atomic loads and the clock.
+    pub fn write_lease(&self) -> agreement::WriteLease {
+        // 0: it never had a lease.
+        let lease_until_ms = Some(self.lease_until_ms.load(Ordering::Acquire)).filter(|&ms| ms > 0);
+        agreement::write_lease(
+            lease_until_ms,
+            self.settings.request_timeout_ms,
+            self.failsafe_ms(),
+            self.now_ms(),
+        )
     }
 
     /// The failsafe this instance keeps: its own `failsafe_s`, under a leader that waits it
@@ -281,19 +285,6 @@ impl Dcs {
 
     fn configured_failsafe_ms(&self) -> u64 {
         self.settings.failsafe_s * 1000
-    }
-
-    /// How long this instance still routes writes past its lease, when it does.
-    pub fn failsafe_left_ms(&self) -> Option<u64> {
-        let lease_until_ms = self.lease_until_ms.load(Ordering::Acquire);
-        let left_ms = agreement::failsafe_left_ms(
-            lease_until_ms,
-            self.settings.request_timeout_ms,
-            self.failsafe_ms(),
-            self.now_ms(),
-        );
-        // Never had a lease: nothing to be in failsafe of.
-        left_ms.filter(|_| lease_until_ms > 0)
     }
 
     /// Waits until every other instance that holds a lease routes by view `version` or a
@@ -348,25 +339,22 @@ impl Dcs {
     /// Closes the write gate (`no_lease`) once this instance's lease and failsafe may have run
     /// out, and opens it when the lease is valid again.
     fn watch_lease(&self, app: &App, failsafe_said: &mut bool) {
-        let in_failsafe = self.failsafe_left_ms().is_some();
+        let lease = self.write_lease();
+        let in_failsafe = matches!(lease, agreement::WriteLease::Failsafe { .. });
         if in_failsafe && !*failsafe_said {
             tracing::warn!(instance = %self.instance, failsafe_s = self.settings.failsafe_s, "etcd out of reach for longer than the lease: writes go on to the primary of the last view, in failsafe");
         }
         *failsafe_said = in_failsafe;
-        let lapsed = !self.may_route_writes();
+        let lapsed = !lease.may_route_writes();
         let view = app.nodes.view();
         if lapsed != view.lease_lapsed {
             if lapsed {
                 tracing::warn!(instance = %self.instance, "etcd out of reach for longer than the lease and the failsafe: writes are refused until it answers");
             }
             app.nodes.change(Change::LeaseLapsed(lapsed));
-            // Sessions holding a connection to the primary (session pooling, a transaction
-            // under way) would go on writing there: another instance may be replacing it.
-            let writer = view.elected.and_then(|id| app.nodes.by_id(id));
-            if let Some(node) = writer.filter(|_| lapsed) {
-                crate::failover::end_sessions_on(
+            if lapsed {
+                end_sessions_on_primary(
                     app,
-                    &node,
                     "this pgherd instance lost etcd for longer than its lease and failsafe: another instance may be replacing the primary",
                 );
             }
@@ -404,6 +392,15 @@ impl Dcs {
             }
         }
         Ok(())
+    }
+}
+
+/// Ends the sessions holding a connection to the elected primary (session pooling, a
+/// transaction under way): they would go on writing there while another instance may be
+/// replacing it.
+fn end_sessions_on_primary(app: &App, why: &str) {
+    if let Some(primary) = app.nodes.view().elected.and_then(|id| app.nodes.by_id(id)) {
+        crate::failover::end_sessions_on(app, &primary, why);
     }
 }
 
@@ -520,11 +517,7 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
             status.reachable = true;
             status.last_error = None;
             status.leader = leader;
-            status.leading_until_ms = agreement::leading_until_ms(
-                leading,
-                dcs.ms(live.until),
-                dcs.settings.request_timeout_ms,
-            );
+            status.leading = leading;
         }
         if leading != was_leading {
             role_changed(app, dcs, leading);
@@ -570,13 +563,10 @@ async fn cannot_follow(
 ) -> DcsError {
     app.nodes.change(Change::AwaitView(true));
     tracing::error!(instance = %dcs.instance, error = %why, "the leader's view cannot be read: this instance holds writes and gives its lease up until it can");
-    if let Some(writer) = app.nodes.view().elected.and_then(|id| app.nodes.by_id(id)) {
-        crate::failover::end_sessions_on(
-            app,
-            &writer,
-            "this pgherd instance cannot read the leader's view of the cluster",
-        );
-    }
+    end_sessions_on_primary(
+        app,
+        "this pgherd instance cannot read the leader's view of the cluster",
+    );
     let _ = dcs.within(client.lease_revoke(lease)).await;
     dcs.status.lock().lease = None;
     dcs.lease_until_ms.store(0, Ordering::Release);
@@ -595,14 +585,17 @@ async fn campaign(
     let leader_key = dcs.key("leader");
     let view_key = dcs.key("view");
     // The members and their records too, each turn: a leader must know when one vanished.
-    let prefix = |name: &str| TxnOp::get(dcs.key(name), Some(GetOptions::new().with_prefix()));
+    let reads = |mut ops: Vec<TxnOp>| {
+        ops.extend(records::listing_reads(dcs));
+        ops
+    };
     let txn = Txn::new()
         .when(vec![Compare::create_revision(
             leader_key.clone(),
             CompareOp::Equal,
             0,
         )])
-        .and_then(vec![
+        .and_then(reads(vec![
             TxnOp::put(
                 leader_key.clone(),
                 dcs.instance.clone(),
@@ -610,20 +603,13 @@ async fn campaign(
             ),
             TxnOp::get(leader_key.clone(), None),
             TxnOp::get(view_key.clone(), None),
-            prefix("instances/"),
-            prefix("members/"),
-        ])
-        .or_else(vec![
+        ]))
+        .or_else(reads(vec![
             TxnOp::get(leader_key, None),
             TxnOp::get(view_key, None),
-            prefix("instances/"),
-            prefix("members/"),
-        ]);
+        ]));
     let response = dcs.within(client.txn(txn)).await?;
-    let mut gets = response.op_responses().into_iter().filter_map(|r| match r {
-        TxnOpResponse::Get(get) => Some(get),
-        _ => None,
-    });
+    let mut gets = records::gets(response);
     let leader_kv = gets.next().and_then(|g| g.kvs().first().cloned());
     let view_kv = gets.next().and_then(|g| g.kvs().first().cloned());
     let listed = Listed::of(dcs, gets.next(), gets.next());

@@ -121,14 +121,30 @@ fn record_of(dcs: &Dcs, kv: &etcd_client::KeyValue) -> InstanceRecord {
 }
 
 pub(super) async fn list_instances(dcs: &Dcs, client: &mut Client) -> Result<Listed, DcsError> {
-    let prefix = |name: &str| TxnOp::get(dcs.key(name), Some(GetOptions::new().with_prefix()));
-    let txn = Txn::new().and_then(vec![prefix("instances/"), prefix("members/")]);
+    let txn = Txn::new().and_then(listing_reads(dcs).to_vec());
     let response = dcs.within(client.txn(txn)).await?;
-    let mut gets = response.op_responses().into_iter().filter_map(|r| match r {
-        TxnOpResponse::Get(get) => Some(get),
-        _ => None,
-    });
-    Ok(Listed::of(dcs, gets.next(), gets.next()))
+    let mut answers = gets(response);
+    Ok(Listed::of(dcs, answers.next(), answers.next()))
+}
+
+/// The reads of a listing (records, then members), for a transaction; [`Listed::of`] takes
+/// their answers.
+pub(super) fn listing_reads(dcs: &Dcs) -> [TxnOp; 2] {
+    let prefix = |name: &str| TxnOp::get(dcs.key(name), Some(GetOptions::new().with_prefix()));
+    [prefix("instances/"), prefix("members/")]
+}
+
+/// A transaction's answers to its reads, in order.
+pub(super) fn gets(
+    response: etcd_client::TxnResponse,
+) -> impl Iterator<Item = etcd_client::GetResponse> {
+    response
+        .op_responses()
+        .into_iter()
+        .filter_map(|answer| match answer {
+            TxnOpResponse::Get(get) => Some(get),
+            _ => None,
+        })
 }
 
 /// Puts this instance's record (addresses, pid) on its lease, for `pgherd status`.

@@ -9,6 +9,7 @@ mod error;
 pub mod hba;
 mod raw;
 mod secrets;
+mod sharding;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -20,6 +21,7 @@ pub use dcs::{DcsSettings, DcsTls};
 pub use error::{line_column, ConfigError};
 pub use hba::{AuthMethod, ConnectionFacts, HbaRule};
 use pgherd_wire::scram::ScramVerifier;
+pub use sharding::Sharding;
 
 /// The database entry that applies to every database not listed by name.
 pub const WILDCARD_DATABASE: &str = "*";
@@ -36,6 +38,8 @@ pub struct Config {
     pub client_tls: Option<ClientTls>,
     pub server_tls: ServerTls,
     pub cluster: ClusterSettings,
+    /// The nodes of the cluster (with `[sharding]`, of shard 0: the one failover, the
+    /// instances' agreement and the console's node commands act on).
     pub nodes: Vec<NodeConfig>,
     pub pool: PoolSettings,
     pub databases: BTreeMap<String, DatabaseConfig>,
@@ -50,6 +54,8 @@ pub struct Config {
     pub api: ApiSettings,
     /// `[dcs]`: several instances agreeing through etcd; `None`: one instance.
     pub dcs: Option<DcsSettings>,
+    /// `[sharding]`: tables spread over several clusters; `None`: one cluster.
+    pub sharding: Option<Sharding>,
 }
 
 /// The HTTP API, health endpoints, metrics and dashboard (`[api]`).
@@ -467,6 +473,16 @@ impl Config {
 
     pub fn node(&self, name: &str) -> Option<&NodeConfig> {
         self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// A node of any shard (of the one cluster without `[sharding]`).
+    pub fn node_of_any_shard(&self, name: &str) -> Option<&NodeConfig> {
+        let shards = self
+            .sharding
+            .iter()
+            .flat_map(|s| s.shard_nodes.iter().skip(1));
+        self.node(name)
+            .or_else(|| shards.flatten().find(|n| n.name == name))
     }
 }
 

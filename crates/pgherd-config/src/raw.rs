@@ -36,6 +36,7 @@ pub struct RawConfig {
     #[serde(default)]
     pub api: RawApi,
     pub dcs: Option<crate::dcs::RawDcs>,
+    pub sharding: Option<crate::sharding::RawSharding>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -365,6 +366,9 @@ pub struct RawNode {
     pub zone: Option<String>,
     #[serde(default = "default_true")]
     pub sync: bool,
+    /// The shard the node belongs to (`[sharding]`); 0 without sharding.
+    #[serde(default)]
+    pub shard: u32,
 }
 
 fn default_true() -> bool {

@@ -348,3 +348,66 @@ fn dcs_is_optional_and_checked() {
         "pgherd.toml:6:9: dcs.scope: letters, digits",
     );
 }
+
+const SHARDED: &str = "[[nodes]]\nname = \"a\"\nport = 5432\n\
+[[nodes]]\nname = \"a2\"\nport = 5433\n\
+[[nodes]]\nname = \"b\"\nport = 5434\nshard = 1\n\
+[sharding]\n\
+[[sharding.tables]]\ntable = \"accounts\"\ncolumn = \"aid\"\ntype = \"integer\"\n";
+
+#[test]
+fn nodes_split_by_shard_and_sharded_tables_are_read() {
+    let config = parse(SHARDED).unwrap();
+    let sharding = config.sharding.expect("sharding");
+    assert_eq!(sharding.map.shards, 2);
+    let names = |shard: usize| -> Vec<&str> {
+        sharding.shard_nodes[shard]
+            .iter()
+            .map(|n| n.name.as_str())
+            .collect()
+    };
+    assert_eq!(names(0), ["a", "a2"]);
+    assert_eq!(names(1), ["b"]);
+    assert_eq!(
+        config.nodes.iter().map(|n| &n.name).collect::<Vec<_>>(),
+        ["a", "a2"]
+    );
+    let accounts = &sharding.map.tables["accounts"];
+    assert_eq!(accounts.key_column, "aid");
+    assert_eq!(accounts.key_type, pgherd_route::shard_hash::KeyType::Int4);
+    assert_eq!(accounts.method, pgherd_route::shard_plan::Method::Hash);
+    assert!(parse(NODE).unwrap().sharding.is_none());
+}
+
+#[test]
+fn broken_sharding_is_named_by_file_line_and_field() {
+    check_err(
+        "[[nodes]]\nname = \"a\"\nport = 5432\nshard = 1\n",
+        "pgherd.toml:4:9: nodes[0].shard: nodes belong to shards only with a [sharding] section",
+    );
+    check_err(
+        "[[nodes]]\nname = \"a\"\nport = 5432\n[[nodes]]\nname = \"b\"\nport = 5433\nshard = 2\n[sharding]\n",
+        "pgherd.toml:7:9: nodes[1].shard: shard 2 has nodes but shard 1 has none",
+    );
+    let with_table = |lines: &str| format!("{SHARDED}{lines}\n");
+    check_err(
+        &with_table("[[sharding.tables]]\ntable = \"t\"\ncolumn = \"k\"\ntype = \"float\""),
+        "pgherd.toml:19:8: sharding.tables[1].type: unknown key type \"float\"",
+    );
+    check_err(
+        &with_table("[[sharding.tables]]\ntable = \"t\"\ncolumn = \"k\"\nmethod = \"range\"\nstarts = [10, 5]"),
+        "pgherd.toml:20:10: sharding.tables[1].starts: must give 2 ascending starts",
+    );
+    check_err(
+        &with_table("[[sharding.tables]]\ntable = \"t\"\ncolumn = \"k\"\ntype = \"text\"\nmethod = \"list\"\nvalues = [[\"x\"], [\"y\", \"x\"]]"),
+        "pgherd.toml:21:10: sharding.tables[1].values: key \"x\" is listed for more than one shard",
+    );
+    check_err(
+        &with_table("[[sharding.tables]]\ntable = \"Accounts\"\ncolumn = \"k\""),
+        "pgherd.toml:17:9: sharding.tables[1].table: must be a table name",
+    );
+    check_err(
+        &with_table("[[sharding.tables]]\ntable = \"accounts\"\ncolumn = \"k\""),
+        "pgherd.toml:17:9: sharding.tables[1].table: table \"accounts\" is listed twice",
+    );
+}

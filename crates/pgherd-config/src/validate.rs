@@ -157,7 +157,7 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
     let client_tls = client_tls(&c, &raw)?;
     let server_tls = server_tls(&c, &raw)?;
     let cluster = cluster(&c, &raw)?;
-    let nodes = nodes(&c, &raw)?;
+    let (nodes, sharding) = crate::sharding::sharding(&c, &raw, nodes(&c, &raw)?)?;
     let pool = pool(&c, &raw)?;
     let databases = databases(&c, &raw, &pool)?;
     let users = users(&c, &raw)?;
@@ -205,6 +205,7 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
         replication: replication(&c, &raw)?,
         api: api(&c, &raw)?,
         dcs: crate::dcs::dcs(&c, raw.dcs.as_ref())?,
+        sharding,
     })
 }
 

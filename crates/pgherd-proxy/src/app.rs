@@ -59,6 +59,8 @@ pub struct App {
     pub own_errors: crate::counters::ErrorClasses,
     /// With `[dcs]`: this instance's side of the agreement with the others (fixed at start).
     pub dcs: Option<Arc<crate::dcs::Dcs>>,
+    /// With `[sharding]`: the shards behind this endpoint (fixed at start).
+    pub shards: Option<Arc<crate::shards::Shards>>,
 }
 
 impl App {
@@ -69,13 +71,11 @@ impl App {
             None => None,
         };
         let (shutdown_tx, _) = watch::channel(false);
-        let nodes = Nodes::new(
-            &config.nodes,
-            crate::nodes::CheckThresholds {
-                rejoin_after_checks: config.routing.rejoin_after_checks,
-                failures_before_down: config.cluster.health_check_failures_before_down,
-            },
-        );
+        let thresholds = crate::nodes::CheckThresholds {
+            rejoin_after_checks: config.routing.rejoin_after_checks,
+            failures_before_down: config.cluster.health_check_failures_before_down,
+        };
+        let nodes = Arc::new(Nodes::new(&config.nodes, thresholds));
         nodes.set_local_zone(config.proxy.zone.clone());
         if config.dcs.is_some() {
             // Until it leads or has read the leader's view, it does not know where writes go.
@@ -86,9 +86,17 @@ impl App {
             .dcs
             .clone()
             .map(|settings| Arc::new(crate::dcs::Dcs::new(settings, listen_port)));
+        let shards = config.sharding.as_ref().map(|sharding| {
+            Arc::new(crate::shards::Shards::new(
+                sharding,
+                nodes.clone(),
+                thresholds,
+            ))
+        });
         Ok(Arc::new(App {
             dcs,
-            nodes: Arc::new(nodes),
+            shards,
+            nodes,
             routers: Mutex::new(HashMap::new()),
             schema_generation: std::sync::atomic::AtomicU64::new(1),
             events: Default::default(),
@@ -292,6 +300,20 @@ impl App {
     pub fn apply(&self, new: Config) -> Result<Reloaded, String> {
         let old = self.config();
         let mut notes = Vec::new();
+        let other_shards = |config: &Config| {
+            config.sharding.as_ref().map(|s| {
+                (
+                    s.map.clone(),
+                    s.shard_nodes.get(1..).unwrap_or(&[]).to_vec(),
+                )
+            })
+        };
+        if other_shards(&new) != other_shards(&old) {
+            return Err(
+                "[sharding] and the nodes of shards other than 0 change only with a restart; the running config is kept"
+                    .to_owned(),
+            );
+        }
         if new.proxy.listen != old.proxy.listen {
             notes.push("pgherd.listen changes take effect after a restart".to_owned());
         }
@@ -350,7 +372,7 @@ impl App {
         let mut pools = self.pools.lock();
         pools.retain(|key, pool| {
             let node_exists = config
-                .node(&key.node)
+                .node_of_any_shard(&key.node)
                 .is_some_and(|n| n.host == pool.node.host && n.port == pool.node.port);
             match config.resolve(&key.database, &key.user) {
                 Some(resolved) if node_exists && resolved.server_dbname == pool.server_dbname => {

@@ -77,6 +77,32 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
             server,
         }) => {
             tracing::debug!(client = shared.id, %addr, user = %shared.user, db = %shared.database, "client logged in");
+            if let Some(shards) = app.shards.clone() {
+                // A sharded session takes a link per shard for each statement.
+                if let Some(held) = server {
+                    held.pool.release(held.conn, true);
+                }
+                let server_dbname = app
+                    .config()
+                    .resolve(&shared.database, &shared.user)
+                    .map_or_else(|| shared.database.clone(), |r| r.server_dbname);
+                let session = crate::exec::ShardedSession {
+                    router: routing.router.unwrap_or_else(|| app.router(&server_dbname)),
+                    app: app.clone(),
+                    shared: shared.clone(),
+                    client: stream,
+                    client_in: buf,
+                    params,
+                    shards,
+                };
+                tokio::spawn(async move {
+                    let end = Box::pin(session.run()).await;
+                    app.clients.unregister(&shared);
+                    log_end(&end, addr, Some(shared.id));
+                    drop(slot);
+                });
+                return;
+            }
             // The session gets a task of its own, so nothing of the login stays allocated for
             // the life of the connection.
             let mut run = Box::new(SessionRun {

@@ -35,6 +35,13 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
         crate::monitor::check_all_once(&app.nodes, &config.cluster, &app.connect_context()),
     )
     .await;
+    for cluster in app.shards.iter().flat_map(|s| s.other_clusters()) {
+        let _ = tokio::time::timeout(
+            first_check,
+            crate::monitor::check_all_once(cluster, &config.cluster, &app.connect_context()),
+        )
+        .await;
+    }
     tracing::info!(nodes = %app.nodes.describe_all(), "initial node check done");
 
     let mut listeners = Vec::new();
@@ -48,7 +55,12 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
     let api_listeners = crate::http::bind(&config.api.listen).await?;
 
     for node in app.nodes.all().iter() {
-        spawn_monitor(&app, node.clone());
+        spawn_monitor(&app, &app.nodes, node.clone());
+    }
+    for cluster in app.shards.iter().flat_map(|s| s.other_clusters()) {
+        for node in cluster.all().iter() {
+            spawn_monitor(&app, cluster, node.clone());
+        }
     }
     tokio::spawn(upkeep(app.clone()));
     if let Some(dcs) = &app.dcs {
@@ -115,7 +127,7 @@ pub fn reload(app: &Arc<App>) -> Result<Vec<String>, String> {
     });
     let reloaded = reloaded?;
     for node in reloaded.new_nodes {
-        spawn_monitor(app, node);
+        spawn_monitor(app, &app.nodes, node);
     }
     Ok(reloaded.notes)
 }
@@ -125,10 +137,10 @@ fn serving_status(addrs: &[SocketAddr]) -> String {
     format!("serving on {}", addrs.join(", "))
 }
 
-fn spawn_monitor(app: &Arc<App>, node: Arc<NodeState>) {
+fn spawn_monitor(app: &Arc<App>, cluster: &Arc<crate::nodes::Nodes>, node: Arc<NodeState>) {
     let settings_app = app.clone();
     tokio::spawn(crate::monitor::monitor(
-        app.nodes.clone(),
+        cluster.clone(),
         node,
         move || settings_app.config().cluster.clone(),
         app.connect_context(),

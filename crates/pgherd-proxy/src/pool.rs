@@ -16,6 +16,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use pgherd_config::PoolSettings;
 use pgherd_wire::backend::TxStatus;
+use pgherd_wire::{PgError, SqlState};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -143,6 +144,26 @@ pub enum AcquireError {
     WaitTimeout { waited: Duration, max_size: u32 },
     Server(ServerError),
     Closed,
+}
+
+impl AcquireError {
+    /// What the client whose request waited is told.
+    pub fn to_client_error(&self, database: &str, user: &str, node: &str) -> PgError {
+        match self {
+            AcquireError::WaitTimeout { waited, max_size } => PgError::error(
+                SqlState::TOO_MANY_CONNECTIONS,
+                format!(
+                    "no server connection became free within {} ms (pool for database \"{database}\", user \"{user}\" on node {node} has max_size {max_size})",
+                    waited.as_millis(),
+                ),
+            )
+            .with_hint("raise pool.max_size or pool.wait_timeout_ms, or shorten transactions"),
+            AcquireError::Server(e) => e.to_client_error(),
+            AcquireError::Closed => {
+                PgError::error(SqlState::CANNOT_CONNECT_NOW, "the pool was closed; retry the request")
+            }
+        }
+    }
 }
 
 /// A snapshot for SHOW POOLS.

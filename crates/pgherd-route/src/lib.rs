@@ -20,6 +20,7 @@ pub mod parse;
 pub mod plan;
 pub mod shard_hash;
 pub mod shard_plan;
+pub mod shard_route;
 mod tree;
 
 pub use balance::Balance;

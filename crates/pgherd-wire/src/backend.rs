@@ -177,6 +177,58 @@ pub fn parse_row_description(body: &[u8]) -> Result<Vec<&str>, WireError> {
     Ok(names)
 }
 
+/// One column of a RowDescription, whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldDescription {
+    pub name: Vec<u8>,
+    /// The table the column comes from (0: none), and its attribute number there.
+    pub table_oid: u32,
+    pub column: i16,
+    pub type_oid: u32,
+    pub type_len: i16,
+    pub type_modifier: i32,
+    /// 0 text, 1 binary.
+    pub format: i16,
+}
+
+/// Every field of a RowDescription.
+pub fn parse_row_fields(body: &[u8]) -> Result<Vec<FieldDescription>, WireError> {
+    let mut r = BodyReader::new("RowDescription", body);
+    let count = r.u16("field count")?;
+    let mut fields = Vec::with_capacity(usize::from(count));
+    for _ in 0..count {
+        fields.push(FieldDescription {
+            name: r.cstr("field name")?.to_vec(),
+            table_oid: r.u32("table OID")?,
+            column: r.i16("column number")?,
+            type_oid: r.u32("type OID")?,
+            type_len: r.i16("type length")?,
+            type_modifier: r.i32("type modifier")?,
+            format: r.i16("format code")?,
+        });
+    }
+    r.finish()?;
+    Ok(fields)
+}
+
+pub fn encode_row_description(
+    buf: &mut BytesMut,
+    fields: &[FieldDescription],
+) -> Result<(), WireError> {
+    write_message(buf, tag::ROW_DESCRIPTION, |b| {
+        b.put_i16(fields.len() as i16);
+        for field in fields {
+            put_cstr(b, &field.name);
+            b.put_u32(field.table_oid);
+            b.put_i16(field.column);
+            b.put_u32(field.type_oid);
+            b.put_i16(field.type_len);
+            b.put_i32(field.type_modifier);
+            b.put_i16(field.format);
+        }
+    })
+}
+
 /// Column values of a DataRow; `None` is SQL NULL.
 pub fn parse_data_row(body: &[u8]) -> Result<Vec<Option<&[u8]>>, WireError> {
     let mut r = BodyReader::new("DataRow", body);
@@ -366,5 +418,34 @@ mod tests {
             vec![Some(&b"pg1"[..]), None]
         );
         assert!(parse_data_row(&[0, 1, 0, 0, 0, 9, b'x']).is_err());
+    }
+
+    #[test]
+    fn row_fields_roundtrip_whole() {
+        let fields = vec![
+            FieldDescription {
+                name: b"aid".to_vec(),
+                table_oid: 16_384,
+                column: 1,
+                type_oid: 23,
+                type_len: 4,
+                type_modifier: -1,
+                format: 1,
+            },
+            FieldDescription {
+                name: "é".as_bytes().to_vec(),
+                table_oid: 0,
+                column: 0,
+                type_oid: 1700,
+                type_len: -1,
+                type_modifier: 655_366,
+                format: 0,
+            },
+        ];
+        let mut buf = BytesMut::new();
+        encode_row_description(&mut buf, &fields).unwrap();
+        assert_eq!(parse_row_fields(body(&buf)).unwrap(), fields);
+        assert_eq!(parse_row_description(body(&buf)).unwrap(), vec!["aid", "é"]);
+        assert!(parse_row_fields(&body(&buf)[..20]).is_err());
     }
 }

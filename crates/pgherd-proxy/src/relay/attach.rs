@@ -370,27 +370,14 @@ impl Session {
     }
 
     pub(super) fn acquire_error(&mut self, e: AcquireError, node: &NodeState) -> PgError {
-        match e {
-            AcquireError::WaitTimeout { waited, max_size } => PgError::error(
-                SqlState::TOO_MANY_CONNECTIONS,
-                format!(
-                    "no server connection became free within {} ms (pool for database \"{}\", user \"{}\" on node {} has max_size {max_size})",
-                    waited.as_millis(),
-                    self.shared.database,
-                    self.shared.user,
-                    node.name()
-                ),
-            )
-            .with_hint("raise pool.max_size or pool.wait_timeout_ms, or shorten transactions"),
-            AcquireError::Server(e) => {
-                tracing::warn!(client = self.shared.id, error = %e, "cannot get a server connection");
-                e.to_client_error()
+        match &e {
+            AcquireError::Server(server) => {
+                tracing::warn!(client = self.shared.id, error = %server, "cannot get a server connection");
             }
-            AcquireError::Closed => {
-                self.last_pool = None;
-                PgError::error(SqlState::CANNOT_CONNECT_NOW, "the pool was closed; retry the request")
-            }
+            AcquireError::Closed => self.last_pool = None,
+            AcquireError::WaitTimeout { .. } => {}
         }
+        e.to_client_error(&self.shared.database, &self.shared.user, node.name())
     }
 
     /// Gives the server connection back once no cancel is on its way to it. `reusable` is

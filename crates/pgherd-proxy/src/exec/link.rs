@@ -1,0 +1,195 @@
+//! One backend link of a sharded statement: a server connection from the pool of a shard's
+//! primary, carrying the client's settings, that runs one simple query and hands back its
+//! answer message by message. The connection goes back to its pool when the link is dropped:
+//! reusable only once its answer was read to the end (`ReadyForQuery`, idle).
+
+use std::sync::Arc;
+
+use bytes::{BufMut, BytesMut};
+use pgherd_wire::backend::{self, tag as btag, TxStatus};
+use pgherd_wire::{frontend, PgError, SqlState};
+
+use crate::app::App;
+use crate::clients::{ClientShared, ServerTarget};
+use crate::error::{ServerError, ServerErrorKind};
+use crate::msgio::{read_message, write_flush, ReadError};
+use crate::nodes::{NodeState, Nodes};
+use crate::pool::Pool;
+use crate::relay::params::{self, SessionParams};
+use crate::server::{ServerConn, MAX_SERVER_MESSAGE_BYTES};
+
+pub struct Link {
+    pub shard: u32,
+    node: Arc<NodeState>,
+    pool: Arc<Pool>,
+    conn: Option<Box<ServerConn>>,
+    /// The answer was read to its `ReadyForQuery`: the connection may serve someone else.
+    settled: bool,
+}
+
+/// One message of an answer: its tag and body.
+pub type Message = (u8, BytesMut);
+
+impl Link {
+    /// A connection to the primary of `shard` (its `cluster`) for the client, with the client's
+    /// settings on it.
+    pub async fn open(
+        app: &App,
+        shared: &ClientShared,
+        shard: u32,
+        cluster: &Nodes,
+        params: &SessionParams,
+    ) -> Result<Link, PgError> {
+        let node = cluster.primary().ok_or_else(|| {
+            PgError::error(
+                SqlState::CONNECTION_FAILURE,
+                format!("no primary is available for shard {shard}"),
+            )
+            .with_detail(format!(
+                "nodes of shard {shard}: {}",
+                cluster.describe_all()
+            ))
+        })?;
+        let pool = app
+            .pool(&shared.database, &shared.user, &node)
+            .ok_or_else(|| {
+                PgError::error(
+                    SqlState::INVALID_CATALOG_NAME,
+                    format!(
+                        "database \"{}\" is no longer served by pgherd",
+                        shared.database
+                    ),
+                )
+            })?;
+        let conn = match pool.try_acquire() {
+            Some(conn) => conn,
+            None => pool
+                .acquire(&app.connect_context())
+                .await
+                .map_err(|e| e.to_client_error(&shared.database, &shared.user, node.name()))?,
+        };
+        node.begin_lease();
+        let mut link = Link {
+            shard,
+            node,
+            pool,
+            conn: Some(conn),
+            settled: true,
+        };
+        link.carry_settings(params).await?;
+        Ok(link)
+    }
+
+    fn conn(&mut self) -> Result<&mut ServerConn, PgError> {
+        self.conn.as_deref_mut().ok_or_else(|| {
+            PgError::error(
+                SqlState::CONNECTION_FAILURE,
+                "the server connection of this shard was lost",
+            )
+        })
+    }
+
+    /// Resets what the connection's last client set and applies this client's settings, as
+    /// the relay does before a request.
+    async fn carry_settings(&mut self, params: &SessionParams) -> Result<(), PgError> {
+        let conn = self.conn()?;
+        let mut statements = Vec::new();
+        if conn.params_fp != params.fingerprint() {
+            if conn.params_fp != params::BASELINE {
+                statements.push(params::RESET_SQL.to_owned());
+            }
+            statements.extend(params.apply_sql());
+        }
+        statements.extend(conn.residue.clear_sql(rand::random::<f64>() * 2.0 - 1.0));
+        for sql in statements {
+            if let Err(e) = conn.simple_query(&sql).await {
+                self.settled = false;
+                return Err(match e {
+                    crate::server::QueryError::Sql(e) => e,
+                    crate::server::QueryError::Server(e) => e.to_client_error(),
+                });
+            }
+        }
+        conn.params_fp = params.fingerprint();
+        conn.residue = params::Residue::default();
+        Ok(())
+    }
+
+    /// Where a cancel for this link's statement goes.
+    pub fn target(&self) -> Option<ServerTarget> {
+        self.conn.as_ref().map(|conn| ServerTarget {
+            server_id: conn.id,
+            peer: conn.peer,
+            key: conn.cancel_key,
+            node: ServerTarget::node_id(&self.node),
+        })
+    }
+
+    /// Sends one simple query.
+    pub async fn send(&mut self, sql: &str) -> Result<(), PgError> {
+        self.settled = false;
+        let conn = self.conn()?;
+        let mut out = BytesMut::with_capacity(sql.len() + 8);
+        frontend::encode_query(&mut out, sql.as_bytes())
+            .map_err(|e| PgError::error(SqlState::PROGRAM_LIMIT_EXCEEDED, e.to_string()))?;
+        let node = conn.node.clone();
+        write_flush(&mut conn.stream, &out)
+            .await
+            .map_err(|e| ServerError::new(&node, ServerErrorKind::Io(e)).to_client_error())
+    }
+
+    /// The next message of the answer; `ReadyForQuery` is the last, after which the link may
+    /// be given back.
+    pub async fn next(&mut self) -> Result<Message, PgError> {
+        let conn = self.conn()?;
+        let node = conn.node.clone();
+        let lost = |detail: String| {
+            PgError::error(
+                SqlState::CONNECTION_FAILURE,
+                format!("the server connection to node {node} failed"),
+            )
+            .with_detail(detail)
+        };
+        let (tag, body) = match read_message(
+            &mut conn.stream,
+            &mut conn.read_buf,
+            MAX_SERVER_MESSAGE_BYTES,
+        )
+        .await
+        {
+            Ok(message) => message,
+            Err(ReadError::Eof) => return Err(lost("it closed the connection".into())),
+            Err(ReadError::Io(e)) => return Err(lost(e.to_string())),
+            Err(ReadError::Wire(e)) => return Err(lost(e.to_string())),
+        };
+        match tag {
+            btag::READY_FOR_QUERY => {
+                conn.tx_status =
+                    backend::parse_ready_for_query(&body).map_err(|e| lost(e.to_string()))?;
+                self.settled = conn.tx_status == TxStatus::Idle;
+            }
+            // pgherd sends no COPY: a server that starts one is not followed.
+            btag::COPY_IN_RESPONSE | btag::COPY_OUT_RESPONSE | btag::COPY_BOTH_RESPONSE => {
+                return Err(lost("it started a COPY pgherd did not ask for".into()));
+            }
+            _ => {}
+        }
+        Ok((tag, body))
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.node.end_lease();
+            self.pool.release(conn, self.settled);
+        }
+    }
+}
+
+/// Appends a message as the wire carries it.
+pub fn encode_message(out: &mut BytesMut, (tag, body): &Message) {
+    out.put_u8(*tag);
+    out.put_i32(body.len() as i32 + 4);
+    out.put_slice(body);
+}

@@ -1,0 +1,343 @@
+//! The sharded endpoint's session (`[sharding]`): the client's front end and the executor of
+//! each statement's plan (`pgherd_route::shard_route`) over backend links ([`link`]), one per
+//! shard the plan needs. A statement on one shard is relayed as it streams back; a read over
+//! several is merged ([`fan_out`]); a schema change runs on every shard.
+//!
+//! This first slice speaks the simple query protocol, one autocommit statement at a time, on
+//! each shard's primary. The extended protocol, transaction blocks, COPY and writes to several
+//! shards (which need two-phase commit) are refused with `0A000` naming them.
+
+mod fan_out;
+mod link;
+
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::task::Poll;
+
+use bytes::BytesMut;
+use futures_util::future::join_all;
+use pgherd_route::shard_route::{route_statement, Execution};
+use pgherd_wire::backend::{self, tag as btag, TxStatus};
+use pgherd_wire::frontend::tag as ftag;
+use pgherd_wire::{PgError, SqlState, WireError};
+
+use crate::app::App;
+use crate::clients::{ClientShared, SIGNAL_KILL, SIGNAL_SHUTDOWN};
+use crate::error::{client_io, Disconnect};
+use crate::msgio::{read_message, write_flush, ReadError};
+use crate::relay::params::{session_changes, SessionParams};
+use crate::routing::Router;
+use crate::shards::Shards;
+use crate::stream::Stream;
+use link::{encode_message, Link};
+
+/// Answers are written to the client once this much is buffered.
+const FLUSH_BYTES: usize = 64 << 10;
+
+pub struct ShardedSession {
+    pub app: Arc<App>,
+    pub shared: Arc<ClientShared>,
+    pub client: Stream,
+    pub client_in: BytesMut,
+    pub params: SessionParams,
+    pub shards: Arc<Shards>,
+    /// The database's catalog, for the aggregates it defines.
+    pub router: Arc<Router>,
+}
+
+/// Why a statement ended without its answer: the client hears the error, or the session ends.
+enum Failed {
+    Statement(PgError),
+    Client(Disconnect),
+}
+
+impl From<PgError> for Failed {
+    fn from(e: PgError) -> Self {
+        Failed::Statement(e)
+    }
+}
+
+impl ShardedSession {
+    /// Serves the client until it leaves or is sent away.
+    pub async fn run(mut self) -> Disconnect {
+        let max_message_bytes = self.app.config().proxy.max_message_bytes;
+        let mut skip_to_sync = false;
+        loop {
+            let read = read_message(&mut self.client, &mut self.client_in, max_message_bytes);
+            let (tag, body) = tokio::select! {
+                biased;
+                end = signalled(&self.shared) => return end,
+                read = read => match read {
+                    Ok(message) => message,
+                    Err(ReadError::Eof) => return Disconnect::ClientClosed,
+                    Err(ReadError::Io(e)) => return client_io(e),
+                    Err(ReadError::Wire(e)) => return Disconnect::Protocol(e),
+                },
+            };
+            let mut out = BytesMut::new();
+            match tag {
+                ftag::QUERY => {
+                    let sql = match body.strip_suffix(&[0]).map(std::str::from_utf8) {
+                        Some(Ok(sql)) => sql.to_owned(),
+                        _ => {
+                            return Disconnect::Protocol(WireError::Malformed {
+                                message: "Query",
+                                reason: "text (not UTF-8 ending in a zero byte)",
+                            })
+                        }
+                    };
+                    if let Err(end) = self.simple_query(&sql, &mut out).await {
+                        return end;
+                    }
+                    backend::encode_ready_for_query(&mut out, TxStatus::Idle);
+                }
+                ftag::TERMINATE => return Disconnect::Terminated,
+                ftag::SYNC => {
+                    skip_to_sync = false;
+                    backend::encode_ready_for_query(&mut out, TxStatus::Idle);
+                }
+                ftag::FLUSH | ftag::COPY_DATA | ftag::COPY_DONE | ftag::COPY_FAIL => {}
+                ftag::PARSE | ftag::BIND | ftag::DESCRIBE | ftag::EXECUTE | ftag::CLOSE => {
+                    if !std::mem::replace(&mut skip_to_sync, true) {
+                        encode_error(
+                            &mut out,
+                            &PgError::error(
+                                SqlState::FEATURE_NOT_SUPPORTED,
+                                "not supported on sharded tables: the extended query protocol through a sharded endpoint (not built yet); use the simple query protocol",
+                            ),
+                        );
+                    }
+                }
+                _ => {
+                    return Disconnect::Protocol(WireError::Malformed {
+                        message: "message",
+                        reason: "type (not one a client sends)",
+                    })
+                }
+            }
+            if let Err(e) = write_flush(&mut self.client, &out).await {
+                return client_io(e);
+            }
+        }
+    }
+
+    /// Plans and runs one query string; its answer (without `ReadyForQuery`) goes to `out`.
+    async fn simple_query(&mut self, sql: &str, out: &mut BytesMut) -> Result<(), Disconnect> {
+        let catalog = self.router.catalog();
+        // Until the catalog is read, any function might be an aggregate the database defines.
+        let unread = catalog.function_count() == 0;
+        let is_user_aggregate = |name: &str| {
+            unread
+                || pgherd_route::Catalog::function(&**catalog, name).is_some_and(|f| f.user_defined)
+        };
+        let planned = route_statement(sql, &self.shards.map, true, &is_user_aggregate);
+        drop(catalog);
+        let outcome = match planned {
+            Err(e) => Err(Failed::Statement(PgError::error(
+                e.sqlstate(),
+                e.to_string(),
+            ))),
+            Ok(Execution::AnyShard) => {
+                let shard = (self.shared.id % u64::from(self.shards.count())) as u32;
+                self.on_one_shard(shard, sql, out).await
+            }
+            Ok(Execution::OneShard(shard)) => self.on_one_shard(shard, sql, out).await,
+            Ok(Execution::Setting) => self.setting(sql, out).await,
+            Ok(Execution::EveryShard) => self.on_every_shard(sql, out).await,
+            Ok(Execution::FanOut { shards, plan }) => {
+                match self.open_links(shards.iter().copied()).await {
+                    Ok(mut links) => {
+                        self.watch_cancel(&links);
+                        let merged = fan_out::run(&mut links, &plan, false, out).await;
+                        self.unwatch_cancel().await;
+                        merged.map_err(Failed::Statement)
+                    }
+                    Err(e) => Err(Failed::Statement(e)),
+                }
+            }
+        };
+        match outcome {
+            Ok(()) => Ok(()),
+            Err(Failed::Statement(e)) => {
+                encode_error(out, &e);
+                Ok(())
+            }
+            Err(Failed::Client(end)) => Err(end),
+        }
+    }
+
+    async fn open_links(&self, shards: impl Iterator<Item = u32>) -> Result<Vec<Link>, PgError> {
+        let opening = shards.map(|shard| async move {
+            let cluster = self.shards.cluster(shard).ok_or_else(|| {
+                PgError::error(SqlState::INTERNAL_ERROR, format!("no shard {shard}"))
+            })?;
+            Link::open(&self.app, &self.shared, shard, cluster, &self.params).await
+        });
+        join_all(opening).await.into_iter().collect()
+    }
+
+    /// A cancel from the client reaches the first link (its error ends the whole statement).
+    fn watch_cancel(&self, links: &[Link]) {
+        self.shared.set_target(links.first().and_then(Link::target));
+    }
+
+    async fn unwatch_cancel(&self) {
+        if !self.shared.try_clear_target() {
+            self.shared
+                .clear_target(&self.app.clients.cancel_acknowledged)
+                .await;
+        }
+    }
+
+    /// Runs `sql` on one shard, relaying its answer to the client as it comes.
+    async fn on_one_shard(
+        &mut self,
+        shard: u32,
+        sql: &str,
+        out: &mut BytesMut,
+    ) -> Result<(), Failed> {
+        let mut links = self.open_links(std::iter::once(shard)).await?;
+        let Some(link) = links.first_mut() else {
+            return Ok(());
+        };
+        self.watch_cancel(std::slice::from_ref(link));
+        let relayed = self.relay(link, sql, out).await;
+        self.unwatch_cancel().await;
+        relayed
+    }
+
+    async fn relay(
+        &mut self,
+        link: &mut Link,
+        sql: &str,
+        out: &mut BytesMut,
+    ) -> Result<(), Failed> {
+        link.send(sql).await?;
+        loop {
+            let message = link.next().await?;
+            match message.0 {
+                btag::READY_FOR_QUERY => return Ok(()),
+                btag::PARAMETER_STATUS => {
+                    if let Ok(p) = backend::ParameterStatus::parse(&message.1) {
+                        self.params.record_reported(p.name, p.value);
+                    }
+                }
+                _ => {}
+            }
+            encode_message(out, &message);
+            if out.len() >= FLUSH_BYTES {
+                write_flush(&mut self.client, out)
+                    .await
+                    .map_err(|e| Failed::Client(client_io(e)))?;
+                out.clear();
+            }
+        }
+    }
+
+    /// `SET`/`RESET`: checked on one shard, then kept as the session's, so every link carries it.
+    async fn setting(&mut self, sql: &str, out: &mut BytesMut) -> Result<(), Failed> {
+        let Some(changes) = session_changes(sql) else {
+            return Err(Failed::Statement(PgError::error(
+                SqlState::FEATURE_NOT_SUPPORTED,
+                "not supported on sharded tables: this SET through a sharded endpoint",
+            )));
+        };
+        let before = out.len();
+        self.on_one_shard(0, sql, out).await?;
+        if !answer_has_error(&out[before..]) {
+            self.params.record(changes);
+            self.params.end_transaction(true);
+        }
+        Ok(())
+    }
+
+    /// A schema change or maintenance command: every shard runs it, at once. Each commits on
+    /// its own, so a failure on some shards says which ones did apply it.
+    async fn on_every_shard(&mut self, sql: &str, out: &mut BytesMut) -> Result<(), Failed> {
+        let mut links = self.open_links(0..self.shards.count()).await?;
+        let answers = join_all(links.iter_mut().map(|link| async move {
+            link.send(sql).await?;
+            let mut messages = Vec::new();
+            let mut error = None;
+            loop {
+                let message = link.next().await?;
+                match message.0 {
+                    btag::READY_FOR_QUERY => return Ok::<_, PgError>((messages, error)),
+                    btag::ERROR_RESPONSE => {
+                        error.get_or_insert(PgError::parse(&message.1).unwrap_or_else(|e| {
+                            PgError::error(SqlState::PROTOCOL_VIOLATION, e.to_string())
+                        }));
+                    }
+                    _ => messages.push(message),
+                }
+            }
+        }))
+        .await;
+        let mut applied = Vec::new();
+        let mut failed = None;
+        let mut first_answer = None;
+        for (shard, answer) in answers.into_iter().enumerate() {
+            match answer {
+                Ok((messages, None)) => {
+                    applied.push(shard.to_string());
+                    first_answer.get_or_insert(messages);
+                }
+                Ok((_, Some(e))) | Err(e) => {
+                    failed.get_or_insert((shard, e));
+                }
+            }
+        }
+        if let Some((shard, mut error)) = failed {
+            let applied = if applied.is_empty() {
+                "no shard applied it".to_owned()
+            } else {
+                format!("shards {} applied it", applied.join(", "))
+            };
+            let detail = format!("on shard {shard}; {applied}");
+            error.detail = Some(match error.detail.take() {
+                Some(own) => format!("{own} ({detail})"),
+                None => detail,
+            });
+            return Err(Failed::Statement(error));
+        }
+        for message in first_answer.iter().flatten() {
+            encode_message(out, message);
+        }
+        Ok(())
+    }
+}
+
+/// The answer in `bytes` holds an ErrorResponse.
+fn answer_has_error(mut bytes: &[u8]) -> bool {
+    while bytes.len() >= 5 {
+        if bytes[0] == btag::ERROR_RESPONSE {
+            return true;
+        }
+        let len = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]) as usize;
+        bytes = bytes.get(1 + len..).unwrap_or(&[]);
+    }
+    false
+}
+
+fn encode_error(out: &mut BytesMut, error: &PgError) {
+    if error.encode(out).is_err() {
+        let _ = PgError::error(SqlState::INTERNAL_ERROR, "an error too large to send").encode(out);
+    }
+}
+
+/// Ready when the client is killed or pgherd shuts down (between statements, the session is
+/// idle and may end).
+async fn signalled(shared: &ClientShared) -> Disconnect {
+    poll_fn(|cx| {
+        shared.register_waker(cx.waker());
+        let signals = shared.signals();
+        if signals & SIGNAL_KILL != 0 {
+            return Poll::Ready(Disconnect::Killed(shared.kill_reason().unwrap_or_default()));
+        }
+        if signals & SIGNAL_SHUTDOWN != 0 {
+            return Poll::Ready(Disconnect::Shutdown);
+        }
+        Poll::Pending
+    })
+    .await
+}

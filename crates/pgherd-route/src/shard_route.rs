@@ -1,0 +1,220 @@
+//! What a sharded endpoint does with one statement of the simple query protocol: the pure plan
+//! its executor carries out (`pgherd-proxy/src/exec`). A read of no sharded table runs on any
+//! one shard; a schema change or maintenance command on every shard; a statement whose key
+//! predicate names one shard runs there unchanged, as a routed query would; a key-less read
+//! fans out with a merge ([`crate::merge_plan`]). What cannot run exactly yet is refused with
+//! `0A000` naming it: never sent to too few shards.
+
+use std::collections::BTreeSet;
+
+use pg_query::protobuf::node::Node as NodeEnum;
+use pgherd_wire::SqlState;
+
+use crate::lexer::lex;
+use crate::merge_plan::{plan_fan_out, FanOut};
+use crate::parse::{parse, NotParsed, DEFAULT_MAX_PARSE_BYTES};
+use crate::shard_plan::{self, ResolveError, ShardMap, ShardPlan, Unsupported};
+
+/// How a statement runs over the shards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Execution {
+    /// It reads no sharded table (or only session state): any one shard answers.
+    AnyShard,
+    /// A schema change or maintenance command: every shard runs it as sent.
+    EveryShard,
+    /// It changes a session setting: pgherd records it and carries it to every shard's
+    /// connection; one shard checks it.
+    Setting,
+    /// It runs unchanged on this one shard.
+    OneShard(u32),
+    /// A read over several shards: each runs the rewritten statement, the rows are merged.
+    FanOut {
+        shards: BTreeSet<u32>,
+        plan: Box<FanOut>,
+    },
+}
+
+/// Why a statement does not run on a sharded endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShardError {
+    #[error(transparent)]
+    Unsupported(#[from] Unsupported),
+    #[error(transparent)]
+    Key(#[from] ResolveError),
+}
+
+impl ShardError {
+    pub fn sqlstate(&self) -> SqlState {
+        match self {
+            ShardError::Unsupported(e) => e.sqlstate(),
+            ShardError::Key(e) => e.sqlstate(),
+        }
+    }
+}
+
+fn refuse(what: &str) -> ShardError {
+    ShardError::Unsupported(Unsupported(what.to_owned()))
+}
+
+/// Plans one query string. `is_user_aggregate` says whether a function name may be an
+/// aggregate the database defines (from its catalog; when unsure, say yes).
+pub fn route_statement(
+    sql: &str,
+    map: &ShardMap,
+    standard_conforming_strings: bool,
+    is_user_aggregate: &dyn Fn(&str) -> bool,
+) -> Result<Execution, ShardError> {
+    let mut key = Vec::new();
+    let lexed = lex(sql.as_bytes(), standard_conforming_strings, &mut key);
+    let parsed = match parse(sql, &lexed, DEFAULT_MAX_PARSE_BYTES) {
+        Ok(parsed) => parsed,
+        // The server says what is wrong with it, as it would without pgherd.
+        Err(NotParsed::Syntax(_)) => return Ok(Execution::AnyShard),
+        Err(e) => return Err(refuse(&format!("a statement that {e}"))),
+    };
+    let statements = &parsed.tree.protobuf.stmts;
+    let statement = match statements.as_slice() {
+        [] => return Ok(Execution::AnyShard),
+        [one] => one.stmt.as_ref().and_then(|s| s.node.as_ref()),
+        _ => return Err(refuse("several statements in one query string")),
+    };
+    let Some(statement) = statement else {
+        return Ok(Execution::AnyShard);
+    };
+    route_node(statement, map, is_user_aggregate)
+}
+
+fn route_node(
+    statement: &NodeEnum,
+    map: &ShardMap,
+    is_user_aggregate: &dyn Fn(&str) -> bool,
+) -> Result<Execution, ShardError> {
+    match statement {
+        NodeEnum::SelectStmt(_)
+        | NodeEnum::InsertStmt(_)
+        | NodeEnum::UpdateStmt(_)
+        | NodeEnum::DeleteStmt(_) => route_data(statement, map, is_user_aggregate),
+        NodeEnum::ExplainStmt(explain) => {
+            let inner = explain.query.as_ref().and_then(|q| q.node.as_ref());
+            match inner.map(|q| route_node(q, map, is_user_aggregate)) {
+                Some(Ok(Execution::FanOut { .. })) => {
+                    Err(refuse("EXPLAIN of a statement over several shards"))
+                }
+                Some(other) => other,
+                None => Ok(Execution::AnyShard),
+            }
+        }
+        NodeEnum::VariableShowStmt(_) => Ok(Execution::AnyShard),
+        NodeEnum::VariableSetStmt(set) if !set.is_local => Ok(Execution::Setting),
+        NodeEnum::TransactionStmt(_) => Err(refuse(
+            "transaction blocks (BEGIN, COMMIT, ...) through a sharded endpoint, which are not built yet; each statement commits on its own",
+        )),
+        NodeEnum::CopyStmt(_) => Err(refuse("COPY through a sharded endpoint (not built yet)")),
+        NodeEnum::CreateTableAsStmt(_) => {
+            Err(refuse("CREATE TABLE AS or SELECT INTO through a sharded endpoint"))
+        }
+        node if is_schema_or_maintenance(node) => Ok(Execution::EveryShard),
+        other => Err(refuse(&format!(
+            "{} through a sharded endpoint",
+            statement_name(other)
+        ))),
+    }
+}
+
+/// A read or write of rows: where the key predicate or the rows' keys place it.
+fn route_data(
+    statement: &NodeEnum,
+    map: &ShardMap,
+    is_user_aggregate: &dyn Fn(&str) -> bool,
+) -> Result<Execution, ShardError> {
+    let reads_only = match statement {
+        NodeEnum::SelectStmt(select) => select.into_clause.is_none(),
+        _ => false,
+    };
+    let plan = shard_plan::plan(statement, map)?;
+    match &plan {
+        ShardPlan::Unsharded if reads_only => Ok(Execution::AnyShard),
+        ShardPlan::Unsharded => Err(refuse(
+            "a write to a table that is not sharded (it lives on every shard, and writing all copies at once needs two-phase commit, not built yet)",
+        )),
+        ShardPlan::InsertRows { table, .. } => {
+            let shards: BTreeSet<u32> = plan.row_shards(map, &[])?.into_iter().collect();
+            match shards.first() {
+                None => Ok(Execution::OneShard(0)),
+                Some(&shard) if shards.len() == 1 => Ok(Execution::OneShard(shard)),
+                Some(_) => Err(refuse(&format!(
+                    "an INSERT of rows for several shards of {table} in one statement (it needs two-phase commit, not built yet)"
+                ))),
+            }
+        }
+        ShardPlan::Table { table, restriction } => {
+            let sharded = map
+                .tables
+                .get(table)
+                .ok_or_else(|| refuse(&format!("table {table}, missing from the sharding map")))?;
+            let shards = restriction.shards(sharded, map.shards, &[])?;
+            if shards.len() <= 1 {
+                // No shard: no row can match, and any one shard says so.
+                return Ok(Execution::OneShard(shards.first().copied().unwrap_or(0)));
+            }
+            let NodeEnum::SelectStmt(select) = statement else {
+                return Err(refuse(&format!(
+                    "an UPDATE or DELETE of {table} on several shards (it needs two-phase commit, not built yet)"
+                )));
+            };
+            let plan = plan_fan_out(select, &sharded.key_column, is_user_aggregate)?;
+            Ok(Execution::FanOut {
+                shards,
+                plan: Box::new(plan),
+            })
+        }
+    }
+}
+
+/// Statements every shard runs: what makes and changes the schema, and maintenance.
+fn is_schema_or_maintenance(node: &NodeEnum) -> bool {
+    matches!(
+        node,
+        NodeEnum::CreateStmt(_)
+            | NodeEnum::AlterTableStmt(_)
+            | NodeEnum::DropStmt(_)
+            | NodeEnum::IndexStmt(_)
+            | NodeEnum::TruncateStmt(_)
+            | NodeEnum::VacuumStmt(_)
+            | NodeEnum::CreateSchemaStmt(_)
+            | NodeEnum::ViewStmt(_)
+            | NodeEnum::CreateSeqStmt(_)
+            | NodeEnum::AlterSeqStmt(_)
+            | NodeEnum::RenameStmt(_)
+            | NodeEnum::CommentStmt(_)
+            | NodeEnum::CreateFunctionStmt(_)
+            | NodeEnum::CreateExtensionStmt(_)
+            | NodeEnum::GrantStmt(_)
+            | NodeEnum::CreateEnumStmt(_)
+            | NodeEnum::CompositeTypeStmt(_)
+            | NodeEnum::CreateDomainStmt(_)
+            | NodeEnum::AlterObjectSchemaStmt(_)
+            | NodeEnum::AlterOwnerStmt(_)
+            | NodeEnum::ReindexStmt(_)
+            | NodeEnum::ClusterStmt(_)
+    )
+}
+
+/// The statement's kind as a sentence names it (`DoStmt` → `DO`).
+fn statement_name(node: &NodeEnum) -> String {
+    let debug = format!("{node:?}");
+    let kind = debug.split('(').next().unwrap_or("this statement");
+    let kind = kind.strip_suffix("Stmt").unwrap_or(kind);
+    let mut words = String::new();
+    for (i, ch) in kind.char_indices() {
+        if i > 0 && ch.is_ascii_uppercase() {
+            words.push(' ');
+        }
+        words.push(ch.to_ascii_uppercase());
+    }
+    words
+}
+
+#[cfg(test)]
+#[path = "shard_route_tests.rs"]
+mod tests;

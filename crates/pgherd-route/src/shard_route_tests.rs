@@ -1,0 +1,162 @@
+//! Data-driven tests of what a sharded endpoint does with a statement: SQL → execution, or
+//! the construct it refuses.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::shard_hash::{shard_of_text, KeyType};
+use crate::shard_plan::{Method, ShardedTable};
+
+fn map() -> ShardMap {
+    ShardMap {
+        shards: 3,
+        tables: BTreeMap::from([(
+            "accounts".to_owned(),
+            ShardedTable {
+                key_column: "aid".into(),
+                key_type: KeyType::Int4,
+                method: Method::Hash,
+                key_ordinal: None,
+            },
+        )]),
+    }
+}
+
+fn route(sql: &str) -> Result<Execution, ShardError> {
+    route_statement(sql, &map(), true, &|name| name == "my_agg")
+}
+
+fn shard_of(key: i32) -> u32 {
+    shard_of_text(KeyType::Int4, &key.to_string(), 3).unwrap()
+}
+
+#[test]
+fn statements_run_where_their_rows_are() {
+    let cases: &[(&str, Execution)] = &[
+        ("SELECT 1", Execution::AnyShard),
+        ("SELECT * FROM branches WHERE bid = 1", Execution::AnyShard),
+        ("SHOW work_mem", Execution::AnyShard),
+        ("", Execution::AnyShard),
+        ("SELEC 1", Execution::AnyShard),
+        ("SET work_mem = '8MB'", Execution::Setting),
+        ("RESET ALL", Execution::Setting),
+        ("CREATE TABLE t (a int)", Execution::EveryShard),
+        ("CREATE INDEX ON accounts (bid)", Execution::EveryShard),
+        (
+            "ALTER TABLE accounts ADD COLUMN x int",
+            Execution::EveryShard,
+        ),
+        ("TRUNCATE accounts", Execution::EveryShard),
+        ("VACUUM ANALYZE accounts", Execution::EveryShard),
+        ("DROP TABLE IF EXISTS accounts", Execution::EveryShard),
+        (
+            "SELECT abalance FROM accounts WHERE aid = 7",
+            Execution::OneShard(shard_of(7)),
+        ),
+        (
+            "UPDATE accounts SET abalance = abalance + 1 WHERE aid = 8",
+            Execution::OneShard(shard_of(8)),
+        ),
+        (
+            "DELETE FROM accounts WHERE aid = 9",
+            Execution::OneShard(shard_of(9)),
+        ),
+        (
+            "INSERT INTO accounts (aid, abalance) VALUES (10, 0)",
+            Execution::OneShard(shard_of(10)),
+        ),
+        (
+            "EXPLAIN SELECT * FROM accounts WHERE aid = 7",
+            Execution::OneShard(shard_of(7)),
+        ),
+        // No key can match both: no row, which any one shard says.
+        (
+            "SELECT * FROM accounts WHERE aid = 1 AND aid = 2",
+            Execution::OneShard(if shard_of(1) == shard_of(2) {
+                shard_of(1)
+            } else {
+                0
+            }),
+        ),
+    ];
+    for (sql, expected) in cases {
+        assert_eq!(route(sql).as_ref(), Ok(expected), "{sql}");
+    }
+}
+
+#[test]
+fn key_less_reads_fan_out_with_their_merge() {
+    let Ok(Execution::FanOut { shards, plan }) =
+        route("SELECT bid, avg(abalance) FROM accounts GROUP BY bid ORDER BY bid")
+    else {
+        panic!("a fan-out");
+    };
+    assert_eq!(shards, BTreeSet::from([0, 1, 2]));
+    assert!(
+        plan.shard_sql.contains("sum(abalance)"),
+        "{}",
+        plan.shard_sql
+    );
+    // An IN list over two shards fans out to those two.
+    let (a, b) = (1..100)
+        .flat_map(|a| (1..100).map(move |b| (a, b)))
+        .find(|&(a, b)| shard_of(a) != shard_of(b))
+        .unwrap();
+    let Ok(Execution::FanOut { shards, .. }) =
+        route(&format!("SELECT * FROM accounts WHERE aid IN ({a}, {b})"))
+    else {
+        panic!("a fan-out");
+    };
+    assert_eq!(shards, BTreeSet::from([shard_of(a), shard_of(b)]));
+}
+
+#[test]
+fn what_cannot_run_exactly_is_refused_by_name() {
+    let cases: &[(&str, &str)] = &[
+        ("BEGIN", "transaction blocks"),
+        (
+            "SELECT 1; SELECT 2",
+            "several statements in one query string",
+        ),
+        (
+            "UPDATE accounts SET abalance = 0",
+            "UPDATE or DELETE of accounts on several shards",
+        ),
+        (
+            "INSERT INTO accounts (aid) VALUES (1), (2), (3), (4), (5), (6)",
+            "INSERT of rows for several shards",
+        ),
+        (
+            "INSERT INTO branches VALUES (1)",
+            "a write to a table that is not sharded",
+        ),
+        ("COPY accounts FROM STDIN", "COPY"),
+        ("DO $$ BEGIN END $$", "DO through a sharded endpoint"),
+        (
+            "EXPLAIN SELECT count(*) FROM accounts",
+            "EXPLAIN of a statement over several shards",
+        ),
+        (
+            "SELECT my_agg(abalance) FROM accounts",
+            "not supported on sharded tables",
+        ),
+        (
+            "CREATE TABLE c AS SELECT * FROM accounts",
+            "CREATE TABLE AS",
+        ),
+    ];
+    for (sql, refusal) in cases {
+        match route(sql) {
+            Err(e) => {
+                assert_eq!(e.sqlstate(), SqlState::FEATURE_NOT_SUPPORTED, "{sql}: {e}");
+                assert!(e.to_string().contains(refusal), "{sql}: {e}");
+            }
+            Ok(other) => panic!("{sql}: {other:?}"),
+        }
+    }
+    let bad_key = route("SELECT * FROM accounts WHERE aid = 'x'");
+    assert!(
+        matches!(&bad_key, Err(e) if e.sqlstate() == SqlState::INVALID_TEXT_REPRESENTATION),
+        "{bad_key:?}"
+    );
+}

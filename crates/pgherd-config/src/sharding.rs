@@ -80,6 +80,17 @@ pub(crate) fn sharding(
             "[sharding] and [dcs] together are not supported yet: shards run behind one pgherd instance",
         ));
     }
+    // A shard number beyond the node count leaves a gap: said before anything is sized by it.
+    if let Some(i) = (0..nodes.len()).find(|&i| shard_of(i) as usize >= nodes.len()) {
+        return Err(c.error(
+            &field_path!["nodes", i, "shard"],
+            format!(
+                "shard {} but only {} nodes: shards are numbered from 0 without gaps",
+                shard_of(i),
+                nodes.len()
+            ),
+        ));
+    }
     let shards = (0..nodes.len()).map(shard_of).max().unwrap_or(0) + 1;
     let mut shard_nodes: Vec<Vec<NodeConfig>> = vec![Vec::new(); shards as usize];
     for (i, node) in nodes.into_iter().enumerate() {
@@ -99,9 +110,16 @@ pub(crate) fn sharding(
         ));
     }
     let mut tables = BTreeMap::new();
+    let mut qualified = std::collections::BTreeSet::new();
     for (i, t) in sharding.tables.iter().enumerate() {
         let (name, table) = table(c, i, t, shards)?;
-        if tables.insert(name.clone(), table).is_some() {
+        // `accounts` is `public.accounts`, as statements name it.
+        let schema_qualified = if name.contains('.') {
+            name.clone()
+        } else {
+            format!("public.{name}")
+        };
+        if !qualified.insert(schema_qualified) || tables.insert(name.clone(), table).is_some() {
             return Err(c.error(
                 &field_path!["sharding", "tables", i, "table"],
                 format!("table {name:?} is listed twice"),
@@ -168,16 +186,22 @@ fn table(
             }
             Method::Hash
         }
+        "range" if raw.values.is_some() => {
+            return Err(c.error(&at("values"), "belongs to method \"list\""));
+        }
+        "list" if raw.starts.is_some() => {
+            return Err(c.error(&at("starts"), "belongs to method \"range\""));
+        }
         "range" => {
+            if !integer {
+                return Err(c.error(&at("type"), "method \"range\" needs an integer key"));
+            }
             let Some(starts) = raw.starts.clone() else {
                 return Err(c.error(
                     &at("method"),
                     format!("method \"range\" needs starts: the lowest key of each of the {shards} shards"),
                 ));
             };
-            if !integer {
-                return Err(c.error(&at("type"), "method \"range\" needs an integer key"));
-            }
             if starts.len() != shards as usize || !starts.windows(2).all(|w| w[0] < w[1]) {
                 return Err(c.error(
                     &at("starts"),

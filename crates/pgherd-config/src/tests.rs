@@ -386,7 +386,7 @@ fn broken_sharding_is_named_by_file_line_and_field() {
         "pgherd.toml:4:9: nodes[0].shard: nodes belong to shards only with a [sharding] section",
     );
     check_err(
-        "[[nodes]]\nname = \"a\"\nport = 5432\n[[nodes]]\nname = \"b\"\nport = 5433\nshard = 2\n[sharding]\n",
+        "[[nodes]]\nname = \"a\"\nport = 5432\n[[nodes]]\nname = \"b\"\nport = 5433\nshard = 2\n[[nodes]]\nname = \"c\"\nport = 5434\n[sharding]\n",
         "pgherd.toml:7:9: nodes[1].shard: shard 2 has nodes but shard 1 has none",
     );
     let with_table = |lines: &str| format!("{SHARDED}{lines}\n");
@@ -409,5 +409,13 @@ fn broken_sharding_is_named_by_file_line_and_field() {
     check_err(
         &with_table("[[sharding.tables]]\ntable = \"accounts\"\ncolumn = \"k\""),
         "pgherd.toml:17:9: sharding.tables[1].table: table \"accounts\" is listed twice",
+    );
+    check_err(
+        &with_table("[[sharding.tables]]\ntable = \"public.accounts\"\ncolumn = \"k\""),
+        "pgherd.toml:17:9: sharding.tables[1].table: table \"public.accounts\" is listed twice",
+    );
+    check_err(
+        "[[nodes]]\nname = \"a\"\nport = 5432\nshard = 4294967295\n[sharding]\n",
+        "pgherd.toml:4:9: nodes[0].shard: shard 4294967295 but only 1 nodes",
     );
 }

@@ -20,11 +20,9 @@ impl Shards {
     pub fn new(sharding: &Sharding, shard0: Arc<Nodes>, thresholds: CheckThresholds) -> Shards {
         let mut clusters = vec![shard0];
         for nodes in sharding.shard_nodes.iter().skip(1) {
-            let cluster = Nodes::new(nodes, thresholds);
             // No failover task keeps synchronous standbys for these shards yet: their
             // commits are acknowledged as the primary's own (asynchronous durability).
-            cluster.change(pgherd_failover::Change::SyncInForce(None));
-            clusters.push(Arc::new(cluster));
+            clusters.push(Arc::new(Nodes::new_unkept(nodes, thresholds)));
         }
         Shards {
             map: sharding.map.clone(),

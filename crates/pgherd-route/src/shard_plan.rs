@@ -699,7 +699,7 @@ fn cast_keeps_value(type_name: Option<&pg_query::protobuf::TypeName>, key_type: 
 /// Every mention of a sharded table anywhere in the statement (FROM lists, joins,
 /// subqueries in any clause, CTEs, targets of writes). The tree is walked through its
 /// serialized form, which has every field: the parser library's own walk skips some places.
-fn sharded_mentions<'m>(statement: &NodeEnum, map: &'m ShardMap) -> Vec<&'m str> {
+pub(crate) fn sharded_mentions<'m>(statement: &NodeEnum, map: &'m ShardMap) -> Vec<&'m str> {
     let Ok(tree) = serde_json::to_value(statement) else {
         // Cannot be read whole: taken as naming sharded tables twice, so it is refused.
         let any = map.tables.keys().map(String::as_str).take(1);

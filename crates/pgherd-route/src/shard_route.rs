@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use pg_query::protobuf::node::Node as NodeEnum;
 use pgherd_wire::SqlState;
 
+use crate::decision::{Decision, Target};
 use crate::lexer::lex;
 use crate::merge_plan::{plan_fan_out, FanOut};
 use crate::parse::{parse, NotParsed, DEFAULT_MAX_PARSE_BYTES};
@@ -41,6 +42,10 @@ pub enum ShardError {
     Unsupported(#[from] Unsupported),
     #[error(transparent)]
     Key(#[from] ResolveError),
+    /// pgherd cannot read it, so it cannot know where its rows are: PostgreSQL's parser's
+    /// own message, as the server would give it.
+    #[error("{0}")]
+    Syntax(String),
 }
 
 impl ShardError {
@@ -48,6 +53,7 @@ impl ShardError {
         match self {
             ShardError::Unsupported(e) => e.sqlstate(),
             ShardError::Key(e) => e.sqlstate(),
+            ShardError::Syntax(_) => SqlState::SYNTAX_ERROR,
         }
     }
 }
@@ -56,22 +62,32 @@ fn refuse(what: &str) -> ShardError {
     ShardError::Unsupported(Unsupported(what.to_owned()))
 }
 
-/// Plans one query string. `is_user_aggregate` says whether a function name may be an
-/// aggregate the database defines (from its catalog; when unsure, say yes).
+/// Plans one query string. `decision` is the routing classification of the same text (what
+/// it may write, the session state it leaves); `is_user_aggregate` says whether a function
+/// name may be an aggregate the database defines (from its catalog; when unsure, say yes).
 pub fn route_statement(
     sql: &str,
     map: &ShardMap,
-    standard_conforming_strings: bool,
+    decision: &Decision,
     is_user_aggregate: &dyn Fn(&str) -> bool,
 ) -> Result<Execution, ShardError> {
     let mut key = Vec::new();
-    let lexed = lex(sql.as_bytes(), standard_conforming_strings, &mut key);
+    // The parser reads strings as standard_conforming_strings = on; the session is refused
+    // the other value (`route_node`), so the server reads the text as pgherd did.
+    let lexed = lex(sql.as_bytes(), true, &mut key);
     let parsed = match parse(sql, &lexed, DEFAULT_MAX_PARSE_BYTES) {
         Ok(parsed) => parsed,
-        // The server says what is wrong with it, as it would without pgherd.
-        Err(NotParsed::Syntax(_)) => return Ok(Execution::AnyShard),
+        // Never sent on unread: the server might read it otherwise (a newer syntax), and
+        // pgherd would not know where its rows are.
+        Err(NotParsed::Syntax(message)) => return Err(ShardError::Syntax(message)),
         Err(e) => return Err(refuse(&format!("a statement that {e}"))),
     };
+    if let Some(pin) = decision.pin {
+        return Err(refuse(&format!(
+            "session state that stays on one server connection ({pin:?}: {}) through a sharded endpoint",
+            decision.reason
+        )));
+    }
     let statements = &parsed.tree.protobuf.stmts;
     let statement = match statements.as_slice() {
         [] => return Ok(Execution::AnyShard),
@@ -81,7 +97,16 @@ pub fn route_statement(
     let Some(statement) = statement else {
         return Ok(Execution::AnyShard);
     };
-    route_node(statement, map, is_user_aggregate)
+    let execution = route_node(statement, map, is_user_aggregate)?;
+    if execution == Execution::AnyShard && decision.target == Target::Primary {
+        // A write outside the sharded tables (a sequence, a function that writes, a
+        // data-modifying WITH) would change one shard's copy only.
+        return Err(refuse(&format!(
+            "a statement that may write outside the sharded tables ({}): it would run on one shard only",
+            decision.reason
+        )));
+    }
+    Ok(execution)
 }
 
 fn route_node(
@@ -105,6 +130,9 @@ fn route_node(
             }
         }
         NodeEnum::VariableShowStmt(_) => Ok(Execution::AnyShard),
+        NodeEnum::VariableSetStmt(set) if set.name == "standard_conforming_strings" => Err(
+            refuse("changing standard_conforming_strings through a sharded endpoint"),
+        ),
         NodeEnum::VariableSetStmt(set) if !set.is_local => Ok(Execution::Setting),
         NodeEnum::TransactionStmt(_) => Err(refuse(
             "transaction blocks (BEGIN, COMMIT, ...) through a sharded endpoint, which are not built yet; each statement commits on its own",
@@ -113,7 +141,14 @@ fn route_node(
         NodeEnum::CreateTableAsStmt(_) => {
             Err(refuse("CREATE TABLE AS or SELECT INTO through a sharded endpoint"))
         }
-        node if is_schema_or_maintenance(node) => Ok(Execution::EveryShard),
+        node if is_schema_or_maintenance(node) => {
+            if hides_a_sharded_table(node, map) {
+                return Err(refuse(
+                    "a view over, or a renaming of, a sharded table (pgherd would no longer see it)",
+                ));
+            }
+            Ok(Execution::EveryShard)
+        }
         other => Err(refuse(&format!(
             "{} through a sharded endpoint",
             statement_name(other)
@@ -169,6 +204,15 @@ fn route_data(
             })
         }
     }
+}
+
+/// A view over a sharded table, or a new name or schema for one: statements naming the view
+/// or the new name would no longer be seen to touch the sharded table.
+fn hides_a_sharded_table(node: &NodeEnum, map: &ShardMap) -> bool {
+    matches!(
+        node,
+        NodeEnum::ViewStmt(_) | NodeEnum::RenameStmt(_) | NodeEnum::AlterObjectSchemaStmt(_)
+    ) && !shard_plan::sharded_mentions(node, map).is_empty()
 }
 
 /// Statements every shard runs: what makes and changes the schema, and maintenance.

@@ -23,7 +23,8 @@ fn map() -> ShardMap {
 }
 
 fn route(sql: &str) -> Result<Execution, ShardError> {
-    route_statement(sql, &map(), true, &|name| name == "my_agg")
+    let read = Decision::new(Target::Replica, "reads");
+    route_statement(sql, &map(), &read, &|name| name == "my_agg")
 }
 
 fn shard_of(key: i32) -> u32 {
@@ -37,7 +38,6 @@ fn statements_run_where_their_rows_are() {
         ("SELECT * FROM branches WHERE bid = 1", Execution::AnyShard),
         ("SHOW work_mem", Execution::AnyShard),
         ("", Execution::AnyShard),
-        ("SELEC 1", Execution::AnyShard),
         ("SET work_mem = '8MB'", Execution::Setting),
         ("RESET ALL", Execution::Setting),
         ("CREATE TABLE t (a int)", Execution::EveryShard),
@@ -154,9 +154,45 @@ fn what_cannot_run_exactly_is_refused_by_name() {
             Ok(other) => panic!("{sql}: {other:?}"),
         }
     }
+    let syntax = route("SELEC 1");
+    assert!(
+        matches!(&syntax, Err(e) if e.sqlstate() == SqlState::SYNTAX_ERROR),
+        "unread text is never sent: {syntax:?}"
+    );
     let bad_key = route("SELECT * FROM accounts WHERE aid = 'x'");
     assert!(
         matches!(&bad_key, Err(e) if e.sqlstate() == SqlState::INVALID_TEXT_REPRESENTATION),
         "{bad_key:?}"
+    );
+}
+
+/// The routing classification of the same text decides what may run on any one shard: a
+/// write outside the sharded tables, or session state a connection keeps, is refused.
+#[test]
+fn writes_and_session_state_outside_sharded_tables_are_refused() {
+    let writes = Decision::new(Target::Primary, "calls volatile function nextval");
+    let refused = route_statement("SELECT nextval('s')", &map(), &writes, &|_| false);
+    assert!(
+        matches!(&refused, Err(e) if e.to_string().contains("may write outside the sharded tables (calls volatile function nextval)")),
+        "{refused:?}"
+    );
+    // On a sharded table the shard it runs on is the one its key names.
+    assert_eq!(
+        route_statement(
+            "UPDATE accounts SET bid = 1 WHERE aid = 7",
+            &map(),
+            &writes,
+            &|_| false
+        ),
+        Ok(Execution::OneShard(shard_of(7)))
+    );
+    let pins = Decision {
+        pin: Some(crate::decision::Pin::TempTable),
+        ..Decision::new(Target::Primary, "creates a temporary table")
+    };
+    let refused = route_statement("CREATE TEMP TABLE t (a int)", &map(), &pins, &|_| false);
+    assert!(
+        matches!(&refused, Err(e) if e.to_string().contains("session state that stays on one server connection")),
+        "{refused:?}"
     );
 }

@@ -544,7 +544,19 @@ async fn a_sharded_endpoint_answers_as_one_node_holding_every_row() {
         assert_eq!(name.unwrap(), vec![vec![Some("sharded-test".to_owned())]]);
     }
 
+    through
+        .batch_execute("CREATE SEQUENCE order_ids")
+        .await
+        .expect("a sequence on every shard");
     for (sql, what) in [
+        (
+            "SELECT nextval('order_ids')",
+            "may write outside the sharded tables",
+        ),
+        (
+            "CREATE TEMP TABLE scratch (a int)",
+            "stays on one server connection",
+        ),
         ("UPDATE accounts SET abalance = 0", "several shards"),
         ("BEGIN", "transaction blocks"),
         ("COPY accounts TO STDOUT", "COPY"),

@@ -25,6 +25,9 @@ pub struct Link {
     conn: Option<Box<ServerConn>>,
     /// The answer was read to its `ReadyForQuery`: the connection may serve someone else.
     settled: bool,
+    /// The statement may have left session state pgherd does not follow (a setting, a
+    /// sequence's `currval`, whatever user code did): the connection is closed, not reused.
+    leaves_state: bool,
 }
 
 /// One message of an answer: its tag and body.
@@ -75,6 +78,7 @@ impl Link {
             pool,
             conn: Some(conn),
             settled: true,
+            leaves_state: false,
         };
         link.carry_settings(params).await?;
         Ok(link)
@@ -113,6 +117,11 @@ impl Link {
         conn.params_fp = params.fingerprint();
         conn.residue = params::Residue::default();
         Ok(())
+    }
+
+    /// The connection is closed once used: its statement may leave session state behind.
+    pub fn close_after_use(&mut self) {
+        self.leaves_state = true;
     }
 
     /// Where a cancel for this link's statement goes.
@@ -182,7 +191,7 @@ impl Drop for Link {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
             self.node.end_lease();
-            self.pool.release(conn, self.settled);
+            self.pool.release(conn, self.settled && !self.leaves_state);
         }
     }
 }

@@ -17,6 +17,7 @@ use std::task::Poll;
 use bytes::BytesMut;
 use futures_util::future::join_all;
 use pgherd_route::shard_route::{route_statement, Execution};
+use pgherd_route::{Decision, SessionEffect};
 use pgherd_wire::backend::{self, tag as btag, TxStatus};
 use pgherd_wire::frontend::tag as ftag;
 use pgherd_wire::{PgError, SqlState, WireError};
@@ -123,38 +124,9 @@ impl ShardedSession {
 
     /// Plans and runs one query string; its answer (without `ReadyForQuery`) goes to `out`.
     async fn simple_query(&mut self, sql: &str, out: &mut BytesMut) -> Result<(), Disconnect> {
-        let catalog = self.router.catalog();
-        // Until the catalog is read, any function might be an aggregate the database defines.
-        let unread = catalog.function_count() == 0;
-        let is_user_aggregate = |name: &str| {
-            unread
-                || pgherd_route::Catalog::function(&**catalog, name).is_some_and(|f| f.user_defined)
-        };
-        let planned = route_statement(sql, &self.shards.map, true, &is_user_aggregate);
-        drop(catalog);
-        let outcome = match planned {
-            Err(e) => Err(Failed::Statement(PgError::error(
-                e.sqlstate(),
-                e.to_string(),
-            ))),
-            Ok(Execution::AnyShard) => {
-                let shard = (self.shared.id % u64::from(self.shards.count())) as u32;
-                self.on_one_shard(shard, sql, out).await
-            }
-            Ok(Execution::OneShard(shard)) => self.on_one_shard(shard, sql, out).await,
-            Ok(Execution::Setting) => self.setting(sql, out).await,
-            Ok(Execution::EveryShard) => self.on_every_shard(sql, out).await,
-            Ok(Execution::FanOut { shards, plan }) => {
-                match self.open_links(shards.iter().copied()).await {
-                    Ok(mut links) => {
-                        self.watch_cancel(&links);
-                        let merged = fan_out::run(&mut links, &plan, false, out).await;
-                        self.unwatch_cancel().await;
-                        merged.map_err(Failed::Statement)
-                    }
-                    Err(e) => Err(Failed::Statement(e)),
-                }
-            }
+        let outcome = match self.plan(sql) {
+            Err(e) => Err(Failed::Statement(e)),
+            Ok((execution, decision)) => self.execute(execution, &decision, sql, out).await,
         };
         match outcome {
             Ok(()) => Ok(()),
@@ -166,14 +138,83 @@ impl ShardedSession {
         }
     }
 
-    async fn open_links(&self, shards: impl Iterator<Item = u32>) -> Result<Vec<Link>, PgError> {
-        let opening = shards.map(|shard| async move {
+    /// The statement's routing decision and its plan over the shards.
+    fn plan(&self, sql: &str) -> Result<(Execution, Arc<Decision>), PgError> {
+        if !self.params.flags.standard_conforming_strings {
+            // pgherd reads strings with it on: the server must read them alike.
+            return Err(PgError::error(
+                SqlState::FEATURE_NOT_SUPPORTED,
+                "not supported on sharded tables: standard_conforming_strings = off",
+            ));
+        }
+        let decision = self.router.route(sql.as_bytes(), true)?.decision;
+        let catalog = self.router.catalog();
+        // Until the catalog is read, any function might be an aggregate the database defines.
+        let unread = catalog.function_count() == 0;
+        let is_user_aggregate = |name: &str| {
+            unread
+                || pgherd_route::Catalog::function(&**catalog, name).is_some_and(|f| f.user_defined)
+        };
+        let execution = route_statement(sql, &self.shards.map, &decision, &is_user_aggregate)
+            .map_err(|e| PgError::error(e.sqlstate(), e.to_string()))?;
+        Ok((execution, decision))
+    }
+
+    async fn execute(
+        &mut self,
+        execution: Execution,
+        decision: &Decision,
+        sql: &str,
+        out: &mut BytesMut,
+    ) -> Result<(), Failed> {
+        let shards = match &execution {
+            Execution::AnyShard => vec![(self.shared.id % u64::from(self.shards.count())) as u32],
+            Execution::OneShard(shard) => vec![*shard],
+            Execution::Setting => vec![0],
+            Execution::EveryShard => (0..self.shards.count()).collect(),
+            Execution::FanOut { shards, .. } => shards.iter().copied().collect(),
+        };
+        let mut links = self.open_links(&shards).await?;
+        if decision.session != SessionEffect::None || execution == Execution::Setting {
+            links.iter_mut().for_each(Link::close_after_use);
+        }
+        self.watch_cancel(&links);
+        let ran = match &execution {
+            Execution::AnyShard | Execution::OneShard(_) => {
+                let [link] = links.as_mut_slice() else {
+                    return Ok(());
+                };
+                self.relay(link, sql, out).await
+            }
+            Execution::Setting => {
+                let [link] = links.as_mut_slice() else {
+                    return Ok(());
+                };
+                self.setting(link, sql, out).await
+            }
+            Execution::EveryShard => on_every_shard(&mut links, sql, out).await,
+            Execution::FanOut { plan, .. } => fan_out::run(&mut links, plan, false, out)
+                .await
+                .map_err(Failed::Statement),
+        };
+        self.unwatch_cancel().await;
+        if ran.is_ok() && decision.changes_catalog {
+            self.router.catalog_changed();
+        }
+        ran
+    }
+
+    /// Links to `shards`, taken in ascending shard order, one after the other: two clients
+    /// each holding one shard's last connection and waiting for the other's cannot happen.
+    async fn open_links(&self, shards: &[u32]) -> Result<Vec<Link>, PgError> {
+        let mut links = Vec::with_capacity(shards.len());
+        for &shard in shards {
             let cluster = self.shards.cluster(shard).ok_or_else(|| {
                 PgError::error(SqlState::INTERNAL_ERROR, format!("no shard {shard}"))
             })?;
-            Link::open(&self.app, &self.shared, shard, cluster, &self.params).await
-        });
-        join_all(opening).await.into_iter().collect()
+            links.push(Link::open(&self.app, &self.shared, shard, cluster, &self.params).await?);
+        }
+        Ok(links)
     }
 
     /// A cancel from the client reaches the first link (its error ends the whole statement).
@@ -189,23 +230,7 @@ impl ShardedSession {
         }
     }
 
-    /// Runs `sql` on one shard, relaying its answer to the client as it comes.
-    async fn on_one_shard(
-        &mut self,
-        shard: u32,
-        sql: &str,
-        out: &mut BytesMut,
-    ) -> Result<(), Failed> {
-        let mut links = self.open_links(std::iter::once(shard)).await?;
-        let Some(link) = links.first_mut() else {
-            return Ok(());
-        };
-        self.watch_cancel(std::slice::from_ref(link));
-        let relayed = self.relay(link, sql, out).await;
-        self.unwatch_cancel().await;
-        relayed
-    }
-
+    /// Runs `sql` on one link, relaying its answer to the client as it comes.
     async fn relay(
         &mut self,
         link: &mut Link,
@@ -235,7 +260,12 @@ impl ShardedSession {
     }
 
     /// `SET`/`RESET`: checked on one shard, then kept as the session's, so every link carries it.
-    async fn setting(&mut self, sql: &str, out: &mut BytesMut) -> Result<(), Failed> {
+    async fn setting(
+        &mut self,
+        link: &mut Link,
+        sql: &str,
+        out: &mut BytesMut,
+    ) -> Result<(), Failed> {
         let Some(changes) = session_changes(sql) else {
             return Err(Failed::Statement(PgError::error(
                 SqlState::FEATURE_NOT_SUPPORTED,
@@ -243,68 +273,68 @@ impl ShardedSession {
             )));
         };
         let before = out.len();
-        self.on_one_shard(0, sql, out).await?;
+        self.relay(link, sql, out).await?;
         if !answer_has_error(&out[before..]) {
             self.params.record(changes);
             self.params.end_transaction(true);
         }
         Ok(())
     }
+}
 
-    /// A schema change or maintenance command: every shard runs it, at once. Each commits on
-    /// its own, so a failure on some shards says which ones did apply it.
-    async fn on_every_shard(&mut self, sql: &str, out: &mut BytesMut) -> Result<(), Failed> {
-        let mut links = self.open_links(0..self.shards.count()).await?;
-        let answers = join_all(links.iter_mut().map(|link| async move {
-            link.send(sql).await?;
-            let mut messages = Vec::new();
-            let mut error = None;
-            loop {
-                let message = link.next().await?;
-                match message.0 {
-                    btag::READY_FOR_QUERY => return Ok::<_, PgError>((messages, error)),
-                    btag::ERROR_RESPONSE => {
-                        error.get_or_insert(PgError::parse(&message.1).unwrap_or_else(|e| {
-                            PgError::error(SqlState::PROTOCOL_VIOLATION, e.to_string())
-                        }));
-                    }
-                    _ => messages.push(message),
+/// A schema change or maintenance command: every shard runs it, at once. Each commits on its
+/// own, so a failure on some shards says which ones did apply it.
+async fn on_every_shard(links: &mut [Link], sql: &str, out: &mut BytesMut) -> Result<(), Failed> {
+    let shards: Vec<u32> = links.iter().map(|link| link.shard).collect();
+    let answers = join_all(links.iter_mut().map(|link| async move {
+        link.send(sql).await?;
+        let mut messages = Vec::new();
+        let mut error = None;
+        loop {
+            let message = link.next().await?;
+            match message.0 {
+                btag::READY_FOR_QUERY => return Ok::<_, PgError>((messages, error)),
+                btag::ERROR_RESPONSE => {
+                    error.get_or_insert(PgError::parse(&message.1).unwrap_or_else(|e| {
+                        PgError::error(SqlState::PROTOCOL_VIOLATION, e.to_string())
+                    }));
                 }
-            }
-        }))
-        .await;
-        let mut applied = Vec::new();
-        let mut failed = None;
-        let mut first_answer = None;
-        for (shard, answer) in answers.into_iter().enumerate() {
-            match answer {
-                Ok((messages, None)) => {
-                    applied.push(shard.to_string());
-                    first_answer.get_or_insert(messages);
-                }
-                Ok((_, Some(e))) | Err(e) => {
-                    failed.get_or_insert((shard, e));
-                }
+                _ => messages.push(message),
             }
         }
-        if let Some((shard, mut error)) = failed {
-            let applied = if applied.is_empty() {
-                "no shard applied it".to_owned()
-            } else {
-                format!("shards {} applied it", applied.join(", "))
-            };
-            let detail = format!("on shard {shard}; {applied}");
-            error.detail = Some(match error.detail.take() {
-                Some(own) => format!("{own} ({detail})"),
-                None => detail,
-            });
-            return Err(Failed::Statement(error));
+    }))
+    .await;
+    let mut applied = Vec::new();
+    let mut failed = None;
+    let mut first_answer = None;
+    for (shard, answer) in shards.into_iter().zip(answers) {
+        match answer {
+            Ok((messages, None)) => {
+                applied.push(shard.to_string());
+                first_answer.get_or_insert(messages);
+            }
+            Ok((_, Some(e))) | Err(e) => {
+                failed.get_or_insert((shard, e));
+            }
         }
-        for message in first_answer.iter().flatten() {
-            encode_message(out, message);
-        }
-        Ok(())
     }
+    if let Some((shard, mut error)) = failed {
+        let applied = if applied.is_empty() {
+            "no shard applied it".to_owned()
+        } else {
+            format!("shards {} applied it", applied.join(", "))
+        };
+        let detail = format!("on shard {shard}; {applied}");
+        error.detail = Some(match error.detail.take() {
+            Some(own) => format!("{own} ({detail})"),
+            None => detail,
+        });
+        return Err(Failed::Statement(error));
+    }
+    for message in first_answer.iter().flatten() {
+        encode_message(out, message);
+    }
+    Ok(())
 }
 
 /// The answer in `bytes` holds an ErrorResponse.

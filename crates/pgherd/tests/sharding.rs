@@ -213,6 +213,19 @@ fn aggregates_merged_from_shards_are_postgresqls_over_all_rows() {
     }
 }
 
+/// The test clusters' superuser, on `port` (a server or pgherd), in `database`.
+async fn connect_as_superuser(port: u16, database: &str) -> tokio_postgres::Client {
+    use pgherd_testkit::{SUPERUSER, SUPERUSER_PASSWORD};
+    let conninfo = format!(
+        "host=127.0.0.1 port={port} user={SUPERUSER} password={SUPERUSER_PASSWORD} dbname={database}"
+    );
+    let (client, connection) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    client
+}
+
 /// A small differential test of the fan-out: rows hash-sharded over three databases and whole
 /// in a fourth; each query planned by `merge_plan`, its shard statement run on the three, the
 /// rows merged by `merge_rows`, equal to the query's answer over the whole table (in order,
@@ -221,7 +234,6 @@ fn aggregates_merged_from_shards_are_postgresqls_over_all_rows() {
 async fn fan_out_queries_merge_to_the_single_node_answer() {
     use pgherd_route::merge_plan::plan_fan_out;
     use pgherd_route::merge_rows::Row;
-    use pgherd_testkit::{SUPERUSER, SUPERUSER_PASSWORD};
 
     let cluster = TestCluster::start(0);
     let port = cluster.node("pg1").port;
@@ -244,16 +256,7 @@ async fn fan_out_queries_merge_to_the_single_node_answer() {
         shards[shard as usize].push(row.clone());
         whole.push(row);
     }
-    let connect = async |database: &str| {
-        let conninfo = format!(
-            "host=127.0.0.1 port={port} user={SUPERUSER} password={SUPERUSER_PASSWORD} dbname={database}"
-        );
-        let (client, connection) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
-            .await
-            .expect("connect");
-        tokio::spawn(connection);
-        client
-    };
+    let connect = async |database: &str| connect_as_superuser(port, database).await;
     let mut clients = Vec::new();
     for (name, rows) in [
         ("whole", &whole),
@@ -361,7 +364,7 @@ async fn fan_out_queries_merge_to_the_single_node_answer() {
 /// session goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharded_endpoint_answers_as_one_node_holding_every_row() {
-    use pgherd_testkit::{Pgherd, PgherdConfig, SUPERUSER, SUPERUSER_PASSWORD};
+    use pgherd_testkit::{Pgherd, PgherdConfig};
     use tokio_postgres::SimpleQueryMessage;
 
     const BIN: &str = env!("CARGO_BIN_EXE_pgherd");
@@ -382,16 +385,7 @@ async fn a_sharded_endpoint_answers_as_one_node_holding_every_row() {
         ));
     }
     let pgherd = Pgherd::start(BIN, &shards[0], &config);
-    let connect = async |port: u16, database: &str| {
-        let conninfo = format!(
-            "host=127.0.0.1 port={port} user={SUPERUSER} password={SUPERUSER_PASSWORD} dbname={database}"
-        );
-        let (client, connection) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
-            .await
-            .expect("connect");
-        tokio::spawn(connection);
-        client
-    };
+    let connect = connect_as_superuser;
     let through = connect(pgherd.port, "postgres").await;
     shards[0].sql("CREATE DATABASE whole");
     let whole = connect(shards[0].node("pg1").port, "whole").await;

@@ -163,7 +163,7 @@ async fn run_script(
 const USAGE: &[(&str, &str)] = &[
     (
         "SHOW",
-        "SHOW HELP|VERSION|NODES|CLUSTER|INSTANCES|DATABASES|USERS|POOLS|STATS|LISTS|CLIENTS|SERVERS|CONFIG|EVENTS",
+        "SHOW HELP|VERSION|NODES|CLUSTER|INSTANCES|SHARDS|DATABASES|USERS|POOLS|STATS|LISTS|CLIENTS|SERVERS|CONFIG|EVENTS",
     ),
     ("SWITCHOVER", "SWITCHOVER [TO node]"),
     ("PROMOTE", "PROMOTE node [FORCE safeguard[,...]]"),
@@ -306,6 +306,7 @@ fn run_command(
         ["SHOW", "NODES"] => Ok(Outcome::Rows(views::nodes(app))),
         ["SHOW", "CLUSTER"] => Ok(Outcome::Rows(views::cluster(app))),
         ["SHOW", "INSTANCES"] => Ok(Outcome::Rows(views::instances(app))),
+        ["SHOW", "SHARDS"] => Ok(Outcome::Rows(views::shards(app))),
         ["SHOW", "DATABASES"] => Ok(Outcome::Rows(views::databases(app))),
         ["SHOW", "USERS"] => Ok(Outcome::Rows(views::users(app))),
         ["SHOW", "EVENTS"] => Ok(Outcome::Rows(views::events(app))),

@@ -122,6 +122,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/nodes", get(|s| view(s, views::nodes)))
         .route("/api/cluster", get(|s| view(s, views::cluster)))
         .route("/api/instances", get(|s| view(s, views::instances)))
+        .route("/api/shards", get(|s| view(s, views::shards)))
         .route("/api/databases", get(|s| view(s, views::databases)))
         .route("/api/users", get(|s| view(s, views::users)))
         .route("/api/pools", get(|s| view(s, views::pools)))
@@ -152,6 +153,7 @@ async fn status(State(app): AppState) -> Json<Value> {
         "cluster": views::cluster(&app).json().get(0).cloned().unwrap_or_default(),
         "nodes": views::nodes(&app).json(),
         "instances": views::instances(&app).json(),
+        "shards": views::shards(&app).json(),
         "pools": views::pools(&app).json(),
         "lists": views::lists(&app).json(),
     }))

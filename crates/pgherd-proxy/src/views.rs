@@ -246,6 +246,67 @@ pub fn cluster(app: &App) -> Table {
 
 /// The pgherd instances agreeing through etcd (`[dcs]`), as last read there; this instance
 /// alone without `[dcs]`.
+/// With `[sharding]`: one row per node of each shard, with the shard's sharded tables on its
+/// first row; without, no rows.
+pub fn shards(app: &App) -> Table {
+    let columns = &[
+        "shard",
+        "node",
+        "host",
+        "port",
+        "role",
+        "state",
+        "takes_writes",
+        "lag_bytes",
+        "sharded_tables",
+    ];
+    let Some(shards) = &app.shards else {
+        return Table {
+            columns,
+            rows: Vec::new(),
+        };
+    };
+    let tables = shards
+        .map
+        .tables
+        .iter()
+        .map(|(name, t)| format!("{name}({} {})", t.key_column, method_name(&t.method)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut rows = Vec::new();
+    for (shard, cluster) in shards.clusters().iter().enumerate() {
+        let writer = cluster.primary();
+        for node in cluster.all().iter() {
+            let state = if node.is_up() { "up" } else { "down" };
+            let state = if shard == 0 {
+                node_state(app, node)
+            } else {
+                state
+            };
+            rows.push(vec![
+                (shard as u64).into(),
+                node.config.name.clone().into(),
+                node.config.host.clone().into(),
+                node.config.port.into(),
+                node.role().as_str().into(),
+                state.into(),
+                writer.as_ref().is_some_and(|w| w.id == node.id).into(),
+                node.lag_bytes().into(),
+                tables.clone().into(),
+            ]);
+        }
+    }
+    Table { columns, rows }
+}
+
+fn method_name(method: &pgherd_route::shard_plan::Method) -> &'static str {
+    match method {
+        pgherd_route::shard_plan::Method::Hash => "hash",
+        pgherd_route::shard_plan::Method::Range { .. } => "range",
+        pgherd_route::shard_plan::Method::List { .. } => "list",
+    }
+}
+
 pub fn instances(app: &App) -> Table {
     let columns = &[
         "instance",

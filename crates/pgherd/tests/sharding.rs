@@ -375,6 +375,7 @@ async fn a_sharded_endpoint_answers_as_one_node_holding_every_row() {
     ];
     let mut config = PgherdConfig::new()
         .superuser()
+        .proxy(&format!("admin_users = [\"{}\"]", pgherd_testkit::SUPERUSER))
         .section(
             "[sharding]\n[[sharding.tables]]\ntable = \"accounts\"\ncolumn = \"aid\"\ntype = \"integer\"\n",
         );

@@ -218,6 +218,31 @@ impl App {
         Some(pool.clone())
     }
 
+    /// A logged-in session's pool on `node` ([`Self::pool`]), without the registry when
+    /// `cache` already holds `node`'s open pool (the session's last one): the common case takes
+    /// no lock and allocates nothing.
+    pub fn pool_cached(
+        &self,
+        cache: &mut Option<(Arc<NodeState>, Arc<Pool>)>,
+        database: &str,
+        user: &str,
+        node: &Arc<NodeState>,
+    ) -> Result<Arc<Pool>, pgherd_wire::PgError> {
+        if let Some((cached_node, pool)) = cache {
+            if Arc::ptr_eq(cached_node, node) && !pool.is_closed() {
+                return Ok(pool.clone());
+            }
+        }
+        let pool = self.pool(database, user, node).ok_or_else(|| {
+            pgherd_wire::PgError::error(
+                pgherd_wire::SqlState::INVALID_CATALOG_NAME,
+                format!("database \"{database}\" is no longer served by pgherd"),
+            )
+        })?;
+        *cache = Some((node.clone(), pool.clone()));
+        Ok(pool)
+    }
+
     /// The pool auth_query runs through on `node`.
     pub fn auth_pool(&self, auth: &pgherd_config::AuthQuery, node: &NodeState) -> Arc<Pool> {
         let mut pools = self.auth_pools.lock();

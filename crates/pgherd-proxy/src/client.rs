@@ -93,6 +93,7 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
                     client: stream,
                     client_in: buf,
                     params,
+                    pools: Vec::new(),
                     shards,
                 };
                 tokio::spawn(async move {

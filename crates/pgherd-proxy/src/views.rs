@@ -270,7 +270,7 @@ pub fn shards(app: &App) -> Table {
         .map
         .tables
         .iter()
-        .map(|(name, t)| format!("{name}({} {})", t.key_column, method_name(&t.method)))
+        .map(|(name, t)| format!("{name}({} {})", t.key_column, t.method.name()))
         .collect::<Vec<_>>()
         .join(", ");
     let mut rows = Vec::new();
@@ -297,14 +297,6 @@ pub fn shards(app: &App) -> Table {
         }
     }
     Table { columns, rows }
-}
-
-fn method_name(method: &pgherd_route::shard_plan::Method) -> &'static str {
-    match method {
-        pgherd_route::shard_plan::Method::Hash => "hash",
-        pgherd_route::shard_plan::Method::Range { .. } => "range",
-        pgherd_route::shard_plan::Method::List { .. } => "list",
-    }
 }
 
 pub fn instances(app: &App) -> Table {

@@ -32,6 +32,17 @@ pub enum Method {
     List { values: Vec<Vec<String>> },
 }
 
+impl Method {
+    /// As the config names it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Method::Hash => "hash",
+            Method::Range { .. } => "range",
+            Method::List { .. } => "list",
+        }
+    }
+}
+
 /// A table whose rows are spread over the shards by one key column.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardedTable {

@@ -73,8 +73,9 @@ async fn collect(link: &mut Link, budget: &std::sync::atomic::AtomicUsize) -> Sh
                 }
             }
             btag::ERROR_RESPONSE => {
-                let error = PgError::parse(&body).unwrap_or_else(bad);
-                answer.error.get_or_insert(error);
+                answer
+                    .error
+                    .get_or_insert(super::link::server_error(link.shard, &body));
             }
             btag::NOTICE_RESPONSE | btag::PARAMETER_STATUS => answer.asides.push((tag, body)),
             btag::READY_FOR_QUERY => return answer,

@@ -35,13 +35,14 @@ pub type Message = (u8, BytesMut);
 
 impl Link {
     /// A connection to the primary of `shard` (its `cluster`) for the client, with the client's
-    /// settings on it.
+    /// settings on it; `pool_cache` is the session's last pool on this shard.
     pub async fn open(
         app: &App,
         shared: &ClientShared,
         shard: u32,
         cluster: &Nodes,
         params: &SessionParams,
+        pool_cache: &mut Option<(Arc<NodeState>, Arc<Pool>)>,
     ) -> Result<Link, PgError> {
         let node = cluster.primary().ok_or_else(|| {
             PgError::error(
@@ -53,17 +54,7 @@ impl Link {
                 cluster.describe_all()
             ))
         })?;
-        let pool = app
-            .pool(&shared.database, &shared.user, &node)
-            .ok_or_else(|| {
-                PgError::error(
-                    SqlState::INVALID_CATALOG_NAME,
-                    format!(
-                        "database \"{}\" is no longer served by pgherd",
-                        shared.database
-                    ),
-                )
-            })?;
+        let pool = app.pool_cached(pool_cache, &shared.database, &shared.user, &node)?;
         let conn = match pool.try_acquire() {
             Some(conn) => conn,
             None => pool
@@ -97,14 +88,12 @@ impl Link {
     /// the relay does before a request.
     async fn carry_settings(&mut self, params: &SessionParams) -> Result<(), PgError> {
         let conn = self.conn()?;
-        let mut statements = Vec::new();
-        if conn.params_fp != params.fingerprint() {
-            if conn.params_fp != params::BASELINE {
-                statements.push(params::RESET_SQL.to_owned());
-            }
-            statements.extend(params.apply_sql());
-        }
-        statements.extend(conn.residue.clear_sql(rand::random::<f64>() * 2.0 - 1.0));
+        let statements = params::catch_up_sql(
+            params,
+            conn.params_fp,
+            &conn.residue,
+            rand::random::<f64>() * 2.0 - 1.0,
+        );
         for sql in statements {
             if let Err(e) = conn.simple_query(&sql).await {
                 self.settled = false;
@@ -194,6 +183,14 @@ impl Drop for Link {
             self.pool.release(conn, self.settled && !self.leaves_state);
         }
     }
+}
+
+/// The error an ErrorResponse of shard `shard` carries (one pgherd cannot read is a protocol
+/// violation naming the shard).
+pub fn server_error(shard: u32, body: &[u8]) -> PgError {
+    PgError::parse(body).unwrap_or_else(|e| {
+        PgError::error(SqlState::PROTOCOL_VIOLATION, format!("shard {shard}: {e}"))
+    })
 }
 
 /// Appends a message as the wire carries it.

@@ -26,6 +26,8 @@ use crate::app::App;
 use crate::clients::{ClientShared, SIGNAL_KILL, SIGNAL_SHUTDOWN};
 use crate::error::{client_io, Disconnect};
 use crate::msgio::{read_message, write_flush, ReadError};
+use crate::nodes::NodeState;
+use crate::pool::Pool;
 use crate::relay::params::{session_changes, SessionParams};
 use crate::routing::Router;
 use crate::shards::Shards;
@@ -44,6 +46,8 @@ pub struct ShardedSession {
     pub shards: Arc<Shards>,
     /// The database's catalog, for the aggregates it defines.
     pub router: Arc<Router>,
+    /// Each shard's last pool and its node (see `App::pool_cached`).
+    pub pools: Vec<Option<(Arc<NodeState>, Arc<Pool>)>>,
 }
 
 /// Why a statement ended without its answer: the client hears the error, or the session ends.
@@ -184,7 +188,7 @@ impl ShardedSession {
                 let [link] = links.as_mut_slice() else {
                     return Ok(());
                 };
-                self.relay(link, sql, out).await
+                self.relay(link, sql, out).await.map(|_| ())
             }
             Execution::Setting => {
                 let [link] = links.as_mut_slice() else {
@@ -206,13 +210,29 @@ impl ShardedSession {
 
     /// Links to `shards`, taken in ascending shard order, one after the other: two clients
     /// each holding one shard's last connection and waiting for the other's cannot happen.
-    async fn open_links(&self, shards: &[u32]) -> Result<Vec<Link>, PgError> {
+    async fn open_links(&mut self, shards: &[u32]) -> Result<Vec<Link>, PgError> {
         let mut links = Vec::with_capacity(shards.len());
+        self.pools.resize(self.shards.count() as usize, None);
         for &shard in shards {
-            let cluster = self.shards.cluster(shard).ok_or_else(|| {
-                PgError::error(SqlState::INTERNAL_ERROR, format!("no shard {shard}"))
-            })?;
-            links.push(Link::open(&self.app, &self.shared, shard, cluster, &self.params).await?);
+            let (Some(cluster), Some(pool_cache)) = (
+                self.shards.cluster(shard),
+                self.pools.get_mut(shard as usize),
+            ) else {
+                return Err(PgError::error(
+                    SqlState::INTERNAL_ERROR,
+                    format!("no shard {shard}"),
+                ));
+            };
+            let link = Link::open(
+                &self.app,
+                &self.shared,
+                shard,
+                cluster,
+                &self.params,
+                pool_cache,
+            )
+            .await?;
+            links.push(link);
         }
         Ok(links)
     }
@@ -230,18 +250,21 @@ impl ShardedSession {
         }
     }
 
-    /// Runs `sql` on one link, relaying its answer to the client as it comes.
+    /// Runs `sql` on one link, relaying its answer to the client as it comes; says whether the
+    /// server answered with an error.
     async fn relay(
         &mut self,
         link: &mut Link,
         sql: &str,
         out: &mut BytesMut,
-    ) -> Result<(), Failed> {
+    ) -> Result<bool, Failed> {
         link.send(sql).await?;
+        let mut failed = false;
         loop {
             let message = link.next().await?;
             match message.0 {
-                btag::READY_FOR_QUERY => return Ok(()),
+                btag::READY_FOR_QUERY => return Ok(failed),
+                btag::ERROR_RESPONSE => failed = true,
                 btag::PARAMETER_STATUS => {
                     if let Ok(p) = backend::ParameterStatus::parse(&message.1) {
                         self.params.record_reported(p.name, p.value);
@@ -272,9 +295,7 @@ impl ShardedSession {
                 "not supported on sharded tables: this SET through a sharded endpoint",
             )));
         };
-        let before = out.len();
-        self.relay(link, sql, out).await?;
-        if !answer_has_error(&out[before..]) {
+        if !self.relay(link, sql, out).await? {
             self.params.record(changes);
             self.params.end_transaction(true);
         }
@@ -335,18 +356,6 @@ async fn on_every_shard(links: &mut [Link], sql: &str, out: &mut BytesMut) -> Re
         encode_message(out, message);
     }
     Ok(())
-}
-
-/// The answer in `bytes` holds an ErrorResponse.
-fn answer_has_error(mut bytes: &[u8]) -> bool {
-    while bytes.len() >= 5 {
-        if bytes[0] == btag::ERROR_RESPONSE {
-            return true;
-        }
-        let len = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]) as usize;
-        bytes = bytes.get(1 + len..).unwrap_or(&[]);
-    }
-    false
 }
 
 fn encode_error(out: &mut BytesMut, error: &PgError) {

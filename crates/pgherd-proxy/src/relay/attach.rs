@@ -132,25 +132,9 @@ impl Session {
     }
 
     pub(super) fn pool_for(&mut self, node: &Arc<NodeState>) -> Result<Arc<Pool>, PgError> {
-        if let Some((cached_node, pool)) = &self.last_pool {
-            if Arc::ptr_eq(cached_node, node) && !pool.is_closed() {
-                return Ok(pool.clone());
-            }
-        }
-        let pool = self
-            .app
-            .pool(&self.shared.database, &self.shared.user, node)
-            .ok_or_else(|| {
-                PgError::error(
-                    SqlState::INVALID_CATALOG_NAME,
-                    format!(
-                        "database \"{}\" is no longer served by pgherd",
-                        self.shared.database
-                    ),
-                )
-            })?;
-        self.last_pool = Some((node.clone(), pool.clone()));
-        Ok(pool)
+        let shared = &self.shared;
+        self.app
+            .pool_cached(&mut self.last_pool, &shared.database, &shared.user, node)
     }
 
     /// Takes a server connection for the next request, on the node its routing decision
@@ -260,28 +244,17 @@ impl Session {
             bytes_to_server: 0,
             bytes_to_client: 0,
         };
-        if lease.conn.params_fp != self.params.fingerprint() {
-            // Reset and apply separately: a setting the server refuses must not roll back the
-            // reset and leave the previous client's settings in place.
-            if lease.conn.params_fp != params::BASELINE {
-                frontend::encode_query(&mut lease.conn.write_buf, params::RESET_SQL.as_bytes())?;
-                self.queue.push_internal(Request::Query { sql: None });
-            }
-            if let Some(sql) = self.params.apply_sql() {
-                frontend::encode_query(&mut lease.conn.write_buf, sql.as_bytes())?;
-                self.queue.push_internal(Request::Query { sql: None });
-            }
-            lease.conn.params_fp = self.params.fingerprint();
-        }
-        if let Some(sql) = lease
-            .conn
-            .residue
-            .clear_sql(rand::random::<f64>() * 2.0 - 1.0)
-        {
+        for sql in params::catch_up_sql(
+            &self.params,
+            lease.conn.params_fp,
+            &lease.conn.residue,
+            rand::random::<f64>() * 2.0 - 1.0,
+        ) {
             frontend::encode_query(&mut lease.conn.write_buf, sql.as_bytes())?;
             self.queue.push_internal(Request::Query { sql: None });
-            lease.conn.residue = params::Residue::default();
         }
+        lease.conn.params_fp = self.params.fingerprint();
+        lease.conn.residue = params::Residue::default();
         self.lease = Some(lease);
         self.routing.at_unit_start = true;
         if on_replica && self.client_tx == TxStatus::Idle {

@@ -314,6 +314,28 @@ impl SessionParams {
     }
 }
 
+/// What a server connection runs before it carries a client's request, each statement on its
+/// own (a setting the server refuses must not roll back the reset and leave the previous
+/// client's settings in place): the reset and the client's settings when the connection carries
+/// others (`server_fp`), then whatever clears its residue. Empty, without allocating, on the
+/// warm path (same settings, no residue). `fresh_seed` as for [`Residue::clear_sql`].
+pub fn catch_up_sql(
+    params: &SessionParams,
+    server_fp: u64,
+    residue: &Residue,
+    fresh_seed: f64,
+) -> Vec<String> {
+    let mut statements = Vec::new();
+    if server_fp != params.fingerprint() {
+        if server_fp != BASELINE {
+            statements.push(RESET_SQL.to_owned());
+        }
+        statements.extend(params.apply_sql());
+    }
+    statements.extend(residue.clear_sql(fresh_seed));
+    statements
+}
+
 /// The statement that gives setting `name` the value `value`, read as a startup parameter or
 /// the configuration file would read it (a list for `search_path`, which `SET name TO
 /// 'a, b'` would take as one schema), quoted so that any name and value survive.

@@ -95,6 +95,8 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
                     params,
                     pools: Vec::new(),
                     shards,
+                    server_database: server_dbname,
+                    tx: None,
                 };
                 tokio::spawn(async move {
                     let end = Box::pin(session.run()).await;

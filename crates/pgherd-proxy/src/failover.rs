@@ -573,19 +573,46 @@ async fn perform(app: &Arc<App>, config: &Config, nodes: &[Arc<NodeState>], io: 
     }
 }
 
+/// How long a node whose promotion answer was lost is watched for an answer.
+const PROMOTE_SETTLE_MS: u64 = 15_000;
+
 /// Promotes `node` with `pg_promote()` and checks that it accepts writes now. Whatever the
 /// answer (it may be lost after the promotion happened), the node is asked what it is; this
 /// also records it as a primary before its monitor's next check.
+///
+/// An answer lost with its connection says nothing of the promotion: the node may be
+/// restarting (a crash of one of its processes restarts them all). It is then watched for up
+/// to [`PROMOTE_SETTLE_MS`] until it answers, and promoted once more if it came back a standby,
+/// so that one dropped connection does not leave the cluster without a primary.
 pub(crate) async fn promote(app: &App, node: &NodeState) -> Result<(), String> {
     let config = app.config();
     let ctx = app.connect_context();
-    let answer = run_sql(node, &config.cluster, &ctx, "SELECT pg_promote(true, 60)").await;
+    let promote_sql = "SELECT pg_promote(true, 60)";
+    let mut answer = run_sql(node, &config.cluster, &ctx, promote_sql).await;
     let mut conn = None;
-    let seen = check_once(node, &config.cluster, &ctx, &mut conn).await;
-    let promoted = matches!(&seen, Ok(s) if s.role == Role::Primary);
-    app.nodes.record(node, seen);
-    if promoted {
-        return Ok(());
+    let settle_until = tokio::time::Instant::now() + Duration::from_millis(PROMOTE_SETTLE_MS);
+    let mut asked_again = false;
+    loop {
+        let seen = check_once(node, &config.cluster, &ctx, &mut conn).await;
+        let role = seen.as_ref().ok().map(|s| s.role);
+        app.nodes.record(node, seen);
+        if role == Some(Role::Primary) {
+            return Ok(());
+        }
+        let lost = answer.is_err();
+        if !lost || tokio::time::Instant::now() >= settle_until {
+            break;
+        }
+        if role == Some(Role::Replica) {
+            if asked_again {
+                break;
+            }
+            tracing::warn!(node = node.name(), "the promotion's answer was lost and the node answers as a standby: promoting it again");
+            asked_again = true;
+            answer = run_sql(node, &config.cluster, &ctx, promote_sql).await;
+            continue;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Err(match answer {
         Ok(rows) => format!(
@@ -766,7 +793,18 @@ pub(crate) async fn run_sql(
     ctx: &ConnectContext,
     sql: &str,
 ) -> Result<crate::server::Rows, String> {
-    let mut conn = management_connection(node, cluster, ctx, &cluster.database)
+    run_sql_in(node, cluster, ctx, &cluster.database, sql).await
+}
+
+/// [`run_sql`] in `database`.
+pub(crate) async fn run_sql_in(
+    node: &NodeState,
+    cluster: &ClusterSettings,
+    ctx: &ConnectContext,
+    database: &str,
+    sql: &str,
+) -> Result<crate::server::Rows, String> {
+    let mut conn = management_connection(node, cluster, ctx, database)
         .await
         .map_err(|e| e.to_string())?;
     // pg_promote() itself waits up to 60 s.

@@ -24,6 +24,7 @@ pub mod error;
 pub mod events;
 pub mod exec;
 pub mod failover;
+mod failpoint;
 pub mod http;
 mod kept;
 pub mod lifecycle;
@@ -45,6 +46,7 @@ pub mod switchover;
 mod systemd;
 mod throttle;
 pub mod tls;
+mod two_phase_recovery;
 pub mod views;
 
 pub use lifecycle::serve;

@@ -62,6 +62,9 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
             spawn_monitor(&app, cluster, node.clone());
         }
     }
+    if let Some(shards) = &app.shards {
+        crate::two_phase_recovery::spawn(app.clone(), shards.clone());
+    }
     tokio::spawn(upkeep(app.clone()));
     if let Some(dcs) = &app.dcs {
         tokio::spawn(crate::dcs::run(app.clone(), dcs.clone()));

@@ -287,6 +287,24 @@ impl Nodes {
         self.standing.notified().await
     }
 
+    /// The primary, waiting up to `limit` for one (writes held through a failover or while
+    /// synchronous standbys are being set); `None` if none came.
+    pub async fn primary_within(&self, limit: std::time::Duration) -> Option<Arc<NodeState>> {
+        let started = tokio::time::Instant::now();
+        loop {
+            if let Some(primary) = self.primary() {
+                return Some(primary);
+            }
+            let left = limit.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return None;
+            }
+            // A change wakes the wait; the recheck covers one that came before it began.
+            let recheck = std::time::Duration::from_millis(50);
+            let _ = tokio::time::timeout(left.min(recheck), self.standing_changed()).await;
+        }
+    }
+
     /// Records a health check and, for replicas, how far behind the primary they are.
     pub fn record(&self, node: &NodeState, outcome: Result<Observation, CheckFailure>) {
         let now_ms = self.clock_origin.elapsed().as_millis() as u64;

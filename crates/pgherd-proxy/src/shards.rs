@@ -4,16 +4,25 @@
 //! agreement act on; the others are watched by their own monitors and route by the primary
 //! those find, without failover or synchronous standbys yet.
 
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use pgherd_config::Sharding;
 use pgherd_route::shard_plan::ShardMap;
+use pgherd_route::two_phase::Gid;
 
 use crate::nodes::{CheckThresholds, Nodes};
 
 pub struct Shards {
     pub map: ShardMap,
     clusters: Vec<Arc<Nodes>>,
+    /// Drawn at start: this process's part of its two-phase gids (`two_phase::Gid`).
+    pub instance: u64,
+    sequence: AtomicU64,
+    /// (shard, server database) pairs whose decisions table pgherd has made sure of.
+    decision_tables: Mutex<HashSet<(u32, String)>>,
 }
 
 impl Shards {
@@ -27,7 +36,37 @@ impl Shards {
         Shards {
             map: sharding.map.clone(),
             clusters,
+            instance: rand::random(),
+            sequence: AtomicU64::new(1),
+            decision_tables: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// A new two-phase gid whose decision `decider` makes.
+    pub fn next_gid(&self, decider: u32) -> Gid {
+        Gid {
+            decider,
+            instance: self.instance,
+            sequence: self.sequence.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// Whether the decisions table of `database` on `shard` is known to exist.
+    pub fn has_decision_table(&self, shard: u32, database: &str) -> bool {
+        self.decision_tables
+            .lock()
+            .contains(&(shard, database.to_owned()))
+    }
+
+    pub fn decision_table_made(&self, shard: u32, database: &str) {
+        self.decision_tables
+            .lock()
+            .insert((shard, database.to_owned()));
+    }
+
+    /// The (shard, database) pairs with a decisions table, for recovery's clean-up.
+    pub fn decision_tables(&self) -> Vec<(u32, String)> {
+        self.decision_tables.lock().iter().cloned().collect()
     }
 
     pub fn count(&self) -> u32 {

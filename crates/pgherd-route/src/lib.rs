@@ -22,6 +22,7 @@ pub mod shard_hash;
 pub mod shard_plan;
 pub mod shard_route;
 mod tree;
+pub mod two_phase;
 
 pub use balance::Balance;
 pub use catalog::Catalog;

@@ -125,7 +125,7 @@ pub struct ShardMap {
 
 impl ShardMap {
     /// The sharded table a relation in a statement names, if any.
-    fn table(&self, relation: &RangeVar) -> Option<(&str, &ShardedTable)> {
+    pub(crate) fn table(&self, relation: &RangeVar) -> Option<(&str, &ShardedTable)> {
         self.lookup(&relation.schemaname, &relation.relname)
     }
 

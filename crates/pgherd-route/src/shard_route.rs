@@ -8,6 +8,8 @@
 use std::collections::BTreeSet;
 
 use pg_query::protobuf::node::Node as NodeEnum;
+use pg_query::protobuf::{TransactionStmt, TransactionStmtKind};
+use pg_query::NodeRef;
 use pgherd_wire::SqlState;
 
 use crate::decision::{Decision, Target};
@@ -33,6 +35,21 @@ pub enum Execution {
         shards: BTreeSet<u32>,
         plan: Box<FanOut>,
     },
+    /// A write over several shards, unchanged on each (an `UPDATE` or `DELETE` whose key
+    /// predicate names several, a write to a table every shard holds): one transaction over
+    /// them, committed atomically (two-phase); the counts add up and returned rows are all
+    /// passed on.
+    Write { shards: BTreeSet<u32> },
+    /// BEGIN, COMMIT or ROLLBACK of the client's transaction, which pgherd carries over the
+    /// shards it touches.
+    Transaction(TxCommand),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxCommand {
+    Begin,
+    Commit,
+    Rollback,
 }
 
 /// Why a statement does not run on a sharded endpoint.
@@ -98,6 +115,14 @@ pub fn route_statement(
         return Ok(Execution::AnyShard);
     };
     let execution = route_node(statement, map, is_user_aggregate)?;
+    if matches!(execution, Execution::Write { .. }) && !is_sharded_write(statement, map) {
+        // Every copy of a table that lives on every shard must come out the same.
+        if let Some(call) = first_function_call(&parsed.tree) {
+            return Err(refuse(&format!(
+                "a write to a table that is not sharded calling {call} (each shard would compute its own value, and the copies would differ)"
+            )));
+        }
+    }
     if execution == Execution::AnyShard && decision.target == Target::Primary {
         // A write outside the sharded tables (a sequence, a function that writes, a
         // data-modifying WITH) would change one shard's copy only.
@@ -130,17 +155,15 @@ fn route_node(
             }
         }
         NodeEnum::VariableShowStmt(_) => Ok(Execution::AnyShard),
-        NodeEnum::VariableSetStmt(set) if set.name == "standard_conforming_strings" => Err(
-            refuse("changing standard_conforming_strings through a sharded endpoint"),
-        ),
-        NodeEnum::VariableSetStmt(set) if !set.is_local => Ok(Execution::Setting),
-        NodeEnum::TransactionStmt(_) => Err(refuse(
-            "transaction blocks (BEGIN, COMMIT, ...) through a sharded endpoint, which are not built yet; each statement commits on its own",
+        NodeEnum::VariableSetStmt(set) if set.name == "standard_conforming_strings" => Err(refuse(
+            "changing standard_conforming_strings through a sharded endpoint",
         )),
+        NodeEnum::VariableSetStmt(_) => Ok(Execution::Setting),
+        NodeEnum::TransactionStmt(tx) => transaction_command(tx),
         NodeEnum::CopyStmt(_) => Err(refuse("COPY through a sharded endpoint (not built yet)")),
-        NodeEnum::CreateTableAsStmt(_) => {
-            Err(refuse("CREATE TABLE AS or SELECT INTO through a sharded endpoint"))
-        }
+        NodeEnum::CreateTableAsStmt(_) => Err(refuse(
+            "CREATE TABLE AS or SELECT INTO through a sharded endpoint",
+        )),
         node if is_schema_or_maintenance(node) => {
             if hides_a_sharded_table(node, map) {
                 return Err(refuse(
@@ -169,16 +192,21 @@ fn route_data(
     let plan = shard_plan::plan(statement, map)?;
     match &plan {
         ShardPlan::Unsharded if reads_only => Ok(Execution::AnyShard),
-        ShardPlan::Unsharded => Err(refuse(
-            "a write to a table that is not sharded (it lives on every shard, and writing all copies at once needs two-phase commit, not built yet)",
-        )),
+        ShardPlan::Unsharded => match statement {
+            NodeEnum::InsertStmt(_) => Err(refuse(
+                "an INSERT into a table that is not sharded (its column defaults may give each shard's copy another value; not built yet)",
+            )),
+            _ => Ok(Execution::Write {
+                shards: (0..map.shards).collect(),
+            }),
+        },
         ShardPlan::InsertRows { table, .. } => {
             let shards: BTreeSet<u32> = plan.row_shards(map, &[])?.into_iter().collect();
             match shards.first() {
                 None => Ok(Execution::OneShard(0)),
                 Some(&shard) if shards.len() == 1 => Ok(Execution::OneShard(shard)),
                 Some(_) => Err(refuse(&format!(
-                    "an INSERT of rows for several shards of {table} in one statement (it needs two-phase commit, not built yet)"
+                    "an INSERT of rows for several shards of {table} in one statement (splitting its rows is not built yet)"
                 ))),
             }
         }
@@ -193,9 +221,7 @@ fn route_data(
                 return Ok(Execution::OneShard(shards.first().copied().unwrap_or(0)));
             }
             let NodeEnum::SelectStmt(select) = statement else {
-                return Err(refuse(&format!(
-                    "an UPDATE or DELETE of {table} on several shards (it needs two-phase commit, not built yet)"
-                )));
+                return Ok(Execution::Write { shards });
             };
             let plan = plan_fan_out(select, &sharded.key_column, is_user_aggregate)?;
             Ok(Execution::FanOut {
@@ -204,6 +230,76 @@ fn route_data(
             })
         }
     }
+}
+
+/// BEGIN, COMMIT and ROLLBACK; what pgherd cannot carry over the shards yet is refused.
+fn transaction_command(tx: &TransactionStmt) -> Result<Execution, ShardError> {
+    let kind = TransactionStmtKind::try_from(tx.kind).unwrap_or(TransactionStmtKind::Undefined);
+    let command = match kind {
+        TransactionStmtKind::TransStmtBegin | TransactionStmtKind::TransStmtStart => {
+            TxCommand::Begin
+        }
+        TransactionStmtKind::TransStmtCommit | TransactionStmtKind::TransStmtRollback
+            if tx.chain =>
+        {
+            return Err(refuse(
+                "COMMIT AND CHAIN or ROLLBACK AND CHAIN through a sharded endpoint",
+            ));
+        }
+        TransactionStmtKind::TransStmtCommit => TxCommand::Commit,
+        TransactionStmtKind::TransStmtRollback => TxCommand::Rollback,
+        TransactionStmtKind::TransStmtSavepoint
+        | TransactionStmtKind::TransStmtRelease
+        | TransactionStmtKind::TransStmtRollbackTo => {
+            return Err(refuse(
+                "savepoints through a sharded endpoint (not built yet)",
+            ));
+        }
+        TransactionStmtKind::TransStmtPrepare
+        | TransactionStmtKind::TransStmtCommitPrepared
+        | TransactionStmtKind::TransStmtRollbackPrepared
+        | TransactionStmtKind::Undefined => {
+            return Err(refuse(
+                "PREPARE TRANSACTION, COMMIT PREPARED or ROLLBACK PREPARED from a client of a sharded endpoint (pgherd runs two-phase commit over the shards itself)",
+            ));
+        }
+    };
+    Ok(Execution::Transaction(command))
+}
+
+/// The statement writes a sharded table (rather than one every shard holds).
+fn is_sharded_write(statement: &NodeEnum, map: &ShardMap) -> bool {
+    let relation = match statement {
+        NodeEnum::UpdateStmt(s) => s.relation.as_ref(),
+        NodeEnum::DeleteStmt(s) => s.relation.as_ref(),
+        NodeEnum::InsertStmt(s) => s.relation.as_ref(),
+        _ => None,
+    };
+    relation.is_some_and(|r| map.table(r).is_some())
+}
+
+/// The first function the statement calls (`now()`, `CURRENT_TIMESTAMP`, an operator's
+/// function is not seen), by name.
+fn first_function_call(tree: &pg_query::ParseResult) -> Option<String> {
+    tree.protobuf
+        .nodes()
+        .into_iter()
+        .find_map(|(node, ..)| match node {
+            NodeRef::FuncCall(call) => Some(
+                call.funcname
+                    .iter()
+                    .filter_map(|n| match &n.node {
+                        Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>()
+                    .join("."),
+            ),
+            NodeRef::SqlvalueFunction(_) => {
+                Some("a date/time or user function (CURRENT_TIMESTAMP, ...)".into())
+            }
+            _ => None,
+        })
 }
 
 /// A view over a sharded table, or a new name or schema for one: statements naming the view

@@ -40,6 +40,42 @@ fn statements_run_where_their_rows_are() {
         ("", Execution::AnyShard),
         ("SET work_mem = '8MB'", Execution::Setting),
         ("RESET ALL", Execution::Setting),
+        ("SET LOCAL work_mem = '8MB'", Execution::Setting),
+        ("BEGIN", Execution::Transaction(TxCommand::Begin)),
+        (
+            "START TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+            Execution::Transaction(TxCommand::Begin),
+        ),
+        ("COMMIT", Execution::Transaction(TxCommand::Commit)),
+        ("END", Execution::Transaction(TxCommand::Commit)),
+        ("ROLLBACK", Execution::Transaction(TxCommand::Rollback)),
+        ("ABORT", Execution::Transaction(TxCommand::Rollback)),
+        // Over several shards, a write runs in one transaction over them.
+        (
+            "UPDATE accounts SET abalance = 0",
+            Execution::Write {
+                shards: BTreeSet::from([0, 1, 2]),
+            },
+        ),
+        (
+            "DELETE FROM accounts WHERE bid = 3 RETURNING aid",
+            Execution::Write {
+                shards: BTreeSet::from([0, 1, 2]),
+            },
+        ),
+        // A table every shard holds is written on all of them.
+        (
+            "UPDATE branches SET bbalance = bbalance + 5 WHERE bid = 1",
+            Execution::Write {
+                shards: BTreeSet::from([0, 1, 2]),
+            },
+        ),
+        (
+            "DELETE FROM branches WHERE bid = 1",
+            Execution::Write {
+                shards: BTreeSet::from([0, 1, 2]),
+            },
+        ),
         ("CREATE TABLE t (a int)", Execution::EveryShard),
         ("CREATE INDEX ON accounts (bid)", Execution::EveryShard),
         (
@@ -113,14 +149,22 @@ fn key_less_reads_fan_out_with_their_merge() {
 #[test]
 fn what_cannot_run_exactly_is_refused_by_name() {
     let cases: &[(&str, &str)] = &[
-        ("BEGIN", "transaction blocks"),
+        ("SAVEPOINT a", "savepoints"),
+        ("ROLLBACK TO SAVEPOINT a", "savepoints"),
+        ("COMMIT AND CHAIN", "AND CHAIN"),
+        ("PREPARE TRANSACTION 'x'", "PREPARE TRANSACTION"),
+        ("COMMIT PREPARED 'x'", "PREPARE TRANSACTION"),
         (
             "SELECT 1; SELECT 2",
             "several statements in one query string",
         ),
         (
-            "UPDATE accounts SET abalance = 0",
-            "UPDATE or DELETE of accounts on several shards",
+            "UPDATE branches SET bbalance = random()",
+            "calling random (each shard would compute its own value",
+        ),
+        (
+            "UPDATE branches SET at = CURRENT_TIMESTAMP WHERE bid = 1",
+            "calling a date/time",
         ),
         (
             "INSERT INTO accounts (aid) VALUES (1), (2), (3), (4), (5), (6)",
@@ -128,7 +172,7 @@ fn what_cannot_run_exactly_is_refused_by_name() {
         ),
         (
             "INSERT INTO branches VALUES (1)",
-            "a write to a table that is not sharded",
+            "an INSERT into a table that is not sharded",
         ),
         ("COPY accounts FROM STDIN", "COPY"),
         ("DO $$ BEGIN END $$", "DO through a sharded endpoint"),
@@ -195,4 +239,21 @@ fn writes_and_session_state_outside_sharded_tables_are_refused() {
         matches!(&refused, Err(e) if e.to_string().contains("session state that stays on one server connection")),
         "{refused:?}"
     );
+}
+
+/// A write to a table every shard holds that reads a sharded table would see only each
+/// shard's part of it: refused, never run.
+#[test]
+fn a_shared_table_written_from_a_sharded_one_is_refused() {
+    for sql in [
+        "UPDATE branches SET bbalance = (SELECT sum(abalance) FROM accounts)",
+        "DELETE FROM branches WHERE bid IN (SELECT bid FROM accounts)",
+        "UPDATE branches b SET bbalance = a.abalance FROM accounts a WHERE a.aid = b.bid",
+    ] {
+        let routed = route(sql);
+        assert!(
+            matches!(&routed, Err(e) if e.sqlstate() == SqlState::FEATURE_NOT_SUPPORTED),
+            "{sql}: {routed:?}"
+        );
+    }
 }

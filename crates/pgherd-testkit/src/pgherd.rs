@@ -244,6 +244,8 @@ pub struct Pgherd {
     pub config_path: PathBuf,
     pub log_path: PathBuf,
     binary: PathBuf,
+    /// Environment variables the next start passes on (a failpoint, say).
+    env: Vec<(String, String)>,
 }
 
 impl Pgherd {
@@ -261,6 +263,7 @@ impl Pgherd {
             config_path,
             log_path,
             binary: PathBuf::from(binary),
+            env: Vec::new(),
         };
         pgherd.spawn();
         pgherd
@@ -289,6 +292,7 @@ impl Pgherd {
                 std::env::var("PGHERD_TEST_LOG")
                     .unwrap_or_else(|_| "info,pgherd_proxy=debug".into()),
             )
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log handle"))
             .stderr(log)
@@ -356,6 +360,14 @@ impl Pgherd {
             std::thread::sleep(Duration::from_millis(20));
         }
         None
+    }
+
+    /// Sets (or with `None` removes) an environment variable for the next start.
+    pub fn set_env(&mut self, name: &str, value: Option<&str>) {
+        self.env.retain(|(k, _)| k != name);
+        if let Some(value) = value {
+            self.env.push((name.to_owned(), value.to_owned()));
+        }
     }
 
     /// Stops pgherd with SIGTERM (it drains) and waits for it to exit.

@@ -19,6 +19,9 @@ impl SqlState {
     pub const CHECK_VIOLATION: SqlState = SqlState(*b"23514");
     pub const READ_ONLY_SQL_TRANSACTION: SqlState = SqlState(*b"25006");
     pub const IN_FAILED_SQL_TRANSACTION: SqlState = SqlState(*b"25P02");
+    pub const ACTIVE_SQL_TRANSACTION: SqlState = SqlState(*b"25001");
+    pub const NO_ACTIVE_SQL_TRANSACTION: SqlState = SqlState(*b"25P01");
+    pub const TRANSACTION_RESOLUTION_UNKNOWN: SqlState = SqlState(*b"08007");
     pub const INVALID_SQL_STATEMENT_NAME: SqlState = SqlState(*b"26000");
     pub const INVALID_AUTHORIZATION_SPECIFICATION: SqlState = SqlState(*b"28000");
     pub const INVALID_PASSWORD: SqlState = SqlState(*b"28P01");

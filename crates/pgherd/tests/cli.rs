@@ -248,7 +248,12 @@ fn up_status_down_on_a_fresh_directory() {
     // A switchover from the command line: the old primary comes back as a standby that
     // streams as the replication role too.
     let switched = pgherd(&["switchover", "--dir", dir_arg]);
-    assert!(switched.status.success(), "{}", text(&switched));
+    assert!(
+        switched.status.success(),
+        "{}\n{}",
+        text(&switched),
+        log_tails(&cluster_dir)
+    );
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         let streaming = ask(
@@ -282,6 +287,21 @@ fn up_status_down_on_a_fresh_directory() {
 }
 
 /// Stops what `up` started even when the test fails half way.
+/// The last lines of every log `pgherd up` keeps (nodes and pgherd), for a failure's message:
+/// a failed step is often explained only there.
+fn log_tails(cluster_dir: &std::path::Path) -> String {
+    let mut out = String::new();
+    let listed = |dir: std::path::PathBuf| std::fs::read_dir(dir).into_iter().flatten().flatten();
+    let logs = listed(cluster_dir.join("logs")).chain(listed(cluster_dir.to_owned()));
+    for entry in logs.filter(|e| e.path().extension().is_some_and(|x| x == "log")) {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+        out.push_str(&format!("--- {}\n{tail}\n", entry.path().display()));
+    }
+    out
+}
+
 struct Down(String);
 
 impl Drop for Down {

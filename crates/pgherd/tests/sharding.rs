@@ -8,6 +8,9 @@ use pgherd_route::merge_plan::{Column, Combine, Grouping, Merge};
 use pgherd_route::merge_rows::{ColumnType, Format, Merger};
 use pgherd_route::shard_hash::{shard_of, shard_of_text, KeyType};
 use pgherd_testkit::TestCluster;
+
+mod common;
+use common::connect_as_superuser;
 use rand::{Rng, SeedableRng};
 
 /// Key values, as SQL producing `k` rows of the type.
@@ -214,18 +217,6 @@ fn aggregates_merged_from_shards_are_postgresqls_over_all_rows() {
 }
 
 /// The test clusters' superuser, on `port` (a server or pgherd), in `database`.
-async fn connect_as_superuser(port: u16, database: &str) -> tokio_postgres::Client {
-    use pgherd_testkit::{SUPERUSER, SUPERUSER_PASSWORD};
-    let conninfo = format!(
-        "host=127.0.0.1 port={port} user={SUPERUSER} password={SUPERUSER_PASSWORD} dbname={database}"
-    );
-    let (client, connection) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    tokio::spawn(connection);
-    client
-}
-
 /// A small differential test of the fan-out: rows hash-sharded over three databases and whole
 /// in a fourth; each query planned by `merge_plan`, its shard statement run on the three, the
 /// rows merged by `merge_rows`, equal to the query's answer over the whole table (in order,
@@ -552,8 +543,7 @@ async fn a_sharded_endpoint_answers_as_one_node_holding_every_row() {
             "CREATE TEMP TABLE scratch (a int)",
             "stays on one server connection",
         ),
-        ("UPDATE accounts SET abalance = 0", "several shards"),
-        ("BEGIN", "transaction blocks"),
+        ("SAVEPOINT s", "savepoints"),
         ("COPY accounts TO STDOUT", "COPY"),
         ("SELECT string_agg(filler, ',') FROM accounts", "string_agg"),
     ] {
@@ -565,6 +555,20 @@ async fn a_sharded_endpoint_answers_as_one_node_holding_every_row() {
             .unwrap_or_default();
         assert!(message.contains(what), "{sql}: {message}");
     }
+    // A write over several shards commits with two-phase commit, which these shards
+    // (max_prepared_transactions = 0) refuse: PostgreSQL's own error, and no shard changed.
+    let before = rows(&through, "SELECT sum(abalance) FROM accounts")
+        .await
+        .unwrap();
+    let e = through
+        .batch_execute("UPDATE accounts SET abalance = 0")
+        .await
+        .expect_err("no prepared transactions on these shards");
+    assert_eq!(code(&e), "55000", "{e:?}");
+    let after = rows(&through, "SELECT sum(abalance) FROM accounts")
+        .await
+        .unwrap();
+    assert_eq!(before, after, "rolled back on every shard");
     let e = through
         .query("SELECT abalance FROM accounts WHERE aid = $1", &[&5i32])
         .await

@@ -44,7 +44,8 @@ impl Link {
         params: &SessionParams,
         pool_cache: &mut Option<(Arc<NodeState>, Arc<Pool>)>,
     ) -> Result<Link, PgError> {
-        let node = cluster.primary().ok_or_else(|| {
+        let wait = std::time::Duration::from_millis(app.config().cluster.primary_wait_ms);
+        let node = cluster.primary_within(wait).await.ok_or_else(|| {
             PgError::error(
                 SqlState::CONNECTION_FAILURE,
                 format!("no primary is available for shard {shard}"),
@@ -134,6 +135,24 @@ impl Link {
         write_flush(&mut conn.stream, &out)
             .await
             .map_err(|e| ServerError::new(&node, ServerErrorKind::Io(e)).to_client_error())
+    }
+
+    /// Runs a statement of pgherd's own (`BEGIN`, `PREPARE TRANSACTION`, ...) whose answer the
+    /// client does not see: `Ok(None)` done, `Ok(Some(error))` the server refused it, `Err` the
+    /// connection failed before the answer ended.
+    pub async fn run_own(&mut self, sql: &str) -> Result<Option<PgError>, PgError> {
+        self.send(sql).await?;
+        let mut refused = None;
+        loop {
+            let (tag, body) = self.next().await?;
+            match tag {
+                btag::READY_FOR_QUERY => return Ok(refused),
+                btag::ERROR_RESPONSE => {
+                    refused.get_or_insert(server_error(self.shard, &body));
+                }
+                _ => {}
+            }
+        }
     }
 
     /// The next message of the answer; `ReadyForQuery` is the last, after which the link may

@@ -3,22 +3,26 @@
 //! shard the plan needs. A statement on one shard is relayed as it streams back; a read over
 //! several is merged ([`fan_out`]); a schema change runs on every shard.
 //!
-//! This first slice speaks the simple query protocol, one autocommit statement at a time, on
-//! each shard's primary. The extended protocol, transaction blocks, COPY and writes to several
-//! shards (which need two-phase commit) are refused with `0A000` naming them.
+//! Transaction blocks span the shards their statements reach ([`tx`]) and commit on all of them
+//! or on none ([`commit`], two-phase when several wrote); a write over several shards outside
+//! a block runs in a transaction of its own. This slice speaks the simple query protocol, on
+//! each shard's primary; the extended protocol, COPY and savepoints are refused with `0A000`
+//! naming them.
 
+mod commit;
+mod each;
 mod fan_out;
 mod link;
+mod tx;
 
 use std::future::poll_fn;
 use std::sync::Arc;
 use std::task::Poll;
 
 use bytes::BytesMut;
-use futures_util::future::join_all;
-use pgherd_route::shard_route::{route_statement, Execution};
-use pgherd_route::{Decision, SessionEffect};
-use pgherd_wire::backend::{self, tag as btag, TxStatus};
+use pgherd_route::shard_route::{route_statement, Execution, TxCommand};
+use pgherd_route::{Decision, SessionEffect, Target};
+use pgherd_wire::backend::{self, tag as btag};
 use pgherd_wire::frontend::tag as ftag;
 use pgherd_wire::{PgError, SqlState, WireError};
 
@@ -32,6 +36,7 @@ use crate::relay::params::{session_changes, SessionParams};
 use crate::routing::Router;
 use crate::shards::Shards;
 use crate::stream::Stream;
+pub use commit::make_decision_table;
 use link::{encode_message, Link};
 
 /// Answers are written to the client once this much is buffered.
@@ -48,6 +53,10 @@ pub struct ShardedSession {
     pub router: Arc<Router>,
     /// Each shard's last pool and its node (see `App::pool_cached`).
     pub pools: Vec<Option<(Arc<NodeState>, Arc<Pool>)>>,
+    /// The database's name on the servers.
+    pub server_database: String,
+    /// The client's transaction, once it began one (or a write over several shards runs).
+    pub tx: Option<tx::Tx>,
 }
 
 /// Why a statement ended without its answer: the client hears the error, or the session ends.
@@ -94,12 +103,12 @@ impl ShardedSession {
                     if let Err(end) = self.simple_query(&sql, &mut out).await {
                         return end;
                     }
-                    backend::encode_ready_for_query(&mut out, TxStatus::Idle);
+                    backend::encode_ready_for_query(&mut out, self.tx_status());
                 }
                 ftag::TERMINATE => return Disconnect::Terminated,
                 ftag::SYNC => {
                     skip_to_sync = false;
-                    backend::encode_ready_for_query(&mut out, TxStatus::Idle);
+                    backend::encode_ready_for_query(&mut out, self.tx_status());
                 }
                 ftag::FLUSH | ftag::COPY_DATA | ftag::COPY_DONE | ftag::COPY_FAIL => {}
                 ftag::PARSE | ftag::BIND | ftag::DESCRIBE | ftag::EXECUTE | ftag::CLOSE => {
@@ -130,16 +139,35 @@ impl ShardedSession {
     async fn simple_query(&mut self, sql: &str, out: &mut BytesMut) -> Result<(), Disconnect> {
         let outcome = match self.plan(sql) {
             Err(e) => Err(Failed::Statement(e)),
+            Ok((execution, _)) if self.in_failed_transaction(&execution) => {
+                Err(Failed::Statement(PgError::error(
+                    SqlState::IN_FAILED_SQL_TRANSACTION,
+                    "current transaction is aborted, commands ignored until end of transaction block",
+                )))
+            }
             Ok((execution, decision)) => self.execute(execution, &decision, sql, out).await,
         };
         match outcome {
             Ok(()) => Ok(()),
             Err(Failed::Statement(e)) => {
+                // As in PostgreSQL, an error aborts the transaction it happened in.
+                if let Some(tx) = &mut self.tx {
+                    tx.failed = true;
+                }
                 encode_error(out, &e);
                 Ok(())
             }
             Err(Failed::Client(end)) => Err(end),
         }
+    }
+
+    /// The transaction failed and the statement does not end it.
+    fn in_failed_transaction(&self, execution: &Execution) -> bool {
+        self.tx.as_ref().is_some_and(|tx| tx.failed)
+            && !matches!(
+                execution,
+                Execution::Transaction(TxCommand::Commit | TxCommand::Rollback)
+            )
     }
 
     /// The statement's routing decision and its plan over the shards.
@@ -171,37 +199,99 @@ impl ShardedSession {
         sql: &str,
         out: &mut BytesMut,
     ) -> Result<(), Failed> {
-        let shards = match &execution {
-            Execution::AnyShard => vec![(self.shared.id % u64::from(self.shards.count())) as u32],
+        if let Execution::Transaction(command) = execution {
+            return self.transaction(command, sql, out).await;
+        }
+        // A write over several shards is one transaction over them, as on one server.
+        let implicit = self.tx.is_none() && matches!(execution, Execution::Write { .. });
+        if implicit {
+            self.tx = Some(tx::Tx::new("BEGIN"));
+        }
+        let ran = self.run_planned(&execution, decision, sql, out).await;
+        if implicit {
+            let ended = self.end_transaction(ran.is_ok(), out).await;
+            return ran.and(ended);
+        }
+        ran
+    }
+
+    /// The shards a statement runs on.
+    fn shards_for(&self, execution: &Execution) -> Vec<u32> {
+        let reached: Vec<u32> = self
+            .tx
+            .iter()
+            .flat_map(|tx| tx.links.keys().copied())
+            .collect();
+        match execution {
+            // In a transaction, one it reached already (its writes are seen there).
+            Execution::AnyShard => match reached.first() {
+                Some(&shard) => vec![shard],
+                None => vec![(self.shared.id % u64::from(self.shards.count())) as u32],
+            },
             Execution::OneShard(shard) => vec![*shard],
+            // A setting in a transaction reaches every shard it runs on.
+            Execution::Setting if !reached.is_empty() => reached,
             Execution::Setting => vec![0],
             Execution::EveryShard => (0..self.shards.count()).collect(),
-            Execution::FanOut { shards, .. } => shards.iter().copied().collect(),
+            Execution::FanOut { shards, .. } | Execution::Write { shards } => {
+                shards.iter().copied().collect()
+            }
+            Execution::Transaction(_) => Vec::new(),
+        }
+    }
+
+    async fn run_planned(
+        &mut self,
+        execution: &Execution,
+        decision: &Decision,
+        sql: &str,
+        out: &mut BytesMut,
+    ) -> Result<(), Failed> {
+        let shards = self.shards_for(execution);
+        let in_tx = self.tx.is_some();
+        let mut links = if in_tx {
+            self.tx_links(&shards).await?
+        } else {
+            self.open_links(&shards).await?
         };
-        let mut links = self.open_links(&shards).await?;
-        if decision.session != SessionEffect::None || execution == Execution::Setting {
+        if decision.session != SessionEffect::None || *execution == Execution::Setting {
             links.iter_mut().for_each(Link::close_after_use);
         }
         self.watch_cancel(&links);
-        let ran = match &execution {
-            Execution::AnyShard | Execution::OneShard(_) => {
-                let [link] = links.as_mut_slice() else {
-                    return Ok(());
-                };
-                self.relay(link, sql, out).await.map(|_| ())
-            }
-            Execution::Setting => {
-                let [link] = links.as_mut_slice() else {
-                    return Ok(());
-                };
-                self.setting(link, sql, out).await
-            }
-            Execution::EveryShard => on_every_shard(&mut links, sql, out).await,
+        // The server's own error was relayed to the client: the statement failed all the same.
+        let mut server_refused = false;
+        let ran = match execution {
+            Execution::AnyShard | Execution::OneShard(_) => match links.as_mut_slice() {
+                [link] => self
+                    .relay(link, sql, out)
+                    .await
+                    .map(|refused| server_refused = refused),
+                _ => Ok(()),
+            },
+            Execution::Setting => self
+                .setting(&mut links, sql, out)
+                .await
+                .map(|refused| server_refused = refused),
+            Execution::EveryShard => each::schema_change(&mut links, sql, !in_tx, out).await,
+            Execution::Write { .. } => each::write(&mut links, sql, out).await,
             Execution::FanOut { plan, .. } => fan_out::run(&mut links, plan, false, out)
                 .await
                 .map_err(Failed::Statement),
+            Execution::Transaction(_) => Ok(()),
         };
         self.unwatch_cancel().await;
+        if in_tx {
+            let wrote = decision.target == Target::Primary
+                || matches!(execution, Execution::EveryShard | Execution::Write { .. });
+            self.give_back(links, wrote);
+            if let Some(tx) = &mut self.tx {
+                // As in PostgreSQL, an error aborts the transaction it happened in.
+                tx.failed |= server_refused;
+                if ran.is_ok() && !server_refused && *execution == Execution::Setting {
+                    tx.settings_sql.push(sql.to_owned());
+                }
+            }
+        }
         if ran.is_ok() && decision.changes_catalog {
             self.router.catalog_changed();
         }
@@ -282,80 +372,38 @@ impl ShardedSession {
         }
     }
 
-    /// `SET`/`RESET`: checked on one shard, then kept as the session's, so every link carries it.
+    /// `SET`/`RESET`: run on one shard (in a transaction, on every shard it reached), then
+    /// kept as the session's, so every link carries it; in a transaction, once it commits.
+    /// Says whether the server refused it (its error was relayed).
     async fn setting(
         &mut self,
-        link: &mut Link,
+        links: &mut [Link],
         sql: &str,
         out: &mut BytesMut,
-    ) -> Result<(), Failed> {
+    ) -> Result<bool, Failed> {
         let Some(changes) = session_changes(sql) else {
             return Err(Failed::Statement(PgError::error(
                 SqlState::FEATURE_NOT_SUPPORTED,
                 "not supported on sharded tables: this SET through a sharded endpoint",
             )));
         };
-        if !self.relay(link, sql, out).await? {
-            self.params.record(changes);
+        let Some((first, others)) = links.split_first_mut() else {
+            return Ok(false);
+        };
+        if self.relay(first, sql, out).await? {
+            return Ok(true);
+        }
+        for link in others {
+            if let Some(refused) = link.run_own(sql).await? {
+                return Err(Failed::Statement(refused));
+            }
+        }
+        self.params.record(changes);
+        if self.tx.is_none() {
             self.params.end_transaction(true);
         }
-        Ok(())
+        Ok(false)
     }
-}
-
-/// A schema change or maintenance command: every shard runs it, at once. Each commits on its
-/// own, so a failure on some shards says which ones did apply it.
-async fn on_every_shard(links: &mut [Link], sql: &str, out: &mut BytesMut) -> Result<(), Failed> {
-    let shards: Vec<u32> = links.iter().map(|link| link.shard).collect();
-    let answers = join_all(links.iter_mut().map(|link| async move {
-        link.send(sql).await?;
-        let mut messages = Vec::new();
-        let mut error = None;
-        loop {
-            let message = link.next().await?;
-            match message.0 {
-                btag::READY_FOR_QUERY => return Ok::<_, PgError>((messages, error)),
-                btag::ERROR_RESPONSE => {
-                    error.get_or_insert(PgError::parse(&message.1).unwrap_or_else(|e| {
-                        PgError::error(SqlState::PROTOCOL_VIOLATION, e.to_string())
-                    }));
-                }
-                _ => messages.push(message),
-            }
-        }
-    }))
-    .await;
-    let mut applied = Vec::new();
-    let mut failed = None;
-    let mut first_answer = None;
-    for (shard, answer) in shards.into_iter().zip(answers) {
-        match answer {
-            Ok((messages, None)) => {
-                applied.push(shard.to_string());
-                first_answer.get_or_insert(messages);
-            }
-            Ok((_, Some(e))) | Err(e) => {
-                failed.get_or_insert((shard, e));
-            }
-        }
-    }
-    if let Some((shard, mut error)) = failed {
-        let applied = if applied.is_empty() {
-            "no shard applied it".to_owned()
-        } else {
-            format!("shards {} applied it", applied.join(", "))
-        };
-        let detail = format!("on shard {shard}; {applied}");
-        error.detail = Some(match error.detail.take() {
-            Some(own) => format!("{own} ({detail})"),
-            None => detail,
-        });
-        return Err(Failed::Statement(error));
-    }
-    for message in first_answer.iter().flatten() {
-        encode_message(out, message);
-    }
-    Ok(())
 }
 
 fn encode_error(out: &mut BytesMut, error: &PgError) {

@@ -180,3 +180,16 @@ pub fn field<'a>(row: &'a [(String, String)], name: &str) -> &'a str {
         .map(|(_, v)| v.as_str())
         .unwrap_or_else(|| panic!("no column {name} in {row:?}"))
 }
+
+/// A connection as the test clusters' superuser (directly, or through pgherd on `port`).
+pub async fn connect_as_superuser(port: u16, database: &str) -> tokio_postgres::Client {
+    use pgherd_testkit::{SUPERUSER, SUPERUSER_PASSWORD};
+    let conninfo = format!(
+        "host=127.0.0.1 port={port} user={SUPERUSER} password={SUPERUSER_PASSWORD} dbname={database}"
+    );
+    let (client, connection) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    client
+}

@@ -1,0 +1,156 @@
+//! One statement sent unchanged to several shards at once: a schema change (every shard runs
+//! it and answers alike) or a write over several shards (the counts add up, returned rows are
+//! all passed on).
+
+use bytes::BytesMut;
+use futures_util::future::join_all;
+use pgherd_wire::backend::{self, tag as btag};
+use pgherd_wire::{PgError, SqlState};
+
+use super::link::{encode_message, server_error, Link, Message};
+use super::Failed;
+
+/// One shard's answer: its messages but the error and `ReadyForQuery`, and its error.
+type Answer = (u32, Result<(Vec<Message>, Option<PgError>), PgError>);
+
+async fn on_each(links: &mut [Link], sql: &str) -> Vec<Answer> {
+    join_all(links.iter_mut().map(|link| async move {
+        let shard = link.shard;
+        let answer = async {
+            link.send(sql).await?;
+            let mut messages = Vec::new();
+            let mut error = None;
+            loop {
+                let message = link.next().await?;
+                match message.0 {
+                    btag::READY_FOR_QUERY => return Ok((messages, error)),
+                    btag::ERROR_RESPONSE => {
+                        error.get_or_insert(server_error(shard, &message.1));
+                    }
+                    _ => messages.push(message),
+                }
+            }
+        };
+        (shard, answer.await)
+    }))
+    .await
+}
+
+/// The first failure, with which shard it came from and (outside a transaction, where each
+/// shard committed on its own) which shards did apply the statement.
+fn failure(answers: &[Answer], own_commits: bool) -> Option<PgError> {
+    let applied: Vec<String> = answers
+        .iter()
+        .filter(|(_, a)| matches!(a, Ok((_, None))))
+        .map(|(shard, _)| shard.to_string())
+        .collect();
+    let (shard, error) = answers.iter().find_map(|(shard, a)| match a {
+        Ok((_, Some(e))) | Err(e) => Some((shard, e.clone())),
+        Ok((_, None)) => None,
+    })?;
+    let detail = if !own_commits {
+        format!("on shard {shard}")
+    } else if applied.is_empty() {
+        format!("on shard {shard}; no shard applied it")
+    } else {
+        format!("on shard {shard}; shards {} applied it", applied.join(", "))
+    };
+    Some(with_detail(error, detail))
+}
+
+/// A schema change or maintenance command: every shard runs it at once, and the first answer
+/// stands for all. Outside a transaction each shard commits on its own (`own_commits`), so a
+/// failure says which shards did apply it.
+pub async fn schema_change(
+    links: &mut [Link],
+    sql: &str,
+    own_commits: bool,
+    out: &mut BytesMut,
+) -> Result<(), Failed> {
+    let answers = on_each(links, sql).await;
+    if let Some(error) = failure(&answers, own_commits) {
+        return Err(Failed::Statement(error));
+    }
+    if let Some((_, Ok((messages, _)))) = answers.first() {
+        messages.iter().for_each(|m| encode_message(out, m));
+    }
+    Ok(())
+}
+
+/// A write on several shards inside a transaction: one row description, every shard's
+/// returned rows, the shards' counts added up in one command tag.
+pub async fn write(links: &mut [Link], sql: &str, out: &mut BytesMut) -> Result<(), Failed> {
+    let answers = on_each(links, sql).await;
+    if let Some(error) = failure(&answers, false) {
+        return Err(Failed::Statement(error));
+    }
+    let mut described = false;
+    let mut tags = Vec::new();
+    for (_, answer) in &answers {
+        let Ok((messages, _)) = answer else { continue };
+        for message in messages {
+            match message.0 {
+                btag::ROW_DESCRIPTION if std::mem::replace(&mut described, true) => {}
+                btag::COMMAND_COMPLETE => tags.push(message.1.clone()),
+                _ => encode_message(out, message),
+            }
+        }
+    }
+    let tag = sum_tags(&tags).ok_or_else(|| {
+        Failed::Statement(PgError::error(
+            SqlState::PROTOCOL_VIOLATION,
+            "the shards' command tags differ",
+        ))
+    })?;
+    backend::encode_command_complete(out, &tag)
+        .map_err(|e| Failed::Statement(PgError::error(SqlState::INTERNAL_ERROR, e.to_string())))
+}
+
+/// `UPDATE 2` and `UPDATE 3` make `UPDATE 5` (`INSERT 0 n` alike); `None` if the shards
+/// answered different commands.
+fn sum_tags(tags: &[bytes::BytesMut]) -> Option<String> {
+    let mut command: Option<&str> = None;
+    let mut rows = 0u64;
+    for tag in tags {
+        let text = std::str::from_utf8(tag).ok()?.trim_end_matches('\0');
+        let (head, count) = text.rsplit_once(' ')?;
+        if command.is_some_and(|c| c != head) {
+            return None;
+        }
+        command = Some(head);
+        rows += count.parse::<u64>().ok()?;
+    }
+    Some(format!("{} {rows}", command?))
+}
+
+pub fn with_detail(mut error: PgError, detail: String) -> PgError {
+    error.detail = Some(match error.detail.take() {
+        Some(own) => format!("{own} ({detail})"),
+        None => detail,
+    });
+    error
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_add_up_per_command() {
+        let tags = |list: &[&str]| -> Vec<BytesMut> {
+            list.iter()
+                .map(|t| BytesMut::from(format!("{t}\0").as_bytes()))
+                .collect()
+        };
+        assert_eq!(
+            sum_tags(&tags(&["UPDATE 2", "UPDATE 3"])).as_deref(),
+            Some("UPDATE 5")
+        );
+        assert_eq!(
+            sum_tags(&tags(&["INSERT 0 1", "INSERT 0 0"])).as_deref(),
+            Some("INSERT 0 1")
+        );
+        assert_eq!(sum_tags(&tags(&["UPDATE 1", "DELETE 1"])), None);
+        assert_eq!(sum_tags(&tags(&[])), None);
+    }
+}

@@ -1,0 +1,206 @@
+//! The client's transaction over the shards. pgherd begins it on a shard when a statement
+//! first needs that shard (with the client's own `BEGIN` text, then the settings the
+//! transaction made so far), keeps each shard's link for the rest of it, and ends it on all of
+//! them at once ([`super::commit`]): `COMMIT` commits on every shard that wrote or on none.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::BytesMut;
+use pgherd_route::shard_route::TxCommand;
+use pgherd_wire::backend::{self, TxStatus};
+use pgherd_wire::{PgError, Severity, SqlState};
+
+use super::commit::Ending;
+use super::link::Link;
+use super::{encode_error, Failed, ShardedSession};
+
+pub struct Tx {
+    /// What begins it on each shard: the client's `BEGIN` (isolation level and all).
+    begin_sql: String,
+    /// The shards it reached, each with its link inside the server's transaction.
+    pub links: BTreeMap<u32, Link>,
+    /// The shards it may have written on (or changed the schema of).
+    pub wrote: BTreeSet<u32>,
+    /// `SET` statements it ran, for the shards it reaches later.
+    pub settings_sql: Vec<String>,
+    /// A statement failed: until it ends, the transaction is aborted.
+    pub failed: bool,
+}
+
+impl Tx {
+    pub fn new(begin_sql: &str) -> Tx {
+        Tx {
+            begin_sql: begin_sql.to_owned(),
+            links: BTreeMap::new(),
+            wrote: BTreeSet::new(),
+            settings_sql: Vec::new(),
+            failed: false,
+        }
+    }
+}
+
+impl ShardedSession {
+    /// What `ReadyForQuery` says of the session.
+    pub(super) fn tx_status(&self) -> TxStatus {
+        match &self.tx {
+            None => TxStatus::Idle,
+            Some(tx) if tx.failed => TxStatus::Failed,
+            Some(_) => TxStatus::InTransaction,
+        }
+    }
+
+    /// BEGIN, COMMIT or ROLLBACK from the client, answered as PostgreSQL answers them.
+    pub(super) async fn transaction(
+        &mut self,
+        command: TxCommand,
+        sql: &str,
+        out: &mut BytesMut,
+    ) -> Result<(), Failed> {
+        let tag = match command {
+            TxCommand::Begin => {
+                if self.tx.is_some() {
+                    warn(
+                        out,
+                        SqlState::ACTIVE_SQL_TRANSACTION,
+                        "there is already a transaction in progress",
+                    );
+                } else {
+                    self.tx = Some(Tx::new(sql));
+                }
+                if starts_with_word(sql, "START") {
+                    "START TRANSACTION"
+                } else {
+                    "BEGIN"
+                }
+            }
+            TxCommand::Commit | TxCommand::Rollback => {
+                let Some(failed) = self.tx.as_ref().map(|tx| tx.failed) else {
+                    warn(
+                        out,
+                        SqlState::NO_ACTIVE_SQL_TRANSACTION,
+                        "there is no transaction in progress",
+                    );
+                    return complete(out, tag_of(command));
+                };
+                let commit = command == TxCommand::Commit && !failed;
+                self.end_transaction(commit, out).await?;
+                if commit {
+                    "COMMIT"
+                } else {
+                    "ROLLBACK"
+                }
+            }
+        };
+        complete(out, tag)
+    }
+
+    /// Ends the session's transaction on every shard it reached: commits on all of them or
+    /// on none (`commit`), or rolls back. Its links go back to their pools.
+    pub(super) async fn end_transaction(
+        &mut self,
+        commit: bool,
+        out: &mut BytesMut,
+    ) -> Result<(), Failed> {
+        let Some(mut tx) = self.tx.take() else {
+            return Ok(());
+        };
+        let ending = Ending {
+            app: &self.app,
+            shards: &self.shards,
+            database: &self.server_database,
+            links: &mut tx.links,
+            wrote: &tx.wrote,
+        };
+        let ended = if commit && !tx.failed {
+            ending.commit().await
+        } else {
+            ending.rollback().await;
+            Ok(Vec::new())
+        };
+        self.params.end_transaction(commit && ended.is_ok());
+        for warning in ended.map_err(Failed::Statement)? {
+            if warning.encode_notice(out).is_err() {
+                encode_error(out, &warning);
+            }
+        }
+        Ok(())
+    }
+
+    /// The transaction's links to `shards`, in shard order, taken out of it for a statement;
+    /// a shard it has not reached yet is begun on first. [`Self::give_back`] returns them.
+    pub(super) async fn tx_links(&mut self, shards: &[u32]) -> Result<Vec<Link>, PgError> {
+        let missing: Vec<u32> = match &self.tx {
+            Some(tx) => shards
+                .iter()
+                .copied()
+                .filter(|s| !tx.links.contains_key(s))
+                .collect(),
+            None => Vec::new(),
+        };
+        for link in self.open_links(&missing).await? {
+            self.join(link).await?;
+        }
+        let Some(tx) = self.tx.as_mut() else {
+            return Ok(Vec::new());
+        };
+        Ok(shards
+            .iter()
+            .filter_map(|shard| tx.links.remove(shard))
+            .collect())
+    }
+
+    /// Begins the transaction on a new link, with the settings it made so far.
+    async fn join(&mut self, mut link: Link) -> Result<(), PgError> {
+        let Some(tx) = self.tx.as_mut() else {
+            return Ok(());
+        };
+        let shard = link.shard;
+        let begin = std::iter::once(&tx.begin_sql).chain(&tx.settings_sql);
+        for sql in begin {
+            if let Some(refused) = link.run_own(sql).await? {
+                return Err(refused);
+            }
+        }
+        if !tx.settings_sql.is_empty() {
+            link.close_after_use();
+        }
+        tx.links.insert(shard, link);
+        Ok(())
+    }
+
+    /// Puts links taken with [`Self::tx_links`] back; `wrote` if the statement may have written.
+    pub(super) fn give_back(&mut self, links: Vec<Link>, wrote: bool) {
+        let Some(tx) = self.tx.as_mut() else {
+            return;
+        };
+        for link in links {
+            if wrote {
+                tx.wrote.insert(link.shard);
+            }
+            tx.links.insert(link.shard, link);
+        }
+    }
+}
+
+fn tag_of(command: TxCommand) -> &'static str {
+    match command {
+        TxCommand::Begin => "BEGIN",
+        TxCommand::Commit => "COMMIT",
+        TxCommand::Rollback => "ROLLBACK",
+    }
+}
+
+fn starts_with_word(sql: &str, word: &str) -> bool {
+    sql.trim_start()
+        .get(..word.len())
+        .is_some_and(|w| w.eq_ignore_ascii_case(word))
+}
+
+fn warn(out: &mut BytesMut, code: SqlState, message: &str) {
+    let _ = PgError::new(Severity::Warning, code, message).encode_notice(out);
+}
+
+fn complete(out: &mut BytesMut, tag: &str) -> Result<(), Failed> {
+    backend::encode_command_complete(out, tag)
+        .map_err(|e| Failed::Statement(PgError::error(SqlState::INTERNAL_ERROR, e.to_string())))
+}

@@ -1,0 +1,361 @@
+//! Transactions through a sharded endpoint against real shards: a transaction over two shards
+//! commits on both or on neither (two-phase commit, whichever shard refuses), errors abort it
+//! as PostgreSQL does, a write over several shards outside a block is one transaction, and a
+//! pgherd killed between the phases leaves nothing in doubt once it runs again.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{connect_as_superuser, BIN};
+use pgherd_route::shard_hash::{shard_of_text, KeyType};
+use pgherd_testkit::{ClusterOptions, Pgherd, PgherdConfig, TestCluster};
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+const SHARDS: u32 = 2;
+
+fn shard_cluster() -> TestCluster {
+    TestCluster::start_with(ClusterOptions {
+        replicas: 0,
+        settings: vec![("max_prepared_transactions".into(), "20".into())],
+    })
+}
+
+fn config(shards: &[TestCluster]) -> PgherdConfig {
+    let mut config = PgherdConfig::new().superuser().section(
+        "[sharding]\n\
+         [[sharding.tables]]\ntable = \"accounts\"\ncolumn = \"aid\"\ntype = \"integer\"\n\
+         [[sharding.tables]]\ntable = \"deferred\"\ncolumn = \"aid\"\ntype = \"integer\"\n",
+    );
+    for (shard, cluster) in shards.iter().enumerate().skip(1) {
+        config = config.section(&format!(
+            "[[nodes]]\nname = \"shard{shard}\"\nport = {}\nshard = {shard}\n",
+            cluster.node("pg1").port
+        ));
+    }
+    config
+}
+
+/// The first keys above `from` that live on shard 0 and on shard 1.
+fn keys_on_each_shard(from: i32) -> (i32, i32) {
+    let on = |shard: u32| {
+        (from..)
+            .find(|k| shard_of_text(KeyType::Int4, &k.to_string(), SHARDS) == Ok(shard))
+            .unwrap()
+    };
+    (on(0), on(1))
+}
+
+async fn run(client: &Client, sql: &str) -> Result<Vec<SimpleQueryMessage>, tokio_postgres::Error> {
+    client.simple_query(sql).await
+}
+
+async fn ok(client: &Client, sql: &str) {
+    if let Err(e) = run(client, sql).await {
+        panic!("{sql}: {e:?}");
+    }
+}
+
+async fn ok_all(client: &Client, statements: &[String]) {
+    for sql in statements {
+        ok(client, sql).await;
+    }
+}
+
+fn code(e: &tokio_postgres::Error) -> String {
+    e.code()
+        .map(|c| c.code().to_owned())
+        .unwrap_or_else(|| format!("no SQLSTATE: {e}"))
+}
+
+/// The command tag's row count of the last statement.
+fn count(messages: &[SimpleQueryMessage]) -> u64 {
+    messages
+        .iter()
+        .rev()
+        .find_map(|m| match m {
+            SimpleQueryMessage::CommandComplete(n) => Some(*n),
+            _ => None,
+        })
+        .unwrap_or(u64::MAX)
+}
+
+/// What shard `i` holds, read directly.
+fn on_shard(shards: &[TestCluster], i: usize, sql: &str) -> String {
+    shards[i].sql(sql)
+}
+
+fn prepared_left(shards: &[TestCluster]) -> Vec<String> {
+    (0..shards.len())
+        .map(|i| on_shard(shards, i, "SELECT count(*) FROM pg_prepared_xacts"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_over_shards_commit_on_all_of_them_or_none() {
+    let shards = [shard_cluster(), shard_cluster()];
+    let mut pgherd = Pgherd::start(BIN, &shards[0], &config(&shards));
+    let through = connect_as_superuser(pgherd.port, "postgres").await;
+    ok(
+        &through,
+        "CREATE TABLE accounts (aid int PRIMARY KEY, abalance int NOT NULL)",
+    )
+    .await;
+    ok(
+        &through,
+        "CREATE TABLE branches (bid int PRIMARY KEY, bbalance int NOT NULL)",
+    )
+    .await;
+    ok(
+        &through,
+        "CREATE TABLE deferred (aid int, v int, UNIQUE (v) DEFERRABLE INITIALLY DEFERRED)",
+    )
+    .await;
+    for shard in &shards {
+        shard.sql("INSERT INTO branches VALUES (1, 0)");
+    }
+    let (a, b) = keys_on_each_shard(1);
+
+    // One transaction over both shards and the table they both hold: on both, at once.
+    ok_all(
+        &through,
+        &[
+            "BEGIN ISOLATION LEVEL REPEATABLE READ".to_owned(),
+            format!("INSERT INTO accounts (aid, abalance) VALUES ({a}, 10)"),
+            format!("INSERT INTO accounts (aid, abalance) VALUES ({b}, 20)"),
+            "UPDATE branches SET bbalance = bbalance + 30 WHERE bid = 1".to_owned(),
+            "SELECT sum(abalance) FROM accounts".to_owned(),
+            "COMMIT".to_owned(),
+        ],
+    )
+    .await;
+    assert_eq!(
+        on_shard(
+            &shards,
+            0,
+            &format!("SELECT abalance FROM accounts WHERE aid = {a}")
+        ),
+        "10"
+    );
+    assert_eq!(
+        on_shard(
+            &shards,
+            1,
+            &format!("SELECT abalance FROM accounts WHERE aid = {b}")
+        ),
+        "20"
+    );
+    for i in 0..2 {
+        assert_eq!(
+            on_shard(&shards, i, "SELECT bbalance FROM branches"),
+            "30",
+            "shard {i}"
+        );
+    }
+    assert_eq!(prepared_left(&shards), ["0", "0"]);
+    assert_eq!(
+        on_shard(
+            &shards,
+            0,
+            "SELECT count(*) FROM pgherd.decisions WHERE committed"
+        ),
+        "1",
+        "the decision is the decider's (shard 0's) commit"
+    );
+
+    // ROLLBACK: nothing anywhere.
+    let (a2, b2) = keys_on_each_shard(1000);
+    ok_all(
+        &through,
+        &[
+            "BEGIN".to_owned(),
+            format!("INSERT INTO accounts (aid, abalance) VALUES ({a2}, 1)"),
+            format!("INSERT INTO accounts (aid, abalance) VALUES ({b2}, 1)"),
+            "ROLLBACK".to_owned(),
+        ],
+    )
+    .await;
+    let total = |i| on_shard(&shards, i, "SELECT count(*) FROM accounts");
+    assert_eq!((total(0), total(1)), ("1".into(), "1".into()));
+
+    // An error aborts the transaction: later statements are refused with 25P02 and COMMIT
+    // rolls back, on every shard.
+    ok(&through, "BEGIN").await;
+    ok(
+        &through,
+        &format!("INSERT INTO accounts (aid, abalance) VALUES ({b2}, 1)"),
+    )
+    .await;
+    let duplicate = run(
+        &through,
+        &format!("INSERT INTO accounts (aid, abalance) VALUES ({a}, 1)"),
+    )
+    .await;
+    assert_eq!(code(&duplicate.unwrap_err()), "23505");
+    let ignored = run(&through, "SELECT 1").await;
+    assert_eq!(code(&ignored.unwrap_err()), "25P02");
+    let tag = run(&through, "COMMIT")
+        .await
+        .expect("COMMIT of a failed transaction");
+    assert!(tag.is_empty() || count(&tag) == 0);
+    assert_eq!((total(0), total(1)), ("1".into(), "1".into()));
+
+    // A shard refusing its part at PREPARE (shard 1), or at the deciding commit (shard 0):
+    // nothing is committed anywhere, and the client hears the shard's error.
+    for refusing in [1usize, 0] {
+        let (x, y) = keys_on_each_shard(2000 + 1000 * refusing as i32);
+        let duplicate_on = if refusing == 0 { x } else { y };
+        ok(
+            &through,
+            &format!(
+                "INSERT INTO deferred (aid, v) VALUES ({duplicate_on}, {})",
+                7 + refusing
+            ),
+        )
+        .await;
+        ok(&through, "BEGIN").await;
+        ok(
+            &through,
+            &format!("INSERT INTO deferred (aid, v) VALUES ({x}, {})", 100 + x),
+        )
+        .await;
+        ok(
+            &through,
+            &format!("INSERT INTO deferred (aid, v) VALUES ({y}, {})", 100 + y),
+        )
+        .await;
+        ok(
+            &through,
+            &format!(
+                "INSERT INTO deferred (aid, v) VALUES ({duplicate_on}, {})",
+                7 + refusing
+            ),
+        )
+        .await;
+        let refused = run(&through, "COMMIT")
+            .await
+            .expect_err("the deferred check fails");
+        assert_eq!(code(&refused), "23505", "shard {refusing}: {refused:?}");
+        for i in 0..2 {
+            assert_eq!(
+                on_shard(&shards, i, "SELECT count(*) FROM deferred WHERE v >= 100"),
+                "0",
+                "shard {refusing} refused: nothing may stay on shard {i}"
+            );
+        }
+        assert_eq!(prepared_left(&shards), ["0", "0"]);
+    }
+
+    // A write over both shards outside a block is one transaction: the counts add up.
+    let updated = run(&through, "UPDATE accounts SET abalance = abalance + 1")
+        .await
+        .unwrap();
+    assert_eq!(count(&updated), 2);
+    let returned = run(&through, "DELETE FROM deferred WHERE v < 100 RETURNING aid")
+        .await
+        .unwrap();
+    let rows = returned
+        .iter()
+        .filter(|m| matches!(m, SimpleQueryMessage::Row(_)))
+        .count();
+    assert_eq!((rows, count(&returned)), (2, 2));
+    assert_eq!(
+        on_shard(&shards, 0, "SELECT sum(abalance) FROM accounts"),
+        "11"
+    );
+    assert_eq!(
+        on_shard(&shards, 1, "SELECT sum(abalance) FROM accounts"),
+        "21"
+    );
+
+    // What is not built is refused by name, and the session goes on.
+    for (sql, refusal) in [
+        ("SAVEPOINT s", "savepoints"),
+        ("PREPARE TRANSACTION 'x'", "PREPARE TRANSACTION"),
+        ("UPDATE branches SET bbalance = random()", "calling random"),
+    ] {
+        let e = run(&through, sql).await.expect_err(sql);
+        assert_eq!(code(&e), "0A000", "{sql}");
+        assert!(
+            e.to_string().contains(refusal) || format!("{e:?}").contains(refusal),
+            "{sql}: {e:?}"
+        );
+    }
+    ok(&through, "SELECT 1").await;
+
+    // pgherd killed between the phases: after the prepares, the decision is not made and
+    // recovery rolls back; after the decision, recovery commits what is left.
+    for (failpoint, committed) in [("2pc-after-prepare", false), ("2pc-after-decision", true)] {
+        let reached_before = pgherd_log_count(&pgherd, "failpoint reached");
+        pgherd.set_env("PGHERD_FAILPOINTS", Some(failpoint));
+        pgherd.restart();
+        let client = connect_as_superuser(pgherd.port, "postgres").await;
+        let (x, y) = keys_on_each_shard(if committed { 5000 } else { 6000 });
+        ok(&client, "BEGIN").await;
+        ok(
+            &client,
+            &format!("INSERT INTO accounts (aid, abalance) VALUES ({x}, 5)"),
+        )
+        .await;
+        ok(
+            &client,
+            &format!("INSERT INTO accounts (aid, abalance) VALUES ({y}, 5)"),
+        )
+        .await;
+        let commit = tokio::spawn(async move { client.simple_query("COMMIT").await });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while pgherd_log_count(&pgherd, "failpoint reached") == reached_before {
+            assert!(Instant::now() < deadline, "{failpoint} not reached");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        pgherd.signal(libc::SIGKILL);
+        assert!(
+            commit.await.unwrap().is_err(),
+            "the client's COMMIT has no answer"
+        );
+        assert_eq!(
+            prepared_left(&shards)[1],
+            "1",
+            "{failpoint}: shard 1 holds its part prepared"
+        );
+        pgherd.set_env("PGHERD_FAILPOINTS", None);
+        pgherd.restart();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while prepared_left(&shards) != ["0", "0"] {
+            assert!(
+                Instant::now() < deadline,
+                "{failpoint}: recovery left {:?}",
+                prepared_left(&shards)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let want = if committed { "1" } else { "0" };
+        assert_eq!(
+            on_shard(
+                &shards,
+                0,
+                &format!("SELECT count(*) FROM accounts WHERE aid = {x}")
+            ),
+            want,
+            "{failpoint}"
+        );
+        assert_eq!(
+            on_shard(
+                &shards,
+                1,
+                &format!("SELECT count(*) FROM accounts WHERE aid = {y}")
+            ),
+            want,
+            "{failpoint}"
+        );
+    }
+    let log = pgherd.log();
+    assert!(
+        log.contains("recovered a prepared transaction"),
+        "recovery says what it did"
+    );
+}
+
+fn pgherd_log_count(pgherd: &Pgherd, text: &str) -> usize {
+    pgherd.log().matches(text).count()
+}

@@ -576,19 +576,47 @@ async fn perform(app: &Arc<App>, config: &Config, nodes: &[Arc<NodeState>], io: 
 /// How long a node whose promotion answer was lost is watched for an answer.
 const PROMOTE_SETTLE_MS: u64 = 15_000;
 
+/// How `pg_promote()` answered.
+enum PromoteAnswer {
+    Rows(crate::server::Rows),
+    /// The server answered with an error: it did not promote.
+    Refused(String),
+    /// The connection failed before an answer: it may have promoted.
+    Lost(String),
+}
+
+async fn ask_to_promote(app: &App, node: &NodeState) -> PromoteAnswer {
+    let config = app.config();
+    let cluster = &config.cluster;
+    let ctx = app.connect_context();
+    let mut conn = match management_connection(node, cluster, &ctx, &cluster.database).await {
+        Ok(conn) => conn,
+        Err(e) => return PromoteAnswer::Lost(e.to_string()),
+    };
+    // pg_promote() itself waits up to 60 s.
+    let deadline = Duration::from_secs(90);
+    let sql = "SELECT pg_promote(true, 60)";
+    match tokio::time::timeout(deadline, conn.simple_query(sql)).await {
+        Ok(Ok(rows)) => PromoteAnswer::Rows(rows),
+        Ok(Err(crate::server::QueryError::Sql(e))) => PromoteAnswer::Refused(e.to_string()),
+        Ok(Err(crate::server::QueryError::Server(e))) => PromoteAnswer::Lost(e.to_string()),
+        Err(_) => PromoteAnswer::Lost(format!("no answer within {} ms", deadline.as_millis())),
+    }
+}
+
 /// Promotes `node` with `pg_promote()` and checks that it accepts writes now. Whatever the
 /// answer (it may be lost after the promotion happened), the node is asked what it is; this
 /// also records it as a primary before its monitor's next check.
 ///
 /// An answer lost with its connection says nothing of the promotion: the node may be
 /// restarting (a crash of one of its processes restarts them all). It is then watched for up
-/// to [`PROMOTE_SETTLE_MS`] until it answers, and promoted once more if it came back a standby,
-/// so that one dropped connection does not leave the cluster without a primary.
+/// to [`PROMOTE_SETTLE_MS`] until it answers, and, if it came back a standby and this instance
+/// still may act for the cluster, asked once more, so that one dropped connection does not
+/// leave the cluster without a primary.
 pub(crate) async fn promote(app: &App, node: &NodeState) -> Result<(), String> {
     let config = app.config();
     let ctx = app.connect_context();
-    let promote_sql = "SELECT pg_promote(true, 60)";
-    let mut answer = run_sql(node, &config.cluster, &ctx, promote_sql).await;
+    let mut answer = ask_to_promote(app, node).await;
     let mut conn = None;
     let settle_until = tokio::time::Instant::now() + Duration::from_millis(PROMOTE_SETTLE_MS);
     let mut asked_again = false;
@@ -599,28 +627,28 @@ pub(crate) async fn promote(app: &App, node: &NodeState) -> Result<(), String> {
         if role == Some(Role::Primary) {
             return Ok(());
         }
-        let lost = answer.is_err();
+        let lost = matches!(answer, PromoteAnswer::Lost(_));
         if !lost || tokio::time::Instant::now() >= settle_until {
             break;
         }
         if role == Some(Role::Replica) {
-            if asked_again {
+            if asked_again || !app.may_act() {
                 break;
             }
             tracing::warn!(node = node.name(), "the promotion's answer was lost and the node answers as a standby: promoting it again");
             asked_again = true;
-            answer = run_sql(node, &config.cluster, &ctx, promote_sql).await;
+            answer = ask_to_promote(app, node).await;
             continue;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Err(match answer {
-        Ok(rows) => format!(
+        PromoteAnswer::Rows(rows) => format!(
             "{} was not promoted (pg_promote() answered {:?})",
             node.name(),
             first_value(&rows)
         ),
-        Err(e) => format!(
+        PromoteAnswer::Refused(e) | PromoteAnswer::Lost(e) => format!(
             "{} was not promoted (pg_promote() failed: {e})",
             node.name()
         ),

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use pgherd_config::Sharding;
 use pgherd_route::shard_plan::ShardMap;
-use pgherd_route::two_phase::Gid;
 
 use crate::nodes::{CheckThresholds, Nodes};
 
@@ -42,13 +41,9 @@ impl Shards {
         }
     }
 
-    /// A new two-phase gid whose decision `decider` makes.
-    pub fn next_gid(&self, decider: u32) -> Gid {
-        Gid {
-            decider,
-            instance: self.instance,
-            sequence: self.sequence.fetch_add(1, Ordering::Relaxed),
-        }
+    /// A new number for a two-phase transaction of this process (see `two_phase::Gid`).
+    pub fn next_sequence(&self) -> u64 {
+        self.sequence.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Whether the decisions table of `database` on `shard` is known to exist.

@@ -39,7 +39,12 @@ pub enum Execution {
     /// predicate names several, a write to a table every shard holds): one transaction over
     /// them, committed atomically (two-phase); the counts add up and returned rows are all
     /// passed on.
-    Write { shards: BTreeSet<u32> },
+    Write {
+        shards: BTreeSet<u32>,
+        /// The table is one every shard holds whole: each shard's answer must be the same,
+        /// and one of them is the answer.
+        copies: bool,
+    },
     /// BEGIN, COMMIT or ROLLBACK of the client's transaction, which pgherd carries over the
     /// shards it touches.
     Transaction(TxCommand),
@@ -115,7 +120,7 @@ pub fn route_statement(
         return Ok(Execution::AnyShard);
     };
     let execution = route_node(statement, map, is_user_aggregate)?;
-    if matches!(execution, Execution::Write { .. }) && !is_sharded_write(statement, map) {
+    if matches!(execution, Execution::Write { copies: true, .. }) {
         // Every copy of a table that lives on every shard must come out the same.
         if let Some(call) = first_function_call(&parsed.tree) {
             return Err(refuse(&format!(
@@ -198,6 +203,7 @@ fn route_data(
             )),
             _ => Ok(Execution::Write {
                 shards: (0..map.shards).collect(),
+                copies: true,
             }),
         },
         ShardPlan::InsertRows { table, .. } => {
@@ -221,7 +227,10 @@ fn route_data(
                 return Ok(Execution::OneShard(shards.first().copied().unwrap_or(0)));
             }
             let NodeEnum::SelectStmt(select) = statement else {
-                return Ok(Execution::Write { shards });
+                return Ok(Execution::Write {
+                    shards,
+                    copies: false,
+                });
             };
             let plan = plan_fan_out(select, &sharded.key_column, is_user_aggregate)?;
             Ok(Execution::FanOut {
@@ -267,19 +276,8 @@ fn transaction_command(tx: &TransactionStmt) -> Result<Execution, ShardError> {
     Ok(Execution::Transaction(command))
 }
 
-/// The statement writes a sharded table (rather than one every shard holds).
-fn is_sharded_write(statement: &NodeEnum, map: &ShardMap) -> bool {
-    let relation = match statement {
-        NodeEnum::UpdateStmt(s) => s.relation.as_ref(),
-        NodeEnum::DeleteStmt(s) => s.relation.as_ref(),
-        NodeEnum::InsertStmt(s) => s.relation.as_ref(),
-        _ => None,
-    };
-    relation.is_some_and(|r| map.table(r).is_some())
-}
-
-/// The first function the statement calls (`now()`, `CURRENT_TIMESTAMP`, an operator's
-/// function is not seen), by name.
+/// The first function the statement calls (`now()`, `CURRENT_TIMESTAMP`, a column's
+/// `DEFAULT`; an operator's function is not seen), by name.
 fn first_function_call(tree: &pg_query::ParseResult) -> Option<String> {
     tree.protobuf
         .nodes()
@@ -298,6 +296,7 @@ fn first_function_call(tree: &pg_query::ParseResult) -> Option<String> {
             NodeRef::SqlvalueFunction(_) => {
                 Some("a date/time or user function (CURRENT_TIMESTAMP, ...)".into())
             }
+            NodeRef::SetToDefault(_) => Some("a column's DEFAULT".into()),
             _ => None,
         })
 }

@@ -55,12 +55,14 @@ fn statements_run_where_their_rows_are() {
             "UPDATE accounts SET abalance = 0",
             Execution::Write {
                 shards: BTreeSet::from([0, 1, 2]),
+                copies: false,
             },
         ),
         (
             "DELETE FROM accounts WHERE bid = 3 RETURNING aid",
             Execution::Write {
                 shards: BTreeSet::from([0, 1, 2]),
+                copies: false,
             },
         ),
         // A table every shard holds is written on all of them.
@@ -68,12 +70,14 @@ fn statements_run_where_their_rows_are() {
             "UPDATE branches SET bbalance = bbalance + 5 WHERE bid = 1",
             Execution::Write {
                 shards: BTreeSet::from([0, 1, 2]),
+                copies: true,
             },
         ),
         (
             "DELETE FROM branches WHERE bid = 1",
             Execution::Write {
                 shards: BTreeSet::from([0, 1, 2]),
+                copies: true,
             },
         ),
         ("CREATE TABLE t (a int)", Execution::EveryShard),
@@ -165,6 +169,10 @@ fn what_cannot_run_exactly_is_refused_by_name() {
         (
             "UPDATE branches SET at = CURRENT_TIMESTAMP WHERE bid = 1",
             "calling a date/time",
+        ),
+        (
+            "UPDATE branches SET at = DEFAULT WHERE bid = 1",
+            "calling a column's DEFAULT",
         ),
         (
             "INSERT INTO accounts (aid) VALUES (1), (2), (3), (4), (5), (6)",

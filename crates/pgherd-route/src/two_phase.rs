@@ -7,7 +7,10 @@
 //! Its transaction inserts the decision row ([`DECISIONS_TABLE`], the transaction's gid as
 //! primary key) before any other shard prepares, and commits once they all have: the commit
 //! record of the decider is the commit record of the whole transaction, kept as durably as
-//! that shard keeps any commit (synchronous standbys, failover), and readable by any pgherd.
+//! that shard keeps any commit (synchronous standbys, failover; `synchronous_commit` is raised
+//! to `on` for it), and readable by any pgherd. The row is inserted through
+//! `pgherd.decide()`, which names the gid after the inserting transaction's own id: a session
+//! connected to the shard cannot write the decision of anyone else's transaction.
 //!
 //! Recovery of a transaction left prepared inserts an abort row under the same gid. The primary
 //! key makes that insert wait for a decider still running, then either meet the committed row
@@ -21,13 +24,19 @@ use std::fmt;
 /// The table holding decisions, on every shard that decides (created by pgherd).
 pub const DECISIONS_TABLE: &str = "pgherd.decisions";
 
-/// Makes the decisions table. Run by pgherd's own user; clients insert their decisions as
-/// part of their transaction, so they may insert (and only insert).
+/// Makes the decisions table and the function clients record decisions with. Run by pgherd's
+/// own user, who owns both; clients may only call the function, which records the decision of
+/// the calling transaction and no other.
 pub const DECISIONS_DDL: &str = "CREATE SCHEMA IF NOT EXISTS pgherd; \
      CREATE TABLE IF NOT EXISTS pgherd.decisions (\
      gid text PRIMARY KEY, committed boolean NOT NULL, decided_at timestamptz NOT NULL DEFAULT now()); \
-     GRANT USAGE ON SCHEMA pgherd TO PUBLIC; \
-     GRANT INSERT ON pgherd.decisions TO PUBLIC";
+     REVOKE ALL ON pgherd.decisions FROM PUBLIC; \
+     CREATE OR REPLACE FUNCTION pgherd.decide(decider integer, instance text, sequence bigint) \
+     RETURNS text LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog AS $$ \
+     INSERT INTO pgherd.decisions (gid, committed) \
+     VALUES (format('pgherd_%s_%s_%s_%s', decider, instance, sequence, txid_current()), true) \
+     RETURNING gid $$; \
+     GRANT USAGE ON SCHEMA pgherd TO PUBLIC";
 
 /// A shard a transaction ran statements on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,14 +99,16 @@ pub fn plan_commit(participants: &[Participant]) -> CommitPlan {
     }
 }
 
-/// A two-phase transaction's global identifier: `pgherd_<decider>_<instance>_<sequence>`,
-/// where `instance` is a random number drawn when pgherd starts. The decider's shard in it
-/// tells recovery where the decision is.
+/// A two-phase transaction's global identifier:
+/// `pgherd_<decider>_<instance>_<sequence>_<decider's transaction id>`, where `instance` is a
+/// random number drawn when pgherd starts. The decider's shard in it tells recovery where the
+/// decision is; the transaction id ties the decision row to the transaction that wrote it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Gid {
     pub decider: u32,
     pub instance: u64,
     pub sequence: u64,
+    pub xid: u64,
 }
 
 /// What every gid pgherd makes starts with (a `LIKE` pattern for it escapes the `_`).
@@ -107,10 +118,21 @@ impl fmt::Display for Gid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{GID_PREFIX}{}_{:016x}_{}",
-            self.decider, self.instance, self.sequence
+            "{GID_PREFIX}{}_{:016x}_{}_{}",
+            self.decider, self.instance, self.sequence, self.xid
         )
     }
+}
+
+/// The decider's statement, run in the client's transaction on the decider: its commit made
+/// durable whatever the session's `synchronous_commit`, and the decision row inserted; it
+/// answers the gid (see [`Gid::decided`]).
+pub fn decide_sql(decider: u32, instance: u64, sequence: u64) -> String {
+    format!(
+        "SELECT set_config('synchronous_commit', CASE WHEN current_setting('synchronous_commit') \
+         IN ('off', 'local') THEN 'on' ELSE current_setting('synchronous_commit') END, true); \
+         SELECT pgherd.decide({decider}, '{instance:016x}', {sequence})"
+    )
 }
 
 impl Gid {
@@ -121,6 +143,7 @@ impl Gid {
         let instance = parts.next().filter(|s| s.len() == 16)?;
         let instance = u64::from_str_radix(instance, 16).ok()?;
         let sequence = parts.next()?.parse().ok()?;
+        let xid = parts.next()?.parse().ok()?;
         if parts.next().is_some() {
             return None;
         }
@@ -128,12 +151,16 @@ impl Gid {
             decider,
             instance,
             sequence,
+            xid,
         })
     }
 
-    /// The decider's statement, run in the client's transaction on the decider.
-    pub fn decision_sql(&self) -> String {
-        format!("INSERT INTO {DECISIONS_TABLE} (gid, committed) VALUES ('{self}', true)")
+    /// The gid `pgherd.decide()` answered for the [`decide_sql`] of these values, or `None`
+    /// if the answer is not that.
+    pub fn decided(answer: &str, decider: u32, instance: u64, sequence: u64) -> Option<Gid> {
+        Gid::parse(answer).filter(|gid| {
+            (gid.decider, gid.instance, gid.sequence) == (decider, instance, sequence)
+        })
     }
 
     pub fn prepare_sql(&self) -> String {
@@ -147,8 +174,9 @@ impl Gid {
         }
     }
 
-    /// Recovery's question to the decider: the abort row is inserted unless a decision is
-    /// there (waiting for a decider still running), then the decision is read.
+    /// Recovery's question to the decider (as pgherd's user): the abort row is inserted
+    /// unless a decision is there (waiting for a decider still running), then the decision is
+    /// read.
     pub fn recovery_sql(&self) -> String {
         format!(
             "INSERT INTO {DECISIONS_TABLE} (gid, committed) VALUES ('{self}', false) \

@@ -37,17 +37,25 @@ fn gids_read_back_and_others_are_left_alone() {
         decider: 3,
         instance: 0xdead_beef,
         sequence: 42,
+        xid: 777,
     };
-    assert_eq!(gid.to_string(), "pgherd_3_00000000deadbeef_42");
+    assert_eq!(gid.to_string(), "pgherd_3_00000000deadbeef_42_777");
     assert_eq!(Gid::parse(&gid.to_string()), Some(gid));
+    assert_eq!(
+        Gid::decided(&gid.to_string(), 3, 0xdead_beef, 42),
+        Some(gid)
+    );
+    assert_eq!(Gid::decided(&gid.to_string(), 3, 0xdead_beef, 43), None);
+    assert!(decide_sql(3, 0xdead_beef, 42).contains("pgherd.decide(3, '00000000deadbeef', 42)"));
     for other in [
         "",
         "pgherd_",
-        "pgherd_x_00000000deadbeef_1",
-        "pgherd_1_deadbeef_1",
-        "pgherd_1_00000000deadbeef_1_2",
-        "app_1_00000000deadbeef_1",
-        "pgherd_1_00000000deadbeef_",
+        "pgherd_x_00000000deadbeef_1_1",
+        "pgherd_1_deadbeef_1_1",
+        "pgherd_1_00000000deadbeef_1",
+        "pgherd_1_00000000deadbeef_1_2_3",
+        "app_1_00000000deadbeef_1_1",
+        "pgherd_1_00000000deadbeef_1_",
     ] {
         assert_eq!(Gid::parse(other), None, "{other}");
     }

@@ -22,6 +22,7 @@ impl SqlState {
     pub const ACTIVE_SQL_TRANSACTION: SqlState = SqlState(*b"25001");
     pub const NO_ACTIVE_SQL_TRANSACTION: SqlState = SqlState(*b"25P01");
     pub const TRANSACTION_RESOLUTION_UNKNOWN: SqlState = SqlState(*b"08007");
+    pub const TRANSACTION_ROLLBACK: SqlState = SqlState(*b"40000");
     pub const INVALID_SQL_STATEMENT_NAME: SqlState = SqlState(*b"26000");
     pub const INVALID_AUTHORIZATION_SPECIFICATION: SqlState = SqlState(*b"28000");
     pub const INVALID_PASSWORD: SqlState = SqlState(*b"28P01");
@@ -43,6 +44,7 @@ impl SqlState {
     pub const OBJECT_IN_USE: SqlState = SqlState(*b"55006");
     pub const SYSTEM_ERROR: SqlState = SqlState(*b"58000");
     pub const INTERNAL_ERROR: SqlState = SqlState(*b"XX000");
+    pub const DATA_CORRUPTED: SqlState = SqlState(*b"XX001");
 
     /// Builds a code from its text; `None` unless it is five ASCII digits or upper-case letters.
     pub fn from_code(code: &str) -> Option<SqlState> {

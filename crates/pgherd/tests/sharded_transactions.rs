@@ -268,6 +268,89 @@ async fn transactions_over_shards_commit_on_all_of_them_or_none() {
         "21"
     );
 
+    // A table every shard holds answers as one table: its count once, and copies that
+    // differ are an error that changes nothing.
+    let updated = run(
+        &through,
+        "UPDATE branches SET bbalance = bbalance + 1 WHERE bid = 1",
+    )
+    .await
+    .unwrap();
+    assert_eq!(count(&updated), 1);
+    shards[1].sql("INSERT INTO branches VALUES (2, 0)");
+    let differ = run(&through, "UPDATE branches SET bbalance = 5 WHERE bid = 2")
+        .await
+        .expect_err("shard 0 has no branch 2");
+    assert_eq!(code(&differ), "XX001", "{differ:?}");
+    assert_eq!(
+        on_shard(&shards, 1, "SELECT bbalance FROM branches WHERE bid = 2"),
+        "0"
+    );
+    shards[1].sql("DELETE FROM branches WHERE bid = 2");
+
+    // Settings a block changed for itself only are gone after it, on every shard.
+    let setting = async |name: &str| {
+        let rows = run(&through, &format!("SHOW {name}")).await.unwrap();
+        rows.iter()
+            .find_map(|m| match m {
+                SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .unwrap()
+    };
+    let (zone, style) = (setting("TimeZone").await, setting("DateStyle").await);
+    ok_all(
+        &through,
+        &[
+            "BEGIN".to_owned(),
+            "SET LOCAL TimeZone = 'Asia/Tokyo'".to_owned(),
+            format!("SELECT abalance FROM accounts WHERE aid = {b}"),
+            "COMMIT".to_owned(),
+            "BEGIN".to_owned(),
+            format!("SELECT abalance FROM accounts WHERE aid = {a}"),
+            "SET DateStyle = 'SQL, DMY'".to_owned(),
+            "ROLLBACK".to_owned(),
+        ],
+    )
+    .await;
+    for _ in 0..2 {
+        assert_eq!(setting("TimeZone").await, zone);
+        assert_eq!(setting("DateStyle").await, style);
+    }
+
+    // A READ ONLY block calling a (volatile) function on two shards commits in one phase.
+    ok(
+        &through,
+        "CREATE FUNCTION touch(int) RETURNS int LANGUAGE sql AS 'SELECT $1'",
+    )
+    .await;
+    let decisions = || on_shard(&shards, 0, "SELECT count(*) FROM pgherd.decisions");
+    let decided_before = decisions();
+    ok_all(
+        &through,
+        &[
+            "BEGIN READ ONLY".to_owned(),
+            format!("SELECT touch(aid) FROM accounts WHERE aid = {a}"),
+            format!("SELECT touch(aid) FROM accounts WHERE aid = {b}"),
+            "COMMIT".to_owned(),
+        ],
+    )
+    .await;
+    assert_eq!(decisions(), decided_before);
+
+    // Only pgherd's user writes decisions; anyone else records only its own transaction's.
+    shards[0].sql("CREATE ROLE mallory LOGIN");
+    let forged = shards[0].node("pg1").psql(
+        "postgres",
+        "SET ROLE mallory; INSERT INTO pgherd.decisions (gid, committed) VALUES ('pgherd_0_0000000000000001_1_1', true)",
+    );
+    assert!(
+        forged
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("permission denied")),
+        "{forged:?}"
+    );
+
     // What is not built is refused by name, and the session goes on.
     for (sql, refusal) in [
         ("SAVEPOINT s", "savepoints"),

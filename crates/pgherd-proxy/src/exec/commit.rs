@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use futures_util::future::join_all;
 use pgherd_route::two_phase::{
-    after_prepares, plan_commit, verdict, AfterPrepare, CommitPlan, Gid, Participant, Reply,
-    Resolution, Verdict,
+    after_prepares, decide_sql, plan_commit, verdict, AfterPrepare, CommitPlan, Gid, Participant,
+    Reply, Resolution, Verdict,
 };
 use pgherd_wire::{PgError, Severity, SqlState};
 
@@ -71,7 +71,7 @@ impl Ending<'_> {
             let Some(link) = self.links.get_mut(shard) else {
                 continue;
             };
-            match link.run_own("COMMIT").await {
+            match link.run_expecting("COMMIT", "COMMIT").await {
                 Ok(None) => {}
                 Ok(Some(refused)) => {
                     self.links.remove(shard);
@@ -91,7 +91,7 @@ impl Ending<'_> {
         let Some(link) = self.links.get_mut(&shard) else {
             return Ok(());
         };
-        match link.run_own("COMMIT").await {
+        match link.run_expecting("COMMIT", "COMMIT").await {
             Ok(None) => Ok(()),
             Ok(Some(refused)) => Err(refused),
             Err(lost) => Err(outcome_unknown(shard, &lost)),
@@ -103,18 +103,16 @@ impl Ending<'_> {
             rollback_all(self.links).await;
             return Err(e);
         }
-        let gid = self.shards.next_gid(decider);
-        let Some(decider_link) = self.links.get_mut(&decider) else {
-            return Err(internal(decider));
-        };
-        match decider_link.run_own(&gid.decision_sql()).await {
-            Ok(None) => {}
-            Ok(Some(e)) | Err(e) => {
+        let gid = match self.decide(decider).await {
+            Ok(gid) => gid,
+            Err(e) => {
                 rollback_all(self.links).await;
                 return Err(e);
             }
-        }
-        let replies = self.on_each(prepared, &gid.prepare_sql()).await;
+        };
+        let replies = self
+            .on_each(prepared, &gid.prepare_sql(), Some("PREPARE TRANSACTION"))
+            .await;
         let first_failure = replies.iter().find_map(|(shard, r)| match r {
             Ok(Some(e)) | Err(e) => Some((*shard, e.clone())),
             Ok(None) => None,
@@ -131,8 +129,12 @@ impl Ending<'_> {
             if let Some(link) = self.links.get_mut(&decider) {
                 let _ = link.run_own("ROLLBACK").await;
             }
-            self.on_each(&rollback_prepared, &gid.finish_sql(Resolution::Rollback))
-                .await;
+            self.on_each(
+                &rollback_prepared,
+                &gid.finish_sql(Resolution::Rollback),
+                None,
+            )
+            .await;
             let (shard, error) = first_failure.unwrap_or((decider, internal(decider)));
             let mut detail = format!(
                 "shard {shard} could not prepare the transaction; it was rolled back on every shard"
@@ -148,11 +150,11 @@ impl Ending<'_> {
         let Some(decider_link) = self.links.get_mut(&decider) else {
             return Err(internal(decider));
         };
-        let decided = decider_link.run_own("COMMIT").await;
+        let decided = decider_link.run_expecting("COMMIT", "COMMIT").await;
         match verdict(reply(&decided)) {
             Verdict::Committed => {}
             Verdict::Aborted => {
-                self.on_each(prepared, &gid.finish_sql(Resolution::Rollback))
+                self.on_each(prepared, &gid.finish_sql(Resolution::Rollback), None)
                     .await;
                 let refused = decided.ok().flatten().unwrap_or_else(|| internal(decider));
                 return Err(with_detail(
@@ -167,22 +169,57 @@ impl Ending<'_> {
         }
         failpoint::pause_if_armed(failpoint::AFTER_DECISION).await;
         let finished = self
-            .on_each(prepared, &gid.finish_sql(Resolution::Commit))
+            .on_each(prepared, &gid.finish_sql(Resolution::Commit), None)
             .await;
         Ok(unconfirmed(&gid, finished))
     }
 
-    /// Runs `sql` on the links of `shards` at once.
+    /// The decision row inserted in the decider's transaction, which names the gid.
+    async fn decide(&mut self, decider: u32) -> Result<Gid, PgError> {
+        let (instance, sequence) = (self.shards.instance, self.shards.next_sequence());
+        let link = self
+            .links
+            .get_mut(&decider)
+            .ok_or_else(|| internal(decider))?;
+        let answer = link
+            .ask_own(&decide_sql(decider, instance, sequence))
+            .await?;
+        if let Some(refused) = answer.refused {
+            return Err(refused);
+        }
+        answer
+            .value
+            .as_deref()
+            .and_then(|value| Gid::decided(value, decider, instance, sequence))
+            .ok_or_else(|| {
+                PgError::error(
+                    SqlState::PROTOCOL_VIOLATION,
+                    format!(
+                        "shard {decider} answered {:?} for the transaction's decision",
+                        answer.value
+                    ),
+                )
+            })
+    }
+
+    /// Runs `sql` on the links of `shards` at once (expecting command tag `tag`, if given).
     async fn on_each(
         &mut self,
         shards: &[u32],
         sql: &str,
+        tag: Option<&str>,
     ) -> Vec<(u32, Result<Option<PgError>, PgError>)> {
         let runs = self
             .links
             .iter_mut()
             .filter(|(shard, _)| shards.contains(shard))
-            .map(|(&shard, link)| async move { (shard, link.run_own(sql).await) });
+            .map(|(&shard, link)| async move {
+                let answer = match tag {
+                    Some(tag) => link.run_expecting(sql, tag).await,
+                    None => link.run_own(sql).await,
+                };
+                (shard, answer)
+            });
         join_all(runs).await
     }
 

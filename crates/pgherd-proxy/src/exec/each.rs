@@ -78,11 +78,20 @@ pub async fn schema_change(
 }
 
 /// A write on several shards inside a transaction: one row description, every shard's
-/// returned rows, the shards' counts added up in one command tag.
-pub async fn write(links: &mut [Link], sql: &str, out: &mut BytesMut) -> Result<(), Failed> {
+/// returned rows, the shards' counts added up in one command tag. Of a table every shard holds
+/// whole (`copies`), every shard must answer alike, and the first answer stands.
+pub async fn write(
+    links: &mut [Link],
+    sql: &str,
+    copies: bool,
+    out: &mut BytesMut,
+) -> Result<(), Failed> {
     let answers = on_each(links, sql).await;
     if let Some(error) = failure(&answers, false) {
         return Err(Failed::Statement(error));
+    }
+    if copies {
+        return one_of_the_copies(&answers, out);
     }
     let mut described = false;
     let mut tags = Vec::new();
@@ -104,6 +113,41 @@ pub async fn write(links: &mut [Link], sql: &str, out: &mut BytesMut) -> Result<
     })?;
     backend::encode_command_complete(out, &tag)
         .map_err(|e| Failed::Statement(PgError::error(SqlState::INTERNAL_ERROR, e.to_string())))
+}
+
+/// The first shard's answer, if every shard changed as many rows of its copy.
+fn one_of_the_copies(answers: &[Answer], out: &mut BytesMut) -> Result<(), Failed> {
+    let tag_of = |messages: &Vec<Message>| {
+        messages
+            .iter()
+            .rfind(|m| m.0 == btag::COMMAND_COMPLETE)
+            .map(|m| {
+                String::from_utf8_lossy(&m.1)
+                    .trim_end_matches('\0')
+                    .to_owned()
+            })
+    };
+    let tags: Vec<(u32, Option<String>)> = answers
+        .iter()
+        .filter_map(|(shard, a)| a.as_ref().ok().map(|(m, _)| (*shard, tag_of(m))))
+        .collect();
+    if tags.windows(2).any(|pair| pair[0].1 != pair[1].1) {
+        let seen: Vec<String> = tags
+            .iter()
+            .map(|(shard, tag)| format!("{} on shard {shard}", tag.as_deref().unwrap_or("nothing")))
+            .collect();
+        return Err(Failed::Statement(
+            PgError::error(
+                SqlState::DATA_CORRUPTED,
+                "the copies of this table differ between the shards: the write is undone",
+            )
+            .with_detail(seen.join(", ")),
+        ));
+    }
+    if let Some((_, Ok((messages, _)))) = answers.first() {
+        messages.iter().for_each(|m| encode_message(out, m));
+    }
+    Ok(())
 }
 
 /// `UPDATE 2` and `UPDATE 3` make `UPDATE 5` (`INSERT 0 n` alike); `None` if the shards

@@ -28,10 +28,20 @@ pub struct Link {
     /// The statement may have left session state pgherd does not follow (a setting, a
     /// sequence's `currval`, whatever user code did): the connection is closed, not reused.
     leaves_state: bool,
+    /// ParameterStatus messages of pgherd's own statements, for the client.
+    reported: Vec<Message>,
 }
 
 /// One message of an answer: its tag and body.
 pub type Message = (u8, BytesMut);
+
+/// What the server answered to one of pgherd's own statements.
+#[derive(Debug, Default)]
+pub struct OwnAnswer {
+    pub refused: Option<PgError>,
+    pub tag: Option<String>,
+    pub value: Option<String>,
+}
 
 impl Link {
     /// A connection to the primary of `shard` (its `cluster`) for the client, with the client's
@@ -71,6 +81,7 @@ impl Link {
             conn: Some(conn),
             settled: true,
             leaves_state: false,
+            reported: Vec::new(),
         };
         link.carry_settings(params).await?;
         Ok(link)
@@ -141,18 +152,66 @@ impl Link {
     /// client does not see: `Ok(None)` done, `Ok(Some(error))` the server refused it, `Err` the
     /// connection failed before the answer ended.
     pub async fn run_own(&mut self, sql: &str) -> Result<Option<PgError>, PgError> {
+        Ok(self.ask_own(sql).await?.refused)
+    }
+
+    /// [`Self::run_own`], keeping what the answer said: its error, last command tag and
+    /// last row's first value (text). Reported parameters are kept for [`Self::take_reported`].
+    pub async fn ask_own(&mut self, sql: &str) -> Result<OwnAnswer, PgError> {
         self.send(sql).await?;
-        let mut refused = None;
+        let mut answer = OwnAnswer::default();
         loop {
             let (tag, body) = self.next().await?;
             match tag {
-                btag::READY_FOR_QUERY => return Ok(refused),
+                btag::READY_FOR_QUERY => return Ok(answer),
                 btag::ERROR_RESPONSE => {
-                    refused.get_or_insert(server_error(self.shard, &body));
+                    answer
+                        .refused
+                        .get_or_insert(server_error(self.shard, &body));
                 }
+                btag::COMMAND_COMPLETE => {
+                    answer.tag = Some(
+                        String::from_utf8_lossy(&body)
+                            .trim_end_matches('\0')
+                            .to_owned(),
+                    );
+                }
+                btag::DATA_ROW => {
+                    answer.value = backend::parse_data_row(&body)
+                        .ok()
+                        .and_then(|values| values.first().copied().flatten())
+                        .map(|v| String::from_utf8_lossy(v).into_owned());
+                }
+                btag::PARAMETER_STATUS => self.reported.push((tag, body)),
                 _ => {}
             }
         }
+    }
+
+    /// [`Self::ask_own`] of a statement that must end with `tag`: a transaction that had
+    /// failed answers `ROLLBACK` to `COMMIT` or `PREPARE TRANSACTION`, which is a refusal.
+    pub async fn run_expecting(
+        &mut self,
+        sql: &str,
+        tag: &str,
+    ) -> Result<Option<PgError>, PgError> {
+        let answer = self.ask_own(sql).await?;
+        if answer.refused.is_some() || answer.tag.as_deref() == Some(tag) {
+            return Ok(answer.refused);
+        }
+        Ok(Some(PgError::error(
+            SqlState::TRANSACTION_ROLLBACK,
+            format!(
+                "shard {} rolled back its part of the transaction: it answered {} to {tag}",
+                self.shard,
+                answer.tag.as_deref().unwrap_or("nothing")
+            ),
+        )))
+    }
+
+    /// Parameters the server reported while running pgherd's own statements, in order.
+    pub fn take_reported(&mut self) -> Vec<Message> {
+        std::mem::take(&mut self.reported)
     }
 
     /// The next message of the answer; `ReadyForQuery` is the last, after which the link may

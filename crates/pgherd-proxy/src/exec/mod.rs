@@ -21,7 +21,7 @@ use std::task::Poll;
 
 use bytes::BytesMut;
 use pgherd_route::shard_route::{route_statement, Execution, TxCommand};
-use pgherd_route::{Decision, SessionEffect, Target};
+use pgherd_route::{Decision, SessionEffect, Target, TxEffect};
 use pgherd_wire::backend::{self, tag as btag};
 use pgherd_wire::frontend::tag as ftag;
 use pgherd_wire::{PgError, SqlState, WireError};
@@ -200,19 +200,27 @@ impl ShardedSession {
         out: &mut BytesMut,
     ) -> Result<(), Failed> {
         if let Execution::Transaction(command) = execution {
-            return self.transaction(command, sql, out).await;
+            return self.transaction(command, decision, sql, out).await;
         }
         // A write over several shards is one transaction over them, as on one server.
         let implicit = self.tx.is_none() && matches!(execution, Execution::Write { .. });
         if implicit {
-            self.tx = Some(tx::Tx::new("BEGIN"));
+            self.tx = Some(tx::Tx::new("BEGIN", false));
         }
-        let ran = self.run_planned(&execution, decision, sql, out).await;
-        if implicit {
-            let ended = self.end_transaction(ran.is_ok(), out).await;
-            return ran.and(ended);
+        if !implicit {
+            return self.run_planned(&execution, decision, sql, out).await;
         }
-        ran
+        // As PostgreSQL does, the statement's answer is sent only once its commit succeeded:
+        // a client hears either the answer or the error.
+        let mut answer = BytesMut::new();
+        let ran = self
+            .run_planned(&execution, decision, sql, &mut answer)
+            .await;
+        let ended = self.end_transaction(ran.is_ok(), out).await;
+        if ran.is_ok() && ended.is_ok() {
+            out.extend_from_slice(&answer);
+        }
+        ran.and(ended)
     }
 
     /// The shards a statement runs on.
@@ -233,7 +241,7 @@ impl ShardedSession {
             Execution::Setting if !reached.is_empty() => reached,
             Execution::Setting => vec![0],
             Execution::EveryShard => (0..self.shards.count()).collect(),
-            Execution::FanOut { shards, .. } | Execution::Write { shards } => {
+            Execution::FanOut { shards, .. } | Execution::Write { shards, .. } => {
                 shards.iter().copied().collect()
             }
             Execution::Transaction(_) => Vec::new(),
@@ -273,7 +281,7 @@ impl ShardedSession {
                 .await
                 .map(|refused| server_refused = refused),
             Execution::EveryShard => each::schema_change(&mut links, sql, !in_tx, out).await,
-            Execution::Write { .. } => each::write(&mut links, sql, out).await,
+            Execution::Write { copies, .. } => each::write(&mut links, sql, *copies, out).await,
             Execution::FanOut { plan, .. } => fan_out::run(&mut links, plan, false, out)
                 .await
                 .map_err(Failed::Statement),
@@ -287,6 +295,7 @@ impl ShardedSession {
             if let Some(tx) = &mut self.tx {
                 // As in PostgreSQL, an error aborts the transaction it happened in.
                 tx.failed |= server_refused;
+                tx.read_only |= decision.tx == TxEffect::SetReadOnly;
                 if ran.is_ok() && !server_refused && *execution == Execution::Setting {
                     tx.settings_sql.push(sql.to_owned());
                 }
@@ -298,8 +307,12 @@ impl ShardedSession {
         ran
     }
 
-    /// Links to `shards`, taken in ascending shard order, one after the other: two clients
+    /// Links to `shards`, taken in ascending shard order, one after the other: two statements
     /// each holding one shard's last connection and waiting for the other's cannot happen.
+    /// A transaction block takes its links as its statements need them, in any order: two
+    /// blocks can then wait for each other's connections (until the pool's wait times out,
+    /// 53300) or rows (locks on two shards: no server sees that deadlock; `lock_timeout`
+    /// ends it).
     async fn open_links(&mut self, shards: &[u32]) -> Result<Vec<Link>, PgError> {
         let mut links = Vec::with_capacity(shards.len());
         self.pools.resize(self.shards.count() as usize, None);

@@ -7,11 +7,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::BytesMut;
 use pgherd_route::shard_route::TxCommand;
+use pgherd_route::{Decision, TxEffect};
 use pgherd_wire::backend::{self, TxStatus};
 use pgherd_wire::{PgError, Severity, SqlState};
 
 use super::commit::Ending;
-use super::link::Link;
+use super::link::{encode_message, Link};
 use super::{encode_error, Failed, ShardedSession};
 
 pub struct Tx {
@@ -25,16 +26,19 @@ pub struct Tx {
     pub settings_sql: Vec<String>,
     /// A statement failed: until it ends, the transaction is aborted.
     pub failed: bool,
+    /// READ ONLY: no shard writes, so none takes part in a two-phase commit.
+    pub read_only: bool,
 }
 
 impl Tx {
-    pub fn new(begin_sql: &str) -> Tx {
+    pub fn new(begin_sql: &str, read_only: bool) -> Tx {
         Tx {
             begin_sql: begin_sql.to_owned(),
             links: BTreeMap::new(),
             wrote: BTreeSet::new(),
             settings_sql: Vec::new(),
             failed: false,
+            read_only,
         }
     }
 }
@@ -53,6 +57,7 @@ impl ShardedSession {
     pub(super) async fn transaction(
         &mut self,
         command: TxCommand,
+        decision: &Decision,
         sql: &str,
         out: &mut BytesMut,
     ) -> Result<(), Failed> {
@@ -65,7 +70,13 @@ impl ShardedSession {
                         "there is already a transaction in progress",
                     );
                 } else {
-                    self.tx = Some(Tx::new(sql));
+                    let read_only = match decision.tx {
+                        TxEffect::Begin {
+                            read_only: Some(read_only),
+                        } => read_only,
+                        _ => self.params.flags.default_transaction_read_only,
+                    };
+                    self.tx = Some(Tx::new(sql, read_only));
                 }
                 if starts_with_word(sql, "START") {
                     "START TRANSACTION"
@@ -118,6 +129,15 @@ impl ShardedSession {
             Ok(Vec::new())
         };
         self.params.end_transaction(commit && ended.is_ok());
+        // What the end restored (a SET LOCAL, a SET rolled back), as the servers report it.
+        if let Some(link) = tx.links.values_mut().next() {
+            for message in link.take_reported() {
+                if let Ok(p) = backend::ParameterStatus::parse(&message.1) {
+                    self.params.record_reported(p.name, p.value);
+                }
+                encode_message(out, &message);
+            }
+        }
         for warning in ended.map_err(Failed::Statement)? {
             if warning.encode_notice(out).is_err() {
                 encode_error(out, &warning);
@@ -168,13 +188,14 @@ impl ShardedSession {
         Ok(())
     }
 
-    /// Puts links taken with [`Self::tx_links`] back; `wrote` if the statement may have written.
+    /// Puts links taken with [`Self::tx_links`] back; `wrote` if the statement may have written
+    /// (in a READ ONLY transaction, none can).
     pub(super) fn give_back(&mut self, links: Vec<Link>, wrote: bool) {
         let Some(tx) = self.tx.as_mut() else {
             return;
         };
         for link in links {
-            if wrote {
+            if wrote && !tx.read_only {
                 tx.wrote.insert(link.shard);
             }
             tx.links.insert(link.shard, link);

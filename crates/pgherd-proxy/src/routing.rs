@@ -94,6 +94,17 @@ SELECT c.oid, c.relname, c.relpersistence, c.oid IN (SELECT rel FROM code), \
        c.oid IN (SELECT rel FROM seq) \
 FROM pg_catalog.pg_class c WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')";
 
+/// Every column default and identity column of the database's tables (for writing all
+/// copies of a table every shard holds alike): relation, column, default expression (NULL for
+/// an identity).
+const DEFAULTS_SQL: &str = "\
+SELECT c.relname, a.attname, pg_catalog.pg_get_expr(d.adbin, d.adrelid) \
+FROM pg_catalog.pg_attrdef d JOIN pg_catalog.pg_attribute a \
+  ON a.attrelid = d.adrelid AND a.attnum = d.adnum AND NOT a.attisdropped AND a.attgenerated = '' \
+JOIN pg_catalog.pg_class c ON c.oid = d.adrelid \
+UNION ALL SELECT c.relname, a.attname, NULL FROM pg_catalog.pg_attribute a \
+JOIN pg_catalog.pg_class c ON c.oid = a.attrelid WHERE a.attidentity <> '' AND NOT a.attisdropped";
+
 /// What touching one relation may touch too: a view and what it reads, a partitioned table
 /// and its partitions, a referenced table and the tables its deletes and updates cascade to.
 const REACHES_SQL: &str = "\
@@ -313,6 +324,15 @@ impl Router {
                 if let (Ok(from), Ok(to)) = (from.parse(), to.parse()) {
                     builder.reaches(from, to);
                 }
+            }
+        }
+        for row in conn
+            .simple_query(DEFAULTS_SQL)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            if let [Some(relation), Some(column), expression] = row.as_slice() {
+                builder.column_default(relation, column, expression.as_deref());
             }
         }
         let snapshot = builder.build();

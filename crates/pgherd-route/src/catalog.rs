@@ -85,6 +85,9 @@ pub struct Snapshot {
     code_types: HashSet<String>,
     /// Operators implemented by user code.
     code_operators: Vec<String>,
+    /// Relation name → its columns whose default may differ from one evaluation to the next
+    /// (anything but a constant: `now()`, a sequence, an identity).
+    varying_defaults: HashMap<String, Vec<String>>,
 }
 
 impl Catalog for Snapshot {
@@ -124,6 +127,36 @@ impl Snapshot {
     pub fn custom_settings(&self) -> &[String] {
         &self.custom_settings
     }
+
+    /// The columns of relation `name` whose default is not a constant.
+    pub fn varying_defaults(&self, name: &str) -> &[String] {
+        self.varying_defaults.get(name).map_or(&[], Vec::as_slice)
+    }
+}
+
+/// Whether a column default (as `pg_get_expr` writes it) is a constant: literals and casts
+/// only. Anything else (a function, `CURRENT_TIMESTAMP`, an operator, a subquery) may give
+/// another value each time, or on another server.
+pub fn is_constant_default(expression: &str) -> bool {
+    let Ok(parsed) = pg_query::parse(&format!("SELECT {expression}")) else {
+        return false;
+    };
+    parsed.protobuf.nodes().into_iter().all(|(node, ..)| {
+        matches!(
+            node,
+            pg_query::NodeRef::SelectStmt(_)
+                | pg_query::NodeRef::ResTarget(_)
+                | pg_query::NodeRef::AConst(_)
+                | pg_query::NodeRef::TypeCast(_)
+                | pg_query::NodeRef::TypeName(_)
+                | pg_query::NodeRef::String(_)
+                | pg_query::NodeRef::Integer(_)
+                | pg_query::NodeRef::Float(_)
+                | pg_query::NodeRef::Boolean(_)
+                | pg_query::NodeRef::BitString(_)
+                | pg_query::NodeRef::List(_)
+        )
+    })
 }
 
 /// Builds a [`Snapshot`] from catalog rows.
@@ -137,9 +170,21 @@ pub struct SnapshotBuilder {
     custom_settings: HashSet<String>,
     code_types: HashSet<String>,
     code_operators: Vec<String>,
+    varying_defaults: HashMap<String, Vec<String>>,
 }
 
 impl SnapshotBuilder {
+    /// A column with a default (`expression` as `pg_get_expr` writes it; `None`: an identity
+    /// column).
+    pub fn column_default(&mut self, relation: &str, column: &str, expression: Option<&str>) {
+        if !expression.is_some_and(is_constant_default) {
+            self.varying_defaults
+                .entry(relation.to_owned())
+                .or_default()
+                .push(column.to_owned());
+        }
+    }
+
     /// One function row: name, volatility, whether it is user code. Overloads of a name
     /// are combined.
     pub fn function(&mut self, name: &str, volatile: bool, user_defined: bool) {
@@ -216,6 +261,7 @@ impl SnapshotBuilder {
             custom_settings,
             code_types: self.code_types,
             code_operators: self.code_operators,
+            varying_defaults: self.varying_defaults,
         }
     }
 }

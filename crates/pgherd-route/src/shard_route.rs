@@ -5,10 +5,10 @@
 //! fans out with a merge ([`crate::merge_plan`]). What cannot run exactly yet is refused with
 //! `0A000` naming it: never sent to too few shards.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use pg_query::protobuf::node::Node as NodeEnum;
-use pg_query::protobuf::{TransactionStmt, TransactionStmtKind};
+use pg_query::protobuf::{InsertStmt, OnConflictAction, TransactionStmt, TransactionStmtKind};
 use pg_query::NodeRef;
 use pgherd_wire::SqlState;
 
@@ -44,10 +44,23 @@ pub enum Execution {
         /// The table is one every shard holds whole: each shard's answer must be the same,
         /// and one of them is the answer.
         copies: bool,
+        /// An INSERT whose rows go to several shards: each shard's own statement with its
+        /// rows (`None`: the statement as sent, on each).
+        split: Option<Box<SplitInsert>>,
     },
     /// BEGIN, COMMIT or ROLLBACK of the client's transaction, which pgherd carries over the
     /// shards it touches.
     Transaction(TxCommand),
+}
+
+/// An `INSERT ... VALUES` split by the shards of its rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitInsert {
+    /// Each shard's statement: the INSERT with only that shard's rows.
+    pub statements: BTreeMap<u32, String>,
+    /// Each row's shard, in the order written: rows a `RETURNING` gives back are put in this
+    /// order again.
+    pub row_shards: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +81,10 @@ pub enum ShardError {
     /// own message, as the server would give it.
     #[error("{0}")]
     Syntax(String),
+    /// A table every shard holds is written, and pgherd's catalog does not know it (yet: a
+    /// table just made is read soon after).
+    #[error("not supported on sharded tables: a write to table {0}, which pgherd's catalog does not know (yet)")]
+    CatalogBehind(String),
 }
 
 impl ShardError {
@@ -76,6 +93,7 @@ impl ShardError {
             ShardError::Unsupported(e) => e.sqlstate(),
             ShardError::Key(e) => e.sqlstate(),
             ShardError::Syntax(_) => SqlState::SYNTAX_ERROR,
+            ShardError::CatalogBehind(_) => SqlState::FEATURE_NOT_SUPPORTED,
         }
     }
 }
@@ -84,15 +102,33 @@ fn refuse(what: &str) -> ShardError {
     ShardError::Unsupported(Unsupported(what.to_owned()))
 }
 
+/// What the database's catalog says, as far as planning over the shards needs it.
+pub struct CatalogFacts<'a> {
+    /// Whether a function name may be an aggregate the database defines (when unsure, yes).
+    pub is_user_aggregate: &'a dyn Fn(&str) -> bool,
+    /// Of a table every shard holds, by name: what could make its copies differ when
+    /// written; `None` if the catalog does not know it.
+    pub copy_facts: &'a dyn Fn(&str) -> Option<CopyFacts>,
+}
+
+/// What could make the copies of a table every shard holds differ when written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CopyFacts {
+    /// Triggers, rules or defaults run user code.
+    pub runs_user_code: bool,
+    /// Columns whose default is not a constant (`now()`, a sequence, an identity).
+    pub varying_defaults: Vec<String>,
+}
+
 /// Plans one query string. `decision` is the routing classification of the same text (what
-/// it may write, the session state it leaves); `is_user_aggregate` says whether a function
-/// name may be an aggregate the database defines (from its catalog; when unsure, say yes).
+/// it may write, the session state it leaves).
 pub fn route_statement(
     sql: &str,
     map: &ShardMap,
     decision: &Decision,
-    is_user_aggregate: &dyn Fn(&str) -> bool,
+    catalog: &CatalogFacts,
 ) -> Result<Execution, ShardError> {
+    let is_user_aggregate = catalog.is_user_aggregate;
     let mut key = Vec::new();
     // The parser reads strings as standard_conforming_strings = on; the session is refused
     // the other value (`route_node`), so the server reads the text as pgherd did.
@@ -121,12 +157,7 @@ pub fn route_statement(
     };
     let execution = route_node(statement, map, is_user_aggregate)?;
     if matches!(execution, Execution::Write { copies: true, .. }) {
-        // Every copy of a table that lives on every shard must come out the same.
-        if let Some(call) = first_function_call(&parsed.tree) {
-            return Err(refuse(&format!(
-                "a write to a table that is not sharded calling {call} (each shard would compute its own value, and the copies would differ)"
-            )));
-        }
+        copies_written_alike(statement, &parsed.tree, catalog)?;
     }
     if execution == Execution::AnyShard && decision.target == Target::Primary {
         // A write outside the sharded tables (a sequence, a function that writes, a
@@ -197,23 +228,23 @@ fn route_data(
     let plan = shard_plan::plan(statement, map)?;
     match &plan {
         ShardPlan::Unsharded if reads_only => Ok(Execution::AnyShard),
-        ShardPlan::Unsharded => match statement {
-            NodeEnum::InsertStmt(_) => Err(refuse(
-                "an INSERT into a table that is not sharded (its column defaults may give each shard's copy another value; not built yet)",
-            )),
-            _ => Ok(Execution::Write {
-                shards: (0..map.shards).collect(),
-                copies: true,
-            }),
-        },
+        ShardPlan::Unsharded => Ok(Execution::Write {
+            shards: (0..map.shards).collect(),
+            copies: true,
+            split: None,
+        }),
         ShardPlan::InsertRows { table, .. } => {
-            let shards: BTreeSet<u32> = plan.row_shards(map, &[])?.into_iter().collect();
-            match shards.first() {
-                None => Ok(Execution::OneShard(0)),
-                Some(&shard) if shards.len() == 1 => Ok(Execution::OneShard(shard)),
-                Some(_) => Err(refuse(&format!(
-                    "an INSERT of rows for several shards of {table} in one statement (splitting its rows is not built yet)"
-                ))),
+            let row_shards = plan.row_shards(map, &[])?;
+            let shards: BTreeSet<u32> = row_shards.iter().copied().collect();
+            match (shards.first(), statement) {
+                (None, _) => Ok(Execution::OneShard(0)),
+                (Some(&shard), _) if shards.len() == 1 => Ok(Execution::OneShard(shard)),
+                (Some(_), NodeEnum::InsertStmt(insert)) => Ok(Execution::Write {
+                    shards,
+                    copies: false,
+                    split: Some(Box::new(split_insert(insert, table, row_shards)?)),
+                }),
+                (Some(_), _) => Err(refuse(&format!("an INSERT into {table} of this shape"))),
             }
         }
         ShardPlan::Table { table, restriction } => {
@@ -230,6 +261,7 @@ fn route_data(
                 return Ok(Execution::Write {
                     shards,
                     copies: false,
+                    split: None,
                 });
             };
             let plan = plan_fan_out(select, &sharded.key_column, is_user_aggregate)?;
@@ -239,6 +271,52 @@ fn route_data(
             })
         }
     }
+}
+
+/// The INSERT once per shard, each with its own rows (PostgreSQL's deparser writes them).
+fn split_insert(
+    insert: &InsertStmt,
+    table: &str,
+    row_shards: Vec<u32>,
+) -> Result<SplitInsert, ShardError> {
+    let skips_rows = insert.on_conflict_clause.as_ref().is_some_and(|c| {
+        c.action == OnConflictAction::OnconflictNothing as i32 || c.where_clause.is_some()
+    });
+    if skips_rows && !insert.returning_list.is_empty() {
+        // The rows given back could not be matched with the rows written.
+        return Err(refuse(&format!(
+            "an INSERT of rows for several shards of {table} with RETURNING and an ON CONFLICT that may skip rows"
+        )));
+    }
+    let values = match insert.select_stmt.as_ref().and_then(|s| s.node.as_ref()) {
+        Some(NodeEnum::SelectStmt(select)) if select.values_lists.len() == row_shards.len() => {
+            select
+        }
+        _ => return Err(refuse(&format!("an INSERT into {table} of this shape"))),
+    };
+    let mut statements = BTreeMap::new();
+    for &shard in row_shards.iter().collect::<BTreeSet<_>>() {
+        let mut select = values.clone();
+        select.values_lists = values
+            .values_lists
+            .iter()
+            .zip(&row_shards)
+            .filter(|(_, s)| **s == shard)
+            .map(|(row, _)| row.clone())
+            .collect();
+        let mut own = insert.clone();
+        own.select_stmt = Some(Box::new(pg_query::protobuf::Node {
+            node: Some(NodeEnum::SelectStmt(select)),
+        }));
+        let sql = NodeEnum::InsertStmt(Box::new(own))
+            .deparse()
+            .map_err(|e| refuse(&format!("an INSERT pgherd cannot write back ({e})")))?;
+        statements.insert(shard, sql);
+    }
+    Ok(SplitInsert {
+        statements,
+        row_shards,
+    })
 }
 
 /// BEGIN, COMMIT and ROLLBACK; what pgherd cannot carry over the shards yet is refused.
@@ -274,6 +352,75 @@ fn transaction_command(tx: &TransactionStmt) -> Result<Execution, ShardError> {
         }
     };
     Ok(Execution::Transaction(command))
+}
+
+/// A write to a table every shard holds must leave every copy the same: nothing in it may
+/// compute a value (a function, a column's non-constant default, a trigger's user code) or
+/// pick rows (a subquery, `FROM`, `USING`, `INSERT ... SELECT`) another way on another shard.
+fn copies_written_alike(
+    statement: &NodeEnum,
+    tree: &pg_query::ParseResult,
+    catalog: &CatalogFacts,
+) -> Result<(), ShardError> {
+    let differ = |what: &str| {
+        refuse(&format!(
+            "a write to a table that is not sharded {what} (each shard could come to its own values, and the copies would differ)"
+        ))
+    };
+    if let Some(call) = first_function_call(tree) {
+        return Err(differ(&format!("calling {call}")));
+    }
+    let nodes = tree.protobuf.nodes();
+    if nodes.iter().any(|(n, ..)| matches!(n, NodeRef::SubLink(_))) {
+        return Err(differ("with a subquery"));
+    }
+    let (relation, listed) = match statement {
+        NodeEnum::UpdateStmt(u) if u.from_clause.is_empty() => (u.relation.as_ref(), None),
+        NodeEnum::DeleteStmt(d) if d.using_clause.is_empty() => (d.relation.as_ref(), None),
+        NodeEnum::InsertStmt(i) => {
+            let values_only = matches!(
+                i.select_stmt.as_ref().and_then(|s| s.node.as_ref()),
+                Some(NodeEnum::SelectStmt(s)) if !s.values_lists.is_empty()
+            );
+            if !values_only {
+                return Err(differ("from a query (INSERT ... SELECT)"));
+            }
+            let columns: Vec<&str> = i
+                .cols
+                .iter()
+                .filter_map(|c| match &c.node {
+                    Some(NodeEnum::ResTarget(r)) => Some(r.name.as_str()),
+                    _ => None,
+                })
+                .collect();
+            (i.relation.as_ref(), Some(columns))
+        }
+        _ => return Err(differ("reading other tables (FROM or USING)")),
+    };
+    let Some(relation) = relation else {
+        return Err(differ("of this shape"));
+    };
+    let name = &relation.relname;
+    let facts =
+        (catalog.copy_facts)(name).ok_or_else(|| ShardError::CatalogBehind(name.clone()))?;
+    if facts.runs_user_code {
+        return Err(differ(&format!(
+            "({name}, whose triggers, rules or defaults run user code)"
+        )));
+    }
+    if let Some(listed) = listed {
+        // Without a column list, any column may be left to its default.
+        let left = facts
+            .varying_defaults
+            .iter()
+            .find(|c| listed.is_empty() || !listed.contains(&c.as_str()));
+        if let Some(column) = left {
+            return Err(differ(&format!(
+                "leaving column {column} of {name} to its default, which is not a constant (name the column and give its value)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The first function the statement calls (`now()`, `CURRENT_TIMESTAMP`, a column's

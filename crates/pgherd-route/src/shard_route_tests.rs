@@ -22,9 +22,34 @@ fn map() -> ShardMap {
     }
 }
 
+/// The catalog the tests plan with: `my_agg` is the database's own aggregate; of the
+/// tables every shard holds, `branches` has a constant default and an identity `id`, `audit`
+/// a trigger running user code, `unknown` is not read yet.
+fn facts(name: &str) -> Option<CopyFacts> {
+    match name {
+        "branches" => Some(CopyFacts {
+            runs_user_code: false,
+            varying_defaults: vec!["id".into()],
+        }),
+        "audit" => Some(CopyFacts {
+            runs_user_code: true,
+            varying_defaults: Vec::new(),
+        }),
+        "unknown" => None,
+        _ => Some(CopyFacts::default()),
+    }
+}
+
+fn route_as(sql: &str, decision: &Decision) -> Result<Execution, ShardError> {
+    let catalog = CatalogFacts {
+        is_user_aggregate: &|name| name == "my_agg",
+        copy_facts: &facts,
+    };
+    route_statement(sql, &map(), decision, &catalog)
+}
+
 fn route(sql: &str) -> Result<Execution, ShardError> {
-    let read = Decision::new(Target::Replica, "reads");
-    route_statement(sql, &map(), &read, &|name| name == "my_agg")
+    route_as(sql, &Decision::new(Target::Replica, "reads"))
 }
 
 fn shard_of(key: i32) -> u32 {
@@ -50,12 +75,29 @@ fn statements_run_where_their_rows_are() {
         ("END", Execution::Transaction(TxCommand::Commit)),
         ("ROLLBACK", Execution::Transaction(TxCommand::Rollback)),
         ("ABORT", Execution::Transaction(TxCommand::Rollback)),
+        (
+            "INSERT INTO branches (id, bid, bbalance) VALUES (1, 1, 0), (2, 2, 0)",
+            Execution::Write {
+                shards: BTreeSet::from([0, 1, 2]),
+                copies: true,
+                split: None,
+            },
+        ),
+        (
+            "INSERT INTO tellers VALUES (1, 1, 0)",
+            Execution::Write {
+                shards: BTreeSet::from([0, 1, 2]),
+                copies: true,
+                split: None,
+            },
+        ),
         // Over several shards, a write runs in one transaction over them.
         (
             "UPDATE accounts SET abalance = 0",
             Execution::Write {
                 shards: BTreeSet::from([0, 1, 2]),
                 copies: false,
+                split: None,
             },
         ),
         (
@@ -63,6 +105,7 @@ fn statements_run_where_their_rows_are() {
             Execution::Write {
                 shards: BTreeSet::from([0, 1, 2]),
                 copies: false,
+                split: None,
             },
         ),
         // A table every shard holds is written on all of them.
@@ -71,6 +114,7 @@ fn statements_run_where_their_rows_are() {
             Execution::Write {
                 shards: BTreeSet::from([0, 1, 2]),
                 copies: true,
+                split: None,
             },
         ),
         (
@@ -78,6 +122,7 @@ fn statements_run_where_their_rows_are() {
             Execution::Write {
                 shards: BTreeSet::from([0, 1, 2]),
                 copies: true,
+                split: None,
             },
         ),
         ("CREATE TABLE t (a int)", Execution::EveryShard),
@@ -164,7 +209,7 @@ fn what_cannot_run_exactly_is_refused_by_name() {
         ),
         (
             "UPDATE branches SET bbalance = random()",
-            "calling random (each shard would compute its own value",
+            "calling random",
         ),
         (
             "UPDATE branches SET at = CURRENT_TIMESTAMP WHERE bid = 1",
@@ -175,13 +220,34 @@ fn what_cannot_run_exactly_is_refused_by_name() {
             "calling a column's DEFAULT",
         ),
         (
-            "INSERT INTO accounts (aid) VALUES (1), (2), (3), (4), (5), (6)",
-            "INSERT of rows for several shards",
+            "INSERT INTO accounts (aid) VALUES (1), (2), (3), (4), (5), (6) ON CONFLICT DO NOTHING RETURNING aid",
+            "with RETURNING and an ON CONFLICT that may skip rows",
         ),
         (
             "INSERT INTO branches VALUES (1)",
-            "an INSERT into a table that is not sharded",
+            "leaving column id of branches to its default",
         ),
+        (
+            "INSERT INTO branches (bid) VALUES (1)",
+            "leaving column id of branches to its default",
+        ),
+        (
+            "INSERT INTO branches (id, bid) SELECT 1, 2",
+            "from a query (INSERT ... SELECT)",
+        ),
+        (
+            "UPDATE audit SET n = 1",
+            "whose triggers, rules or defaults run user code",
+        ),
+        (
+            "UPDATE branches SET bbalance = 1 FROM tellers WHERE tellers.bid = branches.bid",
+            "reading other tables (FROM or USING)",
+        ),
+        (
+            "UPDATE branches SET bbalance = (SELECT tbalance FROM tellers WHERE tid = 1)",
+            "with a subquery",
+        ),
+        ("INSERT INTO unknown VALUES (1)", "catalog does not know"),
         ("COPY accounts FROM STDIN", "COPY"),
         ("DO $$ BEGIN END $$", "DO through a sharded endpoint"),
         (
@@ -223,26 +289,21 @@ fn what_cannot_run_exactly_is_refused_by_name() {
 #[test]
 fn writes_and_session_state_outside_sharded_tables_are_refused() {
     let writes = Decision::new(Target::Primary, "calls volatile function nextval");
-    let refused = route_statement("SELECT nextval('s')", &map(), &writes, &|_| false);
+    let refused = route_as("SELECT nextval('s')", &writes);
     assert!(
         matches!(&refused, Err(e) if e.to_string().contains("may write outside the sharded tables (calls volatile function nextval)")),
         "{refused:?}"
     );
     // On a sharded table the shard it runs on is the one its key names.
     assert_eq!(
-        route_statement(
-            "UPDATE accounts SET bid = 1 WHERE aid = 7",
-            &map(),
-            &writes,
-            &|_| false
-        ),
+        route_as("UPDATE accounts SET bid = 1 WHERE aid = 7", &writes),
         Ok(Execution::OneShard(shard_of(7)))
     );
     let pins = Decision {
         pin: Some(crate::decision::Pin::TempTable),
         ..Decision::new(Target::Primary, "creates a temporary table")
     };
-    let refused = route_statement("CREATE TEMP TABLE t (a int)", &map(), &pins, &|_| false);
+    let refused = route_as("CREATE TEMP TABLE t (a int)", &pins);
     assert!(
         matches!(&refused, Err(e) if e.to_string().contains("session state that stays on one server connection")),
         "{refused:?}"
@@ -262,6 +323,43 @@ fn a_shared_table_written_from_a_sharded_one_is_refused() {
         assert!(
             matches!(&routed, Err(e) if e.sqlstate() == SqlState::FEATURE_NOT_SUPPORTED),
             "{sql}: {routed:?}"
+        );
+    }
+}
+
+/// An INSERT of rows for several shards is written once per shard with that shard's rows, in
+/// their order, and remembers each row's shard.
+#[test]
+fn an_insert_of_rows_for_several_shards_is_split() {
+    let keys = [1, 2, 3, 4, 5, 6];
+    let sql = "INSERT INTO accounts (aid, filler) VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd'), (5, 'e''s'), (6, NULL) RETURNING aid";
+    let Ok(Execution::Write {
+        shards,
+        copies: false,
+        split: Some(split),
+    }) = route(sql)
+    else {
+        panic!("a split: {:?}", route(sql));
+    };
+    let expected: Vec<u32> = keys.iter().map(|&k| shard_of(k)).collect();
+    assert_eq!(split.row_shards, expected);
+    assert_eq!(shards, expected.iter().copied().collect::<BTreeSet<_>>());
+    for (shard, statement) in &split.statements {
+        let mine: Vec<String> = keys
+            .iter()
+            .filter(|&&k| shard_of(k) == *shard)
+            .map(|k| format!("({k}, "))
+            .collect();
+        for key in keys {
+            let listed = statement.contains(&format!("({key}, "));
+            assert_eq!(listed, mine.contains(&format!("({key}, ")), "{statement}");
+        }
+        assert!(statement.ends_with("RETURNING aid"), "{statement}");
+        // Each piece plans to its own shard.
+        assert_eq!(
+            route(statement),
+            Ok(Execution::OneShard(*shard)),
+            "{statement}"
         );
     }
 }

@@ -2,8 +2,11 @@
 //! it and answers alike) or a write over several shards (the counts add up, returned rows are
 //! all passed on).
 
+use std::collections::{BTreeMap, VecDeque};
+
 use bytes::BytesMut;
 use futures_util::future::join_all;
+use pgherd_route::shard_route::SplitInsert;
 use pgherd_wire::backend::{self, tag as btag};
 use pgherd_wire::{PgError, SqlState};
 
@@ -13,25 +16,28 @@ use super::Failed;
 /// One shard's answer: its messages but the error and `ReadyForQuery`, and its error.
 type Answer = (u32, Result<(Vec<Message>, Option<PgError>), PgError>);
 
-async fn on_each(links: &mut [Link], sql: &str) -> Vec<Answer> {
-    join_all(links.iter_mut().map(|link| async move {
-        let shard = link.shard;
-        let answer = async {
-            link.send(sql).await?;
-            let mut messages = Vec::new();
-            let mut error = None;
-            loop {
-                let message = link.next().await?;
-                match message.0 {
-                    btag::READY_FOR_QUERY => return Ok((messages, error)),
-                    btag::ERROR_RESPONSE => {
-                        error.get_or_insert(server_error(shard, &message.1));
+async fn on_each<'a>(links: &mut [Link], sql_of: impl Fn(u32) -> &'a str) -> Vec<Answer> {
+    join_all(links.iter_mut().map(|link| {
+        let sql = sql_of(link.shard);
+        async move {
+            let shard = link.shard;
+            let answer = async {
+                link.send(sql).await?;
+                let mut messages = Vec::new();
+                let mut error = None;
+                loop {
+                    let message = link.next().await?;
+                    match message.0 {
+                        btag::READY_FOR_QUERY => return Ok((messages, error)),
+                        btag::ERROR_RESPONSE => {
+                            error.get_or_insert(server_error(shard, &message.1));
+                        }
+                        _ => messages.push(message),
                     }
-                    _ => messages.push(message),
                 }
-            }
-        };
-        (shard, answer.await)
+            };
+            (shard, answer.await)
+        }
     }))
     .await
 }
@@ -67,7 +73,7 @@ pub async fn schema_change(
     own_commits: bool,
     out: &mut BytesMut,
 ) -> Result<(), Failed> {
-    let answers = on_each(links, sql).await;
+    let answers = on_each(links, |_| sql).await;
     if let Some(error) = failure(&answers, own_commits) {
         return Err(Failed::Statement(error));
     }
@@ -78,15 +84,22 @@ pub async fn schema_change(
 }
 
 /// A write on several shards inside a transaction: one row description, every shard's
-/// returned rows, the shards' counts added up in one command tag. Of a table every shard holds
-/// whole (`copies`), every shard must answer alike, and the first answer stands.
+/// returned rows (of a split INSERT, in the order its rows were written), the shards' counts
+/// added up in one command tag. Of a table every shard holds whole (`copies`), every shard
+/// must answer alike, and the first answer stands.
 pub async fn write(
     links: &mut [Link],
     sql: &str,
     copies: bool,
+    split: Option<&SplitInsert>,
     out: &mut BytesMut,
 ) -> Result<(), Failed> {
-    let answers = on_each(links, sql).await;
+    let answers = on_each(links, |shard| {
+        split
+            .and_then(|s| s.statements.get(&shard))
+            .map_or(sql, String::as_str)
+    })
+    .await;
     if let Some(error) = failure(&answers, false) {
         return Err(Failed::Statement(error));
     }
@@ -95,16 +108,29 @@ pub async fn write(
     }
     let mut described = false;
     let mut tags = Vec::new();
-    for (_, answer) in &answers {
+    let mut rows: BTreeMap<u32, VecDeque<&Message>> = BTreeMap::new();
+    for (shard, answer) in &answers {
         let Ok((messages, _)) = answer else { continue };
         for message in messages {
             match message.0 {
                 btag::ROW_DESCRIPTION if std::mem::replace(&mut described, true) => {}
                 btag::COMMAND_COMPLETE => tags.push(message.1.clone()),
+                btag::DATA_ROW => rows.entry(*shard).or_default().push_back(message),
                 _ => encode_message(out, message),
             }
         }
     }
+    // A split INSERT's rows come back per shard in the order written there: taken in the
+    // order of the statement's rows, they are in the order the client wrote them. (Rows a
+    // trigger dropped leave some out; the rest follow in shard order.)
+    for shard in split.iter().flat_map(|s| &s.row_shards) {
+        if let Some(row) = rows.get_mut(shard).and_then(VecDeque::pop_front) {
+            encode_message(out, row);
+        }
+    }
+    rows.values()
+        .flatten()
+        .for_each(|row| encode_message(out, row));
     let tag = sum_tags(&tags).ok_or_else(|| {
         Failed::Statement(PgError::error(
             SqlState::PROTOCOL_VIOLATION,

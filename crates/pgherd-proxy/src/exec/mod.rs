@@ -18,9 +18,12 @@ mod tx;
 use std::future::poll_fn;
 use std::sync::Arc;
 use std::task::Poll;
+use std::time::Duration;
 
 use bytes::BytesMut;
-use pgherd_route::shard_route::{route_statement, Execution, TxCommand};
+use pgherd_route::shard_route::{
+    route_statement, CatalogFacts, CopyFacts, Execution, ShardError, TxCommand,
+};
 use pgherd_route::{Decision, SessionEffect, Target, TxEffect};
 use pgherd_wire::backend::{self, tag as btag};
 use pgherd_wire::frontend::tag as ftag;
@@ -57,6 +60,30 @@ pub struct ShardedSession {
     pub server_database: String,
     /// The client's transaction, once it began one (or a write over several shards runs).
     pub tx: Option<tx::Tx>,
+}
+
+/// How long a write to a table the catalog does not know waits for it to be read again.
+const CATALOG_WAIT_MS: u64 = 2_000;
+
+/// Why a statement could not be planned.
+enum PlanError {
+    Pg(PgError),
+    Shard(ShardError),
+}
+
+impl From<ShardError> for PlanError {
+    fn from(e: ShardError) -> Self {
+        PlanError::Shard(e)
+    }
+}
+
+impl PlanError {
+    fn into_pg(self) -> PgError {
+        match self {
+            PlanError::Pg(e) => e,
+            PlanError::Shard(e) => PgError::error(e.sqlstate(), e.to_string()),
+        }
+    }
 }
 
 /// Why a statement ended without its answer: the client hears the error, or the session ends.
@@ -137,7 +164,7 @@ impl ShardedSession {
 
     /// Plans and runs one query string; its answer (without `ReadyForQuery`) goes to `out`.
     async fn simple_query(&mut self, sql: &str, out: &mut BytesMut) -> Result<(), Disconnect> {
-        let outcome = match self.plan(sql) {
+        let outcome = match self.plan(sql).await {
             Err(e) => Err(Failed::Statement(e)),
             Ok((execution, _)) if self.in_failed_transaction(&execution) => {
                 Err(Failed::Statement(PgError::error(
@@ -170,16 +197,41 @@ impl ShardedSession {
             )
     }
 
-    /// The statement's routing decision and its plan over the shards.
-    fn plan(&self, sql: &str) -> Result<(Execution, Arc<Decision>), PgError> {
+    /// The statement's routing decision and its plan over the shards. A write to a table
+    /// the catalog does not know yet (made a moment ago) waits for the catalog to be read
+    /// again, up to [`CATALOG_WAIT_MS`].
+    async fn plan(&self, sql: &str) -> Result<(Execution, Arc<Decision>), PgError> {
+        let started = tokio::time::Instant::now();
+        let mut asked = false;
+        loop {
+            match self.plan_once(sql) {
+                Err(PlanError::Shard(ShardError::CatalogBehind(table)))
+                    if started.elapsed() < Duration::from_millis(CATALOG_WAIT_MS) =>
+                {
+                    if !std::mem::replace(&mut asked, true) {
+                        tracing::debug!(table, "a write waits for the catalog to be read again");
+                        self.router.catalog_changed();
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                planned => return planned.map_err(PlanError::into_pg),
+            }
+        }
+    }
+
+    fn plan_once(&self, sql: &str) -> Result<(Execution, Arc<Decision>), PlanError> {
         if !self.params.flags.standard_conforming_strings {
             // pgherd reads strings with it on: the server must read them alike.
-            return Err(PgError::error(
+            return Err(PlanError::Pg(PgError::error(
                 SqlState::FEATURE_NOT_SUPPORTED,
                 "not supported on sharded tables: standard_conforming_strings = off",
-            ));
+            )));
         }
-        let decision = self.router.route(sql.as_bytes(), true)?.decision;
+        let decision = self
+            .router
+            .route(sql.as_bytes(), true)
+            .map_err(PlanError::Pg)?
+            .decision;
         let catalog = self.router.catalog();
         // Until the catalog is read, any function might be an aggregate the database defines.
         let unread = catalog.function_count() == 0;
@@ -187,8 +239,18 @@ impl ShardedSession {
             unread
                 || pgherd_route::Catalog::function(&**catalog, name).is_some_and(|f| f.user_defined)
         };
-        let execution = route_statement(sql, &self.shards.map, &decision, &is_user_aggregate)
-            .map_err(|e| PgError::error(e.sqlstate(), e.to_string()))?;
+        let copy_facts = |name: &str| {
+            let relation = pgherd_route::Catalog::relation(&**catalog, name).filter(|_| !unread)?;
+            Some(CopyFacts {
+                runs_user_code: relation.runs_user_code,
+                varying_defaults: catalog.varying_defaults(name).to_vec(),
+            })
+        };
+        let facts = CatalogFacts {
+            is_user_aggregate: &is_user_aggregate,
+            copy_facts: &copy_facts,
+        };
+        let execution = route_statement(sql, &self.shards.map, &decision, &facts)?;
         Ok((execution, decision))
     }
 
@@ -281,7 +343,9 @@ impl ShardedSession {
                 .await
                 .map(|refused| server_refused = refused),
             Execution::EveryShard => each::schema_change(&mut links, sql, !in_tx, out).await,
-            Execution::Write { copies, .. } => each::write(&mut links, sql, *copies, out).await,
+            Execution::Write { copies, split, .. } => {
+                each::write(&mut links, sql, *copies, split.as_deref(), out).await
+            }
             Execution::FanOut { plan, .. } => fan_out::run(&mut links, plan, false, out)
                 .await
                 .map_err(Failed::Statement),

@@ -97,6 +97,7 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
                     shards,
                     server_database: server_dbname,
                     tx: None,
+                    schema_changed_at: None,
                 };
                 tokio::spawn(async move {
                     let end = Box::pin(session.run()).await;

@@ -103,7 +103,18 @@ FROM pg_catalog.pg_attrdef d JOIN pg_catalog.pg_attribute a \
   ON a.attrelid = d.adrelid AND a.attnum = d.adnum AND NOT a.attisdropped AND a.attgenerated = '' \
 JOIN pg_catalog.pg_class c ON c.oid = d.adrelid \
 UNION ALL SELECT c.relname, a.attname, NULL FROM pg_catalog.pg_attribute a \
-JOIN pg_catalog.pg_class c ON c.oid = a.attrelid WHERE a.attidentity <> '' AND NOT a.attisdropped";
+JOIN pg_catalog.pg_class c ON c.oid = a.attrelid WHERE a.attidentity <> '' AND NOT a.attisdropped \
+UNION ALL SELECT c.relname, a.attname, \
+  CASE WHEN b.typtype = 'd' THEN NULL ELSE pg_catalog.pg_get_expr(t.typdefaultbin, 0) END \
+FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
+JOIN pg_catalog.pg_type t ON t.oid = a.atttypid AND t.typtype = 'd' \
+JOIN pg_catalog.pg_type b ON b.oid = t.typbasetype \
+WHERE NOT a.atthasdef AND NOT a.attisdropped AND a.attnum > 0 \
+  AND (t.typdefaultbin IS NOT NULL OR b.typtype = 'd')";
+
+/// Relations that are not tables a write reaches alike on every shard.
+const NOT_TABLES_SQL: &str =
+    "SELECT relname FROM pg_catalog.pg_class WHERE relkind IN ('v', 'm', 'f')";
 
 /// What touching one relation may touch too: a view and what it reads, a partitioned table
 /// and its partitions, a referenced table and the tables its deletes and updates cascade to.
@@ -333,6 +344,15 @@ impl Router {
         {
             if let [Some(relation), Some(column), expression] = row.as_slice() {
                 builder.column_default(relation, column, expression.as_deref());
+            }
+        }
+        for row in conn
+            .simple_query(NOT_TABLES_SQL)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            if let [Some(name)] = row.as_slice() {
+                builder.not_a_table(name);
             }
         }
         let snapshot = builder.build();

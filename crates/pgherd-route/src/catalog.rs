@@ -88,6 +88,8 @@ pub struct Snapshot {
     /// Relation name → its columns whose default may differ from one evaluation to the next
     /// (anything but a constant: `now()`, a sequence, an identity).
     varying_defaults: HashMap<String, Vec<String>>,
+    /// Names of views, materialized views and foreign tables.
+    not_tables: HashSet<String>,
 }
 
 impl Catalog for Snapshot {
@@ -128,6 +130,12 @@ impl Snapshot {
         &self.custom_settings
     }
 
+    /// Whether some relation named `name` is not an ordinary or partitioned table (a view,
+    /// a materialized view, a foreign table).
+    pub fn is_table(&self, name: &str) -> bool {
+        !self.not_tables.contains(name)
+    }
+
     /// The columns of relation `name` whose default is not a constant.
     pub fn varying_defaults(&self, name: &str) -> &[String] {
         self.varying_defaults.get(name).map_or(&[], Vec::as_slice)
@@ -141,7 +149,46 @@ pub fn is_constant_default(expression: &str) -> bool {
     let Ok(parsed) = pg_query::parse(&format!("SELECT {expression}")) else {
         return false;
     };
-    parsed.protobuf.nodes().into_iter().all(|(node, ..)| {
+    let nodes = parsed.protobuf.nodes();
+    // A cast of a cast (`('now'::text)::timestamptz`) is evaluated at each use.
+    let casts = nodes
+        .iter()
+        .filter(|(n, ..)| matches!(n, pg_query::NodeRef::TypeCast(_)))
+        .count();
+    let time_word = nodes.iter().any(|(n, ..)| match n {
+        pg_query::NodeRef::AConst(c) => matches!(&c.val,
+            Some(pg_query::protobuf::a_const::Val::Sval(s))
+                if crate::shard_route::is_date_time_word(&s.sval)),
+        _ => false,
+    });
+    // The library's walk skips some places: the serialized tree is searched as well.
+    let computes = parsed.protobuf.stmts.iter().any(|raw| {
+        raw.stmt.as_deref().is_none_or(|stmt| {
+            crate::tree::any_node(stmt, |key, _| {
+                matches!(
+                    key,
+                    "FuncCall"
+                        | "SqlvalueFunction"
+                        | "ColumnRef"
+                        | "SubLink"
+                        | "AExpr"
+                        | "BoolExpr"
+                        | "CaseExpr"
+                        | "CoalesceExpr"
+                        | "MinMaxExpr"
+                        | "RowExpr"
+                        | "AArrayExpr"
+                        | "ParamRef"
+                        | "NextValueExpr"
+                        | "XmlExpr"
+                )
+            })
+        })
+    });
+    if casts > 1 || time_word || computes {
+        return false;
+    }
+    nodes.into_iter().all(|(node, ..)| {
         matches!(
             node,
             pg_query::NodeRef::SelectStmt(_)
@@ -171,9 +218,15 @@ pub struct SnapshotBuilder {
     code_types: HashSet<String>,
     code_operators: Vec<String>,
     varying_defaults: HashMap<String, Vec<String>>,
+    not_tables: HashSet<String>,
 }
 
 impl SnapshotBuilder {
+    /// A view, materialized view or foreign table.
+    pub fn not_a_table(&mut self, name: &str) {
+        self.not_tables.insert(name.to_owned());
+    }
+
     /// A column with a default (`expression` as `pg_get_expr` writes it; `None`: an identity
     /// column).
     pub fn column_default(&mut self, relation: &str, column: &str, expression: Option<&str>) {
@@ -262,6 +315,7 @@ impl SnapshotBuilder {
             code_types: self.code_types,
             code_operators: self.code_operators,
             varying_defaults: self.varying_defaults,
+            not_tables: self.not_tables,
         }
     }
 }

@@ -12,6 +12,7 @@
 pub mod balance;
 pub mod catalog;
 mod classify;
+pub mod copy_split;
 mod decision;
 mod lexer;
 pub mod merge_plan;

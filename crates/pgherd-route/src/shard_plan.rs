@@ -248,30 +248,36 @@ impl ShardPlan {
         let ShardPlan::InsertRows { table, keys } = self else {
             return Ok(Vec::new());
         };
-        let Some(sharded) = map.tables.get(table) else {
+        if !map.tables.contains_key(table) {
             return Ok(Vec::new());
-        };
+        }
         keys.iter()
-            .map(|key| {
-                let text = key_text(key, params)?;
-                let no_shard = |key: &str| ResolveError::NoShard {
-                    table: table.clone(),
-                    key: key.to_owned(),
-                };
-                let Some(text) = text else {
-                    // PostgreSQL hashes a row of NULL keys to 0: the partition of remainder 0.
-                    // A range or list has no place for it (PostgreSQL would need a default
-                    // partition).
-                    return match sharded.method {
-                        Method::Hash => Ok(0),
-                        _ => Err(no_shard("NULL")),
-                    };
-                };
-                sharded
-                    .shard_of(map.shards, &text)?
-                    .ok_or_else(|| no_shard(&text))
-            })
+            .map(|key| map.shard_of_value(table, key_text(key, params)?.as_deref()))
             .collect()
+    }
+}
+
+impl ShardMap {
+    /// The shard of a row of sharded table `table` whose key is `key` (`None`: NULL).
+    pub fn shard_of_value(&self, table: &str, key: Option<&str>) -> Result<u32, ResolveError> {
+        let no_shard = |key: &str| ResolveError::NoShard {
+            table: table.to_owned(),
+            key: key.to_owned(),
+        };
+        let Some(sharded) = self.tables.get(table) else {
+            return Err(no_shard(key.unwrap_or("NULL")));
+        };
+        let Some(text) = key else {
+            // PostgreSQL hashes a row of NULL keys to 0: the partition of remainder 0. A
+            // range or list has no place for it (PostgreSQL would need a default partition).
+            return match sharded.method {
+                Method::Hash => Ok(0),
+                _ => Err(no_shard("NULL")),
+            };
+        };
+        sharded
+            .shard_of(self.shards, text)?
+            .ok_or_else(|| no_shard(text))
     }
 }
 

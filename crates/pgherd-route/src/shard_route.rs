@@ -8,15 +8,18 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use pg_query::protobuf::node::Node as NodeEnum;
-use pg_query::protobuf::{InsertStmt, OnConflictAction, TransactionStmt, TransactionStmtKind};
-use pg_query::NodeRef;
+use pg_query::protobuf::{
+    CopyStmt, InsertStmt, OnConflictAction, OverridingKind, TransactionStmt, TransactionStmtKind,
+};
 use pgherd_wire::SqlState;
 
+use crate::copy_split::{self, CopyIn};
 use crate::decision::{Decision, Target};
 use crate::lexer::lex;
 use crate::merge_plan::{plan_fan_out, FanOut};
 use crate::parse::{parse, NotParsed, DEFAULT_MAX_PARSE_BYTES};
 use crate::shard_plan::{self, ResolveError, ShardMap, ShardPlan, Unsupported};
+use crate::tree::{first_node, last_name};
 
 /// How a statement runs over the shards.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +54,27 @@ pub enum Execution {
     /// BEGIN, COMMIT or ROLLBACK of the client's transaction, which pgherd carries over the
     /// shards it touches.
     Transaction(TxCommand),
+    /// `COPY ... FROM STDIN`: every shard takes the COPY, each row goes to the shard of its
+    /// key (or, for a table every shard holds, to every shard), in one transaction.
+    CopyIn(Box<CopyPlan>),
+}
+
+/// How a `COPY ... FROM STDIN` is split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyPlan {
+    pub copy: CopyIn,
+    /// The sharded table's key (`None`: a table every shard holds, whose rows all go to
+    /// every shard).
+    pub key: Option<CopyKey>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyKey {
+    pub table: String,
+    pub column: String,
+    /// The key's field in each row; `None` without a column list: its place among the
+    /// table's columns, which the server knows.
+    pub index: Option<usize>,
 }
 
 /// An `INSERT ... VALUES` split by the shards of its rows.
@@ -109,11 +133,16 @@ pub struct CatalogFacts<'a> {
     /// Of a table every shard holds, by name: what could make its copies differ when
     /// written; `None` if the catalog does not know it.
     pub copy_facts: &'a dyn Fn(&str) -> Option<CopyFacts>,
+    /// The text names a type or operator whose casts, checks or code are the database's own.
+    pub mentions_user_code: &'a dyn Fn(&str) -> bool,
 }
 
 /// What could make the copies of a table every shard holds differ when written.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CopyFacts {
+    /// An ordinary or partitioned table (not a view, a materialized view or a foreign table,
+    /// which every shard's write would reach differently).
+    pub is_table: bool,
     /// Triggers, rules or defaults run user code.
     pub runs_user_code: bool,
     /// Columns whose default is not a constant (`now()`, a sequence, an identity).
@@ -156,8 +185,15 @@ pub fn route_statement(
         return Ok(Execution::AnyShard);
     };
     let execution = route_node(statement, map, is_user_aggregate)?;
-    if matches!(execution, Execution::Write { copies: true, .. }) {
-        copies_written_alike(statement, &parsed.tree, catalog)?;
+    if matches!(execution, Execution::Write { copies: true, .. })
+        || matches!(&execution, Execution::CopyIn(plan) if plan.key.is_none())
+    {
+        copies_written_alike(statement, catalog)?;
+        if (catalog.mentions_user_code)(sql) {
+            return Err(refuse(
+                "a write to a table that is not sharded using a type or operator whose code is the database's own (each shard could come to its own values)",
+            ));
+        }
     }
     if execution == Execution::AnyShard && decision.target == Target::Primary {
         // A write outside the sharded tables (a sequence, a function that writes, a
@@ -196,7 +232,7 @@ fn route_node(
         )),
         NodeEnum::VariableSetStmt(_) => Ok(Execution::Setting),
         NodeEnum::TransactionStmt(tx) => transaction_command(tx),
-        NodeEnum::CopyStmt(_) => Err(refuse("COPY through a sharded endpoint (not built yet)")),
+        NodeEnum::CopyStmt(copy) => plan_copy(copy, map),
         NodeEnum::CreateTableAsStmt(_) => Err(refuse(
             "CREATE TABLE AS or SELECT INTO through a sharded endpoint",
         )),
@@ -271,6 +307,41 @@ fn route_data(
             })
         }
     }
+}
+
+/// A `COPY ... FROM STDIN` into a sharded table, or into one every shard holds.
+fn plan_copy(copy: &CopyStmt, map: &ShardMap) -> Result<Execution, ShardError> {
+    let Some(relation) = copy.relation.as_ref().filter(|_| copy.query.is_none()) else {
+        return Err(refuse("COPY of a query through a sharded endpoint"));
+    };
+    let copy_in = copy_split::copy_in(copy).map_err(|e| refuse(&e.to_string()))?;
+    let key = match map.table(relation) {
+        None => None,
+        Some((table, sharded)) => {
+            let index = if copy_in.columns.is_empty() {
+                None
+            } else {
+                Some(
+                    copy_in
+                        .columns
+                        .iter()
+                        .position(|c| *c == sharded.key_column)
+                        .ok_or_else(|| {
+                            refuse(&format!(
+                                "COPY into {table} without its shard key column {}",
+                                sharded.key_column
+                            ))
+                        })?,
+                )
+            };
+            Some(CopyKey {
+                table: table.to_owned(),
+                column: sharded.key_column.clone(),
+                index,
+            })
+        }
+    };
+    Ok(Execution::CopyIn(Box::new(CopyPlan { copy: copy_in, key })))
 }
 
 /// The INSERT once per shard, each with its own rows (PostgreSQL's deparser writes them).
@@ -357,27 +428,74 @@ fn transaction_command(tx: &TransactionStmt) -> Result<Execution, ShardError> {
 /// A write to a table every shard holds must leave every copy the same: nothing in it may
 /// compute a value (a function, a column's non-constant default, a trigger's user code) or
 /// pick rows (a subquery, `FROM`, `USING`, `INSERT ... SELECT`) another way on another shard.
-fn copies_written_alike(
-    statement: &NodeEnum,
-    tree: &pg_query::ParseResult,
-    catalog: &CatalogFacts,
-) -> Result<(), ShardError> {
+fn copies_written_alike(statement: &NodeEnum, catalog: &CatalogFacts) -> Result<(), ShardError> {
     let differ = |what: &str| {
         refuse(&format!(
             "a write to a table that is not sharded {what} (each shard could come to its own values, and the copies would differ)"
         ))
     };
-    if let Some(call) = first_function_call(tree) {
-        return Err(differ(&format!("calling {call}")));
+    let whole = pg_query::protobuf::Node {
+        node: Some(statement.clone()),
+    };
+    let found = first_node(
+        &whole,
+        "an expression pgherd cannot read",
+        |key, value| match key {
+            "FuncCall" => Some(format!(
+                "calling {}",
+                last_name(value.get("funcname")?).unwrap_or_default()
+            )),
+            "SqlvalueFunction" => {
+                Some("calling a date/time or user function (CURRENT_TIMESTAMP, ...)".into())
+            }
+            "SetToDefault" => Some("calling a column's DEFAULT".into()),
+            "SubLink" => Some("with a subquery".into()),
+            "CommonTableExpr" | "WithClause" => Some("with a WITH clause".into()),
+            "AConst" => {
+                let text = value.get("val")?.get("Sval")?.get("sval")?.as_str()?;
+                is_date_time_word(text).then(|| format!("with the date/time word '{text}'"))
+            }
+            "ColumnRef" => {
+                let column = last_name(value.get("fields")?)?;
+                SYSTEM_COLUMNS
+                    .contains(&column.as_str())
+                    .then(|| format!("reading the system column {column}"))
+            }
+            _ => None,
+        },
+    );
+    if let Some(what) = found {
+        return Err(differ(&what));
     }
-    let nodes = tree.protobuf.nodes();
-    if nodes.iter().any(|(n, ..)| matches!(n, NodeRef::SubLink(_))) {
-        return Err(differ("with a subquery"));
+    let with = match statement {
+        NodeEnum::UpdateStmt(u) => u.with_clause.is_some(),
+        NodeEnum::DeleteStmt(d) => d.with_clause.is_some(),
+        NodeEnum::InsertStmt(i) => i.with_clause.is_some(),
+        _ => false,
+    };
+    if with {
+        return Err(differ("with a WITH clause"));
     }
     let (relation, listed) = match statement {
         NodeEnum::UpdateStmt(u) if u.from_clause.is_empty() => (u.relation.as_ref(), None),
+        // Without a column list a COPY gives every column.
+        NodeEnum::CopyStmt(c) => {
+            let columns: Vec<&str> = c
+                .attlist
+                .iter()
+                .filter_map(|n| match &n.node {
+                    Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
+                    _ => None,
+                })
+                .collect();
+            let all = columns.is_empty();
+            (c.relation.as_ref(), (!all).then_some(columns))
+        }
         NodeEnum::DeleteStmt(d) if d.using_clause.is_empty() => (d.relation.as_ref(), None),
         NodeEnum::InsertStmt(i) => {
+            if i.r#override == OverridingKind::OverridingUserValue as i32 {
+                return Err(differ("with OVERRIDING USER VALUE"));
+            }
             let values_only = matches!(
                 i.select_stmt.as_ref().and_then(|s| s.node.as_ref()),
                 Some(NodeEnum::SelectStmt(s)) if !s.values_lists.is_empty()
@@ -403,6 +521,11 @@ fn copies_written_alike(
     let name = &relation.relname;
     let facts =
         (catalog.copy_facts)(name).ok_or_else(|| ShardError::CatalogBehind(name.clone()))?;
+    if !facts.is_table {
+        return Err(differ(&format!(
+            "({name} is a view or a foreign table, not a table every shard holds)"
+        )));
+    }
     if facts.runs_user_code {
         return Err(differ(&format!(
             "({name}, whose triggers, rules or defaults run user code)"
@@ -423,29 +546,13 @@ fn copies_written_alike(
     Ok(())
 }
 
-/// The first function the statement calls (`now()`, `CURRENT_TIMESTAMP`, a column's
-/// `DEFAULT`; an operator's function is not seen), by name.
-fn first_function_call(tree: &pg_query::ParseResult) -> Option<String> {
-    tree.protobuf
-        .nodes()
-        .into_iter()
-        .find_map(|(node, ..)| match node {
-            NodeRef::FuncCall(call) => Some(
-                call.funcname
-                    .iter()
-                    .filter_map(|n| match &n.node {
-                        Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
-                        _ => None,
-                    })
-                    .collect::<Vec<_>>()
-                    .join("."),
-            ),
-            NodeRef::SqlvalueFunction(_) => {
-                Some("a date/time or user function (CURRENT_TIMESTAMP, ...)".into())
-            }
-            NodeRef::SetToDefault(_) => Some("a column's DEFAULT".into()),
-            _ => None,
-        })
+/// Columns whose values differ from one copy of a table to the next.
+const SYSTEM_COLUMNS: &[&str] = &["ctid", "xmin", "xmax", "cmin", "cmax", "tableoid"];
+
+/// Literals PostgreSQL reads as the time they are read at.
+pub fn is_date_time_word(text: &str) -> bool {
+    let word = text.trim().to_ascii_lowercase();
+    matches!(word.as_str(), "now" | "today" | "tomorrow" | "yesterday")
 }
 
 /// A view over a sharded table, or a new name or schema for one: statements naming the view

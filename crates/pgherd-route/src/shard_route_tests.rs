@@ -28,15 +28,24 @@ fn map() -> ShardMap {
 fn facts(name: &str) -> Option<CopyFacts> {
     match name {
         "branches" => Some(CopyFacts {
+            is_table: true,
             runs_user_code: false,
             varying_defaults: vec!["id".into()],
         }),
         "audit" => Some(CopyFacts {
+            is_table: true,
             runs_user_code: true,
             varying_defaults: Vec::new(),
         }),
+        "remote" => Some(CopyFacts {
+            is_table: false,
+            ..CopyFacts::default()
+        }),
         "unknown" => None,
-        _ => Some(CopyFacts::default()),
+        _ => Some(CopyFacts {
+            is_table: true,
+            ..CopyFacts::default()
+        }),
     }
 }
 
@@ -44,6 +53,7 @@ fn route_as(sql: &str, decision: &Decision) -> Result<Execution, ShardError> {
     let catalog = CatalogFacts {
         is_user_aggregate: &|name| name == "my_agg",
         copy_facts: &facts,
+        mentions_user_code: &|sql| sql.contains("my_type"),
     };
     route_statement(sql, &map(), decision, &catalog)
 }
@@ -248,7 +258,28 @@ fn what_cannot_run_exactly_is_refused_by_name() {
             "with a subquery",
         ),
         ("INSERT INTO unknown VALUES (1)", "catalog does not know"),
-        ("COPY accounts FROM STDIN", "COPY"),
+        (
+            "WITH n AS (INSERT INTO notes (body) VALUES ('x')) UPDATE tellers SET t = 0",
+            "with a WITH clause",
+        ),
+        (
+            "INSERT INTO tellers (tid, at) VALUES (1, 'now')",
+            "with the date/time word 'now'",
+        ),
+        ("DELETE FROM tellers WHERE ctid = '(0,1)'", "system column ctid"),
+        (
+            "INSERT INTO branches (id, bid) OVERRIDING USER VALUE VALUES (1, 2)",
+            "OVERRIDING USER VALUE",
+        ),
+        ("DELETE FROM remote WHERE id = 1", "is a view or a foreign table"),
+        ("UPDATE tellers SET t = '1'::my_type", "whose code is the database's own"),
+        ("COPY accounts TO STDOUT", "COPY TO"),
+        (
+            "COPY accounts (bid) FROM STDIN",
+            "COPY into accounts without its shard key column aid",
+        ),
+        ("COPY branches (bid) FROM STDIN", "leaving column id of branches"),
+        ("COPY (SELECT 1) TO STDOUT", "COPY of a query"),
         ("DO $$ BEGIN END $$", "DO through a sharded endpoint"),
         (
             "EXPLAIN SELECT count(*) FROM accounts",
@@ -361,5 +392,88 @@ fn an_insert_of_rows_for_several_shards_is_split() {
             Ok(Execution::OneShard(*shard)),
             "{statement}"
         );
+    }
+}
+
+#[test]
+fn copy_in_knows_where_the_key_is() {
+    let plan = |sql: &str| match route(sql) {
+        Ok(Execution::CopyIn(plan)) => *plan,
+        other => panic!("{sql}: {other:?}"),
+    };
+    let listed = plan("COPY accounts (abalance, aid) FROM STDIN (FORMAT csv)");
+    assert_eq!(
+        listed.key,
+        Some(CopyKey {
+            table: "accounts".into(),
+            column: "aid".into(),
+            index: Some(1)
+        })
+    );
+    assert!(matches!(
+        listed.copy.format,
+        crate::copy_split::CopyFormat::Csv { .. }
+    ));
+    assert_eq!(
+        plan("COPY accounts FROM STDIN").key.and_then(|k| k.index),
+        None
+    );
+    // A table every shard holds: every row to every shard.
+    assert_eq!(plan("COPY tellers FROM STDIN").key, None);
+    assert_eq!(plan("COPY branches FROM STDIN").key, None);
+}
+
+/// Values computed anywhere in a write to a table every shard holds are seen, VALUES lists
+/// included.
+#[test]
+fn computed_values_are_seen_wherever_they_are() {
+    for (sql, what) in [
+        (
+            "INSERT INTO tellers (tid, at) VALUES (1, now())",
+            "calling now",
+        ),
+        (
+            "INSERT INTO tellers (tid, at) VALUES (1, CURRENT_DATE)",
+            "date/time",
+        ),
+        (
+            "INSERT INTO tellers (tid, n) VALUES (1, (SELECT 1))",
+            "subquery",
+        ),
+        (
+            "INSERT INTO tellers (tid, at) VALUES (1, 'today'::date)",
+            "'today'",
+        ),
+        ("UPDATE tellers SET note = xmin::text", "system column xmin"),
+    ] {
+        match route(sql) {
+            Err(e) => assert!(e.to_string().contains(what), "{sql}: {e}"),
+            Ok(other) => panic!("{sql}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn only_literals_are_constant_defaults() {
+    use crate::catalog::is_constant_default;
+    for constant in [
+        "0",
+        "'x'::text",
+        "'{}'::jsonb",
+        "NULL::integer",
+        "true",
+        "'-1'::integer",
+    ] {
+        assert!(is_constant_default(constant), "{constant}");
+    }
+    for varying in [
+        "now()",
+        "CURRENT_TIMESTAMP",
+        "nextval('s'::regclass)",
+        "('now'::text)::timestamp with time zone",
+        "'today'::date",
+        "(1 + 1)",
+    ] {
+        assert!(!is_constant_default(varying), "{varying}");
     }
 }

@@ -50,6 +50,36 @@ pub(crate) fn any_node(node: &Node, test: impl Fn(&str, &Value) -> bool) -> bool
     found
 }
 
+/// The first answer `test` gives for a node of the tree (any depth, as [`any_node`] walks
+/// it); a tree that cannot be serialized answers `unreadable`.
+pub(crate) fn first_node(
+    node: &Node,
+    unreadable: &str,
+    test: impl Fn(&str, &Value) -> Option<String>,
+) -> Option<String> {
+    let Ok(tree) = serde_json::to_value(node) else {
+        return Some(unreadable.to_owned());
+    };
+    let mut found = None;
+    objects(&tree, &mut |fields| {
+        if found.is_none() {
+            found = fields.iter().find_map(|(key, value)| test(key, value));
+        }
+    });
+    found
+}
+
+/// The last name (`sval`) in a serialized part of a tree: a function's or column's own name.
+pub(crate) fn last_name(value: &Value) -> Option<String> {
+    let mut last = None;
+    objects(value, &mut |fields| {
+        if let Some(Value::String(name)) = fields.get("sval") {
+            last = Some(name.clone());
+        }
+    });
+    last
+}
+
 /// Two expressions alike but for where they were written.
 pub(crate) fn same_expression(a: &Node, b: &Node) -> bool {
     fn strip(value: &mut Value) {

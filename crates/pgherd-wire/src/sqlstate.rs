@@ -15,6 +15,7 @@ impl SqlState {
     pub const FEATURE_NOT_SUPPORTED: SqlState = SqlState(*b"0A000");
     pub const INVALID_PARAMETER_VALUE: SqlState = SqlState(*b"22023");
     pub const INVALID_TEXT_REPRESENTATION: SqlState = SqlState(*b"22P02");
+    pub const BAD_COPY_FILE_FORMAT: SqlState = SqlState(*b"22P04");
     pub const NUMERIC_VALUE_OUT_OF_RANGE: SqlState = SqlState(*b"22003");
     pub const CHECK_VIOLATION: SqlState = SqlState(*b"23514");
     pub const READ_ONLY_SQL_TRANSACTION: SqlState = SqlState(*b"25006");
@@ -32,6 +33,7 @@ impl SqlState {
     pub const INSUFFICIENT_PRIVILEGE: SqlState = SqlState(*b"42501");
     pub const UNDEFINED_OBJECT: SqlState = SqlState(*b"42704");
     pub const UNDEFINED_TABLE: SqlState = SqlState(*b"42P01");
+    pub const UNDEFINED_COLUMN: SqlState = SqlState(*b"42703");
     pub const UNDEFINED_FUNCTION: SqlState = SqlState(*b"42883");
     pub const INVALID_SCHEMA_NAME: SqlState = SqlState(*b"3F000");
     pub const TOO_MANY_CONNECTIONS: SqlState = SqlState(*b"53300");

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{connect_as_superuser, BIN};
+use common::{connect_as_superuser, psql_with_input, BIN};
 use pgherd_route::shard_hash::{shard_of_text, KeyType};
 use pgherd_testkit::{ClusterOptions, Pgherd, PgherdConfig, TestCluster};
 use tokio_postgres::{Client, SimpleQueryMessage};
@@ -130,6 +130,16 @@ async fn transactions_over_shards_commit_on_all_of_them_or_none() {
         .expect_err("id is left to a sequence");
     assert_eq!(code(&refused), "0A000", "{refused:?}");
     ok(&through, "INSERT INTO notes (id, body) VALUES (1, 'x')").await;
+    // A default that comes with the column's domain counts too.
+    ok(&through, "CREATE DOMAIN stamp AS timestamptz DEFAULT now()").await;
+    ok(&through, "CREATE TABLE logs (id int PRIMARY KEY, at stamp)").await;
+    let refused = run(&through, "INSERT INTO logs (id) VALUES (1)")
+        .await
+        .expect_err("at is left to now()");
+    assert!(
+        format!("{refused:?}").contains("leaving column at of logs"),
+        "{refused:?}"
+    );
     for i in 0..2 {
         assert_eq!(on_shard(&shards, i, "SELECT bid FROM branches"), "1");
         assert_eq!(
@@ -342,6 +352,92 @@ async fn transactions_over_shards_commit_on_all_of_them_or_none() {
         "nothing of a failed INSERT stays"
     );
     ok(&through, "DELETE FROM accounts WHERE aid >= 7000").await;
+
+    // COPY FROM STDIN: each row to the shard of its key (text and CSV, with or without a
+    // column list), every row of a table every shard holds to every shard; all or none.
+    let url = pgherd.url(
+        pgherd_testkit::SUPERUSER,
+        pgherd_testkit::SUPERUSER_PASSWORD,
+        "postgres",
+    );
+    let on_each_shard = |from: i32, to: i32| -> Vec<String> {
+        (0..2u32)
+            .map(|shard| {
+                (from..to)
+                    .filter(|k| shard_of_text(KeyType::Int4, &k.to_string(), SHARDS) == Ok(shard))
+                    .count()
+                    .to_string()
+            })
+            .collect()
+    };
+    let counted = |from: i32, to: i32| -> Vec<String> {
+        (0..2)
+            .map(|i| {
+                on_shard(
+                    &shards,
+                    i,
+                    &format!("SELECT count(*) FROM accounts WHERE aid >= {from} AND aid < {to}"),
+                )
+            })
+            .collect()
+    };
+    let text_rows: String = (8000..8100).map(|k| format!("{k}\t{}\n", k % 7)).collect();
+    assert_eq!(
+        psql_with_input(&url, "COPY accounts (aid, abalance) FROM STDIN", &text_rows),
+        Ok("COPY 100".into())
+    );
+    assert_eq!(counted(8000, 8100), on_each_shard(8000, 8100));
+    let csv_rows: String = std::iter::once("abalance,aid\n".to_owned())
+        .chain((8100..8150).map(|k| format!("\"{}\",\"{k}\"\n", k % 5)))
+        .collect();
+    assert_eq!(
+        psql_with_input(
+            &url,
+            "COPY accounts (abalance, aid) FROM STDIN (FORMAT csv, HEADER)",
+            &csv_rows
+        ),
+        Ok("COPY 50".into())
+    );
+    assert_eq!(counted(8100, 8150), on_each_shard(8100, 8150));
+    // Without a column list the key's place comes from the catalog.
+    let whole_rows: String = (8150..8160).map(|k| format!("{k}\t1\n")).collect();
+    assert_eq!(
+        psql_with_input(&url, "COPY accounts FROM STDIN", &whole_rows),
+        Ok("COPY 10".into())
+    );
+    assert_eq!(counted(8150, 8160), on_each_shard(8150, 8160));
+    // A row that fails on one shard undoes the rows of every shard.
+    let (fresh, taken) = (keys_on_each_shard(8200).0, keys_on_each_shard(8000).1);
+    let failing = psql_with_input(
+        &url,
+        "COPY accounts (aid, abalance) FROM STDIN",
+        &format!("{fresh}\t0\n{taken}\t0\n"),
+    );
+    assert!(
+        failing.as_ref().is_err_and(|e| e.contains("duplicate key")),
+        "{failing:?}"
+    );
+    assert_eq!(counted(fresh, fresh + 1), ["0", "0"]);
+    let bad_key = psql_with_input(&url, "COPY accounts (aid, abalance) FROM STDIN", "x\t0\n");
+    assert!(
+        bad_key.as_ref().is_err_and(|e| e.contains("invalid input")),
+        "{bad_key:?}"
+    );
+    assert_eq!(
+        psql_with_input(
+            &url,
+            "COPY notes (id, body) FROM STDIN",
+            "10\tten\n11\televen\n"
+        ),
+        Ok("COPY 2".into())
+    );
+    for i in 0..2 {
+        assert_eq!(
+            on_shard(&shards, i, "SELECT count(*) FROM notes WHERE id >= 10"),
+            "2"
+        );
+    }
+    ok(&through, "DELETE FROM accounts WHERE aid >= 8000").await;
 
     // A table every shard holds answers as one table: its count once, and copies that
     // differ are an error that changes nothing.

@@ -121,8 +121,20 @@ pub async fn write(
         }
     }
     // A split INSERT's rows come back per shard in the order written there: taken in the
-    // order of the statement's rows, they are in the order the client wrote them. (Rows a
-    // trigger dropped leave some out; the rest follow in shard order.)
+    // order of the statement's rows, they are in the order the client wrote them, provided
+    // each shard gave back one row per row it was given.
+    if let Some(split) = split.filter(|_| described) {
+        for (shard, answer) in &answers {
+            let given = split.row_shards.iter().filter(|s| *s == shard).count();
+            let returned = rows.get(shard).map_or(0, VecDeque::len);
+            if answer.is_ok() && returned != given {
+                return Err(Failed::Statement(PgError::error(
+                    SqlState::FEATURE_NOT_SUPPORTED,
+                    format!("not supported on sharded tables: RETURNING of a split INSERT whose rows a trigger or rule dropped or added (shard {shard} returned {returned} rows for {given}): the INSERT is undone"),
+                )));
+            }
+        }
+    }
     for shard in split.iter().flat_map(|s| &s.row_shards) {
         if let Some(row) = rows.get_mut(shard).and_then(VecDeque::pop_front) {
             encode_message(out, row);
@@ -157,7 +169,21 @@ fn one_of_the_copies(answers: &[Answer], out: &mut BytesMut) -> Result<(), Faile
         .iter()
         .filter_map(|(shard, a)| a.as_ref().ok().map(|(m, _)| (*shard, tag_of(m))))
         .collect();
-    if tags.windows(2).any(|pair| pair[0].1 != pair[1].1) {
+    // The rows each copy gave back, in an order of their own.
+    fn returned(messages: &[Message]) -> Vec<&[u8]> {
+        let mut rows: Vec<&[u8]> = messages
+            .iter()
+            .filter(|m| m.0 == btag::DATA_ROW)
+            .map(|m| &m.1[..])
+            .collect();
+        rows.sort_unstable();
+        rows
+    }
+    let rows: Vec<Vec<&[u8]>> = answers
+        .iter()
+        .filter_map(|(_, a)| a.as_ref().ok().map(|(m, _)| returned(m)))
+        .collect();
+    if tags.windows(2).any(|pair| pair[0].1 != pair[1].1) || rows.windows(2).any(|p| p[0] != p[1]) {
         let seen: Vec<String> = tags
             .iter()
             .map(|(shard, tag)| format!("{} on shard {shard}", tag.as_deref().unwrap_or("nothing")))

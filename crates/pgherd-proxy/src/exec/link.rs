@@ -30,6 +30,8 @@ pub struct Link {
     leaves_state: bool,
     /// ParameterStatus messages of pgherd's own statements, for the client.
     reported: Vec<Message>,
+    /// A `COPY ... FROM STDIN` pgherd sent is under way.
+    copying: bool,
 }
 
 /// One message of an answer: its tag and body.
@@ -82,6 +84,7 @@ impl Link {
             settled: true,
             leaves_state: false,
             reported: Vec::new(),
+            copying: false,
         };
         link.carry_settings(params).await?;
         Ok(link)
@@ -159,6 +162,11 @@ impl Link {
     /// last row's first value (text). Reported parameters are kept for [`Self::take_reported`].
     pub async fn ask_own(&mut self, sql: &str) -> Result<OwnAnswer, PgError> {
         self.send(sql).await?;
+        self.ask_answer().await
+    }
+
+    /// The answer to what was sent, read to its `ReadyForQuery`.
+    async fn ask_answer(&mut self) -> Result<OwnAnswer, PgError> {
         let mut answer = OwnAnswer::default();
         loop {
             let (tag, body) = self.next().await?;
@@ -209,6 +217,69 @@ impl Link {
         )))
     }
 
+    /// Sends `COPY ... FROM STDIN` and reads to the server's CopyInResponse: `Ok(Ok(body))` the
+    /// server waits for data, `Ok(Err(e))` it refused (the answer read to its end).
+    pub async fn start_copy_in(&mut self, sql: &str) -> Result<Result<BytesMut, PgError>, PgError> {
+        self.send(sql).await?;
+        self.copying = true;
+        let mut refused = None;
+        loop {
+            let (tag, body) = self.next().await?;
+            match tag {
+                btag::COPY_IN_RESPONSE => return Ok(Ok(body)),
+                btag::ERROR_RESPONSE => {
+                    refused.get_or_insert(server_error(self.shard, &body));
+                }
+                btag::READY_FOR_QUERY => {
+                    self.copying = false;
+                    return Ok(Err(refused.unwrap_or_else(|| {
+                        PgError::error(
+                            SqlState::PROTOCOL_VIOLATION,
+                            format!("shard {} did not start the COPY", self.shard),
+                        )
+                    })));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Whether a COPY pgherd started on it is under way.
+    pub fn is_copying(&self) -> bool {
+        self.copying
+    }
+
+    /// Sends messages already encoded (CopyData, CopyDone, CopyFail) without waiting.
+    pub async fn send_encoded(&mut self, messages: &[u8]) -> Result<(), PgError> {
+        let conn = self.conn()?;
+        let node = conn.node.clone();
+        write_flush(&mut conn.stream, messages)
+            .await
+            .map_err(|e| ServerError::new(&node, ServerErrorKind::Io(e)).to_client_error())
+    }
+
+    /// After CopyDone or CopyFail: the COPY's answer, read to its end (its row count, or the
+    /// server's error).
+    pub async fn finish_copy(&mut self) -> Result<Result<u64, PgError>, PgError> {
+        let answer = self.ask_answer().await;
+        self.copying = false;
+        let answer = answer?;
+        if let Some(refused) = answer.refused {
+            return Ok(Err(refused));
+        }
+        let count = answer
+            .tag
+            .as_deref()
+            .and_then(|t| t.strip_prefix("COPY "))
+            .and_then(|n| n.parse().ok());
+        Ok(count.ok_or_else(|| {
+            PgError::error(
+                SqlState::PROTOCOL_VIOLATION,
+                format!("shard {} ended the COPY with {:?}", self.shard, answer.tag),
+            )
+        }))
+    }
+
     /// Parameters the server reported while running pgherd's own statements, in order.
     pub fn take_reported(&mut self) -> Vec<Message> {
         std::mem::take(&mut self.reported)
@@ -244,7 +315,8 @@ impl Link {
                     backend::parse_ready_for_query(&body).map_err(|e| lost(e.to_string()))?;
                 self.settled = conn.tx_status == TxStatus::Idle;
             }
-            // pgherd sends no COPY: a server that starts one is not followed.
+            btag::COPY_IN_RESPONSE if self.copying => {}
+            // A COPY pgherd did not ask for is not followed.
             btag::COPY_IN_RESPONSE | btag::COPY_OUT_RESPONSE | btag::COPY_BOTH_RESPONSE => {
                 return Err(lost("it started a COPY pgherd did not ask for".into()));
             }

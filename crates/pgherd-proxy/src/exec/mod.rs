@@ -10,6 +10,7 @@
 //! naming them.
 
 mod commit;
+mod copy;
 mod each;
 mod fan_out;
 mod link;
@@ -60,6 +61,9 @@ pub struct ShardedSession {
     pub server_database: String,
     /// The client's transaction, once it began one (or a write over several shards runs).
     pub tx: Option<tx::Tx>,
+    /// The catalog's generation when this session's last schema change committed: the next
+    /// statement is planned on a catalog read after it.
+    pub schema_changed_at: Option<u64>,
 }
 
 /// How long a write to a table the catalog does not know waits for it to be read again.
@@ -200,13 +204,21 @@ impl ShardedSession {
     /// The statement's routing decision and its plan over the shards. A write to a table
     /// the catalog does not know yet (made a moment ago) waits for the catalog to be read
     /// again, up to [`CATALOG_WAIT_MS`].
-    async fn plan(&self, sql: &str) -> Result<(Execution, Arc<Decision>), PgError> {
+    async fn plan(&mut self, sql: &str) -> Result<(Execution, Arc<Decision>), PgError> {
         let started = tokio::time::Instant::now();
+        let wait = Duration::from_millis(CATALOG_WAIT_MS);
+        // After this session's own schema change, the catalog is read again before planning.
+        if let Some(changed_at) = self.schema_changed_at.take() {
+            while self.router.generation() <= changed_at && started.elapsed() < wait {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let failed = self.tx.as_ref().is_some_and(|tx| tx.failed);
         let mut asked = false;
         loop {
             match self.plan_once(sql) {
                 Err(PlanError::Shard(ShardError::CatalogBehind(table)))
-                    if started.elapsed() < Duration::from_millis(CATALOG_WAIT_MS) =>
+                    if !failed && started.elapsed() < wait =>
                 {
                     if !std::mem::replace(&mut asked, true) {
                         tracing::debug!(table, "a write waits for the catalog to be read again");
@@ -242,13 +254,17 @@ impl ShardedSession {
         let copy_facts = |name: &str| {
             let relation = pgherd_route::Catalog::relation(&**catalog, name).filter(|_| !unread)?;
             Some(CopyFacts {
+                is_table: catalog.is_table(name),
                 runs_user_code: relation.runs_user_code,
                 varying_defaults: catalog.varying_defaults(name).to_vec(),
             })
         };
+        let mentions_user_code =
+            |text: &str| pgherd_route::Catalog::mentions_user_code(&**catalog, text);
         let facts = CatalogFacts {
             is_user_aggregate: &is_user_aggregate,
             copy_facts: &copy_facts,
+            mentions_user_code: &mentions_user_code,
         };
         let execution = route_statement(sql, &self.shards.map, &decision, &facts)?;
         Ok((execution, decision))
@@ -265,7 +281,8 @@ impl ShardedSession {
             return self.transaction(command, decision, sql, out).await;
         }
         // A write over several shards is one transaction over them, as on one server.
-        let implicit = self.tx.is_none() && matches!(execution, Execution::Write { .. });
+        let implicit = self.tx.is_none()
+            && matches!(execution, Execution::Write { .. } | Execution::CopyIn(_));
         if implicit {
             self.tx = Some(tx::Tx::new("BEGIN", false));
         }
@@ -302,7 +319,7 @@ impl ShardedSession {
             // A setting in a transaction reaches every shard it runs on.
             Execution::Setting if !reached.is_empty() => reached,
             Execution::Setting => vec![0],
-            Execution::EveryShard => (0..self.shards.count()).collect(),
+            Execution::EveryShard | Execution::CopyIn(_) => (0..self.shards.count()).collect(),
             Execution::FanOut { shards, .. } | Execution::Write { shards, .. } => {
                 shards.iter().copied().collect()
             }
@@ -319,6 +336,16 @@ impl ShardedSession {
     ) -> Result<(), Failed> {
         let shards = self.shards_for(execution);
         let in_tx = self.tx.is_some();
+        let writes_copies = matches!(execution, Execution::Write { copies: true, .. })
+            || matches!(execution, Execution::CopyIn(plan) if plan.key.is_none());
+        if writes_copies && self.tx.as_ref().is_some_and(|tx| tx.changed_schema) {
+            // What the guard of such writes reads in the catalog may have just changed, where
+            // pgherd's catalog cannot see it yet.
+            return Err(Failed::Statement(PgError::error(
+                SqlState::FEATURE_NOT_SUPPORTED,
+                "not supported on sharded tables: a write to a table every shard holds after a schema change in the same transaction",
+            )));
+        }
         let mut links = if in_tx {
             self.tx_links(&shards).await?
         } else {
@@ -349,12 +376,16 @@ impl ShardedSession {
             Execution::FanOut { plan, .. } => fan_out::run(&mut links, plan, false, out)
                 .await
                 .map_err(Failed::Statement),
+            Execution::CopyIn(plan) => self.copy_in(plan, sql, &mut links, out).await,
             Execution::Transaction(_) => Ok(()),
         };
         self.unwatch_cancel().await;
         if in_tx {
             let wrote = decision.target == Target::Primary
-                || matches!(execution, Execution::EveryShard | Execution::Write { .. });
+                || matches!(
+                    execution,
+                    Execution::EveryShard | Execution::Write { .. } | Execution::CopyIn(_)
+                );
             self.give_back(links, wrote);
             if let Some(tx) = &mut self.tx {
                 // As in PostgreSQL, an error aborts the transaction it happened in.
@@ -366,6 +397,13 @@ impl ShardedSession {
             }
         }
         if ran.is_ok() && decision.changes_catalog {
+            if in_tx {
+                if let Some(tx) = &mut self.tx {
+                    tx.changed_schema = true;
+                }
+            } else {
+                self.schema_changed_at = Some(self.router.generation());
+            }
             self.router.catalog_changed();
         }
         ran

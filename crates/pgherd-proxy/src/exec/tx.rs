@@ -28,6 +28,8 @@ pub struct Tx {
     pub failed: bool,
     /// READ ONLY: no shard writes, so none takes part in a two-phase commit.
     pub read_only: bool,
+    /// It changed the schema (which pgherd's catalog reads only once it commits).
+    pub changed_schema: bool,
 }
 
 impl Tx {
@@ -39,6 +41,7 @@ impl Tx {
             settings_sql: Vec::new(),
             failed: false,
             read_only,
+            changed_schema: false,
         }
     }
 }

@@ -100,6 +100,30 @@ pub fn psql(url: &str, args: &[&str]) -> Result<String, String> {
     }
 }
 
+/// psql running `sql` against `url` with `input` on its standard input (a COPY's data);
+/// what it printed (`COPY n`), as an error if it failed.
+pub fn psql_with_input(url: &str, sql: &str, input: &str) -> Result<String, String> {
+    use std::io::Write;
+    let mut child = std::process::Command::new(pgherd_testkit::pg_bin("psql"))
+        .arg(url)
+        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .env_remove("PGPASSWORD")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run psql");
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(input.as_bytes()).expect("psql input");
+    }
+    let out = child.wait_with_output().expect("psql");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
 /// pgbench with `args` against `url`; returns its output, as an error if it failed.
 pub fn pgbench(url: &str, args: &[&str]) -> Result<String, String> {
     let out = std::process::Command::new(pgherd_testkit::pg_bin("pgbench"))

@@ -116,10 +116,7 @@ pub fn copy_in(copy: &CopyStmt) -> Result<CopyIn, CopyError> {
     let columns = copy
         .attlist
         .iter()
-        .filter_map(|c| match &c.node {
-            Some(NodeEnum::String(s)) => Some(s.sval.clone()),
-            _ => None,
-        })
+        .filter_map(|c| crate::tree::string(c).map(str::to_owned))
         .collect();
     Ok(CopyIn {
         format,

@@ -19,7 +19,7 @@ use crate::lexer::lex;
 use crate::merge_plan::{plan_fan_out, FanOut};
 use crate::parse::{parse, NotParsed, DEFAULT_MAX_PARSE_BYTES};
 use crate::shard_plan::{self, ResolveError, ShardMap, ShardPlan, Unsupported};
-use crate::tree::{first_node, last_name};
+use crate::tree::{first_node, last_name, string};
 
 /// How a statement runs over the shards.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -480,14 +480,7 @@ fn copies_written_alike(statement: &NodeEnum, catalog: &CatalogFacts) -> Result<
         NodeEnum::UpdateStmt(u) if u.from_clause.is_empty() => (u.relation.as_ref(), None),
         // Without a column list a COPY gives every column.
         NodeEnum::CopyStmt(c) => {
-            let columns: Vec<&str> = c
-                .attlist
-                .iter()
-                .filter_map(|n| match &n.node {
-                    Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
-                    _ => None,
-                })
-                .collect();
+            let columns: Vec<&str> = c.attlist.iter().filter_map(string).collect();
             let all = columns.is_empty();
             (c.relation.as_ref(), (!all).then_some(columns))
         }

@@ -26,8 +26,11 @@ use crate::tree::{first_node, last_name, string};
 pub enum Execution {
     /// It reads no sharded table (or only session state): any one shard answers.
     AnyShard,
-    /// A schema change or maintenance command: every shard runs it as sent.
+    /// A schema change: every shard runs it as sent.
     EveryShard,
+    /// TRUNCATE, VACUUM, ANALYZE, REINDEX, CLUSTER: every shard runs it as sent; the schema
+    /// stays as it was.
+    Maintenance,
     /// It changes a session setting: pgherd records it and carries it to every shard's
     /// connection; one shard checks it.
     Setting,
@@ -242,7 +245,11 @@ fn route_node(
                     "a view over, or a renaming of, a sharded table (pgherd would no longer see it)",
                 ));
             }
-            Ok(Execution::EveryShard)
+            Ok(if is_maintenance(node) {
+                Execution::Maintenance
+            } else {
+                Execution::EveryShard
+            })
         }
         other => Err(refuse(&format!(
             "{} through a sharded endpoint",
@@ -555,6 +562,17 @@ fn hides_a_sharded_table(node: &NodeEnum, map: &ShardMap) -> bool {
         node,
         NodeEnum::ViewStmt(_) | NodeEnum::RenameStmt(_) | NodeEnum::AlterObjectSchemaStmt(_)
     ) && !shard_plan::sharded_mentions(node, map).is_empty()
+}
+
+/// Commands that keep the schema as it is.
+fn is_maintenance(node: &NodeEnum) -> bool {
+    matches!(
+        node,
+        NodeEnum::TruncateStmt(_)
+            | NodeEnum::VacuumStmt(_)
+            | NodeEnum::ReindexStmt(_)
+            | NodeEnum::ClusterStmt(_)
+    )
 }
 
 /// Statements every shard runs: what makes and changes the schema, and maintenance.

@@ -612,3 +612,85 @@ async fn transactions_over_shards_commit_on_all_of_them_or_none() {
 fn pgherd_log_count(pgherd: &Pgherd, text: &str) -> usize {
     pgherd.log().matches(text).count()
 }
+
+/// pgbench's own tables through a sharded endpoint: `pgbench -i` (DDL, TRUNCATE, reference
+/// rows, COPY of the accounts, all in one transaction) and its TPC-B transactions from several
+/// clients (a key-routed account, the tellers and branches every shard holds, a sharded
+/// history), after which TPC-B's invariant holds: the accounts, tellers and branches changed
+/// by exactly the history's deltas, and every shard's copies are equal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgbench_initializes_and_runs_through_a_sharded_endpoint() {
+    let shards = [shard_cluster(), shard_cluster()];
+    let mut config = PgherdConfig::new().superuser().section(
+        "[sharding]\n\
+         [[sharding.tables]]\ntable = \"pgbench_accounts\"\ncolumn = \"aid\"\ntype = \"integer\"\n\
+         [[sharding.tables]]\ntable = \"pgbench_history\"\ncolumn = \"aid\"\ntype = \"integer\"\n",
+    );
+    config = config.section(&format!(
+        "[[nodes]]\nname = \"shard1\"\nport = {}\nshard = 1\n",
+        shards[1].node("pg1").port
+    ));
+    let pgherd = Pgherd::start(BIN, &shards[0], &config);
+    let url = pgherd.url(
+        pgherd_testkit::SUPERUSER,
+        pgherd_testkit::SUPERUSER_PASSWORD,
+        "postgres",
+    );
+    common::pgbench(&url, &["-i", "-s", "1", "-q"]).expect("pgbench -i through pgherd");
+    let through = connect_as_superuser(pgherd.port, "postgres").await;
+    let value = async |sql: &str| {
+        run(&through, sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+            .iter()
+            .find_map(|m| match m {
+                SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        value("SELECT count(*) FROM pgbench_accounts").await,
+        "100000"
+    );
+    for (i, shard) in shards.iter().enumerate() {
+        let held: u32 = shard
+            .sql("SELECT count(*) FROM pgbench_accounts")
+            .parse()
+            .unwrap();
+        assert!(
+            (40_000..60_000).contains(&held),
+            "shard {i} holds {held} accounts"
+        );
+        assert_eq!(shard.sql("SELECT count(*) FROM pgbench_tellers"), "10");
+    }
+    let out = common::pgbench(&url, &["-c", "4", "-j", "2", "-t", "25", "-n"])
+        .expect("pgbench through pgherd");
+    assert!(
+        out.contains("number of transactions actually processed: 100/100"),
+        "{out}"
+    );
+    let deltas = value("SELECT sum(delta) FROM pgbench_history").await;
+    assert_eq!(value("SELECT count(*) FROM pgbench_history").await, "100");
+    assert_eq!(
+        value("SELECT sum(abalance) FROM pgbench_accounts").await,
+        deltas
+    );
+    assert_eq!(
+        value("SELECT sum(tbalance) FROM pgbench_tellers").await,
+        deltas
+    );
+    assert_eq!(
+        value("SELECT sum(bbalance) FROM pgbench_branches").await,
+        deltas
+    );
+    for table in ["pgbench_tellers", "pgbench_branches"] {
+        let copy = |i: usize| {
+            shards[i].sql(&format!(
+                "SELECT string_agg(t::text, ';' ORDER BY t::text) FROM {table} t"
+            ))
+        };
+        assert_eq!(copy(0), copy(1), "the copies of {table}");
+    }
+    assert_eq!(prepared_left(&shards), ["0", "0"]);
+}

@@ -1,11 +1,10 @@
-//! One statement sent unchanged to several shards at once: a schema change (every shard runs
-//! it and answers alike) or a write over several shards (the counts add up, returned rows are
-//! all passed on).
+//! One statement sent unchanged to several shards, one after the other in shard order: a
+//! schema change (every shard runs it and answers alike) or a write over several shards (the
+//! counts add up, returned rows are all passed on).
 
 use std::collections::{BTreeMap, VecDeque};
 
 use bytes::BytesMut;
-use futures_util::future::join_all;
 use pgherd_route::shard_route::SplitInsert;
 use pgherd_wire::backend::{self, tag as btag};
 use pgherd_wire::{PgError, SqlState};
@@ -16,30 +15,40 @@ use super::Failed;
 /// One shard's answer: its messages but the error and `ReadyForQuery`, and its error.
 type Answer = (u32, Result<(Vec<Message>, Option<PgError>), PgError>);
 
+/// Runs the statement on each link in turn, in shard order: every session takes the rows and
+/// locks of several shards in the same order, so two writes to the same rows on several
+/// shards wait for each other instead of each holding one shard's rows and waiting for the
+/// other's, a deadlock no server would see.
 async fn on_each<'a>(links: &mut [Link], sql_of: impl Fn(u32) -> &'a str) -> Vec<Answer> {
-    join_all(links.iter_mut().map(|link| {
-        let sql = sql_of(link.shard);
-        async move {
-            let shard = link.shard;
-            let answer = async {
-                link.send(sql).await?;
-                let mut messages = Vec::new();
-                let mut error = None;
-                loop {
-                    let message = link.next().await?;
-                    match message.0 {
-                        btag::READY_FOR_QUERY => return Ok((messages, error)),
-                        btag::ERROR_RESPONSE => {
-                            error.get_or_insert(server_error(shard, &message.1));
-                        }
-                        _ => messages.push(message),
-                    }
-                }
-            };
-            (shard, answer.await)
+    let mut answers = Vec::with_capacity(links.len());
+    for link in links.iter_mut() {
+        let shard = link.shard;
+        let answer = answer_of(link, sql_of(shard)).await;
+        let failed = !matches!(answer, Ok((_, None)));
+        answers.push((shard, answer));
+        // The statement failed: the shards after this one are spared it.
+        if failed {
+            break;
         }
-    }))
-    .await
+    }
+    answers
+}
+
+/// One shard's answer: its messages but the error and `ReadyForQuery`, and its error.
+async fn answer_of(link: &mut Link, sql: &str) -> Result<(Vec<Message>, Option<PgError>), PgError> {
+    link.send(sql).await?;
+    let mut messages = Vec::new();
+    let mut error = None;
+    loop {
+        let message = link.next().await?;
+        match message.0 {
+            btag::READY_FOR_QUERY => return Ok((messages, error)),
+            btag::ERROR_RESPONSE => {
+                error.get_or_insert(server_error(link.shard, &message.1));
+            }
+            _ => messages.push(message),
+        }
+    }
 }
 
 /// The first failure, with which shard it came from and (outside a transaction, where each
@@ -54,19 +63,18 @@ fn failure(answers: &[Answer], own_commits: bool) -> Option<PgError> {
         Ok((_, Some(e))) | Err(e) => Some((shard, e.clone())),
         Ok((_, None)) => None,
     })?;
-    let detail = if !own_commits {
-        format!("on shard {shard}")
-    } else if applied.is_empty() {
-        format!("on shard {shard}; no shard applied it")
-    } else {
-        format!("on shard {shard}; shards {} applied it", applied.join(", "))
+    let detail = match applied.as_slice() {
+        _ if !own_commits => format!("on shard {shard}"),
+        [] => format!("on shard {shard}; no shard applied it"),
+        [one] => format!("on shard {shard}; shard {one} applied it"),
+        many => format!("on shard {shard}; shards {} applied it", many.join(", ")),
     };
     Some(with_detail(error, detail))
 }
 
-/// A schema change or maintenance command: every shard runs it at once, and the first answer
-/// stands for all. Outside a transaction each shard commits on its own (`own_commits`), so a
-/// failure says which shards did apply it.
+/// A schema change or maintenance command: every shard runs it in turn (the shards after one
+/// that fails do not), and the first answer stands for all. Outside a transaction each shard
+/// commits on its own (`own_commits`), so a failure says which shards did apply it.
 pub async fn schema_change(
     links: &mut [Link],
     sql: &str,

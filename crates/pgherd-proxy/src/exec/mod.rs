@@ -319,7 +319,9 @@ impl ShardedSession {
             // A setting in a transaction reaches every shard it runs on.
             Execution::Setting if !reached.is_empty() => reached,
             Execution::Setting => vec![0],
-            Execution::EveryShard | Execution::CopyIn(_) => (0..self.shards.count()).collect(),
+            Execution::EveryShard | Execution::Maintenance | Execution::CopyIn(_) => {
+                (0..self.shards.count()).collect()
+            }
             Execution::FanOut { shards, .. } | Execution::Write { shards, .. } => {
                 shards.iter().copied().collect()
             }
@@ -369,7 +371,9 @@ impl ShardedSession {
                 .setting(&mut links, sql, out)
                 .await
                 .map(|refused| server_refused = refused),
-            Execution::EveryShard => each::schema_change(&mut links, sql, !in_tx, out).await,
+            Execution::EveryShard | Execution::Maintenance => {
+                each::schema_change(&mut links, sql, !in_tx, out).await
+            }
             Execution::Write { copies, split, .. } => {
                 each::write(&mut links, sql, *copies, split.as_deref(), out).await
             }
@@ -384,7 +388,10 @@ impl ShardedSession {
             let wrote = decision.target == Target::Primary
                 || matches!(
                     execution,
-                    Execution::EveryShard | Execution::Write { .. } | Execution::CopyIn(_)
+                    Execution::EveryShard
+                        | Execution::Maintenance
+                        | Execution::Write { .. }
+                        | Execution::CopyIn(_)
                 );
             self.give_back(links, wrote);
             if let Some(tx) = &mut self.tx {
@@ -396,7 +403,7 @@ impl ShardedSession {
                 }
             }
         }
-        if ran.is_ok() && decision.changes_catalog {
+        if ran.is_ok() && decision.changes_catalog && *execution != Execution::Maintenance {
             if in_tx {
                 if let Some(tx) = &mut self.tx {
                     tx.changed_schema = true;

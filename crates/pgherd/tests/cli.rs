@@ -369,6 +369,75 @@ fn check_config_names_file_line_and_field() {
     assert!(out.status.success(), "{}", text(&out));
 }
 
+/// `pgherd up --shards 2 --shard-key ...` makes two clusters behind one endpoint, and pgbench
+/// initializes and runs through it in two commands.
+#[test]
+fn up_with_two_shards_runs_pgbench() {
+    let (_dir, cluster_dir) = local_dir("pgherd-up-shards-");
+    let dir_arg = cluster_dir.to_str().unwrap();
+    let port = pgherd_cluster::free_port().unwrap().to_string();
+    let api_port = pgherd_cluster::free_port().unwrap().to_string();
+    let up = pgherd(&[
+        "up",
+        "--dir",
+        dir_arg,
+        "--replicas",
+        "0",
+        "--shards",
+        "2",
+        "--shard-key",
+        "pgbench_accounts.aid:integer",
+        "--shard-key",
+        "pgbench_history.aid",
+        "--port",
+        &port,
+        "--api-port",
+        &api_port,
+        "--detach",
+    ]);
+    let up_text = text(&up);
+    assert!(
+        up.status.success(),
+        "pgherd up --shards 2 failed:\n{up_text}"
+    );
+    let guard = Down(dir_arg.to_owned());
+    assert!(up_text.contains("Creating 2 shards"), "{up_text}");
+    assert!(cluster_dir.join("shard1").join("pg1").exists());
+    let pgbench = |args: &[&str]| {
+        Command::new(pgherd_cluster::PgBinaries::find().unwrap().tool("pgbench"))
+            .env("PGPASSFILE", cluster_dir.join("pgpass"))
+            .args(["-h", "127.0.0.1", "-p", &port, "-U", "app"])
+            .args(args)
+            .arg("app")
+            .output()
+            .expect("pgbench")
+    };
+    let init = pgbench(&["-i", "-s", "1", "-q"]);
+    assert!(
+        init.status.success(),
+        "{}\n{}",
+        text(&init),
+        log_tails(&cluster_dir)
+    );
+    let run = pgbench(&["-t", "10", "-c", "2", "-n"]);
+    assert!(
+        run.status.success() && text(&run).contains("actually processed: 20/20"),
+        "{}\n{}",
+        text(&run),
+        log_tails(&cluster_dir)
+    );
+    let accounts = psql_with_pgpass(
+        &cluster_dir,
+        &port,
+        "app",
+        "SELECT count(*) FROM pgbench_accounts",
+    );
+    assert_eq!(String::from_utf8_lossy(&accounts.stdout).trim(), "100000");
+    drop(guard);
+    let down_again = pgherd(&["down", "--dir", dir_arg]);
+    assert!(down_again.status.success(), "{}", text(&down_again));
+}
+
 #[test]
 fn up_without_postgresql_says_what_to_install() {
     let dir = tempfile::tempdir().unwrap();

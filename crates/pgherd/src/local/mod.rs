@@ -11,6 +11,7 @@ use pgherd_config::Config;
 use pgherd_wire::scram::{ScramVerifier, DEFAULT_ITERATIONS};
 
 pub mod instances;
+mod shards;
 
 pub const DEFAULT_DIR: &str = "pgherd-local";
 const CONFIG_FILE: &str = "pgherd.toml";
@@ -46,6 +47,14 @@ pub struct UpOptions {
     /// they listen on consecutive ports from --port (their APIs from --api-port).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=9))]
     instances: u16,
+    /// Shards (first run only): with more than one, each is a cluster of its own (a primary
+    /// and --replicas replicas) behind the one endpoint.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=8))]
+    shards: u16,
+    /// A sharded table and its key column, with the key's type (smallint, integer, bigint
+    /// (the default), text, uuid); repeatable (first run only, with --shards).
+    #[arg(long = "shard-key", value_name = "TABLE.COLUMN[:TYPE]")]
+    shard_keys: Vec<String>,
 }
 
 /// Which pgherd an operator command talks to: the one `pgherd up` made in `--dir`, or the
@@ -198,8 +207,10 @@ pub fn up(options: UpOptions) -> Result<(), String> {
     }
     tighten_own_config(&config_path);
     let config = Config::load(&config_path).map_err(|e| e.to_string())?;
-    let cluster = open_cluster(&dir, &config)?;
-    cluster.start_all().map_err(|e| e.to_string())?;
+    let clusters = shards::open_clusters(&config)?;
+    for cluster in &clusters {
+        cluster.start_all().map_err(|e| e.to_string())?;
+    }
     let extra = instances::extra_configs(&dir);
     if !extra.is_empty() {
         return up_instances(&dir, &config_path, &extra);
@@ -228,9 +239,10 @@ pub fn up(options: UpOptions) -> Result<(), String> {
         println!("Press Ctrl-C to stop pgherd and the cluster.");
     }));
     let _ = std::fs::remove_file(pid_file(&config_path));
-    let stop_errors = cluster.stop_all(StopMode::Fast);
-    for e in &stop_errors {
-        eprintln!("pgherd: {e}");
+    for cluster in &clusters {
+        for e in &cluster.stop_all(StopMode::Fast) {
+            eprintln!("pgherd: {e}");
+        }
     }
     served
 }
@@ -280,6 +292,17 @@ fn log_file(config_path: &Path) -> PathBuf {
 }
 
 fn create(dir: &Path, options: &UpOptions) -> Result<(), String> {
+    let shard_keys = options
+        .shard_keys
+        .iter()
+        .map(|k| shards::parse_shard_key(k))
+        .collect::<Result<Vec<_>, String>>()?;
+    if options.shards > 1 && options.instances > 1 {
+        return Err("--shards and --instances cannot be combined yet".into());
+    }
+    if options.shards == 1 && !shard_keys.is_empty() {
+        return Err("--shard-key needs --shards 2 or more".into());
+    }
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let passwords = Passwords {
         app: random_password(),
@@ -288,44 +311,79 @@ fn create(dir: &Path, options: &UpOptions) -> Result<(), String> {
     let ports = (0..=options.replicas)
         .map(|_| free_port().map_err(|e| e.to_string()))
         .collect::<Result<Vec<u16>, String>>()?;
-    println!(
-        "Creating a primary and {} streaming replica(s) in {} ...",
-        options.replicas,
-        dir.display()
-    );
+    if options.shards > 1 {
+        println!(
+            "Creating {} shards, each a primary and {} streaming replica(s), in {} ...",
+            options.shards,
+            options.replicas,
+            dir.display()
+        );
+    } else {
+        println!(
+            "Creating a primary and {} streaming replica(s) in {} ...",
+            options.replicas,
+            dir.display()
+        );
+    }
     // Replicas stream as a role that can replicate and nothing else.
     let replication_password = random_password();
-    let cluster = LocalCluster::create(&ClusterSpec {
-        dir: dir.to_owned(),
-        ports,
-        superuser: SUPERUSER.into(),
-        superuser_password: passwords.superuser.clone(),
-        settings: Vec::new(),
-        template: None,
-        netns: Vec::new(),
-        replication_role: Some((REPLICATION_USER.into(), replication_password.clone())),
-    })
-    .map_err(|e| e.to_string())?;
+    // A transaction writing to several shards commits with two-phase commit.
+    let settings: Vec<(String, String)> = if options.shards > 1 {
+        vec![("max_prepared_transactions".into(), "64".into())]
+    } else {
+        Vec::new()
+    };
+    let make = |cluster_dir: PathBuf, ports: Vec<u16>| {
+        LocalCluster::create(&ClusterSpec {
+            dir: cluster_dir,
+            ports,
+            superuser: SUPERUSER.into(),
+            superuser_password: passwords.superuser.clone(),
+            settings: settings.clone(),
+            template: None,
+            netns: Vec::new(),
+            replication_role: Some((REPLICATION_USER.into(), replication_password.clone())),
+        })
+        .map_err(|e| e.to_string())
+    };
+    let cluster = make(dir.to_owned(), ports)?;
+    let mut other_shards = Vec::new();
+    for shard in 1..usize::from(options.shards) {
+        let ports = (0..=options.replicas)
+            .map(|_| free_port().map_err(|e| e.to_string()))
+            .collect::<Result<Vec<u16>, String>>()?;
+        other_shards.push(make(shards::shard_dir(dir, shard), ports)?);
+    }
     // The servers hold the very verifiers pgherd holds, so pgherd can pass a client's SCRAM
     // proof through instead of storing passwords.
     let app_verifier = verifier(&passwords.app);
     let superuser_verifier = verifier(&passwords.superuser);
-    let primary = cluster.primary();
     let setup = [
         format!("CREATE ROLE {APP_USER} LOGIN PASSWORD '{app_verifier}'"),
         format!("CREATE DATABASE {APP_USER} OWNER {APP_USER}"),
         format!("ALTER ROLE {SUPERUSER} PASSWORD '{superuser_verifier}'"),
     ];
-    for sql in &setup {
-        primary.psql("postgres", sql).map_err(|e| e.to_string())?;
+    for each in std::iter::once(&cluster).chain(&other_shards) {
+        for sql in &setup {
+            each.primary()
+                .psql("postgres", sql)
+                .map_err(|e| e.to_string())?;
+        }
     }
-    let config = render_config(
+    let mut config = render_config(
         &cluster,
         &passwords,
         &replication_password,
         &app_verifier,
         &superuser_verifier,
     );
+    for (i, shard) in other_shards.iter().enumerate() {
+        config.push('\n');
+        config.push_str(&shards::nodes_section(i + 1, shard));
+    }
+    if options.shards > 1 {
+        config.push_str(&shards::sharding_section(&shard_keys));
+    }
     passwords.save(dir)?;
     let etcd_port = if options.instances > 1 {
         Some(instances::create_etcd(dir)?)
@@ -402,24 +460,6 @@ fn render_config(
          auto_rejoin = true\n"
     ));
     text
-}
-
-/// The local cluster described by a config written by `pgherd up`.
-fn open_cluster(dir: &Path, config: &Config) -> Result<LocalCluster, String> {
-    let nodes: Vec<(String, u16)> = config
-        .nodes
-        .iter()
-        .filter(|n| n.data_dir.is_some())
-        .map(|n| (n.name.clone(), n.port))
-        .collect();
-    if nodes.is_empty() {
-        return Err(format!(
-            "{} names no node with a data_dir that pgherd could start",
-            config.source.display()
-        ));
-    }
-    let password = config.cluster.password.clone().unwrap_or_default();
-    LocalCluster::open(dir, &nodes, &config.cluster.user, &password).map_err(|e| e.to_string())
 }
 
 /// Says how to connect without printing a password: the passwords go to a libpq password
@@ -595,20 +635,15 @@ pub fn down(dir: Option<&Path>) -> Result<(), String> {
         let _ = std::fs::remove_file(pid_file(path));
     }
     instances::stop_etcd(&dir)?;
-    let cluster = open_cluster(&dir, &config)?;
-    let errors = cluster.stop_all(StopMode::Fast);
-    if let Some(e) = errors.first() {
-        return Err(e.to_string());
+    let clusters = shards::open_clusters(&config)?;
+    let mut stopped = Vec::new();
+    for cluster in &clusters {
+        if let Some(e) = cluster.stop_all(StopMode::Fast).first() {
+            return Err(e.to_string());
+        }
+        stopped.extend(cluster.nodes.iter().map(|n| n.name.clone()));
     }
-    println!(
-        "Nodes stopped: {}.",
-        cluster
-            .nodes
-            .iter()
-            .map(|n| n.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    println!("Nodes stopped: {}.", stopped.join(", "));
     Ok(())
 }
 

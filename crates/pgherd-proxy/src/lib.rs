@@ -31,6 +31,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod monitor;
 mod msgio;
+mod node_ops;
 mod node_state;
 pub mod nodes;
 pub mod pool;

@@ -11,7 +11,8 @@ use pgherd_failover::Change;
 use pgherd_wire::{PgError, SqlState};
 
 use crate::app::App;
-use crate::failover::{conninfo_as, create_slot, event, primary_conninfo, run_sql};
+use crate::failover::event;
+use crate::node_ops::{conninfo_as, create_slot, primary_conninfo, run_sql};
 use crate::nodes::NodeState;
 use crate::switchover::{blocking, managed_node, START_TIMEOUT};
 

@@ -16,11 +16,9 @@ use pgherd_route::balance::{format_lsn, parse_lsn, Lsn};
 use pgherd_wire::{PgError, SqlState};
 
 use crate::app::App;
-use crate::failover::{
-    carry_out, create_slot, event, first_value, primary_conninfo, promote, received, repoint,
-    run_sql,
-};
+use crate::failover::{carry_out, event, received};
 use crate::monitor::check_once;
+use crate::node_ops::{create_slot, first_value, primary_conninfo, promote, repoint, run_sql};
 use crate::nodes::{NodeState, Role};
 
 /// How long the target may take to replay the old primary's last WAL.

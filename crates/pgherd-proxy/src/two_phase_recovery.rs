@@ -12,7 +12,7 @@ use std::time::Duration;
 use pgherd_route::two_phase::{removable_decisions, resolve, Gid, Resolution, DECISIONS_TABLE};
 
 use crate::app::App;
-use crate::failover::{quote_literal, run_sql_in};
+use crate::node_ops::{quote_literal, run_sql_in};
 use crate::shards::Shards;
 
 const ROUND_MS: u64 = 5_000;

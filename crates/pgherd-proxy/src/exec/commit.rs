@@ -255,9 +255,9 @@ pub async fn make_decision_table(
     let ddl = pgherd_route::two_phase::DECISIONS_DDL;
     // Two sessions making it at once: one of them meets the other's schema; once more.
     let mut made =
-        crate::failover::run_sql_in(&primary, &config.cluster, &ctx, database, ddl).await;
+        crate::node_ops::run_sql_in(&primary, &config.cluster, &ctx, database, ddl).await;
     if made.is_err() {
-        made = crate::failover::run_sql_in(&primary, &config.cluster, &ctx, database, ddl).await;
+        made = crate::node_ops::run_sql_in(&primary, &config.cluster, &ctx, database, ddl).await;
     }
     made.map_err(|e| {
         PgError::error(

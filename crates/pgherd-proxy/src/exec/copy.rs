@@ -221,8 +221,8 @@ async fn key_position(links: &mut [Link], table: &str, column: &str) -> Result<u
             "a COPY without shards",
         )));
     };
-    let table = crate::failover::quote_literal(table);
-    let column = crate::failover::quote_literal(column);
+    let table = crate::node_ops::quote_literal(table);
+    let column = crate::node_ops::quote_literal(column);
     // No row if the table has no such column.
     let sql = format!(
         "SELECT (SELECT count(*) FROM pg_catalog.pg_attribute a WHERE a.attrelid = k.attrelid \

@@ -119,12 +119,14 @@ pub(crate) fn sharding(
         } else {
             format!("public.{name}")
         };
-        if !qualified.insert(schema_qualified) || tables.insert(name.clone(), table).is_some() {
+        // `accounts` and `public.accounts` are one table: each name is listed once.
+        if !qualified.insert(schema_qualified) {
             return Err(c.error(
                 &field_path!["sharding", "tables", i, "table"],
                 format!("table {name:?} is listed twice"),
             ));
         }
+        tables.insert(name, table);
     }
     let shard0 = shard_nodes[0].clone();
     Ok((

@@ -127,27 +127,19 @@ pub fn copy_in(copy: &CopyStmt) -> Result<CopyIn, CopyError> {
 
 fn option_text(arg: Option<&pg_query::protobuf::Node>) -> Option<String> {
     match arg?.node.as_ref()? {
-        NodeEnum::String(s) => Some(s.sval.to_lowercase_if_keyword()),
+        NodeEnum::String(s) => Some(keyword_case(&s.sval)),
         NodeEnum::Boolean(b) => Some(if b.boolval { "true" } else { "false" }.into()),
         NodeEnum::Integer(i) => Some(i.ival.to_string()),
         _ => None,
     }
 }
 
-trait KeywordCase {
-    fn to_lowercase_if_keyword(&self) -> String;
-}
-
-impl KeywordCase for String {
-    /// Format names and HEADER's words are keywords (any case); delimiters and null strings
-    /// are taken as written.
-    fn to_lowercase_if_keyword(&self) -> String {
-        match self.to_lowercase().as_str() {
-            k @ ("csv" | "text" | "binary" | "match" | "true" | "false" | "on" | "off") => {
-                k.to_owned()
-            }
-            _ => self.clone(),
-        }
+/// Format names and HEADER's words are keywords (any case); delimiters and null strings are
+/// taken as written.
+fn keyword_case(text: &str) -> String {
+    match text.to_lowercase().as_str() {
+        k @ ("csv" | "text" | "binary" | "match" | "true" | "false" | "on" | "off") => k.to_owned(),
+        _ => text.to_owned(),
     }
 }
 

@@ -556,11 +556,9 @@ fn contains_aggregate(node: Option<&Node>, is_user_aggregate: &dyn Fn(&str) -> b
             || call.get("agg_filter").is_some_and(|f| !f.is_null());
         let name = call
             .get("funcname")
-            .and_then(|f| f.as_array())
-            .and_then(|f| f.last())
-            .and_then(|n| n.pointer("/node/String/sval"))
-            .and_then(|n| n.as_str())
-            .unwrap_or("");
+            .and_then(crate::tree::last_name)
+            .unwrap_or_default();
+        let name = name.as_str();
         syntax
             || MERGEABLE.contains(&name)
             || OTHER_AGGREGATES.contains(&name)

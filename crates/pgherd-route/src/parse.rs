@@ -46,6 +46,29 @@ pub struct Parsed {
 
 /// Parses `sql` within the bounds above.
 pub fn parse(sql: &str, lexed: &Lexed, max_bytes: usize) -> Result<Parsed, NotParsed> {
+    within_bounds(sql, lexed, max_bytes, || {
+        let tree = pg_query::parse(sql)?;
+        let summary = pg_query::summary(sql, -1)?;
+        Ok(Parsed { tree, summary })
+    })
+}
+
+/// The statement tree alone, within the same bounds, for a reader that walks the tree's
+/// serialized form itself and needs no summary.
+pub fn parse_tree(
+    sql: &str,
+    lexed: &Lexed,
+    max_bytes: usize,
+) -> Result<pg_query::ParseResult, NotParsed> {
+    within_bounds(sql, lexed, max_bytes, || pg_query::parse(sql))
+}
+
+fn within_bounds<T>(
+    sql: &str,
+    lexed: &Lexed,
+    max_bytes: usize,
+    parse: impl FnOnce() -> Result<T, pg_query::Error> + std::panic::UnwindSafe,
+) -> Result<T, NotParsed> {
     if sql.len() > max_bytes {
         return Err(NotParsed::TooLarge {
             len: sql.len(),
@@ -57,13 +80,9 @@ pub fn parse(sql: &str, lexed: &Lexed, max_bytes: usize) -> Result<Parsed, NotPa
     }
     let stack = STACK_BASE_BYTES + sql.len() * STACK_BYTES_PER_TEXT_BYTE;
     stacker::maybe_grow(stack, stack, || {
-        std::panic::catch_unwind(|| {
-            let tree = pg_query::parse(sql)?;
-            let summary = pg_query::summary(sql, -1)?;
-            Ok(Parsed { tree, summary })
-        })
-        .map_err(|_| NotParsed::Syntax("the parser library failed".into()))?
-        .map_err(|e: pg_query::Error| NotParsed::Syntax(e.to_string()))
+        std::panic::catch_unwind(parse)
+            .map_err(|_| NotParsed::Syntax("the parser library failed".into()))?
+            .map_err(|e: pg_query::Error| NotParsed::Syntax(e.to_string()))
     })
 }
 

@@ -17,7 +17,7 @@ use crate::copy_split::{self, CopyIn};
 use crate::decision::{Decision, Target};
 use crate::lexer::lex;
 use crate::merge_plan::{plan_fan_out, FanOut};
-use crate::parse::{parse, NotParsed, DEFAULT_MAX_PARSE_BYTES};
+use crate::parse::{parse_tree, NotParsed, DEFAULT_MAX_PARSE_BYTES};
 use crate::shard_plan::{self, ResolveError, ShardMap, ShardPlan, Unsupported};
 use crate::tree::{first_node, last_name, string};
 
@@ -165,8 +165,8 @@ pub fn route_statement(
     // The parser reads strings as standard_conforming_strings = on; the session is refused
     // the other value (`route_node`), so the server reads the text as pgherd did.
     let lexed = lex(sql.as_bytes(), true, &mut key);
-    let parsed = match parse(sql, &lexed, DEFAULT_MAX_PARSE_BYTES) {
-        Ok(parsed) => parsed,
+    let tree = match parse_tree(sql, &lexed, DEFAULT_MAX_PARSE_BYTES) {
+        Ok(tree) => tree,
         // Never sent on unread: the server might read it otherwise (a newer syntax), and
         // pgherd would not know where its rows are.
         Err(NotParsed::Syntax(message)) => return Err(ShardError::Syntax(message)),
@@ -178,7 +178,7 @@ pub fn route_statement(
             decision.reason
         )));
     }
-    let statements = &parsed.tree.protobuf.stmts;
+    let statements = &tree.protobuf.stmts;
     let statement = match statements.as_slice() {
         [] => return Ok(Execution::AnyShard),
         [one] => one.stmt.as_ref().and_then(|s| s.node.as_ref()),
@@ -239,17 +239,14 @@ fn route_node(
         NodeEnum::CreateTableAsStmt(_) => Err(refuse(
             "CREATE TABLE AS or SELECT INTO through a sharded endpoint",
         )),
-        node if is_schema_or_maintenance(node) => {
+        node if is_maintenance(node) => Ok(Execution::Maintenance),
+        node if is_schema_change(node) => {
             if hides_a_sharded_table(node, map) {
                 return Err(refuse(
                     "a view over, or a renaming of, a sharded table (pgherd would no longer see it)",
                 ));
             }
-            Ok(if is_maintenance(node) {
-                Execution::Maintenance
-            } else {
-                Execution::EveryShard
-            })
+            Ok(Execution::EveryShard)
         }
         other => Err(refuse(&format!(
             "{} through a sharded endpoint",
@@ -372,20 +369,33 @@ fn split_insert(
         }
         _ => return Err(refuse(&format!("an INSERT into {table} of this shape"))),
     };
+    // The statement and its VALUES without rows, cloned once; each shard gets its own rows.
+    let empty_values = pg_query::protobuf::SelectStmt {
+        values_lists: Vec::new(),
+        ..values.as_ref().clone()
+    };
+    let without_rows = InsertStmt {
+        select_stmt: None,
+        ..insert.clone()
+    };
     let mut statements = BTreeMap::new();
     for &shard in row_shards.iter().collect::<BTreeSet<_>>() {
-        let mut select = values.clone();
-        select.values_lists = values
-            .values_lists
-            .iter()
-            .zip(&row_shards)
-            .filter(|(_, s)| **s == shard)
-            .map(|(row, _)| row.clone())
-            .collect();
-        let mut own = insert.clone();
-        own.select_stmt = Some(Box::new(pg_query::protobuf::Node {
-            node: Some(NodeEnum::SelectStmt(select)),
-        }));
+        let select = pg_query::protobuf::SelectStmt {
+            values_lists: values
+                .values_lists
+                .iter()
+                .zip(&row_shards)
+                .filter(|(_, s)| **s == shard)
+                .map(|(row, _)| row.clone())
+                .collect(),
+            ..empty_values.clone()
+        };
+        let own = InsertStmt {
+            select_stmt: Some(Box::new(pg_query::protobuf::Node {
+                node: Some(NodeEnum::SelectStmt(Box::new(select))),
+            })),
+            ..without_rows.clone()
+        };
         let sql = NodeEnum::InsertStmt(Box::new(own))
             .deparse()
             .map_err(|e| refuse(&format!("an INSERT pgherd cannot write back ({e})")))?;
@@ -441,11 +451,9 @@ fn copies_written_alike(statement: &NodeEnum, catalog: &CatalogFacts) -> Result<
             "a write to a table that is not sharded {what} (each shard could come to its own values, and the copies would differ)"
         ))
     };
-    let whole = pg_query::protobuf::Node {
-        node: Some(statement.clone()),
-    };
+    // Every WITH holds a CommonTableExpr, which the walk meets.
     let found = first_node(
-        &whole,
+        statement,
         "an expression pgherd cannot read",
         |key, value| match key {
             "FuncCall" => Some(format!(
@@ -457,7 +465,7 @@ fn copies_written_alike(statement: &NodeEnum, catalog: &CatalogFacts) -> Result<
             }
             "SetToDefault" => Some("calling a column's DEFAULT".into()),
             "SubLink" => Some("with a subquery".into()),
-            "CommonTableExpr" | "WithClause" => Some("with a WITH clause".into()),
+            "CommonTableExpr" => Some("with a WITH clause".into()),
             "AConst" => {
                 let text = value.get("val")?.get("Sval")?.get("sval")?.as_str()?;
                 is_date_time_word(text).then(|| format!("with the date/time word '{text}'"))
@@ -473,15 +481,6 @@ fn copies_written_alike(statement: &NodeEnum, catalog: &CatalogFacts) -> Result<
     );
     if let Some(what) = found {
         return Err(differ(&what));
-    }
-    let with = match statement {
-        NodeEnum::UpdateStmt(u) => u.with_clause.is_some(),
-        NodeEnum::DeleteStmt(d) => d.with_clause.is_some(),
-        NodeEnum::InsertStmt(i) => i.with_clause.is_some(),
-        _ => false,
-    };
-    if with {
-        return Err(differ("with a WITH clause"));
     }
     let (relation, listed) = match statement {
         NodeEnum::UpdateStmt(u) if u.from_clause.is_empty() => (u.relation.as_ref(), None),
@@ -575,16 +574,14 @@ fn is_maintenance(node: &NodeEnum) -> bool {
     )
 }
 
-/// Statements every shard runs: what makes and changes the schema, and maintenance.
-fn is_schema_or_maintenance(node: &NodeEnum) -> bool {
+/// Statements every shard runs that make and change the schema.
+fn is_schema_change(node: &NodeEnum) -> bool {
     matches!(
         node,
         NodeEnum::CreateStmt(_)
             | NodeEnum::AlterTableStmt(_)
             | NodeEnum::DropStmt(_)
             | NodeEnum::IndexStmt(_)
-            | NodeEnum::TruncateStmt(_)
-            | NodeEnum::VacuumStmt(_)
             | NodeEnum::CreateSchemaStmt(_)
             | NodeEnum::ViewStmt(_)
             | NodeEnum::CreateSeqStmt(_)
@@ -599,8 +596,6 @@ fn is_schema_or_maintenance(node: &NodeEnum) -> bool {
             | NodeEnum::CreateDomainStmt(_)
             | NodeEnum::AlterObjectSchemaStmt(_)
             | NodeEnum::AlterOwnerStmt(_)
-            | NodeEnum::ReindexStmt(_)
-            | NodeEnum::ClusterStmt(_)
     )
 }
 

@@ -4,6 +4,7 @@
 //! their position in the text, and the text of names and literals.
 
 use pg_query::protobuf::{a_const, node::Node as NodeEnum, AConst, Node};
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 /// The text of a name node (`String`).
@@ -39,21 +40,14 @@ pub(crate) fn objects<'v>(value: &'v Value, visit: &mut impl FnMut(&'v Map<Strin
 /// Whether any node of the tree (any depth, subqueries included) matches: by its node type
 /// (the key it is tagged with) and its fields. A tree that cannot be serialized is taken to
 /// match, so what this guards is refused.
-pub(crate) fn any_node(node: &Node, test: impl Fn(&str, &Value) -> bool) -> bool {
-    let Ok(tree) = serde_json::to_value(node) else {
-        return true;
-    };
-    let mut found = false;
-    objects(&tree, &mut |fields| {
-        found = found || fields.iter().any(|(key, value)| test(key, value));
-    });
-    found
+pub(crate) fn any_node(node: &impl Serialize, test: impl Fn(&str, &Value) -> bool) -> bool {
+    first_node(node, "", |key, value| test(key, value).then(String::new)).is_some()
 }
 
 /// The first answer `test` gives for a node of the tree (any depth, as [`any_node`] walks
 /// it); a tree that cannot be serialized answers `unreadable`.
 pub(crate) fn first_node(
-    node: &Node,
+    node: &impl Serialize,
     unreadable: &str,
     test: impl Fn(&str, &Value) -> Option<String>,
 ) -> Option<String> {

@@ -68,6 +68,17 @@ fn code(e: &tokio_postgres::Error) -> String {
         .unwrap_or_else(|| format!("no SQLSTATE: {e}"))
 }
 
+/// The first column of every row answered (NULLs left out).
+fn first_column(messages: &[SimpleQueryMessage]) -> Vec<String> {
+    messages
+        .iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The command tag's row count of the last statement.
 fn count(messages: &[SimpleQueryMessage]) -> u64 {
     messages
@@ -312,13 +323,7 @@ async fn transactions_over_shards_commit_on_all_of_them_or_none() {
     )
     .await
     .unwrap();
-    let returned: Vec<String> = inserted
-        .iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
-            _ => None,
-        })
-        .collect();
+    let returned = first_column(&inserted);
     let written: Vec<String> = keys.iter().map(i32::to_string).collect();
     assert_eq!((returned, count(&inserted)), (written, 10));
     for (i, shard) in shards.iter().enumerate() {
@@ -462,12 +467,7 @@ async fn transactions_over_shards_commit_on_all_of_them_or_none() {
     // Settings a block changed for itself only are gone after it, on every shard.
     let setting = async |name: &str| {
         let rows = run(&through, &format!("SHOW {name}")).await.unwrap();
-        rows.iter()
-            .find_map(|m| match m {
-                SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
-                _ => None,
-            })
-            .unwrap()
+        first_column(&rows).swap_remove(0)
     };
     let (zone, style) = (setting("TimeZone").await, setting("DateStyle").await);
     ok_all(
@@ -639,15 +639,10 @@ async fn pgbench_initializes_and_runs_through_a_sharded_endpoint() {
     common::pgbench(&url, &["-i", "-s", "1", "-q"]).expect("pgbench -i through pgherd");
     let through = connect_as_superuser(pgherd.port, "postgres").await;
     let value = async |sql: &str| {
-        run(&through, sql)
+        let rows = run(&through, sql)
             .await
-            .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
-            .iter()
-            .find_map(|m| match m {
-                SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
-                _ => None,
-            })
-            .unwrap_or_default()
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+        first_column(&rows).into_iter().next().unwrap_or_default()
     };
     assert_eq!(
         value("SELECT count(*) FROM pgbench_accounts").await,

@@ -93,7 +93,7 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
                     client: stream,
                     client_in: buf,
                     params,
-                    pools: Vec::new(),
+                    pools: vec![None; shards.count() as usize],
                     shards,
                     server_database: server_dbname,
                     tx: None,

@@ -8,6 +8,8 @@ use std::time::Duration;
 use pgherd_cluster::{conninfo_value, with_password};
 use pgherd_config::{ClusterSettings, Config};
 
+use pgherd_wire::PgError;
+
 use crate::app::App;
 use crate::monitor::{check_once, management_connection};
 use crate::nodes::{NodeState, Role};
@@ -15,34 +17,6 @@ use crate::pool::ConnectContext;
 
 /// How long a node whose promotion answer was lost is watched for an answer.
 const PROMOTE_SETTLE_MS: u64 = 15_000;
-
-/// How `pg_promote()` answered.
-enum PromoteAnswer {
-    Rows(crate::server::Rows),
-    /// The server answered with an error: it did not promote.
-    Refused(String),
-    /// The connection failed before an answer: it may have promoted.
-    Lost(String),
-}
-
-async fn ask_to_promote(app: &App, node: &NodeState) -> PromoteAnswer {
-    let config = app.config();
-    let cluster = &config.cluster;
-    let ctx = app.connect_context();
-    let mut conn = match management_connection(node, cluster, &ctx, &cluster.database).await {
-        Ok(conn) => conn,
-        Err(e) => return PromoteAnswer::Lost(e.to_string()),
-    };
-    // pg_promote() itself waits up to 60 s.
-    let deadline = Duration::from_secs(90);
-    let sql = "SELECT pg_promote(true, 60)";
-    match tokio::time::timeout(deadline, conn.simple_query(sql)).await {
-        Ok(Ok(rows)) => PromoteAnswer::Rows(rows),
-        Ok(Err(crate::server::QueryError::Sql(e))) => PromoteAnswer::Refused(e.to_string()),
-        Ok(Err(crate::server::QueryError::Server(e))) => PromoteAnswer::Lost(e.to_string()),
-        Err(_) => PromoteAnswer::Lost(format!("no answer within {} ms", deadline.as_millis())),
-    }
-}
 
 /// Promotes `node` with `pg_promote()` and checks that it accepts writes now. Whatever the
 /// answer (it may be lost after the promotion happened), the node is asked what it is; this
@@ -56,7 +30,17 @@ async fn ask_to_promote(app: &App, node: &NodeState) -> PromoteAnswer {
 pub(crate) async fn promote(app: &App, node: &NodeState) -> Result<(), String> {
     let config = app.config();
     let ctx = app.connect_context();
-    let mut answer = ask_to_promote(app, node).await;
+    let promote_sql = "SELECT pg_promote(true, 60)";
+    let ask = || {
+        ask_node(
+            node,
+            &config.cluster,
+            &ctx,
+            &config.cluster.database,
+            promote_sql,
+        )
+    };
+    let mut answer = ask().await;
     let mut conn = None;
     let settle_until = tokio::time::Instant::now() + Duration::from_millis(PROMOTE_SETTLE_MS);
     let mut asked_again = false;
@@ -67,7 +51,7 @@ pub(crate) async fn promote(app: &App, node: &NodeState) -> Result<(), String> {
         if role == Some(Role::Primary) {
             return Ok(());
         }
-        let lost = matches!(answer, PromoteAnswer::Lost(_));
+        let lost = matches!(answer, Err(NodeSqlError::Lost(_)));
         if !lost || tokio::time::Instant::now() >= settle_until {
             break;
         }
@@ -77,18 +61,18 @@ pub(crate) async fn promote(app: &App, node: &NodeState) -> Result<(), String> {
             }
             tracing::warn!(node = node.name(), "the promotion's answer was lost and the node answers as a standby: promoting it again");
             asked_again = true;
-            answer = ask_to_promote(app, node).await;
+            answer = ask().await;
             continue;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Err(match answer {
-        PromoteAnswer::Rows(rows) => format!(
+        Ok(rows) => format!(
             "{} was not promoted (pg_promote() answered {:?})",
             node.name(),
             first_value(&rows)
         ),
-        PromoteAnswer::Refused(e) | PromoteAnswer::Lost(e) => format!(
+        Err(e) => format!(
             "{} was not promoted (pg_promote() failed: {e})",
             node.name()
         ),
@@ -213,16 +197,54 @@ pub(crate) async fn run_sql_in(
     database: &str,
     sql: &str,
 ) -> Result<crate::server::Rows, String> {
+    Ok(ask_node(node, cluster, ctx, database, sql).await?)
+}
+
+/// Why SQL pgherd ran on a node did not answer rows.
+#[derive(Debug)]
+pub(crate) enum NodeSqlError {
+    /// The server answered with an error: the statement did not take effect.
+    Refused(PgError),
+    /// No connection, or it failed before an answer: the statement may have taken effect.
+    Lost(String),
+}
+
+impl std::fmt::Display for NodeSqlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NodeSqlError::Refused(e) => write!(f, "{e}"),
+            NodeSqlError::Lost(e) => f.write_str(e),
+        }
+    }
+}
+
+impl From<NodeSqlError> for String {
+    fn from(e: NodeSqlError) -> String {
+        e.to_string()
+    }
+}
+
+/// [`run_sql_in`], saying whether the server refused the statement or its answer was lost.
+pub(crate) async fn ask_node(
+    node: &NodeState,
+    cluster: &ClusterSettings,
+    ctx: &ConnectContext,
+    database: &str,
+    sql: &str,
+) -> Result<crate::server::Rows, NodeSqlError> {
     let mut conn = management_connection(node, cluster, ctx, database)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| NodeSqlError::Lost(e.to_string()))?;
     // pg_promote() itself waits up to 60 s.
     let deadline = Duration::from_secs(90);
     match tokio::time::timeout(deadline, conn.simple_query(sql)).await {
         Ok(Ok(rows)) => Ok(rows),
-        Ok(Err(crate::server::QueryError::Sql(e))) => Err(e.to_string()),
-        Ok(Err(crate::server::QueryError::Server(e))) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {} ms", deadline.as_millis())),
+        Ok(Err(crate::server::QueryError::Sql(e))) => Err(NodeSqlError::Refused(e)),
+        Ok(Err(crate::server::QueryError::Server(e))) => Err(NodeSqlError::Lost(e.to_string())),
+        Err(_) => Err(NodeSqlError::Lost(format!(
+            "no answer within {} ms",
+            deadline.as_millis()
+        ))),
     }
 }
 

@@ -22,6 +22,11 @@ pub use crate::node_state::{
 };
 pub use crate::snapshot::Snapshot;
 
+/// How often a request waiting for a primary looks again when no node's standing changes
+/// (a primary that restarts quickly never counts as down; a change that came before the wait
+/// began).
+pub const PRIMARY_RECHECK: std::time::Duration = std::time::Duration::from_millis(50);
+
 pub struct Nodes {
     list: ArcSwap<Vec<Arc<NodeState>>>,
     /// Every node name seen since startup; a node's [`NodeId`] is its index here.
@@ -300,8 +305,7 @@ impl Nodes {
                 return None;
             }
             // A change wakes the wait; the recheck covers one that came before it began.
-            let recheck = std::time::Duration::from_millis(50);
-            let _ = tokio::time::timeout(left.min(recheck), self.standing_changed()).await;
+            let _ = tokio::time::timeout(left.min(PRIMARY_RECHECK), self.standing_changed()).await;
         }
     }
 

@@ -337,22 +337,25 @@ impl Router {
                 }
             }
         }
-        for row in conn
-            .simple_query(DEFAULTS_SQL)
-            .await
-            .map_err(|e| e.to_string())?
-        {
-            if let [Some(relation), Some(column), expression] = row.as_slice() {
-                builder.column_default(relation, column, expression.as_deref());
+        // What writes to tables every shard holds must know: a sharded endpoint's only.
+        if app.shards.is_some() {
+            for row in conn
+                .simple_query(DEFAULTS_SQL)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                if let [Some(relation), Some(column), expression] = row.as_slice() {
+                    builder.column_default(relation, column, expression.as_deref());
+                }
             }
-        }
-        for row in conn
-            .simple_query(NOT_TABLES_SQL)
-            .await
-            .map_err(|e| e.to_string())?
-        {
-            if let [Some(name)] = row.as_slice() {
-                builder.not_a_table(name);
+            for row in conn
+                .simple_query(NOT_TABLES_SQL)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                if let [Some(name)] = row.as_slice() {
+                    builder.not_a_table(name);
+                }
             }
         }
         let snapshot = builder.build();

@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pgherd_route::two_phase::{removable_decisions, resolve, Gid, Resolution, DECISIONS_TABLE};
+use pgherd_wire::SqlState;
 
 use crate::app::App;
-use crate::node_ops::{quote_literal, run_sql_in};
+use crate::node_ops::{ask_node, quote_literal, run_sql_in, NodeSqlError};
 use crate::shards::Shards;
 
 const ROUND_MS: u64 = 5_000;
@@ -53,11 +54,7 @@ async fn round(app: &App, shards: &Shards) {
             tracing::warn!(shard = prepared.shard, gid = %prepared.gid, error = %e, "a prepared transaction could not be finished yet; the next round tries again");
         }
     }
-    for (shard, database) in shards.decision_tables() {
-        if let Err(e) = clean_decisions(app, shards, shard, &database).await {
-            tracing::debug!(shard, database, error = %e, "old commit decisions not removed yet");
-        }
-    }
+    clean_decisions(app, shards).await;
 }
 
 /// pgherd's prepared transactions on every shard's primary, and whether every shard could be
@@ -132,7 +129,7 @@ async fn finish(app: &App, shards: &Shards, prepared: &Prepared, gid: &Gid) -> R
     let resolution = resolve(committed);
     let participant = primary_of(prepared.shard)?;
     let finish_sql = gid.finish_sql(resolution);
-    match run_sql_in(
+    match ask_node(
         &participant,
         &config.cluster,
         &ctx,
@@ -143,8 +140,8 @@ async fn finish(app: &App, shards: &Shards, prepared: &Prepared, gid: &Gid) -> R
     {
         Ok(_) => {}
         // Finished meanwhile by the pgherd that prepared it.
-        Err(e) if e.contains("does not exist") => return Ok(()),
-        Err(e) => return Err(e),
+        Err(NodeSqlError::Refused(e)) if e.code == SqlState::UNDEFINED_OBJECT => return Ok(()),
+        Err(e) => return Err(e.into()),
     }
     let done = match resolution {
         Resolution::Commit => "committed",
@@ -163,47 +160,55 @@ async fn finish(app: &App, shards: &Shards, prepared: &Prepared, gid: &Gid) -> R
     Ok(())
 }
 
-/// Removes the decision rows of `database` on `shard` that no prepared transaction needs: read
-/// first, then every shard's prepared transactions listed (see `removable_decisions`).
-async fn clean_decisions(
-    app: &App,
-    shards: &Shards,
-    shard: u32,
-    database: &str,
-) -> Result<(), String> {
+/// Removes the decision rows no prepared transaction needs, on every (shard, database) with a
+/// decisions table: all of them read first, then every shard's prepared transactions listed
+/// once (see `removable_decisions`).
+async fn clean_decisions(app: &App, shards: &Shards) {
     let config = app.config();
     let ctx = app.connect_context();
-    let primary = shards
-        .cluster(shard)
-        .and_then(|c| c.primary())
-        .ok_or("no primary")?;
     let old = format!(
         "SELECT gid FROM {DECISIONS_TABLE} \
          WHERE decided_at < now() - interval '{KEEP_DECISIONS_SECONDS} seconds'"
     );
-    let decisions: Vec<String> = run_sql_in(&primary, &config.cluster, &ctx, database, &old)
-        .await?
-        .into_iter()
-        .filter_map(|row| row.into_iter().next().flatten())
-        .collect();
-    if decisions.is_empty() {
-        return Ok(());
+    let mut tables = Vec::new();
+    for (shard, database) in shards.decision_tables() {
+        let Some(primary) = shards.cluster(shard).and_then(|c| c.primary()) else {
+            continue;
+        };
+        match run_sql_in(&primary, &config.cluster, &ctx, &database, &old).await {
+            Ok(rows) => {
+                let decisions: Vec<String> = rows
+                    .into_iter()
+                    .filter_map(|row| row.into_iter().next().flatten())
+                    .collect();
+                if !decisions.is_empty() {
+                    tables.push((primary, database, decisions));
+                }
+            }
+            Err(e) => tracing::debug!(shard, database, error = %e, "old commit decisions not read"),
+        }
+    }
+    if tables.is_empty() {
+        return;
     }
     let (listed, every_shard) = list_prepared(app, shards).await;
     if !every_shard {
         // A shard not asked may hold one of them prepared.
-        return Ok(());
+        return;
     }
     let prepared: HashSet<String> = listed.into_iter().map(|p| p.gid).collect();
-    let removable = removable_decisions(&decisions, &prepared);
-    if removable.is_empty() {
-        return Ok(());
+    for (primary, database, decisions) in tables {
+        let removable = removable_decisions(&decisions, &prepared);
+        if removable.is_empty() {
+            continue;
+        }
+        let list: Vec<String> = removable.iter().map(|g| quote_literal(g)).collect();
+        let delete = format!(
+            "DELETE FROM {DECISIONS_TABLE} WHERE gid IN ({})",
+            list.join(", ")
+        );
+        if let Err(e) = run_sql_in(&primary, &config.cluster, &ctx, &database, &delete).await {
+            tracing::debug!(database, error = %e, "old commit decisions not removed yet");
+        }
     }
-    let list: Vec<String> = removable.iter().map(|g| quote_literal(g)).collect();
-    let delete = format!(
-        "DELETE FROM {DECISIONS_TABLE} WHERE gid IN ({})",
-        list.join(", ")
-    );
-    run_sql_in(&primary, &config.cluster, &ctx, database, &delete).await?;
-    Ok(())
 }

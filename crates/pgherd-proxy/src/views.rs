@@ -244,8 +244,6 @@ pub fn cluster(app: &App) -> Table {
     }
 }
 
-/// The pgherd instances agreeing through etcd (`[dcs]`), as last read there; this instance
-/// alone without `[dcs]`.
 /// With `[sharding]`: one row per node of each shard, with the shard's sharded tables on its
 /// first row; without, no rows.
 pub fn shards(app: &App) -> Table {
@@ -299,6 +297,8 @@ pub fn shards(app: &App) -> Table {
     Table { columns, rows }
 }
 
+/// The pgherd instances agreeing through etcd (`[dcs]`), as last read there; this instance
+/// alone without `[dcs]`.
 pub fn instances(app: &App) -> Table {
     let columns = &[
         "instance",

@@ -286,7 +286,6 @@ fn up_status_down_on_a_fresh_directory() {
         .all(|n| n["state"] == "down"));
 }
 
-/// Stops what `up` started even when the test fails half way.
 /// The last lines of every log `pgherd up` keeps (nodes and pgherd), for a failure's message:
 /// a failed step is often explained only there.
 fn log_tails(cluster_dir: &std::path::Path) -> String {
@@ -302,6 +301,7 @@ fn log_tails(cluster_dir: &std::path::Path) -> String {
     out
 }
 
+/// Stops what `up` started even when the test fails half way.
 struct Down(String);
 
 impl Drop for Down {

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{connect_as_superuser, psql_with_input, BIN};
+use common::{code, connect_as_superuser, psql_with_input, BIN};
 use pgherd_route::shard_hash::{shard_of_text, KeyType};
 use pgherd_testkit::{ClusterOptions, Pgherd, PgherdConfig, TestCluster};
 use tokio_postgres::{Client, SimpleQueryMessage};
@@ -22,18 +22,7 @@ fn shard_cluster() -> TestCluster {
 }
 
 fn config(shards: &[TestCluster]) -> PgherdConfig {
-    let mut config = PgherdConfig::new().superuser().section(
-        "[sharding]\n\
-         [[sharding.tables]]\ntable = \"accounts\"\ncolumn = \"aid\"\ntype = \"integer\"\n\
-         [[sharding.tables]]\ntable = \"deferred\"\ncolumn = \"aid\"\ntype = \"integer\"\n",
-    );
-    for (shard, cluster) in shards.iter().enumerate().skip(1) {
-        config = config.section(&format!(
-            "[[nodes]]\nname = \"shard{shard}\"\nport = {}\nshard = {shard}\n",
-            cluster.node("pg1").port
-        ));
-    }
-    config
+    common::sharded_config(shards, &[("accounts", "aid"), ("deferred", "aid")])
 }
 
 /// The first keys above `from` that live on shard 0 and on shard 1.
@@ -60,12 +49,6 @@ async fn ok_all(client: &Client, statements: &[String]) {
     for sql in statements {
         ok(client, sql).await;
     }
-}
-
-fn code(e: &tokio_postgres::Error) -> String {
-    e.code()
-        .map(|c| c.code().to_owned())
-        .unwrap_or_else(|| format!("no SQLSTATE: {e}"))
 }
 
 /// The first column of every row answered (NULLs left out).
@@ -621,15 +604,10 @@ fn pgherd_log_count(pgherd: &Pgherd, text: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgbench_initializes_and_runs_through_a_sharded_endpoint() {
     let shards = [shard_cluster(), shard_cluster()];
-    let mut config = PgherdConfig::new().superuser().section(
-        "[sharding]\n\
-         [[sharding.tables]]\ntable = \"pgbench_accounts\"\ncolumn = \"aid\"\ntype = \"integer\"\n\
-         [[sharding.tables]]\ntable = \"pgbench_history\"\ncolumn = \"aid\"\ntype = \"integer\"\n",
+    let config = common::sharded_config(
+        &shards,
+        &[("pgbench_accounts", "aid"), ("pgbench_history", "aid")],
     );
-    config = config.section(&format!(
-        "[[nodes]]\nname = \"shard1\"\nport = {}\nshard = 1\n",
-        shards[1].node("pg1").port
-    ));
     let pgherd = Pgherd::start(BIN, &shards[0], &config);
     let url = pgherd.url(
         pgherd_testkit::SUPERUSER,

@@ -10,7 +10,7 @@ use pgherd_route::shard_hash::{shard_of, shard_of_text, KeyType};
 use pgherd_testkit::TestCluster;
 
 mod common;
-use common::connect_as_superuser;
+use common::{code, connect_as_superuser, BIN};
 use rand::{Rng, SeedableRng};
 
 /// Key values, as SQL producing `k` rows of the type.
@@ -355,27 +355,18 @@ async fn fan_out_queries_merge_to_the_single_node_answer() {
 /// session goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharded_endpoint_answers_as_one_node_holding_every_row() {
-    use pgherd_testkit::{Pgherd, PgherdConfig};
+    use pgherd_testkit::Pgherd;
     use tokio_postgres::SimpleQueryMessage;
 
-    const BIN: &str = env!("CARGO_BIN_EXE_pgherd");
     let shards = [
         TestCluster::start(0),
         TestCluster::start(0),
         TestCluster::start(0),
     ];
-    let mut config = PgherdConfig::new()
-        .superuser()
-        .proxy(&format!("admin_users = [\"{}\"]", pgherd_testkit::SUPERUSER))
-        .section(
-            "[sharding]\n[[sharding.tables]]\ntable = \"accounts\"\ncolumn = \"aid\"\ntype = \"integer\"\n",
-        );
-    for (shard, cluster) in shards.iter().enumerate().skip(1) {
-        config = config.section(&format!(
-            "[[nodes]]\nname = \"shard{shard}\"\nport = {}\nshard = {shard}\n",
-            cluster.node("pg1").port
-        ));
-    }
+    let config = common::sharded_config(&shards, &[("accounts", "aid")]).proxy(&format!(
+        "admin_users = [\"{}\"]",
+        pgherd_testkit::SUPERUSER
+    ));
     let pgherd = Pgherd::start(BIN, &shards[0], &config);
     let connect = connect_as_superuser;
     let through = connect(pgherd.port, "postgres").await;
@@ -395,11 +386,6 @@ async fn a_sharded_endpoint_answers_as_one_node_holding_every_row() {
                 })
                 .collect::<Vec<_>>()
         })
-    };
-    let code = |e: &tokio_postgres::Error| {
-        e.code()
-            .map(|c| c.code().to_owned())
-            .unwrap_or_else(|| format!("no SQLSTATE: {e}"))
     };
 
     let schema = "CREATE TABLE accounts (aid int PRIMARY KEY, bid int, abalance int, filler text)";

@@ -71,12 +71,8 @@ impl ShardedSession {
             }
             Err(end) => return Err(end),
         }
-        let done = {
-            let mut done = BytesMut::new();
-            done.put_u8(ftag::COPY_DONE);
-            done.put_i32(4);
-            done
-        };
+        let mut done = BytesMut::new();
+        pgherd_wire::backend::encode_empty(&mut done, ftag::COPY_DONE);
         for link in links.iter_mut() {
             link.send_encoded(&done).await?;
         }
@@ -109,24 +105,22 @@ impl ShardedSession {
         let mut header = plan.copy.header;
         let map = &self.shards.map;
         let table = plan.key.as_ref().map(|k| k.table.as_str()).unwrap_or("");
-        let count = links.len();
         let mut place = |line: &[u8], batches: &mut Vec<BytesMut>, row: u64| {
             // The header line goes to every shard: each skips its own first line.
             let all = std::mem::take(&mut header) || key_index.is_none();
-            let targets: Vec<usize> = if all {
-                (0..count).collect()
-            } else {
-                let index = key_index.unwrap_or(0);
-                let key = key_field(&format, line, index, row)?;
-                let shard = map
-                    .shard_of_value(table, key.as_deref())
-                    .map_err(|source| CopyError::Key { row, source })?;
-                vec![shard as usize]
-            };
-            for target in targets {
-                if let Some(batch) = batches.get_mut(target) {
-                    batch.put_slice(line);
+            let index = match key_index {
+                Some(index) if !all => index,
+                _ => {
+                    batches.iter_mut().for_each(|batch| batch.put_slice(line));
+                    return Ok(());
                 }
+            };
+            let key = key_field(&format, line, index, row)?;
+            let shard = map
+                .shard_of_value(table, key.as_deref())
+                .map_err(|source| CopyError::Key { row, source })?;
+            if let Some(batch) = batches.get_mut(shard as usize) {
+                batch.put_slice(line);
             }
             Ok(())
         };

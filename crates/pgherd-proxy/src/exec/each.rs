@@ -9,7 +9,7 @@ use pgherd_route::shard_route::SplitInsert;
 use pgherd_wire::backend::{self, tag as btag};
 use pgherd_wire::{PgError, SqlState};
 
-use super::link::{encode_message, server_error, Link, Message};
+use super::link::{command_tag, encode_message, server_error, Link, Message};
 use super::Failed;
 
 /// One shard's answer: its messages but the error and `ReadyForQuery`, and its error.
@@ -163,17 +163,13 @@ pub async fn write(
 
 /// The first shard's answer, if every shard changed as many rows of its copy.
 fn one_of_the_copies(answers: &[Answer], out: &mut BytesMut) -> Result<(), Failed> {
-    let tag_of = |messages: &Vec<Message>| {
+    fn tag_of(messages: &[Message]) -> Option<&str> {
         messages
             .iter()
             .rfind(|m| m.0 == btag::COMMAND_COMPLETE)
-            .map(|m| {
-                String::from_utf8_lossy(&m.1)
-                    .trim_end_matches('\0')
-                    .to_owned()
-            })
-    };
-    let tags: Vec<(u32, Option<String>)> = answers
+            .and_then(|m| command_tag(&m.1))
+    }
+    let tags: Vec<(u32, Option<&str>)> = answers
         .iter()
         .filter_map(|(shard, a)| a.as_ref().ok().map(|(m, _)| (*shard, tag_of(m))))
         .collect();
@@ -216,7 +212,7 @@ fn sum_tags(tags: &[bytes::BytesMut]) -> Option<String> {
     let mut command: Option<&str> = None;
     let mut rows = 0u64;
     for tag in tags {
-        let text = std::str::from_utf8(tag).ok()?.trim_end_matches('\0');
+        let text = command_tag(tag)?;
         let (head, count) = text.rsplit_once(' ')?;
         if command.is_some_and(|c| c != head) {
             return None;

@@ -85,12 +85,7 @@ async fn collect(link: &mut Link, budget: &std::sync::atomic::AtomicUsize) -> Sh
 }
 
 /// Runs `plan` on `links` and appends the merged answer (without `ReadyForQuery`) to `out`.
-pub async fn run(
-    links: &mut [Link],
-    plan: &FanOut,
-    text_bytewise: bool,
-    out: &mut BytesMut,
-) -> Result<(), PgError> {
+pub async fn run(links: &mut [Link], plan: &FanOut, out: &mut BytesMut) -> Result<(), PgError> {
     for link in links.iter_mut() {
         link.send(&plan.shard_sql).await?;
     }
@@ -108,15 +103,10 @@ pub async fn run(
         }
         answers_without_error.push(answer);
     }
-    merge(answers_without_error, plan, text_bytewise, out)
+    merge(answers_without_error, plan, out)
 }
 
-fn merge(
-    answers: Vec<ShardAnswer>,
-    plan: &FanOut,
-    text_bytewise: bool,
-    out: &mut BytesMut,
-) -> Result<(), PgError> {
+fn merge(answers: Vec<ShardAnswer>, plan: &FanOut, out: &mut BytesMut) -> Result<(), PgError> {
     let merge_error =
         |e: pgherd_route::merge_rows::MergeError| PgError::error(e.sqlstate(), e.to_string());
     let Some(fields) = answers.first().and_then(|a| a.fields.clone()) else {
@@ -136,6 +126,9 @@ fn merge(
             },
         })
         .collect();
+    // Text is ordered only as bytes (a C collation); reading the database's collation to
+    // tell is still to come, so text sorts are refused by the merge.
+    let text_bytewise = false;
     let merger = Merger::new(plan.merge.clone(), &columns, text_bytewise).map_err(merge_error)?;
     let rows: Vec<Row> = if plan.merge.grouping.is_some() {
         merger

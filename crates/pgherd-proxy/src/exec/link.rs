@@ -140,15 +140,10 @@ impl Link {
 
     /// Sends one simple query.
     pub async fn send(&mut self, sql: &str) -> Result<(), PgError> {
-        self.settled = false;
-        let conn = self.conn()?;
         let mut out = BytesMut::with_capacity(sql.len() + 8);
         frontend::encode_query(&mut out, sql.as_bytes())
             .map_err(|e| PgError::error(SqlState::PROGRAM_LIMIT_EXCEEDED, e.to_string()))?;
-        let node = conn.node.clone();
-        write_flush(&mut conn.stream, &out)
-            .await
-            .map_err(|e| ServerError::new(&node, ServerErrorKind::Io(e)).to_client_error())
+        self.send_encoded(&out).await
     }
 
     /// Runs a statement of pgherd's own (`BEGIN`, `PREPARE TRANSACTION`, ...) whose answer the
@@ -177,13 +172,7 @@ impl Link {
                         .refused
                         .get_or_insert(server_error(self.shard, &body));
                 }
-                btag::COMMAND_COMPLETE => {
-                    answer.tag = Some(
-                        String::from_utf8_lossy(&body)
-                            .trim_end_matches('\0')
-                            .to_owned(),
-                    );
-                }
+                btag::COMMAND_COMPLETE => answer.tag = command_tag(&body).map(str::to_owned),
                 btag::DATA_ROW => {
                     answer.value = backend::parse_data_row(&body)
                         .ok()
@@ -249,13 +238,13 @@ impl Link {
         self.copying
     }
 
-    /// Sends messages already encoded (CopyData, CopyDone, CopyFail) without waiting.
+    /// Sends messages already encoded (a query, CopyData, CopyDone, CopyFail) without
+    /// waiting for an answer.
     pub async fn send_encoded(&mut self, messages: &[u8]) -> Result<(), PgError> {
+        self.settled = false;
         let conn = self.conn()?;
-        let node = conn.node.clone();
-        write_flush(&mut conn.stream, messages)
-            .await
-            .map_err(|e| ServerError::new(&node, ServerErrorKind::Io(e)).to_client_error())
+        let written = write_flush(&mut conn.stream, messages).await;
+        written.map_err(|e| ServerError::new(&conn.node, ServerErrorKind::Io(e)).to_client_error())
     }
 
     /// After CopyDone or CopyFail: the COPY's answer, read to its end (its row count, or the
@@ -288,37 +277,31 @@ impl Link {
     /// The next message of the answer; `ReadyForQuery` is the last, after which the link may
     /// be given back.
     pub async fn next(&mut self) -> Result<Message, PgError> {
+        let copying = self.copying;
         let conn = self.conn()?;
-        let node = conn.node.clone();
-        let lost = |detail: String| {
-            PgError::error(
-                SqlState::CONNECTION_FAILURE,
-                format!("the server connection to node {node} failed"),
-            )
-            .with_detail(detail)
-        };
-        let (tag, body) = match read_message(
+        let read = read_message(
             &mut conn.stream,
             &mut conn.read_buf,
             MAX_SERVER_MESSAGE_BYTES,
         )
-        .await
-        {
+        .await;
+        let (tag, body) = match read {
             Ok(message) => message,
-            Err(ReadError::Eof) => return Err(lost("it closed the connection".into())),
-            Err(ReadError::Io(e)) => return Err(lost(e.to_string())),
-            Err(ReadError::Wire(e)) => return Err(lost(e.to_string())),
+            Err(ReadError::Eof) => return Err(lost(&conn.node, "it closed the connection")),
+            Err(ReadError::Io(e)) => return Err(lost(&conn.node, &e.to_string())),
+            Err(ReadError::Wire(e)) => return Err(lost(&conn.node, &e.to_string())),
         };
         match tag {
             btag::READY_FOR_QUERY => {
-                conn.tx_status =
-                    backend::parse_ready_for_query(&body).map_err(|e| lost(e.to_string()))?;
-                self.settled = conn.tx_status == TxStatus::Idle;
+                let status = backend::parse_ready_for_query(&body)
+                    .map_err(|e| lost(&conn.node, &e.to_string()))?;
+                conn.tx_status = status;
+                self.settled = status == TxStatus::Idle;
             }
-            btag::COPY_IN_RESPONSE if self.copying => {}
+            btag::COPY_IN_RESPONSE if copying => {}
             // A COPY pgherd did not ask for is not followed.
             btag::COPY_IN_RESPONSE | btag::COPY_OUT_RESPONSE | btag::COPY_BOTH_RESPONSE => {
-                return Err(lost("it started a COPY pgherd did not ask for".into()));
+                return Err(lost(&conn.node, "it started a COPY pgherd did not ask for"));
             }
             _ => {}
         }
@@ -333,6 +316,22 @@ impl Drop for Link {
             self.pool.release(conn, self.settled && !self.leaves_state);
         }
     }
+}
+
+/// A CommandComplete's tag (`UPDATE 3`), if it reads as one.
+pub fn command_tag(body: &[u8]) -> Option<&str> {
+    backend::parse_command_complete(body)
+        .ok()
+        .and_then(|tag| std::str::from_utf8(tag).ok())
+}
+
+/// The connection to `node` failed while an answer was read.
+fn lost(node: &str, detail: &str) -> PgError {
+    PgError::error(
+        SqlState::CONNECTION_FAILURE,
+        format!("the server connection to node {node} failed"),
+    )
+    .with_detail(detail)
 }
 
 /// The error an ErrorResponse of shard `shard` carries (one pgherd cannot read is a protocol

@@ -123,7 +123,7 @@ impl ShardedSession {
             match tag {
                 ftag::QUERY => {
                     let sql = match body.strip_suffix(&[0]).map(std::str::from_utf8) {
-                        Some(Ok(sql)) => sql.to_owned(),
+                        Some(Ok(sql)) => sql,
                         _ => {
                             return Disconnect::Protocol(WireError::Malformed {
                                 message: "Query",
@@ -131,7 +131,7 @@ impl ShardedSession {
                             })
                         }
                     };
-                    if let Err(end) = self.simple_query(&sql, &mut out).await {
+                    if let Err(end) = self.simple_query(sql, &mut out).await {
                         return end;
                     }
                     backend::encode_ready_for_query(&mut out, self.tx_status());
@@ -304,21 +304,23 @@ impl ShardedSession {
 
     /// The shards a statement runs on.
     fn shards_for(&self, execution: &Execution) -> Vec<u32> {
-        let reached: Vec<u32> = self
-            .tx
-            .iter()
-            .flat_map(|tx| tx.links.keys().copied())
-            .collect();
+        let mut reached = self.tx.iter().flat_map(|tx| tx.links.keys().copied());
         match execution {
             // In a transaction, one it reached already (its writes are seen there).
-            Execution::AnyShard => match reached.first() {
-                Some(&shard) => vec![shard],
+            Execution::AnyShard => match reached.next() {
+                Some(shard) => vec![shard],
                 None => vec![(self.shared.id % u64::from(self.shards.count())) as u32],
             },
             Execution::OneShard(shard) => vec![*shard],
-            // A setting in a transaction reaches every shard it runs on.
-            Execution::Setting if !reached.is_empty() => reached,
-            Execution::Setting => vec![0],
+            // A setting in a transaction reaches every shard it reached.
+            Execution::Setting => {
+                let reached: Vec<u32> = reached.collect();
+                if reached.is_empty() {
+                    vec![0]
+                } else {
+                    reached
+                }
+            }
             Execution::EveryShard | Execution::Maintenance | Execution::CopyIn(_) => {
                 (0..self.shards.count()).collect()
             }
@@ -377,7 +379,7 @@ impl ShardedSession {
             Execution::Write { copies, split, .. } => {
                 each::write(&mut links, sql, *copies, split.as_deref(), out).await
             }
-            Execution::FanOut { plan, .. } => fan_out::run(&mut links, plan, false, out)
+            Execution::FanOut { plan, .. } => fan_out::run(&mut links, plan, out)
                 .await
                 .map_err(Failed::Statement),
             Execution::CopyIn(plan) => self.copy_in(plan, sql, &mut links, out).await,
@@ -424,7 +426,6 @@ impl ShardedSession {
     /// ends it).
     async fn open_links(&mut self, shards: &[u32]) -> Result<Vec<Link>, PgError> {
         let mut links = Vec::with_capacity(shards.len());
-        self.pools.resize(self.shards.count() as usize, None);
         for &shard in shards {
             let (Some(cluster), Some(pool_cache)) = (
                 self.shards.cluster(shard),

@@ -44,7 +44,7 @@ use crate::app::App;
 use crate::buffers;
 use crate::clients::{ClientShared, ServerTarget, SIGNAL_KILL, SIGNAL_SHUTDOWN};
 use crate::error::{client_io, Disconnect, ServerError, ServerErrorKind};
-use crate::nodes::{NodeState, Role};
+use crate::nodes::{NodeState, Role, PRIMARY_RECHECK};
 use crate::pool::{AcquireError, Pool};
 use crate::routing::{Routed, Router};
 use crate::server::{ServerConn, MAX_SERVER_MESSAGE_BYTES};
@@ -55,9 +55,6 @@ use statements::{ClientStatements, Holding, StatementDef, StatementError};
 
 /// Stop reading from one side while this much is waiting to be written to the other.
 const HIGH_WATER_BYTES: usize = 256 << 10;
-/// How often a request waiting for a primary looks again when no node's standing changes
-/// (a primary that restarts quickly never counts as down).
-const PRIMARY_RECHECK: Duration = Duration::from_millis(50);
 /// How long cleaning up after a departed client may take before the server is dropped.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(5);
 

@@ -86,27 +86,23 @@ pub fn code(e: &tokio_postgres::Error) -> String {
 
 /// psql through pgherd; returns stdout, or stderr on failure.
 pub fn psql(url: &str, args: &[&str]) -> Result<String, String> {
-    let out = std::process::Command::new(pgherd_testkit::pg_bin("psql"))
-        .arg(url)
-        .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"])
-        .args(args)
-        .env_remove("PGPASSWORD")
-        .output()
-        .expect("run psql");
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
+    let mut all = vec!["-q"];
+    all.extend_from_slice(args);
+    run_psql(url, &all, "")
 }
 
 /// psql running `sql` against `url` with `input` on its standard input (a COPY's data);
 /// what it printed (`COPY n`), as an error if it failed.
 pub fn psql_with_input(url: &str, sql: &str, input: &str) -> Result<String, String> {
+    run_psql(url, &["-c", sql], input)
+}
+
+fn run_psql(url: &str, args: &[&str], input: &str) -> Result<String, String> {
     use std::io::Write;
     let mut child = std::process::Command::new(pgherd_testkit::pg_bin("psql"))
         .arg(url)
-        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+        .args(args)
         .env_remove("PGPASSWORD")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -206,14 +202,29 @@ pub fn field<'a>(row: &'a [(String, String)], name: &str) -> &'a str {
 }
 
 /// A connection as the test clusters' superuser (directly, or through pgherd on `port`).
-pub async fn connect_as_superuser(port: u16, database: &str) -> tokio_postgres::Client {
+pub async fn connect_as_superuser(port: u16, database: &str) -> Client {
     use pgherd_testkit::{SUPERUSER, SUPERUSER_PASSWORD};
-    let conninfo = format!(
+    connect(&format!(
         "host=127.0.0.1 port={port} user={SUPERUSER} password={SUPERUSER_PASSWORD} dbname={database}"
-    );
-    let (client, connection) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    tokio::spawn(connection);
-    client
+    ))
+    .await
+}
+
+/// pgherd's config for a sharded endpoint over `shards` (shard 0 the cluster pgherd is started
+/// with, each other one node of its own), sharding `tables` (table, integer key column).
+pub fn sharded_config(shards: &[TestCluster], tables: &[(&str, &str)]) -> PgherdConfig {
+    let mut sharding = String::from("[sharding]\n");
+    for (table, column) in tables {
+        sharding.push_str(&format!(
+            "[[sharding.tables]]\ntable = \"{table}\"\ncolumn = \"{column}\"\ntype = \"integer\"\n"
+        ));
+    }
+    let mut config = PgherdConfig::new().superuser().section(&sharding);
+    for (shard, cluster) in shards.iter().enumerate().skip(1) {
+        config = config.section(&format!(
+            "[[nodes]]\nname = \"shard{shard}\"\nport = {}\nshard = {shard}\n",
+            cluster.node("pg1").port
+        ));
+    }
+    config
 }

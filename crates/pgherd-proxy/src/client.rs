@@ -98,6 +98,7 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
                     server_database: server_dbname,
                     tx: None,
                     schema_changed_at: None,
+                    extended: crate::exec::Extended::default(),
                 };
                 tokio::spawn(async move {
                     let end = Box::pin(session.run()).await;

@@ -4,7 +4,7 @@
 use std::io;
 
 use bytes::{Buf, BytesMut};
-use pgherd_wire::frame::{read_header, read_startup_len, HEADER_BYTES};
+use pgherd_wire::frame::{read_header, read_startup_len, Header, HEADER_BYTES};
 use pgherd_wire::WireError;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -62,15 +62,31 @@ pub async fn read_message<S: AsyncRead + Unpin>(
     loop {
         let want = match read_header(buf, max_message_bytes)? {
             Some(header) if buf.len() >= header.total_len() => {
-                let mut message = buf.split_to(header.total_len());
-                message.advance(HEADER_BYTES);
-                return Ok((header.tag, message));
+                return Ok(split_off_message(buf, header));
             }
             Some(header) => header.total_len(),
             None => HEADER_BYTES,
         };
         fill(stream, buf, want).await?;
     }
+}
+
+/// The next tagged message if the whole of it is in `buf` already (taken out of it), without
+/// reading more.
+pub fn take_buffered_message(
+    buf: &mut BytesMut,
+    max_message_bytes: usize,
+) -> Result<Option<(u8, BytesMut)>, WireError> {
+    Ok(match read_header(buf, max_message_bytes)? {
+        Some(header) if buf.len() >= header.total_len() => Some(split_off_message(buf, header)),
+        _ => None,
+    })
+}
+
+fn split_off_message(buf: &mut BytesMut, header: Header) -> (u8, BytesMut) {
+    let mut message = buf.split_to(header.total_len());
+    message.advance(HEADER_BYTES);
+    (header.tag, message)
 }
 
 /// Reads one untagged startup-phase packet, length included.

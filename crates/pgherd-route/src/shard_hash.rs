@@ -96,6 +96,50 @@ pub fn shard_of_text(key_type: KeyType, text: &str, shards: u32) -> Result<u32, 
     Ok(shard_of([hash], shards))
 }
 
+/// A key bound in binary format, in its text form. The bytes are the binary form of the
+/// parameter's type, which for a key is the key column's type (as the server infers it) or one
+/// of its family the client declared: an integer of 2, 4 or 8 bytes, a uuid's 16 bytes, text
+/// as UTF-8.
+pub fn binary_key_text(key_type: KeyType, bytes: &[u8]) -> Result<String, KeyError> {
+    let unreadable = || {
+        KeyError::Syntax(
+            key_type.name(),
+            format!("a binary value of {} bytes", bytes.len()),
+        )
+    };
+    match key_type {
+        KeyType::Int2 | KeyType::Int4 | KeyType::Int8 => {
+            let value = match bytes.len() {
+                2 => i64::from(i16::from_be_bytes([bytes[0], bytes[1]])),
+                4 => i64::from(i32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])),
+                8 => i64::from_be_bytes(bytes.try_into().map_err(|_| unreadable())?),
+                _ => return Err(unreadable()),
+            };
+            let text = value.to_string();
+            // Within the key type's range, as the server's receive function checks it.
+            parse_int(key_type, &text)?;
+            Ok(text)
+        }
+        KeyType::Text => std::str::from_utf8(bytes)
+            .map(str::to_owned)
+            .map_err(|_| KeyError::Syntax("text", String::from_utf8_lossy(bytes).into_owned())),
+        KeyType::Uuid => {
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            if bytes.len() != 16 {
+                return Err(unreadable());
+            }
+            Ok(format!(
+                "{}-{}-{}-{}-{}",
+                &hex[..8],
+                &hex[8..12],
+                &hex[12..16],
+                &hex[16..20],
+                &hex[20..]
+            ))
+        }
+    }
+}
+
 /// Integers as their input functions read them: surrounding spaces allowed, an optional sign,
 /// decimal digits, within the type's range.
 pub(crate) fn parse_int(key_type: KeyType, text: &str) -> Result<i64, KeyError> {
@@ -283,6 +327,36 @@ mod tests {
         assert_eq!(error.sqlstate(), SqlState::INVALID_TEXT_REPRESENTATION);
         assert!(hash_key_text(KeyType::Int8, "-", 7).is_err());
         assert!(hash_key_text(KeyType::Int8, "99999999999999999999", 7).is_err());
+    }
+
+    #[test]
+    fn binary_keys_read_as_their_send_functions_wrote_them() {
+        assert_eq!(
+            binary_key_text(KeyType::Int2, &(-5i16).to_be_bytes()).unwrap(),
+            "-5"
+        );
+        assert_eq!(
+            binary_key_text(KeyType::Int8, &7i32.to_be_bytes()).unwrap(),
+            "7"
+        );
+        assert_eq!(
+            binary_key_text(KeyType::Int8, &i64::MIN.to_be_bytes()).unwrap(),
+            i64::MIN.to_string()
+        );
+        let error = binary_key_text(KeyType::Int2, &70_000i32.to_be_bytes()).unwrap_err();
+        assert_eq!(error.sqlstate(), SqlState::NUMERIC_VALUE_OUT_OF_RANGE);
+        assert!(binary_key_text(KeyType::Int4, &[0, 1, 2]).is_err());
+        assert_eq!(
+            binary_key_text(KeyType::Text, "ké".as_bytes()).unwrap(),
+            "ké"
+        );
+        assert!(binary_key_text(KeyType::Text, &[0xff]).is_err());
+        let uuid = parse_uuid("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11").unwrap();
+        assert_eq!(
+            binary_key_text(KeyType::Uuid, &uuid).unwrap(),
+            "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
+        );
+        assert!(binary_key_text(KeyType::Uuid, &uuid[..15]).is_err());
     }
 
     #[test]

@@ -172,14 +172,14 @@ impl Restriction {
         &self,
         table: &ShardedTable,
         shards: u32,
-        params: &[Option<String>],
+        params: &[BoundParam],
     ) -> Result<BTreeSet<u32>, ResolveError> {
         Ok(match self {
             Restriction::All => (0..shards).collect(),
             Restriction::AnyOf(keys) => {
                 let mut set = BTreeSet::new();
                 for key in keys {
-                    let Some(text) = key_text(key, params)? else {
+                    let Some(text) = key_text(key, params, table.key_type)? else {
                         continue;
                     };
                     match table.shard_of(shards, &text) {
@@ -212,14 +212,54 @@ impl Restriction {
     }
 }
 
-fn key_text(key: &KeySource, params: &[Option<String>]) -> Result<Option<String>, ResolveError> {
+/// A bind parameter's value as the client sent it (`value` `None`: NULL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BoundParam<'a> {
+    pub value: Option<&'a [u8]>,
+    /// Binary format (else text).
+    pub binary: bool,
+}
+
+impl<'a> BoundParam<'a> {
+    /// A parameter in text format.
+    pub fn text(value: Option<&'a str>) -> BoundParam<'a> {
+        BoundParam {
+            value: value.map(str::as_bytes),
+            binary: false,
+        }
+    }
+}
+
+/// A key's text form (`None`: NULL), a parameter's read as the key type reads it.
+fn key_text(
+    key: &KeySource,
+    params: &[BoundParam],
+    key_type: KeyType,
+) -> Result<Option<String>, ResolveError> {
     match key {
         KeySource::Literal(text) => Ok(Some(text.clone())),
         KeySource::Null => Ok(None),
-        KeySource::Param(n) => params
-            .get(n.wrapping_sub(1))
-            .cloned()
-            .ok_or(ResolveError::Unbound(*n)),
+        KeySource::Param(n) => {
+            let param = params
+                .get(n.wrapping_sub(1))
+                .ok_or(ResolveError::Unbound(*n))?;
+            let Some(bytes) = param.value else {
+                return Ok(None);
+            };
+            let text = if param.binary {
+                shard_hash::binary_key_text(key_type, bytes)?
+            } else {
+                std::str::from_utf8(bytes)
+                    .map_err(|_| {
+                        KeyError::Syntax(
+                            key_type.name(),
+                            String::from_utf8_lossy(bytes).into_owned(),
+                        )
+                    })?
+                    .to_owned()
+            };
+            Ok(Some(text))
+        }
     }
 }
 
@@ -243,16 +283,19 @@ impl ShardPlan {
     pub fn row_shards(
         &self,
         map: &ShardMap,
-        params: &[Option<String>],
+        params: &[BoundParam],
     ) -> Result<Vec<u32>, ResolveError> {
         let ShardPlan::InsertRows { table, keys } = self else {
             return Ok(Vec::new());
         };
-        if !map.tables.contains_key(table) {
+        let Some(sharded) = map.tables.get(table) else {
             return Ok(Vec::new());
-        }
+        };
         keys.iter()
-            .map(|key| map.shard_of_value(table, key_text(key, params)?.as_deref()))
+            .map(|key| {
+                let text = key_text(key, params, sharded.key_type)?;
+                map.shard_of_value(table, text.as_deref())
+            })
             .collect()
     }
 }

@@ -66,7 +66,7 @@ fn statement(sql: &str) -> NodeEnum {
 /// The shards a statement reads or writes with these bind values, or why not.
 fn shards(sql: &str, params: &[Option<&str>]) -> Result<BTreeSet<u32>, String> {
     let map = map();
-    let params: Vec<Option<String>> = params.iter().map(|p| p.map(str::to_owned)).collect();
+    let params: Vec<BoundParam> = params.iter().map(|p| BoundParam::text(*p)).collect();
     match plan(&statement(sql), &map).map_err(|e| e.to_string())? {
         ShardPlan::Unsharded => Err("unsharded".into()),
         ShardPlan::Table { table, restriction } => restriction
@@ -260,7 +260,9 @@ fn insert_values_give_each_rows_shard() {
         &map,
     )
     .unwrap();
-    let rows = insert.row_shards(&map, &[Some("3".into())]).unwrap();
+    let rows = insert
+        .row_shards(&map, &[BoundParam::text(Some("3"))])
+        .unwrap();
     let expected: Vec<u32> = ["1", "2", "3"]
         .iter()
         .map(|k| crate::shard_hash::shard_of_text(KeyType::Int8, k, SHARDS).unwrap())

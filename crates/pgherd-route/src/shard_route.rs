@@ -1,4 +1,5 @@
-//! What a sharded endpoint does with one statement of the simple query protocol: the pure plan
+//! What a sharded endpoint does with one statement (a simple query, or an extended-protocol
+//! statement with its bound parameters): the pure plan
 //! its executor carries out (`pgherd-proxy/src/exec`). A read of no sharded table runs on any
 //! one shard; a schema change or maintenance command on every shard; a statement whose key
 //! predicate names one shard runs there unchanged, as a routed query would; a key-less read
@@ -18,7 +19,7 @@ use crate::decision::{Decision, Target};
 use crate::lexer::lex;
 use crate::merge_plan::{plan_fan_out, FanOut};
 use crate::parse::{parse_tree, NotParsed, DEFAULT_MAX_PARSE_BYTES};
-use crate::shard_plan::{self, ResolveError, ShardMap, ShardPlan, Unsupported};
+use crate::shard_plan::{self, BoundParam, ResolveError, ShardMap, ShardPlan, Unsupported};
 use crate::tree::{first_node, last_name, string};
 
 /// How a statement runs over the shards.
@@ -153,12 +154,14 @@ pub struct CopyFacts {
 }
 
 /// Plans one query string. `decision` is the routing classification of the same text (what
-/// it may write, the session state it leaves).
+/// it may write, the session state it leaves); `params` are the values bound to its
+/// parameters (extended protocol; none for a simple query).
 pub fn route_statement(
     sql: &str,
     map: &ShardMap,
     decision: &Decision,
     catalog: &CatalogFacts,
+    params: &[BoundParam],
 ) -> Result<Execution, ShardError> {
     let is_user_aggregate = catalog.is_user_aggregate;
     let mut key = Vec::new();
@@ -187,7 +190,7 @@ pub fn route_statement(
     let Some(statement) = statement else {
         return Ok(Execution::AnyShard);
     };
-    let execution = route_node(statement, map, is_user_aggregate)?;
+    let execution = route_node(statement, map, is_user_aggregate, params)?;
     if matches!(execution, Execution::Write { copies: true, .. })
         || matches!(&execution, Execution::CopyIn(plan) if plan.key.is_none())
     {
@@ -213,15 +216,16 @@ fn route_node(
     statement: &NodeEnum,
     map: &ShardMap,
     is_user_aggregate: &dyn Fn(&str) -> bool,
+    params: &[BoundParam],
 ) -> Result<Execution, ShardError> {
     match statement {
         NodeEnum::SelectStmt(_)
         | NodeEnum::InsertStmt(_)
         | NodeEnum::UpdateStmt(_)
-        | NodeEnum::DeleteStmt(_) => route_data(statement, map, is_user_aggregate),
+        | NodeEnum::DeleteStmt(_) => route_data(statement, map, is_user_aggregate, params),
         NodeEnum::ExplainStmt(explain) => {
             let inner = explain.query.as_ref().and_then(|q| q.node.as_ref());
-            match inner.map(|q| route_node(q, map, is_user_aggregate)) {
+            match inner.map(|q| route_node(q, map, is_user_aggregate, params)) {
                 Some(Ok(Execution::FanOut { .. })) => {
                     Err(refuse("EXPLAIN of a statement over several shards"))
                 }
@@ -260,6 +264,7 @@ fn route_data(
     statement: &NodeEnum,
     map: &ShardMap,
     is_user_aggregate: &dyn Fn(&str) -> bool,
+    params: &[BoundParam],
 ) -> Result<Execution, ShardError> {
     let reads_only = match statement {
         NodeEnum::SelectStmt(select) => select.into_clause.is_none(),
@@ -274,7 +279,7 @@ fn route_data(
             split: None,
         }),
         ShardPlan::InsertRows { table, .. } => {
-            let row_shards = plan.row_shards(map, &[])?;
+            let row_shards = plan.row_shards(map, params)?;
             let shards: BTreeSet<u32> = row_shards.iter().copied().collect();
             match (shards.first(), statement) {
                 (None, _) => Ok(Execution::OneShard(0)),
@@ -292,7 +297,7 @@ fn route_data(
                 .tables
                 .get(table)
                 .ok_or_else(|| refuse(&format!("table {table}, missing from the sharding map")))?;
-            let shards = restriction.shards(sharded, map.shards, &[])?;
+            let shards = restriction.shards(sharded, map.shards, params)?;
             if shards.len() <= 1 {
                 // No shard: no row can match, and any one shard says so.
                 return Ok(Execution::OneShard(shards.first().copied().unwrap_or(0)));

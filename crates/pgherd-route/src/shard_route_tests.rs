@@ -55,7 +55,7 @@ fn route_as(sql: &str, decision: &Decision) -> Result<Execution, ShardError> {
         copy_facts: &facts,
         mentions_user_code: &|sql| sql.contains("my_type"),
     };
-    route_statement(sql, &map(), decision, &catalog)
+    route_statement(sql, &map(), decision, &catalog, &[])
 }
 
 fn route(sql: &str) -> Result<Execution, ShardError> {
@@ -476,4 +476,122 @@ fn only_literals_are_constant_defaults() {
     ] {
         assert!(!is_constant_default(varying), "{varying}");
     }
+}
+
+fn route_bound(sql: &str, params: &[BoundParam]) -> Result<Execution, ShardError> {
+    let catalog = CatalogFacts {
+        is_user_aggregate: &|_| false,
+        copy_facts: &facts,
+        mentions_user_code: &|_| false,
+    };
+    route_statement(
+        sql,
+        &map(),
+        &Decision::new(Target::Replica, "reads"),
+        &catalog,
+        params,
+    )
+}
+
+#[test]
+fn bound_parameters_place_a_statement_as_literals_do() {
+    let text = |v: &'static str| BoundParam::text(Some(v));
+    let seven = 7i32.to_be_bytes();
+    let binary = |v: &'static [u8]| BoundParam {
+        value: Some(v),
+        binary: true,
+    };
+    let seven_binary = binary(Box::leak(Box::new(seven)));
+    let cases: Vec<(&str, Vec<BoundParam>, Result<Execution, String>)> = vec![
+        (
+            "SELECT * FROM accounts WHERE aid = $1",
+            vec![text("7")],
+            Ok(Execution::OneShard(shard_of(7))),
+        ),
+        (
+            "SELECT * FROM accounts WHERE aid = $1",
+            vec![seven_binary],
+            Ok(Execution::OneShard(shard_of(7))),
+        ),
+        // A bigint bound for an integer key: its value, if within the key's range.
+        (
+            "SELECT * FROM accounts WHERE aid = $1",
+            vec![binary(&[0, 0, 0, 0, 0, 0, 0, 7])],
+            Ok(Execution::OneShard(shard_of(7))),
+        ),
+        (
+            "SELECT * FROM accounts WHERE aid = $1",
+            vec![binary(&[0, 0, 0, 1, 0, 0, 0, 0])],
+            Err("value \"4294967296\" is out of range for type integer".into()),
+        ),
+        (
+            "SELECT * FROM accounts WHERE aid = $1",
+            vec![binary(&[1, 2, 3])],
+            Err("invalid input syntax for type integer: \"a binary value of 3 bytes\"".into()),
+        ),
+        (
+            "SELECT * FROM accounts WHERE aid = $1",
+            vec![],
+            Err("no value was bound for parameter $1".into()),
+        ),
+        (
+            "SELECT * FROM accounts WHERE aid = $1",
+            vec![text("seven")],
+            Err("invalid input syntax for type integer: \"seven\"".into()),
+        ),
+        // NULL equals no key: any one shard says there is no row.
+        (
+            "SELECT * FROM accounts WHERE aid = $1",
+            vec![BoundParam::text(None)],
+            Ok(Execution::OneShard(0)),
+        ),
+        (
+            "UPDATE accounts SET abalance = abalance + $2 WHERE aid = $1",
+            vec![text("7"), text("5")],
+            Ok(Execution::OneShard(shard_of(7))),
+        ),
+        (
+            "INSERT INTO accounts (aid, abalance) VALUES ($2, $1)",
+            vec![text("0"), text("7")],
+            Ok(Execution::OneShard(shard_of(7))),
+        ),
+    ];
+    for (sql, params, expected) in cases {
+        let got = route_bound(sql, &params).map_err(|e| e.to_string());
+        assert_eq!(got, expected, "{sql} with {params:?}");
+    }
+}
+
+#[test]
+fn a_split_insert_keeps_its_parameters_on_every_shard() {
+    let keys = (1..=30).find_map(|a| {
+        let b = (a + 1..=30).find(|&b| shard_of(b) != shard_of(a))?;
+        Some((a, b))
+    });
+    let (a, b) = keys.expect("two keys on two shards");
+    let (a_text, b_text) = (a.to_string(), b.to_string());
+    let params = [
+        BoundParam::text(Some(&a_text)),
+        BoundParam::text(Some(&b_text)),
+    ];
+    let planned = route_bound(
+        "INSERT INTO accounts (aid, abalance) VALUES ($1, 0), ($2, 0)",
+        &params,
+    )
+    .expect("planned");
+    let Execution::Write {
+        split: Some(split), ..
+    } = planned
+    else {
+        panic!("a split insert: {planned:?}");
+    };
+    assert_eq!(split.row_shards, vec![shard_of(a), shard_of(b)]);
+    assert_eq!(
+        split.statements[&shard_of(a)],
+        "INSERT INTO accounts (aid, abalance) VALUES ($1, 0)"
+    );
+    assert_eq!(
+        split.statements[&shard_of(b)],
+        "INSERT INTO accounts (aid, abalance) VALUES ($2, 0)"
+    );
 }

@@ -145,6 +145,91 @@ impl<'a> Bind<'a> {
     }
 }
 
+/// The parameters and result formats of a Bind ([`Bind::rest`]), read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindValues<'a> {
+    /// None: every parameter in text; one: that format for all; else one per parameter.
+    pub param_formats: Vec<i16>,
+    /// Each parameter's value (`None`: NULL).
+    pub values: Vec<Option<&'a [u8]>>,
+    /// As `param_formats`, for the result columns.
+    pub result_formats: Vec<i16>,
+}
+
+impl<'a> BindValues<'a> {
+    pub fn parse(rest: &'a [u8]) -> Result<Self, WireError> {
+        let mut r = BodyReader::new("Bind", rest);
+        let format_count = r.u16("parameter format count")?;
+        let param_formats = (0..format_count)
+            .map(|_| r.i16("parameter format"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let value_count = r.u16("parameter count")?;
+        let mut values = Vec::with_capacity(usize::from(value_count));
+        for _ in 0..value_count {
+            let len = r.i32("parameter length")?;
+            values.push(match usize::try_from(len) {
+                Ok(len) => Some(r.take(len, "parameter value")?),
+                Err(_) if len == -1 => None,
+                Err(_) => {
+                    return Err(WireError::Malformed {
+                        message: "Bind",
+                        reason: "parameter length",
+                    })
+                }
+            });
+        }
+        let result_count = r.u16("result format count")?;
+        let result_formats = (0..result_count)
+            .map(|_| r.i16("result format"))
+            .collect::<Result<Vec<_>, _>>()?;
+        r.finish()?;
+        let formats_fit =
+            |formats: &[i16], count: usize| formats.len() <= 1 || formats.len() == count;
+        if !formats_fit(&param_formats, values.len()) {
+            return Err(WireError::Malformed {
+                message: "Bind",
+                reason: "parameter format count (neither 0, 1 nor one per parameter)",
+            });
+        }
+        Ok(BindValues {
+            param_formats,
+            values,
+            result_formats,
+        })
+    }
+
+    /// Parameter `index` (from 0) is in binary format.
+    pub fn is_binary(&self, index: usize) -> bool {
+        let format = match self.param_formats.as_slice() {
+            [] => 0,
+            [all] => *all,
+            each => each.get(index).copied().unwrap_or(0),
+        };
+        format == 1
+    }
+
+    /// The Bind's body after the names, as the wire carries it.
+    pub fn encode_rest(&self, buf: &mut BytesMut) {
+        put_formats(buf, &self.param_formats);
+        buf.put_u16(self.values.len() as u16);
+        for value in &self.values {
+            match value {
+                Some(bytes) => {
+                    buf.put_i32(bytes.len() as i32);
+                    buf.put_slice(bytes);
+                }
+                None => buf.put_i32(-1),
+            }
+        }
+        put_formats(buf, &self.result_formats);
+    }
+}
+
+fn put_formats(buf: &mut BytesMut, formats: &[i16]) {
+    buf.put_u16(formats.len() as u16);
+    formats.iter().for_each(|f| buf.put_i16(*f));
+}
+
 /// The portal and statement names at the start of a Bind body that has not fully arrived
 /// (its parameters can be large), and how many bytes they take; `None` until both are in.
 pub fn bind_names(prefix: &[u8]) -> Option<(&[u8], &[u8], usize)> {
@@ -350,6 +435,35 @@ mod tests {
 
     fn body(buf: &BytesMut) -> &[u8] {
         split_message(buf, 1 << 20).unwrap().unwrap().1
+    }
+
+    #[test]
+    fn bind_values_read_and_write_back_alike() {
+        let values = BindValues {
+            param_formats: vec![0, 1],
+            values: vec![Some(b"42"), None],
+            result_formats: vec![1],
+        };
+        let mut rest = BytesMut::new();
+        values.encode_rest(&mut rest);
+        let read = BindValues::parse(&rest).unwrap();
+        assert_eq!(read, values);
+        assert!(!read.is_binary(0) && read.is_binary(1));
+        // A format per parameter or one for all; nothing else.
+        let mut bad = BytesMut::new();
+        BindValues {
+            param_formats: vec![0, 1, 0],
+            ..values.clone()
+        }
+        .encode_rest(&mut bad);
+        assert!(BindValues::parse(&bad).is_err());
+        assert!(BindValues::parse(&rest[..rest.len() - 1]).is_err());
+        let mut negative = BytesMut::new();
+        negative.put_u16(0);
+        negative.put_u16(1);
+        negative.put_i32(-2);
+        negative.put_u16(0);
+        assert!(BindValues::parse(&negative).is_err());
     }
 
     #[test]

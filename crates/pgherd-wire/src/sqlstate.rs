@@ -15,6 +15,7 @@ impl SqlState {
     pub const FEATURE_NOT_SUPPORTED: SqlState = SqlState(*b"0A000");
     pub const INVALID_PARAMETER_VALUE: SqlState = SqlState(*b"22023");
     pub const INVALID_TEXT_REPRESENTATION: SqlState = SqlState(*b"22P02");
+    pub const CHARACTER_NOT_IN_REPERTOIRE: SqlState = SqlState(*b"22021");
     pub const BAD_COPY_FILE_FORMAT: SqlState = SqlState(*b"22P04");
     pub const NUMERIC_VALUE_OUT_OF_RANGE: SqlState = SqlState(*b"22003");
     pub const CHECK_VIOLATION: SqlState = SqlState(*b"23514");
@@ -25,11 +26,13 @@ impl SqlState {
     pub const TRANSACTION_RESOLUTION_UNKNOWN: SqlState = SqlState(*b"08007");
     pub const TRANSACTION_ROLLBACK: SqlState = SqlState(*b"40000");
     pub const INVALID_SQL_STATEMENT_NAME: SqlState = SqlState(*b"26000");
+    pub const INVALID_CURSOR_NAME: SqlState = SqlState(*b"34000");
     pub const INVALID_AUTHORIZATION_SPECIFICATION: SqlState = SqlState(*b"28000");
     pub const INVALID_PASSWORD: SqlState = SqlState(*b"28P01");
     pub const INVALID_CATALOG_NAME: SqlState = SqlState(*b"3D000");
     pub const SYNTAX_ERROR: SqlState = SqlState(*b"42601");
     pub const DUPLICATE_PREPARED_STATEMENT: SqlState = SqlState(*b"42P05");
+    pub const DUPLICATE_CURSOR: SqlState = SqlState(*b"42P03");
     pub const INSUFFICIENT_PRIVILEGE: SqlState = SqlState(*b"42501");
     pub const UNDEFINED_OBJECT: SqlState = SqlState(*b"42704");
     pub const UNDEFINED_TABLE: SqlState = SqlState(*b"42P01");

@@ -18,12 +18,32 @@ fn drivers_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/drivers")
 }
 
-fn run_driver(env: &Env, name: &str, mut cmd: Command) -> Result<(), String> {
+/// Where a driver connects, and as whom.
+#[derive(Clone, Copy)]
+struct Endpoint<'a> {
+    port: u16,
+    user: &'a str,
+    password: &'a str,
+    database: &'a str,
+}
+
+impl Env {
+    fn endpoint(&self) -> Endpoint<'static> {
+        Endpoint {
+            port: self.pgherd.port,
+            user: APP,
+            password: APP_PASSWORD,
+            database: APP,
+        }
+    }
+}
+
+fn run_driver(to: Endpoint, name: &str, mut cmd: Command) -> Result<(), String> {
     cmd.env("PGHERD_HOST", "127.0.0.1")
-        .env("PGHERD_PORT", env.pgherd.port.to_string())
-        .env("PGHERD_USER", APP)
-        .env("PGHERD_PASSWORD", APP_PASSWORD)
-        .env("PGHERD_DB", APP)
+        .env("PGHERD_PORT", to.port.to_string())
+        .env("PGHERD_USER", to.user)
+        .env("PGHERD_PASSWORD", to.password)
+        .env("PGHERD_DB", to.database)
         .env("CLIENTS", CLIENTS)
         .env("ITERATIONS", ITERATIONS);
     let log = std::env::temp_dir().join(format!("pgherd-driver-{}.log", rand::random::<u32>()));
@@ -111,6 +131,75 @@ fn drivers_see_what_postgresql_shows() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
+/// psycopg and pgjdbc through a sharded endpoint over two shards (issue 9): COPY, batches,
+/// key-routed and fanned-out reads in prepared statements, transactions over both shards, a
+/// portal read a few rows at a time. Each driver gets a database of its own.
+#[test]
+fn drivers_through_a_sharded_endpoint() {
+    use pgherd_testkit::{ClusterOptions, Pgherd, TestCluster, SUPERUSER, SUPERUSER_PASSWORD};
+    let shard = || {
+        TestCluster::start_with(ClusterOptions {
+            replicas: 0,
+            settings: vec![("max_prepared_transactions".into(), "20".into())],
+        })
+    };
+    let shards = [shard(), shard()];
+    for cluster in &shards {
+        cluster.sql("CREATE DATABASE psycopg");
+        cluster.sql("CREATE DATABASE pgjdbc");
+    }
+    let pgherd = Pgherd::start(
+        BIN,
+        &shards[0],
+        &sharded_config(&shards, &[("accounts", "aid")]),
+    );
+    for database in ["psycopg", "pgjdbc"] {
+        psql(
+            &format!(
+                "postgresql://{SUPERUSER}:{SUPERUSER_PASSWORD}@127.0.0.1:{}/{database}",
+                pgherd.port
+            ),
+            &[
+                "-c",
+                "CREATE TABLE accounts (aid int PRIMARY KEY, abalance int NOT NULL, note text)",
+            ],
+        )
+        .expect("the table, through pgherd");
+    }
+    let to = |database| Endpoint {
+        port: pgherd.port,
+        user: SUPERUSER,
+        password: SUPERUSER_PASSWORD,
+        database,
+    };
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let psycopg =
+            scope.spawn(|| run_driver(to("psycopg"), "psycopg 3", python("sharded.py", "psycopg")));
+        let pgjdbc = scope.spawn(|| run_driver(to("pgjdbc"), "pgjdbc", java("Sharded.java")));
+        [psycopg, pgjdbc]
+            .into_iter()
+            .filter_map(|h| h.join().unwrap().err())
+            .collect()
+    });
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    // Each shard holds its own keys, and nothing is left prepared.
+    for database in ["psycopg", "pgjdbc"] {
+        let held: Vec<i64> = shards
+            .iter()
+            .map(|c| {
+                c.sql_on("pg1", database, "SELECT count(*) FROM accounts")
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(held.iter().sum::<i64>(), 300, "{database}: {held:?}");
+        assert!(held.iter().all(|&n| n > 100), "{database}: {held:?}");
+    }
+    for cluster in &shards {
+        assert_eq!(cluster.sql("SELECT count(*) FROM pg_prepared_xacts"), "0");
+    }
+}
+
 fn python(script: &str, which: &str) -> Command {
     let mut c = Command::new("python3");
     c.arg(drivers_dir().join("python").join(script)).arg(which);
@@ -150,10 +239,11 @@ fn java(source: &str) -> Command {
 
 /// Runs every driver at once; the failures, each with the driver's output.
 fn run_all<const N: usize>(env: &Env, runs: [(&str, Command); N]) -> Vec<String> {
+    let to = env.endpoint();
     std::thread::scope(|scope| {
         let handles: Vec<_> = runs
             .into_iter()
-            .map(|(name, cmd)| scope.spawn(move || run_driver(env, name, cmd)))
+            .map(|(name, cmd)| scope.spawn(move || run_driver(to, name, cmd)))
             .collect();
         handles
             .into_iter()

@@ -9,7 +9,7 @@ use pgherd_route::shard_route::SplitInsert;
 use pgherd_wire::backend::{self, tag as btag};
 use pgherd_wire::{PgError, SqlState};
 
-use super::link::{command_tag, encode_message, server_error, Link, Message};
+use super::link::{command_tag, encode_message, server_error, Link, Message, Query};
 use super::Failed;
 
 /// One shard's answer: its messages but the error and `ReadyForQuery`, and its error.
@@ -19,11 +19,11 @@ type Answer = (u32, Result<(Vec<Message>, Option<PgError>), PgError>);
 /// locks of several shards in the same order, so two writes to the same rows on several
 /// shards wait for each other instead of each holding one shard's rows and waiting for the
 /// other's, a deadlock no server would see.
-async fn on_each<'a>(links: &mut [Link], sql_of: impl Fn(u32) -> &'a str) -> Vec<Answer> {
+async fn on_each<'a>(links: &mut [Link], query_of: impl Fn(u32) -> Query<'a>) -> Vec<Answer> {
     let mut answers = Vec::with_capacity(links.len());
     for link in links.iter_mut() {
         let shard = link.shard;
-        let answer = answer_of(link, sql_of(shard)).await;
+        let answer = answer_of(link, query_of(shard)).await;
         let failed = !matches!(answer, Ok((_, None)));
         answers.push((shard, answer));
         // The statement failed: the shards after this one are spared it.
@@ -35,8 +35,11 @@ async fn on_each<'a>(links: &mut [Link], sql_of: impl Fn(u32) -> &'a str) -> Vec
 }
 
 /// One shard's answer: its messages but the error and `ReadyForQuery`, and its error.
-async fn answer_of(link: &mut Link, sql: &str) -> Result<(Vec<Message>, Option<PgError>), PgError> {
-    link.send(sql).await?;
+async fn answer_of(
+    link: &mut Link,
+    query: Query<'_>,
+) -> Result<(Vec<Message>, Option<PgError>), PgError> {
+    link.send_query(query).await?;
     let mut messages = Vec::new();
     let mut error = None;
     loop {
@@ -77,11 +80,11 @@ fn failure(answers: &[Answer], own_commits: bool) -> Option<PgError> {
 /// commits on its own (`own_commits`), so a failure says which shards did apply it.
 pub async fn schema_change(
     links: &mut [Link],
-    sql: &str,
+    query: Query<'_>,
     own_commits: bool,
     out: &mut BytesMut,
 ) -> Result<(), Failed> {
-    let answers = on_each(links, |_| sql).await;
+    let answers = on_each(links, |_| query).await;
     if let Some(error) = failure(&answers, own_commits) {
         return Err(Failed::Statement(error));
     }
@@ -97,15 +100,16 @@ pub async fn schema_change(
 /// must answer alike, and the first answer stands.
 pub async fn write(
     links: &mut [Link],
-    sql: &str,
+    query: Query<'_>,
     copies: bool,
     split: Option<&SplitInsert>,
     out: &mut BytesMut,
 ) -> Result<(), Failed> {
     let answers = on_each(links, |shard| {
-        split
-            .and_then(|s| s.statements.get(&shard))
-            .map_or(sql, String::as_str)
+        match split.and_then(|s| s.statements.get(&shard)) {
+            Some(own) => query.with_sql(own),
+            None => query,
+        }
     })
     .await;
     if let Some(error) = failure(&answers, false) {
@@ -114,14 +118,22 @@ pub async fn write(
     if copies {
         return one_of_the_copies(&answers, out);
     }
+    // The first shard's description stands for all; rows are given back if one says so or
+    // a shard gave rows back (the description is not passed on when the client did not ask).
     let mut described = false;
+    let mut returns_rows = false;
     let mut tags = Vec::new();
     let mut rows: BTreeMap<u32, VecDeque<&Message>> = BTreeMap::new();
     for (shard, answer) in &answers {
         let Ok((messages, _)) = answer else { continue };
         for message in messages {
             match message.0 {
-                btag::ROW_DESCRIPTION if std::mem::replace(&mut described, true) => {}
+                btag::ROW_DESCRIPTION | btag::NO_DATA
+                    if std::mem::replace(&mut described, true) => {}
+                btag::ROW_DESCRIPTION => {
+                    returns_rows = true;
+                    encode_message(out, message);
+                }
                 btag::COMMAND_COMPLETE => tags.push(message.1.clone()),
                 btag::DATA_ROW => rows.entry(*shard).or_default().push_back(message),
                 _ => encode_message(out, message),
@@ -131,7 +143,8 @@ pub async fn write(
     // A split INSERT's rows come back per shard in the order written there: taken in the
     // order of the statement's rows, they are in the order the client wrote them, provided
     // each shard gave back one row per row it was given.
-    if let Some(split) = split.filter(|_| described) {
+    returns_rows |= !rows.is_empty();
+    if let Some(split) = split.filter(|_| returns_rows) {
         for (shard, answer) in &answers {
             let given = split.row_shards.iter().filter(|s| *s == shard).count();
             let returned = rows.get(shard).map_or(0, VecDeque::len);

@@ -11,9 +11,10 @@ use futures_util::future::join_all;
 use pgherd_route::merge_plan::FanOut;
 use pgherd_route::merge_rows::{ColumnType, Format, Merger, Row};
 use pgherd_wire::backend::{self, tag as btag, FieldDescription};
+use pgherd_wire::frontend::BindValues;
 use pgherd_wire::{PgError, SqlState};
 
-use super::link::{encode_message, Link, Message};
+use super::link::{encode_message, Bound, Link, Message, Query};
 
 /// Rows a fan-out may hold for one statement before it is refused.
 pub const MAX_FAN_OUT_BYTES: usize = 64 << 20;
@@ -84,10 +85,21 @@ async fn collect(link: &mut Link, budget: &std::sync::atomic::AtomicUsize) -> Sh
     }
 }
 
-/// Runs `plan` on `links` and appends the merged answer (without `ReadyForQuery`) to `out`.
-pub async fn run(links: &mut [Link], plan: &FanOut, out: &mut BytesMut) -> Result<(), PgError> {
+/// Runs `plan` on `links` (with the client's parameters, if `bound`) and appends the merged
+/// answer (without `ReadyForQuery`) to `out`.
+pub async fn run(
+    links: &mut [Link],
+    plan: &FanOut,
+    bound: Option<&Bound>,
+    out: &mut BytesMut,
+) -> Result<(), PgError> {
+    let shard_bound = bound.map(|b| shard_bound(b, plan)).transpose()?;
+    let query = Query {
+        sql: &plan.shard_sql,
+        bound: shard_bound.as_ref(),
+    };
     for link in links.iter_mut() {
-        link.send(&plan.shard_sql).await?;
+        link.send_query(query).await?;
     }
     let budget = std::sync::atomic::AtomicUsize::new(0);
     let answers = join_all(links.iter_mut().map(|link| collect(link, &budget))).await;
@@ -103,10 +115,34 @@ pub async fn run(links: &mut [Link], plan: &FanOut, out: &mut BytesMut) -> Resul
         }
         answers_without_error.push(answer);
     }
-    merge(answers_without_error, plan, out)
+    let describe = bound.is_none_or(|b| b.describe);
+    merge(answers_without_error, plan, describe, out)
 }
 
-fn merge(answers: Vec<ShardAnswer>, plan: &FanOut, out: &mut BytesMut) -> Result<(), PgError> {
+/// The client's parameters for the shards' statement: the merge reads the shards' row
+/// description, and the hidden columns come back in text.
+fn shard_bound(bound: &Bound, plan: &FanOut) -> Result<Bound, PgError> {
+    let mut values = BindValues::parse(&bound.bind_rest)
+        .map_err(|e| PgError::error(SqlState::PROTOCOL_VIOLATION, e.to_string()))?;
+    if values.result_formats.len() > 1 {
+        let hidden = plan.merge.hidden_columns;
+        values.result_formats.extend(std::iter::repeat_n(0, hidden));
+    }
+    let mut rest = BytesMut::with_capacity(bound.bind_rest.len() + 16);
+    values.encode_rest(&mut rest);
+    Ok(Bound {
+        param_types: bound.param_types.clone(),
+        bind_rest: rest.freeze(),
+        describe: true,
+    })
+}
+
+fn merge(
+    answers: Vec<ShardAnswer>,
+    plan: &FanOut,
+    describe: bool,
+    out: &mut BytesMut,
+) -> Result<(), PgError> {
     let merge_error =
         |e: pgherd_route::merge_rows::MergeError| PgError::error(e.sqlstate(), e.to_string());
     let Some(fields) = answers.first().and_then(|a| a.fields.clone()) else {
@@ -164,7 +200,9 @@ fn merge(answers: Vec<ShardAnswer>, plan: &FanOut, out: &mut BytesMut) -> Result
         .collect();
     let encode_error =
         |e: pgherd_wire::WireError| PgError::error(SqlState::PROGRAM_LIMIT_EXCEEDED, e.to_string());
-    backend::encode_row_description(out, &described).map_err(encode_error)?;
+    if describe {
+        backend::encode_row_description(out, &described).map_err(encode_error)?;
+    }
     for row in &rows {
         backend::encode_data_row(out, row.iter().map(|v| v.as_deref())).map_err(encode_error)?;
     }

@@ -1,13 +1,14 @@
 //! One backend link of a sharded statement: a server connection from the pool of a shard's
-//! primary, carrying the client's settings, that runs one simple query and hands back its
-//! answer message by message. The connection goes back to its pool when the link is dropped:
+//! primary, carrying the client's settings, that runs one statement (a simple query, or with
+//! the client's bound parameters in the extended protocol) and hands back its answer message
+//! by message. The connection goes back to its pool when the link is dropped:
 //! reusable only once its answer was read to the end (`ReadyForQuery`, idle).
 
 use std::sync::Arc;
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use pgherd_wire::backend::{self, tag as btag, TxStatus};
-use pgherd_wire::{frontend, PgError, SqlState};
+use pgherd_wire::{frontend, PgError, SqlState, WireError};
 
 use crate::app::App;
 use crate::clients::{ClientShared, ServerTarget};
@@ -32,6 +33,40 @@ pub struct Link {
     reported: Vec<Message>,
     /// A `COPY ... FROM STDIN` pgherd sent is under way.
     copying: bool,
+    /// The statement under way was sent with the extended protocol for a client that did not
+    /// ask for its row description: the server's is not passed on.
+    hide_description: bool,
+}
+
+/// A statement as it reaches a server.
+#[derive(Debug, Clone, Copy)]
+pub struct Query<'a> {
+    pub sql: &'a str,
+    /// Extended protocol: the client's parameter types and bound values (`None`: a simple
+    /// query).
+    pub bound: Option<&'a Bound>,
+}
+
+impl<'a> Query<'a> {
+    pub fn simple(sql: &'a str) -> Query<'a> {
+        Query { sql, bound: None }
+    }
+
+    /// The same parameters with another text (a shard's own statement).
+    pub fn with_sql(self, sql: &'a str) -> Query<'a> {
+        Query { sql, ..self }
+    }
+}
+
+/// What the client's Parse and Bind gave a statement run with the extended protocol.
+#[derive(Debug, Clone)]
+pub struct Bound {
+    /// The Parse's parameter type section (a count, then that many type OIDs).
+    pub param_types: Bytes,
+    /// The Bind's body after its names: parameter formats and values, result formats.
+    pub bind_rest: Bytes,
+    /// The client described the portal: the answer starts with its row description.
+    pub describe: bool,
 }
 
 /// One message of an answer: its tag and body.
@@ -85,6 +120,7 @@ impl Link {
             leaves_state: false,
             reported: Vec::new(),
             copying: false,
+            hide_description: false,
         };
         link.carry_settings(params).await?;
         Ok(link)
@@ -140,10 +176,65 @@ impl Link {
 
     /// Sends one simple query.
     pub async fn send(&mut self, sql: &str) -> Result<(), PgError> {
-        let mut out = BytesMut::with_capacity(sql.len() + 8);
-        frontend::encode_query(&mut out, sql.as_bytes())
-            .map_err(|e| PgError::error(SqlState::PROGRAM_LIMIT_EXCEEDED, e.to_string()))?;
+        self.send_query(Query::simple(sql)).await
+    }
+
+    /// Sends one statement: a simple query, or Parse, Bind, Describe, Execute and Sync of the
+    /// unnamed statement and portal with the client's parameters.
+    pub async fn send_query(&mut self, query: Query<'_>) -> Result<(), PgError> {
+        let mut out = BytesMut::with_capacity(query.sql.len() + 64);
+        let sql = query.sql.as_bytes();
+        match query.bound {
+            None => frontend::encode_query(&mut out, sql).map_err(too_long)?,
+            Some(bound) => {
+                frontend::encode_parse(&mut out, b"", sql, &bound.param_types).map_err(too_long)?;
+                frontend::encode_bind(&mut out, b"", b"", &bound.bind_rest).map_err(too_long)?;
+                frontend::encode_describe(&mut out, frontend::Target::Portal, b"")
+                    .map_err(too_long)?;
+                frontend::encode_execute(&mut out, b"", 0).map_err(too_long)?;
+                frontend::encode_sync(&mut out);
+            }
+        }
+        self.hide_description = query.bound.is_some_and(|b| !b.describe);
         self.send_encoded(&out).await
+    }
+
+    /// What the server says of `sql` (with `bind_rest`, of its portal) without running it:
+    /// the parameter and row descriptions (`Ok(Err(e))` if it refused the statement).
+    pub async fn describe(
+        &mut self,
+        sql: &str,
+        param_types: &[u8],
+        bind_rest: Option<&[u8]>,
+    ) -> Result<Result<Vec<Message>, PgError>, PgError> {
+        let mut out = BytesMut::with_capacity(sql.len() + 64);
+        frontend::encode_parse(&mut out, b"", sql.as_bytes(), param_types).map_err(too_long)?;
+        let target = match bind_rest {
+            Some(rest) => {
+                frontend::encode_bind(&mut out, b"", b"", rest).map_err(too_long)?;
+                frontend::Target::Portal
+            }
+            None => frontend::Target::Statement,
+        };
+        frontend::encode_describe(&mut out, target, b"").map_err(too_long)?;
+        frontend::encode_sync(&mut out);
+        self.hide_description = false;
+        self.send_encoded(&out).await?;
+        let mut described = Vec::new();
+        let mut refused = None;
+        loop {
+            let (tag, body) = self.next().await?;
+            match tag {
+                btag::READY_FOR_QUERY => return Ok(refused.map_or(Ok(described), Err)),
+                btag::ERROR_RESPONSE => {
+                    refused.get_or_insert(server_error(self.shard, &body));
+                }
+                btag::PARAMETER_DESCRIPTION | btag::ROW_DESCRIPTION | btag::NO_DATA => {
+                    described.push((tag, body))
+                }
+                _ => {}
+            }
+        }
     }
 
     /// Runs a statement of pgherd's own (`BEGIN`, `PREPARE TRANSACTION`, ...) whose answer the
@@ -275,8 +366,23 @@ impl Link {
     }
 
     /// The next message of the answer; `ReadyForQuery` is the last, after which the link may
-    /// be given back.
+    /// be given back. The server's ParseComplete and BindComplete are not passed on: pgherd
+    /// answered the client's Parse and Bind itself.
     pub async fn next(&mut self) -> Result<Message, PgError> {
+        loop {
+            let message = self.next_any().await?;
+            let hidden = match message.0 {
+                btag::PARSE_COMPLETE | btag::BIND_COMPLETE => true,
+                btag::ROW_DESCRIPTION | btag::NO_DATA => self.hide_description,
+                _ => false,
+            };
+            if !hidden {
+                return Ok(message);
+            }
+        }
+    }
+
+    async fn next_any(&mut self) -> Result<Message, PgError> {
         let copying = self.copying;
         let conn = self.conn()?;
         let read = read_message(
@@ -316,6 +422,10 @@ impl Drop for Link {
             self.pool.release(conn, self.settled && !self.leaves_state);
         }
     }
+}
+
+fn too_long(e: WireError) -> PgError {
+    PgError::error(SqlState::PROGRAM_LIMIT_EXCEEDED, e.to_string())
 }
 
 /// A CommandComplete's tag (`UPDATE 3`), if it reads as one.

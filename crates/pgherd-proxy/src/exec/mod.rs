@@ -12,6 +12,7 @@
 mod commit;
 mod copy;
 mod each;
+mod extended;
 mod fan_out;
 mod link;
 mod tx;
@@ -22,8 +23,9 @@ use std::task::Poll;
 use std::time::Duration;
 
 use bytes::BytesMut;
+use pgherd_route::shard_plan::BoundParam;
 use pgherd_route::shard_route::{
-    route_statement, CatalogFacts, CopyFacts, Execution, ShardError, TxCommand,
+    route_statement, CatalogFacts, CopyFacts, Execution, ShardError, SplitInsert, TxCommand,
 };
 use pgherd_route::{Decision, SessionEffect, Target, TxEffect};
 use pgherd_wire::backend::{self, tag as btag};
@@ -33,7 +35,7 @@ use pgherd_wire::{PgError, SqlState, WireError};
 use crate::app::App;
 use crate::clients::{ClientShared, SIGNAL_KILL, SIGNAL_SHUTDOWN};
 use crate::error::{client_io, Disconnect};
-use crate::msgio::{read_message, write_flush, ReadError};
+use crate::msgio::{read_message, take_buffered_message, write_flush, ReadError};
 use crate::nodes::NodeState;
 use crate::pool::Pool;
 use crate::relay::params::{session_changes, SessionParams};
@@ -41,7 +43,8 @@ use crate::routing::Router;
 use crate::shards::Shards;
 use crate::stream::Stream;
 pub use commit::make_decision_table;
-use link::{encode_message, Link};
+pub use extended::Extended;
+use link::{encode_message, Link, Query};
 
 /// Answers are written to the client once this much is buffered.
 const FLUSH_BYTES: usize = 64 << 10;
@@ -64,6 +67,8 @@ pub struct ShardedSession {
     /// The catalog's generation when this session's last schema change committed: the next
     /// statement is planned on a catalog read after it.
     pub schema_changed_at: Option<u64>,
+    /// The client's prepared statements and portals (extended query protocol).
+    pub extended: Extended,
 }
 
 /// How long a write to a table the catalog does not know waits for it to be read again.
@@ -93,7 +98,16 @@ impl PlanError {
 /// Why a statement ended without its answer: the client hears the error, or the session ends.
 enum Failed {
     Statement(PgError),
+    /// The server refused it, and its error went to the client already.
+    Relayed,
     Client(Disconnect),
+}
+
+fn aborted_transaction() -> PgError {
+    PgError::error(
+        SqlState::IN_FAILED_SQL_TRANSACTION,
+        "current transaction is aborted, commands ignored until end of transaction block",
+    )
 }
 
 impl From<PgError> for Failed {
@@ -106,10 +120,9 @@ impl ShardedSession {
     /// Serves the client until it leaves or is sent away.
     pub async fn run(mut self) -> Disconnect {
         let max_message_bytes = self.app.config().proxy.max_message_bytes;
-        let mut skip_to_sync = false;
         loop {
             let read = read_message(&mut self.client, &mut self.client_in, max_message_bytes);
-            let (tag, body) = tokio::select! {
+            let first = tokio::select! {
                 biased;
                 end = signalled(&self.shared) => return end,
                 read = read => match read {
@@ -119,45 +132,26 @@ impl ShardedSession {
                     Err(ReadError::Wire(e)) => return Disconnect::Protocol(e),
                 },
             };
+            // The extended messages the client sent with it, up to a simple query (which may
+            // start a COPY whose data must stay unread): an Execute looks ahead for its Sync.
+            let mut queued = extended::Queued::from([first]);
+            while queued.back().is_some_and(|(tag, _)| *tag != ftag::QUERY) {
+                match take_buffered_message(&mut self.client_in, max_message_bytes) {
+                    Ok(Some(message)) => queued.push_back(message),
+                    Ok(None) => break,
+                    Err(e) => return Disconnect::Protocol(e),
+                }
+            }
             let mut out = BytesMut::new();
-            match tag {
-                ftag::QUERY => {
-                    let sql = match body.strip_suffix(&[0]).map(std::str::from_utf8) {
-                        Some(Ok(sql)) => sql,
-                        _ => {
-                            return Disconnect::Protocol(WireError::Malformed {
-                                message: "Query",
-                                reason: "text (not UTF-8 ending in a zero byte)",
-                            })
-                        }
-                    };
-                    if let Err(end) = self.simple_query(sql, &mut out).await {
-                        return end;
+            while let Some((tag, body)) = queued.pop_front() {
+                if let Err(end) = self.message(tag, &body, &queued, &mut out).await {
+                    return end;
+                }
+                if out.len() >= FLUSH_BYTES {
+                    if let Err(e) = write_flush(&mut self.client, &out).await {
+                        return client_io(e);
                     }
-                    backend::encode_ready_for_query(&mut out, self.tx_status());
-                }
-                ftag::TERMINATE => return Disconnect::Terminated,
-                ftag::SYNC => {
-                    skip_to_sync = false;
-                    backend::encode_ready_for_query(&mut out, self.tx_status());
-                }
-                ftag::FLUSH | ftag::COPY_DATA | ftag::COPY_DONE | ftag::COPY_FAIL => {}
-                ftag::PARSE | ftag::BIND | ftag::DESCRIBE | ftag::EXECUTE | ftag::CLOSE => {
-                    if !std::mem::replace(&mut skip_to_sync, true) {
-                        encode_error(
-                            &mut out,
-                            &PgError::error(
-                                SqlState::FEATURE_NOT_SUPPORTED,
-                                "not supported on sharded tables: the extended query protocol through a sharded endpoint (not built yet); use the simple query protocol",
-                            ),
-                        );
-                    }
-                }
-                _ => {
-                    return Disconnect::Protocol(WireError::Malformed {
-                        message: "message",
-                        reason: "type (not one a client sends)",
-                    })
+                    out.clear();
                 }
             }
             if let Err(e) = write_flush(&mut self.client, &out).await {
@@ -166,30 +160,93 @@ impl ShardedSession {
         }
     }
 
+    /// One message from the client; its answer goes to `out`.
+    async fn message(
+        &mut self,
+        tag: u8,
+        body: &[u8],
+        queued: &extended::Queued,
+        out: &mut BytesMut,
+    ) -> Result<(), Disconnect> {
+        // After an error in the extended protocol, PostgreSQL ignores what comes up to Sync.
+        let skipped = self.extended.skip_to_sync && !matches!(tag, ftag::SYNC | ftag::TERMINATE);
+        match tag {
+            _ if skipped => {}
+            ftag::QUERY => {
+                let sql = match body.strip_suffix(&[0]).map(std::str::from_utf8) {
+                    Some(Ok(sql)) => sql,
+                    _ => {
+                        return Err(Disconnect::Protocol(WireError::Malformed {
+                            message: "Query",
+                            reason: "text (not UTF-8 ending in a zero byte)",
+                        }))
+                    }
+                };
+                self.simple_query(sql, out).await?;
+                // A simple query ends the implicit transaction of extended messages before it.
+                let ended = self.end_implicit_block(out).await;
+                self.answer_failure(ended, out)?;
+                backend::encode_ready_for_query(out, self.tx_status());
+            }
+            ftag::TERMINATE => return Err(Disconnect::Terminated),
+            ftag::SYNC => {
+                let synced = self.sync(out).await;
+                self.answer_failure(synced, out)?;
+                backend::encode_ready_for_query(out, self.tx_status());
+            }
+            ftag::FLUSH | ftag::COPY_DATA | ftag::COPY_DONE | ftag::COPY_FAIL => {}
+            ftag::PARSE | ftag::BIND | ftag::DESCRIBE | ftag::EXECUTE | ftag::CLOSE => {
+                let done = self.extended_message(tag, body, queued, out).await;
+                if done.is_err() {
+                    self.extended.skip_to_sync = true;
+                }
+                self.answer_failure(done, out)?;
+            }
+            _ => {
+                return Err(Disconnect::Protocol(WireError::Malformed {
+                    message: "message",
+                    reason: "type (not one a client sends)",
+                }))
+            }
+        }
+        Ok(())
+    }
+
+    /// A statement's failure: the client hears the error (unless the server's own was
+    /// relayed already), the transaction it happened in is aborted, as in PostgreSQL.
+    fn answer_failure(
+        &mut self,
+        done: Result<(), Failed>,
+        out: &mut BytesMut,
+    ) -> Result<(), Disconnect> {
+        let error = match done {
+            Ok(()) => return Ok(()),
+            Err(Failed::Client(end)) => return Err(end),
+            Err(Failed::Relayed) => None,
+            Err(Failed::Statement(e)) => Some(e),
+        };
+        if let Some(tx) = &mut self.tx {
+            tx.failed = true;
+        }
+        if let Some(error) = error {
+            encode_error(out, &error);
+        }
+        Ok(())
+    }
+
     /// Plans and runs one query string; its answer (without `ReadyForQuery`) goes to `out`.
     async fn simple_query(&mut self, sql: &str, out: &mut BytesMut) -> Result<(), Disconnect> {
-        let outcome = match self.plan(sql).await {
+        let outcome = match self.plan(sql, &[]).await {
             Err(e) => Err(Failed::Statement(e)),
             Ok((execution, _)) if self.in_failed_transaction(&execution) => {
-                Err(Failed::Statement(PgError::error(
-                    SqlState::IN_FAILED_SQL_TRANSACTION,
-                    "current transaction is aborted, commands ignored until end of transaction block",
-                )))
+                Err(Failed::Statement(aborted_transaction()))
             }
-            Ok((execution, decision)) => self.execute(execution, &decision, sql, out).await,
+            Ok((execution, decision)) => {
+                self.execute(execution, &decision, Query::simple(sql), out)
+                    .await
+            }
         };
-        match outcome {
-            Ok(()) => Ok(()),
-            Err(Failed::Statement(e)) => {
-                // As in PostgreSQL, an error aborts the transaction it happened in.
-                if let Some(tx) = &mut self.tx {
-                    tx.failed = true;
-                }
-                encode_error(out, &e);
-                Ok(())
-            }
-            Err(Failed::Client(end)) => Err(end),
-        }
+        self.answer_failure(outcome, out)
     }
 
     /// The transaction failed and the statement does not end it.
@@ -204,7 +261,11 @@ impl ShardedSession {
     /// The statement's routing decision and its plan over the shards. A write to a table
     /// the catalog does not know yet (made a moment ago) waits for the catalog to be read
     /// again, up to [`CATALOG_WAIT_MS`].
-    async fn plan(&mut self, sql: &str) -> Result<(Execution, Arc<Decision>), PgError> {
+    async fn plan(
+        &mut self,
+        sql: &str,
+        params: &[BoundParam<'_>],
+    ) -> Result<(Execution, Arc<Decision>), PgError> {
         let started = tokio::time::Instant::now();
         let wait = Duration::from_millis(CATALOG_WAIT_MS);
         // After this session's own schema change, the catalog is read again before planning.
@@ -216,7 +277,7 @@ impl ShardedSession {
         let failed = self.tx.as_ref().is_some_and(|tx| tx.failed);
         let mut asked = false;
         loop {
-            match self.plan_once(sql) {
+            match self.plan_once(sql, params) {
                 Err(PlanError::Shard(ShardError::CatalogBehind(table)))
                     if !failed && started.elapsed() < wait =>
                 {
@@ -231,7 +292,11 @@ impl ShardedSession {
         }
     }
 
-    fn plan_once(&self, sql: &str) -> Result<(Execution, Arc<Decision>), PlanError> {
+    fn plan_once(
+        &self,
+        sql: &str,
+        params: &[BoundParam],
+    ) -> Result<(Execution, Arc<Decision>), PlanError> {
         if !self.params.flags.standard_conforming_strings {
             // pgherd reads strings with it on: the server must read them alike.
             return Err(PlanError::Pg(PgError::error(
@@ -266,7 +331,7 @@ impl ShardedSession {
             copy_facts: &copy_facts,
             mentions_user_code: &mentions_user_code,
         };
-        let execution = route_statement(sql, &self.shards.map, &decision, &facts)?;
+        let execution = route_statement(sql, &self.shards.map, &decision, &facts, params)?;
         Ok((execution, decision))
     }
 
@@ -274,11 +339,14 @@ impl ShardedSession {
         &mut self,
         execution: Execution,
         decision: &Decision,
-        sql: &str,
+        query: Query<'_>,
         out: &mut BytesMut,
     ) -> Result<(), Failed> {
         if let Execution::Transaction(command) = execution {
-            return self.transaction(command, decision, sql, out).await;
+            if query.bound.is_some_and(|b| b.describe) {
+                backend::encode_empty(out, btag::NO_DATA);
+            }
+            return self.transaction(command, decision, query.sql, out).await;
         }
         // A write over several shards is one transaction over them, as on one server.
         let implicit = self.tx.is_none()
@@ -287,13 +355,13 @@ impl ShardedSession {
             self.tx = Some(tx::Tx::new("BEGIN", false));
         }
         if !implicit {
-            return self.run_planned(&execution, decision, sql, out).await;
+            return self.run_planned(&execution, decision, query, out).await;
         }
         // As PostgreSQL does, the statement's answer is sent only once its commit succeeded:
         // a client hears either the answer or the error.
         let mut answer = BytesMut::new();
         let ran = self
-            .run_planned(&execution, decision, sql, &mut answer)
+            .run_planned(&execution, decision, query, &mut answer)
             .await;
         let ended = self.end_transaction(ran.is_ok(), out).await;
         if ran.is_ok() && ended.is_ok() {
@@ -335,9 +403,16 @@ impl ShardedSession {
         &mut self,
         execution: &Execution,
         decision: &Decision,
-        sql: &str,
+        query: Query<'_>,
         out: &mut BytesMut,
     ) -> Result<(), Failed> {
+        if query.bound.is_some() && matches!(execution, Execution::CopyIn(_)) {
+            return Err(Failed::Statement(PgError::error(
+                SqlState::FEATURE_NOT_SUPPORTED,
+                "not supported on sharded tables: COPY through the extended query protocol (send it as a simple query)",
+            )));
+        }
+        let sql = query.sql;
         let shards = self.shards_for(execution);
         let in_tx = self.tx.is_some();
         let writes_copies = matches!(execution, Execution::Write { copies: true, .. })
@@ -364,22 +439,23 @@ impl ShardedSession {
         let ran = match execution {
             Execution::AnyShard | Execution::OneShard(_) => match links.as_mut_slice() {
                 [link] => self
-                    .relay(link, sql, out)
+                    .relay(link, query, out)
                     .await
                     .map(|refused| server_refused = refused),
                 _ => Ok(()),
             },
             Execution::Setting => self
-                .setting(&mut links, sql, out)
+                .setting(&mut links, query, out)
                 .await
                 .map(|refused| server_refused = refused),
             Execution::EveryShard | Execution::Maintenance => {
-                each::schema_change(&mut links, sql, !in_tx, out).await
+                each::schema_change(&mut links, query, !in_tx, out).await
             }
             Execution::Write { copies, split, .. } => {
-                each::write(&mut links, sql, *copies, split.as_deref(), out).await
+                self.write(&mut links, query, *copies, split.as_deref(), out)
+                    .await
             }
-            Execution::FanOut { plan, .. } => fan_out::run(&mut links, plan, out)
+            Execution::FanOut { plan, .. } => fan_out::run(&mut links, plan, query.bound, out)
                 .await
                 .map_err(Failed::Statement),
             Execution::CopyIn(plan) => self.copy_in(plan, sql, &mut links, out).await,
@@ -397,8 +473,6 @@ impl ShardedSession {
                 );
             self.give_back(links, wrote);
             if let Some(tx) = &mut self.tx {
-                // As in PostgreSQL, an error aborts the transaction it happened in.
-                tx.failed |= server_refused;
                 tx.read_only |= decision.tx == TxEffect::SetReadOnly;
                 if ran.is_ok() && !server_refused && *execution == Execution::Setting {
                     tx.settings_sql.push(sql.to_owned());
@@ -415,7 +489,36 @@ impl ShardedSession {
             }
             self.router.catalog_changed();
         }
+        if server_refused && ran.is_ok() {
+            return Err(Failed::Relayed);
+        }
         ran
+    }
+
+    /// A write over several shards; a split INSERT with parameters has each shard's own rows
+    /// and every parameter, whose types the shards must be told where its rows do not say.
+    async fn write(
+        &mut self,
+        links: &mut [Link],
+        query: Query<'_>,
+        copies: bool,
+        split: Option<&SplitInsert>,
+        out: &mut BytesMut,
+    ) -> Result<(), Failed> {
+        let typed = match (query.bound, split, links.first_mut()) {
+            (Some(bound), Some(_), Some(link)) => {
+                Some(extended::typed(link, query.sql, bound).await?)
+            }
+            _ => None,
+        };
+        let query = match &typed {
+            Some(bound) => Query {
+                bound: Some(bound),
+                ..query
+            },
+            None => query,
+        };
+        each::write(links, query, copies, split, out).await
     }
 
     /// Links to `shards`, taken in ascending shard order, one after the other: two statements
@@ -468,10 +571,10 @@ impl ShardedSession {
     async fn relay(
         &mut self,
         link: &mut Link,
-        sql: &str,
+        query: Query<'_>,
         out: &mut BytesMut,
     ) -> Result<bool, Failed> {
-        link.send(sql).await?;
+        link.send_query(query).await?;
         let mut failed = false;
         loop {
             let message = link.next().await?;
@@ -486,7 +589,11 @@ impl ShardedSession {
                 _ => {}
             }
             encode_message(out, &message);
-            if out.len() >= FLUSH_BYTES {
+            if self.extended.holds_answers() {
+                if out.len() > fan_out::MAX_FAN_OUT_BYTES {
+                    return Err(Failed::Statement(extended::too_many_held_rows()));
+                }
+            } else if out.len() >= FLUSH_BYTES {
                 write_flush(&mut self.client, out)
                     .await
                     .map_err(|e| Failed::Client(client_io(e)))?;
@@ -501,9 +608,10 @@ impl ShardedSession {
     async fn setting(
         &mut self,
         links: &mut [Link],
-        sql: &str,
+        query: Query<'_>,
         out: &mut BytesMut,
     ) -> Result<bool, Failed> {
+        let sql = query.sql;
         let Some(changes) = session_changes(sql) else {
             return Err(Failed::Statement(PgError::error(
                 SqlState::FEATURE_NOT_SUPPORTED,
@@ -513,7 +621,7 @@ impl ShardedSession {
         let Some((first, others)) = links.split_first_mut() else {
             return Ok(false);
         };
-        if self.relay(first, sql, out).await? {
+        if self.relay(first, query, out).await? {
             return Ok(true);
         }
         for link in others {

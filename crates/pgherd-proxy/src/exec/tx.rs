@@ -30,6 +30,9 @@ pub struct Tx {
     pub read_only: bool,
     /// It changed the schema (which pgherd's catalog reads only once it commits).
     pub changed_schema: bool,
+    /// The implicit transaction of several extended-protocol statements before a Sync, which
+    /// ends at the Sync; the client's own BEGIN makes it an ordinary transaction block.
+    pub implicit: bool,
 }
 
 impl Tx {
@@ -42,6 +45,7 @@ impl Tx {
             failed: false,
             read_only,
             changed_schema: false,
+            implicit: false,
         }
     }
 }
@@ -66,20 +70,24 @@ impl ShardedSession {
     ) -> Result<(), Failed> {
         let tag = match command {
             TxCommand::Begin => {
-                if self.tx.is_some() {
-                    warn(
+                let read_only = match decision.tx {
+                    TxEffect::Begin {
+                        read_only: Some(read_only),
+                    } => read_only,
+                    _ => self.params.flags.default_transaction_read_only,
+                };
+                match &mut self.tx {
+                    // Begun on no shard yet: begun as the client asks.
+                    Some(tx) if tx.implicit && tx.links.is_empty() => {
+                        self.tx = Some(Tx::new(sql, read_only));
+                    }
+                    Some(tx) if tx.implicit => tx.implicit = false,
+                    Some(_) => warn(
                         out,
                         SqlState::ACTIVE_SQL_TRANSACTION,
                         "there is already a transaction in progress",
-                    );
-                } else {
-                    let read_only = match decision.tx {
-                        TxEffect::Begin {
-                            read_only: Some(read_only),
-                        } => read_only,
-                        _ => self.params.flags.default_transaction_read_only,
-                    };
-                    self.tx = Some(Tx::new(sql, read_only));
+                    ),
+                    None => self.tx = Some(Tx::new(sql, read_only)),
                 }
                 if starts_with_word(sql, "START") {
                     "START TRANSACTION"

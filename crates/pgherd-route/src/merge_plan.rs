@@ -15,7 +15,8 @@
 //!   DISTINCT no limit reaches the shards: a group or a duplicate spans them.
 //!
 //! - HAVING leaves the shards' statement (every group's part comes back) and applies to the
-//!   merged groups: AND, OR, NOT of comparisons between select-list columns and literals.
+//!   merged groups: AND, OR, NOT of comparisons between select-list columns or aggregates and
+//!   literals (an aggregate the select list does not have comes back as a hidden column).
 //!
 //! What has no exact merge is refused ([`Unsupported`], `0A000`) naming it: window functions,
 //! other aggregates, expressions over aggregates, other HAVING conditions, DISTINCT ON,
@@ -62,8 +63,9 @@ pub enum Combine {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grouping {
     pub keys: Vec<Column>,
-    /// (visible column, how it combines).
-    pub aggregates: Vec<(usize, Combine)>,
+    /// (column, how it combines): the select list's aggregates, and hidden ones only HAVING
+    /// reads.
+    pub aggregates: Vec<(Column, Combine)>,
 }
 
 /// How the shards' rows become the client's: group, drop duplicates, sort, skip and keep.
@@ -189,7 +191,7 @@ pub fn plan_fan_out(
         let rewritten =
             rewrite_aggregate(target, key_for_distinct, &mut hidden, is_user_aggregate)?;
         if let Some(combine) = rewritten {
-            aggregates.push((i, combine));
+            aggregates.push((Column::Visible(i), combine));
         } else if contains_aggregate(target.val.as_deref(), is_user_aggregate) {
             return Err(refused("an expression over an aggregate in a fan-out"));
         }
@@ -203,7 +205,26 @@ pub fn plan_fan_out(
         })
         .collect();
 
-    let grouping = if aggregates.is_empty() && select.group_clause.is_empty() {
+    let grouped = !aggregates.is_empty() || !select.group_clause.is_empty();
+    let having = match select.having_clause.as_deref() {
+        None => None,
+        Some(_) if !grouped => {
+            return Err(refused(
+                "HAVING without aggregates or GROUP BY in a fan-out",
+            ))
+        }
+        Some(condition) => {
+            let mut reads = HavingReads {
+                visible: &visible,
+                hidden: &mut hidden,
+                aggregates: &mut aggregates,
+                shard_key: key_for_distinct,
+                is_user_aggregate,
+            };
+            Some(reads.condition(condition)?)
+        }
+    };
+    let grouping = if !grouped {
         if select
             .sort_clause
             .iter()
@@ -226,15 +247,6 @@ pub fn plan_fan_out(
             )?);
         }
         Some(Grouping { keys, aggregates })
-    };
-    let having = match select.having_clause.as_deref() {
-        None => None,
-        Some(_) if grouping.is_none() => {
-            return Err(refused(
-                "HAVING without aggregates or GROUP BY in a fan-out",
-            ))
-        }
-        Some(condition) => Some(having_condition(condition, &visible)?),
     };
     // Every group's part comes back; HAVING applies to the merged groups.
     shard.having_clause = None;
@@ -293,64 +305,105 @@ pub fn plan_fan_out(
     })
 }
 
-/// A HAVING condition the merge can evaluate: AND, OR, NOT of comparisons between
-/// select-list columns (aggregates, group keys) and literals.
-fn having_condition(node: &Node, visible: &[ResTarget]) -> Result<Condition, Unsupported> {
-    let unsupported = || {
-        refused("this HAVING condition in a fan-out (compare select-list columns with literals)")
-    };
-    match &node.node {
-        Some(NodeEnum::BoolExpr(b)) => {
-            let parts = b
-                .args
-                .iter()
-                .map(|arg| having_condition(arg, visible))
-                .collect::<Result<Vec<_>, _>>()?;
-            match pg_query::protobuf::BoolExprType::try_from(b.boolop) {
-                Ok(pg_query::protobuf::BoolExprType::AndExpr) => Ok(Condition::And(parts)),
-                Ok(pg_query::protobuf::BoolExprType::OrExpr) => Ok(Condition::Or(parts)),
-                Ok(pg_query::protobuf::BoolExprType::NotExpr) => parts
-                    .into_iter()
-                    .next()
-                    .map(|p| Condition::Not(Box::new(p)))
-                    .ok_or_else(unsupported),
-                _ => Err(unsupported()),
-            }
-        }
-        Some(NodeEnum::AExpr(e)) if e.kind == pg_query::protobuf::AExprKind::AexprOp as i32 => {
-            let op = match e.name.as_slice() {
-                [name] => match string(name) {
-                    Some("=") => CompareOp::Eq,
-                    Some("<>") => CompareOp::Ne,
-                    Some("<") => CompareOp::Lt,
-                    Some("<=") => CompareOp::Le,
-                    Some(">") => CompareOp::Gt,
-                    Some(">=") => CompareOp::Ge,
-                    _ => return Err(unsupported()),
-                },
-                _ => return Err(unsupported()),
-            };
-            let operand = |side: Option<&Node>| -> Result<Operand, Unsupported> {
-                let side = side.ok_or_else(unsupported)?;
-                match &side.node {
-                    Some(NodeEnum::AConst(c)) if c.isnull => Ok(Operand::Null),
-                    Some(NodeEnum::AConst(c)) => literal_text(c)
-                        .map(Operand::Constant)
+/// What a HAVING condition reads: select-list columns, and aggregates the select list does not
+/// have, which come back as hidden columns.
+struct HavingReads<'a> {
+    visible: &'a [ResTarget],
+    hidden: &'a mut Vec<Node>,
+    aggregates: &'a mut Vec<(Column, Combine)>,
+    shard_key: Option<&'a str>,
+    is_user_aggregate: &'a dyn Fn(&str) -> bool,
+}
+
+impl HavingReads<'_> {
+    /// A HAVING condition the merge can evaluate: AND, OR, NOT of comparisons between
+    /// select-list columns or aggregates and literals.
+    fn condition(&mut self, node: &Node) -> Result<Condition, Unsupported> {
+        let unsupported = || {
+            refused(
+                "this HAVING condition in a fan-out (compare select-list columns or aggregates with literals)",
+            )
+        };
+        match &node.node {
+            Some(NodeEnum::BoolExpr(b)) => {
+                let parts = b
+                    .args
+                    .iter()
+                    .map(|arg| self.condition(arg))
+                    .collect::<Result<Vec<_>, _>>()?;
+                match pg_query::protobuf::BoolExprType::try_from(b.boolop) {
+                    Ok(pg_query::protobuf::BoolExprType::AndExpr) => Ok(Condition::And(parts)),
+                    Ok(pg_query::protobuf::BoolExprType::OrExpr) => Ok(Condition::Or(parts)),
+                    Ok(pg_query::protobuf::BoolExprType::NotExpr) => parts
+                        .into_iter()
+                        .next()
+                        .map(|p| Condition::Not(Box::new(p)))
                         .ok_or_else(unsupported),
-                    _ => visible
-                        .iter()
-                        .position(|t| t.val.as_deref().is_some_and(|v| same_expression(v, side)))
-                        .map(|i| Operand::Column(Column::Visible(i)))
-                        .ok_or_else(unsupported),
+                    _ => Err(unsupported()),
                 }
-            };
-            let (left, right) = (operand(e.lexpr.as_deref())?, operand(e.rexpr.as_deref())?);
-            if !matches!(left, Operand::Column(_)) && !matches!(right, Operand::Column(_)) {
-                return Err(unsupported());
             }
-            Ok(Condition::Compare { left, op, right })
+            Some(NodeEnum::AExpr(e)) if e.kind == pg_query::protobuf::AExprKind::AexprOp as i32 => {
+                let op = match e.name.as_slice() {
+                    [name] => match string(name) {
+                        Some("=") => CompareOp::Eq,
+                        Some("<>") => CompareOp::Ne,
+                        Some("<") => CompareOp::Lt,
+                        Some("<=") => CompareOp::Le,
+                        Some(">") => CompareOp::Gt,
+                        Some(">=") => CompareOp::Ge,
+                        _ => return Err(unsupported()),
+                    },
+                    _ => return Err(unsupported()),
+                };
+                let left = self.operand(e.lexpr.as_deref())?.ok_or_else(unsupported)?;
+                let right = self.operand(e.rexpr.as_deref())?.ok_or_else(unsupported)?;
+                if !matches!(left, Operand::Column(_)) && !matches!(right, Operand::Column(_)) {
+                    return Err(unsupported());
+                }
+                Ok(Condition::Compare { left, op, right })
+            }
+            _ => Err(unsupported()),
         }
-        _ => Err(unsupported()),
+    }
+
+    /// A literal, a select-list column, or an aggregate made a hidden column; `None`: none of
+    /// those.
+    fn operand(&mut self, side: Option<&Node>) -> Result<Option<Operand>, Unsupported> {
+        let Some(side) = side else {
+            return Ok(None);
+        };
+        match &side.node {
+            Some(NodeEnum::AConst(c)) if c.isnull => return Ok(Some(Operand::Null)),
+            Some(NodeEnum::AConst(c)) => return Ok(literal_text(c).map(Operand::Constant)),
+            _ => {}
+        }
+        let listed = self
+            .visible
+            .iter()
+            .position(|t| t.val.as_deref().is_some_and(|v| same_expression(v, side)));
+        if let Some(i) = listed {
+            return Ok(Some(Operand::Column(Column::Visible(i))));
+        }
+        let mut target = ResTarget {
+            val: Some(Box::new(side.clone())),
+            ..ResTarget::default()
+        };
+        let Some(combine) = rewrite_aggregate(
+            &mut target,
+            self.shard_key,
+            self.hidden,
+            self.is_user_aggregate,
+        )?
+        else {
+            return Ok(None);
+        };
+        let Some(val) = target.val else {
+            return Ok(None);
+        };
+        self.hidden.push(*val);
+        let column = Column::Hidden(self.hidden.len() - 1);
+        self.aggregates.push((column, combine));
+        Ok(Some(Operand::Column(column)))
     }
 }
 

@@ -118,10 +118,10 @@ fn aggregates_combine_and_averages_come_from_sums_and_counts() {
                 grouping: Some(Grouping {
                     keys: vec![],
                     aggregates: vec![
-                        (0, Combine::Add),
-                        (1, Combine::Add),
-                        (2, Combine::Min),
-                        (3, Combine::Max),
+                        (Column::Visible(0), Combine::Add),
+                        (Column::Visible(1), Combine::Add),
+                        (Column::Visible(2), Combine::Min),
+                        (Column::Visible(3), Combine::Max),
                     ],
                 }),
                 ..merge()
@@ -135,7 +135,7 @@ fn aggregates_combine_and_averages_come_from_sums_and_counts() {
                 grouping: Some(Grouping {
                     keys: vec![Column::Visible(0)],
                     aggregates: vec![(
-                        1,
+                        Column::Visible(1),
                         Combine::Average {
                             count: Column::Hidden(0),
                         },
@@ -158,7 +158,7 @@ fn aggregates_combine_and_averages_come_from_sums_and_counts() {
                 hidden_columns: 1,
                 grouping: Some(Grouping {
                     keys: vec![Column::Hidden(0)],
-                    aggregates: vec![(0, Combine::Add)],
+                    aggregates: vec![(Column::Visible(0), Combine::Add)],
                 }),
                 ..merge()
             },
@@ -170,7 +170,7 @@ fn aggregates_combine_and_averages_come_from_sums_and_counts() {
             Merge {
                 grouping: Some(Grouping {
                     keys: vec![Column::Visible(0)],
-                    aggregates: vec![(1, Combine::Add)],
+                    aggregates: vec![(Column::Visible(1), Combine::Add)],
                 }),
                 having: Some(Condition::And(vec![
                     Condition::Compare {
@@ -187,6 +187,39 @@ fn aggregates_combine_and_averages_come_from_sums_and_counts() {
                 ..merge()
             },
         ),
+        // An aggregate only HAVING reads comes back hidden; an average as its sum and count.
+        (
+            "SELECT bid FROM accounts GROUP BY bid HAVING avg(abalance) > 2.5 OR count(*) < 3",
+            "SELECT bid, count(abalance) AS pgherd_hidden_1, sum(abalance) AS pgherd_hidden_2, count(*) AS pgherd_hidden_3 FROM accounts GROUP BY bid",
+            Merge {
+                hidden_columns: 3,
+                grouping: Some(Grouping {
+                    keys: vec![Column::Visible(0)],
+                    aggregates: vec![
+                        (
+                            Column::Hidden(1),
+                            Combine::Average {
+                                count: Column::Hidden(0),
+                            },
+                        ),
+                        (Column::Hidden(2), Combine::Add),
+                    ],
+                }),
+                having: Some(Condition::Or(vec![
+                    Condition::Compare {
+                        left: Operand::Column(Column::Hidden(1)),
+                        op: CompareOp::Gt,
+                        right: Operand::Constant("2.5".into()),
+                    },
+                    Condition::Compare {
+                        left: Operand::Column(Column::Hidden(2)),
+                        op: CompareOp::Lt,
+                        right: Operand::Constant("3".into()),
+                    },
+                ])),
+                ..merge()
+            },
+        ),
         // The shards hold disjoint keys: distinct counts of the key add up.
         (
             "SELECT count(DISTINCT aid), max(DISTINCT bid) FROM accounts",
@@ -194,7 +227,7 @@ fn aggregates_combine_and_averages_come_from_sums_and_counts() {
             Merge {
                 grouping: Some(Grouping {
                     keys: vec![],
-                    aggregates: vec![(0, Combine::Add), (1, Combine::Max)],
+                    aggregates: vec![(Column::Visible(0), Combine::Add), (Column::Visible(1), Combine::Max)],
                 }),
                 ..merge()
             },
@@ -239,7 +272,7 @@ fn what_has_no_exact_merge_is_refused_naming_it() {
             "a window function",
         ),
         (
-            "SELECT bid, count(*) FROM accounts GROUP BY bid HAVING sum(abalance) > 1",
+            "SELECT bid, count(*) FROM accounts GROUP BY bid HAVING sum(abalance) + 1 > 1",
             "this HAVING condition",
         ),
         (

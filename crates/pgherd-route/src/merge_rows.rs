@@ -349,6 +349,10 @@ impl Merger {
         let input: Vec<Reader> = columns.iter().map(|&c| reader(c)).collect();
         let mut output = input.clone();
         for &(column, combine) in spec.grouping.iter().flat_map(|g| &g.aggregates) {
+            let column = match column {
+                Column::Visible(i) => i,
+                Column::Hidden(i) => visible + i,
+            };
             let Some(shard_column) = input.get(column) else {
                 return Err(MergeError::BadValue("a row with every planned column"));
             };
@@ -475,7 +479,7 @@ impl Merger {
                     Combine::Average { count } => Some(count),
                     _ => None,
                 };
-                std::iter::once(Column::Visible(column)).chain(count)
+                std::iter::once(column).chain(count)
             })
         });
         for column in keys.chain(aggregates) {
@@ -685,10 +689,10 @@ impl Merger {
         &self,
         group: &mut Row,
         row: &Row,
-        column: usize,
+        at: Column,
         combine: Combine,
     ) -> Result<(), MergeError> {
-        let at = Column::Visible(column);
+        let column = self.index(at);
         let (mine, theirs) = (self.typed(at, group)?, self.typed(at, row)?);
         match (combine, mine, theirs) {
             (_, _, None) => {}
@@ -715,13 +719,9 @@ impl Merger {
         Ok(())
     }
 
-    fn finish_average(
-        &self,
-        group: &mut Row,
-        column: usize,
-        count: Column,
-    ) -> Result<(), MergeError> {
-        let sum = self.typed(Column::Visible(column), group)?;
+    fn finish_average(&self, group: &mut Row, at: Column, count: Column) -> Result<(), MergeError> {
+        let sum = self.typed(at, group)?;
+        let column = self.index(at);
         let count = match self.typed(count, group)? {
             Some(Typed::Int(n)) => n,
             _ => 0,

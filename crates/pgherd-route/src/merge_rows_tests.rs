@@ -93,12 +93,12 @@ fn groups_combine_across_shards_and_averages_come_out_as_postgresql_gives_them()
             grouping: Some(Grouping {
                 keys: vec![Column::Visible(0)],
                 aggregates: vec![
-                    (1, Combine::Add),
-                    (2, Combine::Add),
-                    (3, Combine::Min),
-                    (4, Combine::Max),
+                    (Column::Visible(1), Combine::Add),
+                    (Column::Visible(2), Combine::Add),
+                    (Column::Visible(3), Combine::Min),
+                    (Column::Visible(4), Combine::Max),
                     (
-                        5,
+                        Column::Visible(5),
                         Combine::Average {
                             count: Column::Hidden(0),
                         },
@@ -300,7 +300,7 @@ fn what_cannot_be_ordered_or_added_exactly_is_refused() {
     let float_sum = Merge {
         grouping: Some(Grouping {
             keys: vec![],
-            aggregates: vec![(0, Combine::Add)],
+            aggregates: vec![(Column::Visible(0), Combine::Add)],
         }),
         ..spec()
     };
@@ -316,7 +316,11 @@ fn least_and_greatest_keep_their_values_and_numerics_compare_exactly() {
         Merge {
             grouping: Some(Grouping {
                 keys: vec![],
-                aggregates: vec![(0, Combine::Min), (1, Combine::Max), (2, Combine::Max)],
+                aggregates: vec![
+                    (Column::Visible(0), Combine::Min),
+                    (Column::Visible(1), Combine::Max),
+                    (Column::Visible(2), Combine::Max),
+                ],
             }),
             ..spec()
         },
@@ -382,7 +386,7 @@ fn averages_sort_and_describe_themselves_as_numeric() {
             grouping: Some(Grouping {
                 keys: vec![Column::Visible(0)],
                 aggregates: vec![(
-                    1,
+                    Column::Visible(1),
                     Combine::Average {
                         count: Column::Hidden(0),
                     },
@@ -448,7 +452,7 @@ fn having_keeps_groups_whose_condition_is_true_not_unknown() {
         Merge {
             grouping: Some(Grouping {
                 keys: vec![Column::Visible(0)],
-                aggregates: vec![(1, Combine::Add)],
+                aggregates: vec![(Column::Visible(1), Combine::Add)],
             }),
             having: Some(Condition::And(vec![
                 Condition::Not(Box::new(Condition::Compare {

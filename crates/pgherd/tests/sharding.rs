@@ -158,12 +158,12 @@ fn aggregates_merged_from_shards_are_postgresqls_over_all_rows() {
                 grouping: Some(Grouping {
                     keys: vec![],
                     aggregates: vec![
-                        (0, Combine::Add),
-                        (1, Combine::Add),
-                        (2, Combine::Min),
-                        (3, Combine::Max),
+                        (Column::Visible(0), Combine::Add),
+                        (Column::Visible(1), Combine::Add),
+                        (Column::Visible(2), Combine::Min),
+                        (Column::Visible(3), Combine::Max),
                         (
-                            4,
+                            Column::Visible(4),
                             Combine::Average {
                                 count: Column::Hidden(0),
                             },

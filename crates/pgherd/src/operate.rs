@@ -22,6 +22,9 @@ struct StatusReport {
     /// registered in etcd and which leads; otherwise the one. Empty when pgherd did not answer.
     instances: Vec<serde_json::Value>,
     nodes: Vec<NodeStatus>,
+    /// With `[sharding]`, each shard's nodes (`SHOW SHARDS`), as the running pgherd sees them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    shards: Vec<serde_json::Value>,
 }
 
 #[derive(Serialize)]
@@ -123,10 +126,13 @@ pub fn status(at: &Where, json: bool) -> Result<(), String> {
             .ok(),
         _ => None,
     };
-    let instances = from_pgherd
-        .as_ref()
-        .and_then(|answer| answer["instances"].as_array().cloned())
-        .unwrap_or_default();
+    let listed = |name: &str| {
+        from_pgherd
+            .as_ref()
+            .and_then(|answer| answer[name].as_array().cloned())
+            .unwrap_or_default()
+    };
+    let (instances, shards) = (listed("instances"), listed("shards"));
     let (source, nodes) = match from_pgherd {
         Some(answer) => ("pgherd", nodes_from_pgherd(&config, &answer)),
         None => ("nodes", crate::runtime(1)?.block_on(check_nodes(&config))),
@@ -154,6 +160,7 @@ pub fn status(at: &Where, json: bool) -> Result<(), String> {
         },
         instances,
         nodes,
+        shards,
     };
     if json {
         println!(
@@ -454,5 +461,30 @@ fn print_status(report: &StatusReport) {
     println!("{}", line(header));
     for r in &rows {
         println!("{}", line(std::array::from_fn(|i| r[i].as_str())));
+    }
+    print_shards(&report.shards);
+}
+
+/// With `[sharding]`: each shard's nodes, and the sharded tables.
+fn print_shards(shards: &[serde_json::Value]) {
+    let Some(tables) = shards.first().and_then(|s| s["sharded_tables"].as_str()) else {
+        return;
+    };
+    println!();
+    println!("shards (sharded tables: {tables}):");
+    for s in shards {
+        println!(
+            "  shard {}  {:<12} {:<8} {:<6} {}{}",
+            s["shard"],
+            s["node"].as_str().unwrap_or("?"),
+            s["role"].as_str().unwrap_or("?"),
+            s["state"].as_str().unwrap_or("?"),
+            format_args!("{}:{}", s["host"].as_str().unwrap_or("?"), s["port"]),
+            if s["takes_writes"] == true {
+                "  takes writes"
+            } else {
+                ""
+            }
+        );
     }
 }

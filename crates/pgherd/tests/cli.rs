@@ -433,6 +433,24 @@ fn up_with_two_shards_runs_pgbench() {
         "SELECT count(*) FROM pgbench_accounts",
     );
     assert_eq!(String::from_utf8_lossy(&accounts.stdout).trim(), "100000");
+    // `pgherd status` shows each shard's node and what is sharded.
+    let status = pgherd(&["status", "--dir", dir_arg, "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&status.stdout).expect("status --json");
+    let shards = report["shards"].as_array().cloned().unwrap_or_default();
+    let writers: Vec<u64> = shards
+        .iter()
+        .filter(|s| s["takes_writes"] == true && s["state"] == "up")
+        .filter_map(|s| s["shard"].as_u64())
+        .collect();
+    assert_eq!(writers, vec![0, 1], "{report:#}");
+    assert!(
+        shards[0]["sharded_tables"]
+            .as_str()
+            .is_some_and(|t| t.contains("pgbench_accounts(aid hash)")),
+        "{report:#}"
+    );
+    let table = text(&pgherd(&["status", "--dir", dir_arg]));
+    assert!(table.contains("shards (sharded tables: "), "{table}");
     drop(guard);
     let down_again = pgherd(&["down", "--dir", dir_arg]);
     assert!(down_again.status.success(), "{}", text(&down_again));

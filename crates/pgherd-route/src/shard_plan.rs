@@ -63,6 +63,27 @@ pub enum ResolveError {
     Unbound(usize),
     #[error("no shard of table {table} holds key {key}")]
     NoShard { table: String, key: String },
+    /// A key bound as a parameter whose type is not the key's own (or, in binary, unknown):
+    /// pgherd cannot tell which key the server will compare it as.
+    #[error("not supported on sharded tables: a key of type {key_type} bound as parameter ${param} of type {}", type_name(*.type_oid))]
+    ParamType {
+        param: usize,
+        key_type: &'static str,
+        type_oid: u32,
+    },
+}
+
+/// A parameter type's name, for errors (its OID when pgherd does not know it).
+fn type_name(oid: u32) -> String {
+    match oid {
+        0 => "unknown (in binary)".to_owned(),
+        16 => "boolean".to_owned(),
+        700 => "real".to_owned(),
+        701 => "double precision".to_owned(),
+        1042 => "character".to_owned(),
+        1700 => "numeric".to_owned(),
+        _ => format!("OID {oid}"),
+    }
 }
 
 impl ResolveError {
@@ -70,6 +91,7 @@ impl ResolveError {
         match self {
             ResolveError::Key(e) => e.sqlstate(),
             ResolveError::Unbound(_) => SqlState::PROTOCOL_VIOLATION,
+            ResolveError::ParamType { .. } => SqlState::FEATURE_NOT_SUPPORTED,
             // As PostgreSQL says when no partition takes a row.
             ResolveError::NoShard { .. } => SqlState::CHECK_VIOLATION,
         }
@@ -179,11 +201,15 @@ impl Restriction {
             Restriction::AnyOf(keys) => {
                 let mut set = BTreeSet::new();
                 for key in keys {
-                    let Some(text) = key_text(key, params, table.key_type)? else {
-                        continue;
+                    let text = match key_text(key, params, table.key_type) {
+                        Ok(Some(text)) => text,
+                        Ok(None) => continue,
+                        Err(ResolveError::ParamType { .. }) => return Ok((0..shards).collect()),
+                        Err(e) => return Err(e),
                     };
                     match table.shard_of(shards, &text) {
                         Ok(shard) => set.extend(shard),
+                        // A parameter of another type may equal any key: every shard.
                         // A literal beyond the key type's range equals no key (PostgreSQL
                         // compares it in the wider type); a parameter takes the key's type,
                         // and PostgreSQL refuses it as this does.
@@ -218,15 +244,35 @@ pub struct BoundParam<'a> {
     pub value: Option<&'a [u8]>,
     /// Binary format (else text).
     pub binary: bool,
+    /// Its type, as the client declared it or a shard described it (0: unknown, which the
+    /// server infers: for a key compared or inserted as is, the key's type).
+    pub type_oid: u32,
 }
 
 impl<'a> BoundParam<'a> {
-    /// A parameter in text format.
+    /// A parameter in text format, its type left to the server.
     pub fn text(value: Option<&'a str>) -> BoundParam<'a> {
         BoundParam {
             value: value.map(str::as_bytes),
             binary: false,
+            type_oid: 0,
         }
+    }
+}
+
+/// The parameter types a key of `key_type` is read as itself: values of other types compare
+/// across types (`int = numeric`, `text = bpchar`), which the key's hash does not follow.
+fn same_type_family(key_type: KeyType, type_oid: u32) -> bool {
+    const INT2: u32 = 21;
+    const INT4: u32 = 23;
+    const INT8: u32 = 20;
+    const TEXT: u32 = 25;
+    const VARCHAR: u32 = 1043;
+    const UUID: u32 = 2950;
+    match key_type {
+        KeyType::Int2 | KeyType::Int4 | KeyType::Int8 => matches!(type_oid, INT2 | INT4 | INT8),
+        KeyType::Text => matches!(type_oid, TEXT | VARCHAR),
+        KeyType::Uuid => type_oid == UUID,
     }
 }
 
@@ -243,6 +289,16 @@ fn key_text(
             let param = params
                 .get(n.wrapping_sub(1))
                 .ok_or(ResolveError::Unbound(*n))?;
+            // Text of an unknown type is read as the key's type, as the server reads it; binary
+            // bytes only mean something in their own type.
+            let known = param.type_oid != 0 || !param.binary;
+            if !known || (param.type_oid != 0 && !same_type_family(key_type, param.type_oid)) {
+                return Err(ResolveError::ParamType {
+                    param: *n,
+                    key_type: key_type.name(),
+                    type_oid: param.type_oid,
+                });
+            }
             let Some(bytes) = param.value else {
                 return Ok(None);
             };

@@ -478,6 +478,18 @@ fn only_literals_are_constant_defaults() {
     }
 }
 
+fn fan_out_plan(sql: &str) -> crate::merge_plan::FanOut {
+    let parsed = pg_query::parse(sql).unwrap();
+    let Some(NodeEnum::SelectStmt(select)) = parsed.protobuf.stmts[0]
+        .stmt
+        .as_ref()
+        .and_then(|s| s.node.clone())
+    else {
+        panic!("{sql}: not a SELECT")
+    };
+    crate::merge_plan::plan_fan_out(&select, "aid", &|_| false).unwrap()
+}
+
 fn route_bound(sql: &str, params: &[BoundParam]) -> Result<Execution, ShardError> {
     let catalog = CatalogFacts {
         is_user_aggregate: &|_| false,
@@ -500,8 +512,20 @@ fn bound_parameters_place_a_statement_as_literals_do() {
     let binary = |v: &'static [u8]| BoundParam {
         value: Some(v),
         binary: true,
+        type_oid: 0,
     };
-    let seven_binary = binary(Box::leak(Box::new(seven)));
+    let seven_binary = BoundParam {
+        type_oid: 23,
+        ..binary(Box::leak(Box::new(seven)))
+    };
+    let bigint = |v: &'static [u8]| BoundParam {
+        type_oid: 20,
+        ..binary(v)
+    };
+    let all = Ok(Execution::FanOut {
+        shards: BTreeSet::from([0, 1, 2]),
+        plan: Box::new(fan_out_plan("SELECT * FROM accounts WHERE aid = $1")),
+    });
     let cases: Vec<(&str, Vec<BoundParam>, Result<Execution, String>)> = vec![
         (
             "SELECT * FROM accounts WHERE aid = $1",
@@ -516,18 +540,45 @@ fn bound_parameters_place_a_statement_as_literals_do() {
         // A bigint bound for an integer key: its value, if within the key's range.
         (
             "SELECT * FROM accounts WHERE aid = $1",
-            vec![binary(&[0, 0, 0, 0, 0, 0, 0, 7])],
+            vec![bigint(&[0, 0, 0, 0, 0, 0, 0, 7])],
             Ok(Execution::OneShard(shard_of(7))),
         ),
         (
             "SELECT * FROM accounts WHERE aid = $1",
-            vec![binary(&[0, 0, 0, 1, 0, 0, 0, 0])],
+            vec![bigint(&[0, 0, 0, 1, 0, 0, 0, 0])],
             Err("value \"4294967296\" is out of range for type integer".into()),
         ),
         (
             "SELECT * FROM accounts WHERE aid = $1",
-            vec![binary(&[1, 2, 3])],
+            vec![bigint(&[1, 2, 3])],
             Err("invalid input syntax for type integer: \"a binary value of 3 bytes\"".into()),
+        ),
+        // Binary of a type pgherd does not know, or of another type (a double's 8 bytes are
+        // no bigint): the key may be any, so a read goes to every shard, a write is refused.
+        ("SELECT * FROM accounts WHERE aid = $1", vec![binary(&[0, 0, 0, 7])], all.clone()),
+        (
+            "SELECT * FROM accounts WHERE aid = $1",
+            vec![BoundParam {
+                type_oid: 701,
+                ..binary(&[64, 69, 0, 0, 0, 0, 0, 0])
+            }],
+            all.clone(),
+        ),
+        (
+            "SELECT * FROM accounts WHERE aid = $1",
+            vec![BoundParam {
+                type_oid: 1700,
+                ..text("42.0")
+            }],
+            all,
+        ),
+        (
+            "INSERT INTO accounts (aid) VALUES ($1)",
+            vec![BoundParam {
+                type_oid: 701,
+                ..binary(&[64, 69, 0, 0, 0, 0, 0, 0])
+            }],
+            Err("not supported on sharded tables: a key of type integer bound as parameter $1 of type double precision".into()),
         ),
         (
             "SELECT * FROM accounts WHERE aid = $1",

@@ -166,6 +166,30 @@ async fn prepared_statements_run_where_their_keys_are_and_fan_out_exactly() {
         assert_eq!(balance, (k * 10 + 1).to_string(), "key {k}");
     }
 
+    // A key bound as another type compares across types: a read asks every shard (never the
+    // shard the bytes would hash to as an integer), a write is refused.
+    let as_double = client
+        .prepare_typed(
+            "SELECT abalance FROM accounts WHERE aid = $1",
+            &[tokio_postgres::types::Type::FLOAT8],
+        )
+        .await
+        .unwrap();
+    let row = client.query_one(&as_double, &[&17.0f64]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 170);
+    let insert_double = client
+        .prepare_typed(
+            "INSERT INTO accounts (aid, abalance) VALUES ($1, 0)",
+            &[tokio_postgres::types::Type::FLOAT8],
+        )
+        .await
+        .unwrap();
+    let refused = client
+        .execute(&insert_double, &[&1000.0f64])
+        .await
+        .expect_err("a key as a double");
+    assert_eq!(code(&refused), "0A000", "{refused:?}");
+
     // A statement the shards refuse is refused as PostgreSQL refuses it; the session goes on.
     let missing = client
         .prepare("SELECT * FROM missing WHERE aid = $1")

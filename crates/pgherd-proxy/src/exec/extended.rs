@@ -46,6 +46,20 @@ impl Extended {
     pub fn holds_answers(&self) -> bool {
         self.hold_answers
     }
+
+    /// The rows suspended portals hold, together.
+    fn held_bytes(&self) -> usize {
+        self.portals
+            .values()
+            .flat_map(|p| p.pending.iter().flatten())
+            .map(|m| m.1.len())
+            .sum()
+    }
+
+    /// The portals end with the transaction they ran in.
+    pub fn end_transaction(&mut self) {
+        self.portals.clear();
+    }
 }
 
 #[derive(Clone)]
@@ -53,6 +67,29 @@ struct Prepared {
     sql: Arc<str>,
     /// The Parse's parameter type section, as sent.
     param_types: Bytes,
+    /// The parameter types a shard described for it (what a client binding in binary was
+    /// told), once it was described.
+    described_types: Option<Arc<[u32]>>,
+}
+
+impl Prepared {
+    /// Each parameter's type: declared, else described, else 0 (the server infers it).
+    fn param_type(&self, index: usize) -> u32 {
+        let declared = type_at(&self.param_types, index);
+        match (declared, &self.described_types) {
+            (0, Some(described)) => described.get(index).copied().unwrap_or(0),
+            _ => declared,
+        }
+    }
+}
+
+/// The type OID at `index` of a Parse's type section (or a ParameterDescription's body),
+/// 0 if it has none there.
+fn type_at(section: &[u8], index: usize) -> u32 {
+    let at = 2 + index * 4;
+    section.get(at..at + 4).map_or(0, |oid| {
+        u32::from_be_bytes([oid[0], oid[1], oid[2], oid[3]])
+    })
 }
 
 struct Portal {
@@ -151,6 +188,7 @@ impl ShardedSession {
             Prepared {
                 sql: Arc::from(sql),
                 param_types: Bytes::copy_from_slice(parse.param_types),
+                described_types: None,
             },
         );
         backend::encode_empty(out, btag::PARSE_COMPLETE);
@@ -206,6 +244,9 @@ impl ShardedSession {
         out: &mut BytesMut,
     ) -> Result<(), Failed> {
         let describe = frontend::Describe::parse(body).map_err(protocol)?;
+        if self.tx.as_ref().is_some_and(|tx| tx.failed) {
+            return Err(Failed::Statement(super::aborted_transaction()));
+        }
         let (statement, bind_rest) = match describe.target {
             Target::Statement => (self.prepared(describe.name)?, None),
             Target::Portal => {
@@ -232,6 +273,20 @@ impl ShardedSession {
         };
         self.give_back(links, false);
         let described = described??;
+        if describe.target == Target::Statement {
+            let types = described
+                .iter()
+                .find(|(tag, _)| *tag == btag::PARAMETER_DESCRIPTION)
+                .map(|(_, body)| {
+                    let count = body
+                        .get(..2)
+                        .map_or(0, |c| u16::from_be_bytes([c[0], c[1]]));
+                    (0..usize::from(count)).map(|i| type_at(body, i)).collect()
+                });
+            if let Some(prepared) = self.extended.statements.get_mut(describe.name) {
+                prepared.described_types = types;
+            }
+        }
         described.iter().for_each(|m| encode_message(out, m));
         Ok(())
     }
@@ -256,8 +311,12 @@ impl ShardedSession {
         out: &mut BytesMut,
     ) -> Result<(), Failed> {
         let row_limit = usize::try_from(max_rows).ok().filter(|&n| n > 0);
+        let failed = self.tx.as_ref().is_some_and(|tx| tx.failed);
         let portal = self.portal(name)?;
         if let Some(pending) = portal.pending.as_mut() {
+            if failed {
+                return Err(Failed::Statement(super::aborted_transaction()));
+            }
             if hand_out(pending, row_limit, out) {
                 portal.pending = None;
             }
@@ -273,6 +332,7 @@ impl ShardedSession {
             .map(|(i, value)| BoundParam {
                 value: *value,
                 binary: values.is_binary(i),
+                type_oid: statement.param_type(i),
             })
             .collect();
         let (execution, decision) = self.plan(&statement.sql, &params).await?;
@@ -301,13 +361,21 @@ impl ShardedSession {
         self.extended.hold_answers = true;
         let ran = self.execute(execution, &decision, query, &mut answer).await;
         self.extended.hold_answers = false;
+        let mut messages = split_messages(answer);
         if ran.is_err() {
-            // What came before the failure (the server's own error, notices) is the client's.
-            out.extend_from_slice(&answer);
+            // What came with the failure (the server's own error, notices) is the client's;
+            // the rows held before it, which it did not ask for yet, are not.
+            messages
+                .iter()
+                .filter(|m| m.0 != btag::DATA_ROW)
+                .for_each(|m| encode_message(out, m));
             return ran;
         }
-        let mut messages = split_messages(answer);
         if !hand_out(&mut messages, Some(limit), out) {
+            let held: usize = messages.iter().map(|m| m.1.len()).sum();
+            if self.extended.held_bytes() + held > fan_out::MAX_FAN_OUT_BYTES {
+                return Err(Failed::Statement(too_many_held_rows()));
+            }
             if let Ok(portal) = self.portal(name) {
                 portal.pending = Some(messages);
             }
@@ -375,13 +443,14 @@ pub(super) async fn typed(link: &mut Link, sql: &str, bound: &Bound) -> Result<B
     })
 }
 
-/// The Execute at hand is the last before the next Sync, which is queued already: it runs as
-/// a statement of its own. Otherwise (more Executes, or the Sync not seen yet) it opens an
-/// implicit transaction for them.
+/// The Execute at hand is the last message before the next Sync that could fail or run, and
+/// that Sync is queued already: it runs as a statement of its own. Otherwise (more to come, a
+/// message whose failure would undo it, or the Sync not seen yet) it opens an implicit
+/// transaction for them.
 fn alone_before_sync(queued: &Queued) -> bool {
     queued
         .iter()
-        .find(|(tag, _)| matches!(*tag, ftag::SYNC | ftag::EXECUTE | ftag::QUERY))
+        .find(|(tag, _)| !matches!(*tag, ftag::FLUSH | ftag::CLOSE))
         .is_some_and(|(tag, _)| *tag == ftag::SYNC)
 }
 
@@ -494,5 +563,8 @@ mod tests {
         assert!(!alone_before_sync(&queue(&[])));
         assert!(!alone_before_sync(&queue(&[ftag::FLUSH])));
         assert!(!alone_before_sync(&queue(&[ftag::QUERY, ftag::SYNC])));
+        assert!(alone_before_sync(&queue(&[ftag::CLOSE, ftag::SYNC])));
+        // A Describe that fails after it must undo it, as the Sync's transaction would.
+        assert!(!alone_before_sync(&queue(&[ftag::DESCRIBE, ftag::SYNC])));
     }
 }

@@ -26,6 +26,8 @@ pub struct Link {
     conn: Option<Box<ServerConn>>,
     /// The answer was read to its `ReadyForQuery`: the connection may serve someone else.
     settled: bool,
+    /// The last answer was read to its `ReadyForQuery` (idle or inside a transaction).
+    answered: bool,
     /// The statement may have left session state pgherd does not follow (a setting, a
     /// sequence's `currval`, whatever user code did): the connection is closed, not reused.
     leaves_state: bool,
@@ -117,6 +119,7 @@ impl Link {
             pool,
             conn: Some(conn),
             settled: true,
+            answered: true,
             leaves_state: false,
             reported: Vec::new(),
             copying: false,
@@ -157,6 +160,11 @@ impl Link {
         conn.params_fp = params.fingerprint();
         conn.residue = params::Residue::default();
         Ok(())
+    }
+
+    /// Its last answer was read to the end: the link can take another statement.
+    pub fn answered(&self) -> bool {
+        self.answered && self.conn.is_some()
     }
 
     /// The connection is closed once used: its statement may leave session state behind.
@@ -333,6 +341,7 @@ impl Link {
     /// waiting for an answer.
     pub async fn send_encoded(&mut self, messages: &[u8]) -> Result<(), PgError> {
         self.settled = false;
+        self.answered = false;
         let conn = self.conn()?;
         let written = write_flush(&mut conn.stream, messages).await;
         written.map_err(|e| ServerError::new(&conn.node, ServerErrorKind::Io(e)).to_client_error())
@@ -403,6 +412,7 @@ impl Link {
                     .map_err(|e| lost(&conn.node, &e.to_string()))?;
                 conn.tx_status = status;
                 self.settled = status == TxStatus::Idle;
+                self.answered = true;
             }
             btag::COPY_IN_RESPONSE if copying => {}
             // A COPY pgherd did not ask for is not followed.

@@ -147,7 +147,9 @@ impl ShardedSession {
                 if let Err(end) = self.message(tag, &body, &queued, &mut out).await {
                     return end;
                 }
-                if out.len() >= FLUSH_BYTES {
+                // A Flush asks for the answers so far (a pipelining client reads them while it
+                // sends more).
+                if tag == ftag::FLUSH || out.len() >= FLUSH_BYTES {
                     if let Err(e) = write_flush(&mut self.client, &out).await {
                         return client_io(e);
                     }

@@ -126,6 +126,7 @@ impl ShardedSession {
         let Some(mut tx) = self.tx.take() else {
             return Ok(());
         };
+        self.extended.end_transaction();
         let ending = Ending {
             app: &self.app,
             shards: &self.shards,
@@ -206,6 +207,13 @@ impl ShardedSession {
             return;
         };
         for link in links {
+            if !link.answered() {
+                // Its answer was not read to the end (the statement stopped part-way): the
+                // server's part of the transaction ends with the connection, and so does the
+                // transaction.
+                tx.failed = true;
+                continue;
+            }
             if wrote && !tx.read_only {
                 tx.wrote.insert(link.shard);
             }

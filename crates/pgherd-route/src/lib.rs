@@ -18,6 +18,7 @@ mod lexer;
 pub mod merge_plan;
 pub mod merge_rows;
 pub mod parse;
+pub mod pin;
 pub mod plan;
 pub mod shard_hash;
 pub mod shard_plan;

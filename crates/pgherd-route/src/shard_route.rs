@@ -19,6 +19,7 @@ use crate::decision::{Decision, Target};
 use crate::lexer::lex;
 use crate::merge_plan::{plan_fan_out, FanOut};
 use crate::parse::{parse_tree, NotParsed, DEFAULT_MAX_PARSE_BYTES};
+use crate::pin::{self, Pinned};
 use crate::shard_plan::{self, BoundParam, ResolveError, ShardMap, ShardPlan, Unsupported};
 use crate::tree::{first_node, last_name, string};
 
@@ -54,6 +55,9 @@ pub enum Execution {
         /// An INSERT whose rows go to several shards: each shard's own statement with its
         /// rows (`None`: the statement as sent, on each).
         split: Option<Box<SplitInsert>>,
+        /// Of a table every shard holds: the statement with the transaction's times it reads
+        /// (`now()`, `CURRENT_TIMESTAMP`, ...) as parameters, computed once on the first shard.
+        pinned: Option<Box<Pinned>>,
     },
     /// BEGIN, COMMIT or ROLLBACK of the client's transaction, which pgherd carries over the
     /// shards it touches.
@@ -190,11 +194,20 @@ pub fn route_statement(
     let Some(statement) = statement else {
         return Ok(Execution::AnyShard);
     };
-    let execution = route_node(statement, map, is_user_aggregate, params)?;
+    let mut execution = route_node(statement, map, is_user_aggregate, params)?;
     if matches!(execution, Execution::Write { copies: true, .. })
         || matches!(&execution, Execution::CopyIn(plan) if plan.key.is_none())
     {
         copies_written_alike(statement, catalog)?;
+        if let Execution::Write { pinned, .. } = &mut execution {
+            *pinned = pin::pin(sql, statement)
+                .map_err(|e| {
+                    refuse(&format!(
+                        "a write to a table that is not sharded with {e} pgherd cannot place"
+                    ))
+                })?
+                .map(Box::new);
+        }
         if (catalog.mentions_user_code)(sql) {
             return Err(refuse(
                 "a write to a table that is not sharded using a type or operator whose code is the database's own (each shard could come to its own values)",
@@ -277,6 +290,7 @@ fn route_data(
             shards: (0..map.shards).collect(),
             copies: true,
             split: None,
+            pinned: None,
         }),
         ShardPlan::InsertRows { table, .. } => {
             let row_shards = plan.row_shards(map, params)?;
@@ -288,6 +302,7 @@ fn route_data(
                     shards,
                     copies: false,
                     split: Some(Box::new(split_insert(insert, table, row_shards)?)),
+                    pinned: None,
                 }),
                 (Some(_), _) => Err(refuse(&format!("an INSERT into {table} of this shape"))),
             }
@@ -307,6 +322,7 @@ fn route_data(
                     shards,
                     copies: false,
                     split: None,
+                    pinned: None,
                 });
             };
             let plan = plan_fan_out(select, &sharded.key_column, is_user_aggregate)?;
@@ -461,13 +477,13 @@ fn copies_written_alike(statement: &NodeEnum, catalog: &CatalogFacts) -> Result<
         statement,
         "an expression pgherd cannot read",
         |key, value| match key {
+            // The transaction's time is computed once and bound on every shard.
+            _ if pin::transaction_time(key, value).is_some() => None,
             "FuncCall" => Some(format!(
                 "calling {}",
                 last_name(value.get("funcname")?).unwrap_or_default()
             )),
-            "SqlvalueFunction" => {
-                Some("calling a date/time or user function (CURRENT_TIMESTAMP, ...)".into())
-            }
+            "SqlvalueFunction" => Some("calling CURRENT_USER or a function like it".into()),
             "SetToDefault" => Some("calling a column's DEFAULT".into()),
             "SubLink" => Some("with a subquery".into()),
             "CommonTableExpr" => Some("with a WITH clause".into()),

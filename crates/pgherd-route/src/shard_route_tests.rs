@@ -91,6 +91,7 @@ fn statements_run_where_their_rows_are() {
                 shards: BTreeSet::from([0, 1, 2]),
                 copies: true,
                 split: None,
+                pinned: None,
             },
         ),
         (
@@ -99,6 +100,7 @@ fn statements_run_where_their_rows_are() {
                 shards: BTreeSet::from([0, 1, 2]),
                 copies: true,
                 split: None,
+                pinned: None,
             },
         ),
         // Over several shards, a write runs in one transaction over them.
@@ -108,6 +110,7 @@ fn statements_run_where_their_rows_are() {
                 shards: BTreeSet::from([0, 1, 2]),
                 copies: false,
                 split: None,
+                pinned: None,
             },
         ),
         (
@@ -116,6 +119,7 @@ fn statements_run_where_their_rows_are() {
                 shards: BTreeSet::from([0, 1, 2]),
                 copies: false,
                 split: None,
+                pinned: None,
             },
         ),
         // A table every shard holds is written on all of them.
@@ -125,6 +129,7 @@ fn statements_run_where_their_rows_are() {
                 shards: BTreeSet::from([0, 1, 2]),
                 copies: true,
                 split: None,
+                pinned: None,
             },
         ),
         (
@@ -133,6 +138,7 @@ fn statements_run_where_their_rows_are() {
                 shards: BTreeSet::from([0, 1, 2]),
                 copies: true,
                 split: None,
+                pinned: None,
             },
         ),
         ("CREATE TABLE t (a int)", Execution::EveryShard),
@@ -222,8 +228,12 @@ fn what_cannot_run_exactly_is_refused_by_name() {
             "calling random",
         ),
         (
-            "UPDATE branches SET at = CURRENT_TIMESTAMP WHERE bid = 1",
-            "calling a date/time",
+            "UPDATE branches SET at = CURRENT_USER WHERE bid = 1",
+            "calling CURRENT_USER",
+        ),
+        (
+            "UPDATE branches SET at = clock_timestamp() WHERE bid = 1",
+            "calling clock_timestamp",
         ),
         (
             "UPDATE branches SET at = DEFAULT WHERE bid = 1",
@@ -368,6 +378,7 @@ fn an_insert_of_rows_for_several_shards_is_split() {
         shards,
         copies: false,
         split: Some(split),
+        pinned: None,
     }) = route(sql)
     else {
         panic!("a split: {:?}", route(sql));
@@ -429,12 +440,8 @@ fn copy_in_knows_where_the_key_is() {
 fn computed_values_are_seen_wherever_they_are() {
     for (sql, what) in [
         (
-            "INSERT INTO tellers (tid, at) VALUES (1, now())",
-            "calling now",
-        ),
-        (
-            "INSERT INTO tellers (tid, at) VALUES (1, CURRENT_DATE)",
-            "date/time",
+            "INSERT INTO tellers (tid, at) VALUES (1, statement_timestamp())",
+            "calling statement_timestamp",
         ),
         (
             "INSERT INTO tellers (tid, n) VALUES (1, (SELECT 1))",
@@ -451,6 +458,31 @@ fn computed_values_are_seen_wherever_they_are() {
             Ok(other) => panic!("{sql}: {other:?}"),
         }
     }
+}
+
+/// The transaction's times in a write to a table every shard holds are computed once and
+/// bound on every shard (`pin`); the rest of the guard still holds.
+#[test]
+fn transaction_times_of_copies_are_pinned() {
+    let planned =
+        route("INSERT INTO tellers (tid, at, d) VALUES ($1, CURRENT_TIMESTAMP, current_date)");
+    let Ok(Execution::Write {
+        copies: true,
+        pinned: Some(pinned),
+        ..
+    }) = planned
+    else {
+        panic!("{planned:?}");
+    };
+    assert_eq!(
+        pinned.sql,
+        "INSERT INTO tellers (tid, at, d) VALUES ($1, $2, $3)"
+    );
+    assert_eq!(pinned.client_params, 1);
+    assert_eq!(pinned.values.len(), 2);
+    // A write to a sharded table's rows computes them on its own shard, as one server would.
+    let planned = route("UPDATE accounts SET at = now() WHERE aid = 1");
+    assert_eq!(planned, Ok(Execution::OneShard(shard_of(1))));
 }
 
 #[test]

@@ -387,8 +387,6 @@ fn up_with_two_shards_runs_pgbench() {
         "2",
         "--shard-key",
         "pgbench_accounts.aid:integer",
-        "--shard-key",
-        "pgbench_history.aid",
         "--port",
         &port,
         "--api-port",

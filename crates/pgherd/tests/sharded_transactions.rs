@@ -141,6 +141,49 @@ async fn transactions_over_shards_commit_on_all_of_them_or_none() {
             "x"
         );
     }
+    // The transaction's time, written to a table every shard holds, is one value on every
+    // copy: computed once and bound (simple and extended protocol, in a block and alone).
+    ok(
+        &through,
+        "CREATE TABLE stamps (id int PRIMARY KEY, at timestamptz, d date, lt timestamp(2))",
+    )
+    .await;
+    ok(
+        &through,
+        "INSERT INTO stamps VALUES (1, CURRENT_TIMESTAMP, current_date, LOCALTIMESTAMP(2))",
+    )
+    .await;
+    ok_all(
+        &through,
+        &[
+            "BEGIN".to_owned(),
+            "SELECT pg_sleep(0.01)".to_owned(),
+            "INSERT INTO stamps VALUES (2, now(), current_date, localtimestamp)".to_owned(),
+            "UPDATE stamps SET at = transaction_timestamp() WHERE id = 1".to_owned(),
+            "COMMIT".to_owned(),
+        ],
+    )
+    .await;
+    through
+        .execute(
+            "INSERT INTO stamps VALUES ($1, now(), CURRENT_DATE, LOCALTIMESTAMP)",
+            &[&3i32],
+        )
+        .await
+        .expect("a prepared insert with the transaction's time");
+    let copy_of = |i: usize| {
+        on_shard(&shards, i, "SELECT string_agg(id || ' ' || at || ' ' || d || ' ' || lt, '; ' ORDER BY id) FROM stamps")
+    };
+    assert_eq!(copy_of(0), copy_of(1));
+    assert_eq!(
+        on_shard(
+            &shards,
+            0,
+            "SELECT count(DISTINCT at) FROM stamps WHERE id <= 2"
+        ),
+        "1",
+        "one transaction, one time"
+    );
     let (a, b) = keys_on_each_shard(1);
     let decisions = || on_shard(&shards, 0, "SELECT count(*) FROM pgherd.decisions");
     let decided_before: u32 = decisions().parse().unwrap();

@@ -85,7 +85,7 @@ impl Prepared {
 
 /// The type OID at `index` of a Parse's type section (or a ParameterDescription's body),
 /// 0 if it has none there.
-fn type_at(section: &[u8], index: usize) -> u32 {
+pub(super) fn type_at(section: &[u8], index: usize) -> u32 {
     let at = 2 + index * 4;
     section.get(at..at + 4).map_or(0, |oid| {
         u32::from_be_bytes([oid[0], oid[1], oid[2], oid[3]])
@@ -455,7 +455,7 @@ fn alone_before_sync(queued: &Queued) -> bool {
 }
 
 /// The messages of an answer held whole.
-fn split_messages(mut answer: BytesMut) -> VecDeque<Message> {
+pub(super) fn split_messages(mut answer: BytesMut) -> VecDeque<Message> {
     let mut messages = VecDeque::new();
     while let Ok(Some(message)) = crate::msgio::take_buffered_message(&mut answer, usize::MAX) {
         messages.push_back(message);

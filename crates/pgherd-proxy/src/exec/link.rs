@@ -80,6 +80,8 @@ pub struct OwnAnswer {
     pub refused: Option<PgError>,
     pub tag: Option<String>,
     pub value: Option<String>,
+    /// The last row's values (text).
+    pub row: Vec<Option<String>>,
 }
 
 impl Link {
@@ -253,7 +255,7 @@ impl Link {
     }
 
     /// [`Self::run_own`], keeping what the answer said: its error, last command tag and
-    /// last row's first value (text). Reported parameters are kept for [`Self::take_reported`].
+    /// last row (text). Reported parameters are kept for [`Self::take_reported`].
     pub async fn ask_own(&mut self, sql: &str) -> Result<OwnAnswer, PgError> {
         self.send(sql).await?;
         self.ask_answer().await
@@ -273,10 +275,15 @@ impl Link {
                 }
                 btag::COMMAND_COMPLETE => answer.tag = command_tag(&body).map(str::to_owned),
                 btag::DATA_ROW => {
-                    answer.value = backend::parse_data_row(&body)
-                        .ok()
-                        .and_then(|values| values.first().copied().flatten())
-                        .map(|v| String::from_utf8_lossy(v).into_owned());
+                    answer.row = backend::parse_data_row(&body)
+                        .map(|values| {
+                            values
+                                .into_iter()
+                                .map(|v| v.map(|v| String::from_utf8_lossy(v).into_owned()))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    answer.value = answer.row.first().cloned().flatten();
                 }
                 btag::PARAMETER_STATUS => self.reported.push((tag, body)),
                 _ => {}

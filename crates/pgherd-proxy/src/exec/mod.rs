@@ -15,6 +15,7 @@ mod each;
 mod extended;
 mod fan_out;
 mod link;
+mod pinned;
 mod tx;
 
 use std::future::poll_fn;
@@ -453,6 +454,10 @@ impl ShardedSession {
             Execution::EveryShard | Execution::Maintenance => {
                 each::schema_change(&mut links, query, !in_tx, out).await
             }
+            Execution::Write {
+                pinned: Some(pinned),
+                ..
+            } => pinned::write(&mut links, query, pinned, out).await,
             Execution::Write { copies, split, .. } => {
                 self.write(&mut links, query, *copies, split.as_deref(), out)
                     .await

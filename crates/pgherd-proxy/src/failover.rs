@@ -350,10 +350,33 @@ async fn apply_sync_set(
         ),
         "SELECT pg_reload_conf()".to_owned(),
     ];
+    // The loop that decides failover waits for these: a primary that goes silent in the
+    // middle of one (cut off, stopped) must not hold it longer than it takes to be marked
+    // down. What was not applied is applied at a later turn.
+    let limit = upkeep_limit(config);
     for sql in &statements {
-        run_sql(node, &config.cluster, &ctx, sql).await?;
+        tokio::time::timeout(limit, run_sql(node, &config.cluster, &ctx, sql))
+            .await
+            .map_err(|_| {
+                format!(
+                    "{} did not answer within {} ms",
+                    node.name(),
+                    limit.as_millis()
+                )
+            })??;
     }
     Ok(())
+}
+
+/// How long a statement of the failover loop's upkeep may wait for a node: as long as
+/// health checks take to mark it down.
+fn upkeep_limit(config: &Config) -> Duration {
+    let cluster = &config.cluster;
+    Duration::from_millis(
+        cluster
+            .health_check_timeout_ms
+            .saturating_mul(u64::from(cluster.health_check_failures_before_down.max(1))),
+    )
 }
 
 /// One word for a verdict in the event list.

@@ -99,6 +99,7 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
                     tx: None,
                     schema_changed_at: None,
                     extended: crate::exec::Extended::default(),
+                    catalog_awaited: false,
                 };
                 tokio::spawn(async move {
                     let end = Box::pin(session.run()).await;

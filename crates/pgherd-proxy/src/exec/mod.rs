@@ -70,6 +70,8 @@ pub struct ShardedSession {
     pub schema_changed_at: Option<u64>,
     /// The client's prepared statements and portals (extended query protocol).
     pub extended: Extended,
+    /// This session waited once for a fresh pgherd's first catalog reading.
+    pub catalog_awaited: bool,
 }
 
 /// How long a write to a table the catalog does not know waits for it to be read again.
@@ -271,6 +273,14 @@ impl ShardedSession {
     ) -> Result<(Execution, Arc<Decision>), PgError> {
         let started = tokio::time::Instant::now();
         let wait = Duration::from_millis(CATALOG_WAIT_MS);
+        // Until a fresh pgherd has read the catalog, every function might write or be an
+        // aggregate: the session's first statement waits for the first reading rather than be
+        // refused for what it would tell.
+        if self.router.generation() == 0 && !std::mem::replace(&mut self.catalog_awaited, true) {
+            while self.router.generation() == 0 && started.elapsed() < wait {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
         // After this session's own schema change, the catalog is read again before planning.
         if let Some(changed_at) = self.schema_changed_at.take() {
             while self.router.generation() <= changed_at && started.elapsed() < wait {

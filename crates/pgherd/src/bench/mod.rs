@@ -5,6 +5,7 @@ mod cgroup;
 mod pgbench;
 mod procstat;
 mod scaling;
+mod shards;
 mod svg;
 pub(crate) mod targets;
 
@@ -25,6 +26,11 @@ pub enum BenchCommand {
     /// Pgpool-II (streaming replication, load balancing) at 1–120 clients, interleaved; CSV,
     /// SVG plots and a ratio table.
     Scaling(scaling::ScalingOptions),
+    /// The seeds' benchmarks 3 and 4: index-scan selects by aid and a sequential scan
+    /// aggregating over pgbench_accounts, through a sharded pgherd over 1–4 one-node shards
+    /// beside the same data on a master/slave cluster of 1–4 nodes behind pgherd, every node
+    /// under a CPU quota, interleaved; CSV, SVG plots and a ratio table.
+    Shards(scaling::ScalingOptions),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -135,6 +141,7 @@ pub fn run(command: BenchCommand) -> Result<(), String> {
     match command {
         BenchCommand::Pooler(options) => pooler(options),
         BenchCommand::Scaling(options) => scaling::scaling(options),
+        BenchCommand::Shards(options) => scaling::shards(options),
     }
 }
 

@@ -2,6 +2,11 @@
 //! node runs under its own CPU quota so that 1 to 4 nodes behave like small separate servers;
 //! pgbench reads and writes through pgherd and through Pgpool-II (streaming replication, load
 //! balancing on) at growing client counts, interleaved, against one node direct as the base.
+//!
+//! `pgherd bench shards` is the same run with the seeds' benchmarks 3 and 4 (index-scan selects
+//! by `aid`, a sequential scan aggregating over `pgbench_accounts`) through a sharded pgherd
+//! over 1–4 one-node shards ([`super::shards`]) beside the master/slave cluster behind an
+//! unsharded pgherd.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -12,6 +17,7 @@ use clap::{Args, ValueEnum};
 
 use super::cgroup::{CpuQuotas, Periods};
 use super::pgbench::{median, Pgbench, PgbenchResult};
+use super::shards::{self, ProxySettings, ShardClusters};
 use super::svg::{LineChart, Series};
 use super::targets::{
     start_pgherd, start_pgpool, BenchCluster, BenchUser, PgherdSetup, ProxyProcess,
@@ -27,6 +33,9 @@ pub enum ScalingWorkload {
     SeqScan,
     /// pgbench's TPC-B-like writes.
     Tpcb,
+    /// A sequential scan aggregating over pgbench_accounts (count and sum of one branch's
+    /// accounts; bid has no index): on every shard at once through a sharded endpoint.
+    Aggregate,
 }
 
 impl ScalingWorkload {
@@ -35,6 +44,7 @@ impl ScalingWorkload {
             ScalingWorkload::IndexScan => "index-scan",
             ScalingWorkload::SeqScan => "seq-scan",
             ScalingWorkload::Tpcb => "tpcb",
+            ScalingWorkload::Aggregate => "aggregate",
         }
     }
 
@@ -49,6 +59,8 @@ pub enum ScalingTarget {
     Direct,
     Pgherd,
     Pgpool,
+    /// A sharded pgherd over as many one-node shards as the block has nodes.
+    PgherdShards,
 }
 
 impl ScalingTarget {
@@ -57,9 +69,17 @@ impl ScalingTarget {
             ScalingTarget::Direct => "direct",
             ScalingTarget::Pgherd => "pgherd",
             ScalingTarget::Pgpool => "pgpool",
+            ScalingTarget::PgherdShards => "pgherd-shards",
         }
     }
 }
+
+/// The middlewares, in the order reports list them.
+const PROXIES: [ScalingTarget; 3] = [
+    ScalingTarget::Pgherd,
+    ScalingTarget::PgherdShards,
+    ScalingTarget::Pgpool,
+];
 
 #[derive(Args, Debug)]
 pub struct ScalingOptions {
@@ -68,13 +88,11 @@ pub struct ScalingOptions {
     nodes: Vec<usize>,
     #[arg(long, value_delimiter = ',', default_value = "1,10,30,60,90,120")]
     clients: Vec<u32>,
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "index-scan,seq-scan,tpcb"
-    )]
+    /// Default: index-scan,seq-scan,tpcb (`bench shards`: index-scan,aggregate).
+    #[arg(long, value_delimiter = ',')]
     workloads: Vec<ScalingWorkload>,
-    #[arg(long, value_delimiter = ',', default_value = "direct,pgherd,pgpool")]
+    /// Default: direct,pgherd,pgpool (`bench shards`: direct,pgherd,pgherd-shards).
+    #[arg(long, value_delimiter = ',')]
     targets: Vec<ScalingTarget>,
     /// Seconds per pgbench run.
     #[arg(long, default_value_t = 10)]
@@ -85,9 +103,9 @@ pub struct ScalingOptions {
     /// CPU quota of every PostgreSQL node, in percent of one core (0 = no quota).
     #[arg(long, default_value_t = 20)]
     cpu_quota_percent: u32,
-    /// pgbench scale factor.
-    #[arg(long, default_value_t = 10)]
-    scale: u32,
+    /// pgbench scale factor (`bench shards`: 2 unless given).
+    #[arg(long)]
+    scale: Option<u32>,
     /// Rows in the table the sequential-scan workload counts over.
     #[arg(long, default_value_t = 10_000)]
     seq_scan_rows: u32,
@@ -131,17 +149,56 @@ struct Fixture {
     user: BenchUser,
     pgbench: Pgbench,
     seq_scan_script: PathBuf,
+    aggregate_script: PathBuf,
+    /// With the pgherd-shards target: one-node clusters, one per shard.
+    shards: Option<ShardClusters>,
     _tmp: Option<tempfile_dir::TempDir>,
 }
 
-pub fn scaling(options: ScalingOptions) -> Result<(), String> {
+impl ScalingOptions {
+    fn scale(&self) -> u32 {
+        self.scale.unwrap_or(10)
+    }
+}
+
+/// `pgherd bench shards`: the scaling run with the sharding workloads and targets.
+pub fn shards(mut options: ScalingOptions) -> Result<(), String> {
+    if options.workloads.is_empty() {
+        options.workloads = vec![ScalingWorkload::IndexScan, ScalingWorkload::Aggregate];
+    }
+    if options.targets.is_empty() {
+        options.targets = vec![
+            ScalingTarget::Direct,
+            ScalingTarget::Pgherd,
+            ScalingTarget::PgherdShards,
+        ];
+    }
+    options.scale = Some(options.scale.unwrap_or(2));
+    scaling(options)
+}
+
+pub fn scaling(mut options: ScalingOptions) -> Result<(), String> {
+    if options.workloads.is_empty() {
+        options.workloads = vec![
+            ScalingWorkload::IndexScan,
+            ScalingWorkload::SeqScan,
+            ScalingWorkload::Tpcb,
+        ];
+    }
+    if options.targets.is_empty() {
+        options.targets = vec![
+            ScalingTarget::Direct,
+            ScalingTarget::Pgherd,
+            ScalingTarget::Pgpool,
+        ];
+    }
     let mut nodes = options.nodes.clone();
     nodes.sort_unstable();
     nodes.dedup();
     if nodes.first() == Some(&0) || nodes.is_empty() {
         return Err("--nodes takes counts of 1 or more".into());
     }
-    let fixture = setup(&options, *nodes.last().unwrap_or(&1))?;
+    let fixture = setup(&options, &nodes)?;
     let started = Instant::now();
     let mut samples = Vec::new();
     // The base line is one node with nothing in front: measured once, in the first block.
@@ -179,6 +236,18 @@ pub fn scaling(options: ScalingOptions) -> Result<(), String> {
             )?),
             false => None,
         };
+        let proxy_settings = ProxySettings {
+            user: &fixture.user,
+            pool_size: options.pool_size,
+            workers: options.pgherd_workers,
+        };
+        let sharded = match (
+            &fixture.shards,
+            options.targets.contains(&ScalingTarget::PgherdShards),
+        ) {
+            (Some(shards), true) => Some(shards.start_pgherd(n, &proxy_settings)?),
+            _ => None,
+        };
         let pgpool = match options.targets.contains(&ScalingTarget::Pgpool) {
             true => Some(start_pgpool(
                 &fixture.cluster,
@@ -199,6 +268,7 @@ pub fn scaling(options: ScalingOptions) -> Result<(), String> {
                             ScalingTarget::Direct => None,
                             ScalingTarget::Pgherd => pgherd.as_ref(),
                             ScalingTarget::Pgpool => pgpool.as_ref(),
+                            ScalingTarget::PgherdShards => sharded.as_ref(),
                         };
                         let used = if target == ScalingTarget::Direct {
                             1
@@ -241,7 +311,8 @@ pub fn scaling(options: ScalingOptions) -> Result<(), String> {
     write_outputs(&options, &nodes, &samples, &report)
 }
 
-fn setup(options: &ScalingOptions, max_nodes: usize) -> Result<Fixture, String> {
+fn setup(options: &ScalingOptions, node_counts: &[usize]) -> Result<Fixture, String> {
+    let max_nodes = node_counts.last().copied().unwrap_or(1);
     let (dir, tmp) = work_dir(options.dir.as_ref())?;
     let mut quotas = match options.cpu_quota_percent {
         0 => None,
@@ -271,14 +342,30 @@ fn setup(options: &ScalingOptions, max_nodes: usize) -> Result<Fixture, String> 
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
-    .collect();
-    let cluster = BenchCluster::create(&dir, max_nodes - 1, settings, &[&user])?;
+    .collect::<Vec<_>>();
+    let cluster = BenchCluster::create(&dir, max_nodes - 1, settings.clone(), &[&user])?;
     cluster.sql("postgres", "CREATE DATABASE bench OWNER bench")?;
     pgbench_init(
         &pgbench_bin,
         &user.url(cluster.primary_port(), "bench"),
-        options.scale,
+        options.scale(),
     )?;
+    let shards = match options.targets.contains(&ScalingTarget::PgherdShards) {
+        true => Some(ShardClusters::create(
+            &dir,
+            max_nodes,
+            &settings,
+            &ProxySettings {
+                user: &user,
+                pool_size: options.pool_size,
+                workers: options.pgherd_workers,
+            },
+            node_counts,
+            options.scale(),
+            &pgbench_bin,
+        )?),
+        false => None,
+    };
     for sql in [
         "CREATE TABLE seq_scan (k integer, filler text)".to_owned(),
         format!(
@@ -302,6 +389,15 @@ fn setup(options: &ScalingOptions, max_nodes: usize) -> Result<Fixture, String> 
         ),
     )
     .map_err(|e| e.to_string())?;
+    let aggregate_script = log_dir.join("aggregate.sql");
+    std::fs::write(
+        &aggregate_script,
+        format!(
+            "\\set b random(1, {})\nSELECT count(*), sum(abalance) FROM pgbench_accounts WHERE bid = :b;\n",
+            options.scale()
+        ),
+    )
+    .map_err(|e| e.to_string())?;
     wait_caught_up(&cluster);
     if let Some(quotas) = quotas.as_mut() {
         for node in &cluster.cluster.nodes {
@@ -309,6 +405,12 @@ fn setup(options: &ScalingOptions, max_nodes: usize) -> Result<Fixture, String> 
                 .postmaster_pid()
                 .ok_or_else(|| format!("{} has no postmaster.pid", node.name))?;
             quotas.confine(&node.name, pid, options.cpu_quota_percent)?;
+        }
+        for (name, node) in shards.iter().flat_map(ShardClusters::nodes) {
+            let pid = node
+                .postmaster_pid()
+                .ok_or_else(|| format!("{name} has no postmaster.pid"))?;
+            quotas.confine(&name, pid, options.cpu_quota_percent)?;
         }
         eprintln!(
             "each node limited to {}% of a core",
@@ -324,6 +426,8 @@ fn setup(options: &ScalingOptions, max_nodes: usize) -> Result<Fixture, String> 
             log_dir,
         },
         seq_scan_script,
+        aggregate_script,
+        shards,
         _tmp: tmp,
     })
 }
@@ -383,6 +487,9 @@ fn measure(
         ScalingWorkload::SeqScan => {
             vec!["-f".into(), fixture.seq_scan_script.display().to_string()]
         }
+        ScalingWorkload::Aggregate => {
+            vec!["-f".into(), fixture.aggregate_script.display().to_string()]
+        }
         ScalingWorkload::Tpcb => vec![],
     };
     args.extend([
@@ -395,14 +502,17 @@ fn measure(
         "-T".into(),
         options.duration_s.to_string(),
     ]);
-    let node_names: Vec<&str> = fixture
-        .cluster
-        .cluster
-        .nodes
-        .iter()
-        .take(nodes)
-        .map(|n| n.name.as_str())
-        .collect();
+    let node_names: Vec<String> = match target {
+        ScalingTarget::PgherdShards => (0..nodes).map(shards::quota_name).collect(),
+        _ => fixture
+            .cluster
+            .cluster
+            .nodes
+            .iter()
+            .take(nodes)
+            .map(|n| n.name.clone())
+            .collect(),
+    };
     let periods = |quotas: &CpuQuotas| -> Vec<Option<Periods>> {
         node_names.iter().map(|n| quotas.periods(n)).collect()
     };
@@ -544,7 +654,7 @@ fn render_report(
          {} min in all. `direct` is one node with nothing in front.\n",
         options.rounds,
         options.duration_s,
-        options.scale,
+        options.scale(),
         options.cpu_quota_percent,
         options.balance,
         if options.pgpool_statement_level { "statement-level" } else { "session-level (its default)" },
@@ -554,7 +664,7 @@ fn render_report(
         let _ = writeln!(r, "### {} (TPS)\n", workload.name());
         let mut header = String::from("| clients | direct |");
         let mut rule = String::from("|---:|---:|");
-        for target in [ScalingTarget::Pgherd, ScalingTarget::Pgpool] {
+        for target in PROXIES {
             if !options.targets.contains(&target) {
                 continue;
             }
@@ -570,7 +680,7 @@ fn render_report(
                 "| {clients} | {} |",
                 fmt(get(workload, ScalingTarget::Direct, 1, clients), 0)
             );
-            for target in [ScalingTarget::Pgherd, ScalingTarget::Pgpool] {
+            for target in PROXIES {
                 if !options.targets.contains(&target) {
                     continue;
                 }
@@ -612,6 +722,9 @@ fn render_report(
                 fmt(h / p, 2)
             );
         }
+    }
+    if options.targets.contains(&ScalingTarget::PgherdShards) {
+        shards_table(&mut r, options, nodes, &m);
     }
     let throttled: Vec<String> = options
         .workloads
@@ -703,7 +816,7 @@ fn write_outputs(
     std::fs::write(&written[1], report).map_err(|e| e.to_string())?;
     let m = medians(samples);
     for &workload in &options.workloads {
-        for target in [ScalingTarget::Pgherd, ScalingTarget::Pgpool] {
+        for target in PROXIES {
             if !options.targets.contains(&target) {
                 continue;
             }
@@ -763,5 +876,40 @@ fn target_label(target: ScalingTarget) -> &'static str {
         ScalingTarget::Direct => "direct",
         ScalingTarget::Pgherd => "pgherd",
         ScalingTarget::Pgpool => "Pgpool-II",
+        ScalingTarget::PgherdShards => "pgherd sharded",
+    }
+}
+
+/// The sharding goals: index-scan TPS on N shards against the master/slave cluster on N
+/// nodes (at least 0.9), the aggregate's fan-out on N shards against N times one node (at
+/// least 0.8), both as peaks over client counts.
+fn shards_table(r: &mut String, options: &ScalingOptions, nodes: &[usize], m: &Medians) {
+    let _ = writeln!(
+        r,
+        "\n### Sharding (the thesis's benchmarks 3 and 4)\n\nPeak TPS over client counts. \
+         Goals: index-scan on N shards at least 0.9 x pgherd master/slave on N nodes; aggregate \
+         on N shards at least 0.8 x N x one node direct.\n"
+    );
+    let _ = writeln!(
+        r,
+        "| workload | N | sharded peak | master/slave peak | sharded / master-slave | direct 1 node | sharded / (N x direct) |"
+    );
+    let _ = writeln!(r, "|---|---:|---:|---:|---:|---:|---:|");
+    for &workload in &options.workloads {
+        let direct = peak(m, workload, ScalingTarget::Direct, 1).0;
+        for &n in nodes {
+            let (s, sc) = peak(m, workload, ScalingTarget::PgherdShards, n);
+            let (h, hc) = peak(m, workload, ScalingTarget::Pgherd, n);
+            let _ = writeln!(
+                r,
+                "| {} | {n} | {} ({sc}) | {} ({hc}) | {} | {} | {} |",
+                workload.name(),
+                fmt(s, 0),
+                fmt(h, 0),
+                fmt(s / h, 2),
+                fmt(direct, 0),
+                fmt(s / (n as f64 * direct), 2)
+            );
+        }
     }
 }

@@ -236,8 +236,9 @@ pub struct PgherdSetup<'a> {
     /// Another pgherd binary (an earlier build) to run instead of this one, as
     /// `pgherd-baseline`: before/after figures from one interleaved run.
     pub baseline: Option<&'a Path>,
-    /// One of several instances agreeing through etcd: its name (for the files and the log)
-    /// and its `[dcs]` section.
+    /// A pgherd of its own among several (instances agreeing through etcd, the sharded
+    /// endpoint over N shards): its name (for the files and the log) and the config sections
+    /// added for it (`[dcs]`; `[sharding]` and the other shards' nodes).
     pub instance: Option<(&'a str, &'a str)>,
 }
 

@@ -1,0 +1,130 @@
+//! The sharded side of the scaling benchmark (`pgherd bench shards`): the thesis's benchmarks
+//! 3 and 4 over 1–4 shards. Each shard is a one-node cluster under the same CPU quota as the
+//! master/slave cluster's nodes; for each shard count N a database `shards<N>` holds pgbench's
+//! tables loaded through a sharded pgherd over the first N shards (`pgbench_accounts` spread
+//! by `aid`, the other tables on every shard), and the benchmark's sharded pgherd over N shards
+//! serves it as the database `bench`, so the same pgbench runs against it and against the
+//! master/slave cluster behind an unsharded pgherd.
+
+use std::path::Path;
+
+use pgherd_cluster::LocalNode;
+
+use super::pgbench_init;
+use super::targets::{start_pgherd, BenchCluster, BenchUser, PgherdSetup, ProxyProcess};
+
+/// One-node clusters, shard `k` the `k`-th.
+pub struct ShardClusters {
+    clusters: Vec<BenchCluster>,
+}
+
+/// How the benchmark's pgherds are set up, whatever they front.
+pub struct ProxySettings<'a> {
+    pub user: &'a BenchUser,
+    pub pool_size: u32,
+    pub workers: usize,
+}
+
+impl ShardClusters {
+    /// `count` one-node clusters under `dir` (all with the first one's superuser password,
+    /// which pgherd logs in with), each loaded for every shard count in `counts` it belongs to.
+    pub fn create(
+        dir: &Path,
+        count: usize,
+        settings: &[(String, String)],
+        proxy: &ProxySettings,
+        counts: &[usize],
+        scale: u32,
+        pgbench: &Path,
+    ) -> Result<ShardClusters, String> {
+        eprintln!(
+            "creating {count} one-node shard(s) in {} ...",
+            dir.display()
+        );
+        let mut settings = settings.to_vec();
+        // Writes over several shards (pgbench -i's COPY) commit with two-phase commit.
+        settings.push(("max_prepared_transactions".into(), "10".into()));
+        let mut clusters: Vec<BenchCluster> = Vec::with_capacity(count);
+        for k in 0..count {
+            let cluster = BenchCluster::create(
+                &dir.join(format!("shard{k}")),
+                0,
+                settings.clone(),
+                &[proxy.user],
+            )?;
+            if let Some(first) = clusters.first() {
+                cluster.sql(
+                    "postgres",
+                    &format!(
+                        "ALTER ROLE postgres PASSWORD '{}'",
+                        first.superuser_password
+                    ),
+                )?;
+            }
+            clusters.push(cluster);
+        }
+        let shards = ShardClusters { clusters };
+        for &n in counts {
+            for cluster in &shards.clusters[..n] {
+                cluster.sql(
+                    "postgres",
+                    &format!("CREATE DATABASE shards{n} OWNER {}", proxy.user.name),
+                )?;
+            }
+            let loader = shards.start_pgherd(n, proxy)?;
+            eprintln!("loading pgbench's tables over {n} shard(s) through pgherd ...");
+            pgbench_init(pgbench, &proxy.user.url(loader.port, "bench"), scale)?;
+            for cluster in &shards.clusters[..n] {
+                cluster.sql(&format!("shards{n}"), "VACUUM ANALYZE")?;
+                cluster.sql("postgres", "CHECKPOINT")?;
+            }
+        }
+        Ok(shards)
+    }
+
+    /// A sharded pgherd over the first `n` shards, serving database `bench` from `shards<n>`.
+    pub fn start_pgherd(&self, n: usize, proxy: &ProxySettings) -> Result<ProxyProcess, String> {
+        let mut extra = format!(
+            "[databases.bench]\ndbname = \"shards{n}\"\n\n[sharding]\n\
+             [[sharding.tables]]\ntable = \"pgbench_accounts\"\ncolumn = \"aid\"\ntype = \"integer\"\n\n"
+        );
+        for (k, cluster) in self.clusters.iter().enumerate().take(n).skip(1) {
+            let node = cluster.cluster.primary();
+            extra.push_str(&format!(
+                "[[nodes]]\nname = \"shard{k}\"\nhost = \"{}\"\nport = {}\nshard = {k}\n\n",
+                node.host, node.port
+            ));
+        }
+        let first = self
+            .clusters
+            .first()
+            .ok_or_else(|| "no shard cluster".to_owned())?;
+        let name = format!("pgherd-shards{n}");
+        start_pgherd(
+            first,
+            &PgherdSetup {
+                nodes: 1,
+                users: &[proxy.user],
+                pool_size: proxy.pool_size,
+                workers: proxy.workers,
+                database_keys: "",
+                ha: false,
+                baseline: None,
+                instance: Some((&name, &extra)),
+            },
+        )
+    }
+
+    /// Every shard's node, with the name its CPU quota group takes.
+    pub fn nodes(&self) -> impl Iterator<Item = (String, &LocalNode)> {
+        self.clusters
+            .iter()
+            .enumerate()
+            .map(|(k, c)| (quota_name(k), c.cluster.primary()))
+    }
+}
+
+/// The CPU quota group of shard `k`'s node.
+pub fn quota_name(k: usize) -> String {
+    format!("shard{k}")
+}

@@ -136,14 +136,8 @@ fn drivers_see_what_postgresql_shows() {
 /// portal read a few rows at a time. Each driver gets a database of its own.
 #[test]
 fn drivers_through_a_sharded_endpoint() {
-    use pgherd_testkit::{ClusterOptions, Pgherd, TestCluster, SUPERUSER, SUPERUSER_PASSWORD};
-    let shard = || {
-        TestCluster::start_with(ClusterOptions {
-            replicas: 0,
-            settings: vec![("max_prepared_transactions".into(), "20".into())],
-        })
-    };
-    let shards = [shard(), shard()];
+    use pgherd_testkit::{Pgherd, SUPERUSER, SUPERUSER_PASSWORD};
+    let shards = [shard_cluster(), shard_cluster()];
     for cluster in &shards {
         cluster.sql("CREATE DATABASE psycopg");
         cluster.sql("CREATE DATABASE pgjdbc");

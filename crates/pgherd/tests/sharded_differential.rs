@@ -11,8 +11,9 @@ mod common;
 
 use bytes::BytesMut;
 use common::connect_as_superuser;
+use common::shard_cluster;
 use pgherd_testkit::raw::{errors, Message, RawClient};
-use pgherd_testkit::{ClusterOptions, Pgherd, TestCluster, SUPERUSER, SUPERUSER_PASSWORD};
+use pgherd_testkit::{Pgherd, SUPERUSER, SUPERUSER_PASSWORD};
 use pgherd_wire::backend::{self, tag as btag};
 use pgherd_wire::frontend;
 use rand::rngs::StdRng;
@@ -331,15 +332,8 @@ async fn simple(client: &Client, sql: &str) -> Answer {
 fn prepared(raw: &mut RawClient, sql: &str, params: &[String]) -> Answer {
     let mut out = BytesMut::new();
     frontend::encode_parse(&mut out, b"", sql.as_bytes(), &[0, 0]).expect("parse");
-    let values: Vec<Option<&[u8]>> = params.iter().map(|p| Some(p.as_bytes())).collect();
-    let mut rest = BytesMut::new();
-    frontend::BindValues {
-        param_formats: Vec::new(),
-        values,
-        result_formats: Vec::new(),
-    }
-    .encode_rest(&mut rest);
-    frontend::encode_bind(&mut out, b"", b"", &rest).expect("bind");
+    let values: Vec<Option<&str>> = params.iter().map(|p| Some(p.as_str())).collect();
+    common::bind_text(&mut out, b"", &values);
     frontend::encode_execute(&mut out, b"", 0).expect("execute");
     frontend::encode_sync(&mut out);
     raw.send(&out);
@@ -423,13 +417,6 @@ async fn differ(cases: &[Case], port: u16, database: &str, whole: &Client) -> (V
         }
     }
     (failures, answered)
-}
-
-fn shard_cluster() -> TestCluster {
-    TestCluster::start_with(ClusterOptions {
-        replicas: 0,
-        settings: vec![("max_prepared_transactions".into(), "20".into())],
-    })
 }
 
 /// The dataset, as the statements that load it (through an endpoint or directly).

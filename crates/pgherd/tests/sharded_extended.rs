@@ -7,21 +7,15 @@
 mod common;
 
 use bytes::BytesMut;
+use common::{bind_text as bind, shard_cluster};
 use common::{code, connect_as_superuser, BIN};
 use pgherd_route::shard_hash::{shard_of_text, KeyType};
 use pgherd_testkit::raw::{errors, first_column, Message, RawClient};
-use pgherd_testkit::{ClusterOptions, Pgherd, PgherdConfig, TestCluster, SUPERUSER};
+use pgherd_testkit::{Pgherd, PgherdConfig, TestCluster, SUPERUSER};
 use pgherd_wire::backend::tag as btag;
 use pgherd_wire::frontend;
 
 const SHARDS: u32 = 2;
-
-fn shard_cluster() -> TestCluster {
-    TestCluster::start_with(ClusterOptions {
-        replicas: 0,
-        settings: vec![("max_prepared_transactions".into(), "20".into())],
-    })
-}
 
 fn config(shards: &[TestCluster]) -> PgherdConfig {
     common::sharded_config(shards, &[("accounts", "aid")])
@@ -228,19 +222,6 @@ fn unbound(sql: &str) -> BytesMut {
     frontend::encode_execute(&mut out, b"", 0).unwrap();
     frontend::encode_sync(&mut out);
     out
-}
-
-/// Binds statement `statement` to the unnamed portal with text values and text rows.
-fn bind(out: &mut BytesMut, statement: &[u8], values: &[Option<&str>]) {
-    let values: Vec<Option<&[u8]>> = values.iter().map(|v| v.map(str::as_bytes)).collect();
-    let mut rest = BytesMut::new();
-    frontend::BindValues {
-        param_formats: Vec::new(),
-        values,
-        result_formats: Vec::new(),
-    }
-    .encode_rest(&mut rest);
-    frontend::encode_bind(out, b"", statement, &rest).unwrap();
 }
 
 fn tags(messages: &[Message]) -> String {

@@ -7,19 +7,13 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::shard_cluster;
 use common::{code, connect_as_superuser, psql_with_input, BIN};
 use pgherd_route::shard_hash::{shard_of_text, KeyType};
-use pgherd_testkit::{ClusterOptions, Pgherd, PgherdConfig, TestCluster};
+use pgherd_testkit::{Pgherd, PgherdConfig, TestCluster};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 const SHARDS: u32 = 2;
-
-fn shard_cluster() -> TestCluster {
-    TestCluster::start_with(ClusterOptions {
-        replicas: 0,
-        settings: vec![("max_prepared_transactions".into(), "20".into())],
-    })
-}
 
 fn config(shards: &[TestCluster]) -> PgherdConfig {
     common::sharded_config(shards, &[("accounts", "aid"), ("deferred", "aid")])

@@ -228,3 +228,26 @@ pub fn sharded_config(shards: &[TestCluster], tables: &[(&str, &str)]) -> Pgherd
     }
     config
 }
+
+/// A one-node cluster to be a shard: prepared transactions on, for two-phase commit.
+pub fn shard_cluster() -> TestCluster {
+    TestCluster::start_with(pgherd_testkit::ClusterOptions {
+        replicas: 0,
+        settings: vec![("max_prepared_transactions".into(), "20".into())],
+    })
+}
+
+/// A Bind of `statement` to the unnamed portal with text values (types left to the server)
+/// and text rows.
+pub fn bind_text(out: &mut bytes::BytesMut, statement: &[u8], values: &[Option<&str>]) {
+    use pgherd_wire::frontend;
+    let values: Vec<Option<&[u8]>> = values.iter().map(|v| v.map(str::as_bytes)).collect();
+    let mut rest = bytes::BytesMut::new();
+    frontend::BindValues {
+        param_formats: Vec::new(),
+        values,
+        result_formats: Vec::new(),
+    }
+    .encode_rest(&mut rest);
+    frontend::encode_bind(out, b"", statement, &rest).expect("bind");
+}

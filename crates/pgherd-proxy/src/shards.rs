@@ -4,13 +4,14 @@
 //! agreement act on; the others are watched by their own monitors and route by the primary
 //! those find, without failover or synchronous standbys yet.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use pgherd_config::Sharding;
 use pgherd_route::shard_plan::ShardMap;
+use pgherd_route::shard_shape::ShapePlan;
 
 use crate::nodes::{CheckThresholds, Nodes};
 
@@ -22,7 +23,13 @@ pub struct Shards {
     sequence: AtomicU64,
     /// (shard, server database) pairs whose decisions table pgherd has made sure of.
     decision_tables: Mutex<HashSet<(u32, String)>>,
+    /// Key-routed statement shapes planned once, by their literal-blind shape (at most
+    /// [`MAX_SHAPES`]; the map of sharded tables they were planned with never changes).
+    shapes: Mutex<HashMap<Box<[u8]>, Arc<ShapePlan>>>,
 }
+
+/// Shapes kept at most: beyond them, statements are planned in full each time.
+const MAX_SHAPES: usize = 10_000;
 
 impl Shards {
     pub fn new(sharding: &Sharding, shard0: Arc<Nodes>, thresholds: CheckThresholds) -> Shards {
@@ -38,6 +45,20 @@ impl Shards {
             instance: rand::random(),
             sequence: AtomicU64::new(1),
             decision_tables: Mutex::new(HashSet::new()),
+            shapes: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The kept plan of a statement shape.
+    pub fn shape(&self, key: &[u8]) -> Option<Arc<ShapePlan>> {
+        self.shapes.lock().get(key).cloned()
+    }
+
+    /// Keeps the plan of a statement shape, while there is room.
+    pub fn keep_shape(&self, key: &[u8], plan: ShapePlan) {
+        let mut shapes = self.shapes.lock();
+        if shapes.len() < MAX_SHAPES {
+            shapes.insert(key.into(), Arc::new(plan));
         }
     }
 

@@ -95,7 +95,6 @@ pub fn lex(sql: &[u8], standard_conforming_strings: bool, key: &mut Vec<u8>) -> 
 }
 
 /// [`lex`], also listing each literal's byte range.
-#[cfg(test)]
 pub fn lex_with_spans(
     sql: &[u8],
     standard_conforming_strings: bool,

@@ -23,6 +23,7 @@ pub mod plan;
 pub mod shard_hash;
 pub mod shard_plan;
 pub mod shard_route;
+pub mod shard_shape;
 mod tree;
 pub mod two_phase;
 
@@ -30,7 +31,7 @@ pub use balance::Balance;
 pub use catalog::Catalog;
 pub use classify::{classify, ROUTE_SETTING};
 pub use decision::{Decision, Pin, SessionEffect, Target, TxEffect};
-pub use lexer::{lex, HintError, Lexed};
+pub use lexer::{lex, lex_with_spans, HintError, Lexed};
 pub use plan::{Role, Routed};
 
 /// How fresh the data a session reads from replicas must be.

@@ -9,7 +9,7 @@
 use pg_query::protobuf::node::Node as NodeEnum;
 use serde_json::Value;
 
-use crate::tree::{last_name, objects};
+use crate::tree::objects;
 
 /// The statement with the pinned values as parameters after the client's own.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,7 +39,9 @@ const TIMESTAMPTZ: u32 = 1184;
 const TRANSACTION_TIME_FUNCTIONS: &[&str] = &["now", "transaction_timestamp"];
 
 /// The type of a node of the serialized tree computing a transaction-stable time, if it is
-/// one: a `SQLValueFunction` of the date/time kinds, or `now()`/`transaction_timestamp()`.
+/// one: a `SQLValueFunction` of the date/time kinds, or `now()`/`transaction_timestamp()`
+/// (unqualified or in `pg_catalog`, no `*`, FILTER or window; a function of that name the
+/// database defines is the caller's to rule out).
 pub fn transaction_time(key: &str, value: &Value) -> Option<u32> {
     match key {
         // The op's number in PostgreSQL's SQLValueFunctionOp.
@@ -52,24 +54,47 @@ pub fn transaction_time(key: &str, value: &Value) -> Option<u32> {
             _ => None,
         },
         "FuncCall" => {
-            let name = last_name(value.get("funcname")?)?;
-            let no_arguments = value
-                .get("args")
-                .is_none_or(|a| a.as_array().is_some_and(Vec::is_empty));
-            let plain = value.get("over").is_none_or(Value::is_null);
-            (TRANSACTION_TIME_FUNCTIONS.contains(&name.as_str()) && no_arguments && plain)
-                .then_some(TIMESTAMPTZ)
+            let mut names: Vec<&str> = Vec::new();
+            objects(value.get("funcname")?, &mut |fields| {
+                if let Some(Value::String(name)) = fields.get("sval") {
+                    names.push(name);
+                }
+            });
+            let name = match names.as_slice() {
+                [name] | ["pg_catalog", name] => *name,
+                _ => return None,
+            };
+            let absent = |field: &str| {
+                value.get(field).is_none_or(|v| {
+                    v.is_null() || v == false || v.as_array().is_some_and(Vec::is_empty)
+                })
+            };
+            let plain = [
+                "args",
+                "over",
+                "agg_star",
+                "agg_filter",
+                "agg_order",
+                "agg_within_group",
+                "agg_distinct",
+                "func_variadic",
+            ]
+            .iter()
+            .all(|field| absent(field));
+            (TRANSACTION_TIME_FUNCTIONS.contains(&name) && plain).then_some(TIMESTAMPTZ)
         }
         _ => None,
     }
 }
 
-/// `sql` (whose tree is `statement`) with its transaction-stable times as parameters; `None`
-/// if it has none. `Err` names what could not be placed in the text.
-pub fn pin(sql: &str, statement: &NodeEnum) -> Result<Option<Pinned>, String> {
+/// `sql` (whose tree is `statement`, bound to `bound_params` values) with its
+/// transaction-stable times as parameters after the client's; `None` if it has none. `Err`
+/// names what could not be placed in the text.
+pub fn pin(sql: &str, statement: &NodeEnum, bound_params: usize) -> Result<Option<Pinned>, String> {
     let tree = serde_json::to_value(statement).map_err(|e| e.to_string())?;
     let mut found: Vec<(usize, u32)> = Vec::new();
-    let mut client_params = 0usize;
+    // A Parse may declare more parameters than the text uses; the client binds them all.
+    let mut client_params = bound_params;
     objects(&tree, &mut |fields| {
         for (key, value) in fields {
             if key == "ParamRef" {
@@ -86,6 +111,8 @@ pub fn pin(sql: &str, statement: &NodeEnum) -> Result<Option<Pinned>, String> {
         return Ok(None);
     }
     found.sort_unstable();
+    // One expression the tree holds twice (`SET (a, b) = (now(), 1)`) is one parameter.
+    found.dedup_by_key(|(location, _)| *location);
     let tokens = pg_query::scan(sql).map_err(|e| e.to_string())?.tokens;
     let text = |t: &pg_query::protobuf::ScanToken| {
         sql.get(t.start as usize..t.end as usize)
@@ -150,7 +177,7 @@ mod tests {
             .as_ref()
             .and_then(|s| s.node.clone())
             .unwrap();
-        pin(sql, &statement).unwrap()
+        pin(sql, &statement, 0).unwrap()
     }
 
     #[test]
@@ -190,5 +217,10 @@ mod tests {
         assert_eq!(pinned("INSERT INTO h VALUES (1, 'now')"), None);
         assert_eq!(pinned("INSERT INTO h VALUES (clock_timestamp())"), None);
         assert_eq!(pinned("INSERT INTO h VALUES (now(1))"), None);
+        assert_eq!(pinned("INSERT INTO h VALUES (app.now())"), None);
+        assert_eq!(pinned("SELECT count(*) FROM h"), None);
+        let p = pinned("UPDATE h SET (a, b) = (now(), 1)").unwrap();
+        assert_eq!(p.sql, "UPDATE h SET (a, b) = ($1, 1)");
+        assert_eq!(p.values.len(), 1);
     }
 }

@@ -136,7 +136,8 @@ fn refuse(what: &str) -> ShardError {
 
 /// What the database's catalog says, as far as planning over the shards needs it.
 pub struct CatalogFacts<'a> {
-    /// Whether a function name may be an aggregate the database defines (when unsure, yes).
+    /// Whether a function name may be one the database defines (an aggregate of its own, or
+    /// a function shadowing a built-in's name; when unsure, yes).
     pub is_user_aggregate: &'a dyn Fn(&str) -> bool,
     /// Of a table every shard holds, by name: what could make its copies differ when
     /// written; `None` if the catalog does not know it.
@@ -199,14 +200,23 @@ pub fn route_statement(
         || matches!(&execution, Execution::CopyIn(plan) if plan.key.is_none())
     {
         copies_written_alike(statement, catalog)?;
-        if let Execution::Write { pinned, .. } = &mut execution {
-            *pinned = pin::pin(sql, statement)
-                .map_err(|e| {
-                    refuse(&format!(
-                        "a write to a table that is not sharded with {e} pgherd cannot place"
-                    ))
-                })?
-                .map(Box::new);
+        let pinned = pin::pin(sql, statement, params.len())
+            .map_err(|e| {
+                refuse(&format!(
+                    "a write to a table that is not sharded with {e} pgherd cannot place"
+                ))
+            })?
+            .map(Box::new);
+        match &mut execution {
+            Execution::Write { pinned: slot, .. } => *slot = pinned,
+            // A COPY's rows reach every shard in a statement of its own: a time in its WHERE
+            // would be each shard's.
+            _ if pinned.is_some() => {
+                return Err(refuse(
+                    "COPY into a table that is not sharded reading the transaction's time (each shard would keep other rows)",
+                ))
+            }
+            _ => {}
         }
         if (catalog.mentions_user_code)(sql) {
             return Err(refuse(
@@ -477,8 +487,16 @@ fn copies_written_alike(statement: &NodeEnum, catalog: &CatalogFacts) -> Result<
         statement,
         "an expression pgherd cannot read",
         |key, value| match key {
-            // The transaction's time is computed once and bound on every shard.
-            _ if pin::transaction_time(key, value).is_some() => None,
+            // The transaction's time is computed once and bound on every shard, unless the
+            // database defines a function of that name.
+            "FuncCall"
+                if pin::transaction_time(key, value).is_some()
+                    && !last_name(value.get("funcname")?)
+                        .is_some_and(|name| (catalog.is_user_aggregate)(&name)) =>
+            {
+                None
+            }
+            "SqlvalueFunction" if pin::transaction_time(key, value).is_some() => None,
             "FuncCall" => Some(format!(
                 "calling {}",
                 last_name(value.get("funcname")?).unwrap_or_default()

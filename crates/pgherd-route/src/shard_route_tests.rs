@@ -58,6 +58,21 @@ fn route_as(sql: &str, decision: &Decision) -> Result<Execution, ShardError> {
     route_statement(sql, &map(), decision, &catalog, &[])
 }
 
+fn route_with_user_function(sql: &str, function: &str) -> Result<Execution, ShardError> {
+    let catalog = CatalogFacts {
+        is_user_aggregate: &|name| name == function,
+        copy_facts: &facts,
+        mentions_user_code: &|_| false,
+    };
+    route_statement(
+        sql,
+        &map(),
+        &Decision::new(Target::Primary, "writes"),
+        &catalog,
+        &[],
+    )
+}
+
 fn route(sql: &str) -> Result<Execution, ShardError> {
     route_as(sql, &Decision::new(Target::Replica, "reads"))
 }
@@ -480,6 +495,19 @@ fn transaction_times_of_copies_are_pinned() {
     );
     assert_eq!(pinned.client_params, 1);
     assert_eq!(pinned.values.len(), 2);
+    // A COPY's WHERE would be read by each shard at its own time; a function the database
+    // defines under a built-in's name is not the transaction's time.
+    let refused = route("COPY tellers FROM STDIN WHERE at > now()").unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("reading the transaction's time"),
+        "{refused}"
+    );
+    let refused =
+        route_with_user_function("INSERT INTO tellers (tid, at) VALUES (1, now())", "now")
+            .unwrap_err();
+    assert!(refused.to_string().contains("calling now"), "{refused}");
     // A write to a sharded table's rows computes them on its own shard, as one server would.
     let planned = route("UPDATE accounts SET at = now() WHERE aid = 1");
     assert_eq!(planned, Ok(Execution::OneShard(shard_of(1))));

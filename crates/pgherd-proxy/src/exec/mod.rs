@@ -28,6 +28,7 @@ use pgherd_route::shard_plan::BoundParam;
 use pgherd_route::shard_route::{
     route_statement, CatalogFacts, CopyFacts, Execution, ShardError, SplitInsert, TxCommand,
 };
+use pgherd_route::shard_shape;
 use pgherd_route::{Decision, SessionEffect, Target, TxEffect};
 use pgherd_wire::backend::{self, tag as btag};
 use pgherd_wire::frontend::tag as ftag;
@@ -277,6 +278,7 @@ impl ShardedSession {
         // aggregate: the session's first statement waits for the first reading rather than be
         // refused for what it would tell.
         if self.router.generation() == 0 && !std::mem::replace(&mut self.catalog_awaited, true) {
+            self.router.catalog_changed();
             while self.router.generation() == 0 && started.elapsed() < wait {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -344,7 +346,25 @@ impl ShardedSession {
             copy_facts: &copy_facts,
             mentions_user_code: &mentions_user_code,
         };
+        // A shape planned before places the statement without parsing it (`shard_shape`).
+        let mut key = Vec::new();
+        let mut spans = Vec::new();
+        let lexed = pgherd_route::lex_with_spans(sql.as_bytes(), true, &mut key, &mut spans);
+        let keyed = lexed.cacheable && !lexed.strings_depend_on_settings && decision.pin.is_none();
+        if let Some(shape) = self.shards.shape(&key).filter(|_| keyed) {
+            if let Some(shard) = shard_shape::place(&shape, sql, &spans, params, &self.shards.map) {
+                return Ok((Execution::OneShard(shard), decision));
+            }
+        }
         let execution = route_statement(sql, &self.shards.map, &decision, &facts, params)?;
+        if keyed && matches!(execution, Execution::OneShard(_)) && self.shards.shape(&key).is_none()
+        {
+            if let Some(shape) =
+                shard_shape::shape_plan(sql, &spans, params.len(), &self.shards.map)
+            {
+                self.shards.keep_shape(&key, shape);
+            }
+        }
         Ok((execution, decision))
     }
 
@@ -467,7 +487,10 @@ impl ShardedSession {
             Execution::Write {
                 pinned: Some(pinned),
                 ..
-            } => pinned::write(&mut links, query, pinned, out).await,
+            } => {
+                let first = self.tx.as_ref().and_then(|tx| tx.first_shard);
+                pinned::write(&mut links, query, pinned, first, out).await
+            }
             Execution::Write { copies, split, .. } => {
                 self.write(&mut links, query, *copies, split.as_deref(), out)
                     .await

@@ -1,51 +1,37 @@
 //! A write to the copies of a table every shard holds that reads the transaction's time
 //! (`now()`, `CURRENT_TIMESTAMP`, ...; `pgherd_route::pin`): the values are computed once, on
-//! the first shard inside the transaction, and bound as parameters on every shard, so every
-//! copy gets what one server would have written.
+//! the first shard the write reaches, inside the transaction, and bound as parameters (in
+//! binary) on every shard, so every copy gets what one server would have written.
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use pgherd_route::pin::Pinned;
-use pgherd_wire::backend::tag as btag;
+use pgherd_wire::backend::{self, tag as btag};
 use pgherd_wire::frontend::BindValues;
 use pgherd_wire::{PgError, SqlState};
 
 use super::extended::{split_messages, type_at};
-use super::link::{encode_message, Bound, Link, Query};
+use super::link::{encode_message, server_error, Bound, Link, Query};
 use super::{each, Failed};
 
-/// Runs `pinned` (the client's `query` with its times as parameters) on every link.
+/// Runs `pinned` (the client's `query` with its times as parameters) on every link; the
+/// values come from the link of `first_shard` (the shard the transaction began on first,
+/// whose start time is the transaction's), else the first link.
 pub async fn write(
     links: &mut [Link],
     query: Query<'_>,
     pinned: &Pinned,
+    first_shard: Option<u32>,
     out: &mut BytesMut,
 ) -> Result<(), Failed> {
-    let Some(first) = links.first_mut() else {
+    let at = links
+        .iter()
+        .position(|l| Some(l.shard) == first_shard)
+        .unwrap_or(0);
+    let Some(first) = links.get_mut(at) else {
         return Ok(());
     };
-    let expressions: Vec<&str> = pinned
-        .values
-        .iter()
-        .map(|v| v.expression.as_str())
-        .collect();
-    let computed = first
-        .ask_own(&format!("SELECT {}", expressions.join(", ")))
-        .await?;
-    if let Some(refused) = computed.refused {
-        return Err(Failed::Statement(refused));
-    }
-    if computed.row.len() != pinned.values.len() {
-        return Err(Failed::Statement(PgError::error(
-            SqlState::PROTOCOL_VIOLATION,
-            format!(
-                "shard {} computed {} values for {}",
-                first.shard,
-                computed.row.len(),
-                pinned.values.len()
-            ),
-        )));
-    }
-    let bound = bind(query.bound, pinned, &computed.row).map_err(Failed::Statement)?;
+    let computed = compute(first, pinned).await?;
+    let bound = bind(query.bound, pinned, &computed).map_err(Failed::Statement)?;
     let with_values = Query {
         sql: &pinned.sql,
         bound: Some(&bound),
@@ -61,12 +47,71 @@ pub async fn write(
     Ok(())
 }
 
-/// The client's parameters (none for a simple query), then the computed values in text, each
-/// typed as the expression it stands for.
+/// The pinned expressions' values on `link`, in binary: what binary dates and times say does
+/// not depend on DateStyle or the time zone abbreviations, as their text would.
+async fn compute(link: &mut Link, pinned: &Pinned) -> Result<Vec<Option<Vec<u8>>>, Failed> {
+    let expressions: Vec<&str> = pinned
+        .values
+        .iter()
+        .map(|v| v.expression.as_str())
+        .collect();
+    let select = format!("SELECT {}", expressions.join(", "));
+    let mut rest = BytesMut::new();
+    BindValues {
+        param_formats: Vec::new(),
+        values: Vec::new(),
+        result_formats: vec![1],
+    }
+    .encode_rest(&mut rest);
+    let binary_rows = Bound {
+        param_types: Bytes::from_static(&[0, 0]),
+        bind_rest: rest.freeze(),
+        describe: false,
+    };
+    link.send_query(Query {
+        sql: &select,
+        bound: Some(&binary_rows),
+    })
+    .await?;
+    let mut row: Option<Vec<Option<Vec<u8>>>> = None;
+    let mut refused = None;
+    loop {
+        let (tag, body) = link.next().await?;
+        match tag {
+            btag::READY_FOR_QUERY => break,
+            btag::ERROR_RESPONSE => {
+                refused.get_or_insert(server_error(link.shard, &body));
+            }
+            btag::DATA_ROW => {
+                row = backend::parse_data_row(&body)
+                    .ok()
+                    .map(|values| values.into_iter().map(|v| v.map(<[u8]>::to_vec)).collect());
+            }
+            _ => {}
+        }
+    }
+    if let Some(refused) = refused {
+        return Err(Failed::Statement(refused));
+    }
+    match row {
+        Some(values) if values.len() == pinned.values.len() => Ok(values),
+        _ => Err(Failed::Statement(PgError::error(
+            SqlState::PROTOCOL_VIOLATION,
+            format!(
+                "shard {} did not compute the {} values asked",
+                link.shard,
+                pinned.values.len()
+            ),
+        ))),
+    }
+}
+
+/// The client's parameters (none for a simple query), then the computed values in binary,
+/// each typed as the expression it stands for.
 fn bind(
     client: Option<&Bound>,
     pinned: &Pinned,
-    computed: &[Option<String>],
+    computed: &[Option<Vec<u8>>],
 ) -> Result<Bound, PgError> {
     let protocol =
         |e: pgherd_wire::WireError| PgError::error(SqlState::PROTOCOL_VIOLATION, e.to_string());
@@ -102,8 +147,8 @@ fn bind(
         }
     }
     for value in computed {
-        param_formats.push(0);
-        values.push(value.as_deref().map(str::as_bytes));
+        param_formats.push(1);
+        values.push(value.as_deref());
     }
     let mut rest = BytesMut::new();
     BindValues {

@@ -30,6 +30,8 @@ pub struct Tx {
     pub read_only: bool,
     /// It changed the schema (which pgherd's catalog reads only once it commits).
     pub changed_schema: bool,
+    /// The shard it was begun on first: its start time is the transaction's.
+    pub first_shard: Option<u32>,
     /// The implicit transaction of several extended-protocol statements before a Sync, which
     /// ends at the Sync; the client's own BEGIN makes it an ordinary transaction block.
     pub implicit: bool,
@@ -45,6 +47,7 @@ impl Tx {
             failed: false,
             read_only,
             changed_schema: false,
+            first_shard: None,
             implicit: false,
         }
     }
@@ -196,6 +199,7 @@ impl ShardedSession {
         if !tx.settings_sql.is_empty() {
             link.close_after_use();
         }
+        tx.first_shard.get_or_insert(shard);
         tx.links.insert(shard, link);
         Ok(())
     }

@@ -71,7 +71,7 @@ impl ShardClusters {
                     &format!("CREATE DATABASE shards{n} OWNER {}", proxy.user.name),
                 )?;
             }
-            let loader = shards.start_pgherd(n, proxy)?;
+            let loader = shards.start_named_pgherd(n, proxy, &format!("pgherd-shards{n}-load"))?;
             eprintln!("loading pgbench's tables over {n} shard(s) through pgherd ...");
             pgbench_init(pgbench, &proxy.user.url(loader.port, "bench"), scale)?;
             for cluster in &shards.clusters[..n] {
@@ -84,6 +84,16 @@ impl ShardClusters {
 
     /// A sharded pgherd over the first `n` shards, serving database `bench` from `shards<n>`.
     pub fn start_pgherd(&self, n: usize, proxy: &ProxySettings) -> Result<ProxyProcess, String> {
+        self.start_named_pgherd(n, proxy, &format!("pgherd-shards{n}"))
+    }
+
+    /// [`Self::start_pgherd`] with its files named `name`.
+    fn start_named_pgherd(
+        &self,
+        n: usize,
+        proxy: &ProxySettings,
+        name: &str,
+    ) -> Result<ProxyProcess, String> {
         let mut extra = format!(
             "[databases.bench]\ndbname = \"shards{n}\"\n\n[sharding]\n\
              [[sharding.tables]]\ntable = \"pgbench_accounts\"\ncolumn = \"aid\"\ntype = \"integer\"\n\n"
@@ -99,7 +109,6 @@ impl ShardClusters {
             .clusters
             .first()
             .ok_or_else(|| "no shard cluster".to_owned())?;
-        let name = format!("pgherd-shards{n}");
         start_pgherd(
             first,
             &PgherdSetup {
@@ -110,7 +119,7 @@ impl ShardClusters {
                 database_keys: "",
                 ha: false,
                 baseline: None,
-                instance: Some((&name, &extra)),
+                instance: Some((name, &extra)),
             },
         )
     }

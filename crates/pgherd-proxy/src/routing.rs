@@ -16,7 +16,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use pgherd_route::catalog::{Persistence, RelationRow, Snapshot, SnapshotBuilder};
-use pgherd_route::{classify, lex, Decision, HintError, Route, Target};
+use pgherd_route::{classify, lex, lex_with_spans, Decision, HintError, Route, Target};
 use pgherd_wire::{PgError, SqlState};
 use tokio::sync::Notify;
 
@@ -196,48 +196,83 @@ impl Router {
     /// given; an invalid hint is the client's error.
     pub fn route(&self, sql: &[u8], standard_conforming_strings: bool) -> Result<Routed, PgError> {
         KEY.with(|key| {
-            let mut key = key.borrow_mut();
-            key.clear();
-            let long = sql.len() > self.max_parse_bytes;
-            // A text too long to parse gets no key: it would only fill the cache.
-            let lexed = lex(
-                if long { &[] } else { sql },
+            self.route_keyed(
+                sql,
                 standard_conforming_strings,
-                &mut key,
-            );
-            let hint = lexed.hint.clone().map_err(|e| hint_error(&e))?;
-            if lexed.cacheable && !long {
-                let mut cache = self.decisions.lock();
-                if let Some(decision) = cache.map.get(key.as_slice()).cloned() {
-                    cache.hits += 1;
-                    return Ok(Routed { decision, hint });
-                }
-                cache.misses += 1;
-            }
-            let text = String::from_utf8_lossy(sql);
-            let decision = Arc::new(classify(
-                &text,
-                &lexed,
-                &**self.catalog.load(),
-                self.max_parse_bytes,
-            ));
-            if decision.needs_catalog {
-                self.reload.notify_one();
-            }
-            if lexed.cacheable && !long && decision.cacheable && !decision.needs_catalog {
-                let mut cache = self.decisions.lock();
-                if cache.map.len() >= self.capacity {
-                    cache.map.clear();
-                }
-                cache.map.insert(key.as_slice().into(), decision.clone());
-            }
-            if let Some(value) = &decision.route_setting {
-                if Route::parse(value).is_none() {
-                    return Err(route_setting_error(value));
-                }
-            }
-            Ok(Routed { decision, hint })
+                &mut key.borrow_mut(),
+                None,
+            )
         })
+    }
+
+    /// [`Self::route`], leaving in `key` the statement's literal-blind shape (empty when it
+    /// has none to trust: too long, not lexed as the server would, strings read by settings)
+    /// and, with `spans`, its literals' byte ranges: a sharded endpoint places statements by
+    /// them without lexing them again.
+    pub fn route_keyed(
+        &self,
+        sql: &[u8],
+        standard_conforming_strings: bool,
+        key: &mut Vec<u8>,
+        spans: Option<&mut Vec<(usize, usize)>>,
+    ) -> Result<Routed, PgError> {
+        key.clear();
+        let long = sql.len() > self.max_parse_bytes;
+        // A text too long to parse gets no key: it would only fill the cache.
+        let text = if long { &[][..] } else { sql };
+        let lexed = match spans {
+            Some(spans) => {
+                spans.clear();
+                lex_with_spans(text, standard_conforming_strings, key, spans)
+            }
+            None => lex(text, standard_conforming_strings, key),
+        };
+        let routed = self.decide(sql, long, &lexed, key);
+        if !lexed.cacheable || long || lexed.strings_depend_on_settings {
+            key.clear();
+        }
+        routed
+    }
+
+    fn decide(
+        &self,
+        sql: &[u8],
+        long: bool,
+        lexed: &pgherd_route::Lexed,
+        key: &[u8],
+    ) -> Result<Routed, PgError> {
+        let hint = lexed.hint.clone().map_err(|e| hint_error(&e))?;
+        if lexed.cacheable && !long {
+            let mut cache = self.decisions.lock();
+            if let Some(decision) = cache.map.get(key).cloned() {
+                cache.hits += 1;
+                return Ok(Routed { decision, hint });
+            }
+            cache.misses += 1;
+        }
+        let text = String::from_utf8_lossy(sql);
+        let decision = Arc::new(classify(
+            &text,
+            lexed,
+            &**self.catalog.load(),
+            self.max_parse_bytes,
+        ));
+        if decision.needs_catalog {
+            self.reload.notify_one();
+        }
+        if lexed.cacheable && !long && decision.cacheable && !decision.needs_catalog {
+            let mut cache = self.decisions.lock();
+            if cache.map.len() >= self.capacity {
+                cache.map.clear();
+            }
+            cache.map.insert(key.into(), decision.clone());
+        }
+        if let Some(value) = &decision.route_setting {
+            if Route::parse(value).is_none() {
+                return Err(route_setting_error(value));
+            }
+        }
+        Ok(Routed { decision, hint })
     }
 
     /// A standby refused `sql` (an unlogged table the catalog did not know yet, a write

@@ -655,4 +655,4 @@ fn statement_name(node: &NodeEnum) -> String {
 
 #[cfg(test)]
 #[path = "shard_route_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -7,7 +7,7 @@ use super::*;
 use crate::shard_hash::{shard_of_text, KeyType};
 use crate::shard_plan::{Method, ShardedTable};
 
-fn map() -> ShardMap {
+pub(crate) fn map() -> ShardMap {
     ShardMap {
         shards: 3,
         tables: BTreeMap::from([(
@@ -550,7 +550,7 @@ fn fan_out_plan(sql: &str) -> crate::merge_plan::FanOut {
     crate::merge_plan::plan_fan_out(&select, "aid", &|_| false).unwrap()
 }
 
-fn route_bound(sql: &str, params: &[BoundParam]) -> Result<Execution, ShardError> {
+pub(crate) fn route_bound(sql: &str, params: &[BoundParam]) -> Result<Execution, ShardError> {
     let catalog = CatalogFacts {
         is_user_aggregate: &|_| false,
         copy_facts: &facts,

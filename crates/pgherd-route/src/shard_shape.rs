@@ -116,29 +116,10 @@ pub fn place(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
-    use crate::decision::{Decision, Target};
     use crate::lexer::lex_with_spans;
-    use crate::shard_hash::KeyType;
-    use crate::shard_plan::{Method, ShardedTable};
-    use crate::shard_route::{route_statement, CatalogFacts, Execution};
-
-    fn map() -> ShardMap {
-        ShardMap {
-            shards: 3,
-            tables: BTreeMap::from([(
-                "accounts".to_owned(),
-                ShardedTable {
-                    key_column: "aid".into(),
-                    key_type: KeyType::Int4,
-                    method: Method::Hash,
-                    key_ordinal: None,
-                },
-            )]),
-        }
-    }
+    use crate::shard_route::tests::{map, route_bound};
+    use crate::shard_route::Execution;
 
     fn spans(sql: &str) -> (Vec<u8>, Vec<(usize, usize)>) {
         let mut key = Vec::new();
@@ -148,18 +129,7 @@ mod tests {
     }
 
     fn full(sql: &str) -> Option<u32> {
-        let catalog = CatalogFacts {
-            is_user_aggregate: &|_| false,
-            copy_facts: &|_| None,
-            mentions_user_code: &|_| false,
-        };
-        match route_statement(
-            sql,
-            &map(),
-            &Decision::new(Target::Replica, "reads"),
-            &catalog,
-            &[],
-        ) {
+        match route_bound(sql, &[]) {
             Ok(Execution::OneShard(shard)) => Some(shard),
             _ => None,
         }

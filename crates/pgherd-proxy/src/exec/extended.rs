@@ -413,16 +413,7 @@ impl ShardedSession {
 pub(super) async fn typed(link: &mut Link, sql: &str, bound: &Bound) -> Result<Bound, Failed> {
     let values = BindValues::parse(&bound.bind_rest).map_err(protocol)?;
     let declared = &bound.param_types;
-    let count = declared
-        .get(..2)
-        .map_or(0, |c| usize::from(u16::from_be_bytes([c[0], c[1]])));
-    let all_declared = count >= values.values.len()
-        && declared
-            .get(2..)
-            .unwrap_or_default()
-            .chunks_exact(4)
-            .take(values.values.len())
-            .all(|oid| oid != [0, 0, 0, 0]);
+    let all_declared = (0..values.values.len()).all(|i| type_at(declared, i) != 0);
     if all_declared {
         return Ok(bound.clone());
     }

@@ -80,8 +80,8 @@ pub struct OwnAnswer {
     pub refused: Option<PgError>,
     pub tag: Option<String>,
     pub value: Option<String>,
-    /// The last row's values (text).
-    pub row: Vec<Option<String>>,
+    /// The last row, as the server sent it.
+    pub last_row: Option<BytesMut>,
 }
 
 impl Link {
@@ -255,14 +255,14 @@ impl Link {
     }
 
     /// [`Self::run_own`], keeping what the answer said: its error, last command tag and
-    /// last row (text). Reported parameters are kept for [`Self::take_reported`].
+    /// last row (its first value as text). Reported parameters are kept for [`Self::take_reported`].
     pub async fn ask_own(&mut self, sql: &str) -> Result<OwnAnswer, PgError> {
         self.send(sql).await?;
         self.ask_answer().await
     }
 
     /// The answer to what was sent, read to its `ReadyForQuery`.
-    async fn ask_answer(&mut self) -> Result<OwnAnswer, PgError> {
+    pub async fn ask_answer(&mut self) -> Result<OwnAnswer, PgError> {
         let mut answer = OwnAnswer::default();
         loop {
             let (tag, body) = self.next().await?;
@@ -275,15 +275,11 @@ impl Link {
                 }
                 btag::COMMAND_COMPLETE => answer.tag = command_tag(&body).map(str::to_owned),
                 btag::DATA_ROW => {
-                    answer.row = backend::parse_data_row(&body)
-                        .map(|values| {
-                            values
-                                .into_iter()
-                                .map(|v| v.map(|v| String::from_utf8_lossy(v).into_owned()))
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    answer.value = answer.row.first().cloned().flatten();
+                    answer.value = backend::parse_data_row(&body)
+                        .ok()
+                        .and_then(|values| values.first().copied().flatten())
+                        .map(|v| String::from_utf8_lossy(v).into_owned());
+                    answer.last_row = Some(body);
                 }
                 btag::PARAMETER_STATUS => self.reported.push((tag, body)),
                 _ => {}

@@ -75,6 +75,15 @@ pub struct ShardedSession {
     pub catalog_awaited: bool,
 }
 
+/// A statement's literal-blind shape and its literals' byte ranges, as planning reads them.
+type ShapeBuffers = (Vec<u8>, Vec<(usize, usize)>);
+
+thread_local! {
+    /// Kept per thread, so planning allocates nothing for them.
+    static SHAPE: std::cell::RefCell<ShapeBuffers> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
 /// How long a write to a table the catalog does not know waits for it to be read again.
 const CATALOG_WAIT_MS: u64 = 2_000;
 
@@ -319,11 +328,41 @@ impl ShardedSession {
                 "not supported on sharded tables: standard_conforming_strings = off",
             )));
         }
-        let decision = self
-            .router
-            .route(sql.as_bytes(), true)
-            .map_err(PlanError::Pg)?
-            .decision;
+        SHAPE.with(|shape| {
+            let (key, spans) = &mut *shape.borrow_mut();
+            let decision = self
+                .router
+                .route_keyed(sql.as_bytes(), true, key, Some(spans))
+                .map_err(PlanError::Pg)?
+                .decision;
+            // A shape planned before places the statement without parsing it (`shard_shape`).
+            let keyed = !key.is_empty() && decision.pin.is_none();
+            let kept = self.shards.shape(key).filter(|_| keyed);
+            if let Some(shape) = &kept {
+                if let Some(shard) = shard_shape::place(shape, sql, spans, params, &self.shards.map)
+                {
+                    return Ok((Execution::OneShard(shard), decision));
+                }
+            }
+            let execution = self.plan_in_full(sql, &decision, params)?;
+            if keyed && kept.is_none() && matches!(execution, Execution::OneShard(_)) {
+                if let Some(plan) =
+                    shard_shape::shape_plan(sql, spans, params.len(), &self.shards.map)
+                {
+                    self.shards.keep_shape(key, plan);
+                }
+            }
+            Ok((execution, decision))
+        })
+    }
+
+    /// `route_statement`, with what the catalog says.
+    fn plan_in_full(
+        &self,
+        sql: &str,
+        decision: &Decision,
+        params: &[BoundParam],
+    ) -> Result<Execution, PlanError> {
         let catalog = self.router.catalog();
         // Until the catalog is read, any function might be an aggregate the database defines.
         let unread = catalog.function_count() == 0;
@@ -346,26 +385,13 @@ impl ShardedSession {
             copy_facts: &copy_facts,
             mentions_user_code: &mentions_user_code,
         };
-        // A shape planned before places the statement without parsing it (`shard_shape`).
-        let mut key = Vec::new();
-        let mut spans = Vec::new();
-        let lexed = pgherd_route::lex_with_spans(sql.as_bytes(), true, &mut key, &mut spans);
-        let keyed = lexed.cacheable && !lexed.strings_depend_on_settings && decision.pin.is_none();
-        if let Some(shape) = self.shards.shape(&key).filter(|_| keyed) {
-            if let Some(shard) = shard_shape::place(&shape, sql, &spans, params, &self.shards.map) {
-                return Ok((Execution::OneShard(shard), decision));
-            }
-        }
-        let execution = route_statement(sql, &self.shards.map, &decision, &facts, params)?;
-        if keyed && matches!(execution, Execution::OneShard(_)) && self.shards.shape(&key).is_none()
-        {
-            if let Some(shape) =
-                shard_shape::shape_plan(sql, &spans, params.len(), &self.shards.map)
-            {
-                self.shards.keep_shape(&key, shape);
-            }
-        }
-        Ok((execution, decision))
+        Ok(route_statement(
+            sql,
+            &self.shards.map,
+            decision,
+            &facts,
+            params,
+        )?)
     }
 
     async fn execute(

@@ -10,7 +10,7 @@ use pgherd_wire::frontend::BindValues;
 use pgherd_wire::{PgError, SqlState};
 
 use super::extended::{split_messages, type_at};
-use super::link::{encode_message, server_error, Bound, Link, Query};
+use super::link::{encode_message, Bound, Link, Query};
 use super::{each, Failed};
 
 /// Runs `pinned` (the client's `query` with its times as parameters) on every link; the
@@ -73,26 +73,15 @@ async fn compute(link: &mut Link, pinned: &Pinned) -> Result<Vec<Option<Vec<u8>>
         bound: Some(&binary_rows),
     })
     .await?;
-    let mut row: Option<Vec<Option<Vec<u8>>>> = None;
-    let mut refused = None;
-    loop {
-        let (tag, body) = link.next().await?;
-        match tag {
-            btag::READY_FOR_QUERY => break,
-            btag::ERROR_RESPONSE => {
-                refused.get_or_insert(server_error(link.shard, &body));
-            }
-            btag::DATA_ROW => {
-                row = backend::parse_data_row(&body)
-                    .ok()
-                    .map(|values| values.into_iter().map(|v| v.map(<[u8]>::to_vec)).collect());
-            }
-            _ => {}
-        }
-    }
-    if let Some(refused) = refused {
+    let answer = link.ask_answer().await?;
+    if let Some(refused) = answer.refused {
         return Err(Failed::Statement(refused));
     }
+    let row: Option<Vec<Option<Vec<u8>>>> = answer.last_row.and_then(|body| {
+        backend::parse_data_row(&body)
+            .ok()
+            .map(|values| values.into_iter().map(|v| v.map(<[u8]>::to_vec)).collect())
+    });
     match row {
         Some(values) if values.len() == pinned.values.len() => Ok(values),
         _ => Err(Failed::Statement(PgError::error(

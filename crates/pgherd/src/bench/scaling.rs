@@ -39,7 +39,7 @@ pub enum ScalingWorkload {
 }
 
 impl ScalingWorkload {
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             ScalingWorkload::IndexScan => "index-scan",
             ScalingWorkload::SeqScan => "seq-scan",
@@ -545,7 +545,7 @@ fn measure(
 }
 
 /// Median TPS per (workload, target, nodes, clients).
-type Medians = BTreeMap<(ScalingWorkload, ScalingTarget, usize, u32), f64>;
+pub(super) type Medians = BTreeMap<(ScalingWorkload, ScalingTarget, usize, u32), f64>;
 
 fn medians(samples: &[Sample]) -> Medians {
     let mut groups: BTreeMap<_, Vec<f64>> = BTreeMap::new();
@@ -559,7 +559,12 @@ fn medians(samples: &[Sample]) -> Medians {
 }
 
 /// The best median over client counts, and the client count it was reached at.
-fn peak(m: &Medians, workload: ScalingWorkload, target: ScalingTarget, nodes: usize) -> (f64, u32) {
+pub(super) fn peak(
+    m: &Medians,
+    workload: ScalingWorkload,
+    target: ScalingTarget,
+    nodes: usize,
+) -> (f64, u32) {
     m.iter()
         .filter(|((w, t, n, _), tps)| {
             *w == workload && *t == target && *n == nodes && tps.is_finite()
@@ -724,7 +729,7 @@ fn render_report(
         }
     }
     if options.targets.contains(&ScalingTarget::PgherdShards) {
-        shards_table(&mut r, options, nodes, &m);
+        shards::report(&mut r, &options.workloads, nodes, &m);
     }
     let throttled: Vec<String> = options
         .workloads
@@ -877,39 +882,5 @@ fn target_label(target: ScalingTarget) -> &'static str {
         ScalingTarget::Pgherd => "pgherd",
         ScalingTarget::Pgpool => "Pgpool-II",
         ScalingTarget::PgherdShards => "pgherd sharded",
-    }
-}
-
-/// The sharding goals: index-scan TPS on N shards against the master/slave cluster on N
-/// nodes (at least 0.9), the aggregate's fan-out on N shards against N times one node (at
-/// least 0.8), both as peaks over client counts.
-fn shards_table(r: &mut String, options: &ScalingOptions, nodes: &[usize], m: &Medians) {
-    let _ = writeln!(
-        r,
-        "\n### Sharding (the thesis's benchmarks 3 and 4)\n\nPeak TPS over client counts. \
-         Goals: index-scan on N shards at least 0.9 x pgherd master/slave on N nodes; aggregate \
-         on N shards at least 0.8 x N x one node direct.\n"
-    );
-    let _ = writeln!(
-        r,
-        "| workload | N | sharded peak | master/slave peak | sharded / master-slave | direct 1 node | sharded / (N x direct) |"
-    );
-    let _ = writeln!(r, "|---|---:|---:|---:|---:|---:|---:|");
-    for &workload in &options.workloads {
-        let direct = peak(m, workload, ScalingTarget::Direct, 1).0;
-        for &n in nodes {
-            let (s, sc) = peak(m, workload, ScalingTarget::PgherdShards, n);
-            let (h, hc) = peak(m, workload, ScalingTarget::Pgherd, n);
-            let _ = writeln!(
-                r,
-                "| {} | {n} | {} ({sc}) | {} ({hc}) | {} | {} | {} |",
-                workload.name(),
-                fmt(s, 0),
-                fmt(h, 0),
-                fmt(s / h, 2),
-                fmt(direct, 0),
-                fmt(s / (n as f64 * direct), 2)
-            );
-        }
     }
 }

@@ -4,14 +4,17 @@
 //! tables loaded through a sharded pgherd over the first N shards (`pgbench_accounts` spread
 //! by `aid`, the other tables on every shard), and the benchmark's sharded pgherd over N shards
 //! serves it as the database `bench`, so the same pgbench runs against it and against the
-//! master/slave cluster behind an unsharded pgherd.
+//! master/slave cluster behind an unsharded pgherd; [`report`] is the run report's sharding
+//! table.
 
+use std::fmt::Write as _;
 use std::path::Path;
 
 use pgherd_cluster::LocalNode;
 
-use super::pgbench_init;
+use super::scaling::{peak, Medians, ScalingTarget, ScalingWorkload};
 use super::targets::{start_pgherd, BenchCluster, BenchUser, PgherdSetup, ProxyProcess};
+use super::{fmt, pgbench_init};
 
 /// One-node clusters, shard `k` the `k`-th.
 pub struct ShardClusters {
@@ -136,4 +139,38 @@ impl ShardClusters {
 /// The CPU quota group of shard `k`'s node.
 pub fn quota_name(k: usize) -> String {
     format!("shard{k}")
+}
+
+/// The sharding goals: index-scan TPS on N shards against the master/slave cluster on N
+/// nodes (at least 0.9), the aggregate's fan-out on N shards against N times one node (at
+/// least 0.8), both as peaks over client counts.
+pub fn report(r: &mut String, workloads: &[ScalingWorkload], nodes: &[usize], m: &Medians) {
+    let _ = writeln!(
+        r,
+        "\n### Sharding (the thesis's benchmarks 3 and 4)\n\nPeak TPS over client counts. \
+         Goals: index-scan on N shards at least 0.9 x pgherd master/slave on N nodes; aggregate \
+         on N shards at least 0.8 x N x one node direct.\n"
+    );
+    let _ = writeln!(
+        r,
+        "| workload | N | sharded peak | master/slave peak | sharded / master-slave | direct 1 node | sharded / (N x direct) |"
+    );
+    let _ = writeln!(r, "|---|---:|---:|---:|---:|---:|---:|");
+    for &workload in workloads {
+        let direct = peak(m, workload, ScalingTarget::Direct, 1).0;
+        for &n in nodes {
+            let (s, sc) = peak(m, workload, ScalingTarget::PgherdShards, n);
+            let (h, hc) = peak(m, workload, ScalingTarget::Pgherd, n);
+            let _ = writeln!(
+                r,
+                "| {} | {n} | {} ({sc}) | {} ({hc}) | {} | {} | {} |",
+                workload.name(),
+                fmt(s, 0),
+                fmt(h, 0),
+                fmt(s / h, 2),
+                fmt(direct, 0),
+                fmt(s / (n as f64 * direct), 2)
+            );
+        }
+    }
 }

@@ -71,6 +71,20 @@ pub struct ClusterSpec {
     /// A role (name, password) with REPLICATION and nothing else, made on the primary, that
     /// the replicas stream as; `None`: they stream as the superuser.
     pub replication_role: Option<(String, String)>,
+    /// Before every node's name (`pg1`, `pg2`, ...), which is also its data directory's and
+    /// the name it streams under: clusters behind one pgherd (shards) need names of their own.
+    pub node_prefix: String,
+}
+
+/// The replication slot a standby named `node` streams through: its name as a slot may be
+/// named (lower case letters, digits and `_`; a node name may also hold `-` and capitals).
+pub fn slot_name(node: &str) -> String {
+    node.chars()
+        .map(|ch| match ch.to_ascii_lowercase() {
+            ch @ ('a'..='z' | '0'..='9' | '_') => ch,
+            _ => '_',
+        })
+        .collect()
 }
 
 /// A running local cluster.
@@ -104,15 +118,19 @@ impl LocalCluster {
             .iter()
             .enumerate()
             .map(|(i, port)| LocalNode {
-                name: format!("pg{}", i + 1),
+                name: format!("{}pg{}", spec.node_prefix, i + 1),
                 host: spec
                     .netns
                     .get(i)
                     .map_or("127.0.0.1".to_owned(), |(_, address)| address.clone()),
                 netns: spec.netns.get(i).map(|(ns, _)| ns.clone()),
                 port: *port,
-                data_dir: spec.dir.join(format!("pg{}", i + 1)),
-                log_file: spec.dir.join("logs").join(format!("pg{}.log", i + 1)),
+                data_dir: spec.dir.join(format!("{}pg{}", spec.node_prefix, i + 1)),
+                log_file: spec.dir.join("logs").join(format!(
+                    "{}pg{}.log",
+                    spec.node_prefix,
+                    i + 1
+                )),
                 socket_dir: socket_dir.clone(),
                 binaries: binaries.clone(),
                 run_as: run_as.clone(),
@@ -153,12 +171,12 @@ impl LocalCluster {
                 "postgres",
                 &format!(
                     "SELECT pg_create_physical_replication_slot('{}')",
-                    replica.name
+                    slot_name(&replica.name)
                 ),
             )?;
             replica.basebackup(primary, stream_user, stream_password)?;
             let mut settings = base_settings(replica, &spec.settings);
-            settings.push(("primary_slot_name".into(), replica.name.clone()));
+            settings.push(("primary_slot_name".into(), slot_name(&replica.name)));
             replica.write_auto_settings(&settings)?;
             replica.start(Duration::from_secs(60))?;
         }
@@ -327,4 +345,14 @@ fn base_settings(node: &LocalNode, extra: &[(String, String)]) -> Vec<(String, S
     .collect();
     settings.extend(extra.iter().cloned());
     settings
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn slot_names_are_what_postgresql_accepts() {
+        assert_eq!(super::slot_name("pg2"), "pg2");
+        assert_eq!(super::slot_name("shard1-pg2"), "shard1_pg2");
+        assert_eq!(super::slot_name("East-DB_1"), "east_db_1");
+    }
 }

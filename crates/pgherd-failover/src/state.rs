@@ -222,18 +222,6 @@ impl SyncInForce {
     }
 }
 
-impl ClusterState {
-    /// The view of a cluster no failover task keeps (for now, a shard other than 0): its
-    /// commits are acknowledged as its primary's own, so writes do not wait for a synchronous
-    /// set nothing would put in force.
-    pub fn unkept() -> ClusterState {
-        ClusterState {
-            sync_pending: false,
-            ..ClusterState::default()
-        }
-    }
-}
-
 impl Default for ClusterState {
     fn default() -> Self {
         ClusterState {

@@ -139,6 +139,21 @@ impl App {
         self.connect.load_full()
     }
 
+    /// Every cluster this instance keeps: `nodes` (shard 0's), then the other shards'.
+    pub fn clusters(&self) -> Vec<Arc<Nodes>> {
+        match &self.shards {
+            Some(shards) => shards.clusters().to_vec(),
+            None => vec![self.nodes.clone()],
+        }
+    }
+
+    /// The node named `name` (names are unique over every shard) and its cluster.
+    pub fn node_named(&self, name: &str) -> Option<(Arc<Nodes>, Arc<NodeState>)> {
+        self.clusters()
+            .into_iter()
+            .find_map(|cluster| cluster.get(name).map(|node| (cluster, node)))
+    }
+
     pub fn client_tls(&self) -> Option<Arc<tokio_rustls::TlsAcceptor>> {
         self.client_tls.load_full()
     }

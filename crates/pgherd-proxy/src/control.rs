@@ -29,13 +29,23 @@ fn keep_levers(app: &App) -> Option<String> {
     ))
 }
 
+/// A node of shard 0's cluster (`App::nodes`), which the levers kept in the state file act on.
 fn find_node(app: &App, name: &str) -> Result<Arc<NodeState>, PgError> {
-    app.nodes.get(name).ok_or_else(|| {
-        PgError::error(
-            SqlState::UNDEFINED_OBJECT,
-            format!("no node named \"{name}\" in the config"),
-        )
-    })
+    match app.node_named(name) {
+        Some((cluster, node)) if Arc::ptr_eq(&cluster, &app.nodes) => Ok(node),
+        Some(_) => Err(PgError::error(
+            SqlState::FEATURE_NOT_SUPPORTED,
+            format!("{name} belongs to a shard other than shard 0: DETACH and ATTACH act on shard 0's nodes only for now"),
+        )),
+        None => Err(no_such_node(name)),
+    }
+}
+
+fn no_such_node(name: &str) -> PgError {
+    PgError::error(
+        SqlState::UNDEFINED_OBJECT,
+        format!("no node named \"{name}\" in the config"),
+    )
 }
 
 /// `DETACH node`: no new traffic to the node; sessions using it finish what they run.
@@ -211,7 +221,8 @@ pub async fn promote(
     forced: &[Safeguard],
 ) -> Result<Vec<String>, PgError> {
     crate::dcs::must_lead(app)?;
-    let node = find_node(app, name)?;
+    // Any shard's node: each shard fails over on its own.
+    let (cluster, node) = app.node_named(name).ok_or_else(|| no_such_node(name))?;
     let refuse = |msg: String| PgError::error(SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, msg);
     let Ok(_turn) = tokio::time::timeout(ROLE_CHANGE_WAIT, app.role_change.lock()).await else {
         return Err(PgError::error(
@@ -219,11 +230,11 @@ pub async fn promote(
             "another role change (a failover or switchover) is under way",
         ));
     };
-    if app.nodes.is_switching() {
+    if cluster.is_switching() {
         return Err(refuse("a switchover is under way".to_owned()));
     }
     let config = app.config();
-    let nodes = app.nodes.all();
+    let nodes = cluster.all();
     let Some(candidate) = nodes.iter().position(|n| n.id == node.id) else {
         return Err(refuse(format!("{name} left the config")));
     };
@@ -234,7 +245,7 @@ pub async fn promote(
             .last_seen
             .is_some_and(|seen| seen.role == Role::Primary)
     });
-    let seen = Seen::now(app, &nodes, last_primary);
+    let seen = Seen::now(&cluster, &nodes, last_primary);
     let promotion = plan_promotion(&policy(&config), &seen.view(), candidate, forced)
         .map_err(|refusals| refusal_error(name, &refusals))?;
     let what = format!(
@@ -254,7 +265,7 @@ pub async fn promote(
         &promotion.followers,
         &members(&nodes),
     );
-    carry_out(app, &config, &nodes, operation)
+    carry_out(app, &cluster, &config, &nodes, operation)
         .await
         .map_err(|e| refuse(format!("promotion of {name} failed: {e}")))
 }

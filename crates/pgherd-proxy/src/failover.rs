@@ -21,11 +21,12 @@ use pgherd_failover::{decide, ClusterState, NodeId, NodeView, Policy, SyncSet, V
 
 use crate::app::App;
 use crate::node_ops::{promote, quote_literal, repoint, run_sql, seal};
-use crate::nodes::{NodeState, Role};
+use crate::nodes::{NodeState, Nodes, Role};
 
-/// Runs until shutdown. Decides nothing while `[failover] enabled` is false, but still keeps the
-/// synchronous standbys and seals fenced nodes that answer again.
-pub async fn run(app: Arc<App>) {
+/// Runs until shutdown for one cluster: `App::nodes`, or another shard's. Decides nothing while
+/// `[failover] enabled` is false, but still keeps the synchronous standbys and seals fenced
+/// nodes that answer again.
+pub async fn run(app: Arc<App>, cluster: Arc<Nodes>) {
     let mut stop = app.shutdown_signal();
     let mut last_sentence = String::new();
     let mut keeper = KeeperShell::new();
@@ -49,7 +50,7 @@ pub async fn run(app: Arc<App>) {
         if *stop.borrow() {
             return;
         }
-        if app.nodes.is_switching() {
+        if cluster.is_switching() {
             // The switchover moves the primary itself; nodes stop and start on purpose.
             continue;
         }
@@ -59,22 +60,21 @@ pub async fn run(app: Arc<App>) {
         }
         // A PROMOTE or switchover the operator started acts alone; this turn waits for it.
         let _turn = app.role_change.lock().await;
-        if app.nodes.is_switching() {
+        if cluster.is_switching() {
             continue;
         }
-        let nodes = app.nodes.all();
+        let nodes = cluster.all();
         if config.failover.enabled {
-            decide_and_act(&app, &config, &nodes, &mut last_sentence).await;
+            decide_and_act(&app, &cluster, &config, &nodes, &mut last_sentence).await;
         }
-        seal_fenced(&app, &config, &nodes, &fenced_care).await;
+        seal_fenced(&app, &cluster, &config, &nodes, &fenced_care).await;
         // After the decision, so a primary elected in this turn gets its synchronous standbys
         // (and takes writes) now rather than a period later.
-        if let Some(primary) = app
-            .nodes
+        if let Some(primary) = cluster
             .writer()
             .and_then(|p| nodes.iter().position(|n| n.name() == p.name()))
         {
-            keeper.keep(&app, &config, &nodes, primary).await;
+            keeper.keep(&app, &cluster, &config, &nodes, primary).await;
         }
     }
 }
@@ -82,11 +82,12 @@ pub async fn run(app: Arc<App>) {
 /// One failover turn: the verdict on what the monitors saw, acted on.
 async fn decide_and_act(
     app: &Arc<App>,
+    cluster: &Nodes,
     config: &Config,
     nodes: &[Arc<NodeState>],
     last_sentence: &mut String,
 ) {
-    let seen = Seen::now(app, nodes, None);
+    let seen = Seen::now(cluster, nodes, None);
     let view = seen.view();
     let elected = view.elected;
     let verdict = decide(&policy(config), &view);
@@ -112,7 +113,10 @@ async fn decide_and_act(
     };
     drop(members);
     // A failed promotion leaves the fenced old primary elected: the next turn decides again.
-    if carry_out(app, config, nodes, operation).await.is_err() {
+    if carry_out(app, cluster, config, nodes, operation)
+        .await
+        .is_err()
+    {
         tracing::warn!("the promotion is retried at the next check");
     }
 }
@@ -135,11 +139,12 @@ impl SharedCare {
 /// (failover, `PROMOTE`), and whether failover is on or not.
 async fn seal_fenced(
     app: &Arc<App>,
+    cluster: &Nodes,
     config: &Config,
     nodes: &[Arc<NodeState>],
     shared: &Arc<SharedCare>,
 ) {
-    let state = app.nodes.view();
+    let state = cluster.view();
     let fenced: Vec<FencedNode> = nodes
         .iter()
         .map(|n| FencedNode {
@@ -214,8 +219,8 @@ pub(crate) struct Seen {
 impl Seen {
     /// `primary`: the node to treat as the primary when none is elected (manual promotion
     /// with failover off: the one last seen as primary).
-    pub(crate) fn now(app: &App, nodes: &[Arc<NodeState>], primary: Option<usize>) -> Seen {
-        let state = app.nodes.view();
+    pub(crate) fn now(cluster: &Nodes, nodes: &[Arc<NodeState>], primary: Option<usize>) -> Seen {
+        let state = cluster.view();
         let elected = state
             .elected
             .and_then(|id| nodes.iter().position(|n| n.id == id))
@@ -268,7 +273,14 @@ impl KeeperShell {
         }
     }
 
-    async fn keep(&mut self, app: &App, config: &Config, nodes: &[Arc<NodeState>], primary: usize) {
+    async fn keep(
+        &mut self,
+        app: &App,
+        cluster: &Nodes,
+        config: &Config,
+        nodes: &[Arc<NodeState>],
+        primary: usize,
+    ) {
         let primary = &nodes[primary];
         let Some(seen) = primary
             .health()
@@ -284,7 +296,7 @@ impl KeeperShell {
                 tracing::warn!(primary = primary.name(), standby = %name, "a standby streams under a name that is no node's: it cannot be made synchronous; set application_name to its node name in its primary_conninfo");
             }
         }
-        let view = app.nodes.view();
+        let view = cluster.view();
         let eligible = sync_eligible(&view, &members(nodes), primary.id);
         let input = KeeperInput {
             durability: config.replication.durability,
@@ -299,7 +311,7 @@ impl KeeperShell {
         match self.keeper.turn(&view, &input) {
             KeeperStep::Settled(changes) => {
                 for change in changes {
-                    app.nodes.change(change);
+                    cluster.change(change);
                 }
             }
             KeeperStep::Apply {
@@ -309,11 +321,11 @@ impl KeeperShell {
                 event: (kind, detail),
             } => {
                 for change in before {
-                    app.nodes.change(change);
+                    cluster.change(change);
                 }
                 // A successor must know which sets may be in force (a set emptied while no
                 // standby streams, above all) before the primary acknowledges under it.
-                if let Err(e) = recorded(app, &app.nodes.view()).await {
+                if let Err(e) = recorded(app, cluster, &cluster.view()).await {
                     tracing::warn!(node = primary.name(), error = %e, "synchronous standbys not changed: the view could not be recorded in etcd");
                     return;
                 }
@@ -324,7 +336,7 @@ impl KeeperShell {
                 tracing::info!(node = primary.name(), %detail, "synchronous standbys set");
                 event(app, kind, primary.name(), &detail);
                 for change in after {
-                    app.nodes.change(change);
+                    cluster.change(change);
                 }
             }
         }
@@ -445,6 +457,7 @@ pub(crate) fn members(nodes: &[Arc<NodeState>]) -> Vec<Member<'_>> {
 /// done, a sentence each, or why the operation failed.
 pub(crate) async fn carry_out(
     app: &Arc<App>,
+    cluster: &Nodes,
     config: &Config,
     nodes: &[Arc<NodeState>],
     mut operation: Operation,
@@ -452,7 +465,7 @@ pub(crate) async fn carry_out(
     let mut outcome = None;
     loop {
         let step = {
-            let state = app.nodes.view();
+            let state = cluster.view();
             let members = members(nodes);
             operation.step(
                 outcome.take(),
@@ -473,14 +486,14 @@ pub(crate) async fn carry_out(
         // Writes go to a new primary only by a view in etcd: a successor must know of the
         // commits it takes, or it would fence it and rewind them away.
         if ClusterState::elects(&step.changes) {
-            let next = app.nodes.view().after_all(&step.changes);
-            if let Err(e) = recorded(app, &next).await {
+            let next = cluster.view().after_all(&step.changes);
+            if let Err(e) = recorded(app, cluster, &next).await {
                 tracing::error!(error = %e, "the new primary is not elected: the view could not be recorded in etcd; the leader decides again");
                 return Err(e);
             }
         }
         for change in step.changes {
-            app.nodes.change(change);
+            cluster.change(change);
         }
         for e in step.events {
             let node = nodes[e.node].name();
@@ -493,8 +506,8 @@ pub(crate) async fn carry_out(
         let Some(io) = step.io else {
             return operation.finish();
         };
-        outcome = Some(match agreed(app, &io).await {
-            Ok(()) => perform(app, config, nodes, io).await,
+        outcome = Some(match agreed(app, cluster, &io).await {
+            Ok(()) => perform(app, cluster, config, nodes, io).await,
             Err(e) => {
                 tracing::error!(error = %e, ?io, "not done: the decision could not be recorded in etcd");
                 Outcome::Failed(e)
@@ -509,13 +522,13 @@ pub(crate) async fn carry_out(
 /// instance that holds a lease routes by that view too, so none sends writes to the old
 /// primary any more (`pgherd_failover::agreement`). Cutting a node off pgherd's own traffic
 /// needs no agreement.
-async fn agreed(app: &App, io: &Io) -> Result<(), String> {
+async fn agreed(app: &App, cluster: &Nodes, io: &Io) -> Result<(), String> {
     if matches!(io, Io::CutOff { .. }) {
         return Ok(());
     }
-    let state = app.nodes.view();
-    recorded(app, &state).await?;
-    match (&app.dcs, io) {
+    let state = cluster.view();
+    recorded(app, cluster, &state).await?;
+    match (agreeing(app, cluster), io) {
         // The others follow the view just recorded (or a newer one); the wait may be long (a
         // failsafe), so the lead is checked again after it.
         (Some(dcs), Io::Promote { .. }) => {
@@ -529,12 +542,21 @@ async fn agreed(app: &App, io: &Io) -> Result<(), String> {
 }
 
 /// With several instances: this one still leads, and `state` is the view in etcd.
-async fn recorded(app: &App, state: &ClusterState) -> Result<(), String> {
-    let Some(dcs) = &app.dcs else {
+async fn recorded(app: &App, cluster: &Nodes, state: &ClusterState) -> Result<(), String> {
+    let Some(dcs) = agreeing(app, cluster) else {
         return Ok(());
     };
     still_leads(dcs)?;
     dcs.publish(app, state).await.map_err(|e| e.to_string())
+}
+
+/// The instances' agreement, for the one cluster it is about: `App::nodes` (config refuses
+/// `[sharding]` with `[dcs]`, and another shard's view is never written to etcd as the
+/// cluster's).
+fn agreeing<'a>(app: &'a App, cluster: &Nodes) -> Option<&'a Arc<crate::dcs::Dcs>> {
+    app.dcs
+        .as_ref()
+        .filter(|_| std::ptr::eq(cluster, Arc::as_ptr(&app.nodes)))
 }
 
 fn still_leads(dcs: &crate::dcs::Dcs) -> Result<(), String> {
@@ -549,7 +571,13 @@ fn still_leads(dcs: &crate::dcs::Dcs) -> Result<(), String> {
 }
 
 /// One IO of an operation, on the real nodes.
-async fn perform(app: &Arc<App>, config: &Config, nodes: &[Arc<NodeState>], io: Io) -> Outcome {
+async fn perform(
+    app: &Arc<App>,
+    cluster: &Nodes,
+    config: &Config,
+    nodes: &[Arc<NodeState>],
+    io: Io,
+) -> Outcome {
     let failed = |what: &str, node: &NodeState, e: String| {
         tracing::error!(node = node.name(), error = %e, "{what}");
         Outcome::Failed(e)
@@ -572,7 +600,7 @@ async fn perform(app: &Arc<App>, config: &Config, nodes: &[Arc<NodeState>], io: 
         }
         Io::Promote { node } => {
             let node = &nodes[node];
-            match promote(app, node).await {
+            match promote(app, cluster, node).await {
                 // promote() recorded the check that saw it a primary.
                 Ok(()) => Outcome::Promoted {
                     received_lsn: received(node).max(node.lsn()),

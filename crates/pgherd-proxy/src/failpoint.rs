@@ -1,32 +1,77 @@
-//! Test hooks for faults at exact points: `PGHERD_FAILPOINTS=name[,name...]` makes pgherd stop
-//! for good when it reaches one of those points (logging it), so that a test can kill it
-//! there. Unset in production, where every point costs one lookup in an empty list.
+//! Test hooks for faults at exact points: `PGHERD_FAILPOINTS=name[@ms][,name...]` makes pgherd
+//! stop when it reaches one of those points (logging it), for good or for `ms` milliseconds,
+//! so that a test can kill pgherd there, or a server while pgherd waits. Unset in production,
+//! where every point costs one lookup in an empty list.
 
 use std::sync::OnceLock;
+use std::time::Duration;
 
 /// Between the prepares of a two-phase commit and the decider's commit.
 pub const AFTER_PREPARE: &str = "2pc-after-prepare";
 /// After the decider committed, before the other shards commit their prepared transactions.
 pub const AFTER_DECISION: &str = "2pc-after-decision";
 
-fn armed() -> &'static [String] {
-    static ARMED: OnceLock<Vec<String>> = OnceLock::new();
+/// An armed point: its name and how long it pauses (`None`: for good).
+type Armed = (String, Option<Duration>);
+
+fn armed() -> &'static [Armed] {
+    static ARMED: OnceLock<Vec<Armed>> = OnceLock::new();
     ARMED.get_or_init(|| {
         std::env::var("PGHERD_FAILPOINTS")
-            .map(|v| {
-                v.split(',')
-                    .map(|s| s.trim().to_owned())
-                    .filter(|s| !s.is_empty())
-                    .collect()
-            })
+            .map(|v| parse(&v))
             .unwrap_or_default()
     })
 }
 
-/// Never returns if `name` is armed.
+fn parse(list: &str) -> Vec<Armed> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|entry| match entry.split_once('@') {
+            Some((name, ms)) => (
+                name.to_owned(),
+                // A pause that does not read as milliseconds pauses for good, as a bare name.
+                ms.parse().ok().map(Duration::from_millis),
+            ),
+            None => (entry.to_owned(), None),
+        })
+        .collect()
+}
+
+/// Pauses here if `name` is armed: for its time, or for good.
 pub async fn pause_if_armed(name: &str) {
-    if armed().iter().any(|a| a == name) {
-        tracing::warn!(failpoint = name, "failpoint reached: pausing here for good");
-        std::future::pending::<()>().await;
+    let Some((_, pause)) = armed().iter().find(|(armed, _)| armed == name) else {
+        return;
+    };
+    match pause {
+        Some(pause) => {
+            tracing::warn!(
+                failpoint = name,
+                pause_ms = pause.as_millis() as u64,
+                "failpoint reached: pausing here for a while"
+            );
+            tokio::time::sleep(*pause).await;
+        }
+        None => {
+            tracing::warn!(failpoint = name, "failpoint reached: pausing here for good");
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn points_are_armed_for_good_or_for_a_while() {
+        assert_eq!(
+            parse(" a, b@1500 ,,c@soon"),
+            vec![
+                ("a".to_owned(), None),
+                ("b".to_owned(), Some(Duration::from_millis(1500))),
+                ("c".to_owned(), None),
+            ]
+        );
     }
 }

@@ -9,6 +9,7 @@ use pgherd_config::Config;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::app::App;
 use crate::client;
@@ -69,7 +70,14 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
     if let Some(dcs) = &app.dcs {
         tokio::spawn(crate::dcs::run(app.clone(), dcs.clone()));
     }
-    tokio::spawn(crate::failover::run(app.clone()));
+    for (shard, cluster) in app.clusters().into_iter().enumerate() {
+        let duty = crate::failover::run(app.clone(), cluster);
+        match app.shards {
+            // Its log lines say which shard they are about.
+            Some(_) => tokio::spawn(duty.instrument(tracing::info_span!("shard", shard))),
+            None => tokio::spawn(duty),
+        };
+    }
     for listener in listeners {
         tokio::spawn(accept_loop(app.clone(), listener));
     }

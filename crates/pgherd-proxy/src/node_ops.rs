@@ -12,7 +12,7 @@ use pgherd_wire::PgError;
 
 use crate::app::App;
 use crate::monitor::{check_once, management_connection};
-use crate::nodes::{NodeState, Role};
+use crate::nodes::{NodeState, Nodes, Role};
 use crate::pool::ConnectContext;
 
 /// How long a node whose promotion answer was lost is watched for an answer.
@@ -27,7 +27,7 @@ const PROMOTE_SETTLE_MS: u64 = 15_000;
 /// to [`PROMOTE_SETTLE_MS`] until it answers, and, if it came back a standby and this instance
 /// still may act for the cluster, asked once more, so that one dropped connection does not
 /// leave the cluster without a primary.
-pub(crate) async fn promote(app: &App, node: &NodeState) -> Result<(), String> {
+pub(crate) async fn promote(app: &App, cluster: &Nodes, node: &NodeState) -> Result<(), String> {
     let config = app.config();
     let ctx = app.connect_context();
     let promote_sql = "SELECT pg_promote(true, 60)";
@@ -47,7 +47,7 @@ pub(crate) async fn promote(app: &App, node: &NodeState) -> Result<(), String> {
     loop {
         let seen = check_once(node, &config.cluster, &ctx, &mut conn).await;
         let role = seen.as_ref().ok().map(|s| s.role);
-        app.nodes.record(node, seen);
+        cluster.record(node, seen);
         if role == Some(Role::Primary) {
             return Ok(());
         }

@@ -81,13 +81,6 @@ impl Nodes {
         nodes
     }
 
-    /// A cluster no failover task keeps: see [`ClusterState::unkept`].
-    pub fn new_unkept(configs: &[NodeConfig], thresholds: CheckThresholds) -> Self {
-        let nodes = Nodes::new(configs, thresholds);
-        nodes.view.store(Arc::new(ClusterState::unkept()));
-        nodes
-    }
-
     /// The id of the node named `name`: the one it had if it was ever configured, else a new
     /// one.
     fn id_for(&self, name: &str) -> NodeId {

@@ -13,21 +13,21 @@ use pgherd_wire::{PgError, SqlState};
 use crate::app::App;
 use crate::failover::event;
 use crate::node_ops::{conninfo_as, create_slot, primary_conninfo, run_sql};
-use crate::nodes::NodeState;
+use crate::nodes::{NodeState, Nodes};
 use crate::switchover::{blocking, managed_node, START_TIMEOUT};
 
 /// Rejoins node `name`; returns what was done, one sentence per step.
 pub async fn rejoin(app: &Arc<App>, name: &str) -> Result<Vec<String>, PgError> {
     crate::dcs::must_lead(app)?;
     let refuse = |msg: String| PgError::error(SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, msg);
-    let node = app.nodes.get(name).ok_or_else(|| {
+    // Any shard's node, rejoined to its own shard's primary.
+    let (cluster, node) = app.node_named(name).ok_or_else(|| {
         PgError::error(
             SqlState::UNDEFINED_OBJECT,
             format!("no node named \"{name}\""),
         )
     })?;
-    let primary = app
-        .nodes
+    let primary = cluster
         .writer()
         .ok_or_else(|| refuse("no node accepts writes: there is no primary to follow".into()))?;
     if primary.name() == node.name() {
@@ -35,7 +35,7 @@ pub async fn rejoin(app: &Arc<App>, name: &str) -> Result<Vec<String>, PgError> 
             "{name} is the primary pgherd sends writes to; it cannot rejoin as a standby"
         )));
     }
-    if app.nodes.is_switching() {
+    if cluster.is_switching() {
         return Err(refuse(format!(
             "a switchover is under way; rejoin {name} after it"
         )));
@@ -53,14 +53,17 @@ pub async fn rejoin(app: &Arc<App>, name: &str) -> Result<Vec<String>, PgError> 
         &node,
         &format!("rejoin stops, rewinds and restarts {name}"),
     )?;
-    run(app, &node, &primary, local).await.map_err(|e| {
-        event(app, "rejoin_failed", name, &e);
-        refuse(format!("rejoin of {name} failed: {e}"))
-    })
+    run(app, &cluster, &node, &primary, local)
+        .await
+        .map_err(|e| {
+            event(app, "rejoin_failed", name, &e);
+            refuse(format!("rejoin of {name} failed: {e}"))
+        })
 }
 
 async fn run(
     app: &Arc<App>,
+    cluster: &Nodes,
     node: &Arc<NodeState>,
     primary: &Arc<NodeState>,
     local: LocalNode,
@@ -69,10 +72,11 @@ async fn run(
     let ctx = app.connect_context();
     let mut steps = Vec::new();
     // No traffic while it changes; it stays fenced if anything below fails.
-    app.nodes.change(Change::Fence(node.id));
+    cluster.change(Change::Fence(node.id));
     app.drop_idle_connections(node);
     // The primary first: if it cannot be reached, the node is left running as it is.
-    create_slot(&config.cluster, &ctx, primary, node.name()).await?;
+    let slot = pgherd_cluster::slot_name(node.name());
+    create_slot(&config.cluster, &ctx, primary, &slot).await?;
     // pg_rewind reads the source's timeline from its control file, which a just-promoted
     // primary updates only at its next checkpoint: without one, rewind sees the same
     // timeline and changes nothing.
@@ -86,7 +90,7 @@ async fn run(
         }
     })
     .await?;
-    app.nodes.mark_stopped(node, "stopped to rejoin");
+    cluster.mark_stopped(node, "stopped to rejoin");
     steps.push(format!("{} stopped", node.name()));
     // pg_rewind reads the source as pgherd's own user (it needs more than replication); the
     // standby then streams as the replication role.
@@ -96,7 +100,6 @@ async fn run(
     );
     let standby = primary_conninfo(&config, primary, node.name());
     let rejoining = local.clone();
-    let slot = node.name().to_owned();
     let password = config.cluster.password.clone();
     let how =
         blocking(move || rejoining.rejoin(&source, password.as_deref(), &standby, Some(&slot)))
@@ -107,7 +110,7 @@ async fn run(
         primary.name()
     ));
     blocking(move || local.start(START_TIMEOUT)).await?;
-    app.nodes.change(Change::Unfence(node.id));
+    cluster.change(Change::Unfence(node.id));
     let done = format!(
         "{} rejoined as a standby of {} ({how})",
         node.name(),

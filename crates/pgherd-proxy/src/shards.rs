@@ -1,8 +1,8 @@
 //! The shards of a sharded endpoint (`[sharding]`): the map of sharded tables, fixed at start,
 //! and one cluster per shard (its nodes as their monitors see them, and its view). Shard 0's
-//! cluster is `App::nodes`, which failover, the console's node commands and the instances'
-//! agreement act on; the others are watched by their own monitors and route by the primary
-//! those find, without failover or synchronous standbys yet.
+//! cluster is `App::nodes`; each shard has its own monitors and its own failover task, which
+//! keeps its synchronous standbys too. Switchover and the levers kept in the state file
+//! (DETACH, PAUSE) act on shard 0 only.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,9 +35,7 @@ impl Shards {
     pub fn new(sharding: &Sharding, shard0: Arc<Nodes>, thresholds: CheckThresholds) -> Shards {
         let mut clusters = vec![shard0];
         for nodes in sharding.shard_nodes.iter().skip(1) {
-            // No failover task keeps synchronous standbys for these shards yet: their
-            // commits are acknowledged as the primary's own (asynchronous durability).
-            clusters.push(Arc::new(Nodes::new_unkept(nodes, thresholds)));
+            clusters.push(Arc::new(Nodes::new(nodes, thresholds)));
         }
         Shards {
             map: sharding.map.clone(),

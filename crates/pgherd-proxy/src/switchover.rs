@@ -253,7 +253,7 @@ impl Run<'_> {
             format!("{} replayed all of {}'s WAL", target.name(), old.name()),
         );
 
-        if let Err(e) = promote(app, target).await {
+        if let Err(e) = promote(app, &app.nodes, target).await {
             // Only a target that still answers as a standby proves the old primary may take
             // writes again; otherwise two primaries could result.
             let mut conn = None;
@@ -275,6 +275,7 @@ impl Run<'_> {
         // writes held until the keeper sets them.
         let _ = carry_out(
             app,
+            &app.nodes,
             &config,
             nodes,
             Operation::elect_promoted(index, received(target).max(target.lsn())),
@@ -288,10 +289,10 @@ impl Run<'_> {
 
         // The old primary follows the new one from where it stopped: no rewind is needed
         // after a clean shutdown whose WAL the target replayed.
-        create_slot(cluster, &ctx, target, old.name()).await?;
+        let slot = pgherd_cluster::slot_name(old.name());
+        create_slot(cluster, &ctx, target, &slot).await?;
         let conninfo = primary_conninfo(&config, target, old.name());
         let node = local.clone();
-        let slot = old.name().to_owned();
         blocking(move || {
             node.make_standby(&conninfo, Some(&slot))?;
             node.start(START_TIMEOUT)

@@ -35,6 +35,8 @@ pub struct ClusterOptions {
     pub replicas: usize,
     /// Extra postgresql.conf settings.
     pub settings: Vec<(String, String)>,
+    /// Before the nodes' names (`pg1`, ...): shards behind one pgherd need names of their own.
+    pub node_prefix: String,
 }
 
 impl TestCluster {
@@ -73,6 +75,7 @@ impl TestCluster {
             template: Some(template().to_owned()),
             netns: Vec::new(),
             replication_role: None,
+            node_prefix: options.node_prefix,
         };
         let cluster = LocalCluster::create(&spec).unwrap_or_else(|e| {
             print_logs(&spec.dir.join("logs"));
@@ -99,7 +102,7 @@ impl TestCluster {
 
     /// Runs SQL on the primary as the superuser.
     pub fn sql(&self, sql: &str) -> String {
-        self.sql_on("pg1", "postgres", sql)
+        self.sql_on(&self.primary().name, "postgres", sql)
     }
 
     pub fn sql_on(&self, node: &str, database: &str, sql: &str) -> String {

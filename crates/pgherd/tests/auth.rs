@@ -236,6 +236,7 @@ fn tls_to_servers() {
                 format!("'{}'", certs.server_key.display()),
             ),
         ],
+        ..Default::default()
     });
     let app = cluster.create_user(APP, APP_PASSWORD);
     // pgherd's own connections must use TLS too: refuse plain TCP on the server side.

@@ -400,7 +400,7 @@ fn up_with_two_shards_runs_pgbench() {
     );
     let guard = Down(dir_arg.to_owned());
     assert!(up_text.contains("Creating 2 shards"), "{up_text}");
-    assert!(cluster_dir.join("shard1").join("pg1").exists());
+    assert!(cluster_dir.join("shard1").join("shard1-pg1").exists());
     let pgbench = |args: &[&str]| {
         Command::new(pgherd_cluster::PgBinaries::find().unwrap().tool("pgbench"))
             .env("PGPASSFILE", cluster_dir.join("pgpass"))

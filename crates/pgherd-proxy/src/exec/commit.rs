@@ -32,6 +32,14 @@ impl Ending<'_> {
     /// Commits on every shard or on none. `Ok` carries warnings for the client (a shard that
     /// did not confirm its part of a commit already decided).
     pub async fn commit(mut self) -> Result<Vec<PgError>, PgError> {
+        if let Some(shard) = self.replaced_primary() {
+            rollback_all(self.links).await;
+            return Err(PgError::error(
+                SqlState::TRANSACTION_ROLLBACK,
+                format!("shard {shard}'s primary was replaced while this transaction wrote there: it was rolled back on every shard"),
+            )
+            .with_hint("run the transaction again: it reaches the new primary"));
+        }
         let participants: Vec<Participant> = self
             .links
             .keys()
@@ -58,6 +66,20 @@ impl Ending<'_> {
                 self.two_phase(decider, &prepared).await
             }
         }
+    }
+
+    /// A shard written to on a node failover has fenced since: what was written there must not
+    /// commit (failover may have promoted a standby that never got it). A fenced node that
+    /// still answers is made read-only soon after; this closes the moment in between.
+    fn replaced_primary(&self) -> Option<u32> {
+        self.links.iter().find_map(|(&shard, link)| {
+            let fenced = self.wrote.contains(&shard)
+                && self
+                    .shards
+                    .cluster(shard)
+                    .is_some_and(|c| c.view().is_fenced(link.node_id()));
+            fenced.then_some(shard)
+        })
     }
 
     /// Rolls back on every shard (answers are not awaited beyond each link's own).

@@ -174,6 +174,11 @@ impl Link {
         self.leaves_state = true;
     }
 
+    /// The node this link's server connection is on.
+    pub fn node_id(&self) -> pgherd_failover::NodeId {
+        self.node.id
+    }
+
     /// Where a cancel for this link's statement goes.
     pub fn target(&self) -> Option<ServerTarget> {
         self.conn.as_ref().map(|conn| ServerTarget {

@@ -80,6 +80,7 @@ impl BenchCluster {
             template: None,
             netns,
             replication_role: None,
+            node_prefix: String::new(),
         })
         .map_err(|e| e.to_string())?;
         for user in users {

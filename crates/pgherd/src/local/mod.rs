@@ -333,7 +333,7 @@ fn create(dir: &Path, options: &UpOptions) -> Result<(), String> {
     } else {
         Vec::new()
     };
-    let make = |cluster_dir: PathBuf, ports: Vec<u16>| {
+    let make = |cluster_dir: PathBuf, ports: Vec<u16>, node_prefix: String| {
         LocalCluster::create(&ClusterSpec {
             dir: cluster_dir,
             ports,
@@ -343,16 +343,21 @@ fn create(dir: &Path, options: &UpOptions) -> Result<(), String> {
             template: None,
             netns: Vec::new(),
             replication_role: Some((REPLICATION_USER.into(), replication_password.clone())),
+            node_prefix,
         })
         .map_err(|e| e.to_string())
     };
-    let cluster = make(dir.to_owned(), ports)?;
+    let cluster = make(dir.to_owned(), ports, String::new())?;
     let mut other_shards = Vec::new();
     for shard in 1..usize::from(options.shards) {
         let ports = (0..=options.replicas)
             .map(|_| free_port().map_err(|e| e.to_string()))
             .collect::<Result<Vec<u16>, String>>()?;
-        other_shards.push(make(shards::shard_dir(dir, shard), ports)?);
+        other_shards.push(make(
+            shards::shard_dir(dir, shard),
+            ports,
+            shards::node_prefix(shard),
+        )?);
     }
     // The servers hold the very verifiers pgherd holds, so pgherd can pass a client's SCRAM
     // proof through instead of storing passwords.

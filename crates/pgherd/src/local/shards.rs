@@ -40,16 +40,21 @@ pub fn parse_shard_key(text: &str) -> Result<ShardKey, String> {
     })
 }
 
-/// The `[[nodes]]` of shard `shard` (its nodes named `shard<k>-pg<i>`, their data under
-/// `shard<k>/`) and, for the last shard, nothing more: `[sharding]` comes from
-/// [`sharding_section`].
+/// Before the names of shard `shard`'s nodes (`shard<k>-pg<i>`): node names are unique over
+/// the shards, and a standby streams under its node's name (its synchronous standby name).
+pub fn node_prefix(shard: usize) -> String {
+    format!("shard{shard}-")
+}
+
+/// The `[[nodes]]` of shard `shard` (made with [`node_prefix`], their data under `shard<k>/`);
+/// `[sharding]` comes from [`sharding_section`].
 pub fn nodes_section(shard: usize, cluster: &LocalCluster) -> String {
     cluster
         .nodes
         .iter()
         .map(|node| {
             format!(
-                "[[nodes]]\nname = \"shard{shard}-{name}\"\nhost = \"127.0.0.1\"\nport = {port}\n\
+                "[[nodes]]\nname = \"{name}\"\nhost = \"127.0.0.1\"\nport = {port}\n\
                  data_dir = \"shard{shard}/{name}\"\nshard = {shard}\n\n",
                 name = node.name,
                 port = node.port

@@ -221,19 +221,36 @@ pub fn sharded_config(shards: &[TestCluster], tables: &[(&str, &str)]) -> Pgherd
     }
     let mut config = PgherdConfig::new().superuser().section(&sharding);
     for (shard, cluster) in shards.iter().enumerate().skip(1) {
-        config = config.section(&format!(
-            "[[nodes]]\nname = \"shard{shard}\"\nport = {}\nshard = {shard}\n",
-            cluster.node("pg1").port
-        ));
+        let nodes = &cluster.cluster.nodes;
+        for node in nodes {
+            // Names are unique over the shards: a one-node shard's is `shard<k>`; one with
+            // replicas is made with a node prefix (a standby streams under its node's name).
+            let name = if node.name.starts_with("pg") {
+                assert_eq!(nodes.len(), 1, "a shard with replicas needs a node prefix");
+                format!("shard{shard}")
+            } else {
+                node.name.clone()
+            };
+            config = config.section(&format!(
+                "[[nodes]]\nname = \"{name}\"\nport = {}\nshard = {shard}\n",
+                node.port
+            ));
+        }
     }
     config
 }
 
 /// A one-node cluster to be a shard: prepared transactions on, for two-phase commit.
 pub fn shard_cluster() -> TestCluster {
+    shard_cluster_with(0, "")
+}
+
+/// A cluster to be a shard, with `replicas` and its nodes' names after `node_prefix`.
+pub fn shard_cluster_with(replicas: usize, node_prefix: &str) -> TestCluster {
     TestCluster::start_with(pgherd_testkit::ClusterOptions {
-        replicas: 0,
+        replicas,
         settings: vec![("max_prepared_transactions".into(), "20".into())],
+        node_prefix: node_prefix.to_owned(),
     })
 }
 

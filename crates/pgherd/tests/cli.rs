@@ -369,8 +369,8 @@ fn check_config_names_file_line_and_field() {
     assert!(out.status.success(), "{}", text(&out));
 }
 
-/// `pgherd up --shards 2 --shard-key ...` makes two clusters behind one endpoint, and pgbench
-/// initializes and runs through it in two commands.
+/// `pgherd up --shards 2 --shard-key ...` makes two clusters (a primary and a replica each)
+/// behind one endpoint, and pgbench initializes and runs through it in two commands.
 #[test]
 fn up_with_two_shards_runs_pgbench() {
     let (_dir, cluster_dir) = local_dir("pgherd-up-shards-");
@@ -382,7 +382,7 @@ fn up_with_two_shards_runs_pgbench() {
         "--dir",
         dir_arg,
         "--replicas",
-        "0",
+        "1",
         "--shards",
         "2",
         "--shard-key",
@@ -441,6 +441,32 @@ fn up_with_two_shards_runs_pgbench() {
         .filter_map(|s| s["shard"].as_u64())
         .collect();
     assert_eq!(writers, vec![0, 1], "{report:#}");
+    // Shard 1 is kept as shard 0 is: its primary's standby, streaming under its node name,
+    // is synchronous.
+    let shard1_primary = shards
+        .iter()
+        .find(|s| s["shard"] == 1 && s["takes_writes"] == true)
+        .and_then(|s| s["port"].as_u64())
+        .expect("shard 1's primary")
+        .to_string();
+    let passwords = std::fs::read_to_string(cluster_dir.join("passwords")).unwrap();
+    let superuser_password = passwords
+        .lines()
+        .find_map(|l| l.strip_prefix("postgres="))
+        .expect("the superuser's password");
+    let sync = Command::new(pgherd_cluster::PgBinaries::find().unwrap().tool("psql"))
+        .env("PGPASSWORD", superuser_password)
+        .args(["-X", "-A", "-t", "-h", "127.0.0.1", "-p", &shard1_primary])
+        .args(["-U", "postgres", "-d", "postgres"])
+        .args(["-c", "SHOW synchronous_standby_names"])
+        .output()
+        .expect("psql");
+    assert_eq!(
+        String::from_utf8_lossy(&sync.stdout).trim(),
+        "ANY 1 (\"shard1-pg2\")",
+        "{}",
+        text(&sync)
+    );
     assert!(
         shards[0]["sharded_tables"]
             .as_str()

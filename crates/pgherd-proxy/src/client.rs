@@ -100,6 +100,7 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
                     schema_changed_at: None,
                     extended: crate::exec::Extended::default(),
                     catalog_awaited: false,
+                    session_shard: None,
                 };
                 tokio::spawn(async move {
                     let end = Box::pin(session.run()).await;

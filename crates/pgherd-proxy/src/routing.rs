@@ -16,7 +16,9 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use pgherd_route::catalog::{Persistence, RelationRow, Snapshot, SnapshotBuilder};
-use pgherd_route::{classify, lex, lex_with_spans, Decision, HintError, Route, Target};
+use pgherd_route::{
+    classify, lex, lex_with_spans, Decision, HintError, Route, ShardSetting, Target, SHARD_SETTING,
+};
 use pgherd_wire::{PgError, SqlState};
 use tokio::sync::Notify;
 
@@ -138,6 +140,8 @@ pub struct Router {
     /// Counts what changes decisions: catalog loads, statements a standby refused. A decision
     /// kept outside the cache (a prepared statement's) is made again when it moved.
     generation: std::sync::atomic::AtomicU64,
+    /// A sharded endpoint's shard count: what `pgherd:shard` and `pgherd.shard` may name.
+    shard_count: Option<u32>,
 }
 
 /// The decisions by key, and how often a lookup found one (counted under the lock the
@@ -173,6 +177,7 @@ impl Router {
             max_parse_bytes: config.routing.max_parse_bytes,
             reload: Notify::new(),
             generation: std::sync::atomic::AtomicU64::new(0),
+            shard_count: app.shards.as_ref().map(|s| s.count()),
         });
         tokio::spawn(keep_catalog(app.clone(), Arc::downgrade(&router)));
         router
@@ -242,11 +247,19 @@ impl Router {
         key: &[u8],
     ) -> Result<Routed, PgError> {
         let hint = lexed.hint.clone().map_err(|e| hint_error(&e))?;
+        let shard = lexed.shard.clone().map_err(|e| hint_error(&e))?;
+        if let Some(shard) = shard {
+            self.check_shard(shard, "pgherd:shard")?;
+        }
         if lexed.cacheable && !long {
             let mut cache = self.decisions.lock();
             if let Some(decision) = cache.map.get(key).cloned() {
                 cache.hits += 1;
-                return Ok(Routed { decision, hint });
+                return Ok(Routed {
+                    decision,
+                    hint,
+                    shard,
+                });
             }
             cache.misses += 1;
         }
@@ -272,7 +285,56 @@ impl Router {
                 return Err(route_setting_error(value));
             }
         }
-        Ok(Routed { decision, hint })
+        match &decision.shard_setting {
+            Some(ShardSetting::To(value)) => {
+                self.shard_setting(value)?;
+            }
+            Some(ShardSetting::Local) => {
+                return Err(PgError::error(
+                    SqlState::FEATURE_NOT_SUPPORTED,
+                    "SET LOCAL pgherd.shard is not supported",
+                )
+                .with_hint("use SET pgherd.shard and RESET it, or a /* pgherd:shard=N */ hint"))
+            }
+            Some(ShardSetting::Reset) | None => {}
+        }
+        Ok(Routed {
+            decision,
+            hint,
+            shard,
+        })
+    }
+
+    /// The shard `pgherd.shard` names with `value`.
+    pub fn shard_setting(&self, value: &str) -> Result<u32, PgError> {
+        let shard = value.trim().parse().map_err(|_| {
+            PgError::error(
+                SqlState::INVALID_PARAMETER_VALUE,
+                format!("invalid value for parameter \"{SHARD_SETTING}\": \"{value}\""),
+            )
+            .with_hint("a shard's number, from 0")
+        })?;
+        self.check_shard(shard, SHARD_SETTING)?;
+        Ok(shard)
+    }
+
+    /// `shard` is one this endpoint has (`by`: the hint or setting that names it).
+    fn check_shard(&self, shard: u32, by: &str) -> Result<(), PgError> {
+        match self.shard_count {
+            None => Err(PgError::error(
+                SqlState::FEATURE_NOT_SUPPORTED,
+                format!("{by} names a shard, but this endpoint has no shards"),
+            )
+            .with_hint("shards are configured in [sharding]")),
+            Some(count) if shard >= count => Err(PgError::error(
+                SqlState::INVALID_PARAMETER_VALUE,
+                format!(
+                    "{by} names shard {shard}, but this endpoint's shards are 0 to {}",
+                    count - 1
+                ),
+            )),
+            Some(_) => Ok(()),
+        }
     }
 
     /// A standby refused `sql` (an unlogged table the catalog did not know yet, a write
@@ -426,7 +488,7 @@ async fn keep_catalog(app: Arc<App>, router: std::sync::Weak<Router>) {
 
 fn hint_error(e: &HintError) -> PgError {
     PgError::error(SqlState::INVALID_PARAMETER_VALUE, e.to_string())
-        .with_hint("write /* pgherd:primary */ or /* pgherd:replica */")
+        .with_hint("write /* pgherd:primary */, /* pgherd:replica */ or /* pgherd:shard=N */")
 }
 
 fn route_setting_error(value: &str) -> PgError {

@@ -12,7 +12,7 @@ use pg_query::protobuf::{node::Node as NodeEnum, TransactionStmtKind, VariableSe
 use pg_query::NodeRef;
 
 use crate::catalog::{custom_settings_set_in, literal_first_arguments, Catalog};
-use crate::decision::{Decision, Pin, SessionEffect, Target, TxEffect};
+use crate::decision::{Decision, Pin, SessionEffect, ShardSetting, Target, TxEffect};
 use crate::lexer::Lexed;
 use crate::parse::{self, Parsed};
 
@@ -110,6 +110,9 @@ const SERVER_DESCRIBING_RELATIONS: &[&str] = &[
 
 /// The name pgherd's own routing setting goes by.
 pub const ROUTE_SETTING: &str = "pgherd.route";
+
+/// The setting that names the shard a sharded endpoint runs a session's statements on.
+pub const SHARD_SETTING: &str = "pgherd.shard";
 
 /// Classifies `sql` (which `lexed` describes). Text the server would read differently from
 /// the parser library, or that is too large or deep to parse, goes to the primary unread.
@@ -364,6 +367,41 @@ fn read_only_option(options: &[pg_query::protobuf::Node]) -> Option<bool> {
 }
 
 /// The words of a SET's value, e.g. `on` or `replica`.
+/// The value a statement that pgherd records for a session setting gives it: `SET name = v`
+/// (or `TO v`), or `SELECT pg_catalog.set_config('name', 'v', false)` as pgherd writes a
+/// startup setting. `None` for anything else.
+pub fn setting_value(sql: &str) -> Option<String> {
+    use pg_query::protobuf::a_const::Val;
+    let parsed = pg_query::parse(sql).ok()?;
+    let [statement] = parsed.protobuf.stmts.as_slice() else {
+        return None;
+    };
+    match statement.stmt.as_ref()?.node.as_ref()? {
+        NodeEnum::VariableSetStmt(set) => set_value(&set.args),
+        NodeEnum::SelectStmt(select) => {
+            let target = select.target_list.first()?.node.as_ref()?;
+            let NodeEnum::ResTarget(target) = target else {
+                return None;
+            };
+            let NodeEnum::FuncCall(call) = target.val.as_ref()?.node.as_ref()? else {
+                return None;
+            };
+            match call.funcname.last()?.node.as_ref()? {
+                NodeEnum::String(name) if name.sval == "set_config" => {}
+                _ => return None,
+            }
+            match call.args.get(1)?.node.as_ref()? {
+                NodeEnum::AConst(c) => match c.val.as_ref()? {
+                    Val::Sval(s) => Some(s.sval.clone()),
+                    _ => None,
+                },
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
 fn set_value(args: &[pg_query::protobuf::Node]) -> Option<String> {
     use pg_query::protobuf::a_const::Val;
     let arg = args.first()?.node.as_ref()?;
@@ -418,7 +456,14 @@ fn classify_statement(node: &NodeEnum) -> Decision {
         NodeEnum::DeallocateStmt(_) => {
             Decision::new(Target::Any, "DEALLOCATE forgets a prepared statement")
         }
-        NodeEnum::DiscardStmt(_) => Decision::new(Target::Any, "DISCARD resets the session"),
+        NodeEnum::DiscardStmt(discard) => {
+            let mut d = Decision::new(Target::Any, "DISCARD resets the session");
+            // DISCARD_ALL
+            if discard.target == 1 {
+                d.shard_setting = Some(ShardSetting::Reset);
+            }
+            d
+        }
         NodeEnum::ExplainStmt(e) => {
             let analyze = e.options.iter().any(
                 |o| matches!(o.node.as_ref(), Some(NodeEnum::DefElem(d)) if d.defname == "analyze"),
@@ -562,6 +607,16 @@ fn classify_set(v: &pg_query::protobuf::VariableSetStmt) -> Decision {
             _ => "auto".to_owned(),
         });
         d.reason = "sets pgherd's routing".into();
+    } else if name == SHARD_SETTING {
+        d.shard_setting = Some(match kind {
+            _ if v.is_local => ShardSetting::Local,
+            VariableSetKind::VarSetValue => {
+                ShardSetting::To(set_value(&v.args).unwrap_or_default())
+            }
+            _ => ShardSetting::Reset,
+        });
+    } else if kind == VariableSetKind::VarResetAll {
+        d.shard_setting = Some(ShardSetting::Reset);
     } else if name == "transaction" && kind == VariableSetKind::VarSetMulti {
         if read_only_option(&v.args) == Some(true) {
             d.tx = TxEffect::SetReadOnly;

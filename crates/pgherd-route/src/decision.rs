@@ -84,6 +84,17 @@ pub enum TxEffect {
     End,
 }
 
+/// What a statement does to `pgherd.shard`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ShardSetting {
+    /// `SET pgherd.shard = value` (the value as written).
+    To(String),
+    /// `RESET pgherd.shard`, `SET pgherd.shard TO DEFAULT`, `RESET ALL`, `DISCARD ALL`.
+    Reset,
+    /// `SET LOCAL pgherd.shard`, which pgherd does not follow.
+    Local,
+}
+
 /// The verdict on one query string (which may hold several statements).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Decision {
@@ -97,6 +108,9 @@ pub struct Decision {
     pub cacheable: bool,
     /// `SET pgherd.route = ...` (or RESET: "auto"): pgherd's own routing setting.
     pub route_setting: Option<String>,
+    /// `SET pgherd.shard = ...` (or RESET): the shard a sharded endpoint runs the session's
+    /// statements on.
+    pub shard_setting: Option<ShardSetting>,
     /// A function's or relation's facts were unknown, so the verdict may change once the
     /// catalog is loaded; not to be cached.
     pub needs_catalog: bool,
@@ -125,6 +139,7 @@ impl Decision {
             tx: TxEffect::None,
             cacheable: true,
             route_setting: None,
+            shard_setting: None,
             needs_catalog: false,
             copy_in: false,
             session: SessionEffect::None,
@@ -181,6 +196,7 @@ impl Decision {
             winner.tx = loser.tx;
         }
         winner.route_setting = winner.route_setting.or(loser.route_setting);
+        winner.shard_setting = winner.shard_setting.or(loser.shard_setting);
         winner
     }
 }

@@ -1,7 +1,7 @@
 //! One pass over a statement's text, following PostgreSQL's own scanner (`scan.l`), that gives
 //! the *key* routing decisions are cached under (the text with every literal's value replaced
 //! by a marker, so `... WHERE aid = 7` and `... WHERE aid = 8` share a decision), the routing
-//! hints found in comments (`/* pgherd:replica */`), and an estimate of how deeply the
+//! hints found in comments (`/* pgherd:replica */`, `/* pgherd:shard=1 */`), and an estimate of how deeply the
 //! statement nests, to skip parses that could only fail.
 //!
 //! Safety rests on one property: two texts with the same key are the same token stream for
@@ -15,9 +15,9 @@
 
 use crate::Route;
 
-/// A hint that names no known route.
+/// A hint that names no known route or shard.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid pgherd hint \"pgherd:{value}\"; allowed values are primary and replica")]
+#[error("invalid pgherd hint \"pgherd:{value}\"; allowed values are primary, replica and shard=N")]
 pub struct HintError {
     pub value: String,
 }
@@ -25,8 +25,11 @@ pub struct HintError {
 /// What the lexer learned about a statement text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lexed {
-    /// The last `pgherd:` hint in a comment, if any.
+    /// The last `pgherd:primary` or `pgherd:replica` hint in a comment, if any.
     pub hint: Result<Option<Route>, HintError>,
+    /// The last `pgherd:shard=N` hint in a comment, if any: the shard a sharded endpoint
+    /// runs the statement on.
+    pub shard: Result<Option<u32>, HintError>,
     /// False when the key must not be used: the text does not lex as the server would
     /// accept it.
     pub cacheable: bool,
@@ -117,6 +120,7 @@ fn lex_inner<'a>(
         standard_strings: standard_conforming_strings,
         out: Lexed {
             hint: Ok(None),
+            shard: Ok(None),
             cacheable: true,
             strings_depend_on_settings: false,
             nesting_estimate: 0,
@@ -371,13 +375,19 @@ impl Lexer<'_> {
             let Some(value) = word.strip_prefix("pgherd:") else {
                 continue;
             };
-            self.out.hint = match value {
-                "primary" => Ok(Some(Route::Primary)),
-                "replica" => Ok(Some(Route::Replica)),
-                other => Err(HintError {
-                    value: other.to_owned(),
-                }),
+            let invalid = || HintError {
+                value: value.to_owned(),
             };
+            match value {
+                "primary" => self.out.hint = Ok(Some(Route::Primary)),
+                "replica" => self.out.hint = Ok(Some(Route::Replica)),
+                _ => match value.strip_prefix("shard=") {
+                    Some(number) => {
+                        self.out.shard = number.parse().map(Some).map_err(|_| invalid())
+                    }
+                    None => self.out.hint = Err(invalid()),
+                },
+            }
         }
     }
 

@@ -169,6 +169,33 @@ fn hints_come_from_comments_only() {
 }
 
 #[test]
+fn shard_hints_name_a_shard_by_number() {
+    let shard = |s: &str| lexed(s).shard;
+    assert_eq!(shard("/* pgherd:shard=2 */ SELECT 1"), Ok(Some(2)));
+    assert_eq!(shard("SELECT 1 -- pgherd:shard=0"), Ok(Some(0)));
+    assert_eq!(shard("SELECT 1"), Ok(None));
+    assert_eq!(shard("SELECT '/* pgherd:shard=1 */'"), Ok(None));
+    for bad in ["shard=", "shard=-1", "shard=one", "shard=99999999999"] {
+        assert_eq!(
+            shard(&format!("/* pgherd:{bad} */ SELECT 1")),
+            Err(HintError { value: bad.into() }),
+            "{bad}"
+        );
+    }
+    // Both kinds of hint may be given; a shard hint leaves the route alone.
+    let both = lexed("/* pgherd:shard=1 pgherd:replica */ SELECT 1");
+    assert_eq!(
+        (both.shard, both.hint),
+        (Ok(Some(1)), Ok(Some(Route::Replica)))
+    );
+    assert_eq!(lexed("/* pgherd:shard=1 */ SELECT 1").hint, Ok(None));
+    assert!(!same(
+        "/* pgherd:shard=1 */ SELECT 1",
+        "/* pgherd:shard=2 */ SELECT 1"
+    ));
+}
+
+#[test]
 fn nesting_estimate_counts_operator_chains() {
     let depth = |s: &str| lexed(s).nesting_estimate;
     assert_eq!(depth("SELECT 1"), 0);

@@ -29,8 +29,8 @@ pub mod two_phase;
 
 pub use balance::Balance;
 pub use catalog::Catalog;
-pub use classify::{classify, ROUTE_SETTING};
-pub use decision::{Decision, Pin, SessionEffect, Target, TxEffect};
+pub use classify::{classify, setting_value, ROUTE_SETTING, SHARD_SETTING};
+pub use decision::{Decision, Pin, SessionEffect, ShardSetting, Target, TxEffect};
 pub use lexer::{lex, lex_with_spans, HintError, Lexed};
 pub use plan::{Role, Routed};
 

@@ -52,6 +52,8 @@ impl Role {
 pub struct Routed {
     pub decision: Arc<Decision>,
     pub hint: Option<Route>,
+    /// A `pgherd:shard=N` hint (a sharded endpoint's; others refuse it).
+    pub shard: Option<u32>,
 }
 
 impl Routed {
@@ -60,6 +62,7 @@ impl Routed {
         Routed {
             decision: Arc::new(Decision::unread(reason)),
             hint: None,
+            shard: None,
         }
     }
 }

@@ -60,6 +60,7 @@ impl Statements for Classifier {
         Ok(Routed {
             decision: std::sync::Arc::new(decision),
             hint,
+            shard: lexed.shard.clone()?,
         })
     }
 

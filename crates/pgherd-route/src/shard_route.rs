@@ -235,6 +235,47 @@ pub fn route_statement(
     Ok(execution)
 }
 
+/// A statement planned by [`route_statement`] (`planned`), run on the one shard a hint
+/// (`/* pgherd:shard=N */`) or `SET pgherd.shard` names instead: a read sees that shard's
+/// rows only, as sent (what pgherd could not merge over the shards runs there too); a write
+/// runs there only if its rows are there; what would make the shards' copies or schemas
+/// differ is refused.
+pub fn on_named_shard(
+    planned: Result<Execution, ShardError>,
+    decision: &Decision,
+    shard: u32,
+) -> Result<Execution, ShardError> {
+    let reads = decision.target != Target::Primary && decision.pin.is_none();
+    let named = |what: &str| {
+        refuse(&format!(
+            "{what} with one shard named (pgherd:shard or pgherd.shard: {shard})"
+        ))
+    };
+    match planned {
+        Ok(execution @ (Execution::Setting | Execution::Transaction(_))) => Ok(execution),
+        Ok(Execution::AnyShard | Execution::FanOut { .. } | Execution::Maintenance) => {
+            Ok(Execution::OneShard(shard))
+        }
+        Ok(Execution::OneShard(placed)) if placed == shard || reads => {
+            Ok(Execution::OneShard(shard))
+        }
+        Ok(Execution::OneShard(placed)) => Err(refuse(&format!(
+            "a write whose rows are on shard {placed}, with shard {shard} named (pgherd:shard or pgherd.shard)"
+        ))),
+        Ok(Execution::EveryShard) => Err(named("a schema change (every shard keeps the same schema)")),
+        Ok(Execution::Write { copies: true, .. }) => Err(named(
+            "a write to a table every shard holds (its copies would differ)",
+        )),
+        Ok(Execution::Write { .. }) => Err(named("a write whose rows are on several shards")),
+        Ok(Execution::CopyIn(_)) => Err(named("COPY FROM")),
+        // What pgherd cannot run over the shards, a read runs as sent on the named one.
+        Err(ShardError::Unsupported(_) | ShardError::Key(_)) if reads => {
+            Ok(Execution::OneShard(shard))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn route_node(
     statement: &NodeEnum,
     map: &ShardMap,

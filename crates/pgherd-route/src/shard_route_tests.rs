@@ -706,3 +706,65 @@ fn a_split_insert_keeps_its_parameters_on_every_shard() {
         "INSERT INTO accounts (aid, abalance) VALUES ($2, 0)"
     );
 }
+
+#[test]
+fn a_named_shard_runs_reads_there_and_writes_only_if_their_rows_are_there() {
+    let read = Decision::new(Target::Replica, "reads");
+    let write = Decision::new(Target::Primary, "writes");
+    let on_1 =
+        |sql: &str, decision: &Decision| on_named_shard(route_as(sql, decision), decision, 1);
+    let (on_0, on_1_key) = (
+        (0..).find(|&k| shard_of(k) == 0).unwrap(),
+        (0..).find(|&k| shard_of(k) == 1).unwrap(),
+    );
+    let runs_on_1: &[(&str, &Decision)] = &[
+        ("SELECT 1", &read),
+        ("SELECT count(*) FROM accounts", &read),
+        (&format!("SELECT * FROM accounts WHERE aid = {on_0}"), &read),
+        // Not mergeable over the shards, but a read of one shard as sent.
+        ("SELECT row_number() OVER () FROM accounts", &read),
+        ("VACUUM accounts", &write),
+        (
+            &format!("UPDATE accounts SET abalance = 0 WHERE aid = {on_1_key}"),
+            &write,
+        ),
+    ];
+    for (sql, decision) in runs_on_1 {
+        assert_eq!(on_1(sql, decision), Ok(Execution::OneShard(1)), "{sql}");
+    }
+    let unchanged: &[(&str, Execution)] = &[
+        ("SET work_mem = '8MB'", Execution::Setting),
+        ("BEGIN", Execution::Transaction(TxCommand::Begin)),
+    ];
+    for (sql, execution) in unchanged {
+        assert_eq!(on_1(sql, &read).as_ref(), Ok(execution), "{sql}");
+    }
+    let refused: &[(&str, &str)] = &[
+        (
+            &format!("UPDATE accounts SET abalance = 0 WHERE aid = {on_0}"),
+            "rows are on shard 0",
+        ),
+        (
+            "UPDATE accounts SET abalance = 0",
+            "rows are on several shards",
+        ),
+        (
+            "INSERT INTO branches (id, bid, bbalance) VALUES (1, 1, 0)",
+            "every shard holds",
+        ),
+        ("CREATE TABLE t (a int)", "schema change"),
+        ("COPY accounts FROM STDIN", "COPY FROM"),
+        (
+            "SELECT nextval('s')",
+            "may write outside the sharded tables",
+        ),
+    ];
+    for (sql, why) in refused {
+        match on_1(sql, &write) {
+            Err(ShardError::Unsupported(e)) => assert!(e.0.contains(why), "{sql}: {e}"),
+            other => panic!("{sql}: {other:?}"),
+        }
+    }
+    // Text pgherd cannot read is not sent anywhere.
+    assert!(matches!(on_1("SELEC 1", &read), Err(ShardError::Syntax(_))));
+}

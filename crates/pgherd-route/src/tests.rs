@@ -360,6 +360,39 @@ fn pgherd_route_setting_is_recognised() {
 }
 
 #[test]
+fn pgherd_shard_setting_is_recognised() {
+    use crate::ShardSetting::{Local, Reset, To};
+    let setting = |sql: &str| decide(sql).shard_setting;
+    assert_eq!(setting("SET pgherd.shard = 1"), Some(To("1".into())));
+    assert_eq!(setting("SET pgherd.shard TO '2'"), Some(To("2".into())));
+    assert_eq!(setting("SET pgherd.shard = x"), Some(To("x".into())));
+    for reset in [
+        "RESET pgherd.shard",
+        "SET pgherd.shard TO DEFAULT",
+        "RESET ALL",
+        "DISCARD ALL",
+    ] {
+        assert_eq!(setting(reset), Some(Reset), "{reset}");
+    }
+    assert_eq!(setting("SET LOCAL pgherd.shard = 1"), Some(Local));
+    assert_eq!(setting("DISCARD PLANS"), None);
+    assert_eq!(setting("SET pgherd.route = primary"), None);
+}
+
+#[test]
+fn setting_values_are_read_back_from_recorded_statements() {
+    use crate::setting_value;
+    assert_eq!(setting_value("SET pgherd.shard = 1"), Some("1".into()));
+    assert_eq!(setting_value("SET pgherd.shard TO '3'"), Some("3".into()));
+    assert_eq!(
+        setting_value("SELECT pg_catalog.set_config('pgherd.shard', '2', false)"),
+        Some("2".into())
+    );
+    assert_eq!(setting_value("SELECT 1"), None);
+    assert_eq!(setting_value("SET a = 1; SET b = 2"), None);
+}
+
+#[test]
 fn multiple_statements_take_the_strictest() {
     check(
         "SELECT 1; INSERT INTO t VALUES (1)",

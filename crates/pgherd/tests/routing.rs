@@ -375,6 +375,13 @@ async fn hints_and_the_route_setting() {
         2
     );
 
+    // Shards are named only where there are shards: never silently ignored.
+    for sharded in ["/* pgherd:shard=1 */ SELECT 1", "SET pgherd.shard = 1"] {
+        let err = c.simple_query(sharded).await.expect_err(sharded);
+        assert_eq!(code(&err), "0A000", "{sharded}: {err}");
+    }
+    c.simple_query("RESET ALL").await.expect("RESET ALL");
+
     // PRIMARY is an SQL keyword, so the value is quoted.
     c.simple_query("SET pgherd.route = 'primary'")
         .await

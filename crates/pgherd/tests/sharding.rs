@@ -580,6 +580,84 @@ async fn a_sharded_endpoint_answers_as_one_node_holding_every_row() {
         "t"
     );
 
+    // One shard named by a hint or by pgherd.shard: reads see that shard's rows, as sent
+    // (what could not be merged over the shards included); writes must have their rows there.
+    let one = |shard: usize| vec![vec![Some(expected_per_shard[shard].to_string())]];
+    let hinted = rows(
+        &through,
+        "/* pgherd:shard=2 */ SELECT count(*) FROM accounts",
+    )
+    .await;
+    assert_eq!(hinted.unwrap(), one(2));
+    let ranked = rows(
+        &through,
+        "/* pgherd:shard=1 */ SELECT max(r) FROM (SELECT row_number() OVER () AS r FROM accounts) s",
+    )
+    .await;
+    assert_eq!(ranked.unwrap(), one(1));
+    let on_2 = (1..=240)
+        .find(|k: &i32| shard_of_text(KeyType::Int4, &k.to_string(), 3) == Ok(2))
+        .unwrap();
+    let on_0 = (1..=240)
+        .find(|k: &i32| shard_of_text(KeyType::Int4, &k.to_string(), 3) == Ok(0))
+        .unwrap();
+    through
+        .batch_execute("SET pgherd.shard = 2")
+        .await
+        .expect("SET pgherd.shard");
+    assert_eq!(
+        rows(&through, "SELECT count(*) FROM accounts")
+            .await
+            .unwrap(),
+        one(2)
+    );
+    through
+        .batch_execute(&format!(
+            "UPDATE accounts SET filler = 'two' WHERE aid = {on_2}"
+        ))
+        .await
+        .expect("a write whose row is on the named shard");
+    let e = through
+        .batch_execute(&format!(
+            "UPDATE accounts SET filler = 'zero' WHERE aid = {on_0}"
+        ))
+        .await
+        .expect_err("the row is on shard 0");
+    assert_eq!(code(&e), "0A000", "{e}");
+    assert!(format!("{e:?}").contains("rows are on shard 0"), "{e:?}");
+    // A hint wins over the setting; a rolled back SET leaves the setting as it was.
+    let hinted = rows(
+        &through,
+        "/* pgherd:shard=0 */ SELECT count(*) FROM accounts",
+    )
+    .await;
+    assert_eq!(hinted.unwrap(), one(0));
+    for sql in ["BEGIN", "SET pgherd.shard = 1", "ROLLBACK"] {
+        through.batch_execute(sql).await.expect(sql);
+    }
+    assert_eq!(
+        rows(&through, "SELECT count(*) FROM accounts")
+            .await
+            .unwrap(),
+        one(2)
+    );
+    let shown = rows(&through, "SHOW pgherd.shard").await.unwrap();
+    assert_eq!(shown, vec![vec![Some("2".to_owned())]]);
+    for (sql, sqlstate) in [
+        ("SET pgherd.shard = 3", "22023"),
+        ("SET pgherd.shard = 'one'", "22023"),
+        ("SET LOCAL pgherd.shard = 1", "0A000"),
+        ("/* pgherd:shard=7 */ SELECT 1", "22023"),
+        ("/* pgherd:shard=x */ SELECT 1", "22023"),
+    ] {
+        let e = through.batch_execute(sql).await.expect_err(sql);
+        assert_eq!(code(&e), sqlstate, "{sql}: {e}");
+    }
+    through
+        .batch_execute("RESET pgherd.shard")
+        .await
+        .expect("RESET pgherd.shard");
+
     // The session carried on through all of it.
     let count = rows(&through, "SELECT count(*) FROM accounts")
         .await

@@ -26,10 +26,11 @@ use std::time::Duration;
 use bytes::BytesMut;
 use pgherd_route::shard_plan::BoundParam;
 use pgherd_route::shard_route::{
-    route_statement, CatalogFacts, CopyFacts, Execution, ShardError, SplitInsert, TxCommand,
+    on_named_shard, route_statement, CatalogFacts, CopyFacts, Execution, ShardError, SplitInsert,
+    TxCommand,
 };
 use pgherd_route::shard_shape;
-use pgherd_route::{Decision, SessionEffect, Target, TxEffect};
+use pgherd_route::{Decision, SessionEffect, Target, TxEffect, SHARD_SETTING};
 use pgherd_wire::backend::{self, tag as btag};
 use pgherd_wire::frontend::tag as ftag;
 use pgherd_wire::{PgError, SqlState, WireError};
@@ -73,6 +74,8 @@ pub struct ShardedSession {
     pub extended: Extended,
     /// This session waited once for a fresh pgherd's first catalog reading.
     pub catalog_awaited: bool,
+    /// The statement that set `pgherd.shard` as last read, and the shard it names.
+    pub session_shard: Option<(String, u32)>,
 }
 
 /// A statement's literal-blind shape and its literals' byte ranges, as planning reads them.
@@ -299,9 +302,10 @@ impl ShardedSession {
             }
         }
         let failed = self.tx.as_ref().is_some_and(|tx| tx.failed);
+        let session_shard = self.session_shard()?;
         let mut asked = false;
         loop {
-            match self.plan_once(sql, params) {
+            match self.plan_once(sql, params, session_shard) {
                 Err(PlanError::Shard(ShardError::CatalogBehind(table)))
                     if !failed && started.elapsed() < wait =>
                 {
@@ -316,10 +320,33 @@ impl ShardedSession {
         }
     }
 
+    /// The shard `pgherd.shard` names for the session, if it is set.
+    fn session_shard(&mut self) -> Result<Option<u32>, PgError> {
+        let Some(sql) = self.params.current(SHARD_SETTING) else {
+            return Ok(None);
+        };
+        if let Some((read, shard)) = &self.session_shard {
+            if read == sql {
+                return Ok(Some(*shard));
+            }
+        }
+        // `SET pgherd.shard TO DEFAULT` names none.
+        let Some(value) = pgherd_route::setting_value(sql) else {
+            return Ok(None);
+        };
+        let sql = sql.to_owned();
+        let shard = self.router.shard_setting(&value)?;
+        self.session_shard = Some((sql, shard));
+        Ok(Some(shard))
+    }
+
+    /// One plan of `sql`; `session_shard`: the shard `pgherd.shard` names, which a
+    /// `pgherd:shard` hint overrides.
     fn plan_once(
         &self,
         sql: &str,
         params: &[BoundParam],
+        session_shard: Option<u32>,
     ) -> Result<(Execution, Arc<Decision>), PlanError> {
         if !self.params.flags.standard_conforming_strings {
             // pgherd reads strings with it on: the server must read them alike.
@@ -330,11 +357,15 @@ impl ShardedSession {
         }
         SHAPE.with(|shape| {
             let (key, spans) = &mut *shape.borrow_mut();
-            let decision = self
+            let routed = self
                 .router
                 .route_keyed(sql.as_bytes(), true, key, Some(spans))
-                .map_err(PlanError::Pg)?
-                .decision;
+                .map_err(PlanError::Pg)?;
+            let decision = routed.decision;
+            if let Some(shard) = routed.shard.or(session_shard) {
+                let planned = self.plan_in_full(sql, &decision, params);
+                return Ok((on_named_shard(planned, &decision, shard)?, decision));
+            }
             // A shape planned before places the statement without parsing it (`shard_shape`).
             let keyed = !key.is_empty() && decision.pin.is_none();
             let kept = self.shards.shape(key).filter(|_| keyed);
@@ -362,7 +393,7 @@ impl ShardedSession {
         sql: &str,
         decision: &Decision,
         params: &[BoundParam],
-    ) -> Result<Execution, PlanError> {
+    ) -> Result<Execution, ShardError> {
         let catalog = self.router.catalog();
         // Until the catalog is read, any function might be an aggregate the database defines.
         let unread = catalog.function_count() == 0;
@@ -385,13 +416,7 @@ impl ShardedSession {
             copy_facts: &copy_facts,
             mentions_user_code: &mentions_user_code,
         };
-        Ok(route_statement(
-            sql,
-            &self.shards.map,
-            decision,
-            &facts,
-            params,
-        )?)
+        route_statement(sql, &self.shards.map, decision, &facts, params)
     }
 
     async fn execute(

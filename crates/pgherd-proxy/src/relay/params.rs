@@ -304,6 +304,26 @@ impl SessionParams {
         self.fingerprint = hasher.finish().clamp(1, UNKNOWN - 1);
     }
 
+    /// The statement that gives setting `name` (lower case) its value now: the current
+    /// transaction's last change of it, else the session's, else the startup packet's (which
+    /// `RESET` goes back to). `None`: the server's default.
+    pub fn current(&self, name: &str) -> Option<&str> {
+        for change in self.pending.iter().rev() {
+            match change {
+                Change::Set { name: set, sql } if set == name => return Some(sql),
+                Change::Reset { name: reset } if reset == name => {
+                    return self.startup.get(name).map(String::as_str)
+                }
+                Change::ResetAll => return self.startup.get(name).map(String::as_str),
+                _ => {}
+            }
+        }
+        self.entries
+            .get(name)
+            .or_else(|| self.startup.get(name))
+            .map(String::as_str)
+    }
+
     /// Settings that differ from the server's defaults.
     pub fn len(&self) -> usize {
         self.startup.len() + self.entries.len()
@@ -514,6 +534,27 @@ mod tests {
         );
         assert_ne!(p.fingerprint(), BASELINE);
         assert_eq!(params(&[("user", "u")]).fingerprint(), BASELINE);
+    }
+
+    #[test]
+    fn a_setting_s_current_statement_follows_the_transaction() {
+        let mut p = params(&[("options", "-c pgherd.shard=1")]);
+        let from_startup = "SELECT pg_catalog.set_config('pgherd.shard', '1', false)";
+        assert_eq!(p.current("pgherd.shard"), Some(from_startup));
+        assert_eq!(p.current("work_mem"), None);
+        p.record(session_changes("SET pgherd.shard = 2").unwrap());
+        assert_eq!(p.current("pgherd.shard"), Some("SET pgherd.shard = 2"));
+        p.end_transaction(false);
+        assert_eq!(p.current("pgherd.shard"), Some(from_startup));
+        p.record(session_changes("SET pgherd.shard = 2").unwrap());
+        p.end_transaction(true);
+        p.record(session_changes("RESET pgherd.shard").unwrap());
+        assert_eq!(p.current("pgherd.shard"), Some(from_startup));
+        p.end_transaction(false);
+        assert_eq!(p.current("pgherd.shard"), Some("SET pgherd.shard = 2"));
+        p.record(session_changes("DISCARD ALL").unwrap());
+        p.end_transaction(true);
+        assert_eq!(p.current("pgherd.shard"), Some(from_startup));
     }
 
     #[test]

@@ -45,6 +45,9 @@ impl ServerTarget {
 #[derive(Debug, Default)]
 struct Live {
     target: Option<ServerTarget>,
+    /// The other servers running the same statement (a sharded endpoint's links): a cancel
+    /// reaches each of them too.
+    also: Vec<ServerTarget>,
     /// Cancels sent to `target` that the server has not acknowledged yet. The server connection
     /// is not handed to another client until this is zero, so a late cancel can never hit
     /// someone else's query.
@@ -74,6 +77,14 @@ impl ClientShared {
         self.live.lock().target = target;
     }
 
+    /// Several servers run the client's statement: a cancel reaches every one of them.
+    pub fn set_targets(&self, mut targets: impl Iterator<Item = ServerTarget>) {
+        let mut live = self.live.lock();
+        live.target = targets.next();
+        live.also.clear();
+        live.also.extend(targets);
+    }
+
     pub fn target(&self) -> Option<ServerTarget> {
         self.live.lock().target
     }
@@ -84,6 +95,7 @@ impl ClientShared {
         let mut live = self.live.lock();
         if live.cancels_in_flight == 0 {
             live.target = None;
+            live.also.clear();
             true
         } else {
             false
@@ -99,6 +111,7 @@ impl ClientShared {
                 let mut live = self.live.lock();
                 if live.cancels_in_flight == 0 {
                     live.target = None;
+                    live.also.clear();
                     return;
                 }
             }
@@ -328,12 +341,15 @@ impl ClientRegistry {
         else {
             return false;
         };
-        let target = {
+        let targets = {
             let mut live = client.live.lock();
             match live.target {
                 Some(t) => {
-                    live.cancels_in_flight += 1;
-                    t
+                    let targets: Vec<ServerTarget> = std::iter::once(t)
+                        .chain(live.also.iter().copied())
+                        .collect();
+                    live.cancels_in_flight += targets.len() as u32;
+                    targets
                 }
                 None => {
                     // Ends a wait for a server if one is under way; otherwise the next wait
@@ -347,21 +363,23 @@ impl ClientRegistry {
                 }
             }
         };
-        let registry = self.clone();
-        tokio::spawn(async move {
-            match send_cancel(target.peer, target.key, timeout).await {
-                Ok(()) => tracing::info!(
-                    client = client.id,
-                    server = target.server_id,
-                    "cancel request forwarded"
-                ),
-                Err(e) => {
-                    tracing::warn!(client = client.id, server = target.server_id, error = %e, "cancel request could not be forwarded")
+        for target in targets {
+            let (registry, client) = (self.clone(), client.clone());
+            tokio::spawn(async move {
+                match send_cancel(target.peer, target.key, timeout).await {
+                    Ok(()) => tracing::info!(
+                        client = client.id,
+                        server = target.server_id,
+                        "cancel request forwarded"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(client = client.id, server = target.server_id, error = %e, "cancel request could not be forwarded")
+                    }
                 }
-            }
-            client.live.lock().cancels_in_flight -= 1;
-            registry.cancel_acknowledged.notify_waiters();
-        });
+                client.live.lock().cancels_in_flight -= 1;
+                registry.cancel_acknowledged.notify_waiters();
+            });
+        }
         true
     }
 }

@@ -17,6 +17,7 @@ mod decision;
 mod lexer;
 pub mod merge_plan;
 pub mod merge_rows;
+pub mod merge_stream;
 pub mod parse;
 pub mod pin;
 pub mod plan;

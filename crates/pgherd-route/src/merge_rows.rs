@@ -3,15 +3,17 @@
 //! type, read from the wire format the shards used (text, or binary for integers, floats and
 //! timestamps); a type this cannot order or add exactly is refused rather than guessed.
 //!
-//! Sorted shard streams merge lazily ([`Merger::merge_sorted`], a k-way merge that keeps one
-//! row per shard); grouping needs every row first ([`Merger::combine`]).
+//! Sorted shard streams merge lazily ([`Merger::merge_sorted`], the k-way merge of
+//! [`crate::merge_stream`], which keeps one row per shard); grouping needs every row first
+//! ([`Merger::combine`]).
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::HashMap;
 
 use pgherd_wire::SqlState;
 
 use crate::merge_plan::{Column, Combine, CompareOp, Condition, Merge, Operand};
+use crate::merge_stream::{Finisher, MergeSorted, Taken};
 
 /// One value of a row, as the server sent it (`None`: NULL).
 pub type Value = Option<Vec<u8>>;
@@ -54,6 +56,11 @@ pub enum MergeError {
     BadValue(&'static str),
     #[error("{0} out of the range pgherd merges exactly")]
     OutOfRange(&'static str),
+    #[error("{what} of this statement exceed the {} MiB pgherd keeps for a merge", max_bytes >> 20)]
+    TooLarge {
+        what: &'static str,
+        max_bytes: usize,
+    },
 }
 
 impl MergeError {
@@ -62,6 +69,7 @@ impl MergeError {
             MergeError::Unsupported(_) => SqlState::FEATURE_NOT_SUPPORTED,
             MergeError::BadValue(_) => SqlState::PROTOCOL_VIOLATION,
             MergeError::OutOfRange(_) => SqlState::NUMERIC_VALUE_OUT_OF_RANGE,
+            MergeError::TooLarge { .. } => SqlState::PROGRAM_LIMIT_EXCEEDED,
         }
     }
 }
@@ -452,7 +460,7 @@ impl Merger {
 
     /// A column's value in the form equal values share (bytes, for types whose equal values
     /// print alike), as the shards sent it or as merged.
-    fn key_of(
+    pub(crate) fn key_of(
         &self,
         column: Column,
         row: &Row,
@@ -513,16 +521,16 @@ impl Merger {
     /// Sorted streams from the shards as one sorted stream, holding one row per shard; a row
     /// that cannot be read ends it with the error.
     pub fn merge_sorted<I: Iterator<Item = Row>>(&self, shards: Vec<I>) -> MergeSorted<'_, I> {
-        let mut merged = MergeSorted {
-            merger: self,
-            shards,
-            heads: BinaryHeap::new(),
-            failed: None,
-        };
-        for i in 0..merged.shards.len() {
-            merged.advance(i);
-        }
-        merged
+        MergeSorted::new(self, shards)
+    }
+
+    pub(crate) fn spec(&self) -> &Merge {
+        &self.spec
+    }
+
+    /// How many columns the client sees (the shards' rows carry hidden ones after them).
+    pub(crate) fn visible(&self) -> usize {
+        self.visible
     }
 
     /// Rows with equal group keys as one, their aggregates combined (averages from sums and
@@ -743,33 +751,16 @@ impl Merger {
     }
 
     /// The client's rows from merged ones: duplicates dropped (DISTINCT), OFFSET skipped,
-    /// LIMIT kept, hidden columns cut off.
+    /// LIMIT kept, hidden columns cut off ([`Finisher`], all at once).
     pub fn finish(&self, rows: impl IntoIterator<Item = Row>) -> Result<Vec<Row>, MergeError> {
-        let mut seen = HashSet::new();
+        let mut finisher = Finisher::new(self, usize::MAX);
         let mut out = Vec::new();
-        let mut skip = self.spec.offset;
-        for mut row in rows {
-            row.truncate(self.visible);
-            if self.spec.distinct {
-                let key = (0..self.visible)
-                    .map(|i| self.key_of(Column::Visible(i), &row, true))
-                    .collect::<Result<Vec<_>, _>>()?;
-                if !seen.insert(key) {
-                    continue;
-                }
+        for row in rows {
+            match finisher.take(row)? {
+                Taken::Row(row) => out.push(row),
+                Taken::Skipped => {}
+                Taken::Done => break,
             }
-            if skip > 0 {
-                skip -= 1;
-                continue;
-            }
-            if self
-                .spec
-                .limit
-                .is_some_and(|limit| out.len() as u64 >= limit)
-            {
-                break;
-            }
-            out.push(row);
         }
         Ok(out)
     }
@@ -803,71 +794,6 @@ fn add(a: &Typed, b: &Typed) -> Result<Typed, MergeError> {
         _ => Err(MergeError::Unsupported(
             "adding these values across shards".to_owned(),
         )),
-    }
-}
-
-/// The k-way merge of [`Merger::merge_sorted`].
-pub struct MergeSorted<'m, I: Iterator<Item = Row>> {
-    merger: &'m Merger,
-    shards: Vec<I>,
-    heads: BinaryHeap<Head<'m>>,
-    failed: Option<MergeError>,
-}
-
-struct Head<'m> {
-    row: Row,
-    shard: usize,
-    merger: &'m Merger,
-}
-
-impl PartialEq for Head<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for Head<'_> {}
-impl PartialOrd for Head<'_> {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Head<'_> {
-    /// Reversed, so the heap's top is the least row (the earlier shard on ties, for a stable
-    /// merge).
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.merger
-            .compare_rows(&other.row, &self.row)
-            .then(other.shard.cmp(&self.shard))
-    }
-}
-
-impl<'m, I: Iterator<Item = Row>> MergeSorted<'m, I> {
-    fn advance(&mut self, shard: usize) {
-        if let Some(row) = self.shards[shard].next() {
-            if let Err(e) = self.merger.check_row(&row) {
-                self.failed.get_or_insert(e);
-                return;
-            }
-            self.heads.push(Head {
-                row,
-                shard,
-                merger: self.merger,
-            });
-        }
-    }
-}
-
-impl<I: Iterator<Item = Row>> Iterator for MergeSorted<'_, I> {
-    type Item = Result<Row, MergeError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if let Some(e) = self.failed.take() {
-            self.heads.clear();
-            return Some(Err(e));
-        }
-        let Head { row, shard, .. } = self.heads.pop()?;
-        self.advance(shard);
-        Some(Ok(row))
     }
 }
 

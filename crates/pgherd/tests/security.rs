@@ -16,12 +16,7 @@ use pgherd_wire::frontend;
 use tokio_postgres::Client;
 
 fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
+    common::proc_status_kib(pid, "VmRSS")
 }
 
 fn open_fds(pid: u32) -> usize {

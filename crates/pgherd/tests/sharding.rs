@@ -664,3 +664,121 @@ async fn a_sharded_endpoint_answers_as_one_node_holding_every_row() {
         .unwrap();
     assert_eq!(count, vec![vec![Some("240".to_owned())]]);
 }
+
+/// A fan-out streams its rows: an ordered read of more rows than pgherd would hold for a
+/// statement (its grouping bound, 64 MiB) is merged shard by shard as the client takes it,
+/// and pgherd's peak memory grows by a fraction of what went through; a LIMIT ends the
+/// stream early and the links still serve the next statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_streams_rows_it_does_not_hold() {
+    use pgherd_testkit::Pgherd;
+    use tokio_postgres::SimpleQueryMessage;
+
+    let shards = [TestCluster::start(0), TestCluster::start(0)];
+    let config = common::sharded_config(&shards, &[("big", "k")]);
+    let pgherd = Pgherd::start(BIN, &shards[0], &config);
+    let through = connect_as_superuser(pgherd.port, "postgres").await;
+    through
+        .batch_execute("CREATE TABLE big (k int PRIMARY KEY, pad text)")
+        .await
+        .expect("create big");
+    // 72 MB of rows, loaded on the shards directly (the merge does not read where keys hash).
+    const ROWS: i32 = 60_000;
+    for (shard, cluster) in shards.iter().enumerate() {
+        cluster.sql(&format!(
+            "INSERT INTO big SELECT g, repeat(chr(97 + g % 26), 1200) \
+             FROM generate_series(1, {ROWS}) g WHERE g % 2 = {shard}"
+        ));
+    }
+    let pid = pgherd.pid();
+    let peak_before = common::proc_status_kib(pid, "VmHWM");
+    let messages = through
+        .simple_query("SELECT k, pad FROM big ORDER BY k DESC")
+        .await
+        .expect("an ordered fan-out of 72 MB");
+    let peak_after = common::proc_status_kib(pid, "VmHWM");
+    let keys: Vec<i32> = messages
+        .iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => r.get(0).and_then(|k| k.parse().ok()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(keys.len(), ROWS as usize);
+    assert!(keys.windows(2).all(|w| w[0] == w[1] + 1), "merged in order");
+    let grown_mib = peak_after.saturating_sub(peak_before) / 1024;
+    eprintln!("peak memory grew by {grown_mib} MiB ({peak_before} -> {peak_after} KiB)");
+    assert!(
+        grown_mib < 24,
+        "pgherd's peak memory grew by {grown_mib} MiB for 72 MB of rows"
+    );
+
+    for (sql, want) in [
+        (
+            "SELECT k FROM big ORDER BY k LIMIT 3 OFFSET 2",
+            vec![3, 4, 5],
+        ),
+        (
+            "SELECT DISTINCT k % 3 AS r FROM big ORDER BY r",
+            vec![0, 1, 2],
+        ),
+    ] {
+        let got: Vec<i32> = through
+            .simple_query(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+            .iter()
+            .filter_map(|m| match m {
+                SimpleQueryMessage::Row(r) => r.get(0).and_then(|k| k.parse().ok()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(got, want, "{sql}");
+    }
+    let unordered = through
+        .simple_query("SELECT k FROM big WHERE k % 1000 = 0")
+        .await
+        .expect("an unordered fan-out");
+    let rows = unordered
+        .iter()
+        .filter(|m| matches!(m, SimpleQueryMessage::Row(_)))
+        .count();
+    assert_eq!(rows, (ROWS / 1000) as usize);
+    // A shard's error ends the stream with it; the session carries on.
+    let e = through
+        .simple_query("SELECT k, 1 / (k - 59999) FROM big ORDER BY k")
+        .await
+        .expect_err("division by zero on shard 1");
+    assert_eq!(code(&e), "22012", "{e:?}");
+    assert_eq!(first_value(&through, "SELECT 1").await.unwrap(), "1");
+
+    // A cancel reaches every shard of the statement: each sleeps on its one row until then.
+    let token = through.cancel_token();
+    let sleeping = tokio::spawn(async move {
+        through
+            .simple_query("SELECT k FROM big WHERE k < 3 AND pg_sleep(600) IS NOT NULL ORDER BY k")
+            .await
+            .map(|_| through)
+    });
+    let asleep = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(600)%' AND pid <> pg_backend_pid()";
+    for cluster in &shards {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while cluster.sql(asleep) != "1" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the shard never ran it"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    token
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("cancel");
+    let cancelled = tokio::time::timeout(std::time::Duration::from_secs(60), sleeping)
+        .await
+        .expect("every shard's statement ended (a shard not cancelled sleeps 600 s)")
+        .unwrap();
+    let e = cancelled.expect_err("cancelled");
+    assert_eq!(code(&e), "57014", "{e:?}");
+}

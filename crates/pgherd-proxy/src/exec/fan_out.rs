@@ -1,98 +1,118 @@
-//! A read over several shards: each link runs the rewritten statement at once, the answers
-//! are read in parallel, and the rows merged (`pgherd_route::merge_rows`) into the one answer
-//! the client sees, in the row format the servers used, hidden columns cut and averages typed
-//! as numeric.
+//! A read over several shards: each link runs the rewritten statement at once, and the rows
+//! are merged (`pgherd_route::merge_rows`) into the one answer the client sees, in the row
+//! format the servers used, hidden columns cut and averages typed as numeric.
 //!
-//! The shards' rows are buffered (up to [`MAX_FAN_OUT_BYTES`] per statement) before the merge:
-//! a streaming k-way merge is still to come.
+//! Rows stream: an ordered read is a k-way merge (`pgherd_route::merge_stream::KWay`) that
+//! reads each shard as the client takes rows and holds one row per shard; an unordered one
+//! passes each shard's rows on in turn; once the LIMIT is reached the rest is read and
+//! dropped. Only a grouped read (aggregates, GROUP BY) holds the shards' rows, up to
+//! [`MAX_FAN_OUT_BYTES`], before it combines them.
 
-use bytes::BytesMut;
-use futures_util::future::join_all;
 use pgherd_route::merge_plan::FanOut;
-use pgherd_route::merge_rows::{ColumnType, Format, Merger, Row};
+use pgherd_route::merge_rows::{ColumnType, Format, MergeError, Merger, Row};
+use pgherd_route::merge_stream::{Finisher, KWay, Taken};
 use pgherd_wire::backend::{self, tag as btag, FieldDescription};
 use pgherd_wire::frontend::BindValues;
-use pgherd_wire::{PgError, SqlState};
+use pgherd_wire::{PgError, SqlState, WireError};
 
-use super::link::{encode_message, Bound, Link, Message, Query};
+use super::answer::Answer;
+use super::link::{encode_message, Bound, Link, Query};
+use super::Failed;
 
-/// Rows a fan-out may hold for one statement before it is refused.
+/// Rows a grouped fan-out, or a DISTINCT, may hold for one statement before it is refused.
 pub const MAX_FAN_OUT_BYTES: usize = 64 << 20;
 
-/// What one shard answered.
-#[derive(Default)]
-struct ShardAnswer {
+/// One shard's answer, read as the merge needs it.
+struct ShardRows<'l> {
+    link: &'l mut Link,
     fields: Option<Vec<FieldDescription>>,
-    rows: Vec<Row>,
-    /// Notices and reported parameters, passed on.
-    asides: Vec<Message>,
+    /// The first row, read ahead to learn the row description.
+    first: Option<Row>,
     error: Option<PgError>,
+    /// Read to its `ReadyForQuery` (or its connection failed): no more rows.
+    ended: bool,
 }
 
-/// Reads one link's answer to its end. An error of the statement is kept (the link is read to
-/// its `ReadyForQuery` and stays usable); an error of the connection ends the read.
-async fn collect(link: &mut Link, budget: &std::sync::atomic::AtomicUsize) -> ShardAnswer {
-    use std::sync::atomic::Ordering;
-    let mut answer = ShardAnswer::default();
-    loop {
-        let (tag, body) = match link.next().await {
-            Ok(message) => message,
-            Err(e) => {
-                answer.error.get_or_insert(e);
-                return answer;
-            }
-        };
-        let bad = |e: pgherd_wire::WireError| {
-            PgError::error(
-                SqlState::PROTOCOL_VIOLATION,
-                format!("shard {}: {e}", link.shard),
-            )
-        };
-        match tag {
-            btag::ROW_DESCRIPTION => match backend::parse_row_fields(&body) {
-                Ok(fields) => answer.fields = Some(fields),
-                Err(e) => answer.error = Some(bad(e)),
-            },
-            btag::DATA_ROW if answer.error.is_none() => {
-                if budget.fetch_add(body.len(), Ordering::Relaxed) + body.len() > MAX_FAN_OUT_BYTES
-                {
-                    answer.error = Some(PgError::error(
-                        SqlState::PROGRAM_LIMIT_EXCEEDED,
-                        format!(
-                            "the shards' rows of this statement exceed the {} MiB pgherd merges at once",
-                            MAX_FAN_OUT_BYTES >> 20
-                        ),
-                    ).with_hint("add a LIMIT, or a WHERE on the shard key"));
-                    answer.rows = Vec::new();
-                    continue;
-                }
-                match backend::parse_data_row(&body) {
-                    Ok(values) => answer
-                        .rows
-                        .push(values.into_iter().map(|v| v.map(<[u8]>::to_vec)).collect()),
-                    Err(e) => answer.error = Some(bad(e)),
-                }
-            }
-            btag::ERROR_RESPONSE => {
-                answer
-                    .error
-                    .get_or_insert(super::link::server_error(link.shard, &body));
-            }
-            btag::NOTICE_RESPONSE | btag::PARAMETER_STATUS => answer.asides.push((tag, body)),
-            btag::READY_FOR_QUERY => return answer,
-            _ => {}
+impl<'l> ShardRows<'l> {
+    fn new(link: &'l mut Link) -> Self {
+        ShardRows {
+            link,
+            fields: None,
+            first: None,
+            error: None,
+            ended: false,
         }
+    }
+
+    /// Reads up to the first row (or the end), which brings the row description.
+    async fn prime(&mut self, answer: &mut Answer<'_>) {
+        self.first = self.read_row(answer).await;
+    }
+
+    /// The next row; `None` at the end or on an error (kept in `error`; the link is then read
+    /// to its end and stays usable).
+    async fn next_row(&mut self, answer: &mut Answer<'_>) -> Option<Row> {
+        match self.first.take() {
+            Some(row) => Some(row),
+            None => self.read_row(answer).await,
+        }
+    }
+
+    async fn read_row(&mut self, answer: &mut Answer<'_>) -> Option<Row> {
+        while !self.ended {
+            let (tag, body) = match self.link.next().await {
+                Ok(message) => message,
+                Err(e) => {
+                    self.error.get_or_insert(e);
+                    self.ended = true;
+                    return None;
+                }
+            };
+            let shard = self.link.shard;
+            let bad = |e: WireError| {
+                PgError::error(SqlState::PROTOCOL_VIOLATION, format!("shard {shard}: {e}"))
+            };
+            match tag {
+                btag::ROW_DESCRIPTION => match backend::parse_row_fields(&body) {
+                    Ok(fields) => self.fields = Some(fields),
+                    Err(e) => self.fail(bad(e)),
+                },
+                btag::DATA_ROW if self.error.is_none() => match backend::parse_data_row(&body) {
+                    Ok(values) => {
+                        return Some(values.into_iter().map(|v| v.map(<[u8]>::to_vec)).collect())
+                    }
+                    Err(e) => self.fail(bad(e)),
+                },
+                btag::ERROR_RESPONSE => self.fail(super::link::server_error(shard, &body)),
+                btag::NOTICE_RESPONSE | btag::PARAMETER_STATUS => {
+                    encode_message(answer.out, &(tag, body))
+                }
+                btag::READY_FOR_QUERY => self.ended = true,
+                _ => {}
+            }
+        }
+        None
+    }
+
+    fn fail(&mut self, error: PgError) {
+        self.error.get_or_insert(error);
+    }
+
+    /// Reads what is left to the end, dropping the rows.
+    async fn drain(&mut self, answer: &mut Answer<'_>) {
+        self.first = None;
+        while self.read_row(answer).await.is_some() {}
     }
 }
 
-/// Runs `plan` on `links` (with the client's parameters, if `bound`) and appends the merged
-/// answer (without `ReadyForQuery`) to `out`.
+/// Runs `plan` on `links` (with the client's parameters, if `bound`) and sends the merged
+/// answer (without `ReadyForQuery`) to `answer`.
 pub async fn run(
     links: &mut [Link],
     plan: &FanOut,
     bound: Option<&Bound>,
-    out: &mut BytesMut,
-) -> Result<(), PgError> {
+    answer: &mut Answer<'_>,
+) -> Result<(), Failed> {
     let shard_bound = bound.map(|b| shard_bound(b, plan)).transpose()?;
     let query = Query {
         sql: &plan.shard_sql,
@@ -101,57 +121,151 @@ pub async fn run(
     for link in links.iter_mut() {
         link.send_query(query).await?;
     }
-    let budget = std::sync::atomic::AtomicUsize::new(0);
-    let answers = join_all(links.iter_mut().map(|link| collect(link, &budget))).await;
-    for answer in &answers {
-        for aside in &answer.asides {
-            encode_message(out, aside);
-        }
-    }
-    let mut answers_without_error = Vec::with_capacity(answers.len());
-    for answer in answers {
-        if let Some(error) = answer.error {
-            return Err(error);
-        }
-        answers_without_error.push(answer);
+    let mut shards: Vec<ShardRows> = links.iter_mut().map(ShardRows::new).collect();
+    for shard in &mut shards {
+        shard.prime(answer).await;
     }
     let describe = bound.is_none_or(|b| b.describe);
-    merge(answers_without_error, plan, describe, out)
-}
-
-/// The client's parameters for the shards' statement: the merge reads the shards' row
-/// description, and the hidden columns come back in text.
-fn shard_bound(bound: &Bound, plan: &FanOut) -> Result<Bound, PgError> {
-    let mut values = BindValues::parse(&bound.bind_rest)
-        .map_err(|e| PgError::error(SqlState::PROTOCOL_VIOLATION, e.to_string()))?;
-    if values.result_formats.len() > 1 {
-        let hidden = plan.merge.hidden_columns;
-        values.result_formats.extend(std::iter::repeat_n(0, hidden));
+    let merged = stream(&mut shards, plan, describe, answer).await;
+    if let Err(Failed::Client(gone)) = merged {
+        return Err(Failed::Client(gone));
     }
-    let mut rest = BytesMut::with_capacity(bound.bind_rest.len() + 16);
-    values.encode_rest(&mut rest);
-    Ok(Bound {
-        param_types: bound.param_types.clone(),
-        bind_rest: rest.freeze(),
-        describe: true,
-    })
+    // Every link is read to its end, so it can serve again, whatever became of the merge.
+    for shard in &mut shards {
+        shard.drain(answer).await;
+    }
+    let given = merged?;
+    if let Some(error) = shards.iter_mut().find_map(|s| s.error.take()) {
+        return Err(Failed::Statement(error));
+    }
+    backend::encode_command_complete(answer.out, &format!("SELECT {given}"))
+        .map_err(|e| Failed::Statement(too_large(e)))?;
+    Ok(())
 }
 
-fn merge(
-    answers: Vec<ShardAnswer>,
+/// The merged rows, from the shards' first rows on; how many the client got.
+async fn stream(
+    shards: &mut [ShardRows<'_>],
     plan: &FanOut,
     describe: bool,
-    out: &mut BytesMut,
-) -> Result<(), PgError> {
-    let merge_error =
-        |e: pgherd_route::merge_rows::MergeError| PgError::error(e.sqlstate(), e.to_string());
-    let Some(fields) = answers.first().and_then(|a| a.fields.clone()) else {
-        return Err(PgError::error(
-            SqlState::PROTOCOL_VIOLATION,
-            "a shard answered a SELECT without a row description",
-        ));
+    answer: &mut Answer<'_>,
+) -> Result<u64, Failed> {
+    if let Some(error) = shards.iter_mut().find_map(|s| s.error.take()) {
+        return Err(Failed::Statement(error));
+    }
+    let fields = shards
+        .first()
+        .and_then(|s| s.fields.clone())
+        .ok_or_else(|| {
+            Failed::Statement(PgError::error(
+                SqlState::PROTOCOL_VIOLATION,
+                "a shard answered a SELECT without a row description",
+            ))
+        })?;
+    // Text is ordered only as bytes (a C collation); reading the database's collation to
+    // tell is still to come, so text sorts are refused by the merge.
+    let text_bytewise = false;
+    let merger =
+        Merger::new(plan.merge.clone(), &column_types(&fields), text_bytewise).map_err(merged)?;
+    if describe {
+        backend::encode_row_description(answer.out, &described(fields, &merger))
+            .map_err(|e| Failed::Statement(too_large(e)))?;
+    }
+    let mut client = ClientRows {
+        finisher: Finisher::new(&merger, MAX_FAN_OUT_BYTES),
+        given: 0,
     };
-    let columns: Vec<ColumnType> = fields
+    if plan.merge.grouping.is_some() {
+        let rows = hold_all(shards, answer).await?;
+        for row in merger.combine(rows).map_err(merged)? {
+            if !client.give(row, answer).await? {
+                break;
+            }
+        }
+    } else if plan.merge.order_by.is_empty() {
+        'shards: for shard in shards.iter_mut() {
+            while let Some(row) = shard.next_row(answer).await {
+                if !client.give(row, answer).await? {
+                    break 'shards;
+                }
+            }
+            failed_shard(shard)?;
+        }
+    } else {
+        let mut kway = KWay::new(&merger, shards.len());
+        loop {
+            while let Some(i) = kway.wants() {
+                let row = shards[i].next_row(answer).await;
+                failed_shard(&mut shards[i])?;
+                kway.offer(i, row);
+            }
+            let Some(row) = kway.next_row() else {
+                break;
+            };
+            if !client.give(row.map_err(merged)?, answer).await? {
+                break;
+            }
+        }
+    }
+    Ok(client.given)
+}
+
+/// The client's side of the stream.
+struct ClientRows<'m> {
+    finisher: Finisher<'m>,
+    given: u64,
+}
+
+impl ClientRows<'_> {
+    /// Sends `row` unless the merge drops it; false once no more rows are wanted.
+    async fn give(&mut self, row: Row, answer: &mut Answer<'_>) -> Result<bool, Failed> {
+        match self.finisher.take(row).map_err(merged)? {
+            Taken::Row(row) => {
+                backend::encode_data_row(answer.out, row.iter().map(|v| v.as_deref()))
+                    .map_err(|e| Failed::Statement(too_large(e)))?;
+                self.given += 1;
+                answer.grown().await?;
+                Ok(!self.finisher.is_done())
+            }
+            Taken::Skipped => Ok(true),
+            Taken::Done => Ok(false),
+        }
+    }
+}
+
+/// A shard's error stops the merge: its rows would be missing.
+fn failed_shard(shard: &mut ShardRows<'_>) -> Result<(), Failed> {
+    match shard.error.take() {
+        Some(error) => Err(Failed::Statement(error)),
+        None => Ok(()),
+    }
+}
+
+/// Every shard's rows, for a grouping (at most [`MAX_FAN_OUT_BYTES`] of them).
+async fn hold_all(
+    shards: &mut [ShardRows<'_>],
+    answer: &mut Answer<'_>,
+) -> Result<Vec<Row>, Failed> {
+    let mut rows = Vec::new();
+    let mut held_bytes = 0usize;
+    for shard in shards.iter_mut() {
+        while let Some(row) = shard.next_row(answer).await {
+            held_bytes += row.iter().flatten().map(|v| v.len() + 8).sum::<usize>();
+            if held_bytes > MAX_FAN_OUT_BYTES {
+                return Err(merged(MergeError::TooLarge {
+                    what: "the shards' rows",
+                    max_bytes: MAX_FAN_OUT_BYTES,
+                }));
+            }
+            rows.push(row);
+        }
+        failed_shard(shard)?;
+    }
+    Ok(rows)
+}
+
+fn column_types(fields: &[FieldDescription]) -> Vec<ColumnType> {
+    fields
         .iter()
         .map(|f| ColumnType {
             oid: f.type_oid,
@@ -161,31 +275,19 @@ fn merge(
                 Format::Text
             },
         })
-        .collect();
-    // Text is ordered only as bytes (a C collation); reading the database's collation to
-    // tell is still to come, so text sorts are refused by the merge.
-    let text_bytewise = false;
-    let merger = Merger::new(plan.merge.clone(), &columns, text_bytewise).map_err(merge_error)?;
-    let rows: Vec<Row> = if plan.merge.grouping.is_some() {
-        merger
-            .combine(answers.into_iter().flat_map(|a| a.rows))
-            .map_err(merge_error)?
-    } else {
-        merger
-            .merge_sorted(answers.into_iter().map(|a| a.rows.into_iter()).collect())
-            .collect::<Result<_, _>>()
-            .map_err(merge_error)?
-    };
-    let rows = merger.finish(rows).map_err(merge_error)?;
-    let output = merger.output_types();
-    let described: Vec<FieldDescription> = fields
+        .collect()
+}
+
+/// The client's row description: the shards', with an average typed as numeric whatever
+/// type the shards' sums had.
+fn described(fields: Vec<FieldDescription>, merger: &Merger) -> Vec<FieldDescription> {
+    fields
         .into_iter()
-        .zip(&output)
+        .zip(merger.output_types())
         .map(|(field, merged)| {
             if merged.oid == field.type_oid {
                 field
             } else {
-                // An average: numeric, whatever type the shards' sums had.
                 FieldDescription {
                     table_oid: 0,
                     column: 0,
@@ -197,16 +299,31 @@ fn merge(
                 }
             }
         })
-        .collect();
-    let encode_error =
-        |e: pgherd_wire::WireError| PgError::error(SqlState::PROGRAM_LIMIT_EXCEEDED, e.to_string());
-    if describe {
-        backend::encode_row_description(out, &described).map_err(encode_error)?;
+        .collect()
+}
+
+fn merged(e: MergeError) -> Failed {
+    Failed::Statement(PgError::error(e.sqlstate(), e.to_string()))
+}
+
+fn too_large(e: WireError) -> PgError {
+    PgError::error(SqlState::PROGRAM_LIMIT_EXCEEDED, e.to_string())
+}
+
+/// The client's parameters for the shards' statement: the merge reads the shards' row
+/// description, and the hidden columns come back in text.
+fn shard_bound(bound: &Bound, plan: &FanOut) -> Result<Bound, PgError> {
+    let mut values = BindValues::parse(&bound.bind_rest)
+        .map_err(|e| PgError::error(SqlState::PROTOCOL_VIOLATION, e.to_string()))?;
+    if values.result_formats.len() > 1 {
+        let hidden = plan.merge.hidden_columns;
+        values.result_formats.extend(std::iter::repeat_n(0, hidden));
     }
-    for row in &rows {
-        backend::encode_data_row(out, row.iter().map(|v| v.as_deref())).map_err(encode_error)?;
-    }
-    backend::encode_command_complete(out, &format!("SELECT {}", rows.len()))
-        .map_err(encode_error)?;
-    Ok(())
+    let mut rest = bytes::BytesMut::with_capacity(bound.bind_rest.len() + 16);
+    values.encode_rest(&mut rest);
+    Ok(Bound {
+        param_types: bound.param_types.clone(),
+        bind_rest: rest.freeze(),
+        describe: true,
+    })
 }

@@ -9,6 +9,7 @@
 //! each shard's primary; the extended protocol, COPY and savepoints are refused with `0A000`
 //! naming them.
 
+mod answer;
 mod commit;
 mod copy;
 mod each;
@@ -45,6 +46,7 @@ use crate::relay::params::{session_changes, SessionParams};
 use crate::routing::Router;
 use crate::shards::Shards;
 use crate::stream::Stream;
+use answer::Answer;
 pub use commit::make_decision_table;
 pub use extended::Extended;
 use link::{encode_message, Link, Query};
@@ -546,9 +548,11 @@ impl ShardedSession {
                 self.write(&mut links, query, *copies, split.as_deref(), out)
                     .await
             }
-            Execution::FanOut { plan, .. } => fan_out::run(&mut links, plan, query.bound, out)
-                .await
-                .map_err(Failed::Statement),
+            Execution::FanOut { plan, .. } => {
+                let hold = self.extended.holds_answers();
+                let mut answer = Answer::new(&mut self.client, out, hold);
+                fan_out::run(&mut links, plan, query.bound, &mut answer).await
+            }
             Execution::CopyIn(plan) => self.copy_in(plan, sql, &mut links, out).await,
             Execution::Transaction(_) => Ok(()),
         };
@@ -644,9 +648,10 @@ impl ShardedSession {
         Ok(links)
     }
 
-    /// A cancel from the client reaches the first link (its error ends the whole statement).
+    /// A cancel from the client reaches every link of the statement.
     fn watch_cancel(&self, links: &[Link]) {
-        self.shared.set_target(links.first().and_then(Link::target));
+        self.shared
+            .set_targets(links.iter().filter_map(Link::target));
     }
 
     async fn unwatch_cancel(&self) {
@@ -680,16 +685,9 @@ impl ShardedSession {
                 _ => {}
             }
             encode_message(out, &message);
-            if self.extended.holds_answers() {
-                if out.len() > fan_out::MAX_FAN_OUT_BYTES {
-                    return Err(Failed::Statement(extended::too_many_held_rows()));
-                }
-            } else if out.len() >= FLUSH_BYTES {
-                write_flush(&mut self.client, out)
-                    .await
-                    .map_err(|e| Failed::Client(client_io(e)))?;
-                out.clear();
-            }
+            Answer::new(&mut self.client, out, self.extended.holds_answers())
+                .grown()
+                .await?;
         }
     }
 

@@ -268,3 +268,13 @@ pub fn bind_text(out: &mut bytes::BytesMut, statement: &[u8], values: &[Option<&
     .encode_rest(&mut rest);
     frontend::encode_bind(out, b"", statement, &rest).expect("bind");
 }
+
+/// A figure of `/proc/<pid>/status` in KiB (`field`: "VmRSS", "VmHWM", ...); 0 if unread.
+pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}

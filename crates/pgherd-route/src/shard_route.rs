@@ -65,6 +65,22 @@ pub enum Execution {
     /// `COPY ... FROM STDIN`: every shard takes the COPY, each row goes to the shard of its
     /// key (or, for a table every shard holds, to every shard), in one transaction.
     CopyIn(Box<CopyPlan>),
+    /// A command about the session pgherd keeps, answered by pgherd without a shard.
+    Session(SessionCommand),
+}
+
+/// The session commands a sharded endpoint answers itself: its links serve one statement or
+/// transaction each, so what these reset on a server lives in pgherd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionCommand {
+    /// `DISCARD ALL`: the session's settings, prepared statements and portals forgotten.
+    DiscardAll,
+    /// `DISCARD PLANS`, `SEQUENCES` or `TEMP` (its command tag): nothing of what they reset
+    /// outlives a statement on a sharded endpoint (the temporary tables and sequence draws
+    /// they would reset are refused there).
+    DiscardNothing(&'static str),
+    /// `DEALLOCATE name`, or `DEALLOCATE ALL` (`None`): prepared statements forgotten.
+    Deallocate(Option<String>),
 }
 
 /// How a `COPY ... FROM STDIN` is split.
@@ -252,7 +268,9 @@ pub fn on_named_shard(
         ))
     };
     match planned {
-        Ok(execution @ (Execution::Setting | Execution::Transaction(_))) => Ok(execution),
+        Ok(
+            execution @ (Execution::Setting | Execution::Transaction(_) | Execution::Session(_)),
+        ) => Ok(execution),
         Ok(Execution::AnyShard | Execution::FanOut { .. } | Execution::Maintenance) => {
             Ok(Execution::OneShard(shard))
         }
@@ -303,6 +321,25 @@ fn route_node(
         )),
         NodeEnum::VariableSetStmt(_) => Ok(Execution::Setting),
         NodeEnum::TransactionStmt(tx) => transaction_command(tx),
+        NodeEnum::DiscardStmt(discard) => {
+            use pg_query::protobuf::DiscardMode;
+            Ok(Execution::Session(
+                match DiscardMode::try_from(discard.target) {
+                    Ok(DiscardMode::DiscardAll) => SessionCommand::DiscardAll,
+                    Ok(DiscardMode::DiscardPlans) => {
+                        SessionCommand::DiscardNothing("DISCARD PLANS")
+                    }
+                    Ok(DiscardMode::DiscardSequences) => {
+                        SessionCommand::DiscardNothing("DISCARD SEQUENCES")
+                    }
+                    Ok(DiscardMode::DiscardTemp) => SessionCommand::DiscardNothing("DISCARD TEMP"),
+                    _ => return Err(refuse("this DISCARD")),
+                },
+            ))
+        }
+        NodeEnum::DeallocateStmt(deallocate) => Ok(Execution::Session(SessionCommand::Deallocate(
+            (!deallocate.isall && !deallocate.name.is_empty()).then(|| deallocate.name.clone()),
+        ))),
         NodeEnum::CopyStmt(copy) => plan_copy(copy, map),
         NodeEnum::CreateTableAsStmt(_) => Err(refuse(
             "CREATE TABLE AS or SELECT INTO through a sharded endpoint",

@@ -93,6 +93,22 @@ fn statements_run_where_their_rows_are() {
         ("SET LOCAL work_mem = '8MB'", Execution::Setting),
         ("BEGIN", Execution::Transaction(TxCommand::Begin)),
         (
+            "DISCARD ALL",
+            Execution::Session(SessionCommand::DiscardAll),
+        ),
+        (
+            "DISCARD TEMP",
+            Execution::Session(SessionCommand::DiscardNothing("DISCARD TEMP")),
+        ),
+        (
+            "DEALLOCATE ALL",
+            Execution::Session(SessionCommand::Deallocate(None)),
+        ),
+        (
+            "DEALLOCATE PREPARE s1",
+            Execution::Session(SessionCommand::Deallocate(Some("s1".into()))),
+        ),
+        (
             "START TRANSACTION ISOLATION LEVEL REPEATABLE READ",
             Execution::Transaction(TxCommand::Begin),
         ),

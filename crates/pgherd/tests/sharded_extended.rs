@@ -200,6 +200,60 @@ async fn prepared_statements_run_where_their_keys_are_and_fan_out_exactly() {
     assert_eq!(code(&bad_key), "22P02", "{bad_key:?}");
     let row = client.query_one(&select, &[&k0]).await.unwrap();
     assert_eq!(row.get::<_, i32>(0), k0 * 10 + 1);
+
+    // DEALLOCATE and DISCARD, answered by pgherd, which keeps the session's statements and
+    // settings: what is deallocated is gone, DISCARD ALL forgets every statement and the
+    // settings, and is refused inside a transaction block, as PostgreSQL does.
+    client
+        .batch_execute("DEALLOCATE ALL")
+        .await
+        .expect("DEALLOCATE ALL");
+    let gone = client
+        .query_one(&select, &[&k0])
+        .await
+        .expect_err("deallocated");
+    assert_eq!(code(&gone), "26000", "{gone:?}");
+    let missing = client
+        .batch_execute("DEALLOCATE nosuch")
+        .await
+        .expect_err("no such statement");
+    assert_eq!(code(&missing), "26000", "{missing:?}");
+    let kept = client
+        .prepare("SELECT abalance FROM accounts WHERE aid = $1")
+        .await
+        .unwrap();
+    client
+        .batch_execute("SET application_name = 'before-discard'")
+        .await
+        .unwrap();
+    for tag in ["DISCARD PLANS", "DISCARD SEQUENCES", "DISCARD TEMP"] {
+        client.batch_execute(tag).await.expect(tag);
+    }
+    client.batch_execute("BEGIN").await.unwrap();
+    let in_block = client
+        .batch_execute("DISCARD ALL")
+        .await
+        .expect_err("DISCARD ALL in a block");
+    assert_eq!(code(&in_block), "25001", "{in_block:?}");
+    client.batch_execute("ROLLBACK").await.unwrap();
+    client
+        .batch_execute("DISCARD ALL")
+        .await
+        .expect("DISCARD ALL");
+    let name_now = client
+        .query_one("SELECT current_setting('application_name')", &[])
+        .await
+        .unwrap();
+    assert_eq!(name_now.get::<_, String>(0), "");
+    let discarded = client
+        .query_one(&kept, &[&k0])
+        .await
+        .expect_err("discarded");
+    assert_eq!(code(&discarded), "26000", "{discarded:?}");
+    client
+        .batch_execute("DEALLOCATE ALL")
+        .await
+        .expect("DEALLOCATE ALL");
 }
 
 /// Parse (unnamed, types left to the server), then a Bind and Execute per value, then Sync.
@@ -269,6 +323,19 @@ async fn executes_before_one_sync_are_one_transaction_and_portals_suspend() {
         assert_eq!(tags(&failed), "12EZ", "{failed:?}");
         let next = raw.recv_until_ready();
         assert_eq!(tags(&next), "12DCZ", "{next:?}");
+        // A protocol-level statement is DEALLOCATEd by its name, as on PostgreSQL.
+        let mut out = BytesMut::new();
+        frontend::encode_parse(&mut out, b"byname", b"SELECT 1", &[0, 0]).unwrap();
+        frontend::encode_sync(&mut out);
+        raw.send(&out);
+        assert_eq!(tags(&raw.recv_until_ready()), "1Z");
+        assert_eq!(tags(&raw.query("DEALLOCATE byname")), "CZ");
+        let mut out = BytesMut::new();
+        bind(&mut out, b"byname", &[]);
+        frontend::encode_sync(&mut out);
+        raw.send(&out);
+        let unbound = raw.recv_until_ready();
+        assert_eq!(errors(&unbound)[0].code.to_string(), "26000", "{unbound:?}");
         (k0, k1)
     })
     .await

@@ -60,6 +60,22 @@ impl Extended {
     pub fn end_transaction(&mut self) {
         self.portals.clear();
     }
+
+    /// `DISCARD ALL`: every prepared statement and portal.
+    pub fn forget_all(&mut self) {
+        self.statements.clear();
+        self.portals.clear();
+    }
+
+    /// `DEALLOCATE ALL`: the named prepared statements (the unnamed one is the protocol's).
+    pub fn deallocate_all(&mut self) {
+        self.statements.retain(|name, _| name.is_empty());
+    }
+
+    /// `DEALLOCATE name`; false if there is no such statement.
+    pub fn deallocate(&mut self, name: &[u8]) -> bool {
+        !name.is_empty() && self.statements.remove(name).is_some()
+    }
 }
 
 #[derive(Clone)]

@@ -27,8 +27,8 @@ use std::time::Duration;
 use bytes::BytesMut;
 use pgherd_route::shard_plan::BoundParam;
 use pgherd_route::shard_route::{
-    on_named_shard, route_statement, CatalogFacts, CopyFacts, Execution, ShardError, SplitInsert,
-    TxCommand,
+    on_named_shard, route_statement, CatalogFacts, CopyFacts, Execution, SessionCommand,
+    ShardError, SplitInsert, TxCommand,
 };
 use pgherd_route::shard_shape;
 use pgherd_route::{Decision, SessionEffect, Target, TxEffect, SHARD_SETTING};
@@ -42,7 +42,7 @@ use crate::error::{client_io, Disconnect};
 use crate::msgio::{read_message, take_buffered_message, write_flush, ReadError};
 use crate::nodes::NodeState;
 use crate::pool::Pool;
-use crate::relay::params::{session_changes, SessionParams};
+use crate::relay::params::{session_changes, Change, SessionParams};
 use crate::routing::Router;
 use crate::shards::Shards;
 use crate::stream::Stream;
@@ -434,6 +434,16 @@ impl ShardedSession {
             }
             return self.transaction(command, decision, query.sql, out).await;
         }
+        if let Execution::Session(command) = &execution {
+            if query.bound.is_some_and(|b| b.describe) {
+                backend::encode_empty(out, btag::NO_DATA);
+            }
+            let tag = self.session_command(command).map_err(Failed::Statement)?;
+            backend::encode_command_complete(out, &tag).map_err(|e| {
+                Failed::Statement(PgError::error(SqlState::INTERNAL_ERROR, e.to_string()))
+            })?;
+            return Ok(());
+        }
         // A write over several shards is one transaction over them, as on one server.
         let implicit = self.tx.is_none()
             && matches!(execution, Execution::Write { .. } | Execution::CopyIn(_));
@@ -481,7 +491,40 @@ impl ShardedSession {
             Execution::FanOut { shards, .. } | Execution::Write { shards, .. } => {
                 shards.iter().copied().collect()
             }
-            Execution::Transaction(_) => Vec::new(),
+            Execution::Transaction(_) | Execution::Session(_) => Vec::new(),
+        }
+    }
+
+    /// Carries out a session command pgherd answers itself; its command tag.
+    fn session_command(&mut self, command: &SessionCommand) -> Result<String, PgError> {
+        match command {
+            SessionCommand::DiscardAll => {
+                if self.tx.is_some() {
+                    return Err(PgError::error(
+                        SqlState::ACTIVE_SQL_TRANSACTION,
+                        "DISCARD ALL cannot run inside a transaction block",
+                    ));
+                }
+                self.params.record(vec![Change::ResetAll]);
+                self.params.end_transaction(true);
+                self.extended.forget_all();
+                Ok("DISCARD ALL".to_owned())
+            }
+            SessionCommand::DiscardNothing(tag) => Ok((*tag).to_owned()),
+            SessionCommand::Deallocate(None) => {
+                self.extended.deallocate_all();
+                Ok("DEALLOCATE ALL".to_owned())
+            }
+            SessionCommand::Deallocate(Some(name)) => {
+                if self.extended.deallocate(name.as_bytes()) {
+                    Ok("DEALLOCATE".to_owned())
+                } else {
+                    Err(PgError::error(
+                        SqlState::INVALID_SQL_STATEMENT_NAME,
+                        format!("prepared statement \"{name}\" does not exist"),
+                    ))
+                }
+            }
         }
     }
 
@@ -554,7 +597,7 @@ impl ShardedSession {
                 fan_out::run(&mut links, plan, query.bound, &mut answer).await
             }
             Execution::CopyIn(plan) => self.copy_in(plan, sql, &mut links, out).await,
-            Execution::Transaction(_) => Ok(()),
+            Execution::Transaction(_) | Execution::Session(_) => Ok(()),
         };
         self.unwatch_cancel().await;
         if in_tx {

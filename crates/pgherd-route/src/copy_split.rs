@@ -1,7 +1,8 @@
 //! `COPY ... FROM STDIN` into a sharded table, without IO: the statement's format read from
 //! its options, the client's data cut into rows as the server would cut them (text and CSV),
 //! and each row's key field read, so the executor (`pgherd-proxy/src/exec/copy.rs`) can send
-//! each row to the shard holding its key.
+//! each row to the shard holding its key. Of a `COPY ... TO STDOUT`, whether its output has a
+//! header line.
 
 use pg_query::protobuf::node::Node as NodeEnum;
 use pg_query::protobuf::CopyStmt;
@@ -123,6 +124,31 @@ pub fn copy_in(copy: &CopyStmt) -> Result<CopyIn, CopyError> {
         header,
         columns,
     })
+}
+
+/// Of a `COPY ... TO STDOUT` over several shards: whether each shard's output starts with a
+/// header line, which the client must get once. Text and CSV only (each shard's binary
+/// output has a header and trailer of its own).
+pub fn copy_out_header(copy: &CopyStmt) -> Result<bool, CopyError> {
+    let unsupported = |what: &str| CopyError::Unsupported(what.to_owned());
+    if copy.is_program || !copy.filename.is_empty() {
+        return Err(unsupported("TO a file or program (only TO STDOUT)"));
+    }
+    let mut header = false;
+    for option in &copy.options {
+        let Some(NodeEnum::DefElem(def)) = &option.node else {
+            continue;
+        };
+        let text = option_text(def.arg.as_deref());
+        match def.defname.as_str() {
+            "format" if !matches!(text.as_deref(), Some("csv" | "text")) => {
+                return Err(unsupported("TO in a format other than text or CSV"))
+            }
+            "header" => header = !matches!(text.as_deref(), Some("false" | "off" | "0")),
+            _ => {}
+        }
+    }
+    Ok(header)
 }
 
 fn option_text(arg: Option<&pg_query::protobuf::Node>) -> Option<String> {

@@ -67,6 +67,9 @@ pub enum Execution {
     CopyIn(Box<CopyPlan>),
     /// A command about the session pgherd keeps, answered by pgherd without a shard.
     Session(SessionCommand),
+    /// `COPY ... TO STDOUT` of rows on several shards: each shard's output in turn, as one
+    /// COPY (the header line, if any, once).
+    CopyOut { shards: BTreeSet<u32>, header: bool },
 }
 
 /// The session commands a sharded endpoint answers itself: its links serve one statement or
@@ -271,9 +274,12 @@ pub fn on_named_shard(
         Ok(
             execution @ (Execution::Setting | Execution::Transaction(_) | Execution::Session(_)),
         ) => Ok(execution),
-        Ok(Execution::AnyShard | Execution::FanOut { .. } | Execution::Maintenance) => {
-            Ok(Execution::OneShard(shard))
-        }
+        Ok(
+            Execution::AnyShard
+            | Execution::FanOut { .. }
+            | Execution::CopyOut { .. }
+            | Execution::Maintenance,
+        ) => Ok(Execution::OneShard(shard)),
         Ok(Execution::OneShard(placed)) if placed == shard || reads => {
             Ok(Execution::OneShard(shard))
         }
@@ -340,7 +346,8 @@ fn route_node(
         NodeEnum::DeallocateStmt(deallocate) => Ok(Execution::Session(SessionCommand::Deallocate(
             (!deallocate.isall && !deallocate.name.is_empty()).then(|| deallocate.name.clone()),
         ))),
-        NodeEnum::CopyStmt(copy) => plan_copy(copy, map),
+        NodeEnum::CopyStmt(copy) if copy.is_from => plan_copy(copy, map),
+        NodeEnum::CopyStmt(copy) => plan_copy_out(copy, map, is_user_aggregate, params),
         NodeEnum::CreateTableAsStmt(_) => Err(refuse(
             "CREATE TABLE AS or SELECT INTO through a sharded endpoint",
         )),
@@ -455,6 +462,39 @@ fn plan_copy(copy: &CopyStmt, map: &ShardMap) -> Result<Execution, ShardError> {
         }
     };
     Ok(Execution::CopyIn(Box::new(CopyPlan { copy: copy_in, key })))
+}
+
+/// A `COPY ... TO STDOUT`: a table every shard holds, or rows on one shard, run where they
+/// are as sent; a sharded table, or a query whose rows need no merge, on each shard in turn.
+fn plan_copy_out(
+    copy: &CopyStmt,
+    map: &ShardMap,
+    is_user_aggregate: &dyn Fn(&str) -> bool,
+    params: &[BoundParam],
+) -> Result<Execution, ShardError> {
+    let header = copy_split::copy_out_header(copy).map_err(|e| refuse(&e.to_string()))?;
+    let shards = match (copy.relation.as_ref(), copy.query.as_ref()) {
+        (Some(relation), None) => match map.table(relation) {
+            None => return Ok(Execution::AnyShard),
+            Some(_) => (0..map.shards).collect(),
+        },
+        (None, Some(query)) => {
+            let Some(query) = query.node.as_ref() else {
+                return Err(refuse("this COPY"));
+            };
+            match route_data(query, map, is_user_aggregate, params)? {
+                execution @ (Execution::AnyShard | Execution::OneShard(_)) => return Ok(execution),
+                Execution::FanOut { shards, plan } if plan.merge == Default::default() => shards,
+                _ => {
+                    return Err(refuse(
+                        "COPY of a query over several shards whose rows must be merged (ORDER BY, LIMIT, DISTINCT, aggregates)",
+                    ))
+                }
+            }
+        }
+        _ => return Err(refuse("this COPY")),
+    };
+    Ok(Execution::CopyOut { shards, header })
 }
 
 /// The INSERT once per shard, each with its own rows (PostgreSQL's deparser writes them).

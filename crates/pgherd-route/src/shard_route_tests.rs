@@ -314,13 +314,21 @@ fn what_cannot_run_exactly_is_refused_by_name() {
         ),
         ("DELETE FROM remote WHERE id = 1", "is a view or a foreign table"),
         ("UPDATE tellers SET t = '1'::my_type", "whose code is the database's own"),
-        ("COPY accounts TO STDOUT", "COPY TO"),
+        ("COPY accounts TO STDOUT (FORMAT binary)", "format other than text or CSV"),
+        ("COPY accounts TO '/tmp/x'", "TO a file or program"),
+        (
+            "COPY (SELECT * FROM accounts ORDER BY aid) TO STDOUT",
+            "rows must be merged",
+        ),
+        (
+            "COPY (SELECT count(*) FROM accounts) TO STDOUT",
+            "rows must be merged",
+        ),
         (
             "COPY accounts (bid) FROM STDIN",
             "COPY into accounts without its shard key column aid",
         ),
         ("COPY branches (bid) FROM STDIN", "leaving column id of branches"),
-        ("COPY (SELECT 1) TO STDOUT", "COPY of a query"),
         ("DO $$ BEGIN END $$", "DO through a sharded endpoint"),
         (
             "EXPLAIN SELECT count(*) FROM accounts",
@@ -783,4 +791,42 @@ fn a_named_shard_runs_reads_there_and_writes_only_if_their_rows_are_there() {
     }
     // Text pgherd cannot read is not sent anywhere.
     assert!(matches!(on_1("SELEC 1", &read), Err(ShardError::Syntax(_))));
+}
+
+#[test]
+fn copy_to_stdout_reads_each_shard_in_turn_or_the_one_that_has_the_rows() {
+    let every = BTreeSet::from([0, 1, 2]);
+    let on = shard_of(7);
+    let cases: &[(&str, Execution)] = &[
+        (
+            "COPY accounts TO STDOUT",
+            Execution::CopyOut {
+                shards: every.clone(),
+                header: false,
+            },
+        ),
+        (
+            "COPY accounts (aid) TO STDOUT WITH (FORMAT csv, HEADER)",
+            Execution::CopyOut {
+                shards: every.clone(),
+                header: true,
+            },
+        ),
+        (
+            "COPY (SELECT aid FROM accounts WHERE abalance > 0) TO STDOUT",
+            Execution::CopyOut {
+                shards: every,
+                header: false,
+            },
+        ),
+        (
+            "COPY (SELECT * FROM accounts WHERE aid = 7) TO STDOUT",
+            Execution::OneShard(on),
+        ),
+        ("COPY branches TO STDOUT", Execution::AnyShard),
+        ("COPY (SELECT 1) TO STDOUT", Execution::AnyShard),
+    ];
+    for (sql, want) in cases {
+        assert_eq!(route(sql).as_ref(), Ok(want), "{sql}");
+    }
 }

@@ -530,7 +530,10 @@ async fn a_sharded_endpoint_answers_as_one_node_holding_every_row() {
             "stays on one server connection",
         ),
         ("SAVEPOINT s", "savepoints"),
-        ("COPY accounts TO STDOUT", "COPY"),
+        (
+            "COPY accounts TO STDOUT (FORMAT binary)",
+            "format other than text or CSV",
+        ),
         ("SELECT string_agg(filler, ',') FROM accounts", "string_agg"),
     ] {
         let e = through.batch_execute(sql).await.expect_err(sql);
@@ -579,6 +582,59 @@ async fn a_sharded_endpoint_answers_as_one_node_holding_every_row() {
         shards[2].sql("SELECT to_regclass('only_here') IS NULL"),
         "t"
     );
+
+    // COPY TO STDOUT reads every shard in turn as one COPY; a header line comes once.
+    whole
+        .batch_execute("UPDATE accounts SET abalance = 424242 WHERE aid = 77")
+        .await
+        .expect("the key-routed write above, on the whole");
+    let copied = async |client: &tokio_postgres::Client, sql: &str| {
+        use futures_util::TryStreamExt;
+        let stream = client
+            .copy_out(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+        let chunks: Vec<bytes::Bytes> = stream.try_collect().await.expect(sql);
+        String::from_utf8(chunks.concat()).expect("text")
+    };
+    let mut sharded: Vec<String> = copied(&through, "COPY accounts TO STDOUT")
+        .await
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let mut single: Vec<String> = copied(&whole, "COPY accounts TO STDOUT")
+        .await
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    sharded.sort();
+    single.sort();
+    assert_eq!(sharded.len(), 240);
+    assert_eq!(sharded, single);
+    let csv = copied(
+        &through,
+        "COPY (SELECT aid, filler FROM accounts WHERE abalance > 0) TO STDOUT WITH (FORMAT csv, HEADER)",
+    )
+    .await;
+    let positive = first_value(&whole, "SELECT count(*) FROM accounts WHERE abalance > 0")
+        .await
+        .unwrap();
+    assert_eq!(
+        csv.lines().filter(|l| *l == "aid,filler").count(),
+        1,
+        "{csv}"
+    );
+    assert_eq!(csv.lines().next(), Some("aid,filler"));
+    assert_eq!(
+        csv.lines().count().to_string(),
+        (positive.parse::<usize>().unwrap() + 1).to_string()
+    );
+    let one = copied(
+        &through,
+        "COPY (SELECT aid FROM accounts WHERE aid = 5) TO STDOUT",
+    )
+    .await;
+    assert_eq!(one, "5\n");
 
     // One shard named by a hint or by pgherd.shard: reads see that shard's rows, as sent
     // (what could not be merged over the shards included); writes must have their rows there.

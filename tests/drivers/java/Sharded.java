@@ -1,4 +1,4 @@
-// pgjdbc through a sharded endpoint: rows copied in (CopyManager) and inserted in a batch (one
+// pgjdbc through a sharded endpoint: rows copied in and out (CopyManager) and inserted in a batch (one
 // Sync for all of it), read by key and fanned out in server-side prepared statements
 // (prepareThreshold=1), a transaction over both shards committed and one rolled back, a fan-out
 // read a few rows at a time (fetch size: a portal suspended and resumed), a refusal. Table
@@ -134,6 +134,12 @@ public class Sharded {
             }
             c.commit();
             c.setAutoCommit(true);
+            // COPY TO over every shard: one COPY, the rows of all of them.
+            java.io.StringWriter out = new java.io.StringWriter();
+            long copiedOut = c.unwrap(PGConnection.class).getCopyAPI()
+                    .copyOut("COPY accounts (aid) TO STDOUT", out);
+            check("copied out", copiedOut, 300L);
+            check("copied out lines", out.toString().split("\n").length, 300);
             try (PreparedStatement window = c.prepareStatement(
                     "SELECT aid, count(*) OVER () FROM accounts WHERE aid > ?")) {
                 window.setInt(1, 0);

@@ -41,6 +41,15 @@ def load(conn):
         )
 
 
+def copy_out(conn, label):
+    """COPY TO STDOUT over every shard comes back as one COPY, the header once."""
+    with conn.cursor() as cur:
+        with cur.copy("COPY (SELECT aid FROM accounts WHERE aid <= 300) TO STDOUT WITH (FORMAT csv, HEADER)") as copy:
+            lines = b"".join(bytes(chunk) for chunk in copy).decode().splitlines()
+    check(f"{label}: copy header", lines[0], "aid")
+    check(f"{label}: copied rows", sorted(int(l) for l in lines[1:]), list(range(1, 301)))
+
+
 def reads(conn, label):
     for aid in (1, 150, 299):
         row = conn.execute("SELECT abalance, note FROM accounts WHERE aid = %s", (aid,)).fetchone()
@@ -97,6 +106,7 @@ def main():
         load(prepared)
         reads(prepared, "prepared")
         reads(unnamed, "unnamed")
+        copy_out(unnamed, "unnamed")
         transactions(prepared)
         refusals(unnamed)
     if failures:

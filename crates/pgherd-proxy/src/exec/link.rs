@@ -423,8 +423,9 @@ impl Link {
                 self.answered = true;
             }
             btag::COPY_IN_RESPONSE if copying => {}
-            // A COPY pgherd did not ask for is not followed.
-            btag::COPY_IN_RESPONSE | btag::COPY_OUT_RESPONSE | btag::COPY_BOTH_RESPONSE => {
+            // A COPY out needs nothing of pgherd (its rows pass like any answer's); one that
+            // waits for data pgherd did not ask for is not followed.
+            btag::COPY_IN_RESPONSE | btag::COPY_BOTH_RESPONSE => {
                 return Err(lost(&conn.node, "it started a COPY pgherd did not ask for"));
             }
             _ => {}

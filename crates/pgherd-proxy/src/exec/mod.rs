@@ -12,6 +12,7 @@
 mod answer;
 mod commit;
 mod copy;
+mod copy_out;
 mod each;
 mod extended;
 mod fan_out;
@@ -488,9 +489,9 @@ impl ShardedSession {
             Execution::EveryShard | Execution::Maintenance | Execution::CopyIn(_) => {
                 (0..self.shards.count()).collect()
             }
-            Execution::FanOut { shards, .. } | Execution::Write { shards, .. } => {
-                shards.iter().copied().collect()
-            }
+            Execution::FanOut { shards, .. }
+            | Execution::Write { shards, .. }
+            | Execution::CopyOut { shards, .. } => shards.iter().copied().collect(),
             Execution::Transaction(_) | Execution::Session(_) => Vec::new(),
         }
     }
@@ -597,6 +598,11 @@ impl ShardedSession {
                 fan_out::run(&mut links, plan, query.bound, &mut answer).await
             }
             Execution::CopyIn(plan) => self.copy_in(plan, sql, &mut links, out).await,
+            Execution::CopyOut { header, .. } => {
+                let hold = self.extended.holds_answers();
+                let mut answer = Answer::new(&mut self.client, out, hold);
+                copy_out::run(&mut links, query, *header, &mut answer).await
+            }
             Execution::Transaction(_) | Execution::Session(_) => Ok(()),
         };
         self.unwatch_cancel().await;

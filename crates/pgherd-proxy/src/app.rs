@@ -52,9 +52,6 @@ pub struct App {
     pub settings_interner: crate::relay::params::Interner,
     /// Failover decisions and actions, for `SHOW EVENTS` and the notification command.
     pub events: crate::events::Events,
-    /// Held by whoever changes the primary (the failover task's turn, `PROMOTE`), so two
-    /// never act on the cluster at once.
-    pub role_change: tokio::sync::Mutex<()>,
     /// Errors pgherd itself answered requests with (no server had them), for the metrics.
     pub own_errors: crate::counters::ErrorClasses,
     /// With `[dcs]`: this instance's side of the agreement with the others (fixed at start).
@@ -100,7 +97,6 @@ impl App {
             routers: Mutex::new(HashMap::new()),
             schema_generation: std::sync::atomic::AtomicU64::new(1),
             events: Default::default(),
-            role_change: tokio::sync::Mutex::new(()),
             own_errors: Default::default(),
             clients: Arc::new(ClientRegistry::new()),
             pools: Mutex::new(HashMap::new()),

@@ -89,6 +89,12 @@ impl ClientShared {
         self.live.lock().target
     }
 
+    /// Whether one of the servers running the client's statement is on `node`.
+    pub fn runs_on(&self, node: &crate::nodes::NodeState) -> bool {
+        let live = self.live.lock();
+        live.target.iter().chain(&live.also).any(|t| t.is_on(node))
+    }
+
     /// Clears the target unless a cancel for it is still on its way (then returns false and
     /// [`Self::clear_target`] must be awaited).
     pub fn try_clear_target(&self) -> bool {

@@ -224,7 +224,7 @@ pub async fn promote(
     // Any shard's node: each shard fails over on its own.
     let (cluster, node) = app.node_named(name).ok_or_else(|| no_such_node(name))?;
     let refuse = |msg: String| PgError::error(SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, msg);
-    let Ok(_turn) = tokio::time::timeout(ROLE_CHANGE_WAIT, app.role_change.lock()).await else {
+    let Ok(_turn) = tokio::time::timeout(ROLE_CHANGE_WAIT, cluster.role_change.lock()).await else {
         return Err(PgError::error(
             SqlState::OBJECT_IN_USE,
             "another role change (a failover or switchover) is under way",

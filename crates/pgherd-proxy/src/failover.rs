@@ -59,7 +59,7 @@ pub async fn run(app: Arc<App>, cluster: Arc<Nodes>) {
             continue;
         }
         // A PROMOTE or switchover the operator started acts alone; this turn waits for it.
-        let _turn = app.role_change.lock().await;
+        let _turn = cluster.role_change.lock().await;
         if cluster.is_switching() {
             continue;
         }
@@ -670,7 +670,7 @@ pub(crate) fn end_sessions_on(app: &App, node: &NodeState, why: &str) {
     app.drop_idle_connections(node);
     let mut ended = 0;
     for client in app.clients.all() {
-        if client.target().is_some_and(|t| t.is_on(node)) {
+        if client.runs_on(node) {
             client.kill(why.to_owned());
             ended += 1;
         }

@@ -51,6 +51,9 @@ pub struct Nodes {
     standing: tokio::sync::Notify,
     /// The zone this pgherd runs in (`[pgherd] zone`): reads prefer its replicas.
     pub(crate) local_zone: arc_swap::ArcSwapOption<String>,
+    /// Held by whoever changes this cluster's primary (its failover task's turn, `PROMOTE`,
+    /// switchover), so two never act on it at once; each shard's cluster has its own.
+    pub role_change: tokio::sync::Mutex<()>,
 }
 
 /// Primary positions kept to date replica lag: at a 100 ms check period, about two minutes of
@@ -72,6 +75,7 @@ impl Nodes {
             failures_before_down: AtomicU32::new(thresholds.failures_before_down),
             standing: tokio::sync::Notify::new(),
             local_zone: arc_swap::ArcSwapOption::empty(),
+            role_change: tokio::sync::Mutex::new(()),
         };
         let list = configs
             .iter()

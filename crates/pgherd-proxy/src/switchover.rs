@@ -86,7 +86,8 @@ pub async fn switchover(app: &Arc<App>, to: Option<&str>) -> Result<Vec<String>,
             Err(e) => return Err(e),
         }
     };
-    let Ok(_turn) = tokio::time::timeout(ROLE_CHANGE_WAIT, app.role_change.lock()).await else {
+    let Ok(_turn) = tokio::time::timeout(ROLE_CHANGE_WAIT, app.nodes.role_change.lock()).await
+    else {
         return Err(PgError::error(
             SqlState::OBJECT_IN_USE,
             "another role change (a failover or PROMOTE) is under way",

@@ -131,9 +131,6 @@ pub fn copy_in(copy: &CopyStmt) -> Result<CopyIn, CopyError> {
 /// output has a header and trailer of its own).
 pub fn copy_out_header(copy: &CopyStmt) -> Result<bool, CopyError> {
     let unsupported = |what: &str| CopyError::Unsupported(what.to_owned());
-    if copy.is_program || !copy.filename.is_empty() {
-        return Err(unsupported("TO a file or program (only TO STDOUT)"));
-    }
     let mut header = false;
     for option in &copy.options {
         let Some(NodeEnum::DefElem(def)) = &option.node else {

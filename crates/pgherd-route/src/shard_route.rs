@@ -256,10 +256,11 @@ pub fn route_statement(
 
 /// A statement planned by [`route_statement`] (`planned`), run on the one shard a hint
 /// (`/* pgherd:shard=N */`) or `SET pgherd.shard` names instead: a read sees that shard's
-/// rows only, as sent (what pgherd could not merge over the shards runs there too); a write
-/// runs there only if its rows are there; what would make the shards' copies or schemas
-/// differ is refused.
+/// rows only, as sent (a single SELECT pgherd could not merge over the shards runs there too);
+/// a write runs there only if its rows are there; what would make the shards' copies or
+/// schemas differ (TRUNCATE included) is refused, and so is whatever else was refused.
 pub fn on_named_shard(
+    sql: &str,
     planned: Result<Execution, ShardError>,
     decision: &Decision,
     shard: u32,
@@ -274,6 +275,9 @@ pub fn on_named_shard(
         Ok(
             execution @ (Execution::Setting | Execution::Transaction(_) | Execution::Session(_)),
         ) => Ok(execution),
+        Ok(Execution::Maintenance) if named_kind(sql) == NamedKind::Truncate => Err(named(
+            "TRUNCATE (the copies of a table every shard holds would differ)",
+        )),
         Ok(
             Execution::AnyShard
             | Execution::FanOut { .. }
@@ -292,11 +296,42 @@ pub fn on_named_shard(
         )),
         Ok(Execution::Write { .. }) => Err(named("a write whose rows are on several shards")),
         Ok(Execution::CopyIn(_)) => Err(named("COPY FROM")),
-        // What pgherd cannot run over the shards, a read runs as sent on the named one.
-        Err(ShardError::Unsupported(_) | ShardError::Key(_)) if reads => {
+        // What pgherd cannot run over the shards, one SELECT runs as sent on the named one.
+        Err(ShardError::Unsupported(_) | ShardError::Key(_))
+            if reads && named_kind(sql) == NamedKind::Select =>
+        {
             Ok(Execution::OneShard(shard))
         }
         Err(e) => Err(e),
+    }
+}
+
+#[derive(PartialEq, Eq)]
+enum NamedKind {
+    /// One SELECT (or EXPLAIN of one) that creates nothing.
+    Select,
+    Truncate,
+    Other,
+}
+
+/// What `sql` is, as far as a named shard needs to know (parsed only then).
+fn named_kind(sql: &str) -> NamedKind {
+    let Ok(parsed) = pg_query::parse(sql) else {
+        return NamedKind::Other;
+    };
+    let [statement] = parsed.protobuf.stmts.as_slice() else {
+        return NamedKind::Other;
+    };
+    let plain_select = |node: Option<&NodeEnum>| matches!(node, Some(NodeEnum::SelectStmt(s)) if s.into_clause.is_none());
+    match statement.stmt.as_ref().and_then(|s| s.node.as_ref()) {
+        node if plain_select(node) => NamedKind::Select,
+        Some(NodeEnum::ExplainStmt(explain))
+            if plain_select(explain.query.as_ref().and_then(|q| q.node.as_ref())) =>
+        {
+            NamedKind::Select
+        }
+        Some(NodeEnum::TruncateStmt(_)) => NamedKind::Truncate,
+        _ => NamedKind::Other,
     }
 }
 
@@ -472,7 +507,12 @@ fn plan_copy_out(
     is_user_aggregate: &dyn Fn(&str) -> bool,
     params: &[BoundParam],
 ) -> Result<Execution, ShardError> {
-    let header = copy_split::copy_out_header(copy).map_err(|e| refuse(&e.to_string()))?;
+    if copy.is_program || !copy.filename.is_empty() {
+        // A file would be written on whichever shard's server ran it.
+        return Err(refuse(
+            "COPY TO a file or program through a sharded endpoint (only TO STDOUT)",
+        ));
+    }
     let shards = match (copy.relation.as_ref(), copy.query.as_ref()) {
         (Some(relation), None) => match map.table(relation) {
             None => return Ok(Execution::AnyShard),
@@ -494,6 +534,7 @@ fn plan_copy_out(
         }
         _ => return Err(refuse("this COPY")),
     };
+    let header = copy_split::copy_out_header(copy).map_err(|e| refuse(&e.to_string()))?;
     Ok(Execution::CopyOut { shards, header })
 }
 

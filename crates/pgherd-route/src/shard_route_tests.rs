@@ -736,7 +736,7 @@ fn a_named_shard_runs_reads_there_and_writes_only_if_their_rows_are_there() {
     let read = Decision::new(Target::Replica, "reads");
     let write = Decision::new(Target::Primary, "writes");
     let on_1 =
-        |sql: &str, decision: &Decision| on_named_shard(route_as(sql, decision), decision, 1);
+        |sql: &str, decision: &Decision| on_named_shard(sql, route_as(sql, decision), decision, 1);
     let (on_0, on_1_key) = (
         (0..).find(|&k| shard_of(k) == 0).unwrap(),
         (0..).find(|&k| shard_of(k) == 1).unwrap(),
@@ -789,6 +789,24 @@ fn a_named_shard_runs_reads_there_and_writes_only_if_their_rows_are_there() {
             other => panic!("{sql}: {other:?}"),
         }
     }
+    // What is refused over the shards stays refused unless it is one plain SELECT: a
+    // transaction or session command on one shard's link would split what pgherd keeps.
+    let any = Decision::new(Target::Any, "marks the transaction");
+    for sql in [
+        "COMMIT AND CHAIN",
+        "ROLLBACK AND CHAIN",
+        "SAVEPOINT s",
+        "ROLLBACK TO SAVEPOINT s",
+        "SET standard_conforming_strings = off",
+        "SELECT 1; SELECT 2",
+        "SET search_path = x; SELECT count(*) FROM accounts",
+    ] {
+        assert!(on_1(sql, &any).is_err(), "{sql}: {:?}", on_1(sql, &any));
+    }
+    match on_1("TRUNCATE branches", &write) {
+        Err(ShardError::Unsupported(e)) => assert!(e.0.contains("TRUNCATE"), "{e}"),
+        other => panic!("TRUNCATE: {other:?}"),
+    }
     // Text pgherd cannot read is not sent anywhere.
     assert!(matches!(on_1("SELEC 1", &read), Err(ShardError::Syntax(_))));
 }
@@ -824,6 +842,10 @@ fn copy_to_stdout_reads_each_shard_in_turn_or_the_one_that_has_the_rows() {
             Execution::OneShard(on),
         ),
         ("COPY branches TO STDOUT", Execution::AnyShard),
+        (
+            "COPY branches TO STDOUT (FORMAT binary)",
+            Execution::AnyShard,
+        ),
         ("COPY (SELECT 1) TO STDOUT", Execution::AnyShard),
     ];
     for (sql, want) in cases {

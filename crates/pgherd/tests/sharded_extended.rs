@@ -336,6 +336,23 @@ async fn executes_before_one_sync_are_one_transaction_and_portals_suspend() {
         raw.send(&out);
         let unbound = raw.recv_until_ready();
         assert_eq!(errors(&unbound)[0].code.to_string(), "26000", "{unbound:?}");
+        // DISCARD ALL reports the parameters it resets, as a server does.
+        raw.query("SET application_name = 'raw-app'");
+        let discarded = raw.query("DISCARD ALL");
+        let reported: Vec<String> = discarded
+            .iter()
+            .filter(|m| m.0 == b'S')
+            .map(|m| String::from_utf8_lossy(&m.1).replace('\0', "="))
+            .collect();
+        let last_name = reported
+            .iter()
+            .rev()
+            .find(|p| p.starts_with("application_name="));
+        assert!(
+            last_name.is_some_and(|p| !p.contains("raw-app")),
+            "{reported:?}"
+        );
+        assert!(tags(&discarded).ends_with("CZ"), "{discarded:?}");
         (k0, k1)
     })
     .await

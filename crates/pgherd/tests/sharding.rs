@@ -713,6 +713,26 @@ async fn a_sharded_endpoint_answers_as_one_node_holding_every_row() {
         .batch_execute("RESET pgherd.shard")
         .await
         .expect("RESET pgherd.shard");
+    // A shard that does not exist, from the startup packet: the statements it would place
+    // fail, setting it again does not.
+    let startup_named = common::connect(&format!(
+        "host=127.0.0.1 port={} user={} password={} dbname=postgres options='-c pgherd.shard=9'",
+        pgherd.port,
+        pgherd_testkit::SUPERUSER,
+        pgherd_testkit::SUPERUSER_PASSWORD
+    ))
+    .await;
+    let e = startup_named
+        .batch_execute("SELECT 1")
+        .await
+        .expect_err("shard 9");
+    assert_eq!(code(&e), "22023", "{e:?}");
+    startup_named
+        .batch_execute("SET pgherd.shard = 1")
+        .await
+        .expect("set it again");
+    let named = rows(&startup_named, "SELECT count(*) FROM accounts").await;
+    assert_eq!(named.unwrap(), one(1));
 
     // The session carried on through all of it.
     let count = rows(&through, "SELECT count(*) FROM accounts")

@@ -305,10 +305,12 @@ impl ShardedSession {
             }
         }
         let failed = self.tx.as_ref().is_some_and(|tx| tx.failed);
-        let session_shard = self.session_shard()?;
+        // An invalid value (from the startup packet) fails the statements it would place, not
+        // the ones that set it again.
+        let session_shard = self.session_shard();
         let mut asked = false;
         loop {
-            match self.plan_once(sql, params, session_shard) {
+            match self.plan_once(sql, params, &session_shard) {
                 Err(PlanError::Shard(ShardError::CatalogBehind(table)))
                     if !failed && started.elapsed() < wait =>
                 {
@@ -333,7 +335,7 @@ impl ShardedSession {
                 return Ok(Some(*shard));
             }
         }
-        // `SET pgherd.shard TO DEFAULT` names none.
+        // A value pgherd cannot read back from the statement names none.
         let Some(value) = pgherd_route::setting_value(sql) else {
             return Ok(None);
         };
@@ -349,7 +351,7 @@ impl ShardedSession {
         &self,
         sql: &str,
         params: &[BoundParam],
-        session_shard: Option<u32>,
+        session_shard: &Result<Option<u32>, PgError>,
     ) -> Result<(Execution, Arc<Decision>), PlanError> {
         if !self.params.flags.standard_conforming_strings {
             // pgherd reads strings with it on: the server must read them alike.
@@ -365,9 +367,15 @@ impl ShardedSession {
                 .route_keyed(sql.as_bytes(), true, key, Some(spans))
                 .map_err(PlanError::Pg)?;
             let decision = routed.decision;
-            if let Some(shard) = routed.shard.or(session_shard) {
+            let named = match routed.shard {
+                Some(shard) => Some(shard),
+                // Setting pgherd.shard (or resetting everything) works whatever it was.
+                None if decision.shard_setting.is_some() => None,
+                None => session_shard.clone().map_err(PlanError::Pg)?,
+            };
+            if let Some(shard) = named {
                 let planned = self.plan_in_full(sql, &decision, params);
-                return Ok((on_named_shard(planned, &decision, shard)?, decision));
+                return Ok((on_named_shard(sql, planned, &decision, shard)?, decision));
             }
             // A shape planned before places the statement without parsing it (`shard_shape`).
             let keyed = !key.is_empty() && decision.pin.is_none();
@@ -439,7 +447,10 @@ impl ShardedSession {
             if query.bound.is_some_and(|b| b.describe) {
                 backend::encode_empty(out, btag::NO_DATA);
             }
-            let tag = self.session_command(command).map_err(Failed::Statement)?;
+            let tag = self
+                .session_command(command, out)
+                .await
+                .map_err(Failed::Statement)?;
             backend::encode_command_complete(out, &tag).map_err(|e| {
                 Failed::Statement(PgError::error(SqlState::INTERNAL_ERROR, e.to_string()))
             })?;
@@ -465,6 +476,39 @@ impl ShardedSession {
             out.extend_from_slice(&answer);
         }
         ran.and(ended)
+    }
+
+    /// `DISCARD ALL`: the session's settings back to its startup packet's, its statements and
+    /// portals forgotten. The client hears the reported parameters that change as a server
+    /// would report them: a shard's session carrying the client's settings is reset and given
+    /// the startup settings again (then closed).
+    async fn discard_all(&mut self, out: &mut BytesMut) -> Result<(), PgError> {
+        if self.tx.is_some() {
+            return Err(PgError::error(
+                SqlState::ACTIVE_SQL_TRANSACTION,
+                "DISCARD ALL cannot run inside a transaction block",
+            ));
+        }
+        let shards = self.shards_for(&Execution::AnyShard);
+        let mut links = self.open_links(&shards).await?;
+        self.params.record(vec![Change::ResetAll]);
+        self.params.end_transaction(true);
+        self.extended.forget_all();
+        let Some(link) = links.first_mut() else {
+            return Ok(());
+        };
+        link.close_after_use();
+        link.take_reported();
+        let startup = self.params.apply_sql();
+        for sql in std::iter::once("RESET ALL").chain(startup.as_deref()) {
+            if let Some(refused) = link.run_own(sql).await? {
+                return Err(refused);
+            }
+        }
+        for reported in link.take_reported() {
+            encode_message(out, &reported);
+        }
+        Ok(())
     }
 
     /// The shards a statement runs on.
@@ -497,18 +541,14 @@ impl ShardedSession {
     }
 
     /// Carries out a session command pgherd answers itself; its command tag.
-    fn session_command(&mut self, command: &SessionCommand) -> Result<String, PgError> {
+    async fn session_command(
+        &mut self,
+        command: &SessionCommand,
+        out: &mut BytesMut,
+    ) -> Result<String, PgError> {
         match command {
             SessionCommand::DiscardAll => {
-                if self.tx.is_some() {
-                    return Err(PgError::error(
-                        SqlState::ACTIVE_SQL_TRANSACTION,
-                        "DISCARD ALL cannot run inside a transaction block",
-                    ));
-                }
-                self.params.record(vec![Change::ResetAll]);
-                self.params.end_transaction(true);
-                self.extended.forget_all();
+                self.discard_all(out).await?;
                 Ok("DISCARD ALL".to_owned())
             }
             SessionCommand::DiscardNothing(tag) => Ok((*tag).to_owned()),

@@ -476,7 +476,10 @@ pub fn session_changes(sql: &str) -> Option<Vec<Change>> {
                     VariableSetKind::try_from(set.kind).unwrap_or(VariableSetKind::Undefined);
                 match kind {
                     VariableSetKind::VarResetAll => changes.push(Change::ResetAll),
-                    VariableSetKind::VarReset => changes.push(Change::Reset { name }),
+                    // `SET x TO DEFAULT` is `RESET x`: back to the startup value, if any.
+                    VariableSetKind::VarReset | VariableSetKind::VarSetDefault => {
+                        changes.push(Change::Reset { name })
+                    }
                     VariableSetKind::Undefined => return None,
                     _ => {
                         let start = usize::try_from(raw.stmt_location).ok()?;
@@ -554,6 +557,9 @@ mod tests {
         assert_eq!(p.current("pgherd.shard"), Some("SET pgherd.shard = 2"));
         p.record(session_changes("DISCARD ALL").unwrap());
         p.end_transaction(true);
+        assert_eq!(p.current("pgherd.shard"), Some(from_startup));
+        p.record(session_changes("SET pgherd.shard = 2").unwrap());
+        p.record(session_changes("SET pgherd.shard TO DEFAULT").unwrap());
         assert_eq!(p.current("pgherd.shard"), Some(from_startup));
     }
 

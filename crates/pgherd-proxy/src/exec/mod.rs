@@ -5,9 +5,9 @@
 //!
 //! Transaction blocks span the shards their statements reach ([`tx`]) and commit on all of them
 //! or on none ([`commit`], two-phase when several wrote); a write over several shards outside
-//! a block runs in a transaction of its own. This slice speaks the simple query protocol, on
-//! each shard's primary; the extended protocol, COPY and savepoints are refused with `0A000`
-//! naming them.
+//! a block runs in a transaction of its own. The extended protocol is [`extended`]'s, COPY
+//! [`copy`]'s and [`copy_out`]'s, what pgherd keeps of the session [`session`]'s; savepoints
+//! are refused with `0A000`.
 
 mod answer;
 mod commit;
@@ -18,6 +18,7 @@ mod extended;
 mod fan_out;
 mod link;
 mod pinned;
+mod session;
 mod tx;
 
 use std::future::poll_fn;
@@ -28,11 +29,11 @@ use std::time::Duration;
 use bytes::BytesMut;
 use pgherd_route::shard_plan::BoundParam;
 use pgherd_route::shard_route::{
-    on_named_shard, route_statement, CatalogFacts, CopyFacts, Execution, SessionCommand,
-    ShardError, SplitInsert, TxCommand,
+    on_named_shard, route_statement, CatalogFacts, CopyFacts, Execution, ShardError, SplitInsert,
+    TxCommand,
 };
 use pgherd_route::shard_shape;
-use pgherd_route::{Decision, SessionEffect, Target, TxEffect, SHARD_SETTING};
+use pgherd_route::{Decision, SessionEffect, Target, TxEffect};
 use pgherd_wire::backend::{self, tag as btag};
 use pgherd_wire::frontend::tag as ftag;
 use pgherd_wire::{PgError, SqlState, WireError};
@@ -43,7 +44,7 @@ use crate::error::{client_io, Disconnect};
 use crate::msgio::{read_message, take_buffered_message, write_flush, ReadError};
 use crate::nodes::NodeState;
 use crate::pool::Pool;
-use crate::relay::params::{session_changes, Change, SessionParams};
+use crate::relay::params::{session_changes, SessionParams};
 use crate::routing::Router;
 use crate::shards::Shards;
 use crate::stream::Stream;
@@ -325,26 +326,6 @@ impl ShardedSession {
         }
     }
 
-    /// The shard `pgherd.shard` names for the session, if it is set.
-    fn session_shard(&mut self) -> Result<Option<u32>, PgError> {
-        let Some(sql) = self.params.current(SHARD_SETTING) else {
-            return Ok(None);
-        };
-        if let Some((read, shard)) = &self.session_shard {
-            if read == sql {
-                return Ok(Some(*shard));
-            }
-        }
-        // A value pgherd cannot read back from the statement names none.
-        let Some(value) = pgherd_route::setting_value(sql) else {
-            return Ok(None);
-        };
-        let sql = sql.to_owned();
-        let shard = self.router.shard_setting(&value)?;
-        self.session_shard = Some((sql, shard));
-        Ok(Some(shard))
-    }
-
     /// One plan of `sql`; `session_shard`: the shard `pgherd.shard` names, which a
     /// `pgherd:shard` hint overrides.
     fn plan_once(
@@ -478,39 +459,6 @@ impl ShardedSession {
         ran.and(ended)
     }
 
-    /// `DISCARD ALL`: the session's settings back to its startup packet's, its statements and
-    /// portals forgotten. The client hears the reported parameters that change as a server
-    /// would report them: a shard's session carrying the client's settings is reset and given
-    /// the startup settings again (then closed).
-    async fn discard_all(&mut self, out: &mut BytesMut) -> Result<(), PgError> {
-        if self.tx.is_some() {
-            return Err(PgError::error(
-                SqlState::ACTIVE_SQL_TRANSACTION,
-                "DISCARD ALL cannot run inside a transaction block",
-            ));
-        }
-        let shards = self.shards_for(&Execution::AnyShard);
-        let mut links = self.open_links(&shards).await?;
-        self.params.record(vec![Change::ResetAll]);
-        self.params.end_transaction(true);
-        self.extended.forget_all();
-        let Some(link) = links.first_mut() else {
-            return Ok(());
-        };
-        link.close_after_use();
-        link.take_reported();
-        let startup = self.params.apply_sql();
-        for sql in std::iter::once("RESET ALL").chain(startup.as_deref()) {
-            if let Some(refused) = link.run_own(sql).await? {
-                return Err(refused);
-            }
-        }
-        for reported in link.take_reported() {
-            encode_message(out, &reported);
-        }
-        Ok(())
-    }
-
     /// The shards a statement runs on.
     fn shards_for(&self, execution: &Execution) -> Vec<u32> {
         let mut reached = self.tx.iter().flat_map(|tx| tx.links.keys().copied());
@@ -537,35 +485,6 @@ impl ShardedSession {
             | Execution::Write { shards, .. }
             | Execution::CopyOut { shards, .. } => shards.iter().copied().collect(),
             Execution::Transaction(_) | Execution::Session(_) => Vec::new(),
-        }
-    }
-
-    /// Carries out a session command pgherd answers itself; its command tag.
-    async fn session_command(
-        &mut self,
-        command: &SessionCommand,
-        out: &mut BytesMut,
-    ) -> Result<String, PgError> {
-        match command {
-            SessionCommand::DiscardAll => {
-                self.discard_all(out).await?;
-                Ok("DISCARD ALL".to_owned())
-            }
-            SessionCommand::DiscardNothing(tag) => Ok((*tag).to_owned()),
-            SessionCommand::Deallocate(None) => {
-                self.extended.deallocate_all();
-                Ok("DEALLOCATE ALL".to_owned())
-            }
-            SessionCommand::Deallocate(Some(name)) => {
-                if self.extended.deallocate(name.as_bytes()) {
-                    Ok("DEALLOCATE".to_owned())
-                } else {
-                    Err(PgError::error(
-                        SqlState::INVALID_SQL_STATEMENT_NAME,
-                        format!("prepared statement \"{name}\" does not exist"),
-                    ))
-                }
-            }
         }
     }
 

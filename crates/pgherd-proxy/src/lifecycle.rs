@@ -31,12 +31,8 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
 
     // Learn the roles before the first client arrives, so its first query is routed right.
     let first_check = Duration::from_millis(config.cluster.health_check_timeout_ms * 2);
-    let _ = tokio::time::timeout(
-        first_check,
-        crate::monitor::check_all_once(&app.nodes, &config.cluster, &app.connect_context()),
-    )
-    .await;
-    for cluster in app.shards.iter().flat_map(|s| s.other_clusters()) {
+    let clusters = app.clusters();
+    for cluster in &clusters {
         let _ = tokio::time::timeout(
             first_check,
             crate::monitor::check_all_once(cluster, &config.cluster, &app.connect_context()),
@@ -55,10 +51,7 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
         .collect();
     let api_listeners = crate::http::bind(&config.api.listen).await?;
 
-    for node in app.nodes.all().iter() {
-        spawn_monitor(&app, &app.nodes, node.clone());
-    }
-    for cluster in app.shards.iter().flat_map(|s| s.other_clusters()) {
+    for cluster in &clusters {
         for node in cluster.all().iter() {
             spawn_monitor(&app, cluster, node.clone());
         }
@@ -70,7 +63,7 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
     if let Some(dcs) = &app.dcs {
         tokio::spawn(crate::dcs::run(app.clone(), dcs.clone()));
     }
-    for (shard, cluster) in app.clusters().into_iter().enumerate() {
+    for (shard, cluster) in clusters.into_iter().enumerate() {
         let duty = crate::failover::run(app.clone(), cluster);
         match app.shards {
             // Its log lines say which shard they are about.

@@ -96,9 +96,4 @@ impl Shards {
     pub fn clusters(&self) -> &[Arc<Nodes>] {
         &self.clusters
     }
-
-    /// The clusters besides shard 0's, whose nodes need monitors of their own.
-    pub fn other_clusters(&self) -> &[Arc<Nodes>] {
-        &self.clusters[1..]
-    }
 }

@@ -69,12 +69,8 @@ pub fn copy_in(copy: &CopyStmt) -> Result<CopyIn, CopyError> {
     let mut csv = false;
     let (mut delimiter, mut null, mut quote, mut escape) = (None, None, None, None);
     let mut header = false;
-    for option in &copy.options {
-        let Some(NodeEnum::DefElem(def)) = &option.node else {
-            continue;
-        };
-        let text = option_text(def.arg.as_deref());
-        match def.defname.as_str() {
+    for (name, text) in options(copy) {
+        match name {
             "format" => match text.as_deref() {
                 Some("csv") => csv = true,
                 Some("text") => csv = false,
@@ -85,7 +81,7 @@ pub fn copy_in(copy: &CopyStmt) -> Result<CopyIn, CopyError> {
             "quote" => quote = text,
             "escape" => escape = text,
             "header" => {
-                header = !matches!(text.as_deref(), Some("false" | "off" | "0"));
+                header = header_on(text.as_deref());
                 if text.as_deref() == Some("match") {
                     return Err(unsupported("with HEADER MATCH"));
                 }
@@ -132,20 +128,31 @@ pub fn copy_in(copy: &CopyStmt) -> Result<CopyIn, CopyError> {
 pub fn copy_out_header(copy: &CopyStmt) -> Result<bool, CopyError> {
     let unsupported = |what: &str| CopyError::Unsupported(what.to_owned());
     let mut header = false;
-    for option in &copy.options {
-        let Some(NodeEnum::DefElem(def)) = &option.node else {
-            continue;
-        };
-        let text = option_text(def.arg.as_deref());
-        match def.defname.as_str() {
+    for (name, text) in options(copy) {
+        match name {
             "format" if !matches!(text.as_deref(), Some("csv" | "text")) => {
                 return Err(unsupported("TO in a format other than text or CSV"))
             }
-            "header" => header = !matches!(text.as_deref(), Some("false" | "off" | "0")),
+            "header" => header = header_on(text.as_deref()),
             _ => {}
         }
     }
     Ok(header)
+}
+
+/// A COPY's options: each name, and its value as text (keywords in lower case).
+fn options(copy: &CopyStmt) -> impl Iterator<Item = (&str, Option<String>)> {
+    copy.options.iter().filter_map(|option| match &option.node {
+        Some(NodeEnum::DefElem(def)) => {
+            Some((def.defname.as_str(), option_text(def.arg.as_deref())))
+        }
+        _ => None,
+    })
+}
+
+/// `HEADER` as written (`HEADER` alone, `true`, `on`, `1`, `match`): whether there is one.
+fn header_on(value: Option<&str>) -> bool {
+    !matches!(value, Some("false" | "off" | "0"))
 }
 
 fn option_text(arg: Option<&pg_query::protobuf::Node>) -> Option<String> {

@@ -6,7 +6,7 @@ use pgherd_wire::backend::{self, tag as btag};
 use pgherd_wire::{PgError, SqlState};
 
 use super::answer::Answer;
-use super::link::{encode_message, server_error, Link, Query};
+use super::link::{command_tag, copied_rows, encode_message, server_error, Link, Query};
 use super::Failed;
 
 /// Runs `query` on `links` and sends the one COPY to `answer`; `header`: each shard's output
@@ -46,7 +46,19 @@ pub async fn run(
                     encode_message(answer.out, &(tag, body));
                     answer.grown().await?;
                 }
-                btag::COMMAND_COMPLETE => copied += copied_rows(&body),
+                btag::COMMAND_COMPLETE => match command_tag(&body).and_then(copied_rows) {
+                    Some(rows) => copied += rows,
+                    None => {
+                        failure.get_or_insert(PgError::error(
+                            SqlState::PROTOCOL_VIOLATION,
+                            format!(
+                                "shard {} ended the COPY with {:?}",
+                                link.shard,
+                                command_tag(&body)
+                            ),
+                        ));
+                    }
+                },
                 btag::ERROR_RESPONSE => {
                     failure.get_or_insert(server_error(link.shard, &body));
                 }
@@ -72,14 +84,4 @@ pub async fn run(
     }
     backend::encode_command_complete(answer.out, &format!("COPY {copied}")).map_err(encoded)?;
     Ok(())
-}
-
-/// The row count of a `COPY n` command tag.
-fn copied_rows(tag_body: &[u8]) -> u64 {
-    let tag = tag_body.strip_suffix(&[0]).unwrap_or(tag_body);
-    std::str::from_utf8(tag)
-        .ok()
-        .and_then(|t| t.strip_prefix("COPY "))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }

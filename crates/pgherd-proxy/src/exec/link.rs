@@ -364,11 +364,7 @@ impl Link {
         if let Some(refused) = answer.refused {
             return Ok(Err(refused));
         }
-        let count = answer
-            .tag
-            .as_deref()
-            .and_then(|t| t.strip_prefix("COPY "))
-            .and_then(|n| n.parse().ok());
+        let count = answer.tag.as_deref().and_then(copied_rows);
         Ok(count.ok_or_else(|| {
             PgError::error(
                 SqlState::PROTOCOL_VIOLATION,
@@ -452,6 +448,11 @@ pub fn command_tag(body: &[u8]) -> Option<&str> {
     backend::parse_command_complete(body)
         .ok()
         .and_then(|tag| std::str::from_utf8(tag).ok())
+}
+
+/// The row count of a `COPY n` command tag.
+pub fn copied_rows(tag: &str) -> Option<u64> {
+    tag.strip_prefix("COPY ")?.parse().ok()
 }
 
 /// The connection to `node` failed while an answer was read.

@@ -418,16 +418,15 @@ impl ShardedSession {
         query: Query<'_>,
         out: &mut BytesMut,
     ) -> Result<(), Failed> {
+        // pgherd answers these itself: a described portal of one has no rows.
+        let answered_here = matches!(execution, Execution::Transaction(_) | Execution::Session(_));
+        if answered_here && query.bound.is_some_and(|b| b.describe) {
+            backend::encode_empty(out, btag::NO_DATA);
+        }
         if let Execution::Transaction(command) = execution {
-            if query.bound.is_some_and(|b| b.describe) {
-                backend::encode_empty(out, btag::NO_DATA);
-            }
             return self.transaction(command, decision, query.sql, out).await;
         }
         if let Execution::Session(command) = &execution {
-            if query.bound.is_some_and(|b| b.describe) {
-                backend::encode_empty(out, btag::NO_DATA);
-            }
             let tag = self
                 .session_command(command, out)
                 .await

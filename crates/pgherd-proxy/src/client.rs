@@ -86,7 +86,13 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
                     .config()
                     .resolve(&shared.database, &shared.user)
                     .map_or_else(|| shared.database.clone(), |r| r.server_dbname);
+                let reads = crate::exec::ShardReads::new(
+                    &routing,
+                    params.flags.default_transaction_read_only,
+                    shards.count(),
+                );
                 let session = crate::exec::ShardedSession {
+                    reads,
                     router: routing.router.unwrap_or_else(|| app.router(&server_dbname)),
                     app: app.clone(),
                     shared: shared.clone(),
@@ -215,7 +221,8 @@ async fn refuse_raw(mut tcp: TcpStream, err: PgError) {
     }
 }
 
-async fn send_error(stream: &mut Stream, err: &PgError) {
+/// Tells the client `err` (given up on after a second: it may not be reading).
+pub(crate) async fn send_error(stream: &mut Stream, err: &PgError) {
     let mut buf = BytesMut::new();
     if err.encode(&mut buf).is_ok() {
         let _ = tokio::time::timeout(Duration::from_secs(1), write_flush(stream, &buf)).await;

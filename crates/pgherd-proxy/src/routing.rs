@@ -28,8 +28,10 @@ pub use pgherd_route::Routed;
 
 /// The catalog is read again at least this often, for changes made outside pgherd.
 const CATALOG_REFRESH_INTERVAL: Duration = Duration::from_secs(60);
-/// And at most this often, however many changes ask for it.
-const CATALOG_RELOAD_MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// And at most this often, however many changes ask for it. Short: on a sharded endpoint the
+/// statement after a session's schema change waits for the next reading (a migration of many
+/// statements pays it for each).
+const CATALOG_RELOAD_MIN_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Functions and whether they are user code: written in SQL or a procedural language, or an
 /// aggregate (its support functions may be), and not PostgreSQL's own.

@@ -2,11 +2,14 @@
 
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
+use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsStream;
+
+use crate::buffers;
 
 pub enum Stream {
     Plain(TcpStream),
@@ -119,4 +122,21 @@ impl AsyncWrite for Stream {
             Stream::Gone => Poll::Ready(Err(gone())),
         }
     }
+}
+
+/// Reads once the socket is readable, holding a buffer only while bytes are there: readiness
+/// can be stale, and an idle session must not park with a buffer taken for a read that would
+/// have blocked.
+pub fn poll_read_when_ready(
+    stream: &mut Stream,
+    cx: &mut Context<'_>,
+    buf: &mut BytesMut,
+) -> Poll<io::Result<usize>> {
+    ready!(stream.poll_read_ready(cx))?;
+    buffers::ready_for_read(buf);
+    let read = tokio_util::io::poll_read_buf(Pin::new(stream), cx, buf);
+    if read.is_pending() {
+        buffers::release_if_empty(buf);
+    }
+    read
 }

@@ -325,11 +325,26 @@ async fn a_transaction_on_a_replaced_shard_primary_commits_nowhere() {
     }
 
     // Another shard's node, promoted through the console, which fences s1-pg1.
+    // (Asked again while pgherd's last look at s1-pg2 saw it replaying, the CREATE TABLE's WAL
+    // for instance: the next health check sees it settled.)
     let admin = connect_as_superuser(pgherd.port, "pgherd").await;
-    admin
-        .simple_query("PROMOTE s1-pg2 FORCE primary-answers, split-brain-guard")
-        .await
-        .expect("PROMOTE s1-pg2");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match admin
+            .simple_query("PROMOTE s1-pg2 FORCE primary-answers, split-brain-guard")
+            .await
+        {
+            Ok(_) => break,
+            Err(e)
+                if e.as_db_error()
+                    .is_some_and(|d| d.message().contains("still replays"))
+                    && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("PROMOTE s1-pg2: {e:?}"),
+        }
+    }
     let refused = through
         .simple_query("COMMIT")
         .await

@@ -351,7 +351,7 @@ impl ShardedSession {
                 type_oid: statement.param_type(i),
             })
             .collect();
-        let (execution, decision) = self.plan(&statement.sql, &params).await?;
+        let (execution, decision, target) = self.plan(&statement.sql, &params).await?;
         if self.in_failed_transaction(&execution) {
             return Err(Failed::Statement(super::aborted_transaction()));
         }
@@ -371,11 +371,13 @@ impl ShardedSession {
             bound: Some(&bound),
         };
         let Some(limit) = row_limit else {
-            return self.execute(execution, &decision, query, out).await;
+            return self.execute(execution, &decision, target, query, out).await;
         };
         let mut answer = BytesMut::new();
         self.extended.hold_answers = true;
-        let ran = self.execute(execution, &decision, query, &mut answer).await;
+        let ran = self
+            .execute(execution, &decision, target, query, &mut answer)
+            .await;
         self.extended.hold_answers = false;
         let mut messages = split_messages(answer);
         if ran.is_err() {

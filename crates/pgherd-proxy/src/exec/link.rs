@@ -10,13 +10,16 @@ use bytes::{BufMut, Bytes, BytesMut};
 use pgherd_wire::backend::{self, tag as btag, TxStatus};
 use pgherd_wire::{frontend, PgError, SqlState, WireError};
 
+use super::reads::NodeChoice;
 use crate::app::App;
 use crate::clients::{ClientShared, ServerTarget};
 use crate::error::{ServerError, ServerErrorKind};
 use crate::msgio::{read_message, write_flush, ReadError};
-use crate::nodes::{NodeState, Nodes};
+use crate::nodes::NodeState;
+use crate::pool::AcquireError;
 use crate::pool::Pool;
 use crate::relay::params::{self, SessionParams};
+use crate::relay::wait_for_replay;
 use crate::server::{ServerConn, MAX_SERVER_MESSAGE_BYTES};
 
 pub struct Link {
@@ -71,6 +74,24 @@ pub struct Bound {
     pub describe: bool,
 }
 
+/// Why a link could not be opened.
+pub enum OpenError {
+    Pg(PgError),
+    /// No server connection of `node`'s pool.
+    Acquire(AcquireError, Arc<NodeState>),
+}
+
+impl OpenError {
+    pub fn into_pg(self, shared: &ClientShared) -> PgError {
+        match self {
+            OpenError::Pg(e) => e,
+            OpenError::Acquire(e, node) => {
+                e.to_client_error(&shared.database, &shared.user, node.name())
+            }
+        }
+    }
+}
+
 /// One message of an answer: its tag and body.
 pub type Message = (u8, BytesMut);
 
@@ -85,35 +106,41 @@ pub struct OwnAnswer {
 }
 
 impl Link {
-    /// A connection to the primary of `shard` (its `cluster`) for the client, with the client's
-    /// settings on it; `pool_cache` is the session's last pool on this shard.
+    /// A connection to `node` of `shard` for the client, with the client's settings on it;
+    /// `pool_cache` is the session's last pool on this shard. A replica that has not replayed
+    /// `wait_for_lsn` within `read_your_writes_wait_ms` gives `Ok(None)`.
     pub async fn open(
         app: &App,
         shared: &ClientShared,
         shard: u32,
-        cluster: &Nodes,
+        choice: NodeChoice,
         params: &SessionParams,
         pool_cache: &mut Option<(Arc<NodeState>, Arc<Pool>)>,
-    ) -> Result<Link, PgError> {
-        let wait = std::time::Duration::from_millis(app.config().cluster.primary_wait_ms);
-        let node = cluster.primary_within(wait).await.ok_or_else(|| {
-            PgError::error(
-                SqlState::CONNECTION_FAILURE,
-                format!("no primary is available for shard {shard}"),
-            )
-            .with_detail(format!(
-                "nodes of shard {shard}: {}",
-                cluster.describe_all()
-            ))
-        })?;
-        let pool = app.pool_cached(pool_cache, &shared.database, &shared.user, &node)?;
-        let conn = match pool.try_acquire() {
+    ) -> Result<Option<Link>, OpenError> {
+        let node = choice.node;
+        let pool = app
+            .pool_cached(pool_cache, &shared.database, &shared.user, &node)
+            .map_err(OpenError::Pg)?;
+        let mut conn = match pool.try_acquire() {
             Some(conn) => conn,
             None => pool
                 .acquire(&app.connect_context())
                 .await
-                .map_err(|e| e.to_client_error(&shared.database, &shared.user, node.name()))?,
+                .map_err(|e| OpenError::Acquire(e, node.clone()))?,
         };
+        if let Some(lsn) = choice.wait_for_lsn {
+            let wait =
+                std::time::Duration::from_millis(app.config().routing.read_your_writes_wait_ms);
+            match Box::pin(wait_for_replay(conn, &node, lsn, wait)).await {
+                Ok(caught_up) => conn = caught_up,
+                Err(behind) => {
+                    if let Some(conn) = behind {
+                        pool.release(conn, true);
+                    }
+                    return Ok(None);
+                }
+            }
+        }
         node.begin_lease();
         let mut link = Link {
             shard,
@@ -127,8 +154,8 @@ impl Link {
             copying: false,
             hide_description: false,
         };
-        link.carry_settings(params).await?;
-        Ok(link)
+        link.carry_settings(params).await.map_err(OpenError::Pg)?;
+        Ok(Some(link))
     }
 
     fn conn(&mut self) -> Result<&mut ServerConn, PgError> {

@@ -18,6 +18,7 @@ mod extended;
 mod fan_out;
 mod link;
 mod pinned;
+mod reads;
 mod session;
 mod tx;
 
@@ -39,19 +40,21 @@ use pgherd_wire::frontend::tag as ftag;
 use pgherd_wire::{PgError, SqlState, WireError};
 
 use crate::app::App;
+use crate::buffers;
 use crate::clients::{ClientShared, SIGNAL_KILL, SIGNAL_SHUTDOWN};
 use crate::error::{client_io, Disconnect};
-use crate::msgio::{read_message, take_buffered_message, write_flush, ReadError};
-use crate::nodes::NodeState;
-use crate::pool::Pool;
+use crate::msgio::{take_buffered_message, write_flush};
+use crate::nodes::{NodeState, Nodes, Role};
+use crate::pool::{AcquireError, Pool};
 use crate::relay::params::{session_changes, SessionParams};
 use crate::routing::Router;
 use crate::shards::Shards;
-use crate::stream::Stream;
+use crate::stream::{poll_read_when_ready, Stream};
 use answer::Answer;
 pub use commit::make_decision_table;
 pub use extended::Extended;
-use link::{encode_message, Link, Query};
+use link::{encode_message, Link, OpenError, Query};
+pub use reads::ShardReads;
 
 /// Answers are written to the client once this much is buffered.
 const FLUSH_BYTES: usize = 64 << 10;
@@ -80,6 +83,8 @@ pub struct ShardedSession {
     pub catalog_awaited: bool,
     /// The statement that set `pgherd.shard` as last read, and the shard it names.
     pub session_shard: Option<(String, u32)>,
+    /// Where reads run within a shard, and how far each shard's replicas must have replayed.
+    pub reads: ShardReads,
 }
 
 /// A statement's literal-blind shape and its literals' byte ranges, as planning reads them.
@@ -90,6 +95,9 @@ thread_local! {
     static SHAPE: std::cell::RefCell<ShapeBuffers> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
+
+/// Replicas a read tries on one shard, at most, before it goes to the primary.
+const MAX_REPLICA_FAILURES: u32 = 3;
 
 /// How long a write to a table the catalog does not know waits for it to be read again.
 const CATALOG_WAIT_MS: u64 = 2_000;
@@ -137,20 +145,22 @@ impl From<PgError> for Failed {
 }
 
 impl ShardedSession {
-    /// Serves the client until it leaves or is sent away.
+    /// Serves the client until it leaves or is sent away, and tells it why when it should
+    /// hear (an idle timeout, a shutdown, a protocol error, ...).
     pub async fn run(mut self) -> Disconnect {
+        let end = self.serve().await;
+        if let Some(error) = end.client_error() {
+            crate::client::send_error(&mut self.client, &error).await;
+        }
+        end
+    }
+
+    async fn serve(&mut self) -> Disconnect {
         let max_message_bytes = self.app.config().proxy.max_message_bytes;
         loop {
-            let read = read_message(&mut self.client, &mut self.client_in, max_message_bytes);
-            let first = tokio::select! {
-                biased;
-                end = signalled(&self.shared) => return end,
-                read = read => match read {
-                    Ok(message) => message,
-                    Err(ReadError::Eof) => return Disconnect::ClientClosed,
-                    Err(ReadError::Io(e)) => return client_io(e),
-                    Err(ReadError::Wire(e)) => return Disconnect::Protocol(e),
-                },
+            let first = match self.next_client_message(max_message_bytes).await {
+                Ok(message) => message,
+                Err(end) => return end,
             };
             // The extended messages the client sent with it, up to a simple query (which may
             // start a COPY whose data must stay unread): an Execute looks ahead for its Sync.
@@ -162,7 +172,7 @@ impl ShardedSession {
                     Err(e) => return Disconnect::Protocol(e),
                 }
             }
-            let mut out = BytesMut::new();
+            let mut out = buffers::take();
             while let Some((tag, body)) = queued.pop_front() {
                 if let Err(end) = self.message(tag, &body, &queued, &mut out).await {
                     return end;
@@ -178,6 +188,51 @@ impl ShardedSession {
             }
             if let Err(e) = write_flush(&mut self.client, &out).await {
                 return client_io(e);
+            }
+            buffers::give(out);
+        }
+    }
+
+    /// The client's next message. Between statements the session holds no read buffer, and
+    /// ends when the client is killed, stays idle past `client_idle_timeout_ms`, or pgherd
+    /// shuts down (then only outside a transaction block, which may still end).
+    async fn next_client_message(
+        &mut self,
+        max_message_bytes: usize,
+    ) -> Result<(u8, BytesMut), Disconnect> {
+        let idle_timeout_ms = self.app.config().proxy.client_idle_timeout_ms;
+        let idle_timer = async {
+            match idle_timeout_ms {
+                0 => std::future::pending().await,
+                ms => tokio::time::sleep(Duration::from_millis(ms)).await,
+            }
+        };
+        tokio::pin!(idle_timer);
+        loop {
+            match take_buffered_message(&mut self.client_in, max_message_bytes) {
+                Ok(Some(message)) => return Ok(message),
+                Ok(None) => {}
+                Err(e) => return Err(Disconnect::Protocol(e)),
+            }
+            buffers::release_if_empty(&mut self.client_in);
+            let (client, client_in) = (&mut self.client, &mut self.client_in);
+            let read = poll_fn(|cx| poll_read_when_ready(client, cx, client_in));
+            let read = tokio::select! {
+                biased;
+                end = signalled(&self.shared, self.tx.is_none()) => return Err(end),
+                () = &mut idle_timer => return Err(Disconnect::IdleTimeout),
+                read = read => read,
+            };
+            match read {
+                Ok(0) if self.client_in.is_empty() => return Err(Disconnect::ClientClosed),
+                Ok(0) => {
+                    return Err(client_io(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "connection closed in the middle of a message",
+                    )))
+                }
+                Ok(_) => {}
+                Err(e) => return Err(client_io(e)),
             }
         }
     }
@@ -260,11 +315,11 @@ impl ShardedSession {
     async fn simple_query(&mut self, sql: &str, out: &mut BytesMut) -> Result<(), Disconnect> {
         let outcome = match self.plan(sql, &[]).await {
             Err(e) => Err(Failed::Statement(e)),
-            Ok((execution, _)) if self.in_failed_transaction(&execution) => {
+            Ok((execution, ..)) if self.in_failed_transaction(&execution) => {
                 Err(Failed::Statement(aborted_transaction()))
             }
-            Ok((execution, decision)) => {
-                self.execute(execution, &decision, Query::simple(sql), out)
+            Ok((execution, decision, target)) => {
+                self.execute(execution, &decision, target, Query::simple(sql), out)
                     .await
             }
         };
@@ -287,7 +342,7 @@ impl ShardedSession {
         &mut self,
         sql: &str,
         params: &[BoundParam<'_>],
-    ) -> Result<(Execution, Arc<Decision>), PgError> {
+    ) -> Result<(Execution, Arc<Decision>, Target), PgError> {
         let started = tokio::time::Instant::now();
         let wait = Duration::from_millis(CATALOG_WAIT_MS);
         // Until a fresh pgherd has read the catalog, every function might write or be an
@@ -333,7 +388,7 @@ impl ShardedSession {
         sql: &str,
         params: &[BoundParam],
         session_shard: &Result<Option<u32>, PgError>,
-    ) -> Result<(Execution, Arc<Decision>), PlanError> {
+    ) -> Result<(Execution, Arc<Decision>, Target), PlanError> {
         if !self.params.flags.standard_conforming_strings {
             // pgherd reads strings with it on: the server must read them alike.
             return Err(PlanError::Pg(PgError::error(
@@ -347,6 +402,7 @@ impl ShardedSession {
                 .router
                 .route_keyed(sql.as_bytes(), true, key, Some(spans))
                 .map_err(PlanError::Pg)?;
+            let target = self.reads.target(&routed);
             let decision = routed.decision;
             let named = match routed.shard {
                 Some(shard) => Some(shard),
@@ -356,7 +412,8 @@ impl ShardedSession {
             };
             if let Some(shard) = named {
                 let planned = self.plan_in_full(sql, &decision, params);
-                return Ok((on_named_shard(sql, planned, &decision, shard)?, decision));
+                let execution = on_named_shard(sql, planned, &decision, shard)?;
+                return Ok((execution, decision, target));
             }
             // A shape planned before places the statement without parsing it (`shard_shape`).
             let keyed = !key.is_empty() && decision.pin.is_none();
@@ -364,7 +421,7 @@ impl ShardedSession {
             if let Some(shape) = &kept {
                 if let Some(shard) = shard_shape::place(shape, sql, spans, params, &self.shards.map)
                 {
-                    return Ok((Execution::OneShard(shard), decision));
+                    return Ok((Execution::OneShard(shard), decision, target));
                 }
             }
             let execution = self.plan_in_full(sql, &decision, params)?;
@@ -375,7 +432,7 @@ impl ShardedSession {
                     self.shards.keep_shape(key, plan);
                 }
             }
-            Ok((execution, decision))
+            Ok((execution, decision, target))
         })
     }
 
@@ -411,10 +468,12 @@ impl ShardedSession {
         route_statement(sql, &self.shards.map, decision, &facts, params)
     }
 
+    /// Runs a planned statement; `target`: where within a shard it may run.
     async fn execute(
         &mut self,
         execution: Execution,
         decision: &Decision,
+        target: Target,
         query: Query<'_>,
         out: &mut BytesMut,
     ) -> Result<(), Failed> {
@@ -443,13 +502,15 @@ impl ShardedSession {
             self.tx = Some(tx::Tx::new("BEGIN", false));
         }
         if !implicit {
-            return self.run_planned(&execution, decision, query, out).await;
+            return self
+                .run_planned(&execution, decision, target, query, out)
+                .await;
         }
         // As PostgreSQL does, the statement's answer is sent only once its commit succeeded:
         // a client hears either the answer or the error.
         let mut answer = BytesMut::new();
         let ran = self
-            .run_planned(&execution, decision, query, &mut answer)
+            .run_planned(&execution, decision, target, query, &mut answer)
             .await;
         let ended = self.end_transaction(ran.is_ok(), out).await;
         if ran.is_ok() && ended.is_ok() {
@@ -491,6 +552,7 @@ impl ShardedSession {
         &mut self,
         execution: &Execution,
         decision: &Decision,
+        target: Target,
         query: Query<'_>,
         out: &mut BytesMut,
     ) -> Result<(), Failed> {
@@ -513,11 +575,35 @@ impl ShardedSession {
                 "not supported on sharded tables: a write to a table every shard holds after a schema change in the same transaction",
             )));
         }
+        let writes = decision.target == Target::Primary
+            || matches!(
+                execution,
+                Execution::EveryShard
+                    | Execution::Maintenance
+                    | Execution::Write { .. }
+                    | Execution::CopyIn(_)
+            );
+        // Outside a transaction block a read may run on a shard's replica.
+        let reads_anywhere = !in_tx
+            && target != Target::Primary
+            && matches!(
+                execution,
+                Execution::AnyShard
+                    | Execution::OneShard(_)
+                    | Execution::FanOut { .. }
+                    | Execution::CopyOut { .. }
+            );
         let mut links = if in_tx {
             self.tx_links(&shards).await?
+        } else if reads_anywhere {
+            self.open_links_for(&shards, target).await?
         } else {
             self.open_links(&shards).await?
         };
+        if writes && !in_tx {
+            // (A transaction's writes are noted when it ends.)
+            shards.iter().for_each(|&shard| self.reads.wrote(shard));
+        }
         if decision.session != SessionEffect::None || *execution == Execution::Setting {
             links.iter_mut().for_each(Link::close_after_use);
         }
@@ -564,16 +650,22 @@ impl ShardedSession {
             Execution::Transaction(_) | Execution::Session(_) => Ok(()),
         };
         self.unwatch_cancel().await;
+        if ran.is_ok() && !server_refused {
+            if let Some(value) = &decision.route_setting {
+                self.reads.set_route(value);
+            }
+        }
+        if !in_tx && writes {
+            // Committed (or refused) on its own: where it ends is what the shard's replicas
+            // must reach before this session reads there.
+            for link in &mut links {
+                if let Some(cluster) = self.shards.cluster(link.shard) {
+                    self.reads.write_ended(link, cluster).await;
+                }
+            }
+        }
         if in_tx {
-            let wrote = decision.target == Target::Primary
-                || matches!(
-                    execution,
-                    Execution::EveryShard
-                        | Execution::Maintenance
-                        | Execution::Write { .. }
-                        | Execution::CopyIn(_)
-                );
-            self.give_back(links, wrote);
+            self.give_back(links, writes);
             if let Some(tx) = &mut self.tx {
                 tx.read_only |= decision.tx == TxEffect::SetReadOnly;
                 if ran.is_ok() && !server_refused && *execution == Execution::Setting {
@@ -623,36 +715,86 @@ impl ShardedSession {
         each::write(links, query, copies, split, out).await
     }
 
-    /// Links to `shards`, taken in ascending shard order, one after the other: two statements
-    /// each holding one shard's last connection and waiting for the other's cannot happen.
-    /// A transaction block takes its links as its statements need them, in any order: two
-    /// blocks can then wait for each other's connections (until the pool's wait times out,
-    /// 53300) or rows (locks on two shards: no server sees that deadlock; `lock_timeout`
-    /// ends it).
+    /// Links to the primaries of `shards`, taken in ascending shard order, one after the
+    /// other: two statements each holding one shard's last connection and waiting for the
+    /// other's cannot happen. A transaction block takes its links as its statements need
+    /// them, in any order: two blocks can then wait for each other's connections (until the
+    /// pool's wait times out, 53300) or rows (locks on two shards: no server sees that
+    /// deadlock; `lock_timeout` ends it).
     async fn open_links(&mut self, shards: &[u32]) -> Result<Vec<Link>, PgError> {
+        self.open_links_for(shards, Target::Primary).await
+    }
+
+    /// [`Self::open_links`] for a statement with `target`: a read may take a replica.
+    async fn open_links_for(
+        &mut self,
+        shards: &[u32],
+        target: Target,
+    ) -> Result<Vec<Link>, PgError> {
         let mut links = Vec::with_capacity(shards.len());
         for &shard in shards {
-            let (Some(cluster), Some(pool_cache)) = (
-                self.shards.cluster(shard),
-                self.pools.get_mut(shard as usize),
-            ) else {
-                return Err(PgError::error(
-                    SqlState::INTERNAL_ERROR,
-                    format!("no shard {shard}"),
-                ));
+            links.push(self.open_link(shard, target).await?);
+        }
+        Ok(links)
+    }
+
+    /// A link to `shard`: for a read, on a node [`reads::ShardReads::choose`] picks (a
+    /// replica that cannot be reached leaves the read set and the read goes elsewhere; one
+    /// that has not replayed the session's writes in time gives way to the primary); else on
+    /// its primary, waited for up to `primary_wait_ms` while one is elected.
+    async fn open_link(&mut self, shard: u32, target: Target) -> Result<Link, PgError> {
+        let (Some(cluster), Some(pool_cache)) = (
+            self.shards.cluster(shard).cloned(),
+            self.pools.get_mut(shard as usize),
+        ) else {
+            return Err(PgError::error(
+                SqlState::INTERNAL_ERROR,
+                format!("no shard {shard}"),
+            ));
+        };
+        let mut target = target;
+        let mut replica_failures = 0;
+        loop {
+            let last = pool_cache.as_ref().map(|(node, _)| node);
+            let chosen = match target {
+                Target::Primary => None,
+                _ => self
+                    .reads
+                    .choose(&self.app, shard, &cluster, target, last)
+                    .ok(),
             };
-            let link = Link::open(
+            let choice = match chosen {
+                Some(choice) => choice,
+                None => reads::NodeChoice {
+                    node: primary_of(&self.app, shard, &cluster).await?,
+                    wait_for_lsn: None,
+                },
+            };
+            let on_replica = choice.node.role() == Role::Replica;
+            match Link::open(
                 &self.app,
                 &self.shared,
                 shard,
-                cluster,
+                choice,
                 &self.params,
                 pool_cache,
             )
-            .await?;
-            links.push(link);
+            .await
+            {
+                Ok(Some(link)) => return Ok(link),
+                // The replica has not replayed the session's last write in time.
+                Ok(None) => target = Target::Primary,
+                Err(OpenError::Acquire(AcquireError::Server(e), node)) if on_replica => {
+                    node.leave_read_set(&e.to_string());
+                    self.app.drop_idle_connections(&node);
+                    replica_failures += 1;
+                    if replica_failures >= MAX_REPLICA_FAILURES {
+                        target = Target::Primary;
+                    }
+                }
+                Err(e) => return Err(e.into_pg(&self.shared)),
+            }
         }
-        Ok(links)
     }
 
     /// A cancel from the client reaches every link of the statement.
@@ -733,22 +875,37 @@ impl ShardedSession {
     }
 }
 
+/// The primary of `shard` (its `cluster`), waited for up to `primary_wait_ms`.
+async fn primary_of(app: &App, shard: u32, cluster: &Nodes) -> Result<Arc<NodeState>, PgError> {
+    let wait = Duration::from_millis(app.config().cluster.primary_wait_ms);
+    cluster.primary_within(wait).await.ok_or_else(|| {
+        PgError::error(
+            SqlState::CONNECTION_FAILURE,
+            format!("no primary is available for shard {shard}"),
+        )
+        .with_detail(format!(
+            "nodes of shard {shard}: {}",
+            cluster.describe_all()
+        ))
+    })
+}
+
 fn encode_error(out: &mut BytesMut, error: &PgError) {
     if error.encode(out).is_err() {
         let _ = PgError::error(SqlState::INTERNAL_ERROR, "an error too large to send").encode(out);
     }
 }
 
-/// Ready when the client is killed or pgherd shuts down (between statements, the session is
-/// idle and may end).
-async fn signalled(shared: &ClientShared) -> Disconnect {
+/// Ready when the client is killed, or pgherd shuts down and `may_stop` (between statements
+/// outside a transaction block, the session may end).
+async fn signalled(shared: &ClientShared, may_stop: bool) -> Disconnect {
     poll_fn(|cx| {
         shared.register_waker(cx.waker());
         let signals = shared.signals();
         if signals & SIGNAL_KILL != 0 {
             return Poll::Ready(Disconnect::Killed(shared.kill_reason().unwrap_or_default()));
         }
-        if signals & SIGNAL_SHUTDOWN != 0 {
+        if may_stop && signals & SIGNAL_SHUTDOWN != 0 {
             return Poll::Ready(Disconnect::Shutdown);
         }
         Poll::Pending

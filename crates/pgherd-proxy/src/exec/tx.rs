@@ -137,12 +137,28 @@ impl ShardedSession {
             links: &mut tx.links,
             wrote: &tx.wrote,
         };
-        let ended = if commit && !tx.failed {
+        let committing = commit && !tx.failed;
+        for &shard in &tx.wrote {
+            self.reads.wrote(shard);
+        }
+        let ended = if committing {
             ending.commit().await
         } else {
             ending.rollback().await;
             Ok(Vec::new())
         };
+        for &shard in &tx.wrote {
+            match (tx.links.get_mut(&shard), self.shards.cluster(shard)) {
+                (Some(link), Some(cluster)) if committing && ended.is_ok() => {
+                    self.reads.write_ended(link, cluster).await;
+                }
+                // Rolled back: nothing of it reached the shard's replicas to wait for.
+                _ if !committing => self.reads.confirmed(shard, None),
+                // A commit that failed may have committed somewhere: the shard's reads stay
+                // on its primary until a later write's end is known.
+                _ => {}
+            }
+        }
         self.params.end_transaction(commit && ended.is_ok());
         // What the end restored (a SET LOCAL, a SET rolled back), as the servers report it.
         if let Some(link) = tx.links.values_mut().next() {

@@ -659,7 +659,7 @@ fn statement_texts(bytes: &[u8], max_message_bytes: usize) -> Vec<&[u8]> {
 /// The stricter of two targets: the primary over a replica over anywhere.
 /// Asks a replica how far it has replayed until it reaches `lsn` or `wait` passes. Gives the
 /// connection back in `Err` if it is still usable.
-pub(super) async fn wait_for_replay(
+pub(crate) async fn wait_for_replay(
     mut conn: Box<ServerConn>,
     node: &NodeState,
     lsn: Lsn,

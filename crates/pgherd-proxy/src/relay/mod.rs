@@ -12,6 +12,7 @@
 //! beyond socket readiness, no allocation, and no lock but the pool's.
 
 mod attach;
+pub(crate) use attach::wait_for_replay;
 mod client_input;
 mod client_stream;
 pub mod params;
@@ -48,7 +49,7 @@ use crate::nodes::{NodeState, Role, PRIMARY_RECHECK};
 use crate::pool::{AcquireError, Pool};
 use crate::routing::{Routed, Router};
 use crate::server::{ServerConn, MAX_SERVER_MESSAGE_BYTES};
-use crate::stream::Stream;
+use crate::stream::{poll_read_when_ready, Stream};
 use params::{may_change_session, session_changes, SessionParams, UNKNOWN};
 use queue::{Probe, Request, ResponseQueue, Synthetic};
 use statements::{ClientStatements, Holding, StatementDef, StatementError};
@@ -794,21 +795,4 @@ impl Session {
                 && self.client_stream.is_none()
         })
     }
-}
-
-/// Reads once the socket is readable, holding a buffer only while bytes are there: readiness
-/// can be stale, and an idle session must not park with a buffer taken for a read that would
-/// have blocked.
-fn poll_read_when_ready(
-    stream: &mut Stream,
-    cx: &mut Context<'_>,
-    buf: &mut BytesMut,
-) -> Poll<io::Result<usize>> {
-    ready!(stream.poll_read_ready(cx))?;
-    buffers::ready_for_read(buf);
-    let read = poll_read_buf(Pin::new(stream), cx, buf);
-    if read.is_pending() {
-        buffers::release_if_empty(buf);
-    }
-    read
 }

@@ -28,10 +28,12 @@ pub use pgherd_route::Routed;
 
 /// The catalog is read again at least this often, for changes made outside pgherd.
 const CATALOG_REFRESH_INTERVAL: Duration = Duration::from_secs(60);
-/// And at most this often, however many changes ask for it. Short: on a sharded endpoint the
-/// statement after a session's schema change waits for the next reading (a migration of many
-/// statements pays it for each).
-const CATALOG_RELOAD_MIN_INTERVAL: Duration = Duration::from_millis(100);
+/// And at most this often when statements name what it does not know (temporary tables do,
+/// all the time)...
+const CATALOG_RELOAD_MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// ... or this often after schema changes committed: on a sharded endpoint the statement after
+/// a session's schema change waits for the next reading (a migration pays it for each).
+const SCHEMA_CHANGE_RELOAD_MIN_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Functions and whether they are user code: written in SQL or a procedural language, or an
 /// aggregate (its support functions may be), and not PostgreSQL's own.
@@ -142,6 +144,12 @@ pub struct Router {
     /// Counts what changes decisions: catalog loads, statements a standby refused. A decision
     /// kept outside the cache (a prepared statement's) is made again when it moved.
     generation: std::sync::atomic::AtomicU64,
+    /// Catalog readings begun, and the number of the last one finished: a reading that began
+    /// after a schema change committed sees it.
+    readings_begun: std::sync::atomic::AtomicU64,
+    last_reading: std::sync::atomic::AtomicU64,
+    /// A schema change asked for the next reading (sooner than other requests get one).
+    schema_changed: std::sync::atomic::AtomicBool,
     /// A sharded endpoint's shard count: what `pgherd:shard` and `pgherd.shard` may name.
     shard_count: Option<u32>,
 }
@@ -179,6 +187,9 @@ impl Router {
             max_parse_bytes: config.routing.max_parse_bytes,
             reload: Notify::new(),
             generation: std::sync::atomic::AtomicU64::new(0),
+            readings_begun: std::sync::atomic::AtomicU64::new(0),
+            last_reading: std::sync::atomic::AtomicU64::new(0),
+            schema_changed: std::sync::atomic::AtomicBool::new(false),
             shard_count: app.shards.as_ref().map(|s| s.count()),
         });
         tokio::spawn(keep_catalog(app.clone(), Arc::downgrade(&router)));
@@ -196,7 +207,20 @@ impl Router {
 
     /// Asks for the catalog to be read again soon (a schema change committed).
     pub fn catalog_changed(&self) {
+        self.schema_changed
+            .store(true, std::sync::atomic::Ordering::Release);
         self.reload.notify_one();
+    }
+
+    /// The catalog reading under way or last begun, for [`Self::read_after`].
+    pub fn reading_ticket(&self) -> u64 {
+        self.readings_begun
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// A reading begun after `ticket` was taken has finished.
+    pub fn read_after(&self, ticket: u64) -> bool {
+        self.last_reading.load(std::sync::atomic::Ordering::Acquire) > ticket
     }
 
     /// Decides for `sql`, as read by a session whose `standard_conforming_strings` is as
@@ -365,6 +389,10 @@ impl Router {
     }
 
     async fn load_catalog(&self, app: &Arc<App>) -> Result<(usize, usize), String> {
+        let reading = self
+            .readings_begun
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel)
+            + 1;
         let node = app
             .nodes
             .writer()
@@ -463,17 +491,22 @@ impl Router {
         self.decisions.lock().map.clear();
         self.generation
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.last_reading
+            .store(reading, std::sync::atomic::Ordering::Release);
         Ok(counts)
     }
 }
 
-/// Reads the catalog, then again whenever asked (at most once a second) or every minute, for
-/// as long as the router exists.
+/// Reads the catalog, then again whenever asked (at most once a second, or every 50 ms after
+/// schema changes) or every minute, for as long as the router exists.
 async fn keep_catalog(app: Arc<App>, router: std::sync::Weak<Router>) {
     loop {
         let Some(r) = router.upgrade() else {
             return;
         };
+        let began = tokio::time::Instant::now();
+        r.schema_changed
+            .store(false, std::sync::atomic::Ordering::Release);
         match r.load_catalog(&app).await {
             Ok((functions, relations)) => {
                 tracing::debug!(database = %r.server_dbname, functions, relations, "catalog loaded");
@@ -483,8 +516,13 @@ async fn keep_catalog(app: Arc<App>, router: std::sync::Weak<Router>) {
             }
         }
         let _ = tokio::time::timeout(CATALOG_REFRESH_INTERVAL, r.reload.notified()).await;
+        let floor = if r.schema_changed.load(std::sync::atomic::Ordering::Acquire) {
+            SCHEMA_CHANGE_RELOAD_MIN_INTERVAL
+        } else {
+            CATALOG_RELOAD_MIN_INTERVAL
+        };
         drop(r);
-        tokio::time::sleep(CATALOG_RELOAD_MIN_INTERVAL).await;
+        tokio::time::sleep_until(began + floor).await;
     }
 }
 

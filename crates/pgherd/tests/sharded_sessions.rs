@@ -1,7 +1,8 @@
 //! A sharded endpoint's sessions as an unsharded cluster's behave: a shard with replicas serves
 //! reads outside transaction blocks from them, each read seeing the session's own last
-//! committed write on its shard (read-your-writes), while writes and transaction blocks stay on
-//! the primaries; SIGTERM lets an open transaction finish before the session ends; a client
+//! committed write on its shard (read-your-writes), a read a replica refuses for lack of a
+//! table it has not replayed yet runs on the primary, and writes and transaction blocks stay
+//! on the primaries; SIGTERM lets an open transaction finish before the session ends; a client
 //! idle past `client_idle_timeout_ms` is closed.
 
 mod common;
@@ -129,6 +130,17 @@ async fn shard_reads_run_on_replicas_and_see_the_sessions_own_writes() {
             reads_by_port.get(replica).copied().unwrap_or(0) > 0,
             "no read of shard {shard} ran on its replica: {reads_by_port:?}"
         );
+    }
+    // A table another session made a moment ago, which the replicas have not replayed yet:
+    // the read a replica refuses (42P01) runs on the primary instead.
+    let other = connect_as_superuser(pgherd.port, "postgres").await;
+    for round in 0..5 {
+        other
+            .simple_query(&format!("CREATE TABLE fresh{round} (n int)"))
+            .await
+            .unwrap_or_else(|e| panic!("create fresh{round}: {e:?}"));
+        let read = row(&client, &format!("SELECT count(*) FROM fresh{round}")).await;
+        assert_eq!(read[0], "0", "fresh{round}");
     }
     // A transaction block stays on the primaries, its reads included.
     client.simple_query("BEGIN").await.expect("begin");

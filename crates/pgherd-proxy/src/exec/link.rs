@@ -158,6 +158,11 @@ impl Link {
         Ok(Some(link))
     }
 
+    /// The link's node was a replica when it was taken.
+    pub fn on_replica(&self) -> bool {
+        self.node.role() == crate::nodes::Role::Replica
+    }
+
     fn conn(&mut self) -> Result<&mut ServerConn, PgError> {
         self.conn.as_deref_mut().ok_or_else(|| {
             PgError::error(

@@ -47,6 +47,7 @@ use crate::msgio::{take_buffered_message, write_flush};
 use crate::nodes::{NodeState, Nodes, Role};
 use crate::pool::{AcquireError, Pool};
 use crate::relay::params::{session_changes, SessionParams};
+use crate::relay::primary_may_answer;
 use crate::routing::Router;
 use crate::shards::Shards;
 use crate::stream::{poll_read_when_ready, Stream};
@@ -74,8 +75,8 @@ pub struct ShardedSession {
     pub server_database: String,
     /// The client's transaction, once it began one (or a write over several shards runs).
     pub tx: Option<tx::Tx>,
-    /// The catalog's generation when this session's last schema change committed: the next
-    /// statement is planned on a catalog read after it.
+    /// The catalog reading under way or last begun when this session's last schema change
+    /// committed: the next statement is planned on a catalog read that began after it.
     pub schema_changed_at: Option<u64>,
     /// The client's prepared statements and portals (extended query protocol).
     pub extended: Extended,
@@ -123,6 +124,16 @@ impl PlanError {
     }
 }
 
+/// How a statement's answer on one link ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Relayed {
+    Answered,
+    /// The server refused it; its error went to the client.
+    Refused,
+    /// A replica refused it in a way the primary may not; nothing went to the client.
+    ReplicaRefused,
+}
+
 /// Why a statement ended without its answer: the client hears the error, or the session ends.
 enum Failed {
     Statement(PgError),
@@ -149,6 +160,8 @@ impl ShardedSession {
     /// hear (an idle timeout, a shutdown, a protocol error, ...).
     pub async fn run(mut self) -> Disconnect {
         let end = self.serve().await;
+        // The servers' part of an open transaction ends now, not after the farewell.
+        drop(self.tx.take());
         if let Some(error) = end.client_error() {
             crate::client::send_error(&mut self.client, &error).await;
         }
@@ -194,21 +207,23 @@ impl ShardedSession {
     }
 
     /// The client's next message. Between statements the session holds no read buffer, and
-    /// ends when the client is killed, stays idle past `client_idle_timeout_ms`, or pgherd
-    /// shuts down (then only outside a transaction block, which may still end).
+    /// ends when the client is killed, pgherd shuts down, or it stays idle past
+    /// `client_idle_timeout_ms` (the last two only outside a transaction block, which may
+    /// still end).
     async fn next_client_message(
         &mut self,
         max_message_bytes: usize,
     ) -> Result<(u8, BytesMut), Disconnect> {
-        let idle_timeout_ms = self.app.config().proxy.client_idle_timeout_ms;
-        let idle_timer = async {
-            match idle_timeout_ms {
-                0 => std::future::pending().await,
-                ms => tokio::time::sleep(Duration::from_millis(ms)).await,
-            }
+        let may_stop = self.tx.is_none();
+        let idle_timeout_ms = match self.app.config().proxy.client_idle_timeout_ms {
+            ms if may_stop => ms,
+            _ => 0,
         };
-        tokio::pin!(idle_timer);
         loop {
+            // Checked before each message, however many the client sent at once.
+            if let Some(end) = signal_now(&self.shared, may_stop) {
+                return Err(end);
+            }
             match take_buffered_message(&mut self.client_in, max_message_bytes) {
                 Ok(Some(message)) => return Ok(message),
                 Ok(None) => {}
@@ -217,10 +232,17 @@ impl ShardedSession {
             buffers::release_if_empty(&mut self.client_in);
             let (client, client_in) = (&mut self.client, &mut self.client_in);
             let read = poll_fn(|cx| poll_read_when_ready(client, cx, client_in));
+            // (Each part of a message that arrives starts the idle time anew.)
+            let idle = async {
+                match idle_timeout_ms {
+                    0 => std::future::pending().await,
+                    ms => tokio::time::sleep(Duration::from_millis(ms)).await,
+                }
+            };
             let read = tokio::select! {
                 biased;
-                end = signalled(&self.shared, self.tx.is_none()) => return Err(end),
-                () = &mut idle_timer => return Err(Disconnect::IdleTimeout),
+                end = signalled(&self.shared, may_stop) => return Err(end),
+                () = idle => return Err(Disconnect::IdleTimeout),
                 read = read => read,
             };
             match read {
@@ -356,7 +378,7 @@ impl ShardedSession {
         }
         // After this session's own schema change, the catalog is read again before planning.
         if let Some(changed_at) = self.schema_changed_at.take() {
-            while self.router.generation() <= changed_at && started.elapsed() < wait {
+            while !self.router.read_after(changed_at) && started.elapsed() < wait {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
@@ -610,12 +632,23 @@ impl ShardedSession {
         self.watch_cancel(&links);
         // The server's own error was relayed to the client: the statement failed all the same.
         let mut server_refused = false;
+        let mut retry_on_primary = None;
         let ran = match execution {
             Execution::AnyShard | Execution::OneShard(_) => match links.as_mut_slice() {
-                [link] => self
-                    .relay(link, query, out)
-                    .await
-                    .map(|refused| server_refused = refused),
+                [link] => {
+                    let may_retry = reads_anywhere && link.on_replica();
+                    match self.relay(link, query, out, may_retry).await {
+                        Ok(Relayed::ReplicaRefused) => {
+                            retry_on_primary = Some(link.shard);
+                            Ok(())
+                        }
+                        Ok(relayed) => {
+                            server_refused = relayed == Relayed::Refused;
+                            Ok(())
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
                 _ => Ok(()),
             },
             Execution::Setting => self
@@ -649,6 +682,28 @@ impl ShardedSession {
             }
             Execution::Transaction(_) | Execution::Session(_) => Ok(()),
         };
+        let ran = match retry_on_primary {
+            // The replica refused as a standby, or lacks what the read names (not replayed
+            // yet): the primary answers, as the relay does.
+            Some(shard) => {
+                links.clear();
+                match self.open_link(shard, Target::Primary).await {
+                    Ok(link) => {
+                        links.push(link);
+                        self.watch_cancel(&links);
+                        match self.relay(&mut links[0], query, out, false).await {
+                            Ok(relayed) => {
+                                server_refused = relayed == Relayed::Refused;
+                                Ok(())
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
+                    Err(e) => Err(Failed::Statement(e)),
+                }
+            }
+            None => ran,
+        };
         self.unwatch_cancel().await;
         if ran.is_ok() && !server_refused {
             if let Some(value) = &decision.route_setting {
@@ -679,7 +734,7 @@ impl ShardedSession {
                     tx.changed_schema = true;
                 }
             } else {
-                self.schema_changed_at = Some(self.router.generation());
+                self.schema_changed_at = Some(self.router.reading_ticket());
             }
             self.router.catalog_changed();
         }
@@ -812,19 +867,31 @@ impl ShardedSession {
     }
 
     /// Runs `sql` on one link, relaying its answer to the client as it comes; says whether the
-    /// server answered with an error.
+    /// server answered with an error. With `may_retry` (a read on a replica), a refusal the
+    /// primary may answer otherwise, before anything else of the answer, is not relayed.
     async fn relay(
         &mut self,
         link: &mut Link,
         query: Query<'_>,
         out: &mut BytesMut,
-    ) -> Result<bool, Failed> {
+        may_retry: bool,
+    ) -> Result<Relayed, Failed> {
         link.send_query(query).await?;
         let mut failed = false;
+        let mut relayed_any = false;
         loop {
             let message = link.next().await?;
             match message.0 {
-                btag::READY_FOR_QUERY => return Ok(failed),
+                btag::READY_FOR_QUERY if failed => return Ok(Relayed::Refused),
+                btag::READY_FOR_QUERY => return Ok(Relayed::Answered),
+                btag::ERROR_RESPONSE
+                    if may_retry
+                        && !relayed_any
+                        && primary_may_answer(&link::server_error(link.shard, &message.1)) =>
+                {
+                    while link.next().await?.0 != btag::READY_FOR_QUERY {}
+                    return Ok(Relayed::ReplicaRefused);
+                }
                 btag::ERROR_RESPONSE => failed = true,
                 btag::PARAMETER_STATUS => {
                     if let Ok(p) = backend::ParameterStatus::parse(&message.1) {
@@ -833,6 +900,7 @@ impl ShardedSession {
                 }
                 _ => {}
             }
+            relayed_any = true;
             encode_message(out, &message);
             Answer::new(&mut self.client, out, self.extended.holds_answers())
                 .grown()
@@ -859,7 +927,7 @@ impl ShardedSession {
         let Some((first, others)) = links.split_first_mut() else {
             return Ok(false);
         };
-        if self.relay(first, query, out).await? {
+        if self.relay(first, query, out, false).await? == Relayed::Refused {
             return Ok(true);
         }
         for link in others {
@@ -901,14 +969,16 @@ fn encode_error(out: &mut BytesMut, error: &PgError) {
 async fn signalled(shared: &ClientShared, may_stop: bool) -> Disconnect {
     poll_fn(|cx| {
         shared.register_waker(cx.waker());
-        let signals = shared.signals();
-        if signals & SIGNAL_KILL != 0 {
-            return Poll::Ready(Disconnect::Killed(shared.kill_reason().unwrap_or_default()));
-        }
-        if may_stop && signals & SIGNAL_SHUTDOWN != 0 {
-            return Poll::Ready(Disconnect::Shutdown);
-        }
-        Poll::Pending
+        signal_now(shared, may_stop).map_or(Poll::Pending, Poll::Ready)
     })
     .await
+}
+
+/// [`signalled`], as things stand now.
+fn signal_now(shared: &ClientShared, may_stop: bool) -> Option<Disconnect> {
+    let signals = shared.signals();
+    if signals & SIGNAL_KILL != 0 {
+        return Some(Disconnect::Killed(shared.kill_reason().unwrap_or_default()));
+    }
+    (may_stop && signals & SIGNAL_SHUTDOWN != 0).then_some(Disconnect::Shutdown)
 }

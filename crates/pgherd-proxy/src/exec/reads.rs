@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use pgherd_config::{Balance, Route};
-use pgherd_route::balance::{parse_lsn, Lsn};
+use pgherd_route::balance::{insert_lsn_as_end, parse_lsn, Lsn};
 use pgherd_route::plan::{choose_node, NoNode, ReadNeeds, SessionRouting};
 use pgherd_route::{Routed, Target};
 
@@ -98,8 +98,17 @@ impl ShardReads {
             self.confirmed(link.shard, None);
             return;
         }
+        if self.session.route() == Route::Primary {
+            // Reads go to the primaries anyway; should the route change, this shard's wait
+            // for the next write's end.
+            return;
+        }
         let lsn = match link.ask_own(LSN_PROBE_SQL).await {
-            Ok(answer) if answer.refused.is_none() => answer.value.as_deref().and_then(parse_lsn),
+            Ok(answer) if answer.refused.is_none() => answer
+                .value
+                .as_deref()
+                .and_then(parse_lsn)
+                .map(insert_lsn_as_end),
             _ => None,
         };
         if let Some(lsn) = lsn {

@@ -138,8 +138,10 @@ impl ShardedSession {
             wrote: &tx.wrote,
         };
         let committing = commit && !tx.failed;
-        for &shard in &tx.wrote {
-            self.reads.wrote(shard);
+        // A rollback leaves what read-your-writes knows as it was (an earlier write's end may
+        // still be unknown).
+        if committing {
+            tx.wrote.iter().for_each(|&shard| self.reads.wrote(shard));
         }
         let ended = if committing {
             ending.commit().await
@@ -147,16 +149,16 @@ impl ShardedSession {
             ending.rollback().await;
             Ok(Vec::new())
         };
-        for &shard in &tx.wrote {
-            match (tx.links.get_mut(&shard), self.shards.cluster(shard)) {
-                (Some(link), Some(cluster)) if committing && ended.is_ok() => {
+        // A commit that failed may have committed somewhere, and one a shard did not confirm
+        // commits there later (recovery finishes it): until a later write's end is known, the
+        // shards' reads stay on their primaries.
+        if committing && ended.as_ref().is_ok_and(Vec::is_empty) {
+            for &shard in &tx.wrote {
+                if let (Some(link), Some(cluster)) =
+                    (tx.links.get_mut(&shard), self.shards.cluster(shard))
+                {
                     self.reads.write_ended(link, cluster).await;
                 }
-                // Rolled back: nothing of it reached the shard's replicas to wait for.
-                _ if !committing => self.reads.confirmed(shard, None),
-                // A commit that failed may have committed somewhere: the shard's reads stay
-                // on its primary until a later write's end is known.
-                _ => {}
             }
         }
         self.params.end_transaction(commit && ended.is_ok());

@@ -13,6 +13,7 @@
 
 mod attach;
 pub(crate) use attach::wait_for_replay;
+pub(crate) use server_input::primary_may_answer;
 mod client_input;
 mod client_stream;
 pub mod params;

@@ -44,6 +44,12 @@ fn missing_on_replica(err: &PgError) -> bool {
     .contains(&err.code)
 }
 
+/// A replica's refusal the primary may answer otherwise: it refused as a standby, or lacks
+/// what the request names.
+pub(crate) fn primary_may_answer(err: &PgError) -> bool {
+    refused_as_standby(err) || missing_on_replica(err)
+}
+
 /// The server's words for a prepared statement whose plan names what no longer exists, or
 /// whose result changed shape: preparing it again mends it.
 fn names_a_stale_plan(err: &PgError) -> bool {
@@ -343,7 +349,7 @@ impl Session {
         };
         on_replica
             && !self.routing.replica_asked
-            && (refused_as_standby(err) || missing_on_replica(err))
+            && primary_may_answer(err)
             && self.client_tx == TxStatus::Idle
             && replay.repeatable
             && !replay.answered

@@ -1,6 +1,6 @@
-//! The sharded endpoint's session (`[sharding]`): the client's front end and the executor of
-//! each statement's plan (`pgherd_route::shard_route`) over backend links ([`link`]), one per
-//! shard the plan needs. A statement on one shard is relayed as it streams back; a read over
+//! The sharded endpoint's session (`[sharding]`): the client's front end ([`front`]) and the
+//! executor of each statement's plan (`pgherd_route::shard_route`) over backend links
+//! ([`link`], taken on the node [`reads`] chooses), one per shard the plan needs. A statement on one shard is relayed as it streams back; a read over
 //! several is merged ([`fan_out`]); a schema change runs on every shard.
 //!
 //! Transaction blocks span the shards their statements reach ([`tx`]) and commit on all of them
@@ -16,15 +16,14 @@ mod copy_out;
 mod each;
 mod extended;
 mod fan_out;
+mod front;
 mod link;
 mod pinned;
 mod reads;
 mod session;
 mod tx;
 
-use std::future::poll_fn;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -36,25 +35,22 @@ use pgherd_route::shard_route::{
 use pgherd_route::shard_shape;
 use pgherd_route::{Decision, SessionEffect, Target, TxEffect};
 use pgherd_wire::backend::{self, tag as btag};
-use pgherd_wire::frontend::tag as ftag;
-use pgherd_wire::{PgError, SqlState, WireError};
+use pgherd_wire::{PgError, SqlState};
 
 use crate::app::App;
-use crate::buffers;
-use crate::clients::{ClientShared, SIGNAL_KILL, SIGNAL_SHUTDOWN};
-use crate::error::{client_io, Disconnect};
-use crate::msgio::{take_buffered_message, write_flush};
-use crate::nodes::{NodeState, Nodes, Role};
-use crate::pool::{AcquireError, Pool};
+use crate::clients::ClientShared;
+use crate::error::Disconnect;
+use crate::nodes::NodeState;
+use crate::pool::Pool;
 use crate::relay::params::{session_changes, SessionParams};
 use crate::relay::primary_may_answer;
 use crate::routing::Router;
 use crate::shards::Shards;
-use crate::stream::{poll_read_when_ready, Stream};
+use crate::stream::Stream;
 use answer::Answer;
 pub use commit::make_decision_table;
 pub use extended::Extended;
-use link::{encode_message, Link, OpenError, Query};
+use link::{encode_message, Link, Query};
 pub use reads::ShardReads;
 
 /// Answers are written to the client once this much is buffered.
@@ -96,9 +92,6 @@ thread_local! {
     static SHAPE: std::cell::RefCell<ShapeBuffers> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
-
-/// Replicas a read tries on one shard, at most, before it goes to the primary.
-const MAX_REPLICA_FAILURES: u32 = 3;
 
 /// How long a write to a table the catalog does not know waits for it to be read again.
 const CATALOG_WAIT_MS: u64 = 2_000;
@@ -156,183 +149,6 @@ impl From<PgError> for Failed {
 }
 
 impl ShardedSession {
-    /// Serves the client until it leaves or is sent away, and tells it why when it should
-    /// hear (an idle timeout, a shutdown, a protocol error, ...).
-    pub async fn run(mut self) -> Disconnect {
-        let end = self.serve().await;
-        // The servers' part of an open transaction ends now, not after the farewell.
-        drop(self.tx.take());
-        if let Some(error) = end.client_error() {
-            crate::client::send_error(&mut self.client, &error).await;
-        }
-        end
-    }
-
-    async fn serve(&mut self) -> Disconnect {
-        let max_message_bytes = self.app.config().proxy.max_message_bytes;
-        loop {
-            let first = match self.next_client_message(max_message_bytes).await {
-                Ok(message) => message,
-                Err(end) => return end,
-            };
-            // The extended messages the client sent with it, up to a simple query (which may
-            // start a COPY whose data must stay unread): an Execute looks ahead for its Sync.
-            let mut queued = extended::Queued::from([first]);
-            while queued.back().is_some_and(|(tag, _)| *tag != ftag::QUERY) {
-                match take_buffered_message(&mut self.client_in, max_message_bytes) {
-                    Ok(Some(message)) => queued.push_back(message),
-                    Ok(None) => break,
-                    Err(e) => return Disconnect::Protocol(e),
-                }
-            }
-            let mut out = buffers::take();
-            while let Some((tag, body)) = queued.pop_front() {
-                if let Err(end) = self.message(tag, &body, &queued, &mut out).await {
-                    return end;
-                }
-                // A Flush asks for the answers so far (a pipelining client reads them while it
-                // sends more).
-                if tag == ftag::FLUSH || out.len() >= FLUSH_BYTES {
-                    if let Err(e) = write_flush(&mut self.client, &out).await {
-                        return client_io(e);
-                    }
-                    out.clear();
-                }
-            }
-            if let Err(e) = write_flush(&mut self.client, &out).await {
-                return client_io(e);
-            }
-            buffers::give(out);
-        }
-    }
-
-    /// The client's next message. Between statements the session holds no read buffer, and
-    /// ends when the client is killed, pgherd shuts down, or it stays idle past
-    /// `client_idle_timeout_ms` (the last two only outside a transaction block, which may
-    /// still end).
-    async fn next_client_message(
-        &mut self,
-        max_message_bytes: usize,
-    ) -> Result<(u8, BytesMut), Disconnect> {
-        let may_stop = self.tx.is_none();
-        let idle_timeout_ms = match self.app.config().proxy.client_idle_timeout_ms {
-            ms if may_stop => ms,
-            _ => 0,
-        };
-        loop {
-            // Checked before each message, however many the client sent at once.
-            if let Some(end) = signal_now(&self.shared, may_stop) {
-                return Err(end);
-            }
-            match take_buffered_message(&mut self.client_in, max_message_bytes) {
-                Ok(Some(message)) => return Ok(message),
-                Ok(None) => {}
-                Err(e) => return Err(Disconnect::Protocol(e)),
-            }
-            buffers::release_if_empty(&mut self.client_in);
-            let (client, client_in) = (&mut self.client, &mut self.client_in);
-            let read = poll_fn(|cx| poll_read_when_ready(client, cx, client_in));
-            // (Each part of a message that arrives starts the idle time anew.)
-            let idle = async {
-                match idle_timeout_ms {
-                    0 => std::future::pending().await,
-                    ms => tokio::time::sleep(Duration::from_millis(ms)).await,
-                }
-            };
-            let read = tokio::select! {
-                biased;
-                end = signalled(&self.shared, may_stop) => return Err(end),
-                () = idle => return Err(Disconnect::IdleTimeout),
-                read = read => read,
-            };
-            match read {
-                Ok(0) if self.client_in.is_empty() => return Err(Disconnect::ClientClosed),
-                Ok(0) => {
-                    return Err(client_io(std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        "connection closed in the middle of a message",
-                    )))
-                }
-                Ok(_) => {}
-                Err(e) => return Err(client_io(e)),
-            }
-        }
-    }
-
-    /// One message from the client; its answer goes to `out`.
-    async fn message(
-        &mut self,
-        tag: u8,
-        body: &[u8],
-        queued: &extended::Queued,
-        out: &mut BytesMut,
-    ) -> Result<(), Disconnect> {
-        // After an error in the extended protocol, PostgreSQL ignores what comes up to Sync.
-        let skipped = self.extended.skip_to_sync && !matches!(tag, ftag::SYNC | ftag::TERMINATE);
-        match tag {
-            _ if skipped => {}
-            ftag::QUERY => {
-                let sql = match body.strip_suffix(&[0]).map(std::str::from_utf8) {
-                    Some(Ok(sql)) => sql,
-                    _ => {
-                        return Err(Disconnect::Protocol(WireError::Malformed {
-                            message: "Query",
-                            reason: "text (not UTF-8 ending in a zero byte)",
-                        }))
-                    }
-                };
-                self.simple_query(sql, out).await?;
-                // A simple query ends the implicit transaction of extended messages before it.
-                let ended = self.end_implicit_block(out).await;
-                self.answer_failure(ended, out)?;
-                backend::encode_ready_for_query(out, self.tx_status());
-            }
-            ftag::TERMINATE => return Err(Disconnect::Terminated),
-            ftag::SYNC => {
-                let synced = self.sync(out).await;
-                self.answer_failure(synced, out)?;
-                backend::encode_ready_for_query(out, self.tx_status());
-            }
-            ftag::FLUSH | ftag::COPY_DATA | ftag::COPY_DONE | ftag::COPY_FAIL => {}
-            ftag::PARSE | ftag::BIND | ftag::DESCRIBE | ftag::EXECUTE | ftag::CLOSE => {
-                let done = self.extended_message(tag, body, queued, out).await;
-                if done.is_err() {
-                    self.extended.skip_to_sync = true;
-                }
-                self.answer_failure(done, out)?;
-            }
-            _ => {
-                return Err(Disconnect::Protocol(WireError::Malformed {
-                    message: "message",
-                    reason: "type (not one a client sends)",
-                }))
-            }
-        }
-        Ok(())
-    }
-
-    /// A statement's failure: the client hears the error (unless the server's own was
-    /// relayed already), the transaction it happened in is aborted, as in PostgreSQL.
-    fn answer_failure(
-        &mut self,
-        done: Result<(), Failed>,
-        out: &mut BytesMut,
-    ) -> Result<(), Disconnect> {
-        let error = match done {
-            Ok(()) => return Ok(()),
-            Err(Failed::Client(end)) => return Err(end),
-            Err(Failed::Relayed) => None,
-            Err(Failed::Statement(e)) => Some(e),
-        };
-        if let Some(tx) = &mut self.tx {
-            tx.failed = true;
-        }
-        if let Some(error) = error {
-            encode_error(out, &error);
-        }
-        Ok(())
-    }
-
     /// Plans and runs one query string; its answer (without `ReadyForQuery`) goes to `out`.
     async fn simple_query(&mut self, sql: &str, out: &mut BytesMut) -> Result<(), Disconnect> {
         let outcome = match self.plan(sql, &[]).await {
@@ -770,88 +586,6 @@ impl ShardedSession {
         each::write(links, query, copies, split, out).await
     }
 
-    /// Links to the primaries of `shards`, taken in ascending shard order, one after the
-    /// other: two statements each holding one shard's last connection and waiting for the
-    /// other's cannot happen. A transaction block takes its links as its statements need
-    /// them, in any order: two blocks can then wait for each other's connections (until the
-    /// pool's wait times out, 53300) or rows (locks on two shards: no server sees that
-    /// deadlock; `lock_timeout` ends it).
-    async fn open_links(&mut self, shards: &[u32]) -> Result<Vec<Link>, PgError> {
-        self.open_links_for(shards, Target::Primary).await
-    }
-
-    /// [`Self::open_links`] for a statement with `target`: a read may take a replica.
-    async fn open_links_for(
-        &mut self,
-        shards: &[u32],
-        target: Target,
-    ) -> Result<Vec<Link>, PgError> {
-        let mut links = Vec::with_capacity(shards.len());
-        for &shard in shards {
-            links.push(self.open_link(shard, target).await?);
-        }
-        Ok(links)
-    }
-
-    /// A link to `shard`: for a read, on a node [`reads::ShardReads::choose`] picks (a
-    /// replica that cannot be reached leaves the read set and the read goes elsewhere; one
-    /// that has not replayed the session's writes in time gives way to the primary); else on
-    /// its primary, waited for up to `primary_wait_ms` while one is elected.
-    async fn open_link(&mut self, shard: u32, target: Target) -> Result<Link, PgError> {
-        let (Some(cluster), Some(pool_cache)) = (
-            self.shards.cluster(shard).cloned(),
-            self.pools.get_mut(shard as usize),
-        ) else {
-            return Err(PgError::error(
-                SqlState::INTERNAL_ERROR,
-                format!("no shard {shard}"),
-            ));
-        };
-        let mut target = target;
-        let mut replica_failures = 0;
-        loop {
-            let last = pool_cache.as_ref().map(|(node, _)| node);
-            let chosen = match target {
-                Target::Primary => None,
-                _ => self
-                    .reads
-                    .choose(&self.app, shard, &cluster, target, last)
-                    .ok(),
-            };
-            let choice = match chosen {
-                Some(choice) => choice,
-                None => reads::NodeChoice {
-                    node: primary_of(&self.app, shard, &cluster).await?,
-                    wait_for_lsn: None,
-                },
-            };
-            let on_replica = choice.node.role() == Role::Replica;
-            match Link::open(
-                &self.app,
-                &self.shared,
-                shard,
-                choice,
-                &self.params,
-                pool_cache,
-            )
-            .await
-            {
-                Ok(Some(link)) => return Ok(link),
-                // The replica has not replayed the session's last write in time.
-                Ok(None) => target = Target::Primary,
-                Err(OpenError::Acquire(AcquireError::Server(e), node)) if on_replica => {
-                    node.leave_read_set(&e.to_string());
-                    self.app.drop_idle_connections(&node);
-                    replica_failures += 1;
-                    if replica_failures >= MAX_REPLICA_FAILURES {
-                        target = Target::Primary;
-                    }
-                }
-                Err(e) => return Err(e.into_pg(&self.shared)),
-            }
-        }
-    }
-
     /// A cancel from the client reaches every link of the statement.
     fn watch_cancel(&self, links: &[Link]) {
         self.shared
@@ -943,42 +677,8 @@ impl ShardedSession {
     }
 }
 
-/// The primary of `shard` (its `cluster`), waited for up to `primary_wait_ms`.
-async fn primary_of(app: &App, shard: u32, cluster: &Nodes) -> Result<Arc<NodeState>, PgError> {
-    let wait = Duration::from_millis(app.config().cluster.primary_wait_ms);
-    cluster.primary_within(wait).await.ok_or_else(|| {
-        PgError::error(
-            SqlState::CONNECTION_FAILURE,
-            format!("no primary is available for shard {shard}"),
-        )
-        .with_detail(format!(
-            "nodes of shard {shard}: {}",
-            cluster.describe_all()
-        ))
-    })
-}
-
 fn encode_error(out: &mut BytesMut, error: &PgError) {
     if error.encode(out).is_err() {
         let _ = PgError::error(SqlState::INTERNAL_ERROR, "an error too large to send").encode(out);
     }
-}
-
-/// Ready when the client is killed, or pgherd shuts down and `may_stop` (between statements
-/// outside a transaction block, the session may end).
-async fn signalled(shared: &ClientShared, may_stop: bool) -> Disconnect {
-    poll_fn(|cx| {
-        shared.register_waker(cx.waker());
-        signal_now(shared, may_stop).map_or(Poll::Pending, Poll::Ready)
-    })
-    .await
-}
-
-/// [`signalled`], as things stand now.
-fn signal_now(shared: &ClientShared, may_stop: bool) -> Option<Disconnect> {
-    let signals = shared.signals();
-    if signals & SIGNAL_KILL != 0 {
-        return Some(Disconnect::Killed(shared.kill_reason().unwrap_or_default()));
-    }
-    (may_stop && signals & SIGNAL_SHUTDOWN != 0).then_some(Disconnect::Shutdown)
 }

@@ -8,16 +8,23 @@
 //! asked, and that shard's replicas serve the session again when they have replayed it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use pgherd_config::{Balance, Route};
 use pgherd_route::balance::{insert_lsn_as_end, parse_lsn, Lsn};
-use pgherd_route::plan::{choose_node, NoNode, ReadNeeds, SessionRouting};
+use pgherd_route::plan::{choose_node, NoNode, SessionRouting};
 use pgherd_route::{Routed, Target};
+use pgherd_wire::{PgError, SqlState};
 
-use super::link::Link;
+use super::link::{Link, OpenError};
+use super::ShardedSession;
 use crate::app::App;
-use crate::nodes::{NodeState, Nodes};
-use crate::relay::RoutingSetup;
+use crate::nodes::{NodeState, Nodes, Role};
+use crate::pool::AcquireError;
+use crate::relay::{read_needs, RoutingSetup};
+
+/// Replicas a read tries on one shard, at most, before it goes to the primary.
+const MAX_REPLICA_FAILURES: u32 = 3;
 
 /// What pgherd asks a shard's primary after the session's write there committed.
 const LSN_PROBE_SQL: &str = "SELECT pg_catalog.pg_current_wal_insert_lsn()";
@@ -75,7 +82,7 @@ impl ShardReads {
 
     /// The writes sent to `shard` ended (committed) by `lsn` on its primary, or were rolled
     /// back (`None`): its replicas may serve the session once they reach its last write.
-    pub fn confirmed(&mut self, shard: u32, lsn: Option<Lsn>) {
+    fn confirmed(&mut self, shard: u32, lsn: Option<Lsn>) {
         let i = shard as usize;
         if let (Some(flag), Some(min)) = (self.unconfirmed.get_mut(i), self.min_lsn.get_mut(i)) {
             *flag = false;
@@ -126,24 +133,118 @@ impl ShardReads {
         last: Option<&Arc<NodeState>>,
     ) -> Result<NodeChoice, NoNode> {
         let reads = || {
-            let config = app.config();
             let i = shard as usize;
-            ReadNeeds {
-                balance: self.balance,
-                primary_reads: self.primary_reads,
-                max_lag_bytes: config.routing.max_lag_bytes,
-                max_lag_ms: config.routing.max_lag_ms,
-                min_lsn: self
-                    .session
+            read_needs(
+                &app.config(),
+                (self.balance, self.primary_reads),
+                self.session
                     .read_your_writes()
                     .then(|| self.min_lsn.get(i).copied().unwrap_or(0)),
-                write_unconfirmed: self.unconfirmed.get(i).copied().unwrap_or(true),
-                may_wait: config.routing.read_your_writes_wait_ms > 0,
-            }
+                self.unconfirmed.get(i).copied().unwrap_or(true),
+            )
         };
         choose_node(&cluster.snapshot(), target, last, reads).map(|plan| NodeChoice {
             node: plan.node,
             wait_for_lsn: plan.wait_for_lsn,
         })
     }
+}
+
+impl ShardedSession {
+    /// Links to the primaries of `shards`, taken in ascending shard order, one after the
+    /// other: two statements each holding one shard's last connection and waiting for the
+    /// other's cannot happen. A transaction block takes its links as its statements need
+    /// them, in any order: two blocks can then wait for each other's connections (until the
+    /// pool's wait times out, 53300) or rows (locks on two shards: no server sees that
+    /// deadlock; `lock_timeout` ends it).
+    pub(super) async fn open_links(&mut self, shards: &[u32]) -> Result<Vec<Link>, PgError> {
+        self.open_links_for(shards, Target::Primary).await
+    }
+
+    /// [`Self::open_links`] for a statement with `target`: a read may take a replica.
+    pub(super) async fn open_links_for(
+        &mut self,
+        shards: &[u32],
+        target: Target,
+    ) -> Result<Vec<Link>, PgError> {
+        let mut links = Vec::with_capacity(shards.len());
+        for &shard in shards {
+            links.push(self.open_link(shard, target).await?);
+        }
+        Ok(links)
+    }
+
+    /// A link to `shard`: for a read, on a node [`ShardReads::choose`] picks (a
+    /// replica that cannot be reached leaves the read set and the read goes elsewhere; one
+    /// that has not replayed the session's writes in time gives way to the primary); else on
+    /// its primary, waited for up to `primary_wait_ms` while one is elected.
+    pub(super) async fn open_link(&mut self, shard: u32, target: Target) -> Result<Link, PgError> {
+        let (Some(cluster), Some(pool_cache)) = (
+            self.shards.cluster(shard),
+            self.pools.get_mut(shard as usize),
+        ) else {
+            return Err(PgError::error(
+                SqlState::INTERNAL_ERROR,
+                format!("no shard {shard}"),
+            ));
+        };
+        let mut target = target;
+        let mut replica_failures = 0;
+        loop {
+            let last = pool_cache.as_ref().map(|(node, _)| node);
+            let chosen = match target {
+                Target::Primary => None,
+                _ => self
+                    .reads
+                    .choose(&self.app, shard, cluster, target, last)
+                    .ok(),
+            };
+            let choice = match chosen {
+                Some(choice) => choice,
+                None => NodeChoice {
+                    node: primary_of(&self.app, shard, cluster).await?,
+                    wait_for_lsn: None,
+                },
+            };
+            let on_replica = choice.node.role() == Role::Replica;
+            match Link::open(
+                &self.app,
+                &self.shared,
+                shard,
+                choice,
+                &self.params,
+                pool_cache,
+            )
+            .await
+            {
+                Ok(Some(link)) => return Ok(link),
+                // The replica has not replayed the session's last write in time.
+                Ok(None) => target = Target::Primary,
+                Err(OpenError::Acquire(AcquireError::Server(e), node)) if on_replica => {
+                    node.leave_read_set(&e.to_string());
+                    self.app.drop_idle_connections(&node);
+                    replica_failures += 1;
+                    if replica_failures >= MAX_REPLICA_FAILURES {
+                        target = Target::Primary;
+                    }
+                }
+                Err(e) => return Err(e.into_pg(&self.shared)),
+            }
+        }
+    }
+}
+
+/// The primary of `shard` (its `cluster`), waited for up to `primary_wait_ms`.
+async fn primary_of(app: &App, shard: u32, cluster: &Nodes) -> Result<Arc<NodeState>, PgError> {
+    let wait = Duration::from_millis(app.config().cluster.primary_wait_ms);
+    cluster.primary_within(wait).await.ok_or_else(|| {
+        PgError::error(
+            SqlState::CONNECTION_FAILURE,
+            format!("no primary is available for shard {shard}"),
+        )
+        .with_detail(format!(
+            "nodes of shard {shard}: {}",
+            cluster.describe_all()
+        ))
+    })
 }

@@ -4,7 +4,7 @@
 //! happens when a server fails or the client leaves (cleanup, reset, or close).
 
 use pgherd_failover::GateReason;
-use pgherd_route::plan::{choose_node, route_request, Framing, NoNode, ReadNeeds, Statements};
+use pgherd_route::plan::{choose_node, route_request, Framing, NoNode, Statements};
 
 use super::client_input::statement;
 use super::*;
@@ -92,17 +92,13 @@ impl Session {
         target: RouteTarget,
     ) -> Result<(Arc<NodeState>, Option<Lsn>), PgError> {
         let reads = || {
-            let config = self.app.config();
             let routing = &self.routing;
-            ReadNeeds {
-                balance: routing.setup.balance,
-                primary_reads: routing.setup.primary_reads,
-                max_lag_bytes: config.routing.max_lag_bytes,
-                max_lag_ms: config.routing.max_lag_ms,
-                min_lsn: routing.read_your_writes().then_some(routing.min_lsn),
-                write_unconfirmed: routing.write_seq > routing.probed_seq,
-                may_wait: config.routing.read_your_writes_wait_ms > 0,
-            }
+            read_needs(
+                &self.app.config(),
+                (routing.setup.balance, routing.setup.primary_reads),
+                routing.read_your_writes().then_some(routing.min_lsn),
+                routing.write_seq > routing.probed_seq,
+            )
         };
         if target == RouteTarget::Primary && !self.app.may_route_writes() {
             // The clock, not only the gate: a stalled instance may run this before its lease's

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, Bytes, BytesMut};
 use pgherd_config::{Balance, Consistency, PoolMode, Route};
 use pgherd_route::balance::{insert_lsn_as_end, parse_lsn, Lsn};
-use pgherd_route::plan::SessionRouting;
+use pgherd_route::plan::{ReadNeeds, SessionRouting};
 use pgherd_route::{Pin as RoutePin, SessionEffect, Target as RouteTarget, TxEffect};
 use pgherd_wire::backend::{self, tag as btag, TxStatus};
 use pgherd_wire::frame::{read_header, HEADER_BYTES};
@@ -120,6 +120,27 @@ pub struct RoutingSetup {
     pub primary_reads: bool,
     /// `None` in session mode: the client keeps one server, so nothing moves.
     pub router: Option<Arc<Router>>,
+}
+
+/// What a read asks of its node ([`ReadNeeds`]) under `config`'s lag limits and wait: the
+/// session's balance policy and primary reads, the WAL position its last committed write
+/// reached (read-your-writes; `None` under other consistency) and whether a write's end is
+/// still unknown.
+pub(crate) fn read_needs(
+    config: &pgherd_config::Config,
+    (balance, primary_reads): (Balance, bool),
+    min_lsn: Option<Lsn>,
+    write_unconfirmed: bool,
+) -> ReadNeeds {
+    ReadNeeds {
+        balance,
+        primary_reads,
+        max_lag_bytes: config.routing.max_lag_bytes,
+        max_lag_ms: config.routing.max_lag_ms,
+        min_lsn,
+        write_unconfirmed,
+        may_wait: config.routing.read_your_writes_wait_ms > 0,
+    }
 }
 
 /// What pgherd asks the primary after a session's write transaction: the position the

@@ -37,6 +37,40 @@ async fn wait_for_replica_reads(c: &Client, primary_port: u16) {
     }
 }
 
+/// Waits until every one of `replicas` serves reads by SHOW NODES (in the read set, within the
+/// default lag limits), and returns the last SHOW NODES. `wait_for_replica_reads` is not
+/// enough where the test counts per replica: on a loaded machine a replica whose first health
+/// check failed must pass several in a row before it joins the read set, which can come after
+/// the other replica already serves.
+async fn wait_for_readers(env: &Env, replicas: &[&str]) -> String {
+    const DEFAULT_MAX_LAG_MS: u64 = 5_000;
+    const DEFAULT_MAX_LAG_BYTES: u64 = 16 << 20;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let nodes = admin_rows(env, "SHOW NODES");
+        // name|host|port|zone|standby|role|state|takes_writes|write_gate|lsn|timeline|
+        // lag_bytes|lag_ms|in_read_set|...
+        let reading = |name: &str| {
+            nodes.lines().any(|row| {
+                let field: Vec<&str> = row.split('|').collect();
+                let number = |i: usize| field.get(i).and_then(|v| v.parse::<u64>().ok());
+                field.first() == Some(&name)
+                    && field.get(13) == Some(&"yes")
+                    && number(11).is_some_and(|b| b <= DEFAULT_MAX_LAG_BYTES)
+                    && number(12).is_some_and(|ms| ms <= DEFAULT_MAX_LAG_MS)
+            })
+        };
+        if replicas.iter().all(|r| reading(r)) {
+            return nodes;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every one of {replicas:?} came to serve reads:\n{nodes}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn admin_rows(env: &Env, command: &str) -> String {
     psql(
         &env.pgherd
@@ -125,10 +159,13 @@ async fn reads_are_spread_by_weight() {
             .node_weight("pg1", 0)
             .node_weight("pg2", 1)
             .node_weight("pg3", 3)
+            .superuser()
+            .proxy("admin_users = [\"postgres\"]")
     });
     let primary = env.cluster.primary().port;
     let c = env.app().await;
     wait_for_replica_reads(&c, primary).await;
+    wait_for_readers(&env, &["pg2", "pg3"]).await;
     let mut counts: HashMap<u16, u32> = HashMap::new();
     for _ in 0..400 {
         *counts.entry(served_by(&c, WHERE).await).or_default() += 1;
@@ -146,7 +183,8 @@ async fn reads_are_spread_by_weight() {
     // 1:3 within 10 percentage points of the reads.
     assert!(
         (60..=140).contains(&light) && (260..=340).contains(&heavy),
-        "expected about 100 and 300 reads, got pg2={light} pg3={heavy}"
+        "expected about 100 and 300 reads, got pg2={light} pg3={heavy}; the nodes now:\n{}",
+        admin_rows(&env, "SHOW NODES")
     );
 }
 
@@ -462,6 +500,7 @@ async fn reads_stay_in_the_local_zone_and_an_async_standby_stays_out_of_the_set(
     let remote = env.cluster.node("pg3").port;
     let c = env.app().await;
     wait_for_replica_reads(&c, primary_port).await;
+    wait_for_readers(&env, &["pg2", "pg3"]).await;
     for _ in 0..30 {
         let port = served_by(&c, WHERE).await;
         assert_ne!(port, remote, "a read went to the other zone");

@@ -63,6 +63,26 @@ pub fn parse_tree(
     within_bounds(sql, lexed, max_bytes, || pg_query::parse(sql))
 }
 
+/// The statements of a query string in order, each with the spaces and comments before it (a
+/// hint in a comment stays with its statement); empty ones are left out. Within the bounds
+/// above the parser splits it, as the server will; a longer text is split by the scanner
+/// (each of its statements is then parsed on its own, within the bounds), which also cuts at
+/// a `;` inside a `BEGIN ATOMIC` body.
+pub fn split_statements<'a>(
+    sql: &'a str,
+    lexed: &Lexed,
+    max_bytes: usize,
+) -> Result<Vec<&'a str>, NotParsed> {
+    match within_bounds(sql, lexed, max_bytes, || pg_query::split_with_parser(sql)) {
+        Err(NotParsed::TooLarge { .. }) => {
+            std::panic::catch_unwind(|| pg_query::split_with_scanner(sql))
+                .map_err(|_| NotParsed::Syntax("the parser library failed".into()))?
+                .map_err(|e| NotParsed::Syntax(e.to_string()))
+        }
+        split => split,
+    }
+}
+
 fn within_bounds<T>(
     sql: &str,
     lexed: &Lexed,
@@ -95,6 +115,42 @@ mod tests {
         let mut key = Vec::new();
         let lexed = lex(sql.as_bytes(), true, &mut key);
         parse(sql, &lexed, DEFAULT_MAX_PARSE_BYTES).map(|p| p.tree.protobuf.stmts.len())
+    }
+
+    fn split(sql: &str, max_bytes: usize) -> Result<Vec<&str>, NotParsed> {
+        let mut key = Vec::new();
+        let lexed = lex(sql.as_bytes(), true, &mut key);
+        split_statements(sql, &lexed, max_bytes)
+    }
+
+    #[test]
+    fn query_strings_split_where_the_server_splits_them() {
+        let n = DEFAULT_MAX_PARSE_BYTES;
+        assert_eq!(split("SELECT 1", n).unwrap(), ["SELECT 1"]);
+        assert_eq!(split(" SELECT 1 ;; ", n).unwrap(), [" SELECT 1 "]);
+        assert_eq!(split("", n).unwrap(), Vec::<&str>::new());
+        assert_eq!(
+            split(
+                "/* pgherd:shard=1 */ SELECT ';'; /* pgherd:primary */ SELECT $$;$$;",
+                n
+            )
+            .unwrap(),
+            [
+                "/* pgherd:shard=1 */ SELECT ';'",
+                " /* pgherd:primary */ SELECT $$;$$"
+            ]
+        );
+        let atomic =
+            "CREATE FUNCTION f() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1; END; SELECT f()";
+        assert_eq!(split(atomic, n).unwrap().len(), 2);
+        // A syntax error anywhere: nothing is split (the server would run none of them).
+        assert!(matches!(
+            split("SELECT 1; SELEC 2; SELECT 3", n),
+            Err(NotParsed::Syntax(_))
+        ));
+        // Beyond the bounds the scanner splits, statement by statement.
+        let long = format!("SELECT '{}'; SELECT 2", "x".repeat(64));
+        assert_eq!(split(&long, 32).unwrap().len(), 2);
     }
 
     /// Each shape at the largest size parsed, on a thread with a small stack: none may crash.

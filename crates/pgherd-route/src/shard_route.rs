@@ -209,7 +209,12 @@ pub fn route_statement(
     let statement = match statements.as_slice() {
         [] => return Ok(Execution::AnyShard),
         [one] => one.stmt.as_ref().and_then(|s| s.node.as_ref()),
-        _ => return Err(refuse("several statements in one query string")),
+        // A simple query's string is split before planning: this is one Parse's text.
+        _ => {
+            return Err(ShardError::Syntax(
+                "cannot insert multiple commands into a prepared statement".into(),
+            ))
+        }
     };
     let Some(statement) = statement else {
         return Ok(Execution::AnyShard);

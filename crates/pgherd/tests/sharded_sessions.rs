@@ -3,14 +3,16 @@
 //! committed write on its shard (read-your-writes), a read a replica refuses for lack of a
 //! table it has not replayed yet runs on the primary, and writes and transaction blocks stay
 //! on the primaries; SIGTERM lets an open transaction finish before the session ends; a client
-//! idle past `client_idle_timeout_ms` is closed.
+//! idle past `client_idle_timeout_ms` is closed; a query string of several statements answers
+//! as one node answers it (an implicit transaction over the shards, up to the first error).
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{connect_as_superuser, shard_cluster, try_connect, BIN};
+use common::{code, connect_as_superuser, psql_with_input, shard_cluster, try_connect, BIN};
+use pgherd_route::shard_hash::{shard_of_text, KeyType};
 use pgherd_testkit::{Pgherd, TestCluster, SUPERUSER, SUPERUSER_PASSWORD};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
@@ -232,4 +234,119 @@ async fn sigterm_lets_a_sharded_transaction_finish_and_idle_clients_time_out() {
         })
         .sum();
     assert_eq!(committed, 4, "the drained transaction's rows");
+}
+
+/// What a query string answered, comparable between two servers: each statement's rows and
+/// command tag's count, or the SQLSTATE it failed with; then whether the session was left in
+/// a transaction (and an aborted one).
+async fn outcome(client: &Client, sql: &str) -> String {
+    let answered = match client.simple_query(sql).await {
+        Ok(messages) => messages
+            .iter()
+            .map(|m| match m {
+                SimpleQueryMessage::Row(r) => (0..r.len())
+                    .map(|i| r.get(i).unwrap_or("NULL"))
+                    .collect::<Vec<_>>()
+                    .join(","),
+                SimpleQueryMessage::CommandComplete(n) => format!("complete {n}"),
+                _ => "other".to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        Err(e) => format!("error {}", code(&e)),
+    };
+    let after = match client.simple_query("SELECT count(*) FROM items").await {
+        Ok(_) => "then idle or in a transaction",
+        Err(e) if code(&e) == "25P02" => "then in an aborted transaction",
+        Err(_) => "then an error",
+    };
+    format!("{answered} / {after}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_statements_in_one_query_string_answer_as_one_node_answers_them() {
+    let shards = [shard_cluster(), shard_cluster()];
+    shards[0].sql("CREATE DATABASE whole");
+    let config = common::sharded_config(&shards, &[("items", "k")]);
+    let pgherd = Pgherd::start(BIN, &shards[0], &config);
+    let sharded = connect_as_superuser(pgherd.port, "postgres").await;
+    let whole = connect_as_superuser(shards[0].node("pg1").port, "whole").await;
+    let on = |shard: u32, from: i32| {
+        (from..)
+            .find(|k| shard_of_text(KeyType::Int4, &k.to_string(), 2) == Ok(shard))
+            .expect("a key")
+    };
+    // Keys on shard 0 (a...) and on shard 1 (b...).
+    let [a0, a1, a2, a3] = [on(0, 1), on(0, 100), on(0, 200), on(0, 300)];
+    let [b0, b1, b2, b3, b4] = [on(1, 1), on(1, 100), on(1, 200), on(1, 300), on(1, 400)];
+    let insert = |k: i32| format!("INSERT INTO items (k, v) VALUES ({k}, 1)");
+    let scripts = [
+        "CREATE TABLE items (k int PRIMARY KEY, v int NOT NULL); CREATE TABLE kinds (id int PRIMARY KEY)".to_owned(),
+        format!("{}; {}; SELECT count(*) FROM items", insert(a0), insert(b0)),
+        // An error undoes the statements before it on every shard.
+        format!("{}; {}; SELECT 1/0", insert(a1), insert(b1)),
+        format!("{}; INSERT INTO kinds (id) VALUES (1); {}", insert(b1), insert(a0)),
+        // A block of the client's own stays open, aborted, until it ends it.
+        format!("BEGIN; {}; SELECT 1/0; COMMIT", insert(b2)),
+        "ROLLBACK".to_owned(),
+        // What a COMMIT ended stays; a ROLLBACK undoes the implicit transaction before it.
+        format!("{}; COMMIT; {}", insert(a2), insert(b0)),
+        format!("{}; ROLLBACK; SELECT count(*) FROM items", insert(b2)),
+        format!("SELECT 1; BEGIN; {}", insert(b3)),
+        "COMMIT".to_owned(),
+        // Settings last as the transaction they were made in.
+        "SET work_mem = '7MB'; SHOW work_mem".to_owned(),
+        "SHOW work_mem".to_owned(),
+        "SET work_mem = '9MB'; SELECT 1/0".to_owned(),
+        "SHOW work_mem".to_owned(),
+        format!(
+            "UPDATE items SET v = v + 1; SELECT sum(v) FROM items; DELETE FROM items WHERE k = {a3}; SELECT count(*) FROM items"
+        ),
+        "VACUUM items; SELECT 1".to_owned(),
+        "SELECT k, v FROM items ORDER BY k; SELECT id FROM kinds ORDER BY id;".to_owned(),
+    ];
+    let mut differences = Vec::new();
+    for script in &scripts {
+        let (through, direct) = (
+            outcome(&sharded, script).await,
+            outcome(&whole, script).await,
+        );
+        if through != direct {
+            differences.push(format!(
+                "{script}\n  through pgherd: {through}\n  one node:       {direct}"
+            ));
+        }
+    }
+    assert!(differences.is_empty(), "{}", differences.join("\n"));
+    // Nothing was left prepared on a shard, and every shard holds only its own keys.
+    for (i, shard) in shards.iter().enumerate() {
+        assert_eq!(shard.sql("SELECT count(*) FROM pg_prepared_xacts"), "0");
+        let keys = shard.sql("SELECT string_agg(k::text, ',' ORDER BY k) FROM items");
+        for key in keys.split(',').filter(|k| !k.is_empty()) {
+            let key: i32 = key.parse().expect("a key");
+            assert_eq!(
+                shard_of_text(KeyType::Int4, &key.to_string(), 2),
+                Ok(i as u32)
+            );
+        }
+    }
+    // One Parse of several statements is refused as PostgreSQL refuses it.
+    let refused = sharded
+        .prepare("SELECT 1; SELECT 2")
+        .await
+        .expect_err("several statements in one Parse");
+    assert_eq!(code(&refused), "42601", "{refused:?}");
+    // COPY among other statements reads its rows from the client in between (psql).
+    let url = pgherd.url(SUPERUSER, SUPERUSER_PASSWORD, "postgres");
+    let copied = psql_with_input(
+        &url,
+        "COPY items (k, v) FROM STDIN; SELECT count(*) FROM items",
+        &format!("{a3}\t5\n{b4}\t5\n"),
+    )
+    .unwrap_or_else(|e| panic!("COPY among statements: {e}"));
+    let total = row(&sharded, "SELECT count(*) FROM items").await;
+    assert!(
+        copied.contains("COPY 2") && copied.lines().any(|l| l.trim() == total[0]),
+        "{copied}"
+    );
 }

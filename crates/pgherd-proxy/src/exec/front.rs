@@ -149,7 +149,7 @@ impl ShardedSession {
                         }))
                     }
                 };
-                self.simple_query(sql, out).await?;
+                self.query_string(sql, out).await?;
                 // A simple query ends the implicit transaction of extended messages before it.
                 let ended = self.end_implicit_block(out).await;
                 self.answer_failure(ended, out)?;

@@ -149,8 +149,32 @@ impl From<PgError> for Failed {
 }
 
 impl ShardedSession {
-    /// Plans and runs one query string; its answer (without `ReadyForQuery`) goes to `out`.
-    async fn simple_query(&mut self, sql: &str, out: &mut BytesMut) -> Result<(), Disconnect> {
+    /// Runs a simple query's string; its answer (without `ReadyForQuery`) goes to `out`.
+    /// Several statements run one after the other, as PostgreSQL runs them: in an implicit
+    /// transaction (a `BEGIN` among them makes it the client's block; after a `COMMIT` the
+    /// next statement begins another), up to the first that fails. The caller ends the
+    /// implicit transaction.
+    async fn query_string(&mut self, sql: &str, out: &mut BytesMut) -> Result<(), Disconnect> {
+        let Some(statements) = several_statements(sql) else {
+            return self.simple_query(sql, out).await.map(|_| ());
+        };
+        for statement in statements {
+            if self.tx.is_none() {
+                let read_only = self.params.flags.default_transaction_read_only;
+                let mut block = tx::Tx::new("BEGIN", read_only);
+                block.implicit = true;
+                self.tx = Some(block);
+            }
+            if !self.simple_query(statement, out).await? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Plans and runs one statement; its answer (without `ReadyForQuery`) goes to `out`. Says
+    /// whether it succeeded.
+    async fn simple_query(&mut self, sql: &str, out: &mut BytesMut) -> Result<bool, Disconnect> {
         let outcome = match self.plan(sql, &[]).await {
             Err(e) => Err(Failed::Statement(e)),
             Ok((execution, ..)) if self.in_failed_transaction(&execution) => {
@@ -161,7 +185,9 @@ impl ShardedSession {
                     .await
             }
         };
-        self.answer_failure(outcome, out)
+        let succeeded = outcome.is_ok();
+        self.answer_failure(outcome, out)?;
+        Ok(succeeded)
     }
 
     /// The transaction failed and the statement does not end it.
@@ -675,6 +701,25 @@ impl ShardedSession {
         }
         Ok(false)
     }
+}
+
+/// The statements of a query string that holds more than one; `None` for one (or none), and
+/// for a text the parser cannot split, which planning refuses as a whole.
+fn several_statements(sql: &str) -> Option<Vec<&str>> {
+    // Most strings hold one statement, at most ended by a `;`: they are not parsed twice.
+    let body = sql.trim_end_matches(|c: char| c == ';' || c.is_ascii_whitespace());
+    if !body.contains(';') {
+        return None;
+    }
+    let mut key = Vec::new();
+    let lexed = pgherd_route::lex(sql.as_bytes(), true, &mut key);
+    let statements = pgherd_route::parse::split_statements(
+        sql,
+        &lexed,
+        pgherd_route::parse::DEFAULT_MAX_PARSE_BYTES,
+    )
+    .ok()?;
+    (statements.len() > 1).then_some(statements)
 }
 
 fn encode_error(out: &mut BytesMut, error: &PgError) {

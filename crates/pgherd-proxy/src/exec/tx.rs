@@ -99,7 +99,8 @@ impl ShardedSession {
                 }
             }
             TxCommand::Commit | TxCommand::Rollback => {
-                let Some(failed) = self.tx.as_ref().map(|tx| tx.failed) else {
+                let Some((failed, implicit)) = self.tx.as_ref().map(|tx| (tx.failed, tx.implicit))
+                else {
                     warn(
                         out,
                         SqlState::NO_ACTIVE_SQL_TRANSACTION,
@@ -107,6 +108,14 @@ impl ShardedSession {
                     );
                     return complete(out, tag_of(command));
                 };
+                if implicit {
+                    // As in PostgreSQL: the implicit transaction ends, with a warning.
+                    warn(
+                        out,
+                        SqlState::NO_ACTIVE_SQL_TRANSACTION,
+                        "there is no transaction in progress",
+                    );
+                }
                 let commit = command == TxCommand::Commit && !failed;
                 self.end_transaction(commit, out).await?;
                 if commit {

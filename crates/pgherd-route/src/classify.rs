@@ -618,8 +618,10 @@ fn classify_set(v: &pg_query::protobuf::VariableSetStmt) -> Decision {
     } else if kind == VariableSetKind::VarResetAll {
         d.shard_setting = Some(ShardSetting::Reset);
     } else if name == "transaction" && kind == VariableSetKind::VarSetMulti {
-        if read_only_option(&v.args) == Some(true) {
-            d.tx = TxEffect::SetReadOnly;
+        match read_only_option(&v.args) {
+            Some(true) => d.tx = TxEffect::SetReadOnly,
+            Some(false) => d.tx = TxEffect::SetReadWrite,
+            None => {}
         }
     } else if name == "session characteristics" {
         if let Some(on) = read_only_option(&v.args) {

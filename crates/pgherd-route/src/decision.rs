@@ -78,6 +78,8 @@ pub enum TxEffect {
     },
     /// SET TRANSACTION READ ONLY inside a transaction.
     SetReadOnly,
+    /// SET TRANSACTION READ WRITE inside a transaction.
+    SetReadWrite,
     /// SET [SESSION] default_transaction_read_only; `Some(true)` = on.
     DefaultReadOnly(Option<bool>),
     /// COMMIT, END, ROLLBACK, ABORT.

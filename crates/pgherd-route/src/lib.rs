@@ -27,6 +27,7 @@ pub mod shard_route;
 pub mod shard_shape;
 mod tree;
 pub mod two_phase;
+pub mod tx_log;
 
 pub use balance::Balance;
 pub use catalog::Catalog;

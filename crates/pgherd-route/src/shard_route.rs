@@ -114,11 +114,16 @@ pub struct SplitInsert {
     pub row_shards: Vec<u32>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TxCommand {
     Begin,
     Commit,
     Rollback,
+    /// `SAVEPOINT name`, `RELEASE [SAVEPOINT] name`, `ROLLBACK TO [SAVEPOINT] name`: the
+    /// name as the server folds it.
+    Savepoint(String),
+    Release(String),
+    RollbackTo(String),
 }
 
 /// Why a statement does not run on a sharded endpoint.
@@ -602,7 +607,7 @@ fn split_insert(
     })
 }
 
-/// BEGIN, COMMIT and ROLLBACK; what pgherd cannot carry over the shards yet is refused.
+/// BEGIN, COMMIT, ROLLBACK and savepoints; what pgherd cannot carry over the shards is refused.
 fn transaction_command(tx: &TransactionStmt) -> Result<Execution, ShardError> {
     let kind = TransactionStmtKind::try_from(tx.kind).unwrap_or(TransactionStmtKind::Undefined);
     let command = match kind {
@@ -618,12 +623,10 @@ fn transaction_command(tx: &TransactionStmt) -> Result<Execution, ShardError> {
         }
         TransactionStmtKind::TransStmtCommit => TxCommand::Commit,
         TransactionStmtKind::TransStmtRollback => TxCommand::Rollback,
-        TransactionStmtKind::TransStmtSavepoint
-        | TransactionStmtKind::TransStmtRelease
-        | TransactionStmtKind::TransStmtRollbackTo => {
-            return Err(refuse(
-                "savepoints through a sharded endpoint (not built yet)",
-            ));
+        TransactionStmtKind::TransStmtSavepoint => TxCommand::Savepoint(tx.savepoint_name.clone()),
+        TransactionStmtKind::TransStmtRelease => TxCommand::Release(tx.savepoint_name.clone()),
+        TransactionStmtKind::TransStmtRollbackTo => {
+            TxCommand::RollbackTo(tx.savepoint_name.clone())
         }
         TransactionStmtKind::TransStmtPrepare
         | TransactionStmtKind::TransStmtCommitPrepared

@@ -310,6 +310,10 @@ fn transactions() {
     );
     assert_eq!(tx("SET TRANSACTION READ ONLY"), TxEffect::SetReadOnly);
     assert_eq!(
+        tx("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE, READ WRITE"),
+        TxEffect::SetReadWrite
+    );
+    assert_eq!(
         tx("SET default_transaction_read_only = on"),
         TxEffect::DefaultReadOnly(Some(true))
     );

@@ -23,6 +23,7 @@ impl SqlState {
     pub const IN_FAILED_SQL_TRANSACTION: SqlState = SqlState(*b"25P02");
     pub const ACTIVE_SQL_TRANSACTION: SqlState = SqlState(*b"25001");
     pub const NO_ACTIVE_SQL_TRANSACTION: SqlState = SqlState(*b"25P01");
+    pub const INVALID_SAVEPOINT_SPECIFICATION: SqlState = SqlState(*b"3B001");
     pub const TRANSACTION_RESOLUTION_UNKNOWN: SqlState = SqlState(*b"08007");
     pub const TRANSACTION_ROLLBACK: SqlState = SqlState(*b"40000");
     pub const INVALID_SQL_STATEMENT_NAME: SqlState = SqlState(*b"26000");

@@ -279,6 +279,9 @@ async fn several_statements_in_one_query_string_answer_as_one_node_answers_them(
     // Keys on shard 0 (a...) and on shard 1 (b...).
     let [a0, a1, a2, a3] = [on(0, 1), on(0, 100), on(0, 200), on(0, 300)];
     let [b0, b1, b2, b3, b4] = [on(1, 1), on(1, 100), on(1, 200), on(1, 300), on(1, 400)];
+    // For the savepoints: more on shard 0 (c...) and on shard 1 (d...).
+    let [c0, c1, c2, c3] = [on(0, 500), on(0, 600), on(0, 700), on(0, 800)];
+    let [d0, d1, d2, d3] = [on(1, 500), on(1, 600), on(1, 700), on(1, 800)];
     let insert = |k: i32| format!("INSERT INTO items (k, v) VALUES ({k}, 1)");
     let scripts = [
         "CREATE TABLE items (k int PRIMARY KEY, v int NOT NULL); CREATE TABLE kinds (id int PRIMARY KEY)".to_owned(),
@@ -303,6 +306,52 @@ async fn several_statements_in_one_query_string_answer_as_one_node_answers_them(
             "UPDATE items SET v = v + 1; SELECT sum(v) FROM items; DELETE FROM items WHERE k = {a3}; SELECT count(*) FROM items"
         ),
         "VACUUM items; SELECT 1".to_owned(),
+        // Savepoints: a shard the block reaches after one is set sets it too, so rolling
+        // back to it undoes there what was done since, and no more.
+        "BEGIN".to_owned(),
+        insert(c0),
+        "SAVEPOINT s1".to_owned(),
+        insert(d0),
+        "SELECT count(*) FROM items".to_owned(),
+        "ROLLBACK TO SAVEPOINT s1".to_owned(),
+        "SELECT count(*) FROM items".to_owned(),
+        "SAVEPOINT s2; SET work_mem = '5MB'; SHOW work_mem".to_owned(),
+        "ROLLBACK TO s2; SHOW work_mem".to_owned(),
+        // An error, then a rollback to a savepoint: the block runs on.
+        insert(c0),
+        "SELECT 1".to_owned(),
+        "ROLLBACK TO s1".to_owned(),
+        insert(d0),
+        "SAVEPOINT s1".to_owned(),
+        insert(d1),
+        "RELEASE s1".to_owned(),
+        "ROLLBACK TO s1".to_owned(),
+        "SELECT 1".to_owned(),
+        "ROLLBACK TO s1".to_owned(),
+        "SELECT count(*) FROM items".to_owned(),
+        "RELEASE s1; SELECT count(*) FROM items".to_owned(),
+        "ROLLBACK TO nowhere".to_owned(),
+        "ROLLBACK".to_owned(),
+        "SAVEPOINT outside".to_owned(),
+        "RELEASE outside".to_owned(),
+        format!("{}; SAVEPOINT implicit", insert(c1)),
+        format!(
+            "BEGIN; SAVEPOINT \"Mixed Case\"; {}; {}; RELEASE SAVEPOINT \"Mixed Case\"; COMMIT",
+            insert(c1),
+            insert(d1)
+        ),
+        format!(
+            "BEGIN; SAVEPOINT a; SET work_mem = '6MB'; {}; SAVEPOINT a; {}; ROLLBACK TO a; ROLLBACK TO a; COMMIT; SHOW work_mem",
+            insert(c2),
+            insert(d2)
+        ),
+        // READ ONLY set after a savepoint ends with a rollback to it: the writes after it
+        // commit on both shards.
+        format!(
+            "BEGIN; SAVEPOINT r; SET TRANSACTION READ ONLY; ROLLBACK TO r; {}; {}; COMMIT",
+            insert(c3),
+            insert(d3)
+        ),
         "SELECT k, v FROM items ORDER BY k; SELECT id FROM kinds ORDER BY id;".to_owned(),
     ];
     let mut differences = Vec::new();

@@ -543,7 +543,6 @@ async fn transactions_over_shards_commit_on_all_of_them_or_none() {
 
     // What is not built is refused by name, and the session goes on.
     for (sql, refusal) in [
-        ("SAVEPOINT s", "savepoints"),
         ("PREPARE TRANSACTION 'x'", "PREPARE TRANSACTION"),
         ("UPDATE branches SET bbalance = random()", "calling random"),
     ] {

@@ -6,8 +6,7 @@
 //! Transaction blocks span the shards their statements reach ([`tx`]) and commit on all of them
 //! or on none ([`commit`], two-phase when several wrote); a write over several shards outside
 //! a block runs in a transaction of its own. The extended protocol is [`extended`]'s, COPY
-//! [`copy`]'s and [`copy_out`]'s, what pgherd keeps of the session [`session`]'s; savepoints
-//! are refused with `0A000`.
+//! [`copy`]'s and [`copy_out`]'s, what pgherd keeps of the session [`session`]'s.
 
 mod answer;
 mod commit;
@@ -195,7 +194,9 @@ impl ShardedSession {
         self.tx.as_ref().is_some_and(|tx| tx.failed)
             && !matches!(
                 execution,
-                Execution::Transaction(TxCommand::Commit | TxCommand::Rollback)
+                Execution::Transaction(
+                    TxCommand::Commit | TxCommand::Rollback | TxCommand::RollbackTo(_)
+                )
             )
     }
 
@@ -564,9 +565,15 @@ impl ShardedSession {
         if in_tx {
             self.give_back(links, writes);
             if let Some(tx) = &mut self.tx {
-                tx.read_only |= decision.tx == TxEffect::SetReadOnly;
-                if ran.is_ok() && !server_refused && *execution == Execution::Setting {
-                    tx.settings_sql.push(sql.to_owned());
+                if ran.is_ok() && !server_refused {
+                    match decision.tx {
+                        TxEffect::SetReadOnly => tx.read_only = true,
+                        TxEffect::SetReadWrite => tx.read_only = false,
+                        _ => {}
+                    }
+                    if *execution == Execution::Setting {
+                        tx.log.setting(sql);
+                    }
                 }
             }
         }

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::BytesMut;
 use pgherd_route::shard_route::TxCommand;
+use pgherd_route::tx_log::{Mark, NoSuchSavepoint, TxLog};
 use pgherd_route::{Decision, TxEffect};
 use pgherd_wire::backend::{self, TxStatus};
 use pgherd_wire::{PgError, Severity, SqlState};
@@ -22,10 +23,13 @@ pub struct Tx {
     pub links: BTreeMap<u32, Link>,
     /// The shards it may have written on (or changed the schema of).
     pub wrote: BTreeSet<u32>,
-    /// `SET` statements it ran, for the shards it reaches later.
-    pub settings_sql: Vec<String>,
-    /// A statement failed: until it ends, the transaction is aborted.
+    /// The settings it made and the savepoints it set, for the shards it reaches later.
+    pub log: TxLog,
+    /// A statement failed: until it ends (or rolls back to a savepoint), the transaction is
+    /// aborted.
     pub failed: bool,
+    /// A shard's part of it ended with its connection: no savepoint brings that back.
+    pub lost_shard: Option<u32>,
     /// READ ONLY: no shard writes, so none takes part in a two-phase commit.
     pub read_only: bool,
     /// It changed the schema (which pgherd's catalog reads only once it commits).
@@ -43,8 +47,9 @@ impl Tx {
             begin_sql: begin_sql.to_owned(),
             links: BTreeMap::new(),
             wrote: BTreeSet::new(),
-            settings_sql: Vec::new(),
+            log: TxLog::default(),
             failed: false,
+            lost_shard: None,
             read_only,
             changed_schema: false,
             first_shard: None,
@@ -63,7 +68,8 @@ impl ShardedSession {
         }
     }
 
-    /// BEGIN, COMMIT or ROLLBACK from the client, answered as PostgreSQL answers them.
+    /// BEGIN, COMMIT, ROLLBACK or a savepoint from the client, answered as PostgreSQL
+    /// answers them.
     pub(super) async fn transaction(
         &mut self,
         command: TxCommand,
@@ -106,7 +112,12 @@ impl ShardedSession {
                         SqlState::NO_ACTIVE_SQL_TRANSACTION,
                         "there is no transaction in progress",
                     );
-                    return complete(out, tag_of(command));
+                    let tag = if command == TxCommand::Commit {
+                        "COMMIT"
+                    } else {
+                        "ROLLBACK"
+                    };
+                    return complete(out, tag);
                 };
                 if implicit {
                     // As in PostgreSQL: the implicit transaction ends, with a warning.
@@ -124,8 +135,93 @@ impl ShardedSession {
                     "ROLLBACK"
                 }
             }
+            TxCommand::Savepoint(name) => self.savepoint(Savepoint::Set, &name, sql, out).await?,
+            TxCommand::Release(name) => self.savepoint(Savepoint::Release, &name, sql, out).await?,
+            TxCommand::RollbackTo(name) => {
+                self.savepoint(Savepoint::RollbackTo, &name, sql, out)
+                    .await?
+            }
         };
         complete(out, tag)
+    }
+
+    /// A savepoint command: run on every shard the block reached and kept in its log, so a
+    /// shard it reaches later sets the same savepoints after its `BEGIN` (a `ROLLBACK TO`
+    /// then undoes there, too, exactly what was done since). Says the command's tag.
+    async fn savepoint(
+        &mut self,
+        command: Savepoint,
+        name: &str,
+        sql: &str,
+        out: &mut BytesMut,
+    ) -> Result<&'static str, Failed> {
+        let settings_made = self.params.changes_made();
+        let Some(tx) = self.tx.as_mut().filter(|tx| !tx.implicit) else {
+            return Err(Failed::Statement(PgError::error(
+                SqlState::NO_ACTIVE_SQL_TRANSACTION,
+                format!(
+                    "{} can only be used in transaction blocks",
+                    command.statement()
+                ),
+            )));
+        };
+        let unknown = |e: NoSuchSavepoint| {
+            Failed::Statement(PgError::error(
+                SqlState::INVALID_SAVEPOINT_SPECIFICATION,
+                e.to_string(),
+            ))
+        };
+        let mark = match command {
+            Savepoint::Set => None,
+            Savepoint::Release => {
+                tx.log.release(name).map_err(unknown)?;
+                None
+            }
+            Savepoint::RollbackTo => {
+                if let Some(shard) = tx.lost_shard {
+                    return Err(Failed::Statement(PgError::error(
+                        SqlState::IN_FAILED_SQL_TRANSACTION,
+                        format!("current transaction is aborted, commands ignored until end of transaction block (its part on shard {shard} ended with the connection, which no savepoint brings back)"),
+                    )));
+                }
+                Some(tx.log.rollback_to(name).map_err(unknown)?)
+            }
+        };
+        for (&shard, link) in tx.links.iter_mut() {
+            match link.run_own(sql).await {
+                Ok(None) => {}
+                Ok(Some(refused)) => return Err(Failed::Statement(refused)),
+                Err(e) => {
+                    tx.lost_shard = Some(shard);
+                    return Err(Failed::Statement(e));
+                }
+            }
+        }
+        match (command, mark) {
+            (Savepoint::Set, _) => {
+                let mark = Mark {
+                    read_only: tx.read_only,
+                    settings_made,
+                };
+                tx.log.savepoint(name, sql, mark);
+            }
+            (Savepoint::RollbackTo, Some(mark)) => {
+                tx.failed = false;
+                tx.read_only = mark.read_only;
+                self.params.undo_changes_after(mark.settings_made);
+                // What the rollback restored (a SET since the savepoint), as a server reports it.
+                let mut reported = tx.links.values_mut().map(Link::take_reported);
+                for message in reported.next().unwrap_or_default() {
+                    if let Ok(p) = backend::ParameterStatus::parse(&message.1) {
+                        self.params.record_reported(p.name, p.value);
+                    }
+                    encode_message(out, &message);
+                }
+                reported.for_each(drop);
+            }
+            _ => {}
+        }
+        Ok(command.tag())
     }
 
     /// Ends the session's transaction on every shard it reached: commits on all of them or
@@ -217,13 +313,13 @@ impl ShardedSession {
             return Ok(());
         };
         let shard = link.shard;
-        let begin = std::iter::once(&tx.begin_sql).chain(&tx.settings_sql);
+        let begin = std::iter::once(tx.begin_sql.as_str()).chain(tx.log.replay());
         for sql in begin {
             if let Some(refused) = link.run_own(sql).await? {
                 return Err(refused);
             }
         }
-        if !tx.settings_sql.is_empty() {
+        if tx.log.has_settings() {
             link.close_after_use();
         }
         tx.first_shard.get_or_insert(shard);
@@ -243,6 +339,7 @@ impl ShardedSession {
                 // server's part of the transaction ends with the connection, and so does the
                 // transaction.
                 tx.failed = true;
+                tx.lost_shard = Some(link.shard);
                 continue;
             }
             if wrote && !tx.read_only {
@@ -253,11 +350,29 @@ impl ShardedSession {
     }
 }
 
-fn tag_of(command: TxCommand) -> &'static str {
-    match command {
-        TxCommand::Begin => "BEGIN",
-        TxCommand::Commit => "COMMIT",
-        TxCommand::Rollback => "ROLLBACK",
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Savepoint {
+    Set,
+    Release,
+    RollbackTo,
+}
+
+impl Savepoint {
+    /// As PostgreSQL names it in its errors.
+    fn statement(self) -> &'static str {
+        match self {
+            Savepoint::Set => "SAVEPOINT",
+            Savepoint::Release => "RELEASE SAVEPOINT",
+            Savepoint::RollbackTo => "ROLLBACK TO SAVEPOINT",
+        }
+    }
+
+    fn tag(self) -> &'static str {
+        match self {
+            Savepoint::Set => "SAVEPOINT",
+            Savepoint::Release => "RELEASE",
+            Savepoint::RollbackTo => "ROLLBACK",
+        }
     }
 }
 

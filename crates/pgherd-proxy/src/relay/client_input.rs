@@ -126,7 +126,10 @@ impl Session {
             TxEffect::Begin { .. } => self.routing.unit_begins = true,
             TxEffect::End => self.routing.unit_ends = true,
             TxEffect::DefaultReadOnly(Some(on)) => self.routing.session.default_read_only = on,
-            TxEffect::DefaultReadOnly(None) | TxEffect::SetReadOnly | TxEffect::None => {}
+            TxEffect::DefaultReadOnly(None)
+            | TxEffect::SetReadOnly
+            | TxEffect::SetReadWrite
+            | TxEffect::None => {}
         }
         if let Some(pin) = decision.pin {
             if self.routing.pinned.is_none() && self.mode_shares_servers() {

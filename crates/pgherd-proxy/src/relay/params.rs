@@ -266,6 +266,17 @@ impl SessionParams {
         self.pending.extend(changes);
     }
 
+    /// How many changes the current transaction made so far (a savepoint's mark).
+    pub fn changes_made(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// `ROLLBACK TO SAVEPOINT`: the changes made since the savepoint (`made` changes in) are
+    /// undone, as the server undoes them.
+    pub fn undo_changes_after(&mut self, made: usize) {
+        self.pending.truncate(made);
+    }
+
     /// The client's transaction ended; keep its changes only if it committed.
     pub fn end_transaction(&mut self, committed: bool) {
         let pending = std::mem::take(&mut self.pending);

@@ -529,7 +529,6 @@ async fn a_sharded_endpoint_answers_as_one_node_holding_every_row() {
             "CREATE TEMP TABLE scratch (a int)",
             "stays on one server connection",
         ),
-        ("SAVEPOINT s", "savepoints"),
         (
             "COPY accounts TO STDOUT (FORMAT binary)",
             "format other than text or CSV",

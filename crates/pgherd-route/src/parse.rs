@@ -74,7 +74,7 @@ pub fn split_statements<'a>(
     max_bytes: usize,
 ) -> Result<Vec<&'a str>, NotParsed> {
     match within_bounds(sql, lexed, max_bytes, || pg_query::split_with_parser(sql)) {
-        Err(NotParsed::TooLarge { .. }) => {
+        Err(NotParsed::TooLarge { .. } | NotParsed::TooDeep) => {
             std::panic::catch_unwind(|| pg_query::split_with_scanner(sql))
                 .map_err(|_| NotParsed::Syntax("the parser library failed".into()))?
                 .map_err(|e| NotParsed::Syntax(e.to_string()))
@@ -151,6 +151,12 @@ mod tests {
         // Beyond the bounds the scanner splits, statement by statement.
         let long = format!("SELECT '{}'; SELECT 2", "x".repeat(64));
         assert_eq!(split(&long, 32).unwrap().len(), 2);
+        let deep = format!(
+            "SET a.b = 1; SELECT {}1{}",
+            "(".repeat(5000),
+            ")".repeat(5000)
+        );
+        assert_eq!(split(&deep, n).unwrap()[0], "SET a.b = 1");
     }
 
     /// Each shape at the largest size parsed, on a thread with a small stack: none may crash.

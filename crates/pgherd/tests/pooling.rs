@@ -242,6 +242,33 @@ async fn session_settings_follow_their_client_and_never_leak() {
         .await
         .unwrap();
     assert_eq!(one(&a, "SHOW work_mem").await, "7MB");
+    // Savepoints: a ROLLBACK TO undoes the settings made since its savepoint and keeps the
+    // earlier ones (after an error too), in one query string or statement by statement; the
+    // transaction then commits them, and they follow a, never b.
+    a.batch_execute(
+        "BEGIN; SET work_mem = '5MB'; SAVEPOINT s; SET work_mem = '6MB'; ROLLBACK TO s; COMMIT",
+    )
+    .await
+    .unwrap();
+    assert_eq!(one(&b, "SHOW work_mem").await, "4MB");
+    assert_eq!(one(&a, "SHOW work_mem").await, "5MB");
+    for sql in [
+        "BEGIN",
+        "SET work_mem = '8MB'",
+        "SAVEPOINT s",
+        "SET work_mem = '9MB'",
+    ] {
+        a.batch_execute(sql).await.unwrap();
+    }
+    a.batch_execute("SELECT 1/0")
+        .await
+        .expect_err("division by zero");
+    a.batch_execute("ROLLBACK TO SAVEPOINT s").await.unwrap();
+    a.batch_execute("RELEASE s").await.unwrap();
+    a.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(one(&b, "SHOW work_mem").await, "4MB");
+    assert_eq!(one(&a, "SHOW work_mem").await, "8MB");
+    a.batch_execute("SET work_mem = '7MB'").await.unwrap();
     a.batch_execute("RESET work_mem").await.unwrap();
     assert_eq!(one(&b, "SHOW TimeZone").await, default_zone);
     assert_eq!(one(&a, "SHOW work_mem").await, "4MB");

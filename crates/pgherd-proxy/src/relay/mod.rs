@@ -21,6 +21,7 @@ pub mod probe;
 pub mod queue;
 mod server_input;
 pub mod statements;
+mod tx_settings;
 
 use std::future::{poll_fn, Future};
 use std::io;
@@ -51,7 +52,7 @@ use crate::pool::{AcquireError, Pool};
 use crate::routing::{Routed, Router};
 use crate::server::{ServerConn, MAX_SERVER_MESSAGE_BYTES};
 use crate::stream::{poll_read_when_ready, Stream};
-use params::{may_change_session, session_changes, SessionParams, UNKNOWN};
+use params::{may_change_session, SessionParams, UNKNOWN};
 use queue::{Probe, Request, ResponseQueue, Synthetic};
 use statements::{ClientStatements, Holding, StatementDef, StatementError};
 
@@ -346,6 +347,8 @@ pub struct Session {
     untracked_change: bool,
     /// The client's current transaction saw an error or a rollback.
     tx_failed: bool,
+    /// Savepoints and the statements of the request at hand, as far as settings need them.
+    tx_settings: Option<Box<tx_settings::TxSettings>>,
     /// When the current transaction's first request arrived (for the latency histogram).
     tx_started: Option<Instant>,
     client_tx: TxStatus,
@@ -403,6 +406,7 @@ impl Session {
             params: setup.params,
             untracked_change: false,
             tx_failed: false,
+            tx_settings: None,
             tx_started: None,
             client_tx: TxStatus::Idle,
             client_stream: None,

@@ -435,7 +435,16 @@ pub fn may_change_session(sql: &[u8]) -> bool {
                 .get(word.len())
                 .is_none_or(|b| !b.is_ascii_alphanumeric() && *b != b'_')
     };
-    if starts_with(b"set") || starts_with(b"reset") || starts_with(b"discard") {
+    // Savepoint commands too: a ROLLBACK TO undoes the settings made since its savepoint.
+    let words: [&[u8]; 6] = [
+        b"set",
+        b"reset",
+        b"discard",
+        b"savepoint",
+        b"release",
+        b"rollback",
+    ];
+    if words.iter().any(|w| starts_with(w)) {
         return true;
     }
     // Several statements in one query: any of them could be a SET.

@@ -234,7 +234,7 @@ impl Session {
                 }
                 btag::COMMAND_COMPLETE if d.to_client => {
                     let tag = backend::parse_command_complete(body).unwrap_or_default();
-                    self.on_command_complete(tag, d.sql.as_deref());
+                    self.on_command_complete(tag, d.sql.as_ref());
                 }
                 _ => {}
             }
@@ -434,31 +434,11 @@ impl Session {
             .map_or_else(String::new, |l| l.conn.node.clone())
     }
 
-    pub(super) fn on_command_complete(&mut self, tag: &[u8], sql: Option<&[u8]>) {
-        let word = tag.split(|&b| b == b' ').next().unwrap_or_default();
-        match word {
-            b"SET" | b"RESET" | b"DISCARD" => {
-                if tag == b"DISCARD ALL" {
-                    self.forget_server_statements();
-                }
-                if tag.starts_with(b"DISCARD") && tag != b"DISCARD ALL" {
-                    return;
-                }
-                let changes = sql
-                    .and_then(|s| std::str::from_utf8(s).ok())
-                    .and_then(session_changes);
-                match changes {
-                    Some(changes) => self.params.record(changes),
-                    None => {
-                        tracing::debug!(client = self.shared.id, "a session change pgherd cannot replay; the server will be reset before its next client");
-                        self.untracked_change = true;
-                    }
-                }
-            }
-            b"DEALLOCATE" if tag == b"DEALLOCATE ALL" => self.forget_server_statements(),
-            b"ROLLBACK" => self.tx_failed = true,
-            _ => {}
+    pub(super) fn on_command_complete(&mut self, tag: &[u8], sql: Option<&Bytes>) {
+        if tag == b"DISCARD ALL" || tag == b"DEALLOCATE ALL" {
+            self.forget_server_statements();
         }
+        self.follow_settings(tag, sql);
     }
 
     /// After `DISCARD ALL` or `DEALLOCATE ALL` the server holds no prepared statement, and
@@ -479,6 +459,7 @@ impl Session {
 
     pub(super) fn on_client_ready(&mut self, status: TxStatus) -> Result<(), Relayed> {
         self.client_tx = status;
+        self.settings_request_done(status);
         let Some(lease) = self.lease.as_mut() else {
             return Ok(());
         };

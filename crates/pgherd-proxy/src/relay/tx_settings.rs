@@ -1,0 +1,234 @@
+//! What the client's transaction does to its session settings, followed from the command tags
+//! the server sends and the texts of the statements that may change settings: the changes a
+//! transaction made count once it commits (`SessionParams`), a `ROLLBACK TO SAVEPOINT` undoes
+//! those made since that savepoint (and keeps the earlier ones, even after an error), a
+//! `ROLLBACK` all of them. A query string of several statements gets one tag per statement,
+//! in order: each tag is matched to its own statement's text.
+
+use std::ops::Range;
+
+use bytes::Bytes;
+use pgherd_route::parse::{parse_tree, split_statements, DEFAULT_MAX_PARSE_BYTES};
+use pgherd_route::tx_log::{Mark, TxLog};
+
+use super::params::session_changes;
+use super::Session;
+
+/// Kept per client once it sent a statement that may change settings (boxed: most clients
+/// never do, and an idle client should stay small).
+#[derive(Default)]
+pub(super) struct TxSettings {
+    savepoints: TxLog,
+    script: Option<Script>,
+}
+
+/// The statements of the request whose tags are arriving, and which tag comes next.
+struct Script {
+    sql: Bytes,
+    statements: Vec<Range<usize>>,
+    next: usize,
+}
+
+impl TxSettings {
+    /// The text of the statement the next tag of the request `sql` ends.
+    fn next_statement(&mut self, sql: &Bytes) -> Option<&str> {
+        let fresh = self
+            .script
+            .as_ref()
+            .is_none_or(|s| s.sql.as_ptr() != sql.as_ptr() || s.sql.len() != sql.len());
+        if fresh {
+            self.script = Some(Script {
+                sql: sql.clone(),
+                statements: statement_ranges(sql),
+                next: 0,
+            });
+        }
+        let script = self.script.as_mut()?;
+        // One statement (an Execute of a portal, maybe again): every tag is its own.
+        let at = if script.statements.len() == 1 {
+            0
+        } else {
+            script.next
+        };
+        script.next += 1;
+        let range = script.statements.get(at)?.clone();
+        std::str::from_utf8(script.sql.get(range)?).ok()
+    }
+}
+
+/// Where each statement of `sql` is; the whole text as one if it cannot be split.
+fn statement_ranges(sql: &[u8]) -> Vec<Range<usize>> {
+    let whole = std::iter::once(0..sql.len()).collect();
+    let Ok(text) = std::str::from_utf8(sql) else {
+        return whole;
+    };
+    let mut key = Vec::new();
+    let lexed = pgherd_route::lex(sql, true, &mut key);
+    match split_statements(text, &lexed, DEFAULT_MAX_PARSE_BYTES) {
+        Ok(pieces) if !pieces.is_empty() => pieces
+            .iter()
+            .map(|piece| {
+                let start = piece.as_ptr() as usize - text.as_ptr() as usize;
+                start..start + piece.len()
+            })
+            .collect(),
+        _ => whole,
+    }
+}
+
+/// What a savepoint command names.
+enum SavepointCommand {
+    Set(String),
+    Release(String),
+    RollbackTo(String),
+}
+
+/// The savepoint command `sql` is, if it is one (parsed within the usual bounds).
+fn savepoint_command(sql: &str) -> Option<SavepointCommand> {
+    use pg_query::protobuf::TransactionStmtKind as Kind;
+    use pg_query::NodeEnum;
+    let mut key = Vec::new();
+    let lexed = pgherd_route::lex(sql.as_bytes(), true, &mut key);
+    let tree = parse_tree(sql, &lexed, DEFAULT_MAX_PARSE_BYTES).ok()?;
+    let [statement] = tree.protobuf.stmts.as_slice() else {
+        return None;
+    };
+    let Some(NodeEnum::TransactionStmt(tx)) = statement.stmt.as_ref()?.node.as_ref() else {
+        return None;
+    };
+    let name = tx.savepoint_name.clone();
+    match Kind::try_from(tx.kind).ok()? {
+        Kind::TransStmtSavepoint => Some(SavepointCommand::Set(name)),
+        Kind::TransStmtRelease => Some(SavepointCommand::Release(name)),
+        Kind::TransStmtRollbackTo => Some(SavepointCommand::RollbackTo(name)),
+        _ => None,
+    }
+}
+
+impl Session {
+    /// A statement of the client's ended with `tag`; `sql`: its request's text, kept when it
+    /// may change settings.
+    pub(super) fn follow_settings(&mut self, tag: &[u8], sql: Option<&Bytes>) {
+        let word = tag.split(|&b| b == b' ').next().unwrap_or_default();
+        let follows = matches!(
+            word,
+            b"SET" | b"RESET" | b"DISCARD" | b"SAVEPOINT" | b"RELEASE" | b"ROLLBACK" | b"COMMIT"
+        );
+        let statement = match (sql, follows) {
+            (Some(sql), _) => {
+                let tracked = self.tx_settings.get_or_insert_with(Box::default);
+                tracked.next_statement(sql).map(str::to_owned)
+            }
+            _ => None,
+        };
+        if !follows {
+            return;
+        }
+        match word {
+            b"SET" | b"RESET" | b"DISCARD" => {
+                if tag.starts_with(b"DISCARD") && tag != b"DISCARD ALL" {
+                    return;
+                }
+                match statement.as_deref().and_then(session_changes) {
+                    Some(changes) => self.params.record(changes),
+                    None => {
+                        tracing::debug!(client = self.shared.id, "a session change pgherd cannot replay; the server will be reset before its next client");
+                        self.untracked_change = true;
+                    }
+                }
+            }
+            b"SAVEPOINT" | b"RELEASE" | b"ROLLBACK" => {
+                let command = statement.as_deref().and_then(savepoint_command);
+                let made = self.params.changes_made();
+                let savepoints = &mut self.tx_settings.get_or_insert_with(Box::default).savepoints;
+                match command {
+                    Some(SavepointCommand::Set(name)) => {
+                        let mark = Mark {
+                            read_only: false,
+                            settings_made: made,
+                        };
+                        savepoints.savepoint(&name, "", mark);
+                    }
+                    Some(SavepointCommand::Release(name)) => {
+                        let _ = savepoints.release(&name);
+                    }
+                    Some(SavepointCommand::RollbackTo(name)) => {
+                        // The transaction runs on, without what was done since.
+                        if let Ok(mark) = savepoints.rollback_to(&name) {
+                            self.params.undo_changes_after(mark.settings_made);
+                        }
+                        self.tx_failed = false;
+                    }
+                    None if tag == b"ROLLBACK" => {
+                        // The transaction ended (a ROLLBACK, or a COMMIT of a failed one).
+                        *savepoints = TxLog::default();
+                        self.params.end_transaction(false);
+                    }
+                    None => {}
+                }
+            }
+            _ if tag == b"COMMIT" => {
+                // Committed here, whatever follows in the same query string.
+                self.params.end_transaction(true);
+                self.tx_failed = false;
+                if let Some(tracked) = self.tx_settings.as_mut() {
+                    tracked.savepoints = TxLog::default();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The client's request was answered to its ReadyForQuery: the next tag is another
+    /// request's; outside a transaction no savepoint is left.
+    pub(super) fn settings_request_done(&mut self, status: pgherd_wire::backend::TxStatus) {
+        if let Some(tracked) = self.tx_settings.as_mut() {
+            tracked.script = None;
+            if status == pgherd_wire::backend::TxStatus::Idle {
+                tracked.savepoints = TxLog::default();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_tag_of_a_query_string_finds_its_own_statement() {
+        let sql = Bytes::from_static(b"BEGIN; SET work_mem = '6MB'; SAVEPOINT s; ROLLBACK TO s");
+        let mut tracked = TxSettings::default();
+        let seen: Vec<String> = (0..5)
+            .map_while(|_| tracked.next_statement(&sql).map(str::to_owned))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                "BEGIN",
+                " SET work_mem = '6MB'",
+                " SAVEPOINT s",
+                " ROLLBACK TO s"
+            ]
+        );
+        // One statement: every tag is its own (a portal executed again).
+        let one = Bytes::from_static(b"SET work_mem = '6MB'");
+        assert_eq!(tracked.next_statement(&one), Some("SET work_mem = '6MB'"));
+        assert_eq!(tracked.next_statement(&one), Some("SET work_mem = '6MB'"));
+    }
+
+    #[test]
+    fn savepoint_commands_are_read_with_their_names() {
+        assert!(
+            matches!(savepoint_command("SAVEPOINT \"A b\""), Some(SavepointCommand::Set(n)) if n == "A b")
+        );
+        assert!(
+            matches!(savepoint_command("release savepoint X"), Some(SavepointCommand::Release(n)) if n == "x")
+        );
+        assert!(
+            matches!(savepoint_command("ROLLBACK WORK TO s"), Some(SavepointCommand::RollbackTo(n)) if n == "s")
+        );
+        assert!(savepoint_command("ROLLBACK").is_none());
+        assert!(savepoint_command("COMMIT").is_none());
+    }
+}

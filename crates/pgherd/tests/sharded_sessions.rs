@@ -379,6 +379,12 @@ async fn several_statements_in_one_query_string_answer_as_one_node_answers_them(
             );
         }
     }
+    // BEGIN's options could no longer reach the shards an implicit block began on.
+    let refused = sharded
+        .simple_query("SELECT 1; BEGIN ISOLATION LEVEL SERIALIZABLE; SELECT 2")
+        .await
+        .expect_err("options after a statement");
+    assert_eq!(code(&refused), "0A000", "{refused:?}");
     // One Parse of several statements is refused as PostgreSQL refuses it.
     let refused = sharded
         .prepare("SELECT 1; SELECT 2")
@@ -389,13 +395,15 @@ async fn several_statements_in_one_query_string_answer_as_one_node_answers_them(
     let url = pgherd.url(SUPERUSER, SUPERUSER_PASSWORD, "postgres");
     let copied = psql_with_input(
         &url,
-        "COPY items (k, v) FROM STDIN; SELECT count(*) FROM items",
+        "SELECT 41 + 1; COPY items (k, v) FROM STDIN; SELECT count(*) FROM items",
         &format!("{a3}\t5\n{b4}\t5\n"),
     )
     .unwrap_or_else(|e| panic!("COPY among statements: {e}"));
     let total = row(&sharded, "SELECT count(*) FROM items").await;
     assert!(
-        copied.contains("COPY 2") && copied.lines().any(|l| l.trim() == total[0]),
+        copied.starts_with("42\n")
+            && copied.contains("COPY 2")
+            && copied.lines().any(|l| l.trim() == total[0]),
         "{copied}"
     );
 }

@@ -55,7 +55,8 @@ impl ShardedSession {
         let Some(response) = response else {
             return Ok(());
         };
-        let mut start = BytesMut::new();
+        // What the statements before it in the same query string answered goes first.
+        let mut start = out.split();
         encode_message(
             &mut start,
             &(pgherd_wire::backend::tag::COPY_IN_RESPONSE, response),

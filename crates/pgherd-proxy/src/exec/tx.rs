@@ -28,8 +28,9 @@ pub struct Tx {
     /// A statement failed: until it ends (or rolls back to a savepoint), the transaction is
     /// aborted.
     pub failed: bool,
-    /// A shard's part of it ended with its connection: no savepoint brings that back.
-    pub lost_shard: Option<u32>,
+    /// Why its shards may no longer agree on its savepoints (a shard's part ended with its
+    /// connection, or a savepoint command ran on some shards only): no `ROLLBACK TO` then.
+    pub diverged: Option<String>,
     /// READ ONLY: no shard writes, so none takes part in a two-phase commit.
     pub read_only: bool,
     /// It changed the schema (which pgherd's catalog reads only once it commits).
@@ -49,7 +50,7 @@ impl Tx {
             wrote: BTreeSet::new(),
             log: TxLog::default(),
             failed: false,
-            lost_shard: None,
+            diverged: None,
             read_only,
             changed_schema: false,
             first_shard: None,
@@ -90,7 +91,17 @@ impl ShardedSession {
                     Some(tx) if tx.implicit && tx.links.is_empty() => {
                         self.tx = Some(Tx::new(sql, read_only));
                     }
-                    Some(tx) if tx.implicit => tx.implicit = false,
+                    Some(tx) if tx.implicit => {
+                        if has_options(sql) {
+                            // Its shards began without them; PostgreSQL would apply or refuse
+                            // them there.
+                            return Err(Failed::Statement(PgError::error(
+                                SqlState::FEATURE_NOT_SUPPORTED,
+                                "not supported on sharded tables: BEGIN with options after other statements of the same query string or extended-protocol batch",
+                            )));
+                        }
+                        tx.implicit = false
+                    }
                     Some(_) => warn(
                         out,
                         SqlState::ACTIVE_SQL_TRANSACTION,
@@ -171,32 +182,46 @@ impl ShardedSession {
                 e.to_string(),
             ))
         };
+        // The log changes once every shard ran the command.
+        let mut log = tx.log.clone();
         let mark = match command {
             Savepoint::Set => None,
             Savepoint::Release => {
-                tx.log.release(name).map_err(unknown)?;
+                log.release(name).map_err(unknown)?;
                 None
             }
             Savepoint::RollbackTo => {
-                if let Some(shard) = tx.lost_shard {
+                if let Some(why) = &tx.diverged {
                     return Err(Failed::Statement(PgError::error(
                         SqlState::IN_FAILED_SQL_TRANSACTION,
-                        format!("current transaction is aborted, commands ignored until end of transaction block (its part on shard {shard} ended with the connection, which no savepoint brings back)"),
+                        format!("current transaction is aborted, commands ignored until end of transaction block ({why}, which no savepoint brings back)"),
                     )));
                 }
-                Some(tx.log.rollback_to(name).map_err(unknown)?)
+                Some(log.rollback_to(name).map_err(unknown)?)
             }
         };
-        for (&shard, link) in tx.links.iter_mut() {
-            match link.run_own(sql).await {
-                Ok(None) => {}
-                Ok(Some(refused)) => return Err(Failed::Statement(refused)),
+        for (ran_on, (&shard, link)) in tx.links.iter_mut().enumerate() {
+            let failed = match link.run_own(sql).await {
+                Ok(None) => None,
+                Ok(Some(refused)) => Some(refused),
                 Err(e) => {
-                    tx.lost_shard = Some(shard);
-                    return Err(Failed::Statement(e));
+                    tx.diverged = Some(format!(
+                        "its part on shard {shard} ended with the connection"
+                    ));
+                    Some(e)
                 }
+            };
+            if let Some(e) = failed {
+                if ran_on > 0 && tx.diverged.is_none() {
+                    tx.diverged = Some(format!(
+                        "{} ran on some shards only (shard {shard} refused it)",
+                        command.statement()
+                    ));
+                }
+                return Err(Failed::Statement(e));
             }
         }
+        tx.log = log;
         match (command, mark) {
             (Savepoint::Set, _) => {
                 let mark = Mark {
@@ -339,7 +364,10 @@ impl ShardedSession {
                 // server's part of the transaction ends with the connection, and so does the
                 // transaction.
                 tx.failed = true;
-                tx.lost_shard = Some(link.shard);
+                tx.diverged = Some(format!(
+                    "its part on shard {} ended with the connection",
+                    link.shard
+                ));
                 continue;
             }
             if wrote && !tx.read_only {
@@ -374,6 +402,24 @@ impl Savepoint {
             Savepoint::RollbackTo => "ROLLBACK",
         }
     }
+}
+
+/// A BEGIN or START TRANSACTION that sets an isolation level or access mode.
+fn has_options(sql: &str) -> bool {
+    let words: Vec<String> = sql
+        .trim()
+        .trim_end_matches(';')
+        .split_ascii_whitespace()
+        .map(str::to_ascii_lowercase)
+        .collect();
+    !matches!(
+        words
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .as_slice(),
+        ["begin"] | ["begin", "work"] | ["begin", "transaction"] | ["start", "transaction"]
+    )
 }
 
 fn starts_with_word(sql: &str, word: &str) -> bool {

@@ -76,6 +76,19 @@ fn statement_ranges(sql: &[u8]) -> Vec<Range<usize>> {
     }
 }
 
+/// `sql` is a statement that ends a transaction, as far as its first word tells.
+fn ends_transaction(sql: Option<&str>) -> bool {
+    let word: String = sql
+        .unwrap_or_default()
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_alphabetic)
+        .collect();
+    ["rollback", "abort", "commit", "end"]
+        .iter()
+        .any(|w| word.eq_ignore_ascii_case(w))
+}
+
 /// What a savepoint command names.
 enum SavepointCommand {
     Set(String),
@@ -138,33 +151,48 @@ impl Session {
                 }
             }
             b"SAVEPOINT" | b"RELEASE" | b"ROLLBACK" => {
-                let command = statement.as_deref().and_then(savepoint_command);
+                let command = statement.as_deref().map(savepoint_command);
                 let made = self.params.changes_made();
                 let savepoints = &mut self.tx_settings.get_or_insert_with(Box::default).savepoints;
-                match command {
-                    Some(SavepointCommand::Set(name)) => {
+                let followed = match command {
+                    Some(Some(SavepointCommand::Set(name))) => {
                         let mark = Mark {
                             read_only: false,
                             settings_made: made,
                         };
                         savepoints.savepoint(&name, "", mark);
+                        true
                     }
-                    Some(SavepointCommand::Release(name)) => {
-                        let _ = savepoints.release(&name);
+                    Some(Some(SavepointCommand::Release(name))) => {
+                        savepoints.release(&name).is_ok()
                     }
-                    Some(SavepointCommand::RollbackTo(name)) => {
+                    Some(Some(SavepointCommand::RollbackTo(name))) => {
                         // The transaction runs on, without what was done since.
-                        if let Ok(mark) = savepoints.rollback_to(&name) {
+                        let mark = savepoints.rollback_to(&name);
+                        if let Ok(mark) = &mark {
                             self.params.undo_changes_after(mark.settings_made);
                         }
                         self.tx_failed = false;
+                        mark.is_ok()
                     }
-                    None if tag == b"ROLLBACK" => {
-                        // The transaction ended (a ROLLBACK, or a COMMIT of a failed one).
+                    // The statement is known and is not a savepoint command: a ROLLBACK (or
+                    // a COMMIT of a failed transaction) ended the transaction.
+                    Some(None) if tag == b"ROLLBACK" && ends_transaction(statement.as_deref()) => {
                         *savepoints = TxLog::default();
                         self.params.end_transaction(false);
+                        self.tx_failed = false;
+                        true
                     }
-                    None => {}
+                    Some(None) => tag != b"ROLLBACK",
+                    // Which statement it was is not known (a named portal's): whether a
+                    // ROLLBACK ended the transaction or went back to a savepoint cannot be
+                    // told, so the settings are left as they were, and the server is reset
+                    // before it serves another client.
+                    None => false,
+                };
+                if !followed {
+                    tracing::debug!(client = self.shared.id, "a savepoint command pgherd cannot follow; the server will be reset before its next client");
+                    self.untracked_change = true;
                 }
             }
             _ if tag == b"COMMIT" => {

@@ -436,13 +436,14 @@ pub fn may_change_session(sql: &[u8]) -> bool {
                 .is_none_or(|b| !b.is_ascii_alphanumeric() && *b != b'_')
     };
     // Savepoint commands too: a ROLLBACK TO undoes the settings made since its savepoint.
-    let words: [&[u8]; 6] = [
+    let words: [&[u8]; 7] = [
         b"set",
         b"reset",
         b"discard",
         b"savepoint",
         b"release",
         b"rollback",
+        b"abort",
     ];
     if words.iter().any(|w| starts_with(w)) {
         return true;

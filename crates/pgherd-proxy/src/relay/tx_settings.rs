@@ -193,6 +193,10 @@ impl Session {
                 if !followed {
                     tracing::debug!(client = self.shared.id, "a savepoint command pgherd cannot follow; the server will be reset before its next client");
                     self.untracked_change = true;
+                    if tag == b"ROLLBACK" {
+                        // As if it ended the transaction: its changes are not kept.
+                        self.tx_failed = true;
+                    }
                 }
             }
             _ if tag == b"COMMIT" => {

@@ -83,6 +83,13 @@ pub fn split_statements<'a>(
     }
 }
 
+/// [`split_statements`] of a client's query text with the default bounds, lexed here.
+pub fn split_query(sql: &str) -> Result<Vec<&str>, NotParsed> {
+    let mut key = Vec::new();
+    let lexed = crate::lexer::lex(sql.as_bytes(), true, &mut key);
+    split_statements(sql, &lexed, DEFAULT_MAX_PARSE_BYTES)
+}
+
 fn within_bounds<T>(
     sql: &str,
     lexed: &Lexed,

@@ -609,35 +609,49 @@ fn split_insert(
 
 /// BEGIN, COMMIT, ROLLBACK and savepoints; what pgherd cannot carry over the shards is refused.
 fn transaction_command(tx: &TransactionStmt) -> Result<Execution, ShardError> {
-    let kind = TransactionStmtKind::try_from(tx.kind).unwrap_or(TransactionStmtKind::Undefined);
-    let command = match kind {
+    if tx.chain {
+        return Err(refuse(
+            "COMMIT AND CHAIN or ROLLBACK AND CHAIN through a sharded endpoint",
+        ));
+    }
+    match tx_command(tx) {
+        Some(command) => Ok(Execution::Transaction(command)),
+        None => Err(refuse(
+            "PREPARE TRANSACTION, COMMIT PREPARED or ROLLBACK PREPARED from a client of a sharded endpoint (pgherd runs two-phase commit over the shards itself)",
+        )),
+    }
+}
+
+/// What a transaction statement does (`END` is a COMMIT, `ABORT` a ROLLBACK, AND CHAIN
+/// aside); `None` for the two-phase commands (PREPARE TRANSACTION, COMMIT/ROLLBACK PREPARED).
+fn tx_command(tx: &TransactionStmt) -> Option<TxCommand> {
+    let name = || tx.savepoint_name.clone();
+    Some(match TransactionStmtKind::try_from(tx.kind).ok()? {
         TransactionStmtKind::TransStmtBegin | TransactionStmtKind::TransStmtStart => {
             TxCommand::Begin
         }
-        TransactionStmtKind::TransStmtCommit | TransactionStmtKind::TransStmtRollback
-            if tx.chain =>
-        {
-            return Err(refuse(
-                "COMMIT AND CHAIN or ROLLBACK AND CHAIN through a sharded endpoint",
-            ));
-        }
         TransactionStmtKind::TransStmtCommit => TxCommand::Commit,
         TransactionStmtKind::TransStmtRollback => TxCommand::Rollback,
-        TransactionStmtKind::TransStmtSavepoint => TxCommand::Savepoint(tx.savepoint_name.clone()),
-        TransactionStmtKind::TransStmtRelease => TxCommand::Release(tx.savepoint_name.clone()),
-        TransactionStmtKind::TransStmtRollbackTo => {
-            TxCommand::RollbackTo(tx.savepoint_name.clone())
-        }
-        TransactionStmtKind::TransStmtPrepare
-        | TransactionStmtKind::TransStmtCommitPrepared
-        | TransactionStmtKind::TransStmtRollbackPrepared
-        | TransactionStmtKind::Undefined => {
-            return Err(refuse(
-                "PREPARE TRANSACTION, COMMIT PREPARED or ROLLBACK PREPARED from a client of a sharded endpoint (pgherd runs two-phase commit over the shards itself)",
-            ));
-        }
+        TransactionStmtKind::TransStmtSavepoint => TxCommand::Savepoint(name()),
+        TransactionStmtKind::TransStmtRelease => TxCommand::Release(name()),
+        TransactionStmtKind::TransStmtRollbackTo => TxCommand::RollbackTo(name()),
+        _ => return None,
+    })
+}
+
+/// [`tx_command`] of a text that is one transaction statement (parsed within the usual
+/// bounds); `None` for any other text.
+pub fn tx_command_of(sql: &str) -> Option<TxCommand> {
+    let mut key = Vec::new();
+    let lexed = lex(sql.as_bytes(), true, &mut key);
+    let tree = parse_tree(sql, &lexed, DEFAULT_MAX_PARSE_BYTES).ok()?;
+    let [statement] = tree.protobuf.stmts.as_slice() else {
+        return None;
     };
-    Ok(Execution::Transaction(command))
+    match statement.stmt.as_ref()?.node.as_ref()? {
+        NodeEnum::TransactionStmt(tx) => tx_command(tx),
+        _ => None,
+    }
 }
 
 /// A write to a table every shard holds must leave every copy the same: nothing in it may

@@ -255,6 +255,30 @@ fn key_less_reads_fan_out_with_their_merge() {
 }
 
 #[test]
+fn transaction_statements_are_read_from_their_text() {
+    let cases: &[(&str, Option<TxCommand>)] = &[
+        (
+            "SAVEPOINT \"A b\"",
+            Some(TxCommand::Savepoint("A b".into())),
+        ),
+        ("release savepoint X", Some(TxCommand::Release("x".into()))),
+        (
+            "ROLLBACK WORK TO s",
+            Some(TxCommand::RollbackTo("s".into())),
+        ),
+        ("ABORT", Some(TxCommand::Rollback)),
+        ("END", Some(TxCommand::Commit)),
+        ("START TRANSACTION READ ONLY", Some(TxCommand::Begin)),
+        ("PREPARE TRANSACTION 'x'", None),
+        ("SET work_mem = '8MB'", None),
+        ("COMMIT; COMMIT", None),
+    ];
+    for (sql, expected) in cases {
+        assert_eq!(&tx_command_of(sql), expected, "{sql}");
+    }
+}
+
+#[test]
 fn several_statements_in_one_parse_are_refused_as_postgresql_refuses_them() {
     match route("SELECT 1; SELECT 2") {
         Err(e) => {

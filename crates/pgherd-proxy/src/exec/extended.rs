@@ -357,9 +357,9 @@ impl ShardedSession {
         }
         let transaction = matches!(execution, Execution::Transaction(_));
         if self.tx.is_none() && !transaction && !alone_before_sync(queued) {
-            let mut block = Tx::new("BEGIN", self.params.flags.default_transaction_read_only);
-            block.implicit = true;
-            self.tx = Some(block);
+            self.tx = Some(Tx::implicit(
+                self.params.flags.default_transaction_read_only,
+            ));
         }
         let bound = Bound {
             param_types: statement.param_types.clone(),

@@ -160,9 +160,7 @@ impl ShardedSession {
         for statement in statements {
             if self.tx.is_none() {
                 let read_only = self.params.flags.default_transaction_read_only;
-                let mut block = tx::Tx::new("BEGIN", read_only);
-                block.implicit = true;
-                self.tx = Some(block);
+                self.tx = Some(tx::Tx::implicit(read_only));
             }
             if !self.simple_query(statement, out).await? {
                 break;
@@ -718,14 +716,7 @@ fn several_statements(sql: &str) -> Option<Vec<&str>> {
     if !body.contains(';') {
         return None;
     }
-    let mut key = Vec::new();
-    let lexed = pgherd_route::lex(sql.as_bytes(), true, &mut key);
-    let statements = pgherd_route::parse::split_statements(
-        sql,
-        &lexed,
-        pgherd_route::parse::DEFAULT_MAX_PARSE_BYTES,
-    )
-    .ok()?;
+    let statements = pgherd_route::parse::split_query(sql).ok()?;
     (statements.len() > 1).then_some(statements)
 }
 

@@ -57,6 +57,15 @@ impl Tx {
             implicit: false,
         }
     }
+
+    /// The implicit transaction of several statements sent together (a query string, or
+    /// extended-protocol messages before a Sync).
+    pub fn implicit(read_only: bool) -> Tx {
+        Tx {
+            implicit: true,
+            ..Tx::new("BEGIN", read_only)
+        }
+    }
 }
 
 impl ShardedSession {

@@ -8,7 +8,8 @@
 use std::ops::Range;
 
 use bytes::Bytes;
-use pgherd_route::parse::{parse_tree, split_statements, DEFAULT_MAX_PARSE_BYTES};
+use pgherd_route::parse::split_query;
+use pgherd_route::shard_route::{tx_command_of, TxCommand};
 use pgherd_route::tx_log::{Mark, TxLog};
 
 use super::params::session_changes;
@@ -62,9 +63,7 @@ fn statement_ranges(sql: &[u8]) -> Vec<Range<usize>> {
     let Ok(text) = std::str::from_utf8(sql) else {
         return whole;
     };
-    let mut key = Vec::new();
-    let lexed = pgherd_route::lex(sql, true, &mut key);
-    match split_statements(text, &lexed, DEFAULT_MAX_PARSE_BYTES) {
+    match split_query(text) {
         Ok(pieces) if !pieces.is_empty() => pieces
             .iter()
             .map(|piece| {
@@ -73,48 +72,6 @@ fn statement_ranges(sql: &[u8]) -> Vec<Range<usize>> {
             })
             .collect(),
         _ => whole,
-    }
-}
-
-/// `sql` is a statement that ends a transaction, as far as its first word tells.
-fn ends_transaction(sql: Option<&str>) -> bool {
-    let word: String = sql
-        .unwrap_or_default()
-        .trim_start()
-        .chars()
-        .take_while(char::is_ascii_alphabetic)
-        .collect();
-    ["rollback", "abort", "commit", "end"]
-        .iter()
-        .any(|w| word.eq_ignore_ascii_case(w))
-}
-
-/// What a savepoint command names.
-enum SavepointCommand {
-    Set(String),
-    Release(String),
-    RollbackTo(String),
-}
-
-/// The savepoint command `sql` is, if it is one (parsed within the usual bounds).
-fn savepoint_command(sql: &str) -> Option<SavepointCommand> {
-    use pg_query::protobuf::TransactionStmtKind as Kind;
-    use pg_query::NodeEnum;
-    let mut key = Vec::new();
-    let lexed = pgherd_route::lex(sql.as_bytes(), true, &mut key);
-    let tree = parse_tree(sql, &lexed, DEFAULT_MAX_PARSE_BYTES).ok()?;
-    let [statement] = tree.protobuf.stmts.as_slice() else {
-        return None;
-    };
-    let Some(NodeEnum::TransactionStmt(tx)) = statement.stmt.as_ref()?.node.as_ref() else {
-        return None;
-    };
-    let name = tx.savepoint_name.clone();
-    match Kind::try_from(tx.kind).ok()? {
-        Kind::TransStmtSavepoint => Some(SavepointCommand::Set(name)),
-        Kind::TransStmtRelease => Some(SavepointCommand::Release(name)),
-        Kind::TransStmtRollbackTo => Some(SavepointCommand::RollbackTo(name)),
-        _ => None,
     }
 }
 
@@ -127,16 +84,19 @@ impl Session {
             word,
             b"SET" | b"RESET" | b"DISCARD" | b"SAVEPOINT" | b"RELEASE" | b"ROLLBACK" | b"COMMIT"
         );
-        let statement = match (sql, follows) {
-            (Some(sql), _) => {
+        let statement = match sql {
+            Some(sql) => {
+                // Every tag of the request moves the cursor, whether it is followed or not.
                 let tracked = self.tx_settings.get_or_insert_with(Box::default);
-                tracked.next_statement(sql).map(str::to_owned)
+                let statement = tracked.next_statement(sql);
+                if !follows {
+                    return;
+                }
+                statement.map(str::to_owned)
             }
-            _ => None,
+            None if follows => None,
+            None => return,
         };
-        if !follows {
-            return;
-        }
         match word {
             b"SET" | b"RESET" | b"DISCARD" => {
                 if tag.starts_with(b"DISCARD") && tag != b"DISCARD ALL" {
@@ -151,11 +111,11 @@ impl Session {
                 }
             }
             b"SAVEPOINT" | b"RELEASE" | b"ROLLBACK" => {
-                let command = statement.as_deref().map(savepoint_command);
+                let command = statement.as_deref().map(tx_command_of);
                 let made = self.params.changes_made();
                 let savepoints = &mut self.tx_settings.get_or_insert_with(Box::default).savepoints;
                 let followed = match command {
-                    Some(Some(SavepointCommand::Set(name))) => {
+                    Some(Some(TxCommand::Savepoint(name))) => {
                         let mark = Mark {
                             read_only: false,
                             settings_made: made,
@@ -163,10 +123,8 @@ impl Session {
                         savepoints.savepoint(&name, "", mark);
                         true
                     }
-                    Some(Some(SavepointCommand::Release(name))) => {
-                        savepoints.release(&name).is_ok()
-                    }
-                    Some(Some(SavepointCommand::RollbackTo(name))) => {
+                    Some(Some(TxCommand::Release(name))) => savepoints.release(&name).is_ok(),
+                    Some(Some(TxCommand::RollbackTo(name))) => {
                         // The transaction runs on, without what was done since.
                         let mark = savepoints.rollback_to(&name);
                         if let Ok(mark) = &mark {
@@ -175,20 +133,18 @@ impl Session {
                         self.tx_failed = false;
                         mark.is_ok()
                     }
-                    // The statement is known and is not a savepoint command: a ROLLBACK (or
-                    // a COMMIT of a failed transaction) ended the transaction.
-                    Some(None) if tag == b"ROLLBACK" && ends_transaction(statement.as_deref()) => {
+                    // A ROLLBACK (or a COMMIT of a failed transaction) ended the transaction.
+                    Some(Some(TxCommand::Rollback | TxCommand::Commit)) if tag == b"ROLLBACK" => {
                         *savepoints = TxLog::default();
                         self.params.end_transaction(false);
                         self.tx_failed = false;
                         true
                     }
-                    Some(None) => tag != b"ROLLBACK",
-                    // Which statement it was is not known (a named portal's): whether a
-                    // ROLLBACK ended the transaction or went back to a savepoint cannot be
-                    // told, so the settings are left as they were, and the server is reset
-                    // before it serves another client.
-                    None => false,
+                    // Which statement it was is not known (a named portal's), or the tag is
+                    // not its statement's: whether a ROLLBACK ended the transaction or went
+                    // back to a savepoint cannot be told, so the settings are left as they
+                    // were, and the server is reset before it serves another client.
+                    _ => false,
                 };
                 if !followed {
                     tracing::debug!(client = self.shared.id, "a savepoint command pgherd cannot follow; the server will be reset before its next client");
@@ -247,20 +203,5 @@ mod tests {
         let one = Bytes::from_static(b"SET work_mem = '6MB'");
         assert_eq!(tracked.next_statement(&one), Some("SET work_mem = '6MB'"));
         assert_eq!(tracked.next_statement(&one), Some("SET work_mem = '6MB'"));
-    }
-
-    #[test]
-    fn savepoint_commands_are_read_with_their_names() {
-        assert!(
-            matches!(savepoint_command("SAVEPOINT \"A b\""), Some(SavepointCommand::Set(n)) if n == "A b")
-        );
-        assert!(
-            matches!(savepoint_command("release savepoint X"), Some(SavepointCommand::Release(n)) if n == "x")
-        );
-        assert!(
-            matches!(savepoint_command("ROLLBACK WORK TO s"), Some(SavepointCommand::RollbackTo(n)) if n == "s")
-        );
-        assert!(savepoint_command("ROLLBACK").is_none());
-        assert!(savepoint_command("COMMIT").is_none());
     }
 }

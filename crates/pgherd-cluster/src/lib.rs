@@ -310,7 +310,7 @@ impl LocalCluster {
 }
 
 /// Settings every node gets: networking on loopback, sockets in the cluster's own directory,
-/// and what streaming replication needs.
+/// and what streaming replication and the result cache's logical decoding need.
 fn base_settings(node: &LocalNode, extra: &[(String, String)]) -> Vec<(String, String)> {
     let mut settings: Vec<(String, String)> = [
         ("listen_addresses", format!("'{}'", node.host)),
@@ -320,7 +320,7 @@ fn base_settings(node: &LocalNode, extra: &[(String, String)]) -> Vec<(String, S
             format!("'{}'", node.socket_dir.display()),
         ),
         ("unix_socket_permissions", "0700".to_owned()),
-        ("wal_level", "replica".to_owned()),
+        ("wal_level", "logical".to_owned()),
         ("max_wal_senders", "16".to_owned()),
         ("max_replication_slots", "16".to_owned()),
         ("hot_standby", "on".to_owned()),

@@ -15,6 +15,7 @@ pub mod admin;
 pub mod app;
 mod auth_query;
 mod buffers;
+pub mod cache_feed;
 pub mod client;
 pub mod clients;
 pub mod control;

@@ -42,6 +42,7 @@ pub async fn management_connection(
         tls_mode: ctx.tls_mode,
         tls: ctx.tls.as_ref(),
         timeout: Duration::from_millis(cluster.health_check_timeout_ms),
+        replication: false,
     };
     let id = ctx.next_server_id.fetch_add(1, Ordering::Relaxed);
     server::connect(&spec, id, 1).await

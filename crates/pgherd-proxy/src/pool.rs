@@ -378,6 +378,7 @@ impl Pool {
             tls_mode: ctx.tls_mode,
             tls: ctx.tls.as_ref(),
             timeout: Duration::from_millis(settings.server_connect_timeout_ms),
+            replication: false,
         };
         let id = ctx.next_server_id.fetch_add(1, Ordering::Relaxed);
         self.stats.connects.fetch_add(1, Ordering::Relaxed);

@@ -97,8 +97,11 @@ seq AS ( \
     JOIN pg_catalog.pg_class s ON s.oid = d.refobjid AND s.relkind = 'S' \
   UNION SELECT attrelid FROM pg_catalog.pg_attribute WHERE attidentity <> '' AND NOT attisdropped) \
 SELECT c.oid, c.relname, c.relpersistence, c.oid IN (SELECT rel FROM code), \
-       c.oid IN (SELECT rel FROM seq) \
-FROM pg_catalog.pg_class c WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')";
+       c.oid IN (SELECT rel FROM seq), \
+       c.relkind IN ('r', 'p') AND NOT c.relrowsecurity \
+         AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')";
 
 /// Every column default and identity column of the database's tables (for writing all
 /// copies of a table every shard holds alike): relation, column, default expression (NULL for
@@ -122,14 +125,15 @@ WHERE NOT a.atthasdef AND NOT a.attisdropped AND a.attnum > 0 \
 const NOT_TABLES_SQL: &str =
     "SELECT relname FROM pg_catalog.pg_class WHERE relkind IN ('v', 'm', 'f')";
 
-/// What touching one relation may touch too: a view and what it reads, a partitioned table
-/// and its partitions, a referenced table and the tables its deletes and updates cascade to.
+/// What touching one relation may touch too: a view and what it reads (`v`), a partitioned
+/// table and its partitions or a parent and its inheritance children (`i`), a referenced
+/// table and the tables its deletes and updates cascade to (`f`).
 const REACHES_SQL: &str = "\
-SELECT r.ev_class, d.refobjid FROM pg_catalog.pg_rewrite r JOIN pg_catalog.pg_depend d \
+SELECT r.ev_class, d.refobjid, 'v' FROM pg_catalog.pg_rewrite r JOIN pg_catalog.pg_depend d \
   ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid \
   AND d.refclassid = 'pg_catalog.pg_class'::regclass WHERE d.refobjid <> r.ev_class \
-UNION SELECT inhparent, inhrelid FROM pg_catalog.pg_inherits \
-UNION SELECT confrelid, conrelid FROM pg_catalog.pg_constraint WHERE contype = 'f'";
+UNION SELECT inhparent, inhrelid, 'i' FROM pg_catalog.pg_inherits \
+UNION SELECT confrelid, conrelid, 'f' FROM pg_catalog.pg_constraint WHERE contype = 'f'";
 
 pub struct Router {
     server_dbname: String,
@@ -430,7 +434,7 @@ impl Router {
             .await
             .map_err(|e| e.to_string())?
         {
-            if let [Some(oid), Some(name), Some(persistence), Some(code), Some(seq)] =
+            if let [Some(oid), Some(name), Some(persistence), Some(code), Some(seq), Some(cache_safe)] =
                 row.as_slice()
             {
                 builder.relation(RelationRow {
@@ -439,6 +443,7 @@ impl Router {
                     persistence: Persistence::from_code(persistence),
                     runs_user_code: code == "t",
                     draws_sequences: seq == "t",
+                    cache_safe: cache_safe == "t",
                 });
             }
         }
@@ -458,9 +463,12 @@ impl Router {
             .await
             .map_err(|e| e.to_string())?
         {
-            if let [Some(from), Some(to)] = row.as_slice() {
+            if let [Some(from), Some(to), Some(kind)] = row.as_slice() {
                 if let (Ok(from), Ok(to)) = (from.parse(), to.parse()) {
                     builder.reaches(from, to);
+                    if kind == "i" {
+                        builder.child(from, to);
+                    }
                 }
             }
         }

@@ -59,6 +59,9 @@ pub struct ConnectSpec<'a> {
     pub tls_mode: ServerTlsMode,
     pub tls: Option<&'a tokio_rustls::TlsConnector>,
     pub timeout: Duration,
+    /// A logical replication connection to `database` (`replication=database`), for the
+    /// result cache's decoding of the WAL.
+    pub replication: bool,
 }
 
 /// An established, authenticated server connection.
@@ -135,7 +138,11 @@ async fn connect_inner(
     let mut stream = negotiate_tls(tcp, spec).await?;
 
     let mut out = BytesMut::with_capacity(256);
-    startup::encode_startup(&mut out, [("user", spec.user), ("database", spec.database)])
+    let mut params = vec![("user", spec.user), ("database", spec.database)];
+    if spec.replication {
+        params.push(("replication", "database"));
+    }
+    startup::encode_startup(&mut out, params)
         .map_err(|e| ServerError::new(node, ServerErrorKind::Protocol(e)))?;
     write_flush(&mut stream, &out).await.map_err(io_err(node))?;
 

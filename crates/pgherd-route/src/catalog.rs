@@ -53,6 +53,10 @@ pub struct RelationRow {
     pub persistence: Persistence,
     pub runs_user_code: bool,
     pub draws_sequences: bool,
+    /// An ordinary or partitioned table of the user's (not a system catalog, view, foreign
+    /// table or materialized view), permanent, without row-level security: every change to
+    /// it is decoded from the WAL and its rows are the same for every session.
+    pub cache_safe: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +94,10 @@ pub struct Snapshot {
     varying_defaults: HashMap<String, Vec<String>>,
     /// Names of views, materialized views and foreign tables.
     not_tables: HashSet<String>,
+    /// Relation name → the tables whose changes change what reading it returns (itself and
+    /// its partitions or inheritance children), or `None` when some relation of that name,
+    /// or one of those tables, is not `cache_safe`.
+    cache_sources: HashMap<String, Option<Vec<String>>>,
 }
 
 impl Catalog for Snapshot {
@@ -134,6 +142,13 @@ impl Snapshot {
     /// a materialized view, a foreign table).
     pub fn is_table(&self, name: &str) -> bool {
         !self.not_tables.contains(name)
+    }
+
+    /// What reading relation `name` depends on for the result cache: `None` if no relation
+    /// of that name is known, `Some(None)` if it may not be cached, else the tables whose
+    /// changes must drop an answer that read it.
+    pub fn cache_sources(&self, name: &str) -> Option<Option<&[String]>> {
+        self.cache_sources.get(name).map(Option::as_deref)
     }
 
     /// The columns of relation `name` whose default is not a constant.
@@ -214,6 +229,8 @@ pub struct SnapshotBuilder {
     /// (from, to): touching `from` may touch `to` (a view and what it reads, a partitioned
     /// table and its partitions, a referenced table and the tables its deletes cascade to).
     reaches: Vec<(u32, u32)>,
+    /// (parent, child) of partitioning or inheritance: reading the parent reads the child.
+    children: Vec<(u32, u32)>,
     custom_settings: HashSet<String>,
     code_types: HashSet<String>,
     code_operators: Vec<String>,
@@ -257,6 +274,11 @@ impl SnapshotBuilder {
 
     pub fn reaches(&mut self, from: u32, to: u32) {
         self.reaches.push((from, to));
+    }
+
+    /// A partition or inheritance child (which [`Self::reaches`] must be told of too).
+    pub fn child(&mut self, parent: u32, child: u32) {
+        self.children.push((parent, child));
     }
 
     /// A type whose cast or domain check runs user code.
@@ -306,6 +328,7 @@ impl SnapshotBuilder {
             info.runs_user_code |= code.contains(&row.oid);
             info.draws_sequences |= sequences.contains(&row.oid);
         }
+        let cache_sources = self.cache_sources();
         let mut custom_settings: Vec<String> = self.custom_settings.into_iter().collect();
         custom_settings.sort();
         Snapshot {
@@ -316,7 +339,49 @@ impl SnapshotBuilder {
             code_operators: self.code_operators,
             varying_defaults: self.varying_defaults,
             not_tables: self.not_tables,
+            cache_sources,
         }
+    }
+
+    /// Each name's tables for the result cache: the relations of that name and everything
+    /// under them by partitioning or inheritance, all of which must be `cache_safe`.
+    fn cache_sources(&self) -> HashMap<String, Option<Vec<String>>> {
+        let by_oid: HashMap<u32, &RelationRow> =
+            self.relations.iter().map(|r| (r.oid, r)).collect();
+        let mut sources: HashMap<String, Option<Vec<String>>> = HashMap::new();
+        for row in &self.relations {
+            let mut tables = Vec::new();
+            let mut safe = true;
+            let mut stack = vec![row.oid];
+            let mut seen = HashSet::new();
+            while let Some(oid) = stack.pop() {
+                if !seen.insert(oid) {
+                    continue;
+                }
+                match by_oid.get(&oid) {
+                    Some(r) if r.cache_safe && r.persistence == Persistence::Permanent => {
+                        tables.push(r.name.clone())
+                    }
+                    _ => safe = false,
+                }
+                stack.extend(
+                    self.children
+                        .iter()
+                        .filter(|(parent, _)| *parent == oid)
+                        .map(|(_, child)| *child),
+                );
+            }
+            let entry = sources.entry(row.name.clone()).or_insert(Some(Vec::new()));
+            match (entry.as_mut(), safe) {
+                (Some(all), true) => {
+                    all.extend(tables);
+                    all.sort();
+                    all.dedup();
+                }
+                _ => *entry = None,
+            }
+        }
+        sources
     }
 }
 
@@ -390,6 +455,7 @@ mod tests {
             persistence: Persistence::Permanent,
             runs_user_code: false,
             draws_sequences: false,
+            cache_safe: true,
         }
     }
 
@@ -428,6 +494,57 @@ mod tests {
         assert_eq!(r("plain"), RelationInfo::default());
         assert!(r("staging").standby_unreadable);
         assert!(s.relation("nosuch").is_none());
+    }
+
+    #[test]
+    fn cache_sources_take_in_partitions_and_refuse_anything_unsafe_under_a_name() {
+        let mut b = SnapshotBuilder::default();
+        b.relation(row(1, "orders"));
+        b.relation(row(2, "orders_2025"));
+        b.relation(row(3, "orders_2026"));
+        b.relation(row(4, "orders_2026_q1"));
+        b.child(1, 2);
+        b.child(1, 3);
+        b.child(3, 4);
+        b.relation(row(5, "logs"));
+        b.relation(RelationRow {
+            persistence: Persistence::Unlogged,
+            ..row(6, "logs_hot")
+        });
+        b.child(5, 6);
+        b.relation(RelationRow {
+            cache_safe: false,
+            ..row(7, "v")
+        });
+        b.relation(row(8, "t"));
+        b.relation(RelationRow {
+            cache_safe: false,
+            ..row(9, "t")
+        });
+        b.relation(row(10, "plain"));
+        let s = b.build();
+        let names = |n: &str| s.cache_sources(n).map(|o| o.map(|v| v.join(",")));
+        assert_eq!(
+            names("orders"),
+            Some(Some("orders,orders_2025,orders_2026,orders_2026_q1".into()))
+        );
+        assert_eq!(
+            names("orders_2026"),
+            Some(Some("orders_2026,orders_2026_q1".into()))
+        );
+        assert_eq!(names("plain"), Some(Some("plain".into())));
+        assert_eq!(
+            names("logs"),
+            Some(None),
+            "reading it reads an unsafe partition"
+        );
+        assert_eq!(names("v"), Some(None));
+        assert_eq!(
+            names("t"),
+            Some(None),
+            "one of the two relations named t is unsafe"
+        );
+        assert_eq!(names("nosuch"), None);
     }
 
     #[test]

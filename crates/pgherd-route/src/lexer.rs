@@ -17,7 +17,7 @@ use crate::Route;
 
 /// A hint that names no known route or shard.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid pgherd hint \"pgherd:{value}\"; allowed values are primary, replica and shard=N")]
+#[error("invalid pgherd hint \"pgherd:{value}\"; allowed values are primary, replica, cache, nocache and shard=N")]
 pub struct HintError {
     pub value: String,
 }
@@ -30,6 +30,9 @@ pub struct Lexed {
     /// The last `pgherd:shard=N` hint in a comment, if any: the shard a sharded endpoint
     /// runs the statement on.
     pub shard: Result<Option<u32>, HintError>,
+    /// The last `pgherd:cache` (`Some(true)`) or `pgherd:nocache` (`Some(false)`) hint: keep
+    /// the answer in the result cache, or do not even where the config says to.
+    pub cache: Option<bool>,
     /// False when the key must not be used: the text does not lex as the server would
     /// accept it.
     pub cacheable: bool,
@@ -121,6 +124,7 @@ fn lex_inner<'a>(
         out: Lexed {
             hint: Ok(None),
             shard: Ok(None),
+            cache: None,
             cacheable: true,
             strings_depend_on_settings: false,
             nesting_estimate: 0,
@@ -381,6 +385,8 @@ impl Lexer<'_> {
             match value {
                 "primary" => self.out.hint = Ok(Some(Route::Primary)),
                 "replica" => self.out.hint = Ok(Some(Route::Replica)),
+                "cache" => self.out.cache = Some(true),
+                "nocache" => self.out.cache = Some(false),
                 _ => match value.strip_prefix("shard=") {
                     Some(number) => {
                         self.out.shard = number.parse().map(Some).map_err(|_| invalid())

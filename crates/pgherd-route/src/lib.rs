@@ -10,6 +10,7 @@
 //! the same decision.
 
 pub mod balance;
+pub mod cacheable;
 pub mod catalog;
 mod classify;
 pub mod copy_split;

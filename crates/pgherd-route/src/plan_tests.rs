@@ -27,6 +27,7 @@ fn catalog() -> Snapshot {
             persistence,
             runs_user_code: false,
             draws_sequences: false,
+            cache_safe: persistence == Persistence::Permanent,
         });
     }
     b.build()

@@ -1,0 +1,19 @@
+//! The result cache's pure core.
+//!
+//! - [`store`]: entries, their bounds (bytes, per-entry size, TTL) and LRU eviction, and
+//!   invalidation by table with the check that keeps a fill which raced an invalidation out.
+//! - [`decode`]: `test_decoding`'s text, read into the tables each committed transaction
+//!   changed.
+//! - [`gate`]: whether the cache may serve a session now: the invalidation stream is live,
+//!   caught up and has decoded the session's own last write.
+//!
+//! Nothing here reads a socket or a clock: the proxy's cache feed and the session pass in
+//! what they saw and when, so every rule is unit-tested with data.
+
+pub mod decode;
+pub mod gate;
+pub mod store;
+
+pub use decode::{Commit, DecodeError, Decoder, Invalidation};
+pub use gate::{Feed, GateLimits, NotServing, Pending};
+pub use store::{Figures, FillTicket, Limits, Store, Stored};

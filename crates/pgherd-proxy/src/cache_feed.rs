@@ -1,0 +1,337 @@
+//! The result cache's invalidation stream, the IO shell around `pgherd-cache`: for one
+//! database, a temporary logical replication slot on the primary (`test_decoding`, made by
+//! this connection and dropped by PostgreSQL when it closes, so a pgherd that dies leaves
+//! none behind), read as a stream of commits; each commit drops the entries of the tables it
+//! changed and holds those tables until a snapshot of the primary's shows the commit is no
+//! longer in progress (a second, ordinary connection asks).
+//!
+//! [`follow`] runs one stream until it fails; whoever runs it starts it again, on the new
+//! primary after a failover. The store is cleared whenever a stream starts or ends, so no
+//! entry outlives the stream that would have dropped it.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::{Buf, BufMut, BytesMut};
+use parking_lot::Mutex;
+use pgherd_cache::{Decoder, Feed, Invalidation, Store};
+use pgherd_route::balance::{format_lsn, parse_lsn};
+use pgherd_wire::backend::tag;
+use pgherd_wire::frontend;
+
+use crate::msgio::{read_message, write_flush};
+use crate::server::{self, ConnectSpec, QueryError, ServerConn, MAX_SERVER_MESSAGE_BYTES};
+
+/// One database's cache: the entries and the state of the stream that keeps them true,
+/// changed together.
+pub struct DatabaseCache {
+    pub state: Mutex<CacheState>,
+    /// When this cache was made: the clock its times are counted from.
+    pub epoch: Instant,
+}
+
+pub struct CacheState {
+    pub store: Store,
+    pub feed: Feed,
+}
+
+impl DatabaseCache {
+    pub fn new(store: Store) -> DatabaseCache {
+        DatabaseCache {
+            state: Mutex::new(CacheState {
+                store,
+                feed: Feed::default(),
+            }),
+            epoch: Instant::now(),
+        }
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn went_down(&self) {
+        let mut state = self.state.lock();
+        state.feed.went_down();
+        state.store.clear();
+    }
+}
+
+/// How the stream is kept.
+#[derive(Debug, Clone, Copy)]
+pub struct FeedSettings {
+    /// How often pgherd confirms its position and asks the server for a reply (which is how
+    /// a silent stream is told from a dead one).
+    pub status_interval_ms: u64,
+    /// How soon a commit that was decoded but not yet visible is looked at again.
+    pub visibility_retry_ms: u64,
+}
+
+impl Default for FeedSettings {
+    fn default() -> Self {
+        FeedSettings {
+            status_interval_ms: 500,
+            visibility_retry_ms: 2,
+        }
+    }
+}
+
+/// Why a stream ended.
+#[derive(Debug, thiserror::Error)]
+pub enum FeedError {
+    #[error("{0}")]
+    Server(#[from] crate::error::ServerError),
+    #[error("{0}")]
+    Query(String),
+    #[error("the server's wal_level is {0}: the result cache needs logical")]
+    WalLevel(String),
+    #[error("unexpected replication message: {0}")]
+    Protocol(String),
+    #[error("a change pgherd cannot attribute to a table or transaction: starting over")]
+    Unattributed,
+}
+
+impl From<QueryError> for FeedError {
+    fn from(e: QueryError) -> Self {
+        FeedError::Query(e.to_string())
+    }
+}
+
+/// Microseconds from 2000-01-01 (PostgreSQL's epoch) to 1970-01-01 is negative this much.
+const POSTGRES_EPOCH_UNIX_SECONDS: u64 = 946_684_800;
+
+/// Follows the primary `spec` names (a superuser or a role with REPLICATION) until the
+/// stream fails. The cache serves only while this runs.
+pub async fn follow(
+    cache: &DatabaseCache,
+    spec: &ConnectSpec<'_>,
+    slot_name: &str,
+    settings: FeedSettings,
+) -> FeedError {
+    let result = follow_inner(cache, spec, slot_name, settings).await;
+    cache.went_down();
+    match result {
+        Ok(never) => match never {},
+        Err(e) => e,
+    }
+}
+
+async fn follow_inner(
+    cache: &DatabaseCache,
+    spec: &ConnectSpec<'_>,
+    slot_name: &str,
+    settings: FeedSettings,
+) -> Result<std::convert::Infallible, FeedError> {
+    let mut checker = server::connect(spec, 0, 1).await?;
+    let wal_level = first_value(&mut checker, "SHOW wal_level").await?;
+    if wal_level != "logical" {
+        return Err(FeedError::WalLevel(wal_level));
+    }
+    let replication_spec = ConnectSpec {
+        replication: true,
+        ..*spec
+    };
+    let mut stream = server::connect(&replication_spec, 0, 1).await?;
+    let rows = stream
+        .simple_query(&format!(
+            "CREATE_REPLICATION_SLOT {slot_name} TEMPORARY LOGICAL test_decoding NOEXPORT_SNAPSHOT"
+        ))
+        .await?;
+    let consistent_point = rows
+        .first()
+        .and_then(|row| row.get(1).cloned().flatten())
+        .and_then(|text| parse_lsn(&text))
+        .ok_or_else(|| FeedError::Protocol("CREATE_REPLICATION_SLOT gave no position".into()))?;
+    let mut start = BytesMut::new();
+    frontend::encode_query(
+        &mut start,
+        format!(
+            "START_REPLICATION SLOT {slot_name} LOGICAL 0/0 (\"include-xids\" '1', \"skip-empty-xacts\" '1')"
+        )
+        .as_bytes(),
+    )
+    .map_err(|e| FeedError::Protocol(e.to_string()))?;
+    write_flush(&mut stream.stream, &start)
+        .await
+        .map_err(|e| FeedError::Protocol(e.to_string()))?;
+    loop {
+        let (t, body) = read(&mut stream).await?;
+        match t {
+            tag::COPY_BOTH_RESPONSE => break,
+            tag::ERROR_RESPONSE => {
+                let err = pgherd_wire::PgError::parse(&body)
+                    .map_err(|e| FeedError::Protocol(e.to_string()))?;
+                return Err(FeedError::Query(err.to_string()));
+            }
+            _ => {}
+        }
+    }
+    {
+        let mut state = cache.state.lock();
+        state.store.clear();
+        state.feed.went_live(cache.now_ms(), consistent_point);
+    }
+    tracing::info!(
+        database = spec.database,
+        slot = slot_name,
+        "result cache: following the primary's WAL from {}",
+        format_lsn(consistent_point)
+    );
+    let mut decoder = Decoder::default();
+    let mut status = tokio::time::interval(Duration::from_millis(settings.status_interval_ms));
+    status.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let retry = Duration::from_millis(settings.visibility_retry_ms);
+    loop {
+        let pending = cache.state.lock().feed.has_pending();
+        tokio::select! {
+            message = read(&mut stream) => {
+                let (t, body) = message?;
+                if on_message(cache, &mut decoder, t, body)? {
+                    send_status(&mut stream, cache).await?;
+                }
+            }
+            _ = status.tick() => send_status(&mut stream, cache).await?,
+            _ = tokio::time::sleep(retry), if pending => check_visibility(cache, &mut checker).await?,
+        }
+    }
+}
+
+async fn read(conn: &mut ServerConn) -> Result<(u8, BytesMut), FeedError> {
+    read_message(
+        &mut conn.stream,
+        &mut conn.read_buf,
+        MAX_SERVER_MESSAGE_BYTES,
+    )
+    .await
+    .map_err(|e| FeedError::Protocol(format!("{e:?}")))
+}
+
+/// One message of the stream; returns whether the server asked for a reply now.
+fn on_message(
+    cache: &DatabaseCache,
+    decoder: &mut Decoder,
+    t: u8,
+    mut body: BytesMut,
+) -> Result<bool, FeedError> {
+    match t {
+        tag::COPY_DATA => {}
+        tag::ERROR_RESPONSE => {
+            let err = pgherd_wire::PgError::parse(&body)
+                .map_err(|e| FeedError::Protocol(e.to_string()))?;
+            return Err(FeedError::Query(err.to_string()));
+        }
+        tag::NOTICE_RESPONSE | tag::PARAMETER_STATUS => return Ok(false),
+        other => {
+            return Err(FeedError::Protocol(format!(
+                "message {} in the stream",
+                pgherd_wire::error::tag_name(other)
+            )))
+        }
+    }
+    let short = || FeedError::Protocol("a short replication message".into());
+    if body.is_empty() {
+        return Err(short());
+    }
+    match body.get_u8() {
+        b'w' => {
+            if body.len() < 24 {
+                return Err(short());
+            }
+            let data_start = body.get_u64();
+            let _wal_end = body.get_u64();
+            let _sent_at = body.get_u64();
+            let text = String::from_utf8_lossy(&body);
+            let commit = decoder
+                .feed(&text)
+                .map_err(|e| FeedError::Protocol(e.to_string()))?;
+            let mut state = cache.state.lock();
+            if let Some(commit) = commit {
+                // Without its id pgherd could not tell when the commit is visible.
+                let (Invalidation::Tables(tables), Some(xid)) = (commit.invalidates, commit.xid)
+                else {
+                    return Err(FeedError::Unattributed);
+                };
+                let tables: Vec<String> = tables.into_iter().collect();
+                state.store.commit_decoded(&tables);
+                state.feed.commit_decoded(xid, tables);
+            }
+            // Transactions are sent whole at their commits, in commit order: every commit
+            // before this message's position has been sent before it.
+            state.feed.heard(cache.now_ms(), data_start);
+            Ok(false)
+        }
+        b'k' => {
+            if body.len() < 17 {
+                return Err(short());
+            }
+            let sent_through = body.get_u64();
+            let _sent_at = body.get_u64();
+            let reply_requested = body.get_u8() == 1;
+            cache.state.lock().feed.heard(cache.now_ms(), sent_through);
+            Ok(reply_requested)
+        }
+        other => Err(FeedError::Protocol(format!(
+            "replication message {:?}",
+            other as char
+        ))),
+    }
+}
+
+/// Confirms what was decoded (so the slot holds no WAL back) and asks for a reply.
+async fn send_status(conn: &mut ServerConn, cache: &DatabaseCache) -> Result<(), FeedError> {
+    let decoded = cache.state.lock().feed.decoded_lsn();
+    let now_us = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64 - (POSTGRES_EPOCH_UNIX_SECONDS as i64) * 1_000_000)
+        .unwrap_or(0);
+    let mut update = BytesMut::with_capacity(40);
+    update.put_u8(b'd');
+    update.put_i32(4 + 1 + 8 * 4 + 1);
+    update.put_u8(b'r');
+    update.put_u64(decoded);
+    update.put_u64(decoded);
+    update.put_u64(decoded);
+    update.put_i64(now_us);
+    update.put_u8(1);
+    write_flush(&mut conn.stream, &update)
+        .await
+        .map_err(|e| FeedError::Protocol(e.to_string()))
+}
+
+/// Asks the primary which transactions are in progress; the pending commits not among them
+/// are visible to every snapshot from now on, and their tables may take entries again.
+async fn check_visibility(cache: &DatabaseCache, conn: &mut ServerConn) -> Result<(), FeedError> {
+    let rows = conn
+        .simple_query(
+            "SELECT pg_catalog.pg_snapshot_xmax(s)::text, x::text \
+             FROM pg_catalog.pg_current_snapshot() AS s \
+             LEFT JOIN pg_catalog.pg_snapshot_xip(s) AS x ON true",
+        )
+        .await?;
+    let low_bits = |text: &Option<String>| {
+        text.as_deref()
+            .and_then(|t| t.parse::<u64>().ok())
+            .map(|xid8| xid8 as u32)
+    };
+    let xmax = rows
+        .first()
+        .and_then(|row| row.first())
+        .and_then(low_bits)
+        .ok_or_else(|| FeedError::Query("the primary's snapshot had no xmax".into()))?;
+    let in_progress: HashSet<u32> = rows
+        .iter()
+        .filter_map(|row| row.get(1).and_then(low_bits))
+        .collect();
+    let mut state = cache.state.lock();
+    for visible in state.feed.visible_now(xmax, &in_progress) {
+        state.store.commit_visible(&visible.tables);
+    }
+    Ok(())
+}
+
+async fn first_value(conn: &mut ServerConn, sql: &str) -> Result<String, FeedError> {
+    let rows = conn.simple_query(sql).await?;
+    rows.first()
+        .and_then(|row| row.first().cloned().flatten())
+        .ok_or_else(|| FeedError::Query(format!("{sql} returned nothing")))
+}

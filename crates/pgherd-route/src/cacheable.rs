@@ -1,0 +1,324 @@
+//! Which statements the result cache may keep, and which tables each one reads.
+//!
+//! A cached answer is only right while every table it read is unchanged, and while what
+//! else the statement depends on cannot change without a change pgherd decodes from the
+//! WAL. So a statement is cacheable only if it is one `SELECT` that:
+//! - reads only permanent, ordinary or partitioned tables of the user's without row-level
+//!   security (their changes are all decoded, and their rows are the same for every session
+//!   of a user): not views (their definitions may call functions too; not yet followed),
+//!   materialized views (a refresh is not decoded), foreign, unlogged or temporary tables,
+//!   or system catalogs (DDL is not decoded);
+//! - locks no rows, writes nothing (no `SELECT INTO`, no data-modifying `WITH`), samples
+//!   nothing (`TABLESAMPLE`) and reads no system column that changes without a decoded
+//!   change (`ctid` moves in a `VACUUM FULL`);
+//! - calls only built-in functions that are immutable or stable, but none that reads the
+//!   clock, the session or the server's state (`now()`, `current_setting`, `pg_*`,
+//!   `has_*_privilege`, `to_reg*`, `inet_*`, ...), no `CURRENT_TIMESTAMP`-style values, no
+//!   `'now'`-style date literals and no casts to `reg*` types (they read the catalog): a
+//!   function written in SQL or a procedural language may read tables pgherd cannot see.
+//!
+//! Tables are named unqualified, as the catalog and the decoder name them.
+
+use pg_query::protobuf::node::Node as NodeEnum;
+use serde_json::Value;
+
+use crate::catalog::{Catalog, Snapshot};
+use crate::lexer::Lexed;
+use crate::parse::{self, NotParsed};
+use crate::tree;
+
+/// Why a statement is not cached.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotCacheable {
+    #[error("its strings may be read otherwise by the server (a backslash in a standard string)")]
+    SettingDependentStrings,
+    #[error("it {0}")]
+    NotParsed(NotParsed),
+    #[error("it is not one SELECT")]
+    NotOneSelect,
+    #[error("it locks rows (FOR UPDATE/SHARE)")]
+    Locks,
+    #[error("it writes (SELECT INTO or a data-modifying WITH)")]
+    Writes,
+    #[error("it samples rows (TABLESAMPLE)")]
+    Samples,
+    #[error("it reads system column {0}, which changes without a change pgherd decodes")]
+    SystemColumn(String),
+    #[error("it calls {0}, which is volatile")]
+    Volatile(String),
+    #[error("it calls {0}, written in SQL or a procedural language: its body may read tables pgherd cannot see")]
+    UserCode(String),
+    #[error("it calls {0}, which reads the clock, the session, the catalog or the server's state")]
+    ReadsState(String),
+    #[error("it calls {0}, which pgherd does not know")]
+    UnknownFunction(String),
+    #[error("it reads {0}, which pgherd does not know")]
+    UnknownRelation(String),
+    #[error("it reads {0}, which is not a permanent table without row-level security (views, materialized views, foreign, unlogged, temporary and system tables are not cached)")]
+    UnsafeRelation(String),
+}
+
+/// Built-in functions, immutable or stable, whose answer changes without a change to a
+/// table: by name or by prefix (`*` at the end).
+const STATE_READING_FUNCTIONS: &[&str] = &[
+    "now",
+    "transaction_timestamp",
+    "statement_timestamp",
+    "age",
+    "pg_*",
+    "has_*",
+    "to_reg*",
+    "current_*",
+    "inet_*",
+    "txid_*",
+    "obj_description",
+    "col_description",
+    "shobj_description",
+    "format_type",
+    "row_security_active",
+];
+
+const SYSTEM_COLUMNS: &[&str] = &["ctid", "xmin", "xmax", "cmin", "cmax"];
+
+/// The tables `sql` reads if the cache may keep its answer (sorted, without repeats).
+pub fn cacheable(
+    sql: &str,
+    lexed: &Lexed,
+    catalog: &Snapshot,
+    max_parse_bytes: usize,
+) -> Result<Vec<String>, NotCacheable> {
+    if lexed.strings_depend_on_settings {
+        return Err(NotCacheable::SettingDependentStrings);
+    }
+    let parsed = parse::parse(sql, lexed, max_parse_bytes).map_err(NotCacheable::NotParsed)?;
+    let [raw] = parsed.tree.protobuf.stmts.as_slice() else {
+        return Err(NotCacheable::NotOneSelect);
+    };
+    let Some(stmt) = raw.stmt.as_deref() else {
+        return Err(NotCacheable::NotOneSelect);
+    };
+    if !matches!(stmt.node, Some(NodeEnum::SelectStmt(_))) {
+        return Err(NotCacheable::NotOneSelect);
+    }
+    if let Some(found) = tree::first_node(stmt, "unreadable", forbidden_node) {
+        return Err(match found.as_str() {
+            "lock" => NotCacheable::Locks,
+            "sample" => NotCacheable::Samples,
+            "unreadable" | "write" => NotCacheable::Writes,
+            "now" => NotCacheable::ReadsState("a 'now'-style date literal".into()),
+            "value" => {
+                NotCacheable::ReadsState("an SQL value function such as CURRENT_TIMESTAMP".into())
+            }
+            "reg" => NotCacheable::ReadsState("a cast to a reg* type".into()),
+            column => NotCacheable::SystemColumn(column.to_owned()),
+        });
+    }
+    for function in &parsed.summary.functions {
+        let name = function.function_name.to_lowercase();
+        if reads_state(&name) {
+            return Err(NotCacheable::ReadsState(name));
+        }
+        match catalog.function(&name) {
+            None => return Err(NotCacheable::UnknownFunction(name)),
+            Some(f) if f.user_defined => return Err(NotCacheable::UserCode(name)),
+            Some(f) if f.volatile => return Err(NotCacheable::Volatile(name)),
+            Some(_) => {}
+        }
+    }
+    if catalog.mentions_user_code(sql) {
+        return Err(NotCacheable::UserCode(
+            "a cast, domain check or operator".into(),
+        ));
+    }
+    let mut tables = Vec::new();
+    for table in &parsed.summary.tables {
+        let name = table.table_name.as_str();
+        if table.schema_name.is_empty() && parsed.summary.cte_names.iter().any(|c| c == name) {
+            continue;
+        }
+        match catalog.cache_sources(name) {
+            None => return Err(NotCacheable::UnknownRelation(name.to_owned())),
+            Some(None) => return Err(NotCacheable::UnsafeRelation(name.to_owned())),
+            Some(Some(sources)) => tables.extend_from_slice(sources),
+        }
+    }
+    tables.sort();
+    tables.dedup();
+    Ok(tables)
+}
+
+fn reads_state(name: &str) -> bool {
+    STATE_READING_FUNCTIONS
+        .iter()
+        .any(|f| match f.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => name == *f,
+        })
+}
+
+/// What in a tree keeps its statement out of the cache, by the node's key and fields.
+fn forbidden_node(key: &str, value: &Value) -> Option<String> {
+    let non_empty = |v: &Value| match v {
+        Value::Array(items) => !items.is_empty(),
+        Value::Null => false,
+        _ => true,
+    };
+    match key {
+        "locking_clause" if non_empty(value) => Some("lock".into()),
+        "into_clause" if non_empty(value) => Some("write".into()),
+        "InsertStmt" | "UpdateStmt" | "DeleteStmt" | "MergeStmt" => Some("write".into()),
+        "RangeTableSample" => Some("sample".into()),
+        "SqlvalueFunction" => Some("value".into()),
+        "AConst" => {
+            let text = tree::last_name(value)?;
+            crate::shard_route::is_date_time_word(&text).then(|| "now".into())
+        }
+        "TypeCast" => {
+            let name = tree::last_name(value.get("type_name")?)?;
+            name.starts_with("reg").then(|| "reg".into())
+        }
+        "ColumnRef" => {
+            let name = tree::last_name(value.get("fields")?)?;
+            SYSTEM_COLUMNS.contains(&name.as_str()).then_some(name)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{Persistence, RelationRow, SnapshotBuilder};
+    use crate::lexer::lex;
+
+    fn catalog() -> Snapshot {
+        let mut b = SnapshotBuilder::default();
+        for (name, volatile, user) in [
+            ("count", false, false),
+            ("sum", false, false),
+            ("lower", false, false),
+            ("to_char", false, false),
+            ("random", true, false),
+            ("now", false, false),
+            ("pg_backend_pid", false, false),
+            ("current_setting", false, false),
+            ("my_lookup", false, true),
+        ] {
+            b.function(name, volatile, user);
+        }
+        let mut relation = |oid: u32, name: &str, persistence, cache_safe| {
+            b.relation(RelationRow {
+                oid,
+                name: name.into(),
+                persistence,
+                runs_user_code: false,
+                draws_sequences: false,
+                cache_safe,
+            })
+        };
+        relation(1, "accounts", Persistence::Permanent, true);
+        relation(2, "branches", Persistence::Permanent, true);
+        relation(3, "orders", Persistence::Permanent, true);
+        relation(4, "orders_2026", Persistence::Permanent, true);
+        relation(5, "staging", Persistence::Unlogged, true);
+        relation(6, "a_view", Persistence::Permanent, false);
+        relation(7, "pg_class", Persistence::Permanent, false);
+        b.child(3, 4);
+        b.reaches(3, 4);
+        b.build()
+    }
+
+    fn check(sql: &str) -> Result<Vec<String>, NotCacheable> {
+        let mut key = Vec::new();
+        let lexed = lex(sql.as_bytes(), true, &mut key);
+        cacheable(sql, &lexed, &catalog(), parse::DEFAULT_MAX_PARSE_BYTES)
+    }
+
+    fn tables(names: &[&str]) -> Result<Vec<String>, NotCacheable> {
+        Ok(names.iter().map(|s| s.to_string()).collect())
+    }
+
+    #[test]
+    fn plain_reads_are_cacheable_with_every_table_they_read() {
+        assert_eq!(
+            check("SELECT abalance FROM accounts WHERE aid = 7"),
+            tables(&["accounts"])
+        );
+        assert_eq!(
+            check("SELECT count(*), sum(a.abalance) FROM accounts a JOIN branches b USING (bid) WHERE lower(b.filler) = 'x'"),
+            tables(&["accounts", "branches"])
+        );
+        assert_eq!(
+            check("WITH recent AS (SELECT * FROM orders) SELECT * FROM recent, public.accounts"),
+            tables(&["accounts", "orders", "orders_2026"])
+        );
+        assert_eq!(
+            check("SELECT 1 WHERE EXISTS (SELECT 1 FROM branches)"),
+            tables(&["branches"])
+        );
+        assert_eq!(check("SELECT 1 + 1"), tables(&[]));
+        assert_eq!(check("SELECT to_char(1, '999')"), tables(&[]));
+    }
+
+    #[test]
+    fn what_may_change_without_a_decoded_change_is_refused() {
+        use NotCacheable::*;
+        let cases: &[(&str, NotCacheable)] = &[
+            ("SELECT * FROM accounts FOR UPDATE", Locks),
+            ("SELECT * FROM accounts a, branches b FOR SHARE OF a", Locks),
+            ("SELECT * INTO copy FROM accounts", Writes),
+            (
+                "WITH d AS (DELETE FROM accounts RETURNING *) SELECT * FROM d",
+                Writes,
+            ),
+            ("SELECT * FROM accounts TABLESAMPLE SYSTEM (10)", Samples),
+            ("SELECT ctid, * FROM accounts", SystemColumn("ctid".into())),
+            ("SELECT a.xmin FROM accounts a", SystemColumn("xmin".into())),
+            ("SELECT random() FROM accounts", Volatile("random".into())),
+            ("SELECT now()", ReadsState("now".into())),
+            (
+                "SELECT pg_backend_pid()",
+                ReadsState("pg_backend_pid".into()),
+            ),
+            (
+                "SELECT current_setting('work_mem')",
+                ReadsState("current_setting".into()),
+            ),
+            (
+                "SELECT * FROM accounts WHERE CURRENT_TIMESTAMP > '2020-01-01'",
+                ReadsState("an SQL value function such as CURRENT_TIMESTAMP".into()),
+            ),
+            (
+                "SELECT 'now'::timestamptz",
+                ReadsState("a 'now'-style date literal".into()),
+            ),
+            (
+                "SELECT 'accounts'::regclass",
+                ReadsState("a cast to a reg* type".into()),
+            ),
+            (
+                "SELECT my_lookup(aid) FROM accounts",
+                UserCode("my_lookup".into()),
+            ),
+            ("SELECT no_such_fn(1)", UnknownFunction("no_such_fn".into())),
+            ("SELECT * FROM nowhere", UnknownRelation("nowhere".into())),
+            ("SELECT * FROM staging", UnsafeRelation("staging".into())),
+            ("SELECT * FROM a_view", UnsafeRelation("a_view".into())),
+            (
+                "SELECT relname FROM pg_catalog.pg_class",
+                UnsafeRelation("pg_class".into()),
+            ),
+            ("SELECT 1; SELECT 2", NotOneSelect),
+            ("UPDATE accounts SET abalance = 0", NotOneSelect),
+            ("EXPLAIN SELECT * FROM accounts", NotOneSelect),
+        ];
+        for (sql, why) in cases {
+            assert_eq!(check(sql).as_ref(), Err(why), "{sql}");
+        }
+        assert!(matches!(check("SELEC 1"), Err(NotParsed(_))));
+        assert_eq!(
+            check(r"SELECT 'a\b' FROM accounts"),
+            Err(SettingDependentStrings)
+        );
+    }
+}

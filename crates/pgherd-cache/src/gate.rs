@@ -5,12 +5,7 @@
 //! it is decoded). It must be heard from regularly (pgherd asks the server for a reply with
 //! each of its status updates), must not be far behind the primary's WAL, and must have
 //! decoded a session's own last write before that session is served from the cache.
-//!
-//! Commits are decoded as soon as the primary has flushed them, which is before other
-//! sessions see them; the tables of a decoded commit take no new entries until the feed has
-//! seen, in a snapshot of the primary's, that the commit is no longer in progress.
-
-use std::collections::HashSet;
+//! (Commits decoded but not yet visible are the store's to hold: `Store::commit_decoded`.)
 
 /// Bounds on the stream's health, from the config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,19 +29,11 @@ pub enum NotServing {
     OwnWriteNotDecoded,
 }
 
-/// A commit decoded but perhaps not yet visible.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pending {
-    pub xid: u32,
-    pub tables: Vec<String>,
-}
-
 #[derive(Debug, Default)]
 pub struct Feed {
     live: bool,
     decoded_lsn: u64,
     last_heard_ms: u64,
-    pending: Vec<Pending>,
 }
 
 impl Feed {
@@ -64,43 +51,17 @@ impl Feed {
         self.live = true;
         self.decoded_lsn = start_lsn;
         self.last_heard_ms = now_ms;
-        self.pending.clear();
     }
 
-    /// The stream broke or the primary changed: the store must be cleared with this.
+    /// The stream broke or the primary changed (`Cache::went_down` clears the store too).
     pub fn went_down(&mut self) {
         self.live = false;
-        self.pending.clear();
     }
 
     /// A message from the server: everything before `lsn` has been sent.
     pub fn heard(&mut self, now_ms: u64, lsn: u64) {
         self.last_heard_ms = self.last_heard_ms.max(now_ms);
         self.decoded_lsn = self.decoded_lsn.max(lsn);
-    }
-
-    pub fn commit_decoded(&mut self, xid: u32, tables: Vec<String>) {
-        self.pending.push(Pending { xid, tables });
-    }
-
-    pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
-    }
-
-    /// Given a fresh snapshot of the primary's (its `xmax` and the ids it lists as in
-    /// progress, low 32 bits), takes out the pending commits that are visible now and returns
-    /// them. A transaction is visible to a snapshot if it precedes `xmax` (which only moves
-    /// past a transaction once it has ended) and is not listed.
-    pub fn visible_now(&mut self, xmax: u32, in_progress: &HashSet<u32>) -> Vec<Pending> {
-        let (visible, still): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut self.pending)
-            .into_iter()
-            .partition(|p| {
-                // Modulo 2^32, as PostgreSQL compares transaction ids.
-                let precedes_xmax = (p.xid.wrapping_sub(xmax) as i32) < 0;
-                precedes_xmax && !in_progress.contains(&p.xid)
-            });
-        self.pending = still;
-        visible
     }
 
     /// How far the decoded position is behind `primary_lsn` (the primary's WAL position as
@@ -170,29 +131,5 @@ mod tests {
         assert_eq!(feed.decoded_lsn(), 501);
         feed.went_down();
         assert_eq!(feed.may_serve(30, 0, 501, LIMITS), Err(NotServing::Down));
-    }
-
-    #[test]
-    fn a_pending_commit_is_visible_once_no_snapshot_lists_it_in_progress() {
-        let mut feed = Feed::default();
-        feed.went_live(0, 0);
-        feed.commit_decoded(7, vec!["a".into()]);
-        feed.commit_decoded(8, vec!["b".into()]);
-        feed.commit_decoded(10, vec!["c".into()]);
-        // 7 is listed; 10 is not, but the snapshot's xmax has not passed it (a commit waiting
-        // for its synchronous standby has not ended).
-        let visible = feed.visible_now(10, &HashSet::from([7, 9]));
-        assert_eq!(visible.iter().map(|p| p.xid).collect::<Vec<_>>(), vec![8]);
-        assert!(feed.has_pending());
-        let visible = feed.visible_now(11, &HashSet::new());
-        assert_eq!(visible.len(), 2);
-        assert!(!feed.has_pending());
-        // Across the wrap of 32-bit ids.
-        feed.commit_decoded(u32::MAX, vec![]);
-        assert!(feed.visible_now(u32::MAX, &HashSet::new()).is_empty());
-        assert_eq!(feed.visible_now(2, &HashSet::new()).len(), 1);
-        feed.commit_decoded(9, vec![]);
-        feed.went_down();
-        assert!(!feed.has_pending());
     }
 }

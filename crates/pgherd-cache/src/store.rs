@@ -60,6 +60,19 @@ pub enum Stored {
 /// Bookkeeping per entry beyond its key and answer, for the byte bound.
 const ENTRY_OVERHEAD_BYTES: usize = 160;
 
+struct HeldCommit {
+    xid: u32,
+    tables: Vec<String>,
+}
+
+/// Whether a transaction is visible to a snapshot: it precedes the snapshot's `xmax`
+/// (which only moves past a transaction once it has ended: a synchronous commit waiting for
+/// its standby has not) and is not listed in progress. Compared modulo 2^32, as PostgreSQL
+/// compares transaction ids.
+fn is_visible(xid: u32, xmax: u32, in_progress: &HashSet<u32>) -> bool {
+    (xid.wrapping_sub(xmax) as i32) < 0 && !in_progress.contains(&xid)
+}
+
 struct Entry {
     answer: Bytes,
     tables: Box<[String]>,
@@ -79,8 +92,10 @@ pub struct Store {
     /// Counts invalidations; each table remembers the count at its last one.
     invalidations: u64,
     table_invalidated_at: HashMap<String, u64>,
-    /// Tables changed by decoded commits not yet known to be visible: no answer reading them
-    /// is stored, as its snapshot may not include the commit.
+    /// Decoded commits not yet known to be visible: no answer reading their tables is
+    /// stored, as its snapshot may not include them.
+    held_commits: Vec<HeldCommit>,
+    /// How many of `held_commits` changed each table (an index of them).
     held: HashMap<String, u32>,
     cleared_at: u64,
     tick: u64,
@@ -97,16 +112,13 @@ impl Store {
             by_table: HashMap::new(),
             invalidations: 0,
             table_invalidated_at: HashMap::new(),
+            held_commits: Vec::new(),
             held: HashMap::new(),
             cleared_at: 0,
             tick: 0,
             bytes: 0,
             figures: Figures::default(),
         }
-    }
-
-    pub fn limits(&self) -> Limits {
-        self.limits
     }
 
     /// New bounds (a reload): entries beyond them go at once.
@@ -219,21 +231,34 @@ impl Store {
         dropped
     }
 
-    /// A commit that changed `tables` was decoded: their entries go, and none is stored again
-    /// until [`Self::commit_visible`] says every session's new snapshot includes it.
-    pub fn commit_decoded<'a>(&mut self, tables: impl IntoIterator<Item = &'a String>) -> usize {
+    /// A commit (transaction `xid`) that changed `tables` was decoded: their entries go, and
+    /// none is stored again until [`Self::commits_visible`] finds that every new snapshot
+    /// includes the commit. Returns how many entries went.
+    pub fn commit_decoded(&mut self, xid: u32, tables: Vec<String>) -> usize {
         let mut dropped = 0;
-        for table in tables {
+        for table in &tables {
             *self.held.entry(table.clone()).or_default() += 1;
             dropped += self.invalidate_table(table);
         }
+        self.held_commits.push(HeldCommit { xid, tables });
         dropped
     }
 
-    /// The commit [`Self::commit_decoded`] was told of is visible: answers whose statement
-    /// is sent from now on may be stored. Those sent before may not have seen it.
-    pub fn commit_visible<'a>(&mut self, tables: impl IntoIterator<Item = &'a String>) {
-        for table in tables {
+    pub fn has_held_commits(&self) -> bool {
+        !self.held_commits.is_empty()
+    }
+
+    /// Given a fresh snapshot of the primary's (its `xmax` and the ids it lists as in
+    /// progress, low 32 bits), lets go of the held commits it shows visible: answers whose
+    /// statement is sent from now on may be stored; those sent before may not have seen
+    /// them. Returns how many commits were let go.
+    pub fn commits_visible(&mut self, xmax: u32, in_progress: &HashSet<u32>) -> usize {
+        let (visible, still): (Vec<HeldCommit>, Vec<HeldCommit>) =
+            std::mem::take(&mut self.held_commits)
+                .into_iter()
+                .partition(|c| is_visible(c.xid, xmax, in_progress));
+        self.held_commits = still;
+        for table in visible.iter().flat_map(|c| c.tables.iter()) {
             if let Some(count) = self.held.get_mut(table.as_str()) {
                 *count -= 1;
                 if *count == 0 {
@@ -242,6 +267,7 @@ impl Store {
             }
             self.invalidate_table(table);
         }
+        visible.len()
     }
 
     /// Drops everything; no answer on its way is stored.
@@ -252,9 +278,10 @@ impl Store {
         self.entries.clear();
         self.by_use.clear();
         self.by_table.clear();
-        // The clear mark covers every table's older invalidations; the feed that held
-        // tables starts again.
+        // The clear mark covers every table's older invalidations; the stream that held
+        // commits starts again.
         self.table_invalidated_at.clear();
+        self.held_commits.clear();
         self.held.clear();
         self.bytes = 0;
         self.figures.invalidations += dropped as u64;
@@ -267,10 +294,6 @@ impl Store {
             bytes: self.bytes as u64,
             ..self.figures
         }
-    }
-
-    pub fn count_miss(&mut self) {
-        self.figures.misses += 1;
     }
 
     fn evict_to(&mut self, max_bytes: usize) {
@@ -373,9 +396,10 @@ mod tests {
     fn tables_of_a_decoded_commit_take_no_answer_until_it_is_visible() {
         let mut store = Store::new(limits());
         let t = tables(&["t"]);
+        let none = HashSet::new();
         let ticket = store.ticket();
         store.insert(b"k", Bytes::from_static(b"v1"), &t, ticket, 0);
-        assert_eq!(store.commit_decoded(&t), 1);
+        assert_eq!(store.commit_decoded(7, t.clone()), 1);
         // Sent after the decode, but perhaps before the commit was visible.
         let ticket = store.ticket();
         assert_eq!(
@@ -383,14 +407,15 @@ mod tests {
             Stored::Raced
         );
         // Two commits in flight: visible one by one.
-        store.commit_decoded(&t);
-        store.commit_visible(&t);
+        store.commit_decoded(8, t.clone());
+        assert_eq!(store.commits_visible(9, &HashSet::from([7])), 1);
         let ticket = store.ticket();
         assert_eq!(
             store.insert(b"k", Bytes::from_static(b"v1"), &t, ticket, 0),
             Stored::Raced
         );
-        store.commit_visible(&t);
+        assert_eq!(store.commits_visible(9, &none), 1);
+        assert!(!store.has_held_commits());
         // A statement sent before the commit was visible is not stored...
         assert_eq!(
             store.insert(b"k", Bytes::from_static(b"v1"), &t, ticket, 0),
@@ -404,18 +429,41 @@ mod tests {
         );
         // Other tables were never held.
         let ticket = store.ticket();
-        store.commit_decoded(&t);
+        store.commit_decoded(10, t.clone());
         assert_eq!(
             store.insert(b"o", Bytes::new(), &tables(&["o"]), ticket, 0),
             Stored::Stored
         );
         // A clear lets go of what was held.
         store.clear();
+        assert!(!store.has_held_commits());
         let ticket = store.ticket();
         assert_eq!(
             store.insert(b"k", Bytes::new(), &t, ticket, 0),
             Stored::Stored
         );
+    }
+
+    #[test]
+    fn a_commit_is_visible_once_a_snapshot_neither_lists_it_nor_reaches_it_with_xmax() {
+        let mut store = Store::new(limits());
+        store.commit_decoded(7, tables(&["a"]));
+        store.commit_decoded(8, tables(&["b"]));
+        store.commit_decoded(10, tables(&["c"]));
+        // 7 is listed; 10 is not, but the snapshot's xmax has not passed it (a commit waiting
+        // for its synchronous standby has not ended).
+        assert_eq!(store.commits_visible(10, &HashSet::from([7, 9])), 1);
+        let held = |store: &mut Store, table: &str| {
+            let ticket = store.ticket();
+            store.insert(b"x", Bytes::new(), &tables(&[table]), ticket, 0) == Stored::Raced
+        };
+        assert!(held(&mut store, "a") && !held(&mut store, "b") && held(&mut store, "c"));
+        assert_eq!(store.commits_visible(11, &HashSet::new()), 2);
+        assert!(!store.has_held_commits());
+        // Across the wrap of 32-bit ids.
+        store.commit_decoded(u32::MAX, tables(&["d"]));
+        assert_eq!(store.commits_visible(u32::MAX, &HashSet::new()), 0);
+        assert_eq!(store.commits_visible(2, &HashSet::new()), 1);
     }
 
     #[test]

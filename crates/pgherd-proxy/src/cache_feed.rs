@@ -14,46 +14,32 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BufMut, BytesMut};
 use parking_lot::Mutex;
-use pgherd_cache::{Decoder, Feed, Invalidation, Store};
+use pgherd_cache::{Cache, Decoder, Invalidation, Store};
 use pgherd_route::balance::{format_lsn, parse_lsn};
 use pgherd_wire::backend::tag;
+use pgherd_wire::frame::write_message;
 use pgherd_wire::frontend;
 
 use crate::msgio::{read_message, write_flush};
 use crate::server::{self, ConnectSpec, QueryError, ServerConn, MAX_SERVER_MESSAGE_BYTES};
 
-/// One database's cache: the entries and the state of the stream that keeps them true,
-/// changed together.
+/// One database's cache, shared by its sessions and its stream.
 pub struct DatabaseCache {
-    pub state: Mutex<CacheState>,
+    pub state: Mutex<Cache>,
     /// When this cache was made: the clock its times are counted from.
     pub epoch: Instant,
-}
-
-pub struct CacheState {
-    pub store: Store,
-    pub feed: Feed,
 }
 
 impl DatabaseCache {
     pub fn new(store: Store) -> DatabaseCache {
         DatabaseCache {
-            state: Mutex::new(CacheState {
-                store,
-                feed: Feed::default(),
-            }),
+            state: Mutex::new(Cache::new(store)),
             epoch: Instant::now(),
         }
     }
 
     pub fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
-    }
-
-    fn went_down(&self) {
-        let mut state = self.state.lock();
-        state.feed.went_down();
-        state.store.clear();
     }
 }
 
@@ -109,7 +95,7 @@ pub async fn follow(
     settings: FeedSettings,
 ) -> FeedError {
     let result = follow_inner(cache, spec, slot_name, settings).await;
-    cache.went_down();
+    cache.state.lock().went_down();
     match result {
         Ok(never) => match never {},
         Err(e) => e,
@@ -123,9 +109,10 @@ async fn follow_inner(
     settings: FeedSettings,
 ) -> Result<std::convert::Infallible, FeedError> {
     let mut checker = server::connect(spec, 0, 1).await?;
-    let wal_level = first_value(&mut checker, "SHOW wal_level").await?;
+    let rows = checker.simple_query("SHOW wal_level").await?;
+    let wal_level = crate::node_ops::first_value(&rows).unwrap_or_default();
     if wal_level != "logical" {
-        return Err(FeedError::WalLevel(wal_level));
+        return Err(FeedError::WalLevel(wal_level.to_owned()));
     }
     let replication_spec = ConnectSpec {
         replication: true,
@@ -158,19 +145,14 @@ async fn follow_inner(
         let (t, body) = read(&mut stream).await?;
         match t {
             tag::COPY_BOTH_RESPONSE => break,
-            tag::ERROR_RESPONSE => {
-                let err = pgherd_wire::PgError::parse(&body)
-                    .map_err(|e| FeedError::Protocol(e.to_string()))?;
-                return Err(FeedError::Query(err.to_string()));
-            }
+            tag::ERROR_RESPONSE => return Err(server_refused(&body)),
             _ => {}
         }
     }
-    {
-        let mut state = cache.state.lock();
-        state.store.clear();
-        state.feed.went_live(cache.now_ms(), consistent_point);
-    }
+    cache
+        .state
+        .lock()
+        .went_live(cache.now_ms(), consistent_point);
     tracing::info!(
         database = spec.database,
         slot = slot_name,
@@ -182,7 +164,7 @@ async fn follow_inner(
     status.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let retry = Duration::from_millis(settings.visibility_retry_ms);
     loop {
-        let pending = cache.state.lock().feed.has_pending();
+        let pending = cache.state.lock().store.has_held_commits();
         tokio::select! {
             message = read(&mut stream) => {
                 let (t, body) = message?;
@@ -203,7 +185,15 @@ async fn read(conn: &mut ServerConn) -> Result<(u8, BytesMut), FeedError> {
         MAX_SERVER_MESSAGE_BYTES,
     )
     .await
-    .map_err(|e| FeedError::Protocol(format!("{e:?}")))
+    .map_err(|e| FeedError::Server(server::read_err(&conn.node, e)))
+}
+
+/// The server's ErrorResponse, as the reason the stream ended.
+fn server_refused(body: &[u8]) -> FeedError {
+    match pgherd_wire::PgError::parse(body) {
+        Ok(err) => FeedError::Query(err.to_string()),
+        Err(e) => FeedError::Protocol(e.to_string()),
+    }
 }
 
 /// One message of the stream; returns whether the server asked for a reply now.
@@ -215,11 +205,7 @@ fn on_message(
 ) -> Result<bool, FeedError> {
     match t {
         tag::COPY_DATA => {}
-        tag::ERROR_RESPONSE => {
-            let err = pgherd_wire::PgError::parse(&body)
-                .map_err(|e| FeedError::Protocol(e.to_string()))?;
-            return Err(FeedError::Query(err.to_string()));
-        }
+        tag::ERROR_RESPONSE => return Err(server_refused(&body)),
         tag::NOTICE_RESPONSE | tag::PARAMETER_STATUS => return Ok(false),
         other => {
             return Err(FeedError::Protocol(format!(
@@ -251,9 +237,9 @@ fn on_message(
                 else {
                     return Err(FeedError::Unattributed);
                 };
-                let tables: Vec<String> = tables.into_iter().collect();
-                state.store.commit_decoded(&tables);
-                state.feed.commit_decoded(xid, tables);
+                state
+                    .store
+                    .commit_decoded(xid, tables.into_iter().collect());
             }
             // Transactions are sent whole at their commits, in commit order: every commit
             // before this message's position has been sent before it.
@@ -285,21 +271,24 @@ async fn send_status(conn: &mut ServerConn, cache: &DatabaseCache) -> Result<(),
         .map(|d| d.as_micros() as i64 - (POSTGRES_EPOCH_UNIX_SECONDS as i64) * 1_000_000)
         .unwrap_or(0);
     let mut update = BytesMut::with_capacity(40);
-    update.put_u8(b'd');
-    update.put_i32(4 + 1 + 8 * 4 + 1);
-    update.put_u8(b'r');
-    update.put_u64(decoded);
-    update.put_u64(decoded);
-    update.put_u64(decoded);
-    update.put_i64(now_us);
-    update.put_u8(1);
+    write_message(&mut update, frontend::tag::COPY_DATA, |b| {
+        b.put_u8(b'r');
+        // Written, flushed and applied: all of it, once decoded.
+        b.put_u64(decoded);
+        b.put_u64(decoded);
+        b.put_u64(decoded);
+        b.put_i64(now_us);
+        // Reply at once: how a silent stream is told from a dead one.
+        b.put_u8(1);
+    })
+    .map_err(|e| FeedError::Protocol(e.to_string()))?;
     write_flush(&mut conn.stream, &update)
         .await
         .map_err(|e| FeedError::Protocol(e.to_string()))
 }
 
-/// Asks the primary which transactions are in progress; the pending commits not among them
-/// are visible to every snapshot from now on, and their tables may take entries again.
+/// Asks the primary for a snapshot; the held commits it shows visible are visible to every
+/// snapshot from now on, and their tables may take entries again.
 async fn check_visibility(cache: &DatabaseCache, conn: &mut ServerConn) -> Result<(), FeedError> {
     let rows = conn
         .simple_query(
@@ -322,16 +311,6 @@ async fn check_visibility(cache: &DatabaseCache, conn: &mut ServerConn) -> Resul
         .iter()
         .filter_map(|row| row.get(1).and_then(low_bits))
         .collect();
-    let mut state = cache.state.lock();
-    for visible in state.feed.visible_now(xmax, &in_progress) {
-        state.store.commit_visible(&visible.tables);
-    }
+    cache.state.lock().store.commits_visible(xmax, &in_progress);
     Ok(())
-}
-
-async fn first_value(conn: &mut ServerConn, sql: &str) -> Result<String, FeedError> {
-    let rows = conn.simple_query(sql).await?;
-    rows.first()
-        .and_then(|row| row.first().cloned().flatten())
-        .ok_or_else(|| FeedError::Query(format!("{sql} returned nothing")))
 }

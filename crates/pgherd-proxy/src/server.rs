@@ -102,7 +102,7 @@ fn io_err(node: &str) -> impl Fn(io::Error) -> ServerError + '_ {
     move |e| ServerError::new(node, ServerErrorKind::Io(e))
 }
 
-fn read_err(node: &str, e: ReadError) -> ServerError {
+pub(crate) fn read_err(node: &str, e: ReadError) -> ServerError {
     let kind = match e {
         ReadError::Eof => ServerErrorKind::Closed(None),
         ReadError::Io(e) => ServerErrorKind::Io(e),

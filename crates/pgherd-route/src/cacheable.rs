@@ -9,8 +9,8 @@
 //!   materialized views (a refresh is not decoded), foreign, unlogged or temporary tables,
 //!   or system catalogs (DDL is not decoded);
 //! - locks no rows, writes nothing (no `SELECT INTO`, no data-modifying `WITH`), samples
-//!   nothing (`TABLESAMPLE`) and reads no system column that changes without a decoded
-//!   change (`ctid` moves in a `VACUUM FULL`);
+//!   nothing (`TABLESAMPLE`) and reads no system column (`ctid` moves in a `VACUUM FULL`,
+//!   `tableoid` changes when a table is made again, neither decoded);
 //! - calls only built-in functions that are immutable or stable, but none that reads the
 //!   clock, the session or the server's state (`now()`, `current_setting`, `pg_*`,
 //!   `has_*_privilege`, `to_reg*`, `inet_*`, ...), no `CURRENT_TIMESTAMP`-style values, no
@@ -78,8 +78,6 @@ const STATE_READING_FUNCTIONS: &[&str] = &[
     "row_security_active",
 ];
 
-const SYSTEM_COLUMNS: &[&str] = &["ctid", "xmin", "xmax", "cmin", "cmax"];
-
 /// The tables `sql` reads if the cache may keep its answer (sorted, without repeats).
 pub fn cacheable(
     sql: &str,
@@ -100,18 +98,9 @@ pub fn cacheable(
     if !matches!(stmt.node, Some(NodeEnum::SelectStmt(_))) {
         return Err(NotCacheable::NotOneSelect);
     }
-    if let Some(found) = tree::first_node(stmt, "unreadable", forbidden_node) {
-        return Err(match found.as_str() {
-            "lock" => NotCacheable::Locks,
-            "sample" => NotCacheable::Samples,
-            "unreadable" | "write" => NotCacheable::Writes,
-            "now" => NotCacheable::ReadsState("a 'now'-style date literal".into()),
-            "value" => {
-                NotCacheable::ReadsState("an SQL value function such as CURRENT_TIMESTAMP".into())
-            }
-            "reg" => NotCacheable::ReadsState("a cast to a reg* type".into()),
-            column => NotCacheable::SystemColumn(column.to_owned()),
-        });
+    // A tree that cannot be read whole is taken to write.
+    if let Some(why) = tree::first_node(stmt, NotCacheable::Writes, forbidden_node) {
+        return Err(why);
     }
     for function in &parsed.summary.functions {
         let name = function.function_name.to_lowercase();
@@ -157,29 +146,35 @@ fn reads_state(name: &str) -> bool {
 }
 
 /// What in a tree keeps its statement out of the cache, by the node's key and fields.
-fn forbidden_node(key: &str, value: &Value) -> Option<String> {
+fn forbidden_node(key: &str, value: &Value) -> Option<NotCacheable> {
     let non_empty = |v: &Value| match v {
         Value::Array(items) => !items.is_empty(),
         Value::Null => false,
         _ => true,
     };
     match key {
-        "locking_clause" if non_empty(value) => Some("lock".into()),
-        "into_clause" if non_empty(value) => Some("write".into()),
-        "InsertStmt" | "UpdateStmt" | "DeleteStmt" | "MergeStmt" => Some("write".into()),
-        "RangeTableSample" => Some("sample".into()),
-        "SqlvalueFunction" => Some("value".into()),
+        "locking_clause" if non_empty(value) => Some(NotCacheable::Locks),
+        "into_clause" if non_empty(value) => Some(NotCacheable::Writes),
+        "InsertStmt" | "UpdateStmt" | "DeleteStmt" | "MergeStmt" => Some(NotCacheable::Writes),
+        "RangeTableSample" => Some(NotCacheable::Samples),
+        "SqlvalueFunction" => Some(NotCacheable::ReadsState(
+            "an SQL value function such as CURRENT_TIMESTAMP".into(),
+        )),
         "AConst" => {
             let text = tree::last_name(value)?;
-            crate::shard_route::is_date_time_word(&text).then(|| "now".into())
+            crate::shard_route::is_date_time_word(&text)
+                .then(|| NotCacheable::ReadsState("a 'now'-style date literal".into()))
         }
         "TypeCast" => {
             let name = tree::last_name(value.get("type_name")?)?;
-            name.starts_with("reg").then(|| "reg".into())
+            name.starts_with("reg")
+                .then(|| NotCacheable::ReadsState("a cast to a reg* type".into()))
         }
         "ColumnRef" => {
             let name = tree::last_name(value.get("fields")?)?;
-            SYSTEM_COLUMNS.contains(&name.as_str()).then_some(name)
+            tree::SYSTEM_COLUMNS
+                .contains(&name.as_str())
+                .then_some(NotCacheable::SystemColumn(name))
         }
         _ => None,
     }

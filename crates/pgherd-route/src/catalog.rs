@@ -348,6 +348,10 @@ impl SnapshotBuilder {
     fn cache_sources(&self) -> HashMap<String, Option<Vec<String>>> {
         let by_oid: HashMap<u32, &RelationRow> =
             self.relations.iter().map(|r| (r.oid, r)).collect();
+        let mut children_of: HashMap<u32, Vec<u32>> = HashMap::new();
+        for &(parent, child) in &self.children {
+            children_of.entry(parent).or_default().push(child);
+        }
         let mut sources: HashMap<String, Option<Vec<String>>> = HashMap::new();
         for row in &self.relations {
             let mut tables = Vec::new();
@@ -364,12 +368,7 @@ impl SnapshotBuilder {
                     }
                     _ => safe = false,
                 }
-                stack.extend(
-                    self.children
-                        .iter()
-                        .filter(|(parent, _)| *parent == oid)
-                        .map(|(_, child)| *child),
-                );
+                stack.extend(children_of.get(&oid).into_iter().flatten());
             }
             let entry = sources.entry(row.name.clone()).or_insert(Some(Vec::new()));
             match (entry.as_mut(), safe) {

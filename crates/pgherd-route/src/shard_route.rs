@@ -21,7 +21,7 @@ use crate::merge_plan::{plan_fan_out, FanOut};
 use crate::parse::{parse_tree, NotParsed, DEFAULT_MAX_PARSE_BYTES};
 use crate::pin::{self, Pinned};
 use crate::shard_plan::{self, BoundParam, ResolveError, ShardMap, ShardPlan, Unsupported};
-use crate::tree::{first_node, last_name, string};
+use crate::tree::{first_node, last_name, string, SYSTEM_COLUMNS};
 
 /// How a statement runs over the shards.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -666,7 +666,7 @@ fn copies_written_alike(statement: &NodeEnum, catalog: &CatalogFacts) -> Result<
     // Every WITH holds a CommonTableExpr, which the walk meets.
     let found = first_node(
         statement,
-        "an expression pgherd cannot read",
+        "an expression pgherd cannot read".to_owned(),
         |key, value| match key {
             // The transaction's time is computed once and bound on every shard, unless the
             // database defines a function of that name.
@@ -764,9 +764,6 @@ fn copies_written_alike(statement: &NodeEnum, catalog: &CatalogFacts) -> Result<
     }
     Ok(())
 }
-
-/// Columns whose values differ from one copy of a table to the next.
-const SYSTEM_COLUMNS: &[&str] = &["ctid", "xmin", "xmax", "cmin", "cmax", "tableoid"];
 
 /// Literals PostgreSQL reads as the time they are read at.
 pub fn is_date_time_word(text: &str) -> bool {

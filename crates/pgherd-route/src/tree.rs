@@ -41,18 +41,18 @@ pub(crate) fn objects<'v>(value: &'v Value, visit: &mut impl FnMut(&'v Map<Strin
 /// (the key it is tagged with) and its fields. A tree that cannot be serialized is taken to
 /// match, so what this guards is refused.
 pub(crate) fn any_node(node: &impl Serialize, test: impl Fn(&str, &Value) -> bool) -> bool {
-    first_node(node, "", |key, value| test(key, value).then(String::new)).is_some()
+    first_node(node, (), |key, value| test(key, value).then_some(())).is_some()
 }
 
 /// The first answer `test` gives for a node of the tree (any depth, as [`any_node`] walks
 /// it); a tree that cannot be serialized answers `unreadable`.
-pub(crate) fn first_node(
+pub(crate) fn first_node<T>(
     node: &impl Serialize,
-    unreadable: &str,
-    test: impl Fn(&str, &Value) -> Option<String>,
-) -> Option<String> {
+    unreadable: T,
+    test: impl Fn(&str, &Value) -> Option<T>,
+) -> Option<T> {
     let Ok(tree) = serde_json::to_value(node) else {
-        return Some(unreadable.to_owned());
+        return Some(unreadable);
     };
     let mut found = None;
     objects(&tree, &mut |fields| {
@@ -62,6 +62,10 @@ pub(crate) fn first_node(
     });
     found
 }
+
+/// The columns every row has besides its own (`tableoid` included): their values belong to
+/// where and how the row is stored, not to the data.
+pub(crate) const SYSTEM_COLUMNS: &[&str] = &["ctid", "xmin", "xmax", "cmin", "cmax", "tableoid"];
 
 /// The last name (`sval`) in a serialized part of a tree: a function's or column's own name.
 pub(crate) fn last_name(value: &Value) -> Option<String> {

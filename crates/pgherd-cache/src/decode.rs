@@ -11,6 +11,12 @@
 
 use std::collections::BTreeSet;
 
+/// The logical message prefix pgherd's event trigger emits, transactional, at the end of
+/// every schema change (`pg_logical_emit_message(true, SCHEMA_CHANGE_PREFIX, '')`).
+pub const SCHEMA_CHANGE_PREFIX: &str = "pgherd.schema_change";
+/// How `test_decoding` writes that message.
+const SCHEMA_CHANGE_MESSAGE: &str = "message: transactional: 1 prefix: pgherd.schema_change,";
+
 /// What a decoded commit invalidates.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Invalidation {
@@ -53,7 +59,7 @@ struct Changes {
 
 impl Decoder {
     /// Feeds one message's text; a commit returns what it invalidates (`None` for a
-    /// transaction that changed no table, which `skip-empty-xacts` mostly spares us).
+    /// transaction that changed no table: a schema change shows as one unless its trigger ran).
     pub fn feed(&mut self, text: &str) -> Result<Option<Commit>, DecodeError> {
         let mut words = text.split([' ', ':']);
         let first_word = words.next().unwrap_or("");
@@ -106,7 +112,22 @@ impl Decoder {
                     })),
                 }
             }
-            // Logical messages (pg_logical_emit_message) and anything newer change no table.
+            // pgherd's event trigger announces a schema change inside its transaction: what it
+            // changed is not a table's rows, so everything goes at its commit.
+            "message" if text.starts_with(SCHEMA_CHANGE_MESSAGE) => match self.open.as_mut() {
+                Some(changes) => {
+                    changes.unreadable = true;
+                    Ok(None)
+                }
+                // Its transaction was not shown (`skip-empty-xacts`): a commit without an id,
+                // which the stream cannot hold until visible, so it starts over.
+                None => Ok(Some(Commit {
+                    xid: None,
+                    invalidates: Invalidation::All,
+                })),
+            },
+            // Other logical messages (pg_logical_emit_message) and anything newer change no
+            // table.
             _ => Ok(None),
         }
     }
@@ -245,5 +266,35 @@ mod tests {
         d.reset();
         d.feed("BEGIN").unwrap();
         assert_eq!(d.feed("COMMIT"), Ok(None));
+    }
+
+    #[test]
+    fn a_schema_change_message_invalidates_everything_at_its_commit() {
+        let mut d = Decoder::default();
+        d.feed("BEGIN 9").unwrap();
+        d.feed("table public.t: INSERT: x[int]:1").unwrap();
+        assert!(SCHEMA_CHANGE_MESSAGE.contains(SCHEMA_CHANGE_PREFIX));
+        d.feed(&format!("{SCHEMA_CHANGE_MESSAGE} sz: 0 content:"))
+            .unwrap();
+        assert_eq!(
+            d.feed("COMMIT 9"),
+            Ok(Some(Commit {
+                xid: Some(9),
+                invalidates: Invalidation::All
+            }))
+        );
+        // Another prefix, or a message outside a transaction, changes nothing.
+        d.feed("BEGIN 10").unwrap();
+        d.feed("message: transactional: 1 prefix: pgherd.schema_changes, sz: 0 content:")
+            .unwrap();
+        assert_eq!(d.feed("COMMIT 10"), Ok(None));
+        // Without its transaction around it, the change cannot be held until visible.
+        assert_eq!(
+            d.feed(&format!("{SCHEMA_CHANGE_MESSAGE} sz: 0 content:")),
+            Ok(Some(Commit {
+                xid: None,
+                invalidates: Invalidation::All
+            }))
+        );
     }
 }

@@ -14,7 +14,7 @@ pub mod decode;
 pub mod gate;
 pub mod store;
 
-pub use decode::{Commit, DecodeError, Decoder, Invalidation};
+pub use decode::{Commit, DecodeError, Decoder, Invalidation, SCHEMA_CHANGE_PREFIX};
 pub use gate::{Feed, GateLimits, NotServing};
 pub use store::{Figures, FillTicket, Limits, Store, Stored};
 

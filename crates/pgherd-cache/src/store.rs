@@ -62,7 +62,9 @@ const ENTRY_OVERHEAD_BYTES: usize = 160;
 
 struct HeldCommit {
     xid: u32,
-    tables: Vec<String>,
+    /// `None`: the commit changed what pgherd cannot attribute to tables (a schema change):
+    /// no answer at all is stored while it is held.
+    tables: Option<Vec<String>>,
 }
 
 /// Whether a transaction is visible to a snapshot: it precedes the snapshot's `xmax`
@@ -97,6 +99,8 @@ pub struct Store {
     held_commits: Vec<HeldCommit>,
     /// How many of `held_commits` changed each table (an index of them).
     held: HashMap<String, u32>,
+    /// How many of `held_commits` hold every table.
+    held_everything: u32,
     cleared_at: u64,
     tick: u64,
     bytes: usize,
@@ -114,6 +118,7 @@ impl Store {
             table_invalidated_at: HashMap::new(),
             held_commits: Vec::new(),
             held: HashMap::new(),
+            held_everything: 0,
             cleared_at: 0,
             tick: 0,
             bytes: 0,
@@ -168,6 +173,7 @@ impl Store {
         now_ms: u64,
     ) -> Stored {
         let raced = self.cleared_at > ticket.invalidations_seen
+            || self.held_everything > 0
             || tables.iter().any(|t| self.held.contains_key(t))
             || tables.iter().any(|t| {
                 self.table_invalidated_at
@@ -240,8 +246,20 @@ impl Store {
             *self.held.entry(table.clone()).or_default() += 1;
             dropped += self.invalidate_table(table);
         }
-        self.held_commits.push(HeldCommit { xid, tables });
+        self.held_commits.push(HeldCommit {
+            xid,
+            tables: Some(tables),
+        });
         dropped
+    }
+
+    /// A commit (transaction `xid`) that changed what no table list says (a schema change,
+    /// announced by pgherd's event trigger) was decoded: every entry goes, and none is stored
+    /// until [`Self::commits_visible`] finds the commit visible. Returns how many went.
+    pub fn commit_decoded_everything(&mut self, xid: u32) -> usize {
+        self.held_everything += 1;
+        self.held_commits.push(HeldCommit { xid, tables: None });
+        self.drop_all()
     }
 
     pub fn has_held_commits(&self) -> bool {
@@ -258,34 +276,49 @@ impl Store {
                 .into_iter()
                 .partition(|c| is_visible(c.xid, xmax, in_progress));
         self.held_commits = still;
-        for table in visible.iter().flat_map(|c| c.tables.iter()) {
-            if let Some(count) = self.held.get_mut(table.as_str()) {
-                *count -= 1;
-                if *count == 0 {
-                    self.held.remove(table.as_str());
+        for commit in &visible {
+            let Some(tables) = &commit.tables else {
+                self.held_everything -= 1;
+                // Answers sent before it was visible may have missed it.
+                self.drop_all();
+                continue;
+            };
+            for table in tables {
+                if let Some(count) = self.held.get_mut(table.as_str()) {
+                    *count -= 1;
+                    if *count == 0 {
+                        self.held.remove(table.as_str());
+                    }
                 }
+                self.invalidate_table(table);
             }
-            self.invalidate_table(table);
         }
         visible.len()
     }
 
-    /// Drops everything; no answer on its way is stored.
-    pub fn clear(&mut self) -> usize {
+    /// Drops every entry (the console's `CACHE CLEAR`, a schema change); no answer on its way
+    /// is stored. Commits still held stay held.
+    pub fn drop_all(&mut self) -> usize {
         self.invalidations += 1;
         self.cleared_at = self.invalidations;
         let dropped = self.entries.len();
         self.entries.clear();
         self.by_use.clear();
         self.by_table.clear();
-        // The clear mark covers every table's older invalidations; the stream that held
-        // commits starts again.
+        // The clear mark covers every table's older invalidations.
         self.table_invalidated_at.clear();
-        self.held_commits.clear();
-        self.held.clear();
         self.bytes = 0;
         self.figures.invalidations += dropped as u64;
         dropped
+    }
+
+    /// Drops everything, held commits included: their stream ended, and the next one starts
+    /// from a point where every earlier commit is visible.
+    pub fn clear(&mut self) -> usize {
+        self.held_commits.clear();
+        self.held.clear();
+        self.held_everything = 0;
+        self.drop_all()
     }
 
     pub fn figures(&self) -> Figures {
@@ -440,6 +473,40 @@ mod tests {
         let ticket = store.ticket();
         assert_eq!(
             store.insert(b"k", Bytes::new(), &t, ticket, 0),
+            Stored::Stored
+        );
+    }
+
+    #[test]
+    fn a_schema_change_drops_everything_and_holds_every_table_until_visible() {
+        let mut store = Store::new(limits());
+        let none = HashSet::new();
+        let ticket = store.ticket();
+        store.insert(b"a", Bytes::new(), &tables(&["a"]), ticket, 0);
+        store.insert(b"b", Bytes::new(), &tables(&["b"]), ticket, 0);
+        store.commit_decoded(5, tables(&["a"]));
+        assert_eq!(store.commit_decoded_everything(6), 1);
+        let ticket = store.ticket();
+        assert_eq!(
+            store.insert(b"z", Bytes::new(), &tables(&["z"]), ticket, 0),
+            Stored::Raced
+        );
+        // The console's clear keeps what is held.
+        store.drop_all();
+        let ticket = store.ticket();
+        assert_eq!(
+            store.insert(b"z", Bytes::new(), &tables(&["z"]), ticket, 0),
+            Stored::Raced
+        );
+        // Visible: answers sent before are still refused, those sent after stored.
+        assert_eq!(store.commits_visible(7, &none), 2);
+        assert_eq!(
+            store.insert(b"z", Bytes::new(), &tables(&["z"]), ticket, 0),
+            Stored::Raced
+        );
+        let ticket = store.ticket();
+        assert_eq!(
+            store.insert(b"z", Bytes::new(), &tables(&["a"]), ticket, 0),
             Stored::Stored
         );
     }

@@ -4,6 +4,7 @@
 //! Architecture invariant: this crate reads the config file (and, for `pgherd up`, the bench and
 //! the tests, writes one owner-only) and nothing else: no sockets, no processes, no clocks. Certificates and keys named by the config are read by the proxy.
 
+mod cache;
 mod dcs;
 mod error;
 pub mod hba;
@@ -17,6 +18,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use cache::CacheSettings;
 pub use dcs::{DcsSettings, DcsTls};
 pub use error::{line_column, ConfigError};
 pub use hba::{AuthMethod, ConnectionFacts, HbaRule};
@@ -56,6 +58,8 @@ pub struct Config {
     pub dcs: Option<DcsSettings>,
     /// `[sharding]`: tables spread over several clusters; `None`: one cluster.
     pub sharding: Option<Sharding>,
+    /// `[cache]`: the result cache.
+    pub cache: CacheSettings,
 }
 
 /// The HTTP API, health endpoints, metrics and dashboard (`[api]`).

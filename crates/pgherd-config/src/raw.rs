@@ -37,6 +37,8 @@ pub struct RawConfig {
     pub api: RawApi,
     pub dcs: Option<crate::dcs::RawDcs>,
     pub sharding: Option<crate::sharding::RawSharding>,
+    #[serde(default)]
+    pub cache: crate::cache::RawCache,
 }
 
 #[derive(Debug, Deserialize, Default)]

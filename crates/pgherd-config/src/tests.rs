@@ -419,3 +419,42 @@ fn broken_sharding_is_named_by_file_line_and_field() {
         "pgherd.toml:4:9: nodes[0].shard: shard 4294967295 but only 1 nodes",
     );
 }
+
+#[test]
+fn cache_settings_have_defaults_and_name_their_errors() {
+    let config = parse(NODE).unwrap();
+    assert!(config.cache.enabled);
+    assert!(!config.cache.asked_for("app", "bob"));
+    assert_eq!(config.cache.max_bytes, 64 << 20);
+    let config = parse(&format!(
+        "{NODE}[cache]\ndatabases = [\"app\"]\nstatements = [\"(?i)^select .* from products\"]\n"
+    ))
+    .unwrap();
+    assert!(config.cache.asked_for("app", "bob"));
+    assert!(!config.cache.asked_for("other", "bob"));
+    assert!(config
+        .cache
+        .statement_asked_for("SELECT name FROM products"));
+    assert!(!config.cache.statement_asked_for("SELECT 1"));
+    let off = parse(&format!(
+        "{NODE}[cache]\nenabled = false\ndatabases = [\"app\"]\n"
+    ))
+    .unwrap();
+    assert!(!off.cache.asked_for("app", "bob"));
+    check_err(
+        &format!("{NODE}[cache]\nstatements = [\"ok\", \"(unclosed\"]\n"),
+        "pgherd.toml:5:21: cache.statements[1]: is not a regular expression: unclosed group",
+    );
+    check_err(
+        &format!("{NODE}[cache]\nmax_bytes = 100\nmax_entry_bytes = 200\n"),
+        "pgherd.toml:6:19: cache.max_entry_bytes: must be between 1 and max_bytes (100), got 200",
+    );
+    check_err(
+        &format!("{NODE}[cache]\nmax_silence_ms = 10\n"),
+        "pgherd.toml:5:18: cache.max_silence_ms: must be at least 1000",
+    );
+    check_err(
+        &format!("{NODE}[cache]\nsize = 1\n"),
+        "pgherd.toml:5:1: unknown field `size`",
+    );
+}

@@ -206,6 +206,7 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
         api: api(&c, &raw)?,
         dcs: crate::dcs::dcs(&c, raw.dcs.as_ref())?,
         sharding,
+        cache: crate::cache::cache(&c, &raw.cache)?,
     })
 }
 

@@ -163,7 +163,7 @@ async fn run_script(
 const USAGE: &[(&str, &str)] = &[
     (
         "SHOW",
-        "SHOW HELP|VERSION|NODES|CLUSTER|INSTANCES|SHARDS|DATABASES|USERS|POOLS|STATS|LISTS|CLIENTS|SERVERS|CONFIG|EVENTS",
+        "SHOW HELP|VERSION|NODES|CLUSTER|INSTANCES|SHARDS|DATABASES|USERS|POOLS|STATS|LISTS|CLIENTS|SERVERS|CONFIG|EVENTS|CACHE",
     ),
     ("SWITCHOVER", "SWITCHOVER [TO node]"),
     ("PROMOTE", "PROMOTE node [FORCE safeguard[,...]]"),
@@ -175,6 +175,7 @@ const USAGE: &[(&str, &str)] = &[
     ("KILL", "KILL db"),
     ("RECONNECT", "RECONNECT [db]"),
     ("WAIT_CLOSE", "WAIT_CLOSE [db]"),
+    ("CACHE", "CACHE CLEAR [table]"),
     ("RELOAD", "RELOAD"),
     ("SHUTDOWN", "SHUTDOWN"),
 ];
@@ -316,6 +317,20 @@ fn run_command(
         ["SHOW", "CLIENTS"] => Ok(Outcome::Rows(views::clients(app))),
         ["SHOW", "SERVERS"] => Ok(Outcome::Rows(views::servers(app))),
         ["SHOW", "CONFIG"] => Ok(Outcome::Rows(views::config(app))),
+        ["SHOW", "CACHE"] => Ok(Outcome::Rows(crate::result_cache::view(app))),
+        ["CACHE", "CLEAR", ..] if words.len() <= 3 || command.trim_end().ends_with('"') => {
+            needs_admin("CACHE CLEAR")?;
+            let table = command
+                .trim()
+                .splitn(3, char::is_whitespace)
+                .nth(2)
+                .map(|t| crate::result_cache::table_name(t.trim()));
+            let dropped = crate::result_cache::clear(app, table.as_deref());
+            Ok(Outcome::Done(
+                "CACHE CLEAR",
+                vec![format!("{dropped} entries dropped")],
+            ))
+        }
         ["RELOAD"] => {
             needs_admin("RELOAD")?;
             match crate::lifecycle::reload(app) {

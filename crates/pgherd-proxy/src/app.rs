@@ -58,6 +58,8 @@ pub struct App {
     pub dcs: Option<Arc<crate::dcs::Dcs>>,
     /// With `[sharding]`: the shards behind this endpoint (fixed at start).
     pub shards: Option<Arc<crate::shards::Shards>>,
+    /// The result cache, per server database.
+    pub caches: crate::result_cache::Caches,
 }
 
 impl App {
@@ -95,6 +97,7 @@ impl App {
             shards,
             nodes,
             routers: Mutex::new(HashMap::new()),
+            caches: Default::default(),
             schema_generation: std::sync::atomic::AtomicU64::new(1),
             events: Default::default(),
             own_errors: Default::default(),
@@ -399,6 +402,7 @@ impl App {
                 }
             }
         }
+        self.caches.reconfigure(&new.cache);
         self.config.store(Arc::new(new));
         // Auth settings may have changed; the next lookup builds fresh pools.
         for pool in std::mem::take(&mut *self.auth_pools.lock()).into_values() {

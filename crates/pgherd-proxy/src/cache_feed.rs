@@ -25,16 +25,24 @@ use crate::server::{self, ConnectSpec, QueryError, ServerConn, MAX_SERVER_MESSAG
 
 /// One database's cache, shared by its sessions and its stream.
 pub struct DatabaseCache {
+    /// The server database.
+    pub database: String,
     pub state: Mutex<Cache>,
     /// When this cache was made: the clock its times are counted from.
     pub epoch: Instant,
+    pub following: crate::result_cache::Following,
+    /// An answer was stored once: until then sessions skip looking (and locking) at all.
+    pub ever_stored: std::sync::atomic::AtomicBool,
 }
 
 impl DatabaseCache {
-    pub fn new(store: Store) -> DatabaseCache {
+    pub fn new(database: &str, store: Store) -> DatabaseCache {
         DatabaseCache {
+            database: database.to_owned(),
             state: Mutex::new(Cache::new(store)),
             epoch: Instant::now(),
+            following: Default::default(),
+            ever_stored: Default::default(),
         }
     }
 
@@ -73,7 +81,7 @@ pub enum FeedError {
     WalLevel(String),
     #[error("unexpected replication message: {0}")]
     Protocol(String),
-    #[error("a change pgherd cannot attribute to a table or transaction: starting over")]
+    #[error("a commit without its transaction id: starting over")]
     Unattributed,
 }
 
@@ -133,7 +141,7 @@ async fn follow_inner(
     frontend::encode_query(
         &mut start,
         format!(
-            "START_REPLICATION SLOT {slot_name} LOGICAL 0/0 (\"include-xids\" '1', \"skip-empty-xacts\" '1')"
+            "START_REPLICATION SLOT {slot_name} LOGICAL 0/0 (\"include-xids\" '1', \"skip-empty-xacts\" '0')"
         )
         .as_bytes(),
     )
@@ -233,13 +241,19 @@ fn on_message(
             let mut state = cache.state.lock();
             if let Some(commit) = commit {
                 // Without its id pgherd could not tell when the commit is visible.
-                let (Invalidation::Tables(tables), Some(xid)) = (commit.invalidates, commit.xid)
-                else {
+                let Some(xid) = commit.xid else {
                     return Err(FeedError::Unattributed);
                 };
-                state
-                    .store
-                    .commit_decoded(xid, tables.into_iter().collect());
+                match commit.invalidates {
+                    Invalidation::Tables(tables) => {
+                        state
+                            .store
+                            .commit_decoded(xid, tables.into_iter().collect());
+                    }
+                    Invalidation::All => {
+                        state.store.commit_decoded_everything(xid);
+                    }
+                }
             }
             // Transactions are sent whole at their commits, in commit order: every commit
             // before this message's position has been sent before it.

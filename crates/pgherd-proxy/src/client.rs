@@ -465,8 +465,28 @@ async fn finish_login(
             // A session-mode client keeps one server, so there is nothing to route.
             router: (resolved.pool.mode != pgherd_config::PoolMode::Session)
                 .then(|| app.router(&resolved.server_dbname)),
+            cache: session_cache(app, &resolved, database, user),
         },
         params: settings,
+    })
+}
+
+/// The result cache a session may use: not in session mode (the client holds its server),
+/// not on a sharded endpoint (one stream per shard is still to come), not when switched off.
+fn session_cache(
+    app: &Arc<App>,
+    resolved: &pgherd_config::ResolvedDatabase,
+    database: &str,
+    user: &str,
+) -> Option<crate::result_cache::CacheUse> {
+    let config = app.config();
+    let usable = config.cache.enabled
+        && app.shards.is_none()
+        && resolved.pool.mode != pgherd_config::PoolMode::Session;
+    usable.then(|| crate::result_cache::CacheUse {
+        db: app.caches.of(&resolved.server_dbname, &config.cache),
+        every_read: config.cache.asked_for(database, user),
+        statement_patterns: !config.cache.statements.is_empty(),
     })
 }
 

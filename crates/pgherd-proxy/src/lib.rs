@@ -38,6 +38,7 @@ pub mod nodes;
 pub mod pool;
 pub mod rejoin;
 pub mod relay;
+pub mod result_cache;
 pub mod routing;
 pub mod server;
 pub mod shards;

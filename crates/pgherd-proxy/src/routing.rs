@@ -156,7 +156,15 @@ pub struct Router {
     schema_changed: std::sync::atomic::AtomicBool,
     /// A sharded endpoint's shard count: what `pgherd:shard` and `pgherd.shard` may name.
     shard_count: Option<u32>,
+    /// Exact statement text → the tables it reads if the result cache may keep its answer,
+    /// for the catalog generation it was found under.
+    cache_verdicts: Mutex<(u64, CacheVerdicts)>,
 }
+
+type CacheVerdicts = HashMap<Box<[u8]>, CacheVerdict>;
+
+/// What [`Router::cache_verdict`] found.
+pub type CacheVerdict = Result<Arc<[String]>, pgherd_route::cacheable::NotCacheable>;
 
 /// The decisions by key, and how often a lookup found one (counted under the lock the
 /// lookup takes anyway).
@@ -173,6 +181,48 @@ thread_local! {
 }
 
 impl Router {
+    /// Whether the result cache may keep the answer of `sql` (one whole simple query), and
+    /// the tables it reads: parsed once per text and catalog reading.
+    pub fn cache_verdict(&self, sql: &[u8], standard_conforming_strings: bool) -> CacheVerdict {
+        let generation = self.generation();
+        {
+            let mut memo = self.cache_verdicts.lock();
+            if memo.0 != generation {
+                *memo = (generation, HashMap::new());
+            }
+            if let Some(verdict) = memo.1.get(sql) {
+                return verdict.clone();
+            }
+        }
+        let mut key = Vec::new();
+        let lexed = lex(sql, standard_conforming_strings, &mut key);
+        let text = String::from_utf8_lossy(sql);
+        let verdict = pgherd_route::cacheable::cacheable(
+            &text,
+            &lexed,
+            &self.catalog.load(),
+            self.max_parse_bytes,
+        )
+        .map(Arc::from);
+        if matches!(
+            verdict,
+            Err(pgherd_route::cacheable::NotCacheable::UnknownRelation(_)
+                | pgherd_route::cacheable::NotCacheable::UnknownFunction(_))
+        ) {
+            // Perhaps made since the catalog was read: not remembered, and read again.
+            self.reload.notify_one();
+            return verdict;
+        }
+        let mut memo = self.cache_verdicts.lock();
+        if memo.0 == generation {
+            if memo.1.len() >= self.capacity {
+                memo.1.clear();
+            }
+            memo.1.insert(sql.into(), verdict.clone());
+        }
+        verdict
+    }
+
     /// (decisions found in the cache, statements classified with the parser) since start.
     pub fn cache_counts(&self) -> (u64, u64) {
         let cache = self.decisions.lock();
@@ -187,6 +237,7 @@ impl Router {
             server_dbname,
             catalog: ArcSwap::from_pointee(Snapshot::default()),
             decisions: Mutex::default(),
+            cache_verdicts: Mutex::default(),
             capacity: config.routing.decision_cache_entries,
             max_parse_bytes: config.routing.max_parse_bytes,
             reload: Notify::new(),
@@ -289,6 +340,7 @@ impl Router {
                     decision,
                     hint,
                     shard,
+                    cache: lexed.cache,
                 });
             }
             cache.misses += 1;
@@ -332,6 +384,7 @@ impl Router {
             decision,
             hint,
             shard,
+            cache: lexed.cache,
         })
     }
 

@@ -54,6 +54,8 @@ pub struct Routed {
     pub hint: Option<Route>,
     /// A `pgherd:shard=N` hint (a sharded endpoint's; others refuse it).
     pub shard: Option<u32>,
+    /// A `pgherd:cache` (`Some(true)`) or `pgherd:nocache` (`Some(false)`) hint.
+    pub cache: Option<bool>,
 }
 
 impl Routed {
@@ -63,6 +65,7 @@ impl Routed {
             decision: Arc::new(Decision::unread(reason)),
             hint: None,
             shard: None,
+            cache: None,
         }
     }
 }

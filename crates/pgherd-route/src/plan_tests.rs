@@ -62,6 +62,7 @@ impl Statements for Classifier {
             decision: std::sync::Arc::new(decision),
             hint,
             shard: lexed.shard.clone()?,
+            cache: lexed.cache,
         })
     }
 

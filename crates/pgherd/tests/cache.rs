@@ -69,11 +69,14 @@ fn commits_on_the_primary_drop_entries_and_hold_their_tables_until_visible() {
          CREATE TABLE nokey (v int); INSERT INTO t VALUES (1, 0)",
     );
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let cache = Arc::new(DatabaseCache::new(Store::new(Limits {
-        max_bytes: 1 << 20,
-        max_entry_bytes: 1 << 16,
-        ttl_ms: 0,
-    })));
+    let cache = Arc::new(DatabaseCache::new(
+        "postgres",
+        Store::new(Limits {
+            max_bytes: 1 << 20,
+            max_entry_bytes: 1 << 16,
+            ttl_ms: 0,
+        }),
+    ));
     let primary = cluster.primary().clone();
     let follower = cache.clone();
     let stream = runtime.spawn(async move {

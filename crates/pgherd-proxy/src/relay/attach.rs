@@ -398,6 +398,7 @@ impl Session {
     /// transaction and statement mode: it gets an error for whatever was in flight, and its
     /// next request gets a new server.
     pub(super) async fn on_server_failure(&mut self, e: ServerError) -> Result<(), Disconnect> {
+        self.fill = None;
         let e = match (e.kind, self.server_last_words.take()) {
             (ServerErrorKind::Closed(None), Some(words)) => {
                 ServerError::new(&e.node, ServerErrorKind::Closed(Some(*words)))
@@ -479,6 +480,7 @@ impl Session {
     /// client: it runs on the primary, and its statements are remembered to run there from
     /// now on.
     pub(super) async fn retry_on_primary(&mut self) {
+        self.fill = None;
         let Some(replay) = self.routing.replay.as_mut() else {
             return;
         };

@@ -207,7 +207,7 @@ impl Session {
     }
 
     pub(super) fn write_needs_probe(&self) -> bool {
-        self.routing.read_your_writes()
+        (self.routing.read_your_writes() || self.routing.cache_active)
             && self.routing.write_seq > self.routing.probed_seq
             && self.lease.as_ref().is_some_and(|l| !l.on_replica)
     }
@@ -336,6 +336,9 @@ impl Session {
                     }
                     Some(Ok(routed)) => {
                         self.track_statement(&routed, tag == ftag::QUERY);
+                        if tag == ftag::QUERY {
+                            self.consider_fill(sql, &routed);
+                        }
                         parse_routed = Some(routed);
                     }
                     None => {}

@@ -12,6 +12,7 @@
 //! beyond socket readiness, no allocation, and no lock but the pool's.
 
 mod attach;
+mod cached;
 pub(crate) use attach::wait_for_replay;
 pub(crate) use server_input::primary_may_answer;
 mod client_input;
@@ -121,6 +122,9 @@ pub struct RoutingSetup {
     pub primary_reads: bool,
     /// `None` in session mode: the client keeps one server, so nothing moves.
     pub router: Option<Arc<Router>>,
+    /// The database's result cache, where the session may use it (not in session mode, nor
+    /// on a sharded endpoint, nor with `[cache] enabled = false`).
+    pub cache: Option<crate::result_cache::CacheUse>,
 }
 
 /// What a read asks of its node ([`ReadNeeds`]) under `config`'s lag limits and wait: the
@@ -236,6 +240,9 @@ struct Routing {
     /// The request runs on a replica because the client asked (`route = "replica"`, a hint):
     /// what the standby refuses is the client's error to see.
     replica_asked: bool,
+    /// The session asked for the result cache: its writes are followed to their end (as
+    /// read-your-writes does), so that it is served only once they are decoded.
+    cache_active: bool,
 }
 
 impl Routing {
@@ -266,6 +273,7 @@ impl Routing {
             replay: None,
             retry_on_primary: false,
             replica_asked: false,
+            cache_active: false,
         }
     }
 
@@ -374,6 +382,8 @@ pub struct Session {
     /// Acknowledgements (ParseComplete, BindComplete, descriptions) of a request sent again on
     /// another server that the client already got from the first: dropped.
     skip_preliminaries: u32,
+    /// An answer being kept for the result cache on its way to the client.
+    fill: Option<Box<cached::Fill>>,
     /// pgherd is shutting down: end the session at the next point where it is idle.
     stop_when_idle: bool,
     /// 0 disables.
@@ -418,6 +428,7 @@ impl Session {
             custom_settings: Vec::new(),
             skip_preliminaries: 0,
             after_stream: Vec::new(),
+            fill: None,
             stop_when_idle: false,
         }
     }
@@ -632,6 +643,9 @@ impl Session {
                 _ => {
                     if let Some(err) = self.pending_error.take() {
                         self.answer_request_with_error(*err)?;
+                        continue;
+                    }
+                    if h.tag == ftag::QUERY && whole && self.answer_from_cache(h.total_len())? {
                         continue;
                     }
                     return Ok(true);

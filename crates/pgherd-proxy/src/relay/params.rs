@@ -335,6 +335,25 @@ impl SessionParams {
             .map(String::as_str)
     }
 
+    /// Writes the session's settings, as far as they may change a statement's answer, into a
+    /// result cache key: each current setting's statement, in name order (the startup
+    /// packet's unless changed since). `application_name` changes no answer pgherd keeps.
+    pub fn write_cache_key(&self, key: &mut Vec<u8>) {
+        const NOT_IN_KEY: &str = "application_name";
+        for (name, sql) in self.startup.0.iter() {
+            if name != NOT_IN_KEY && self.entries.get(name).is_none() {
+                key.extend_from_slice(sql.as_bytes());
+                key.push(0);
+            }
+        }
+        for (name, sql) in self.entries.0.iter() {
+            if name != NOT_IN_KEY {
+                key.extend_from_slice(sql.as_bytes());
+                key.push(0);
+            }
+        }
+    }
+
     /// Settings that differ from the server's defaults.
     pub fn len(&self) -> usize {
         self.startup.len() + self.entries.len()

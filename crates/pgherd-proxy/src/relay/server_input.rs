@@ -140,6 +140,7 @@ impl Session {
                 }
                 let n = input.len();
                 if to_client {
+                    self.spoil_fill();
                     self.client_out.extend_from_slice(input);
                     if !matches!(h.tag, btag::NOTICE_RESPONSE | btag::NOTIFICATION_RESPONSE) {
                         self.note_answered();
@@ -246,6 +247,9 @@ impl Session {
                 forward = self.answer_still_owed(h.tag);
             }
             if forward {
+                if self.fill.is_some() {
+                    self.fill_message(h.tag, message);
+                }
                 let at = self.client_out.len();
                 self.client_out.extend_from_slice(message);
                 if h.tag == btag::NOTIFICATION_RESPONSE {
@@ -458,6 +462,7 @@ impl Session {
     }
 
     pub(super) fn on_client_ready(&mut self, status: TxStatus) -> Result<(), Relayed> {
+        self.finish_fill(status);
         self.client_tx = status;
         self.settings_request_done(status);
         let Some(lease) = self.lease.as_mut() else {
@@ -467,6 +472,11 @@ impl Session {
             if std::mem::take(&mut self.routing.catalog_changed) {
                 if let Some(router) = &self.routing.setup.router {
                     router.catalog_changed();
+                }
+                if let Some(cache) = self.routing.setup.cache.as_ref() {
+                    // No answer kept so far is trusted (the WAL announces the change too,
+                    // through pgherd's event trigger, a little later).
+                    cache.db.state.lock().store.drop_all();
                 }
             }
             self.params.end_transaction(!self.tx_failed);

@@ -1,0 +1,211 @@
+//! The result cache in a session: simple queries answered from the cache between
+//! transactions, and the answers of the statements asked to be cached kept on their way to
+//! the client.
+//!
+//! An answer is served only between transactions, to a session holding no server and no
+//! state pgherd could not follow, while the database's invalidation stream may serve
+//! (`pgherd_cache::gate`) and has decoded the session's own last write. It is kept only if
+//! it is whole and plain (a row description, rows, a completion: no error, notice or
+//! setting change), it ends outside a transaction, and no table it read changed since it
+//! was sent (`pgherd_cache::store`). A replica's answer is kept only if the replica had
+//! replayed everything the stream had decoded when it was sent.
+
+use pgherd_cache::FillTicket;
+
+use super::*;
+
+/// An answer on its way from the server that may be kept.
+pub(super) struct Fill {
+    key: Vec<u8>,
+    tables: Arc<[String]>,
+    ticket: FillTicket,
+    answer: BytesMut,
+    /// Something in it is not to be repeated to another client (or it grew too large).
+    spoiled: bool,
+}
+
+impl Session {
+    /// The key of a simple query's answer: who asks, with which result-changing settings,
+    /// what exact text. (The database is the cache's own.)
+    fn cache_key(&self, sql: &[u8]) -> Vec<u8> {
+        let mut key = Vec::with_capacity(sql.len() + 64);
+        key.extend_from_slice(self.shared.user.as_bytes());
+        key.push(0);
+        self.params.write_cache_key(&mut key);
+        key.push(0);
+        key.extend_from_slice(sql);
+        key
+    }
+
+    /// The session may be served from the cache now: between transactions, holding
+    /// nothing, with no state pgherd did not follow and every own write's end known.
+    fn may_use_cache_now(&self) -> bool {
+        self.client_tx == TxStatus::Idle
+            && self.lease.is_none()
+            && !self.untracked_change
+            && self.routing.pinned.is_none()
+            && self.routing.write_seq == self.routing.probed_seq
+            && self.queue.is_settled()
+    }
+
+    /// Answers the whole simple query at the front of the client's input from the cache, if
+    /// it holds an answer it may serve; returns whether it did.
+    pub(super) fn answer_from_cache(&mut self, total_len: usize) -> Result<bool, Disconnect> {
+        let Some(cache) = self.routing.setup.cache.as_ref() else {
+            return Ok(false);
+        };
+        if !cache.db.ever_stored.load(Ordering::Relaxed) || !self.may_use_cache_now() {
+            return Ok(false);
+        }
+        let sql = frontend::Query::parse(&self.client_in[HEADER_BYTES..total_len])?.sql;
+        let key = self.cache_key(sql);
+        let config = self.app.config();
+        let limits = crate::result_cache::gate_limits_of(&config.cache);
+        let primary_lsn = self.app.nodes.writer().map_or(0, |n| n.lsn());
+        let db = cache.db.clone();
+        let now_ms = db.now_ms();
+        let answer = {
+            let mut state = db.state.lock();
+            let served = state
+                .feed
+                .may_serve(now_ms, self.routing.min_lsn, primary_lsn, limits);
+            match served {
+                Ok(()) => state.store.get(&key, now_ms),
+                Err(_) => None,
+            }
+        };
+        let Some(answer) = answer else {
+            return Ok(false);
+        };
+        self.client_in.advance(total_len);
+        self.client_out.extend_from_slice(&answer);
+        backend::encode_ready_for_query(&mut self.client_out, TxStatus::Idle);
+        Ok(true)
+    }
+
+    /// A simple query is about to be sent: if it is asked to be cached and may be, its
+    /// answer will be kept on its way to the client.
+    pub(super) fn consider_fill(&mut self, sql: &[u8], routed: &Routed) {
+        let Some(cache) = self.routing.setup.cache.as_ref() else {
+            return;
+        };
+        let asked = match routed.cache {
+            Some(asked) => asked,
+            None => {
+                cache.every_read
+                    || (cache.statement_patterns
+                        && std::str::from_utf8(sql)
+                            .is_ok_and(|text| self.app.config().cache.statement_asked_for(text)))
+            }
+        };
+        if !asked || self.fill.is_some() || !self.app.config().cache.enabled {
+            return;
+        }
+        // From now on the session's writes are followed to their end, as read-your-writes
+        // does, so that its own writes are known to be decoded before it is served.
+        self.routing.cache_active = true;
+        let db = cache.db.clone();
+        crate::result_cache::start_following(&self.app, &db);
+        let Some(lease) = self.lease.as_ref() else {
+            return;
+        };
+        let between_transactions = self.client_tx == TxStatus::Idle
+            && lease.conn.tx_status == TxStatus::Idle
+            && !self.queue.has_client_requests()
+            && !self.untracked_change
+            && self.routing.pinned.is_none();
+        if !between_transactions {
+            return;
+        }
+        let Some(router) = self.routing.setup.router.as_ref() else {
+            return;
+        };
+        let tables = match router.cache_verdict(sql, self.routing.standard_conforming_strings) {
+            Ok(tables) => tables,
+            Err(why) => {
+                tracing::debug!(client = self.shared.id, reason = %why, "statement not cached");
+                return;
+            }
+        };
+        let replica_lsn = lease.on_replica.then(|| lease.node.lsn());
+        let ticket = {
+            let state = db.state.lock();
+            // A replica that has not replayed every decoded commit could answer older
+            // than an invalidation already done. (A commit is decoded at its record's end,
+            // and a replica's replay position is the end of the last record it replayed.)
+            if replica_lsn.is_some_and(|replayed| replayed < state.feed.decoded_lsn())
+                || !state.feed.is_live()
+            {
+                return;
+            }
+            state.store.ticket()
+        };
+        self.fill = Some(Box::new(Fill {
+            key: self.cache_key(sql),
+            tables,
+            ticket,
+            answer: BytesMut::new(),
+            spoiled: false,
+        }));
+    }
+
+    /// A whole server message forwarded to the client while an answer is being kept.
+    pub(super) fn fill_message(&mut self, tag: u8, message: &[u8]) {
+        let max_entry_bytes = self.app.config().cache.max_entry_bytes as usize;
+        let Some(fill) = self.fill.as_mut() else {
+            return;
+        };
+        if fill.spoiled {
+            return;
+        }
+        match tag {
+            btag::ROW_DESCRIPTION | btag::DATA_ROW | btag::COMMAND_COMPLETE
+                if fill.answer.len() + message.len() <= max_entry_bytes =>
+            {
+                fill.answer.extend_from_slice(message)
+            }
+            _ => {
+                fill.spoiled = true;
+                fill.answer = BytesMut::new();
+            }
+        }
+    }
+
+    /// Part of a message streamed to the client (too large to keep whole): not kept.
+    pub(super) fn spoil_fill(&mut self) {
+        if let Some(fill) = self.fill.as_mut() {
+            fill.spoiled = true;
+            fill.answer = BytesMut::new();
+        }
+    }
+
+    /// The kept answer's request ended with `status`: store it if it may be.
+    pub(super) fn finish_fill(&mut self, status: TxStatus) {
+        let Some(fill) = self.fill.take() else {
+            return;
+        };
+        let Some(cache) = self.routing.setup.cache.as_ref() else {
+            return;
+        };
+        if fill.spoiled || status != TxStatus::Idle || self.untracked_change {
+            return;
+        }
+        let db = cache.db.clone();
+        let now_ms = db.now_ms();
+        let outcome = db.state.lock().store.insert(
+            &fill.key,
+            fill.answer.freeze(),
+            &fill.tables,
+            fill.ticket,
+            now_ms,
+        );
+        if outcome == pgherd_cache::Stored::Stored {
+            db.ever_stored.store(true, Ordering::Relaxed);
+        }
+        tracing::trace!(
+            client = self.shared.id,
+            ?outcome,
+            "answer offered to the result cache"
+        );
+    }
+}

@@ -1,0 +1,161 @@
+//! The result cache through pgherd: hinted simple queries are answered from the cache; a
+//! commit made directly on the primary, once decoded, is never answered around; a session
+//! always sees its own writes; a schema change made directly on the primary drops what was
+//! kept; the console shows and clears the cache.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use pgherd_route::balance::parse_lsn;
+use pgherd_testkit::{SUPERUSER, SUPERUSER_PASSWORD};
+use tokio_postgres::Client;
+
+const READ: &str = "/* pgherd:cache */ SELECT v FROM items WHERE id = 1";
+
+async fn cache_row(console: &Client) -> Vec<(String, String)> {
+    rows(console, "SHOW CACHE")
+        .await
+        .expect("SHOW CACHE")
+        .into_iter()
+        .find(|row| field(row, "database") == APP)
+        .unwrap_or_default()
+}
+
+async fn figure(console: &Client, name: &str) -> u64 {
+    let row = cache_row(console).await;
+    if row.is_empty() {
+        return 0;
+    }
+    field(&row, name).parse().expect("a number")
+}
+
+/// Waits until the cache's stream has decoded the primary's WAL up to `lsn`, and the replica
+/// has replayed it (a read the cache does not answer may go there: its staleness is routing's
+/// business, not the cache's).
+async fn wait_decoded(env: &Env, console: &Client, lsn: &str) {
+    let replayed = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'");
+    wait_until(
+        env,
+        "the replica replayed the change",
+        Duration::from_secs(20),
+        || env.cluster.sql_on("pg2", APP, &replayed).trim() == "t",
+    );
+    let target = parse_lsn(lsn).expect("an LSN");
+    let started = Instant::now();
+    loop {
+        let row = cache_row(console).await;
+        if !row.is_empty() && parse_lsn(field(&row, "decoded_lsn")).is_some_and(|d| d >= target) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the cache did not decode up to {lsn}: {row:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Reads `sql` until the cache serves it (the stream must be live first); returns the answer.
+async fn read_until_served(app: &Client, console: &Client, sql: &str) -> String {
+    let started = Instant::now();
+    loop {
+        let hits = figure(console, "hits").await;
+        let value = first_value(app, sql).await.expect("the cached read");
+        if figure(console, "hits").await > hits {
+            return value;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never served from the cache: {:?}",
+            cache_row(console).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hinted_reads_are_served_and_never_outlive_a_decoded_commit() {
+    let env = env(1, |c| {
+        c.superuser()
+            .mode("transaction")
+            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
+    });
+    let console = connect(&env.pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")).await;
+    let app = env.app().await;
+    app.batch_execute(
+        "CREATE TABLE items (id int PRIMARY KEY, v int); INSERT INTO items VALUES (1, 10), (2, 20)",
+    )
+    .await
+    .expect("setup");
+
+    // Served from the cache once the stream is live, with the committed value.
+    assert_eq!(read_until_served(&app, &console, READ).await, "10");
+    assert!(figure(&console, "stores").await >= 1);
+    assert!(figure(&console, "entries").await >= 1);
+
+    // A commit made directly on the primary: once decoded, never answered around.
+    for v in 11..16 {
+        env.direct(&format!("UPDATE items SET v = {v} WHERE id = 1"));
+        let lsn = env.direct("SELECT pg_current_wal_lsn()");
+        wait_decoded(&env, &console, lsn.trim()).await;
+        assert_eq!(first_value(&app, READ).await.unwrap(), v.to_string());
+        // And kept again afterwards.
+        assert_eq!(read_until_served(&app, &console, READ).await, v.to_string());
+    }
+
+    // A session reads its own writes at once, whatever the stream has decoded.
+    let own = env.app().await;
+    assert_eq!(first_value(&own, READ).await.unwrap(), "15");
+    for v in 100..120 {
+        own.simple_query(&format!("UPDATE items SET v = {v} WHERE id = 1"))
+            .await
+            .expect("the write");
+        assert_eq!(first_value(&own, READ).await.unwrap(), v.to_string());
+    }
+
+    // A statement that is not cacheable runs every time.
+    let hits = figure(&console, "hits").await;
+    for _ in 0..5 {
+        first_value(
+            &app,
+            "/* pgherd:cache */ SELECT v + random()::int FROM items WHERE id = 2",
+        )
+        .await
+        .unwrap();
+        first_value(&app, "SELECT v FROM items WHERE id = 2")
+            .await
+            .unwrap();
+    }
+    assert_eq!(figure(&console, "hits").await, hits);
+
+    // A schema change made directly on the primary drops what was kept.
+    let wide = "/* pgherd:cache */ SELECT * FROM items WHERE id = 2";
+    let columns = |messages: Vec<tokio_postgres::SimpleQueryMessage>| {
+        messages.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(r.len()),
+            _ => None,
+        })
+    };
+    read_until_served(&app, &console, wide).await;
+    env.direct("ALTER TABLE items ADD COLUMN w int DEFAULT 7");
+    let lsn = env.direct("SELECT pg_current_wal_lsn()");
+    wait_decoded(&env, &console, lsn.trim()).await;
+    assert_eq!(columns(app.simple_query(wide).await.unwrap()), Some(3));
+
+    // The console clears one table's entries, or all.
+    read_until_served(&app, &console, READ).await;
+    assert!(figure(&console, "entries").await >= 1);
+    console
+        .simple_query("CACHE CLEAR public.Items")
+        .await
+        .expect("CACHE CLEAR items");
+    assert_eq!(figure(&console, "entries").await, 0);
+    read_until_served(&app, &console, READ).await;
+    console
+        .simple_query("CACHE CLEAR")
+        .await
+        .expect("CACHE CLEAR");
+    assert_eq!(figure(&console, "entries").await, 0);
+}

@@ -32,23 +32,6 @@ pub struct CacheSettings {
     pub max_silence_ms: u64,
 }
 
-impl Default for CacheSettings {
-    fn default() -> Self {
-        let raw = RawCache::default();
-        CacheSettings {
-            enabled: raw.enabled,
-            databases: raw.databases,
-            users: raw.users,
-            statements: Vec::new(),
-            max_bytes: raw.max_bytes,
-            max_entry_bytes: raw.max_entry_bytes,
-            ttl_ms: raw.ttl_ms,
-            max_lag_bytes: raw.max_lag_bytes,
-            max_silence_ms: raw.max_silence_ms,
-        }
-    }
-}
-
 impl CacheSettings {
     /// Whether every cacheable read of this database and user, or this statement, is
     /// cached without a hint.

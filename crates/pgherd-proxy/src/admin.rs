@@ -320,11 +320,14 @@ fn run_command(
         ["SHOW", "CACHE"] => Ok(Outcome::Rows(crate::result_cache::view(app))),
         ["CACHE", "CLEAR", ..] if words.len() <= 3 || command.trim_end().ends_with('"') => {
             needs_admin("CACHE CLEAR")?;
-            let table = command
-                .trim()
-                .splitn(3, char::is_whitespace)
-                .nth(2)
-                .map(|t| crate::result_cache::table_name(t.trim()));
+            // The name as typed (case and quotes count), after the two command words.
+            let table = (0..2)
+                .try_fold(command.trim(), |rest, _| {
+                    rest.split_once(char::is_whitespace)
+                        .map(|(_, after)| after.trim_start())
+                })
+                .filter(|name| !name.is_empty())
+                .map(crate::result_cache::table_name);
             let dropped = crate::result_cache::clear(app, table.as_deref());
             Ok(Outcome::Done(
                 "CACHE CLEAR",

@@ -429,45 +429,31 @@ pub fn render(app: &App) -> String {
 
 /// The result cache's figures per database.
 fn cache_metrics(app: &App, out: &mut String) {
-    let caches = app.caches.all();
-    let config = app.config();
-    let limits = crate::result_cache::gate_limits_of(&config.cache);
-    let primary_lsn = app.nodes.writer().map_or(0, |n| n.lsn());
-    let rows: Vec<_> = caches
-        .iter()
-        .map(|db| {
-            let now_ms = db.now_ms();
-            let restarts = db.following.status.lock().restarts;
-            let state = db.state.lock();
-            let serving = state.feed.may_serve(now_ms, 0, primary_lsn, limits).is_ok();
-            (
-                db.database.clone(),
-                state.store.figures(),
-                serving,
-                state.feed.lag_bytes(primary_lsn),
-                restarts,
-            )
-        })
-        .collect();
-    type CacheValue = fn(&(String, pgherd_cache::Figures, bool, u64, u64)) -> u64;
+    use crate::result_cache::CacheReport;
+    let reports = crate::result_cache::reports(app);
+    type CacheValue = fn(&CacheReport) -> u64;
     let families: [(&str, &str, &str, CacheValue); 12] = [
-        ("pgherd_cache_hits_total", "counter", "Simple queries answered from the result cache.", |r| r.1.hits),
-        ("pgherd_cache_misses_total", "counter", "Lookups in the result cache that found no answer to serve.", |r| r.1.misses),
-        ("pgherd_cache_stores_total", "counter", "Answers kept in the result cache.", |r| r.1.stores),
-        ("pgherd_cache_not_stored_total", "counter", "Answers not kept: a table they read changed while they were on their way, or they were too large.", |r| r.1.not_stored),
-        ("pgherd_cache_evictions_total", "counter", "Entries dropped to stay within max_bytes (least recently used first).", |r| r.1.evictions),
-        ("pgherd_cache_invalidations_total", "counter", "Entries dropped because a table they read changed (or the cache was cleared).", |r| r.1.invalidations),
-        ("pgherd_cache_expirations_total", "counter", "Entries dropped for being older than ttl_ms.", |r| r.1.expirations),
-        ("pgherd_cache_entries", "gauge", "Entries in the result cache.", |r| r.1.entries),
-        ("pgherd_cache_bytes", "gauge", "Bytes the result cache's entries take (keys, answers, bookkeeping).", |r| r.1.bytes),
-        ("pgherd_cache_serving", "gauge", "1 while the cache may serve: its invalidation stream is live, heard from and caught up.", |r| u64::from(r.2)),
-        ("pgherd_cache_decoding_lag_bytes", "gauge", "How far the invalidation stream's decoded position is behind the primary's WAL as last seen.", |r| r.3),
-        ("pgherd_cache_restarts_total", "counter", "Times the invalidation stream ended and was started again.", |r| r.4),
+        ("pgherd_cache_hits_total", "counter", "Simple queries answered from the result cache.", |r| r.figures.hits),
+        ("pgherd_cache_misses_total", "counter", "Lookups in the result cache that found no answer to serve.", |r| r.figures.misses),
+        ("pgherd_cache_stores_total", "counter", "Answers kept in the result cache.", |r| r.figures.stores),
+        ("pgherd_cache_not_stored_total", "counter", "Answers not kept: a table they read changed while they were on their way, or they were too large.", |r| r.figures.not_stored),
+        ("pgherd_cache_evictions_total", "counter", "Entries dropped to stay within max_bytes (least recently used first).", |r| r.figures.evictions),
+        ("pgherd_cache_invalidations_total", "counter", "Entries dropped because a table they read changed (or the cache was cleared).", |r| r.figures.invalidations),
+        ("pgherd_cache_expirations_total", "counter", "Entries dropped for being older than ttl_ms.", |r| r.figures.expirations),
+        ("pgherd_cache_entries", "gauge", "Entries in the result cache.", |r| r.figures.entries),
+        ("pgherd_cache_bytes", "gauge", "Bytes the result cache's entries take (keys, answers, bookkeeping).", |r| r.figures.bytes),
+        ("pgherd_cache_serving", "gauge", "1 while the cache may serve: its invalidation stream is live, heard from and caught up.", |r| u64::from(r.serving.is_ok())),
+        ("pgherd_cache_decoding_lag_bytes", "gauge", "How far the invalidation stream's decoded position is behind the primary's WAL as last seen.", |r| r.lag_bytes),
+        ("pgherd_cache_restarts_total", "counter", "Times the invalidation stream ended and was started again.", |r| r.status.restarts),
     ];
     for (name, kind, help, read) in families {
         let mut f = family(out, name, kind, help);
-        for row in &rows {
-            f.sample(name, &[("database", row.0.as_str())], read(row) as f64);
+        for report in &reports {
+            f.sample(
+                name,
+                &[("database", report.database.as_str())],
+                read(report) as f64,
+            );
         }
     }
 }

@@ -24,6 +24,29 @@ pub fn management_credentials(cluster: &ClusterSettings) -> ServerCredentials {
     }
 }
 
+/// How pgherd's own user (`[cluster]`, with `credentials` from [`management_credentials`])
+/// reaches `database` on `node`.
+pub fn management_spec<'a>(
+    node: &'a NodeState,
+    cluster: &'a ClusterSettings,
+    ctx: &'a ConnectContext,
+    database: &'a str,
+    credentials: &'a ServerCredentials,
+) -> ConnectSpec<'a> {
+    ConnectSpec {
+        node: &node.config.name,
+        host: &node.config.host,
+        port: node.config.port,
+        user: &cluster.user,
+        database,
+        credentials,
+        tls_mode: ctx.tls_mode,
+        tls: ctx.tls.as_ref(),
+        timeout: Duration::from_millis(cluster.health_check_timeout_ms),
+        replication: false,
+    }
+}
+
 /// A connection as pgherd's own user (`[cluster]`) to `database` on `node`.
 pub async fn management_connection(
     node: &NodeState,
@@ -32,18 +55,7 @@ pub async fn management_connection(
     database: &str,
 ) -> Result<ServerConn, crate::error::ServerError> {
     let credentials = management_credentials(cluster);
-    let spec = ConnectSpec {
-        node: &node.config.name,
-        host: &node.config.host,
-        port: node.config.port,
-        user: &cluster.user,
-        database,
-        credentials: &credentials,
-        tls_mode: ctx.tls_mode,
-        tls: ctx.tls.as_ref(),
-        timeout: Duration::from_millis(cluster.health_check_timeout_ms),
-        replication: false,
-    };
+    let spec = management_spec(node, cluster, ctx, database, &credentials);
     let id = ctx.next_server_id.fetch_add(1, Ordering::Relaxed);
     server::connect(&spec, id, 1).await
 }

@@ -97,16 +97,16 @@ pub fn gate_limits_of(settings: &CacheSettings) -> GateLimits {
 impl Caches {
     /// The cache of `server_dbname`, made (empty, not following yet) on first use.
     pub fn of(&self, server_dbname: &str, settings: &CacheSettings) -> Arc<DatabaseCache> {
-        self.by_database
-            .lock()
-            .entry(server_dbname.to_owned())
-            .or_insert_with(|| {
-                Arc::new(DatabaseCache::new(
-                    server_dbname,
-                    Store::new(limits_of(settings)),
-                ))
-            })
-            .clone()
+        let mut by_database = self.by_database.lock();
+        if let Some(db) = by_database.get(server_dbname) {
+            return db.clone();
+        }
+        let db = Arc::new(DatabaseCache::new(
+            server_dbname,
+            Store::new(limits_of(settings)),
+        ));
+        by_database.insert(server_dbname.to_owned(), db.clone());
+        db
     }
 
     pub fn all(&self) -> Vec<Arc<DatabaseCache>> {
@@ -128,7 +128,11 @@ impl Caches {
 
 /// Starts the task that keeps `db`'s stream running, unless it runs already.
 pub fn start_following(app: &Arc<App>, db: &Arc<DatabaseCache>) {
-    if db.following.started.swap(true, Ordering::AcqRel) {
+    // Read first: every asked-for statement comes here, and a swap would write the shared
+    // line each time.
+    if db.following.started.load(Ordering::Acquire)
+        || db.following.started.swap(true, Ordering::AcqRel)
+    {
         return;
     }
     tokio::spawn(keep_following(app.clone(), db.clone()));
@@ -189,18 +193,13 @@ async fn follow_primary(app: &Arc<App>, db: &DatabaseCache, slot_name: &str) -> 
     let config = app.config();
     let ctx = app.connect_context();
     let credentials = crate::monitor::management_credentials(&config.cluster);
-    let spec = ConnectSpec {
-        node: &primary.config.name,
-        host: &primary.config.host,
-        port: primary.config.port,
-        user: &config.cluster.user,
-        database: &db.database,
-        credentials: &credentials,
-        tls_mode: ctx.tls_mode,
-        tls: ctx.tls.as_ref(),
-        timeout: Duration::from_millis(config.cluster.health_check_timeout_ms),
-        replication: false,
-    };
+    let spec = crate::monitor::management_spec(
+        &primary,
+        &config.cluster,
+        &ctx,
+        &db.database,
+        &credentials,
+    );
     if let Err(why) = ensure_schema_change_trigger(&spec).await {
         return Some(why);
     }
@@ -234,6 +233,40 @@ async fn ensure_schema_change_trigger(spec: &ConnectSpec<'_>) -> Result<(), Stri
     })
 }
 
+/// One database's cache as the console and the metrics show it.
+pub struct CacheReport {
+    pub database: String,
+    pub serving: Result<(), pgherd_cache::NotServing>,
+    pub decoded_lsn: u64,
+    pub lag_bytes: u64,
+    pub figures: pgherd_cache::Figures,
+    pub status: FeedStatus,
+}
+
+/// Every database's cache, read once for `SHOW CACHE` and `/metrics`.
+pub fn reports(app: &App) -> Vec<CacheReport> {
+    let config = app.config();
+    let limits = gate_limits_of(&config.cache);
+    let primary_lsn = app.nodes.writer().map_or(0, |n| n.lsn());
+    app.caches
+        .all()
+        .iter()
+        .map(|db| {
+            let now_ms = db.now_ms();
+            let status = db.following.status.lock().clone();
+            let state = db.state.lock();
+            CacheReport {
+                database: db.database.clone(),
+                serving: state.feed.may_serve(now_ms, 0, primary_lsn, limits),
+                decoded_lsn: state.feed.decoded_lsn(),
+                lag_bytes: state.feed.lag_bytes(primary_lsn),
+                figures: state.store.figures(),
+                status,
+            }
+        })
+        .collect()
+}
+
 /// `SHOW CACHE`: per database, whether the cache serves and its figures.
 pub fn view(app: &App) -> crate::views::Table {
     let columns = &[
@@ -254,45 +287,34 @@ pub fn view(app: &App) -> crate::views::Table {
         "restarts",
         "last_error",
     ];
-    let config = app.config();
-    let limits = gate_limits_of(&config.cache);
-    let primary_lsn = app.nodes.writer().map_or(0, |n| n.lsn());
-    let mut rows = Vec::new();
-    for db in app.caches.all() {
-        let now_ms = db.now_ms();
-        let (served, decoded_lsn, lag_bytes, f) = {
-            let state = db.state.lock();
-            (
-                state.feed.may_serve(now_ms, 0, primary_lsn, limits),
-                state.feed.decoded_lsn(),
-                state.feed.lag_bytes(primary_lsn),
-                state.store.figures(),
-            )
-        };
-        let status = db.following.status.lock().clone();
-        let state = match served {
-            Ok(()) => "serving".to_owned(),
-            Err(why) => format!("not serving: {why}"),
-        };
-        rows.push(vec![
-            db.database.clone().into(),
-            state.into(),
-            status.node.unwrap_or_default().into(),
-            pgherd_route::balance::format_lsn(decoded_lsn).into(),
-            lag_bytes.into(),
-            f.entries.into(),
-            f.bytes.into(),
-            f.hits.into(),
-            f.misses.into(),
-            f.stores.into(),
-            f.not_stored.into(),
-            f.evictions.into(),
-            f.invalidations.into(),
-            f.expirations.into(),
-            status.restarts.into(),
-            status.last_error.unwrap_or_default().into(),
-        ]);
-    }
+    let rows = reports(app)
+        .into_iter()
+        .map(|r| {
+            let f = r.figures;
+            let state = match r.serving {
+                Ok(()) => "serving".to_owned(),
+                Err(why) => format!("not serving: {why}"),
+            };
+            vec![
+                r.database.into(),
+                state.into(),
+                r.status.node.unwrap_or_default().into(),
+                pgherd_route::balance::format_lsn(r.decoded_lsn).into(),
+                r.lag_bytes.into(),
+                f.entries.into(),
+                f.bytes.into(),
+                f.hits.into(),
+                f.misses.into(),
+                f.stores.into(),
+                f.not_stored.into(),
+                f.evictions.into(),
+                f.invalidations.into(),
+                f.expirations.into(),
+                r.status.restarts.into(),
+                r.status.last_error.unwrap_or_default().into(),
+            ]
+        })
+        .collect();
     crate::views::Table { columns, rows }
 }
 

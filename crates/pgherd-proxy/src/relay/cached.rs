@@ -20,6 +20,8 @@ pub(super) struct Fill {
     tables: Arc<[String]>,
     ticket: FillTicket,
     answer: BytesMut,
+    /// `[cache] max_entry_bytes` when it began: a larger answer is not kept.
+    max_entry_bytes: usize,
     /// Something in it is not to be repeated to another client (or it grew too large).
     spoiled: bool,
 }
@@ -89,16 +91,18 @@ impl Session {
         let Some(cache) = self.routing.setup.cache.as_ref() else {
             return;
         };
-        let asked = match routed.cache {
-            Some(asked) => asked,
-            None => {
-                cache.every_read
-                    || (cache.statement_patterns
-                        && std::str::from_utf8(sql)
-                            .is_ok_and(|text| self.app.config().cache.statement_asked_for(text)))
-            }
-        };
-        if !asked || self.fill.is_some() || !self.app.config().cache.enabled {
+        // Most statements are not asked for: they leave before the config is loaded.
+        if routed.cache == Some(false)
+            || (routed.cache.is_none() && !cache.every_read && !cache.statement_patterns)
+            || self.fill.is_some()
+        {
+            return;
+        }
+        let config = self.app.config();
+        let asked = routed.cache == Some(true)
+            || cache.every_read
+            || std::str::from_utf8(sql).is_ok_and(|text| config.cache.statement_asked_for(text));
+        if !asked || !config.cache.enabled {
             return;
         }
         // From now on the session's writes are followed to their end, as read-your-writes
@@ -145,13 +149,13 @@ impl Session {
             tables,
             ticket,
             answer: BytesMut::new(),
+            max_entry_bytes: config.cache.max_entry_bytes as usize,
             spoiled: false,
         }));
     }
 
     /// A whole server message forwarded to the client while an answer is being kept.
     pub(super) fn fill_message(&mut self, tag: u8, message: &[u8]) {
-        let max_entry_bytes = self.app.config().cache.max_entry_bytes as usize;
         let Some(fill) = self.fill.as_mut() else {
             return;
         };
@@ -160,7 +164,7 @@ impl Session {
         }
         match tag {
             btag::ROW_DESCRIPTION | btag::DATA_ROW | btag::COMMAND_COMPLETE
-                if fill.answer.len() + message.len() <= max_entry_bytes =>
+                if fill.answer.len() + message.len() <= fill.max_entry_bytes =>
             {
                 fill.answer.extend_from_slice(message)
             }

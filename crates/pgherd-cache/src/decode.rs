@@ -34,6 +34,9 @@ pub struct Commit {
     /// it (a synchronous commit waits for its standby in between).
     pub xid: Option<u32>,
     pub invalidates: Invalidation,
+    /// When the primary committed it (`include-timestamp`), in microseconds since the Unix
+    /// epoch: how long invalidation took is measured from there.
+    pub committed_at_unix_us: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -55,6 +58,15 @@ struct Changes {
     xid: Option<u32>,
     tables: BTreeSet<String>,
     unreadable: bool,
+}
+
+/// The commit time `test_decoding` writes (`COMMIT 734 (at 2026-11-25 10:00:00.12+00)`: ISO,
+/// with the walsender's offset), in microseconds since the Unix epoch.
+fn commit_time(text: &str) -> Option<i64> {
+    let stamp = text.split_once("(at ")?.1.strip_suffix(')')?;
+    chrono::DateTime::parse_from_str(stamp, "%Y-%m-%d %H:%M:%S%.f%#z")
+        .ok()
+        .map(|t| t.timestamp_micros())
 }
 
 impl Decoder {
@@ -89,6 +101,7 @@ impl Decoder {
                 Ok(Some(Commit {
                     xid: xid.or(changes.xid),
                     invalidates,
+                    committed_at_unix_us: commit_time(text),
                 }))
             }
             "table" => {
@@ -109,6 +122,7 @@ impl Decoder {
                             Some(names) => Invalidation::Tables(names.into_iter().collect()),
                             None => Invalidation::All,
                         },
+                        committed_at_unix_us: None,
                     })),
                 }
             }
@@ -124,6 +138,7 @@ impl Decoder {
                 None => Ok(Some(Commit {
                     xid: None,
                     invalidates: Invalidation::All,
+                    committed_at_unix_us: None,
                 })),
             },
             // Other logical messages (pg_logical_emit_message) and anything newer change no
@@ -195,6 +210,7 @@ mod tests {
         Some(Commit {
             xid,
             invalidates: Invalidation::Tables(names.iter().map(|s| s.to_string()).collect()),
+            committed_at_unix_us: None,
         })
     }
 
@@ -218,6 +234,26 @@ mod tests {
         d.feed("BEGIN 735").unwrap();
         d.feed("table public.t: INSERT: x[int]:1").unwrap();
         assert_eq!(d.feed("COMMIT 735"), Ok(commit(Some(735), &["t"])));
+        // The commit time, whatever the walsender's zone.
+        for (text, unix_us) in [
+            (
+                "COMMIT 736 (at 2026-11-25 10:00:00.25+00)",
+                1_795_600_800_250_000,
+            ),
+            (
+                "COMMIT 736 (at 2026-11-25 15:30:00.25+05:30)",
+                1_795_600_800_250_000,
+            ),
+            (
+                "COMMIT 736 (at 2026-11-25 05:00:00-05)",
+                1_795_600_800_000_000,
+            ),
+        ] {
+            d.feed("BEGIN 736").unwrap();
+            d.feed("table public.t: INSERT: x[int]:1").unwrap();
+            let decoded = d.feed(text).unwrap().expect("a commit");
+            assert_eq!(decoded.committed_at_unix_us, Some(unix_us), "{text}");
+        }
     }
 
     #[test]
@@ -280,7 +316,8 @@ mod tests {
             d.feed("COMMIT 9"),
             Ok(Some(Commit {
                 xid: Some(9),
-                invalidates: Invalidation::All
+                invalidates: Invalidation::All,
+                committed_at_unix_us: None,
             }))
         );
         // Another prefix, or a message outside a transaction, changes nothing.
@@ -293,7 +330,8 @@ mod tests {
             d.feed(&format!("{SCHEMA_CHANGE_MESSAGE} sz: 0 content:")),
             Ok(Some(Commit {
                 xid: None,
-                invalidates: Invalidation::All
+                invalidates: Invalidation::All,
+                committed_at_unix_us: None,
             }))
         );
     }

@@ -33,7 +33,17 @@ pub struct DatabaseCache {
     pub following: crate::result_cache::Following,
     /// An answer was stored once: until then sessions skip looking (and locking) at all.
     pub ever_stored: std::sync::atomic::AtomicBool,
+    /// The id of the node whose WAL the stream follows ([`NOT_FOLLOWING`] when none):
+    /// nothing is served unless it is the node the cluster view names as writer now, so a
+    /// failover stops serving at once, not when the task notices.
+    pub followed_node: std::sync::atomic::AtomicU64,
+    /// From a commit on the primary to its tables' answers dropped here (the primary's clock
+    /// against pgherd's: only meaningful while they agree).
+    pub invalidation_delay: crate::counters::Histogram,
 }
+
+/// [`DatabaseCache::followed_node`] when no stream runs.
+pub const NOT_FOLLOWING: u64 = u64::MAX;
 
 impl DatabaseCache {
     pub fn new(database: &str, store: Store) -> DatabaseCache {
@@ -43,7 +53,19 @@ impl DatabaseCache {
             epoch: Instant::now(),
             following: Default::default(),
             ever_stored: Default::default(),
+            followed_node: std::sync::atomic::AtomicU64::new(NOT_FOLLOWING),
+            invalidation_delay: Default::default(),
         }
+    }
+
+    /// Whether the stream follows the node `writer` (the cluster view's writer now).
+    pub fn follows(&self, writer: Option<&crate::node_state::NodeState>) -> bool {
+        writer.is_some_and(|w| {
+            u64::from(w.id.0)
+                == self
+                    .followed_node
+                    .load(std::sync::atomic::Ordering::Acquire)
+        })
     }
 
     pub fn now_ms(&self) -> u64 {
@@ -141,7 +163,7 @@ async fn follow_inner(
     frontend::encode_query(
         &mut start,
         format!(
-            "START_REPLICATION SLOT {slot_name} LOGICAL 0/0 (\"include-xids\" '1', \"skip-empty-xacts\" '0')"
+            "START_REPLICATION SLOT {slot_name} LOGICAL 0/0 (\"include-xids\" '1', \"include-timestamp\" '1', \"skip-empty-xacts\" '0')"
         )
         .as_bytes(),
     )
@@ -240,6 +262,12 @@ fn on_message(
                 .map_err(|e| FeedError::Protocol(e.to_string()))?;
             let mut state = cache.state.lock();
             if let Some(commit) = commit {
+                if let Some(committed_at_us) = commit.committed_at_unix_us {
+                    let delay_us = unix_now_us().saturating_sub(committed_at_us).max(0);
+                    cache
+                        .invalidation_delay
+                        .observe(Duration::from_micros(delay_us as u64));
+                }
                 // Without its id pgherd could not tell when the commit is visible.
                 let Some(xid) = commit.xid else {
                     return Err(FeedError::Unattributed);
@@ -277,13 +305,16 @@ fn on_message(
     }
 }
 
+fn unix_now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
 /// Confirms what was decoded (so the slot holds no WAL back) and asks for a reply.
 async fn send_status(conn: &mut ServerConn, cache: &DatabaseCache) -> Result<(), FeedError> {
     let decoded = cache.state.lock().feed.decoded_lsn();
-    let now_us = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64 - (POSTGRES_EPOCH_UNIX_SECONDS as i64) * 1_000_000)
-        .unwrap_or(0);
+    let now_us = unix_now_us() - (POSTGRES_EPOCH_UNIX_SECONDS as i64) * 1_000_000;
     let mut update = BytesMut::with_capacity(40);
     write_message(&mut update, frontend::tag::COPY_DATA, |b| {
         b.put_u8(b'r');

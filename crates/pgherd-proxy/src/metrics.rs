@@ -456,4 +456,18 @@ fn cache_metrics(app: &App, out: &mut String) {
             );
         }
     }
+    let name = "pgherd_cache_invalidation_delay_seconds";
+    let mut f = family(
+        out,
+        name,
+        "histogram",
+        "From a commit on the primary (its commit time) to the answers of its tables dropped from the result cache.",
+    );
+    for db in app.caches.all() {
+        f.histogram(
+            name,
+            &[("database", db.database.as_str())],
+            &db.invalidation_delay,
+        );
+    }
 }

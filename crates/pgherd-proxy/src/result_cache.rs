@@ -16,7 +16,7 @@ use pgherd_cache::{GateLimits, Limits, Store, SCHEMA_CHANGE_PREFIX};
 use pgherd_config::CacheSettings;
 
 use crate::app::App;
-use crate::cache_feed::{follow, DatabaseCache, FeedSettings};
+use crate::cache_feed::{follow, DatabaseCache, FeedSettings, NOT_FOLLOWING};
 use crate::server::{self, ConnectSpec};
 
 /// How long the task waits before trying again after the stream ended, at first and at
@@ -204,6 +204,8 @@ async fn follow_primary(app: &Arc<App>, db: &DatabaseCache, slot_name: &str) -> 
         return Some(why);
     }
     db.following.status.lock().node = Some(primary.config.name.clone());
+    db.followed_node
+        .store(u64::from(primary.id.0), Ordering::Release);
     let primary_changed = async {
         loop {
             tokio::time::sleep(PRIMARY_CHECK_INTERVAL).await;
@@ -212,14 +214,16 @@ async fn follow_primary(app: &Arc<App>, db: &DatabaseCache, slot_name: &str) -> 
             }
         }
     };
-    tokio::select! {
+    let ended = tokio::select! {
         ended = follow(db, &spec, slot_name, FeedSettings::default()) => Some(ended.to_string()),
         _ = primary_changed => {
             // The stream may still be live on the old primary; its entries go with it.
             db.state.lock().went_down();
             None
         }
-    }
+    };
+    db.followed_node.store(NOT_FOLLOWING, Ordering::Release);
+    ended
 }
 
 /// Makes pgherd's schema-change trigger in the database unless it is there.
@@ -241,6 +245,9 @@ pub struct CacheReport {
     pub lag_bytes: u64,
     pub figures: pgherd_cache::Figures,
     pub status: FeedStatus,
+    /// Commit on the primary → its answers dropped here: median and 99th percentile, in
+    /// microseconds (as fine as the histogram's buckets).
+    pub invalidation_delay_us: Option<(u64, u64)>,
 }
 
 /// Every database's cache, read once for `SHOW CACHE` and `/metrics`.
@@ -262,6 +269,10 @@ pub fn reports(app: &App) -> Vec<CacheReport> {
                 lag_bytes: state.feed.lag_bytes(primary_lsn),
                 figures: state.store.figures(),
                 status,
+                invalidation_delay_us: db
+                    .invalidation_delay
+                    .quantile_us(0.5)
+                    .zip(db.invalidation_delay.quantile_us(0.99)),
             }
         })
         .collect()
@@ -285,6 +296,8 @@ pub fn view(app: &App) -> crate::views::Table {
         "invalidations",
         "expirations",
         "restarts",
+        "invalidation_delay_p50_ms",
+        "invalidation_delay_p99_ms",
         "last_error",
     ];
     let rows = reports(app)
@@ -311,11 +324,17 @@ pub fn view(app: &App) -> crate::views::Table {
                 f.invalidations.into(),
                 f.expirations.into(),
                 r.status.restarts.into(),
+                delay_ms(r.invalidation_delay_us.map(|d| d.0)).into(),
+                delay_ms(r.invalidation_delay_us.map(|d| d.1)).into(),
                 r.status.last_error.unwrap_or_default().into(),
             ]
         })
         .collect();
     crate::views::Table { columns, rows }
+}
+
+fn delay_ms(us: Option<u64>) -> String {
+    us.map_or_else(String::new, |us| format!("{:.3}", us as f64 / 1000.0))
 }
 
 /// A table name as the console's `CACHE CLEAR` got it: folded to lower case unless in

@@ -223,6 +223,19 @@ impl Router {
         verdict
     }
 
+    /// The tables `sql`, sent to the primary, shows it writes
+    /// ([`pgherd_route::cacheable::written_tables`]).
+    pub fn written_tables(&self, sql: &[u8], standard_conforming_strings: bool) -> Vec<String> {
+        let mut key = Vec::new();
+        let lexed = lex(sql, standard_conforming_strings, &mut key);
+        pgherd_route::cacheable::written_tables(
+            &String::from_utf8_lossy(sql),
+            &lexed,
+            &self.catalog.load(),
+            self.max_parse_bytes,
+        )
+    }
+
     /// (decisions found in the cache, statements classified with the parser) since start.
     pub fn cache_counts(&self) -> (u64, u64) {
         let cache = self.decisions.lock();

@@ -136,6 +136,57 @@ pub fn cacheable(
     Ok(tables)
 }
 
+/// The tables a statement sent to the primary writes, as far as its text shows: the
+/// targets of `INSERT`, `UPDATE`, `DELETE` and `MERGE` (data-modifying `WITH` included),
+/// `TRUNCATE` and `COPY ... FROM`, each with the tables under it by partitioning. Writes the
+/// text does not show (a trigger's, a function's) are left to the WAL; so is a text that
+/// cannot be parsed. Used to drop cached answers as soon as a write through pgherd ends,
+/// before its commit is decoded.
+pub fn written_tables(
+    sql: &str,
+    lexed: &Lexed,
+    catalog: &Snapshot,
+    max_parse_bytes: usize,
+) -> Vec<String> {
+    let Ok(parsed) = parse::parse(sql, lexed, max_parse_bytes) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = parsed
+        .summary
+        .tables
+        .iter()
+        .filter(|t| t.context == pg_query::protobuf::summary_result::Context::Dml)
+        .map(|t| t.table_name.clone())
+        .collect();
+    for raw in &parsed.tree.protobuf.stmts {
+        match raw.stmt.as_deref().and_then(|s| s.node.as_ref()) {
+            Some(NodeEnum::TruncateStmt(truncate)) => {
+                for relation in &truncate.relations {
+                    if let Some(NodeEnum::RangeVar(r)) = relation.node.as_ref() {
+                        names.push(r.relname.clone());
+                    }
+                }
+            }
+            Some(NodeEnum::CopyStmt(copy)) if copy.is_from => {
+                if let Some(r) = copy.relation.as_ref() {
+                    names.push(r.relname.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut tables = Vec::new();
+    for name in names {
+        if let Some(Some(sources)) = catalog.cache_sources(&name) {
+            tables.extend_from_slice(sources);
+        }
+        tables.push(name);
+    }
+    tables.sort();
+    tables.dedup();
+    tables
+}
+
 fn reads_state(name: &str) -> bool {
     STATE_READING_FUNCTIONS
         .iter()
@@ -253,6 +304,42 @@ mod tests {
         );
         assert_eq!(check("SELECT 1 + 1"), tables(&[]));
         assert_eq!(check("SELECT to_char(1, '999')"), tables(&[]));
+    }
+
+    #[test]
+    fn writes_name_their_targets_and_the_partitions_under_them() {
+        let written = |sql: &str| {
+            let mut key = Vec::new();
+            let lexed = lex(sql.as_bytes(), true, &mut key);
+            written_tables(sql, &lexed, &catalog(), parse::DEFAULT_MAX_PARSE_BYTES)
+        };
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            written("UPDATE accounts SET abalance = b.bbalance FROM branches b WHERE b.bid = 1"),
+            names(&["accounts"])
+        );
+        assert_eq!(
+            written("INSERT INTO orders SELECT * FROM accounts"),
+            names(&["orders", "orders_2026"])
+        );
+        assert_eq!(
+            written("WITH d AS (DELETE FROM branches RETURNING *) INSERT INTO public.accounts SELECT * FROM d"),
+            names(&["accounts", "branches"])
+        );
+        assert_eq!(
+            written(
+                "MERGE INTO accounts a USING branches b ON a.bid = b.bid WHEN MATCHED THEN DELETE"
+            ),
+            names(&["accounts"])
+        );
+        assert_eq!(
+            written("TRUNCATE accounts, branches"),
+            names(&["accounts", "branches"])
+        );
+        assert_eq!(written("COPY accounts FROM STDIN"), names(&["accounts"]));
+        assert_eq!(written("COPY accounts TO STDOUT"), names(&[]));
+        assert_eq!(written("SELECT * FROM accounts"), names(&[]));
+        assert_eq!(written("SELEC 1"), names(&[]));
     }
 
     #[test]

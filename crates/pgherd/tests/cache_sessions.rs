@@ -5,75 +5,11 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
+use common::cache::*;
 use common::*;
-use pgherd_route::balance::parse_lsn;
 use pgherd_testkit::{SUPERUSER, SUPERUSER_PASSWORD};
-use tokio_postgres::Client;
 
 const READ: &str = "/* pgherd:cache */ SELECT v FROM items WHERE id = 1";
-
-async fn cache_row(console: &Client) -> Vec<(String, String)> {
-    rows(console, "SHOW CACHE")
-        .await
-        .expect("SHOW CACHE")
-        .into_iter()
-        .find(|row| field(row, "database") == APP)
-        .unwrap_or_default()
-}
-
-async fn figure(console: &Client, name: &str) -> u64 {
-    let row = cache_row(console).await;
-    if row.is_empty() {
-        return 0;
-    }
-    field(&row, name).parse().expect("a number")
-}
-
-/// Waits until the cache's stream has decoded the primary's WAL up to `lsn`, and the replica
-/// has replayed it (a read the cache does not answer may go there: its staleness is routing's
-/// business, not the cache's).
-async fn wait_decoded(env: &Env, console: &Client, lsn: &str) {
-    let replayed = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'");
-    wait_until(
-        env,
-        "the replica replayed the change",
-        Duration::from_secs(20),
-        || env.cluster.sql_on("pg2", APP, &replayed).trim() == "t",
-    );
-    let target = parse_lsn(lsn).expect("an LSN");
-    let started = Instant::now();
-    loop {
-        let row = cache_row(console).await;
-        if !row.is_empty() && parse_lsn(field(&row, "decoded_lsn")).is_some_and(|d| d >= target) {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the cache did not decode up to {lsn}: {row:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Reads `sql` until the cache serves it (the stream must be live first); returns the answer.
-async fn read_until_served(app: &Client, console: &Client, sql: &str) -> String {
-    let started = Instant::now();
-    loop {
-        let hits = figure(console, "hits").await;
-        let value = first_value(app, sql).await.expect("the cached read");
-        if figure(console, "hits").await > hits {
-            return value;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "never served from the cache: {:?}",
-            cache_row(console).await
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hinted_reads_are_served_and_never_outlive_a_decoded_commit() {
@@ -99,7 +35,7 @@ async fn hinted_reads_are_served_and_never_outlive_a_decoded_commit() {
     for v in 11..16 {
         env.direct(&format!("UPDATE items SET v = {v} WHERE id = 1"));
         let lsn = env.direct("SELECT pg_current_wal_lsn()");
-        wait_decoded(&env, &console, lsn.trim()).await;
+        wait_decoded(&env, &console, lsn.trim(), Some("pg2")).await;
         assert_eq!(first_value(&app, READ).await.unwrap(), v.to_string());
         // And kept again afterwards.
         assert_eq!(read_until_served(&app, &console, READ).await, v.to_string());
@@ -141,7 +77,7 @@ async fn hinted_reads_are_served_and_never_outlive_a_decoded_commit() {
     read_until_served(&app, &console, wide).await;
     env.direct("ALTER TABLE items ADD COLUMN w int DEFAULT 7");
     let lsn = env.direct("SELECT pg_current_wal_lsn()");
-    wait_decoded(&env, &console, lsn.trim()).await;
+    wait_decoded(&env, &console, lsn.trim(), Some("pg2")).await;
     assert_eq!(columns(app.simple_query(wide).await.unwrap()), Some(3));
 
     // The console clears one table's entries, or all.

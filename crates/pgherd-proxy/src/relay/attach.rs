@@ -399,6 +399,8 @@ impl Session {
     /// next request gets a new server.
     pub(super) async fn on_server_failure(&mut self, e: ServerError) -> Result<(), Disconnect> {
         self.fill = None;
+        // Whether it committed is unknown: what it wrote is dropped anyway.
+        self.drop_written_tables();
         let e = match (e.kind, self.server_last_words.take()) {
             (ServerErrorKind::Closed(None), Some(words)) => {
                 ServerError::new(&e.node, ServerErrorKind::Closed(Some(*words)))

@@ -63,7 +63,11 @@ impl Session {
         let key = self.cache_key(sql);
         let config = self.app.config();
         let limits = crate::result_cache::gate_limits_of(&config.cache);
-        let primary_lsn = self.app.nodes.writer().map_or(0, |n| n.lsn());
+        let writer = self.app.nodes.writer();
+        if !cache.db.follows(writer.as_deref()) {
+            return Ok(false);
+        }
+        let primary_lsn = writer.map_or(0, |n| n.lsn());
         let db = cache.db.clone();
         let now_ms = db.now_ms();
         let answer = {
@@ -152,6 +156,44 @@ impl Session {
             max_entry_bytes: config.cache.max_entry_bytes as usize,
             spoiled: false,
         }));
+    }
+
+    /// A statement that writes is sent to the primary: the tables its text shows it writes
+    /// lose their cached answers as soon as its transaction ends, before the WAL says so.
+    pub(super) fn note_written_tables(&mut self, sql: &[u8], routed: &Routed) {
+        let Some(cache) = self.routing.setup.cache.as_ref() else {
+            return;
+        };
+        // Until a statement of the database asked for the cache nothing is kept or on its
+        // way: most sessions never parse their writes.
+        if routed.decision.target != RouteTarget::Primary
+            || !cache.db.following.started.load(Ordering::Relaxed)
+        {
+            return;
+        }
+        let Some(router) = self.routing.setup.router.as_ref() else {
+            return;
+        };
+        for table in router.written_tables(sql, self.routing.standard_conforming_strings) {
+            if !self.routing.tables_written.contains(&table) {
+                self.routing.tables_written.push(table);
+            }
+        }
+    }
+
+    /// The transaction ended (committed or not): what it wrote is dropped from the cache,
+    /// and answers of those tables on their way now are not kept.
+    pub(super) fn drop_written_tables(&mut self) {
+        if self.routing.tables_written.is_empty() {
+            return;
+        }
+        let tables = std::mem::take(&mut self.routing.tables_written);
+        if let Some(cache) = self.routing.setup.cache.as_ref() {
+            let mut state = cache.db.state.lock();
+            for table in &tables {
+                state.store.invalidate_table(table);
+            }
+        }
     }
 
     /// A whole server message forwarded to the client while an answer is being kept.

@@ -337,6 +337,7 @@ impl Session {
                     Some(Ok(routed)) => {
                         self.track_statement(&routed, tag == ftag::QUERY);
                         if tag == ftag::QUERY {
+                            self.note_written_tables(sql, &routed);
                             self.consider_fill(sql, &routed);
                         }
                         parse_routed = Some(routed);
@@ -347,7 +348,13 @@ impl Session {
             ftag::BIND if self.routing.setup.router.is_some() => {
                 let b = frontend::Bind::parse(body)?;
                 match self.statement_routed(b.statement) {
-                    Some(routed) => self.track_statement(&routed, true),
+                    Some(routed) => {
+                        self.track_statement(&routed, true);
+                        if let Ok(def) = statement(&self.statements, b.statement) {
+                            let def = def.clone();
+                            self.note_written_tables(&def.query, &routed);
+                        }
+                    }
                     None => {
                         self.note_possible_write(true);
                         self.note_session_effect(SessionEffect::Unknown);

@@ -243,6 +243,9 @@ struct Routing {
     /// The session asked for the result cache: its writes are followed to their end (as
     /// read-your-writes does), so that it is served only once they are decoded.
     cache_active: bool,
+    /// Tables the transaction's statements show they write, dropped from the result cache
+    /// when it ends.
+    tables_written: Vec<String>,
 }
 
 impl Routing {
@@ -274,6 +277,7 @@ impl Routing {
             retry_on_primary: false,
             replica_asked: false,
             cache_active: false,
+            tables_written: Vec::new(),
         }
     }
 

@@ -465,6 +465,9 @@ impl Session {
         self.finish_fill(status);
         self.client_tx = status;
         self.settings_request_done(status);
+        if status == TxStatus::Idle {
+            self.drop_written_tables();
+        }
         let Some(lease) = self.lease.as_mut() else {
             return Ok(());
         };

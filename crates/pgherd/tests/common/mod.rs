@@ -8,6 +8,8 @@ use pgherd_testkit::{Pgherd, PgherdConfig, TestCluster};
 use pgherd_wire::scram::ScramVerifier;
 use tokio_postgres::{Client, NoTls};
 
+pub mod cache;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_pgherd");
 pub const APP: &str = "app";
 pub const APP_PASSWORD: &str = "app-secret-1";

@@ -156,12 +156,32 @@ pub struct Router {
     schema_changed: std::sync::atomic::AtomicBool,
     /// A sharded endpoint's shard count: what `pgherd:shard` and `pgherd.shard` may name.
     shard_count: Option<u32>,
-    /// Exact statement text → the tables it reads if the result cache may keep its answer,
-    /// for the catalog generation it was found under.
+    /// The result cache's verdicts (by exact text or by shape) and the tables writes show they
+    /// write (by shape), for the catalog generation they were found under.
     cache_verdicts: Mutex<(u64, CacheVerdicts)>,
 }
 
-type CacheVerdicts = HashMap<Box<[u8]>, CacheVerdict>;
+/// What the result cache's questions found, by [`memo_key`].
+type CacheVerdicts = HashMap<Box<[u8]>, MemoValue>;
+
+enum MemoValue {
+    Verdict(CacheVerdict),
+    Written(Arc<[String]>),
+}
+
+#[derive(Clone, Copy)]
+enum MemoKind {
+    ExactText = 0,
+    Shape = 1,
+    Writes = 2,
+}
+
+fn memo_key(kind: MemoKind, bytes: &[u8]) -> Box<[u8]> {
+    let mut key = Vec::with_capacity(bytes.len() + 1);
+    key.push(kind as u8);
+    key.extend_from_slice(bytes);
+    key.into()
+}
 
 /// What [`Router::cache_verdict`] found.
 pub type CacheVerdict = Result<Arc<[String]>, pgherd_route::cacheable::NotCacheable>;
@@ -182,28 +202,35 @@ thread_local! {
 
 impl Router {
     /// Whether the result cache may keep the answer of `sql` (one whole simple query), and
-    /// the tables it reads: parsed once per text and catalog reading.
+    /// the tables it reads: parsed once per shape (the text with its literals blanked) and
+    /// catalog reading, or once per exact text when a literal value could change the verdict.
     pub fn cache_verdict(&self, sql: &[u8], standard_conforming_strings: bool) -> CacheVerdict {
         let generation = self.generation();
+        let mut shape = Vec::new();
+        let lexed = lex(sql, standard_conforming_strings, &mut shape);
+        let exact = memo_key(MemoKind::ExactText, sql);
+        let by_shape = (!shape.is_empty()).then(|| memo_key(MemoKind::Shape, &shape));
         {
             let mut memo = self.cache_verdicts.lock();
             if memo.0 != generation {
                 *memo = (generation, HashMap::new());
             }
-            if let Some(verdict) = memo.1.get(sql) {
+            let found = by_shape
+                .as_ref()
+                .and_then(|k| memo.1.get(k))
+                .or_else(|| memo.1.get(&exact));
+            if let Some(MemoValue::Verdict(verdict)) = found {
                 return verdict.clone();
             }
         }
-        let mut key = Vec::new();
-        let lexed = lex(sql, standard_conforming_strings, &mut key);
         let text = String::from_utf8_lossy(sql);
-        let verdict = pgherd_route::cacheable::cacheable(
+        let found = pgherd_route::cacheable::cacheable(
             &text,
             &lexed,
             &self.catalog.load(),
             self.max_parse_bytes,
-        )
-        .map(Arc::from);
+        );
+        let verdict = found.outcome.map(Arc::from);
         if matches!(
             verdict,
             Err(pgherd_route::cacheable::NotCacheable::UnknownRelation(_)
@@ -213,27 +240,53 @@ impl Router {
             self.reload.notify_one();
             return verdict;
         }
-        let mut memo = self.cache_verdicts.lock();
-        if memo.0 == generation {
-            if memo.1.len() >= self.capacity {
-                memo.1.clear();
-            }
-            memo.1.insert(sql.into(), verdict.clone());
-        }
+        let key = match by_shape {
+            Some(by_shape) if found.any_literals => by_shape,
+            _ => exact,
+        };
+        self.remember(generation, key, MemoValue::Verdict(verdict.clone()));
         verdict
     }
 
     /// The tables `sql`, sent to the primary, shows it writes
-    /// ([`pgherd_route::cacheable::written_tables`]).
-    pub fn written_tables(&self, sql: &[u8], standard_conforming_strings: bool) -> Vec<String> {
-        let mut key = Vec::new();
-        let lexed = lex(sql, standard_conforming_strings, &mut key);
-        pgherd_route::cacheable::written_tables(
+    /// ([`pgherd_route::cacheable::written_tables`]): found once per shape (table names are
+    /// no literals) and catalog reading.
+    pub fn written_tables(&self, sql: &[u8], standard_conforming_strings: bool) -> Arc<[String]> {
+        let generation = self.generation();
+        let mut shape = Vec::new();
+        let lexed = lex(sql, standard_conforming_strings, &mut shape);
+        // A text too long to parse shows nothing, which another of its shape might.
+        let key = (!shape.is_empty() && sql.len() <= self.max_parse_bytes)
+            .then(|| memo_key(MemoKind::Writes, &shape));
+        if let Some(key) = &key {
+            let memo = self.cache_verdicts.lock();
+            if let (true, Some(MemoValue::Written(tables))) =
+                (memo.0 == generation, memo.1.get(key))
+            {
+                return tables.clone();
+            }
+        }
+        let tables: Arc<[String]> = pgherd_route::cacheable::written_tables(
             &String::from_utf8_lossy(sql),
             &lexed,
             &self.catalog.load(),
             self.max_parse_bytes,
         )
+        .into();
+        if let Some(key) = key {
+            self.remember(generation, key, MemoValue::Written(tables.clone()));
+        }
+        tables
+    }
+
+    fn remember(&self, generation: u64, key: Box<[u8]>, value: MemoValue) {
+        let mut memo = self.cache_verdicts.lock();
+        if memo.0 == generation {
+            if memo.1.len() >= self.capacity {
+                memo.1.clear();
+            }
+            memo.1.insert(key, value);
+        }
     }
 
     /// (decisions found in the cache, statements classified with the parser) since start.

@@ -78,17 +78,53 @@ const STATE_READING_FUNCTIONS: &[&str] = &[
     "row_security_active",
 ];
 
-/// The tables `sql` reads if the cache may keep its answer (sorted, without repeats).
-pub fn cacheable(
-    sql: &str,
-    lexed: &Lexed,
-    catalog: &Snapshot,
-    max_parse_bytes: usize,
-) -> Result<Vec<String>, NotCacheable> {
+/// What [`cacheable`] found, and whether it holds for the statement whatever its literal
+/// values are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The tables the statement reads if the cache may keep its answer (sorted, without
+    /// repeats), or why not.
+    pub outcome: Result<Vec<String>, NotCacheable>,
+    /// The same verdict holds for every statement of the same shape (the text with its
+    /// literals blanked): it has no string or bit-string constant (a `'now'` may stand where
+    /// a date stood), and it was parsed.
+    pub any_literals: bool,
+}
+
+/// Whether the cache may keep the answer of `sql` and which tables it reads.
+pub fn cacheable(sql: &str, lexed: &Lexed, catalog: &Snapshot, max_parse_bytes: usize) -> Verdict {
     if lexed.strings_depend_on_settings {
-        return Err(NotCacheable::SettingDependentStrings);
+        return Verdict {
+            outcome: Err(NotCacheable::SettingDependentStrings),
+            any_literals: false,
+        };
     }
-    let parsed = parse::parse(sql, lexed, max_parse_bytes).map_err(NotCacheable::NotParsed)?;
+    let parsed = match parse::parse(sql, lexed, max_parse_bytes) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            return Verdict {
+                outcome: Err(NotCacheable::NotParsed(e)),
+                any_literals: false,
+            }
+        }
+    };
+    let any_literals = !tree::any_node(&parsed.tree.protobuf, |key, value| {
+        key == "AConst"
+            && value
+                .get("val")
+                .is_some_and(|v| v.get("Sval").is_some() || v.get("Bsval").is_some())
+    });
+    Verdict {
+        outcome: cacheable_parsed(sql, &parsed, catalog),
+        any_literals,
+    }
+}
+
+fn cacheable_parsed(
+    sql: &str,
+    parsed: &parse::Parsed,
+    catalog: &Snapshot,
+) -> Result<Vec<String>, NotCacheable> {
     let [raw] = parsed.tree.protobuf.stmts.as_slice() else {
         return Err(NotCacheable::NotOneSelect);
     };
@@ -274,10 +310,31 @@ mod tests {
         b.build()
     }
 
-    fn check(sql: &str) -> Result<Vec<String>, NotCacheable> {
+    fn verdict(sql: &str) -> Verdict {
         let mut key = Vec::new();
         let lexed = lex(sql.as_bytes(), true, &mut key);
         cacheable(sql, &lexed, &catalog(), parse::DEFAULT_MAX_PARSE_BYTES)
+    }
+
+    fn check(sql: &str) -> Result<Vec<String>, NotCacheable> {
+        verdict(sql).outcome
+    }
+
+    #[test]
+    fn verdicts_hold_for_any_literals_only_without_text_constants() {
+        assert!(verdict("SELECT abalance FROM accounts WHERE aid = 7").any_literals);
+        assert!(verdict("SELECT 1.5 * abalance FROM accounts WHERE aid IN (1, 2)").any_literals);
+        assert!(verdict("SELECT * FROM nowhere WHERE x = 1").any_literals);
+        for sql in [
+            "SELECT 'now'::timestamptz",
+            "SELECT '2020-01-01'::timestamptz FROM accounts",
+            "SELECT * FROM accounts WHERE filler = $$x$$",
+            "SELECT B'101' FROM accounts",
+            "SELEC 1",
+            r"SELECT 'a\b' FROM accounts",
+        ] {
+            assert!(!verdict(sql).any_literals, "{sql}");
+        }
     }
 
     fn tables(names: &[&str]) -> Result<Vec<String>, NotCacheable> {

@@ -174,9 +174,12 @@ impl Session {
         let Some(router) = self.routing.setup.router.as_ref() else {
             return;
         };
-        for table in router.written_tables(sql, self.routing.standard_conforming_strings) {
-            if !self.routing.tables_written.contains(&table) {
-                self.routing.tables_written.push(table);
+        for table in router
+            .written_tables(sql, self.routing.standard_conforming_strings)
+            .iter()
+        {
+            if !self.routing.tables_written.contains(table) {
+                self.routing.tables_written.push(table.clone());
             }
         }
     }

@@ -1,6 +1,7 @@
 //! `pgherd bench`: benchmarks that measure pgherd side by side with its peers in the same run.
 //! Figures are printed and written as CSV and Markdown; nothing here asserts a speed.
 
+mod cache;
 mod cgroup;
 mod pgbench;
 mod procstat;
@@ -31,6 +32,11 @@ pub enum BenchCommand {
     /// beside the same data on a master/slave cluster of 1–4 nodes behind pgherd, every node
     /// under a CPU quota, interleaved; CSV, SVG plots and a ratio table.
     Shards(scaling::ScalingOptions),
+    /// The result cache: a hot-read and a 90/10 read/write pgbench script (Zipf-skewed keys)
+    /// through pgherd without and with its cache and through Pgpool-II with its in-memory
+    /// query cache, interleaved; TPS, hit ratio, CPU per transaction of the middleware and of
+    /// PostgreSQL.
+    Cache(cache::CacheOptions),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -142,6 +148,7 @@ pub fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Pooler(options) => pooler(options),
         BenchCommand::Scaling(options) => scaling::scaling(options),
         BenchCommand::Shards(options) => scaling::shards(options),
+        BenchCommand::Cache(options) => cache::cache(options),
     }
 }
 

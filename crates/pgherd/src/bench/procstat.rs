@@ -56,3 +56,50 @@ pub fn raise_fd_limit(want: u64) -> u64 {
     }
     lim.rlim_cur
 }
+
+/// CPU time of `root` and everything under it (each process's own time plus that of the
+/// children it reaped), in microseconds: a forking server (PostgreSQL, Pgpool-II) as a whole.
+pub fn tree_cpu_us(root: u32) -> u64 {
+    let mut parent_of = Vec::new();
+    let mut times = std::collections::HashMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        let number = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        parent_of.push((pid, number(1) as u32));
+        times.insert(pid, number(11) + number(12) + number(13) + number(14));
+    }
+    let mut in_tree = std::collections::HashSet::from([root]);
+    // Parents may be listed after their children: repeat until nothing joins.
+    loop {
+        let before = in_tree.len();
+        for &(pid, parent) in &parent_of {
+            if in_tree.contains(&parent) {
+                in_tree.insert(pid);
+            }
+        }
+        if in_tree.len() == before {
+            break;
+        }
+    }
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    in_tree.iter().filter_map(|pid| times.get(pid)).sum::<u64>() * 1_000_000 / ticks
+}

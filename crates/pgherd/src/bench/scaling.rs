@@ -255,6 +255,7 @@ pub fn scaling(mut options: ScalingOptions) -> Result<(), String> {
                 &fixture.user,
                 options.clients.iter().copied().max().unwrap_or(1),
                 options.pgpool_statement_level,
+                None,
             )?),
             false => None,
         };

@@ -389,12 +389,16 @@ pub fn start_pgpool(
     user: &BenchUser,
     max_clients: u32,
     statement_level_load_balance: bool,
+    memory_cache_bytes: Option<u64>,
 ) -> Result<ProxyProcess, String> {
     let binary = PathBuf::from("/usr/sbin/pgpool");
     if !binary.is_file() {
         return Err("Pgpool-II is not installed (Debian: apt-get install pgpool2)".into());
     }
-    let dir = cluster.dir.join(format!("pgpool-{nodes}"));
+    let dir = cluster.dir.join(match memory_cache_bytes {
+        Some(_) => format!("pgpool-{nodes}-cache"),
+        None => format!("pgpool-{nodes}"),
+    });
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let port = free_port().map_err(|e| e.to_string())?;
     let pcp_port = free_port().map_err(|e| e.to_string())?;
@@ -417,6 +421,17 @@ pub fn start_pgpool(
         cluster.superuser_password,
         d = dir.display(),
     );
+    if let Some(bytes) = memory_cache_bytes {
+        // Its in-memory query cache in shared memory, invalidated by the writes that pass
+        // through it (per table) and never by time, as pgherd's is bounded by bytes.
+        conf.push_str(&format!(
+            "memory_cache_enabled = on\nmemqcache_method = 'shmem'\nmemqcache_total_size = {bytes}\n\
+             memqcache_max_num_cache = 1000000\nmemqcache_expire = 0\n\
+             memqcache_auto_cache_invalidation = on\nmemqcache_maxcache = 409600\n\
+             memqcache_cache_block_size = 1048576\nmemqcache_oiddir = '{}/oiddir'\n",
+            dir.display()
+        ));
+    }
     for (i, node) in cluster.cluster.nodes.iter().take(nodes).enumerate() {
         conf.push_str(&format!(
             "backend_hostname{i} = '127.0.0.1'\nbackend_port{i} = {}\nbackend_weight{i} = 1\n\

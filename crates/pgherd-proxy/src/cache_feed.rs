@@ -58,14 +58,17 @@ impl DatabaseCache {
         }
     }
 
+    /// The node whose WAL the stream follows now.
+    pub fn followed_node_id(&self) -> Option<pgherd_failover::NodeId> {
+        let id = self
+            .followed_node
+            .load(std::sync::atomic::Ordering::Acquire);
+        u32::try_from(id).ok().map(pgherd_failover::NodeId)
+    }
+
     /// Whether the stream follows the node `writer` (the cluster view's writer now).
     pub fn follows(&self, writer: Option<&crate::node_state::NodeState>) -> bool {
-        writer.is_some_and(|w| {
-            u64::from(w.id.0)
-                == self
-                    .followed_node
-                    .load(std::sync::atomic::Ordering::Acquire)
-        })
+        writer.is_some_and(|w| self.followed_node_id() == Some(w.id))
     }
 
     pub fn now_ms(&self) -> u64 {

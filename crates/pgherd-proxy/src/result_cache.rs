@@ -65,8 +65,6 @@ pub struct Caches {
 /// The stream's state as the console shows it.
 #[derive(Debug, Default, Clone)]
 pub struct FeedStatus {
-    /// The node followed now.
-    pub node: Option<String>,
     /// Why the last stream ended (or could not start).
     pub last_error: Option<String>,
     pub restarts: u64,
@@ -153,7 +151,6 @@ async fn keep_following(app: Arc<App>, db: Arc<DatabaseCache>) {
         };
         {
             let mut status = db.following.status.lock();
-            status.node = None;
             status.restarts += 1;
             if let Some(why) = &ended {
                 status.last_error = Some(why.clone());
@@ -203,7 +200,6 @@ async fn follow_primary(app: &Arc<App>, db: &DatabaseCache, slot_name: &str) -> 
     if let Err(why) = ensure_schema_change_trigger(&spec).await {
         return Some(why);
     }
-    db.following.status.lock().node = Some(primary.config.name.clone());
     db.followed_node
         .store(u64::from(primary.id.0), Ordering::Release);
     let primary_changed = async {
@@ -245,6 +241,8 @@ pub struct CacheReport {
     pub lag_bytes: u64,
     pub figures: pgherd_cache::Figures,
     pub status: FeedStatus,
+    /// The node whose WAL the stream follows now.
+    pub following: Option<String>,
     /// Commit on the primary → its answers dropped here: median and 99th percentile, in
     /// microseconds (as fine as the histogram's buckets).
     pub invalidation_delay_us: Option<(u64, u64)>,
@@ -269,6 +267,10 @@ pub fn reports(app: &App) -> Vec<CacheReport> {
                 lag_bytes: state.feed.lag_bytes(primary_lsn),
                 figures: state.store.figures(),
                 status,
+                following: db
+                    .followed_node_id()
+                    .and_then(|id| app.nodes.by_id(id))
+                    .map(|node| node.config.name.clone()),
                 invalidation_delay_us: db
                     .invalidation_delay
                     .quantile_us(0.5)
@@ -311,7 +313,7 @@ pub fn view(app: &App) -> crate::views::Table {
             vec![
                 r.database.into(),
                 state.into(),
-                r.status.node.unwrap_or_default().into(),
+                r.following.unwrap_or_default().into(),
                 pgherd_route::balance::format_lsn(r.decoded_lsn).into(),
                 r.lag_bytes.into(),
                 f.entries.into(),

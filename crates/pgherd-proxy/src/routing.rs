@@ -156,31 +156,43 @@ pub struct Router {
     schema_changed: std::sync::atomic::AtomicBool,
     /// A sharded endpoint's shard count: what `pgherd:shard` and `pgherd.shard` may name.
     shard_count: Option<u32>,
-    /// The result cache's verdicts (by exact text or by shape) and the tables writes show they
-    /// write (by shape), for the catalog generation they were found under.
-    cache_verdicts: Mutex<(u64, CacheVerdicts)>,
+    /// What the result cache asked of statements, for the catalog generation it was found
+    /// under.
+    cache_memo: Mutex<CacheMemo>,
 }
 
-/// What the result cache's questions found, by [`memo_key`].
-type CacheVerdicts = HashMap<Box<[u8]>, MemoValue>;
-
-enum MemoValue {
-    Verdict(CacheVerdict),
-    Written(Arc<[String]>),
+/// The result cache's verdicts and the tables writes show they write, remembered.
+#[derive(Default)]
+struct CacheMemo {
+    generation: u64,
+    /// Verdicts a literal value could change: by exact text.
+    by_text: HashMap<Box<[u8]>, CacheVerdict>,
+    /// Verdicts that hold for every text of a shape (literals blanked).
+    by_shape: HashMap<Box<[u8]>, CacheVerdict>,
+    /// Tables written, by shape (table names are no literals).
+    writes_by_shape: HashMap<Box<[u8]>, Arc<[String]>>,
 }
 
-#[derive(Clone, Copy)]
-enum MemoKind {
-    ExactText = 0,
-    Shape = 1,
-    Writes = 2,
+impl CacheMemo {
+    /// The memo for catalog `generation`: emptied when the catalog was read again.
+    fn of(&mut self, generation: u64) -> &mut CacheMemo {
+        if self.generation != generation {
+            *self = CacheMemo {
+                generation,
+                ..CacheMemo::default()
+            };
+        }
+        self
+    }
 }
 
-fn memo_key(kind: MemoKind, bytes: &[u8]) -> Box<[u8]> {
-    let mut key = Vec::with_capacity(bytes.len() + 1);
-    key.push(kind as u8);
-    key.extend_from_slice(bytes);
-    key.into()
+/// Inserts into a memo bounded by `capacity` entries (emptied when full, as the decision
+/// cache is).
+fn remember<V>(map: &mut HashMap<Box<[u8]>, V>, capacity: usize, key: &[u8], value: V) {
+    if map.len() >= capacity {
+        map.clear();
+    }
+    map.insert(key.into(), value);
 }
 
 /// What [`Router::cache_verdict`] found.
@@ -198,6 +210,8 @@ struct DecisionCache {
 thread_local! {
     /// The key being built, reused: the lookup allocates nothing on a hit.
     static KEY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// A statement's shape for the result cache's memo, reused likewise.
+    static SHAPE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Router {
@@ -206,87 +220,81 @@ impl Router {
     /// catalog reading, or once per exact text when a literal value could change the verdict.
     pub fn cache_verdict(&self, sql: &[u8], standard_conforming_strings: bool) -> CacheVerdict {
         let generation = self.generation();
-        let mut shape = Vec::new();
-        let lexed = lex(sql, standard_conforming_strings, &mut shape);
-        let exact = memo_key(MemoKind::ExactText, sql);
-        let by_shape = (!shape.is_empty()).then(|| memo_key(MemoKind::Shape, &shape));
-        {
-            let mut memo = self.cache_verdicts.lock();
-            if memo.0 != generation {
-                *memo = (generation, HashMap::new());
-            }
-            let found = by_shape
-                .as_ref()
-                .and_then(|k| memo.1.get(k))
-                .or_else(|| memo.1.get(&exact));
-            if let Some(MemoValue::Verdict(verdict)) = found {
-                return verdict.clone();
-            }
+        if let Some(verdict) = self.cache_memo.lock().of(generation).by_text.get(sql) {
+            return verdict.clone();
         }
-        let text = String::from_utf8_lossy(sql);
-        let found = pgherd_route::cacheable::cacheable(
-            &text,
-            &lexed,
-            &self.catalog.load(),
-            self.max_parse_bytes,
-        );
-        let verdict = found.outcome.map(Arc::from);
-        if matches!(
-            verdict,
-            Err(pgherd_route::cacheable::NotCacheable::UnknownRelation(_)
-                | pgherd_route::cacheable::NotCacheable::UnknownFunction(_))
-        ) {
-            // Perhaps made since the catalog was read: not remembered, and read again.
-            self.reload.notify_one();
-            return verdict;
-        }
-        let key = match by_shape {
-            Some(by_shape) if found.any_literals => by_shape,
-            _ => exact,
-        };
-        self.remember(generation, key, MemoValue::Verdict(verdict.clone()));
-        verdict
+        SHAPE.with(|shape| {
+            let mut shape = shape.borrow_mut();
+            shape.clear();
+            let lexed = lex(sql, standard_conforming_strings, &mut shape);
+            if !shape.is_empty() {
+                let mut memo = self.cache_memo.lock();
+                if let Some(verdict) = memo.of(generation).by_shape.get(shape.as_slice()) {
+                    return verdict.clone();
+                }
+            }
+            let found = pgherd_route::cacheable::cacheable(
+                &String::from_utf8_lossy(sql),
+                &lexed,
+                &self.catalog.load(),
+                self.max_parse_bytes,
+            );
+            let verdict = found.outcome.map(Arc::from);
+            if matches!(
+                verdict,
+                Err(pgherd_route::cacheable::NotCacheable::UnknownRelation(_)
+                    | pgherd_route::cacheable::NotCacheable::UnknownFunction(_))
+            ) {
+                // Perhaps made since the catalog was read: not remembered, and read again.
+                self.reload.notify_one();
+                return verdict;
+            }
+            let mut memo = self.cache_memo.lock();
+            let memo = memo.of(generation);
+            match found.any_literals && !shape.is_empty() {
+                true => remember(&mut memo.by_shape, self.capacity, &shape, verdict.clone()),
+                false => remember(&mut memo.by_text, self.capacity, sql, verdict.clone()),
+            }
+            verdict
+        })
     }
 
     /// The tables `sql`, sent to the primary, shows it writes
-    /// ([`pgherd_route::cacheable::written_tables`]): found once per shape (table names are
-    /// no literals) and catalog reading.
+    /// ([`pgherd_route::cacheable::written_tables`]): found once per shape and catalog
+    /// reading.
     pub fn written_tables(&self, sql: &[u8], standard_conforming_strings: bool) -> Arc<[String]> {
         let generation = self.generation();
-        let mut shape = Vec::new();
-        let lexed = lex(sql, standard_conforming_strings, &mut shape);
-        // A text too long to parse shows nothing, which another of its shape might.
-        let key = (!shape.is_empty() && sql.len() <= self.max_parse_bytes)
-            .then(|| memo_key(MemoKind::Writes, &shape));
-        if let Some(key) = &key {
-            let memo = self.cache_verdicts.lock();
-            if let (true, Some(MemoValue::Written(tables))) =
-                (memo.0 == generation, memo.1.get(key))
-            {
-                return tables.clone();
+        SHAPE.with(|shape| {
+            let mut shape = shape.borrow_mut();
+            shape.clear();
+            let lexed = lex(sql, standard_conforming_strings, &mut shape);
+            // A text too long to parse shows nothing, which another of its shape might.
+            let by_shape = !shape.is_empty() && sql.len() <= self.max_parse_bytes;
+            if by_shape {
+                let mut memo = self.cache_memo.lock();
+                if let Some(tables) = memo.of(generation).writes_by_shape.get(shape.as_slice()) {
+                    return tables.clone();
+                }
             }
-        }
-        let tables: Arc<[String]> = pgherd_route::cacheable::written_tables(
-            &String::from_utf8_lossy(sql),
-            &lexed,
-            &self.catalog.load(),
-            self.max_parse_bytes,
-        )
-        .into();
-        if let Some(key) = key {
-            self.remember(generation, key, MemoValue::Written(tables.clone()));
-        }
-        tables
-    }
-
-    fn remember(&self, generation: u64, key: Box<[u8]>, value: MemoValue) {
-        let mut memo = self.cache_verdicts.lock();
-        if memo.0 == generation {
-            if memo.1.len() >= self.capacity {
-                memo.1.clear();
+            let tables: Arc<[String]> = pgherd_route::cacheable::written_tables(
+                &String::from_utf8_lossy(sql),
+                &lexed,
+                &self.catalog.load(),
+                self.max_parse_bytes,
+            )
+            .into();
+            if by_shape {
+                let mut memo = self.cache_memo.lock();
+                let memo = memo.of(generation);
+                remember(
+                    &mut memo.writes_by_shape,
+                    self.capacity,
+                    &shape,
+                    tables.clone(),
+                );
             }
-            memo.1.insert(key, value);
-        }
+            tables
+        })
     }
 
     /// (decisions found in the cache, statements classified with the parser) since start.
@@ -303,7 +311,7 @@ impl Router {
             server_dbname,
             catalog: ArcSwap::from_pointee(Snapshot::default()),
             decisions: Mutex::default(),
-            cache_verdicts: Mutex::default(),
+            cache_memo: Mutex::default(),
             capacity: config.routing.decision_cache_entries,
             max_parse_bytes: config.routing.max_parse_bytes,
             reload: Notify::new(),

@@ -13,15 +13,10 @@ use std::time::{Duration, Instant};
 use common::cache::*;
 use common::*;
 use pgherd_route::balance::parse_lsn;
-use pgherd_testkit::{SUPERUSER, SUPERUSER_PASSWORD};
 use std::sync::Mutex;
 use tokio_postgres::Client;
 
 const READ: &str = "/* pgherd:cache */ SELECT v FROM items WHERE id = 1";
-
-fn console_conninfo(env: &Env) -> String {
-    env.pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")
-}
 
 /// Stops a process for as long as it lives (and lets it go on whatever happens).
 struct Stopped(u32);
@@ -50,13 +45,7 @@ fn signal(pid: u32, name: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_through_pgherd_drop_answers_before_the_wal_says_so() {
     // Silence is allowed for long: the stream is held still on purpose below.
-    let env = env(0, |c| {
-        c.superuser()
-            .mode("transaction")
-            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
-            .section("[cache]\nmax_silence_ms = 120000")
-    });
-    let console = connect(&console_conninfo(&env)).await;
+    let (env, console) = cache_env(0, |c| c.section("[cache]\nmax_silence_ms = 120000")).await;
     let writer = env.app().await;
     let reader = env.app().await;
     writer
@@ -121,14 +110,10 @@ async fn writes_through_pgherd_drop_answers_before_the_wal_says_so() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_failover_nothing_kept_on_the_old_primary_is_served() {
-    let env = env(1, |c| {
-        c.superuser()
-            .manage_nodes()
-            .mode("transaction")
-            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
-            .section("[failover]\nenabled = true")
-    });
-    let console = connect(&console_conninfo(&env)).await;
+    let (env, console) = cache_env(1, |c| {
+        c.manage_nodes().section("[failover]\nenabled = true")
+    })
+    .await;
     let app = env.app().await;
     app.batch_execute(
         "CREATE TABLE items (id int PRIMARY KEY, v int); INSERT INTO items VALUES (1, 1)",
@@ -187,15 +172,12 @@ async fn after_a_failover_nothing_kept_on_the_old_primary_is_served() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_distinct_statements_stay_within_the_memory_bound() {
     const MAX_BYTES: u64 = 256 << 10;
-    let env = env(0, |c| {
-        c.superuser()
-            .mode("transaction")
-            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
-            .section(&format!(
-                "[cache]\nmax_bytes = {MAX_BYTES}\nmax_entry_bytes = 16384"
-            ))
-    });
-    let console = connect(&console_conninfo(&env)).await;
+    let (env, console) = cache_env(0, |c| {
+        c.section(&format!(
+            "[cache]\nmax_bytes = {MAX_BYTES}\nmax_entry_bytes = 16384"
+        ))
+    })
+    .await;
     let app = env.app().await;
     app.batch_execute(
         "CREATE TABLE items (id int PRIMARY KEY, v int); \
@@ -351,12 +333,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 async fn differential_every_read_is_at_least_as_new_as_what_was_decoded_before_it() {
     // No replica: an answer the cache did not give comes from the primary, so any stale
     // answer is the cache's.
-    let env = env(0, |c| {
-        c.superuser()
-            .mode("transaction")
-            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
-    });
-    let console = connect(&console_conninfo(&env)).await;
+    let (env, console) = cache_env(0, |c| c).await;
     let app = env.app().await;
     app.batch_execute(&format!(
         "CREATE TABLE versions (id int PRIMARY KEY, version int NOT NULL); \

@@ -7,18 +7,12 @@ mod common;
 
 use common::cache::*;
 use common::*;
-use pgherd_testkit::{SUPERUSER, SUPERUSER_PASSWORD};
 
 const READ: &str = "/* pgherd:cache */ SELECT v FROM items WHERE id = 1";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hinted_reads_are_served_and_never_outlive_a_decoded_commit() {
-    let env = env(1, |c| {
-        c.superuser()
-            .mode("transaction")
-            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
-    });
-    let console = connect(&env.pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")).await;
+    let (env, console) = cache_env(1, |c| c).await;
     let app = env.app().await;
     app.batch_execute(
         "CREATE TABLE items (id int PRIMARY KEY, v int); INSERT INTO items VALUES (1, 10), (2, 20)",

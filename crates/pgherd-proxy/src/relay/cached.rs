@@ -161,14 +161,7 @@ impl Session {
     /// A statement that writes is sent to the primary: the tables its text shows it writes
     /// lose their cached answers as soon as its transaction ends, before the WAL says so.
     pub(super) fn note_written_tables(&mut self, sql: &[u8], routed: &Routed) {
-        let Some(cache) = self.routing.setup.cache.as_ref() else {
-            return;
-        };
-        // Until a statement of the database asked for the cache nothing is kept or on its
-        // way: most sessions never parse their writes.
-        if routed.decision.target != RouteTarget::Primary
-            || !cache.db.following.started.load(Ordering::Relaxed)
-        {
+        if !self.writes_matter_to_cache(routed) {
             return;
         }
         let Some(router) = self.routing.setup.router.as_ref() else {
@@ -182,6 +175,19 @@ impl Session {
                 self.routing.tables_written.push(table.clone());
             }
         }
+    }
+
+    /// Whether a statement routed so may write tables whose cached answers a commit would
+    /// leave stale. Until a statement of the database asked for the cache nothing is kept or
+    /// on its way: most sessions never parse their writes.
+    pub(super) fn writes_matter_to_cache(&self, routed: &Routed) -> bool {
+        routed.decision.target == RouteTarget::Primary
+            && self
+                .routing
+                .setup
+                .cache
+                .as_ref()
+                .is_some_and(|cache| cache.db.following.started.load(Ordering::Relaxed))
     }
 
     /// The transaction ended (committed or not): what it wrote is dropped from the cache,

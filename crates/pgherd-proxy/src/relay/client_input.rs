@@ -350,9 +350,11 @@ impl Session {
                 match self.statement_routed(b.statement) {
                     Some(routed) => {
                         self.track_statement(&routed, true);
-                        if let Ok(def) = statement(&self.statements, b.statement) {
-                            let def = def.clone();
-                            self.note_written_tables(&def.query, &routed);
+                        if self.writes_matter_to_cache(&routed) {
+                            if let Ok(def) = statement(&self.statements, b.statement) {
+                                let def = def.clone();
+                                self.note_written_tables(&def.query, &routed);
+                            }
                         }
                     }
                     None => {

@@ -17,7 +17,10 @@ use super::targets::{
     start_pgherd, start_pgpool, BenchCluster, BenchUser, PgherdSetup, ProxyProcess,
 };
 use super::tempfile_dir;
-use super::{csv_text, fmt, outcome, output_prefix, pgbench_init, work_dir, write_failed_runs};
+use super::{
+    csv_text, fmt, outcome, output_prefix, pgbench_init, run_order, work_dir, write_csv_and_report,
+    write_failed_runs,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
 pub enum CacheWorkload {
@@ -151,41 +154,37 @@ pub fn cache(options: CacheOptions) -> Result<(), String> {
     }
     let fixture = setup(&options)?;
     let started = Instant::now();
-    let total = options.rounds as usize
-        * options.workloads.len()
-        * options.clients.len()
-        * options.targets.len();
+    let order = run_order(
+        options.rounds,
+        &options.workloads,
+        &options.clients,
+        &options.targets,
+    );
+    let total = order.len();
     let mut samples = Vec::new();
-    for round in 0..options.rounds {
-        for &workload in &options.workloads {
-            for &clients in &options.clients {
-                let n = options.targets.len();
-                for k in 0..n {
-                    let target = options.targets[(k + round as usize) % n];
-                    let s = measure(&fixture, &options, round, workload, clients, target)?;
-                    eprintln!(
-                        "[{}/{total}] round {} {:<10} {:>3} clients {:<15} {}",
-                        samples.len() + 1,
-                        round + 1,
-                        workload.name(),
-                        clients,
-                        target.name(),
-                        match &s.error {
-                            Some(e) => format!("FAILED: {e}"),
-                            None =>
-                                format!(
-                                "{:>9.0} tps  hits {}  middleware {} us/txn  server {:.1} us/txn",
-                                s.result.tps,
-                                s.hit_ratio.map_or("–".into(), |h| format!("{:.1} %", h * 100.0)),
-                                s.proxy_cpu_us_per_txn.map_or("–".into(), |c| format!("{c:.1}")),
-                                s.server_cpu_us_per_txn
-                            ),
-                        }
-                    );
-                    samples.push(s);
-                }
+    for (round, workload, clients, target) in order {
+        let s = measure(&fixture, &options, round, workload, clients, target)?;
+        eprintln!(
+            "[{}/{total}] round {} {:<10} {:>3} clients {:<15} {}",
+            samples.len() + 1,
+            round + 1,
+            workload.name(),
+            clients,
+            target.name(),
+            match &s.error {
+                Some(e) => format!("FAILED: {e}"),
+                None => format!(
+                    "{:>9.0} tps  hits {}  middleware {} us/txn  server {:.1} us/txn",
+                    s.result.tps,
+                    s.hit_ratio
+                        .map_or("–".into(), |h| format!("{:.1} %", h * 100.0)),
+                    s.proxy_cpu_us_per_txn
+                        .map_or("–".into(), |c| format!("{c:.1}")),
+                    s.server_cpu_us_per_txn
+                ),
             }
-        }
+        );
+        samples.push(s);
     }
     let report = render_report(&options, &samples, started.elapsed());
     println!("{report}");
@@ -285,17 +284,19 @@ fn cache_hits(fixture: &Fixture, target: CacheTarget) -> Option<u64> {
                 .ok()?
                 .into_string()
                 .ok()?;
-            let line = text
+            match text
                 .lines()
-                .find(|l| l.starts_with("pgherd_cache_hits_total{database=\"bench\"}"));
-            // No cache made for the database (switched off): no hits.
-            Some(line.map_or(Some(0), |l| {
-                l.split_whitespace()
+                .find(|l| l.starts_with("pgherd_cache_hits_total{database=\"bench\"}"))
+            {
+                Some(line) => line
+                    .split_whitespace()
                     .last()?
                     .parse::<f64>()
                     .ok()
-                    .map(|v| v as u64)
-            })?)
+                    .map(|v| v as u64),
+                // No cache made for the database (switched off): no hits.
+                None => Some(0),
+            }
         }
         CacheTarget::PgpoolCache => {
             let out = std::process::Command::new(&fixture.psql)
@@ -516,10 +517,5 @@ fn write_outputs(options: &CacheOptions, samples: &[Sample], report: &str) -> Re
             csv_text(s.error.as_deref())
         );
     }
-    let csv_path = prefix.with_extension("csv");
-    std::fs::write(&csv_path, csv).map_err(|e| e.to_string())?;
-    let md_path = prefix.with_extension("md");
-    std::fs::write(&md_path, report).map_err(|e| e.to_string())?;
-    eprintln!("wrote {} and {}", csv_path.display(), md_path.display());
-    Ok(())
+    write_csv_and_report(&prefix, &csv, report)
 }

@@ -197,48 +197,39 @@ fn pooler(mut options: PoolerOptions) -> Result<(), String> {
     }
     let fixture = setup(&options)?;
     let started = Instant::now();
-    let total = options.rounds as usize
-        * options.workloads.len()
-        * options.clients.len()
-        * options.targets.len();
+    let order = run_order(
+        options.rounds,
+        &options.workloads,
+        &options.clients,
+        &options.targets,
+    );
+    let total = order.len();
     let mut samples = Vec::new();
-    for round in 0..options.rounds {
-        for &workload in &options.workloads {
-            for &clients in &options.clients {
-                // Rotate the order each round so no target always runs first (a warm cache,
-                // the machine's other load) and medians compare like with like.
-                let n = options.targets.len();
-                for k in 0..n {
-                    let target = options.targets[(k + round as usize) % n];
-                    let sample = measure(&fixture, &options, round, workload, clients, target)?;
-                    if let Some(error) = &sample.error {
-                        eprintln!(
-                            "[{}/{total}] round {} {} {} clients {}: FAILED: {error}",
-                            samples.len() + 1,
-                            round + 1,
-                            workload.name(),
-                            clients,
-                            target.name()
-                        );
-                        samples.push(sample);
-                        continue;
-                    }
-                    eprintln!(
-                        "[{}/{total}] round {} {:<16} {:>3} clients {:<9} {:>9.0} tps  avg {:.3} ms  p99 {:.3} ms{}",
-                        samples.len() + 1,
-                        round + 1,
-                        workload.name(),
-                        clients,
-                        target.name(),
-                        sample.result.tps,
-                        sample.result.latency_avg_ms,
-                        sample.result.latency_p99_ms,
-                        sample.cpu_us_per_txn.map(|c| format!("  cpu {c:.1} us/txn")).unwrap_or_default()
-                    );
-                    samples.push(sample);
-                }
-            }
+    for (round, workload, clients, target) in order {
+        let sample = measure(&fixture, &options, round, workload, clients, target)?;
+        match &sample.error {
+            Some(error) => eprintln!(
+                "[{}/{total}] round {} {} {} clients {}: FAILED: {error}",
+                samples.len() + 1,
+                round + 1,
+                workload.name(),
+                clients,
+                target.name()
+            ),
+            None => eprintln!(
+                "[{}/{total}] round {} {:<16} {:>3} clients {:<9} {:>9.0} tps  avg {:.3} ms  p99 {:.3} ms{}",
+                samples.len() + 1,
+                round + 1,
+                workload.name(),
+                clients,
+                target.name(),
+                sample.result.tps,
+                sample.result.latency_avg_ms,
+                sample.result.latency_p99_ms,
+                sample.cpu_us_per_txn.map(|c| format!("  cpu {c:.1} us/txn")).unwrap_or_default()
+            ),
         }
+        samples.push(sample);
     }
     let memory = if options.idle_clients > 0 {
         idle_memory(&fixture, &options)?
@@ -732,7 +723,6 @@ fn render_report(
 
 fn write_outputs(options: &PoolerOptions, samples: &[Sample], report: &str) -> Result<(), String> {
     let prefix = output_prefix(&options.out, "pooler")?;
-    let csv_path = prefix.with_extension("csv");
     let mut csv = String::from("round,workload,clients,target,tps,latency_avg_ms,latency_p99_ms,proxy_cpu_us_per_txn,transactions,failed,error\n");
     for s in samples {
         let _ = writeln!(
@@ -753,11 +743,40 @@ fn write_outputs(options: &PoolerOptions, samples: &[Sample], report: &str) -> R
             csv_text(s.error.as_deref())
         );
     }
-    std::fs::write(&csv_path, csv).map_err(|e| e.to_string())?;
+    write_csv_and_report(&prefix, &csv, report)
+}
+
+/// `<prefix>.csv` and `<prefix>.md`, and where they went.
+fn write_csv_and_report(prefix: &std::path::Path, csv: &str, report: &str) -> Result<(), String> {
+    let csv_path = prefix.with_extension("csv");
+    std::fs::write(&csv_path, csv).map_err(|e| format!("{}: {e}", csv_path.display()))?;
     let md_path = prefix.with_extension("md");
-    std::fs::write(&md_path, report).map_err(|e| e.to_string())?;
+    std::fs::write(&md_path, report).map_err(|e| format!("{}: {e}", md_path.display()))?;
     eprintln!("wrote {} and {}", csv_path.display(), md_path.display());
     Ok(())
+}
+
+/// Every (round, workload, clients, target) run of an interleaved benchmark, in the order
+/// they run: the targets' order rotates each round so no target always runs first (a warm
+/// cache, the machine's other load) and medians compare like with like.
+fn run_order<W: Copy, T: Copy>(
+    rounds: u32,
+    workloads: &[W],
+    clients: &[u32],
+    targets: &[T],
+) -> Vec<(u32, W, u32, T)> {
+    let mut order = Vec::new();
+    for round in 0..rounds {
+        for &workload in workloads {
+            for &count in clients {
+                for k in 0..targets.len() {
+                    let target = targets[(k + round as usize) % targets.len()];
+                    order.push((round, workload, count, target));
+                }
+            }
+        }
+    }
+    order
 }
 
 /// The benchmark's working directory: `dir` if given, otherwise a temporary one removed when
@@ -840,4 +859,16 @@ fn output_prefix(out: &std::path::Path, name: &str) -> Result<PathBuf, String> {
 fn csv_text(text: Option<&str>) -> String {
     text.map(|e| format!("\"{}\"", e.replace('"', "'")))
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn run_order_rotates_the_targets_each_round() {
+        let order = super::run_order(2, &["w"], &[1, 8], &['a', 'b', 'c']);
+        let targets: String = order.iter().map(|r| r.3).collect();
+        assert_eq!(targets, "abcabcbcabca");
+        assert!(order[..6].iter().all(|r| r.0 == 0) && order[6..].iter().all(|r| r.0 == 1));
+        assert_eq!(order[3].2, 8);
+    }
 }

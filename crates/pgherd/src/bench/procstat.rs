@@ -1,16 +1,28 @@
 //! What /proc says about a process: CPU time used and resident memory.
 
+/// `/proc/<pid>/stat`'s fields after the command name (which is parenthesised and may contain
+/// spaces), numbered from 0 (the state): the parent is field 1, user and system time in clock
+/// ticks 11 and 12, those of reaped children 13 and 14.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.get(stat.rfind(')')? + 2..)?;
+    Some(after.split_whitespace().map(str::to_owned).collect())
+}
+
+fn field(fields: &[String], i: usize) -> Option<u64> {
+    fields.get(i)?.parse().ok()
+}
+
+fn ticks_to_us(ticks: u64) -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    ticks * 1_000_000 / per_second
+}
+
 /// User plus system CPU time of `pid`, in microseconds.
 pub fn cpu_us(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which is parenthesised and may contain spaces.
-    let after = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Some((utime + stime) * 1_000_000 / ticks)
+    let fields = stat_fields(pid)?;
+    Some(ticks_to_us(field(&fields, 11)? + field(&fields, 12)?))
 }
 
 /// Resident set size of `pid`, in KiB.
@@ -61,7 +73,7 @@ pub fn raise_fd_limit(want: u64) -> u64 {
 /// children it reaped), in microseconds: a forking server (PostgreSQL, Pgpool-II) as a whole.
 pub fn tree_cpu_us(root: u32) -> u64 {
     let mut parent_of = Vec::new();
-    let mut times = std::collections::HashMap::new();
+    let mut ticks = std::collections::HashMap::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = entry
             .file_name()
@@ -70,21 +82,12 @@ pub fn tree_cpu_us(root: u32) -> u64 {
         else {
             continue;
         };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        let Some(fields) = stat_fields(pid) else {
             continue;
         };
-        let Some(close) = stat.rfind(')') else {
-            continue;
-        };
-        let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-        let number = |i: usize| {
-            fields
-                .get(i)
-                .and_then(|f| f.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
+        let number = |i| field(&fields, i).unwrap_or(0);
         parent_of.push((pid, number(1) as u32));
-        times.insert(pid, number(11) + number(12) + number(13) + number(14));
+        ticks.insert(pid, number(11) + number(12) + number(13) + number(14));
     }
     let mut in_tree = std::collections::HashSet::from([root]);
     // Parents may be listed after their children: repeat until nothing joins.
@@ -99,7 +102,30 @@ pub fn tree_cpu_us(root: u32) -> u64 {
             break;
         }
     }
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    in_tree.iter().filter_map(|pid| times.get(pid)).sum::<u64>() * 1_000_000 / ticks
+    ticks_to_us(in_tree.iter().filter_map(|pid| ticks.get(pid)).sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_tree_takes_in_its_children() {
+        let me = std::process::id();
+        let mut child = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; sleep 5",
+            ])
+            .spawn()
+            .expect("sh");
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let own = cpu_us(me).expect("own CPU time");
+        let child_us = cpu_us(child.id()).expect("the child's CPU time");
+        let tree = tree_cpu_us(me);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(child_us > 0, "the child counted");
+        assert!(tree >= own + child_us, "{tree} < {own} + {child_us}");
+    }
 }

@@ -77,3 +77,26 @@ pub async fn read_until_served(app: &Client, console: &Client, sql: &str) -> Str
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The admin console's connection string, as the test clusters' superuser.
+pub fn console_conninfo(env: &Env) -> String {
+    use pgherd_testkit::{SUPERUSER, SUPERUSER_PASSWORD};
+    env.pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")
+}
+
+/// A cluster with `replicas` and pgherd in transaction mode, its cluster user a superuser
+/// (the cache's stream and its schema-change trigger need one) who may use the admin
+/// console, configured further by `tweak`; and a console connection.
+pub async fn cache_env(
+    replicas: usize,
+    tweak: impl FnOnce(pgherd_testkit::PgherdConfig) -> pgherd_testkit::PgherdConfig,
+) -> (Env, Client) {
+    let env = env(replicas, |c| {
+        tweak(c.superuser().mode("transaction").proxy(&format!(
+            "admin_users = [\"{}\"]",
+            pgherd_testkit::SUPERUSER
+        )))
+    });
+    let console = connect(&console_conninfo(&env)).await;
+    (env, console)
+}

@@ -35,6 +35,9 @@ pub struct App {
     /// server-side statements prepared before the latest are prepared again before use, as
     /// a type or table they name may be another now.
     pub schema_generation: std::sync::atomic::AtomicU64,
+    /// Where the schema changes made through this instance end in the WAL: reads under
+    /// read-your-writes wait for replicas to pass them.
+    pub schema_changes: Arc<crate::schema_changes::SchemaChanges>,
     pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
     connect: ArcSwap<ConnectContext>,
     client_tls: ArcSwapOption<tokio_rustls::TlsAcceptor>,
@@ -99,6 +102,7 @@ impl App {
             routers: Mutex::new(HashMap::new()),
             caches: Default::default(),
             schema_generation: std::sync::atomic::AtomicU64::new(1),
+            schema_changes: Default::default(),
             events: Default::default(),
             own_errors: Default::default(),
             clients: Arc::new(ClientRegistry::new()),

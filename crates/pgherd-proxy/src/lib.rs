@@ -40,6 +40,7 @@ pub mod rejoin;
 pub mod relay;
 pub mod result_cache;
 pub mod routing;
+pub mod schema_changes;
 pub mod server;
 pub mod shards;
 mod snapshot;

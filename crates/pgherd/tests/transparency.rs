@@ -316,6 +316,102 @@ fn statements_follow_types_made_again() {
     );
 }
 
+/// Reads reach the replica `pg2` (it joined the read set).
+async fn wait_for_replica_reads(env: &Env, c: &tokio_postgres::Client) {
+    let replica = env.cluster.node("pg2").port.to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while first_value(c, "SELECT current_setting('port')")
+        .await
+        .unwrap()
+        != replica
+    {
+        assert!(Instant::now() < deadline, "reads never reached the replica");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A driver's prepared statement after another session made its type again through pgherd:
+/// under read-your-writes no session reads a replica that has not replayed a schema change
+/// made through pgherd; under eventual consistency a statement pgherd prepares again on a
+/// replica that lacks its type runs on the primary; a type gone everywhere is the server's
+/// error, never an answer with neither rows nor error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_prepared_again_after_another_sessions_schema_change() {
+    let env = env(1, |c| {
+        c.database(APP, "")
+            .database("eventual", "dbname = \"app\"\nconsistency = \"eventual\"")
+            .database("session", "dbname = \"app\"\nmode = \"session\"")
+    });
+    env.direct("GRANT CREATE ON SCHEMA public TO app");
+    let ddl = env.app().await;
+    ddl.batch_execute("CREATE TYPE mood2 AS ENUM ('a', 'b')")
+        .await
+        .unwrap();
+    env.cluster.wait_replayed();
+    let value = |row: tokio_postgres::Row| row.get::<_, String>(0);
+    let sql = "SELECT $1::text::mood2::text";
+    let (pause, resume) = (
+        "SELECT pg_wal_replay_pause()",
+        "SELECT pg_wal_replay_resume()",
+    );
+
+    // Eventual: the replica has replayed the drop, not the new type.
+    let eventual = connect(&env.pgherd.conninfo(APP, APP_PASSWORD, "eventual")).await;
+    wait_for_replica_reads(&env, &eventual).await;
+    let eventual_statement = eventual.prepare(sql).await.unwrap();
+    let row = eventual.query_one(&eventual_statement, &[&"a"]).await;
+    assert_eq!(value(row.unwrap()), "a");
+    ddl.batch_execute("DROP TYPE mood2").await.unwrap();
+    env.cluster.wait_replayed();
+    env.cluster.sql_on("pg2", "postgres", pause);
+    ddl.batch_execute("CREATE TYPE mood2 AS ENUM ('a', 'b', 'c')")
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let row = eventual.query_one(&eventual_statement, &[&"c"]).await;
+        assert_eq!(value(row.unwrap()), "c");
+    }
+    env.cluster.sql_on("pg2", "postgres", resume);
+    env.cluster.wait_replayed();
+
+    // Read-your-writes: the replica has replayed neither the drop nor the new type, made by
+    // a session-mode session.
+    let session_ddl = connect(&env.pgherd.conninfo(APP, APP_PASSWORD, "session")).await;
+    let own = env.app().await;
+    wait_for_replica_reads(&env, &own).await;
+    let statement = own.prepare(sql).await.unwrap();
+    assert_eq!(
+        value(own.query_one(&statement, &[&"c"]).await.unwrap()),
+        "c"
+    );
+    env.cluster.sql_on("pg2", "postgres", pause);
+    session_ddl
+        .batch_execute("DROP TYPE mood2; CREATE TYPE mood2 AS ENUM ('a', 'b', 'c', 'd')")
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let row = own.query_one(&statement, &[&"d"]).await;
+        assert_eq!(value(row.unwrap()), "d");
+    }
+    env.cluster.sql_on("pg2", "postgres", resume);
+    // Once the replica has replayed the change, reads go back to it (the session that made
+    // it holds nothing back).
+    wait_for_replica_reads(&env, &own).await;
+
+    // Gone everywhere: the server's error, and the sessions go on.
+    ddl.batch_execute("DROP TYPE mood2").await.unwrap();
+    env.cluster.wait_replayed();
+    for (c, statement) in [(&own, &statement), (&eventual, &eventual_statement)] {
+        let gone = c.query_one(statement, &[&"a"]).await.unwrap_err();
+        assert_eq!(
+            gone.code(),
+            Some(&tokio_postgres::error::SqlState::UNDEFINED_OBJECT),
+            "{gone:?}"
+        );
+        assert_eq!(first_value(c, "SELECT 41 + 1").await.unwrap(), "42");
+    }
+}
+
 /// Startup settings come back as the server reports them.
 #[test]
 fn parameter_status_is_the_servers() {

@@ -93,11 +93,15 @@ impl Session {
     ) -> Result<(Arc<NodeState>, Option<Lsn>), PgError> {
         let reads = || {
             let routing = &self.routing;
+            let read_your_writes = routing.read_your_writes();
+            // Under read-your-writes, the schema changes of every session count as the
+            // session's own writes.
+            let schema = self.app.schema_changes.read_needs();
             read_needs(
                 &self.app.config(),
                 (routing.setup.balance, routing.setup.primary_reads),
-                routing.read_your_writes().then_some(routing.min_lsn),
-                routing.write_seq > routing.probed_seq,
+                read_your_writes.then_some(routing.min_lsn.max(schema.min_lsn)),
+                routing.write_seq > routing.probed_seq || (read_your_writes && schema.unconfirmed),
             )
         };
         if target == RouteTarget::Primary && !self.app.may_route_writes() {
@@ -399,8 +403,10 @@ impl Session {
     /// next request gets a new server.
     pub(super) async fn on_server_failure(&mut self, e: ServerError) -> Result<(), Disconnect> {
         self.fill = None;
-        // Whether it committed is unknown: what it wrote is dropped anyway.
+        // Whether it committed is unknown: what it wrote is dropped anyway, and where a
+        // schema change it made ends will not be known.
         self.drop_written_tables();
+        self.routing.schema_change = None;
         let e = match (e.kind, self.server_last_words.take()) {
             (ServerErrorKind::Closed(None), Some(words)) => {
                 ServerError::new(&e.node, ServerErrorKind::Closed(Some(*words)))

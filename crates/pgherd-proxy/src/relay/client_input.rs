@@ -207,15 +207,19 @@ impl Session {
     }
 
     pub(super) fn write_needs_probe(&self) -> bool {
-        (self.routing.read_your_writes() || self.routing.cache_active)
-            && self.routing.write_seq > self.routing.probed_seq
+        let own_writes_followed = (self.routing.read_your_writes() || self.routing.cache_active)
+            && self.routing.write_seq > self.routing.probed_seq;
+        (own_writes_followed || self.routing.schema_change.is_some())
             && self.lease.as_ref().is_some_and(|l| !l.on_replica)
     }
 
     /// The transaction is over but where its writes end is still unknown: ask before the
-    /// server goes back (rare: the probe usually rides along with the request).
+    /// server goes back (rare: the probe usually rides along with the request). A schema
+    /// change's end is asked for in any mode: every session's reads wait for it.
     pub(super) fn probe_before_release(&self) -> bool {
-        self.write_needs_probe() && self.mode_shares_servers() && self.server_between_requests()
+        self.write_needs_probe()
+            && (self.mode_shares_servers() || self.routing.schema_change.is_some())
+            && self.server_between_requests()
     }
 
     pub(super) fn push_lsn_probe(&mut self) -> Result<(), Disconnect> {

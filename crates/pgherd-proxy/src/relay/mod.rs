@@ -215,6 +215,9 @@ struct Routing {
     /// A statement that changes the schema ran: the catalog is read again when the
     /// transaction ends.
     catalog_changed: bool,
+    /// The transaction that changed the schema is ending: every session's reads go to the
+    /// primary until the LSN probe says where it ends.
+    schema_change: Option<crate::schema_changes::SchemaChangeEnding>,
     /// The WAL position of the session's last write known to be committed.
     min_lsn: Lsn,
     /// Statements that may write sent to the primary, counted; and the count the last LSN
@@ -263,6 +266,7 @@ impl Routing {
             standard_conforming_strings: flags.standard_conforming_strings,
             effect: SessionEffect::None,
             catalog_changed: false,
+            schema_change: None,
             min_lsn: 0,
             write_seq: 0,
             probed_seq: 0,

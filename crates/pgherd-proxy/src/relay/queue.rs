@@ -219,7 +219,13 @@ impl ResponseQueue {
                 true
             }
             tag::ERROR_RESPONSE => {
-                d.internal_error = !is_client;
+                // pgherd prepares only the client's own statements (again, on this server):
+                // their failure is the failure of the Bind or Describe that needed them, and
+                // the client must see it, or its request would end without an answer.
+                if matches!(request, Request::Parse { .. }) {
+                    d.to_client = true;
+                }
+                d.internal_error = !d.to_client;
                 self.copy_in = false;
                 if request.is_query() {
                     // The ReadyForQuery that follows ends the query.
@@ -506,6 +512,22 @@ mod tests {
         assert!(!d.to_client && !d.client_ready);
         let d = q.on_server_message(b'Z', &mut b, &mut a).unwrap();
         assert!(d.to_client && d.client_ready);
+    }
+
+    #[test]
+    fn a_failed_parse_of_the_clients_statement_is_the_clients_error() {
+        let mut q = ResponseQueue::default();
+        q.push_internal(Request::Parse { cached: None });
+        q.push_client(Request::Bind);
+        q.push_client(Request::Execute { sql: None });
+        q.push_client(Request::Sync);
+        let (mut b, mut a) = (Vec::new(), Vec::new());
+        let d = q.on_server_message(b'E', &mut b, &mut a).unwrap();
+        assert!(d.to_client && !d.internal_error);
+        assert!(!q.skipping_to_sync());
+        let d = q.on_server_message(b'Z', &mut b, &mut a).unwrap();
+        assert!(d.to_client && d.client_ready);
+        assert!(q.is_settled());
     }
 
     #[test]

@@ -50,6 +50,23 @@ pub(crate) fn primary_may_answer(err: &PgError) -> bool {
     refused_as_standby(err) || missing_on_replica(err)
 }
 
+/// A command tag of a statement that changes the catalog. `CREATE TABLE AS` and
+/// `SELECT INTO` answer `SELECT n` and are not told apart from reads by their tag.
+fn changes_the_schema(tag: &[u8]) -> bool {
+    let word = tag.split(|&b| b == b' ').next().unwrap_or_default();
+    matches!(
+        word,
+        b"CREATE"
+            | b"ALTER"
+            | b"DROP"
+            | b"COMMENT"
+            | b"GRANT"
+            | b"REVOKE"
+            | b"SECURITY"
+            | b"IMPORT"
+    )
+}
+
 /// The server's words for a prepared statement whose plan names what no longer exists, or
 /// whose result changed shape: preparing it again mends it.
 fn names_a_stale_plan(err: &PgError) -> bool {
@@ -424,6 +441,9 @@ impl Session {
             // Asked inside a transaction that is still open: its commit comes later.
             return;
         }
+        if let Some(change) = self.routing.schema_change.take() {
+            change.ended(lsn.map(insert_lsn_as_end));
+        }
         self.routing.probed_seq = self.routing.probed_seq.max(write_seq);
         self.routing.min_lsn = match lsn {
             Some(lsn) if self.routing.min_lsn == Lsn::MAX => insert_lsn_as_end(lsn),
@@ -441,6 +461,13 @@ impl Session {
     pub(super) fn on_command_complete(&mut self, tag: &[u8], sql: Option<&Bytes>) {
         if tag == b"DISCARD ALL" || tag == b"DEALLOCATE ALL" {
             self.forget_server_statements();
+        }
+        if self.routing.setup.router.is_none() && changes_the_schema(tag) {
+            // Without a router (session mode) no statement was classified: its tag says it
+            // changed the schema. Statements prepared elsewhere are prepared again, and the
+            // change is waited for as one a router saw.
+            self.routing.catalog_changed = true;
+            self.app.schema_generation.fetch_add(1, Ordering::Relaxed);
         }
         self.follow_settings(tag, sql);
     }
@@ -473,6 +500,12 @@ impl Session {
         };
         if status == TxStatus::Idle {
             if std::mem::take(&mut self.routing.catalog_changed) {
+                if self.routing.schema_change.is_none() {
+                    // Before the client learns the change is done (its ReadyForQuery goes out
+                    // after this), so that no one reads a replica between the commit and the
+                    // LSN probe's answer.
+                    self.routing.schema_change = Some(self.app.schema_changes.ending());
+                }
                 if let Some(router) = &self.routing.setup.router {
                     router.catalog_changed();
                 }

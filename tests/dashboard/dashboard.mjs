@@ -1,7 +1,8 @@
 // One phase of the dashboard test, in Debian's headless Chromium driven by playwright-core.
 // Usage: node dashboard.mjs PHASE  with PGHERD_API (base URL), PGHERD_TOKEN, SCREENSHOTS (dir)
 // and EXPECT (JSON: {"pg1": "primary", ...} roles, for the healthy phase).
-// Phases: healthy (every node with its role, no console error, screenshot),
+// Phases: healthy (every node with its role, no console error, the result cache serving
+// with hits, screenshot),
 // degraded (node $STOPPED shown down within a few seconds, screenshot),
 // switchover (started from the page with the token and a confirmation, pg $TARGET becomes
 // the primary on the page).
@@ -50,6 +51,16 @@ try {
     if (!header.includes("p99")) problems.push("no latency percentiles in the pools table");
     const latency = await page.locator("#pools tbody tr td:last-child").allTextContents();
     if (!latency.some((t) => /\d/.test(t))) problems.push("no latency figures: " + latency.join(", "));
+    // The result cache the traffic asks for: serving, with hits and a hit ratio.
+    const cached = page.locator('#cache tr[data-database="app"]');
+    await cached.waitFor({ timeout: 10000 });
+    await page.waitForFunction(() => {
+      const row = document.querySelector('#cache tr[data-database="app"]');
+      return row && Number(row.querySelector("td.hits").textContent) > 0;
+    }, null, { timeout: 10000 });
+    const cells = await cached.locator("td").allTextContents();
+    if (cells[1] !== "serving") problems.push("result cache: " + cells.join(" | "));
+    if (!/^\d+\.\d %$/.test(cells[5])) problems.push("no hit ratio: " + cells.join(" | "));
     // The charts keep their history across a reload.
     const before = await page.evaluate(() => history.tps.length);
     await page.reload({ waitUntil: "load" });

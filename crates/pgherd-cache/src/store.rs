@@ -27,6 +27,8 @@ pub struct Limits {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Figures {
     pub hits: u64,
+    /// Statements asked to be cached that the cache did not answer ([`Store::note_miss`]):
+    /// a lookup by key alone cannot tell them from statements nobody asked to cache.
     pub misses: u64,
     pub stores: u64,
     /// Entries pushed out to stay within `max_bytes`.
@@ -135,14 +137,10 @@ impl Store {
     /// The answer stored under `key`, if there is one young enough.
     pub fn get(&mut self, key: &[u8], now_ms: u64) -> Option<Bytes> {
         let ttl_ms = self.limits.ttl_ms;
-        let Some(entry) = self.entries.get(key) else {
-            self.figures.misses += 1;
-            return None;
-        };
+        let entry = self.entries.get(key)?;
         if ttl_ms > 0 && now_ms.saturating_sub(entry.stored_at_ms) >= ttl_ms {
             self.remove(key);
             self.figures.expirations += 1;
-            self.figures.misses += 1;
             return None;
         }
         self.tick += 1;
@@ -154,6 +152,11 @@ impl Store {
         self.by_use.insert(tick, key);
         self.figures.hits += 1;
         Some(answer)
+    }
+
+    /// A statement asked to be cached goes to the server.
+    pub fn note_miss(&mut self) {
+        self.figures.misses += 1;
     }
 
     /// To be taken before the statement that may fill an entry is sent.
@@ -391,6 +394,7 @@ mod tests {
         assert!(store.get(b"k", 10).is_some());
         assert_eq!(store.invalidate_table("b"), 1);
         assert!(store.get(b"k", 10).is_none());
+        store.note_miss();
         let f = store.figures();
         assert_eq!(
             (f.hits, f.misses, f.invalidations, f.entries, f.bytes),

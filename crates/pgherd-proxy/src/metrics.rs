@@ -434,7 +434,7 @@ fn cache_metrics(app: &App, out: &mut String) {
     type CacheValue = fn(&CacheReport) -> u64;
     let families: [(&str, &str, &str, CacheValue); 12] = [
         ("pgherd_cache_hits_total", "counter", "Simple queries answered from the result cache.", |r| r.figures.hits),
-        ("pgherd_cache_misses_total", "counter", "Lookups in the result cache that found no answer to serve.", |r| r.figures.misses),
+        ("pgherd_cache_misses_total", "counter", "Statements asked to be cached that the cache did not answer.", |r| r.figures.misses),
         ("pgherd_cache_stores_total", "counter", "Answers kept in the result cache.", |r| r.figures.stores),
         ("pgherd_cache_not_stored_total", "counter", "Answers not kept: a table they read changed while they were on their way, or they were too large.", |r| r.figures.not_stored),
         ("pgherd_cache_evictions_total", "counter", "Entries dropped to stay within max_bytes (least recently used first).", |r| r.figures.evictions),

@@ -139,10 +139,11 @@ pub fn start_following(app: &Arc<App>, db: &Arc<DatabaseCache>) {
 async fn keep_following(app: Arc<App>, db: Arc<DatabaseCache>) {
     let mut shutdown = app.shutdown_signal();
     let mut retry = RETRY_FIRST;
-    let slot_name = format!(
-        "pgherd_cache_{}_{}",
+    let slot_name = slot_name(
+        app.dcs.as_ref().map(|dcs| dcs.instance.as_str()),
         std::process::id(),
-        SLOT_SEQUENCE.fetch_add(1, Ordering::Relaxed)
+        rand::random(),
+        SLOT_SEQUENCE.fetch_add(1, Ordering::Relaxed),
     );
     while !app.is_shutting_down() {
         let ended = tokio::select! {
@@ -180,6 +181,26 @@ async fn keep_following(app: Arc<App>, db: Arc<DatabaseCache>) {
 
 /// Slot names of this process, told apart.
 static SLOT_SEQUENCE: AtomicU64 = AtomicU64::new(1);
+
+/// The name of a stream's slot, unique among every pgherd in front of the cluster: the
+/// instance's name (with `[dcs]`, unique among the instances), the process id and a random
+/// number (two hosts' pgherds may well share a process id: 1 in containers), the stream's
+/// sequence number. Lower case letters, digits and underscores, as PostgreSQL allows, and
+/// within its 63 bytes.
+fn slot_name(instance: Option<&str>, pid: u32, nonce: u32, sequence: u64) -> String {
+    let instance: String = instance
+        .unwrap_or_default()
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9') => c,
+            _ => '_',
+        })
+        .take(20)
+        .collect();
+    let mut name = format!("pgherd_cache_{instance}_{pid}_{nonce:08x}_{sequence}");
+    name.truncate(63);
+    name
+}
 
 /// Follows the current primary until the stream ends (`Some(why)`) or another node becomes
 /// the primary (`None`).
@@ -392,6 +413,18 @@ pub fn clear(app: &App, table: Option<&str>) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slot_names_are_what_postgresql_allows_and_tell_instances_apart() {
+        let a = slot_name(Some("Host-A:6432"), 1, 0xdead_beef, 1);
+        assert_eq!(a, "pgherd_cache_host_a_6432_1_deadbeef_1");
+        let long = slot_name(Some(&"é".repeat(80)), u32::MAX, u32::MAX, u64::MAX);
+        assert!(long.len() <= 63, "{long}");
+        assert!(long
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'));
+        assert_ne!(slot_name(None, 1, 1, 1), slot_name(None, 1, 2, 1));
+    }
 
     #[test]
     fn console_table_names_are_read_as_postgresql_reads_them() {

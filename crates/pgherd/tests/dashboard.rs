@@ -1,7 +1,8 @@
 //! The web dashboard end to end in headless Chromium (Debian's package, driven by Playwright
 //! from tests/dashboard; `.ci/run` installs both): the page loads without console errors and
 //! shows every node with its role, shows a stopped replica as down within a few seconds, and
-//! a switchover started from the page (token, confirmation) completes. Screenshots of the
+//! a switchover started from the page (token, confirmation) completes; the result cache's
+//! table shows the database its traffic asked the cache for, serving, with hits. Screenshots of the
 //! healthy and the degraded cluster are kept in target/test-artifacts.
 
 mod common;
@@ -45,9 +46,16 @@ fn phase(api: &str, name: &str, vars: &[(&str, &str)]) -> String {
 #[test]
 fn dashboard_shows_the_cluster_and_switches_over() {
     let (env, api) = env_with_api(2, TOKEN);
-    // Traffic for the charts and pools while the page watches.
+    // Traffic for the charts, the pools and the result cache while the page watches.
+    env.direct(
+        "CREATE TABLE dash (k int); INSERT INTO dash VALUES (1); GRANT SELECT ON dash TO app",
+    );
     let script = std::env::temp_dir().join(format!("pgherd-dash-{}.sql", env.pgherd.port));
-    std::fs::write(&script, "SELECT 1;\n").expect("pgbench script");
+    std::fs::write(
+        &script,
+        "SELECT 1;\n/* pgherd:cache */ SELECT count(*) FROM dash;\n",
+    )
+    .expect("pgbench script");
     let url = env.app_url();
     let traffic = std::thread::spawn(move || {
         pgbench(

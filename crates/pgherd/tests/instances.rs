@@ -615,3 +615,96 @@ async fn an_instance_reaches_etcd_over_tls_as_an_etcd_user() {
     let refused = insert(&b, 2, "wrong password").await.unwrap_err();
     assert!(refused.starts_with("08006"), "{refused}");
 }
+
+/// Issue 12 with several instances: each decodes the WAL itself through a slot of its own
+/// (named after the instance), a write through one instance is never served stale by that
+/// instance, and no instance serves an answer a commit changed once it has decoded that
+/// commit, whether the commit came through it, through the other instance or directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_instance_decodes_the_wal_and_serves_nothing_a_decoded_commit_changed() {
+    use common::cache::{cache_row, decoded_lsn, read_until_served};
+    let etcd = TestEtcd::start();
+    let instances = start(0, &etcd);
+    let Instances { a, b, cluster } = &instances;
+    agreed(a, b).await;
+    cluster.sql_on("pg1", APP, "INSERT INTO t VALUES (1, 'v0')");
+    let sql = "/* pgherd:cache */ SELECT via FROM t WHERE id = 1";
+    let app = |p: &Pgherd| p.conninfo(APP, APP_PASSWORD, APP);
+    let (reader_a, reader_b) = (connect(&app(a)).await, connect(&app(b)).await);
+    let (writer_a, writer_b) = (connect(&app(a)).await, connect(&app(b)).await);
+    let (console_a, console_b) = (admin(a).await, admin(b).await);
+    assert_eq!(read_until_served(&reader_a, &console_a, sql).await, "v0");
+    assert_eq!(read_until_served(&reader_b, &console_b, sql).await, "v0");
+    for name in ["a", "b"] {
+        let slots = cluster.sql_on(
+            "pg1",
+            "postgres",
+            &format!(
+                "SELECT count(*) FROM pg_replication_slots \
+                 WHERE slot_name LIKE 'pgherd\\_cache\\_{name}\\_%' AND active"
+            ),
+        );
+        assert_eq!(slots.trim(), "1", "instance {name}'s stream");
+    }
+
+    let mut stale_before_decoded = [0; 2];
+    for round in 1..=30 {
+        let value = format!("v{round}");
+        let update = format!("UPDATE t SET via = '{value}' WHERE id = 1");
+        // Through A, through B, and directly on the primary, in turn.
+        let through = match round % 3 {
+            0 => {
+                writer_a.batch_execute(&update).await.unwrap();
+                Some(0)
+            }
+            1 => {
+                writer_b.batch_execute(&update).await.unwrap();
+                Some(1)
+            }
+            _ => {
+                cluster.sql_on("pg1", APP, &update);
+                None
+            }
+        };
+        let committed = cluster.sql_on("pg1", "postgres", "SELECT pg_current_wal_lsn()");
+        let committed = pgherd_route::balance::parse_lsn(committed.trim()).unwrap();
+        for (i, (reader, console)) in [(&reader_a, &console_a), (&reader_b, &console_b)]
+            .into_iter()
+            .enumerate()
+        {
+            let decoded_before = decoded_lsn(console).await;
+            let got = first_value(reader, sql).await.unwrap();
+            if got == value {
+                continue;
+            }
+            assert!(
+                decoded_before < committed && through != Some(i),
+                "round {round}: instance {} answered {got} after the commit of {value} \
+                 (at {committed:X}) was decoded (at {decoded_before:X}) or went through it: {:?}",
+                ["a", "b"][i],
+                cache_row(console).await
+            );
+            stale_before_decoded[i] += 1;
+        }
+        // Once each instance has decoded the commit, each answers the new value.
+        for (reader, console) in [(&reader_a, &console_a), (&reader_b, &console_b)] {
+            let started = Instant::now();
+            while decoded_lsn(console).await < committed {
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "round {round}: the commit was never decoded: {:?}",
+                    cache_row(console).await
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(first_value(reader, sql).await.unwrap(), value);
+        }
+    }
+    // The cache still serves on both (not every read went to the server).
+    assert_eq!(read_until_served(&reader_a, &console_a, sql).await, "v30");
+    assert_eq!(read_until_served(&reader_b, &console_b, sql).await, "v30");
+    eprintln!(
+        "answers older than a commit not yet decoded by the instance that served them: a {}, b {}",
+        stale_before_decoded[0], stale_before_decoded[1]
+    );
+}

@@ -137,7 +137,8 @@ impl Session {
         };
         let replica_lsn = lease.on_replica.then(|| lease.node.lsn());
         let ticket = {
-            let state = db.state.lock();
+            let mut state = db.state.lock();
+            state.store.note_miss();
             // A replica that has not replayed every decoded commit could answer older
             // than an invalidation already done. (A commit is decoded at its record's end,
             // and a replica's replay position is the end of the last record it replayed.)

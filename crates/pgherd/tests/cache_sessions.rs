@@ -1,7 +1,8 @@
 //! The result cache through pgherd: hinted simple queries are answered from the cache; a
 //! commit made directly on the primary, once decoded, is never answered around; a session
 //! always sees its own writes; a schema change made directly on the primary drops what was
-//! kept; the console shows and clears the cache.
+//! kept; the console shows and clears the cache; prepared statements are served by their
+//! parameter values.
 
 mod common;
 
@@ -88,4 +89,85 @@ async fn hinted_reads_are_served_and_never_outlive_a_decoded_commit() {
         .await
         .expect("CACHE CLEAR");
     assert_eq!(figure(&console, "entries").await, 0);
+}
+
+/// Reads `read` until the cache answers it (hits grow); returns the answer.
+async fn served<T>(console: &tokio_postgres::Client, mut read: impl AsyncFnMut() -> T) -> T {
+    let started = std::time::Instant::now();
+    loop {
+        let hits = figure(console, "hits").await;
+        let value = read().await;
+        if figure(console, "hits").await > hits {
+            return value;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "never served from the cache: {:?}",
+            cache_row(console).await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The extended protocol: a named prepared statement executed with different values (binary
+/// results), and the unnamed statement parsed, described and executed in one request, are
+/// answered from the cache under their parameter values; never across values, never across
+/// protocols, never after a decoded commit, and a session sees its own writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_statements_are_served_by_their_parameter_values() {
+    use tokio_postgres::types::Type;
+    let (env, console) = cache_env(1, |c| c).await;
+    let app = env.app().await;
+    app.batch_execute(
+        "CREATE TABLE items (id int PRIMARY KEY, v int); INSERT INTO items VALUES (1, 10), (2, 20)",
+    )
+    .await
+    .expect("setup");
+    let sql = "/* pgherd:cache */ SELECT v FROM items WHERE id = $1";
+    let named = app.prepare(sql).await.expect("prepare");
+    let by_name = async |id: i32| -> i32 {
+        app.query_one(&named, &[&id])
+            .await
+            .expect("the read")
+            .get(0)
+    };
+    let unnamed = async |id: i32| -> i32 {
+        let rows = app
+            .query_typed(sql, &[(&id, Type::INT4)])
+            .await
+            .expect("the read");
+        rows[0].get(0)
+    };
+    // Read until served: the stream goes live and the answers are kept.
+    assert_eq!(served(&console, async || by_name(1).await).await, 10);
+    assert_eq!(served(&console, async || by_name(2).await).await, 20);
+    assert_eq!(served(&console, async || unnamed(1).await).await, 10);
+    assert_eq!(served(&console, async || unnamed(2).await).await, 20);
+    // The simple protocol's text answer is kept apart.
+    let simple = "/* pgherd:cache */ SELECT v FROM items WHERE id = 1";
+    assert_eq!(read_until_served(&app, &console, simple).await, "10");
+    assert_eq!(by_name(1).await, 10);
+    assert_eq!(unnamed(2).await, 20);
+
+    // A commit made directly on the primary, once decoded, is never answered around.
+    for v in 11..16 {
+        env.direct(&format!("UPDATE items SET v = {v} WHERE id = 1"));
+        let lsn = env.direct("SELECT pg_current_wal_lsn()");
+        wait_decoded(&env, &console, lsn.trim(), Some("pg2")).await;
+        assert_eq!(by_name(1).await, v);
+        assert_eq!(unnamed(1).await, v);
+        assert_eq!(by_name(2).await, 20);
+        assert_eq!(served(&console, async || by_name(1).await).await, v);
+    }
+    // Its own writes, at once.
+    for v in 100..110 {
+        app.execute("UPDATE items SET v = $1 WHERE id = 2", &[&v])
+            .await
+            .expect("the write");
+        assert_eq!(by_name(2).await, v);
+        assert_eq!(unnamed(2).await, v);
+    }
+    // A value no row has: no row, also when served.
+    let none = async || app.query(&named, &[&3i32]).await.expect("the read").len();
+    assert_eq!(served(&console, none).await, 0);
 }

@@ -1,6 +1,7 @@
-//! The result cache in a session: simple queries answered from the cache between
-//! transactions, and the answers of the statements asked to be cached kept on their way to
-//! the client.
+//! The result cache in a session: simple queries and extended-protocol requests
+//! (`extended_request.rs`: one statement run on the unnamed portal, keyed with its parameter
+//! values and formats) answered from the cache between transactions, and the answers of the
+//! statements asked to be cached kept on their way to the client.
 //!
 //! An answer is served only between transactions, to a session holding no server and no
 //! state pgherd could not follow, while the database's invalidation stream may serve
@@ -12,7 +13,22 @@
 
 use pgherd_cache::FillTicket;
 
+use super::client_input::statement;
+use super::extended_request::extended_request;
 use super::*;
+
+/// What a statement's text carries when it asks for the cache (or `pgherd:nocache`, which
+/// does not contain it).
+const CACHE_HINT: &[u8] = b"pgherd:cache";
+
+/// An extended-protocol request asked to be cached that the cache did not answer: its key,
+/// for its answer to be kept on its way. Its first message takes it, and only that message
+/// (the same bytes): the key was made of the request's bytes, not of what follows it.
+pub(super) struct CacheCandidate {
+    key: Vec<u8>,
+    text: Vec<u8>,
+    first_message: Vec<u8>,
+}
 
 /// An answer on its way from the server that may be kept.
 pub(super) struct Fill {
@@ -27,15 +43,21 @@ pub(super) struct Fill {
 }
 
 impl Session {
-    /// The key of a simple query's answer: who asks, with which result-changing settings,
-    /// what exact text. (The database is the cache's own.)
+    /// The key of a simple query's answer: who asks, with which result-changing settings
+    /// ([`Session::cache_key_prefix`]), what exact text. (The database is the cache's own.)
     fn cache_key(&self, sql: &[u8]) -> Vec<u8> {
-        let mut key = Vec::with_capacity(sql.len() + 64);
+        let mut key = self.cache_key_prefix(sql.len() + 1);
+        key.push(0);
+        key.extend_from_slice(sql);
+        key
+    }
+
+    /// Who asks, with which result-changing settings; room for `more` bytes after.
+    fn cache_key_prefix(&self, more: usize) -> Vec<u8> {
+        let mut key = Vec::with_capacity(more + 64);
         key.extend_from_slice(self.shared.user.as_bytes());
         key.push(0);
         self.params.write_cache_key(&mut key);
-        key.push(0);
-        key.extend_from_slice(sql);
         key
     }
 
@@ -61,26 +83,7 @@ impl Session {
         }
         let sql = frontend::Query::parse(&self.client_in[HEADER_BYTES..total_len])?.sql;
         let key = self.cache_key(sql);
-        let config = self.app.config();
-        let limits = crate::result_cache::gate_limits_of(&config.cache);
-        let writer = self.app.nodes.writer();
-        if !cache.db.follows(writer.as_deref()) {
-            return Ok(false);
-        }
-        let primary_lsn = writer.map_or(0, |n| n.lsn());
-        let db = cache.db.clone();
-        let now_ms = db.now_ms();
-        let answer = {
-            let mut state = db.state.lock();
-            let served = state
-                .feed
-                .may_serve(now_ms, self.routing.min_lsn, primary_lsn, limits);
-            match served {
-                Ok(()) => state.store.get(&key, now_ms),
-                Err(_) => None,
-            }
-        };
-        let Some(answer) = answer else {
+        let Some(answer) = self.cached_answer(&key) else {
             return Ok(false);
         };
         self.client_in.advance(total_len);
@@ -89,9 +92,114 @@ impl Session {
         Ok(true)
     }
 
-    /// A simple query is about to be sent: if it is asked to be cached and may be, its
-    /// answer will be kept on its way to the client.
-    pub(super) fn consider_fill(&mut self, sql: &[u8], routed: &Routed) {
+    /// The answer kept under `key`, if the cache may serve this session now.
+    fn cached_answer(&self, key: &[u8]) -> Option<Bytes> {
+        let cache = self.routing.setup.cache.as_ref()?;
+        let config = self.app.config();
+        let limits = crate::result_cache::gate_limits_of(&config.cache);
+        let writer = self.app.nodes.writer();
+        if !cache.db.follows(writer.as_deref()) {
+            return None;
+        }
+        let primary_lsn = writer.map_or(0, |n| n.lsn());
+        let now_ms = cache.db.now_ms();
+        let mut state = cache.db.state.lock();
+        let served = state
+            .feed
+            .may_serve(now_ms, self.routing.min_lsn, primary_lsn, limits);
+        match served {
+            Ok(()) => state.store.get(key, now_ms),
+            Err(_) => None,
+        }
+    }
+
+    /// Answers the extended-protocol request at the front of the client's input from the
+    /// cache if it may (returns whether it did); otherwise, if the request may be asked to
+    /// be cached, leaves its key for its answer to be kept.
+    pub(super) fn answer_extended_from_cache(&mut self) -> Result<bool, Disconnect> {
+        self.cache_candidate = None;
+        let Some(cache) = self.routing.setup.cache.as_ref() else {
+            return Ok(false);
+        };
+        if !self.may_use_cache_now() {
+            return Ok(false);
+        }
+        let Some(request) = extended_request(&self.client_in) else {
+            return Ok(false);
+        };
+        let (text, param_types): (&[u8], &[u8]) = match request.parse {
+            Some(parsed) => parsed,
+            None if request.statement.is_empty() => {
+                match self.unnamed.as_ref().filter(|u| u.present) {
+                    Some(u) => (&u.query, &u.param_types),
+                    None => return Ok(false),
+                }
+            }
+            None => match statement(&self.statements, request.statement) {
+                Ok(def) => (&def.query, &def.param_types),
+                Err(_) => return Ok(false),
+            },
+        };
+        // Most requests are not asked for: they leave before a key is made.
+        let may_be_asked = cache.every_read
+            || cache.statement_patterns
+            || text.windows(CACHE_HINT.len()).any(|w| w == CACHE_HINT);
+        if !may_be_asked {
+            return Ok(false);
+        }
+        let key = request.key(&self.cache_key_prefix(0), text, param_types);
+        let answer = if cache.db.ever_stored.load(Ordering::Relaxed) {
+            self.cached_answer(&key)
+        } else {
+            None
+        };
+        let Some(answer) = answer else {
+            let first_len = 1 + u32::from_be_bytes([
+                self.client_in[1],
+                self.client_in[2],
+                self.client_in[3],
+                self.client_in[4],
+            ]) as usize;
+            self.cache_candidate = Some(Box::new(CacheCandidate {
+                key,
+                text: text.to_vec(),
+                first_message: self.client_in[..first_len].to_vec(),
+            }));
+            return Ok(false);
+        };
+        let parsed = request.parse.map(|(q, t)| (q.to_vec(), t.to_vec()));
+        let len = request.len;
+        self.client_in.advance(len);
+        if let Some((query, param_types)) = parsed {
+            // As the server would have it: the request's statement is the unnamed one now
+            // (its route decided again when it is used).
+            let unnamed = self.unnamed.get_or_insert_with(Default::default);
+            unnamed.query = query;
+            unnamed.param_types = param_types;
+            unnamed.present = true;
+            unnamed.routed = None;
+        }
+        self.client_out.extend_from_slice(&answer);
+        backend::encode_ready_for_query(&mut self.client_out, TxStatus::Idle);
+        Ok(true)
+    }
+
+    /// A Parse or Bind (`message`) is relayed: if it is the first message of the request the
+    /// idle phase found may be asked to be cached and did not answer, the request's answer
+    /// is kept on its way if it may be.
+    pub(super) fn consider_candidate_fill(&mut self, message: &[u8], routed: &Routed) {
+        let Some(candidate) = self.cache_candidate.take() else {
+            return;
+        };
+        if candidate.first_message == message {
+            self.consider_fill(&candidate.text, routed, Some(candidate.key));
+        }
+    }
+
+    /// A simple query (or an extended-protocol request, with its `key`) is about to be sent:
+    /// if it is asked to be cached and may be, its answer will be kept on its way to the
+    /// client.
+    pub(super) fn consider_fill(&mut self, sql: &[u8], routed: &Routed, key: Option<Vec<u8>>) {
         let Some(cache) = self.routing.setup.cache.as_ref() else {
             return;
         };
@@ -150,7 +258,7 @@ impl Session {
             state.store.ticket()
         };
         self.fill = Some(Box::new(Fill {
-            key: self.cache_key(sql),
+            key: key.unwrap_or_else(|| self.cache_key(sql)),
             tables,
             ticket,
             answer: BytesMut::new(),
@@ -215,7 +323,12 @@ impl Session {
             return;
         }
         match tag {
-            btag::ROW_DESCRIPTION | btag::DATA_ROW | btag::COMMAND_COMPLETE
+            btag::PARSE_COMPLETE
+            | btag::BIND_COMPLETE
+            | btag::PARAMETER_DESCRIPTION
+            | btag::ROW_DESCRIPTION
+            | btag::DATA_ROW
+            | btag::COMMAND_COMPLETE
                 if fill.answer.len() + message.len() <= fill.max_entry_bytes =>
             {
                 fill.answer.extend_from_slice(message)

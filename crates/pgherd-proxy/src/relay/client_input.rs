@@ -342,7 +342,9 @@ impl Session {
                         self.track_statement(&routed, tag == ftag::QUERY);
                         if tag == ftag::QUERY {
                             self.note_written_tables(sql, &routed);
-                            self.consider_fill(sql, &routed);
+                            self.consider_fill(sql, &routed, None);
+                        } else {
+                            self.consider_candidate_fill(message, &routed);
                         }
                         parse_routed = Some(routed);
                     }
@@ -354,6 +356,7 @@ impl Session {
                 match self.statement_routed(b.statement) {
                     Some(routed) => {
                         self.track_statement(&routed, true);
+                        self.consider_candidate_fill(message, &routed);
                         if self.writes_matter_to_cache(&routed) {
                             if let Ok(def) = statement(&self.statements, b.statement) {
                                 let def = def.clone();

@@ -17,6 +17,7 @@ pub(crate) use attach::wait_for_replay;
 pub(crate) use server_input::primary_may_answer;
 mod client_input;
 mod client_stream;
+mod extended_request;
 pub mod params;
 pub mod probe;
 pub mod queue;
@@ -392,6 +393,9 @@ pub struct Session {
     skip_preliminaries: u32,
     /// An answer being kept for the result cache on its way to the client.
     fill: Option<Box<cached::Fill>>,
+    /// An extended-protocol request asked to be cached that the cache did not answer, found
+    /// in the idle phase; its first Parse or Bind takes it.
+    cache_candidate: Option<Box<cached::CacheCandidate>>,
     /// pgherd is shutting down: end the session at the next point where it is idle.
     stop_when_idle: bool,
     /// 0 disables.
@@ -437,6 +441,7 @@ impl Session {
             skip_preliminaries: 0,
             after_stream: Vec::new(),
             fill: None,
+            cache_candidate: None,
             stop_when_idle: false,
         }
     }
@@ -649,11 +654,18 @@ impl Session {
                     }))
                 }
                 _ => {
+                    // Only the request found below may take it.
+                    self.cache_candidate = None;
                     if let Some(err) = self.pending_error.take() {
                         self.answer_request_with_error(*err)?;
                         continue;
                     }
                     if h.tag == ftag::QUERY && whole && self.answer_from_cache(h.total_len())? {
+                        continue;
+                    }
+                    if matches!(h.tag, ftag::PARSE | ftag::BIND)
+                        && self.answer_extended_from_cache()?
+                    {
                         continue;
                     }
                     return Ok(true);

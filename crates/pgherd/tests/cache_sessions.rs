@@ -171,3 +171,118 @@ async fn prepared_statements_are_served_by_their_parameter_values() {
     let none = async || app.query(&named, &[&3i32]).await.expect("the read").len();
     assert_eq!(served(&console, none).await, 0);
 }
+
+/// What the cache must never answer, end to end: a table under row-level security, a read
+/// that locks rows, a session's temporary table; and what its key keeps apart: users (one
+/// without the privilege gets the server's refusal, not another user's answer), and the
+/// settings that change what a statement reads or how its values are written (`search_path`,
+/// `TimeZone`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_is_never_served_and_what_the_key_keeps_apart() {
+    let other_verifier =
+        pgherd_wire::scram::ScramVerifier::from_password(APP_PASSWORD, b"other-salt", 4096);
+    let (env, console) = cache_env(1, |c| {
+        c.user(
+            "other",
+            &other_verifier,
+            &format!("server_password = \"{APP_PASSWORD}\""),
+        )
+    })
+    .await;
+    let app = env.app().await;
+    app.batch_execute(
+        "CREATE TABLE items (id int PRIMARY KEY, v int); INSERT INTO items VALUES (1, 10);
+         CREATE TABLE secrets (id int, owner name);
+         ALTER TABLE secrets ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY own ON secrets USING (owner = current_user);
+         INSERT INTO secrets VALUES (1, 'app');
+         CREATE SCHEMA s1; CREATE SCHEMA s2;
+         CREATE TABLE s1.t (v text); CREATE TABLE s2.t (v text);
+         INSERT INTO s1.t VALUES ('one'); INSERT INTO s2.t VALUES ('two');
+         CREATE TABLE stamps (at timestamptz); INSERT INTO stamps VALUES ('2026-01-01 00:00:00+00')",
+    )
+    .await
+    .expect("setup");
+    // The stream is live and answers are kept: what follows is refused for its own reasons.
+    assert_eq!(read_until_served(&app, &console, READ).await, "10");
+
+    let never_served = [
+        "/* pgherd:cache */ SELECT count(*) FROM secrets",
+        "/* pgherd:cache */ SELECT v FROM items WHERE id = 1 FOR UPDATE",
+        "/* pgherd:cache */ SELECT v FROM items WHERE id = 1 FOR SHARE",
+    ];
+    let hits = figure(&console, "hits").await;
+    for sql in never_served {
+        for _ in 0..5 {
+            first_value(&app, sql).await.expect(sql);
+        }
+    }
+    // A temporary table (the session is pinned to its server, and the table is not cached).
+    let pinned = env.app().await;
+    pinned
+        .batch_execute("CREATE TEMP TABLE scratch (v int); INSERT INTO scratch VALUES (5)")
+        .await
+        .expect("temp table");
+    for _ in 0..5 {
+        assert_eq!(
+            first_value(&pinned, "/* pgherd:cache */ SELECT v FROM scratch")
+                .await
+                .unwrap(),
+            "5"
+        );
+        assert_eq!(first_value(&pinned, READ).await.unwrap(), "10");
+    }
+    assert_eq!(figure(&console, "hits").await, hits, "{never_served:?}");
+
+    // Users: one without the privilege is refused by the server, never given app's answer.
+    env.direct(&format!("CREATE ROLE other LOGIN PASSWORD '{APP_PASSWORD}'"));
+    env.direct("GRANT CONNECT ON DATABASE app TO other; GRANT USAGE ON SCHEMA public TO other");
+    let other = connect(&env.pgherd.conninfo("other", APP_PASSWORD, APP)).await;
+    for _ in 0..3 {
+        assert_eq!(read_until_served(&app, &console, READ).await, "10");
+        let refused = first_value(&other, READ).await.expect_err("no privilege");
+        assert_eq!(code(&refused), "42501");
+    }
+    // Once granted (a schema change: what was kept is dropped), it is served its own answer.
+    env.direct("GRANT SELECT ON items TO other");
+    let lsn = env.direct("SELECT pg_current_wal_lsn()");
+    wait_decoded(&env, &console, lsn.trim(), Some("pg2")).await;
+    assert_eq!(read_until_served(&other, &console, READ).await, "10");
+
+    // search_path: the same text reads another table.
+    let by_path = async |path: &str| {
+        let c = env.app().await;
+        c.simple_query(&format!("SET search_path = {path}"))
+            .await
+            .expect("SET search_path");
+        c
+    };
+    let (one, two) = (by_path("s1").await, by_path("s2").await);
+    let t = "/* pgherd:cache */ SELECT v FROM t";
+    assert_eq!(read_until_served(&one, &console, t).await, "one");
+    assert_eq!(read_until_served(&two, &console, t).await, "two");
+    assert_eq!(read_until_served(&one, &console, t).await, "one");
+
+    // TimeZone: the same value is written otherwise.
+    let by_zone = async |zone: &str| {
+        let c = env.app().await;
+        c.simple_query(&format!("SET TimeZone = '{zone}'"))
+            .await
+            .expect("SET TimeZone");
+        c
+    };
+    let (utc, tokyo) = (by_zone("UTC").await, by_zone("Asia/Tokyo").await);
+    let at = "/* pgherd:cache */ SELECT at FROM stamps";
+    assert_eq!(
+        read_until_served(&utc, &console, at).await,
+        "2026-01-01 00:00:00+00"
+    );
+    assert_eq!(
+        read_until_served(&tokyo, &console, at).await,
+        "2026-01-01 09:00:00+09"
+    );
+    assert_eq!(
+        read_until_served(&utc, &console, at).await,
+        "2026-01-01 00:00:00+00"
+    );
+}

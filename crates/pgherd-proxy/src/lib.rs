@@ -18,6 +18,7 @@ mod buffers;
 pub mod cache_feed;
 pub mod client;
 pub mod clients;
+pub mod collation;
 pub mod control;
 pub mod counters;
 pub mod dcs;

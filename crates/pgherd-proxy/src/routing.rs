@@ -519,6 +519,37 @@ impl Router {
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 
+    /// What the databases of shards 1 and up say about their collations (shard 0's is read
+    /// with the rest of the catalog).
+    async fn other_shards_collations(
+        &self,
+        app: &Arc<App>,
+    ) -> Vec<Result<crate::collation::DatabaseCollation, String>> {
+        let Some(shards) = &app.shards else {
+            return Vec::new();
+        };
+        let config = app.config();
+        let mut said = Vec::new();
+        for cluster in shards.clusters().iter().skip(1) {
+            let Some(node) = cluster.writer() else {
+                said.push(Err("no primary is up".to_owned()));
+                continue;
+            };
+            let conn = crate::monitor::management_connection(
+                &node,
+                &config.cluster,
+                &app.connect_context(),
+                &self.server_dbname,
+            )
+            .await;
+            said.push(match conn {
+                Ok(mut conn) => crate::collation::read(&mut conn).await,
+                Err(e) => Err(e.to_string()),
+            });
+        }
+        said
+    }
+
     async fn load_catalog(&self, app: &Arc<App>) -> Result<(usize, usize), String> {
         let reading = self
             .readings_begun
@@ -619,6 +650,13 @@ impl Router {
                     builder.not_a_table(name);
                 }
             }
+            let mut shards = vec![crate::collation::read(&mut conn).await];
+            shards.extend(self.other_shards_collations(app).await);
+            builder.text_rules(crate::collation::text_rules(
+                &shards,
+                &crate::collation::open_libc,
+                crate::collation::local_version().as_deref(),
+            ));
         }
         let snapshot = builder.build();
         let counts = (snapshot.function_count(), snapshot.relation_count());

@@ -10,6 +10,8 @@
 
 use std::collections::{HashMap, HashSet};
 
+use crate::merge_rows::TextRules;
+
 /// What the classifier asks of a database.
 pub trait Catalog {
     /// A function by its lower-case, unqualified name (all overloads, all schemas); `None`
@@ -98,6 +100,8 @@ pub struct Snapshot {
     /// its partitions or inheritance children), or `None` when some relation of that name,
     /// or one of those tables, is not `cache_safe`.
     cache_sources: HashMap<String, Option<Vec<String>>>,
+    /// How a fan-out's merge orders and groups text (a sharded endpoint's only).
+    text_rules: TextRules,
 }
 
 impl Catalog for Snapshot {
@@ -126,6 +130,11 @@ impl Catalog for Snapshot {
 }
 
 impl Snapshot {
+    /// How a fan-out's merge orders and groups text.
+    pub fn text_rules(&self) -> &TextRules {
+        &self.text_rules
+    }
+
     pub fn function_count(&self) -> usize {
         self.functions.len()
     }
@@ -236,9 +245,15 @@ pub struct SnapshotBuilder {
     code_operators: Vec<String>,
     varying_defaults: HashMap<String, Vec<String>>,
     not_tables: HashSet<String>,
+    text_rules: TextRules,
 }
 
 impl SnapshotBuilder {
+    /// How the database's text orders and groups, for a fan-out's merge.
+    pub fn text_rules(&mut self, rules: TextRules) {
+        self.text_rules = rules;
+    }
+
     /// A view, materialized view or foreign table.
     pub fn not_a_table(&mut self, name: &str) {
         self.not_tables.insert(name.to_owned());
@@ -340,6 +355,7 @@ impl SnapshotBuilder {
             varying_defaults: self.varying_defaults,
             not_tables: self.not_tables,
             cache_sources,
+            text_rules: self.text_rules,
         }
     }
 

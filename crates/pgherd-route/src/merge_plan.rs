@@ -10,6 +10,8 @@
 //!   keys); other DISTINCT aggregates do not.
 //! - GROUP BY and ORDER BY items not in the select list come back as hidden columns, so the
 //!   merge can group and sort by them.
+//! - Each sort key and each `min`/`max` brings the name of its collation as a hidden column
+//!   (`pg_collation_for`): text orders by a collation only the server knows.
 //! - `LIMIT n OFFSET m` becomes `LIMIT n + m` on each shard (the first n + m rows overall are
 //!   among the first n + m of some shard), and the merge skips m and keeps n. With grouping or
 //!   DISTINCT no limit reaches the shards: a group or a duplicate spans them.
@@ -20,12 +22,12 @@
 //!
 //! What has no exact merge is refused ([`Unsupported`], `0A000`) naming it: window functions,
 //! other aggregates, expressions over aggregates, other HAVING conditions, DISTINCT ON,
-//! grouping sets, COLLATE, ORDER BY with USING, FETCH ... WITH TIES, limits given as
-//! parameters.
+//! grouping sets, ORDER BY with USING, FETCH ... WITH TIES, limits given as parameters.
+//! Whether text can be ordered is the merge's to say, once the shards named its collation.
 
 use pg_query::protobuf::{
     a_const, node::Node as NodeEnum, FuncCall, LimitOption, Node, ResTarget, SelectStmt, SortByDir,
-    SortByNulls,
+    SortByNulls, TypeCast, TypeName,
 };
 
 use crate::shard_plan::Unsupported;
@@ -81,6 +83,9 @@ pub struct Merge {
     pub limit: Option<u64>,
     /// HAVING, on the merged groups (the shards return every group's part).
     pub having: Option<Condition>,
+    /// (a column the merge orders by or takes the least or greatest of, the hidden column
+    /// naming its collation): text orders by a collation only the server knows.
+    pub collations: Vec<(Column, Column)>,
 }
 
 /// A HAVING condition, on select-list columns and constants.
@@ -253,6 +258,7 @@ pub fn plan_fan_out(
     // With grouping or DISTINCT a hidden sort column would change the groups or rows.
     let may_hide = grouping.is_none() && !distinct;
     let order_by = sort_keys(select, &visible, &mut hidden, may_hide)?;
+    let collations = collation_columns(&visible, &order_by, grouping.as_ref(), &mut hidden);
     // A `*` stands for columns this cannot count: positions after it are unknown.
     let positional = grouping.is_some()
         || order_by
@@ -301,8 +307,65 @@ pub fn plan_fan_out(
             offset,
             limit,
             having,
+            collations,
         },
     })
+}
+
+/// Text orders by its collation: a column's own, one the statement names, or the
+/// database's; only the server knows which an expression has. So each sort key, and each
+/// min or max, brings the name of its collation as a hidden column:
+/// `pg_collation_for(expression::text)` (the cast keeps a text's collation, and gives other
+/// types one, which the merge ignores for them: `pg_collation_for` itself refuses a type
+/// without a collation). It is the same in every row, so it changes no group and no
+/// DISTINCT. Counts, sums and averages are never text.
+fn collation_columns(
+    visible: &[ResTarget],
+    order_by: &[SortKey],
+    grouping: Option<&Grouping>,
+    hidden: &mut Vec<Node>,
+) -> Vec<(Column, Column)> {
+    let least_or_greatest = grouping
+        .into_iter()
+        .flat_map(|g| &g.aggregates)
+        .filter(|(_, combine)| matches!(combine, Combine::Min | Combine::Max))
+        .map(|&(column, _)| column);
+    let mut collations: Vec<(Column, Column)> = Vec::new();
+    for column in order_by.iter().map(|k| k.column).chain(least_or_greatest) {
+        if collations.iter().any(|&(c, _)| c == column) {
+            continue;
+        }
+        let expression = match column {
+            Column::Visible(i) => visible.get(i).and_then(|t| t.val.as_deref()).cloned(),
+            Column::Hidden(i) => hidden.get(i).cloned(),
+        };
+        let Some(expression) = expression.filter(|e| !is_count_sum_or_average(e)) else {
+            continue;
+        };
+        let as_text = Node {
+            node: Some(NodeEnum::TypeCast(Box::new(TypeCast {
+                arg: Some(Box::new(expression)),
+                type_name: Some(TypeName {
+                    names: vec![sval("pg_catalog"), sval("text")],
+                    typemod: -1,
+                    location: -1,
+                    ..TypeName::default()
+                }),
+                location: -1,
+            }))),
+        };
+        hidden.push(Node {
+            node: Some(NodeEnum::FuncCall(Box::new(FuncCall {
+                funcname: vec![sval("pg_catalog"), sval("pg_collation_for")],
+                args: vec![as_text],
+                funcformat: pg_query::protobuf::CoercionForm::CoerceExplicitCall as i32,
+                location: -1,
+                ..FuncCall::default()
+            }))),
+        });
+        collations.push((column, Column::Hidden(hidden.len() - 1)));
+    }
+    collations
 }
 
 /// What a HAVING condition reads: select-list columns, and aggregates the select list does not
@@ -442,6 +505,12 @@ fn sort_keys(
     Ok(order_by)
 }
 
+fn is_count_sum_or_average(expression: &Node) -> bool {
+    matches!(&expression.node, Some(NodeEnum::FuncCall(call))
+        if call.over.is_none()
+            && matches!(function_name(call), Some("count" | "sum" | "avg")))
+}
+
 fn refused(what: &str) -> Unsupported {
     Unsupported(what.to_owned())
 }
@@ -462,10 +531,6 @@ fn refuse_unmergeable_shapes(select: &SelectStmt) -> Result<(), Unsupported> {
     };
     if !select.window_clause.is_empty() || clauses().any(|n| any_node(n, is_window_call)) {
         return Err(refused("a window function in a fan-out"));
-    }
-    // The merge orders text by the database's collation, not by one the statement names.
-    if clauses().any(|n| any_node(n, |key, _| key == "CollateClause")) {
-        return Err(refused("COLLATE in a fan-out"));
     }
     if select.group_distinct
         || select

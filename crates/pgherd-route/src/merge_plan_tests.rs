@@ -46,8 +46,13 @@ fn rows_are_sorted_skipped_and_limited_after_the_shards() {
         ),
         (
             "SELECT aid, abalance FROM accounts ORDER BY abalance DESC, 1 LIMIT 10 OFFSET 5",
-            "SELECT aid, abalance FROM accounts ORDER BY abalance DESC, 1 LIMIT 15",
+            "SELECT aid, abalance, pg_catalog.pg_collation_for(abalance::pg_catalog.text) AS pgherd_hidden_1, pg_catalog.pg_collation_for(aid::pg_catalog.text) AS pgherd_hidden_2 FROM accounts ORDER BY abalance DESC, 1 LIMIT 15",
             Merge {
+                hidden_columns: 2,
+                collations: vec![
+                    (Column::Visible(1), Column::Hidden(0)),
+                    (Column::Visible(0), Column::Hidden(1)),
+                ],
                 order_by: vec![
                     SortKey {
                         column: Column::Visible(1),
@@ -63,8 +68,10 @@ fn rows_are_sorted_skipped_and_limited_after_the_shards() {
         ),
         (
             "SELECT aid AS id FROM accounts ORDER BY id NULLS FIRST",
-            "SELECT aid AS id FROM accounts ORDER BY id NULLS FIRST",
+            "SELECT aid AS id, pg_catalog.pg_collation_for(aid::pg_catalog.text) AS pgherd_hidden_1 FROM accounts ORDER BY id NULLS FIRST",
             Merge {
+                hidden_columns: 1,
+                collations: vec![(Column::Visible(0), Column::Hidden(0))],
                 order_by: vec![SortKey {
                     column: Column::Visible(0),
                     descending: false,
@@ -76,9 +83,13 @@ fn rows_are_sorted_skipped_and_limited_after_the_shards() {
         // A sort key outside the select list comes back hidden.
         (
             "SELECT * FROM accounts ORDER BY bid, aid LIMIT 3",
-            "SELECT *, bid AS pgherd_hidden_1, aid AS pgherd_hidden_2 FROM accounts ORDER BY bid, aid LIMIT 3",
+            "SELECT *, bid AS pgherd_hidden_1, aid AS pgherd_hidden_2, pg_catalog.pg_collation_for(bid::pg_catalog.text) AS pgherd_hidden_3, pg_catalog.pg_collation_for(aid::pg_catalog.text) AS pgherd_hidden_4 FROM accounts ORDER BY bid, aid LIMIT 3",
             Merge {
-                hidden_columns: 2,
+                hidden_columns: 4,
+                collations: vec![
+                    (Column::Hidden(0), Column::Hidden(2)),
+                    (Column::Hidden(1), Column::Hidden(3)),
+                ],
                 order_by: vec![asc(Column::Hidden(0)), asc(Column::Hidden(1))],
                 limit: Some(3),
                 ..merge()
@@ -88,16 +99,46 @@ fn rows_are_sorted_skipped_and_limited_after_the_shards() {
         // column is named after it): here the text, as PostgreSQL sorts it.
         (
             "SELECT abalance::text FROM accounts ORDER BY abalance",
-            "SELECT abalance::text FROM accounts ORDER BY abalance",
+            "SELECT abalance::text, pg_catalog.pg_collation_for(abalance::text::pg_catalog.text) AS pgherd_hidden_1 FROM accounts ORDER BY abalance",
             Merge {
+                hidden_columns: 1,
+                collations: vec![(Column::Visible(0), Column::Hidden(0))],
                 order_by: vec![asc(Column::Visible(0))],
+                ..merge()
+            },
+        ),
+        // An expression is cast whole.
+        (
+            "SELECT aid FROM accounts ORDER BY abalance + 1 DESC",
+            "SELECT aid, abalance + 1 AS pgherd_hidden_1, pg_catalog.pg_collation_for((abalance + 1)::pg_catalog.text) AS pgherd_hidden_2 FROM accounts ORDER BY abalance + 1 DESC",
+            Merge {
+                hidden_columns: 2,
+                order_by: vec![SortKey {
+                    column: Column::Hidden(0),
+                    descending: true,
+                    nulls_first: true,
+                }],
+                collations: vec![(Column::Hidden(0), Column::Hidden(1))],
+                ..merge()
+            },
+        ),
+        // A collation the statement names is the one the shards name for the key.
+        (
+            "SELECT filler FROM accounts ORDER BY filler COLLATE \"C\"",
+            "SELECT filler, filler COLLATE \"C\" AS pgherd_hidden_1, pg_catalog.pg_collation_for(filler COLLATE \"C\"::pg_catalog.text) AS pgherd_hidden_2 FROM accounts ORDER BY filler COLLATE \"C\"",
+            Merge {
+                hidden_columns: 2,
+                order_by: vec![asc(Column::Hidden(0))],
+                collations: vec![(Column::Hidden(0), Column::Hidden(1))],
                 ..merge()
             },
         ),
         (
             "SELECT DISTINCT bid FROM accounts ORDER BY bid LIMIT 2",
-            "SELECT DISTINCT bid FROM accounts ORDER BY bid",
+            "SELECT DISTINCT bid, pg_catalog.pg_collation_for(bid::pg_catalog.text) AS pgherd_hidden_1 FROM accounts ORDER BY bid",
             Merge {
+                hidden_columns: 1,
+                collations: vec![(Column::Visible(0), Column::Hidden(0))],
                 distinct: true,
                 order_by: vec![asc(Column::Visible(0))],
                 limit: Some(2),
@@ -113,8 +154,13 @@ fn aggregates_combine_and_averages_come_from_sums_and_counts() {
     let cases: Vec<(&str, &str, Merge)> = vec![
         (
             "SELECT count(*), sum(abalance), min(abalance), max(abalance) FROM accounts",
-            "SELECT count(*), sum(abalance), min(abalance), max(abalance) FROM accounts",
+            "SELECT count(*), sum(abalance), min(abalance), max(abalance), pg_catalog.pg_collation_for(min(abalance)::pg_catalog.text) AS pgherd_hidden_1, pg_catalog.pg_collation_for(max(abalance)::pg_catalog.text) AS pgherd_hidden_2 FROM accounts",
             Merge {
+                hidden_columns: 2,
+                collations: vec![
+                    (Column::Visible(2), Column::Hidden(0)),
+                    (Column::Visible(3), Column::Hidden(1)),
+                ],
                 grouping: Some(Grouping {
                     keys: vec![],
                     aggregates: vec![
@@ -223,8 +269,10 @@ fn aggregates_combine_and_averages_come_from_sums_and_counts() {
         // The shards hold disjoint keys: distinct counts of the key add up.
         (
             "SELECT count(DISTINCT aid), max(DISTINCT bid) FROM accounts",
-            "SELECT count(DISTINCT aid), max(DISTINCT bid) FROM accounts",
+            "SELECT count(DISTINCT aid), max(DISTINCT bid), pg_catalog.pg_collation_for(max(DISTINCT bid)::pg_catalog.text) AS pgherd_hidden_1 FROM accounts",
             Merge {
+                hidden_columns: 1,
+                collations: vec![(Column::Visible(1), Column::Hidden(0))],
                 grouping: Some(Grouping {
                     keys: vec![],
                     aggregates: vec![(Column::Visible(0), Combine::Add), (Column::Visible(1), Combine::Max)],
@@ -339,10 +387,6 @@ fn what_has_no_exact_merge_is_refused_naming_it() {
         (
             "SELECT rank(1000) WITHIN GROUP (ORDER BY abalance) FROM accounts",
             "the aggregate rank",
-        ),
-        (
-            "SELECT filler FROM accounts ORDER BY filler COLLATE \"C\"",
-            "COLLATE",
         ),
         (
             "SELECT count(DISTINCT aid) FROM accounts AS a(x, aid)",

@@ -9,6 +9,7 @@
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use pgherd_wire::SqlState;
 
@@ -47,6 +48,63 @@ const TIMESTAMPTZ: u32 = 1184;
 const NUMERIC: u32 = 1700;
 const UUID: u32 = 2950;
 
+/// The order of one collation's text, as the proxy can apply it (the C library's, for the
+/// database's default collation, once it checked the servers use the very same).
+pub trait Collator: Send + Sync {
+    /// The collation's order of two strings; the merge breaks its ties by their bytes, as
+    /// PostgreSQL does for a deterministic collation.
+    fn compare(&self, a: &[u8], b: &[u8]) -> Ordering;
+}
+
+/// What the database says about its text, as far as merging it needs.
+#[derive(Clone)]
+pub struct TextRules {
+    /// How text of the database's default collation orders: `Ok(None)` by its bytes (C,
+    /// POSIX), `Err` why pgherd cannot order it as the servers do.
+    pub default_order: Result<Option<Arc<dyn Collator>>, String>,
+    /// Every collation the database has is deterministic: equal text has equal bytes, so
+    /// grouping and DISTINCT may compare bytes.
+    pub deterministic: bool,
+}
+
+impl TextRules {
+    /// A database whose default collation is C.
+    pub fn bytewise() -> TextRules {
+        TextRules {
+            default_order: Ok(None),
+            deterministic: true,
+        }
+    }
+
+    /// Nothing known: text is neither ordered nor grouped.
+    pub fn unknown(why: &str) -> TextRules {
+        TextRules {
+            default_order: Err(why.to_owned()),
+            deterministic: false,
+        }
+    }
+}
+
+impl Default for TextRules {
+    fn default() -> TextRules {
+        TextRules::unknown("a collation pgherd has not learnt yet (the catalog is being read)")
+    }
+}
+
+impl std::fmt::Debug for TextRules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let order = match &self.default_order {
+            Ok(None) => "bytes".to_owned(),
+            Ok(Some(_)) => "a collator".to_owned(),
+            Err(why) => format!("unknown ({why})"),
+        };
+        f.debug_struct("TextRules")
+            .field("default_order", &order)
+            .field("deterministic", &self.deterministic)
+            .finish()
+    }
+}
+
 /// Why rows cannot be merged exactly.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MergeError {
@@ -83,15 +141,26 @@ enum Typed {
     Float(f64),
     /// Compared byte by byte.
     Bytes(Vec<u8>),
+    /// Text of the database's default collation, compared by its collator.
+    Text(Vec<u8>),
     Bool(bool),
+}
+
+/// How a text column orders: by its collation, which the shards named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TextOrder {
+    /// Not known: not ordered.
+    Unknown,
+    Bytes,
+    /// The database's default collation, by the merge's collator.
+    Collated,
 }
 
 /// How a column's values order: by their type, or bytewise where that is PostgreSQL's order.
 #[derive(Debug, Clone, Copy)]
 struct Reader {
     column: ColumnType,
-    /// Text sorts bytewise only under the C collation.
-    text_bytewise: bool,
+    text: TextOrder,
 }
 
 impl Reader {
@@ -102,7 +171,7 @@ impl Reader {
             (NUMERIC, Format::Text) => true,
             (TIMESTAMP | TIMESTAMPTZ, Format::Binary) => true,
             (NAME, _) => true,
-            (TEXT | VARCHAR, _) => self.text_bytewise,
+            (TEXT | VARCHAR, _) => self.text != TextOrder::Unknown,
             _ => false,
         };
         if ok {
@@ -143,6 +212,7 @@ impl Reader {
             }
             (BOOL, Format::Text) => Typed::Bool(bytes == b"t"),
             (BOOL, Format::Binary) => Typed::Bool(bytes == [1]),
+            (TEXT | VARCHAR, _) if self.text == TextOrder::Collated => Typed::Text(bytes.to_vec()),
             // A uuid's text is lower-case hex: its order is its bytes' order.
             _ => Typed::Bytes(bytes.to_vec()),
         })
@@ -179,9 +249,13 @@ fn array<const N: usize>(bytes: &[u8]) -> Result<[u8; N], MergeError> {
         .map_err(|_| MergeError::BadValue("a fixed-size binary value"))
 }
 
-/// PostgreSQL's order of two values of one type: NULLs aside, NaN above every other float.
-fn compare(a: &Typed, b: &Typed) -> Ordering {
+/// PostgreSQL's order of two values of one type: NULLs aside, NaN above every other float,
+/// text by `collator` (its ties by bytes).
+fn compare(a: &Typed, b: &Typed, collator: Option<&dyn Collator>) -> Ordering {
     match (a, b) {
+        (Typed::Text(a), Typed::Text(b)) => collator
+            .map_or(Ordering::Equal, |c| c.compare(a, b))
+            .then_with(|| a.cmp(b)),
         (Typed::Int(a), Typed::Int(b)) => a.cmp(b),
         (Typed::Numeric(a, sa), Typed::Numeric(b, sb)) => compare_numeric((*a, *sa), (*b, *sb)),
         (Typed::Float(a), Typed::Float(b)) => match (a.is_nan(), b.is_nan()) {
@@ -235,7 +309,8 @@ fn canonical(value: &Typed) -> Vec<u8> {
         }
         Typed::Float(v) if v.is_nan() => b"NaN".to_vec(),
         Typed::Float(v) => (if *v == 0.0 { 0.0f64 } else { *v }).to_be_bytes().to_vec(),
-        Typed::Bytes(b) => b.clone(),
+        // Equal text of a deterministic collation has equal bytes.
+        Typed::Bytes(b) | Typed::Text(b) => b.clone(),
         Typed::Bool(b) => vec![u8::from(*b)],
     }
 }
@@ -323,25 +398,55 @@ pub struct Merger {
     /// How merged values read: an average is numeric text whatever its sum was.
     output: Vec<Reader>,
     visible: usize,
+    /// The order of the database's default collation, for text that has it.
+    collator: Option<Arc<dyn Collator>>,
+    /// Equal text has equal bytes (every collation of the database is deterministic).
+    deterministic: bool,
 }
 
 /// Types whose equal values print alike (in either format), so their bytes group and
-/// deduplicate them even where this does not read them: text of a deterministic collation,
-/// dates and times under the one session's settings, uuids, bytes.
-fn equal_when_bytes_equal(oid: u32) -> bool {
-    matches!(
-        oid,
-        TEXT | VARCHAR | NAME | BOOL | UUID | 17 | 18 | 1042 | 1082 | 1083 | 1114 | 1184 | 1266
-    )
+/// deduplicate them even where this does not read them: text (if every collation is
+/// deterministic), dates and times under the one session's settings, uuids, bytes.
+fn equal_when_bytes_equal(oid: u32, deterministic: bool) -> bool {
+    match oid {
+        TEXT | VARCHAR | NAME | 1042 => deterministic,
+        _ => matches!(
+            oid,
+            BOOL | UUID | 17 | 18 | 1082 | 1083 | 1114 | 1184 | 1266
+        ),
+    }
+}
+
+/// How text of the collation a shard named (`pg_collation_for`'s answer, `None` for a type
+/// without one) orders: `Err` why pgherd cannot.
+fn text_order_of(named: Option<&[u8]>, rules: &TextRules) -> Result<TextOrder, String> {
+    let Some(name) = named else {
+        return Ok(TextOrder::Bytes);
+    };
+    let name = String::from_utf8_lossy(name);
+    let name = name.strip_prefix("pg_catalog.").unwrap_or(&name);
+    match name {
+        "\"C\"" | "\"POSIX\"" | "ucs_basic" => Ok(TextOrder::Bytes),
+        "\"default\"" => match &rules.default_order {
+            Ok(None) => Ok(TextOrder::Bytes),
+            Ok(Some(_)) => Ok(TextOrder::Collated),
+            Err(why) => Err(why.clone()),
+        },
+        other => Err(format!(
+            "the collation {other} (pgherd orders text by the database's default collation, C or POSIX)"
+        )),
+    }
 }
 
 impl Merger {
-    /// For the shards' columns (visible then hidden, as their RowDescription gives them).
-    /// `text_bytewise`: the database's collation is C, so text orders by its bytes.
+    /// For the shards' columns (visible then hidden, as their RowDescription gives them);
+    /// `first_rows`, a row of each shard that has one, name the collations of what is ordered
+    /// (`Merge::collations`), which `text` says how to apply.
     pub fn new(
         spec: Merge,
         columns: &[ColumnType],
-        text_bytewise: bool,
+        first_rows: &[&Row],
+        text: &TextRules,
     ) -> Result<Merger, MergeError> {
         let visible =
             columns
@@ -352,15 +457,30 @@ impl Merger {
                 ))?;
         let reader = |column| Reader {
             column,
-            text_bytewise,
+            text: TextOrder::Unknown,
         };
-        let input: Vec<Reader> = columns.iter().map(|&c| reader(c)).collect();
+        let mut input: Vec<Reader> = columns.iter().map(|&c| reader(c)).collect();
+        for &(column, collation) in &spec.collations {
+            let (column, collation) = (position(visible, column), position(visible, collation));
+            let named = first_rows
+                .iter()
+                .find_map(|row| row.get(collation).and_then(Option::as_deref));
+            let Some(reader) = input.get_mut(column) else {
+                return Err(MergeError::BadValue("a row with every planned column"));
+            };
+            match text_order_of(named, text) {
+                Ok(order) => reader.text = order,
+                Err(why) if matches!(reader.column.oid, TEXT | VARCHAR) => {
+                    return Err(MergeError::Unsupported(format!(
+                        "ordering text across shards by {why}"
+                    )))
+                }
+                Err(_) => {}
+            }
+        }
         let mut output = input.clone();
         for &(column, combine) in spec.grouping.iter().flat_map(|g| &g.aggregates) {
-            let column = match column {
-                Column::Visible(i) => i,
-                Column::Hidden(i) => visible + i,
-            };
+            let column = position(visible, column);
             let Some(shard_column) = input.get(column) else {
                 return Err(MergeError::BadValue("a row with every planned column"));
             };
@@ -389,6 +509,8 @@ impl Merger {
             input,
             output,
             visible,
+            collator: text.default_order.clone().ok().flatten(),
+            deterministic: text.deterministic,
         };
         for key in &merger.spec.order_by {
             merger.reader_of(&merger.output, key.column)?.supported()?;
@@ -406,7 +528,9 @@ impl Merger {
             .map(Column::Visible);
         for column in grouping_keys.chain(distinct_columns) {
             let reader = merger.reader_of(&merger.output, column)?;
-            if reader.supported().is_err() && !equal_when_bytes_equal(reader.column.oid) {
+            if reader.supported().is_err()
+                && !equal_when_bytes_equal(reader.column.oid, merger.deterministic)
+            {
                 return Err(MergeError::Unsupported(format!(
                     "grouping or DISTINCT on values of type {} ({:?} format) across shards",
                     reader.column.oid, reader.column.format
@@ -425,10 +549,11 @@ impl Merger {
     }
 
     fn index(&self, column: Column) -> usize {
-        match column {
-            Column::Visible(i) => i,
-            Column::Hidden(i) => self.visible + i,
-        }
+        position(self.visible, column)
+    }
+
+    fn compare(&self, a: &Typed, b: &Typed) -> Ordering {
+        compare(a, b, self.collator.as_deref())
     }
 
     fn reader_of(&self, readers: &[Reader], column: Column) -> Result<Reader, MergeError> {
@@ -508,8 +633,8 @@ impl Merger {
                 (None, None) => Ordering::Equal,
                 (None, Some(_)) => nulls(key.nulls_first),
                 (Some(_), None) => nulls(key.nulls_first).reverse(),
-                (Some(x), Some(y)) if key.descending => compare(y, x),
-                (Some(x), Some(y)) => compare(x, y),
+                (Some(x), Some(y)) if key.descending => self.compare(y, x),
+                (Some(x), Some(y)) => self.compare(x, y),
             };
             if order != Ordering::Equal {
                 return order;
@@ -602,7 +727,8 @@ impl Merger {
                     let reader = self.reader_of(&self.output, *column)?;
                     let equality = matches!(op, CompareOp::Eq | CompareOp::Ne);
                     if reader.supported().is_err()
-                        && !(equality && equal_when_bytes_equal(reader.column.oid))
+                        && !(equality
+                            && equal_when_bytes_equal(reader.column.oid, self.deterministic))
                     {
                         return Err(MergeError::Unsupported(format!(
                             "HAVING on values of type {} across shards",
@@ -651,7 +777,7 @@ impl Merger {
                         oid: self.reader_of(&self.output, column)?.column.oid,
                         format: Format::Text,
                     },
-                    text_bytewise: self.reader_of(&self.output, column)?.text_bytewise,
+                    text: self.reader_of(&self.output, column)?.text,
                 };
                 let value = |operand: &Operand| -> Result<Option<Typed>, MergeError> {
                     match operand {
@@ -680,7 +806,7 @@ impl Merger {
                     }
                     _ => (a, b),
                 };
-                let order = compare(&a, &b);
+                let order = self.compare(&a, &b);
                 Some(match op {
                     CompareOp::Eq => order.is_eq(),
                     CompareOp::Ne => order.is_ne(),
@@ -706,10 +832,10 @@ impl Merger {
             (_, _, None) => {}
             (_, None, Some(_)) => group[column] = row[column].clone(),
             // The least or greatest keeps the bytes its shard sent.
-            (Combine::Min, Some(a), Some(b)) if compare(&b, &a).is_lt() => {
+            (Combine::Min, Some(a), Some(b)) if self.compare(&b, &a).is_lt() => {
                 group[column] = row[column].clone()
             }
-            (Combine::Max, Some(a), Some(b)) if compare(&b, &a).is_gt() => {
+            (Combine::Max, Some(a), Some(b)) if self.compare(&b, &a).is_gt() => {
                 group[column] = row[column].clone()
             }
             (Combine::Min | Combine::Max, _, _) => {}
@@ -763,6 +889,14 @@ impl Merger {
             }
         }
         Ok(out)
+    }
+}
+
+/// Where a column is in the shards' rows.
+fn position(visible: usize, column: Column) -> usize {
+    match column {
+        Column::Visible(i) => i,
+        Column::Hidden(i) => visible + i,
     }
 }
 

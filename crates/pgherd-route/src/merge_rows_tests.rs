@@ -53,7 +53,8 @@ fn sorted_shards_merge_into_one_order_with_nulls_where_the_key_puts_them() {
             ..spec()
         },
         &columns(&[INT4, TEXT]),
-        false,
+        &[],
+        &TextRules::bytewise(),
     )
     .unwrap();
     let shard = |rows: &[(Option<&str>, &str)]| {
@@ -113,7 +114,8 @@ fn groups_combine_across_shards_and_averages_come_out_as_postgresql_gives_them()
             ..spec()
         },
         &columns(&[INT4, INT8, INT8, INT4, INT4, INT8, INT8]),
-        false,
+        &[],
+        &TextRules::bytewise(),
     )
     .unwrap();
     let rows = vec![
@@ -204,7 +206,8 @@ fn equal_values_are_one_whatever_their_text() {
             ..spec()
         },
         &columns(&[NUMERIC, FLOAT8]),
-        false,
+        &[],
+        &TextRules::bytewise(),
     )
     .unwrap();
     let rows = vec![
@@ -228,7 +231,8 @@ fn floats_order_with_nan_above_everything() {
             ..spec()
         },
         &columns(&[FLOAT8]),
-        false,
+        &[],
+        &TextRules::bytewise(),
     )
     .unwrap();
     let rows = ["NaN", "Infinity", "-1.5", "1e300", "-Infinity"]
@@ -263,7 +267,8 @@ fn binary_integers_and_timestamps_order_by_value() {
             oid: TIMESTAMPTZ,
             format: Format::Binary,
         }],
-        false,
+        &[],
+        &TextRules::bytewise(),
     )
     .unwrap();
     let rows: Vec<Row> = [5i64, -7, 300]
@@ -288,14 +293,24 @@ fn what_cannot_be_ordered_or_added_exactly_is_refused() {
         }],
         ..spec()
     };
-    // Text orders by the database's collation; only C's is known here.
-    let error = Merger::new(sort_by_first.clone(), &columns(&[TEXT]), false)
-        .err()
-        .unwrap();
+    // Text orders by its collation, which only the shards can name (see below).
+    let error = Merger::new(
+        sort_by_first.clone(),
+        &columns(&[TEXT]),
+        &[],
+        &TextRules::bytewise(),
+    )
+    .err()
+    .unwrap();
     assert_eq!(error.sqlstate(), SqlState::FEATURE_NOT_SUPPORTED);
-    assert!(Merger::new(sort_by_first.clone(), &columns(&[TEXT]), true).is_ok());
     // Timestamps in text depend on the session's settings.
-    assert!(Merger::new(sort_by_first, &columns(&[TIMESTAMPTZ]), true).is_err());
+    assert!(Merger::new(
+        sort_by_first,
+        &columns(&[TIMESTAMPTZ]),
+        &[],
+        &TextRules::bytewise()
+    )
+    .is_err());
     // A float sum depends on the order of its additions.
     let float_sum = Merge {
         grouping: Some(Grouping {
@@ -304,7 +319,7 @@ fn what_cannot_be_ordered_or_added_exactly_is_refused() {
         }),
         ..spec()
     };
-    let error = Merger::new(float_sum, &columns(&[FLOAT8]), true)
+    let error = Merger::new(float_sum, &columns(&[FLOAT8]), &[], &TextRules::bytewise())
         .err()
         .unwrap();
     assert!(error.to_string().contains("floating-point"), "{error}");
@@ -325,7 +340,8 @@ fn least_and_greatest_keep_their_values_and_numerics_compare_exactly() {
             ..spec()
         },
         &columns(&[FLOAT8, NUMERIC, BOOL]),
-        false,
+        &[],
+        &TextRules::bytewise(),
     )
     .unwrap();
     let rows = vec![
@@ -364,7 +380,8 @@ fn a_value_that_cannot_be_read_is_an_error_not_a_misplaced_row() {
             ..spec()
         },
         &columns(&[INT4]),
-        false,
+        &[],
+        &TextRules::bytewise(),
     )
     .unwrap();
     let merged: Vec<_> = merger
@@ -400,7 +417,8 @@ fn averages_sort_and_describe_themselves_as_numeric() {
             ..spec()
         },
         &columns(&[INT4, INT8, INT8]),
-        false,
+        &[],
+        &TextRules::bytewise(),
     )
     .unwrap();
     assert_eq!(merger.output_types(), columns(&[INT4, NUMERIC]));
@@ -431,8 +449,20 @@ fn groups_and_duplicates_need_values_whose_equal_ones_print_alike() {
         ..spec()
     };
     // An interval's '1 day' and '24:00:00' are equal.
-    assert!(Merger::new(group_by_first.clone(), &columns(&[1186]), false).is_err());
-    assert!(Merger::new(group_by_first, &columns(&[TEXT]), false).is_ok());
+    assert!(Merger::new(
+        group_by_first.clone(),
+        &columns(&[1186]),
+        &[],
+        &TextRules::bytewise()
+    )
+    .is_err());
+    assert!(Merger::new(
+        group_by_first,
+        &columns(&[TEXT]),
+        &[],
+        &TextRules::bytewise()
+    )
+    .is_ok());
     let distinct = Merge {
         distinct: true,
         ..spec()
@@ -441,7 +471,7 @@ fn groups_and_duplicates_need_values_whose_equal_ones_print_alike() {
         oid: NUMERIC,
         format: Format::Binary,
     }];
-    assert!(Merger::new(distinct, &binary_numeric, false).is_err());
+    assert!(Merger::new(distinct, &binary_numeric, &[], &TextRules::bytewise()).is_err());
 }
 
 #[test]
@@ -474,7 +504,8 @@ fn having_keeps_groups_whose_condition_is_true_not_unknown() {
             ..spec()
         },
         &columns(&[INT4, INT8]),
-        false,
+        &[],
+        &TextRules::bytewise(),
     )
     .unwrap();
     let rows = vec![
@@ -487,4 +518,154 @@ fn having_keeps_groups_whose_condition_is_true_not_unknown() {
     let merged = merger.finish(merger.combine(rows).unwrap()).unwrap();
     // 1 has 2 > 1.5; 2 has 1; 3 is excluded; NULL = 3 is unknown, and so is its NOT.
     assert_eq!(shown(&merged), strings(&[&[Some("1"), Some("2")]]));
+}
+
+/// A stand-in for the C library's collation: ASCII letters without their case.
+struct CaseBlind;
+
+impl Collator for CaseBlind {
+    fn compare(&self, a: &[u8], b: &[u8]) -> Ordering {
+        a.to_ascii_lowercase().cmp(&b.to_ascii_lowercase())
+    }
+}
+
+fn with_collator() -> TextRules {
+    TextRules {
+        default_order: Ok(Some(Arc::new(CaseBlind))),
+        deterministic: true,
+    }
+}
+
+/// `SELECT name FROM t ORDER BY name`, the name's collation in a hidden column.
+fn sort_by_name() -> Merge {
+    Merge {
+        hidden_columns: 1,
+        order_by: vec![SortKey {
+            column: Column::Visible(0),
+            descending: false,
+            nulls_first: false,
+        }],
+        collations: vec![(Column::Visible(0), Column::Hidden(0))],
+        ..spec()
+    }
+}
+
+fn named(value: &str, collation: &str) -> Row {
+    vec![Some(value.into()), Some(collation.into())]
+}
+
+fn sorted_names(merger: &Merger, shards: Vec<Vec<Row>>) -> Vec<String> {
+    let merged: Vec<Row> = merger
+        .merge_sorted(shards.into_iter().map(Vec::into_iter).collect())
+        .collect::<Result<_, _>>()
+        .expect("merge");
+    merger
+        .finish(merged)
+        .expect("finish")
+        .into_iter()
+        .map(|row| String::from_utf8(row[0].clone().unwrap()).unwrap())
+        .collect()
+}
+
+#[test]
+fn text_orders_by_the_collation_the_shards_name() {
+    let types = columns(&[TEXT, TEXT]);
+    let shards = |collation: &str| {
+        vec![
+            vec![named("a", collation), named("b", collation)],
+            vec![named("B", collation), named("c", collation)],
+        ]
+    };
+    // The database's default collation, by the collator; its ties by bytes.
+    let rows = shards("\"default\"");
+    let first: Vec<&Row> = rows.iter().map(|r| &r[0]).collect();
+    let merger = Merger::new(sort_by_name(), &types, &first, &with_collator()).unwrap();
+    assert_eq!(sorted_names(&merger, rows), ["a", "B", "b", "c"]);
+    // C (named in the statement, a column's, or the database's): bytes.
+    for (collation, rules) in [
+        ("\"C\"", with_collator()),
+        ("\"POSIX\"", with_collator()),
+        ("\"default\"", TextRules::bytewise()),
+    ] {
+        let rows = shards(collation);
+        let first: Vec<&Row> = rows.iter().map(|r| &r[0]).collect();
+        let merger = Merger::new(sort_by_name(), &types, &first, &rules).unwrap();
+        assert_eq!(
+            sorted_names(&merger, rows),
+            ["B", "a", "b", "c"],
+            "{collation}"
+        );
+    }
+    // A collation pgherd cannot apply is refused, naming why.
+    for (collation, rules, why) in [
+        ("\"en_US\"", with_collator(), "\"en_US\""),
+        (
+            "\"default\"",
+            TextRules::unknown("the database's collation xx_XX.UTF-8"),
+            "xx_XX",
+        ),
+    ] {
+        let rows = shards(collation);
+        let first: Vec<&Row> = rows.iter().map(|r| &r[0]).collect();
+        let error = Merger::new(sort_by_name(), &types, &first, &rules)
+            .err()
+            .unwrap();
+        assert_eq!(error.sqlstate(), SqlState::FEATURE_NOT_SUPPORTED);
+        assert!(error.to_string().contains(why), "{error}");
+    }
+    // A column of a type without a collation (NULL) orders by its type.
+    let ints = columns(&[INT4, TEXT]);
+    let row: Row = vec![Some(b"1".to_vec()), None];
+    assert!(Merger::new(sort_by_name(), &ints, &[&row], &TextRules::unknown("x")).is_ok());
+}
+
+#[test]
+fn least_and_greatest_text_follow_the_collation() {
+    // SELECT min(name), max(name) FROM t, each with its collation.
+    let spec = Merge {
+        hidden_columns: 2,
+        grouping: Some(Grouping {
+            keys: vec![],
+            aggregates: vec![
+                (Column::Visible(0), Combine::Min),
+                (Column::Visible(1), Combine::Max),
+            ],
+        }),
+        collations: vec![
+            (Column::Visible(0), Column::Hidden(0)),
+            (Column::Visible(1), Column::Hidden(1)),
+        ],
+        ..spec()
+    };
+    let row = |min: &str, max: &str| -> Row {
+        [min, max, "\"default\"", "\"default\""]
+            .iter()
+            .map(|v| Some(v.as_bytes().to_vec()))
+            .collect()
+    };
+    let rows = vec![row("b", "Y"), row("A", "x")];
+    let first: Vec<&Row> = rows.iter().collect();
+    let merger = Merger::new(spec, &columns(&[TEXT; 4]), &first, &with_collator()).unwrap();
+    let merged = merger.finish(merger.combine(rows).unwrap()).unwrap();
+    assert_eq!(merged, vec![vec![Some(b"A".to_vec()), Some(b"Y".to_vec())]]);
+}
+
+#[test]
+fn text_groups_by_bytes_only_if_every_collation_is_deterministic() {
+    let distinct = Merge {
+        distinct: true,
+        ..spec()
+    };
+    assert!(Merger::new(
+        distinct.clone(),
+        &columns(&[TEXT]),
+        &[],
+        &TextRules::bytewise()
+    )
+    .is_ok());
+    let nondeterministic = TextRules {
+        default_order: Ok(None),
+        deterministic: false,
+    };
+    assert!(Merger::new(distinct, &columns(&[TEXT]), &[], &nondeterministic).is_err());
 }

@@ -209,7 +209,7 @@ impl<'m> Finisher<'m> {
 mod tests {
     use super::*;
     use crate::merge_plan::{Merge, SortKey};
-    use crate::merge_rows::{ColumnType, Format};
+    use crate::merge_rows::{ColumnType, Format, TextRules};
 
     fn int(v: i32) -> Row {
         vec![Some(v.to_string().into_bytes())]
@@ -231,7 +231,7 @@ mod tests {
             oid: 23,
             format: Format::Text,
         };
-        Merger::new(spec, &[int4], false).unwrap()
+        Merger::new(spec, &[int4], &[], &TextRules::bytewise()).unwrap()
     }
 
     /// The merge asks for one row of each shard first, then only for the shard whose row it

@@ -235,7 +235,9 @@ async fn what_is_never_served_and_what_the_key_keeps_apart() {
     assert_eq!(figure(&console, "hits").await, hits, "{never_served:?}");
 
     // Users: one without the privilege is refused by the server, never given app's answer.
-    env.direct(&format!("CREATE ROLE other LOGIN PASSWORD '{APP_PASSWORD}'"));
+    env.direct(&format!(
+        "CREATE ROLE other LOGIN PASSWORD '{APP_PASSWORD}'"
+    ));
     env.direct("GRANT CONNECT ON DATABASE app TO other; GRANT USAGE ON SCHEMA public TO other");
     let other = connect(&env.pgherd.conninfo("other", APP_PASSWORD, APP)).await;
     for _ in 0..3 {

@@ -5,7 +5,7 @@
 //! computes over all the rows.
 
 use pgherd_route::merge_plan::{Column, Combine, Grouping, Merge};
-use pgherd_route::merge_rows::{ColumnType, Format, Merger};
+use pgherd_route::merge_rows::{ColumnType, Format, Merger, TextRules};
 use pgherd_route::shard_hash::{shard_of, shard_of_text, KeyType};
 use pgherd_testkit::TestCluster;
 
@@ -176,7 +176,8 @@ fn aggregates_merged_from_shards_are_postgresqls_over_all_rows() {
                 oid,
                 format: Format::Text,
             }),
-            false,
+            &[],
+            &TextRules::bytewise(),
         )
         .expect("a merger");
         let field = |text: &str| (!text.is_empty()).then(|| text.as_bytes().to_vec());
@@ -325,8 +326,17 @@ async fn fan_out_queries_merge_to_the_single_node_answer() {
         for client in &clients[1..] {
             answers.push(run(client, &plan.shard_sql).await);
         }
-        let merger = Merger::new(plan.merge.clone(), &answers[0].0, false)
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let first_rows: Vec<&Row> = answers
+            .iter()
+            .filter_map(|(_, rows)| rows.first())
+            .collect();
+        let merger = Merger::new(
+            plan.merge.clone(),
+            &answers[0].0,
+            &first_rows,
+            &TextRules::bytewise(),
+        )
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
         let rows: Vec<Row> = if plan.merge.grouping.is_some() {
             merger
                 .combine(answers.into_iter().flat_map(|(_, rows)| rows))

@@ -9,7 +9,7 @@
 //! [`MAX_FAN_OUT_BYTES`], before it combines them.
 
 use pgherd_route::merge_plan::FanOut;
-use pgherd_route::merge_rows::{ColumnType, Format, MergeError, Merger, Row};
+use pgherd_route::merge_rows::{ColumnType, Format, MergeError, Merger, Row, TextRules};
 use pgherd_route::merge_stream::{Finisher, KWay, Taken};
 use pgherd_wire::backend::{self, tag as btag, FieldDescription};
 use pgherd_wire::frontend::BindValues;
@@ -106,10 +106,11 @@ impl<'l> ShardRows<'l> {
 }
 
 /// Runs `plan` on `links` (with the client's parameters, if `bound`) and sends the merged
-/// answer (without `ReadyForQuery`) to `answer`.
+/// answer (without `ReadyForQuery`) to `answer`; `text` says how the database's text orders.
 pub async fn run(
     links: &mut [Link],
     plan: &FanOut,
+    text: &TextRules,
     bound: Option<&Bound>,
     answer: &mut Answer<'_>,
 ) -> Result<(), Failed> {
@@ -126,7 +127,7 @@ pub async fn run(
         shard.prime(answer).await;
     }
     let describe = bound.is_none_or(|b| b.describe);
-    let merged = stream(&mut shards, plan, describe, answer).await;
+    let merged = stream(&mut shards, plan, text, describe, answer).await;
     if let Err(Failed::Client(gone)) = merged {
         return Err(Failed::Client(gone));
     }
@@ -147,6 +148,7 @@ pub async fn run(
 async fn stream(
     shards: &mut [ShardRows<'_>],
     plan: &FanOut,
+    text: &TextRules,
     describe: bool,
     answer: &mut Answer<'_>,
 ) -> Result<u64, Failed> {
@@ -162,11 +164,14 @@ async fn stream(
                 "a shard answered a SELECT without a row description",
             ))
         })?;
-    // Text is ordered only as bytes (a C collation); reading the database's collation to
-    // tell is still to come, so text sorts are refused by the merge.
-    let text_bytewise = false;
-    let merger =
-        Merger::new(plan.merge.clone(), &column_types(&fields), text_bytewise).map_err(merged)?;
+    let first_rows: Vec<&Row> = shards.iter().filter_map(|s| s.first.as_ref()).collect();
+    let merger = Merger::new(
+        plan.merge.clone(),
+        &column_types(&fields),
+        &first_rows,
+        text,
+    )
+    .map_err(merged)?;
     if describe {
         backend::encode_row_description(answer.out, &described(fields, &merger))
             .map_err(|e| Failed::Statement(too_large(e)))?;

@@ -512,8 +512,16 @@ impl ShardedSession {
             }
             Execution::FanOut { plan, .. } => {
                 let hold = self.extended.holds_answers();
+                let catalog = self.router.catalog();
                 let mut answer = Answer::new(&mut self.client, out, hold);
-                fan_out::run(&mut links, plan, query.bound, &mut answer).await
+                fan_out::run(
+                    &mut links,
+                    plan,
+                    catalog.text_rules(),
+                    query.bound,
+                    &mut answer,
+                )
+                .await
             }
             Execution::CopyIn(plan) => self.copy_in(plan, sql, &mut links, out).await,
             Execution::CopyOut { header, .. } => {

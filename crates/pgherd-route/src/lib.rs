@@ -16,6 +16,7 @@ mod classify;
 pub mod copy_split;
 mod decision;
 mod lexer;
+mod merge_numeric;
 pub mod merge_plan;
 pub mod merge_rows;
 pub mod merge_stream;

@@ -13,6 +13,10 @@ use std::sync::Arc;
 
 use pgherd_wire::SqlState;
 
+use crate::merge_numeric::{
+    add_numeric, average, compare_numeric, decode_binary, encode_binary, format_numeric,
+    parse_numeric,
+};
 use crate::merge_plan::{Column, Combine, CompareOp, Condition, Merge, Operand};
 use crate::merge_stream::{Finisher, MergeSorted, Taken};
 
@@ -168,7 +172,7 @@ impl Reader {
         let ColumnType { oid, format } = self.column;
         let ok = match (oid, format) {
             (INT2 | INT4 | INT8 | OID | FLOAT4 | FLOAT8 | BOOL | UUID, _) => true,
-            (NUMERIC, Format::Text) => true,
+            (NUMERIC, _) => true,
             (TIMESTAMP | TIMESTAMPTZ, Format::Binary) => true,
             (NAME, _) => true,
             (TEXT | VARCHAR, _) => self.text != TextOrder::Unknown,
@@ -206,8 +210,12 @@ impl Reader {
             }),
             (FLOAT4, Format::Binary) => Typed::Float(f64::from(f32::from_be_bytes(array(bytes)?))),
             (FLOAT8, Format::Binary) => Typed::Float(f64::from_be_bytes(array(bytes)?)),
-            (NUMERIC, _) => {
+            (NUMERIC, Format::Text) => {
                 let (digits, scale) = parse_numeric(text()?)?;
+                Typed::Numeric(digits, scale)
+            }
+            (NUMERIC, Format::Binary) => {
+                let (digits, scale) = decode_binary(bytes)?;
                 Typed::Numeric(digits, scale)
             }
             (BOOL, Format::Text) => Typed::Bool(bytes == b"t"),
@@ -233,7 +241,10 @@ impl Reader {
                     .to_vec(),
                 _ => v.to_be_bytes().to_vec(),
             },
-            (Typed::Numeric(digits, scale), _) => format_numeric(*digits, *scale).into_bytes(),
+            (Typed::Numeric(digits, scale), Format::Text) => {
+                format_numeric(*digits, *scale).into_bytes()
+            }
+            (Typed::Numeric(digits, scale), Format::Binary) => encode_binary((*digits, *scale))?,
             _ => {
                 return Err(MergeError::Unsupported(format!(
                     "combining values of type {oid} across shards"
@@ -271,28 +282,6 @@ fn compare(a: &Typed, b: &Typed, collator: Option<&dyn Collator>) -> Ordering {
     }
 }
 
-/// Two numerics in order, exactly: by sign, then whole part, then the fraction's digits.
-fn compare_numeric((a, sa): (i128, u32), (b, sb): (i128, u32)) -> Ordering {
-    let sign = a.signum().cmp(&b.signum());
-    if sign != Ordering::Equal || a == 0 {
-        return sign;
-    }
-    let parts = |v: i128, s: u32| {
-        // Never i128::MIN: `parse_numeric` and `add` keep out of it.
-        let text = format_numeric(v.unsigned_abs().min(i128::MAX as u128) as i128, s);
-        let (whole, fraction) = text.split_once('.').unwrap_or((&text, ""));
-        (whole.len(), whole.to_owned(), fraction.to_owned())
-    };
-    let ((la, wa, fa), (lb, wb, fb)) = (parts(a, sa), parts(b, sb));
-    let width = fa.len().max(fb.len());
-    let magnitude = (la, wa, format!("{fa:0<width$}")).cmp(&(lb, wb, format!("{fb:0<width$}")));
-    if a < 0 {
-        magnitude.reverse()
-    } else {
-        magnitude
-    }
-}
-
 /// A form equal values share (`1.0` and `1.00`, `-0` and `0`), for grouping and DISTINCT.
 fn canonical(value: &Typed) -> Vec<u8> {
     match value {
@@ -313,81 +302,6 @@ fn canonical(value: &Typed) -> Vec<u8> {
         Typed::Bytes(b) | Typed::Text(b) => b.clone(),
         Typed::Bool(b) => vec![u8::from(*b)],
     }
-}
-
-/// A numeric's text: an optional sign, digits, an optional point and digits. `NaN` and the
-/// infinities are refused: they do not add up.
-fn parse_numeric(text: &str) -> Result<(i128, u32), MergeError> {
-    let (negative, body) = match text.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, text),
-    };
-    let (whole, fraction) = body.split_once('.').unwrap_or((body, ""));
-    if whole.is_empty()
-        || !whole
-            .bytes()
-            .chain(fraction.bytes())
-            .all(|b| b.is_ascii_digit())
-    {
-        return Err(MergeError::Unsupported(format!(
-            "the numeric value {text} across shards"
-        )));
-    }
-    let digits: i128 = format!("{whole}{fraction}")
-        .parse()
-        .map_err(|_| MergeError::OutOfRange("numeric"))?;
-    let scale = u32::try_from(fraction.len()).map_err(|_| MergeError::OutOfRange("numeric"))?;
-    Ok((if negative { -digits } else { digits }, scale))
-}
-
-fn format_numeric(digits: i128, scale: u32) -> String {
-    let sign = if digits < 0 { "-" } else { "" };
-    let text = digits.unsigned_abs().to_string();
-    if scale == 0 {
-        return format!("{sign}{text}");
-    }
-    let text = format!("{text:0>width$}", width = scale as usize + 1);
-    let (whole, fraction) = text.split_at(text.len() - scale as usize);
-    format!("{sign}{whole}.{fraction}")
-}
-
-/// `numeric_div` of a sum by a count, as `avg` gives it: the scale PostgreSQL selects
-/// (`select_div_scale`: at least 16 significant digits, no fewer than the sum's scale), the
-/// last digit rounded half away from zero.
-fn average(sum_digits: i128, sum_scale: u32, count: i64) -> Result<(i128, u32), MergeError> {
-    let overflow = || MergeError::OutOfRange("an average");
-    // Weights in base-10000 digits, as PostgreSQL's numeric stores them.
-    let weight_and_first = |digits: u128, scale: u32| -> (i64, u128) {
-        if digits == 0 {
-            return (0, 0);
-        }
-        // Align to a multiple of 4 decimal places, then find the leading base-10000 digit.
-        let pad = (4 - scale % 4) % 4;
-        let mut value = digits * 10u128.pow(pad);
-        let mut groups = 0i64;
-        while value >= 10_000 {
-            value /= 10_000;
-            groups += 1;
-        }
-        (groups - i64::from((scale + pad) / 4), value)
-    };
-    let (weight1, first1) = weight_and_first(sum_digits.unsigned_abs(), sum_scale);
-    let (weight2, first2) = weight_and_first(u128::from(count.unsigned_abs()), 0);
-    let mut qweight = weight1 - weight2;
-    if first1 <= first2 {
-        qweight -= 1;
-    }
-    let rscale = (16 - qweight * 4).max(i64::from(sum_scale)).clamp(0, 1000);
-    let rscale = u32::try_from(rscale).map_err(|_| overflow())?;
-    // sum / count to rscale + 1 places, then rounded to rscale.
-    let shift = (rscale + 1)
-        .checked_sub(sum_scale)
-        .and_then(|p| 10i128.checked_pow(p))
-        .ok_or_else(overflow)?;
-    let scaled = sum_digits.checked_mul(shift).ok_or_else(overflow)?;
-    let quotient = scaled / i128::from(count);
-    let rounded = (quotient + quotient.signum() * 5) / 10;
-    Ok((rounded, rscale))
 }
 
 /// Merges the rows of a fan-out as its [`Merge`] says.
@@ -493,14 +407,10 @@ impl Merger {
                 ));
             }
             if let Combine::Average { .. } = combine {
-                if shard_column.column.format == Format::Binary {
-                    return Err(MergeError::Unsupported(
-                        "avg in binary format across shards".to_owned(),
-                    ));
-                }
+                // The format the client asked for that column.
                 output[column] = reader(ColumnType {
                     oid: NUMERIC,
-                    format: Format::Text,
+                    format: shard_column.column.format,
                 });
             }
         }
@@ -860,18 +770,17 @@ impl Merger {
             Some(Typed::Int(n)) => n,
             _ => 0,
         };
-        group[column] = match sum {
-            Some(_) if count == 0 => None,
+        let quotient = match sum {
             None => None,
-            Some(Typed::Int(sum)) => {
-                let (digits, scale) = average(i128::from(sum), 0, count)?;
-                Some(format_numeric(digits, scale).into_bytes())
-            }
-            Some(Typed::Numeric(digits, scale)) => {
-                let (digits, scale) = average(digits, scale, count)?;
-                Some(format_numeric(digits, scale).into_bytes())
-            }
+            Some(_) if count == 0 => None,
+            Some(Typed::Int(sum)) => Some(average(i128::from(sum), 0, count)?),
+            Some(Typed::Numeric(digits, scale)) => Some(average(digits, scale, count)?),
             Some(_) => return Err(MergeError::Unsupported("this avg across shards".to_owned())),
+        };
+        let writer = self.reader_of(&self.output, at)?;
+        group[column] = match quotient {
+            Some((digits, scale)) => Some(writer.write(&Typed::Numeric(digits, scale))?),
+            None => None,
         };
         Ok(())
     }
@@ -914,15 +823,8 @@ fn add(a: &Typed, b: &Typed) -> Result<Typed, MergeError> {
             .checked_add(*b)
             .map(Typed::Int)
             .ok_or(MergeError::OutOfRange("bigint")),
-        // i128::MIN has no magnitude of its own (`unsigned_abs` of it is out of i128).
         (Typed::Numeric(a, sa), Typed::Numeric(b, sb)) => {
-            let scale = (*sa).max(*sb);
-            let widen = |v: i128, s: u32| v.checked_mul(10i128.checked_pow(scale - s)?);
-            let sum = widen(*a, *sa)
-                .zip(widen(*b, *sb))
-                .and_then(|(a, b)| a.checked_add(b))
-                .filter(|sum| *sum != i128::MIN)
-                .ok_or(MergeError::OutOfRange("numeric"))?;
+            let (sum, scale) = add_numeric((*a, *sa), (*b, *sb))?;
             Ok(Typed::Numeric(sum, scale))
         }
         _ => Err(MergeError::Unsupported(

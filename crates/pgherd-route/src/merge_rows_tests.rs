@@ -467,11 +467,61 @@ fn groups_and_duplicates_need_values_whose_equal_ones_print_alike() {
         distinct: true,
         ..spec()
     };
-    let binary_numeric = [ColumnType {
-        oid: NUMERIC,
+    let binary_interval = [ColumnType {
+        oid: 1186,
         format: Format::Binary,
     }];
-    assert!(Merger::new(distinct, &binary_numeric, &[], &TextRules::bytewise()).is_err());
+    assert!(Merger::new(distinct, &binary_interval, &[], &TextRules::bytewise()).is_err());
+}
+
+#[test]
+fn binary_sums_and_averages_add_up_and_come_back_binary() {
+    use crate::merge_numeric::{decode_binary, encode_binary};
+    // SELECT sum(x), avg(x) FROM t, x bigint, every column in binary: the shards' sums are
+    // numeric, avg's count bigint.
+    let binary = |oid| ColumnType {
+        oid,
+        format: Format::Binary,
+    };
+    let merger = Merger::new(
+        Merge {
+            hidden_columns: 1,
+            grouping: Some(Grouping {
+                keys: vec![],
+                aggregates: vec![
+                    (Column::Visible(0), Combine::Add),
+                    (
+                        Column::Visible(1),
+                        Combine::Average {
+                            count: Column::Hidden(0),
+                        },
+                    ),
+                ],
+            }),
+            ..spec()
+        },
+        &[binary(NUMERIC), binary(NUMERIC), binary(INT8)],
+        &[],
+        &TextRules::bytewise(),
+    )
+    .unwrap();
+    assert_eq!(
+        merger.output_types(),
+        vec![binary(NUMERIC), binary(NUMERIC)]
+    );
+    let shard = |sum: i128, scale: u32, count: i64| -> Row {
+        vec![
+            Some(encode_binary((sum, scale)).unwrap()),
+            Some(encode_binary((sum, scale)).unwrap()),
+            Some(count.to_be_bytes().to_vec()),
+        ]
+    };
+    let rows = vec![shard(10, 0, 4), shard(55, 1, 1)];
+    let merged = merger.finish(merger.combine(rows).unwrap()).unwrap();
+    let value = |i: usize| decode_binary(merged[0][i].as_deref().unwrap()).unwrap();
+    // 10 + 5.5; 15.5 / 5 at avg's scale (16 significant digits).
+    assert_eq!(value(0), (155, 1));
+    assert_eq!(value(1), (31_000_000_000_000_000, 16));
 }
 
 #[test]

@@ -120,11 +120,29 @@ async fn prepared_statements_run_where_their_keys_are_and_fan_out_exactly() {
         .unwrap();
     let got: Vec<(i32, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     assert_eq!(got, vec![(0, 10), (1, 10), (2, 10)]);
+    // Numeric sums and averages merge in binary, byte for byte as one server sends them.
+    let row = client
+        .query_one(
+            "SELECT sum(abalance::int8), avg(abalance), avg(abalance::numeric / 7) FROM accounts",
+            &[],
+        )
+        .await
+        .unwrap();
+    let whole =
+        "SELECT sum(v::int8), avg(v), avg(v::numeric / 7) FROM generate_series(10, 400, 10) v";
+    for i in 0..3 {
+        let expected = shards[0].sql(&format!(
+            "SELECT numeric_send(s.v{}) FROM ({whole}) s(v1, v2, v3)",
+            i + 1
+        ));
+        let got = row.get::<_, RawNumeric>(i).0;
+        assert_eq!(format!("\\x{}", hex(&got)), expected, "column {i}");
+    }
     // What has no exact merge is refused as on the simple protocol.
     let refused = client
-        .query("SELECT avg(abalance) FROM accounts", &[])
+        .query("SELECT stddev(abalance) FROM accounts", &[])
         .await
-        .expect_err("an average in binary over shards");
+        .expect_err("no exact merge");
     assert_eq!(code(&refused), "0A000", "{refused:?}");
 
     // A multi-row INSERT with parameters is split, every shard told every parameter's type.
@@ -425,4 +443,24 @@ async fn executes_before_one_sync_are_one_transaction_and_portals_suspend() {
     })
     .await
     .unwrap();
+}
+
+/// A numeric's bytes as the server sent them in binary.
+struct RawNumeric(Vec<u8>);
+
+impl<'a> tokio_postgres::types::FromSql<'a> for RawNumeric {
+    fn from_sql(
+        _: &tokio_postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(RawNumeric(raw.to_vec()))
+    }
+
+    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+        *ty == tokio_postgres::types::Type::NUMERIC
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

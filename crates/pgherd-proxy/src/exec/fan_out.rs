@@ -284,7 +284,7 @@ fn column_types(fields: &[FieldDescription]) -> Vec<ColumnType> {
 }
 
 /// The client's row description: the shards', with an average typed as numeric whatever
-/// type the shards' sums had.
+/// type the shards' sums had (in the format the client asked for).
 fn described(fields: Vec<FieldDescription>, merger: &Merger) -> Vec<FieldDescription> {
     fields
         .into_iter()
@@ -299,7 +299,10 @@ fn described(fields: Vec<FieldDescription>, merger: &Merger) -> Vec<FieldDescrip
                     type_oid: merged.oid,
                     type_len: -1,
                     type_modifier: -1,
-                    format: 0,
+                    format: match merged.format {
+                        Format::Binary => 1,
+                        Format::Text => 0,
+                    },
                     ..field
                 }
             }

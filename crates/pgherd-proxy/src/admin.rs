@@ -103,6 +103,9 @@ pub async fn serve(
         if app.is_shutting_down() {
             return Disconnect::Shutdown;
         }
+        if app.handover.given() {
+            return Disconnect::CannotMove("the admin console's sessions stay with their process");
+        }
     }
 }
 
@@ -177,6 +180,7 @@ const USAGE: &[(&str, &str)] = &[
     ("WAIT_CLOSE", "WAIT_CLOSE [db]"),
     ("CACHE", "CACHE CLEAR [table]"),
     ("RELOAD", "RELOAD"),
+    ("UPGRADE", "UPGRADE"),
     ("SHUTDOWN", "SHUTDOWN"),
 ];
 
@@ -200,6 +204,8 @@ enum Operation<'a> {
     Kill(&'a str),
     Reconnect(Option<&'a str>),
     WaitClose(Option<&'a str>),
+    /// `UPGRADE`: the binary now at this process's path takes over (`crate::handover`).
+    Upgrade,
 }
 
 impl<'a> Operation<'a> {
@@ -231,6 +237,7 @@ impl<'a> Operation<'a> {
             [w, d] if is(w, "RECONNECT") => Some(Operation::Reconnect(Some(node(d)))),
             [w] if is(w, "WAIT_CLOSE") => Some(Operation::WaitClose(None)),
             [w, d] if is(w, "WAIT_CLOSE") => Some(Operation::WaitClose(Some(node(d)))),
+            [w] if is(w, "UPGRADE") => Some(Operation::Upgrade),
             _ => None,
         }
     }
@@ -247,6 +254,7 @@ impl<'a> Operation<'a> {
             Operation::Kill(_) => "KILL",
             Operation::Reconnect(_) => "RECONNECT",
             Operation::WaitClose(_) => "WAIT_CLOSE",
+            Operation::Upgrade => "UPGRADE",
         }
     }
 
@@ -266,6 +274,10 @@ impl<'a> Operation<'a> {
             Operation::Kill(db) => control::kill(app, db),
             Operation::Reconnect(db) => control::reconnect(app, db),
             Operation::WaitClose(db) => control::wait_close(app, db).await,
+            Operation::Upgrade => crate::handover::upgrade(app)
+                .await
+                .map(|done| vec![done])
+                .map_err(|e| PgError::error(SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, e)),
         }
     }
 }
@@ -302,7 +314,7 @@ fn run_command(
         ))),
         ["SHOW", "VERSION"] => Ok(Outcome::Rows(Table::lines(
             &["version"],
-            vec![format!("pgherd {VERSION}")],
+            vec![format!("pgherd {VERSION} (pid {})", std::process::id())],
         ))),
         ["SHOW", "NODES"] => Ok(Outcome::Rows(views::nodes(app))),
         ["SHOW", "CLUSTER"] => Ok(Outcome::Rows(views::cluster(app))),

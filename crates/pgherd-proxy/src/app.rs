@@ -63,6 +63,9 @@ pub struct App {
     pub shards: Option<Arc<crate::shards::Shards>>,
     /// The result cache, per server database.
     pub caches: crate::result_cache::Caches,
+    /// Upgrades of the binary: giving this process's duties and clients to a new one, or
+    /// taking them from an old one.
+    pub handover: crate::handover::HandoverState,
 }
 
 impl App {
@@ -101,6 +104,7 @@ impl App {
             nodes,
             routers: Mutex::new(HashMap::new()),
             caches: Default::default(),
+            handover: Default::default(),
             schema_generation: std::sync::atomic::AtomicU64::new(1),
             schema_changes: Default::default(),
             events: Default::default(),
@@ -125,9 +129,10 @@ impl App {
         self.config.load_full()
     }
 
-    /// This instance may decide for the cluster: it runs alone, or leads the instances.
+    /// This instance may decide for the cluster: it runs alone, or leads the instances; and
+    /// has not given its duties to a new process in an upgrade.
     pub fn may_act(&self) -> bool {
-        self.dcs.as_ref().is_none_or(|dcs| dcs.is_leader())
+        self.dcs.as_ref().is_none_or(|dcs| dcs.is_leader()) && !self.handover.handed_over()
     }
 
     /// Whether this instance may route a write now: alone, always; one of several, while its
@@ -191,6 +196,26 @@ impl App {
                 }))
             })
             .clone()
+    }
+
+    /// What pgherd learnt from clients' logins about logging in to servers as each user
+    /// (passthrough SCRAM keys, an md5 hash), for a new process to take over.
+    pub fn learnt_credentials(
+        &self,
+    ) -> Vec<(
+        String,
+        Option<pgherd_wire::scram::ScramCredential>,
+        Option<String>,
+    )> {
+        self.credentials
+            .lock()
+            .iter()
+            .filter_map(|(user, credentials)| {
+                let c = credentials.lock();
+                (c.scram_keys.is_some() || c.md5_hash.is_some())
+                    .then(|| (user.clone(), c.scram_keys.clone(), c.md5_hash.clone()))
+            })
+            .collect()
     }
 
     /// The pool for a client's (database, user) on `node`, created on first use; `None` if the

@@ -18,6 +18,8 @@ pub const SIGNAL_SHUTDOWN: u8 = 1;
 pub const SIGNAL_KILL: u8 = 2;
 /// The client cancelled the request that waits for a server (raised only during such a wait).
 pub const SIGNAL_CANCEL: u8 = 4;
+/// pgherd is being upgraded: move the session to the new process at its next idle point.
+pub const SIGNAL_HANDOVER: u8 = 8;
 
 use crate::server::send_cancel;
 
@@ -194,6 +196,8 @@ pub struct ClientRegistry {
     pub cancel_acknowledged: Notify,
     /// Time for the failure ledger.
     clock: Clock,
+    /// Signals raised on every client, which clients registered later start with.
+    raised_for_all: AtomicU8,
 }
 
 /// When the registry was made: the failure ledger's times count from it.
@@ -308,11 +312,40 @@ impl ClientRegistry {
             tls,
             connected_at: SystemTime::now(),
             live: Mutex::new(Live::default()),
-            signals: AtomicU8::new(0),
+            signals: AtomicU8::new(self.raised_for_all.load(Ordering::Acquire)),
             waker: AtomicWaker::new(),
         });
         map.insert((key.process_id, key.secret_key), shared.clone());
         shared
+    }
+
+    /// Registers a client moved from an earlier pgherd process under the cancel key it was
+    /// given there; `None` if a client here has that key already.
+    pub fn register_moved(
+        &self,
+        addr: SocketAddr,
+        user: &str,
+        database: &str,
+        key: CancelKey,
+    ) -> Option<Arc<ClientShared>> {
+        let mut map = self.by_key.lock();
+        if map.contains_key(&(key.process_id, key.secret_key)) {
+            return None;
+        }
+        let shared = Arc::new(ClientShared {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            key,
+            addr,
+            user: user.to_owned(),
+            database: database.to_owned(),
+            tls: false,
+            connected_at: SystemTime::now(),
+            live: Mutex::new(Live::default()),
+            signals: AtomicU8::new(self.raised_for_all.load(Ordering::Acquire)),
+            waker: AtomicWaker::new(),
+        });
+        map.insert((key.process_id, key.secret_key), shared.clone());
+        Some(shared)
     }
 
     pub fn unregister(&self, shared: &ClientShared) {
@@ -321,9 +354,12 @@ impl ClientRegistry {
             .remove(&(shared.key.process_id, shared.key.secret_key));
     }
 
-    /// Raises `signal` on every registered client.
+    /// Raises `signal` on every registered client, and on every client registered from now
+    /// on (one still logging in would miss it otherwise).
     pub fn signal_all(&self, signal: u8) {
-        for client in self.by_key.lock().values() {
+        let map = self.by_key.lock();
+        self.raised_for_all.fetch_or(signal, Ordering::AcqRel);
+        for client in map.values() {
             client.raise(signal);
         }
     }

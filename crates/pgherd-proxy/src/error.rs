@@ -125,6 +125,12 @@ pub enum Disconnect {
     LoginTimeout,
     IdleTimeout,
     Shutdown,
+    /// pgherd is being upgraded and the session went to the new process, its connection
+    /// with it: nothing to tell the client, whose session carries on.
+    Moved,
+    /// pgherd is being upgraded and the session cannot move to the new process (the reason):
+    /// the client is told to reconnect.
+    CannotMove(&'static str),
     /// In session mode the client's server connection is its session; losing it ends both.
     ServerLost(ServerError),
     /// Closed by an operator through the admin console.
@@ -156,6 +162,16 @@ impl Disconnect {
                 SqlState::ADMIN_SHUTDOWN,
                 "terminating connection because pgherd is shutting down",
             )),
+            Disconnect::CannotMove(why) => Some(
+                PgError::fatal(
+                    SqlState::ADMIN_SHUTDOWN,
+                    "terminating connection because pgherd is being upgraded",
+                )
+                .with_detail(format!(
+                    "this session cannot move to the new pgherd process: {why}"
+                ))
+                .with_hint("reconnect: the new process accepts connections"),
+            ),
             Disconnect::ServerLost(e) => {
                 let mut err = e.to_client_error();
                 err.severity = pgherd_wire::Severity::Fatal;
@@ -173,6 +189,7 @@ impl Disconnect {
             | Disconnect::ClientClosed
             | Disconnect::ClientIo(_)
             | Disconnect::Done(_)
+            | Disconnect::Moved
             | Disconnect::CancelRefused => None,
         }
     }
@@ -191,7 +208,10 @@ impl Disconnect {
     pub fn is_routine(&self) -> bool {
         matches!(
             self,
-            Disconnect::Terminated | Disconnect::ClientClosed | Disconnect::Done(_)
+            Disconnect::Terminated
+                | Disconnect::ClientClosed
+                | Disconnect::Done(_)
+                | Disconnect::Moved
         )
     }
 }
@@ -207,6 +227,11 @@ impl fmt::Display for Disconnect {
             Disconnect::LoginTimeout => f.write_str("login timeout"),
             Disconnect::IdleTimeout => f.write_str("client idle timeout"),
             Disconnect::Shutdown => f.write_str("pgherd is shutting down"),
+            Disconnect::Moved => f.write_str("moved to the new pgherd process (upgrade)"),
+            Disconnect::CannotMove(why) => write!(
+                f,
+                "pgherd is being upgraded and the session cannot move: {why}"
+            ),
             Disconnect::ServerLost(e) => write!(f, "server connection lost: {e}"),
             Disconnect::Killed(why) => write!(f, "killed by administrator: {why}"),
             Disconnect::Done(what) => f.write_str(what),

@@ -60,7 +60,8 @@ pub async fn run(app: Arc<App>, cluster: Arc<Nodes>) {
         }
         // A PROMOTE or switchover the operator started acts alone; this turn waits for it.
         let _turn = cluster.role_change.lock().await;
-        if cluster.is_switching() {
+        // An upgrade may have given the duty away meanwhile.
+        if cluster.is_switching() || !app.may_act() {
             continue;
         }
         let nodes = cluster.all();

@@ -47,10 +47,11 @@ pub fn spawn(app: &Arc<App>, listeners: Vec<TcpListener>) {
     for listener in listeners {
         let router = router(app.clone());
         let stop = app.shutdown_signal();
+        let handed_over = app.handover.stop_accepting();
         if let Ok(addr) = listener.local_addr() {
             tracing::info!(%addr, "HTTP API listening");
         }
-        tokio::spawn(serve(listener, router, stop, permits.clone()));
+        tokio::spawn(serve(listener, router, stop, handed_over, permits.clone()));
     }
 }
 
@@ -59,6 +60,7 @@ async fn serve(
     listener: TcpListener,
     router: Router,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    mut handed_over: tokio::sync::watch::Receiver<bool>,
     permits: Arc<tokio::sync::Semaphore>,
 ) {
     let mut refused: u64 = 0;
@@ -66,6 +68,8 @@ async fn serve(
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = stop.wait_for(|stopping| *stopping) => return,
+            // An upgrade's new process serves the API on the same socket from now on.
+            _ = handed_over.wait_for(|stop| *stop) => return,
         };
         let (stream, peer) = match accepted {
             Ok(accepted) => accepted,

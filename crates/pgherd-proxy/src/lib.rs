@@ -27,6 +27,7 @@ pub mod events;
 pub mod exec;
 pub mod failover;
 mod failpoint;
+pub mod handover;
 pub mod http;
 mod kept;
 pub mod lifecycle;
@@ -54,4 +55,4 @@ pub mod tls;
 mod two_phase_recovery;
 pub mod views;
 
-pub use lifecycle::serve;
+pub use lifecycle::{serve, serve_taking_over};

@@ -1,5 +1,5 @@
 //! Starting, reloading and stopping: listeners, node monitors, pool upkeep, signals
-//! (SIGHUP reloads, SIGTERM and SIGINT drain), and the drain deadline.
+//! (SIGHUP reloads, SIGTERM and SIGINT drain, SIGUSR2 upgrades), and the drain deadline.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,11 +22,40 @@ const LISTEN_BACKLOG: u32 = 4096;
 /// Runs pgherd until it is told to stop and has drained. `on_ready` gets the bound addresses
 /// once clients can connect.
 pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Result<(), String> {
-    let app = App::new(config)?;
+    serve_with(config, None, on_ready).await
+}
+
+/// [`serve`], taking over from the old process of an upgrade (`crate::handover`) given the
+/// line to it: its listeners, its view, its clients.
+pub async fn serve_taking_over(
+    config: Config,
+    takeover_fd: i32,
+    on_ready: impl FnOnce(&[SocketAddr]),
+) -> Result<(), String> {
+    let takeover = crate::handover::take_over(takeover_fd).await?;
+    serve_with(config, Some(takeover), on_ready).await
+}
+
+async fn serve_with(
+    config: Config,
+    mut takeover: Option<crate::handover::Takeover>,
+    on_ready: impl FnOnce(&[SocketAddr]),
+) -> Result<(), String> {
+    let app = match App::new(config) {
+        Ok(app) => app,
+        Err(e) => return Err(fail_takeover(takeover, e).await),
+    };
     let config = app.config();
-    let restored = crate::kept::restore(&app)?;
+    let restored = match crate::kept::restore(&app) {
+        Ok(restored) => restored,
+        Err(e) => return Err(fail_takeover(takeover, e).await),
+    };
     if !restored.is_empty() {
         tracing::warn!(file = %config.proxy.state_file.display(), kept = %restored.join("; "), "operator levers restored");
+    }
+    // The old process's view is the newest: it decided until a moment ago.
+    if let Some(Err(e)) = takeover.as_ref().map(|t| t.adopt(&app)) {
+        return Err(fail_takeover(takeover, e).await);
     }
 
     // Learn the roles before the first client arrives, so its first query is routed right.
@@ -43,13 +72,33 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
 
     let mut listeners = Vec::new();
     for addr in &config.proxy.listen {
-        listeners.push(bind(*addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?);
+        let taken = takeover.as_mut().and_then(|t| t.listener(*addr));
+        match taken.map_or_else(|| bind(*addr), Ok) {
+            Ok(listener) => listeners.push(listener),
+            Err(e) => {
+                return Err(fail_takeover(takeover, format!("cannot listen on {addr}: {e}")).await)
+            }
+        }
     }
     let addrs: Vec<SocketAddr> = listeners
         .iter()
         .filter_map(|l| l.local_addr().ok())
         .collect();
-    let api_listeners = crate::http::bind(&config.api.listen).await?;
+    let mut api_listeners = Vec::new();
+    let mut api_to_bind = Vec::new();
+    for addr in &config.api.listen {
+        match takeover.as_mut().and_then(|t| t.api_listener(*addr)) {
+            Some(listener) => api_listeners.push(listener),
+            None => api_to_bind.push(*addr),
+        }
+    }
+    match crate::http::bind(&api_to_bind).await {
+        Ok(bound) => api_listeners.extend(bound),
+        Err(e) => return Err(fail_takeover(takeover, e).await),
+    }
+    if let Err(e) = app.handover.keep_listeners(&listeners, &api_listeners) {
+        tracing::warn!(error = %e, "cannot keep the listening sockets for an upgrade");
+    }
 
     for cluster in &clusters {
         for node in cluster.all().iter() {
@@ -75,7 +124,10 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
         tokio::spawn(accept_loop(app.clone(), listener));
     }
     crate::http::spawn(&app, api_listeners);
-    tracing::info!(listen = ?addrs, "pgherd is ready");
+    if let Some(takeover) = takeover {
+        takeover.serve(app.clone()).await?;
+    }
+    tracing::info!(listen = ?addrs, pid = std::process::id(), "pgherd is ready");
     crate::systemd::spawn_watchdog();
     crate::systemd::ready(&serving_status(&addrs));
     on_ready(&addrs);
@@ -83,6 +135,7 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
     let mut hangup = signal(SignalKind::hangup()).map_err(|e| e.to_string())?;
     let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let mut upgrade = signal(SignalKind::user_defined2()).map_err(|e| e.to_string())?;
     let mut stopping = app.shutdown_signal();
     loop {
         tokio::select! {
@@ -92,6 +145,16 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
                     Err(e) => tracing::error!(error = %e, "reload failed; keeping the running config"),
                 }
             }
+            _ = upgrade.recv() => {
+                tracing::info!("SIGUSR2: upgrading");
+                let app = app.clone();
+                // The signal loop stays free meanwhile (a SIGTERM still drains).
+                tokio::spawn(async move {
+                    if let Err(e) = crate::handover::upgrade(&app).await {
+                        tracing::error!(error = %e, "upgrade (SIGUSR2) failed");
+                    }
+                });
+            }
             _ = terminate.recv() => { tracing::info!("SIGTERM: draining"); app.begin_shutdown(); }
             _ = interrupt.recv() => { tracing::info!("SIGINT: draining"); app.begin_shutdown(); }
             _ = stopping.changed() => break,
@@ -100,6 +163,14 @@ pub async fn serve(config: Config, on_ready: impl FnOnce(&[SocketAddr])) -> Resu
     crate::systemd::stopping();
     drain(&app).await;
     Ok(())
+}
+
+/// A taker that cannot start tells the old process why (it serves on); returns the reason.
+async fn fail_takeover(takeover: Option<crate::handover::Takeover>, reason: String) -> String {
+    if let Some(takeover) = takeover {
+        takeover.fail(&reason).await;
+    }
+    reason
 }
 
 /// Waits for clients to finish their transactions and leave, up to the shutdown deadline.
@@ -165,6 +236,7 @@ fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 async fn accept_loop(app: Arc<App>, listener: TcpListener) {
     let mut stopping = app.shutdown_signal();
+    let mut handed_over = app.handover.stop_accepting();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -179,6 +251,8 @@ async fn accept_loop(app: Arc<App>, listener: TcpListener) {
                 }
             },
             _ = stopping.changed() => return,
+            // The new process of an upgrade accepts on the same socket from now on.
+            _ = handed_over.changed() => return,
         }
     }
 }

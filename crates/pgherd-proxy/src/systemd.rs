@@ -30,6 +30,12 @@ pub fn stopping() {
     ]);
 }
 
+/// An upgrade's new process (`pid`) serves from now on: systemd follows it as the unit's main
+/// process, so this one may exit.
+pub fn main_pid(pid: u32) {
+    send(&[NotifyState::MainPid(pid)]);
+}
+
 /// Feeds systemd's watchdog (`WatchdogSec=` in the unit) at half its period from the runtime
 /// itself, so a runtime that stops making progress gets pgherd restarted.
 pub fn spawn_watchdog() {

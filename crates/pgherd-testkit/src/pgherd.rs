@@ -246,6 +246,8 @@ pub struct Pgherd {
     binary: PathBuf,
     /// Environment variables the next start passes on (a failpoint, say).
     env: Vec<(String, String)>,
+    /// Processes that took over from it (`pgherd upgrade`), not its children: killed with it.
+    successors: Vec<u32>,
 }
 
 impl Pgherd {
@@ -264,6 +266,7 @@ impl Pgherd {
             log_path,
             binary: PathBuf::from(binary),
             env: Vec::new(),
+            successors: Vec::new(),
         };
         pgherd.spawn();
         pgherd
@@ -403,6 +406,12 @@ impl Pgherd {
             .expect("rewrite pgherd config");
     }
 
+    /// A process that took over from this one (an upgrade's): it goes when this one is
+    /// dropped.
+    pub fn successor(&mut self, pid: u32) {
+        self.successors.push(pid);
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
@@ -420,6 +429,10 @@ impl Drop for Pgherd {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        for pid in self.successors.drain(..) {
+            // SAFETY: kill(2) on a process this test started (through an upgrade).
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         }
     }
 }

@@ -34,6 +34,9 @@ enum Command {
     Run {
         #[arg(long, short, default_value = "pgherd.toml")]
         config: PathBuf,
+        /// Take over from a running pgherd (an upgrade starts the new binary so).
+        #[arg(long = "takeover-fd", hide = true)]
+        takeover_fd: Option<i32>,
     },
     /// Create (first time) and start a local cluster (a primary and streaming replicas) with
     /// pgherd in front of it.
@@ -60,6 +63,13 @@ enum Command {
         /// The node to promote; by default the most advanced streaming replica.
         #[arg(long)]
         to: Option<String>,
+    },
+    /// Replace the running pgherd with the binary now at its path, dropping no client: idle
+    /// clients move to the new process with their sessions, others when their transaction
+    /// ends; the old process exits once it holds none (asks the running pgherd).
+    Upgrade {
+        #[command(flatten)]
+        at: local::Where,
     },
     /// Make a node a standby of the primary again (a replaced primary after a failover):
     /// pg_rewind, or pg_basebackup when rewinding fails (asks the running pgherd).
@@ -122,9 +132,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    pgherd_proxy::handover::record_launch();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { config } => run(&config),
+        Command::Run {
+            config,
+            takeover_fd,
+        } => run(&config, takeover_fd),
         Command::Up(options) => local::up(options),
         Command::Down { dir } => local::down(dir.as_deref()),
         Command::Status { at, json } => operate::status(&at, json),
@@ -135,6 +149,7 @@ fn main() -> ExitCode {
             };
             operate::admin_command(&at, &command)
         }
+        Command::Upgrade { at } => operate::admin_command(&at, "UPGRADE"),
         Command::Rejoin { node, at } => operate::admin_command(&at, &format!("REJOIN \"{node}\"")),
         Command::Promote { node, force, at } => {
             let mut command = format!("PROMOTE \"{node}\"");
@@ -197,14 +212,17 @@ pub fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, String> {
         .map_err(|e| format!("cannot start the runtime: {e}"))
 }
 
-fn run(path: &std::path::Path) -> Result<(), String> {
+fn run(path: &std::path::Path, takeover_fd: Option<i32>) -> Result<(), String> {
     let config = Config::load(path).map_err(|e| e.to_string())?;
     logging::init(&config.proxy);
     if let Some(warning) = config.group_readable_secret() {
         tracing::warn!("{warning}");
     }
     let rt = runtime(config.proxy.workers)?;
-    rt.block_on(pgherd_proxy::serve(config, |_| {}))
+    match takeover_fd {
+        Some(fd) => rt.block_on(pgherd_proxy::serve_taking_over(config, fd, |_| {})),
+        None => rt.block_on(pgherd_proxy::serve(config, |_| {})),
+    }
 }
 
 fn check_config(path: &std::path::Path) -> Result<(), String> {

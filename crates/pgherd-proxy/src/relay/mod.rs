@@ -18,6 +18,7 @@ pub(crate) use server_input::primary_may_answer;
 mod client_input;
 mod client_stream;
 mod extended_request;
+mod moving;
 pub mod params;
 pub mod probe;
 pub mod queue;
@@ -47,7 +48,7 @@ use tokio_util::io::poll_read_buf;
 
 use crate::app::App;
 use crate::buffers;
-use crate::clients::{ClientShared, ServerTarget, SIGNAL_KILL, SIGNAL_SHUTDOWN};
+use crate::clients::{ClientShared, ServerTarget, SIGNAL_HANDOVER, SIGNAL_KILL, SIGNAL_SHUTDOWN};
 use crate::error::{client_io, Disconnect, ServerError, ServerErrorKind};
 use crate::nodes::{NodeState, Role, PRIMARY_RECHECK};
 use crate::pool::{AcquireError, Pool};
@@ -398,6 +399,9 @@ pub struct Session {
     cache_candidate: Option<Box<cached::CacheCandidate>>,
     /// pgherd is shutting down: end the session at the next point where it is idle.
     stop_when_idle: bool,
+    /// pgherd is being upgraded: move the session to the new process at the next point where
+    /// it is idle, or end it saying why it cannot move (`moving.rs`).
+    move_when_idle: bool,
     /// 0 disables.
     idle_timeout_ms: u64,
     idle_timer: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -443,6 +447,7 @@ impl Session {
             fill: None,
             cache_candidate: None,
             stop_when_idle: false,
+            move_when_idle: false,
         }
     }
 
@@ -516,6 +521,9 @@ impl Session {
         if signals & SIGNAL_SHUTDOWN != 0 {
             self.stop_when_idle = true;
         }
+        if signals & SIGNAL_HANDOVER != 0 {
+            self.move_when_idle = true;
+        }
         if self.lease.is_some() {
             match self.poll_relay(cx) {
                 Poll::Ready(Err(Relayed::Server(e))) => {
@@ -557,8 +565,10 @@ impl Session {
                 ready!(Pin::new(&mut self.client).poll_flush(cx)).map_err(client_io)?;
                 self.client_flush_pending = false;
             }
-            if self.stop_when_idle && self.client_tx == TxStatus::Idle {
-                return Poll::Ready(Err(Disconnect::Shutdown));
+            if self.client_tx == TxStatus::Idle {
+                if let Some(end) = self.end_at_idle_point() {
+                    return Poll::Ready(Err(end));
+                }
             }
             buffers::ready_for_write(&mut self.client_out);
             if self.handle_requests_without_server()? {
@@ -825,8 +835,11 @@ impl Session {
             if self.can_release() {
                 return Poll::Ready(Ok(Step::Release));
             }
-            if self.stop_when_idle && self.at_idle_point() {
-                return Poll::Ready(Err(Relayed::Client(Disconnect::Shutdown)));
+            if self.at_idle_point() {
+                // With a server still held: a session that can move gives it back first.
+                if let Some(end) = self.end_at_idle_point() {
+                    return Poll::Ready(Err(Relayed::Client(end)));
+                }
             }
             if !progressed {
                 return Poll::Pending;

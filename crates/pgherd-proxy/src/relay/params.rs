@@ -70,6 +70,15 @@ const TRANSACTION_SCOPED: &[&str] = &[
 pub struct Settings(Vec<(String, String)>);
 
 impl Settings {
+    /// From pairs in any order (the last of a name wins).
+    fn sorted(pairs: Vec<(String, String)>) -> Settings {
+        let mut settings = Settings::default();
+        for (name, sql) in pairs {
+            settings.insert(name, sql);
+        }
+        settings
+    }
+
     fn get(&self, name: &str) -> Option<&String> {
         self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v)
     }
@@ -229,6 +238,39 @@ impl SessionParams {
 
     pub fn fingerprint(&self) -> u64 {
         self.fingerprint
+    }
+
+    /// No transaction's changes are pending.
+    pub fn is_settled(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// The settings as plain pairs, for a session moving to a new pgherd process; `None`
+    /// while a transaction's changes are pending.
+    pub fn to_record(&self) -> Option<crate::handover::SettingsRecord> {
+        self.pending
+            .is_empty()
+            .then(|| crate::handover::SettingsRecord {
+                standard_conforming_strings: self.flags.standard_conforming_strings,
+                default_transaction_read_only: self.flags.default_transaction_read_only,
+                startup: self.startup.0.clone(),
+                entries: self.entries.0.clone(),
+            })
+    }
+
+    /// A moved session's settings, as [`Self::to_record`] gave them.
+    pub fn from_record(record: crate::handover::SettingsRecord, interner: &Interner) -> Self {
+        let mut s = SessionParams {
+            flags: StartupFlags {
+                standard_conforming_strings: record.standard_conforming_strings,
+                default_transaction_read_only: record.default_transaction_read_only,
+            },
+            startup: interner.intern(Settings::sorted(record.startup)),
+            entries: Settings::sorted(record.entries),
+            ..Default::default()
+        };
+        s.refresh_fingerprint();
+        s
     }
 
     /// The statements that apply these settings on a server at its baseline (see

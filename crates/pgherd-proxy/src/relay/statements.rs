@@ -221,6 +221,11 @@ impl ClientStatements {
         self.named.len()
     }
 
+    /// Every statement, by the client's name.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &Arc<StatementDef>)> {
+        self.named.iter().map(|(name, def)| (name.as_slice(), def))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.named.is_empty()
     }

@@ -1,0 +1,212 @@
+//! Upgrading pgherd's binary without dropping a client (`pgherd upgrade`, `UPGRADE` on the
+//! console, SIGUSR2).
+//!
+//! The running process (the giver, `give.rs`) starts the binary it was started from (the file
+//! now there, so the new version) with its own arguments and `--takeover-fd`, an end of a
+//! Unix socket pair (`channel.rs`). Over it the new process (the taker, `take.rs`) receives the
+//! listening sockets, the cluster view and the server credentials learnt from clients' logins,
+//! starts, checks the nodes, and says it is ready. Only then does the giver stop accepting and
+//! tell every session to move at its next idle point: between transactions, holding no
+//! server, a plain TCP client in transaction or statement mode is sent over with its session
+//! (`ClientRecord`: settings, prepared statements, cancel key, read-your-writes position) and
+//! carries on in the new process without a byte lost or repeated. A session that cannot move
+//! (TLS, whose keys live in the giver's TLS library; session mode or pinned, whose server
+//! connection holds its state) is told why at its next idle point and reconnects. The giver
+//! exits once it holds no client.
+//!
+//! Failover duty moves with the view: the giver stops acting (taking every cluster's role-change
+//! lock, so no turn is half done) before it sends the view, and the taker starts its failover
+//! tasks only after adopting it, so no failover starts twice or in neither; the few seconds
+//! in between delay one, never lose it. A taker that does not say it is ready in time is
+//! killed, and the giver acts and serves on as before.
+//!
+//! Not yet: several instances (`[dcs]`) and sharded endpoints refuse an upgrade; cancel
+//! requests for clients still in the giver are passed to it by the taker.
+
+mod channel;
+mod give;
+mod take;
+
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arc_swap::ArcSwapOption;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::dcs::shared::SharedView;
+use channel::Channel;
+
+pub use give::{record_launch, send_client, upgrade};
+pub use take::{forward_cancel, take_over, Takeover};
+
+/// The argument that makes a new process a taker.
+pub const TAKEOVER_FD_ARG: &str = "--takeover-fd";
+
+/// How long the taker may take to start and say it is ready.
+const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A process's part in upgrades, in `App`.
+pub struct HandoverState {
+    /// An upgrade was started (one at a time).
+    upgrading: AtomicBool,
+    /// This process gave its duties to a new one: it decides nothing for the cluster.
+    handed_over: AtomicBool,
+    /// This process accepts no more connections (the new one does).
+    stop_accepting: watch::Sender<bool>,
+    /// The old process's line to the new one, or the new one's to the old while it lives.
+    line: ArcSwapOption<Channel>,
+    /// Duplicates of this process's listening sockets, to give away.
+    listeners: Mutex<Listeners>,
+}
+
+#[derive(Default)]
+struct Listeners {
+    clients: Vec<(SocketAddr, OwnedFd)>,
+    api: Vec<(SocketAddr, OwnedFd)>,
+}
+
+impl Default for HandoverState {
+    fn default() -> Self {
+        HandoverState {
+            upgrading: AtomicBool::new(false),
+            handed_over: AtomicBool::new(false),
+            stop_accepting: watch::channel(false).0,
+            line: ArcSwapOption::empty(),
+            listeners: Mutex::new(Listeners::default()),
+        }
+    }
+}
+
+impl HandoverState {
+    /// This process gave its duties to a new one (or is giving them).
+    pub fn handed_over(&self) -> bool {
+        self.handed_over.load(Ordering::Acquire)
+    }
+
+    /// A new process serves in this one's place (an upgrade went through).
+    pub fn given(&self) -> bool {
+        *self.stop_accepting.borrow()
+    }
+
+    /// Becomes true once this process must accept no more connections.
+    pub fn stop_accepting(&self) -> watch::Receiver<bool> {
+        self.stop_accepting.subscribe()
+    }
+
+    /// Keeps duplicates of the listening sockets, for an upgrade to give away.
+    pub fn keep_listeners(
+        &self,
+        clients: &[tokio::net::TcpListener],
+        api: &[tokio::net::TcpListener],
+    ) -> std::io::Result<()> {
+        let kept = |listeners: &[tokio::net::TcpListener]| {
+            listeners
+                .iter()
+                .map(|l| Ok((l.local_addr()?, l.as_fd().try_clone_to_owned()?)))
+                .collect::<std::io::Result<Vec<_>>>()
+        };
+        *self.listeners.lock() = Listeners {
+            clients: kept(clients)?,
+            api: kept(api)?,
+        };
+        Ok(())
+    }
+}
+
+/// What goes over the line.
+#[derive(Debug, Serialize, Deserialize)]
+enum Message {
+    /// Giver → taker, first: what it takes over. The listeners' descriptors come attached,
+    /// the clients' first, then the HTTP API's.
+    State(Box<InitialState>),
+    /// Taker → giver: it serves; clients may move.
+    Ready { pid: u32 },
+    /// Taker → giver: it cannot start.
+    Failed { reason: String },
+    /// Giver → taker: a client, its connection attached.
+    Client(Box<ClientRecord>),
+    /// Taker → giver: a cancel request for a client the taker does not have.
+    Cancel { process_id: i32, secret_key: i32 },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct InitialState {
+    version: String,
+    pid: u32,
+    listen: Vec<SocketAddr>,
+    api: Vec<SocketAddr>,
+    view: SharedView,
+    credentials: Vec<CredentialRecord>,
+}
+
+/// What pgherd learnt of a user's server login from clients' logins (passthrough SCRAM keys,
+/// an md5 hash from an auth query), which the taker could not learn again without them.
+#[derive(Debug, Serialize, Deserialize)]
+struct CredentialRecord {
+    user: String,
+    scram: Option<ScramKeysRecord>,
+    md5_hash: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ScramKeysRecord {
+    client_key: Vec<u8>,
+    server_key: Vec<u8>,
+    salt: Vec<u8>,
+    iterations: u32,
+}
+
+/// An idle session, as the taker needs it to carry on.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ClientRecord {
+    pub addr: SocketAddr,
+    pub user: String,
+    pub database: String,
+    /// The cancel key the client was given at login.
+    pub process_id: i32,
+    pub secret_key: i32,
+    /// Bytes the client sent that the giver read but did not handle yet.
+    pub unread: Vec<u8>,
+    pub settings: SettingsRecord,
+    /// Custom settings it set with `set_config`, which a probe asks for.
+    pub custom_settings: Vec<String>,
+    /// Its protocol-level prepared statements: name, text, parameter types as sent.
+    pub statements: Vec<StatementRecord>,
+    /// Its unnamed statement, if any.
+    pub unnamed: Option<StatementRecord>,
+    /// `SET pgherd.route` (`primary`, `replica`, `auto`).
+    pub route_override: Option<String>,
+    pub default_read_only: bool,
+    pub standard_conforming_strings: bool,
+    /// The WAL position its last committed write reached (read-your-writes).
+    pub min_lsn: u64,
+    /// A write whose end is not known yet: reads stay on the primary until it is.
+    pub write_unconfirmed: bool,
+}
+
+/// A session's settings: from its startup packet (what `RESET` goes back to) and since.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct SettingsRecord {
+    pub standard_conforming_strings: bool,
+    pub default_transaction_read_only: bool,
+    pub startup: Vec<(String, String)>,
+    pub entries: Vec<(String, String)>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StatementRecord {
+    pub name: Vec<u8>,
+    pub query: Vec<u8>,
+    pub param_types: Vec<u8>,
+}
+
+fn encode(message: &Message) -> Result<Vec<u8>, String> {
+    serde_json::to_vec(message).map_err(|e| format!("cannot encode a handover message: {e}"))
+}
+
+fn decode(json: &[u8]) -> Result<Message, String> {
+    serde_json::from_slice(json).map_err(|e| format!("a handover message pgherd cannot read: {e}"))
+}

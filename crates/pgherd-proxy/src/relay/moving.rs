@@ -1,0 +1,195 @@
+//! A session leaving for a new pgherd process during an upgrade (`crate::handover`), and one
+//! arriving: whether it can move now, what it takes along, and how it carries on.
+//!
+//! Only a session between transactions that holds no server and has nothing under way moves:
+//! everything it is then is in pgherd's hands (settings, statements, cancel key, the WAL
+//! position its reads need) and fits a [`ClientRecord`]. What the giver read from the client
+//! but did not handle goes along too, so no byte is lost or handled twice.
+
+use std::os::fd::{AsFd, OwnedFd};
+
+use pgherd_config::PoolMode;
+use pgherd_wire::backend::TxStatus;
+
+use super::statements::{ClientStatements, StatementDef};
+use super::{Session, SessionEffect, UnnamedStatement};
+use crate::error::Disconnect;
+use crate::handover::{ClientRecord, StatementRecord};
+use crate::stream::Stream;
+
+/// Whether a session can move to another process.
+pub(super) enum Movable {
+    Now,
+    /// Once what is under way ends (a transaction, a request, a server given back).
+    Later,
+    /// Never, for this reason: the client must reconnect.
+    Never(&'static str),
+}
+
+impl Session {
+    /// How a session at an idle point ends once pgherd is stopping or being upgraded;
+    /// `None`: not yet (what is under way ends first).
+    pub(super) fn end_at_idle_point(&self) -> Option<Disconnect> {
+        if self.move_when_idle {
+            match self.movable() {
+                Movable::Now => return Some(Disconnect::Moved),
+                Movable::Never(why) => return Some(Disconnect::CannotMove(why)),
+                Movable::Later => {}
+            }
+        }
+        self.stop_when_idle.then_some(Disconnect::Shutdown)
+    }
+
+    pub(super) fn movable(&self) -> Movable {
+        if self.client.is_tls() {
+            return Movable::Never(
+                "it uses TLS, whose session keys stay in this process's TLS library",
+            );
+        }
+        if self.mode == PoolMode::Session {
+            return Movable::Never("in session mode its server connection is its session");
+        }
+        if self.routing.pinned.is_some() {
+            return Movable::Never("its session state (a temporary table, a session lock, LISTEN, a held cursor) lives on its server connection");
+        }
+        let under_way = self.lease.is_some()
+            || self.untracked_change
+            || self.client_tx != TxStatus::Idle
+            || !self.queue.is_settled()
+            || !self.client_out.is_empty()
+            || self.client_stream.is_some()
+            || self.server_passthrough.is_some()
+            || self.local_skip_to_sync
+            || self.pending_error.is_some()
+            || self.probe_rows.is_some()
+            || !self.after_stream.is_empty()
+            || self.skip_preliminaries > 0
+            || self.fill.is_some()
+            || self.cache_candidate.is_some()
+            || self.routing.effect != SessionEffect::None
+            || self.routing.schema_change.is_some()
+            // Kept for reuse: only what it holds counts.
+            || self
+                .routing
+                .replay
+                .as_ref()
+                .is_some_and(|r| !r.bytes.is_empty() || r.refused)
+            || self.routing.retry_on_primary
+            || self.routing.held
+            || !self.params.is_settled();
+        if under_way {
+            Movable::Later
+        } else {
+            Movable::Now
+        }
+    }
+
+    /// The client's connection (a duplicate of its descriptor: this session's own closes when
+    /// it ends) and the record of its session, for the new process.
+    pub fn take_for_handover(&self) -> Result<(OwnedFd, ClientRecord), String> {
+        match self.movable() {
+            Movable::Now => {}
+            Movable::Later => return Err("a request of it is under way".to_owned()),
+            Movable::Never(why) => return Err(why.to_owned()),
+        }
+        let Stream::Plain(tcp) = &self.client else {
+            return Err("not a plain TCP connection".to_owned());
+        };
+        let settings = self
+            .params
+            .to_record()
+            .ok_or("its settings have changes pending")?;
+        let connection = tcp
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| format!("cannot duplicate the client's socket: {e}"))?;
+        let record = |name: &[u8], def: &StatementDef| StatementRecord {
+            name: name.to_vec(),
+            query: def.query.clone(),
+            param_types: def.param_types.clone(),
+        };
+        let statements = self
+            .statements
+            .iter()
+            .flat_map(|s| s.iter())
+            .map(|(name, def)| record(name, def))
+            .collect();
+        let unnamed = self
+            .unnamed
+            .as_ref()
+            .filter(|u| u.present)
+            .map(|u| StatementRecord {
+                name: Vec::new(),
+                query: u.query.clone(),
+                param_types: u.param_types.clone(),
+            });
+        let shared = &self.shared;
+        Ok((
+            connection,
+            ClientRecord {
+                addr: shared.addr,
+                user: shared.user.clone(),
+                database: shared.database.clone(),
+                process_id: shared.key.process_id,
+                secret_key: shared.key.secret_key,
+                unread: self.client_in.to_vec(),
+                settings,
+                custom_settings: self.custom_settings.clone(),
+                statements,
+                unnamed,
+                route_override: self
+                    .routing
+                    .session
+                    .override_route
+                    .map(|r| r.as_str().to_owned()),
+                default_read_only: self.routing.session.default_read_only,
+                standard_conforming_strings: self.routing.standard_conforming_strings,
+                min_lsn: self.routing.min_lsn,
+                write_unconfirmed: self.routing.write_seq > self.routing.probed_seq,
+            },
+        ))
+    }
+
+    /// Takes up what a moved session was: its statements, custom settings and routing state
+    /// (the settings and the unread bytes came with its setup). What cannot be read is left
+    /// out with a warning: the client then gets PostgreSQL's error for what is missing.
+    pub fn resume(&mut self, record: &ClientRecord) {
+        if !record.statements.is_empty() {
+            let mut statements = ClientStatements::default();
+            for s in &record.statements {
+                let def = StatementDef::new(&s.query, &s.param_types);
+                if let Err(e) = statements.define(&s.name, def) {
+                    tracing::warn!(client = self.shared.id, error = ?e, "upgrade: a moved client's statement was left out");
+                }
+            }
+            self.statements = Some(Box::new(statements));
+        }
+        if let Some(unnamed) = &record.unnamed {
+            self.unnamed = Some(Box::new(UnnamedStatement {
+                query: unnamed.query.clone(),
+                param_types: unnamed.param_types.clone(),
+                present: true,
+                routed: None,
+            }));
+        }
+        self.custom_settings = record.custom_settings.clone();
+        let routing = &mut self.routing;
+        routing.session.override_route = record
+            .route_override
+            .as_deref()
+            .and_then(pgherd_config::Route::parse);
+        routing.session.default_read_only = record.default_read_only;
+        routing.standard_conforming_strings = record.standard_conforming_strings;
+        routing.min_lsn = record.min_lsn;
+        if record.write_unconfirmed {
+            // Reads wait for the end of a write this process never saw: the primary serves
+            // them until the session's next write is probed.
+            routing.write_seq = routing.probed_seq + 1;
+        }
+    }
+
+    /// Tells the client why its session ends (after it ended without a server).
+    pub async fn farewell(&mut self, end: &Disconnect) {
+        self.finish(end).await;
+    }
+}

@@ -1,0 +1,281 @@
+//! Upgrading pgherd's binary (`UPGRADE` on the console, what `pgherd upgrade` and SIGUSR2 do):
+//! under pgbench load (simple and prepared protocol, transaction mode) no transaction fails
+//! and no client is dropped; a client's session (settings, prepared statement, cancel key)
+//! carries on in the new process, one inside a transaction moves when it commits; one pinned
+//! to its server and one on TLS (whose keys stay in the old process's TLS library) are told
+//! why they must reconnect, and can; the old process exits by itself. A new process that
+//! cannot start changes nothing.
+
+mod common;
+
+use std::time::Duration;
+
+use common::cache::console_conninfo;
+use common::*;
+use pgherd_testkit::SUPERUSER;
+
+fn upgrade_env() -> (Env, pgherd_testkit::TestCerts) {
+    let dir = std::env::temp_dir().join(format!("pgherd-upgrade-{}", rand::random::<u32>()));
+    let certs = pgherd_testkit::TestCerts::create(&dir);
+    let tls = format!(
+        "[tls]\nmode = \"allow\"\ncert_file = \"{}\"\nkey_file = \"{}\"",
+        certs.server_cert.display(),
+        certs.server_key.display()
+    );
+    let env = env(1, |c| {
+        c.superuser()
+            .mode("transaction")
+            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
+            .section(&tls)
+    });
+    (env, certs)
+}
+
+/// psql over TLS running `script` from its standard input: what it printed, or its error.
+fn psql_tls(env: &Env, certs: &pgherd_testkit::TestCerts, script: &str) -> Result<String, String> {
+    let url = format!(
+        "{}?sslmode=verify-full&sslrootcert={}",
+        env.app_url(),
+        certs.ca_file.display()
+    );
+    psql_tls_url(&url, script)
+}
+
+fn psql_tls_url(url: &str, script: &str) -> Result<String, String> {
+    use std::io::Write;
+    let mut child = std::process::Command::new(pgherd_testkit::pg_bin("psql"))
+        .arg(url)
+        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("psql");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// Asks for an upgrade on the console; the new process's pid, which the test then owns.
+async fn upgrade(env: &mut Env) -> Result<u32, tokio_postgres::Error> {
+    let console = connect(&console_conninfo(env)).await;
+    let answer = first_value(&console, "UPGRADE").await?;
+    let pid = answer
+        .split("(pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {answer:?}"));
+    env.pgherd.successor(pid);
+    Ok(pid)
+}
+
+/// The pid of the process an upgrade started, once the log says it serves.
+async fn successor_in_log(env: &mut Env) -> u32 {
+    let started = std::time::Instant::now();
+    loop {
+        let log = env.pgherd.log();
+        let line = log
+            .lines()
+            .find(|l| l.contains("upgrade: the new process serves"));
+        if let Some(pid) = line
+            .and_then(|l| l.split("pid=").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|pid| pid.parse().ok())
+        {
+            env.pgherd.successor(pid);
+            return pid;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no upgrade in the log"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_under_load_moves_every_client_with_its_session() {
+    let (mut env, certs) = upgrade_env();
+    pgbench(
+        &format!("{}?sslmode=disable", env.app_url()),
+        &["-i", "-s", "1", "-q"],
+    )
+    .expect("pgbench -i");
+    // Sessions that carry state: settings and a prepared statement; a transaction open when
+    // the upgrade begins; a temporary table (pinned to its server).
+    let app = env.app().await;
+    app.batch_execute("SET statement_timeout = '123s'; SET application_name = 'mover'")
+        .await
+        .unwrap();
+    let prepared = app
+        .prepare("SELECT abalance FROM pgbench_accounts WHERE aid = $1")
+        .await
+        .unwrap();
+    let in_tx = env.app().await;
+    in_tx
+        .batch_execute("CREATE TABLE moved (v int); BEGIN; INSERT INTO moved VALUES (1)")
+        .await
+        .unwrap();
+    let pinned = env.app().await;
+    pinned
+        .batch_execute("CREATE TEMP TABLE mine (v int)")
+        .await
+        .unwrap();
+
+    // A TLS client, idle across the upgrade.
+    let tls_client = std::thread::spawn({
+        let (env_url, ca) = (env.app_url(), certs.ca_file.clone());
+        move || {
+            let url = format!("{env_url}?sslmode=verify-full&sslrootcert={}", ca.display());
+            let script = "SELECT 'before';\n\\! sleep 4\nSELECT 'after';\n";
+            psql_tls_url(&url, script)
+        }
+    });
+    // Plain TCP: libpq would take the TLS pgherd offers.
+    let url = format!("{}?sslmode=disable", env.app_url());
+    let load: Vec<_> = [
+        vec!["-c", "4", "-j", "2", "-T", "8", "-M", "simple"],
+        vec!["-c", "4", "-j", "2", "-T", "8", "-M", "prepared", "-S"],
+    ]
+    .into_iter()
+    .map(|args| {
+        let url = url.clone();
+        std::thread::spawn(move || pgbench(&url, &args))
+    })
+    .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let old_pid = env.pgherd.pid();
+    let new_pid = upgrade(&mut env).await.expect("UPGRADE");
+    assert_ne!(new_pid, old_pid);
+
+    // The open transaction ends after the handover began; the client then moves.
+    in_tx
+        .batch_execute("INSERT INTO moved VALUES (2); COMMIT")
+        .await
+        .unwrap();
+    for run in load {
+        let output = run
+            .join()
+            .unwrap()
+            .expect("pgbench ran through the upgrade");
+        assert!(
+            output.contains("number of failed transactions: 0"),
+            "{output}"
+        );
+    }
+    let exited = env
+        .pgherd
+        .wait_exit(Duration::from_secs(30))
+        .expect("the old process exits once its clients are gone");
+    assert!(exited.success(), "{exited}");
+    assert!(alive(new_pid));
+
+    // The sessions carry on in the new process.
+    assert_eq!(
+        first_value(&app, "SHOW statement_timeout").await.unwrap(),
+        "123s"
+    );
+    assert_eq!(
+        first_value(&app, "SHOW application_name").await.unwrap(),
+        "mover"
+    );
+    app.query_one(&prepared, &[&1i32]).await.unwrap();
+    assert_eq!(
+        first_value(&in_tx, "SELECT count(*) FROM moved")
+            .await
+            .unwrap(),
+        "2"
+    );
+    // Its cancel key, given by the old process, still cancels.
+    let cancel = app.cancel_token();
+    let sleeper = tokio::spawn(async move {
+        let slept = app.simple_query("SELECT pg_sleep(30)").await;
+        (app, slept)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cancel
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("cancel request");
+    let (_app, slept) = tokio::time::timeout(Duration::from_secs(10), sleeper)
+        .await
+        .expect("the cancel ended the sleep")
+        .unwrap();
+    assert_eq!(code(&slept.expect_err("cancelled")), "57014");
+    // The pinned session could not move and was told why.
+    assert!(pinned.simple_query("SELECT 1").await.is_err());
+    assert!(
+        env.pgherd
+            .log()
+            .contains("the session cannot move: its session state"),
+        "the pinned client was told why it must reconnect"
+    );
+    // The TLS client could not move, and was told why; a new TLS connection works.
+    let told = tls_client
+        .join()
+        .unwrap()
+        .expect_err("the TLS session ended");
+    assert!(told.contains("it uses TLS"), "{told}");
+    assert_eq!(psql_tls(&env, &certs, "SELECT 'again';").unwrap(), "again");
+    // The new process is the one answering.
+    let console = connect(&console_conninfo(&env)).await;
+    let version = first_value(&console, "SHOW VERSION").await.unwrap();
+    assert!(version.contains(&format!("(pid {new_pid})")), "{version}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_process_that_cannot_start_changes_nothing() {
+    let (mut env, _certs) = upgrade_env();
+    let app = env.app().await;
+    app.batch_execute("SET statement_timeout = '77s'")
+        .await
+        .unwrap();
+    // The new process reads the config file again; this one it refuses.
+    let config = std::fs::read_to_string(&env.pgherd.config_path).unwrap();
+    std::fs::write(
+        &env.pgherd.config_path,
+        format!("{config}\nthis is not TOML\n"),
+    )
+    .unwrap();
+    let refused = upgrade(&mut env).await.expect_err("the upgrade fails");
+    assert_eq!(code(&refused), "55000", "{refused:?}");
+    let message = refused.as_db_error().map(|e| e.message().to_owned());
+    assert!(
+        message
+            .as_deref()
+            .is_some_and(|m| m.contains("nothing changed")),
+        "{message:?}"
+    );
+    std::fs::write(&env.pgherd.config_path, config).unwrap();
+    // The old process serves on, the session intact.
+    assert!(env.pgherd.try_wait().is_none());
+    assert_eq!(
+        first_value(&app, "SHOW statement_timeout").await.unwrap(),
+        "77s"
+    );
+    let fresh = env.app().await;
+    assert_eq!(first_value(&fresh, "SELECT 1").await.unwrap(), "1");
+    // And an upgrade works afterwards, by signal this time.
+    env.pgherd.signal(libc::SIGUSR2);
+    let new_pid = successor_in_log(&mut env).await;
+    assert!(env.pgherd.wait_exit(Duration::from_secs(30)).is_some());
+    assert!(alive(new_pid));
+    assert_eq!(
+        first_value(&app, "SHOW statement_timeout").await.unwrap(),
+        "77s"
+    );
+}

@@ -109,6 +109,18 @@ pub async fn serve(
     }
 }
 
+/// The console's answer to a query string from a user who may only read: its parsing, the
+/// `SHOW` views, the refusals; nothing acts. The entry of the console's fuzz target.
+pub async fn answer_reader(
+    app: &Arc<App>,
+    shared: &Arc<ClientShared>,
+    text: &str,
+) -> Result<BytesMut, WireError> {
+    let mut out = BytesMut::new();
+    run_script(app, shared, text, false, &mut out).await?;
+    Ok(out)
+}
+
 async fn run_script(
     app: &Arc<App>,
     shared: &Arc<ClientShared>,

@@ -176,6 +176,7 @@ impl App {
 
     pub fn begin_shutdown(&self) {
         self.shutdown_tx.send_replace(true);
+        self.handover.release_listeners();
         self.clients.signal_all(crate::clients::SIGNAL_SHUTDOWN);
         for pool in self.pools() {
             pool.drop_idle();

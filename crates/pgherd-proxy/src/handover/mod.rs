@@ -96,6 +96,11 @@ impl HandoverState {
         self.stop_accepting.subscribe()
     }
 
+    /// Closes the kept duplicates: once pgherd stops, its ports must stop taking connections.
+    pub fn release_listeners(&self) {
+        *self.listeners.lock() = Listeners::default();
+    }
+
     /// Keeps duplicates of the listening sockets, for an upgrade to give away.
     pub fn keep_listeners(
         &self,

@@ -142,6 +142,7 @@ async fn follow_inner(
     settings: FeedSettings,
 ) -> Result<std::convert::Infallible, FeedError> {
     let mut checker = server::connect(spec, 0, 1).await?;
+    let mut roles = roles_fingerprint(&mut checker).await?;
     let rows = checker.simple_query("SHOW wal_level").await?;
     let wal_level = crate::node_ops::first_value(&rows).unwrap_or_default();
     if wal_level != "logical" {
@@ -205,7 +206,10 @@ async fn follow_inner(
                     send_status(&mut stream, cache).await?;
                 }
             }
-            _ = status.tick() => send_status(&mut stream, cache).await?,
+            _ = status.tick() => {
+                send_status(&mut stream, cache).await?;
+                check_roles(cache, &mut checker, &mut roles).await?;
+            }
             _ = tokio::time::sleep(retry), if pending => check_visibility(cache, &mut checker).await?,
         }
     }
@@ -333,6 +337,45 @@ async fn send_status(conn: &mut ServerConn, cache: &DatabaseCache) -> Result<(),
     write_flush(&mut conn.stream, &update)
         .await
         .map_err(|e| FeedError::Protocol(e.to_string()))
+}
+
+/// Who may read what beyond the database's own catalog: role memberships, the role
+/// attributes that bypass privileges or row security, and role and database settings
+/// (`ALTER ROLE ... SET`). They live in shared catalogs, which no event trigger and no
+/// decoding sees, so they are compared each status period.
+const ROLES_SQL: &str = "\
+SELECT pg_catalog.md5(pg_catalog.concat_ws('|', \
+  (SELECT pg_catalog.string_agg(roleid || ':' || member || ':' || admin_option, ',' ORDER BY roleid, member) \
+     FROM pg_catalog.pg_auth_members), \
+  (SELECT pg_catalog.string_agg(oid || ':' || rolsuper || rolinherit || rolbypassrls, ',' ORDER BY oid) \
+     FROM pg_catalog.pg_roles), \
+  (SELECT pg_catalog.string_agg(setdatabase || ':' || setrole || ':' || pg_catalog.array_to_string(setconfig, ';'), ',' ORDER BY setdatabase, setrole) \
+     FROM pg_catalog.pg_db_role_setting)))";
+
+async fn roles_fingerprint(conn: &mut ServerConn) -> Result<String, FeedError> {
+    let rows = conn.simple_query(ROLES_SQL).await?;
+    Ok(crate::node_ops::first_value(&rows)
+        .unwrap_or_default()
+        .to_owned())
+}
+
+/// Drops every entry when roles changed since the last look (a `REVOKE role FROM user`
+/// served no older answer from then on).
+async fn check_roles(
+    cache: &DatabaseCache,
+    conn: &mut ServerConn,
+    last: &mut String,
+) -> Result<(), FeedError> {
+    let now = roles_fingerprint(conn).await?;
+    if now != *last {
+        let dropped = cache.state.lock().store.drop_all();
+        tracing::info!(
+            dropped,
+            "result cache: roles or their settings changed; every entry dropped"
+        );
+        *last = now;
+    }
+    Ok(())
 }
 
 /// Asks the primary for a snapshot; the held commits it shows visible are visible to every

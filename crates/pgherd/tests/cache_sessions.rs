@@ -250,6 +250,29 @@ async fn what_is_never_served_and_what_the_key_keeps_apart() {
     let lsn = env.direct("SELECT pg_current_wal_lsn()");
     wait_decoded(&env, &console, lsn.trim(), Some("pg2")).await;
     assert_eq!(read_until_served(&other, &console, READ).await, "10");
+    // A privilege held through a role: taking the role away (a shared catalog no event
+    // trigger sees) drops what was kept, and the user is refused again.
+    env.direct(
+        "REVOKE SELECT ON items FROM other; CREATE ROLE readers; GRANT SELECT ON items TO readers; GRANT readers TO other",
+    );
+    let lsn = env.direct("SELECT pg_current_wal_lsn()");
+    wait_decoded(&env, &console, lsn.trim(), Some("pg2")).await;
+    assert_eq!(read_until_served(&other, &console, READ).await, "10");
+    let invalidations = figure(&console, "invalidations").await;
+    env.direct("REVOKE readers FROM other");
+    let started = std::time::Instant::now();
+    while figure(&console, "invalidations").await == invalidations {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "the role change never dropped the cache: {:?}",
+            cache_row(&console).await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let refused = first_value(&other, READ)
+        .await
+        .expect_err("the role is gone");
+    assert_eq!(code(&refused), "42501");
 
     // search_path: the same text reads another table.
     let by_path = async |path: &str| {

@@ -205,10 +205,11 @@ impl Run<'_> {
         );
         let drain = Duration::from_millis(config.failover.switchover_drain_ms);
         let started = Instant::now();
-        while old.outstanding() > 0 && started.elapsed() < drain {
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        let mut left = busy_sessions(app, old).await;
+        while left > 0 && started.elapsed() < drain {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            left = busy_sessions(app, old).await;
         }
-        let left = old.outstanding();
         self.step(
             "drained",
             old.name(),
@@ -351,6 +352,32 @@ impl Run<'_> {
                 format!("{} could not be restarted: {e}", old.name()),
             ),
         }
+    }
+}
+
+/// How many sessions run something on `old`: a query, or a transaction not ended. An idle
+/// session-mode connection holds the node but owes nothing, so the drain does not wait for it
+/// (writes wait meanwhile, and would wait the whole drain for sessions that never end).
+/// Without an answer from the node, what pgherd lends counts.
+async fn busy_sessions(app: &App, old: &NodeState) -> u32 {
+    if old.outstanding() == 0 {
+        return 0;
+    }
+    let config = app.config();
+    let asked = run_sql(
+        old,
+        &config.cluster,
+        &app.connect_context(),
+        "SELECT count(*) FROM pg_catalog.pg_stat_activity \
+         WHERE backend_type = 'client backend' AND state <> 'idle' \
+         AND pid <> pg_catalog.pg_backend_pid()",
+    )
+    .await;
+    match asked {
+        Ok(rows) => first_value(&rows)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| old.outstanding()),
+        Err(_) => old.outstanding(),
     }
 }
 

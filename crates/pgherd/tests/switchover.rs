@@ -27,7 +27,16 @@ async fn switchover_under_load_loses_nothing_and_fails_no_client() {
         c.manage_nodes()
             .superuser()
             .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
+            .database(APP, "")
+            .database("app_session", "dbname = \"app\"\nmode = \"session\"")
     });
+    // A session-mode client, idle on the primary: it owes nothing, so the drain does not
+    // wait for it (writes would wait the whole drain); its session ends with the server's.
+    let session = connect(&env.pgherd.conninfo(APP, APP_PASSWORD, "app_session")).await;
+    session
+        .batch_execute("SET application_name = 'held'")
+        .await
+        .expect("session");
     let c = env.app().await;
     c.batch_execute("CREATE TABLE acked (id bigint PRIMARY KEY, note text)")
         .await
@@ -89,6 +98,18 @@ async fn switchover_under_load_loses_nothing_and_fails_no_client() {
         answer.contains("switched over from pg1 to pg2"),
         "{answer}\n{}",
         env.pgherd.log()
+    );
+    assert!(
+        answer.contains("transactions on pg1 finished"),
+        "the drain waited for an idle session: {answer}"
+    );
+    let ended = session
+        .simple_query("SELECT 1")
+        .await
+        .expect_err("its server stopped");
+    assert!(
+        ended.to_string().contains("closed") || code(&ended) == "57P01",
+        "{ended:?}"
     );
     let tpcb = tpcb.join().expect("pgbench thread");
     let tpcb = tpcb.unwrap_or_else(|e| panic!("pgbench failed across the switchover: {e}"));

@@ -102,6 +102,9 @@ pub struct Disposition {
     pub sql: Option<Bytes>,
     /// The message answers one of pgherd's probes.
     pub probe: Option<Probe>,
+    /// An ErrorResponse no request asked for: a server's last words (FATAL) as it ends the
+    /// connection (shut down, terminated by an administrator).
+    pub unsolicited: bool,
 }
 
 #[derive(Debug, Default)]
@@ -189,6 +192,10 @@ impl ResponseQueue {
             return match message_tag {
                 tag::NOTICE_RESPONSE | tag::NOTIFICATION_RESPONSE | tag::PARAMETER_STATUS => {
                     d.to_client = true;
+                    Ok(d)
+                }
+                tag::ERROR_RESPONSE => {
+                    d.unsolicited = true;
                     Ok(d)
                 }
                 other => Err(format!(

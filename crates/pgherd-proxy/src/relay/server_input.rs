@@ -317,6 +317,14 @@ impl Session {
         if tag == btag::NOTICE_RESPONSE {
             return Ok(err.code != SqlState::ADMIN_SHUTDOWN);
         }
+        let fatal = matches!(
+            err.severity,
+            pgherd_wire::Severity::Fatal | pgherd_wire::Severity::Panic
+        );
+        if d.unsolicited && !fatal {
+            tracing::warn!(client = self.shared.id, error = %err, "a server sent an error no request asked for; dropped");
+            return Ok(false);
+        }
         if d.to_client && self.may_retry_on_primary(&err) {
             tracing::debug!(client = self.shared.id, error = %err, "a standby refused the request");
             if let Some(replay) = self.routing.replay.as_mut() {
@@ -338,10 +346,7 @@ impl Session {
                 }
             }
         }
-        if matches!(
-            err.severity,
-            pgherd_wire::Severity::Fatal | pgherd_wire::Severity::Panic
-        ) {
+        if fatal {
             // The server is about to close; say so when the close is seen.
             self.server_last_words = Some(Box::new(err));
             return Ok(false);

@@ -7,6 +7,7 @@ mod pgbench;
 mod procstat;
 mod scaling;
 mod shards;
+mod soak;
 mod svg;
 pub(crate) mod targets;
 
@@ -37,6 +38,11 @@ pub enum BenchCommand {
     /// query cache, interleaved; TPS, hit ratio, CPU per transaction of the middleware and of
     /// PostgreSQL.
     Cache(cache::CacheOptions),
+    /// Thousands of clients for a long time (transaction and session mode, reads and writes,
+    /// prepared statements, clients killed in a transaction, cancels) while replicas restart
+    /// and a switchover happens; pgherd's memory, descriptors, server connections and waits
+    /// read every second; fails if one grows without bound after the warm-up.
+    Soak(soak::SoakOptions),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -149,6 +155,7 @@ pub fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Scaling(options) => scaling::scaling(options),
         BenchCommand::Shards(options) => scaling::shards(options),
         BenchCommand::Cache(options) => cache::cache(options),
+        BenchCommand::Soak(options) => soak::soak(options),
     }
 }
 

@@ -179,7 +179,7 @@ fn take_place(
     if slot.log_in(limit).is_some() {
         return Ok(());
     }
-    Err(Disconnect::Refused(
+    Err(Disconnect::refused(
         PgError::fatal(SqlState::TOO_MANY_CONNECTIONS, "sorry, too many clients already")
             .with_detail(format!(
                 "pgherd.max_client_connections is {}; {} more places are reserved for the admin console's users",
@@ -203,7 +203,8 @@ struct SessionRun {
 async fn serve_session(mut run: Box<SessionRun>) {
     let mut end = run.session.run().await;
     if matches!(end, Disconnect::Moved) {
-        end = hand_over(&mut run).await;
+        // Boxed: once in a session's life, and as large as the rest of its task.
+        end = Box::pin(hand_over(&mut run)).await;
     }
     run.app.clients.unregister(&run.shared);
     log_end(&end, run.addr, Some(run.shared.id));
@@ -368,7 +369,7 @@ async fn login(
     slot: &crate::clients::ConnectionSlot,
 ) -> Result<LoggedIn, Disconnect> {
     if app.is_shutting_down() {
-        return Err(Disconnect::Refused(PgError::fatal(
+        return Err(Disconnect::refused(PgError::fatal(
             SqlState::CANNOT_CONNECT_NOW,
             "pgherd is shutting down",
         )));
@@ -403,13 +404,13 @@ async fn login(
             .as_ref()
             .is_some_and(|t| t.mode == ClientTlsMode::Require)
     {
-        return Err(Disconnect::Refused(PgError::fatal(
+        return Err(Disconnect::refused(PgError::fatal(
             SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
             "pgherd accepts TLS connections only (tls.mode = \"require\")",
         )));
     }
     let user = params.user().ok_or_else(|| {
-        Disconnect::Refused(PgError::fatal(
+        Disconnect::refused(PgError::fatal(
             SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
             "no PostgreSQL user name specified in startup packet",
         ))
@@ -426,7 +427,7 @@ async fn login(
     };
     let method = match pgherd_config::hba::choose_method(&config.hba, &facts) {
         Some((_, AuthMethod::Reject)) | None => {
-            return Err(Disconnect::Refused(PgError::fatal(
+            return Err(Disconnect::refused(PgError::fatal(
                 SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
                 format!(
                     "pgherd hba rules reject connection for host \"{}\", user \"{user}\", database \"{database}\", {}",
@@ -450,7 +451,7 @@ async fn login(
         let can_read = can_modify || proxy.stats_users.iter().any(|u| u == &user);
         if !can_read {
             app.clients.unregister(&shared);
-            return Err(Disconnect::Refused(PgError::fatal(
+            return Err(Disconnect::refused(PgError::fatal(
                 SqlState::INSUFFICIENT_PRIVILEGE,
                 format!("user \"{user}\" is not allowed on the admin console (add it to pgherd.admin_users or pgherd.stats_users)"),
             )));
@@ -472,7 +473,7 @@ async fn finish_login(
     database: &str,
 ) -> Result<LoggedIn, Disconnect> {
     let resolved = app.config().resolve(database, user).ok_or_else(|| {
-        Disconnect::Refused(
+        Disconnect::refused(
             PgError::fatal(
                 SqlState::INVALID_CATALOG_NAME,
                 format!("database \"{database}\" does not exist"),
@@ -486,7 +487,7 @@ async fn finish_login(
         Route::Replica => app.nodes.pick_replica().or_else(|| app.nodes.writer()),
     }
     .ok_or_else(|| {
-        Disconnect::Refused(
+        Disconnect::refused(
             PgError::fatal(
                 SqlState::CANNOT_CONNECT_NOW,
                 "no node is available to serve this connection",
@@ -495,7 +496,7 @@ async fn finish_login(
         )
     })?;
     let pool = app.pool(database, user, &node).ok_or_else(|| {
-        Disconnect::Refused(PgError::fatal(
+        Disconnect::refused(PgError::fatal(
             SqlState::INVALID_CATALOG_NAME,
             format!("database \"{database}\" does not exist"),
         ))
@@ -510,7 +511,7 @@ async fn finish_login(
                 app.forget_pool_if_unused(&pool);
                 let mut err = e.to_client_error();
                 err.severity = pgherd_wire::Severity::Fatal;
-                return Err(Disconnect::Refused(err));
+                return Err(Disconnect::refused(err));
             }
             Err(AcquireError::WaitTimeout { .. }) | Err(AcquireError::Closed) => {}
         }
@@ -620,14 +621,14 @@ async fn negotiate_tls(
     if !buf.is_empty() {
         // Bytes sent after SSLRequest but before the handshake could be injected by a
         // man in the middle (CVE-2021-23214); PostgreSQL refuses them too.
-        return Err(Disconnect::Refused(PgError::fatal(
+        return Err(Disconnect::refused(PgError::fatal(
             SqlState::PROTOCOL_VIOLATION,
             "received unencrypted data after SSL request",
         )));
     }
     write_flush(stream, b"S").await.map_err(client_io)?;
     stream.accept_tls(&acceptor).await.map_err(|e| {
-        Disconnect::Refused(PgError::fatal(
+        Disconnect::refused(PgError::fatal(
             SqlState::PROTOCOL_VIOLATION,
             format!("TLS handshake failed: {e}"),
         ))
@@ -671,7 +672,7 @@ async fn user_secrets(app: &Arc<App>, user: &str) -> Result<UserSecrets, Disconn
         .await
         .map_err(|e| {
             tracing::warn!(user, error = %e, "auth_query failed");
-            Disconnect::Refused(PgError::fatal(
+            Disconnect::refused(PgError::fatal(
                 SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
                 format!("pgherd could not look up user \"{user}\": {e}"),
             ))
@@ -700,7 +701,7 @@ async fn user_secrets(app: &Arc<App>, user: &str) -> Result<UserSecrets, Disconn
 }
 
 fn auth_failed(user: &str) -> Disconnect {
-    Disconnect::Refused(PgError::fatal(
+    Disconnect::refused(PgError::fatal(
         SqlState::INVALID_PASSWORD,
         format!("password authentication failed for user \"{user}\""),
     ))
@@ -724,7 +725,7 @@ async fn authenticate(
             match common_name {
                 Some(cn) if cn == user => {}
                 Some(cn) => {
-                    return Err(Disconnect::Refused(
+                    return Err(Disconnect::refused(
                         PgError::fatal(
                             SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
                             format!("certificate authentication failed for user \"{user}\""),
@@ -733,7 +734,7 @@ async fn authenticate(
                     ))
                 }
                 None => {
-                    return Err(Disconnect::Refused(PgError::fatal(
+                    return Err(Disconnect::refused(PgError::fatal(
                         SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
                         "connection requires a valid client certificate",
                     )))
@@ -823,7 +824,7 @@ async fn scram_exchange(
     let body = read_password_message(app, stream, buf).await?;
     let initial = SaslInitialResponse::parse(&body)?;
     if initial.mechanism != SCRAM_SHA_256 {
-        return Err(Disconnect::Refused(PgError::fatal(
+        return Err(Disconnect::refused(PgError::fatal(
             SqlState::PROTOCOL_VIOLATION,
             format!(
                 "client selected an invalid SASL authentication mechanism \"{}\"",
@@ -833,7 +834,7 @@ async fn scram_exchange(
     }
     let scram_failure = |e: ScramError| match e {
         ScramError::ProofMismatch => auth_failed(user),
-        other => Disconnect::Refused(PgError::fatal(other.sqlstate(), other.to_string())),
+        other => Disconnect::refused(PgError::fatal(other.sqlstate(), other.to_string())),
     };
     let (server, server_first) = server.client_first(initial.data).map_err(scram_failure)?;
     out.clear();

@@ -121,7 +121,8 @@ pub enum Disconnect {
     /// The client broke the protocol; it is told so with SQLSTATE 08P01.
     Protocol(WireError),
     /// Refused before or during login (authentication, hba, unknown database, limits).
-    Refused(PgError),
+    /// Boxed, as `ServerLost`'s: a disconnect sits in every session task's state.
+    Refused(Box<PgError>),
     LoginTimeout,
     IdleTimeout,
     Shutdown,
@@ -132,7 +133,7 @@ pub enum Disconnect {
     /// the client is told to reconnect.
     CannotMove(&'static str),
     /// In session mode the client's server connection is its session; losing it ends both.
-    ServerLost(ServerError),
+    ServerLost(Box<ServerError>),
     /// Closed by an operator through the admin console.
     Killed(String),
     /// Cancel requests, TLS-only probes and the like end after one exchange.
@@ -145,11 +146,15 @@ pub enum Disconnect {
 }
 
 impl Disconnect {
+    pub fn refused(e: PgError) -> Disconnect {
+        Disconnect::Refused(Box::new(e))
+    }
+
     /// The error to send before closing, if the client should be told.
     pub fn client_error(&self) -> Option<PgError> {
         match self {
             Disconnect::Protocol(e) => Some(PgError::from(e.clone())),
-            Disconnect::Refused(e) => Some(e.clone()),
+            Disconnect::Refused(e) => Some((**e).clone()),
             Disconnect::LoginTimeout => Some(PgError::fatal(
                 SqlState::PROTOCOL_VIOLATION,
                 "login timeout: the client did not complete authentication in time",

@@ -95,12 +95,12 @@ async fn apply(
             // The statements ran in one implicit transaction: nothing of them stayed.
             conn.params_fp = UNKNOWN;
             e.severity = Severity::Fatal;
-            Err((true, Disconnect::Refused(e)))
+            Err((true, Disconnect::refused(e)))
         }
         Err(QueryError::Server(e)) => {
             let mut err = e.to_client_error();
             err.severity = Severity::Fatal;
-            Err((false, Disconnect::Refused(err)))
+            Err((false, Disconnect::refused(err)))
         }
     }
 }
@@ -111,16 +111,16 @@ async fn acquire(app: &Arc<App>, pool: &Arc<Pool>) -> Result<Box<ServerConn>, Di
         Err(AcquireError::Server(e)) => {
             let mut err = e.to_client_error();
             err.severity = Severity::Fatal;
-            Err(Disconnect::Refused(err))
+            Err(Disconnect::refused(err))
         }
-        Err(AcquireError::WaitTimeout { waited, .. }) => Err(Disconnect::Refused(PgError::fatal(
+        Err(AcquireError::WaitTimeout { waited, .. }) => Err(Disconnect::refused(PgError::fatal(
             SqlState::TOO_MANY_CONNECTIONS,
             format!(
                 "no server connection became free within {} ms for the login",
                 waited.as_millis()
             ),
         ))),
-        Err(AcquireError::Closed) => Err(Disconnect::Refused(PgError::fatal(
+        Err(AcquireError::Closed) => Err(Disconnect::refused(PgError::fatal(
             SqlState::CANNOT_CONNECT_NOW,
             "the pool was closed during login; retry",
         ))),

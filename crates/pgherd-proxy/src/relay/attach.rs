@@ -160,10 +160,9 @@ impl Session {
                 // moves on), not after waiting for a primary.
                 Err(e) if e.code == SqlState::READ_ONLY_SQL_TRANSACTION => return Err(e),
                 Err(e) => {
-                    if self
-                        .interruptible(self.hold_for_primary(&mut held_since))
-                        .await?
-                    {
+                    // Boxed, as the wait for a connection below: rare, and large enough to
+                    // double what every idle session's task holds.
+                    if Box::pin(self.interruptible(self.hold_for_primary(&mut held_since))).await? {
                         continue;
                     }
                     return Err(e);
@@ -192,8 +191,7 @@ impl Session {
                     // The primary does not answer: it may be restarting or being replaced.
                     if matches!(&e, AcquireError::Server(se) if se.is_transient())
                         && node.role() != Role::Replica
-                        && self
-                            .interruptible(self.hold_for_primary(&mut held_since))
+                        && Box::pin(self.interruptible(self.hold_for_primary(&mut held_since)))
                             .await?
                     {
                         continue;
@@ -422,7 +420,7 @@ impl Session {
         let was_in_transaction = self.client_tx != TxStatus::Idle;
         self.detach(false).await;
         if self.mode == PoolMode::Session {
-            return Err(Disconnect::ServerLost(e));
+            return Err(Disconnect::ServerLost(Box::new(e)));
         }
         let mut err = e.to_client_error();
         if was_in_transaction {

@@ -540,7 +540,7 @@ impl Session {
             };
             self.untracked_change = false;
         } else if self.mode == PoolMode::Statement {
-            return Err(Relayed::Client(Disconnect::Refused(PgError::fatal(
+            return Err(Relayed::Client(Disconnect::refused(PgError::fatal(
                 SqlState::FEATURE_NOT_SUPPORTED,
                 "transaction blocks are not allowed in statement pooling mode",
             ))));

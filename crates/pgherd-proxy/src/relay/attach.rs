@@ -31,6 +31,17 @@ impl Statements for SessionStatements<'_> {
     }
 }
 
+/// A node chosen for a request, and the WAL position it must have replayed first.
+type Choice = Result<(Arc<NodeState>, Option<Lsn>), PgError>;
+
+/// Where a request that could not take an idle connection at once waits from.
+enum Waiting {
+    /// The database is paused: routed once it may run.
+    Paused,
+    /// Routed to the target, its node chosen (or why none could be).
+    Routed(RouteTarget, Option<Choice>),
+}
+
 impl Session {
     /// Where the request at the front of `input` must run ([`route_request`]); the decision
     /// made from its first statement is kept in `routing.front`, so it is not made again when
@@ -87,10 +98,7 @@ impl Session {
 
     /// The node for a request with `target` ([`choose_node`]), and the WAL position to wait
     /// for when the chosen replica has not replayed the session's last write yet.
-    pub(super) fn pick_node(
-        &self,
-        target: RouteTarget,
-    ) -> Result<(Arc<NodeState>, Option<Lsn>), PgError> {
+    pub(super) fn pick_node(&self, target: RouteTarget) -> Choice {
         let reads = || {
             let routing = &self.routing;
             let read_your_writes = routing.read_your_writes();
@@ -139,22 +147,59 @@ impl Session {
 
     /// Takes a server connection for the next request, on the node its routing decision
     /// allows, and makes it carry this session's settings. An idle connection is taken
-    /// without waiting; otherwise the (boxed) slow path connects or queues. A replica that
-    /// cannot be reached leaves the read set and the request goes elsewhere.
+    /// without waiting ([`Self::attach_now`]); otherwise the boxed slow path waits, connects
+    /// or queues: its state, kept in every session's task otherwise, is allocated only when a
+    /// request needs it. A replica that cannot be reached leaves the read set and the request
+    /// goes elsewhere.
     pub(super) async fn attach(&mut self) -> Result<(), PgError> {
+        match self.attach_now()? {
+            None => Ok(()),
+            Some(waiting) => Box::pin(self.attach_waiting(waiting)).await,
+        }
+    }
+
+    /// The warm path: routes the request and takes an idle connection of the chosen node at
+    /// once; what the slow path starts from if it must wait.
+    fn attach_now(&mut self) -> Result<Option<Waiting>, PgError> {
         // The transaction's time, as its client sees it, includes any wait for a server.
         self.tx_started.get_or_insert_with(Instant::now);
         if self.app.nodes.is_paused(&self.shared.database) {
-            Box::pin(self.wait_while_paused()).await?;
+            return Ok(Some(Waiting::Paused));
         }
+        let target = self.routed_front()?;
+        let picked = self.pick_node(target);
+        if let Ok((node, None)) = &picked {
+            let pool = self.pool_for(node)?;
+            if let Some(conn) = pool.try_acquire() {
+                self.take_lease(node.clone(), pool, conn)?;
+                return Ok(None);
+            }
+        }
+        // The choice stands: choosing again would move a balancing turn twice.
+        Ok(Some(Waiting::Routed(target, Some(picked))))
+    }
+
+    fn routed_front(&mut self) -> Result<RouteTarget, PgError> {
         let input = std::mem::take(&mut self.client_in);
         let target = self.route_front(&input);
         self.client_in = input;
-        let mut target = target?;
+        target
+    }
+
+    /// The slow path of [`Self::attach`].
+    async fn attach_waiting(&mut self, waiting: Waiting) -> Result<(), PgError> {
+        let (mut target, mut picked) = match waiting {
+            Waiting::Routed(target, picked) => (target, picked),
+            Waiting::Paused => {
+                self.wait_while_paused().await?;
+                (self.routed_front()?, None)
+            }
+        };
         let mut failures = 0;
         let mut held_since = None;
         let (node, pool, conn) = loop {
-            let (node, wait_for_lsn) = match self.pick_node(target) {
+            let choice = picked.take().unwrap_or_else(|| self.pick_node(target));
+            let (node, wait_for_lsn) = match choice {
                 Ok(choice) => choice,
                 // The write gate refuses: at once, as it says (a client of several instances
                 // moves on), not after waiting for a primary.
@@ -171,10 +216,9 @@ impl Session {
             let pool = self.pool_for(&node)?;
             let acquired = match pool.try_acquire() {
                 Some(conn) => Ok(conn),
-                // Boxed: opening a connection has a large future, which would otherwise sit in
-                // every idle session's task.
                 None => {
-                    Box::pin(self.interruptible(pool.acquire(&self.app.connect_context()))).await?
+                    self.interruptible(pool.acquire(&self.app.connect_context()))
+                        .await?
                 }
             };
             let conn = match acquired {
@@ -191,7 +235,8 @@ impl Session {
                     // The primary does not answer: it may be restarting or being replaced.
                     if matches!(&e, AcquireError::Server(se) if se.is_transient())
                         && node.role() != Role::Replica
-                        && Box::pin(self.interruptible(self.hold_for_primary(&mut held_since)))
+                        && self
+                            .interruptible(self.hold_for_primary(&mut held_since))
                             .await?
                     {
                         continue;
@@ -203,7 +248,7 @@ impl Session {
                 break (node, pool, conn);
             };
             let wait = Duration::from_millis(self.app.config().routing.read_your_writes_wait_ms);
-            match Box::pin(wait_for_replay(conn, &node, lsn, wait)).await {
+            match wait_for_replay(conn, &node, lsn, wait).await {
                 Ok(conn) => break (node, pool, conn),
                 Err(conn) => {
                     if let Some(conn) = conn {

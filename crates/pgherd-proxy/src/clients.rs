@@ -23,6 +23,13 @@ pub const SIGNAL_HANDOVER: u8 = 8;
 
 use crate::server::send_cancel;
 
+/// What ended a wait for a server before it was over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interrupt {
+    Cancelled,
+    Handover,
+}
+
 /// Where a client's requests run right now.
 #[derive(Debug, Clone, Copy)]
 pub struct ServerTarget {
@@ -138,12 +145,16 @@ impl ClientShared {
         self.signals.fetch_and(!SIGNAL_CANCEL, Ordering::AcqRel);
     }
 
-    /// Resolves once a cancel request arrives for the current wait.
-    pub async fn wait_cancelled(&self) {
+    /// Resolves when the current wait must end: the client cancelled its request, or (if
+    /// `may_move`) pgherd is being upgraded and the session goes to the new process.
+    pub async fn wait_interrupted(&self, may_move: bool) -> Interrupt {
         std::future::poll_fn(|cx| {
             self.register_waker(cx.waker());
-            if self.signals() & SIGNAL_CANCEL != 0 {
-                std::task::Poll::Ready(())
+            let signals = self.signals();
+            if signals & SIGNAL_CANCEL != 0 {
+                std::task::Poll::Ready(Interrupt::Cancelled)
+            } else if may_move && signals & SIGNAL_HANDOVER != 0 {
+                std::task::Poll::Ready(Interrupt::Handover)
             } else {
                 std::task::Poll::Pending
             }

@@ -279,3 +279,118 @@ async fn a_new_process_that_cannot_start_changes_nothing() {
         "77s"
     );
 }
+
+/// The primary dies as an upgrade starts: the old process stops deciding, the new one takes
+/// the view and the duty and fails over; writers keep writing through it all. Every write
+/// acknowledged is on the one primary left, and only one node takes writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_during_a_failover_loses_no_acknowledged_write() {
+    use std::sync::{Arc, Mutex};
+    let mut env = env(2, |c| {
+        c.superuser()
+            .manage_nodes()
+            .mode("transaction")
+            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
+            .section("[failover]\nenabled = true")
+    });
+    let setup = env.app().await;
+    setup
+        .batch_execute("CREATE TABLE acked (id bigint PRIMARY KEY)")
+        .await
+        .unwrap();
+    let acked = Arc::new(Mutex::new(Vec::<i64>::new()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..4i64)
+        .map(|w| {
+            let (acked, stop) = (acked.clone(), stop.clone());
+            let url = env.pgherd.conninfo(APP, APP_PASSWORD, APP);
+            tokio::spawn(async move {
+                let mut n = 0i64;
+                let mut client = None;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if client.is_none() {
+                        client = try_connect(&url).await.ok();
+                    }
+                    let Some(c) = &client else {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    };
+                    let id = w * 1_000_000 + n;
+                    n += 1;
+                    match c
+                        .batch_execute(&format!("INSERT INTO acked VALUES ({id})"))
+                        .await
+                    {
+                        Ok(()) => acked.lock().unwrap().push(id),
+                        // A write cut by the failover: unacknowledged, allowed to be lost.
+                        Err(e) if e.is_closed() => client = None,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    env.cluster
+        .node("pg1")
+        .stop(pgherd_cluster::StopMode::Immediate)
+        .expect("kill pg1");
+    let new_pid = upgrade(&mut env)
+        .await
+        .expect("UPGRADE while the primary is dead");
+    assert!(
+        env.pgherd.wait_exit(Duration::from_secs(30)).is_some(),
+        "the old process exits"
+    );
+    // Writes resume on a promoted replica, through the new process.
+    let before = acked.lock().unwrap().len();
+    let started = std::time::Instant::now();
+    while acked.lock().unwrap().len() < before + 50 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "writes did not resume after the failover:\n{}",
+            env.pgherd.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in writers {
+        w.await.unwrap();
+    }
+    assert!(alive(new_pid));
+    let primaries: Vec<&str> = ["pg2", "pg3"]
+        .into_iter()
+        .filter(|n| {
+            env.cluster
+                .sql_on(n, "postgres", "SELECT pg_is_in_recovery()")
+                == "f"
+        })
+        .collect();
+    assert_eq!(primaries.len(), 1, "one node takes writes: {primaries:?}");
+    let acked = acked.lock().unwrap().clone();
+    let on_primary: usize = env
+        .cluster
+        .sql_on(
+            primaries[0],
+            APP,
+            &format!(
+                "SELECT count(*) FROM acked WHERE id IN ({})",
+                acked
+                    .iter()
+                    .map(i64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        )
+        .parse()
+        .unwrap();
+    assert_eq!(on_primary, acked.len(), "acknowledged writes lost");
+    let log = env.pgherd.log();
+    assert!(log.contains("promoting"), "nobody failed over");
+    // Writers waiting in the old process for a primary moved, their requests unsent, rather
+    // than waiting there for the deadline.
+    assert!(
+        log.contains("holds no more clients it can keep; stopping clients_left=0"),
+        "{log}"
+    );
+}

@@ -31,6 +31,20 @@ impl Statements for SessionStatements<'_> {
     }
 }
 
+/// Why a request got no server.
+pub(super) enum AttachError {
+    Failed(PgError),
+    /// pgherd is being upgraded while the request waited, unsent: it moves with the session
+    /// to the new process, which runs it.
+    Moving,
+}
+
+impl From<PgError> for AttachError {
+    fn from(e: PgError) -> Self {
+        AttachError::Failed(e)
+    }
+}
+
 /// A node chosen for a request, and the WAL position it must have replayed first.
 type Choice = Result<(Arc<NodeState>, Option<Lsn>), PgError>;
 
@@ -151,7 +165,7 @@ impl Session {
     /// or queues: its state, kept in every session's task otherwise, is allocated only when a
     /// request needs it. A replica that cannot be reached leaves the read set and the request
     /// goes elsewhere.
-    pub(super) async fn attach(&mut self) -> Result<(), PgError> {
+    pub(super) async fn attach(&mut self) -> Result<(), AttachError> {
         match self.attach_now()? {
             None => Ok(()),
             Some(waiting) => Box::pin(self.attach_waiting(waiting)).await,
@@ -187,7 +201,7 @@ impl Session {
     }
 
     /// The slow path of [`Self::attach`].
-    async fn attach_waiting(&mut self, waiting: Waiting) -> Result<(), PgError> {
+    async fn attach_waiting(&mut self, waiting: Waiting) -> Result<(), AttachError> {
         let (mut target, mut picked) = match waiting {
             Waiting::Routed(target, picked) => (target, picked),
             Waiting::Paused => {
@@ -203,14 +217,17 @@ impl Session {
                 Ok(choice) => choice,
                 // The write gate refuses: at once, as it says (a client of several instances
                 // moves on), not after waiting for a primary.
-                Err(e) if e.code == SqlState::READ_ONLY_SQL_TRANSACTION => return Err(e),
+                Err(e) if e.code == SqlState::READ_ONLY_SQL_TRANSACTION => return Err(e.into()),
                 Err(e) => {
                     // Boxed, as the wait for a connection below: rare, and large enough to
                     // double what every idle session's task holds.
-                    if Box::pin(self.interruptible(self.hold_for_primary(&mut held_since))).await? {
+                    if self
+                        .interruptible(self.hold_for_primary(&mut held_since))
+                        .await?
+                    {
                         continue;
                     }
-                    return Err(e);
+                    return Err(e.into());
                 }
             };
             let pool = self.pool_for(&node)?;
@@ -241,7 +258,7 @@ impl Session {
                     {
                         continue;
                     }
-                    return Err(self.acquire_error(e, &node));
+                    return Err(self.acquire_error(e, &node).into());
                 }
             };
             let Some(lsn) = wait_for_lsn else {
@@ -258,7 +275,7 @@ impl Session {
                 }
             }
         };
-        self.take_lease(node, pool, conn)
+        Ok(self.take_lease(node, pool, conn)?)
     }
 
     /// Holds `conn` from here on: its cancel key is where the client's cancels go, and it is
@@ -311,7 +328,7 @@ impl Session {
 
     /// `PAUSE` on the admin console holds the request (nothing sent yet) until `RESUME`, for
     /// at most `pool.wait_timeout_ms`, as a wait for a server connection would be.
-    pub(super) async fn wait_while_paused(&self) -> Result<(), PgError> {
+    pub(super) async fn wait_while_paused(&self) -> Result<(), AttachError> {
         let database = &self.shared.database;
         tracing::debug!(client = self.shared.id, %database, "request waits: the database is paused");
         let limit = Duration::from_millis(self.app.config().pool.wait_timeout_ms);
@@ -328,24 +345,31 @@ impl Session {
                 limit.as_millis()
             ),
         )
-        .with_hint("retry after RESUME"))
+        .with_hint("retry after RESUME")
+        .into())
     }
 
-    /// Runs a wait for a server unless the client cancels its request first; then the request
-    /// fails as PostgreSQL fails a cancelled statement.
+    /// Runs a wait for a server unless the client cancels its request first (then the request
+    /// fails as PostgreSQL fails a cancelled statement), or pgherd is upgraded meanwhile and
+    /// the session can move (then the request, unsent, goes with it).
     pub(super) async fn interruptible<T>(
         &self,
         wait: impl Future<Output = T>,
-    ) -> Result<T, PgError> {
+    ) -> Result<T, AttachError> {
+        let may_move = matches!(self.movable(), super::moving::Movable::Now);
         self.shared.begin_wait();
         let outcome = tokio::select! {
             biased;
             done = wait => Ok(done),
-            () = self.shared.wait_cancelled() => Err(PgError::error(
-                SqlState::QUERY_CANCELED,
-                "canceling statement due to user request",
-            )
-            .with_detail("the request was still waiting for a server connection")),
+            interrupt = self.shared.wait_interrupted(may_move) => Err(match interrupt {
+                crate::clients::Interrupt::Cancelled => PgError::error(
+                    SqlState::QUERY_CANCELED,
+                    "canceling statement due to user request",
+                )
+                .with_detail("the request was still waiting for a server connection")
+                .into(),
+                crate::clients::Interrupt::Handover => AttachError::Moving,
+            }),
         };
         self.shared.end_wait();
         outcome

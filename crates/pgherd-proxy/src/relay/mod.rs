@@ -478,7 +478,9 @@ impl Session {
             let result = match step {
                 Step::NeedServer => match self.attach().await {
                     Ok(()) => self.process_client_input(),
-                    Err(err) => self.answer_request_with_error(err),
+                    Err(attach::AttachError::Failed(err)) => self.answer_request_with_error(err),
+                    // The request, still unsent, goes with the session.
+                    Err(attach::AttachError::Moving) => return Disconnect::Moved,
                 },
                 Step::Release => {
                     if !self.shared.try_clear_target() {

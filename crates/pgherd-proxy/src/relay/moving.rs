@@ -18,7 +18,7 @@ use crate::handover::{ClientRecord, StatementRecord};
 use crate::stream::Stream;
 
 /// Whether a session can move to another process.
-pub(super) enum Movable {
+pub(crate) enum Movable {
     Now,
     /// Once what is under way ends (a transaction, a request, a server given back).
     Later,
@@ -40,7 +40,7 @@ impl Session {
         self.stop_when_idle.then_some(Disconnect::Shutdown)
     }
 
-    pub(super) fn movable(&self) -> Movable {
+    pub(crate) fn movable(&self) -> Movable {
         if self.client.is_tls() {
             return Movable::Never(
                 "it uses TLS, whose session keys stay in this process's TLS library",

@@ -19,7 +19,7 @@ use crate::app::App;
 use crate::failover::{carry_out, event, received};
 use crate::monitor::check_once;
 use crate::node_ops::{create_slot, first_value, primary_conninfo, promote, repoint, run_sql};
-use crate::nodes::{NodeState, Role};
+use crate::nodes::{NodeState, Nodes, Role};
 
 /// How long the target may take to replay the old primary's last WAL.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -51,11 +51,15 @@ pub(crate) fn managed_node(
 }
 
 /// Switches the primary over to `to` (or the most advanced streaming replica); returns what
-/// was done, one sentence per step.
+/// was done, one sentence per step. The cluster is `to`'s (any shard's), or shard 0's.
 pub async fn switchover(app: &Arc<App>, to: Option<&str>) -> Result<Vec<String>, PgError> {
     crate::dcs::must_lead(app)?;
-    let nodes = app.nodes.all();
-    let old = app.nodes.writer().ok_or_else(|| {
+    let cluster = match to.and_then(|name| app.node_named(name)) {
+        Some((cluster, _)) => cluster,
+        None => app.nodes.clone(),
+    };
+    let nodes = cluster.all();
+    let old = cluster.writer().ok_or_else(|| {
         PgError::error(
             SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
             "no node accepts writes: there is no primary to switch over from",
@@ -73,7 +77,7 @@ pub async fn switchover(app: &Arc<App>, to: Option<&str>) -> Result<Vec<String>,
     // give the checks a moment before refusing.
     let waited = Instant::now();
     let target = loop {
-        match choose_target(app, &nodes, &old, to) {
+        match choose_target(&cluster, &nodes, &old, to) {
             Ok(target) => break target,
             Err(e)
                 if e.code == SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE
@@ -86,14 +90,13 @@ pub async fn switchover(app: &Arc<App>, to: Option<&str>) -> Result<Vec<String>,
             Err(e) => return Err(e),
         }
     };
-    let Ok(_turn) = tokio::time::timeout(ROLE_CHANGE_WAIT, app.nodes.role_change.lock()).await
-    else {
+    let Ok(_turn) = tokio::time::timeout(ROLE_CHANGE_WAIT, cluster.role_change.lock()).await else {
         return Err(PgError::error(
             SqlState::OBJECT_IN_USE,
             "another role change (a failover or PROMOTE) is under way",
         ));
     };
-    if !app.nodes.change(Change::BeginSwitchover) {
+    if !cluster.change(Change::BeginSwitchover) {
         return Err(PgError::error(
             SqlState::OBJECT_IN_USE,
             "a switchover is already under way",
@@ -101,10 +104,11 @@ pub async fn switchover(app: &Arc<App>, to: Option<&str>) -> Result<Vec<String>,
     }
     let mut run = Run {
         app,
+        cluster: &cluster,
         steps: Vec::new(),
     };
     let result = run.steps(&nodes, &old, local, &target).await;
-    app.nodes.change(Change::EndSwitchover);
+    cluster.change(Change::EndSwitchover);
     match result {
         Ok(()) => Ok(run.steps),
         Err(e) => {
@@ -128,7 +132,7 @@ const TARGET_WAIT: Duration = Duration::from_secs(3);
 /// The named replica, or the most advanced streaming one (priority breaks ties; priority 0
 /// never).
 fn choose_target(
-    app: &App,
+    cluster: &Nodes,
     nodes: &[Arc<NodeState>],
     old: &NodeState,
     to: Option<&str>,
@@ -149,7 +153,7 @@ fn choose_target(
         if node.name() == old.name() {
             return Err(refuse(format!("{name} is the primary already")));
         }
-        if !app.nodes.usable_as(node, Role::Replica) {
+        if !cluster.usable_as(node, Role::Replica) {
             return Err(refuse(format!(
                 "{name} cannot become the primary: it is not an answering replica ({})",
                 node.describe()
@@ -165,7 +169,7 @@ fn choose_target(
     }
     nodes
         .iter()
-        .filter(|n| app.nodes.usable_as(n, Role::Replica) && n.config.priority > 0 && streaming(n))
+        .filter(|n| cluster.usable_as(n, Role::Replica) && n.config.priority > 0 && streaming(n))
         .max_by_key(|n| (n.lsn(), n.config.priority))
         .cloned()
         .ok_or_else(|| refuse("no replica streams from the primary and may be promoted".into()))
@@ -173,6 +177,7 @@ fn choose_target(
 
 struct Run<'a> {
     app: &'a Arc<App>,
+    cluster: &'a Arc<Nodes>,
     steps: Vec<String>,
 }
 
@@ -231,7 +236,7 @@ impl Run<'_> {
 
         let node = local.clone();
         blocking(move || node.stop(StopMode::Fast)).await?;
-        app.nodes.mark_stopped(old, "stopped for a switchover");
+        self.cluster.mark_stopped(old, "stopped for a switchover");
         let node = local.clone();
         let last = blocking(move || node.checkpoint_lsn()).await?;
         let last_lsn =
@@ -255,7 +260,7 @@ impl Run<'_> {
             format!("{} replayed all of {}'s WAL", target.name(), old.name()),
         );
 
-        if let Err(e) = promote(app, &app.nodes, target).await {
+        if let Err(e) = promote(app, self.cluster, target).await {
             // Only a target that still answers as a standby proves the old primary may take
             // writes again; otherwise two primaries could result.
             let mut conn = None;
@@ -277,7 +282,7 @@ impl Run<'_> {
         // writes held until the keeper sets them.
         let _ = carry_out(
             app,
-            &app.nodes,
+            self.cluster,
             &config,
             nodes,
             Operation::elect_promoted(index, received(target).max(target.lsn())),
@@ -308,7 +313,7 @@ impl Run<'_> {
         for follower in nodes
             .iter()
             .filter(|n| n.name() != old.name() && n.name() != target.name())
-            .filter(|n| self.app.nodes.usable_as(n, Role::Replica))
+            .filter(|n| self.cluster.usable_as(n, Role::Replica))
         {
             match repoint(&config, &ctx, follower, target).await {
                 Ok(()) => self.step(

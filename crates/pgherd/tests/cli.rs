@@ -475,6 +475,42 @@ fn up_with_two_shards_runs_pgbench() {
     );
     let table = text(&pgherd(&["status", "--dir", dir_arg]));
     assert!(table.contains("shards (sharded tables: "), "{table}");
+    // A switchover to shard 1's replica moves shard 1's primary role, and only it.
+    let switched = pgherd(&["switchover", "--dir", dir_arg, "--to", "shard1-pg2"]);
+    assert!(
+        switched.status.success()
+            && text(&switched).contains("switched over from shard1-pg1 to shard1-pg2"),
+        "{}\n{}",
+        text(&switched),
+        log_tails(&cluster_dir)
+    );
+    let status = pgherd(&["status", "--dir", dir_arg, "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&status.stdout).expect("status --json");
+    let writers: Vec<(u64, String)> = report["shards"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter(|s| s["takes_writes"] == true)
+        .filter_map(|s| Some((s["shard"].as_u64()?, s["node"].as_str()?.to_owned())))
+        .collect();
+    assert!(
+        writers.contains(&(1, "shard1-pg2".to_owned())),
+        "{report:#}"
+    );
+    assert!(
+        writers
+            .iter()
+            .any(|(shard, node)| *shard == 0 && node == "pg1"),
+        "{report:#}"
+    );
+    let after = pgbench(&["-t", "10", "-c", "2", "-n"]);
+    assert!(
+        after.status.success() && text(&after).contains("actually processed: 20/20"),
+        "{}\n{}",
+        text(&after),
+        log_tails(&cluster_dir)
+    );
     drop(guard);
     let down_again = pgherd(&["down", "--dir", dir_arg]);
     assert!(down_again.status.success(), "{}", text(&down_again));

@@ -59,6 +59,10 @@ pub async fn serve(
             Err(ReadError::Wire(e)) => return Disconnect::Protocol(e),
         };
         out.clear();
+        // A command read after an upgrade went through belongs to the new process.
+        if app.handover.given() && tag != ftag::TERMINATE {
+            return Disconnect::CannotMove("the admin console's sessions stay with their process");
+        }
         let result = match tag {
             ftag::TERMINATE => return Disconnect::Terminated,
             ftag::QUERY => match frontend::Query::parse(&body) {

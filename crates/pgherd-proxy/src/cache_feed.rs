@@ -339,18 +339,16 @@ async fn send_status(conn: &mut ServerConn, cache: &DatabaseCache) -> Result<(),
         .map_err(|e| FeedError::Protocol(e.to_string()))
 }
 
-/// Who may read what beyond the database's own catalog: role memberships, the role
-/// attributes that bypass privileges or row security, and role and database settings
-/// (`ALTER ROLE ... SET`). They live in shared catalogs, which no event trigger and no
+/// Who may read what beyond the database's own catalog: role memberships (with their
+/// options), the roles and their attributes, and role and database settings (`ALTER ROLE
+/// ... SET`), whole rows. They live in shared catalogs, which no event trigger and no
 /// decoding sees, so they are compared each status period.
 const ROLES_SQL: &str = "\
-SELECT pg_catalog.md5(pg_catalog.concat_ws('|', \
-  (SELECT pg_catalog.string_agg(roleid || ':' || member || ':' || admin_option, ',' ORDER BY roleid, member) \
-     FROM pg_catalog.pg_auth_members), \
-  (SELECT pg_catalog.string_agg(oid || ':' || rolsuper || rolinherit || rolbypassrls, ',' ORDER BY oid) \
-     FROM pg_catalog.pg_roles), \
-  (SELECT pg_catalog.string_agg(setdatabase || ':' || setrole || ':' || pg_catalog.array_to_string(setconfig, ';'), ',' ORDER BY setdatabase, setrole) \
-     FROM pg_catalog.pg_db_role_setting)))";
+SELECT pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(pg_catalog.concat_ws('|', \
+  (SELECT pg_catalog.string_agg(m::text, ',' ORDER BY m::text) FROM pg_catalog.pg_auth_members m), \
+  (SELECT pg_catalog.string_agg(r::text, ',' ORDER BY r.oid) FROM pg_catalog.pg_roles r), \
+  (SELECT pg_catalog.string_agg(s::text, ',' ORDER BY s::text) FROM pg_catalog.pg_db_role_setting s)), \
+  'UTF8')), 'hex')";
 
 async fn roles_fingerprint(conn: &mut ServerConn) -> Result<String, FeedError> {
     let rows = conn.simple_query(ROLES_SQL).await?;

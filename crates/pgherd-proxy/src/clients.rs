@@ -314,7 +314,20 @@ impl ClientRegistry {
                 break key;
             }
         };
-        let shared = Arc::new(ClientShared {
+        let shared = self.new_client(key, addr, user, database, tls);
+        map.insert((key.process_id, key.secret_key), shared.clone());
+        shared
+    }
+
+    fn new_client(
+        &self,
+        key: CancelKey,
+        addr: SocketAddr,
+        user: &str,
+        database: &str,
+        tls: bool,
+    ) -> Arc<ClientShared> {
+        Arc::new(ClientShared {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             key,
             addr,
@@ -325,9 +338,7 @@ impl ClientRegistry {
             live: Mutex::new(Live::default()),
             signals: AtomicU8::new(self.raised_for_all.load(Ordering::Acquire)),
             waker: AtomicWaker::new(),
-        });
-        map.insert((key.process_id, key.secret_key), shared.clone());
-        shared
+        })
     }
 
     /// Registers a client moved from an earlier pgherd process under the cancel key it was
@@ -343,18 +354,7 @@ impl ClientRegistry {
         if map.contains_key(&(key.process_id, key.secret_key)) {
             return None;
         }
-        let shared = Arc::new(ClientShared {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            key,
-            addr,
-            user: user.to_owned(),
-            database: database.to_owned(),
-            tls: false,
-            connected_at: SystemTime::now(),
-            live: Mutex::new(Live::default()),
-            signals: AtomicU8::new(self.raised_for_all.load(Ordering::Acquire)),
-            waker: AtomicWaker::new(),
-        });
+        let shared = self.new_client(key, addr, user, database, false);
         map.insert((key.process_id, key.secret_key), shared.clone());
         Some(shared)
     }
@@ -372,6 +372,16 @@ impl ClientRegistry {
         self.raised_for_all.fetch_or(signal, Ordering::AcqRel);
         for client in map.values() {
             client.raise(signal);
+        }
+    }
+
+    /// Takes back a signal [`Self::signal_all`] raised (an upgrade undone).
+    pub fn clear_for_all(&self, signal: u8) {
+        let map = self.by_key.lock();
+        self.raised_for_all.fetch_and(!signal, Ordering::AcqRel);
+        for client in map.values() {
+            client.signals.fetch_and(!signal, Ordering::AcqRel);
+            client.waker.wake();
         }
     }
 

@@ -110,8 +110,13 @@ pub fn text_rules(
         )));
     }
     if first.provider != "c" {
+        let provider = match first.provider.as_str() {
+            "i" => "ICU",
+            "b" => "builtin",
+            _ => "non-libc",
+        };
         return rules(Err(format!(
-            "the database's ICU collation {}, which pgherd does not apply",
+            "the database's {provider} collation {}, which pgherd does not apply",
             first.collate
         )));
     }

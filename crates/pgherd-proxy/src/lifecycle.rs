@@ -112,6 +112,12 @@ async fn serve_with(
     if let Some(dcs) = &app.dcs {
         tokio::spawn(crate::dcs::run(app.clone(), dcs.clone()));
     }
+    // A new process decides and accepts only once the old one said go (it accepts nobody
+    // and decides nothing any more).
+    let taking_over = takeover.is_some();
+    if let Some(takeover) = takeover {
+        takeover.take_duties(app.clone()).await?;
+    }
     for (shard, cluster) in clusters.into_iter().enumerate() {
         let duty = crate::failover::run(app.clone(), cluster);
         match app.shards {
@@ -124,11 +130,8 @@ async fn serve_with(
         tokio::spawn(accept_loop(app.clone(), listener));
     }
     crate::http::spawn(&app, api_listeners);
-    if let Some(takeover) = takeover {
-        takeover.serve(app.clone()).await?;
-    }
     tracing::info!(listen = ?addrs, pid = std::process::id(), "pgherd is ready");
-    crate::systemd::spawn_watchdog();
+    crate::systemd::spawn_watchdog(taking_over);
     crate::systemd::ready(&serving_status(&addrs));
     on_ready(&addrs);
 
@@ -160,7 +163,11 @@ async fn serve_with(
             _ = stopping.changed() => break,
         }
     }
-    crate::systemd::stopping();
+    // After an upgrade the unit's main process is the new one: telling systemd this one
+    // stops would stop the unit.
+    if !app.handover.given() {
+        crate::systemd::stopping();
+    }
     drain(&app).await;
     Ok(())
 }
@@ -232,6 +239,34 @@ fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(LISTEN_BACKLOG)
+}
+
+/// Accepts again on the kept copies of the listening sockets (an upgrade undone: the new
+/// process that accepted on them is gone).
+pub(crate) fn accept_again(app: &Arc<App>) {
+    let copies = match app.handover.listener_copies() {
+        Ok(copies) => copies,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot accept again: the listening sockets cannot be copied");
+            return;
+        }
+    };
+    let listener = |fd: std::os::fd::OwnedFd| {
+        let listener = std::net::TcpListener::from(fd);
+        listener.set_nonblocking(true)?;
+        TcpListener::from_std(listener)
+    };
+    let (clients, api) = copies;
+    for fd in clients {
+        match listener(fd) {
+            Ok(l) => {
+                tokio::spawn(accept_loop(app.clone(), l));
+            }
+            Err(e) => tracing::error!(error = %e, "cannot accept again on a listening socket"),
+        }
+    }
+    let api: Vec<TcpListener> = api.into_iter().filter_map(|fd| listener(fd).ok()).collect();
+    crate::http::spawn(app, api);
 }
 
 async fn accept_loop(app: Arc<App>, listener: TcpListener) {

@@ -520,7 +520,8 @@ impl Router {
     }
 
     /// What the databases of shards 1 and up say about their collations (shard 0's is read
-    /// with the rest of the catalog).
+    /// with the rest of the catalog), asked at once, each within a few seconds: a shard that
+    /// does not answer holds no catalog reading up.
     async fn other_shards_collations(
         &self,
         app: &Arc<App>,
@@ -529,25 +530,28 @@ impl Router {
             return Vec::new();
         };
         let config = app.config();
-        let mut said = Vec::new();
-        for cluster in shards.clusters().iter().skip(1) {
-            let Some(node) = cluster.writer() else {
-                said.push(Err("no primary is up".to_owned()));
-                continue;
-            };
-            let conn = crate::monitor::management_connection(
-                &node,
-                &config.cluster,
-                &app.connect_context(),
-                &self.server_dbname,
-            )
-            .await;
-            said.push(match conn {
-                Ok(mut conn) => crate::collation::read(&mut conn).await,
-                Err(e) => Err(e.to_string()),
-            });
-        }
-        said
+        let context = app.connect_context();
+        let ask = |cluster: &Arc<crate::nodes::Nodes>| {
+            let (config, context) = (&config, &context);
+            let writer = cluster.writer();
+            async move {
+                let node = writer.ok_or_else(|| "no primary is up".to_owned())?;
+                let asked = tokio::time::timeout(COLLATION_TIMEOUT, async {
+                    let mut conn = crate::monitor::management_connection(
+                        &node,
+                        &config.cluster,
+                        context,
+                        &self.server_dbname,
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                    crate::collation::read(&mut conn).await
+                })
+                .await;
+                asked.unwrap_or_else(|_| Err("no answer in time".to_owned()))
+            }
+        };
+        futures_util::future::join_all(shards.clusters().iter().skip(1).map(ask)).await
     }
 
     async fn load_catalog(&self, app: &Arc<App>) -> Result<(usize, usize), String> {
@@ -669,6 +673,9 @@ impl Router {
         Ok(counts)
     }
 }
+
+/// How long a shard may take to say what its database's collation is.
+const COLLATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Reads the catalog, then again whenever asked (at most once a second, or every 50 ms after
 /// schema changes) or every minute, for as long as the router exists.

@@ -210,10 +210,17 @@ impl Run<'_> {
         );
         let drain = Duration::from_millis(config.failover.switchover_drain_ms);
         let started = Instant::now();
-        let mut left = busy_sessions(app, old).await;
+        let mut watch = None;
+        let mut left = busy_sessions(app, old, &mut watch, drain).await;
         while left > 0 && started.elapsed() < drain {
             tokio::time::sleep(Duration::from_millis(20)).await;
-            left = busy_sessions(app, old).await;
+            left = busy_sessions(
+                app,
+                old,
+                &mut watch,
+                drain.saturating_sub(started.elapsed()),
+            )
+            .await;
         }
         self.step(
             "drained",
@@ -360,29 +367,51 @@ impl Run<'_> {
     }
 }
 
-/// How many sessions run something on `old`: a query, or a transaction not ended. An idle
-/// session-mode connection holds the node but owes nothing, so the drain does not wait for it
-/// (writes wait meanwhile, and would wait the whole drain for sessions that never end).
-/// Without an answer from the node, what pgherd lends counts.
-async fn busy_sessions(app: &App, old: &NodeState) -> u32 {
+/// How many sessions run something on `old`: a query, or a transaction not ended (a state
+/// this role may not see counts as running). An idle session-mode connection holds the node
+/// but owes nothing, so the drain does not wait for it (writes wait meanwhile, and would wait
+/// the whole drain for sessions that never end). Asked over one connection (`watch`), within
+/// `time_left`; without an answer, what pgherd lends counts.
+async fn busy_sessions(
+    app: &App,
+    old: &NodeState,
+    watch: &mut Option<crate::server::ServerConn>,
+    time_left: Duration,
+) -> u32 {
     if old.outstanding() == 0 {
         return 0;
     }
     let config = app.config();
-    let asked = run_sql(
-        old,
-        &config.cluster,
-        &app.connect_context(),
-        "SELECT count(*) FROM pg_catalog.pg_stat_activity \
-         WHERE backend_type = 'client backend' AND state <> 'idle' \
-         AND pid <> pg_catalog.pg_backend_pid()",
-    )
+    let asked = tokio::time::timeout(time_left, async {
+        if watch.is_none() {
+            *watch = crate::monitor::management_connection(
+                old,
+                &config.cluster,
+                &app.connect_context(),
+                &config.cluster.database,
+            )
+            .await
+            .ok();
+        }
+        let conn = watch.as_mut()?;
+        conn.simple_query(
+            "SELECT count(*) FROM pg_catalog.pg_stat_activity \
+             WHERE backend_type = 'client backend' \
+             AND coalesce(state, 'active') <> 'idle' \
+             AND pid <> pg_catalog.pg_backend_pid()",
+        )
+        .await
+        .ok()
+    })
     .await;
     match asked {
-        Ok(rows) => first_value(&rows)
+        Ok(Some(rows)) => first_value(&rows)
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| old.outstanding()),
-        Err(_) => old.outstanding(),
+        _ => {
+            *watch = None;
+            old.outstanding()
+        }
     }
 }
 

@@ -38,9 +38,18 @@ pub fn main_pid(pid: u32) {
 
 /// Feeds systemd's watchdog (`WatchdogSec=` in the unit) at half its period from the runtime
 /// itself, so a runtime that stops making progress gets pgherd restarted.
-pub fn spawn_watchdog() {
+pub fn spawn_watchdog(taking_over: bool) {
     let mut period_us = 0;
-    if !sd_notify::watchdog_enabled(false, &mut period_us) || period_us == 0 {
+    if !sd_notify::watchdog_enabled(false, &mut period_us) {
+        // An upgrade's new process inherited `WATCHDOG_PID` naming the old one: the period
+        // is still the unit's, and it feeds the watchdog once it is the main process.
+        period_us = std::env::var("WATCHDOG_USEC")
+            .ok()
+            .filter(|_| taking_over)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+    }
+    if period_us == 0 {
         return;
     }
     let interval = Duration::from_micros(period_us / 2).max(Duration::from_millis(10));

@@ -149,6 +149,10 @@ pub(crate) fn decode_binary(bytes: &[u8]) -> Result<(i128, u32), MergeError> {
             "the numeric value NaN or Infinity across shards".to_owned(),
         ));
     }
+    if ndigits == 0 {
+        // Zero, at any display scale.
+        return Ok((0, dscale));
+    }
     let overflow = || MergeError::OutOfRange("numeric");
     let mut value: i128 = 0;
     for i in 0..ndigits {
@@ -251,9 +255,10 @@ mod tests {
     #[test]
     fn binary_numerics_read_and_write_as_postgresql_sends_them() {
         let cases: Vec<((i128, u32), Vec<u8>)> = vec![
-            // 0, 0.00
+            // 0, 0.00, zero at a scale no i128 power of ten reaches
             ((0, 0), words(&[0, 0, 0, 0])),
             ((0, 2), words(&[0, 0, 0, 2])),
+            ((0, 60), words(&[0, 0, 0, 60])),
             // 1, 10000, 12345678
             ((1, 0), words(&[1, 0, 0, 0, 1])),
             ((10_000, 0), words(&[1, 1, 0, 0, 1])),

@@ -376,9 +376,15 @@ impl Merger {
         let mut input: Vec<Reader> = columns.iter().map(|&c| reader(c)).collect();
         for &(column, collation) in &spec.collations {
             let (column, collation) = (position(visible, column), position(visible, collation));
-            let named = first_rows
+            let mut names = first_rows
                 .iter()
-                .find_map(|row| row.get(collation).and_then(Option::as_deref));
+                .filter_map(|row| row.get(collation).and_then(Option::as_deref));
+            let named = names.next();
+            if names.any(|other| Some(other) != named) {
+                return Err(MergeError::Unsupported(
+                    "ordering text whose collation differs between shards".to_owned(),
+                ));
+            }
             let Some(reader) = input.get_mut(column) else {
                 return Err(MergeError::BadValue("a row with every planned column"));
             };

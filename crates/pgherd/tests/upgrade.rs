@@ -394,3 +394,53 @@ async fn an_upgrade_during_a_failover_loses_no_acknowledged_write() {
         "{log}"
     );
 }
+
+/// The new process dies after it took over, while the old one still holds a client in a
+/// transaction: the old one takes its duties back (accepts, decides, answers operator
+/// commands), keeps that client, and does not exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_whose_new_process_dies_is_undone() {
+    let (mut env, _certs) = upgrade_env();
+    let old_pid = env.pgherd.pid();
+    let in_tx = env.app().await;
+    in_tx
+        .batch_execute("CREATE TABLE kept (v int); BEGIN; INSERT INTO kept VALUES (1)")
+        .await
+        .unwrap();
+    let new_pid = upgrade(&mut env).await.expect("UPGRADE");
+    // SAFETY: kill(2) on the process the upgrade started.
+    unsafe { libc::kill(new_pid as i32, libc::SIGKILL) };
+    let started = std::time::Instant::now();
+    while !env.pgherd.log().contains("upgrade undone") {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the old process did not take its duties back:\n{}",
+            env.pgherd.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let console = connect(&console_conninfo(&env)).await;
+    let version = first_value(&console, "SHOW VERSION").await.unwrap();
+    assert!(version.contains(&format!("(pid {old_pid})")), "{version}");
+    // Operator commands run here again (they were refused while handing over).
+    console
+        .simple_query("DETACH pg2")
+        .await
+        .expect("DETACH after the upgrade was undone");
+    console.simple_query("ATTACH pg2").await.expect("ATTACH");
+    let app = env.app().await;
+    assert_eq!(first_value(&app, "SELECT 1").await.unwrap(), "1");
+    // The client in its transaction stays here and finishes it.
+    in_tx
+        .batch_execute("INSERT INTO kept VALUES (2); COMMIT")
+        .await
+        .unwrap();
+    assert_eq!(
+        first_value(&in_tx, "SELECT count(*) FROM kept")
+            .await
+            .unwrap(),
+        "2"
+    );
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(env.pgherd.try_wait().is_none(), "the old process stopped");
+}

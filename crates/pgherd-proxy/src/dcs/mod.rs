@@ -407,6 +407,12 @@ fn end_sessions_on_primary(app: &App, why: &str) {
 /// Refuses an operator's action on an instance that does not lead: its change to the view
 /// would be overwritten by the leader's.
 pub fn must_lead(app: &App) -> Result<(), PgError> {
+    if app.handover.handed_over() {
+        return Err(PgError::error(
+            SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "this pgherd process is handing its duties to the new one of an upgrade; run it there",
+        ));
+    }
     let Some(dcs) = app.dcs.as_ref().filter(|_| !app.may_act()) else {
         return Ok(());
     };

@@ -4,7 +4,7 @@
 
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -25,12 +25,30 @@ use crate::dcs::shared::SharedView;
 static LAUNCH: OnceLock<(PathBuf, Vec<OsString>)> = OnceLock::new();
 
 /// Remembers how this process was started; call it first thing in `main`, before the binary
-/// can have been replaced (afterwards `/proc/self/exe` names the old, deleted file).
+/// can have been replaced (afterwards `/proc/self/exe` names the old, deleted file). The path
+/// is the one it was started by, links not followed: an upgrade that moves a link to a new
+/// version starts that version.
 pub fn record_launch() {
-    if let Ok(exe) = std::env::current_exe() {
-        let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-        let _ = LAUNCH.set((exe, without_takeover_fd(args)));
+    let mut args = std::env::args_os();
+    let named = args.next().and_then(|argv0| launch_path(Path::new(&argv0)));
+    if let Some(exe) = named.or_else(|| std::env::current_exe().ok()) {
+        let _ = LAUNCH.set((exe, without_takeover_fd(args.collect())));
     }
+}
+
+/// `argv0` as a path that names the same file later: absolute against the working directory
+/// if it has a slash, else found on `PATH` as a shell would.
+fn launch_path(argv0: &Path) -> Option<PathBuf> {
+    if argv0.components().count() > 1 {
+        return std::env::current_dir().ok().map(|cwd| cwd.join(argv0));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(argv0))
+        .find(|candidate| candidate.is_file())
+        .and_then(|found| match found.is_absolute() {
+            true => Some(found),
+            false => std::env::current_dir().ok().map(|cwd| cwd.join(found)),
+        })
 }
 
 /// The arguments without a `--takeover-fd N` a taker was started with.
@@ -93,11 +111,25 @@ async fn give(app: &Arc<App>) -> Result<String, String> {
     }
     let (line, theirs) =
         Channel::pair().map_err(|e| format!("cannot make the line to the new process: {e}"))?;
-    let mut child = tokio::process::Command::new(exe)
+    let their_fd = theirs.as_raw_fd();
+    let mut command = tokio::process::Command::new(exe);
+    command
         .args(args)
         .arg(TAKEOVER_FD_ARG)
-        .arg(theirs.as_raw_fd().to_string())
-        .stdin(std::process::Stdio::null())
+        .arg(their_fd.to_string())
+        .stdin(std::process::Stdio::null());
+    // SAFETY: between fork and exec only fcntl, which is async-signal-safe, on a descriptor
+    // this process owns. The end stays close-on-exec here, so no other program this process
+    // starts meanwhile inherits it (its death would then not close the line).
+    unsafe {
+        command.pre_exec(move || {
+            if libc::fcntl(their_fd, libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
     drop(theirs);
@@ -122,14 +154,20 @@ async fn give(app: &Arc<App>) -> Result<String, String> {
             return Err(format!("the upgrade failed, nothing changed: {why}"));
         }
     };
-    // The taker serves: this process accepts no one and moves everyone it can.
+    // This process accepts no one and moves everyone it can; then the taker takes over.
     let line = Arc::new(line);
-    app.handover.line.store(Some(line.clone()));
+    app.handover.to_new.store(Some(line.clone()));
     app.handover.stop_accepting.send_replace(true);
+    if let Err(e) = line.send(&encode(&Message::Go)?, &[]).await {
+        let why = format!("the new process could not be told to take over: {e}");
+        let _ = child.start_kill();
+        undo(app, &why);
+        return Err(format!("the upgrade failed, nothing changed: {why}"));
+    }
     app.clients.signal_all(crate::clients::SIGNAL_HANDOVER);
     crate::systemd::main_pid(pid);
-    tokio::spawn(answer_taker(app.clone(), line));
-    tokio::spawn(leave_when_empty(app.clone(), child));
+    tokio::spawn(answer_taker(app.clone(), line, child));
+    tokio::spawn(leave_when_empty(app.clone()));
     tracing::info!(
         pid,
         "upgrade: the new process serves; clients move to it at their next idle point"
@@ -152,18 +190,20 @@ async fn stop_acting(app: &Arc<App>) {
 }
 
 async fn hand_state(app: &Arc<App>, line: &Channel) -> Result<(), String> {
-    // The descriptors stay open in `app.handover` for as long as this process lives.
-    let (listen, api, fds) = {
+    // Copies held until sent: the kept ones may be closed meanwhile (a SIGTERM).
+    let (listen, api, copies) = {
         let listeners = app.handover.listeners.lock();
         let addrs = |l: &[(std::net::SocketAddr, OwnedFd)]| l.iter().map(|(a, _)| *a).collect();
-        let fds: Vec<i32> = listeners
+        let copies = listeners
             .clients
             .iter()
             .chain(&listeners.api)
-            .map(|(_, fd)| fd.as_raw_fd())
-            .collect();
-        (addrs(&listeners.clients), addrs(&listeners.api), fds)
+            .map(|(_, fd)| fd.try_clone())
+            .collect::<std::io::Result<Vec<OwnedFd>>>()
+            .map_err(|e| format!("cannot copy a listening socket: {e}"))?;
+        (addrs(&listeners.clients), addrs(&listeners.api), copies)
     };
+    let fds: Vec<i32> = copies.iter().map(AsRawFd::as_raw_fd).collect();
     let view = SharedView::of(&app.nodes.view(), "", 0, |id| app.nodes.name_of(id));
     let state = InitialState {
         version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -172,6 +212,12 @@ async fn hand_state(app: &Arc<App>, line: &Channel) -> Result<(), String> {
         api,
         view,
         credentials: credentials(app),
+        cancel_keys: app
+            .clients
+            .all()
+            .iter()
+            .map(|c| (c.key.process_id, c.key.secret_key))
+            .collect(),
     };
     line.send(&encode(&Message::State(Box::new(state)))?, &fds)
         .await
@@ -251,7 +297,7 @@ pub async fn send_client(
 ) -> Result<(), String> {
     let line = app
         .handover
-        .line
+        .to_new
         .load_full()
         .ok_or("no new process is taking clients")?;
     let json = encode(&Message::Client(Box::new(record)))?;
@@ -261,16 +307,22 @@ pub async fn send_client(
 }
 
 /// What the taker asks of this process while clients remain here: their cancel requests.
-async fn answer_taker(app: Arc<App>, line: Arc<Channel>) {
+/// Its end of the line closes only when it exits: then this process takes its duties back.
+async fn answer_taker(app: Arc<App>, line: Arc<Channel>, mut child: tokio::process::Child) {
     loop {
         let received = match line.recv().await {
             Ok(Some(received)) => received,
-            Ok(None) => {
-                tracing::warn!("upgrade: the new process closed the line");
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "upgrade: the line to the new process failed");
+            ended => {
+                let why = match ended {
+                    Err(e) => format!("the line to it failed: {e}"),
+                    _ => "it closed the line".to_owned(),
+                };
+                // Reaped if it exited; killed if it lives on without its line.
+                let _ = child.start_kill();
+                let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+                if !app.is_shutting_down() {
+                    undo(&app, &format!("the new process is gone ({why})"));
+                }
                 return;
             }
         };
@@ -296,20 +348,37 @@ async fn answer_taker(app: Arc<App>, line: Arc<Channel>) {
 }
 
 /// Waits until every client left or moved (or the shutdown deadline passed), then stops
-/// this process; the new one is not its child to wait for.
-async fn leave_when_empty(app: Arc<App>, child: tokio::process::Child) {
-    // Not killed when dropped (tokio's default); whoever adopts it reaps it.
-    drop(child);
+/// this process; not if the handover was undone meanwhile.
+async fn leave_when_empty(app: Arc<App>) {
     let deadline =
         tokio::time::Instant::now() + Duration::from_millis(app.config().proxy.shutdown_timeout_ms);
     while app.clients.connected() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
+        if !app.handover.given() {
+            return;
+        }
+    }
+    if !app.handover.given() {
+        return;
     }
     tracing::info!(
         clients_left = app.clients.connected(),
         "upgrade: this process holds no more clients it can keep; stopping"
     );
     app.begin_shutdown();
+}
+
+/// The new process died after it took over: this one accepts, decides and keeps its clients
+/// again (those that moved went with it).
+fn undo(app: &Arc<App>, why: &str) {
+    tracing::error!(reason = %why, "upgrade undone: this process serves and decides again");
+    app.handover.to_new.store(None);
+    app.clients.clear_for_all(crate::clients::SIGNAL_HANDOVER);
+    app.handover.handed_over.store(false, Ordering::Release);
+    app.handover.stop_accepting.send_replace(false);
+    app.handover.upgrading.store(false, Ordering::Release);
+    crate::lifecycle::accept_again(app);
+    crate::systemd::main_pid(std::process::id());
 }
 
 #[cfg(test)]

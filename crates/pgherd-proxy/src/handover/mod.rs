@@ -15,18 +15,22 @@
 //! exits once it holds no client.
 //!
 //! Failover duty moves with the view: the giver stops acting (taking every cluster's role-change
-//! lock, so no turn is half done) before it sends the view, and the taker starts its failover
-//! tasks only after adopting it, so no failover starts twice or in neither; the few seconds
-//! in between delay one, never lose it. A taker that does not say it is ready in time is
-//! killed, and the giver acts and serves on as before.
+//! lock, so no turn is half done; operator commands are refused from then on) before it sends
+//! the view, and the taker adopts it, checks the nodes, says it is ready, and starts deciding
+//! and accepting only once the giver, having stopped accepting, says go: no failover starts
+//! twice or in neither, and the few seconds in between delay one, never lose it. A taker that
+//! does not say it is ready in time is killed, and the giver acts and serves on as before; one
+//! that dies after it (its end of the line closes) is undone the same way: the giver accepts,
+//! decides and keeps its clients again. Cancel requests the taker receives for clients the
+//! giver still holds (their keys came with the state) are passed back to it.
 //!
-//! Not yet: several instances (`[dcs]`) and sharded endpoints refuse an upgrade; cancel
-//! requests for clients still in the giver are passed to it by the taker.
+//! Not yet: several instances (`[dcs]`) and sharded endpoints refuse an upgrade.
 
 mod channel;
 mod give;
 mod take;
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,8 +60,12 @@ pub struct HandoverState {
     handed_over: AtomicBool,
     /// This process accepts no more connections (the new one does).
     stop_accepting: watch::Sender<bool>,
-    /// The old process's line to the new one, or the new one's to the old while it lives.
-    line: ArcSwapOption<Channel>,
+    /// The line to the process this one gives its clients to.
+    to_new: ArcSwapOption<Channel>,
+    /// The line from the process this one took over from, while it lives; and the cancel keys
+    /// of the clients it held when it gave its state (their cancels go to it).
+    from_old: ArcSwapOption<Channel>,
+    old_keys: Mutex<HashSet<(i32, i32)>>,
     /// Duplicates of this process's listening sockets, to give away.
     listeners: Mutex<Listeners>,
 }
@@ -74,7 +82,9 @@ impl Default for HandoverState {
             upgrading: AtomicBool::new(false),
             handed_over: AtomicBool::new(false),
             stop_accepting: watch::channel(false).0,
-            line: ArcSwapOption::empty(),
+            to_new: ArcSwapOption::empty(),
+            from_old: ArcSwapOption::empty(),
+            old_keys: Mutex::new(HashSet::new()),
             listeners: Mutex::new(Listeners::default()),
         }
     }
@@ -94,6 +104,18 @@ impl HandoverState {
     /// Becomes true once this process must accept no more connections.
     pub fn stop_accepting(&self) -> watch::Receiver<bool> {
         self.stop_accepting.subscribe()
+    }
+
+    /// Duplicates of the kept listening sockets (clients', the API's), for a process that took
+    /// its duties back to accept on again.
+    pub fn listener_copies(&self) -> std::io::Result<(Vec<OwnedFd>, Vec<OwnedFd>)> {
+        let listeners = self.listeners.lock();
+        let copy = |kept: &[(SocketAddr, OwnedFd)]| {
+            kept.iter()
+                .map(|(_, fd)| fd.try_clone())
+                .collect::<std::io::Result<Vec<_>>>()
+        };
+        Ok((copy(&listeners.clients)?, copy(&listeners.api)?))
     }
 
     /// Closes the kept duplicates: once pgherd stops, its ports must stop taking connections.
@@ -127,8 +149,10 @@ enum Message {
     /// Giver → taker, first: what it takes over. The listeners' descriptors come attached,
     /// the clients' first, then the HTTP API's.
     State(Box<InitialState>),
-    /// Taker → giver: it serves; clients may move.
+    /// Taker → giver: it has started and checked the nodes.
     Ready { pid: u32 },
+    /// Giver → taker: this process accepts nobody and decides nothing any more; take over.
+    Go,
     /// Taker → giver: it cannot start.
     Failed { reason: String },
     /// Giver → taker: a client, its connection attached.
@@ -145,6 +169,8 @@ struct InitialState {
     api: Vec<SocketAddr>,
     view: SharedView,
     credentials: Vec<CredentialRecord>,
+    /// The cancel keys of the clients the giver holds.
+    cancel_keys: Vec<(i32, i32)>,
 }
 
 /// What pgherd learnt of a user's server login from clients' logins (passthrough SCRAM keys,

@@ -119,9 +119,9 @@ impl Takeover {
         Ok(())
     }
 
-    /// Tells the old process this one serves, then takes the clients it sends until it is
-    /// gone.
-    pub async fn serve(self, app: Arc<App>) -> Result<(), String> {
+    /// Tells the old process this one is ready and waits for its go (or its end: then nobody
+    /// else serves); from then on takes the clients it sends.
+    pub async fn take_duties(self, app: Arc<App>) -> Result<(), String> {
         let ready = encode(&Message::Ready {
             pid: std::process::id(),
         })?;
@@ -129,8 +129,18 @@ impl Takeover {
             .send(&ready, &[])
             .await
             .map_err(|e| format!("cannot tell the old process this one is ready: {e}"))?;
+        match self.line.recv().await {
+            Ok(Some(received)) => match decode(&received.json)? {
+                Message::Go => {}
+                other => return Err(format!("the old process said {other:?} instead of go")),
+            },
+            Ok(None) | Err(_) => {
+                tracing::warn!("upgrade: the old process is gone before it said go; taking over")
+            }
+        }
+        *app.handover.old_keys.lock() = self.state.cancel_keys.iter().copied().collect();
         let line = Arc::new(self.line);
-        app.handover.line.store(Some(line.clone()));
+        app.handover.from_old.store(Some(line.clone()));
         take_pid_file(&app.config().source, self.state.pid);
         tokio::spawn(take_clients(app, line));
         Ok(())
@@ -201,18 +211,23 @@ async fn take_clients(app: Arc<App>, line: Arc<Channel>) {
         taken += 1;
         crate::client::resume(app.clone(), connection, *record).await;
     }
-    app.handover.line.store(None);
+    app.handover.from_old.store(None);
+    app.handover.old_keys.lock().clear();
     tracing::info!(clients = taken, "upgrade: the old process is gone");
 }
 
-/// Passes a cancel request whose key no client here has to the old process, which may still
-/// hold that client; false if there is no old process.
+/// Passes a cancel request for a client the old process held when it gave its state (and may
+/// still hold) to it; false for any other key, which is answered as a wrong one.
 pub fn forward_cancel(app: &App, key: CancelKey) -> bool {
-    if app.handover.handed_over() {
-        // The old process: its line leads to the new one, which has its own clients.
+    if !app
+        .handover
+        .old_keys
+        .lock()
+        .contains(&(key.process_id, key.secret_key))
+    {
         return false;
     }
-    let Some(line) = app.handover.line.load_full() else {
+    let Some(line) = app.handover.from_old.load_full() else {
         return false;
     };
     let Ok(json) = encode(&Message::Cancel {

@@ -219,8 +219,6 @@ impl Session {
                 // moves on), not after waiting for a primary.
                 Err(e) if e.code == SqlState::READ_ONLY_SQL_TRANSACTION => return Err(e.into()),
                 Err(e) => {
-                    // Boxed, as the wait for a connection below: rare, and large enough to
-                    // double what every idle session's task holds.
                     if self
                         .interruptible(self.hold_for_primary(&mut held_since))
                         .await?

@@ -523,9 +523,8 @@ impl Session {
         if signals & SIGNAL_SHUTDOWN != 0 {
             self.stop_when_idle = true;
         }
-        if signals & SIGNAL_HANDOVER != 0 {
-            self.move_when_idle = true;
-        }
+        // Taken back if an upgrade is undone.
+        self.move_when_idle = signals & SIGNAL_HANDOVER != 0;
         if self.lease.is_some() {
             match self.poll_relay(cx) {
                 Poll::Ready(Err(Relayed::Server(e))) => {

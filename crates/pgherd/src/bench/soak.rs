@@ -226,10 +226,19 @@ pub fn soak(options: SoakOptions) -> Result<(), String> {
         std::thread::sleep(Duration::from_secs(1));
     }
     stop.store(true, Ordering::Release);
-    let outcomes = finish_load(load, &logs);
+    let outcomes = finish_load(load);
     let churned = churn.join().unwrap_or_default();
     let _ = changes.join();
     let events = events.lock().map(|e| e.clone()).unwrap_or_default();
+    let steady = readings
+        .iter()
+        .filter(|r| r.at_s >= warmup_s as f64)
+        .count();
+    if steady < 8 {
+        return Err(format!(
+            "only {steady} readings after the {warmup_s} s warm-up: too few to tell a trend (run longer)"
+        ));
+    }
     let trends = trends(&readings, warmup_s as f64, options.tolerance_pct);
     let report = render(
         &options, warmup_s, &readings, &trends, &outcomes, &churned, &events,
@@ -257,8 +266,18 @@ pub fn soak(options: SoakOptions) -> Result<(), String> {
     }
 }
 
-/// pgbench runs of the whole duration: (what they are, the process, where its output goes).
-type Load = Vec<(String, Child, PathBuf)>;
+/// pgbench runs of the whole duration: (what they are, the process, where its output goes);
+/// killed if the run ends early.
+struct Load(Vec<(String, Child, PathBuf)>);
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        for (_, child, _) in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
 
 fn start_load(
     pgbench: &Path,
@@ -319,7 +338,7 @@ fn start_load(
             user.url(pgherd.port, "bench_session"),
         ),
     ];
-    let mut load = Vec::new();
+    let mut load = Load(Vec::new());
     for (i, (what, args, url)) in runs.into_iter().enumerate() {
         let out = logs.join(format!("pgbench-{i}.log"));
         let file = std::fs::File::create(&out).map_err(|e| e.to_string())?;
@@ -334,7 +353,7 @@ fn start_load(
             .stderr(err)
             .spawn()
             .map_err(|e| format!("cannot run pgbench: {e}"))?;
-        load.push((what, child, out));
+        load.0.push((what, child, out));
     }
     Ok(load)
 }
@@ -347,8 +366,9 @@ struct Outcome {
     errors: Vec<(String, usize)>,
 }
 
-fn finish_load(load: Load, _logs: &Path) -> Vec<Outcome> {
-    load.into_iter()
+fn finish_load(mut load: Load) -> Vec<Outcome> {
+    std::mem::take(&mut load.0)
+        .into_iter()
         .map(|(what, mut child, out)| {
             let _ = child.wait();
             let text = std::fs::read_to_string(&out).unwrap_or_default();

@@ -18,10 +18,19 @@ fn map() -> ShardMap {
         key_ordinal: Some(0),
     };
     let mut tables = BTreeMap::new();
-    tables.insert("accounts".to_owned(), table("aid", KeyType::Int4, Method::Hash));
+    tables.insert(
+        "accounts".to_owned(),
+        table("aid", KeyType::Int4, Method::Hash),
+    );
     tables.insert(
         "events".to_owned(),
-        table("id", KeyType::Int8, Method::Range { starts: vec![0, 1000] }),
+        table(
+            "id",
+            KeyType::Int8,
+            Method::Range {
+                starts: vec![0, 1000],
+            },
+        ),
     );
     tables.insert(
         "regions".to_owned(),

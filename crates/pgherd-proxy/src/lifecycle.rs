@@ -109,14 +109,15 @@ async fn serve_with(
         crate::two_phase_recovery::spawn(app.clone(), shards.clone());
     }
     tokio::spawn(upkeep(app.clone()));
-    if let Some(dcs) = &app.dcs {
-        tokio::spawn(crate::dcs::run(app.clone(), dcs.clone()));
-    }
     // A new process decides and accepts only once the old one said go (it accepts nobody
-    // and decides nothing any more).
+    // and decides nothing any more); it speaks to etcd only then too, where the old one's
+    // lease makes it the leader the old one was.
     let taking_over = takeover.is_some();
     if let Some(takeover) = takeover {
         takeover.take_duties(app.clone()).await?;
+    }
+    if let Some(dcs) = &app.dcs {
+        tokio::spawn(crate::dcs::run(app.clone(), dcs.clone()));
     }
     for (shard, cluster) in clusters.into_iter().enumerate() {
         let duty = crate::failover::run(app.clone(), cluster);

@@ -708,3 +708,176 @@ async fn each_instance_decodes_the_wal_and_serves_nothing_a_decoded_commit_chang
         stale_before_decoded[0], stale_before_decoded[1]
     );
 }
+
+/// Writes rows `base + n` through `url` until `stop`, on one connection while it lasts;
+/// returns the acknowledged ones.
+async fn write_until(
+    url: String,
+    base: i64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<i64> {
+    let mut acked = Vec::new();
+    let mut client = None;
+    let mut n = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        if client.is_none() {
+            client = try_connect(&url).await.ok();
+        }
+        let Some(c) = &client else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let id = base + n;
+        n += 1;
+        match c
+            .batch_execute(&format!("INSERT INTO t VALUES ({id}, 'writer')"))
+            .await
+        {
+            Ok(()) => acked.push(id),
+            // Cut by the failover: unacknowledged, allowed to be lost.
+            Err(e) if e.is_closed() => client = None,
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    acked
+}
+
+/// The leading instance is upgraded (its new binary takes its clients, its etcd lease and so
+/// its leadership: no election, nobody else acts meanwhile, writes through both instances go
+/// on), and the new process then fails the primary over, once, losing no acknowledged write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_leader_leads_on_with_its_lease_and_fails_over_once() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let etcd = TestEtcd::start();
+    let mut instances = start(2, &etcd);
+    let Instances { a, b, cluster } = &mut instances;
+    agreed(a, b).await;
+    let leader_name = leader_seen_by(a).await;
+    let (leader, follower) = if leader_name == "a" {
+        (&mut *a, &mut *b)
+    } else {
+        (&mut *b, &mut *a)
+    };
+    let follower_name = if leader_name == "a" { "b" } else { "a" };
+    wait_for(
+        "the leader's on_role_change hook ran",
+        Duration::from_secs(5),
+        async || {
+            std::fs::read_to_string(cluster.dir().join("roles"))
+                .is_ok_and(|r| r.contains(&format!("{leader_name} leader")))
+        },
+    )
+    .await;
+    let lease_before = member_session(&etcd, &leader_name).await;
+    assert!(lease_before.is_some(), "the leader has a member key");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = [(&*leader, 1_000_000), (&*follower, 2_000_000)]
+        .into_iter()
+        .map(|(pgherd, base)| {
+            tokio::spawn(write_until(
+                pgherd.conninfo(APP, APP_PASSWORD, APP),
+                base,
+                stop.clone(),
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let answer = first_value(&admin(leader).await, "UPGRADE")
+        .await
+        .expect("UPGRADE on the leading instance");
+    let new_pid: u32 = answer
+        .split("(pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {answer:?}"));
+    leader.successor(new_pid);
+    assert!(
+        leader.wait_exit(Duration::from_secs(30)).is_some(),
+        "the old process exits:\n{}",
+        leader.log()
+    );
+    // The new process leads on the same lease: no election, the follower never led.
+    wait_for(
+        "the new process names itself leader, as the follower does",
+        Duration::from_secs(10),
+        async || {
+            leader_seen_by(leader).await == leader_name
+                && leader_seen_by(follower).await == leader_name
+        },
+    )
+    .await;
+    assert_eq!(member_session(&etcd, &leader_name).await, lease_before);
+    let roles = std::fs::read_to_string(cluster.dir().join("roles")).unwrap_or_default();
+    assert!(
+        !roles.contains(&format!("{follower_name} leader"))
+            && !roles.contains(&format!("{leader_name} follower")),
+        "the leadership moved during the upgrade:\n{roles}"
+    );
+    // The instance's record names the new process.
+    wait_for(
+        "the instance's record names the new process",
+        Duration::from_secs(5),
+        async || {
+            let listed = rows(&admin(leader).await, "SHOW INSTANCES").await.unwrap();
+            listed
+                .iter()
+                .any(|r| field(r, "this") == "yes" && field(r, "pid") == new_pid.to_string())
+        },
+    )
+    .await;
+
+    // The primary dies: the upgraded leader promotes one replica, and only it acts.
+    cluster.wait_replayed();
+    cluster
+        .node("pg1")
+        .stop(pgherd_cluster::StopMode::Immediate)
+        .expect("kill pg1");
+    wait_for(
+        "writes through the follower reach a new primary",
+        Duration::from_secs(30),
+        async || insert(follower, 3, "after failover").await.is_ok(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut acked = Vec::new();
+    for w in writers {
+        acked.extend(w.await.expect("a writer"));
+    }
+    let promoted = primaries(cluster, &["pg2", "pg3"]);
+    assert_eq!(promoted.len(), 1, "one replica promoted: {promoted:?}");
+    let log = leader.log();
+    assert_eq!(
+        log.matches("promoted; writes go to it now").count(),
+        1,
+        "the upgraded leader promoted once:\n{log}"
+    );
+    assert!(
+        !follower.log().contains("promoted; writes go to it now"),
+        "the follower acted:\n{}",
+        follower.log()
+    );
+    assert!(acked.len() > 20, "only {} writes acknowledged", acked.len());
+    let present: usize = cluster
+        .sql_on(
+            &promoted[0],
+            APP,
+            &format!(
+                "SELECT count(*) FROM t WHERE id IN ({})",
+                acked
+                    .iter()
+                    .map(i64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        )
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(present, acked.len(), "acknowledged writes lost");
+}

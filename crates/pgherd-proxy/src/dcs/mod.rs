@@ -136,6 +136,12 @@ impl Dcs {
         self.status.lock().clone()
     }
 
+    /// Keeps the lease of the process this one takes over from in an upgrade: the first
+    /// session renews it (its leader key and record stay on it) rather than taking a new one.
+    pub fn inherit_lease(&self, lease: i64) {
+        self.status.lock().lease = Some(lease);
+    }
+
     /// This instance may act for the cluster now.
     pub fn is_leader(&self) -> bool {
         let leading = self.status.lock().leading;
@@ -525,7 +531,9 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
             status.leader = leader;
             status.leading = leading;
         }
-        if leading != was_leading {
+        // A process handing over to a new one on the same lease does not say it stops
+        // leading: the new one leads on (a hook moving a virtual IP must not move it away).
+        if leading != was_leading && !app.handover.handed_over() {
             role_changed(app, dcs, leading);
         }
         // The record says which of the leader's views this instance routes by: the one it has
@@ -536,7 +544,9 @@ async fn session(app: &App, dcs: &Dcs) -> Result<(), DcsError> {
             _ => (lease, app.nodes.view().version),
         };
         let registered = dcs.status.lock().routed;
-        if registered != Some(routed) {
+        // A process that handed its duties to a new one leaves the instance's record (its
+        // pid, the view it routes by) to that one.
+        if registered != Some(routed) && !app.handover.handed_over() {
             register(app, dcs, &mut client, lease, routed).await?;
             dcs.status.lock().routed = Some(routed);
         }
@@ -573,9 +583,13 @@ async fn cannot_follow(
         app,
         "this pgherd instance cannot read the leader's view of the cluster",
     );
-    let _ = dcs.within(client.lease_revoke(lease)).await;
-    dcs.status.lock().lease = None;
-    dcs.lease_until_ms.store(0, Ordering::Release);
+    // A process that gave its duties to a new one in an upgrade shares its lease: giving it up
+    // would take the new one's leadership and record.
+    if !app.handover.handed_over() {
+        let _ = dcs.within(client.lease_revoke(lease)).await;
+        dcs.status.lock().lease = None;
+        dcs.lease_until_ms.store(0, Ordering::Release);
+    }
     DcsError::BadView(why)
 }
 
@@ -624,7 +638,7 @@ async fn campaign(
     let leader_name = leader_kv
         .as_ref()
         .map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
-    let leadership = agreement::leadership(
+    let mut leadership = agreement::leadership(
         &dcs.instance,
         lease,
         leader_kv
@@ -635,6 +649,9 @@ async fn campaign(
                 lease: kv.lease(),
             }),
     );
+    // A process handing its duties to a new one (an upgrade; both hold the same lease)
+    // follows the shared view and publishes nothing: one writer of the view at any time.
+    leadership.leading &= !app.handover.handed_over();
     let mut shared_version = None;
     if let Some(view) = view_kv {
         let shared: SharedView =

@@ -77,9 +77,6 @@ fn without_takeover_fd(args: Vec<OsString>) -> Vec<OsString> {
 /// Upgrades: returns what happened once the new process serves (clients move from then on),
 /// or why nothing changed (the old process serves and acts on).
 pub async fn upgrade(app: &Arc<App>) -> Result<String, String> {
-    if app.dcs.is_some() {
-        return Err("pgherd upgrade does not support several instances ([dcs]) yet: restart the instances one at a time".into());
-    }
     if app.shards.is_some() {
         return Err("pgherd upgrade does not support a sharded endpoint ([sharding]) yet".into());
     }
@@ -212,6 +209,7 @@ async fn hand_state(app: &Arc<App>, line: &Channel) -> Result<(), String> {
         api,
         view,
         credentials: credentials(app),
+        dcs_lease: app.dcs.as_ref().and_then(|dcs| dcs.status().lease),
         cancel_keys: app
             .clients
             .all()

@@ -24,7 +24,13 @@
 //! decides and keeps its clients again. Cancel requests the taker receives for clients the
 //! giver still holds (their keys came with the state) are passed back to it.
 //!
-//! Not yet: several instances (`[dcs]`) and sharded endpoints refuse an upgrade.
+//! One of several instances (`[dcs]`) gives its etcd lease too: the taker's sessions with etcd
+//! keep it, so the leader key and the instance's record stay where they are, and a leader stays
+//! the leader across the upgrade with no election and no failsafe to wait out. From the moment
+//! the giver stops acting it only follows the shared view (it publishes nothing, and the taker
+//! publishes only after go), so exactly one process writes the view at any time.
+//!
+//! Not yet: sharded endpoints refuse an upgrade.
 
 mod channel;
 mod give;
@@ -171,6 +177,10 @@ struct InitialState {
     credentials: Vec<CredentialRecord>,
     /// The cancel keys of the clients the giver holds.
     cancel_keys: Vec<(i32, i32)>,
+    /// One of several instances: the lease of the giver's session with etcd, which the
+    /// taker's keep.
+    #[serde(default)]
+    dcs_lease: Option<i64>,
 }
 
 /// What pgherd learnt of a user's server login from clients' logins (passthrough SCRAM keys,

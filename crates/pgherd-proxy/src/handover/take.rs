@@ -98,6 +98,9 @@ impl Takeover {
             .map_err(|e| format!("the old process's view does not fit this config: {e}"))?;
         app.nodes
             .change(pgherd_failover::Change::Adopt(Box::new(state)));
+        if let (Some(dcs), Some(lease)) = (&app.dcs, self.state.dcs_lease) {
+            dcs.inherit_lease(lease);
+        }
         for credential in &self.state.credentials {
             let keys = credential.scram.as_ref().and_then(|k| {
                 Some(ScramCredential::Keys {

@@ -240,8 +240,18 @@ pub fn soak(options: SoakOptions) -> Result<(), String> {
         ));
     }
     let trends = trends(&readings, warmup_s as f64, options.tolerance_pct);
+    let after = after_the_load(api);
     let report = render(
-        &options, warmup_s, &readings, &trends, &outcomes, &churned, &events,
+        &options,
+        warmup_s,
+        &Observed {
+            readings: &readings,
+            trends: &trends,
+            outcomes: &outcomes,
+            churned: &churned,
+            events: &events,
+            after: &after,
+        },
     );
     println!("{report}");
     std::fs::create_dir_all(&options.out).map_err(|e| e.to_string())?;
@@ -261,8 +271,47 @@ pub fn soak(options: SoakOptions) -> Result<(), String> {
         .map(|t| t.name)
         .collect::<Vec<_>>()
     {
+        _ if after.leaked() => Err(format!(
+            "after the load, with {} clients left, {} server connections were still in use: leaked",
+            after.clients, after.servers_in_use
+        )),
         grown if grown.is_empty() => Ok(()),
         grown => Err(format!("grew without bound: {}", grown.join(", "))),
+    }
+}
+
+/// What pgherd holds once every client of the load has gone.
+#[derive(Debug, Clone, Copy, Default)]
+struct AfterTheLoad {
+    clients: f64,
+    servers_in_use: f64,
+    servers_idle: f64,
+}
+
+impl AfterTheLoad {
+    /// A server connection still in use with no client left is one pgherd lost track of.
+    fn leaked(&self) -> bool {
+        self.clients == 0.0 && self.servers_in_use > 0.0
+    }
+}
+
+/// Waits (up to 15 s: the last clients' disconnects, a server connection being reset) until
+/// no client is left and no server connection is in use, and says what is left.
+fn after_the_load(api: u16) -> AfterTheLoad {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let lists = lists(api);
+        let item = |name: &str| list_items(&lists, name);
+        let after = AfterTheLoad {
+            clients: item("clients"),
+            servers_in_use: item("servers_active") + item("servers_connecting"),
+            servers_idle: item("servers_idle"),
+        };
+        let settled = after.clients == 0.0 && after.servers_in_use == 0.0;
+        if settled || Instant::now() >= deadline {
+            return after;
+        }
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 
@@ -403,6 +452,10 @@ fn finish_load(mut load: Load) -> Vec<Outcome> {
 struct Churned {
     killed_in_transaction: u64,
     cancelled: u64,
+    /// Cancels that did not stop their statement, which ran to its end: the cancel came
+    /// before the statement started (PostgreSQL ignores a cancel for a backend running
+    /// nothing, and pgherd one for a session that has no request under way).
+    cancel_too_early: u64,
     /// psql output that says something else than the cancel it was sent (or nothing).
     unexplained: Vec<String>,
 }
@@ -434,14 +487,21 @@ fn churn(psql: &Path, url: &str, stop: &AtomicBool) -> Churned {
         let signal = if cancel { libc::SIGINT } else { libc::SIGKILL };
         // SAFETY: kill(2) on a child this thread started and has not reaped.
         unsafe { libc::kill(child.id() as libc::pid_t, signal) };
-        let output = child.wait_with_output();
-        let stderr = output
-            .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        let (succeeded, stderr) = child
+            .wait_with_output()
+            .map(|o| {
+                (
+                    o.status.success(),
+                    String::from_utf8_lossy(&o.stderr).into_owned(),
+                )
+            })
             .unwrap_or_default();
         if !cancel {
             churned.killed_in_transaction += 1;
         } else if stderr.contains("canceling statement due to user request") {
             churned.cancelled += 1;
+        } else if succeeded && stderr.trim() == "Cancel request sent" {
+            churned.cancel_too_early += 1;
         } else if churned.unexplained.len() < 20 {
             churned
                 .unexplained
@@ -534,16 +594,8 @@ fn replica_names(api: u16) -> Vec<String> {
 }
 
 fn read(pgherd: &ProxyProcess, api: u16, started: Instant) -> Reading {
-    let lists = api_get(api, "/api/lists")
-        .and_then(|v| v.as_array().cloned())
-        .unwrap_or_default();
-    let item = |name: &str| {
-        lists
-            .iter()
-            .find(|r| r["list"].as_str() == Some(name))
-            .and_then(|r| r["items"].as_f64())
-            .unwrap_or(0.0)
-    };
+    let lists = lists(api);
+    let item = |name: &str| list_items(&lists, name);
     let pid = pgherd.pid();
     Reading {
         at_s: started.elapsed().as_secs_f64(),
@@ -553,6 +605,21 @@ fn read(pgherd: &ProxyProcess, api: u16, started: Instant) -> Reading {
         servers: item("servers_active") + item("servers_idle") + item("servers_connecting"),
         waiting: item("clients_waiting"),
     }
+}
+
+/// pgherd's lists and their sizes (`/api/lists`).
+fn lists(api: u16) -> Vec<serde_json::Value> {
+    api_get(api, "/api/lists")
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+}
+
+fn list_items(lists: &[serde_json::Value], name: &str) -> f64 {
+    lists
+        .iter()
+        .find(|r| r["list"].as_str() == Some(name))
+        .and_then(|r| r["items"].as_f64())
+        .unwrap_or(0.0)
 }
 
 fn write_csv(path: &Path, readings: &[Reading]) -> Result<(), String> {
@@ -573,15 +640,25 @@ fn write_csv(path: &Path, readings: &[Reading]) -> Result<(), String> {
     Ok(())
 }
 
-fn render(
-    options: &SoakOptions,
-    warmup_s: u64,
-    readings: &[Reading],
-    trends: &[Trend],
-    outcomes: &[Outcome],
-    churned: &Churned,
-    events: &[String],
-) -> String {
+/// What a run saw, for its report.
+struct Observed<'a> {
+    readings: &'a [Reading],
+    trends: &'a [Trend],
+    outcomes: &'a [Outcome],
+    churned: &'a Churned,
+    events: &'a [String],
+    after: &'a AfterTheLoad,
+}
+
+fn render(options: &SoakOptions, warmup_s: u64, observed: &Observed) -> String {
+    let Observed {
+        readings,
+        trends,
+        outcomes,
+        churned,
+        events,
+        after,
+    } = *observed;
     let mut out = format!(
         "# pgherd bench soak\n\n{} clients for {} s ({} s warm-up not compared), {} transactions per second asked, a replica restarted every {} s, one switchover half way; {} readings a second apart.\n\n",
         options.clients, options.duration_s, warmup_s, options.rate, options.replica_restart_every_s, readings.len()
@@ -618,9 +695,10 @@ fn render(
         ));
     }
     out.push_str(&format!(
-        "\nChurn: {} clients killed inside a transaction, {} statements cancelled by their client; {} unexplained{}\n",
+        "\nChurn: {} clients killed inside a transaction, {} statements cancelled by their client, {} cancels that did not stop their statement (it ran to its end: the cancel came before the statement started, at PostgreSQL, which ignores a cancel for a backend running nothing, or while pgherd still routed it); {} unexplained{}\n",
         churned.killed_in_transaction,
         churned.cancelled,
+        churned.cancel_too_early,
         churned.unexplained.len(),
         if churned.unexplained.is_empty() {
             String::new()
@@ -632,6 +710,13 @@ fn render(
     for e in events {
         out.push_str(&format!("- {e}\n"));
     }
+    out.push_str(&format!(
+        "\nAfter the load: {} clients left, {} server connections in use ({}), {} idle in the pools.\n",
+        after.clients,
+        after.servers_in_use,
+        if after.leaked() { "**leaked**" } else { "none leaked" },
+        after.servers_idle,
+    ));
     out
 }
 

@@ -863,21 +863,6 @@ async fn an_upgraded_leader_leads_on_with_its_lease_and_fails_over_once() {
         follower.log()
     );
     assert!(acked.len() > 20, "only {} writes acknowledged", acked.len());
-    let present: usize = cluster
-        .sql_on(
-            &promoted[0],
-            APP,
-            &format!(
-                "SELECT count(*) FROM t WHERE id IN ({})",
-                acked
-                    .iter()
-                    .map(i64::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
-        )
-        .trim()
-        .parse()
-        .unwrap();
+    let present = rows_present(cluster, &promoted[0], "t", &acked);
     assert_eq!(present, acked.len(), "acknowledged writes lost");
 }

@@ -368,22 +368,7 @@ async fn an_upgrade_during_a_failover_loses_no_acknowledged_write() {
         .collect();
     assert_eq!(primaries.len(), 1, "one node takes writes: {primaries:?}");
     let acked = acked.lock().unwrap().clone();
-    let on_primary: usize = env
-        .cluster
-        .sql_on(
-            primaries[0],
-            APP,
-            &format!(
-                "SELECT count(*) FROM acked WHERE id IN ({})",
-                acked
-                    .iter()
-                    .map(i64::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
-        )
-        .parse()
-        .unwrap();
+    let on_primary = rows_present(&env.cluster, primaries[0], "acked", &acked);
     assert_eq!(on_primary, acked.len(), "acknowledged writes lost");
     let log = env.pgherd.log();
     assert!(log.contains("promoting"), "nobody failed over");

@@ -242,6 +242,24 @@ pub fn sharded_config(shards: &[TestCluster], tables: &[(&str, &str)]) -> Pgherd
     config
 }
 
+/// How many of `ids` are rows of `table` (by its `id` column) in the app database on `node`,
+/// asked directly: acknowledged writes that must not have been lost.
+pub fn rows_present(cluster: &TestCluster, node: &str, table: &str, ids: &[i64]) -> usize {
+    let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+    cluster
+        .sql_on(
+            node,
+            APP,
+            &format!(
+                "SELECT count(*) FROM {table} WHERE id IN ({})",
+                list.join(",")
+            ),
+        )
+        .trim()
+        .parse()
+        .expect("a count")
+}
+
 /// A one-node cluster to be a shard: prepared transactions on, for two-phase commit.
 pub fn shard_cluster() -> TestCluster {
     shard_cluster_with(0, "")

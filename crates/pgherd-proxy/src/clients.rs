@@ -134,9 +134,16 @@ impl ClientShared {
         }
     }
 
-    /// Marks the start of a wait for a server that a cancel request may end: a cancel raised
-    /// before it (the client ran nothing then) is forgotten.
-    pub fn begin_wait(&self) {
+    /// Takes a cancel raised while the session had its request but no server for it: true
+    /// if there was one (the request is then answered as cancelled, unsent).
+    pub fn take_cancel(&self) -> bool {
+        self.signals.fetch_and(!SIGNAL_CANCEL, Ordering::AcqRel) & SIGNAL_CANCEL != 0
+    }
+
+    /// Forgets a cancel raised while the session runs nothing and has no request in hand:
+    /// PostgreSQL ignores a cancel for an idle backend, and a late one (its statement just
+    /// ended) must not cancel the next.
+    pub fn forget_cancel(&self) {
         self.signals.fetch_and(!SIGNAL_CANCEL, Ordering::AcqRel);
     }
 
@@ -415,8 +422,10 @@ impl ClientRegistry {
                     targets
                 }
                 None => {
-                    // Ends a wait for a server if one is under way; otherwise the next wait
-                    // clears it unseen, as PostgreSQL ignores a cancel for an idle session.
+                    // For a request the session holds but has not sent to a server yet (it
+                    // waits for one, or has not taken one yet): the session answers it as
+                    // cancelled. If it has no request in hand, it forgets the cancel at its
+                    // idle point, as PostgreSQL ignores a cancel for an idle session.
                     client.raise(SIGNAL_CANCEL);
                     tracing::debug!(
                         client = client.id,

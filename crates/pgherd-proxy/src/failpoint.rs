@@ -11,6 +11,9 @@ pub const AFTER_PREPARE: &str = "2pc-after-prepare";
 /// After the decider committed, before the other shards commit their prepared transactions.
 pub const AFTER_DECISION: &str = "2pc-after-decision";
 
+/// A session has a request in hand and has not taken a server for it yet.
+pub const BEFORE_ATTACH: &str = "before-attach";
+
 /// An armed point: its name and how long it pauses (`None`: for good).
 type Armed = (String, Option<Duration>);
 
@@ -36,6 +39,12 @@ fn parse(list: &str) -> Vec<Armed> {
             None => (entry.to_owned(), None),
         })
         .collect()
+}
+
+/// Whether `name` is armed: a point on a hot path asks first, so its pause's state is only
+/// allocated where a test armed it.
+pub fn is_armed(name: &str) -> bool {
+    armed().iter().any(|(armed, _)| armed == name)
 }
 
 /// Pauses here if `name` is armed: for its time, or for good.

@@ -128,6 +128,54 @@ async fn cancel_ends_a_wait_for_a_server() {
     assert!(cancelled_at.elapsed() < Duration::from_secs(5));
 }
 
+/// A cancel that comes while the session runs nothing is ignored, as PostgreSQL ignores one
+/// for an idle backend: the next request runs. One that comes while pgherd holds the request
+/// but has not taken a server for it yet (held here at a test hook) cancels it, unsent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_counts_for_a_request_in_hand_and_not_for_an_idle_session() {
+    let mut env = env(0, |c| c.max_size(2));
+    let client = env.app().await;
+    client
+        .cancel_token()
+        .cancel_query(NoTls)
+        .await
+        .expect("send cancel");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        first_value(&client, "SELECT 'ran' FROM pg_sleep(0.5)")
+            .await
+            .expect("a cancel sent while idle cancels nothing later"),
+        "ran"
+    );
+
+    env.pgherd
+        .set_env("PGHERD_FAILPOINTS", Some("before-attach@1500"));
+    env.pgherd.restart();
+    let client = env.app().await;
+    let token = client.cancel_token();
+    let started = Instant::now();
+    let sleeper = tokio::spawn(async move {
+        let result = client.simple_query("SELECT pg_sleep(30)").await.map(|_| ());
+        (client, result)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    token.cancel_query(NoTls).await.expect("send cancel");
+    let (client, result) = sleeper.await.unwrap();
+    let err = result.expect_err("the request in hand must be cancelled");
+    assert_eq!(code(&err), "57014", "{err}");
+    let detail = err.as_db_error().and_then(|e| e.detail()).unwrap_or("");
+    assert_eq!(
+        detail,
+        "the cancel came before the request reached a server"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The session carries on, and the cancel is not left over for its next request.
+    assert_eq!(
+        first_value(&client, "SELECT 'after'").await.unwrap(),
+        "after"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_killed_mid_query_fails_that_query_and_the_next_one_works() {
     let env = env(0, |c| c.max_size(2).mode("transaction"));

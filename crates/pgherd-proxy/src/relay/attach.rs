@@ -166,6 +166,14 @@ impl Session {
     /// request needs it. A replica that cannot be reached leaves the read set and the request
     /// goes elsewhere.
     pub(super) async fn attach(&mut self) -> Result<(), AttachError> {
+        if self.shared.take_cancel() {
+            return Err(PgError::error(
+                SqlState::QUERY_CANCELED,
+                "canceling statement due to user request",
+            )
+            .with_detail("the cancel came before the request reached a server")
+            .into());
+        }
         match self.attach_now()? {
             None => Ok(()),
             Some(waiting) => Box::pin(self.attach_waiting(waiting)).await,
@@ -355,7 +363,8 @@ impl Session {
         wait: impl Future<Output = T>,
     ) -> Result<T, AttachError> {
         let may_move = matches!(self.movable(), super::moving::Movable::Now);
-        self.shared.begin_wait();
+        // A cancel still raised now came while this request was in hand (one that came while
+        // the session had none was forgotten at its idle point): it ends the wait at once.
         let outcome = tokio::select! {
             biased;
             done = wait => Ok(done),

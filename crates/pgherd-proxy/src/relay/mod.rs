@@ -476,7 +476,7 @@ impl Session {
                 Err(end) => return end,
             };
             let result = match step {
-                Step::NeedServer => match self.attach().await {
+                Step::NeedServer => match self.attach_after_failpoint().await {
                     Ok(()) => self.process_client_input(),
                     Err(attach::AttachError::Failed(err)) => self.answer_request_with_error(err),
                     // The request, still unsent, goes with the session.
@@ -505,6 +505,18 @@ impl Session {
                 return end;
             }
         }
+    }
+
+    /// [`Self::attach`], after the test hook that holds a request before it takes a server
+    /// (boxed: every session's future would carry the pause's state otherwise).
+    async fn attach_after_failpoint(&mut self) -> Result<(), attach::AttachError> {
+        if crate::failpoint::is_armed(crate::failpoint::BEFORE_ATTACH) {
+            Box::pin(crate::failpoint::pause_if_armed(
+                crate::failpoint::BEFORE_ATTACH,
+            ))
+            .await;
+        }
+        self.attach().await
     }
 
     fn mode_shares_servers(&self) -> bool {
@@ -590,11 +602,18 @@ impl Session {
                     return Poll::Ready(Err(Disconnect::IdleTimeout));
                 }
             }
-            match ready!(poll_read_when_ready(
-                &mut self.client,
-                cx,
-                &mut self.client_in
-            )) {
+            let read = match poll_read_when_ready(&mut self.client, cx, &mut self.client_in) {
+                Poll::Ready(read) => read,
+                Poll::Pending => {
+                    // Nothing in hand: a cancel now is for nothing (one for a request this
+                    // session holds stays raised until attach answers it).
+                    if self.client_in.is_empty() {
+                        self.shared.forget_cancel();
+                    }
+                    return Poll::Pending;
+                }
+            };
+            match read {
                 Ok(0) => return Poll::Ready(Err(Disconnect::ClientClosed)),
                 Ok(_) => self.idle_timer = None,
                 Err(e) => return Poll::Ready(Err(client_io(e))),

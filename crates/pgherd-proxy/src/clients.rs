@@ -144,7 +144,10 @@ impl ClientShared {
     /// PostgreSQL ignores a cancel for an idle backend, and a late one (its statement just
     /// ended) must not cancel the next.
     pub fn forget_cancel(&self) {
-        self.signals.fetch_and(!SIGNAL_CANCEL, Ordering::AcqRel);
+        // Every idle session passes here once per request: a load, and a write only when set.
+        if self.signals() & SIGNAL_CANCEL != 0 {
+            self.signals.fetch_and(!SIGNAL_CANCEL, Ordering::AcqRel);
+        }
     }
 
     /// Ends the wait; a cancel that arrives from now on is for a running query (or ignored).

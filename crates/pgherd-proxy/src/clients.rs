@@ -137,7 +137,9 @@ impl ClientShared {
     /// Takes a cancel raised while the session had its request but no server for it: true
     /// if there was one (the request is then answered as cancelled, unsent).
     pub fn take_cancel(&self) -> bool {
-        self.signals.fetch_and(!SIGNAL_CANCEL, Ordering::AcqRel) & SIGNAL_CANCEL != 0
+        // Asked before every request: a load, and a write only when one was raised.
+        self.signals() & SIGNAL_CANCEL != 0
+            && self.signals.fetch_and(!SIGNAL_CANCEL, Ordering::AcqRel) & SIGNAL_CANCEL != 0
     }
 
     /// Forgets a cancel raised while the session runs nothing and has no request in hand:

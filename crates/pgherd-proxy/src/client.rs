@@ -25,6 +25,10 @@ use crate::relay::params::SessionParams;
 use crate::relay::{RoutingSetup, Session, SessionSetup};
 use crate::stream::Stream;
 
+mod moved;
+
+pub use moved::resume;
+
 /// The virtual database of the admin console.
 pub const ADMIN_DATABASE: &str = "pgherd";
 
@@ -204,106 +208,10 @@ async fn serve_session(mut run: Box<SessionRun>) {
     let mut end = run.session.run().await;
     if matches!(end, Disconnect::Moved) {
         // Boxed: once in a session's life, and as large as the rest of its task.
-        end = Box::pin(hand_over(&mut run)).await;
+        end = Box::pin(moved::hand_over(&mut run)).await;
     }
     run.app.clients.unregister(&run.shared);
     log_end(&end, run.addr, Some(run.shared.id));
-}
-
-/// Sends a session that left at its idle point during an upgrade to the new process; if it
-/// cannot go, the client is told to reconnect.
-async fn hand_over(run: &mut SessionRun) -> Disconnect {
-    let sent = match run.session.take_for_handover() {
-        Ok((connection, record)) => {
-            crate::handover::send_client(&run.app, connection, record).await
-        }
-        Err(why) => Err(why),
-    };
-    match sent {
-        Ok(()) => Disconnect::Moved,
-        Err(why) => {
-            tracing::warn!(client = run.shared.id, reason = %why, "upgrade: a client could not move to the new process");
-            let end = Disconnect::CannotMove("the new process could not take it");
-            run.session.farewell(&end).await;
-            end
-        }
-    }
-}
-
-/// Carries on a session the old process sent during an upgrade (`crate::handover`): the
-/// client logged in there, so there is no startup and no authentication, and it is counted
-/// whatever the limits (it was within them).
-pub async fn resume(
-    app: Arc<App>,
-    connection: std::os::fd::OwnedFd,
-    mut record: crate::handover::ClientRecord,
-) {
-    let addr = record.addr;
-    let tcp = std::net::TcpStream::from(connection);
-    let tcp = match tcp
-        .set_nonblocking(true)
-        .and_then(|()| TcpStream::from_std(tcp))
-    {
-        Ok(tcp) => tcp,
-        Err(e) => {
-            tracing::warn!(%addr, error = %e, "upgrade: cannot take a moved client's connection");
-            return;
-        }
-    };
-    let _ = tcp.set_nodelay(true);
-    let Some(slot) = app.clients.admit(usize::MAX) else {
-        return;
-    };
-    slot.leave_pending();
-    let _ = slot.log_in(usize::MAX);
-    let mut stream = Stream::Plain(tcp);
-    let config = app.config();
-    let resolved = config
-        .resolve(&record.database, &record.user)
-        .filter(|r| r.pool.mode != pgherd_config::PoolMode::Session);
-    let key = pgherd_wire::startup::CancelKey {
-        process_id: record.process_id,
-        secret_key: record.secret_key,
-    };
-    let shared = resolved.as_ref().and_then(|_| {
-        app.clients
-            .register_moved(addr, &record.user, &record.database, key)
-    });
-    let (Some(resolved), Some(shared)) = (resolved, shared) else {
-        let err = PgError::fatal(
-            SqlState::ADMIN_SHUTDOWN,
-            "terminating connection because pgherd was upgraded",
-        )
-        .with_detail(format!(
-            "the new process does not serve database \"{}\" for user \"{}\" in transaction or statement mode, or another client has this one's cancel key",
-            record.database, record.user
-        ))
-        .with_hint("reconnect");
-        send_error(&mut stream, &err).await;
-        tracing::warn!(%addr, user = %record.user, db = %record.database, "upgrade: a moved client cannot carry on here");
-        return;
-    };
-    let mut session = Session::new(SessionSetup {
-        app: app.clone(),
-        shared: shared.clone(),
-        client: stream,
-        client_in: BytesMut::from(record.unread.as_slice()),
-        mode: resolved.pool.mode,
-        routing: routing_setup(&app, &resolved, &record.database, &record.user),
-        params: SessionParams::from_record(
-            std::mem::take(&mut record.settings),
-            &app.settings_interner,
-        ),
-    });
-    session.resume(&record);
-    tracing::debug!(client = shared.id, %addr, user = %shared.user, db = %shared.database, "client moved here from the old process");
-    tokio::spawn(serve_session(Box::new(SessionRun {
-        shared,
-        session,
-        app,
-        _slot: slot,
-        addr,
-    })));
 }
 
 fn log_end(end: &Disconnect, addr: SocketAddr, client: Option<u64>) {

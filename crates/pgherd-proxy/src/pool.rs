@@ -7,21 +7,26 @@
 //! are boxed, so lending one out moves a pointer; taking an idle one needs no await.
 
 use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use bytes::BytesMut;
 use parking_lot::Mutex;
 use pgherd_config::PoolSettings;
 use pgherd_wire::backend::TxStatus;
+use pgherd_wire::startup::CancelKey;
 use pgherd_wire::{PgError, SqlState};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::error::ServerError;
+use crate::relay::statements::ServerStatements;
 use crate::server::{self, ConnectSpec, ServerConn, ServerCredentials};
+use crate::stream::Stream;
 
 /// A connection released this recently is handed out without a liveness check.
 const TRUST_RECENTLY_USED: Duration = Duration::from_millis(500);
@@ -420,6 +425,44 @@ impl Pool {
             }
         }
         Some(conn)
+    }
+
+    /// A connection that arrives lent: a session's, moved here with it by an upgrade
+    /// (`crate::handover`). Counted as opened and lent, as if this pool had opened it for the
+    /// session; `None` once the pool is closed.
+    pub fn adopt(
+        &self,
+        ctx: &ConnectContext,
+        stream: Stream,
+        peer: SocketAddr,
+        cancel_key: CancelKey,
+        reported: Vec<(String, String)>,
+    ) -> Option<Box<ServerConn>> {
+        {
+            let mut st = self.state.lock();
+            if st.closed {
+                return None;
+            }
+            st.total += 1;
+            st.lent += 1;
+        }
+        let now = Instant::now();
+        Some(Box::new(ServerConn {
+            id: ctx.next_server_id.fetch_add(1, Ordering::Relaxed),
+            stream,
+            node: self.node.name.clone(),
+            peer,
+            cancel_key,
+            reported,
+            params_fp: crate::relay::params::BASELINE,
+            residue: Default::default(),
+            statements: ServerStatements::new(self.settings.load().prepared_statements_per_server),
+            created_at: now,
+            last_used: now,
+            tx_status: TxStatus::Idle,
+            read_buf: BytesMut::new(),
+            write_buf: BytesMut::new(),
+        }))
     }
 
     /// Returns a lent connection. `reusable` is false when the connection is broken or its

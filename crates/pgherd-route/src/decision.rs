@@ -12,8 +12,9 @@ pub enum Target {
     Any,
 }
 
-/// Session state that ties a client to one server connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Session state that ties a client to one server connection (serialized by name: a pinned
+/// session moving to a new pgherd process in an upgrade takes it along).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Pin {
     TempTable,
     AdvisoryLock,

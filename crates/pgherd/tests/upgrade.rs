@@ -1,10 +1,12 @@
 //! Upgrading pgherd's binary (`UPGRADE` on the console, what `pgherd upgrade` and SIGUSR2 do):
-//! under pgbench load (simple and prepared protocol, transaction mode) no transaction fails
-//! and no client is dropped; a client's session (settings, prepared statement, cancel key)
-//! carries on in the new process, one inside a transaction moves when it commits; one pinned
-//! to its server and one on TLS (whose keys stay in the old process's TLS library) are told
-//! why they must reconnect, and can; the old process exits by itself. A new process that
-//! cannot start changes nothing.
+//! under pgbench load (simple and prepared protocol, transaction and session mode) no
+//! transaction fails and no client is dropped; a client's session (settings, prepared
+//! statement, cancel key) carries on in the new process, one inside a transaction moves when
+//! it commits; one pinned to its server and one in session mode carry on with their server
+//! connection (the same backend: temporary table, session lock and statements still there);
+//! one on TLS (whose keys stay in the old process's TLS library) is told why it must
+//! reconnect, and can; the old process exits by itself. A new process that cannot start
+//! changes nothing.
 
 mod common;
 
@@ -25,6 +27,8 @@ fn upgrade_env() -> (Env, pgherd_testkit::TestCerts) {
     let env = env(1, |c| {
         c.superuser()
             .mode("transaction")
+            .database(APP, "")
+            .database("app_session", "dbname = \"app\"\nmode = \"session\"")
             .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
             .section(&tls)
     });
@@ -130,12 +134,37 @@ async fn an_upgrade_under_load_moves_every_client_with_its_session() {
         .batch_execute("CREATE TABLE moved (v int); BEGIN; INSERT INTO moved VALUES (1)")
         .await
         .unwrap();
+    // Sessions whose state lives in their backend: pinned by a temporary table and a session
+    // lock (transaction mode), and one in session mode with a protocol-level statement too.
     let pinned = env.app().await;
     pinned
-        .batch_execute("CREATE TEMP TABLE mine (v int)")
+        .batch_execute("CREATE TEMP TABLE mine (v int); SELECT pg_advisory_lock(42)")
         .await
         .unwrap();
-
+    let pinned_backend = first_value(&pinned, "SELECT pg_backend_pid()")
+        .await
+        .unwrap();
+    // Prepared under pgherd's own name on its server, which moves with it.
+    let pinned_statement = pinned
+        .prepare("SELECT count(*) FROM mine WHERE v = $1")
+        .await
+        .unwrap();
+    pinned.query_one(&pinned_statement, &[&1i32]).await.unwrap();
+    let session_url = env.pgherd.url(APP, APP_PASSWORD, "app_session");
+    let in_session = connect(&env.pgherd.conninfo(APP, APP_PASSWORD, "app_session")).await;
+    in_session
+        .batch_execute(
+            "CREATE TEMP TABLE kept (v int); INSERT INTO kept VALUES (7); SET work_mem = '7MB'",
+        )
+        .await
+        .unwrap();
+    let session_statement = in_session
+        .prepare("SELECT v FROM kept WHERE v = $1")
+        .await
+        .unwrap();
+    let session_backend = first_value(&in_session, "SELECT pg_backend_pid()")
+        .await
+        .unwrap();
     // A TLS client, idle across the upgrade.
     let tls_client = std::thread::spawn({
         let (env_url, ca) = (env.app_url(), certs.ca_file.clone());
@@ -147,12 +176,20 @@ async fn an_upgrade_under_load_moves_every_client_with_its_session() {
     });
     // Plain TCP: libpq would take the TLS pgherd offers.
     let url = format!("{}?sslmode=disable", env.app_url());
+    let session_url = format!("{session_url}?sslmode=disable");
     let load: Vec<_> = [
-        vec!["-c", "4", "-j", "2", "-T", "8", "-M", "simple"],
-        vec!["-c", "4", "-j", "2", "-T", "8", "-M", "prepared", "-S"],
+        (&url, vec!["-c", "4", "-j", "2", "-T", "8", "-M", "simple"]),
+        (
+            &url,
+            vec!["-c", "4", "-j", "2", "-T", "8", "-M", "prepared", "-S"],
+        ),
+        (
+            &session_url,
+            vec!["-c", "2", "-j", "1", "-T", "8", "-M", "prepared", "-S"],
+        ),
     ]
     .into_iter()
-    .map(|args| {
+    .map(|(url, args)| {
         let url = url.clone();
         std::thread::spawn(move || pgbench(&url, &args))
     })
@@ -216,13 +253,47 @@ async fn an_upgrade_under_load_moves_every_client_with_its_session() {
         .expect("the cancel ended the sleep")
         .unwrap();
     assert_eq!(code(&slept.expect_err("cancelled")), "57014");
-    // The pinned session could not move and was told why.
-    assert!(pinned.simple_query("SELECT 1").await.is_err());
+    // The pinned and the session-mode client carry on with the same backend, its state intact.
+    assert_eq!(
+        first_value(&pinned, "SELECT pg_backend_pid()")
+            .await
+            .unwrap(),
+        pinned_backend
+    );
+    let counted: i64 = pinned
+        .query_one(&pinned_statement, &[&1i32])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(counted, 0);
+    assert_eq!(
+        first_value(&pinned, "SELECT pg_advisory_unlock(42)::text")
+            .await
+            .unwrap(),
+        "true",
+        "the session lock is still held"
+    );
+    assert_eq!(
+        first_value(&in_session, "SELECT pg_backend_pid()")
+            .await
+            .unwrap(),
+        session_backend
+    );
+    assert_eq!(
+        first_value(&in_session, "SHOW work_mem").await.unwrap(),
+        "7MB"
+    );
+    let kept: i32 = in_session
+        .query_one(&session_statement, &[&7i32])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, 7);
     assert!(
-        env.pgherd
+        !env.pgherd
             .log()
             .contains("the session cannot move: its session state"),
-        "the pinned client was told why it must reconnect"
+        "no pinned session was sent away"
     );
     // The TLS client could not move, and was told why; a new TLS connection works.
     let told = tls_client

@@ -287,10 +287,12 @@ async fn wait_ready(line: &Channel, child: &mut tokio::process::Child) -> Result
     }
 }
 
-/// Sends a session that left at its idle point to the taker, its connection with it.
+/// Sends a session that left at its idle point to the taker, its connection with it (and the
+/// server connection it keeps, if any).
 pub async fn send_client(
     app: &App,
     connection: OwnedFd,
+    server: Option<OwnedFd>,
     record: ClientRecord,
 ) -> Result<(), String> {
     let line = app
@@ -299,7 +301,9 @@ pub async fn send_client(
         .load_full()
         .ok_or("no new process is taking clients")?;
     let json = encode(&Message::Client(Box::new(record)))?;
-    line.send(&json, &[connection.as_raw_fd()])
+    let mut fds = vec![connection.as_raw_fd()];
+    fds.extend(server.as_ref().map(|s| s.as_raw_fd()));
+    line.send(&json, &fds)
         .await
         .map_err(|e| format!("cannot send the client to the new process: {e}"))
 }

@@ -9,10 +9,13 @@
 //! tell every session to move at its next idle point: between transactions, holding no
 //! server, a plain TCP client in transaction or statement mode is sent over with its session
 //! (`ClientRecord`: settings, prepared statements, cancel key, read-your-writes position) and
-//! carries on in the new process without a byte lost or repeated. A session that cannot move
-//! (TLS, whose keys live in the giver's TLS library; session mode or pinned, whose server
-//! connection holds its state) is told why at its next idle point and reconnects. The giver
-//! exits once it holds no client.
+//! carries on in the new process without a byte lost or repeated. A session that keeps its
+//! server connection (session mode, or pinned to it by a temporary table, a session lock,
+//! LISTEN...) takes it along at its next idle point: the server socket moves too, with the
+//! backend's key and pgherd's statements on it, so the backend and everything in it carry on
+//! untouched. A session that cannot move (TLS, whose keys live in the giver's TLS library, on
+//! either side) is told why at its next idle point and reconnects. The giver exits once it
+//! holds no client.
 //!
 //! Failover duty moves with the view: the giver stops acting (taking every cluster's role-change
 //! lock, so no turn is half done; operator commands are refused from then on) before it sends
@@ -226,6 +229,32 @@ pub struct ClientRecord {
     pub min_lsn: u64,
     /// A write whose end is not known yet: reads stay on the primary until it is.
     pub write_unconfirmed: bool,
+    /// It logged in to a session-mode pool: it moves only to a process that serves its
+    /// database and user in session mode too (and a transaction-mode one only to one that
+    /// does not).
+    #[serde(default)]
+    pub session_mode: bool,
+    /// The server connection it keeps (session mode, or pinned), its socket attached after
+    /// the client's.
+    #[serde(default)]
+    pub server: Option<ServerRecord>,
+}
+
+/// A server connection moving with its session: the backend, as it is, now the new process's.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ServerRecord {
+    /// The node it is connected to, by name.
+    pub node: String,
+    /// The backend's cancel key.
+    pub process_id: i32,
+    pub secret_key: i32,
+    /// What the server reported at its login.
+    pub reported: Vec<(String, String)>,
+    /// Why a transaction-mode session keeps it; none in session mode.
+    pub pin: Option<pgherd_route::Pin>,
+    /// pgherd's own prepared statements on it (`pgherd_` and the hash): the hash, and whether
+    /// it is still usable (one prepared before a schema change is closed before it is used).
+    pub statements: Vec<([u8; 16], bool)>,
 }
 
 /// A session's settings: from its startup packet (what `RESET` goes back to) and since.

@@ -207,12 +207,13 @@ async fn take_clients(app: Arc<App>, line: Arc<Channel>) {
                 continue;
             }
         };
-        let Some(connection) = received.fds.into_iter().next() else {
+        let mut fds = received.fds.into_iter();
+        let Some(connection) = fds.next() else {
             tracing::warn!(user = %record.user, "upgrade: a client came without its connection");
             continue;
         };
         taken += 1;
-        crate::client::resume(app.clone(), connection, *record).await;
+        crate::client::resume(app.clone(), connection, fds.next(), *record).await;
     }
     app.handover.from_old.store(None);
     app.handover.old_keys.lock().clear();

@@ -462,6 +462,11 @@ impl Session {
     pub async fn run(&mut self) -> Disconnect {
         let end = self.serve().await;
         tracing::debug!(client = self.shared.id, reason = %end, holding_server = self.lease.is_some(), "session ending");
+        if matches!(end, Disconnect::Moved) && self.lease.is_some() {
+            // Its server connection goes with it, as it is: nothing is reset or given back
+            // until the new process has it (or could not take it: see `farewell`).
+            return end;
+        }
         // Cleanup can wait on a server: keep its state out of the session's own future.
         Box::pin(self.finish(&end)).await;
         buffers::release_if_empty(&mut self.client_in);

@@ -1,12 +1,14 @@
 //! A session leaving for a new pgherd process during an upgrade (`crate::handover`), and one
 //! arriving: whether it can move now, what it takes along, and how it carries on.
 //!
-//! Only a session between transactions that holds no server and has nothing under way moves:
-//! everything it is then is in pgherd's hands (settings, statements, cancel key, the WAL
-//! position its reads need) and fits a [`ClientRecord`]. What the giver read from the client
-//! but did not handle goes along too, so no byte is lost or handled twice.
+//! Only a session between transactions with nothing under way moves: everything it is then is
+//! in pgherd's hands (settings, statements, cancel key, the WAL position its reads need) and
+//! fits a [`ClientRecord`], or is in the server connection it keeps (session mode, pinned),
+//! which moves along, idle, as a socket and a [`ServerRecord`]. What the giver read from the
+//! client but did not handle goes along too, so no byte is lost or handled twice.
 
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::Ordering;
 
 use pgherd_config::PoolMode;
 use pgherd_wire::backend::TxStatus;
@@ -14,7 +16,7 @@ use pgherd_wire::backend::TxStatus;
 use super::statements::{ClientStatements, StatementDef};
 use super::{Session, SessionEffect, UnnamedStatement};
 use crate::error::Disconnect;
-use crate::handover::{ClientRecord, StatementRecord};
+use crate::handover::{ClientRecord, ServerRecord, StatementRecord};
 use crate::stream::Stream;
 
 /// Whether a session can move to another process.
@@ -46,13 +48,17 @@ impl Session {
                 "it uses TLS, whose session keys stay in this process's TLS library",
             );
         }
-        if self.mode == PoolMode::Session {
-            return Movable::Never("in session mode its server connection is its session");
-        }
-        if self.routing.pinned.is_some() {
-            return Movable::Never("its session state (a temporary table, a session lock, LISTEN, a held cursor) lives on its server connection");
-        }
-        let under_way = self.lease.is_some()
+        let server_busy = match &self.lease {
+            None => false,
+            Some(_) if !self.keeps_server() => true,
+            Some(lease) => {
+                if lease.conn.stream.is_tls() {
+                    return Movable::Never("its server connection uses TLS, whose session keys stay in this process's TLS library");
+                }
+                !self.server_between_requests() || !lease.conn.read_buf.is_empty()
+            }
+        };
+        let under_way = server_busy
             || self.untracked_change
             || self.client_tx != TxStatus::Idle
             || !self.queue.is_settled()
@@ -66,7 +72,8 @@ impl Session {
             || self.skip_preliminaries > 0
             || self.fill.is_some()
             || self.cache_candidate.is_some()
-            || self.routing.effect != SessionEffect::None
+            // What ran may have left state on the server: a server that moves along keeps it.
+            || (self.routing.effect != SessionEffect::None && !self.keeps_server())
             || self.routing.schema_change.is_some()
             // Kept for reuse: only what it holds counts.
             || self
@@ -84,9 +91,43 @@ impl Session {
         }
     }
 
+    /// Its server connection is its session's (session mode, or pinned): it moves with it.
+    fn keeps_server(&self) -> bool {
+        self.mode == PoolMode::Session || self.routing.pinned.is_some()
+    }
+
+    /// The server connection this session keeps, for the new process: a duplicate of its
+    /// socket and what the new process needs to carry on with it.
+    fn server_for_handover(&self) -> Result<Option<(OwnedFd, ServerRecord)>, String> {
+        let Some(lease) = self.lease.as_ref() else {
+            return Ok(None);
+        };
+        let Stream::Plain(tcp) = &lease.conn.stream else {
+            return Err("its server connection is not a plain TCP connection".to_owned());
+        };
+        let socket = tcp
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| format!("cannot duplicate the server's socket: {e}"))?;
+        let generation = self.app.schema_generation.load(Ordering::Relaxed);
+        let conn = &lease.conn;
+        Ok(Some((
+            socket,
+            ServerRecord {
+                node: lease.node.config.name.clone(),
+                process_id: conn.cancel_key.process_id,
+                secret_key: conn.cancel_key.secret_key,
+                reported: conn.reported.clone(),
+                pin: self.routing.pinned,
+                statements: conn.statements.carried(generation),
+            },
+        )))
+    }
+
     /// The client's connection (a duplicate of its descriptor: this session's own closes when
-    /// it ends) and the record of its session, for the new process.
-    pub fn take_for_handover(&self) -> Result<(OwnedFd, ClientRecord), String> {
+    /// it ends), its server's if it keeps one, and the record of its session, for the new
+    /// process.
+    pub fn take_for_handover(&self) -> Result<(OwnedFd, Option<OwnedFd>, ClientRecord), String> {
         match self.movable() {
             Movable::Now => {}
             Movable::Later => return Err("a request of it is under way".to_owned()),
@@ -123,9 +164,11 @@ impl Session {
                 query: u.query.clone(),
                 param_types: u.param_types.clone(),
             });
+        let (server_socket, server) = self.server_for_handover()?.unzip();
         let shared = &self.shared;
         Ok((
             connection,
+            server_socket,
             ClientRecord {
                 addr: shared.addr,
                 user: shared.user.clone(),
@@ -146,8 +189,16 @@ impl Session {
                 standard_conforming_strings: self.routing.standard_conforming_strings,
                 min_lsn: self.routing.min_lsn,
                 write_unconfirmed: self.routing.write_seq > self.routing.probed_seq,
+                session_mode: self.mode == PoolMode::Session,
+                server,
             },
         ))
+    }
+
+    /// After its server connection went to the new process with it: this process lets go of
+    /// its copy without a word to the server (the backend is the new process's now).
+    pub async fn let_moved_server_go(&mut self) {
+        self.detach(false).await;
     }
 
     /// Takes up what a moved session was: its statements, custom settings and routing state
@@ -174,6 +225,7 @@ impl Session {
         }
         self.custom_settings = record.custom_settings.clone();
         let routing = &mut self.routing;
+        routing.pinned = record.server.as_ref().and_then(|s| s.pin);
         routing.session.override_route = record
             .route_override
             .as_deref()

@@ -325,6 +325,31 @@ impl ServerStatements {
         self.last_used.remove(hash);
     }
 
+    /// What it holds, for a server connection moving to a new pgherd process: each
+    /// statement's hash, and whether it is usable at schema `generation`.
+    pub fn carried(&self, generation: u64) -> Vec<([u8; 16], bool)> {
+        self.last_used
+            .iter()
+            .map(|(hash, held)| (hash.0, held.generation >= generation))
+            .collect()
+    }
+
+    /// Takes up what [`Self::carried`] gave, in a process now at schema `generation`: a
+    /// statement that was not usable is held at generation 0, older than any (the counter
+    /// starts at 1), so it is closed before its next use.
+    pub fn adopt(&mut self, carried: &[([u8; 16], bool)], generation: u64) {
+        for (hash, usable) in carried {
+            let generation = if *usable { generation } else { 0 };
+            self.last_used.insert(
+                StatementHash(*hash),
+                Held {
+                    last_used: self.tick,
+                    generation,
+                },
+            );
+        }
+    }
+
     /// After DISCARD ALL or DEALLOCATE ALL the server holds nothing.
     pub fn clear(&mut self) {
         self.last_used.clear();
@@ -436,5 +461,22 @@ mod tests {
         // A later generation (a stale plan reported by any server) makes both stale.
         assert_eq!(s.touch(&h(1), 4), Holding::Stale);
         assert_eq!(s.touch(&h(2), 4), Holding::Stale);
+    }
+
+    #[test]
+    fn a_moved_server_keeps_its_statements_and_what_was_stale_stays_stale() {
+        let h = |i: u8| StatementHash([i; 16]);
+        let mut old = ServerStatements::new(10);
+        old.insert(h(1), 5);
+        old.insert(h(2), 3);
+        let mut carried = old.carried(5);
+        carried.sort();
+        assert_eq!(carried, vec![([1; 16], true), ([2; 16], false)]);
+        // The new process counts its own schema changes from 1.
+        let mut new = ServerStatements::new(10);
+        new.adopt(&carried, 1);
+        assert_eq!(new.touch(&h(1), 1), Holding::Fresh);
+        assert_eq!(new.touch(&h(2), 1), Holding::Stale);
+        assert_eq!(new.touch(&h(3), 1), Holding::Missing);
     }
 }

@@ -1,6 +1,7 @@
 //! The `pgherd` command: runs the proxy, manages the embedded local cluster, and benchmarks.
 
 mod bench;
+mod consistency;
 mod drill;
 mod local;
 mod logging;
@@ -116,6 +117,10 @@ enum Command {
     /// Fault drills on a local cluster: faults on the primary under write load; checks that no
     /// acknowledged write is lost and no two nodes took writes, and reports the RTO clients saw.
     Drill(drill::DrillOptions),
+    /// Compare the rows of the primary and its replicas, table by table and key range by key
+    /// range, at the same point on every node while writes go on; exits non-zero when a table
+    /// differs, listing where.
+    CheckConsistency(consistency::CheckOptions),
     /// Validate a config file and exit.
     CheckConfig {
         #[arg(default_value = "pgherd.toml")]
@@ -169,6 +174,7 @@ fn main() -> ExitCode {
         Command::Attach { node, at } => operate::admin_command(&at, &format!("ATTACH \"{node}\"")),
         Command::Events { at, json } => operate::events(&at, json),
         Command::Drill(options) => drill::run(options),
+        Command::CheckConsistency(options) => consistency::run(options),
         Command::CheckConfig { config } => check_config(&config),
         Command::Passwd { user } => passwd(&user),
         Command::Bench(command) => bench::run(command),

@@ -1,13 +1,17 @@
 //! `pgherd check-consistency`: whether the primary and its streaming replicas hold the same
 //! rows, table by table, compared at the same point on every node while writes go on.
 //!
-//! The same point, per chunk: the primary's session takes a SHARE lock on the table (writers
-//! to that one table wait; readers and other tables do not), reads its WAL insert position,
-//! which every write to the table that finished is behind, and computes the chunk's sum; each
-//! replica waits until it has replayed that position, computes the same sum, and only then is
-//! the lock released. Nothing can change the table's rows between the two, on any node. The
-//! lock is held for one chunk at a time (`--chunk-rows`), and `--max-rows-per-s` spreads the
-//! reads out. What is asked and how answers compare is `pgherd_replication::consistency`.
+//! The same point: a second session on the primary takes a SHARE lock on the table (its
+//! writers wait; readers and other tables do not), which waits for every write to it under
+//! way to end; the primary's reading session then opens a repeatable-read transaction and
+//! reads its WAL insert position, which every write to the table is behind; each replica
+//! waits until it has replayed that far and opens its own repeatable-read transaction; then
+//! the lock goes. Every node's snapshot now holds exactly the table's rows at that point, and
+//! the chunks (`--chunk-rows` rows of the key) are read from those snapshots with no lock.
+//! A point is kept for `--point-ms` at most, then a new one is taken (a long snapshot holds
+//! back vacuum, and on a replica it can delay replay or be cancelled by it; a cancelled read is
+//! read again at a new point). `--max-rows-per-s` spreads the reads out. What is asked and how
+//! answers compare is `pgherd_replication::consistency`.
 
 use std::time::{Duration, Instant};
 
@@ -38,19 +42,22 @@ pub struct CheckOptions {
     /// (repeatable) [default: every table].
     #[arg(long = "tables", value_delimiter = ',')]
     tables: Vec<String>,
-    /// Rows per chunk: the table's writers wait for one chunk's check at a time.
+    /// Rows per chunk: the unit of reading and of a difference's key range.
     #[arg(long, default_value_t = 10_000)]
     chunk_rows: u64,
     /// Read at most this many rows per second on average (0: no limit).
     #[arg(long, default_value_t = 0)]
     max_rows_per_s: u64,
-    /// How long a chunk waits for its table's lock before it tries again (a long write
+    /// How long taking a point waits for its table's lock before it tries again (a long write
     /// transaction on the table holds it back).
     #[arg(long, default_value_t = 2_000)]
     lock_timeout_ms: u64,
-    /// How long a replica may take to replay up to a chunk's point.
+    /// How long a replica may take to replay up to a point.
     #[arg(long, default_value_t = 30_000)]
     replay_timeout_ms: u64,
+    /// How long one point's snapshots serve before the next point is taken.
+    #[arg(long, default_value_t = 2_000)]
+    point_ms: u64,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -92,8 +99,8 @@ impl std::fmt::Display for CheckError {
     }
 }
 
-/// How many times a chunk tries for its table's lock, and for a replica's sum that recovery
-/// cancelled, before the check gives up.
+/// How many times a point is tried for when its table's lock is not granted, and a chunk is
+/// read again after recovery cancelled a replica's read, before the check gives up.
 const TRIES: u32 = 5;
 
 /// A node being compared, with its session.
@@ -135,7 +142,7 @@ pub fn run(options: CheckOptions) -> Result<(), String> {
 
 async fn check(config: &Config, options: &CheckOptions) -> Result<Vec<TableReport>, CheckError> {
     let database = database_of(config, options.database.as_deref())?;
-    let mut nodes = connect_all(config, &options.nodes, &database).await?;
+    let (mut locker, mut nodes) = connect_all(config, &options.nodes, &database).await?;
     let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
     let reference = &mut nodes[0];
     let tables: Vec<TableShape> = reference
@@ -154,24 +161,16 @@ async fn check(config: &Config, options: &CheckOptions) -> Result<Vec<TableRepor
     let mut reports = Vec::new();
     for table in &tables {
         progress.set_message(table.name.clone());
-        let mut report = TableReport::new(table, nodes.len());
-        let mut chunk = Some(Chunk::default());
-        while let Some(next) = chunk {
-            let (checked, sums) = check_chunk(&mut nodes, table, next, options).await?;
-            report.add_chunk(&checked, &sums, &names);
-            let rows = sums.first().map_or(0, |s| s.rows);
+        let report = check_table(&mut locker, &mut nodes, table, options, &mut |rows| {
             rows_read += rows;
             progress.inc(rows);
-            let pause_ms = pause_before_next_ms(
+            pause_before_next_ms(
                 rows_read,
                 started.elapsed().as_millis() as u64,
                 options.max_rows_per_s,
-            );
-            if pause_ms > 0 {
-                tokio::time::sleep(Duration::from_millis(pause_ms)).await;
-            }
-            chunk = checked.next();
-        }
+            )
+        })
+        .await?;
         reports.push(report);
     }
     progress.finish_and_clear();
@@ -220,12 +219,13 @@ fn database_of(config: &Config, asked: Option<&str>) -> Result<String, CheckErro
         .unwrap_or(name))
 }
 
-/// Sessions to the nodes asked for (or all), the primary first; every one must answer.
+/// A second session on the primary, which takes the points' locks, and a session to each of
+/// the nodes asked for (or all), the primary first; every one must answer.
 async fn connect_all(
     config: &Config,
     asked: &[String],
     database: &str,
-) -> Result<Vec<Checked>, CheckError> {
+) -> Result<(Checked, Vec<Checked>), CheckError> {
     let registry = Nodes::new(
         &config.nodes,
         CheckThresholds {
@@ -266,133 +266,238 @@ async fn connect_all(
     let mut checked = Vec::new();
     let mut primary = None;
     for node in &chosen {
-        let name = node.config.name.clone();
-        let failed = |e: &dyn std::fmt::Display| CheckError::Node {
-            node: name.clone(),
-            error: e.to_string(),
-        };
-        let conn =
-            pgherd_proxy::monitor::management_connection(node, &config.cluster, &ctx, database)
-                .await
-                .map_err(|e| failed(&e))?;
-        let mut node = Checked {
-            name: name.clone(),
-            conn,
-        };
-        node.query(SESSION_SETTINGS_SQL)
-            .await
-            .map_err(|e| failed(&e))?;
-        let in_recovery = node
+        let mut session = open_session(node, config, &ctx, database).await?;
+        let in_recovery = session
             .query("SELECT pg_is_in_recovery()::text")
             .await
-            .map_err(|e| failed(&e))?;
-        if in_recovery
-            .first()
-            .and_then(|r| r.first())
-            .cloned()
-            .flatten()
-            == Some("false".into())
-        {
-            if let Some(other) = &primary {
+            .map_err(|e| session.failed(e))?;
+        if first_value(&in_recovery).as_deref() == Some("false") {
+            if let Some((other, _)) = &primary {
                 return Err(CheckError::Config(format!(
-                    "{other} and {name} both take writes: they are not one cluster's copies"
+                    "{other} and {} both take writes: they are not one cluster's copies",
+                    session.name
                 )));
             }
-            primary = Some(name.clone());
-            checked.insert(0, node);
+            primary = Some((session.name.clone(), node.clone()));
+            checked.insert(0, session);
         } else {
-            checked.push(node);
+            checked.push(session);
         }
     }
-    if primary.is_none() {
+    let Some((_, primary)) = primary else {
         return Err(CheckError::Config(
-            "none of the nodes is the primary: it must be among them (its lock on each chunk is what makes the nodes' answers comparable)".to_owned(),
+            "none of the nodes is the primary: it must be among them (its lock on a table is what makes the nodes' snapshots comparable)".to_owned(),
         ));
-    }
-    Ok(checked)
+    };
+    let locker = open_session(&primary, config, &ctx, database).await?;
+    Ok((locker, checked))
 }
 
-/// One chunk on every node at the same point: the chunk as cut (its last key found under the
-/// lock), and each node's sum, the primary's first.
-async fn check_chunk(
+async fn open_session(
+    node: &NodeState,
+    config: &Config,
+    ctx: &ConnectContext,
+    database: &str,
+) -> Result<Checked, CheckError> {
+    let name = node.config.name.clone();
+    let failed = |e: &dyn std::fmt::Display| CheckError::Node {
+        node: name.clone(),
+        error: e.to_string(),
+    };
+    let conn = pgherd_proxy::monitor::management_connection(node, &config.cluster, ctx, database)
+        .await
+        .map_err(|e| failed(&e))?;
+    let mut session = Checked {
+        name: name.clone(),
+        conn,
+    };
+    session
+        .query(SESSION_SETTINGS_SQL)
+        .await
+        .map_err(|e| failed(&e))?;
+    Ok(session)
+}
+
+fn first_value(rows: &[Vec<Option<String>>]) -> Option<String> {
+    rows.first().and_then(|r| r.first()).cloned().flatten()
+}
+
+/// One table, chunk by chunk, each read at the current point (a new one taken when the last
+/// is too old or a replica's read was cancelled). `read` is told each chunk's rows and says
+/// how long to pause before the next (the rate limit).
+async fn check_table(
+    locker: &mut Checked,
     nodes: &mut [Checked],
     table: &TableShape,
-    chunk: Chunk,
     options: &CheckOptions,
-) -> Result<(Chunk, Vec<ChunkSum>), CheckError> {
+    read: &mut dyn FnMut(u64) -> u64,
+) -> Result<TableReport, CheckError> {
+    let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    let mut report = TableReport::new(table, nodes.len());
+    let mut chunk = Some(Chunk::default());
+    let mut point: Option<Instant> = None;
+    let mut cancelled = 0;
+    while let Some(next) = chunk.take() {
+        if point.is_none_or(|taken| taken.elapsed() >= Duration::from_millis(options.point_ms)) {
+            if point.is_some() {
+                end_point(nodes).await?;
+            }
+            take_point(locker, nodes, table, options).await?;
+            point = Some(Instant::now());
+        }
+        let Some((checked, sums)) = read_chunk(nodes, table, &next, options).await? else {
+            cancelled += 1;
+            if cancelled >= TRIES {
+                return Err(CheckError::Config(format!(
+                    "table {}: recovery on a replica cancelled its reads {cancelled} times (raise max_standby_streaming_delay, or lower --point-ms)",
+                    table.name
+                )));
+            }
+            end_point(nodes).await?;
+            point = None;
+            chunk = Some(next);
+            continue;
+        };
+        report.add_chunk(&checked, &sums, &names);
+        let pause_ms = read(sums.first().map_or(0, |s| s.rows));
+        if pause_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+        }
+        chunk = checked.next();
+    }
+    if point.is_some() {
+        end_point(nodes).await?;
+    }
+    Ok(report)
+}
+
+/// Opens every node's repeatable-read transaction at the same point of `table` (see the
+/// module's doc); tries again a few times when its lock is not granted in time.
+async fn take_point(
+    locker: &mut Checked,
+    nodes: &mut [Checked],
+    table: &TableShape,
+    options: &CheckOptions,
+) -> Result<(), CheckError> {
+    catch_up(locker, nodes, options).await?;
+    let lock = format!(
+        "BEGIN; SET LOCAL lock_timeout = {};          SET LOCAL idle_in_transaction_session_timeout = 60000;          LOCK TABLE {} IN SHARE MODE",
+        options.lock_timeout_ms, table.sql_name
+    );
     let mut tries = 0;
     loop {
         tries += 1;
-        let (primary, replicas) = nodes
-            .split_first_mut()
-            .ok_or_else(|| CheckError::Config("no nodes".to_owned()))?;
-        let Some(lsn) = lock_table(primary, table, options.lock_timeout_ms).await? else {
-            if tries >= TRIES {
+        match locker.query(&lock).await {
+            Ok(_) => break,
+            Err(QueryError::Sql(e)) if e.code.code() == "55P03" && tries < TRIES => {
+                locker
+                    .query("ROLLBACK")
+                    .await
+                    .map_err(|e| locker.failed(e))?;
+                tokio::time::sleep(Duration::from_millis(500 * u64::from(tries))).await;
+            }
+            Err(QueryError::Sql(e)) if e.code.code() == "55P03" => {
+                locker
+                    .query("ROLLBACK")
+                    .await
+                    .map_err(|e| locker.failed(e))?;
                 return Err(CheckError::LockNotGranted {
                     table: table.name.clone(),
                     tries,
                 });
             }
-            tokio::time::sleep(Duration::from_millis(500 * u64::from(tries))).await;
-            continue;
-        };
-        let outcome = sums_under_lock(primary, replicas, table, &chunk, &lsn, options).await;
-        primary
-            .query("COMMIT")
-            .await
-            .map_err(|e| primary.failed(e))?;
-        match outcome? {
-            Some(done) => return Ok(done),
-            // Recovery on a replica cancelled its query: the whole chunk again.
-            None if tries < TRIES => continue,
-            None => {
-                return Err(CheckError::Config(format!(
-                    "table {}: a replica's recovery cancelled its reads {tries} times",
-                    table.name
-                )))
-            }
+            Err(e) => return Err(locker.failed(e)),
         }
     }
+    let snapshots = snapshots_under_lock(nodes, options).await;
+    // The lock goes whatever happened: nothing is left waiting on it.
+    locker.query("COMMIT").await.map_err(|e| locker.failed(e))?;
+    snapshots
 }
 
-/// Begins the primary's transaction holding `table`'s SHARE lock; the WAL position every
-/// finished write to it is behind, or `None` if the lock was not granted in time (the
-/// transaction is then ended).
-async fn lock_table(
-    primary: &mut Checked,
-    table: &TableShape,
-    lock_timeout_ms: u64,
-) -> Result<Option<String>, CheckError> {
-    let sql = format!(
-        "BEGIN; SET LOCAL lock_timeout = {lock_timeout_ms}; \
-         SET LOCAL idle_in_transaction_session_timeout = 60000; \
-         LOCK TABLE {} IN SHARE MODE; SELECT pg_current_wal_insert_lsn()::text",
-        table.sql_name
-    );
-    match primary.query(&sql).await {
-        Ok(rows) => Ok(rows.first().and_then(|r| r.first()).cloned().flatten()),
-        Err(QueryError::Sql(e)) if e.code.code() == "55P03" => {
-            primary
-                .query("ROLLBACK")
-                .await
-                .map_err(|e| primary.failed(e))?;
-            Ok(None)
-        }
-        Err(e) => Err(primary.failed(e)),
+const BEGIN_SNAPSHOT: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;      SET LOCAL idle_in_transaction_session_timeout = 60000";
+
+async fn snapshots_under_lock(
+    nodes: &mut [Checked],
+    options: &CheckOptions,
+) -> Result<(), CheckError> {
+    let (primary, replicas) = nodes
+        .split_first_mut()
+        .ok_or_else(|| CheckError::Config("no nodes".to_owned()))?;
+    // Every write to the table is behind the insert position now. The WAL up to it may not
+    // be flushed, so not sent to the replicas, and with the table's writers held back nothing
+    // else may flush it soon: a transaction of this one statement (an xid, so a commit record
+    // after that position) does.
+    let rows = primary
+        .query("SELECT pg_current_wal_insert_lsn()::text, txid_current()::text")
+        .await
+        .map_err(|e| primary.failed(e))?;
+    let lsn = first_value(&rows).ok_or_else(|| primary.failed("no WAL position"))?;
+    primary
+        .query(&format!("{BEGIN_SNAPSHOT}; SELECT 1"))
+        .await
+        .map_err(|e| primary.failed(e))?;
+    let wait = Duration::from_millis(options.replay_timeout_ms);
+    for outcome in join_all(
+        replicas
+            .iter_mut()
+            .map(|replica| replay_then_snapshot(replica, &lsn, wait)),
+    )
+    .await
+    {
+        outcome?;
     }
+    Ok(())
 }
 
-/// Under the primary's lock: the chunk's last key, the primary's sum, and each replica's once
-/// it replayed up to `lsn`. `None` when recovery cancelled a replica's query.
-async fn sums_under_lock(
-    primary: &mut Checked,
-    replicas: &mut [Checked],
+/// Waits, holding nothing, until every replica replayed what the primary has written now: the
+/// wait under the lock that follows is then only for what is written meanwhile (replay falls
+/// behind while a point's snapshot holds it back).
+async fn catch_up(
+    locker: &mut Checked,
+    nodes: &mut [Checked],
+    options: &CheckOptions,
+) -> Result<(), CheckError> {
+    let rows = locker
+        .query("SELECT pg_current_wal_flush_lsn()::text")
+        .await
+        .map_err(|e| locker.failed(e))?;
+    let lsn = first_value(&rows).ok_or_else(|| locker.failed("no WAL position"))?;
+    let wait = Duration::from_millis(options.replay_timeout_ms);
+    for outcome in join_all(
+        nodes
+            .iter_mut()
+            .skip(1)
+            .map(|replica| replayed(replica, &lsn, wait)),
+    )
+    .await
+    {
+        outcome?;
+    }
+    Ok(())
+}
+
+/// Ends every node's transaction of the current point.
+async fn end_point(nodes: &mut [Checked]) -> Result<(), CheckError> {
+    for node in nodes.iter_mut() {
+        node.query("ROLLBACK").await.map_err(|e| node.failed(e))?;
+    }
+    Ok(())
+}
+
+/// One chunk read on every node at the current point: the chunk as cut (its last key, found
+/// on the primary's snapshot), and each node's sum, the primary's first; `None` when recovery
+/// cancelled a replica's read.
+async fn read_chunk(
+    nodes: &mut [Checked],
     table: &TableShape,
     chunk: &Chunk,
-    lsn: &str,
     options: &CheckOptions,
 ) -> Result<Option<(Chunk, Vec<ChunkSum>)>, CheckError> {
     let mut chunk = chunk.clone();
+    let (primary, replicas) = nodes
+        .split_first_mut()
+        .ok_or_else(|| CheckError::Config("no nodes".to_owned()))?;
     if !table.key.is_empty() {
         let boundary = table.boundary_sql(chunk.after.as_deref(), options.chunk_rows);
         let rows = primary
@@ -404,30 +509,18 @@ async fn sums_under_lock(
             .map(|r| r.iter().map(|v| v.clone().unwrap_or_default()).collect());
     }
     let sql = table.checksum_sql(&chunk);
-    let wait = Duration::from_millis(options.replay_timeout_ms);
     let (on_primary, on_replicas) = tokio::join!(
         sum_on(primary, &sql),
-        join_all(
-            replicas
-                .iter_mut()
-                .map(|replica| replay_then_sum(replica, lsn, &sql, wait))
-        )
+        join_all(replicas.iter_mut().map(|replica| sum_on(replica, &sql)))
     );
-    let mut sums = vec![on_primary?.ok_or_else(|| primary_cancelled(table))?];
-    for sum in on_replicas {
+    let mut sums = Vec::with_capacity(on_replicas.len() + 1);
+    for sum in std::iter::once(on_primary).chain(on_replicas) {
         match sum? {
             Some(sum) => sums.push(sum),
             None => return Ok(None),
         }
     }
     Ok(Some((chunk, sums)))
-}
-
-fn primary_cancelled(table: &TableShape) -> CheckError {
-    CheckError::Config(format!(
-        "table {}: the primary's read was cancelled",
-        table.name
-    ))
 }
 
 /// A node's sum for the chunk; `None` if recovery cancelled the query (a replica's).
@@ -443,12 +536,22 @@ async fn sum_on(node: &mut Checked, sql: &str) -> Result<Option<ChunkSum>, Check
     }
 }
 
-async fn replay_then_sum(
+async fn replay_then_snapshot(
     replica: &mut Checked,
     lsn: &str,
-    sql: &str,
     wait: Duration,
-) -> Result<Option<ChunkSum>, CheckError> {
+) -> Result<(), CheckError> {
+    replayed(replica, lsn, wait).await?;
+    // The snapshot is taken by the transaction's first query, while the lock still holds.
+    replica
+        .query(&format!("{BEGIN_SNAPSHOT}; SELECT 1"))
+        .await
+        .map_err(|e| replica.failed(e))?;
+    Ok(())
+}
+
+/// Waits until `replica` replayed up to `lsn`.
+async fn replayed(replica: &mut Checked, lsn: &str, wait: Duration) -> Result<(), CheckError> {
     let started = Instant::now();
     let question = format!(
         "SELECT coalesce(pg_last_wal_replay_lsn() >= {}::pg_lsn, false)::text",
@@ -459,7 +562,7 @@ async fn replay_then_sum(
             .query(&question)
             .await
             .map_err(|e| replica.failed(e))?;
-        if rows.first().and_then(|r| r.first()).cloned().flatten() == Some("true".into()) {
+        if first_value(&rows).as_deref() == Some("true") {
             break;
         }
         if started.elapsed() >= wait {
@@ -469,9 +572,9 @@ async fn replay_then_sum(
                 waited_ms: wait.as_millis() as u64,
             });
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    sum_on(replica, sql).await
+    Ok(())
 }
 
 fn progress_bar(estimated_rows: u64) -> indicatif::ProgressBar {

@@ -1,6 +1,6 @@
 //! `pgherd check-consistency` against a real primary and two streaming replicas: while
 //! pgbench writes, every table (a composite text key with awkward values, a table without a
-//! key) is reported the same on all three, chunk by chunk at the same point; a replica whose
+//! key) is reported the same on all three, read at the same point on each; a replica whose
 //! replay is paused stops the check with a message naming it, and leaves no lock behind;
 //! an unknown node and a check without the primary are refused.
 

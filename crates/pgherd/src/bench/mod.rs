@@ -3,6 +3,7 @@
 
 mod cache;
 mod cgroup;
+mod consistency;
 mod pgbench;
 mod procstat;
 mod scaling;
@@ -43,6 +44,10 @@ pub enum BenchCommand {
     /// and a switchover happens; pgherd's memory, descriptors, server connections and waits
     /// read every second; fails if one grows without bound after the warm-up.
     Soak(soak::SoakOptions),
+    /// `pgherd check-consistency` on a pgbench database (primary and two streaming replicas):
+    /// rows per second alone and beside a pgbench TPC-B load, and that load's throughput while
+    /// the check runs and while it does not.
+    Consistency(consistency::ConsistencyOptions),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -156,6 +161,7 @@ pub fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Shards(options) => scaling::shards(options),
         BenchCommand::Cache(options) => cache::cache(options),
         BenchCommand::Soak(options) => soak::soak(options),
+        BenchCommand::Consistency(options) => consistency::run(options),
     }
 }
 

@@ -86,38 +86,16 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
                 if let Some(held) = server {
                     held.pool.release(held.conn, true);
                 }
-                let server_dbname = app
-                    .config()
-                    .resolve(&shared.database, &shared.user)
-                    .map_or_else(|| shared.database.clone(), |r| r.server_dbname);
-                let reads = crate::exec::ShardReads::new(
-                    &routing,
-                    params.flags.default_transaction_read_only,
-                    shards.count(),
-                );
-                let session = crate::exec::ShardedSession {
-                    reads,
-                    router: routing.router.unwrap_or_else(|| app.router(&server_dbname)),
-                    app: app.clone(),
-                    shared: shared.clone(),
-                    client: stream,
-                    client_in: buf,
+                let session = crate::exec::ShardedSession::new(
+                    app.clone(),
+                    shared.clone(),
+                    stream,
+                    buf,
                     params,
-                    pools: vec![None; shards.count() as usize],
+                    routing,
                     shards,
-                    server_database: server_dbname,
-                    tx: None,
-                    schema_changed_at: None,
-                    extended: crate::exec::Extended::default(),
-                    catalog_awaited: false,
-                    session_shard: None,
-                };
-                tokio::spawn(async move {
-                    let end = Box::pin(session.run()).await;
-                    app.clients.unregister(&shared);
-                    log_end(&end, addr, Some(shared.id));
-                    drop(slot);
-                });
+                );
+                tokio::spawn(moved::serve_sharded(app, session, addr, slot));
                 return;
             }
             // The session gets a task of its own, so nothing of the login stays allocated for

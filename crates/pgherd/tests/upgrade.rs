@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::cache::console_conninfo;
 use common::*;
-use pgherd_testkit::SUPERUSER;
+use pgherd_testkit::{SUPERUSER, SUPERUSER_PASSWORD};
 
 fn upgrade_env() -> (Env, pgherd_testkit::TestCerts) {
     let dir = std::env::temp_dir().join(format!("pgherd-upgrade-{}", rand::random::<u32>()));
@@ -71,7 +71,11 @@ fn psql_tls_url(url: &str, script: &str) -> Result<String, String> {
 
 /// Asks for an upgrade on the console; the new process's pid, which the test then owns.
 async fn upgrade(env: &mut Env) -> Result<u32, tokio_postgres::Error> {
-    let console = connect(&console_conninfo(env)).await;
+    upgrade_at(&mut env.pgherd).await
+}
+
+async fn upgrade_at(pgherd: &mut pgherd_testkit::Pgherd) -> Result<u32, tokio_postgres::Error> {
+    let console = connect(&pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")).await;
     let answer = first_value(&console, "UPGRADE").await?;
     let pid = answer
         .split("(pid ")
@@ -79,7 +83,7 @@ async fn upgrade(env: &mut Env) -> Result<u32, tokio_postgres::Error> {
         .and_then(|rest| rest.split(')').next())
         .and_then(|pid| pid.parse().ok())
         .unwrap_or_else(|| panic!("no pid in {answer:?}"));
-    env.pgherd.successor(pid);
+    pgherd.successor(pid);
     Ok(pid)
 }
 
@@ -499,4 +503,118 @@ async fn an_upgrade_whose_new_process_dies_is_undone() {
     );
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert!(env.pgherd.try_wait().is_none(), "the old process stopped");
+}
+
+/// A sharded endpoint (two one-node shards) upgraded under pgbench reads and writes of a
+/// sharded table: its sessions move between statements with their settings and prepared
+/// statements, one in a transaction over both shards when it commits; no transaction fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_endpoint_is_upgraded_with_its_sessions() {
+    let shards = [shard_cluster(), shard_cluster()];
+    let config = sharded_config(&shards, &[("items", "k")])
+        .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"));
+    let mut pgherd = pgherd_testkit::Pgherd::start(BIN, &shards[0], &config);
+    let client = connect_as_superuser(pgherd.port, "postgres").await;
+    let rows: Vec<String> = (1..=100).map(|k| format!("({k}, 0)")).collect();
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE items (k int PRIMARY KEY, v int NOT NULL); \
+             INSERT INTO items (k, v) VALUES {}",
+            rows.join(", ")
+        ))
+        .await
+        .unwrap();
+    client
+        .batch_execute("SET application_name = 'sharded-mover'")
+        .await
+        .unwrap();
+    let prepared = client
+        .prepare("SELECT v FROM items WHERE k = $1")
+        .await
+        .unwrap();
+    // A transaction over both shards, open when the upgrade begins.
+    let in_tx = connect_as_superuser(pgherd.port, "postgres").await;
+    in_tx
+        .batch_execute("BEGIN; UPDATE items SET v = v + 1000")
+        .await
+        .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let read = dir.path().join("read.sql");
+    std::fs::write(
+        &read,
+        "\\set k random(1, 100)\nSELECT v FROM items WHERE k = :k;\n",
+    )
+    .unwrap();
+    let write = dir.path().join("write.sql");
+    std::fs::write(
+        &write,
+        "\\set k random(1, 100)\nUPDATE items SET v = v + 1 WHERE k = :k;\n",
+    )
+    .unwrap();
+    let url = format!(
+        "{}?sslmode=disable",
+        pgherd.url(SUPERUSER, SUPERUSER_PASSWORD, "postgres")
+    );
+    let load: Vec<_> = [(read.clone(), "prepared"), (write.clone(), "simple")]
+        .into_iter()
+        .map(|(script, protocol)| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let script = script.display().to_string();
+                pgbench(
+                    &url,
+                    &[
+                        "-n", "-c", "3", "-j", "1", "-T", "8", "-M", protocol, "-f", &script,
+                    ],
+                )
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let old_pid = pgherd.pid();
+    let new_pid = upgrade_at(&mut pgherd).await.expect("UPGRADE");
+    assert_ne!(new_pid, old_pid);
+    in_tx.batch_execute("COMMIT").await.unwrap();
+    for run in load {
+        let output = run
+            .join()
+            .unwrap()
+            .expect("pgbench ran through the upgrade");
+        assert!(
+            output.contains("number of failed transactions: 0"),
+            "{output}"
+        );
+    }
+    let exited = pgherd
+        .wait_exit(Duration::from_secs(30))
+        .expect("the old process exits once its clients are gone");
+    assert!(exited.success(), "{exited}");
+    assert!(alive(new_pid));
+    // Every client moved: pgbench's six, the idle one and the one in a transaction.
+    let log = pgherd.log();
+    assert_eq!(
+        log.matches("sharded client moved here from the old process")
+            .count(),
+        8,
+        "{log}"
+    );
+    assert!(!log.contains("could not move"), "{log}");
+
+    // The sessions carry on in the new process.
+    assert_eq!(
+        first_value(&client, "SHOW application_name").await.unwrap(),
+        "sharded-mover"
+    );
+    let v: i32 = client.query_one(&prepared, &[&7i32]).await.unwrap().get(0);
+    assert!(v >= 1000, "the committed transaction's write is there: {v}");
+    assert_eq!(
+        first_value(&in_tx, "SELECT count(*) FROM items WHERE v >= 1000")
+            .await
+            .unwrap(),
+        "100"
+    );
+    let console = connect(&pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")).await;
+    let version = first_value(&console, "SHOW VERSION").await.unwrap();
+    assert!(version.contains(&format!("(pid {new_pid})")), "{version}");
 }

@@ -9,9 +9,11 @@ use bytes::BytesMut;
 use pgherd_wire::{PgError, SqlState};
 use tokio::net::TcpStream;
 
-use super::{routing_setup, send_error, serve_session, SessionRun};
+use super::{log_end, routing_setup, send_error, serve_session, SessionRun};
 use crate::app::App;
+use crate::clients::ConnectionSlot;
 use crate::error::Disconnect;
+use crate::exec::ShardedSession;
 use crate::handover::{ClientRecord, ServerRecord};
 use crate::relay::params::SessionParams;
 use crate::relay::{Held, Session, SessionSetup};
@@ -40,6 +42,36 @@ pub(super) async fn hand_over(run: &mut SessionRun) -> Disconnect {
     }
 }
 
+/// Runs a sharded session to its end; one that left at its idle point during an upgrade goes
+/// to the new process (or is told to reconnect if it cannot).
+pub(super) async fn serve_sharded(
+    app: Arc<App>,
+    mut session: ShardedSession,
+    addr: std::net::SocketAddr,
+    slot: ConnectionSlot,
+) {
+    let shared = session.shared.clone();
+    let mut end = Box::pin(session.run()).await;
+    if matches!(end, Disconnect::Moved) {
+        let sent = match session.take_for_handover() {
+            Ok((connection, record)) => {
+                crate::handover::send_client(&app, connection, None, record).await
+            }
+            Err(why) => Err(why),
+        };
+        if let Err(why) = sent {
+            tracing::warn!(client = shared.id, reason = %why, "upgrade: a client could not move to the new process");
+            end = Disconnect::CannotMove("the new process could not take it");
+            if let Some(error) = end.client_error() {
+                send_error(&mut session.client, &error).await;
+            }
+        }
+    }
+    app.clients.unregister(&shared);
+    log_end(&end, addr, Some(shared.id));
+    drop(slot);
+}
+
 /// Carries on a session the old process sent during an upgrade (`crate::handover`): the
 /// client logged in there, so there is no startup and no authentication, and it is counted
 /// whatever the limits (it was within them). A session that keeps a server connection
@@ -60,13 +92,7 @@ pub async fn resume(
     };
     slot.leave_pending();
     let _ = slot.log_in(usize::MAX);
-    let config = app.config();
-    let session_mode = |r: &pgherd_config::ResolvedDatabase| {
-        (r.pool.mode == pgherd_config::PoolMode::Session) == record.session_mode
-    };
-    let resolved = config
-        .resolve(&record.database, &record.user)
-        .filter(session_mode);
+    let resolved = serves_here(&app, &record);
     let key = pgherd_wire::startup::CancelKey {
         process_id: record.process_id,
         secret_key: record.secret_key,
@@ -92,10 +118,14 @@ pub async fn resume(
     });
     let (Some(resolved), Some(shared)) = (resolved, shared) else {
         let why = format!(
-            "the new process does not serve database \"{}\" for user \"{}\" in {} mode, or another client has this one's cancel key",
+            "the new process does not serve database \"{}\" for user \"{}\" {}, or another client has this one's cancel key",
             record.database,
             record.user,
-            if record.session_mode { "session" } else { "transaction or statement" },
+            match (record.sharded, record.session_mode) {
+                (true, _) => "as a sharded endpoint",
+                (false, true) => "in session mode",
+                (false, false) => "in transaction or statement mode",
+            },
         );
         if let Some(held) = held {
             // The backend kept the client's session: with the client gone it ends too.
@@ -105,13 +135,30 @@ pub async fn resume(
         tracing::warn!(%addr, user = %record.user, db = %record.database, "upgrade: a moved client cannot carry on here");
         return;
     };
+    let routing = routing_setup(&app, &resolved, &record.database, &record.user);
+    let client_in = BytesMut::from(record.unread.as_slice());
+    if let Some(shards) = app.shards.clone() {
+        let mut session = ShardedSession::new(
+            app.clone(),
+            shared.clone(),
+            stream,
+            client_in,
+            params,
+            routing,
+            shards,
+        );
+        session.resume(&record);
+        tracing::debug!(client = shared.id, %addr, user = %shared.user, db = %shared.database, "sharded client moved here from the old process");
+        tokio::spawn(serve_sharded(app, session, addr, slot));
+        return;
+    }
     let mut session = Session::new(SessionSetup {
         app: app.clone(),
         shared: shared.clone(),
         client: stream,
-        client_in: BytesMut::from(record.unread.as_slice()),
+        client_in,
         mode: resolved.pool.mode,
-        routing: routing_setup(&app, &resolved, &record.database, &record.user),
+        routing,
         params,
     });
     session.resume(&record);
@@ -135,6 +182,21 @@ pub async fn resume(
         _slot: slot,
         addr,
     })));
+}
+
+/// What the new process's config says of a moved session's database and user, if it serves
+/// them the way the session was served: a sharded endpoint's session only on a sharded
+/// endpoint, a session-mode one only in session mode, another only in another mode.
+fn serves_here(app: &App, record: &ClientRecord) -> Option<pgherd_config::ResolvedDatabase> {
+    if record.sharded != app.shards.is_some() {
+        return None;
+    }
+    app.config()
+        .resolve(&record.database, &record.user)
+        .filter(|r| {
+            record.sharded
+                || (r.pool.mode == pgherd_config::PoolMode::Session) == record.session_mode
+        })
 }
 
 /// A descriptor from the old process as a non-blocking tokio stream.

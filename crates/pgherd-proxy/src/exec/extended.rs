@@ -56,6 +56,46 @@ impl Extended {
             .sum()
     }
 
+    /// Nothing is under way between messages (no portal, no error waiting for its Sync, no
+    /// answer held): the session may move to a new pgherd process.
+    pub fn is_settled(&self) -> bool {
+        self.portals.is_empty()
+            && !self.skip_to_sync
+            && !self.hold_answers
+            && self.describe_next.is_none()
+    }
+
+    /// The prepared statements (the unnamed one's name empty), for a session moving to a new
+    /// pgherd process.
+    pub fn records(&self) -> Vec<crate::handover::StatementRecord> {
+        self.statements
+            .iter()
+            .map(|(name, p)| crate::handover::StatementRecord {
+                name: name.to_vec(),
+                query: p.sql.as_bytes().to_vec(),
+                param_types: p.param_types.to_vec(),
+            })
+            .collect()
+    }
+
+    /// Takes up a moved session's statements; one whose text is not UTF-8 (it could not have
+    /// been prepared) is left out.
+    pub fn adopt(&mut self, records: &[crate::handover::StatementRecord]) {
+        for record in records {
+            let Ok(sql) = std::str::from_utf8(&record.query) else {
+                continue;
+            };
+            self.statements.insert(
+                Bytes::copy_from_slice(&record.name),
+                Prepared {
+                    sql: Arc::from(sql),
+                    param_types: Bytes::copy_from_slice(&record.param_types),
+                    described_types: None,
+                },
+            );
+        }
+    }
+
     /// The portals end with the transaction they ran in.
     pub fn end_transaction(&mut self) {
         self.portals.clear();

@@ -1,7 +1,7 @@
 //! The sharded session's front end: the client's messages read in order (no read buffer held
 //! between statements), each handed to the executor, its answers written back; the session
 //! ended, with the client told why, when it leaves, is killed, idles too long or pgherd shuts
-//! down.
+//! down; or sent to the new process between statements when pgherd is upgraded.
 
 use std::future::poll_fn;
 use std::task::Poll;
@@ -14,15 +14,16 @@ use pgherd_wire::WireError;
 
 use super::{encode_error, extended, Failed, ShardedSession, FLUSH_BYTES};
 use crate::buffers;
-use crate::clients::{ClientShared, SIGNAL_KILL, SIGNAL_SHUTDOWN};
+use crate::clients::{ClientShared, SIGNAL_HANDOVER, SIGNAL_KILL, SIGNAL_SHUTDOWN};
 use crate::error::{client_io, Disconnect};
 use crate::msgio::{take_buffered_message, write_flush};
+use crate::relay::Movable;
 use crate::stream::poll_read_when_ready;
 
 impl ShardedSession {
     /// Serves the client until it leaves or is sent away, and tells it why when it should
     /// hear (an idle timeout, a shutdown, a protocol error, ...).
-    pub async fn run(mut self) -> Disconnect {
+    pub async fn run(&mut self) -> Disconnect {
         let end = self.serve().await;
         // The servers' part of an open transaction ends now, not after the farewell.
         drop(self.tx.take());
@@ -87,9 +88,11 @@ impl ShardedSession {
     ) -> Result<(u8, BytesMut), Disconnect> {
         let may_stop = self.tx.is_none();
         let idle_timeout_ms = if may_stop { idle_timeout_ms } else { 0 };
+        // Between statements nothing changes it until the next message is handled.
+        let movable = self.movable();
         loop {
             // Checked before each message, however many the client sent at once.
-            if let Some(end) = signal_now(&self.shared, may_stop) {
+            if let Some(end) = signal_now(&self.shared, may_stop, &movable) {
                 return Err(end);
             }
             match take_buffered_message(&mut self.client_in, max_message_bytes) {
@@ -109,7 +112,7 @@ impl ShardedSession {
             };
             let read = tokio::select! {
                 biased;
-                end = signalled(&self.shared, may_stop) => return Err(end),
+                end = signalled(&self.shared, may_stop, &movable) => return Err(end),
                 () = idle => return Err(Disconnect::IdleTimeout),
                 read = read => read,
             };
@@ -202,21 +205,28 @@ impl ShardedSession {
     }
 }
 
-/// Ready when the client is killed, or pgherd shuts down and `may_stop` (between statements
-/// outside a transaction block, the session may end).
-async fn signalled(shared: &ClientShared, may_stop: bool) -> Disconnect {
+/// Ready when the client is killed, or pgherd shuts down or is upgraded and `may_stop`
+/// (between statements outside a transaction block, the session may end or move).
+async fn signalled(shared: &ClientShared, may_stop: bool, movable: &Movable) -> Disconnect {
     poll_fn(|cx| {
         shared.register_waker(cx.waker());
-        signal_now(shared, may_stop).map_or(Poll::Pending, Poll::Ready)
+        signal_now(shared, may_stop, movable).map_or(Poll::Pending, Poll::Ready)
     })
     .await
 }
 
 /// [`signalled`], as things stand now.
-fn signal_now(shared: &ClientShared, may_stop: bool) -> Option<Disconnect> {
+fn signal_now(shared: &ClientShared, may_stop: bool, movable: &Movable) -> Option<Disconnect> {
     let signals = shared.signals();
     if signals & SIGNAL_KILL != 0 {
         return Some(Disconnect::Killed(shared.kill_reason().unwrap_or_default()));
+    }
+    if may_stop && signals & SIGNAL_HANDOVER != 0 {
+        match movable {
+            Movable::Now => return Some(Disconnect::Moved),
+            Movable::Never(why) => return Some(Disconnect::CannotMove(why)),
+            Movable::Later => {}
+        }
     }
     (may_stop && signals & SIGNAL_SHUTDOWN != 0).then_some(Disconnect::Shutdown)
 }

@@ -17,6 +17,7 @@ mod extended;
 mod fan_out;
 mod front;
 mod link;
+mod moving;
 mod pinned;
 mod reads;
 mod session;

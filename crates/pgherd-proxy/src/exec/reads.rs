@@ -63,6 +63,28 @@ impl ShardReads {
         }
     }
 
+    /// Per shard: its read-your-writes position and whether a write's end there is unknown,
+    /// for a session moving to a new pgherd process.
+    pub fn positions(&self) -> Vec<(u64, bool)> {
+        self.min_lsn
+            .iter()
+            .copied()
+            .zip(self.unconfirmed.iter().copied())
+            .collect()
+    }
+
+    /// Takes up what [`Self::positions`] gave (a shard the record does not cover keeps what
+    /// it has).
+    pub fn adopt_positions(&mut self, positions: &[(u64, bool)]) {
+        for (i, (lsn, unconfirmed)) in positions.iter().enumerate() {
+            if let (Some(min), Some(flag)) = (self.min_lsn.get_mut(i), self.unconfirmed.get_mut(i))
+            {
+                *min = *lsn;
+                *flag = *unconfirmed;
+            }
+        }
+    }
+
     /// Where a statement routed as `routed` runs, after the session's route and hints.
     pub fn target(&self, routed: &Routed) -> Target {
         self.session.target(Some(routed))

@@ -77,9 +77,6 @@ fn without_takeover_fd(args: Vec<OsString>) -> Vec<OsString> {
 /// Upgrades: returns what happened once the new process serves (clients move from then on),
 /// or why nothing changed (the old process serves and acts on).
 pub async fn upgrade(app: &Arc<App>) -> Result<String, String> {
-    if app.shards.is_some() {
-        return Err("pgherd upgrade does not support a sharded endpoint ([sharding]) yet".into());
-    }
     if app.is_shutting_down() {
         return Err("pgherd is shutting down".into());
     }
@@ -97,14 +94,16 @@ async fn give(app: &Arc<App>) -> Result<String, String> {
     let (exe, args) = LAUNCH
         .get()
         .ok_or("this process does not know which binary started it")?;
-    if app.nodes.is_switching() {
-        return Err("a switchover is under way; upgrade when it is over".into());
-    }
-    if let Some(node) = app.nodes.all().iter().find(|n| n.is_rejoining()) {
-        return Err(format!(
-            "node {} is rejoining; upgrade when it is done",
-            node.name()
-        ));
+    for cluster in app.clusters() {
+        if cluster.is_switching() {
+            return Err("a switchover is under way; upgrade when it is over".into());
+        }
+        if let Some(node) = cluster.all().iter().find(|n| n.is_rejoining()) {
+            return Err(format!(
+                "node {} is rejoining; upgrade when it is done",
+                node.name()
+            ));
+        }
     }
     let (line, theirs) =
         Channel::pair().map_err(|e| format!("cannot make the line to the new process: {e}"))?;
@@ -201,7 +200,16 @@ async fn hand_state(app: &Arc<App>, line: &Channel) -> Result<(), String> {
         (addrs(&listeners.clients), addrs(&listeners.api), copies)
     };
     let fds: Vec<i32> = copies.iter().map(AsRawFd::as_raw_fd).collect();
-    let view = SharedView::of(&app.nodes.view(), "", 0, |id| app.nodes.name_of(id));
+    let view_of = |cluster: &crate::nodes::Nodes| {
+        SharedView::of(&cluster.view(), "", 0, |id| cluster.name_of(id))
+    };
+    let view = view_of(&app.nodes);
+    let shard_views = app
+        .clusters()
+        .iter()
+        .skip(1)
+        .map(|cluster| view_of(cluster))
+        .collect();
     let state = InitialState {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         pid: std::process::id(),
@@ -210,6 +218,7 @@ async fn hand_state(app: &Arc<App>, line: &Channel) -> Result<(), String> {
         view,
         credentials: credentials(app),
         dcs_lease: app.dcs.as_ref().and_then(|dcs| dcs.status().lease),
+        shard_views,
         cancel_keys: app
             .clients
             .all()

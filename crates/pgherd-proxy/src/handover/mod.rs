@@ -33,7 +33,11 @@
 //! the giver stops acting it only follows the shared view (it publishes nothing, and the taker
 //! publishes only after go), so exactly one process writes the view at any time.
 //!
-//! Not yet: sharded endpoints refuse an upgrade.
+//! A sharded endpoint moves the same way: every shard's view goes along, and a sharded
+//! session moves between statements outside a transaction block, when it holds no link to a
+//! shard, with its settings, prepared statements and per-shard read-your-writes positions.
+//! Transactions left prepared on the shards are finished by whichever process's recovery
+//! finds them first (the decision rows decide, see `two_phase_recovery`).
 
 mod channel;
 mod give;
@@ -184,6 +188,9 @@ struct InitialState {
     /// taker's keep.
     #[serde(default)]
     dcs_lease: Option<i64>,
+    /// A sharded endpoint: the views of shards 1.. (shard 0's is `view`).
+    #[serde(default)]
+    shard_views: Vec<SharedView>,
 }
 
 /// What pgherd learnt of a user's server login from clients' logins (passthrough SCRAM keys,
@@ -238,6 +245,14 @@ pub struct ClientRecord {
     /// the client's.
     #[serde(default)]
     pub server: Option<ServerRecord>,
+    /// A sharded endpoint's session (its prepared statements, the unnamed one's name empty,
+    /// are all in `statements`): it moves only to a process that is one too.
+    #[serde(default)]
+    pub sharded: bool,
+    /// A sharded endpoint's session: per shard, the WAL position its last committed write
+    /// there reached and whether a write's end there is not known yet (read-your-writes).
+    #[serde(default)]
+    pub shard_positions: Vec<(u64, bool)>,
 }
 
 /// A server connection moving with its session: the backend, as it is, now the new process's.

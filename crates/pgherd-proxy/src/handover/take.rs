@@ -98,6 +98,22 @@ impl Takeover {
             .map_err(|e| format!("the old process's view does not fit this config: {e}"))?;
         app.nodes
             .change(pgherd_failover::Change::Adopt(Box::new(state)));
+        let shards = app.clusters();
+        if shards.len() != self.state.shard_views.len() + 1 {
+            return Err(format!(
+                "the old process serves {} shard(s), this config {}",
+                self.state.shard_views.len() + 1,
+                shards.len()
+            ));
+        }
+        for (cluster, view) in shards.iter().skip(1).zip(&self.state.shard_views) {
+            let state = view
+                .state(|name| cluster.get(name).map(|n| n.id))
+                .map_err(|e| {
+                    format!("the old process's view of a shard does not fit this config: {e}")
+                })?;
+            cluster.change(pgherd_failover::Change::Adopt(Box::new(state)));
+        }
         if let (Some(dcs), Some(lease)) = (&app.dcs, self.state.dcs_lease) {
             dcs.inherit_lease(lease);
         }

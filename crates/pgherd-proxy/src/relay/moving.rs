@@ -191,6 +191,8 @@ impl Session {
                 write_unconfirmed: self.routing.write_seq > self.routing.probed_seq,
                 session_mode: self.mode == PoolMode::Session,
                 server,
+                sharded: false,
+                shard_positions: Vec::new(),
             },
         ))
     }

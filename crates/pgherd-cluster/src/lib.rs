@@ -9,6 +9,7 @@
 //! except to find free ports.
 
 mod binaries;
+mod clone;
 mod command;
 pub use command::SERVICE_MANAGER_ENV;
 mod node;
@@ -20,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub use binaries::PgBinaries;
+pub use clone::CloneSource;
 pub use node::{LocalNode, StopMode};
 pub use osuser::RunAs;
 pub use ports::{free_port, free_ports};
@@ -146,7 +148,7 @@ impl LocalCluster {
             Some(template) => primary.copy_from(template)?,
             None => primary.initdb(&spec.superuser, &spec.superuser_password)?,
         }
-        primary.write_settings(&base_settings(primary, &spec.settings))?;
+        primary.write_settings(&node_settings(primary, &spec.settings))?;
         if !spec.netns.is_empty() {
             // Nodes in namespaces reach each other, and pgherd reaches them, over their veths.
             primary.allow_hosts("10.0.0.0/8")?;
@@ -175,7 +177,7 @@ impl LocalCluster {
                 ),
             )?;
             replica.basebackup(primary, stream_user, stream_password)?;
-            let mut settings = base_settings(replica, &spec.settings);
+            let mut settings = node_settings(replica, &spec.settings);
             settings.push(("primary_slot_name".into(), slot_name(&replica.name)));
             replica.write_auto_settings(&settings)?;
             replica.start(Duration::from_secs(60))?;
@@ -311,7 +313,9 @@ impl LocalCluster {
 
 /// Settings every node gets: networking on loopback, sockets in the cluster's own directory,
 /// and what streaming replication and the result cache's logical decoding need.
-fn base_settings(node: &LocalNode, extra: &[(String, String)]) -> Vec<(String, String)> {
+/// The settings a node of a local cluster runs with (its port, socket, name, replication), and
+/// `extra`.
+pub fn node_settings(node: &LocalNode, extra: &[(String, String)]) -> Vec<(String, String)> {
     let mut settings: Vec<(String, String)> = [
         ("listen_addresses", format!("'{}'", node.host)),
         ("port", node.port.to_string()),

@@ -207,7 +207,7 @@ impl LocalNode {
         Ok(how)
     }
 
-    fn tool(&self, name: &str) -> std::process::Command {
+    pub(crate) fn tool(&self, name: &str) -> std::process::Command {
         pg_command(
             &self.binaries.tool(name),
             self.run_as.as_ref(),

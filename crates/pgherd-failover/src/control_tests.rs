@@ -292,6 +292,7 @@ fn a_follower_ahead_of_the_promoted_candidate_is_fenced_as_diverged() {
 fn verdicts_become_operations() {
     let view_nodes: Vec<NodeView> = (0..4)
         .map(|i| NodeView {
+            upstream: None,
             name: NAMES[i].to_owned(),
             priority: 1,
             check: if i == 0 {

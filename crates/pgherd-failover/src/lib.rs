@@ -11,7 +11,8 @@
 //!    node ever gets writes through pgherd ([`ClusterState::writer`]).
 //! 2. With no elected primary yet, the single node that accepts writes is elected.
 //! 3. The elected primary is down only after `failures_before_down` consecutive failed checks.
-//! 4. Split-brain guard: if any replica (fenced ones too) still streams from the primary, pgherd's own path is
+//! 4. Split-brain guard: if any replica (fenced ones too) still streams from the primary (not one that
+//!    cascades from another replica), pgherd's own path is
 //!    the problem and nothing is promoted. Promotion needs a majority of the replicas to answer
 //!    pgherd and confirm that they lost the primary too.
 //! 5. Candidates: answering replicas with priority above 0; in `async` mode at most
@@ -120,6 +121,9 @@ pub struct NodeView {
     pub consecutive_failures: u32,
     /// pgherd has fenced this node: it gets no traffic until rejoined.
     pub fenced: bool,
+    /// The node a replica streams from, when its WAL receiver's sender is a node's address;
+    /// `None` when that cannot be told.
+    pub upstream: Option<String>,
 }
 
 impl NodeView {
@@ -127,15 +131,22 @@ impl NodeView {
         self.check != Check::Failed
     }
 
-    /// A replica whose WAL receiver still hears the primary.
-    fn hears_upstream(&self) -> bool {
-        matches!(
+    /// A replica whose WAL receiver still hears `primary` (the node of that name): a witness
+    /// that it lives. One that streams from another replica (cascading) hears that replica,
+    /// not the primary; one whose upstream cannot be told counts as hearing the primary.
+    fn hears_primary(&self, primary: Option<&str>) -> bool {
+        let streaming = matches!(
             self.check,
             Check::Replica {
                 upstream_alive: true,
                 ..
             }
-        )
+        );
+        streaming
+            && match (self.upstream.as_deref(), primary) {
+                (Some(upstream), Some(primary)) => upstream == primary,
+                _ => true,
+            }
     }
 
     fn received(&self) -> Option<Lsn> {
@@ -292,7 +303,7 @@ pub fn decide(policy: &Policy, view: &View) -> Verdict {
     // A fenced replica gets no traffic and is no candidate, but if it still streams from the
     // primary it is as good a witness that the primary lives as any.
     let seen_by: Vec<usize> = (0..view.nodes.len())
-        .filter(|&i| i != elected && view.nodes[i].hears_upstream())
+        .filter(|&i| i != elected && view.nodes[i].hears_primary(Some(&primary.name)))
         .collect();
     if !seen_by.is_empty() {
         return Verdict::Guarded { seen_by };

@@ -136,9 +136,10 @@ pub fn plan_promotion(
         .filter(|&i| i != candidate && Some(i) != view.elected && !view.nodes[i].fenced)
         .filter(|&i| !writable.contains(&i))
         .collect();
+    let old_primary = view.elected.map(|e| view.nodes[e].name.as_str());
     let streaming: Vec<usize> = std::iter::once(candidate)
         .chain(others.iter().copied())
-        .filter(|&i| view.nodes[i].hears_upstream())
+        .filter(|&i| view.nodes[i].hears_primary(old_primary))
         .collect();
     if !streaming.is_empty() {
         refuse(

@@ -13,6 +13,7 @@ pub(crate) fn node(name: &str, check: Check) -> NodeView {
         consecutive_failures: u32::from(check == Check::Failed) * 3,
         check,
         fenced: false,
+        upstream: None,
     }
 }
 
@@ -106,6 +107,28 @@ fn a_fenced_replica_that_still_streams_blocks_promotion_too() {
     nodes[1].fenced = true;
     let (v, _) = verdict(&POLICY, &nodes, &[]);
     assert_eq!(v, Verdict::Guarded { seen_by: vec![1] });
+}
+
+/// A replica cloned from another replica streams from it, not from the primary: its live
+/// stream says nothing of the primary. Found by `pgherd clone` of a replica: failover never
+/// came while the cascaded replica streamed.
+#[test]
+fn a_cascaded_replica_is_no_witness_for_the_primary() {
+    let mut nodes = [
+        node("pg1", Check::Failed),
+        node("pg2", replica(1000, false)),
+        node("pg3", replica(1000, false)),
+        node("pg4", replica(1000, true)),
+    ];
+    nodes[3].upstream = Some("pg2".into());
+    let (v, _) = verdict(&POLICY, &nodes, &[]);
+    assert!(matches!(v, Verdict::Promote { .. }), "{v:?}");
+    // Streaming from the primary, or from a sender pgherd cannot name, it still is one.
+    for upstream in [Some("pg1".to_owned()), None] {
+        nodes[3].upstream = upstream;
+        let (v, _) = verdict(&POLICY, &nodes, &[]);
+        assert_eq!(v, Verdict::Guarded { seen_by: vec![3] });
+    }
 }
 
 #[test]

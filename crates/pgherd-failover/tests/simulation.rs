@@ -165,6 +165,8 @@ impl Sim {
                     check: track.check(),
                     consecutive_failures: track.failed_streak(),
                     fenced: instance.fenced(i),
+                    // Every replica of the simulated cluster streams from its primary.
+                    upstream: None,
                 }
             })
             .collect()

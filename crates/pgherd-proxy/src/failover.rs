@@ -228,7 +228,7 @@ impl Seen {
             .or(primary);
         let holders = holders(&state, nodes, elected);
         Seen {
-            nodes: nodes.iter().map(|n| view_of(n, &state)).collect(),
+            nodes: nodes.iter().map(|n| view_of(n, &state, nodes)).collect(),
             elected,
             last_primary_lsn: elected.map(|i| nodes[i].lsn()),
             holders,
@@ -422,9 +422,22 @@ pub(crate) fn event(app: &App, kind: &'static str, node: &str, detail: &str) {
 }
 
 /// What the monitors last saw of a node, in the decision crate's terms.
-fn view_of(node: &NodeState, state: &ClusterState) -> NodeView {
+fn view_of(node: &NodeState, state: &ClusterState, nodes: &[Arc<NodeState>]) -> NodeView {
     let health = node.health();
+    // The node at the address its WAL receiver streams from (a cascading replica's is
+    // another replica).
+    let upstream = health
+        .last_seen
+        .as_ref()
+        .and_then(|seen| seen.upstream_address.as_ref())
+        .and_then(|(host, port)| {
+            nodes
+                .iter()
+                .find(|n| &n.config.host == host && n.config.port == *port)
+        })
+        .map(|n| n.name().to_owned());
     NodeView {
+        upstream,
         name: node.name().to_owned(),
         // A detached replica is never promoted, but its WAL still counts: if it holds the
         // newest acknowledged commit, no other standby is promoted in its place.

@@ -147,6 +147,10 @@ async fn check_on(
         streaming_standbys: field(5)
             .map(|names| names.lines().map(str::to_owned).collect())
             .unwrap_or_default(),
+        upstream_address: field(6).and_then(|sender| {
+            let (host, port) = sender.rsplit_once(' ')?;
+            Some((host.to_owned(), port.parse().ok()?))
+        }),
     })
 }
 
@@ -154,8 +158,9 @@ async fn check_on(
 /// has received, the checkpoint timeline, and whether a replica's WAL receiver is streaming and
 /// heard from its upstream within `wal_receiver_timeout` (the split-brain guard asks replicas
 /// whether they still hear the primary; a hung primary keeps the connection open but goes
-/// silent), and on a primary
-/// the standbys streaming from it (application names can hold no newline).
+/// silent), on a primary the standbys streaming from it (application names can hold no
+/// newline), and on a replica the address it streams from (a primary's, or another
+/// replica's when it cascades).
 const CHECK_SQL: &str = "SELECT pg_is_in_recovery(), \
      CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END, \
      pg_last_wal_receive_lsn(), \
@@ -163,7 +168,8 @@ const CHECK_SQL: &str = "SELECT pg_is_in_recovery(), \
      EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming' \
        AND (current_setting('wal_receiver_timeout')::interval = '0' \
             OR last_msg_receipt_time > now() - current_setting('wal_receiver_timeout')::interval)), \
-     (SELECT string_agg(application_name, E'\\n') FROM pg_stat_replication WHERE state = 'streaming')";
+     (SELECT string_agg(application_name, E'\\n') FROM pg_stat_replication WHERE state = 'streaming'), \
+     (SELECT sender_host || ' ' || sender_port FROM pg_stat_wal_receiver)";
 
 /// Checks every node once, concurrently; used at startup so routing is known before the
 /// first client arrives.

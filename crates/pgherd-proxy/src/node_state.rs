@@ -107,6 +107,9 @@ pub struct Observation {
     pub upstream_streaming: bool,
     /// On a primary: the `application_name`s of the standbys streaming from it.
     pub streaming_standbys: Vec<String>,
+    /// On a replica: the address its WAL receiver streams from (`pg_stat_wal_receiver`'s
+    /// sender), when it is connected.
+    pub upstream_address: Option<(String, u16)>,
 }
 
 impl Observation {

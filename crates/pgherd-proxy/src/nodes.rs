@@ -473,6 +473,7 @@ mod tests {
             timeline: 1,
             upstream_streaming: false,
             streaming_standbys: Vec::new(),
+            upstream_address: None,
         })
     }
 

@@ -1,6 +1,7 @@
 //! The `pgherd` command: runs the proxy, manages the embedded local cluster, and benchmarks.
 
 mod bench;
+mod clone;
 mod consistency;
 mod drill;
 mod local;
@@ -117,6 +118,10 @@ enum Command {
     /// Fault drills on a local cluster: faults on the primary under write load; checks that no
     /// acknowledged write is lost and no two nodes took writes, and reports the RTO clients saw.
     Drill(drill::DrillOptions),
+    /// Make a new streaming replica on this machine, copied from any node: the primary, or a
+    /// replica it then streams from (cascading); added to the config, and the running pgherd
+    /// reloads.
+    Clone(clone::CloneOptions),
     /// Compare the rows of the primary and its replicas, table by table and key range by key
     /// range, at the same point on every node while writes go on; exits non-zero when a table
     /// differs, listing where.
@@ -175,6 +180,7 @@ fn main() -> ExitCode {
         Command::Events { at, json } => operate::events(&at, json),
         Command::Drill(options) => drill::run(options),
         Command::CheckConsistency(options) => consistency::run(options),
+        Command::Clone(options) => clone::run(options),
         Command::CheckConfig { config } => check_config(&config),
         Command::Passwd { user } => passwd(&user),
         Command::Bench(command) => bench::run(command),

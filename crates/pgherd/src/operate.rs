@@ -265,7 +265,7 @@ fn nodes_from_pgherd(config: &Config, answer: &serde_json::Value) -> Vec<NodeSta
 }
 
 /// A wildcard listen address is reached through loopback.
-fn connectable(addr: SocketAddr) -> SocketAddr {
+pub(crate) fn connectable(addr: SocketAddr) -> SocketAddr {
     if addr.ip().is_unspecified() {
         let ip = if addr.is_ipv4() {
             std::net::IpAddr::from([127, 0, 0, 1])

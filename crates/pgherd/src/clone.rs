@@ -1,0 +1,274 @@
+//! `pgherd clone NEW --from NODE`: a new streaming replica on this machine, copied with
+//! `pg_basebackup` (a progress bar while it copies) from any node of the cluster: from the
+//! primary, or from a replica, which it then streams from (cascading). A replication slot is
+//! made for it on the node it streams from, it is added to the config as a node, and the
+//! running pgherd is told to reload, so it routes reads to it once it has caught up.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use pgherd_cluster::{CloneSource, LocalNode};
+use pgherd_config::{Config, NodeConfig};
+use pgherd_proxy::nodes::{CheckThresholds, Nodes};
+use pgherd_proxy::pool::ConnectContext;
+use pgherd_proxy::server::ServerConn;
+
+use crate::local::Where;
+
+#[derive(clap::Args, Debug)]
+pub struct CloneOptions {
+    /// The new node's name (letters, digits, `-` and `_`).
+    name: String,
+    /// The node to copy and stream from: the primary, or a replica (cascading replication).
+    #[arg(long)]
+    from: String,
+    /// Its port [default: a free one].
+    #[arg(long)]
+    port: Option<u16>,
+    /// Its data directory [default: named after it, beside the data directories of the
+    /// nodes pgherd manages].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    at: Where,
+}
+
+pub fn run(options: CloneOptions) -> Result<(), String> {
+    let path = options.at.config_path()?;
+    let config = Config::load(&path).map_err(|e| e.to_string())?;
+    let name = &options.name;
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(format!(
+            "{name:?} cannot name a node: letters, digits, '-' and '_' only"
+        ));
+    }
+    if config.node_of_any_shard(name).is_some() {
+        return Err(format!(
+            "{} has a node named {name} already",
+            path.display()
+        ));
+    }
+    let from = config.node(&options.from).ok_or_else(|| {
+        format!(
+            "no node \"{}\" in {} (its nodes: {})",
+            options.from,
+            path.display(),
+            config
+                .nodes
+                .iter()
+                .map(|n| n.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })?;
+    let data_dir = match &options.data_dir {
+        Some(dir) => dir.clone(),
+        None => beside_managed_nodes(&config, name)?,
+    };
+    let port = match options.port {
+        Some(port) => port,
+        None => pgherd_cluster::free_port().map_err(|e| e.to_string())?,
+    };
+    let node = LocalNode::managed(
+        name,
+        ("127.0.0.1", port),
+        None,
+        &data_dir,
+        &config.cluster.user,
+    )
+    .map_err(|e| e.to_string())?;
+    let slot = pgherd_cluster::slot_name(name);
+    crate::runtime(1)?.block_on(create_slot(&config, from, &slot))?;
+    let (user, password) = config.replication.standby_login(&config.cluster);
+    let source = CloneSource {
+        name: &from.name,
+        host: &from.host,
+        port: from.port,
+        user,
+        password,
+        slot: &slot,
+    };
+    eprintln!(
+        "copying {} into {} (port {port}) ...",
+        from.name,
+        data_dir.display()
+    );
+    let bar = indicatif::ProgressBar::new(0);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left)",
+    ) {
+        bar.set_style(style);
+    }
+    let cloned = node.clone_from(&source, &mut |done_kb, total_kb| {
+        bar.set_length(total_kb * 1024);
+        bar.set_position(done_kb * 1024);
+    });
+    bar.finish_and_clear();
+    cloned.map_err(|e| e.to_string())?;
+    add_to_config(&path, name, port, &data_dir)?;
+    let streaming = crate::runtime(1)?.block_on(wait_streaming(&config, from, name));
+    reload_running(&options.at, &config);
+    streaming?;
+    let how = if from_is_replica(&config, from) {
+        "cascading from a replica"
+    } else {
+        "from the primary"
+    };
+    println!(
+        "{name} streams from {} ({how}) on port {port}; data directory {}",
+        from.name,
+        data_dir.display()
+    );
+    Ok(())
+}
+
+/// `NAME` beside the data directory of the first node pgherd manages.
+fn beside_managed_nodes(config: &Config, name: &str) -> Result<PathBuf, String> {
+    config
+        .nodes
+        .iter()
+        .find_map(|n| n.data_dir.as_deref()?.parent().map(|p| p.join(name)))
+        .ok_or_else(|| {
+            "no node of the config has a data_dir to put the new one beside: name its directory with --data-dir".to_owned()
+        })
+}
+
+fn registry(config: &Config) -> Nodes {
+    Nodes::new(
+        &config.nodes,
+        CheckThresholds {
+            rejoin_after_checks: 1,
+            failures_before_down: 1,
+        },
+    )
+}
+
+async fn session_on(config: &Config, node: &NodeConfig) -> Result<ServerConn, String> {
+    let registry = registry(config);
+    let state = registry
+        .get(&node.name)
+        .ok_or_else(|| format!("no node {}", node.name))?;
+    let ctx = ConnectContext {
+        tls_mode: config.server_tls.mode,
+        tls: pgherd_proxy::tls::server_connector(&config.server_tls)?,
+        next_server_id: Default::default(),
+    };
+    pgherd_proxy::monitor::management_connection(&state, &config.cluster, &ctx, "postgres")
+        .await
+        .map_err(|e| format!("node {}: {e}", node.name))
+}
+
+/// The clone's physical slot on the node it streams from (a replica can hold one too), so
+/// that node keeps the WAL the clone has not received.
+async fn create_slot(config: &Config, from: &NodeConfig, slot: &str) -> Result<(), String> {
+    let mut conn = session_on(config, from).await?;
+    let quoted = pgherd_replication::consistency::quote_literal(slot);
+    conn.simple_query(&format!(
+        "SELECT pg_create_physical_replication_slot({quoted}) \
+         WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = {quoted})"
+    ))
+    .await
+    .map(|_| ())
+    .map_err(|e| {
+        format!(
+            "cannot make the replication slot {slot} on {}: {e}",
+            from.name
+        )
+    })
+}
+
+/// Waits until `from` reports the clone streaming from it.
+async fn wait_streaming(config: &Config, from: &NodeConfig, name: &str) -> Result<(), String> {
+    let mut conn = session_on(config, from).await?;
+    let question = format!(
+        "SELECT count(*)::text FROM pg_stat_replication WHERE application_name = {} AND state = 'streaming'",
+        pgherd_replication::consistency::quote_literal(name)
+    );
+    let started = Instant::now();
+    loop {
+        let rows = conn
+            .simple_query(&question)
+            .await
+            .map_err(|e| format!("node {}: {e}", from.name))?;
+        if rows.first().and_then(|r| r.first()).cloned().flatten() == Some("1".into()) {
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            return Err(format!(
+                "{name} was started but does not stream from {} after 60 s: see its log",
+                from.name
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Whether `from` is a replica now (as the config's nodes answer; a guess of false when it
+/// cannot be told).
+fn from_is_replica(config: &Config, from: &NodeConfig) -> bool {
+    let asked = crate::runtime(1).ok().map(|rt| {
+        rt.block_on(async {
+            let mut conn = session_on(config, from).await.ok()?;
+            let rows = conn
+                .simple_query("SELECT pg_is_in_recovery()::text")
+                .await
+                .ok()?;
+            rows.first().and_then(|r| r.first()).cloned().flatten()
+        })
+    });
+    asked.flatten().as_deref() == Some("true")
+}
+
+/// Appends the node to the config file (its text kept as it is, comments included); checks
+/// the result loads, and puts the file back as it was if not.
+fn add_to_config(path: &Path, name: &str, port: u16, data_dir: &Path) -> Result<(), String> {
+    let before = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let quote = |s: &str| toml_quote(s);
+    let mut after = before.clone();
+    if !after.ends_with('\n') {
+        after.push('\n');
+    }
+    after.push_str(&format!(
+        "\n[[nodes]]\nname = {}\nhost = \"127.0.0.1\"\nport = {port}\ndata_dir = {}\n",
+        quote(name),
+        quote(&data_dir.display().to_string())
+    ));
+    pgherd_config::write_private_file(path, &after)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if let Err(e) = Config::load(path) {
+        let _ = pgherd_config::write_private_file(path, &before);
+        return Err(format!(
+            "the config with {name} added does not load, so it was left as it was ({e}); {name} runs on port {port}: add it by hand"
+        ));
+    }
+    Ok(())
+}
+
+fn toml_quote(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// Asks the running pgherd, if there is one, to reload its config (the new node then
+/// takes reads once it is checked).
+fn reload_running(at: &Where, config: &Config) {
+    let running = config.proxy.listen.first().is_some_and(|addr| {
+        std::net::TcpStream::connect_timeout(
+            &crate::operate::connectable(*addr),
+            Duration::from_millis(500),
+        )
+        .is_ok()
+    });
+    if !running {
+        eprintln!("pgherd is not running: it will know the new node when it starts");
+        return;
+    }
+    if let Err(e) = crate::operate::admin_command(at, "RELOAD") {
+        eprintln!(
+            "pgherd: the running pgherd did not reload ({e}); reload it to route to the new node"
+        );
+    }
+}

@@ -479,6 +479,15 @@ impl Config {
         self.nodes.iter().find(|n| n.name == name)
     }
 
+    /// The names of the nodes `[[nodes]]` lists, for a message naming the choices.
+    pub fn node_names(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| n.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// A node of any shard (of the one cluster without `[sharding]`).
     pub fn node_of_any_shard(&self, name: &str) -> Option<&NodeConfig> {
         let shards = self

@@ -423,19 +423,8 @@ pub(crate) fn event(app: &App, kind: &'static str, node: &str, detail: &str) {
 
 /// What the monitors last saw of a node, in the decision crate's terms.
 fn view_of(node: &NodeState, state: &ClusterState, nodes: &[Arc<NodeState>]) -> NodeView {
+    let upstream = node.upstream_among(nodes);
     let health = node.health();
-    // The node at the address its WAL receiver streams from (a cascading replica's is
-    // another replica).
-    let upstream = health
-        .last_seen
-        .as_ref()
-        .and_then(|seen| seen.upstream_address.as_ref())
-        .and_then(|(host, port)| {
-            nodes
-                .iter()
-                .find(|n| &n.config.host == host && n.config.port == *port)
-        })
-        .map(|n| n.name().to_owned());
     NodeView {
         upstream,
         name: node.name().to_owned(),

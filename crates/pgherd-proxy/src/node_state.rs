@@ -4,6 +4,7 @@
 //! decided about the node is in the cluster view (`nodes.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use parking_lot::Mutex;
@@ -110,6 +111,19 @@ pub struct Observation {
     /// On a replica: the address its WAL receiver streams from (`pg_stat_wal_receiver`'s
     /// sender), when it is connected.
     pub upstream_address: Option<(String, u16)>,
+}
+
+impl NodeState {
+    /// The node among `nodes` at the address this replica's WAL receiver streams from (a
+    /// cascading replica's is another replica); `None` when not streaming or no node's.
+    pub fn upstream_among(&self, nodes: &[Arc<NodeState>]) -> Option<String> {
+        let health = self.health();
+        let (host, port) = health.last_seen.as_ref()?.upstream_address.as_ref()?;
+        nodes
+            .iter()
+            .find(|n| &n.config.host == host && n.config.port == *port)
+            .map(|n| n.name().to_owned())
+    }
 }
 
 impl Observation {

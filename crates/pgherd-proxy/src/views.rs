@@ -350,11 +350,11 @@ pub fn instances(app: &App) -> Table {
 }
 
 pub fn nodes(app: &App) -> Table {
-    let rows = app
-        .nodes
-        .all()
+    let all = app.nodes.all();
+    let rows = all
         .iter()
         .map(|n| {
+            let upstream = n.upstream_among(&all);
             let health = n.health();
             let timeline = health.last_seen.as_ref().map(|s| s.timeline);
             let writes = takes_writes(app, n);
@@ -379,6 +379,7 @@ pub fn nodes(app: &App) -> Table {
                 health.times_down.into(),
                 health.last_error.as_ref().map(|e| e.kind.as_str()).into(),
                 health.last_error.map(|e| e.message).into(),
+                upstream.into(),
             ]
         })
         .collect();
@@ -404,6 +405,7 @@ pub fn nodes(app: &App) -> Table {
             "times_down",
             "last_error_kind",
             "last_error",
+            "upstream",
         ],
         rows,
     }

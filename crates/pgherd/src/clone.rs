@@ -57,12 +57,7 @@ pub fn run(options: CloneOptions) -> Result<(), String> {
             "no node \"{}\" in {} (its nodes: {})",
             options.from,
             path.display(),
-            config
-                .nodes
-                .iter()
-                .map(|n| n.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            config.node_names()
         )
     })?;
     let data_dir = match &options.data_dir {

@@ -242,12 +242,7 @@ async fn connect_all(
                 registry.get(name).ok_or_else(|| {
                     CheckError::Config(format!(
                         "no node \"{name}\" in the config (its nodes: {})",
-                        config
-                            .nodes
-                            .iter()
-                            .map(|n| n.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        config.node_names()
                     ))
                 })
             })

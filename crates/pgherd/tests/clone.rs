@@ -95,19 +95,27 @@ async fn a_cascaded_clone_streams_from_its_replica_and_follows_a_failover() {
             .unwrap(),
         "true"
     );
-    // The running pgherd reloaded and knows the new node.
+    // The running pgherd reloaded, knows the new node and where it streams from.
     let console = connect(&env.pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")).await;
     let started = Instant::now();
-    while !console
-        .simple_query("SHOW NODES")
-        .await
-        .unwrap()
-        .iter()
-        .any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("pg4")))
-    {
+    loop {
+        let upstream = console
+            .simple_query("SHOW NODES")
+            .await
+            .unwrap()
+            .into_iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("pg4") => {
+                    r.get("upstream").map(str::to_owned)
+                }
+                _ => None,
+            });
+        if upstream.as_deref() == Some("pg2") {
+            break;
+        }
         assert!(
             started.elapsed() < Duration::from_secs(10),
-            "pgherd lists pg4"
+            "pgherd lists pg4 streaming from pg2: {upstream:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

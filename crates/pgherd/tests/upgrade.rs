@@ -111,6 +111,28 @@ async fn successor_in_log(env: &mut Env) -> u32 {
     }
 }
 
+/// Every pgbench run beside the upgrade ended with no failed transaction, and the old process
+/// exited by itself once its clients were gone.
+fn load_ran_through_and_the_old_process_left(
+    load: Vec<std::thread::JoinHandle<Result<String, String>>>,
+    pgherd: &mut pgherd_testkit::Pgherd,
+) {
+    for run in load {
+        let output = run
+            .join()
+            .unwrap()
+            .expect("pgbench ran through the upgrade");
+        assert!(
+            output.contains("number of failed transactions: 0"),
+            "{output}"
+        );
+    }
+    let exited = pgherd
+        .wait_exit(Duration::from_secs(30))
+        .expect("the old process exits once its clients are gone");
+    assert!(exited.success(), "{exited}");
+}
+
 fn alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
@@ -208,21 +230,7 @@ async fn an_upgrade_under_load_moves_every_client_with_its_session() {
         .batch_execute("INSERT INTO moved VALUES (2); COMMIT")
         .await
         .unwrap();
-    for run in load {
-        let output = run
-            .join()
-            .unwrap()
-            .expect("pgbench ran through the upgrade");
-        assert!(
-            output.contains("number of failed transactions: 0"),
-            "{output}"
-        );
-    }
-    let exited = env
-        .pgherd
-        .wait_exit(Duration::from_secs(30))
-        .expect("the old process exits once its clients are gone");
-    assert!(exited.success(), "{exited}");
+    load_ran_through_and_the_old_process_left(load, &mut env.pgherd);
     assert!(alive(new_pid));
 
     // The sessions carry on in the new process.
@@ -576,20 +584,7 @@ async fn a_sharded_endpoint_is_upgraded_with_its_sessions() {
     let new_pid = upgrade_at(&mut pgherd).await.expect("UPGRADE");
     assert_ne!(new_pid, old_pid);
     in_tx.batch_execute("COMMIT").await.unwrap();
-    for run in load {
-        let output = run
-            .join()
-            .unwrap()
-            .expect("pgbench ran through the upgrade");
-        assert!(
-            output.contains("number of failed transactions: 0"),
-            "{output}"
-        );
-    }
-    let exited = pgherd
-        .wait_exit(Duration::from_secs(30))
-        .expect("the old process exits once its clients are gone");
-    assert!(exited.success(), "{exited}");
+    load_ran_through_and_the_old_process_left(load, &mut pgherd);
     assert!(alive(new_pid));
     // Every client moved: pgbench's six, the idle one and the one in a transaction.
     let log = pgherd.log();

@@ -4,7 +4,7 @@
 //! per-shard read-your-writes positions) and fits a [`ClientRecord`], with the bytes the
 //! client sent that were not read as a message yet.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -14,7 +14,7 @@ use crate::app::App;
 use crate::clients::ClientShared;
 use crate::handover::ClientRecord;
 use crate::relay::params::SessionParams;
-use crate::relay::{Movable, RoutingSetup};
+use crate::relay::{client_for_handover, Movable, RoutingSetup};
 use crate::shards::Shards;
 use crate::stream::Stream;
 
@@ -75,22 +75,8 @@ impl ShardedSession {
     /// The client's connection (a duplicate of its descriptor) and the record of its session,
     /// for the new process.
     pub fn take_for_handover(&self) -> Result<(OwnedFd, ClientRecord), String> {
-        match self.movable() {
-            Movable::Now => {}
-            Movable::Later => return Err("a statement of it is under way".to_owned()),
-            Movable::Never(why) => return Err(why.to_owned()),
-        }
-        let Stream::Plain(tcp) = &self.client else {
-            return Err("not a plain TCP connection".to_owned());
-        };
-        let settings = self
-            .params
-            .to_record()
-            .ok_or("its settings have changes pending")?;
-        let connection = tcp
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| format!("cannot duplicate the client's socket: {e}"))?;
+        let (connection, settings) =
+            client_for_handover(self.movable(), &self.client, &self.params)?;
         let shared = &self.shared;
         let session = &self.reads.session;
         Ok((

@@ -14,7 +14,7 @@
 mod attach;
 mod cached;
 pub(crate) use attach::wait_for_replay;
-pub(crate) use moving::Movable;
+pub(crate) use moving::{client_for_handover, Movable};
 pub(crate) use server_input::primary_may_answer;
 mod client_input;
 mod client_stream;

@@ -13,10 +13,11 @@ use std::sync::atomic::Ordering;
 use pgherd_config::PoolMode;
 use pgherd_wire::backend::TxStatus;
 
+use super::params::SessionParams;
 use super::statements::{ClientStatements, StatementDef};
 use super::{Session, SessionEffect, UnnamedStatement};
 use crate::error::Disconnect;
-use crate::handover::{ClientRecord, ServerRecord, StatementRecord};
+use crate::handover::{ClientRecord, ServerRecord, SettingsRecord, StatementRecord};
 use crate::stream::Stream;
 
 /// Whether a session can move to another process.
@@ -26,6 +27,31 @@ pub(crate) enum Movable {
     Later,
     /// Never, for this reason: the client must reconnect.
     Never(&'static str),
+}
+
+/// What every moving session takes along, whatever its kind: a duplicate of its client's
+/// socket (its own closes when it ends) and its settings; why not when it cannot move now.
+pub(crate) fn client_for_handover(
+    movable: Movable,
+    client: &Stream,
+    params: &SessionParams,
+) -> Result<(OwnedFd, SettingsRecord), String> {
+    match movable {
+        Movable::Now => {}
+        Movable::Later => return Err("a request of it is under way".to_owned()),
+        Movable::Never(why) => return Err(why.to_owned()),
+    }
+    let Stream::Plain(tcp) = client else {
+        return Err("not a plain TCP connection".to_owned());
+    };
+    let settings = params
+        .to_record()
+        .ok_or("its settings have changes pending")?;
+    let connection = tcp
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| format!("cannot duplicate the client's socket: {e}"))?;
+    Ok((connection, settings))
 }
 
 impl Session {
@@ -128,22 +154,8 @@ impl Session {
     /// it ends), its server's if it keeps one, and the record of its session, for the new
     /// process.
     pub fn take_for_handover(&self) -> Result<(OwnedFd, Option<OwnedFd>, ClientRecord), String> {
-        match self.movable() {
-            Movable::Now => {}
-            Movable::Later => return Err("a request of it is under way".to_owned()),
-            Movable::Never(why) => return Err(why.to_owned()),
-        }
-        let Stream::Plain(tcp) = &self.client else {
-            return Err("not a plain TCP connection".to_owned());
-        };
-        let settings = self
-            .params
-            .to_record()
-            .ok_or("its settings have changes pending")?;
-        let connection = tcp
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| format!("cannot duplicate the client's socket: {e}"))?;
+        let (connection, settings) =
+            client_for_handover(self.movable(), &self.client, &self.params)?;
         let record = |name: &[u8], def: &StatementDef| StatementRecord {
             name: name.to_vec(),
             query: def.query.clone(),

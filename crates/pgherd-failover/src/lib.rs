@@ -371,14 +371,35 @@ pub fn decide(policy: &Policy, view: &View) -> Verdict {
     }
     match best {
         None => Verdict::NoCandidate { rejected },
-        Some((candidate, _)) => Verdict::Promote {
+        Some((candidate, candidate_lsn)) => Verdict::Promote {
             candidate,
             old: elected,
             followers: replicas
                 .into_iter()
                 .filter(|&i| i != candidate && view.nodes[i].answers())
+                .filter(|&i| needs_repoint(view, i, elected, candidate_lsn))
                 .collect(),
         },
+    }
+}
+
+/// Whether replica `i` must be re-pointed to the new primary: it streamed from the old one, or
+/// from a node that no longer answers or is fenced, or from where pgherd cannot tell, or it
+/// holds WAL beyond the candidate's (the steps then find out whether it must be rewound). One
+/// that cascades from another replica that answers, or from the candidate, follows it: the
+/// tree of replicas is kept.
+fn needs_repoint(view: &View, i: usize, old: usize, candidate_lsn: Lsn) -> bool {
+    let node = &view.nodes[i];
+    if node.received().is_some_and(|lsn| lsn > candidate_lsn) {
+        return true;
+    }
+    let upstream = node
+        .upstream
+        .as_deref()
+        .and_then(|name| view.nodes.iter().position(|n| n.name == name));
+    match upstream {
+        None => true,
+        Some(u) => u == old || !view.nodes[u].answers() || view.nodes[u].fenced,
     }
 }
 

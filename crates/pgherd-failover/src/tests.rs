@@ -131,6 +131,35 @@ fn a_cascaded_replica_is_no_witness_for_the_primary() {
     }
 }
 
+/// After a failover only the replicas that streamed from the old primary are re-pointed: one
+/// cascading from a replica that answers (or from the candidate) keeps streaming from it.
+#[test]
+fn a_failover_keeps_the_tree_of_cascading_replicas() {
+    let followers = |nodes: &[NodeView]| match verdict(&POLICY, nodes, &[]).0 {
+        Verdict::Promote { followers, .. } => followers,
+        other => panic!("{other:?}"),
+    };
+    let mut nodes = [
+        node("pg1", Check::Failed),
+        node("pg2", replica(1000, false)),
+        node("pg3", replica(1000, false)),
+        node("pg4", replica(1000, true)),
+    ];
+    nodes[1].upstream = Some("pg1".into());
+    nodes[2].upstream = Some("pg1".into());
+    nodes[3].upstream = Some("pg2".into());
+    // pg2 is promoted: pg4 streams from it already.
+    assert_eq!(followers(&nodes), vec![2]);
+    // pg3 is promoted: pg2 follows it, and pg4 follows pg2.
+    nodes[2].check = replica(1100, false);
+    assert_eq!(followers(&nodes), vec![1]);
+    // pg4's upstream is gone too: pg4 is re-pointed.
+    nodes[1].check = Check::Failed;
+    nodes[1].consecutive_failures = 3;
+    nodes[3].check = replica(1000, false);
+    assert_eq!(followers(&nodes), vec![3]);
+}
+
 #[test]
 fn promotion_needs_a_majority_of_replicas_to_confirm() {
     let nodes = [

@@ -1,7 +1,8 @@
 //! `pgherd clone` against a real cluster: a replica cloned from a replica (cascading) streams
-//! from it with the data already there, the running pgherd knows it after the reload, and it
-//! keeps receiving writes through a failover of the top primary; an unknown source and a name
-//! already taken are refused with nothing made.
+//! from it with the data already there, the running pgherd knows it and its upstream after the
+//! reload, and through a failover of the top primary it keeps receiving writes and its
+//! upstream (the tree is kept); an unknown source and a name already taken are refused with
+//! nothing made.
 
 mod common;
 
@@ -36,6 +37,21 @@ impl Drop for Clone {
     fn drop(&mut self) {
         let _ = self.0.stop(pgherd_cluster::StopMode::Immediate);
     }
+}
+
+/// The node `node` streams from, as `SHOW NODES` says.
+async fn upstream_of(console: &tokio_postgres::Client, node: &str) -> Option<String> {
+    console
+        .simple_query("SHOW NODES")
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some(node) => {
+                r.get("upstream").map(str::to_owned)
+            }
+            _ => None,
+        })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,17 +115,7 @@ async fn a_cascaded_clone_streams_from_its_replica_and_follows_a_failover() {
     let console = connect(&env.pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")).await;
     let started = Instant::now();
     loop {
-        let upstream = console
-            .simple_query("SHOW NODES")
-            .await
-            .unwrap()
-            .into_iter()
-            .find_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("pg4") => {
-                    r.get("upstream").map(str::to_owned)
-                }
-                _ => None,
-            });
+        let upstream = upstream_of(&console, "pg4").await;
         if upstream.as_deref() == Some("pg2") {
             break;
         }
@@ -150,6 +156,17 @@ async fn a_cascaded_clone_streams_from_its_replica_and_follows_a_failover() {
         assert!(
             started.elapsed() < Duration::from_secs(30),
             "the clone receives the new primary's writes"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The tree is kept: pg4 was not re-pointed (pg2 was promoted, or was re-pointed itself).
+    let started = Instant::now();
+    while upstream_of(&console, "pg4").await.as_deref() != Some("pg2") {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "pg4 still streams from pg2: {:?}",
+            upstream_of(&console, "pg4").await
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -58,6 +58,8 @@ struct NodeStatus {
     in_read_set: Option<bool>,
     /// Server connections pgherd holds to the node (in use and idle).
     server_connections: Option<u64>,
+    /// The node a replica streams from (the primary, or another replica when it cascades).
+    upstream: Option<String>,
 }
 
 /// Runs `command` on the admin console of the pgherd configured by `dir` or `config_path`,
@@ -258,6 +260,7 @@ fn nodes_from_pgherd(config: &Config, answer: &serde_json::Value) -> Vec<NodeSta
                 takes_writes: n["takes_writes"].as_bool(),
                 in_read_set: n["in_read_set"].as_bool(),
                 server_connections: Some(connections),
+                upstream: n["upstream"].as_str().map(str::to_owned),
                 name,
             }
         })
@@ -344,6 +347,7 @@ async fn check_nodes(config: &Config) -> Vec<NodeStatus> {
             takes_writes: None,
             in_read_set: None,
             server_connections: None,
+            upstream: None,
         });
     }
     out
@@ -426,9 +430,13 @@ fn print_status(report: &StatusReport) {
                 (None, Some(c)) => format!("{c} conns  {}", n.data_dir.clone().unwrap_or_default()),
                 (None, None) => n.data_dir.clone().unwrap_or_default(),
             };
+            let role = match &n.upstream {
+                Some(upstream) => format!("{} of {upstream}", n.role),
+                None => n.role.clone(),
+            };
             [
                 n.name.clone(),
-                n.role.clone(),
+                role,
                 n.state.clone(),
                 yes_no(n.takes_writes),
                 yes_no(n.in_read_set),

@@ -479,7 +479,9 @@ pub struct Reloaded {
     pub new_nodes: Vec<Arc<NodeState>>,
 }
 
-fn connect_context(
+/// What opening server connections needs from `config` (TLS to servers) with server ids from
+/// `next_server_id`; for the app, and for commands that connect to nodes themselves.
+pub fn connect_context(
     config: &Config,
     next_server_id: Arc<AtomicU64>,
 ) -> Result<ConnectContext, String> {

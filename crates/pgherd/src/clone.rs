@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use pgherd_cluster::{CloneSource, LocalNode};
 use pgherd_config::{Config, NodeConfig};
 use pgherd_proxy::nodes::{CheckThresholds, Nodes};
-use pgherd_proxy::pool::ConnectContext;
 use pgherd_proxy::server::ServerConn;
 
 use crate::local::Where;
@@ -77,7 +76,7 @@ pub fn run(options: CloneOptions) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     let slot = pgherd_cluster::slot_name(name);
-    crate::runtime(1)?.block_on(create_slot(&config, from, &slot))?;
+    let from_is_replica = crate::runtime(1)?.block_on(create_slot(&config, from, &slot))?;
     let (user, password) = config.replication.standby_login(&config.cluster);
     let source = CloneSource {
         name: &from.name,
@@ -108,7 +107,7 @@ pub fn run(options: CloneOptions) -> Result<(), String> {
     let streaming = crate::runtime(1)?.block_on(wait_streaming(&config, from, name));
     reload_running(&options.at, &config);
     streaming?;
-    let how = if from_is_replica(&config, from) {
+    let how = if from_is_replica {
         "cascading from a replica"
     } else {
         "from the primary"
@@ -147,19 +146,16 @@ async fn session_on(config: &Config, node: &NodeConfig) -> Result<ServerConn, St
     let state = registry
         .get(&node.name)
         .ok_or_else(|| format!("no node {}", node.name))?;
-    let ctx = ConnectContext {
-        tls_mode: config.server_tls.mode,
-        tls: pgherd_proxy::tls::server_connector(&config.server_tls)?,
-        next_server_id: Default::default(),
-    };
+    let ctx = pgherd_proxy::app::connect_context(config, Default::default())?;
     pgherd_proxy::monitor::management_connection(&state, &config.cluster, &ctx, "postgres")
         .await
         .map_err(|e| format!("node {}: {e}", node.name))
 }
 
 /// The clone's physical slot on the node it streams from (a replica can hold one too), so
-/// that node keeps the WAL the clone has not received.
-async fn create_slot(config: &Config, from: &NodeConfig, slot: &str) -> Result<(), String> {
+/// that node keeps the WAL the clone has not received; whether that node is a replica (the
+/// clone then cascades).
+async fn create_slot(config: &Config, from: &NodeConfig, slot: &str) -> Result<bool, String> {
     let mut conn = session_on(config, from).await?;
     let quoted = pgherd_replication::consistency::quote_literal(slot);
     conn.simple_query(&format!(
@@ -167,13 +163,23 @@ async fn create_slot(config: &Config, from: &NodeConfig, slot: &str) -> Result<(
          WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = {quoted})"
     ))
     .await
-    .map(|_| ())
     .map_err(|e| {
         format!(
             "cannot make the replication slot {slot} on {}: {e}",
             from.name
         )
-    })
+    })?;
+    let rows = conn
+        .simple_query("SELECT pg_is_in_recovery()::text")
+        .await
+        .map_err(|e| format!("node {}: {e}", from.name))?;
+    Ok(rows
+        .first()
+        .and_then(|r| r.first())
+        .cloned()
+        .flatten()
+        .as_deref()
+        == Some("true"))
 }
 
 /// Waits until `from` reports the clone streaming from it.
@@ -200,22 +206,6 @@ async fn wait_streaming(config: &Config, from: &NodeConfig, name: &str) -> Resul
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// Whether `from` is a replica now (as the config's nodes answer; a guess of false when it
-/// cannot be told).
-fn from_is_replica(config: &Config, from: &NodeConfig) -> bool {
-    let asked = crate::runtime(1).ok().map(|rt| {
-        rt.block_on(async {
-            let mut conn = session_on(config, from).await.ok()?;
-            let rows = conn
-                .simple_query("SELECT pg_is_in_recovery()::text")
-                .await
-                .ok()?;
-            rows.first().and_then(|r| r.first()).cloned().flatten()
-        })
-    });
-    asked.flatten().as_deref() == Some("true")
 }
 
 /// Appends the node to the config file (its text kept as it is, comments included); checks

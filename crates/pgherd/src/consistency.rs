@@ -253,11 +253,8 @@ async fn connect_all(
             "a check compares at least two nodes".to_owned(),
         ));
     }
-    let ctx = ConnectContext {
-        tls_mode: config.server_tls.mode,
-        tls: pgherd_proxy::tls::server_connector(&config.server_tls).map_err(CheckError::Config)?,
-        next_server_id: Default::default(),
-    };
+    let ctx = pgherd_proxy::app::connect_context(config, Default::default())
+        .map_err(CheckError::Config)?;
     let mut checked = Vec::new();
     let mut primary = None;
     for node in &chosen {

@@ -39,6 +39,13 @@ try {
     }
     const count = await page.locator("#topology g.node").count();
     if (count !== Object.keys(expect).length) problems.push(`${count} nodes drawn`);
+    // Each replica's stream is drawn from the node it streams from (here the primary).
+    const primary = Object.keys(expect).find((n) => expect[n] === "primary");
+    for (const [node, role] of Object.entries(expect)) {
+      if (role !== "replica") continue;
+      const from = await page.locator(`#topology line[data-to="${node}"]`).getAttribute("data-from", { timeout: 5000 });
+      if (from !== primary) problems.push(`${node}'s stream drawn from ${from}, expected ${primary}`);
+    }
     const writes = await page.textContent("#writes");
     if (!writes.includes(Object.keys(expect).find((n) => expect[n] === "primary"))) {
       problems.push("header does not name the primary: " + writes);

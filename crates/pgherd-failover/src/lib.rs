@@ -377,18 +377,19 @@ pub fn decide(policy: &Policy, view: &View) -> Verdict {
             followers: replicas
                 .into_iter()
                 .filter(|&i| i != candidate && view.nodes[i].answers())
-                .filter(|&i| needs_repoint(view, i, elected, candidate_lsn))
+                .filter(|&i| needs_repoint(view, i, Some(elected), candidate_lsn))
                 .collect(),
         },
     }
 }
 
-/// Whether replica `i` must be re-pointed to the new primary: it streamed from the old one, or
-/// from a node that no longer answers or is fenced, or from where pgherd cannot tell, or it
-/// holds WAL beyond the candidate's (the steps then find out whether it must be rewound). One
-/// that cascades from another replica that answers, or from the candidate, follows it: the
-/// tree of replicas is kept.
-fn needs_repoint(view: &View, i: usize, old: usize, candidate_lsn: Lsn) -> bool {
+/// Whether replica `i` must be re-pointed to the new primary: it streamed from the old one
+/// (`old`, when pgherd knows it), or from a node that no longer answers or is fenced, or from
+/// where pgherd cannot tell, or it holds WAL beyond the candidate's (the steps then find out
+/// whether it must be rewound). One that cascades from another replica that answers, or from
+/// the candidate, follows it: the tree of replicas is kept. Failover, `PROMOTE` and switchover
+/// all ask this (switchover before the old primary stops, with an LSN no replica exceeds).
+pub fn needs_repoint(view: &View, i: usize, old: Option<usize>, candidate_lsn: Lsn) -> bool {
     let node = &view.nodes[i];
     if node.received().is_some_and(|lsn| lsn > candidate_lsn) {
         return true;
@@ -399,7 +400,14 @@ fn needs_repoint(view: &View, i: usize, old: usize, candidate_lsn: Lsn) -> bool 
         .and_then(|name| view.nodes.iter().position(|n| n.name == name));
     match upstream {
         None => true,
-        Some(u) => u == old || !view.nodes[u].answers() || view.nodes[u].fenced,
+        Some(u) => {
+            let upstream = &view.nodes[u];
+            // A primary other than the candidate is one being replaced, known or not.
+            Some(u) == old
+                || !upstream.answers()
+                || upstream.fenced
+                || matches!(upstream.check, Check::Primary { .. })
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 //! `--force`, never the checks without which promotion cannot work (the candidate must answer
 //! as a replica and not be fenced).
 
-use crate::{eligibility, Check, Lsn, Policy, View};
+use crate::{eligibility, needs_repoint, Check, Lsn, Policy, View};
 
 /// A safeguard a manual promotion must pass unless the operator forces it by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -218,12 +218,14 @@ pub fn plan_promotion(
     if !refusals.is_empty() {
         return Err(refusals);
     }
+    let old = view.elected.filter(|&i| i != candidate);
     Ok(Promotion {
         candidate,
-        old: view.elected.filter(|&i| i != candidate),
+        old,
         followers: others
             .into_iter()
             .filter(|&i| matches!(view.nodes[i].check, Check::Replica { .. }))
+            .filter(|&i| needs_repoint(view, i, old, candidate_lsn))
             .collect(),
     })
 }
@@ -285,6 +287,34 @@ mod tests {
                 followers: vec![2],
             })
         );
+    }
+
+    #[test]
+    fn a_promotion_keeps_the_tree_of_cascading_replicas() {
+        let mut nodes = [
+            node("pg1", Check::Failed),
+            node("pg2", replica(100, false)),
+            node("pg3", replica(100, false)),
+            node("pg4", replica(100, false)),
+            node("pg5", replica(100, false)),
+        ];
+        nodes[1].upstream = Some("pg1".into());
+        nodes[2].upstream = Some("pg1".into());
+        // pg4 cascades from pg3, pg5 from pg2: pg2 is promoted, pg3 follows it, pg4 keeps
+        // following pg3 and pg5 follows pg2 already.
+        nodes[3].upstream = Some("pg3".into());
+        nodes[4].upstream = Some("pg2".into());
+        assert_eq!(plan(&nodes, 1, &[]).map(|p| p.followers), Ok(vec![2]));
+        // An upstream pgherd cannot name, one that is gone, and one that answers as a
+        // primary: each is left by its replica for the new primary.
+        nodes[3].upstream = None;
+        assert_eq!(plan(&nodes, 1, &[]).map(|p| p.followers), Ok(vec![2, 3]));
+        nodes[3].upstream = Some("pg9".into());
+        assert_eq!(plan(&nodes, 1, &[]).map(|p| p.followers), Ok(vec![2, 3]));
+        nodes[3].upstream = Some("pg3".into());
+        nodes[2].check = Check::Failed;
+        nodes[2].consecutive_failures = 3;
+        assert_eq!(plan(&nodes, 1, &[]).map(|p| p.followers), Ok(vec![3]));
     }
 
     #[test]

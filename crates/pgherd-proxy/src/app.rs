@@ -263,19 +263,17 @@ impl App {
     }
 
     /// A logged-in session's pool on `node` ([`Self::pool`]), without the registry when
-    /// `cache` already holds `node`'s open pool (the session's last one): the common case takes
-    /// no lock and allocates nothing.
+    /// `cache` already holds `node`'s open pool: the common case takes no lock and allocates
+    /// nothing, also for a session whose reads go round several nodes.
     pub fn pool_cached(
         &self,
-        cache: &mut Option<(Arc<NodeState>, Arc<Pool>)>,
+        cache: &mut PoolCache,
         database: &str,
         user: &str,
         node: &Arc<NodeState>,
     ) -> Result<Arc<Pool>, pgherd_wire::PgError> {
-        if let Some((cached_node, pool)) = cache {
-            if Arc::ptr_eq(cached_node, node) && !pool.is_closed() {
-                return Ok(pool.clone());
-            }
+        if let Some(pool) = cache.take_open(node) {
+            return Ok(pool);
         }
         let pool = self.pool(database, user, node).ok_or_else(|| {
             pgherd_wire::PgError::error(
@@ -283,7 +281,7 @@ impl App {
                 format!("database \"{database}\" is no longer served by pgherd"),
             )
         })?;
-        *cache = Some((node.clone(), pool.clone()));
+        cache.put_last(node.clone(), pool.clone());
         Ok(pool)
     }
 
@@ -497,5 +495,43 @@ fn node_address(node: &NodeState) -> NodeAddress {
         name: node.config.name.clone(),
         host: node.config.host.clone(),
         port: node.config.port,
+    }
+}
+
+/// A session's pools by node, the last used first (one inline: a session on one node
+/// allocates nothing). Closed pools and removed nodes fall out as they are met.
+#[derive(Default)]
+pub struct PoolCache(smallvec::SmallVec<[(Arc<NodeState>, Arc<Pool>); 1]>);
+
+/// More nodes than a cluster has readers is a list that only grows with node churn.
+const POOL_CACHE_MAX: usize = 8;
+
+impl PoolCache {
+    /// The node the session's last request ran on.
+    pub fn last_node(&self) -> Option<&Arc<NodeState>> {
+        self.0.first().map(|(node, _)| node)
+    }
+
+    /// `node`'s pool if it is held and open, made the last used.
+    fn take_open(&mut self, node: &Arc<NodeState>) -> Option<Arc<Pool>> {
+        let at = self.0.iter().position(|(n, _)| Arc::ptr_eq(n, node))?;
+        if self.0[at].1.is_closed() {
+            self.0.remove(at);
+            return None;
+        }
+        self.0[..=at].rotate_right(1);
+        Some(self.0[0].1.clone())
+    }
+
+    pub fn put_last(&mut self, node: Arc<NodeState>, pool: Arc<Pool>) {
+        self.0
+            .retain(|(n, p)| !Arc::ptr_eq(n, &node) && !p.is_closed());
+        self.0.truncate(POOL_CACHE_MAX - 1);
+        self.0.insert(0, (node, pool));
+    }
+
+    /// Forgets every pool (the last one closed under the session).
+    pub fn clear(&mut self) {
+        self.0.clear();
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use arc_swap::Guard;
 use pgherd_failover::{ClusterState, Gate};
 use pgherd_route::balance::{Balance, Candidate};
-use pgherd_route::plan::{ClusterView, NodeStanding};
+use pgherd_route::plan::{ClusterView, NodeStanding, ReadSet};
 
 use crate::nodes::{NodeState, Nodes, Role};
 
@@ -120,16 +120,19 @@ impl ClusterView for Snapshot<'_> {
     /// Where a read may go, in config order; the primary is among them only when
     /// `primary_reads` (and not while the write gate holds: a primary being switched over
     /// drains).
-    fn read_candidates(&self, primary_reads: bool) -> (Vec<Arc<NodeState>>, Vec<Candidate>) {
+    fn read_candidates(
+        &self,
+        primary_reads: bool,
+    ) -> (ReadSet<Arc<NodeState>>, ReadSet<Candidate>) {
         let primary_reads = primary_reads && !self.writes_paused();
         let reads_here =
             |role: Role| role == Role::Replica || (primary_reads && role == Role::Primary);
         if !self.list.iter().any(|n| reads_here(n.role())) {
             // A cluster without replicas pays nothing for routing.
-            return (Vec::new(), Vec::new());
+            return (ReadSet::new(), ReadSet::new());
         }
-        let mut nodes = Vec::with_capacity(self.list.len());
-        let mut candidates = Vec::with_capacity(self.list.len());
+        let mut nodes = ReadSet::new();
+        let mut candidates = ReadSet::new();
         for node in self.list.iter() {
             let role = node.role();
             if reads_here(role) {

@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 
 use pgherd_cluster::{LocalNode, StopMode};
 use pgherd_failover::control::Operation;
-use pgherd_failover::Change;
+use pgherd_failover::{needs_repoint, Change};
 use pgherd_route::balance::{format_lsn, parse_lsn, Lsn};
 use pgherd_wire::{PgError, SqlState};
 
 use crate::app::App;
-use crate::failover::{carry_out, event, received};
+use crate::failover::{carry_out, event, received, Seen};
 use crate::monitor::check_once;
 use crate::node_ops::{create_slot, first_value, primary_conninfo, promote, repoint, run_sql};
 use crate::nodes::{NodeState, Nodes, Role};
@@ -129,8 +129,8 @@ pub(crate) const ROLE_CHANGE_WAIT: Duration = Duration::from_secs(10);
 /// How long a switchover waits for a replica that streams (as pgherd's checks see it).
 const TARGET_WAIT: Duration = Duration::from_secs(3);
 
-/// The named replica, or the most advanced streaming one (priority breaks ties; priority 0
-/// never).
+/// The named replica, or the most advanced one streaming from the primary itself, then one
+/// that cascades (priority breaks ties; priority 0 never).
 fn choose_target(
     cluster: &Nodes,
     nodes: &[Arc<NodeState>],
@@ -167,12 +167,39 @@ fn choose_target(
         }
         return Ok(node.clone());
     }
+    // One that streams from the primary itself before one that cascades from a replica.
+    let direct = |n: &NodeState| {
+        n.upstream_among(nodes)
+            .is_none_or(|upstream| upstream == old.name())
+    };
     nodes
         .iter()
         .filter(|n| cluster.usable_as(n, Role::Replica) && n.config.priority > 0 && streaming(n))
-        .max_by_key(|n| (n.lsn(), n.config.priority))
+        .max_by_key(|n| (direct(n), n.lsn(), n.config.priority))
         .cloned()
         .ok_or_else(|| refuse("no replica streams from the primary and may be promoted".into()))
+}
+
+/// The replicas that must follow the target once it is promoted: those that streamed from the
+/// old primary or from where pgherd cannot tell ([`pgherd_failover::needs_repoint`]); one
+/// that cascades from another replica, or from the target, keeps its upstream.
+fn followers(
+    cluster: &Nodes,
+    nodes: &[Arc<NodeState>],
+    old: &NodeState,
+    target: &NodeState,
+) -> Vec<Arc<NodeState>> {
+    let old_index = nodes.iter().position(|n| n.id == old.id);
+    let seen = Seen::now(cluster, nodes, old_index);
+    let view = seen.view();
+    nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.id != old.id && n.id != target.id)
+        // The target has every WAL record the old primary wrote once it stopped cleanly.
+        .filter(|&(i, _)| needs_repoint(&view, i, old_index, Lsn::MAX))
+        .map(|(_, n)| n.clone())
+        .collect()
 }
 
 struct Run<'a> {
@@ -199,6 +226,9 @@ impl Run<'_> {
         let config = app.config();
         let cluster = &config.cluster;
         let ctx = app.connect_context();
+        // Read while every replica still streams from where it did: afterwards the old
+        // primary's replicas have lost their upstream and look alike.
+        let followers = followers(self.cluster, nodes, old, target);
         self.step(
             "switchover_started",
             old.name(),
@@ -317,9 +347,8 @@ impl Run<'_> {
             old.name(),
             format!("{} restarted as a standby of {}", old.name(), target.name()),
         );
-        for follower in nodes
+        for follower in followers
             .iter()
-            .filter(|n| n.name() != old.name() && n.name() != target.name())
             .filter(|n| self.cluster.usable_as(n, Role::Replica))
         {
             match repoint(&config, &ctx, follower, target).await {

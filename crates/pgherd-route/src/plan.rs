@@ -198,7 +198,7 @@ pub fn route_request<S: Statements>(
     }
     let mut target: Option<Target> = None;
     // Statements the batch itself prepares (named or not), for its Binds.
-    let mut defined: Vec<(&[u8], Routed)> = Vec::new();
+    let mut defined: smallvec::SmallVec<[(&[u8], Routed); 2]> = smallvec::SmallVec::new();
     let mut at = 0;
     plan.target = loop {
         let rest = &input[at..];
@@ -236,7 +236,10 @@ pub fn route_request<S: Statements>(
                     plan.front = Some(routed.clone());
                 }
                 // The unnamed statement too: a Bind of "" later in the batch binds this one.
-                defined.push((name, routed.clone()));
+                // A simple query is a request of its own: nothing after it binds it.
+                if h.tag == tag::PARSE {
+                    defined.push((name, routed.clone()));
+                }
                 Some(routed)
             }
             tag::BIND => frontend::Bind::parse(body).ok().map(|b| {
@@ -295,11 +298,15 @@ pub trait ClusterView {
     /// Why writes are refused outright (strict durability without a synchronous standby).
     fn writes_refused(&self) -> Option<String>;
     /// The nodes a read may go to, in config order, with what the chooser needs to know.
-    fn read_candidates(&self, primary_reads: bool) -> (Vec<Self::Node>, Vec<Candidate>);
+    fn read_candidates(&self, primary_reads: bool) -> (ReadSet<Self::Node>, ReadSet<Candidate>);
     /// A turn for round robin and weighted (shared by every session), a random number for
     /// random: the view supplies it, so a test can fix it.
     fn read_ticket(&self, balance: Balance) -> u64;
 }
+
+/// The readers of a cluster, held inline up to four: every read outside a transaction block
+/// lists them, and a heap allocation per read costs more than the choice itself.
+pub type ReadSet<T> = smallvec::SmallVec<[T; 4]>;
 
 /// What a read asks of the node that serves it.
 #[derive(Debug, Clone, Copy)]

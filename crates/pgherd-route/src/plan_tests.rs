@@ -450,7 +450,7 @@ impl ClusterView for View {
         self.writes_refused.map(str::to_owned)
     }
 
-    fn read_candidates(&self, primary_reads: bool) -> (Vec<&'static str>, Vec<Candidate>) {
+    fn read_candidates(&self, primary_reads: bool) -> (ReadSet<&'static str>, ReadSet<Candidate>) {
         self.nodes
             .iter()
             .filter(|(_, s, _)| {

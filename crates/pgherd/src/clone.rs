@@ -141,7 +141,7 @@ fn registry(config: &Config) -> Nodes {
     )
 }
 
-async fn session_on(config: &Config, node: &NodeConfig) -> Result<ServerConn, String> {
+pub(crate) async fn session_on(config: &Config, node: &NodeConfig) -> Result<ServerConn, String> {
     let registry = registry(config);
     let state = registry
         .get(&node.name)
@@ -239,7 +239,7 @@ fn toml_quote(s: &str) -> String {
 
 /// Asks the running pgherd, if there is one, to reload its config (the new node then
 /// takes reads once it is checked).
-fn reload_running(at: &Where, config: &Config) {
+pub(crate) fn reload_running(at: &Where, config: &Config) {
     let running = config.proxy.listen.first().is_some_and(|addr| {
         std::net::TcpStream::connect_timeout(
             &crate::operate::connectable(*addr),

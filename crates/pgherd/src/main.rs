@@ -7,6 +7,7 @@ mod drill;
 mod local;
 mod logging;
 mod operate;
+mod remove;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -122,6 +123,10 @@ enum Command {
     /// replica it then streams from (cascading); added to the config, and the running pgherd
     /// reloads.
     Clone(clone::CloneOptions),
+    /// Take a replica out of the cluster while pgherd runs: stopped (when pgherd manages it),
+    /// its replication slots dropped, its entry removed from the config, and the running
+    /// pgherd reloads. The primary and a replica others stream from are refused.
+    Remove(remove::RemoveOptions),
     /// Compare the rows of the primary and its replicas, table by table and key range by key
     /// range, at the same point on every node while writes go on; exits non-zero when a table
     /// differs, listing where.
@@ -181,6 +186,7 @@ fn main() -> ExitCode {
         Command::Drill(options) => drill::run(options),
         Command::CheckConsistency(options) => consistency::run(options),
         Command::Clone(options) => clone::run(options),
+        Command::Remove(options) => remove::run(options),
         Command::CheckConfig { config } => check_config(&config),
         Command::Passwd { user } => passwd(&user),
         Command::Bench(command) => bench::run(command),

@@ -1,8 +1,9 @@
 //! `pgherd clone` against a real cluster: a replica cloned from a replica (cascading) streams
 //! from it with the data already there, the running pgherd knows it and its upstream after the
-//! reload, and through a failover of the top primary it keeps receiving writes and its
-//! upstream (the tree is kept); an unknown source and a name already taken are refused with
-//! nothing made.
+//! reload, and through a switchover and then a failover of the top primary it keeps receiving
+//! writes and its upstream (the tree is kept: only the replicas of the replaced primary
+//! follow the new one); an unknown source and a name already taken are refused with nothing
+//! made.
 
 mod common;
 
@@ -12,14 +13,19 @@ use std::time::{Duration, Instant};
 use common::*;
 use pgherd_testkit::{SUPERUSER, SUPERUSER_PASSWORD};
 
-fn clone(env: &Env, args: &[&str]) -> Output {
+/// `pgherd COMMAND ARGS --config <the test's config>`.
+fn pgherd(env: &Env, command: &str, args: &[&str]) -> Output {
     Command::new(BIN)
-        .arg("clone")
+        .arg(command)
         .args(args)
         .arg("--config")
         .arg(&env.pgherd.config_path)
         .output()
-        .expect("run pgherd clone")
+        .unwrap_or_else(|e| panic!("run pgherd {command}: {e}"))
+}
+
+fn clone(env: &Env, args: &[&str]) -> Output {
+    pgherd(env, "clone", args)
 }
 
 fn text(out: &Output) -> String {
@@ -54,8 +60,40 @@ async fn upstream_of(console: &tokio_postgres::Client, node: &str) -> Option<Str
         })
 }
 
+/// Inserts `id` into `t` through pgherd, retrying while a failover goes on.
+async fn app_writes(env: &Env, id: u32) {
+    let started = Instant::now();
+    loop {
+        let written = async {
+            let c = try_connect(&env.pgherd.conninfo(APP, APP_PASSWORD, APP)).await?;
+            c.batch_execute(&format!("INSERT INTO t VALUES ({id})"))
+                .await
+        };
+        if written.await.is_ok() {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "writes resumed through pgherd"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits for the clone to hold `rows` rows of `t`.
+async fn clone_has(clone: &tokio_postgres::Client, rows: u32) {
+    let started = Instant::now();
+    while first_value(clone, "SELECT count(*) FROM t").await.ok() != Some(rows.to_string()) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the clone receives the primary's writes ({rows} rows)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cascaded_clone_streams_from_its_replica_and_follows_a_failover() {
+async fn a_cascaded_clone_streams_from_its_replica_and_keeps_it_through_switchover_and_failover() {
     let env = env(2, |c| {
         c.superuser()
             .manage_nodes()
@@ -80,7 +118,13 @@ async fn a_cascaded_clone_streams_from_its_replica_and_follows_a_failover() {
         .and_then(|rest| rest.split(';').next())
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("no port in {said}"));
-    let data_dir = env.cluster.dir().join("pg4");
+    let data_dir = said
+        .split("data directory ")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        .map(|line| std::path::PathBuf::from(line.trim()))
+        .unwrap_or_else(|| panic!("no data directory in {said}"));
+    assert!(data_dir.join("PG_VERSION").is_file(), "{said}");
     let _clone = Clone(
         pgherd_cluster::LocalNode::managed("pg4", ("127.0.0.1", port), None, &data_dir, SUPERUSER)
             .unwrap(),
@@ -126,39 +170,57 @@ async fn a_cascaded_clone_streams_from_its_replica_and_follows_a_failover() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    // The top primary dies; writes resume through pgherd and reach the clone.
-    env.cluster
-        .node("pg1")
-        .stop(pgherd_cluster::StopMode::Immediate)
-        .expect("kill pg1");
+    // A switchover to pg3: pg2, which streamed from pg1, follows pg3; pg4 keeps pg2, and
+    // pg1 restarts as pg3's standby.
+    let steps = console
+        .simple_query("SWITCHOVER TO pg3")
+        .await
+        .unwrap_or_else(|e| panic!("switchover: {e}\n{}", env.pgherd.log()));
+    let steps: Vec<String> = steps
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(
+                (0..r.len())
+                    .filter_map(|i| r.get(i))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
+            _ => None,
+        })
+        .collect();
+    let steps = steps.join("\n");
+    assert!(steps.contains("pg2 follows pg3"), "{steps}");
     let started = Instant::now();
     loop {
-        let written = async {
-            let c = try_connect(&env.pgherd.conninfo(APP, APP_PASSWORD, APP)).await?;
-            c.batch_execute("INSERT INTO t VALUES (2)").await
-        };
-        if written.await.is_ok() {
+        let tree = (
+            upstream_of(&console, "pg1").await,
+            upstream_of(&console, "pg2").await,
+            upstream_of(&console, "pg4").await,
+        );
+        let pg3 = Some("pg3".to_owned());
+        if tree == (pg3.clone(), pg3, Some("pg2".to_owned())) {
             break;
         }
         assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "writes resumed after the failover"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let started = Instant::now();
-    while first_value(&pg4, "SELECT count(*) FROM t")
-        .await
-        .ok()
-        .as_deref()
-        != Some("2")
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the clone receives the new primary's writes"
+            started.elapsed() < Duration::from_secs(20),
+            "after the switchover pg1 and pg2 stream from pg3, pg4 from pg2: {tree:?}\n{steps}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert!(
+        !steps.contains("pg4 follows"),
+        "pg4 was not re-pointed: {steps}"
+    );
+    app_writes(&env, 2).await;
+    clone_has(&pg4, 2).await;
+
+    // The new primary dies; writes resume through pgherd and reach the clone.
+    env.cluster
+        .node("pg3")
+        .stop(pgherd_cluster::StopMode::Immediate)
+        .expect("kill pg3");
+    app_writes(&env, 3).await;
+    clone_has(&pg4, 3).await;
 
     // The tree is kept: pg4 was not re-pointed (pg2 was promoted, or was re-pointed itself).
     let started = Instant::now();
@@ -183,4 +245,45 @@ async fn a_cascaded_clone_streams_from_its_replica_and_follows_a_failover() {
         text(&out)
     );
     assert!(!env.cluster.dir().join("pg5").exists());
+
+    // Removal: pg2 has pg4 streaming from it (or is the primary now), so it stays; pg4 goes
+    // (stopped, its slot on pg2 dropped, its entry out of the config) while pgherd runs.
+    let out = pgherd(&env, "remove", &["pg2"]);
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("pg2 is not removed: pg4 streams from it")
+            || said.contains("pg2 is not removed: it is the primary"),
+        "{said}"
+    );
+    let out = pgherd(&env, "remove", &["pg4"]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("pg4 is removed from the cluster; its replication slot is dropped on pg2"),
+        "{said}"
+    );
+    assert!(!_clone.0.is_running(), "pg4 was stopped: {said}");
+    assert!(data_dir.exists(), "its data directory is kept");
+    let config = std::fs::read_to_string(&env.pgherd.config_path).unwrap();
+    assert!(!config.contains("name = \"pg4\""), "{config}");
+    let slots = env.cluster.sql_on(
+        "pg2",
+        "postgres",
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE '%pg4%'",
+    );
+    assert_eq!(slots.trim(), "0", "pg4's slot on pg2 is dropped");
+    let listed = |rows: Vec<tokio_postgres::SimpleQueryMessage>| {
+        rows.into_iter().any(
+            |m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("pg4")),
+        )
+    };
+    assert!(
+        !listed(console.simple_query("SHOW NODES").await.unwrap()),
+        "the running pgherd no longer lists pg4"
+    );
+    app_writes(&env, 4).await;
+    let out = pgherd(&env, "remove", &["pg4"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("no node \"pg4\""), "{}", text(&out));
 }

@@ -11,7 +11,7 @@ use pgherd_wire::backend::{self, tag as btag, TxStatus};
 use pgherd_wire::{frontend, PgError, SqlState, WireError};
 
 use super::reads::NodeChoice;
-use crate::app::App;
+use crate::app::{App, PoolCache};
 use crate::clients::{ClientShared, ServerTarget};
 use crate::error::{ServerError, ServerErrorKind};
 use crate::msgio::{read_message, write_flush, ReadError};
@@ -115,7 +115,7 @@ impl Link {
         shard: u32,
         choice: NodeChoice,
         params: &SessionParams,
-        pool_cache: &mut Option<(Arc<NodeState>, Arc<Pool>)>,
+        pool_cache: &mut PoolCache,
     ) -> Result<Option<Link>, OpenError> {
         let node = choice.node;
         let pool = app

@@ -37,11 +37,9 @@ use pgherd_route::{Decision, SessionEffect, Target, TxEffect};
 use pgherd_wire::backend::{self, tag as btag};
 use pgherd_wire::{PgError, SqlState};
 
-use crate::app::App;
+use crate::app::{App, PoolCache};
 use crate::clients::ClientShared;
 use crate::error::Disconnect;
-use crate::nodes::NodeState;
-use crate::pool::Pool;
 use crate::relay::params::{session_changes, SessionParams};
 use crate::relay::primary_may_answer;
 use crate::routing::Router;
@@ -65,8 +63,8 @@ pub struct ShardedSession {
     pub shards: Arc<Shards>,
     /// The database's catalog, for the aggregates it defines.
     pub router: Arc<Router>,
-    /// Each shard's last pool and its node (see `App::pool_cached`).
-    pub pools: Vec<Option<(Arc<NodeState>, Arc<Pool>)>>,
+    /// Each shard's pools (see `App::pool_cached`).
+    pub pools: Vec<PoolCache>,
     /// The database's name on the servers.
     pub server_database: String,
     /// The client's transaction, once it began one (or a write over several shards runs).

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::BytesMut;
 
 use super::{Extended, ShardReads, ShardedSession};
-use crate::app::App;
+use crate::app::{App, PoolCache};
 use crate::clients::ClientShared;
 use crate::handover::ClientRecord;
 use crate::relay::params::SessionParams;
@@ -43,7 +43,7 @@ impl ShardedSession {
             router: routing
                 .router
                 .unwrap_or_else(|| app.router(&server_database)),
-            pools: vec![None; shards.count() as usize],
+            pools: (0..shards.count()).map(|_| PoolCache::default()).collect(),
             app,
             shared,
             client,

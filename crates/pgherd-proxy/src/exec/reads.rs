@@ -213,7 +213,7 @@ impl ShardedSession {
         let mut target = target;
         let mut replica_failures = 0;
         loop {
-            let last = pool_cache.as_ref().map(|(node, _)| node);
+            let last = pool_cache.last_node();
             let chosen = match target {
                 Target::Primary => None,
                 _ => self

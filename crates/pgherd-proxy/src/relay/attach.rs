@@ -131,7 +131,7 @@ impl Session {
             // watch has closed the gate.
             return Err(self.writes_refused(Some(&GateReason::NoLease)));
         }
-        let last = self.last_pool.as_ref().map(|(node, _)| node);
+        let last = self.pools.last_node();
         match choose_node(&self.app.nodes.snapshot(), target, last, reads) {
             Ok(plan) => Ok((plan.node, plan.wait_for_lsn)),
             Err(NoNode::WritesRefused(_)) => {
@@ -156,7 +156,7 @@ impl Session {
     pub(super) fn pool_for(&mut self, node: &Arc<NodeState>) -> Result<Arc<Pool>, PgError> {
         let shared = &self.shared;
         self.app
-            .pool_cached(&mut self.last_pool, &shared.database, &shared.user, node)
+            .pool_cached(&mut self.pools, &shared.database, &shared.user, node)
     }
 
     /// Takes a server connection for the next request, on the node its routing decision
@@ -421,7 +421,7 @@ impl Session {
             AcquireError::Server(server) => {
                 tracing::warn!(client = self.shared.id, error = %server, "cannot get a server connection");
             }
-            AcquireError::Closed => self.last_pool = None,
+            AcquireError::Closed => self.pools.clear(),
             AcquireError::WaitTimeout { .. } => {}
         }
         e.to_client_error(&self.shared.database, &self.shared.user, node.name())

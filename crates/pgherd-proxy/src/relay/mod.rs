@@ -47,7 +47,7 @@ use pgherd_wire::{PgError, SqlState, WireError};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio_util::io::poll_read_buf;
 
-use crate::app::App;
+use crate::app::{App, PoolCache};
 use crate::buffers;
 use crate::clients::{ClientShared, ServerTarget, SIGNAL_HANDOVER, SIGNAL_KILL, SIGNAL_SHUTDOWN};
 use crate::error::{client_io, Disconnect, ServerError, ServerErrorKind};
@@ -351,8 +351,8 @@ pub struct Session {
     routing: Routing,
     max_message_bytes: usize,
     lease: Option<Lease>,
-    /// The pool last used, and its node, to skip the registry on the next attach.
-    last_pool: Option<(Arc<NodeState>, Arc<Pool>)>,
+    /// The pools used, the last first, to skip the registry on the next attach.
+    pools: PoolCache,
     queue: ResponseQueue,
     /// Created at the client's first named statement.
     statements: Option<Box<ClientStatements>>,
@@ -425,7 +425,7 @@ impl Session {
             mode: setup.mode,
             routing: Routing::new(setup.routing, setup.params.flags),
             lease: None,
-            last_pool: None,
+            pools: PoolCache::default(),
             queue: ResponseQueue::default(),
             statements: None,
             unnamed: None,
@@ -455,7 +455,7 @@ impl Session {
     /// Starts holding the server connection the login used.
     pub fn hold(&mut self, held: Held) -> Result<(), PgError> {
         let Held { node, pool, conn } = held;
-        self.last_pool = Some((node.clone(), pool.clone()));
+        self.pools.put_last(node.clone(), pool.clone());
         self.take_lease(node, pool, conn)
     }
 

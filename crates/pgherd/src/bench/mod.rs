@@ -91,6 +91,10 @@ pub enum Target {
     PgherdScraped,
     /// Another pgherd binary (`--baseline`, an earlier build) in the same run: before/after.
     PgherdBaseline,
+    /// pgherd as `pgherd up` configures it: reads routed per statement over every node with
+    /// read-your-writes, sync durability, failover on (the target `pgherd` sends everything
+    /// to the primary, as PgBouncer does).
+    PgherdDefault,
     Pgbouncer,
 }
 
@@ -101,6 +105,7 @@ impl Target {
             Target::Pgherd => "pgherd",
             Target::PgherdScraped => "pgherd-scraped",
             Target::PgherdBaseline => "pgherd-baseline",
+            Target::PgherdDefault => "pgherd-default",
             Target::Pgbouncer => "pgbouncer",
         }
     }
@@ -128,6 +133,16 @@ pub struct PoolerOptions {
     /// pgbench scale factor.
     #[arg(long, default_value_t = 20)]
     scale: u32,
+    /// Streaming replicas beside the primary. pgherd knows them all (its health checks and
+    /// monitor run as in production); the targets `pgherd` and PgBouncer still send
+    /// everything to the primary, `pgherd-default` routes reads to them.
+    #[arg(long, default_value_t = 2)]
+    replicas: usize,
+    /// pgbench threads (`-j`), at most the client count. Two on this 2-core class of machine
+    /// leave the pooler a core's worth of time; more threads than cores make the client the
+    /// bottleneck and inflate every pooler's CPU per transaction with wakeups.
+    #[arg(long, default_value_t = 2)]
+    client_threads: u32,
     /// Server connections per pool, the same for pgherd and PgBouncer.
     #[arg(long, default_value_t = 20)]
     pool_size: u32,
@@ -182,6 +197,7 @@ struct Fixture {
     pgherd: Option<ProxyProcess>,
     baseline: Option<ProxyProcess>,
     pgbouncer: Option<ProxyProcess>,
+    default: Option<ProxyProcess>,
     bench: BenchUser,
     /// A user whose verifier has 16 iterations: thousands of logins stay cheap for the client.
     cheap: BenchUser,
@@ -275,7 +291,7 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
-    let cluster = BenchCluster::create(&dir, 0, settings, &[&bench, &cheap])?;
+    let cluster = BenchCluster::create(&dir, options.replicas, settings, &[&bench, &cheap])?;
     cluster.sql("postgres", "CREATE DATABASE bench OWNER bench")?;
     pgbench_init(
         &pgbench_bin,
@@ -291,11 +307,11 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
     )?;
     let users = [&bench, &cheap];
     let setup = |baseline| PgherdSetup {
-        nodes: 1,
+        nodes: options.replicas + 1,
         users: &users,
         pool_size: options.pool_size,
         workers: options.pgherd_workers,
-        database_keys: "",
+        database_keys: "route = \"primary\"",
         ha: false,
         baseline,
         instance: None,
@@ -314,6 +330,18 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
         true => Some(start_pgbouncer(&cluster, &users, options.pool_size)?),
         false => None,
     };
+    let default = match options.targets.contains(&Target::PgherdDefault) {
+        true => Some(start_pgherd(
+            &cluster,
+            &PgherdSetup {
+                database_keys: "",
+                ha: true,
+                instance: Some(("pgherd-default", "")),
+                ..setup(None)
+            },
+        )?),
+        false => None,
+    };
     let log_dir = dir.join("pgbench-logs");
     std::fs::create_dir_all(&log_dir).map_err(|e| e.to_string())?;
     Ok(Fixture {
@@ -321,6 +349,7 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
         pgherd,
         baseline,
         pgbouncer,
+        default,
         bench,
         cheap,
         pgbench: Pgbench {
@@ -352,6 +381,13 @@ fn port_of(fixture: &Fixture, target: Target) -> Result<(u16, Option<&ProxyProce
                 .ok_or("pgbouncer is not running")?;
             (p.port, Some(p))
         }
+        Target::PgherdDefault => {
+            let p = fixture
+                .default
+                .as_ref()
+                .ok_or("the default-config pgherd is not running")?;
+            (p.port, Some(p))
+        }
     })
 }
 
@@ -364,7 +400,7 @@ fn measure(
     target: Target,
 ) -> Result<Sample, String> {
     let (port, proxy) = port_of(fixture, target)?;
-    let threads = clients.clamp(1, 4);
+    let threads = clients.clamp(1, options.client_threads.max(1));
     let mut args: Vec<String> = workload
         .pgbench_args()
         .iter()
@@ -603,12 +639,15 @@ fn render_report(
     let mut r = String::new();
     let _ = writeln!(
         r,
-        "## pgherd bench pooler\n\n{} round(s) x {} s per run, scale {}, pool size {}, medians over rounds; {} min in all. \
+        "## pgherd bench pooler\n\n{} round(s) x {} s per run, scale {}, pool size {}, a primary and {} streaming replica(s), \
+         pgbench -j {}, medians over rounds; {} min in all. \
          CPU is the pooler process's user+system time per transaction from /proc.\n",
         options.rounds,
         options.duration_s,
         options.scale,
         options.pool_size,
+        options.replicas,
+        options.client_threads,
         took.as_secs() / 60
     );
     let _ = writeln!(r, "| workload | clients | direct TPS | pgherd TPS | PgBouncer TPS | pgherd / direct | pgherd / PgBouncer | avg ms direct / pgherd / PgBouncer | p99 ms direct / pgherd / PgBouncer | CPU µs/txn pgherd / PgBouncer | CPU ratio | failed |");
@@ -686,6 +725,20 @@ fn render_report(
             ("pgherd", Target::Pgherd),
         );
         write_comparison(&mut r, options, samples, &heading, pair);
+    }
+    if options.targets.contains(&Target::PgherdDefault) {
+        let heading = "The embedded default (`pgherd up`: route auto, read-your-writes, sync durability, failover) against route = primary";
+        let pair = (
+            ("primary", Target::Pgherd),
+            ("default", Target::PgherdDefault),
+        );
+        write_comparison(&mut r, options, samples, heading, pair);
+        let heading = "The embedded default against direct PostgreSQL (the primary)";
+        let pair = (
+            ("direct", Target::Direct),
+            ("default", Target::PgherdDefault),
+        );
+        write_comparison(&mut r, options, samples, heading, pair);
     }
     if options.targets.contains(&Target::PgherdScraped) {
         let heading = format!(

@@ -51,9 +51,11 @@ pub fn run(options: RemoveOptions) -> Result<(), String> {
     let name = options.name.as_str();
     let node = match config.node(name) {
         Some(node) => node,
-        None if config.node_of_any_shard(name).is_some() => return Err(format!(
+        None if config.node_of_any_shard(name).is_some() => {
+            return Err(format!(
             "{name} is a node of a shard other than the first; removing those is not supported yet"
-        )),
+        ))
+        }
         None => {
             return Err(format!(
                 "no node \"{name}\" in {} (its nodes: {})",

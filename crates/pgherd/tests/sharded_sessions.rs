@@ -4,7 +4,9 @@
 //! table it has not replayed yet runs on the primary, and writes and transaction blocks stay
 //! on the primaries; SIGTERM lets an open transaction finish before the session ends; a client
 //! idle past `client_idle_timeout_ms` is closed; a query string of several statements answers
-//! as one node answers it (an implicit transaction over the shards, up to the first error).
+//! as one node answers it (an implicit transaction over the shards, up to the first error); a
+//! cancel ends a statement still waiting for its connections, and one sent while idle is for
+//! nothing.
 
 mod common;
 
@@ -405,5 +407,66 @@ async fn several_statements_in_one_query_string_answer_as_one_node_answers_them(
             && copied.contains("COPY 2")
             && copied.lines().any(|l| l.trim() == total[0]),
         "{copied}"
+    );
+}
+
+/// A statement's waiting for its server connections (here a pool of one, held by another
+/// session's transaction) ends at once when its client cancels it; a cancel sent while the
+/// session is idle is for nothing and does not end its next statement's wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_ends_a_sharded_statement_waiting_for_its_connections() {
+    let shards = [shard_cluster(), shard_cluster()];
+    let mut config = common::sharded_config(&shards, &[("waits", "k")]).max_size(1);
+    config.wait_timeout_ms = 20_000;
+    let pgherd = Pgherd::start(BIN, &shards[0], &config);
+    let holder = connect_as_superuser(pgherd.port, "postgres").await;
+    holder
+        .simple_query("CREATE TABLE waits (k int PRIMARY KEY)")
+        .await
+        .expect("create waits");
+    let waiter = connect_as_superuser(pgherd.port, "postgres").await;
+    waiter
+        .simple_query("SELECT count(*) FROM waits")
+        .await
+        .expect("a read while nothing holds the pools");
+
+    // The holder's transaction keeps both shards' only connections.
+    holder
+        .simple_query("BEGIN; SELECT count(*) FROM waits")
+        .await
+        .expect("hold the pools");
+    let token = waiter.cancel_token();
+    let started = Instant::now();
+    let waiting = tokio::spawn(async move {
+        let answer = waiter.simple_query("SELECT count(*) FROM waits").await;
+        (waiter, answer)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    token
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("send the cancel");
+    let (waiter, answer) = waiting.await.expect("the waiting statement");
+    let error = answer.expect_err("the cancel ends the wait");
+    assert_eq!(code(&error), "57014", "{error:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "ended by the cancel, not by the pool's 20 s wait: {:?}",
+        started.elapsed()
+    );
+
+    // Idle, a cancel is for nothing: the next statement waits for the holder, then runs.
+    token
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("send a cancel while idle");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let next = tokio::spawn(async move { waiter.simple_query("SELECT count(*) FROM waits").await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    holder.simple_query("COMMIT").await.expect("commit");
+    let next = next.await.expect("the next statement");
+    assert!(
+        next.is_ok(),
+        "a cancel sent while idle ended the next statement: {next:?}"
     );
 }

@@ -101,8 +101,17 @@ impl ShardedSession {
                 Err(e) => return Err(Disconnect::Protocol(e)),
             }
             buffers::release_if_empty(&mut self.client_in);
-            let (client, client_in) = (&mut self.client, &mut self.client_in);
-            let read = poll_fn(|cx| poll_read_when_ready(client, cx, client_in));
+            let (client, client_in, shared) = (&mut self.client, &mut self.client_in, &self.shared);
+            let read = poll_fn(|cx| {
+                let read = poll_read_when_ready(client, cx, client_in);
+                if read.is_pending() && client_in.is_empty() {
+                    // Nothing in hand: a cancel now (it wakes this task) is for nothing, and
+                    // must not end the next statement's wait for its links; PostgreSQL
+                    // ignores one for an idle backend.
+                    shared.forget_cancel();
+                }
+                read
+            });
             // (Each part of a message that arrives starts the idle time anew.)
             let idle = async {
                 match idle_timeout_ms {

@@ -455,12 +455,13 @@ impl ShardedSession {
                     | Execution::FanOut { .. }
                     | Execution::CopyOut { .. }
             );
+        let shared = self.shared.clone();
         let mut links = if in_tx {
-            self.tx_links(&shards).await?
+            cancellable(&shared, self.tx_links(&shards)).await?
         } else if reads_anywhere {
-            self.open_links_for(&shards, target).await?
+            cancellable(&shared, self.open_links_for(&shards, target)).await?
         } else {
-            self.open_links(&shards).await?
+            cancellable(&shared, self.open_links(&shards)).await?
         };
         if writes && !in_tx {
             // (A transaction's writes are noted when it ends.)
@@ -535,7 +536,7 @@ impl ShardedSession {
             // yet): the primary answers, as the relay does.
             Some(shard) => {
                 links.clear();
-                match self.open_link(shard, Target::Primary).await {
+                match cancellable(&shared, self.open_link(shard, Target::Primary)).await {
                     Ok(link) => {
                         links.push(link);
                         self.watch_cancel(&links);
@@ -624,7 +625,8 @@ impl ShardedSession {
         each::write(links, query, copies, split, out).await
     }
 
-    /// A cancel from the client reaches every link of the statement.
+    /// A cancel from the client reaches every link of the statement (once they are open: a
+    /// cancel while they are being opened ends the wait, see [`cancellable`]).
     fn watch_cancel(&self, links: &[Link]) {
         self.shared
             .set_targets(links.iter().filter_map(Link::target));
@@ -731,4 +733,24 @@ fn encode_error(out: &mut BytesMut, error: &PgError) {
     if error.encode(out).is_err() {
         let _ = PgError::error(SqlState::INTERNAL_ERROR, "an error too large to send").encode(out);
     }
+}
+
+/// A wait for a statement's server connections (a full pool, a primary being elected) that a
+/// cancel from the client ends at once with 57014, as the relay's waits do. Once it ends, a
+/// cancel is for the statement running on the links (or for nothing).
+async fn cancellable<T>(
+    shared: &ClientShared,
+    wait: impl std::future::Future<Output = Result<T, PgError>>,
+) -> Result<T, PgError> {
+    let outcome = tokio::select! {
+        biased;
+        done = wait => done,
+        _ = shared.wait_interrupted(false) => Err(PgError::error(
+            SqlState::QUERY_CANCELED,
+            "canceling statement due to user request",
+        )
+        .with_detail("the statement was still waiting for a server connection")),
+    };
+    shared.end_wait();
+    outcome
 }

@@ -3,3 +3,4 @@
 //! that run them against nodes live in the `pgherd` binary (`check-consistency`).
 
 pub mod consistency;
+pub mod sets;

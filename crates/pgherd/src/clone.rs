@@ -142,12 +142,21 @@ fn registry(config: &Config) -> Nodes {
 }
 
 pub(crate) async fn session_on(config: &Config, node: &NodeConfig) -> Result<ServerConn, String> {
+    session_in(config, node, "postgres").await
+}
+
+/// A session to `node`'s `database` as the `[cluster]` user (TLS as `[server_tls]` says).
+pub(crate) async fn session_in(
+    config: &Config,
+    node: &NodeConfig,
+    database: &str,
+) -> Result<ServerConn, String> {
     let registry = registry(config);
     let state = registry
         .get(&node.name)
         .ok_or_else(|| format!("no node {}", node.name))?;
     let ctx = pgherd_proxy::app::connect_context(config, Default::default())?;
-    pgherd_proxy::monitor::management_connection(&state, &config.cluster, &ctx, "postgres")
+    pgherd_proxy::monitor::management_connection(&state, &config.cluster, &ctx, database)
         .await
         .map_err(|e| format!("node {}: {e}", node.name))
 }

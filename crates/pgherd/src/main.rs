@@ -8,6 +8,7 @@ mod local;
 mod logging;
 mod operate;
 mod remove;
+mod sets;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -127,6 +128,12 @@ enum Command {
     /// its replication slots dropped, its entry removed from the config, and the running
     /// pgherd reloads. The primary and a replica others stream from are refused.
     Remove(remove::RemoveOptions),
+    /// Replication sets (Slony-I style, on logical replication): chosen tables of a database,
+    /// published from their origin; other clusters or databases subscribe to them.
+    Set {
+        #[command(subcommand)]
+        command: sets::SetCommand,
+    },
     /// Compare the rows of the primary and its replicas, table by table and key range by key
     /// range, at the same point on every node while writes go on; exits non-zero when a table
     /// differs, listing where.
@@ -187,6 +194,7 @@ fn main() -> ExitCode {
         Command::CheckConsistency(options) => consistency::run(options),
         Command::Clone(options) => clone::run(options),
         Command::Remove(options) => remove::run(options),
+        Command::Set { command } => sets::run(command),
         Command::CheckConfig { config } => check_config(&config),
         Command::Passwd { user } => passwd(&user),
         Command::Bench(command) => bench::run(command),

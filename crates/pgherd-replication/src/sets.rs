@@ -1,0 +1,302 @@
+//! Replication sets, in the style of Slony-I, on PostgreSQL's logical replication: chosen
+//! tables of one database, published from their origin and subscribed to by other clusters or
+//! databases. What pgherd keeps about a set (its patterns and its subscribers) lives in the
+//! origin database's `pgherd` schema, so it follows the origin through a failover of its own
+//! cluster; the publication and subscriptions are PostgreSQL's. Here: the checks and the
+//! statements, with no sockets.
+
+use crate::consistency::{quote_literal, table_selected, TableShape};
+
+/// What pgherd keeps in the origin database, created on the first set.
+pub const CATALOG_SQL: &str = "\
+CREATE SCHEMA IF NOT EXISTS pgherd; \
+CREATE TABLE IF NOT EXISTS pgherd.sets (\
+  name text PRIMARY KEY, patterns text[] NOT NULL, created_at timestamptz NOT NULL DEFAULT now()); \
+CREATE TABLE IF NOT EXISTS pgherd.set_subscribers (\
+  set_name text NOT NULL REFERENCES pgherd.sets ON DELETE CASCADE, \
+  subscription text NOT NULL, subscriber text NOT NULL, \
+  created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (set_name, subscription))";
+
+/// The sets of the origin database, their tables (from their publications) and subscribers:
+/// one row per set, arrays as JSON.
+pub const LIST_SQL: &str = "\
+SELECT s.name, \
+       (SELECT coalesce(json_agg(t.schemaname || '.' || t.tablename \
+                 ORDER BY t.schemaname, t.tablename), '[]') \
+          FROM pg_publication_tables t WHERE t.pubname = 'pgherd_' || s.name)::text, \
+       (SELECT coalesce(json_agg(json_build_array(b.subscription, b.subscriber, \
+                 pg_wal_lsn_diff(pg_current_wal_lsn(), r.confirmed_flush_lsn)::bigint, \
+                 r.active) ORDER BY b.subscription), '[]') \
+          FROM pgherd.set_subscribers b \
+          LEFT JOIN pg_replication_slots r ON r.slot_name = b.subscription \
+         WHERE b.set_name = s.name)::text \
+  FROM pgherd.sets s ORDER BY s.name";
+
+/// Why a set cannot be made or subscribed to, in words an operator acts on.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SetError {
+    #[error("{0:?} cannot name a set: lowercase letters, digits and '_', starting with a letter, at most 40")]
+    BadName(String),
+    #[error("a set needs at least one table pattern (--tables)")]
+    NoPatterns,
+    #[error("the patterns {0} match no table of the database: a set with no tables is refused")]
+    NoTables(String),
+    #[error("{} {} no primary key: a subscriber could not apply an UPDATE or DELETE of {}; add one, or leave {} out of the set", .0.join(", "), if .0.len() == 1 { "has" } else { "have" }, if .0.len() == 1 { "its rows" } else { "their rows" }, if .0.len() == 1 { "it" } else { "them" })]
+    NoPrimaryKey(Vec<String>),
+    #[error("the subscriber has no table {}: create {} there first (a subscription copies rows, not definitions)", .0.join(", "), if .0.len() == 1 { "it" } else { "them" })]
+    MissingOnSubscriber(Vec<String>),
+    #[error("on the subscriber, {} {} no primary key: it could not apply an UPDATE or DELETE; add one there", .0.join(", "), if .0.len() == 1 { "has" } else { "have" })]
+    NoPrimaryKeyOnSubscriber(Vec<String>),
+}
+
+/// A set's name is part of the publication's and the subscriptions' names.
+pub fn check_name(name: &str) -> Result<(), SetError> {
+    let ok = name.len() <= 40
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    match ok {
+        true => Ok(()),
+        false => Err(SetError::BadName(name.to_owned())),
+    }
+}
+
+/// The publication that carries a set.
+pub fn publication(set: &str) -> String {
+    format!("pgherd_{set}")
+}
+
+/// A subscription to `set` (also its replication slot's name on the origin): the set and a
+/// tag of the subscriber, so several subscribers of one origin do not collide; at most 63
+/// characters, PostgreSQL's limit for both.
+pub fn subscription(set: &str, subscriber_tag: &str) -> String {
+    let tag: String = subscriber_tag
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '_',
+        })
+        .collect();
+    let mut name = format!("pgherd_{set}_{tag}");
+    name.truncate(63);
+    name
+}
+
+/// The origin's tables the patterns select; refused when none is, or when one has no primary
+/// key (logical replication would then refuse its updates and deletes on the origin).
+pub fn choose_tables<'a>(
+    tables: &'a [TableShape],
+    patterns: &[String],
+) -> Result<Vec<&'a TableShape>, SetError> {
+    if patterns.is_empty() {
+        return Err(SetError::NoPatterns);
+    }
+    let chosen: Vec<&TableShape> = tables
+        .iter()
+        .filter(|t| table_selected(&t.name, patterns) && !t.name.starts_with("pgherd."))
+        .collect();
+    if chosen.is_empty() {
+        return Err(SetError::NoTables(patterns.join(", ")));
+    }
+    let keyless: Vec<String> = chosen
+        .iter()
+        .filter(|t| t.key.is_empty())
+        .map(|t| t.name.clone())
+        .collect();
+    if !keyless.is_empty() {
+        return Err(SetError::NoPrimaryKey(keyless));
+    }
+    Ok(chosen)
+}
+
+/// One transaction on the origin: the catalog, the set's row, its publication.
+pub fn create_sql(set: &str, patterns: &[String], tables: &[&TableShape]) -> String {
+    let patterns: Vec<String> = patterns.iter().map(|p| quote_literal(p)).collect();
+    let tables: Vec<&str> = tables.iter().map(|t| t.sql_name.as_str()).collect();
+    format!(
+        "BEGIN; {CATALOG_SQL}; \
+         INSERT INTO pgherd.sets (name, patterns) VALUES ({}, ARRAY[{}]::text[]); \
+         CREATE PUBLICATION {} FOR TABLE {}; COMMIT",
+        quote_literal(set),
+        patterns.join(", "),
+        publication(set),
+        tables.join(", ")
+    )
+}
+
+/// Whether the subscriber can take the set's tables: each must exist there with a primary key.
+pub fn check_subscriber(set_tables: &[String], subscriber: &[TableShape]) -> Result<(), SetError> {
+    let missing: Vec<String> = set_tables
+        .iter()
+        .filter(|t| !subscriber.iter().any(|s| &s.name == *t))
+        .cloned()
+        .collect();
+    if !missing.is_empty() {
+        return Err(SetError::MissingOnSubscriber(missing));
+    }
+    let keyless: Vec<String> = subscriber
+        .iter()
+        .filter(|s| set_tables.contains(&s.name) && s.key.is_empty())
+        .map(|s| s.name.clone())
+        .collect();
+    if !keyless.is_empty() {
+        return Err(SetError::NoPrimaryKeyOnSubscriber(keyless));
+    }
+    Ok(())
+}
+
+/// On the subscriber: the subscription, which makes its slot on the origin and copies the
+/// tables' rows before streaming their changes. (Not in a transaction block: PostgreSQL
+/// refuses one that makes a slot.)
+pub fn subscribe_sql(set: &str, subscription: &str, origin_conninfo: &str) -> String {
+    format!(
+        "CREATE SUBSCRIPTION {subscription} CONNECTION {} PUBLICATION {} \
+         WITH (copy_data = true, slot_name = {})",
+        quote_literal(origin_conninfo),
+        publication(set),
+        quote_literal(subscription)
+    )
+}
+
+/// On the subscriber: (tables copied and streaming, tables in the subscription).
+pub fn sync_progress_sql(subscription: &str) -> String {
+    format!(
+        "SELECT count(*) FILTER (WHERE r.srsubstate IN ('r', 's'))::text, count(*)::text \
+           FROM pg_subscription_rel r JOIN pg_subscription s ON s.oid = r.srsubid \
+          WHERE s.subname = {}",
+        quote_literal(subscription)
+    )
+}
+
+/// On the origin: the subscriber recorded with the set.
+pub fn record_subscriber_sql(set: &str, subscription: &str, subscriber: &str) -> String {
+    format!(
+        "INSERT INTO pgherd.set_subscribers (set_name, subscription, subscriber) VALUES ({}, {}, {})",
+        quote_literal(set),
+        quote_literal(subscription),
+        quote_literal(subscriber)
+    )
+}
+
+/// A libpq connection string naming `host`, `port`, `dbname`, `user` and `password`, each value
+/// quoted as libpq reads it.
+pub fn conninfo(parts: &[(&str, &str)]) -> String {
+    parts
+        .iter()
+        .map(|(key, value)| {
+            let value = value.replace('\\', "\\\\").replace('\'', "\\'");
+            format!("{key}='{value}'")
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consistency::KeyColumn;
+
+    fn table(name: &str, keyed: bool) -> TableShape {
+        TableShape {
+            name: name.into(),
+            sql_name: name.into(),
+            estimated_rows: 0,
+            columns: vec!["id".into()],
+            key: if keyed {
+                vec![KeyColumn {
+                    sql_name: "id".into(),
+                    type_name: "integer".into(),
+                }]
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    #[test]
+    fn names() {
+        assert!(check_name("orders").is_ok());
+        assert!(check_name("orders_2").is_ok());
+        for bad in ["", "Orders", "2orders", "or-ders", &"x".repeat(41)] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+        assert_eq!(publication("orders"), "pgherd_orders");
+        assert_eq!(
+            subscription("orders", "Host-B:5433"),
+            "pgherd_orders_host_b_5433"
+        );
+    }
+
+    #[test]
+    fn tables_are_chosen_by_pattern_and_need_a_key() {
+        let tables = [
+            table("public.orders", true),
+            table("public.order_lines", true),
+            table("public.log", false),
+            table("pgherd.sets", true),
+        ];
+        let p = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let chosen = choose_tables(&tables, &p(&["order*"])).unwrap();
+        let names: Vec<&str> = chosen.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["public.orders", "public.order_lines"]);
+        // pgherd's own catalog is never in a set.
+        let chosen = choose_tables(&tables, &p(&["pgherd.*", "orders"])).unwrap();
+        assert_eq!(chosen.len(), 1);
+        assert_eq!(
+            choose_tables(&tables, &p(&["*"])).unwrap_err().to_string(),
+            "public.log has no primary key: a subscriber could not apply an UPDATE or DELETE of its rows; add one, or leave it out of the set"
+        );
+        assert_eq!(
+            choose_tables(&tables, &p(&["nothing*"])).unwrap_err(),
+            SetError::NoTables("nothing*".into())
+        );
+        assert_eq!(
+            choose_tables(&tables, &[]).unwrap_err(),
+            SetError::NoPatterns
+        );
+    }
+
+    #[test]
+    fn a_subscriber_needs_the_tables_with_keys() {
+        let set = vec!["public.orders".to_owned(), "public.lines".to_owned()];
+        let sub = [table("public.orders", true), table("public.lines", false)];
+        assert_eq!(
+            check_subscriber(&set, &sub).unwrap_err().to_string(),
+            "on the subscriber, public.lines has no primary key: it could not apply an UPDATE or DELETE; add one there"
+        );
+        assert_eq!(
+            check_subscriber(&set, &sub[..1]).unwrap_err().to_string(),
+            "the subscriber has no table public.lines: create it there first (a subscription copies rows, not definitions)"
+        );
+        let sub = [table("public.orders", true), table("public.lines", true)];
+        assert_eq!(check_subscriber(&set, &sub), Ok(()));
+    }
+
+    #[test]
+    fn statements() {
+        let t = table("public.orders", true);
+        let sql = create_sql("orders", &["order*".to_owned()], &[&t]);
+        assert!(
+            sql.starts_with("BEGIN; CREATE SCHEMA IF NOT EXISTS pgherd;"),
+            "{sql}"
+        );
+        assert!(
+            sql.ends_with(
+                "INSERT INTO pgherd.sets (name, patterns) VALUES ('orders', ARRAY['order*']::text[]); \
+                 CREATE PUBLICATION pgherd_orders FOR TABLE public.orders; COMMIT"
+            ),
+            "{sql}"
+        );
+        assert_eq!(
+            subscribe_sql("orders", "pgherd_orders_b", "host=a password='x''y'"),
+            "CREATE SUBSCRIPTION pgherd_orders_b CONNECTION 'host=a password=''x''''y''' \
+             PUBLICATION pgherd_orders WITH (copy_data = true, slot_name = 'pgherd_orders_b')"
+        );
+        assert_eq!(
+            conninfo(&[("host", "127.0.0.1"), ("password", "it's \\ here")]),
+            r"host='127.0.0.1' password='it\'s \\ here'"
+        );
+    }
+}

@@ -1,0 +1,434 @@
+//! `pgherd set create|subscribe|list`: replication sets in the style of Slony-I on
+//! PostgreSQL's logical replication. A set is chosen tables of one database on its origin (the
+//! cluster's primary unless `--origin` names a node), published; a subscriber is another
+//! cluster or database, given by a connection string, which subscribes to it: its rows are
+//! copied (a progress bar per table) and their changes stream from then on. The decisions and
+//! statements are `pgherd_replication::sets`; this is the IO.
+
+use std::time::{Duration, Instant};
+
+use pgherd_config::{Config, NodeConfig};
+use pgherd_proxy::server::ServerConn;
+use pgherd_replication::consistency::{quote_literal, TableShape, TABLES_SQL};
+use pgherd_replication::sets::{self as set, SetError};
+
+use crate::clone::session_in;
+use crate::local::Where;
+
+#[derive(clap::Subcommand, Debug)]
+pub enum SetCommand {
+    /// Create a set on its origin: the tables the patterns select (`*` and `?`; `schema.table`
+    /// or a table name in any schema), each with a primary key, published.
+    Create {
+        name: String,
+        /// Table patterns, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        tables: Vec<String>,
+        #[command(flatten)]
+        on: Origin,
+    },
+    /// Subscribe another cluster or database to a set: its tables must exist there (with
+    /// their primary keys); their rows are copied, then their changes stream.
+    Subscribe {
+        name: String,
+        /// The subscriber, as a libpq connection string (a superuser there).
+        #[arg(long)]
+        to: String,
+        /// How long the initial copy may take before the command stops waiting for it (it
+        /// goes on in PostgreSQL).
+        #[arg(long, default_value_t = 600)]
+        wait_s: u64,
+        #[command(flatten)]
+        on: Origin,
+    },
+    /// The origin's sets: their tables, subscribers and how far each is behind.
+    List {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        on: Origin,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Origin {
+    /// The database the set's tables are in (on the origin and the subscribers).
+    #[arg(long)]
+    database: String,
+    /// The set's origin [default: the cluster's primary].
+    #[arg(long)]
+    origin: Option<String>,
+    #[command(flatten)]
+    at: Where,
+}
+
+pub fn run(command: SetCommand) -> Result<(), String> {
+    let runtime = crate::runtime(1)?;
+    match command {
+        SetCommand::Create { name, tables, on } => runtime.block_on(create(&name, &tables, &on)),
+        SetCommand::Subscribe {
+            name,
+            to,
+            wait_s,
+            on,
+        } => runtime.block_on(subscribe(&name, &to, Duration::from_secs(wait_s), &on)),
+        SetCommand::List { json, on } => runtime.block_on(list(json, &on)),
+    }
+}
+
+async fn create(name: &str, patterns: &[String], on: &Origin) -> Result<(), String> {
+    set::check_name(name).map_err(|e| e.to_string())?;
+    let config = Config::load(&on.at.config_path()?).map_err(|e| e.to_string())?;
+    let (origin, mut conn) = origin_session(&config, on).await?;
+    let query = |e: String| format!("origin {}: {e}", origin.name);
+    let wal_level = first(
+        &conn
+            .simple_query("SHOW wal_level")
+            .await
+            .map_err(|e| query(e.to_string()))?,
+    );
+    if wal_level.as_deref() != Some("logical") {
+        return Err(format!(
+            "origin {}: wal_level is {}; logical replication needs wal_level = logical (a restart)",
+            origin.name,
+            wal_level.unwrap_or_default()
+        ));
+    }
+    let exists = format!(
+        "SELECT 1 FROM pg_publication WHERE pubname = {}",
+        quote_literal(&set::publication(name))
+    );
+    if !conn
+        .simple_query(&exists)
+        .await
+        .map_err(|e| query(e.to_string()))?
+        .is_empty()
+    {
+        return Err(format!(
+            "origin {}: a set named {name} exists already",
+            origin.name
+        ));
+    }
+    let tables = tables_of(&mut conn)
+        .await
+        .map_err(|e| query(e.to_string()))?;
+    let chosen = set::choose_tables(&tables, patterns).map_err(|e| refused(name, e))?;
+    conn.simple_query(&set::create_sql(name, patterns, &chosen))
+        .await
+        .map_err(|e| query(e.to_string()))?;
+    let names: Vec<&str> = chosen.iter().map(|t| t.name.as_str()).collect();
+    println!(
+        "set {name} created on {} ({}): {} table{}: {}",
+        origin.name,
+        on.database,
+        names.len(),
+        if names.len() == 1 { "" } else { "s" },
+        names.join(", ")
+    );
+    Ok(())
+}
+
+async fn subscribe(name: &str, to: &str, wait: Duration, on: &Origin) -> Result<(), String> {
+    set::check_name(name).map_err(|e| e.to_string())?;
+    let config = Config::load(&on.at.config_path()?).map_err(|e| e.to_string())?;
+    let subscriber_config: tokio_postgres::Config = to
+        .parse()
+        .map_err(|e| format!("--to is not a connection string: {e}"))?;
+    let shown = describe(&subscriber_config);
+    let (origin, mut conn) = origin_session(&config, on).await?;
+    let query = |e: String| format!("origin {}: {e}", origin.name);
+    let set_tables = set_tables(&mut conn, name)
+        .await
+        .map_err(|e| query(e.to_string()))?;
+    let Some(set_tables) = set_tables else {
+        return Err(format!(
+            "origin {}: no set named {name} in {}",
+            origin.name, on.database
+        ));
+    };
+    let (subscriber, connection) = subscriber_config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(|e| format!("cannot connect to the subscriber {shown}: {e}"))?;
+    tokio::spawn(connection);
+    let on_subscriber = |e: tokio_postgres::Error| format!("subscriber {shown}: {}", pg_error(&e));
+    let subscriber_tables: Vec<TableShape> = subscriber
+        .simple_query(TABLES_SQL)
+        .await
+        .map_err(on_subscriber)?
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                let row: Vec<Option<String>> =
+                    (0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect();
+                TableShape::from_row(&row).ok()
+            }
+            _ => None,
+        })
+        .collect();
+    set::check_subscriber(&set_tables, &subscriber_tables).map_err(|e| refused(name, e))?;
+    let subscription = set::subscription(name, &shown);
+    let mut parts = vec![
+        ("host", origin.host.clone()),
+        ("port", origin.port.to_string()),
+        ("dbname", on.database.clone()),
+        ("user", config.cluster.user.clone()),
+    ];
+    if let Some(password) = &config.cluster.password {
+        parts.push(("password", password.clone()));
+    }
+    let parts: Vec<(&str, &str)> = parts.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let sql = set::subscribe_sql(name, &subscription, &set::conninfo(&parts));
+    subscriber.simple_query(&sql).await.map_err(on_subscriber)?;
+    // Recorded once the subscription exists: a failure before leaves nothing behind.
+    conn.simple_query(&set::record_subscriber_sql(name, &subscription, &shown))
+        .await
+        .map_err(|e| query(e.to_string()))?;
+    eprintln!(
+        "{shown} subscribes to {name} as {subscription}; copying {} table{} ...",
+        set_tables.len(),
+        if set_tables.len() == 1 { "" } else { "s" }
+    );
+    wait_for_copy(&subscriber, &subscription, set_tables.len(), wait)
+        .await
+        .map_err(|e| format!("subscriber {shown}: {e}"))?;
+    println!(
+        "{shown} is subscribed to {name}: {} table{} copied; their changes stream from {} (slot {subscription})",
+        set_tables.len(),
+        if set_tables.len() == 1 { "" } else { "s" },
+        origin.name
+    );
+    Ok(())
+}
+
+async fn list(json: bool, on: &Origin) -> Result<(), String> {
+    let config = Config::load(&on.at.config_path()?).map_err(|e| e.to_string())?;
+    let (origin, mut conn) = origin_session(&config, on).await?;
+    let query = |e: String| format!("origin {}: {e}", origin.name);
+    let has_catalog = first(
+        &conn
+            .simple_query("SELECT (to_regclass('pgherd.sets') IS NOT NULL)::text")
+            .await
+            .map_err(|e| query(e.to_string()))?,
+    );
+    let rows = match has_catalog.as_deref() {
+        Some("true") => conn
+            .simple_query(set::LIST_SQL)
+            .await
+            .map_err(|e| query(e.to_string()))?,
+        _ => Vec::new(),
+    };
+    let mut sets = Vec::new();
+    for row in &rows {
+        let field = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+        let tables: Vec<String> = serde_json::from_str(&field(1)).unwrap_or_default();
+        let subscribers: Vec<(String, String, Option<i64>, Option<bool>)> =
+            serde_json::from_str(&field(2)).unwrap_or_default();
+        sets.push(serde_json::json!({
+            "name": field(0),
+            "origin": origin.name,
+            "tables": tables,
+            "subscribers": subscribers.iter().map(|(subscription, subscriber, lag, active)| {
+                serde_json::json!({
+                    "subscription": subscription,
+                    "subscriber": subscriber,
+                    "lag_bytes": lag,
+                    "streaming": active.unwrap_or(false),
+                })
+            }).collect::<Vec<_>>(),
+        }));
+    }
+    if json {
+        println!("{}", serde_json::Value::Array(sets));
+        return Ok(());
+    }
+    if sets.is_empty() {
+        println!("no sets on {} ({})", origin.name, on.database);
+    }
+    for s in &sets {
+        let tables: Vec<&str> = s["tables"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|t| t.as_str()).collect())
+            .unwrap_or_default();
+        println!(
+            "set {} on {}: {}",
+            s["name"].as_str().unwrap_or_default(),
+            origin.name,
+            tables.join(", ")
+        );
+        for sub in s["subscribers"].as_array().into_iter().flatten() {
+            let lag = sub["lag_bytes"]
+                .as_i64()
+                .map_or("lag unknown (no slot)".to_owned(), |b| {
+                    format!("{b} bytes behind")
+                });
+            println!(
+                "  {} ({}): {}, {lag}",
+                sub["subscriber"].as_str().unwrap_or_default(),
+                sub["subscription"].as_str().unwrap_or_default(),
+                if sub["streaming"].as_bool() == Some(true) {
+                    "streaming"
+                } else {
+                    "not streaming"
+                }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The origin node (`--origin`, or the node that answers as the primary) and a session to its
+/// database.
+async fn origin_session(config: &Config, on: &Origin) -> Result<(NodeConfig, ServerConn), String> {
+    if let Some(name) = &on.origin {
+        let node = config.node_of_any_shard(name).ok_or_else(|| {
+            format!(
+                "no node \"{name}\" in the config (its nodes: {})",
+                config.node_names()
+            )
+        })?;
+        let conn = session_in(config, node, &on.database).await?;
+        return Ok((node.clone(), conn));
+    }
+    let mut silent = Vec::new();
+    for node in &config.nodes {
+        let asked = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut conn = session_in(config, node, &on.database).await?;
+            let rows = conn
+                .simple_query("SELECT (NOT pg_is_in_recovery())::text")
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>((first(&rows).as_deref() == Some("true"), conn))
+        })
+        .await;
+        match asked {
+            Ok(Ok((true, conn))) => return Ok((node.clone(), conn)),
+            Ok(Ok((false, _))) => {}
+            Ok(Err(e)) => silent.push(e),
+            Err(_) => silent.push(format!("node {}: no answer within 5 s", node.name)),
+        }
+    }
+    Err(format!(
+        "no node answers as the primary to be the set's origin (name one with --origin){}",
+        if silent.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", silent.join("; "))
+        }
+    ))
+}
+
+async fn tables_of(conn: &mut ServerConn) -> Result<Vec<TableShape>, String> {
+    let rows = conn
+        .simple_query(TABLES_SQL)
+        .await
+        .map_err(|e| e.to_string())?;
+    rows.iter()
+        .map(|row| TableShape::from_row(row).map_err(|e| e.to_string()))
+        .collect()
+}
+
+/// The tables of `set` (from its publication), or `None` if the origin has no such set.
+async fn set_tables(conn: &mut ServerConn, set: &str) -> Result<Option<Vec<String>>, String> {
+    let sql = format!(
+        "SELECT (SELECT json_agg(schemaname || '.' || tablename) FROM pg_publication_tables \
+                  WHERE pubname = {})::text \
+          WHERE to_regclass('pgherd.sets') IS NOT NULL \
+            AND EXISTS (SELECT 1 FROM pgherd.sets WHERE name = {})",
+        quote_literal(&set::publication(set)),
+        quote_literal(set)
+    );
+    let rows = conn.simple_query(&sql).await.map_err(|e| e.to_string())?;
+    let Some(row) = rows.first() else {
+        return Ok(None);
+    };
+    let tables = row.first().cloned().flatten().unwrap_or_default();
+    Ok(Some(serde_json::from_str(&tables).unwrap_or_default()))
+}
+
+/// Waits until every table of the subscription is copied and streaming, with a bar per table.
+async fn wait_for_copy(
+    subscriber: &tokio_postgres::Client,
+    subscription: &str,
+    tables: usize,
+    wait: Duration,
+) -> Result<(), String> {
+    let bar = indicatif::ProgressBar::new(tables as u64);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} tables copied",
+    ) {
+        bar.set_style(style);
+    }
+    let started = Instant::now();
+    let sql = set::sync_progress_sql(subscription);
+    loop {
+        let rows = subscriber
+            .simple_query(&sql)
+            .await
+            .map_err(|e| pg_error(&e))?;
+        let counts: Vec<u64> = rows
+            .iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => Some(
+                    (0..r.len())
+                        .map(|i| r.get(i).and_then(|v| v.parse().ok()).unwrap_or(0))
+                        .collect(),
+                ),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let (done, total) = (
+            counts.first().copied().unwrap_or(0),
+            counts.get(1).copied().unwrap_or(0),
+        );
+        bar.set_length(total.max(tables as u64));
+        bar.set_position(done);
+        if total > 0 && done == total {
+            bar.finish_and_clear();
+            return Ok(());
+        }
+        if started.elapsed() > wait {
+            bar.finish_and_clear();
+            return Err(format!(
+                "{done} of {total} tables copied after {} s; the copy goes on in PostgreSQL (see the subscriber's log; pgherd set list shows the lag)",
+                wait.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn refused(set: &str, e: SetError) -> String {
+    format!("set {set}: {e}; nothing was changed")
+}
+
+fn first(rows: &[Vec<Option<String>>]) -> Option<String> {
+    rows.first()?.first()?.clone()
+}
+
+/// A server's error with its SQLSTATE, or the connection's.
+fn pg_error(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
+/// The subscriber as shown and recorded: where it is and as whom, never its password.
+fn describe(config: &tokio_postgres::Config) -> String {
+    let host = config
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(h) => h.clone(),
+            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+        })
+        .unwrap_or_else(|| "localhost".into());
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!(
+        "{host}:{port}/{}",
+        config
+            .get_dbname()
+            .unwrap_or(config.get_user().unwrap_or("postgres"))
+    )
+}

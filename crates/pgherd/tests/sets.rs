@@ -1,0 +1,190 @@
+//! Replication sets against real clusters: a set of some of a database's tables on the
+//! pgherd cluster's primary, subscribed to by a second cluster: its rows are copied, writes
+//! through pgherd reach the subscriber, tables outside the set do not, and `pgherd set list`
+//! shows the set, its subscriber and its lag. Refused with nothing changed: a table without a
+//! primary key, patterns that match nothing, a bad name, a subscriber that lacks a table, one
+//! that does not answer, an unknown set.
+
+mod common;
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::*;
+use pgherd_testkit::{TestCluster, SUPERUSER, SUPERUSER_PASSWORD};
+
+fn set(env: &Env, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("set")
+        .args(args)
+        .args(["--database", APP, "--config"])
+        .arg(&env.pgherd.config_path)
+        .output()
+        .expect("run pgherd set")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn refused(out: &Output, says: &str) {
+    let said = text(out);
+    assert!(!out.status.success(), "refused: {said}");
+    assert!(said.contains(says), "says {says:?}: {said}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
+    let env = env(1, |c| c.superuser().manage_nodes());
+    env.direct(
+        "CREATE TABLE orders (id int PRIMARY KEY, item text); \
+         CREATE TABLE order_lines (id int PRIMARY KEY, qty int); \
+         CREATE TABLE audit_log (at timestamptz, what text); \
+         CREATE TABLE private_notes (id int PRIMARY KEY, note text); \
+         INSERT INTO orders SELECT g, 'item ' || g FROM generate_series(1, 1000) g; \
+         INSERT INTO order_lines SELECT g, g % 7 FROM generate_series(1, 500) g; \
+         INSERT INTO private_notes VALUES (1, 'stays home'); \
+         GRANT ALL ON ALL TABLES IN SCHEMA public TO app",
+    );
+    let subscriber = TestCluster::start(0);
+    subscriber.sql(&format!("CREATE DATABASE {APP}"));
+    let sub_port = subscriber.node("pg1").port;
+    let to = format!(
+        "host=127.0.0.1 port={sub_port} user={SUPERUSER} password={SUPERUSER_PASSWORD} dbname={APP}"
+    );
+    subscriber.sql_on(
+        "pg1",
+        APP,
+        "CREATE TABLE orders (id int PRIMARY KEY, item text); \
+         CREATE TABLE private_notes (id int PRIMARY KEY, note text)",
+    );
+
+    // Refusals first, each leaving nothing behind.
+    refused(
+        &set(&env, &["create", "shop", "--tables", "order*,audit_log"]),
+        "public.audit_log has no primary key",
+    );
+    refused(
+        &set(&env, &["create", "shop", "--tables", "nothing*"]),
+        "match no table of the database: a set with no tables is refused",
+    );
+    refused(
+        &set(&env, &["create", "Shop", "--tables", "orders"]),
+        "cannot name a set",
+    );
+    assert_eq!(
+        env.direct("SELECT count(*) FROM pg_publication").trim(),
+        "0",
+        "no publication was left by a refused set"
+    );
+
+    let out = set(&env, &["create", "shop", "--tables", "order*"]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("set shop created on pg1 (app): 2 tables: public.order_lines, public.orders"),
+        "{said}"
+    );
+    refused(
+        &set(&env, &["create", "shop", "--tables", "orders"]),
+        "a set named shop exists already",
+    );
+
+    refused(
+        &set(&env, &["subscribe", "shop", "--to", &to]),
+        "the subscriber has no table public.order_lines: create it there first",
+    );
+    assert_eq!(
+        subscriber
+            .sql_on("pg1", APP, "SELECT count(*) FROM pg_subscription")
+            .trim(),
+        "0"
+    );
+    refused(
+        &set(
+            &env,
+            &[
+                "subscribe",
+                "shop",
+                "--to",
+                "host=127.0.0.1 port=1 user=x dbname=app",
+            ],
+        ),
+        "cannot connect to the subscriber 127.0.0.1:1/app",
+    );
+    refused(
+        &set(&env, &["subscribe", "nope", "--to", &to]),
+        "no set named nope in app",
+    );
+
+    subscriber.sql_on(
+        "pg1",
+        APP,
+        "CREATE TABLE order_lines (id int PRIMARY KEY, qty int)",
+    );
+    let out = set(&env, &["subscribe", "shop", "--to", &to]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains(&format!(
+            "127.0.0.1:{sub_port}/app is subscribed to shop: 2 tables copied"
+        )),
+        "{said}"
+    );
+    assert!(
+        !said.contains(SUPERUSER_PASSWORD),
+        "no password shown: {said}"
+    );
+    let on_subscriber = |sql: &str| subscriber.sql_on("pg1", APP, sql).trim().to_owned();
+    assert_eq!(on_subscriber("SELECT count(*) FROM orders"), "1000");
+    assert_eq!(
+        on_subscriber("SELECT sum(qty) FROM order_lines"),
+        env.direct("SELECT sum(qty) FROM order_lines").trim()
+    );
+
+    // Writes through pgherd reach the subscriber; a table outside the set does not.
+    let app = env.app().await;
+    app.batch_execute(
+        "INSERT INTO orders VALUES (1001, 'new'); UPDATE orders SET item = 'changed' WHERE id = 1; \
+         DELETE FROM order_lines WHERE id <= 10; INSERT INTO private_notes VALUES (2, 'also home')",
+    )
+    .await
+    .expect("writes through pgherd");
+    let started = Instant::now();
+    while on_subscriber("SELECT count(*) || '/' || (SELECT item FROM orders WHERE id = 1) || '/' || (SELECT count(*) FROM order_lines) FROM orders")
+        != "1001/changed/490"
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the subscriber receives the set's changes: {}",
+            on_subscriber("SELECT count(*) FROM orders")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(on_subscriber("SELECT count(*) FROM private_notes"), "0");
+
+    let out = set(&env, &["list", "--json"]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    let listed: serde_json::Value = serde_json::from_str(said.trim()).expect("JSON");
+    assert_eq!(listed[0]["name"], "shop");
+    assert_eq!(listed[0]["origin"], "pg1");
+    assert_eq!(
+        listed[0]["tables"],
+        serde_json::json!(["public.order_lines", "public.orders"])
+    );
+    let sub = &listed[0]["subscribers"][0];
+    assert_eq!(sub["subscriber"], format!("127.0.0.1:{sub_port}/app"));
+    assert_eq!(sub["streaming"], true, "{said}");
+    assert!(sub["lag_bytes"].as_i64().is_some(), "{said}");
+    let out = set(&env, &["list"]);
+    assert!(
+        text(&out).contains("set shop on pg1: public.order_lines, public.orders"),
+        "{}",
+        text(&out)
+    );
+}

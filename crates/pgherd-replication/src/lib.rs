@@ -3,4 +3,5 @@
 //! that run them against nodes live in the `pgherd` binary (`check-consistency`).
 
 pub mod consistency;
+pub mod script;
 pub mod sets;

@@ -23,7 +23,8 @@ pub const LIST_SQL: &str = "\
 SELECT s.name, \
        (SELECT coalesce(json_agg(t.schemaname || '.' || t.tablename \
                  ORDER BY t.schemaname, t.tablename), '[]') \
-          FROM pg_publication_tables t WHERE t.pubname = 'pgherd_' || s.name)::text, \
+          FROM pg_publication_tables t WHERE t.pubname = 'pgherd_' || s.name \
+           AND t.schemaname <> 'pgherd')::text, \
        (SELECT coalesce(json_agg(json_build_array(b.subscription, b.subscriber, \
                  pg_wal_lsn_diff(pg_current_wal_lsn(), r.confirmed_flush_lsn)::bigint, \
                  r.active) ORDER BY b.subscription), '[]') \
@@ -60,6 +61,41 @@ pub fn check_name(name: &str) -> Result<(), SetError> {
         true => Ok(()),
         false => Err(SetError::BadName(name.to_owned())),
     }
+}
+
+/// The set's marker table, published with its tables: one row whose number the origin raises
+/// and a subscriber, applying the origin's changes in commit order, shows once it has applied
+/// everything the origin committed before (Slony-I's events, on logical replication).
+pub fn marker_table(set: &str) -> String {
+    format!("pgherd.mark_{set}")
+}
+
+/// Makes the marker table (on the origin with its row; on a subscriber empty, its row comes
+/// with the copy).
+pub fn marker_sql(set: &str, with_row: bool) -> String {
+    let table = marker_table(set);
+    let mut sql = format!(
+        "CREATE SCHEMA IF NOT EXISTS pgherd; \
+         CREATE TABLE IF NOT EXISTS {table} (one boolean PRIMARY KEY DEFAULT true CHECK (one), \
+         mark bigint NOT NULL, at timestamptz NOT NULL DEFAULT now())"
+    );
+    if with_row {
+        sql.push_str(&format!("; INSERT INTO {table} (mark) VALUES (0)"));
+    }
+    sql
+}
+
+/// On the origin: the next mark, whose number comes back.
+pub fn raise_mark_sql(set: &str) -> String {
+    format!(
+        "UPDATE {} SET mark = mark + 1, at = now() RETURNING mark::text",
+        marker_table(set)
+    )
+}
+
+/// On a subscriber: the last mark it applied.
+pub fn applied_mark_sql(set: &str) -> String {
+    format!("SELECT mark::text FROM {}", marker_table(set))
 }
 
 /// The publication that carries a set.
@@ -116,13 +152,15 @@ pub fn create_sql(set: &str, patterns: &[String], tables: &[&TableShape]) -> Str
     let patterns: Vec<String> = patterns.iter().map(|p| quote_literal(p)).collect();
     let tables: Vec<&str> = tables.iter().map(|t| t.sql_name.as_str()).collect();
     format!(
-        "BEGIN; {CATALOG_SQL}; \
+        "BEGIN; {CATALOG_SQL}; {}; \
          INSERT INTO pgherd.sets (name, patterns) VALUES ({}, ARRAY[{}]::text[]); \
-         CREATE PUBLICATION {} FOR TABLE {}; COMMIT",
+         CREATE PUBLICATION {} FOR TABLE {}, {}; COMMIT",
+        marker_sql(set, true),
         quote_literal(set),
         patterns.join(", "),
         publication(set),
-        tables.join(", ")
+        tables.join(", "),
+        marker_table(set)
     )
 }
 
@@ -285,8 +323,12 @@ mod tests {
         assert!(
             sql.ends_with(
                 "INSERT INTO pgherd.sets (name, patterns) VALUES ('orders', ARRAY['order*']::text[]); \
-                 CREATE PUBLICATION pgherd_orders FOR TABLE public.orders; COMMIT"
+                 CREATE PUBLICATION pgherd_orders FOR TABLE public.orders, pgherd.mark_orders; COMMIT"
             ),
+            "{sql}"
+        );
+        assert!(
+            sql.contains("INSERT INTO pgherd.mark_orders (mark) VALUES (0)"),
             "{sql}"
         );
         assert_eq!(

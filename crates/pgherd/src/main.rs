@@ -8,6 +8,7 @@ mod local;
 mod logging;
 mod operate;
 mod remove;
+mod script;
 mod sets;
 
 use std::path::PathBuf;
@@ -134,6 +135,10 @@ enum Command {
         #[command(subcommand)]
         command: sets::SetCommand,
     },
+    /// Run a DDL script on a replication set's origin and subscribers, each statement in the
+    /// order that keeps replication applying, saying what it locks; stops at the first failure
+    /// with what ran where; then tables that now match the set's patterns join it.
+    ExecuteScript(script::ScriptOptions),
     /// Compare the rows of the primary and its replicas, table by table and key range by key
     /// range, at the same point on every node while writes go on; exits non-zero when a table
     /// differs, listing where.
@@ -195,6 +200,7 @@ fn main() -> ExitCode {
         Command::Clone(options) => clone::run(options),
         Command::Remove(options) => remove::run(options),
         Command::Set { command } => sets::run(command),
+        Command::ExecuteScript(options) => script::run(options),
         Command::CheckConfig { config } => check_config(&config),
         Command::Passwd { user } => passwd(&user),
         Command::Bench(command) => bench::run(command),

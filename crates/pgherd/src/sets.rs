@@ -54,12 +54,12 @@ pub enum SetCommand {
 pub struct Origin {
     /// The database the set's tables are in (on the origin and the subscribers).
     #[arg(long)]
-    database: String,
+    pub(crate) database: String,
     /// The set's origin [default: the cluster's primary].
     #[arg(long)]
     origin: Option<String>,
     #[command(flatten)]
-    at: Where,
+    pub(crate) at: Where,
 }
 
 pub fn run(command: SetCommand) -> Result<(), String> {
@@ -166,7 +166,17 @@ async fn subscribe(name: &str, to: &str, wait: Duration, on: &Origin) -> Result<
             _ => None,
         })
         .collect();
-    set::check_subscriber(&set_tables, &subscriber_tables).map_err(|e| refused(name, e))?;
+    let user_tables: Vec<String> = set_tables
+        .iter()
+        .filter(|t| !t.starts_with("pgherd."))
+        .cloned()
+        .collect();
+    set::check_subscriber(&user_tables, &subscriber_tables).map_err(|e| refused(name, e))?;
+    // pgherd's own marker table is made on the subscriber; its row comes with the copy.
+    subscriber
+        .batch_execute(&set::marker_sql(name, false))
+        .await
+        .map_err(on_subscriber)?;
     let subscription = set::subscription(name, &shown);
     let mut parts = vec![
         ("host", origin.host.clone()),
@@ -186,16 +196,16 @@ async fn subscribe(name: &str, to: &str, wait: Duration, on: &Origin) -> Result<
         .map_err(|e| query(e.to_string()))?;
     eprintln!(
         "{shown} subscribes to {name} as {subscription}; copying {} table{} ...",
-        set_tables.len(),
-        if set_tables.len() == 1 { "" } else { "s" }
+        user_tables.len(),
+        if user_tables.len() == 1 { "" } else { "s" }
     );
     wait_for_copy(&subscriber, &subscription, set_tables.len(), wait)
         .await
         .map_err(|e| format!("subscriber {shown}: {e}"))?;
     println!(
         "{shown} is subscribed to {name}: {} table{} copied; their changes stream from {} (slot {subscription})",
-        set_tables.len(),
-        if set_tables.len() == 1 { "" } else { "s" },
+        user_tables.len(),
+        if user_tables.len() == 1 { "" } else { "s" },
         origin.name
     );
     Ok(())
@@ -279,7 +289,10 @@ async fn list(json: bool, on: &Origin) -> Result<(), String> {
 
 /// The origin node (`--origin`, or the node that answers as the primary) and a session to its
 /// database.
-async fn origin_session(config: &Config, on: &Origin) -> Result<(NodeConfig, ServerConn), String> {
+pub(crate) async fn origin_session(
+    config: &Config,
+    on: &Origin,
+) -> Result<(NodeConfig, ServerConn), String> {
     if let Some(name) = &on.origin {
         let node = config.node_of_any_shard(name).ok_or_else(|| {
             format!(
@@ -318,7 +331,7 @@ async fn origin_session(config: &Config, on: &Origin) -> Result<(NodeConfig, Ser
     ))
 }
 
-async fn tables_of(conn: &mut ServerConn) -> Result<Vec<TableShape>, String> {
+pub(crate) async fn tables_of(conn: &mut ServerConn) -> Result<Vec<TableShape>, String> {
     let rows = conn
         .simple_query(TABLES_SQL)
         .await
@@ -329,7 +342,10 @@ async fn tables_of(conn: &mut ServerConn) -> Result<Vec<TableShape>, String> {
 }
 
 /// The tables of `set` (from its publication), or `None` if the origin has no such set.
-async fn set_tables(conn: &mut ServerConn, set: &str) -> Result<Option<Vec<String>>, String> {
+pub(crate) async fn set_tables(
+    conn: &mut ServerConn,
+    set: &str,
+) -> Result<Option<Vec<String>>, String> {
     let sql = format!(
         "SELECT (SELECT json_agg(schemaname || '.' || tablename) FROM pg_publication_tables \
                   WHERE pubname = {})::text \
@@ -402,12 +418,12 @@ fn refused(set: &str, e: SetError) -> String {
     format!("set {set}: {e}; nothing was changed")
 }
 
-fn first(rows: &[Vec<Option<String>>]) -> Option<String> {
+pub(crate) fn first(rows: &[Vec<Option<String>>]) -> Option<String> {
     rows.first()?.first()?.clone()
 }
 
 /// A server's error with its SQLSTATE, or the connection's.
-fn pg_error(e: &tokio_postgres::Error) -> String {
+pub(crate) fn pg_error(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => e.to_string(),
@@ -415,7 +431,7 @@ fn pg_error(e: &tokio_postgres::Error) -> String {
 }
 
 /// The subscriber as shown and recorded: where it is and as whom, never its password.
-fn describe(config: &tokio_postgres::Config) -> String {
+pub(crate) fn describe(config: &tokio_postgres::Config) -> String {
     let host = config
         .get_hosts()
         .first()

@@ -1,9 +1,12 @@
 //! Replication sets against real clusters: a set of some of a database's tables on the
 //! pgherd cluster's primary, subscribed to by a second cluster: its rows are copied, writes
 //! through pgherd reach the subscriber, tables outside the set do not, and `pgherd set list`
-//! shows the set, its subscriber and its lag. Refused with nothing changed: a table without a
-//! primary key, patterns that match nothing, a bad name, a subscriber that lacks a table, one
-//! that does not answer, an unknown set.
+//! shows the set, its subscriber and its lag; a DDL script through `execute-script` while
+//! writes go on (a column added on the subscriber first, a new table joining the set through
+//! the scan, a column dropped on the origin first) loses no row. Refused with nothing changed:
+//! a table without a primary key, patterns that match nothing, a bad name, a subscriber that
+//! lacks a table, one that does not answer, an unknown set, a script with a syntax error, one
+//! missing a subscriber.
 
 mod common;
 
@@ -186,5 +189,135 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
         text(&out).contains("set shop on pg1: public.order_lines, public.orders"),
         "{}",
         text(&out)
+    );
+
+    // DDL through execute-script while writes go on through pgherd.
+    let script_file = |name: &str, sql: &str| {
+        let path = env.cluster.dir().join(name);
+        std::fs::write(&path, sql).expect("script");
+        path
+    };
+    let execute = |path: &std::path::Path, to: &[&str]| {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("execute-script")
+            .arg(path)
+            .args(["--set", "shop", "--database", APP]);
+        for t in to {
+            cmd.args(["--to", t]);
+        }
+        cmd.arg("--config")
+            .arg(&env.pgherd.config_path)
+            .output()
+            .expect("run execute-script")
+    };
+    let bad = script_file(
+        "bad.sql",
+        "ALTER TABLE orders ADD COLUMN note text;\nALTER TABEL orders ADD COLUMN x int;\n",
+    );
+    refused(
+        &execute(&bad, &[&to]),
+        "statement 2 (line 2) does not parse: syntax error at or near \"TABEL\"; nothing was run",
+    );
+    let good = script_file(
+        "good.sql",
+        "-- notes on orders\n\
+         ALTER TABLE orders ADD COLUMN note text;\n\
+         CREATE TABLE order_notes (id int PRIMARY KEY, note text);\n\
+         ALTER TABLE order_lines DROP COLUMN qty;\n",
+    );
+    // A statement that fails on a node stops the script, saying what ran where.
+    let failing = script_file(
+        "failing.sql",
+        "CREATE INDEX orders_item ON orders (item);\nGRANT SELECT ON orders TO app;\nCREATE INDEX orders_id ON orders (id);\n",
+    );
+    let out = execute(&failing, &[&to]);
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("statement 1 (line 1): on the origin first; locks SHARE on public.orders"),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "statement 2 (line 2) failed on 127.0.0.1:{sub_port}/app: role \"app\" does not exist (42704); it ran on pg1; not on any other node; the 1 statement(s) after it were not run"
+        )),
+        "{said}"
+    );
+    refused(&execute(&good, &[]), "its subscriber 127.0.0.1:");
+    assert_eq!(
+        env.direct("SELECT count(*) FROM information_schema.columns WHERE table_name = 'orders' AND column_name = 'note'").trim(),
+        "0",
+        "a refused script ran nowhere"
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, url) = (stop.clone(), env.pgherd.conninfo(APP, APP_PASSWORD, APP));
+        tokio::spawn(async move {
+            let client = connect(&url).await;
+            let mut id = 2000;
+            let mut failed = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                id += 1;
+                if let Err(e) = client
+                    .batch_execute(&format!(
+                        "INSERT INTO orders (id, item) VALUES ({id}, 'during')"
+                    ))
+                    .await
+                {
+                    failed.push(e.to_string());
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (id - 2000, failed)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let out = execute(&good, &[&to]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("statement 1 (line 2): on the subscribers first; locks ACCESS EXCLUSIVE on public.orders"), "{said}");
+    assert!(said.contains("statement 3 (line 4): on the origin first; locks ACCESS EXCLUSIVE on public.order_lines"), "{said}");
+    assert!(
+        said.contains("set shop: public.order_notes joined it"),
+        "{said}"
+    );
+    env.direct("GRANT ALL ON order_notes TO app");
+    app.batch_execute("INSERT INTO orders (id, item, note) VALUES (5000, 'noted', 'a note'); INSERT INTO order_notes VALUES (1, 'first')")
+        .await
+        .expect("writes using the new column and table");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (written, failed) = writer.await.expect("writer");
+    assert!(
+        failed.is_empty(),
+        "writes failed during the script: {failed:?}"
+    );
+    assert!(written > 10, "writes went on during the script: {written}");
+    let started = Instant::now();
+    loop {
+        let there = on_subscriber("SELECT (SELECT count(*) FROM orders) || '/' || (SELECT coalesce(note, '-') FROM orders WHERE id = 5000) || '/' || (SELECT count(*) FROM order_notes)");
+        let expected = format!(
+            "{}/a note/1",
+            env.direct("SELECT count(*) FROM orders").trim()
+        );
+        if there == expected {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the subscriber has every row, the new column's value and the new table's row: {there} (expected {expected})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The order kept the stream applying: not one apply error on the subscriber (a column the
+    // origin sent before the subscriber had it would have stopped the apply worker).
+    assert_eq!(
+        on_subscriber("SELECT coalesce(sum(apply_error_count + sync_error_count), 0) FROM pg_stat_subscription_stats"),
+        "0"
+    );
+    assert_eq!(
+        on_subscriber("SELECT count(*) FROM information_schema.columns WHERE table_name = 'order_lines' AND column_name = 'qty'"),
+        "0",
+        "the dropped column is gone on the subscriber too"
     );
 }

@@ -1,0 +1,316 @@
+//! `pgherd execute-script FILE --set NAME --to CONNINFO...`: a DDL script run on a replication
+//! set's origin and every subscriber, statement by statement in the order that keeps logical
+//! replication applying (`pgherd_replication::script`): what adds reaches the subscribers
+//! first; what takes away reaches the origin first, and the subscribers once they have applied
+//! everything before it (the set's marker, raised on the origin, arrives). It says what each
+//! statement locks, and stops at the first failure with what ran where. Then the set's scan:
+//! tables now matching its patterns join its publication and the subscriptions copy them.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use pgherd_config::Config;
+use pgherd_proxy::server::ServerConn;
+use pgherd_replication::consistency::{quote_literal, table_selected};
+use pgherd_replication::script::{plan_script, Order, Step};
+use pgherd_replication::sets as set;
+
+use crate::sets::{describe, first, origin_session, pg_error, set_tables, tables_of, Origin};
+
+#[derive(clap::Args, Debug)]
+pub struct ScriptOptions {
+    /// The SQL file: schema changes only, each statement run in its own transaction.
+    file: PathBuf,
+    /// The replication set whose origin and subscribers run it.
+    #[arg(long)]
+    set: String,
+    /// Each subscriber of the set, as a libpq connection string (every one the set has).
+    #[arg(long = "to")]
+    to: Vec<String>,
+    /// How long a subscriber may take to apply the origin's changes before a statement that
+    /// takes something away runs on it.
+    #[arg(long, default_value_t = 60)]
+    catch_up_s: u64,
+    #[command(flatten)]
+    on: Origin,
+}
+
+/// A subscriber being changed.
+struct Subscriber {
+    shown: String,
+    subscription: String,
+    client: tokio_postgres::Client,
+}
+
+pub fn run(options: ScriptOptions) -> Result<(), String> {
+    let script = std::fs::read_to_string(&options.file)
+        .map_err(|e| format!("{}: {e}", options.file.display()))?;
+    let steps = plan_script(&script).map_err(|e| format!("{}: {e}", options.file.display()))?;
+    crate::runtime(1)?.block_on(execute(&options, &steps))
+}
+
+async fn execute(options: &ScriptOptions, steps: &[Step]) -> Result<(), String> {
+    let name = options.set.as_str();
+    set::check_name(name).map_err(|e| e.to_string())?;
+    let config = Config::load(&options.on.at.config_path()?).map_err(|e| e.to_string())?;
+    let (origin, mut conn) = origin_session(&config, &options.on).await?;
+    let on_origin = |e: String| format!("origin {}: {e}", origin.name);
+    if set_tables(&mut conn, name)
+        .await
+        .map_err(on_origin)?
+        .is_none()
+    {
+        return Err(format!(
+            "origin {}: no set named {name} in {}",
+            origin.name, options.on.database
+        ));
+    }
+    let mut subscribers = subscribers(&mut conn, name, &options.to)
+        .await
+        .map_err(|e| format!("set {name}: {e}; nothing was run"))?;
+    for (i, step) in steps.iter().enumerate() {
+        let order = match step.order {
+            Order::SubscribersFirst => "on the subscribers first",
+            Order::OriginFirst => "on the origin first",
+        };
+        let locks = match step.locks.as_slice() {
+            [] => "locks no existing table".to_owned(),
+            locks => format!("locks {}", locks.join(", ")),
+        };
+        eprintln!("statement {} (line {}): {order}; {locks}", i + 1, step.line);
+    }
+    let catch_up = Duration::from_secs(options.catch_up_s);
+    for (i, step) in steps.iter().enumerate() {
+        let mut ran: Vec<String> = Vec::new();
+        let outcome = run_step(
+            step,
+            name,
+            (&origin.name, &mut conn),
+            &mut subscribers,
+            catch_up,
+            &mut ran,
+        )
+        .await;
+        if let Err((node, error)) = outcome {
+            let others: Vec<String> = std::iter::once(origin.name.clone())
+                .chain(subscribers.iter().map(|s| s.shown.clone()))
+                .filter(|n| *n != node && !ran.contains(n))
+                .collect();
+            return Err(format!(
+                "statement {} (line {}) failed on {node}: {error}; it ran on {}; not on {}; the {} statement(s) after it were not run",
+                i + 1,
+                step.line,
+                if ran.is_empty() { "no node".to_owned() } else { ran.join(", ") },
+                if others.is_empty() { "any other node".to_owned() } else { others.join(", ") },
+                steps.len() - i - 1
+            ));
+        }
+        println!(
+            "statement {} (line {}) ran on {}",
+            i + 1,
+            step.line,
+            ran.join(", ")
+        );
+    }
+    scan(name, &mut conn, &origin.name, &subscribers).await
+}
+
+/// One statement on every node in its order; the node and error of a failure.
+async fn run_step(
+    step: &Step,
+    set_name: &str,
+    (origin_name, origin): (&str, &mut ServerConn),
+    subscribers: &mut [Subscriber],
+    catch_up: Duration,
+    ran: &mut Vec<String>,
+) -> Result<(), (String, String)> {
+    if step.order == Order::SubscribersFirst {
+        for s in subscribers.iter() {
+            s.client
+                .batch_execute(&step.sql)
+                .await
+                .map_err(|e| (s.shown.clone(), pg_error(&e)))?;
+            ran.push(s.shown.clone());
+        }
+    }
+    origin
+        .simple_query(&step.sql)
+        .await
+        .map_err(|e| (origin_name.to_owned(), e.to_string()))?;
+    ran.push(origin_name.to_owned());
+    if step.order == Order::OriginFirst && !subscribers.is_empty() {
+        let rows = origin
+            .simple_query(&set::raise_mark_sql(set_name))
+            .await
+            .map_err(|e| (origin_name.to_owned(), e.to_string()))?;
+        let mark: i64 = first(&rows).and_then(|m| m.parse().ok()).unwrap_or(0);
+        for s in subscribers.iter() {
+            applied(s, set_name, mark, catch_up)
+                .await
+                .map_err(|e| (s.shown.clone(), e))?;
+            s.client
+                .batch_execute(&step.sql)
+                .await
+                .map_err(|e| (s.shown.clone(), pg_error(&e)))?;
+            ran.push(s.shown.clone());
+        }
+    }
+    Ok(())
+}
+
+/// Waits until the subscriber has applied the origin's mark `mark`: everything the origin
+/// committed before it is applied there too.
+async fn applied(s: &Subscriber, set_name: &str, mark: i64, wait: Duration) -> Result<(), String> {
+    let started = Instant::now();
+    loop {
+        let rows = s
+            .client
+            .simple_query(&set::applied_mark_sql(set_name))
+            .await
+            .map_err(|e| pg_error(&e))?;
+        let seen: i64 = rows
+            .iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0)?.parse().ok(),
+                _ => None,
+            })
+            .unwrap_or(-1);
+        if seen >= mark {
+            return Ok(());
+        }
+        if started.elapsed() > wait {
+            return Err(format!(
+                "it did not apply the origin's changes within {} s (mark {mark}, applied {seen}): is its subscription {} running?",
+                wait.as_secs(),
+                s.subscription
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The set's subscribers, each matched with its `--to`: a subscriber left out would miss the
+/// change, and one the set does not have would get it alone.
+async fn subscribers(
+    origin: &mut ServerConn,
+    set_name: &str,
+    to: &[String],
+) -> Result<Vec<Subscriber>, String> {
+    let rows = origin
+        .simple_query(&format!(
+            "SELECT subscription, subscriber FROM pgherd.set_subscribers WHERE set_name = {} ORDER BY 1",
+            quote_literal(set_name)
+        ))
+        .await
+        .map_err(|e| e.to_string())?;
+    let recorded: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| {
+            let field = |i: usize| r.get(i).cloned().flatten().unwrap_or_default();
+            (field(0), field(1))
+        })
+        .collect();
+    let mut given = Vec::new();
+    for conninfo in to {
+        let config: tokio_postgres::Config = conninfo
+            .parse()
+            .map_err(|e| format!("--to is not a connection string: {e}"))?;
+        let shown = describe(&config);
+        let Some((subscription, _)) = recorded.iter().find(|(_, s)| *s == shown) else {
+            return Err(format!("{shown} does not subscribe to the set"));
+        };
+        let (client, connection) = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| format!("cannot connect to the subscriber {shown}: {e}"))?;
+        tokio::spawn(connection);
+        given.push(Subscriber {
+            shown,
+            subscription: subscription.clone(),
+            client,
+        });
+    }
+    let missing: Vec<&str> = recorded
+        .iter()
+        .filter(|(_, s)| !given.iter().any(|g| g.shown == *s))
+        .map(|(_, s)| s.as_str())
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "its subscriber{} {} {} not given with --to: {} would miss the change",
+            if missing.len() == 1 { "" } else { "s" },
+            missing.join(", "),
+            if missing.len() == 1 { "was" } else { "were" },
+            if missing.len() == 1 { "it" } else { "they" },
+        ));
+    }
+    Ok(given)
+}
+
+/// Tables that now match the set's patterns join its publication (one without a primary key
+/// is named and left out), and each subscription refreshes, copying their rows.
+async fn scan(
+    set_name: &str,
+    origin: &mut ServerConn,
+    origin_name: &str,
+    subscribers: &[Subscriber],
+) -> Result<(), String> {
+    let on_origin = |e: String| format!("origin {origin_name}: {e}");
+    let patterns_sql = format!(
+        "SELECT array_to_json(patterns)::text FROM pgherd.sets WHERE name = {}",
+        quote_literal(set_name)
+    );
+    let patterns: Vec<String> = first(
+        &origin
+            .simple_query(&patterns_sql)
+            .await
+            .map_err(|e| on_origin(e.to_string()))?,
+    )
+    .and_then(|p| serde_json::from_str(&p).ok())
+    .unwrap_or_default();
+    let in_set = set_tables(origin, set_name)
+        .await
+        .map_err(on_origin)?
+        .unwrap_or_default();
+    let tables = tables_of(origin).await.map_err(on_origin)?;
+    let new: Vec<_> = tables
+        .iter()
+        .filter(|t| !t.name.starts_with("pgherd.") && !in_set.contains(&t.name))
+        .filter(|t| table_selected(&t.name, &patterns))
+        .collect();
+    let (keyed, keyless): (Vec<_>, Vec<_>) = new.into_iter().partition(|t| !t.key.is_empty());
+    for t in &keyless {
+        eprintln!(
+            "warning: {} matches set {set_name}'s patterns but has no primary key: it was not added",
+            t.name
+        );
+    }
+    if keyed.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<&str> = keyed.iter().map(|t| t.sql_name.as_str()).collect();
+    origin
+        .simple_query(&format!(
+            "ALTER PUBLICATION {} ADD TABLE {}",
+            set::publication(set_name),
+            names.join(", ")
+        ))
+        .await
+        .map_err(|e| on_origin(e.to_string()))?;
+    for s in subscribers {
+        s.client
+            .batch_execute(&format!(
+                "ALTER SUBSCRIPTION {} REFRESH PUBLICATION",
+                s.subscription
+            ))
+            .await
+            .map_err(|e| format!("subscriber {}: {}", s.shown, pg_error(&e)))?;
+    }
+    let shown: Vec<&str> = keyed.iter().map(|t| t.name.as_str()).collect();
+    println!(
+        "set {set_name}: {} joined it (matching its patterns); its subscribers copy {}",
+        shown.join(", "),
+        if shown.len() == 1 { "it" } else { "them" }
+    );
+    Ok(())
+}

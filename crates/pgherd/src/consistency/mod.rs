@@ -12,20 +12,26 @@
 //! back vacuum, and on a replica it can delay replay or be cancelled by it; a cancelled read is
 //! read again at a new point). `--max-rows-per-s` spreads the reads out. What is asked and how
 //! answers compare is `pgherd_replication::consistency`.
+//!
+//! With `--set NAME --to CONNINFO...` the nodes are a replication set's origin and its
+//! subscribers, and the tables the set's: under the lock the origin raises the set's marker
+//! (`pgherd_replication::sets`), and a subscriber that shows it has applied every change to
+//! the table committed before the lock, since logical replication applies in commit order.
 
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use pgherd_config::Config;
-use pgherd_proxy::nodes::{CheckThresholds, NodeState, Nodes};
-use pgherd_proxy::pool::ConnectContext;
-use pgherd_proxy::server::{QueryError, ServerConn};
 use pgherd_replication::consistency::{
     pause_before_next_ms, render, table_selected, Chunk, ChunkSum, TableReport, TableShape,
-    SESSION_SETTINGS_SQL, TABLES_SQL,
+    TABLES_SQL,
 };
+use pgherd_replication::sets;
 
 use crate::local::Where;
+
+mod nodes;
+use nodes::{connect_all, connect_set, set_members, Checked};
 
 #[derive(clap::Args, Debug)]
 pub struct CheckOptions {
@@ -61,6 +67,20 @@ pub struct CheckOptions {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Compare a replication set's origin with its subscribers (`--to`), on the set's tables.
+    #[arg(long, conflicts_with = "nodes", requires = "to")]
+    set: Option<String>,
+    /// With `--set`: a subscriber to compare, as a libpq connection string (repeatable).
+    #[arg(long = "to")]
+    to: Vec<String>,
+}
+
+/// How the other nodes reach a point the origin's lock fixes.
+enum Follow {
+    /// Streaming replicas: they replay the primary's WAL up to its position.
+    Replay,
+    /// A set's subscribers: they apply the origin's changes up to the set's raised marker.
+    Mark(String),
 }
 
 /// Why a check could not be completed (differences are not errors: they are its answer).
@@ -103,25 +123,6 @@ impl std::fmt::Display for CheckError {
 /// read again after recovery cancelled a replica's read, before the check gives up.
 const TRIES: u32 = 5;
 
-/// A node being compared, with its session.
-struct Checked {
-    name: String,
-    conn: ServerConn,
-}
-
-impl Checked {
-    async fn query(&mut self, sql: &str) -> Result<Vec<Vec<Option<String>>>, QueryError> {
-        self.conn.simple_query(sql).await
-    }
-
-    fn failed(&self, e: impl std::fmt::Display) -> CheckError {
-        CheckError::Node {
-            node: self.name.clone(),
-            error: e.to_string(),
-        }
-    }
-}
-
 pub fn run(options: CheckOptions) -> Result<(), String> {
     let path = options.at.config_path()?;
     let config = Config::load(&path).map_err(|e| e.to_string())?;
@@ -142,9 +143,22 @@ pub fn run(options: CheckOptions) -> Result<(), String> {
 
 async fn check(config: &Config, options: &CheckOptions) -> Result<Vec<TableReport>, CheckError> {
     let database = database_of(config, options.database.as_deref())?;
-    let (mut locker, mut nodes) = connect_all(config, &options.nodes, &database).await?;
+    let (follow, (mut locker, mut nodes)) = match &options.set {
+        None => (
+            Follow::Replay,
+            connect_all(config, &options.nodes, &database).await?,
+        ),
+        Some(set) => (
+            Follow::Mark(set.clone()),
+            connect_set(config, &database, &options.to).await?,
+        ),
+    };
     let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
     let reference = &mut nodes[0];
+    let in_set = match &follow {
+        Follow::Replay => None,
+        Follow::Mark(set) => Some(set_members(reference, set).await?),
+    };
     let tables: Vec<TableShape> = reference
         .query(TABLES_SQL)
         .await
@@ -154,6 +168,7 @@ async fn check(config: &Config, options: &CheckOptions) -> Result<Vec<TableRepor
         .collect::<Result<Vec<_>, _>>()?
         .into_iter()
         .filter(|t| table_selected(&t.name, &options.tables))
+        .filter(|t| in_set.as_ref().is_none_or(|set| set.contains(&t.name)))
         .collect();
     let progress = progress_bar(tables.iter().map(|t| t.estimated_rows).sum());
     let started = Instant::now();
@@ -161,7 +176,8 @@ async fn check(config: &Config, options: &CheckOptions) -> Result<Vec<TableRepor
     let mut reports = Vec::new();
     for table in &tables {
         progress.set_message(table.name.clone());
-        let report = check_table(&mut locker, &mut nodes, table, options, &mut |rows| {
+        let point = (&mut locker, &follow);
+        let report = check_table(point, &mut nodes, table, options, &mut |rows| {
             rows_read += rows;
             progress.inc(rows);
             pause_before_next_ms(
@@ -219,97 +235,6 @@ fn database_of(config: &Config, asked: Option<&str>) -> Result<String, CheckErro
         .unwrap_or(name))
 }
 
-/// A second session on the primary, which takes the points' locks, and a session to each of
-/// the nodes asked for (or all), the primary first; every one must answer.
-async fn connect_all(
-    config: &Config,
-    asked: &[String],
-    database: &str,
-) -> Result<(Checked, Vec<Checked>), CheckError> {
-    let registry = Nodes::new(
-        &config.nodes,
-        CheckThresholds {
-            rejoin_after_checks: 1,
-            failures_before_down: 1,
-        },
-    );
-    let chosen: Vec<std::sync::Arc<NodeState>> = if asked.is_empty() {
-        registry.all().iter().cloned().collect()
-    } else {
-        asked
-            .iter()
-            .map(|name| {
-                registry.get(name).ok_or_else(|| {
-                    CheckError::Config(format!(
-                        "no node \"{name}\" in the config (its nodes: {})",
-                        config.node_names()
-                    ))
-                })
-            })
-            .collect::<Result<_, _>>()?
-    };
-    if chosen.len() < 2 {
-        return Err(CheckError::Config(
-            "a check compares at least two nodes".to_owned(),
-        ));
-    }
-    let ctx = pgherd_proxy::app::connect_context(config, Default::default())
-        .map_err(CheckError::Config)?;
-    let mut checked = Vec::new();
-    let mut primary = None;
-    for node in &chosen {
-        let mut session = open_session(node, config, &ctx, database).await?;
-        let in_recovery = session
-            .query("SELECT pg_is_in_recovery()::text")
-            .await
-            .map_err(|e| session.failed(e))?;
-        if first_value(&in_recovery).as_deref() == Some("false") {
-            if let Some((other, _)) = &primary {
-                return Err(CheckError::Config(format!(
-                    "{other} and {} both take writes: they are not one cluster's copies",
-                    session.name
-                )));
-            }
-            primary = Some((session.name.clone(), node.clone()));
-            checked.insert(0, session);
-        } else {
-            checked.push(session);
-        }
-    }
-    let Some((_, primary)) = primary else {
-        return Err(CheckError::Config(
-            "none of the nodes is the primary: it must be among them (its lock on a table is what makes the nodes' snapshots comparable)".to_owned(),
-        ));
-    };
-    let locker = open_session(&primary, config, &ctx, database).await?;
-    Ok((locker, checked))
-}
-
-async fn open_session(
-    node: &NodeState,
-    config: &Config,
-    ctx: &ConnectContext,
-    database: &str,
-) -> Result<Checked, CheckError> {
-    let name = node.config.name.clone();
-    let failed = |e: &dyn std::fmt::Display| CheckError::Node {
-        node: name.clone(),
-        error: e.to_string(),
-    };
-    let conn = pgherd_proxy::monitor::management_connection(node, &config.cluster, ctx, database)
-        .await
-        .map_err(|e| failed(&e))?;
-    let mut session = Checked {
-        name: name.clone(),
-        conn,
-    };
-    session
-        .query(SESSION_SETTINGS_SQL)
-        .await
-        .map_err(|e| failed(&e))?;
-    Ok(session)
-}
-
 fn first_value(rows: &[Vec<Option<String>>]) -> Option<String> {
     rows.first().and_then(|r| r.first()).cloned().flatten()
 }
@@ -318,7 +243,7 @@ fn first_value(rows: &[Vec<Option<String>>]) -> Option<String> {
 /// is too old or a replica's read was cancelled). `read` is told each chunk's rows and says
 /// how long to pause before the next (the rate limit).
 async fn check_table(
-    locker: &mut Checked,
+    (locker, follow): (&mut Checked, &Follow),
     nodes: &mut [Checked],
     table: &TableShape,
     options: &CheckOptions,
@@ -334,7 +259,7 @@ async fn check_table(
             if point.is_some() {
                 end_point(nodes).await?;
             }
-            take_point(locker, nodes, table, options).await?;
+            take_point(locker, follow, nodes, table, options).await?;
             point = Some(Instant::now());
         }
         let Some((checked, sums)) = read_chunk(nodes, table, &next, options).await? else {
@@ -367,11 +292,12 @@ async fn check_table(
 /// module's doc); tries again a few times when its lock is not granted in time.
 async fn take_point(
     locker: &mut Checked,
+    follow: &Follow,
     nodes: &mut [Checked],
     table: &TableShape,
     options: &CheckOptions,
 ) -> Result<(), CheckError> {
-    catch_up(locker, nodes, options).await?;
+    catch_up(locker, follow, nodes, options).await?;
     let lock = format!(
         "BEGIN; SET LOCAL lock_timeout = {};          SET LOCAL idle_in_transaction_session_timeout = 60000;          LOCK TABLE {} IN SHARE MODE",
         options.lock_timeout_ms, table.sql_name
@@ -381,14 +307,14 @@ async fn take_point(
         tries += 1;
         match locker.query(&lock).await {
             Ok(_) => break,
-            Err(QueryError::Sql(e)) if e.code.code() == "55P03" && tries < TRIES => {
+            Err(e) if e.is("55P03") && tries < TRIES => {
                 locker
                     .query("ROLLBACK")
                     .await
                     .map_err(|e| locker.failed(e))?;
                 tokio::time::sleep(Duration::from_millis(500 * u64::from(tries))).await;
             }
-            Err(QueryError::Sql(e)) if e.code.code() == "55P03" => {
+            Err(e) if e.is("55P03") => {
                 locker
                     .query("ROLLBACK")
                     .await
@@ -401,7 +327,7 @@ async fn take_point(
             Err(e) => return Err(locker.failed(e)),
         }
     }
-    let snapshots = snapshots_under_lock(nodes, options).await;
+    let snapshots = snapshots_under_lock(nodes, follow, options).await;
     // The lock goes whatever happened: nothing is left waiting on it.
     locker.query("COMMIT").await.map_err(|e| locker.failed(e))?;
     snapshots
@@ -411,11 +337,32 @@ const BEGIN_SNAPSHOT: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;  
 
 async fn snapshots_under_lock(
     nodes: &mut [Checked],
+    follow: &Follow,
     options: &CheckOptions,
 ) -> Result<(), CheckError> {
     let (primary, replicas) = nodes
         .split_first_mut()
         .ok_or_else(|| CheckError::Config("no nodes".to_owned()))?;
+    let wait = Duration::from_millis(options.replay_timeout_ms);
+    if let Follow::Mark(set) = follow {
+        // Committed now, after every write to the locked table: a subscriber showing it has
+        // applied them all.
+        let mark = raise_mark(primary, set).await?;
+        primary
+            .query(&format!("{BEGIN_SNAPSHOT}; SELECT 1"))
+            .await
+            .map_err(|e| primary.failed(e))?;
+        for outcome in join_all(
+            replicas
+                .iter_mut()
+                .map(|s| mark_then_snapshot(s, set, mark, wait)),
+        )
+        .await
+        {
+            outcome?;
+        }
+        return Ok(());
+    }
     // Every write to the table is behind the insert position now. The WAL up to it may not
     // be flushed, so not sent to the replicas, and with the table's writers held back nothing
     // else may flush it soon: a transaction of this one statement (an xid, so a commit record
@@ -429,7 +376,6 @@ async fn snapshots_under_lock(
         .query(&format!("{BEGIN_SNAPSHOT}; SELECT 1"))
         .await
         .map_err(|e| primary.failed(e))?;
-    let wait = Duration::from_millis(options.replay_timeout_ms);
     for outcome in join_all(
         replicas
             .iter_mut()
@@ -447,9 +393,25 @@ async fn snapshots_under_lock(
 /// behind while a point's snapshot holds it back).
 async fn catch_up(
     locker: &mut Checked,
+    follow: &Follow,
     nodes: &mut [Checked],
     options: &CheckOptions,
 ) -> Result<(), CheckError> {
+    if let Follow::Mark(set) = follow {
+        let mark = raise_mark(locker, set).await?;
+        let wait = Duration::from_millis(options.replay_timeout_ms);
+        for outcome in join_all(
+            nodes
+                .iter_mut()
+                .skip(1)
+                .map(|s| mark_applied(s, set, mark, wait)),
+        )
+        .await
+        {
+            outcome?;
+        }
+        return Ok(());
+    }
     let rows = locker
         .query("SELECT pg_current_wal_flush_lsn()::text")
         .await
@@ -523,7 +485,7 @@ async fn sum_on(node: &mut Checked, sql: &str) -> Result<Option<ChunkSum>, Check
             .and_then(|r| ChunkSum::from_row(r))
             .map(Some)
             .ok_or_else(|| node.failed("an unreadable checksum")),
-        Err(QueryError::Sql(e)) if e.code.code() == "40001" => Ok(None),
+        Err(e) if e.is("40001") => Ok(None),
         Err(e) => Err(node.failed(e)),
     }
 }
@@ -567,6 +529,60 @@ async fn replayed(replica: &mut Checked, lsn: &str, wait: Duration) -> Result<()
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     Ok(())
+}
+
+/// Raises the set's marker on the origin (committed at once); its new number.
+async fn raise_mark(origin: &mut Checked, set: &str) -> Result<i64, CheckError> {
+    let rows = origin
+        .query(&sets::raise_mark_sql(set))
+        .await
+        .map_err(|e| origin.failed(e))?;
+    first_value(&rows)
+        .and_then(|m| m.parse().ok())
+        .ok_or_else(|| origin.failed(format!("set {set} has no marker row")))
+}
+
+async fn mark_then_snapshot(
+    subscriber: &mut Checked,
+    set: &str,
+    mark: i64,
+    wait: Duration,
+) -> Result<(), CheckError> {
+    mark_applied(subscriber, set, mark, wait).await?;
+    subscriber
+        .query(&format!("{BEGIN_SNAPSHOT}; SELECT 1"))
+        .await
+        .map_err(|e| subscriber.failed(e))?;
+    Ok(())
+}
+
+/// Waits until the subscriber shows the origin's marker `mark`.
+async fn mark_applied(
+    subscriber: &mut Checked,
+    set: &str,
+    mark: i64,
+    wait: Duration,
+) -> Result<(), CheckError> {
+    let started = Instant::now();
+    loop {
+        let rows = subscriber
+            .query(&sets::applied_mark_sql(set))
+            .await
+            .map_err(|e| subscriber.failed(e))?;
+        let seen: i64 = first_value(&rows)
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(-1);
+        if seen >= mark {
+            return Ok(());
+        }
+        if started.elapsed() >= wait {
+            return Err(subscriber.failed(format!(
+                "it did not apply set {set}'s changes up to mark {mark} within {} ms (applied {seen}): is its subscription running?",
+                wait.as_millis()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 fn progress_bar(estimated_rows: u64) -> indicatif::ProgressBar {

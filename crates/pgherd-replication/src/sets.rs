@@ -12,6 +12,7 @@ pub const CATALOG_SQL: &str = "\
 CREATE SCHEMA IF NOT EXISTS pgherd; \
 CREATE TABLE IF NOT EXISTS pgherd.sets (\
   name text PRIMARY KEY, patterns text[] NOT NULL, created_at timestamptz NOT NULL DEFAULT now()); \
+ALTER TABLE pgherd.sets ADD COLUMN IF NOT EXISTS sequences text[] NOT NULL DEFAULT '{}'; \
 CREATE TABLE IF NOT EXISTS pgherd.set_subscribers (\
   set_name text NOT NULL REFERENCES pgherd.sets ON DELETE CASCADE, \
   subscription text NOT NULL, subscriber text NOT NULL, \
@@ -44,6 +45,10 @@ pub enum SetError {
     NoTables(String),
     #[error("{} {} no primary key: a subscriber could not apply an UPDATE or DELETE of {}; add one, or leave {} out of the set", .0.join(", "), if .0.len() == 1 { "has" } else { "have" }, if .0.len() == 1 { "its rows" } else { "their rows" }, if .0.len() == 1 { "it" } else { "them" })]
     NoPrimaryKey(Vec<String>),
+    #[error("the sequence patterns {0} match no sequence of the database")]
+    NoSequences(String),
+    #[error("the subscriber has no sequence {}: create {} there first", .0.join(", "), if .0.len() == 1 { "it" } else { "them" })]
+    SequenceMissingOnSubscriber(Vec<String>),
     #[error("the subscriber has no table {}: create {} there first (a subscription copies rows, not definitions)", .0.join(", "), if .0.len() == 1 { "it" } else { "them" })]
     MissingOnSubscriber(Vec<String>),
     #[error("on the subscriber, {} {} no primary key: it could not apply an UPDATE or DELETE; add one there", .0.join(", "), if .0.len() == 1 { "has" } else { "have" })]
@@ -147,17 +152,83 @@ pub fn choose_tables<'a>(
     Ok(chosen)
 }
 
+/// The database's sequences: `schema.name` (what patterns match) and quoted, for statements.
+pub const SEQUENCES_SQL: &str = "\
+SELECT n.nspname || '.' || c.relname, format('%I.%I', n.nspname, c.relname) \
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+ WHERE c.relkind = 'S' AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+   AND n.nspname !~ '^pg_temp_' \
+ ORDER BY 1";
+
+/// A sequence of the database: (`schema.name`, quoted for statements).
+pub type Sequence = (String, String);
+
+/// The sequences `patterns` choose (none asked: none); refused when patterns choose none.
+pub fn choose_sequences<'a>(
+    sequences: &'a [Sequence],
+    patterns: &[String],
+) -> Result<Vec<&'a Sequence>, SetError> {
+    if patterns.is_empty() {
+        return Ok(Vec::new());
+    }
+    let chosen: Vec<&Sequence> = sequences
+        .iter()
+        .filter(|(name, _)| table_selected(name, patterns))
+        .collect();
+    if chosen.is_empty() {
+        return Err(SetError::NoSequences(patterns.join(", ")));
+    }
+    Ok(chosen)
+}
+
+/// A sequence's state: its last value and whether that value was handed out.
+pub fn sequence_value_sql(sql_name: &str) -> String {
+    format!("SELECT last_value::text, is_called::text FROM {sql_name}")
+}
+
+/// On a subscriber: the sequence put where the origin's is, so that it hands out the values
+/// the origin would next (after a set moves its origin there).
+pub fn setval_sql(sql_name: &str, last_value: i64, is_called: bool) -> String {
+    format!(
+        "SELECT setval({}, {last_value}, {is_called})",
+        quote_literal(sql_name)
+    )
+}
+
+/// Which of the set's sequences a subscriber lacks.
+pub fn check_subscriber_sequences(
+    set: &[&Sequence],
+    subscriber: &[Sequence],
+) -> Result<(), SetError> {
+    let missing: Vec<String> = set
+        .iter()
+        .filter(|(name, _)| !subscriber.iter().any(|(s, _)| s == name))
+        .map(|(name, _)| name.clone())
+        .collect();
+    match missing.is_empty() {
+        true => Ok(()),
+        false => Err(SetError::SequenceMissingOnSubscriber(missing)),
+    }
+}
+
 /// One transaction on the origin: the catalog, the set's row, its publication.
-pub fn create_sql(set: &str, patterns: &[String], tables: &[&TableShape]) -> String {
+pub fn create_sql(
+    set: &str,
+    (patterns, sequence_patterns): (&[String], &[String]),
+    tables: &[&TableShape],
+) -> String {
+    let sequences: Vec<String> = sequence_patterns.iter().map(|p| quote_literal(p)).collect();
     let patterns: Vec<String> = patterns.iter().map(|p| quote_literal(p)).collect();
     let tables: Vec<&str> = tables.iter().map(|t| t.sql_name.as_str()).collect();
     format!(
         "BEGIN; {CATALOG_SQL}; {}; \
-         INSERT INTO pgherd.sets (name, patterns) VALUES ({}, ARRAY[{}]::text[]); \
+         INSERT INTO pgherd.sets (name, patterns, sequences) \
+         VALUES ({}, ARRAY[{}]::text[], ARRAY[{}]::text[]); \
          CREATE PUBLICATION {} FOR TABLE {}, {}; COMMIT",
         marker_sql(set, true),
         quote_literal(set),
         patterns.join(", "),
+        sequences.join(", "),
         publication(set),
         tables.join(", "),
         marker_table(set)
@@ -297,6 +368,31 @@ mod tests {
     }
 
     #[test]
+    fn sequences_are_chosen_by_pattern_and_needed_on_subscribers() {
+        let seq = |n: &str| (n.to_owned(), n.to_owned());
+        let all = [seq("public.order_ids"), seq("public.invoice_ids")];
+        let p = |s: &str| vec![s.to_owned()];
+        assert!(choose_sequences(&all, &[]).unwrap().is_empty());
+        let chosen = choose_sequences(&all, &p("order*")).unwrap();
+        assert_eq!(chosen, vec![&all[0]]);
+        assert_eq!(
+            choose_sequences(&all, &p("x*")).unwrap_err().to_string(),
+            "the sequence patterns x* match no sequence of the database"
+        );
+        assert_eq!(
+            check_subscriber_sequences(&chosen, &all[1..])
+                .unwrap_err()
+                .to_string(),
+            "the subscriber has no sequence public.order_ids: create it there first"
+        );
+        assert_eq!(check_subscriber_sequences(&chosen, &all), Ok(()));
+        assert_eq!(
+            setval_sql("public.order_ids", 41, true),
+            "SELECT setval('public.order_ids', 41, true)"
+        );
+    }
+
+    #[test]
     fn a_subscriber_needs_the_tables_with_keys() {
         let set = vec!["public.orders".to_owned(), "public.lines".to_owned()];
         let sub = [table("public.orders", true), table("public.lines", false)];
@@ -315,14 +411,15 @@ mod tests {
     #[test]
     fn statements() {
         let t = table("public.orders", true);
-        let sql = create_sql("orders", &["order*".to_owned()], &[&t]);
+        let sql = create_sql("orders", (&["order*".to_owned()], &[]), &[&t]);
         assert!(
             sql.starts_with("BEGIN; CREATE SCHEMA IF NOT EXISTS pgherd;"),
             "{sql}"
         );
         assert!(
             sql.ends_with(
-                "INSERT INTO pgherd.sets (name, patterns) VALUES ('orders', ARRAY['order*']::text[]); \
+                "INSERT INTO pgherd.sets (name, patterns, sequences) \
+                 VALUES ('orders', ARRAY['order*']::text[], ARRAY[]::text[]); \
                  CREATE PUBLICATION pgherd_orders FOR TABLE public.orders, pgherd.mark_orders; COMMIT"
             ),
             "{sql}"

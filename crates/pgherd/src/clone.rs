@@ -131,7 +131,9 @@ fn beside_managed_nodes(config: &Config, name: &str) -> Result<PathBuf, String> 
         })
 }
 
-fn registry(config: &Config) -> Nodes {
+/// The config's nodes as a registry of their own (not the running pgherd's), for commands
+/// that open sessions to them.
+pub(crate) fn registry(config: &Config) -> Nodes {
     Nodes::new(
         &config.nodes,
         CheckThresholds {

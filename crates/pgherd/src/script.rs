@@ -15,7 +15,9 @@ use pgherd_replication::consistency::{quote_literal, table_selected};
 use pgherd_replication::script::{plan_script, Order, Step};
 use pgherd_replication::sets as set;
 
-use crate::sets::{describe, first, origin_session, pg_error, set_tables, tables_of, Origin};
+use crate::sets::{
+    client_rows, describe, first, origin_session, pg_error, set_tables, tables_of, Origin,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct ScriptOptions {
@@ -163,18 +165,10 @@ async fn run_step(
 async fn applied(s: &Subscriber, set_name: &str, mark: i64, wait: Duration) -> Result<(), String> {
     let started = Instant::now();
     loop {
-        let rows = s
-            .client
-            .simple_query(&set::applied_mark_sql(set_name))
+        let rows = client_rows(&s.client, &set::applied_mark_sql(set_name))
             .await
             .map_err(|e| pg_error(&e))?;
-        let seen: i64 = rows
-            .iter()
-            .find_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0)?.parse().ok(),
-                _ => None,
-            })
-            .unwrap_or(-1);
+        let seen: i64 = first(&rows).and_then(|m| m.parse().ok()).unwrap_or(-1);
         if seen >= mark {
             return Ok(());
         }

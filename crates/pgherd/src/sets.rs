@@ -24,6 +24,10 @@ pub enum SetCommand {
         /// Table patterns, comma-separated.
         #[arg(long, value_delimiter = ',', required = true)]
         tables: Vec<String>,
+        /// Sequence patterns, comma-separated: kept in step on the subscribers (logical
+        /// replication does not carry sequences) at subscription and by `sync-sequences`.
+        #[arg(long, value_delimiter = ',')]
+        sequences: Vec<String>,
         #[command(flatten)]
         on: Origin,
     },
@@ -38,6 +42,16 @@ pub enum SetCommand {
         /// goes on in PostgreSQL).
         #[arg(long, default_value_t = 600)]
         wait_s: u64,
+        #[command(flatten)]
+        on: Origin,
+    },
+    /// Put each subscriber's copies of the set's sequences where the origin's are (run it
+    /// from cron, and before a subscriber takes writes).
+    SyncSequences {
+        name: String,
+        /// Each subscriber, as a libpq connection string.
+        #[arg(long, required = true)]
+        to: Vec<String>,
         #[command(flatten)]
         on: Origin,
     },
@@ -65,7 +79,15 @@ pub struct Origin {
 pub fn run(command: SetCommand) -> Result<(), String> {
     let runtime = crate::runtime(1)?;
     match command {
-        SetCommand::Create { name, tables, on } => runtime.block_on(create(&name, &tables, &on)),
+        SetCommand::Create {
+            name,
+            tables,
+            sequences,
+            on,
+        } => runtime.block_on(create(&name, (&tables, &sequences), &on)),
+        SetCommand::SyncSequences { name, to, on } => {
+            runtime.block_on(sync_sequences_to(&name, &to, &on))
+        }
         SetCommand::Subscribe {
             name,
             to,
@@ -76,7 +98,11 @@ pub fn run(command: SetCommand) -> Result<(), String> {
     }
 }
 
-async fn create(name: &str, patterns: &[String], on: &Origin) -> Result<(), String> {
+async fn create(
+    name: &str,
+    (patterns, sequence_patterns): (&[String], &[String]),
+    on: &Origin,
+) -> Result<(), String> {
     set::check_name(name).map_err(|e| e.to_string())?;
     let config = Config::load(&on.at.config_path()?).map_err(|e| e.to_string())?;
     let (origin, mut conn) = origin_session(&config, on).await?;
@@ -113,19 +139,130 @@ async fn create(name: &str, patterns: &[String], on: &Origin) -> Result<(), Stri
         .await
         .map_err(|e| query(e.to_string()))?;
     let chosen = set::choose_tables(&tables, patterns).map_err(|e| refused(name, e))?;
-    conn.simple_query(&set::create_sql(name, patterns, &chosen))
-        .await
-        .map_err(|e| query(e.to_string()))?;
+    let sequences = sequences_of(
+        &conn_rows(&mut conn, set::SEQUENCES_SQL)
+            .await
+            .map_err(query)?,
+    );
+    let chosen_sequences =
+        set::choose_sequences(&sequences, sequence_patterns).map_err(|e| refused(name, e))?;
+    conn.simple_query(&set::create_sql(
+        name,
+        (patterns, sequence_patterns),
+        &chosen,
+    ))
+    .await
+    .map_err(|e| query(e.to_string()))?;
     let names: Vec<&str> = chosen.iter().map(|t| t.name.as_str()).collect();
+    let sequences: Vec<&str> = chosen_sequences.iter().map(|(n, _)| n.as_str()).collect();
     println!(
-        "set {name} created on {} ({}): {} table{}: {}",
+        "set {name} created on {} ({}): {} table{}: {}{}",
         origin.name,
         on.database,
         names.len(),
         if names.len() == 1 { "" } else { "s" },
-        names.join(", ")
+        names.join(", "),
+        match sequences.as_slice() {
+            [] => String::new(),
+            s => format!("; sequences kept in step: {}", s.join(", ")),
+        }
     );
     Ok(())
+}
+
+/// `sync-sequences`: the set's sequences on each subscriber put where the origin's are.
+async fn sync_sequences_to(name: &str, to: &[String], on: &Origin) -> Result<(), String> {
+    let config = Config::load(&on.at.config_path()?).map_err(|e| e.to_string())?;
+    let (origin, mut conn) = origin_session(&config, on).await?;
+    let mut subscribers = Vec::new();
+    for conninfo in to {
+        let parsed: tokio_postgres::Config = conninfo
+            .parse()
+            .map_err(|e| format!("--to is not a connection string: {e}"))?;
+        let shown = describe(&parsed);
+        let (client, connection) = parsed
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| format!("cannot connect to the subscriber {shown}: {e}"))?;
+        tokio::spawn(connection);
+        subscribers.push((shown, client));
+    }
+    let subscribers: Vec<(&str, &tokio_postgres::Client)> =
+        subscribers.iter().map(|(s, c)| (s.as_str(), c)).collect();
+    let count = sync_sequences(&mut conn, &origin.name, name, &subscribers).await?;
+    println!(
+        "set {name}: {count} sequence{} in step on {}",
+        if count == 1 { "" } else { "s" },
+        subscribers
+            .iter()
+            .map(|(s, _)| *s)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(())
+}
+
+/// Puts each subscriber's copy of the set's sequences where the origin's is; how many.
+/// Checked first: a subscriber that lacks one changes nothing.
+pub(crate) async fn sync_sequences(
+    origin: &mut ServerConn,
+    origin_name: &str,
+    set_name: &str,
+    subscribers: &[(&str, &tokio_postgres::Client)],
+) -> Result<usize, String> {
+    let on_origin = |e: String| format!("origin {origin_name}: {e}");
+    let patterns_sql = format!(
+        "SELECT array_to_json(sequences)::text FROM pgherd.sets WHERE name = {}",
+        quote_literal(set_name)
+    );
+    let patterns: Vec<String> = first(&conn_rows(origin, &patterns_sql).await.map_err(on_origin)?)
+        .and_then(|p| serde_json::from_str(&p).ok())
+        .ok_or_else(|| on_origin(format!("no set named {set_name}")))?;
+    let all = sequences_of(
+        &conn_rows(origin, set::SEQUENCES_SQL)
+            .await
+            .map_err(on_origin)?,
+    );
+    let chosen = set::choose_sequences(&all, &patterns).map_err(|e| refused(set_name, e))?;
+    for (shown, client) in subscribers {
+        let theirs = client_rows(client, set::SEQUENCES_SQL)
+            .await
+            .map_err(|e| format!("subscriber {shown}: {}", pg_error(&e)))?;
+        set::check_subscriber_sequences(&chosen, &sequences_of(&theirs))
+            .map_err(|e| format!("subscriber {shown}: {e}; nothing was changed"))?;
+    }
+    for (_, sql_name) in &chosen {
+        let rows = conn_rows(origin, &set::sequence_value_sql(sql_name))
+            .await
+            .map_err(on_origin)?;
+        let row = rows
+            .first()
+            .ok_or_else(|| on_origin(format!("{sql_name} has no value")))?;
+        let field = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+        let last_value: i64 = field(0)
+            .parse()
+            .map_err(|_| on_origin(format!("{sql_name}: an unreadable value")))?;
+        let setval = set::setval_sql(sql_name, last_value, field(1) == "true");
+        for (shown, client) in subscribers {
+            client
+                .batch_execute(&setval)
+                .await
+                .map_err(|e| format!("subscriber {shown}: {}", pg_error(&e)))?;
+        }
+    }
+    Ok(chosen.len())
+}
+
+/// The rows of [`set::SEQUENCES_SQL`] as sequences.
+fn sequences_of(rows: &[Vec<Option<String>>]) -> Vec<set::Sequence> {
+    rows.iter()
+        .filter_map(|r| Some((r.first()?.clone()?, r.get(1)?.clone()?)))
+        .collect()
+}
+
+/// A statement's rows on a cluster node's session, its error as text.
+async fn conn_rows(conn: &mut ServerConn, sql: &str) -> Result<Vec<Vec<Option<String>>>, String> {
+    conn.simple_query(sql).await.map_err(|e| e.to_string())
 }
 
 async fn subscribe(name: &str, to: &str, wait: Duration, on: &Origin) -> Result<(), String> {
@@ -152,19 +289,11 @@ async fn subscribe(name: &str, to: &str, wait: Duration, on: &Origin) -> Result<
         .map_err(|e| format!("cannot connect to the subscriber {shown}: {e}"))?;
     tokio::spawn(connection);
     let on_subscriber = |e: tokio_postgres::Error| format!("subscriber {shown}: {}", pg_error(&e));
-    let subscriber_tables: Vec<TableShape> = subscriber
-        .simple_query(TABLES_SQL)
+    let subscriber_tables: Vec<TableShape> = client_rows(&subscriber, TABLES_SQL)
         .await
         .map_err(on_subscriber)?
         .iter()
-        .filter_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => {
-                let row: Vec<Option<String>> =
-                    (0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect();
-                TableShape::from_row(&row).ok()
-            }
-            _ => None,
-        })
+        .filter_map(|row| TableShape::from_row(row).ok())
         .collect();
     let user_tables: Vec<String> = set_tables
         .iter()
@@ -177,6 +306,8 @@ async fn subscribe(name: &str, to: &str, wait: Duration, on: &Origin) -> Result<
         .batch_execute(&set::marker_sql(name, false))
         .await
         .map_err(on_subscriber)?;
+    // The set's sequences checked (and put in step) before anything is made on the subscriber.
+    sync_sequences(&mut conn, &origin.name, name, &[(&shown, &subscriber)]).await?;
     let subscription = set::subscription(name, &shown);
     let mut parts = vec![
         ("host", origin.host.clone()),
@@ -202,6 +333,7 @@ async fn subscribe(name: &str, to: &str, wait: Duration, on: &Origin) -> Result<
     wait_for_copy(&subscriber, &subscription, set_tables.len(), wait)
         .await
         .map_err(|e| format!("subscriber {shown}: {e}"))?;
+    sync_sequences(&mut conn, &origin.name, name, &[(&shown, &subscriber)]).await?;
     println!(
         "{shown} is subscribed to {name}: {} table{} copied; their changes stream from {} (slot {subscription})",
         user_tables.len(),
@@ -378,19 +510,15 @@ async fn wait_for_copy(
     let started = Instant::now();
     let sql = set::sync_progress_sql(subscription);
     loop {
-        let rows = subscriber
-            .simple_query(&sql)
+        let rows = client_rows(subscriber, &sql)
             .await
             .map_err(|e| pg_error(&e))?;
         let counts: Vec<u64> = rows
-            .iter()
-            .find_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) => Some(
-                    (0..r.len())
-                        .map(|i| r.get(i).and_then(|v| v.parse().ok()).unwrap_or(0))
-                        .collect(),
-                ),
-                _ => None,
+            .first()
+            .map(|row| {
+                row.iter()
+                    .map(|v| v.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0))
+                    .collect()
             })
             .unwrap_or_default();
         let (done, total) = (
@@ -416,6 +544,24 @@ async fn wait_for_copy(
 
 fn refused(set: &str, e: SetError) -> String {
     format!("set {set}: {e}; nothing was changed")
+}
+
+/// A statement's rows on a client's session, each value as text.
+pub(crate) async fn client_rows(
+    client: &tokio_postgres::Client,
+    sql: &str,
+) -> Result<Vec<Vec<Option<String>>>, tokio_postgres::Error> {
+    Ok(client
+        .simple_query(sql)
+        .await?
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
+            }
+            _ => None,
+        })
+        .collect())
 }
 
 pub(crate) fn first(rows: &[Vec<Option<String>>]) -> Option<String> {

@@ -51,6 +51,7 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
          INSERT INTO orders SELECT g, 'item ' || g FROM generate_series(1, 1000) g; \
          INSERT INTO order_lines SELECT g, g % 7 FROM generate_series(1, 500) g; \
          INSERT INTO private_notes VALUES (1, 'stays home'); \
+         CREATE SEQUENCE order_ids; SELECT setval('order_ids', 1234); \
          GRANT ALL ON ALL TABLES IN SCHEMA public TO app",
     );
     let subscriber = TestCluster::start(0);
@@ -85,11 +86,35 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
         "no publication was left by a refused set"
     );
 
-    let out = set(&env, &["create", "shop", "--tables", "order*"]);
+    refused(
+        &set(
+            &env,
+            &[
+                "create",
+                "shop",
+                "--tables",
+                "order*",
+                "--sequences",
+                "nope*",
+            ],
+        ),
+        "the sequence patterns nope* match no sequence of the database",
+    );
+    let out = set(
+        &env,
+        &[
+            "create",
+            "shop",
+            "--tables",
+            "order*",
+            "--sequences",
+            "order*",
+        ],
+    );
     let said = text(&out);
     assert!(out.status.success(), "{said}");
     assert!(
-        said.contains("set shop created on pg1 (app): 2 tables: public.order_lines, public.orders"),
+        said.contains("set shop created on pg1 (app): 2 tables: public.order_lines, public.orders; sequences kept in step: public.order_ids"),
         "{said}"
     );
     refused(
@@ -129,6 +154,17 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
         APP,
         "CREATE TABLE order_lines (id int PRIMARY KEY, qty int)",
     );
+    refused(
+        &set(&env, &["subscribe", "shop", "--to", &to]),
+        "the subscriber has no sequence public.order_ids: create it there first",
+    );
+    assert_eq!(
+        subscriber
+            .sql_on("pg1", APP, "SELECT count(*) FROM pg_subscription")
+            .trim(),
+        "0"
+    );
+    subscriber.sql_on("pg1", APP, "CREATE SEQUENCE order_ids");
     let out = set(&env, &["subscribe", "shop", "--to", &to]);
     let said = text(&out);
     assert!(out.status.success(), "{said}");
@@ -141,6 +177,13 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
     assert!(
         !said.contains(SUPERUSER_PASSWORD),
         "no password shown: {said}"
+    );
+    assert_eq!(
+        subscriber
+            .sql_on("pg1", APP, "SELECT last_value FROM order_ids")
+            .trim(),
+        "1234",
+        "the sequence is in step after subscribing"
     );
     let on_subscriber = |sql: &str| subscriber.sql_on("pg1", APP, sql).trim().to_owned();
     assert_eq!(on_subscriber("SELECT count(*) FROM orders"), "1000");
@@ -319,6 +362,22 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
         on_subscriber("SELECT count(*) FROM information_schema.columns WHERE table_name = 'order_lines' AND column_name = 'qty'"),
         "0",
         "the dropped column is gone on the subscriber too"
+    );
+
+    // Sequences in step again after the origin handed out more values.
+    env.direct("SELECT nextval('order_ids'); SELECT nextval('order_ids')");
+    let out = set(&env, &["sync-sequences", "shop", "--to", &to]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("set shop: 1 sequence in step on 127.0.0.1:"),
+        "{said}"
+    );
+    assert_eq!(
+        subscriber
+            .sql_on("pg1", APP, "SELECT last_value FROM order_ids")
+            .trim(),
+        "1236"
     );
 
     // The set's copies compared at one point (the origin's lock, the set's marker): the same;

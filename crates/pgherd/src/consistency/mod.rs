@@ -29,6 +29,7 @@ use pgherd_replication::consistency::{
 use pgherd_replication::sets;
 
 use crate::local::Where;
+use crate::sets::first as first_value;
 
 mod nodes;
 use nodes::{connect_all, connect_set, set_members, Checked};
@@ -235,10 +236,6 @@ fn database_of(config: &Config, asked: Option<&str>) -> Result<String, CheckErro
         .unwrap_or(name))
 }
 
-fn first_value(rows: &[Vec<Option<String>>]) -> Option<String> {
-    rows.first().and_then(|r| r.first()).cloned().flatten()
-}
-
 /// One table, chunk by chunk, each read at the current point (a new one taken when the last
 /// is too old or a replica's read was cancelled). `read` is told each chunk's rows and says
 /// how long to pause before the next (the rate limit).
@@ -343,92 +340,62 @@ async fn snapshots_under_lock(
     let (primary, replicas) = nodes
         .split_first_mut()
         .ok_or_else(|| CheckError::Config("no nodes".to_owned()))?;
-    let wait = Duration::from_millis(options.replay_timeout_ms);
-    if let Follow::Mark(set) = follow {
-        // Committed now, after every write to the locked table: a subscriber showing it has
-        // applied them all.
-        let mark = raise_mark(primary, set).await?;
-        primary
-            .query(&format!("{BEGIN_SNAPSHOT}; SELECT 1"))
-            .await
-            .map_err(|e| primary.failed(e))?;
-        for outcome in join_all(
-            replicas
-                .iter_mut()
-                .map(|s| mark_then_snapshot(s, set, mark, wait)),
-        )
-        .await
-        {
-            outcome?;
-        }
-        return Ok(());
-    }
-    // Every write to the table is behind the insert position now. The WAL up to it may not
-    // be flushed, so not sent to the replicas, and with the table's writers held back nothing
-    // else may flush it soon: a transaction of this one statement (an xid, so a commit record
-    // after that position) does.
-    let rows = primary
-        .query("SELECT pg_current_wal_insert_lsn()::text, txid_current()::text")
-        .await
-        .map_err(|e| primary.failed(e))?;
-    let lsn = first_value(&rows).ok_or_else(|| primary.failed("no WAL position"))?;
+    let point = follow.point(primary, true).await?;
     primary
         .query(&format!("{BEGIN_SNAPSHOT}; SELECT 1"))
         .await
         .map_err(|e| primary.failed(e))?;
-    for outcome in join_all(
-        replicas
-            .iter_mut()
-            .map(|replica| replay_then_snapshot(replica, &lsn, wait)),
-    )
-    .await
-    {
-        outcome?;
-    }
-    Ok(())
+    let wait = Duration::from_millis(options.replay_timeout_ms);
+    let snapshots = replicas
+        .iter_mut()
+        .map(|replica| reach_then_snapshot(replica, &point, wait));
+    join_all(snapshots).await.into_iter().collect()
 }
 
-/// Waits, holding nothing, until every replica replayed what the primary has written now: the
-/// wait under the lock that follows is then only for what is written meanwhile (replay falls
-/// behind while a point's snapshot holds it back).
+/// Where the other nodes must get to for a point: a replayed WAL position (replicas), or an
+/// applied marker (a set's subscribers).
+enum Point<'a> {
+    Lsn(String),
+    Mark { set: &'a str, mark: i64 },
+}
+
+impl Follow {
+    /// A point after every write committed on the origin so far. Under the table's lock its
+    /// writers are held back and nothing else may flush the WAL soon: the WAL position is
+    /// then that of a transaction of its own (an xid, so a commit record after it), and a
+    /// set's marker is committed at once.
+    async fn point(&self, origin: &mut Checked, under_lock: bool) -> Result<Point<'_>, CheckError> {
+        if let Follow::Mark(set) = self {
+            return raise_mark(origin, set)
+                .await
+                .map(|mark| Point::Mark { set, mark });
+        }
+        let sql = match under_lock {
+            true => "SELECT pg_current_wal_insert_lsn()::text, txid_current()::text",
+            false => "SELECT pg_current_wal_flush_lsn()::text",
+        };
+        let rows = origin.query(sql).await.map_err(|e| origin.failed(e))?;
+        let lsn = first_value(&rows).ok_or_else(|| origin.failed("no WAL position"))?;
+        Ok(Point::Lsn(lsn))
+    }
+}
+
+/// Waits, holding nothing, until every other node reached what the origin has committed now:
+/// the wait under the lock that follows is then only for what is written meanwhile (replay
+/// falls behind while a point's snapshot holds it back).
 async fn catch_up(
     locker: &mut Checked,
     follow: &Follow,
     nodes: &mut [Checked],
     options: &CheckOptions,
 ) -> Result<(), CheckError> {
-    if let Follow::Mark(set) = follow {
-        let mark = raise_mark(locker, set).await?;
-        let wait = Duration::from_millis(options.replay_timeout_ms);
-        for outcome in join_all(
-            nodes
-                .iter_mut()
-                .skip(1)
-                .map(|s| mark_applied(s, set, mark, wait)),
-        )
-        .await
-        {
-            outcome?;
-        }
-        return Ok(());
-    }
-    let rows = locker
-        .query("SELECT pg_current_wal_flush_lsn()::text")
-        .await
-        .map_err(|e| locker.failed(e))?;
-    let lsn = first_value(&rows).ok_or_else(|| locker.failed("no WAL position"))?;
+    let point = follow.point(locker, false).await?;
     let wait = Duration::from_millis(options.replay_timeout_ms);
-    for outcome in join_all(
-        nodes
-            .iter_mut()
-            .skip(1)
-            .map(|replica| replayed(replica, &lsn, wait)),
-    )
-    .await
-    {
-        outcome?;
-    }
-    Ok(())
+    let reached = nodes
+        .iter_mut()
+        .skip(1)
+        .map(|node| reach(node, &point, wait));
+    join_all(reached).await.into_iter().collect()
 }
 
 /// Ends every node's transaction of the current point.
@@ -490,18 +457,24 @@ async fn sum_on(node: &mut Checked, sql: &str) -> Result<Option<ChunkSum>, Check
     }
 }
 
-async fn replay_then_snapshot(
-    replica: &mut Checked,
-    lsn: &str,
+async fn reach_then_snapshot(
+    node: &mut Checked,
+    point: &Point<'_>,
     wait: Duration,
 ) -> Result<(), CheckError> {
-    replayed(replica, lsn, wait).await?;
+    reach(node, point, wait).await?;
     // The snapshot is taken by the transaction's first query, while the lock still holds.
-    replica
-        .query(&format!("{BEGIN_SNAPSHOT}; SELECT 1"))
+    node.query(&format!("{BEGIN_SNAPSHOT}; SELECT 1"))
         .await
-        .map_err(|e| replica.failed(e))?;
+        .map_err(|e| node.failed(e))?;
     Ok(())
+}
+
+async fn reach(node: &mut Checked, point: &Point<'_>, wait: Duration) -> Result<(), CheckError> {
+    match point {
+        Point::Lsn(lsn) => replayed(node, lsn, wait).await,
+        Point::Mark { set, mark } => mark_applied(node, set, *mark, wait).await,
+    }
 }
 
 /// Waits until `replica` replayed up to `lsn`.
@@ -540,20 +513,6 @@ async fn raise_mark(origin: &mut Checked, set: &str) -> Result<i64, CheckError> 
     first_value(&rows)
         .and_then(|m| m.parse().ok())
         .ok_or_else(|| origin.failed(format!("set {set} has no marker row")))
-}
-
-async fn mark_then_snapshot(
-    subscriber: &mut Checked,
-    set: &str,
-    mark: i64,
-    wait: Duration,
-) -> Result<(), CheckError> {
-    mark_applied(subscriber, set, mark, wait).await?;
-    subscriber
-        .query(&format!("{BEGIN_SNAPSHOT}; SELECT 1"))
-        .await
-        .map_err(|e| subscriber.failed(e))?;
-    Ok(())
 }
 
 /// Waits until the subscriber shows the origin's marker `mark`.

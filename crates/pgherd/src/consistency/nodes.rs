@@ -3,7 +3,7 @@
 //! origin and its subscribers (each by its own connection string).
 
 use pgherd_config::Config;
-use pgherd_proxy::nodes::{CheckThresholds, NodeState, Nodes};
+use pgherd_proxy::nodes::NodeState;
 use pgherd_proxy::pool::ConnectContext;
 use pgherd_proxy::server::{QueryError, ServerConn};
 use pgherd_replication::consistency::{quote_literal, SESSION_SETTINGS_SQL};
@@ -57,19 +57,12 @@ impl Checked {
                 message: e.to_string(),
             }),
             Conn::Subscriber(client) => {
-                let messages = client.simple_query(sql).await.map_err(|e| NodeQueryError {
-                    sqlstate: e.code().map(|c| c.code().to_owned()),
-                    message: crate::sets::pg_error(&e),
-                })?;
-                Ok(messages
-                    .iter()
-                    .filter_map(|m| match m {
-                        tokio_postgres::SimpleQueryMessage::Row(r) => {
-                            Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
-                        }
-                        _ => None,
+                crate::sets::client_rows(client, sql)
+                    .await
+                    .map_err(|e| NodeQueryError {
+                        sqlstate: e.code().map(|c| c.code().to_owned()),
+                        message: crate::sets::pg_error(&e),
                     })
-                    .collect())
             }
         }
     }
@@ -89,13 +82,7 @@ pub(super) async fn connect_all(
     asked: &[String],
     database: &str,
 ) -> Result<(Checked, Vec<Checked>), CheckError> {
-    let registry = Nodes::new(
-        &config.nodes,
-        CheckThresholds {
-            rejoin_after_checks: 1,
-            failures_before_down: 1,
-        },
-    );
+    let registry = crate::clone::registry(config);
     let chosen: Vec<std::sync::Arc<NodeState>> = if asked.is_empty() {
         registry.all().iter().cloned().collect()
     } else {
@@ -206,13 +193,7 @@ pub(super) async fn connect_set(
     database: &str,
     to: &[String],
 ) -> Result<(Checked, Vec<Checked>), CheckError> {
-    let registry = Nodes::new(
-        &config.nodes,
-        CheckThresholds {
-            rejoin_after_checks: 1,
-            failures_before_down: 1,
-        },
-    );
+    let registry = crate::clone::registry(config);
     let ctx = pgherd_proxy::app::connect_context(config, Default::default())
         .map_err(CheckError::Config)?;
     let mut origin = None;

@@ -269,6 +269,88 @@ pub fn subscribe_sql(set: &str, subscription: &str, origin_conninfo: &str) -> St
     )
 }
 
+/// A subscription that follows an origin from where it is now: the rows are there already
+/// (a set's move: every node applied everything before it).
+pub fn follow_sql(set: &str, subscription: &str, origin_conninfo: &str) -> String {
+    subscribe_sql(set, subscription, origin_conninfo)
+        .replace("copy_data = true", "copy_data = false")
+}
+
+/// On a node that is not the set's origin (any more): its tables refuse local writes with
+/// 25006, naming the origin, as Slony-I's deny-access triggers do. The subscription's apply
+/// worker runs in the replica role, where such triggers do not fire.
+pub fn deny_writes_sql(set: &str, origin: &str, tables: &[&str]) -> String {
+    let mut sql = String::from(
+        "CREATE SCHEMA IF NOT EXISTS pgherd; \
+         CREATE OR REPLACE FUNCTION pgherd.deny_write() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN RAISE EXCEPTION 'table %.% is in replication set %, whose origin is %: write there', \
+         TG_TABLE_SCHEMA, TG_TABLE_NAME, TG_ARGV[0], TG_ARGV[1] USING ERRCODE = '25006'; END $$",
+    );
+    for table in tables {
+        sql.push_str(&format!(
+            "; DROP TRIGGER IF EXISTS pgherd_deny_{set} ON {table}; \
+             CREATE TRIGGER pgherd_deny_{set} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE \
+             ON {table} FOR EACH STATEMENT EXECUTE FUNCTION pgherd.deny_write({}, {})",
+            quote_literal(set),
+            quote_literal(origin)
+        ));
+    }
+    sql
+}
+
+/// On the set's new origin: its tables take writes again.
+pub fn allow_writes_sql(set: &str, tables: &[&str]) -> String {
+    tables
+        .iter()
+        .map(|t| format!("DROP TRIGGER IF EXISTS pgherd_deny_{set} ON {t}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// On the new origin: the set's catalog row (as the old origin had it) and its publication.
+pub fn adopt_sql(
+    set: &str,
+    (patterns, sequences): (&[String], &[String]),
+    tables: &[&str],
+) -> String {
+    let list = |v: &[String]| {
+        v.iter()
+            .map(|p| quote_literal(p))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "BEGIN; {CATALOG_SQL}; \
+         INSERT INTO pgherd.sets (name, patterns, sequences) \
+         VALUES ({}, ARRAY[{}]::text[], ARRAY[{}]::text[]); \
+         CREATE PUBLICATION {} FOR TABLE {}, {}; COMMIT",
+        quote_literal(set),
+        list(patterns),
+        list(sequences),
+        publication(set),
+        tables.join(", "),
+        marker_table(set)
+    )
+}
+
+/// On the old origin, after the move: its publication and catalog rows for the set go.
+pub fn release_sql(set: &str) -> String {
+    format!(
+        "DROP PUBLICATION IF EXISTS {}; DELETE FROM pgherd.sets WHERE name = {}",
+        publication(set),
+        quote_literal(set)
+    )
+}
+
+/// On the set's current origin: the set's patterns and sequence patterns, as JSON arrays.
+pub fn patterns_sql(set: &str) -> String {
+    format!(
+        "SELECT array_to_json(patterns)::text, array_to_json(sequences)::text \
+           FROM pgherd.sets WHERE name = {}",
+        quote_literal(set)
+    )
+}
+
 /// On the subscriber: (tables copied and streaming, tables in the subscription).
 pub fn sync_progress_sql(subscription: &str) -> String {
     format!(
@@ -390,6 +472,28 @@ mod tests {
             setval_sql("public.order_ids", 41, true),
             "SELECT setval('public.order_ids', 41, true)"
         );
+    }
+
+    #[test]
+    fn a_move_denies_writes_where_the_origin_is_not() {
+        let sql = deny_writes_sql(
+            "shop",
+            "10.0.0.9:5432/app",
+            &["public.orders", "public.lines"],
+        );
+        assert!(sql.contains("USING ERRCODE = '25006'"), "{sql}");
+        assert!(
+            sql.contains(
+                "CREATE TRIGGER pgherd_deny_shop BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE \
+                 ON public.lines FOR EACH STATEMENT EXECUTE FUNCTION pgherd.deny_write('shop', '10.0.0.9:5432/app')"
+            ),
+            "{sql}"
+        );
+        assert_eq!(
+            allow_writes_sql("shop", &["public.orders"]),
+            "DROP TRIGGER IF EXISTS pgherd_deny_shop ON public.orders"
+        );
+        assert!(follow_sql("shop", "s", "host=a").contains("copy_data = false"));
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod logging;
 mod operate;
 mod remove;
 mod script;
+mod set_move;
 mod sets;
 
 use std::path::PathBuf;

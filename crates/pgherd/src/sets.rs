@@ -55,6 +55,22 @@ pub enum SetCommand {
         #[command(flatten)]
         on: Origin,
     },
+    /// Move the set's origin to one of its subscribers with no lost write (Slony-I's MOVE
+    /// SET): writes to its tables held on the old origin while every subscriber catches up,
+    /// sequences put in step, the new origin publishing, the others and the old origin
+    /// following it; the old origin's tables then refuse local writes.
+    Move {
+        name: String,
+        /// The subscriber to become the origin, as a libpq connection string (the others
+        /// and the old origin will connect to it with it).
+        #[arg(long)]
+        new_origin: String,
+        /// Every other subscriber of the set.
+        #[arg(long)]
+        to: Vec<String>,
+        #[command(flatten)]
+        on: Origin,
+    },
     /// The origin's sets: their tables, subscribers and how far each is behind.
     List {
         #[arg(long)]
@@ -95,6 +111,12 @@ pub fn run(command: SetCommand) -> Result<(), String> {
             on,
         } => runtime.block_on(subscribe(&name, &to, Duration::from_secs(wait_s), &on)),
         SetCommand::List { json, on } => runtime.block_on(list(json, &on)),
+        SetCommand::Move {
+            name,
+            new_origin,
+            to,
+            on,
+        } => runtime.block_on(crate::set_move::move_set(&name, &new_origin, &to, &on)),
     }
 }
 
@@ -333,6 +355,17 @@ async fn subscribe(name: &str, to: &str, wait: Duration, on: &Origin) -> Result<
     wait_for_copy(&subscriber, &subscription, set_tables.len(), wait)
         .await
         .map_err(|e| format!("subscriber {shown}: {e}"))?;
+    // A write on the subscriber would be overwritten or stop the stream: its copies of the
+    // set's tables refuse local ones (replication's apply worker is not refused).
+    let copies: Vec<&str> = subscriber_tables
+        .iter()
+        .filter(|t| user_tables.contains(&t.name))
+        .map(|t| t.sql_name.as_str())
+        .collect();
+    subscriber
+        .batch_execute(&set::deny_writes_sql(name, &origin.name, &copies))
+        .await
+        .map_err(on_subscriber)?;
     sync_sequences(&mut conn, &origin.name, name, &[(&shown, &subscriber)]).await?;
     println!(
         "{shown} is subscribed to {name}: {} table{} copied; their changes stream from {} (slot {subscription})",

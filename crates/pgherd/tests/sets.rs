@@ -185,6 +185,16 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
         "1234",
         "the sequence is in step after subscribing"
     );
+    let local_write = subscriber
+        .node("pg1")
+        .psql(APP, "INSERT INTO orders VALUES (99999, 'local')")
+        .expect_err("a subscriber's copy refuses local writes");
+    assert!(
+        local_write
+            .to_string()
+            .contains("is in replication set shop, whose origin is pg1"),
+        "{local_write}"
+    );
     let on_subscriber = |sql: &str| subscriber.sql_on("pg1", APP, sql).trim().to_owned();
     assert_eq!(on_subscriber("SELECT count(*) FROM orders"), "1000");
     assert_eq!(
@@ -426,4 +436,91 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
         "{said}"
     );
     assert!(said.contains("public.order_lines: same in"), "{said}");
+
+    // The set's origin moves to the subscriber while writes go on through pgherd: every
+    // acknowledged write reaches the new origin, the writes held back are refused (25006),
+    // and from then on the new origin takes writes, which reach the old one.
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<i64>::new()));
+    let refusals = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (acked, refusals, stop) = (acked.clone(), refusals.clone(), stop.clone());
+        let url = env.pgherd.conninfo(APP, APP_PASSWORD, APP);
+        tokio::spawn(async move {
+            let client = connect(&url).await;
+            let mut id = 10_000i64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                id += 1;
+                match client
+                    .batch_execute(&format!(
+                        "INSERT INTO orders (id, item) VALUES ({id}, 'moving')"
+                    ))
+                    .await
+                {
+                    Ok(()) => acked.lock().unwrap().push(id),
+                    Err(e) => refusals.lock().unwrap().push(code(&e)),
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let out = set(&env, &["move", "shop", "--new-origin", &to]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    eprintln!("{}", said.trim());
+    assert!(
+        said.contains(&format!(
+            "set shop moved from pg1 to 127.0.0.1:{sub_port}/app: writes to its tables were held"
+        )),
+        "{said}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.await.expect("writer");
+    let acked = acked.lock().unwrap().clone();
+    let refusals = refusals.lock().unwrap().clone();
+    assert!(
+        acked.len() > 10,
+        "writes went on before the move: {}",
+        acked.len()
+    );
+    assert!(!refusals.is_empty(), "writes after the move were refused");
+    assert!(
+        refusals.iter().all(|c| c == "25006"),
+        "only the move's refusals: {refusals:?}"
+    );
+    let list: Vec<String> = acked.iter().map(i64::to_string).collect();
+    assert_eq!(
+        on_subscriber(&format!(
+            "SELECT count(*) FROM orders WHERE id IN ({})",
+            list.join(",")
+        )),
+        acked.len().to_string(),
+        "every acknowledged write is on the new origin"
+    );
+    let refused_here = app
+        .batch_execute("INSERT INTO orders (id, item) VALUES (88888, 'old origin')")
+        .await
+        .expect_err("the old origin refuses the set's writes");
+    assert_eq!(code(&refused_here), "25006");
+    subscriber.sql_on(
+        "pg1",
+        APP,
+        "INSERT INTO orders (id, item) VALUES (77777, 'new origin')",
+    );
+    let started = Instant::now();
+    while env
+        .direct("SELECT count(*) FROM orders WHERE id = 77777")
+        .trim()
+        != "1"
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the old origin follows the new one"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Sequences in step: the new origin hands out the value after the old one's last.
+    assert_eq!(on_subscriber("SELECT nextval('order_ids')"), "1237");
 }

@@ -10,6 +10,7 @@ mod error;
 pub mod hba;
 mod raw;
 mod secrets;
+mod sets;
 mod sharding;
 mod validate;
 
@@ -23,6 +24,7 @@ pub use dcs::{DcsSettings, DcsTls};
 pub use error::{line_column, ConfigError};
 pub use hba::{AuthMethod, ConnectionFacts, HbaRule};
 use pgherd_wire::scram::ScramVerifier;
+pub use sets::SetsSettings;
 pub use sharding::Sharding;
 
 /// The database entry that applies to every database not listed by name.
@@ -60,6 +62,8 @@ pub struct Config {
     pub sharding: Option<Sharding>,
     /// `[cache]`: the result cache.
     pub cache: CacheSettings,
+    /// `[sets]`: the replication sets the running pgherd follows.
+    pub sets: SetsSettings,
 }
 
 /// The HTTP API, health endpoints, metrics and dashboard (`[api]`).

@@ -39,6 +39,8 @@ pub struct RawConfig {
     pub sharding: Option<crate::sharding::RawSharding>,
     #[serde(default)]
     pub cache: crate::cache::RawCache,
+    #[serde(default)]
+    pub sets: crate::sets::RawSets,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -207,6 +207,7 @@ pub fn validate(source: &str, file: &Path) -> Result<Config, ConfigError> {
         dcs: crate::dcs::dcs(&c, raw.dcs.as_ref())?,
         sharding,
         cache: crate::cache::cache(&c, &raw.cache)?,
+        sets: crate::sets::sets(&c, &raw.sets)?,
     })
 }
 

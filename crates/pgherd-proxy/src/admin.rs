@@ -182,7 +182,7 @@ async fn run_script(
 const USAGE: &[(&str, &str)] = &[
     (
         "SHOW",
-        "SHOW HELP|VERSION|NODES|CLUSTER|INSTANCES|SHARDS|DATABASES|USERS|POOLS|STATS|LISTS|CLIENTS|SERVERS|CONFIG|EVENTS|CACHE",
+        "SHOW HELP|VERSION|NODES|CLUSTER|INSTANCES|SHARDS|DATABASES|USERS|POOLS|STATS|LISTS|CLIENTS|SERVERS|CONFIG|EVENTS|CACHE|SETS",
     ),
     ("SWITCHOVER", "SWITCHOVER [TO node]"),
     ("PROMOTE", "PROMOTE node [FORCE safeguard[,...]]"),
@@ -346,6 +346,7 @@ fn run_command(
         ["SHOW", "SERVERS"] => Ok(Outcome::Rows(views::servers(app))),
         ["SHOW", "CONFIG"] => Ok(Outcome::Rows(views::config(app))),
         ["SHOW", "CACHE"] => Ok(Outcome::Rows(crate::result_cache::view(app))),
+        ["SHOW", "SETS"] => Ok(Outcome::Rows(crate::sets_watch::view(app))),
         ["CACHE", "CLEAR", ..] if words.len() <= 3 || command.trim_end().ends_with('"') => {
             needs_admin("CACHE CLEAR")?;
             // The name as typed (case and quotes count), after the two command words.

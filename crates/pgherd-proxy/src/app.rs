@@ -63,6 +63,8 @@ pub struct App {
     pub shards: Option<Arc<crate::shards::Shards>>,
     /// The result cache, per server database.
     pub caches: crate::result_cache::Caches,
+    /// The replication sets `[sets]` names, as last read from the primary.
+    pub sets: crate::sets_watch::SetsWatch,
     /// Upgrades of the binary: giving this process's duties and clients to a new one, or
     /// taking them from an old one.
     pub handover: crate::handover::HandoverState,
@@ -104,6 +106,7 @@ impl App {
             nodes,
             routers: Mutex::new(HashMap::new()),
             caches: Default::default(),
+            sets: Default::default(),
             handover: Default::default(),
             schema_generation: std::sync::atomic::AtomicU64::new(1),
             schema_changes: Default::default(),

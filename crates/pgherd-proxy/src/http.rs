@@ -128,6 +128,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/instances", get(|s| view(s, views::instances)))
         .route("/api/shards", get(|s| view(s, views::shards)))
         .route("/api/cache", get(|s| view(s, crate::result_cache::view)))
+        .route("/api/sets", get(|s| view(s, crate::sets_watch::view)))
         .route("/api/databases", get(|s| view(s, views::databases)))
         .route("/api/users", get(|s| view(s, views::users)))
         .route("/api/pools", get(|s| view(s, views::pools)))
@@ -503,7 +504,7 @@ async fn not_found() -> Response {
         json!({"error": "no such endpoint", "endpoints": [
             "GET / (the dashboard)", "GET /health", "GET /ready", "GET /primary", "GET /replica?lag=&lag_ms=",
             "GET /node/{name}/primary", "GET /node/{name}/replica?lag=&lag_ms=", "GET /metrics",
-            "GET /api/status", "GET /api/nodes", "GET /api/cluster", "GET /api/instances", "GET /api/shards", "GET /api/cache", "GET /api/databases", "GET /api/users", "GET /api/pools", "GET /api/stats",
+            "GET /api/status", "GET /api/nodes", "GET /api/cluster", "GET /api/instances", "GET /api/shards", "GET /api/cache", "GET /api/sets", "GET /api/databases", "GET /api/users", "GET /api/pools", "GET /api/stats",
             "GET /api/lists", "GET /api/clients", "GET /api/servers", "GET /api/events", "GET /api/config",
             "POST /api/switchover {\"to\": node}", "POST /api/rejoin/{name}", "POST /api/promote/{name}?force=",
             "POST /api/detach/{name}", "POST /api/attach/{name}", "POST /api/pause?database=",

@@ -44,6 +44,7 @@ pub mod result_cache;
 pub mod routing;
 pub mod schema_changes;
 pub mod server;
+pub mod sets_watch;
 pub mod shards;
 mod snapshot;
 mod startup_settings;

@@ -337,6 +337,7 @@ pub fn render(app: &App) -> String {
         }
     }
     cache_metrics(app, &mut out);
+    sets_metrics(app, &mut out);
 
     let nodes = app.nodes.all();
     type NodeValue = fn(&App, &crate::nodes::NodeState) -> f64;
@@ -425,6 +426,43 @@ pub fn render(app: &App) -> String {
         f.sample("pgherd_events_total", &[("kind", kind)], n as f64);
     }
     out
+}
+
+/// Per replication set and subscriber (`[sets]`): how far behind, and whether it streams.
+fn sets_metrics(app: &App, out: &mut String) {
+    let figures = crate::sets_watch::subscriber_figures(app);
+    let name = "pgherd_set_subscriber_lag_bytes";
+    let mut f = family(
+        out,
+        name,
+        "gauge",
+        "WAL a replication set's origin wrote that the subscriber has not confirmed (its slot's confirmed position).",
+    );
+    for (database, set, subscriber, lag, _) in &figures {
+        if let Some(lag) = lag {
+            let labels = [
+                ("database", database.as_str()),
+                ("set", set.as_str()),
+                ("subscriber", subscriber.as_str()),
+            ];
+            f.sample(name, &labels, *lag as f64);
+        }
+    }
+    let name = "pgherd_set_subscriber_streaming";
+    let mut f = family(
+        out,
+        name,
+        "gauge",
+        "1 while the subscription's slot on the origin is in use.",
+    );
+    for (database, set, subscriber, _, streaming) in &figures {
+        let labels = [
+            ("database", database.as_str()),
+            ("set", set.as_str()),
+            ("subscriber", subscriber.as_str()),
+        ];
+        f.sample(name, &labels, f64::from(u8::from(*streaming)));
+    }
 }
 
 /// The result cache's figures per database.

@@ -34,6 +34,56 @@ SELECT s.name, \
          WHERE b.set_name = s.name)::text \
   FROM pgherd.sets s ORDER BY s.name";
 
+/// What [`LIST_SQL`] says of one set.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SetStatus {
+    pub name: String,
+    /// `schema.table`, pgherd's marker left out.
+    pub tables: Vec<String>,
+    pub subscribers: Vec<SubscriberStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SubscriberStatus {
+    pub subscription: String,
+    /// Where it is (`host:port/database`), never its password.
+    pub subscriber: String,
+    /// WAL the origin wrote that the subscriber has not confirmed; `None` without a slot.
+    pub lag_bytes: Option<i64>,
+    /// Its slot is in use: the subscription streams.
+    pub streaming: bool,
+}
+
+/// Reads [`LIST_SQL`]'s rows; a row that does not read is left out.
+pub fn read_list(rows: &[Vec<Option<String>>]) -> Vec<SetStatus> {
+    rows.iter()
+        .filter_map(|row| {
+            let field = |i: usize| row.get(i).cloned().flatten();
+            let tables: Vec<String> = serde_json::from_str(&field(1)?).ok()?;
+            let subscribers: Vec<(String, String, Option<i64>, Option<bool>)> =
+                serde_json::from_str(&field(2)?).ok()?;
+            Some(SetStatus {
+                name: field(0)?,
+                tables,
+                subscribers: subscribers
+                    .into_iter()
+                    .map(
+                        |(subscription, subscriber, lag_bytes, active)| SubscriberStatus {
+                            subscription,
+                            subscriber,
+                            lag_bytes,
+                            streaming: active.unwrap_or(false),
+                        },
+                    )
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// On the origin: whether the database holds pgherd's set catalog at all.
+pub const HAS_CATALOG_SQL: &str = "SELECT (to_regclass('pgherd.sets') IS NOT NULL)::text";
+
 /// Why a set cannot be made or subscribed to, in words an operator acts on.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SetError {
@@ -494,6 +544,23 @@ mod tests {
             "DROP TRIGGER IF EXISTS pgherd_deny_shop ON public.orders"
         );
         assert!(follow_sql("shop", "s", "host=a").contains("copy_data = false"));
+    }
+
+    #[test]
+    fn the_list_reads() {
+        let rows = vec![vec![
+            Some("shop".to_owned()),
+            Some(r#"["public.orders"]"#.to_owned()),
+            Some(r#"[["pgherd_shop_b", "b:5432/app", 128, true], ["pgherd_shop_c", "c:5432/app", null, null]]"#.to_owned()),
+        ]];
+        let list = read_list(&rows);
+        assert_eq!(list.len(), 1);
+        assert_eq!(list[0].tables, ["public.orders"]);
+        assert_eq!(list[0].subscribers[0].lag_bytes, Some(128));
+        assert!(list[0].subscribers[0].streaming);
+        assert_eq!(list[0].subscribers[1].lag_bytes, None);
+        assert!(!list[0].subscribers[1].streaming);
+        assert!(read_list(&[vec![Some("x".to_owned())]]).is_empty());
     }
 
     #[test]

@@ -393,26 +393,14 @@ async fn list(json: bool, on: &Origin) -> Result<(), String> {
             .map_err(|e| query(e.to_string()))?,
         _ => Vec::new(),
     };
-    let mut sets = Vec::new();
-    for row in &rows {
-        let field = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
-        let tables: Vec<String> = serde_json::from_str(&field(1)).unwrap_or_default();
-        let subscribers: Vec<(String, String, Option<i64>, Option<bool>)> =
-            serde_json::from_str(&field(2)).unwrap_or_default();
-        sets.push(serde_json::json!({
-            "name": field(0),
-            "origin": origin.name,
-            "tables": tables,
-            "subscribers": subscribers.iter().map(|(subscription, subscriber, lag, active)| {
-                serde_json::json!({
-                    "subscription": subscription,
-                    "subscriber": subscriber,
-                    "lag_bytes": lag,
-                    "streaming": active.unwrap_or(false),
-                })
-            }).collect::<Vec<_>>(),
-        }));
-    }
+    let sets: Vec<serde_json::Value> = set::read_list(&rows)
+        .into_iter()
+        .map(|s| {
+            let mut value = serde_json::json!(s);
+            value["origin"] = serde_json::json!(origin.name);
+            value
+        })
+        .collect();
     if json {
         println!("{}", serde_json::Value::Array(sets));
         return Ok(());

@@ -42,7 +42,12 @@ fn refused(out: &Output, says: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
-    let env = env(1, |c| c.superuser().manage_nodes());
+    let env = env(1, |c| {
+        c.superuser()
+            .manage_nodes()
+            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
+            .section("[sets]\ndatabases = [\"app\"]\npoll_ms = 200")
+    });
     env.direct(
         "CREATE TABLE orders (id int PRIMARY KEY, item text); \
          CREATE TABLE order_lines (id int PRIMARY KEY, qty int); \
@@ -222,6 +227,41 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(on_subscriber("SELECT count(*) FROM private_notes"), "0");
+
+    // The running pgherd follows the set: SHOW SETS names its subscriber, streaming.
+    let console = connect(&env.pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")).await;
+    let started = Instant::now();
+    loop {
+        let rows = console.simple_query("SHOW SETS").await.expect("SHOW SETS");
+        let shown = rows.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) if r.get("set") == Some("shop") => Some((
+                r.get("subscriber").map(str::to_owned),
+                r.get("streaming").map(str::to_owned),
+                r.get("lag_bytes").map(str::to_owned),
+                r.get("tables").map(str::to_owned),
+            )),
+            _ => None,
+        });
+        if let Some((subscriber, streaming, lag, tables)) = &shown {
+            if streaming.as_deref() == Some("yes") {
+                assert_eq!(
+                    subscriber.as_deref(),
+                    Some(format!("127.0.0.1:{sub_port}/app").as_str())
+                );
+                assert!(
+                    lag.as_deref().is_some_and(|l| l.parse::<u64>().is_ok()),
+                    "{shown:?}"
+                );
+                assert_eq!(tables.as_deref(), Some("public.order_lines, public.orders"));
+                break;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "SHOW SETS shows the subscriber streaming: {shown:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     let out = set(&env, &["list", "--json"]);
     let said = text(&out);

@@ -16,7 +16,8 @@ use pgherd_replication::script::{plan_script, Order, Step};
 use pgherd_replication::sets as set;
 
 use crate::sets::{
-    client_rows, describe, first, origin_session, pg_error, set_tables, tables_of, Origin,
+    client_rows, connect_subscriber, first, origin_session, pg_error, set_tables, subscriber_at,
+    tables_of, Origin,
 };
 
 #[derive(clap::Args, Debug)]
@@ -206,18 +207,11 @@ async fn subscribers(
         .collect();
     let mut given = Vec::new();
     for conninfo in to {
-        let config: tokio_postgres::Config = conninfo
-            .parse()
-            .map_err(|e| format!("--to is not a connection string: {e}"))?;
-        let shown = describe(&config);
+        let (shown, config) = subscriber_at(conninfo)?;
         let Some((subscription, _)) = recorded.iter().find(|(_, s)| *s == shown) else {
             return Err(format!("{shown} does not subscribe to the set"));
         };
-        let (client, connection) = config
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| format!("cannot connect to the subscriber {shown}: {e}"))?;
-        tokio::spawn(connection);
+        let client = connect_subscriber(&shown, &config).await?;
         given.push(Subscriber {
             shown,
             subscription: subscription.clone(),

@@ -15,8 +15,8 @@ use pgherd_replication::sets as set;
 
 use crate::clone::session_in;
 use crate::sets::{
-    client_rows, describe, first, origin_session, pg_error, set_tables, sync_sequences, tables_of,
-    Origin,
+    client_rows, connect_subscriber, first, origin_session, pg_error, set_tables, subscriber_at,
+    sync_sequences, tables_of, Origin,
 };
 
 /// A subscriber taking part in the move.
@@ -223,20 +223,15 @@ async fn recorded_subscribers(
 }
 
 async fn connect(conninfo: &str, recorded: &[(String, String)]) -> Result<Node, String> {
-    let parsed: tokio_postgres::Config = conninfo
-        .parse()
-        .map_err(|e| format!("not a connection string: {e}"))?;
-    let shown = describe(&parsed);
+    let (shown, parsed) = subscriber_at(conninfo)?;
     let Some((subscription, _)) = recorded.iter().find(|(_, s)| *s == shown) else {
         return Err(format!(
             "{shown} does not subscribe to the set; nothing was changed"
         ));
     };
-    let (client, connection) = parsed
-        .connect(tokio_postgres::NoTls)
+    let client = connect_subscriber(&shown, &parsed)
         .await
-        .map_err(|e| format!("cannot connect to {shown}: {e}; nothing was changed"))?;
-    tokio::spawn(connection);
+        .map_err(|e| format!("{e}; nothing was changed"))?;
     Ok(Node {
         shown,
         conninfo: conninfo.to_owned(),

@@ -198,15 +198,8 @@ async fn sync_sequences_to(name: &str, to: &[String], on: &Origin) -> Result<(),
     let (origin, mut conn) = origin_session(&config, on).await?;
     let mut subscribers = Vec::new();
     for conninfo in to {
-        let parsed: tokio_postgres::Config = conninfo
-            .parse()
-            .map_err(|e| format!("--to is not a connection string: {e}"))?;
-        let shown = describe(&parsed);
-        let (client, connection) = parsed
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| format!("cannot connect to the subscriber {shown}: {e}"))?;
-        tokio::spawn(connection);
+        let (shown, parsed) = subscriber_at(conninfo)?;
+        let client = connect_subscriber(&shown, &parsed).await?;
         subscribers.push((shown, client));
     }
     let subscribers: Vec<(&str, &tokio_postgres::Client)> =
@@ -290,10 +283,7 @@ async fn conn_rows(conn: &mut ServerConn, sql: &str) -> Result<Vec<Vec<Option<St
 async fn subscribe(name: &str, to: &str, wait: Duration, on: &Origin) -> Result<(), String> {
     set::check_name(name).map_err(|e| e.to_string())?;
     let config = Config::load(&on.at.config_path()?).map_err(|e| e.to_string())?;
-    let subscriber_config: tokio_postgres::Config = to
-        .parse()
-        .map_err(|e| format!("--to is not a connection string: {e}"))?;
-    let shown = describe(&subscriber_config);
+    let (shown, subscriber_config) = subscriber_at(to)?;
     let (origin, mut conn) = origin_session(&config, on).await?;
     let query = |e: String| format!("origin {}: {e}", origin.name);
     let set_tables = set_tables(&mut conn, name)
@@ -305,11 +295,7 @@ async fn subscribe(name: &str, to: &str, wait: Duration, on: &Origin) -> Result<
             origin.name, on.database
         ));
     };
-    let (subscriber, connection) = subscriber_config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .map_err(|e| format!("cannot connect to the subscriber {shown}: {e}"))?;
-    tokio::spawn(connection);
+    let subscriber = connect_subscriber(&shown, &subscriber_config).await?;
     let on_subscriber = |e: tokio_postgres::Error| format!("subscriber {shown}: {}", pg_error(&e));
     let subscriber_tables: Vec<TableShape> = client_rows(&subscriber, TABLES_SQL)
         .await
@@ -565,6 +551,28 @@ async fn wait_for_copy(
 
 fn refused(set: &str, e: SetError) -> String {
     format!("set {set}: {e}; nothing was changed")
+}
+
+/// A subscriber as its connection string names it: where it is, as shown and recorded (never
+/// its password), and how to connect to it.
+pub(crate) fn subscriber_at(conninfo: &str) -> Result<(String, tokio_postgres::Config), String> {
+    let parsed: tokio_postgres::Config = conninfo
+        .parse()
+        .map_err(|e| format!("--to is not a connection string: {e}"))?;
+    Ok((describe(&parsed), parsed))
+}
+
+/// A session to a subscriber (plain TCP), its connection driven in the background.
+pub(crate) async fn connect_subscriber(
+    shown: &str,
+    config: &tokio_postgres::Config,
+) -> Result<tokio_postgres::Client, String> {
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(|e| format!("cannot connect to the subscriber {shown}: {e}"))?;
+    tokio::spawn(connection);
+    Ok(client)
 }
 
 /// A statement's rows on a client's session, each value as text.

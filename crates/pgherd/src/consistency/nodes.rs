@@ -218,19 +218,10 @@ pub(super) async fn connect_set(
     let locker = open_session(&node, config, &ctx, database).await?;
     let mut nodes = vec![origin];
     for conninfo in to {
-        let parsed: tokio_postgres::Config = conninfo
-            .parse()
-            .map_err(|e| CheckError::Config(format!("--to is not a connection string: {e}")))?;
-        let name = crate::sets::describe(&parsed);
-        let (client, connection) =
-            parsed
-                .connect(tokio_postgres::NoTls)
-                .await
-                .map_err(|e| CheckError::Node {
-                    node: name.clone(),
-                    error: e.to_string(),
-                })?;
-        tokio::spawn(connection);
+        let (name, parsed) = crate::sets::subscriber_at(conninfo).map_err(CheckError::Config)?;
+        let client = crate::sets::connect_subscriber(&name, &parsed)
+            .await
+            .map_err(CheckError::Config)?;
         let mut subscriber = Checked {
             name,
             conn: Conn::Subscriber(client),

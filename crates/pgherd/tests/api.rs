@@ -206,8 +206,11 @@ async fn metrics_parse_and_every_documented_metric_is_there() {
 
     let doc_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/metrics.md");
     let doc = std::fs::read_to_string(&doc_path).expect("docs/metrics.md");
+    // Metrics of replication sets (`[sets]`) need a set and a subscriber: tests/sets.rs
+    // scrapes them.
     let documented: HashSet<&str> = doc
         .lines()
+        .filter(|l| !l.contains("(`[sets]`)"))
         .filter_map(|l| l.strip_prefix("| `"))
         .filter_map(|l| l.split('`').next())
         .filter(|name| name.starts_with("pgherd_"))

@@ -42,11 +42,13 @@ fn refused(out: &Output, says: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
+    let api_port = pgherd_cluster::free_port().expect("free port");
     let env = env(1, |c| {
         c.superuser()
             .manage_nodes()
             .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
             .section("[sets]\ndatabases = [\"app\"]\npoll_ms = 200")
+            .section(&format!("[api]\nlisten = [\"127.0.0.1:{api_port}\"]"))
     });
     env.direct(
         "CREATE TABLE orders (id int PRIMARY KEY, item text); \
@@ -262,6 +264,27 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    // The same through the HTTP API and the metrics.
+    let get = |path: &str| {
+        ureq::get(&format!("http://127.0.0.1:{api_port}{path}"))
+            .call()
+            .expect("the API answers")
+            .into_string()
+            .expect("text")
+    };
+    let api_sets: serde_json::Value = serde_json::from_str(&get("/api/sets")).expect("JSON");
+    assert!(api_sets.to_string().contains("\"shop\""), "{api_sets}");
+    let metrics = get("/metrics");
+    let labels = format!("database=\"app\",set=\"shop\",subscriber=\"127.0.0.1:{sub_port}/app\"");
+    assert!(
+        metrics.contains(&format!("pgherd_set_subscriber_streaming{{{labels}}} 1")),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!("pgherd_set_subscriber_lag_bytes{{{labels}}} ")),
+        "{metrics}"
+    );
 
     let out = set(&env, &["list", "--json"]);
     let said = text(&out);

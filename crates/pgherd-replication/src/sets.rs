@@ -153,6 +153,34 @@ pub fn applied_mark_sql(set: &str) -> String {
     format!("SELECT mark::text FROM {}", marker_table(set))
 }
 
+/// A name as an SQL identifier, quoted: subscriptions are named by pgherd, but a name read
+/// back from the origin's catalog must not be able to say more than a name.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Statements on a subscriber that end its subscription: `keep_slot` detaches it from its slot
+/// first (the slot on the origin is then dropped by whoever moves the set), else the slot goes
+/// with it.
+pub fn drop_subscription_sql(subscription: &str, keep_slot: bool) -> String {
+    let name = quote_ident(subscription);
+    match keep_slot {
+        true => format!(
+            "ALTER SUBSCRIPTION {name} DISABLE; ALTER SUBSCRIPTION {name} SET (slot_name = NONE); \
+             DROP SUBSCRIPTION {name}"
+        ),
+        false => format!("DROP SUBSCRIPTION {name}"),
+    }
+}
+
+/// On a subscriber: the subscription copies the tables the set gained.
+pub fn refresh_sql(subscription: &str) -> String {
+    format!(
+        "ALTER SUBSCRIPTION {} REFRESH PUBLICATION",
+        quote_ident(subscription)
+    )
+}
+
 /// The publication that carries a set.
 pub fn publication(set: &str) -> String {
     format!("pgherd_{set}")
@@ -311,8 +339,9 @@ pub fn check_subscriber(set_tables: &[String], subscriber: &[TableShape]) -> Res
 /// refuses one that makes a slot.)
 pub fn subscribe_sql(set: &str, subscription: &str, origin_conninfo: &str) -> String {
     format!(
-        "CREATE SUBSCRIPTION {subscription} CONNECTION {} PUBLICATION {} \
+        "CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} \
          WITH (copy_data = true, slot_name = {})",
+        quote_ident(subscription),
         quote_literal(origin_conninfo),
         publication(set),
         quote_literal(subscription)
@@ -544,6 +573,10 @@ mod tests {
             "DROP TRIGGER IF EXISTS pgherd_deny_shop ON public.orders"
         );
         assert!(follow_sql("shop", "s", "host=a").contains("copy_data = false"));
+        assert_eq!(
+            drop_subscription_sql("x\"; DROP TABLE t; --", false),
+            "DROP SUBSCRIPTION \"x\"\"; DROP TABLE t; --\""
+        );
     }
 
     #[test]
@@ -601,7 +634,7 @@ mod tests {
         );
         assert_eq!(
             subscribe_sql("orders", "pgherd_orders_b", "host=a password='x''y'"),
-            "CREATE SUBSCRIPTION pgherd_orders_b CONNECTION 'host=a password=''x''''y''' \
+            "CREATE SUBSCRIPTION \"pgherd_orders_b\" CONNECTION 'host=a password=''x''''y''' \
              PUBLICATION pgherd_orders WITH (copy_data = true, slot_name = 'pgherd_orders_b')"
         );
         assert_eq!(

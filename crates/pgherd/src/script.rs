@@ -287,10 +287,7 @@ async fn scan(
         .map_err(|e| on_origin(e.to_string()))?;
     for s in subscribers {
         s.client
-            .batch_execute(&format!(
-                "ALTER SUBSCRIPTION {} REFRESH PUBLICATION",
-                s.subscription
-            ))
+            .batch_execute(&set::refresh_sql(&s.subscription))
             .await
             .map_err(|e| format!("subscriber {}: {}", s.shown, pg_error(&e)))?;
     }

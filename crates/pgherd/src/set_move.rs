@@ -121,7 +121,7 @@ pub(crate) async fn move_set(
     let at = |node: &Node, e: tokio_postgres::Error| format!("{}: {}", node.shown, pg_error(&e));
     target
         .client
-        .batch_execute(&format!("DROP SUBSCRIPTION {}", target.subscription))
+        .batch_execute(&set::drop_subscription_sql(&target.subscription, false))
         .await
         .map_err(|e| at(&target, e))?;
     target
@@ -132,10 +132,7 @@ pub(crate) async fn move_set(
     // The other subscribers follow it from where they are.
     for node in &rest {
         node.client
-            .batch_execute(&format!(
-                "ALTER SUBSCRIPTION {0} DISABLE; ALTER SUBSCRIPTION {0} SET (slot_name = NONE); DROP SUBSCRIPTION {0}",
-                node.subscription
-            ))
+            .batch_execute(&set::drop_subscription_sql(&node.subscription, true))
             .await
             .map_err(|e| at(node, e))?;
         conn.simple_query(&format!(

@@ -1,0 +1,258 @@
+//! `pgherd bench pooler`'s report: medians per workload, client count and target, the
+//! Markdown tables (against direct PostgreSQL and PgBouncer, the baseline, the scraped and the
+//! embedded-default comparisons) and the CSV.
+
+use std::fmt::Write as _;
+
+use super::*;
+
+fn medians<'a>(
+    samples: &'a [Sample],
+    workload: Workload,
+    clients: u32,
+    target: Target,
+) -> (f64, f64, f64, f64, u64) {
+    let pick: Vec<&'a Sample> = samples
+        .iter()
+        .filter(|s| s.workload == workload && s.clients == clients && s.target == target)
+        .collect();
+    let m = |f: &dyn Fn(&Sample) -> f64| median(&pick.iter().map(|s| f(s)).collect::<Vec<_>>());
+    (
+        m(&|s| s.result.tps),
+        m(&|s| s.result.latency_avg_ms),
+        m(&|s| s.result.latency_p99_ms),
+        m(&|s| s.cpu_us_per_txn.unwrap_or(f64::NAN)),
+        pick.iter().map(|s| s.result.failed).sum(),
+    )
+}
+
+/// A TPS median, or how many runs failed when none succeeded.
+fn tps_cell(tps: f64, failed_runs: usize) -> String {
+    match (tps.is_finite(), failed_runs) {
+        (true, 0) => format!("{tps:.0}"),
+        (true, n) => format!("{tps:.0} ({n} failed)"),
+        (false, n) if n > 0 => "fails".into(),
+        _ => "–".into(),
+    }
+}
+
+/// Two pgherd targets side by side per workload and client count: TPS, their ratio (second
+/// over first) and CPU per transaction (medians).
+fn write_comparison(
+    r: &mut String,
+    options: &PoolerOptions,
+    samples: &[Sample],
+    heading: &str,
+    ((a_name, a), (b_name, b)): ((&str, Target), (&str, Target)),
+) {
+    let _ = writeln!(r, "\n{heading} (medians):\n");
+    let _ = writeln!(
+        r,
+        "| workload | clients | {a_name} TPS | {b_name} TPS | {b_name} / {a_name} | CPU µs/txn {a_name} / {b_name} | failed |"
+    );
+    let _ = writeln!(r, "|---|---:|---:|---:|---:|---:|---:|");
+    for &workload in &options.workloads {
+        for &clients in &options.clients {
+            let x = medians(samples, workload, clients, a);
+            let y = medians(samples, workload, clients, b);
+            let _ = writeln!(
+                r,
+                "| {} | {} | {} | {} | {} | {} / {} | {} |",
+                workload.name(),
+                clients,
+                fmt(x.0, 0),
+                fmt(y.0, 0),
+                fmt(y.0 / x.0, 3),
+                fmt(x.3, 1),
+                fmt(y.3, 1),
+                x.4 + y.4
+            );
+        }
+    }
+}
+
+pub(super) fn render_report(
+    options: &PoolerOptions,
+    samples: &[Sample],
+    memory: &[(Target, f64, u64)],
+    took: Duration,
+) -> String {
+    let mut r = String::new();
+    let _ = writeln!(
+        r,
+        "## pgherd bench pooler\n\n{} round(s) x {} s per run, scale {}, pool size {}, a primary and {} streaming replica(s), \
+         pgbench -j {}, medians over rounds; {} min in all. \
+         CPU is the pooler process's user+system time per transaction from /proc.\n",
+        options.rounds,
+        options.duration_s,
+        options.scale,
+        options.pool_size,
+        options.replicas,
+        options.client_threads,
+        took.as_secs() / 60
+    );
+    let _ = writeln!(r, "| workload | clients | direct TPS | pgherd TPS | PgBouncer TPS | pgherd / direct | pgherd / PgBouncer | avg ms direct / pgherd / PgBouncer | p99 ms direct / pgherd / PgBouncer | CPU µs/txn pgherd / PgBouncer | CPU ratio | failed |");
+    let _ = writeln!(
+        r,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    let failed_runs = |workload: Workload, clients: u32, target: Target| {
+        samples
+            .iter()
+            .filter(|s| {
+                s.workload == workload
+                    && s.clients == clients
+                    && s.target == target
+                    && s.error.is_some()
+            })
+            .count()
+    };
+    for &workload in &options.workloads {
+        for &clients in &options.clients {
+            let d = medians(samples, workload, clients, Target::Direct);
+            let h = medians(samples, workload, clients, Target::Pgherd);
+            let b = medians(samples, workload, clients, Target::Pgbouncer);
+            let _ = writeln!(
+                r,
+                "| {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} / {} / {} | {} / {} | {} | {} |",
+                workload.name(),
+                clients,
+                tps_cell(d.0, failed_runs(workload, clients, Target::Direct)),
+                tps_cell(h.0, failed_runs(workload, clients, Target::Pgherd)),
+                tps_cell(b.0, failed_runs(workload, clients, Target::Pgbouncer)),
+                fmt(h.0 / d.0, 2),
+                fmt(h.0 / b.0, 2),
+                fmt(d.1, 3),
+                fmt(h.1, 3),
+                fmt(b.1, 3),
+                fmt(d.2, 3),
+                fmt(h.2, 3),
+                fmt(b.2, 3),
+                fmt(h.3, 1),
+                fmt(b.3, 1),
+                fmt(h.3 / b.3, 2),
+                d.4 + h.4 + b.4
+            );
+        }
+    }
+    if options.clients.contains(&1) {
+        let _ = writeln!(
+            r,
+            "\nLatency pgherd and PgBouncer add over direct PostgreSQL at 1 client (mean, ms):\n"
+        );
+        let _ = writeln!(r, "| workload | pgherd adds | PgBouncer adds | ratio |");
+        let _ = writeln!(r, "|---|---:|---:|---:|");
+        for &workload in &options.workloads {
+            let d = medians(samples, workload, 1, Target::Direct).1;
+            let h = medians(samples, workload, 1, Target::Pgherd).1 - d;
+            let b = medians(samples, workload, 1, Target::Pgbouncer).1 - d;
+            let _ = writeln!(
+                r,
+                "| {} | {} | {} | {} |",
+                workload.name(),
+                fmt(h, 3),
+                fmt(b, 3),
+                fmt(h / b, 2)
+            );
+        }
+    }
+    if let Some(baseline) = &options.baseline {
+        let heading = format!(
+            "This build against the baseline binary ({}), same run",
+            baseline.display()
+        );
+        let pair = (
+            ("baseline", Target::PgherdBaseline),
+            ("pgherd", Target::Pgherd),
+        );
+        write_comparison(&mut r, options, samples, &heading, pair);
+    }
+    if options.targets.contains(&Target::PgherdDefault) {
+        let heading = "The embedded default (`pgherd up`: route auto, read-your-writes, sync durability, failover) against route = primary";
+        let pair = (
+            ("primary", Target::Pgherd),
+            ("default", Target::PgherdDefault),
+        );
+        write_comparison(&mut r, options, samples, heading, pair);
+        let heading = "The embedded default against direct PostgreSQL (the primary)";
+        let pair = (
+            ("direct", Target::Direct),
+            ("default", Target::PgherdDefault),
+        );
+        write_comparison(&mut r, options, samples, heading, pair);
+    }
+    if options.targets.contains(&Target::PgherdScraped) {
+        let heading = format!(
+            "Cost of metrics: pgherd with a scraper reading /metrics every {} ms vs. the same pgherd unwatched",
+            options.scrape_ms
+        );
+        let pair = (
+            ("pgherd", Target::Pgherd),
+            ("scraped", Target::PgherdScraped),
+        );
+        write_comparison(&mut r, options, samples, &heading, pair);
+    }
+    write_failed_runs(
+        &mut r,
+        samples.iter().filter_map(|s| {
+            let e = s.error.as_ref()?;
+            Some(format!(
+                "- {} {} clients {}: {e}",
+                s.workload.name(),
+                s.clients,
+                s.target.name()
+            ))
+        }),
+    );
+    if !memory.is_empty() {
+        let _ = writeln!(
+            r,
+            "\nResident memory with {} idle clients connected:\n",
+            options.idle_clients
+        );
+        let _ = writeln!(
+            r,
+            "| pooler | bytes per idle client | RSS with all connected (MiB) |"
+        );
+        let _ = writeln!(r, "|---|---:|---:|");
+        for (target, per_client, rss) in memory {
+            let _ = writeln!(
+                r,
+                "| {} | {:.0} | {:.1} |",
+                target.name(),
+                per_client,
+                *rss as f64 / 1024.0
+            );
+        }
+    }
+    r
+}
+
+pub(super) fn write_outputs(
+    options: &PoolerOptions,
+    samples: &[Sample],
+    report: &str,
+) -> Result<(), String> {
+    let prefix = output_prefix(&options.out, "pooler")?;
+    let mut csv = String::from("round,workload,clients,target,tps,latency_avg_ms,latency_p99_ms,proxy_cpu_us_per_txn,transactions,failed,error\n");
+    for s in samples {
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{:.1},{:.4},{:.4},{},{},{},{}",
+            s.round + 1,
+            s.workload.name(),
+            s.clients,
+            s.target.name(),
+            s.result.tps,
+            s.result.latency_avg_ms,
+            s.result.latency_p99_ms,
+            s.cpu_us_per_txn
+                .map(|c| format!("{c:.2}"))
+                .unwrap_or_default(),
+            s.result.transactions,
+            s.result.failed,
+            csv_text(s.error.as_deref())
+        );
+    }
+    write_csv_and_report(&prefix, &csv, report)
+}

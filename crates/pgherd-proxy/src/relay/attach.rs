@@ -470,6 +470,9 @@ impl Session {
         self.queue.clear();
         self.server_passthrough = None;
         self.after_stream.clear();
+        // A probe whose answer can no longer come (the server failed under it) must not
+        // leave the session looking busy: it could never move in an upgrade.
+        self.probe_rows = None;
     }
 
     /// A server connection failed while attached. The client keeps its connection in

@@ -59,7 +59,7 @@ pub struct App {
     pub own_errors: crate::counters::ErrorClasses,
     /// With `[dcs]`: this instance's side of the agreement with the others (fixed at start).
     pub dcs: Option<Arc<crate::dcs::Dcs>>,
-    /// With `[sharding]`: the shards behind this endpoint (fixed at start).
+    /// With `[sharding]`: the shards behind this endpoint (their number fixed at start).
     pub shards: Option<Arc<crate::shards::Shards>>,
     /// The result cache, per server database.
     pub caches: crate::result_cache::Caches,
@@ -370,17 +370,17 @@ impl App {
     pub fn apply(&self, new: Config) -> Result<Reloaded, String> {
         let old = self.config();
         let mut notes = Vec::new();
-        let other_shards = |config: &Config| {
-            config.sharding.as_ref().map(|s| {
-                (
-                    s.map.clone(),
-                    s.shard_nodes.get(1..).unwrap_or(&[]).to_vec(),
-                )
-            })
+        // A shard's nodes may change (`pgherd shard move` puts a shard on another cluster);
+        // which shard a row belongs to may not while clients run.
+        let layout = |config: &Config| {
+            config
+                .sharding
+                .as_ref()
+                .map(|s| (s.map.clone(), s.shard_nodes.len()))
         };
-        if other_shards(&new) != other_shards(&old) {
+        if layout(&new) != layout(&old) {
             return Err(
-                "[sharding] and the nodes of shards other than 0 change only with a restart; the running config is kept"
+                "[sharding] tables and the number of shards change only with a restart; the running config is kept"
                     .to_owned(),
             );
         }
@@ -401,7 +401,22 @@ impl App {
         };
         self.connect.store(Arc::new(connect));
         self.client_tls.store(acceptor);
-        let started = self.nodes.reconcile(&new.nodes);
+        let mut started: Vec<(Arc<Nodes>, Arc<NodeState>)> = self
+            .nodes
+            .reconcile(&new.nodes)
+            .into_iter()
+            .map(|node| (self.nodes.clone(), node))
+            .collect();
+        if let (Some(shards), Some(sharding)) = (&self.shards, &new.sharding) {
+            for (cluster, nodes) in shards.clusters().iter().zip(&sharding.shard_nodes).skip(1) {
+                started.extend(
+                    cluster
+                        .reconcile(nodes)
+                        .into_iter()
+                        .map(|node| (cluster.clone(), node)),
+                );
+            }
+        }
         self.nodes.set_local_zone(new.proxy.zone.clone());
         self.nodes
             .rejoin_after_checks
@@ -415,7 +430,7 @@ impl App {
                 "nodes added: {}",
                 started
                     .iter()
-                    .map(|n| n.name().to_owned())
+                    .map(|(_, n)| n.name().to_owned())
                     .collect::<Vec<_>>()
                     .join(", ")
             ));
@@ -472,12 +487,13 @@ impl App {
 }
 
 /// What a reload changed.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Reloaded {
     /// Things the operator should know (settings that need a restart, nodes added).
     pub notes: Vec<String>,
-    /// Nodes added by the reload; their monitors must be started.
-    pub new_nodes: Vec<Arc<NodeState>>,
+    /// Nodes added by the reload, each with its shard's cluster; their monitors must be
+    /// started.
+    pub new_nodes: Vec<(Arc<Nodes>, Arc<NodeState>)>,
 }
 
 /// What opening server connections needs from `config` (TLS to servers) with server ids from

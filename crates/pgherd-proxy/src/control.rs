@@ -125,6 +125,18 @@ pub async fn pause(app: &App, database: Option<&str>) -> Result<Vec<String>, PgE
     }
 }
 
+/// A request that waited `limit` for `RESUME` of `database` in vain.
+pub fn paused_too_long(database: &str, limit: Duration) -> PgError {
+    PgError::error(
+        SqlState::CANNOT_CONNECT_NOW,
+        format!(
+            "database \"{database}\" is paused (PAUSE on the admin console) and was not resumed within {} ms",
+            limit.as_millis()
+        ),
+    )
+    .with_hint("retry after RESUME")
+}
+
 /// `RESUME [db]`.
 pub fn resume(app: &App, database: Option<&str>) -> Result<Vec<String>, PgError> {
     crate::dcs::must_lead(app)?;

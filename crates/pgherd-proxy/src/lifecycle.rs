@@ -210,8 +210,8 @@ pub fn reload(app: &Arc<App>) -> Result<Vec<String>, String> {
         Err(_) => "serving; the last reload failed and the running config is kept",
     });
     let reloaded = reloaded?;
-    for node in reloaded.new_nodes {
-        spawn_monitor(app, &app.nodes, node);
+    for (cluster, node) in reloaded.new_nodes {
+        spawn_monitor(app, &cluster, node);
     }
     Ok(reloaded.notes)
 }

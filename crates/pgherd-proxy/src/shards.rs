@@ -1,8 +1,9 @@
-//! The shards of a sharded endpoint (`[sharding]`): the map of sharded tables, fixed at start,
-//! and one cluster per shard (its nodes as their monitors see them, and its view). Shard 0's
-//! cluster is `App::nodes`; each shard has its own monitors and its own failover task, which
-//! keeps its synchronous standbys too. Switchover and the levers kept in the state file
-//! (DETACH, PAUSE) act on shard 0 only.
+//! The shards of a sharded endpoint (`[sharding]`): the map of sharded tables and the number
+//! of shards, fixed at start, and one cluster per shard (its nodes as their monitors see them,
+//! and its view; a reload reconciles its nodes). Shard 0's cluster is `App::nodes`; each shard
+//! has its own monitors and its own failover task, which keeps its synchronous standbys too.
+//! Switchover and DETACH act on shard 0 only; PAUSE, kept in shard 0's view, holds a sharded
+//! session's next transaction whatever shards it reaches.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};

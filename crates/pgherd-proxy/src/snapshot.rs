@@ -93,7 +93,9 @@ impl ClusterView for Snapshot<'_> {
     fn standing(&self, node: &Arc<NodeState>) -> NodeStanding {
         NodeStanding {
             role: node.role(),
-            up: node.is_up(),
+            // A node a reload took out is no longer watched: its last state says nothing (a
+            // session's last node may be one, e.g. after `pgherd shard move`).
+            up: node.is_up() && !node.is_retired(),
             excluded: self.view.is_excluded(node.id),
             in_read_set: node.in_read_set(),
         }

@@ -134,8 +134,13 @@ fn beside_managed_nodes(config: &Config, name: &str) -> Result<PathBuf, String> 
 /// The config's nodes as a registry of their own (not the running pgherd's), for commands
 /// that open sessions to them.
 pub(crate) fn registry(config: &Config) -> Nodes {
+    registry_of(&config.nodes)
+}
+
+/// A registry of `nodes` alone (of any shard), for one-off management sessions.
+pub(crate) fn registry_of(nodes: &[NodeConfig]) -> Nodes {
     Nodes::new(
-        &config.nodes,
+        nodes,
         CheckThresholds {
             rejoin_after_checks: 1,
             failures_before_down: 1,
@@ -153,7 +158,8 @@ pub(crate) async fn session_in(
     node: &NodeConfig,
     database: &str,
 ) -> Result<ServerConn, String> {
-    let registry = registry(config);
+    // Any shard's node: the registry is made of this one.
+    let registry = registry_of(std::slice::from_ref(node));
     let state = registry
         .get(&node.name)
         .ok_or_else(|| format!("no node {}", node.name))?;

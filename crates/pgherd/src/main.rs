@@ -11,6 +11,7 @@ mod remove;
 mod script;
 mod set_move;
 mod sets;
+mod shard_move;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -136,6 +137,12 @@ enum Command {
         #[command(subcommand)]
         command: sets::SetCommand,
     },
+    /// Shards of a sharded endpoint: `move` puts a shard on another cluster while clients
+    /// write (copied, compared, cut over with new transactions held for a moment).
+    Shard {
+        #[command(subcommand)]
+        command: shard_move::ShardCommand,
+    },
     /// Run a DDL script on a replication set's origin and subscribers, each statement in the
     /// order that keeps replication applying, saying what it locks; stops at the first failure
     /// with what ran where; then tables that now match the set's patterns join it.
@@ -201,6 +208,7 @@ fn main() -> ExitCode {
         Command::Clone(options) => clone::run(options),
         Command::Remove(options) => remove::run(options),
         Command::Set { command } => sets::run(command),
+        Command::Shard { command } => shard_move::run(command),
         Command::ExecuteScript(options) => script::run(options),
         Command::CheckConfig { config } => check_config(&config),
         Command::Passwd { user } => passwd(&user),

@@ -256,6 +256,24 @@ async fn drop_slots(
 /// Takes the node's `[[nodes]]` entry out of the config file, the rest of its text (comments
 /// included) kept; checks the result loads, and puts the file back as it was if not.
 fn remove_from_config(path: &Path, name: &str) -> Result<(), String> {
+    edit_nodes(path, &format!("without {name}"), |nodes| {
+        let at = nodes
+            .iter()
+            .position(|n| n.get("name").and_then(toml_edit::Item::as_str) == Some(name))
+            .ok_or_else(|| format!("{} has no [[nodes]] entry named {name}", path.display()))?;
+        nodes.remove(at);
+        Ok(())
+    })
+}
+
+/// Changes the config file's `[[nodes]]` entries with `edit`, the rest of its text (comments
+/// included) kept; checks the result loads, and puts the file back as it was if not (`change`
+/// says what the result would have been, for that error).
+pub(crate) fn edit_nodes(
+    path: &Path,
+    change: &str,
+    edit: impl FnOnce(&mut toml_edit::ArrayOfTables) -> Result<(), String>,
+) -> Result<(), String> {
     let before = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut document: toml_edit::DocumentMut = before
         .parse()
@@ -264,17 +282,13 @@ fn remove_from_config(path: &Path, name: &str) -> Result<(), String> {
         .get_mut("nodes")
         .and_then(toml_edit::Item::as_array_of_tables_mut)
         .ok_or_else(|| format!("{} has no [[nodes]] entries", path.display()))?;
-    let at = nodes
-        .iter()
-        .position(|n| n.get("name").and_then(toml_edit::Item::as_str) == Some(name))
-        .ok_or_else(|| format!("{} has no [[nodes]] entry named {name}", path.display()))?;
-    nodes.remove(at);
+    edit(nodes)?;
     pgherd_config::write_private_file(path, &document.to_string())
         .map_err(|e| format!("{}: {e}", path.display()))?;
     if let Err(e) = Config::load(path) {
         let _ = pgherd_config::write_private_file(path, &before);
         return Err(format!(
-            "the config without {name} does not load, so it was left as it was ({e}); remove its entry by hand"
+            "the config {change} does not load, so it was left as it was ({e}); change it by hand"
         ));
     }
     Ok(())

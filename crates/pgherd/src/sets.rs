@@ -87,7 +87,7 @@ pub struct Origin {
     pub(crate) database: String,
     /// The set's origin [default: the cluster's primary].
     #[arg(long)]
-    origin: Option<String>,
+    pub(crate) origin: Option<String>,
     #[command(flatten)]
     pub(crate) at: Where,
 }
@@ -120,7 +120,7 @@ pub fn run(command: SetCommand) -> Result<(), String> {
     }
 }
 
-async fn create(
+pub(crate) async fn create(
     name: &str,
     (patterns, sequence_patterns): (&[String], &[String]),
     on: &Origin,
@@ -280,7 +280,12 @@ async fn conn_rows(conn: &mut ServerConn, sql: &str) -> Result<Vec<Vec<Option<St
     conn.simple_query(sql).await.map_err(|e| e.to_string())
 }
 
-async fn subscribe(name: &str, to: &str, wait: Duration, on: &Origin) -> Result<(), String> {
+pub(crate) async fn subscribe(
+    name: &str,
+    to: &str,
+    wait: Duration,
+    on: &Origin,
+) -> Result<(), String> {
     set::check_name(name).map_err(|e| e.to_string())?;
     let config = Config::load(&on.at.config_path()?).map_err(|e| e.to_string())?;
     let (shown, subscriber_config) = subscriber_at(to)?;
@@ -442,10 +447,26 @@ pub(crate) async fn origin_session(
         let conn = session_in(config, node, &on.database).await?;
         return Ok((node.clone(), conn));
     }
+    primary_among(config, &config.nodes, &on.database)
+        .await
+        .map_err(|silent| {
+            format!(
+                "no node answers as the primary to be the set's origin (name one with --origin){silent}"
+            )
+        })
+}
+
+/// The node of `nodes` that answers as the primary, and a session to its `database`; if none
+/// does, why the silent ones said nothing (`: ...`, or empty).
+pub(crate) async fn primary_among(
+    config: &Config,
+    nodes: &[NodeConfig],
+    database: &str,
+) -> Result<(NodeConfig, ServerConn), String> {
     let mut silent = Vec::new();
-    for node in &config.nodes {
+    for node in nodes {
         let asked = tokio::time::timeout(Duration::from_secs(5), async {
-            let mut conn = session_in(config, node, &on.database).await?;
+            let mut conn = session_in(config, node, database).await?;
             let rows = conn
                 .simple_query("SELECT (NOT pg_is_in_recovery())::text")
                 .await
@@ -460,14 +481,10 @@ pub(crate) async fn origin_session(
             Err(_) => silent.push(format!("node {}: no answer within 5 s", node.name)),
         }
     }
-    Err(format!(
-        "no node answers as the primary to be the set's origin (name one with --origin){}",
-        if silent.is_empty() {
-            String::new()
-        } else {
-            format!(": {}", silent.join("; "))
-        }
-    ))
+    Err(match silent.is_empty() {
+        true => String::new(),
+        false => format!(": {}", silent.join("; ")),
+    })
 }
 
 pub(crate) async fn tables_of(conn: &mut ServerConn) -> Result<Vec<TableShape>, String> {

@@ -189,11 +189,29 @@ impl ShardedSession {
         shards: &[u32],
         target: Target,
     ) -> Result<Vec<Link>, PgError> {
+        if self.tx.as_ref().is_none_or(|tx| tx.links.is_empty()) && !shards.is_empty() {
+            // A transaction starts: `PAUSE` holds it (one under way goes on, so PAUSE's wait
+            // for server connections to come back ends).
+            self.wait_while_paused().await?;
+        }
         let mut links = Vec::with_capacity(shards.len());
         for &shard in shards {
             links.push(self.open_link(shard, target).await?);
         }
         Ok(links)
+    }
+
+    /// Waits while the database is paused (`PAUSE` on the admin console), as the relay does.
+    async fn wait_while_paused(&self) -> Result<(), PgError> {
+        let database = &self.shared.database;
+        if !self.app.nodes.is_paused(database) {
+            return Ok(());
+        }
+        let limit = Duration::from_millis(self.app.config().pool.wait_timeout_ms);
+        match self.app.nodes.wait_resumed(database, limit).await {
+            true => Ok(()),
+            false => Err(crate::control::paused_too_long(database, limit)),
+        }
     }
 
     /// A link to `shard`: for a read, on a node [`ShardReads::choose`] picks (a

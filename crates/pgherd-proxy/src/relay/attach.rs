@@ -344,15 +344,7 @@ impl Session {
         {
             return Ok(());
         }
-        Err(PgError::error(
-            SqlState::CANNOT_CONNECT_NOW,
-            format!(
-                "database \"{database}\" is paused (PAUSE on the admin console) and was not resumed within {} ms",
-                limit.as_millis()
-            ),
-        )
-        .with_hint("retry after RESUME")
-        .into())
+        Err(crate::control::paused_too_long(database, limit).into())
     }
 
     /// Runs a wait for a server unless the client cancels its request first (then the request

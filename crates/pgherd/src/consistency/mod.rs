@@ -74,6 +74,31 @@ pub struct CheckOptions {
     /// With `--set`: a subscriber to compare, as a libpq connection string (repeatable).
     #[arg(long = "to")]
     to: Vec<String>,
+    /// With `--set`: the set's origin, a node of any shard [default: the node of the
+    /// config's nodes that answers as the primary].
+    #[arg(long, requires = "set")]
+    origin: Option<String>,
+}
+
+impl CheckOptions {
+    /// The check of a set's copy on `to` against its `origin`, with the defaults.
+    pub(crate) fn of_set(at: Where, database: &str, (set, origin): (&str, &str), to: &str) -> Self {
+        CheckOptions {
+            at,
+            nodes: Vec::new(),
+            database: Some(database.to_owned()),
+            tables: Vec::new(),
+            chunk_rows: 10_000,
+            max_rows_per_s: 0,
+            lock_timeout_ms: 2_000,
+            replay_timeout_ms: 30_000,
+            point_ms: 2_000,
+            json: false,
+            set: Some(set.to_owned()),
+            to: vec![to.to_owned()],
+            origin: Some(origin.to_owned()),
+        }
+    }
 }
 
 /// How the other nodes reach a point the origin's lock fixes.
@@ -127,8 +152,12 @@ const TRIES: u32 = 5;
 pub fn run(options: CheckOptions) -> Result<(), String> {
     let path = options.at.config_path()?;
     let config = Config::load(&path).map_err(|e| e.to_string())?;
-    let outcome = crate::runtime(1)?.block_on(check(&config, &options));
-    match outcome {
+    crate::runtime(1)?.block_on(check_all(&config, &options))
+}
+
+/// Runs the check and prints its report; an error if a table differs or the check stopped.
+pub(crate) async fn check_all(config: &Config, options: &CheckOptions) -> Result<(), String> {
+    match check(config, options).await {
         Ok(reports) => {
             let differing = reports.iter().filter(|r| !r.is_same()).count();
             if differing > 0 {
@@ -151,7 +180,7 @@ async fn check(config: &Config, options: &CheckOptions) -> Result<Vec<TableRepor
         ),
         Some(set) => (
             Follow::Mark(set.clone()),
-            connect_set(config, &database, &options.to).await?,
+            connect_set(config, &database, options.origin.as_deref(), &options.to).await?,
         ),
     };
     let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();

@@ -191,9 +191,18 @@ pub(super) async fn set_members(
 pub(super) async fn connect_set(
     config: &Config,
     database: &str,
+    origin_name: Option<&str>,
     to: &[String],
 ) -> Result<(Checked, Vec<Checked>), CheckError> {
-    let registry = crate::clone::registry(config);
+    let registry = match origin_name {
+        Some(name) => {
+            let node = config
+                .node_of_any_shard(name)
+                .ok_or_else(|| CheckError::Config(format!("no node \"{name}\" in the config")))?;
+            crate::clone::registry_of(std::slice::from_ref(node))
+        }
+        None => crate::clone::registry(config),
+    };
     let ctx = pgherd_proxy::app::connect_context(config, Default::default())
         .map_err(CheckError::Config)?;
     let mut origin = None;

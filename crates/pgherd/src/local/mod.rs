@@ -59,7 +59,7 @@ pub struct UpOptions {
 
 /// Which pgherd an operator command talks to: the one `pgherd up` made in `--dir`, or the
 /// one running with `--config`.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct Where {
     /// The cluster directory made by `pgherd up` [default: as `pgherd up`'s].
     #[arg(long, conflicts_with = "config")]

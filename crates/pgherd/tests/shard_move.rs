@@ -1,0 +1,221 @@
+//! `pgherd shard move`: a shard of a running sharded endpoint goes to another cluster while
+//! clients write through pgherd. Its schema is made there, its rows copied and compared, and
+//! at the cut-over new transactions wait at pgherd for a moment: no client transaction fails,
+//! every acknowledged write is on the shard's new node, pgherd routes the shard there (and its
+//! config says so), and the old copy refuses writes.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{connect_as_superuser, shard_cluster, try_connect, BIN};
+use pgherd_route::shard_hash::{shard_of_text, KeyType};
+use pgherd_testkit::{Pgherd, TestCluster, SUPERUSER, SUPERUSER_PASSWORD};
+
+const DB: &str = "postgres";
+const ROWS: i32 = 400;
+
+/// What the writers had acknowledged, and what failed.
+#[derive(Default)]
+struct Acknowledged {
+    increments: BTreeMap<i32, i64>,
+    inserted: Vec<i32>,
+    failures: Vec<String>,
+}
+
+fn start_writers(
+    port: u16,
+    stop: &Arc<AtomicBool>,
+    seen: &Arc<Mutex<Acknowledged>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..3)
+        .map(|w: i32| {
+            let (stop, seen) = (stop.clone(), seen.clone());
+            let url = format!(
+                "host=127.0.0.1 port={port} user={SUPERUSER} password={SUPERUSER_PASSWORD} dbname={DB}"
+            );
+            tokio::spawn(async move {
+                let client = try_connect(&url).await.expect("a writer connects");
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let id = (w * 131 + n * 7) % ROWS + 1;
+                    let fresh = 10_000 + w * 100_000 + n;
+                    let sql = match n % 5 {
+                        0 => format!("INSERT INTO accounts (id, balance) VALUES ({fresh}, 0)"),
+                        _ => format!("UPDATE accounts SET balance = balance + 1 WHERE id = {id}"),
+                    };
+                    let outcome = client.batch_execute(&sql).await;
+                    {
+                        let mut seen = seen.lock().unwrap();
+                        match outcome {
+                            Ok(()) if n % 5 == 0 => seen.inserted.push(fresh),
+                            Ok(()) => *seen.increments.entry(id).or_default() += 1,
+                            Err(e) => seen.failures.push(format!("{sql}: {e:?}")),
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+        })
+        .collect()
+}
+
+fn rows_of(answer: &[tokio_postgres::SimpleQueryMessage]) -> BTreeMap<i32, i64> {
+    answer
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some((r.get(0)?.parse().ok()?, r.get(1)?.parse().ok()?))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_moves_to_another_cluster_while_clients_write() {
+    let shards = [shard_cluster(), shard_cluster()];
+    let target = TestCluster::start_with(pgherd_testkit::ClusterOptions {
+        replicas: 0,
+        settings: vec![("max_prepared_transactions".into(), "20".into())],
+        node_prefix: "t-".to_owned(),
+    });
+    let config = common::sharded_config(&shards, &[("accounts", "id")])
+        .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"));
+    let pgherd = Pgherd::start(BIN, &shards[0], &config);
+    let client = connect_as_superuser(pgherd.port, DB).await;
+    client
+        .batch_execute(
+            "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL); \
+             CREATE TABLE regions (id int PRIMARY KEY, name text NOT NULL)",
+        )
+        .await
+        .expect("tables made on both shards");
+    client
+        .batch_execute(&format!(
+            "INSERT INTO accounts (id, balance) VALUES {}; \
+             INSERT INTO regions (id, name) VALUES (1, 'north'), (2, 'south')",
+            (1..=ROWS)
+                .map(|id| format!("({id}, 0)"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+        .await
+        .expect("rows written");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Acknowledged::default()));
+    let writers = start_writers(pgherd.port, &stop, &seen);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let target_port = target.node("t-pg1").port;
+    let conninfo = format!(
+        "host=127.0.0.1 port={target_port} user={SUPERUSER} password={SUPERUSER_PASSWORD} dbname={DB}"
+    );
+    let config_path = pgherd.config_path.clone();
+    let moved = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(BIN)
+            .args(["shard", "move", "1", "--to", &conninfo, "--name", "s1-new"])
+            .args(["--database", DB, "--config"])
+            .arg(&config_path)
+            .output()
+            .expect("run pgherd shard move")
+    })
+    .await
+    .expect("the move ran");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&moved.stdout),
+        String::from_utf8_lossy(&moved.stderr)
+    );
+    assert!(moved.status.success(), "the move: {said}\n{}", pgherd.log());
+    assert!(said.contains("shard 1 moved to s1-new"), "{said}");
+    eprintln!("{said}");
+    // Writes go on after the cut-over, now to the new node.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    for writer in writers {
+        writer.await.expect("a writer");
+    }
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    assert!(
+        seen.failures.is_empty(),
+        "client errors: {:?}",
+        seen.failures
+    );
+    assert!(!seen.inserted.is_empty() && !seen.increments.is_empty());
+
+    // Every acknowledged write, through pgherd (which now reads shard 1 on the new node).
+    let mut expected: BTreeMap<i32, i64> = (1..=ROWS).map(|id| (id, 0)).collect();
+    for (id, n) in &seen.increments {
+        *expected.entry(*id).or_default() += n;
+    }
+    for id in &seen.inserted {
+        expected.insert(*id, 0);
+    }
+    let through = rows_of(
+        &client
+            .simple_query("SELECT id, balance FROM accounts")
+            .await
+            .expect("read through pgherd"),
+    );
+    if through != expected {
+        let differing: Vec<String> = expected
+            .iter()
+            .filter(|(id, balance)| through.get(id) != Some(balance))
+            .map(|(id, balance)| {
+                let shard = shard_of_text(KeyType::Int4, &id.to_string(), 2).unwrap();
+                let old = shards[1].sql_on(
+                    "pg1",
+                    DB,
+                    &format!("SELECT balance FROM accounts WHERE id = {id}"),
+                );
+                format!(
+                    "{id} (shard {shard}): acknowledged {balance}, read {:?}, old copy {old:?}",
+                    through.get(id)
+                )
+            })
+            .collect();
+        panic!(
+            "rows differ from what was acknowledged:\n{}\n{}",
+            differing.join("\n"),
+            pgherd.log()
+        );
+    }
+    // Shard 1's rows are on the new node, directly; the table every shard holds came too.
+    let on_target = rows_of(
+        &connect_as_superuser(target_port, DB)
+            .await
+            .simple_query("SELECT id, balance FROM accounts")
+            .await
+            .expect("read the new node"),
+    );
+    let of_shard_1: BTreeMap<i32, i64> = expected
+        .iter()
+        .filter(|(id, _)| shard_of_text(KeyType::Int4, &id.to_string(), 2) == Ok(1))
+        .map(|(id, balance)| (*id, *balance))
+        .collect();
+    assert_eq!(on_target, of_shard_1, "shard 1's rows on the new node");
+    assert_eq!(
+        target.sql_on(
+            "t-pg1",
+            DB,
+            "SELECT string_agg(name, ',' ORDER BY id) FROM regions"
+        ),
+        "north,south"
+    );
+    // The old copy refuses writes, naming where they go now.
+    let old = shards[1]
+        .node("pg1")
+        .psql(DB, "UPDATE accounts SET balance = 0");
+    let refused = old.expect_err("the old copy refuses writes").to_string();
+    assert!(refused.contains("s1-new"), "{refused}");
+    let config_text = std::fs::read_to_string(&pgherd.config_path).expect("the config");
+    assert!(
+        config_text.contains("\"s1-new\"") && !config_text.contains("\"shard1\""),
+        "{config_text}"
+    );
+}

@@ -62,6 +62,30 @@ struct NodeStatus {
     upstream: Option<String>,
 }
 
+/// PostgreSQL's client `tool` (psql, pg_dump) to run as the `[cluster]` user; its password
+/// goes through a password file (never the command line or environment), which lives as long
+/// as the second value.
+pub(crate) fn cluster_tool(
+    config: &Config,
+    tool: &str,
+) -> Result<(std::process::Command, Option<pgherd_cluster::PassFile>), String> {
+    let path = pgherd_cluster::PgBinaries::find()
+        .map_err(|e| e.to_string())?
+        .tool(tool);
+    let pass_file = config
+        .cluster
+        .password
+        .as_deref()
+        .map(|p| pgherd_cluster::PassFile::new(p, None))
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let mut command = std::process::Command::new(&path);
+    if let Some(file) = &pass_file {
+        command.env("PGPASSFILE", file.path());
+    }
+    Ok((command, pass_file))
+}
+
 /// Runs `command` on the admin console of the pgherd configured by `dir` or `config_path`,
 /// logging in as the `[cluster]` user (an admin user in configs `pgherd up` writes), and
 /// prints its answer.
@@ -74,21 +98,7 @@ pub fn admin_command(at: &Where, console_command: &str) -> Result<(), String> {
         .first()
         .ok_or_else(|| format!("{} has no listen address", path.display()))?;
     let address = connectable(*listen);
-    let psql = pgherd_cluster::PgBinaries::find()
-        .map_err(|e| e.to_string())?
-        .tool("psql");
-    // The password goes through a password file, never the command line or environment.
-    let pass_file = config
-        .cluster
-        .password
-        .as_deref()
-        .map(|p| pgherd_cluster::PassFile::new(p, None))
-        .transpose()
-        .map_err(|e| e.to_string())?;
-    let mut command = std::process::Command::new(&psql);
-    if let Some(file) = &pass_file {
-        command.env("PGPASSFILE", file.path());
-    }
+    let (mut command, _pass_file) = cluster_tool(&config, "psql")?;
     let out = command
         .args([
             "-X",
@@ -104,7 +114,7 @@ pub fn admin_command(at: &Where, console_command: &str) -> Result<(), String> {
             console_command,
         ])
         .output()
-        .map_err(|e| format!("cannot run {}: {e}", psql.display()))?;
+        .map_err(|e| format!("cannot run psql: {e}"))?;
     print!("{}", String::from_utf8_lossy(&out.stdout));
     if out.status.success() {
         Ok(())

@@ -429,21 +429,8 @@ async fn copy_schema(
     database: &str,
     target: &tokio_postgres::Client,
 ) -> Result<(), String> {
-    let pg_dump = pgherd_cluster::PgBinaries::find()
-        .map_err(|e| e.to_string())?
-        .tool("pg_dump");
-    let pass_file = config
-        .cluster
-        .password
-        .as_deref()
-        .map(|p| pgherd_cluster::PassFile::new(p, None))
-        .transpose()
-        .map_err(|e| e.to_string())?;
-    let mut command = tokio::process::Command::new(&pg_dump);
-    if let Some(file) = &pass_file {
-        command.env("PGPASSFILE", file.path());
-    }
-    let out = command
+    let (command, _pass_file) = crate::operate::cluster_tool(config, "pg_dump")?;
+    let out = tokio::process::Command::from(command)
         .args([
             "--schema-only",
             "--no-publications",
@@ -459,7 +446,7 @@ async fn copy_schema(
         .arg(database)
         .output()
         .await
-        .map_err(|e| format!("cannot run {}: {e}", pg_dump.display()))?;
+        .map_err(|e| format!("cannot run pg_dump: {e}"))?;
     if !out.status.success() {
         return Err(format!(
             "pg_dump: {}",

@@ -4,9 +4,9 @@
 //! the set `shard<N>_move`, the new cluster subscribes (its schema copied first with
 //! `pg_dump --schema-only` when it has no tables), its copy is compared with the shard's at
 //! one point (`check-consistency --set`), and only then is it cut over: the running pgherd
-//! holds new transactions (`PAUSE`), the copy applies everything committed before, sequences
-//! are put in step, the copy stops following and takes writes, the old copy refuses them
-//! (25006), the config's shard entry names the new node, pgherd reloads and, once it sees the
+//! holds new transactions (`PAUSE`), the old copy refuses writes (25006), the copy applies
+//! everything committed before, sequences are put in step, the copy stops following and takes
+//! writes, the config's shard entry names the new node, pgherd reloads and, once it sees the
 //! new node take writes, resumes. Nothing is dropped: the old copy stays, read-only, until its
 //! owner drops it.
 
@@ -244,20 +244,19 @@ impl Move {
         Ok(held_ms)
     }
 
-    /// Under PAUSE: the copy catches up and takes writes, the old copy refuses them, the
-    /// config names the new node, pgherd reloads and sees it take writes.
+    /// Under PAUSE: the old copy refuses writes first (a transaction that began just as
+    /// PAUSE came is refused there rather than committed after the marker and lost), the copy
+    /// catches up and takes writes, the config names the new node, pgherd reloads and sees it
+    /// take writes. If the copy cannot take over, the old copy takes writes again.
     async fn switch(
         &self,
         config: &Config,
         console: &tokio_postgres::Client,
         copy: &Copy,
-        (host, port): (&str, u16),
+        target: (&str, u16),
     ) -> Result<(), String> {
         let mut conn = crate::clone::session_in(config, &copy.origin, &self.database).await?;
         let on_origin = |e: String| format!("{}: {e}; nothing was cut over", copy.origin.name);
-        let on_copy = |e: tokio_postgres::Error| {
-            format!("{}: {}; the cut-over stopped", copy.shown, pg_error(&e))
-        };
         let pending = first(
             &conn
                 .simple_query(
@@ -272,47 +271,75 @@ impl Move {
                 pending.unwrap_or_default()
             )));
         }
+        let tables: Vec<&str> = copy.tables.iter().map(String::as_str).collect();
+        conn.simple_query(&set::deny_writes_sql(&copy.set, &self.name, &tables))
+            .await
+            .map_err(|e| on_origin(e.to_string()))?;
+        if let Err(e) = self.take_over(&mut conn, copy, &tables).await {
+            let undone = conn
+                .simple_query(&set::allow_writes_sql(&copy.set, &tables))
+                .await
+                .map_or_else(
+                    |u| format!("and its writes are still refused ({u}): drop the pgherd_deny_{} triggers there", copy.set),
+                    |_| "and takes writes again".to_owned(),
+                );
+            return Err(format!(
+                "{e}; nothing was cut over: shard {} stays on {} {undone}",
+                self.shard, copy.origin.name
+            ));
+        }
+        conn.simple_query(&set::release_sql(&copy.set))
+            .await
+            .map_err(|e| {
+                format!(
+                    "{}: {e} (its publication of the set stays)",
+                    copy.origin.name
+                )
+            })?;
+        self.name_new_node(config, target)?;
+        console
+            .simple_query("RELOAD")
+            .await
+            .map_err(|e| format!("pgherd did not reload: {}", pg_error(&e)))?;
+        self.wait_for_writer(console).await
+    }
+
+    /// The copy applies everything the old copy committed (the set's marker), its sequences
+    /// are put in step, it stops following and its tables take writes.
+    async fn take_over(
+        &self,
+        conn: &mut ServerConn,
+        copy: &Copy,
+        tables: &[&str],
+    ) -> Result<(), String> {
+        let on_copy = |e: tokio_postgres::Error| format!("{}: {}", copy.shown, pg_error(&e));
         let mark: i64 = first(
             &conn
                 .simple_query(&set::raise_mark_sql(&copy.set))
                 .await
-                .map_err(|e| on_origin(e.to_string()))?,
+                .map_err(|e| format!("{}: {e}", copy.origin.name))?,
         )
         .and_then(|m| m.parse().ok())
-        .ok_or_else(|| on_origin(format!("set {} has no marker row", copy.set)))?;
+        .ok_or_else(|| format!("set {} has no marker row", copy.set))?;
         applied(&copy.client, &copy.set, mark)
             .await
-            .map_err(|e| format!("{}: {e}; nothing was cut over", copy.shown))?;
+            .map_err(|e| format!("{}: {e}", copy.shown))?;
         sync_sequences(
-            &mut conn,
+            conn,
             &copy.origin.name,
             &copy.set,
             &[(&copy.shown, &copy.client)],
         )
         .await?;
-        let tables: Vec<&str> = copy.tables.iter().map(String::as_str).collect();
         let subscription = set::subscription(&copy.set, &copy.shown);
         copy.client
             .batch_execute(&set::drop_subscription_sql(&subscription, false))
             .await
             .map_err(on_copy)?;
         copy.client
-            .batch_execute(&set::allow_writes_sql(&copy.set, &tables))
+            .batch_execute(&set::allow_writes_sql(&copy.set, tables))
             .await
-            .map_err(on_copy)?;
-        conn.simple_query(&format!(
-            "{}; {}",
-            set::deny_writes_sql(&copy.set, &self.name, &tables),
-            set::release_sql(&copy.set)
-        ))
-        .await
-        .map_err(|e| format!("{}: {e}; the old copy still takes writes", copy.origin.name))?;
-        self.name_new_node(config, (host, port))?;
-        console
-            .simple_query("RELOAD")
-            .await
-            .map_err(|e| format!("pgherd did not reload: {}", pg_error(&e)))?;
-        self.wait_for_writer(console).await
+            .map_err(on_copy)
     }
 
     /// The config's entries of the shard are replaced by the new node's.

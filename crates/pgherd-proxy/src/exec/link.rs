@@ -81,6 +81,12 @@ pub enum OpenError {
     Acquire(AcquireError, Arc<NodeState>),
 }
 
+impl From<PgError> for OpenError {
+    fn from(e: PgError) -> Self {
+        OpenError::Pg(e)
+    }
+}
+
 impl OpenError {
     pub fn into_pg(self, shared: &ClientShared) -> PgError {
         match self {
@@ -123,10 +129,14 @@ impl Link {
             .map_err(OpenError::Pg)?;
         let mut conn = match pool.try_acquire() {
             Some(conn) => conn,
-            None => pool
-                .acquire(&app.connect_context())
-                .await
-                .map_err(|e| OpenError::Acquire(e, node.clone()))?,
+            None => {
+                let acquire = async {
+                    pool.acquire(&app.connect_context())
+                        .await
+                        .map_err(|e| OpenError::Acquire(e, node.clone()))
+                };
+                super::cancellable(shared, acquire).await?
+            }
         };
         if let Some(lsn) = choice.wait_for_lsn {
             let wait =

@@ -455,13 +455,12 @@ impl ShardedSession {
                     | Execution::FanOut { .. }
                     | Execution::CopyOut { .. }
             );
-        let shared = self.shared.clone();
         let mut links = if in_tx {
-            cancellable(&shared, self.tx_links(&shards)).await?
+            self.tx_links(&shards).await?
         } else if reads_anywhere {
-            cancellable(&shared, self.open_links_for(&shards, target)).await?
+            self.open_links_for(&shards, target).await?
         } else {
-            cancellable(&shared, self.open_links(&shards)).await?
+            self.open_links(&shards).await?
         };
         if writes && !in_tx {
             // (A transaction's writes are noted when it ends.)
@@ -536,7 +535,7 @@ impl ShardedSession {
             // yet): the primary answers, as the relay does.
             Some(shard) => {
                 links.clear();
-                match cancellable(&shared, self.open_link(shard, Target::Primary)).await {
+                match self.open_link(shard, Target::Primary).await {
                     Ok(link) => {
                         links.push(link);
                         self.watch_cancel(&links);
@@ -735,13 +734,15 @@ fn encode_error(out: &mut BytesMut, error: &PgError) {
     }
 }
 
-/// A wait for a statement's server connections (a full pool, a primary being elected) that a
-/// cancel from the client ends at once with 57014, as the relay's waits do. Once it ends, a
-/// cancel is for the statement running on the links (or for nothing).
-async fn cancellable<T>(
+/// A wait for a statement's server connections (a full pool, a primary being elected, a
+/// paused database) that a cancel from the client ends at once with 57014, as the relay's
+/// waits do. Only waits that can be dropped at any point go through it (never I/O on a
+/// connection: dropped half way, it would go back to its pool with an answer unread). Once it
+/// ends, a cancel is for the statement running on the links (or for nothing).
+async fn cancellable<T, E: From<PgError>>(
     shared: &ClientShared,
-    wait: impl std::future::Future<Output = Result<T, PgError>>,
-) -> Result<T, PgError> {
+    wait: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, E> {
     let outcome = tokio::select! {
         biased;
         done = wait => done,
@@ -749,7 +750,8 @@ async fn cancellable<T>(
             SqlState::QUERY_CANCELED,
             "canceling statement due to user request",
         )
-        .with_detail("the statement was still waiting for a server connection")),
+        .with_detail("the statement was still waiting for a server connection")
+        .into()),
     };
     shared.end_wait();
     outcome

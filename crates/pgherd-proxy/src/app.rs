@@ -401,30 +401,24 @@ impl App {
         };
         self.connect.store(Arc::new(connect));
         self.client_tls.store(acceptor);
-        let mut started: Vec<(Arc<Nodes>, Arc<NodeState>)> = self
-            .nodes
-            .reconcile(&new.nodes)
-            .into_iter()
-            .map(|node| (self.nodes.clone(), node))
-            .collect();
-        if let (Some(shards), Some(sharding)) = (&self.shards, &new.sharding) {
-            for (cluster, nodes) in shards.clusters().iter().zip(&sharding.shard_nodes).skip(1) {
-                started.extend(
-                    cluster
-                        .reconcile(nodes)
-                        .into_iter()
-                        .map(|node| (cluster.clone(), node)),
-                );
-            }
+        // Each shard's cluster with its nodes in the new config (shard 0's: `nodes`).
+        let node_lists = match &new.sharding {
+            Some(sharding) => sharding.shard_nodes.as_slice(),
+            None => std::slice::from_ref(&new.nodes),
+        };
+        let mut started: Vec<(Arc<Nodes>, Arc<NodeState>)> = Vec::new();
+        for (cluster, nodes) in self.clusters().into_iter().zip(node_lists) {
+            cluster.set_local_zone(new.proxy.zone.clone());
+            cluster
+                .rejoin_after_checks
+                .store(new.routing.rejoin_after_checks, Ordering::Relaxed);
+            cluster.failures_before_down.store(
+                new.cluster.health_check_failures_before_down,
+                Ordering::Relaxed,
+            );
+            let added = cluster.reconcile(nodes);
+            started.extend(added.into_iter().map(|node| (cluster.clone(), node)));
         }
-        self.nodes.set_local_zone(new.proxy.zone.clone());
-        self.nodes
-            .rejoin_after_checks
-            .store(new.routing.rejoin_after_checks, Ordering::Relaxed);
-        self.nodes.failures_before_down.store(
-            new.cluster.health_check_failures_before_down,
-            Ordering::Relaxed,
-        );
         if !started.is_empty() {
             notes.push(format!(
                 "nodes added: {}",

@@ -125,8 +125,18 @@ pub async fn pause(app: &App, database: Option<&str>) -> Result<Vec<String>, PgE
     }
 }
 
+/// Holds a request (nothing sent yet) while `database` is paused, until `RESUME`, for at most
+/// `pool.wait_timeout_ms`, as a wait for a server connection would be.
+pub async fn wait_resumed(app: &App, database: &str) -> Result<(), PgError> {
+    let limit = Duration::from_millis(app.config().pool.wait_timeout_ms);
+    match app.nodes.wait_resumed(database, limit).await {
+        true => Ok(()),
+        false => Err(paused_too_long(database, limit)),
+    }
+}
+
 /// A request that waited `limit` for `RESUME` of `database` in vain.
-pub fn paused_too_long(database: &str, limit: Duration) -> PgError {
+fn paused_too_long(database: &str, limit: Duration) -> PgError {
     PgError::error(
         SqlState::CANNOT_CONNECT_NOW,
         format!(

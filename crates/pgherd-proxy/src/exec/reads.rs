@@ -192,26 +192,17 @@ impl ShardedSession {
         if self.tx.as_ref().is_none_or(|tx| tx.links.is_empty()) && !shards.is_empty() {
             // A transaction starts: `PAUSE` holds it (one under way goes on, so PAUSE's wait
             // for server connections to come back ends).
-            self.wait_while_paused().await?;
+            let database = &self.shared.database;
+            if self.app.nodes.is_paused(database) {
+                let resumed = crate::control::wait_resumed(&self.app, database);
+                super::cancellable(&self.shared, resumed).await?;
+            }
         }
         let mut links = Vec::with_capacity(shards.len());
         for &shard in shards {
             links.push(self.open_link(shard, target).await?);
         }
         Ok(links)
-    }
-
-    /// Waits while the database is paused (`PAUSE` on the admin console), as the relay does.
-    async fn wait_while_paused(&self) -> Result<(), PgError> {
-        let database = &self.shared.database;
-        if !self.app.nodes.is_paused(database) {
-            return Ok(());
-        }
-        let limit = Duration::from_millis(self.app.config().pool.wait_timeout_ms);
-        match self.app.nodes.wait_resumed(database, limit).await {
-            true => Ok(()),
-            false => Err(crate::control::paused_too_long(database, limit)),
-        }
     }
 
     /// A link to `shard`: for a read, on a node [`ShardReads::choose`] picks (a
@@ -242,7 +233,8 @@ impl ShardedSession {
             let choice = match chosen {
                 Some(choice) => choice,
                 None => NodeChoice {
-                    node: primary_of(&self.app, shard, cluster).await?,
+                    node: super::cancellable(&self.shared, primary_of(&self.app, shard, cluster))
+                        .await?,
                     wait_for_lsn: None,
                 },
             };

@@ -332,19 +332,12 @@ impl Session {
         Ok(())
     }
 
-    /// `PAUSE` on the admin console holds the request (nothing sent yet) until `RESUME`, for
-    /// at most `pool.wait_timeout_ms`, as a wait for a server connection would be.
+    /// `PAUSE` on the admin console holds the request (see `control::wait_resumed`).
     pub(super) async fn wait_while_paused(&self) -> Result<(), AttachError> {
         let database = &self.shared.database;
         tracing::debug!(client = self.shared.id, %database, "request waits: the database is paused");
-        let limit = Duration::from_millis(self.app.config().pool.wait_timeout_ms);
-        if self
-            .interruptible(self.app.nodes.wait_resumed(database, limit))
-            .await?
-        {
-            return Ok(());
-        }
-        Err(crate::control::paused_too_long(database, limit).into())
+        let resumed = crate::control::wait_resumed(&self.app, database);
+        Ok(self.interruptible(resumed).await??)
     }
 
     /// Runs a wait for a server unless the client cancels its request first (then the request

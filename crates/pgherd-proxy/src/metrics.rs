@@ -438,14 +438,9 @@ fn sets_metrics(app: &App, out: &mut String) {
         "gauge",
         "WAL a replication set's origin wrote that the subscriber has not confirmed (its slot's confirmed position).",
     );
-    for (database, set, subscriber, lag, _) in &figures {
-        if let Some(lag) = lag {
-            let labels = [
-                ("database", database.as_str()),
-                ("set", set.as_str()),
-                ("subscriber", subscriber.as_str()),
-            ];
-            f.sample(name, &labels, *lag as f64);
+    for figure in &figures {
+        if let Some(lag) = figure.lag_bytes {
+            f.sample(name, &figure.labels(), lag as f64);
         }
     }
     let name = "pgherd_set_subscriber_streaming";
@@ -455,13 +450,12 @@ fn sets_metrics(app: &App, out: &mut String) {
         "gauge",
         "1 while the subscription's slot on the origin is in use.",
     );
-    for (database, set, subscriber, _, streaming) in &figures {
-        let labels = [
-            ("database", database.as_str()),
-            ("set", set.as_str()),
-            ("subscriber", subscriber.as_str()),
-        ];
-        f.sample(name, &labels, f64::from(u8::from(*streaming)));
+    for figure in &figures {
+        f.sample(
+            name,
+            &figure.labels(),
+            f64::from(u8::from(figure.streaming)),
+        );
     }
 }
 

@@ -30,29 +30,28 @@ pub async fn watch(app: Arc<App>) {
     let mut shutdown = app.shutdown_signal();
     loop {
         let settings = app.config().sets.clone();
-        if !settings.databases.is_empty() {
-            let mut seen = Seen::default();
-            match app.nodes.writer() {
-                Some(writer) => {
-                    for database in &settings.databases {
-                        match read(&app, &writer, database).await {
-                            Ok(sets) => seen.sets.extend(
-                                sets.into_iter()
-                                    .map(|s| (database.clone(), writer.name().to_owned(), s)),
-                            ),
-                            Err(e) => seen.errors.push((database.clone(), e)),
-                        }
+        // With no databases named (also after a reload emptied the list) nothing is shown.
+        let mut seen = Seen::default();
+        match app.nodes.writer() {
+            Some(writer) => {
+                for database in &settings.databases {
+                    match read(&app, &writer, database).await {
+                        Ok(sets) => seen.sets.extend(
+                            sets.into_iter()
+                                .map(|s| (database.clone(), writer.name().to_owned(), s)),
+                        ),
+                        Err(e) => seen.errors.push((database.clone(), e)),
                     }
                 }
-                None => seen.errors.extend(
-                    settings
-                        .databases
-                        .iter()
-                        .map(|d| (d.clone(), "no primary to read the sets from".to_owned())),
-                ),
             }
-            *app.sets.0.lock() = seen;
+            None => seen.errors.extend(
+                settings
+                    .databases
+                    .iter()
+                    .map(|d| (d.clone(), "no primary to read the sets from".to_owned())),
+            ),
         }
+        *app.sets.0.lock() = seen;
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(settings.poll_ms)) => {}
             _ = shutdown.changed() => return,
@@ -138,20 +137,39 @@ pub fn view(app: &App) -> Table {
     Table { columns, rows }
 }
 
-/// Per subscriber: (database, set, subscriber, lag bytes if known, streaming).
-pub fn subscriber_figures(app: &App) -> Vec<(String, String, String, Option<i64>, bool)> {
+/// One subscriber of a set, for the metrics.
+pub struct SubscriberFigures {
+    pub database: String,
+    pub set: String,
+    pub subscriber: String,
+    /// Unknown while its slot has confirmed nothing.
+    pub lag_bytes: Option<i64>,
+    pub streaming: bool,
+}
+
+impl SubscriberFigures {
+    /// The labels of its samples.
+    pub fn labels(&self) -> [(&str, &str); 3] {
+        [
+            ("database", self.database.as_str()),
+            ("set", self.set.as_str()),
+            ("subscriber", self.subscriber.as_str()),
+        ]
+    }
+}
+
+/// Every subscriber of the sets followed.
+pub fn subscriber_figures(app: &App) -> Vec<SubscriberFigures> {
     let seen = app.sets.0.lock();
     seen.sets
         .iter()
         .flat_map(|(database, _, set)| {
-            set.subscribers.iter().map(move |s| {
-                (
-                    database.clone(),
-                    set.name.clone(),
-                    s.subscriber.clone(),
-                    s.lag_bytes,
-                    s.streaming,
-                )
+            set.subscribers.iter().map(move |s| SubscriberFigures {
+                database: database.clone(),
+                set: set.name.clone(),
+                subscriber: s.subscriber.clone(),
+                lag_bytes: s.lag_bytes,
+                streaming: s.streaming,
             })
         })
         .collect()

@@ -34,6 +34,21 @@ fn text(out: &Output) -> String {
     )
 }
 
+/// A refused subscribe made nothing: no subscription on the subscriber, no slot on the origin.
+fn no_subscription_on(env: &Env, subscriber: &TestCluster) {
+    assert_eq!(
+        subscriber
+            .sql_on("pg1", APP, "SELECT count(*) FROM pg_subscription")
+            .trim(),
+        "0"
+    );
+    assert_eq!(
+        env.direct("SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'logical'")
+            .trim(),
+        "0"
+    );
+}
+
 fn refused(out: &Output, says: &str) {
     let said = text(out);
     assert!(!out.status.success(), "refused: {said}");
@@ -133,12 +148,7 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
         &set(&env, &["subscribe", "shop", "--to", &to]),
         "the subscriber has no table public.order_lines: create it there first",
     );
-    assert_eq!(
-        subscriber
-            .sql_on("pg1", APP, "SELECT count(*) FROM pg_subscription")
-            .trim(),
-        "0"
-    );
+    no_subscription_on(&env, &subscriber);
     refused(
         &set(
             &env,
@@ -151,10 +161,12 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
         ),
         "cannot connect to the subscriber 127.0.0.1:1/app",
     );
+    no_subscription_on(&env, &subscriber);
     refused(
         &set(&env, &["subscribe", "nope", "--to", &to]),
         "no set named nope in app",
     );
+    no_subscription_on(&env, &subscriber);
 
     subscriber.sql_on(
         "pg1",
@@ -165,12 +177,7 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
         &set(&env, &["subscribe", "shop", "--to", &to]),
         "the subscriber has no sequence public.order_ids: create it there first",
     );
-    assert_eq!(
-        subscriber
-            .sql_on("pg1", APP, "SELECT count(*) FROM pg_subscription")
-            .trim(),
-        "0"
-    );
+    no_subscription_on(&env, &subscriber);
     subscriber.sql_on("pg1", APP, "CREATE SEQUENCE order_ids");
     let out = set(&env, &["subscribe", "shop", "--to", &to]);
     let said = text(&out);
@@ -274,7 +281,11 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
             .expect("text")
     };
     let api_sets: serde_json::Value = serde_json::from_str(&get("/api/sets")).expect("JSON");
-    assert!(api_sets.to_string().contains("\"shop\""), "{api_sets}");
+    let api_text = api_sets.to_string();
+    assert!(
+        api_text.contains("\"shop\"") && api_text.contains(&format!("127.0.0.1:{sub_port}/app")),
+        "{api_sets}"
+    );
     let metrics = get("/metrics");
     let labels = format!("database=\"app\",set=\"shop\",subscriber=\"127.0.0.1:{sub_port}/app\"");
     assert!(

@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{connect_as_superuser, shard_cluster, try_connect, BIN};
+use common::{connect_as_superuser, shard_cluster, shard_cluster_with, BIN};
 use pgherd_route::shard_hash::{shard_of_text, KeyType};
-use pgherd_testkit::{Pgherd, TestCluster, SUPERUSER, SUPERUSER_PASSWORD};
+use pgherd_testkit::{Pgherd, SUPERUSER, SUPERUSER_PASSWORD};
 
 const DB: &str = "postgres";
 const ROWS: i32 = 400;
@@ -34,11 +34,8 @@ fn start_writers(
     (0..3)
         .map(|w: i32| {
             let (stop, seen) = (stop.clone(), seen.clone());
-            let url = format!(
-                "host=127.0.0.1 port={port} user={SUPERUSER} password={SUPERUSER_PASSWORD} dbname={DB}"
-            );
             tokio::spawn(async move {
-                let client = try_connect(&url).await.expect("a writer connects");
+                let client = connect_as_superuser(port, DB).await;
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) {
                     n += 1;
@@ -79,11 +76,7 @@ fn rows_of(answer: &[tokio_postgres::SimpleQueryMessage]) -> BTreeMap<i32, i64> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_moves_to_another_cluster_while_clients_write() {
     let shards = [shard_cluster(), shard_cluster()];
-    let target = TestCluster::start_with(pgherd_testkit::ClusterOptions {
-        replicas: 0,
-        settings: vec![("max_prepared_transactions".into(), "20".into())],
-        node_prefix: "t-".to_owned(),
-    });
+    let target = shard_cluster_with(0, "t-");
     let config = common::sharded_config(&shards, &[("accounts", "id")])
         .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"));
     let pgherd = Pgherd::start(BIN, &shards[0], &config);

@@ -34,8 +34,14 @@ pub async fn watch(app: Arc<App>) {
         let mut seen = Seen::default();
         match app.nodes.writer() {
             Some(writer) => {
+                // A primary that does not answer leaves its database's sets unknown, not the
+                // others' stale.
+                let limit = Duration::from_millis(app.config().cluster.health_check_timeout_ms);
                 for database in &settings.databases {
-                    match read(&app, &writer, database).await {
+                    let answer = tokio::time::timeout(limit, read(&app, &writer, database)).await;
+                    match answer.unwrap_or_else(|_| {
+                        Err(format!("no answer within {} ms", limit.as_millis()))
+                    }) {
                         Ok(sets) => seen.sets.extend(
                             sets.into_iter()
                                 .map(|s| (database.clone(), writer.name().to_owned(), s)),

@@ -109,7 +109,12 @@ pub(crate) async fn move_set(
     .and_then(|m| m.parse().ok())
     .ok_or_else(|| on_origin(format!("set {name} has no marker row")))?;
     for node in std::iter::once(&target).chain(&rest) {
-        applied(node, name, mark).await?;
+        applied(&node.client, name, mark).await.map_err(|e| {
+            format!(
+                "{}: {e}; the move was abandoned before anything changed (the lock goes with this session)",
+                node.shown
+            )
+        })?;
     }
     let everyone: Vec<(&str, &tokio_postgres::Client)> = std::iter::once(&target)
         .chain(&rest)
@@ -237,22 +242,24 @@ async fn connect(conninfo: &str, recorded: &[(String, String)]) -> Result<Node, 
     })
 }
 
-/// Waits until `node` shows the set's marker `mark` (at most 30 s).
-async fn applied(node: &Node, name: &str, mark: i64) -> Result<(), String> {
+/// Waits until a subscriber (`client`) shows the set's marker `mark` (at most 30 s): it has
+/// applied every change the origin committed before the marker was raised.
+pub(crate) async fn applied(
+    client: &tokio_postgres::Client,
+    name: &str,
+    mark: i64,
+) -> Result<(), String> {
     let started = Instant::now();
     loop {
-        let rows = client_rows(&node.client, &set::applied_mark_sql(name))
+        let rows = client_rows(client, &set::applied_mark_sql(name))
             .await
-            .map_err(|e| format!("{}: {}", node.shown, pg_error(&e)))?;
+            .map_err(|e| pg_error(&e))?;
         if first(&rows).and_then(|m| m.parse::<i64>().ok()) >= Some(mark) {
             return Ok(());
         }
         if started.elapsed() > Duration::from_secs(30) {
-            return Err(format!(
-                "{} did not apply the set's changes within 30 s; the move was abandoned before anything changed (the lock goes with this session)",
-                node.shown
-            ));
+            return Err("it did not apply the set's changes within 30 s".to_owned());
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }

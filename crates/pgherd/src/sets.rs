@@ -1,4 +1,4 @@
-//! `pgherd set create|subscribe|list`: replication sets in the style of Slony-I on
+//! `pgherd set create|subscribe|sync-sequences|list` (and `move`, in `set_move.rs`): replication sets in the style of Slony-I on
 //! PostgreSQL's logical replication. A set is chosen tables of one database on its origin (the
 //! cluster's primary unless `--origin` names a node), published; a subscriber is another
 //! cluster or database, given by a connection string, which subscribes to it: its rows are
@@ -373,7 +373,7 @@ async fn list(json: bool, on: &Origin) -> Result<(), String> {
     let query = |e: String| format!("origin {}: {e}", origin.name);
     let has_catalog = first(
         &conn
-            .simple_query("SELECT (to_regclass('pgherd.sets') IS NOT NULL)::text")
+            .simple_query(set::HAS_CATALOG_SQL)
             .await
             .map_err(|e| query(e.to_string()))?,
     );

@@ -321,7 +321,7 @@ impl Move {
         )
         .and_then(|m| m.parse().ok())
         .ok_or_else(|| format!("set {} has no marker row", copy.set))?;
-        applied(&copy.client, &copy.set, mark)
+        crate::set_move::applied(&copy.client, &copy.set, mark)
             .await
             .map_err(|e| format!("{}: {e}", copy.shown))?;
         sync_sequences(
@@ -388,23 +388,6 @@ impl Move {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-    }
-}
-
-/// Waits until the copy shows the set's marker `mark` (at most 30 s).
-async fn applied(client: &tokio_postgres::Client, set: &str, mark: i64) -> Result<(), String> {
-    let started = Instant::now();
-    loop {
-        let rows = client_rows(client, &set::applied_mark_sql(set))
-            .await
-            .map_err(|e| pg_error(&e))?;
-        if first(&rows).and_then(|m| m.parse::<i64>().ok()) >= Some(mark) {
-            return Ok(());
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            return Err("it did not apply the shard's changes within 30 s".to_owned());
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 

@@ -145,11 +145,20 @@ async fn wait_while_writing(
     }
 }
 
+/// `sql`'s answer on `node`, asked directly; asked again for up to 10 s while the node is
+/// being restarted (pgherd rejoins a replaced primary: a session may be cut or refused then).
 fn answer(cluster: &TestCluster, node: &str, sql: &str) -> String {
-    cluster
-        .node(node)
-        .psql("postgres", sql)
-        .unwrap_or_else(|e| format!("error: {e}"))
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match cluster.node(node).psql("postgres", sql) {
+            Ok(answer) => return answer,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("{node} did not answer ({e}); asking again");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => return format!("error: {e}"),
+        }
+    }
 }
 
 /// Kills `node` of `cluster` (armed point reached by a commit) and waits for `successor` to

@@ -13,6 +13,11 @@
 
 use pg_query::protobuf::node::Node;
 use pg_query::protobuf::AlterTableType;
+use pgherd_route::parse::{parse_text_tree, split_text, NotParsed};
+
+/// A script is the operator's, not a client's: it may be longer than a client's query, but
+/// the parser's stack and memory still grow with the text, so it is bounded too.
+const MAX_SCRIPT_BYTES: usize = 1 << 20;
 
 /// Which nodes run a statement first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,11 +61,7 @@ pub enum ScriptError {
 /// The script's statements in order, each with its order and locks; refused whole if one does
 /// not parse or is not a schema change pgherd can order.
 pub fn plan_script(script: &str) -> Result<Vec<Step>, ScriptError> {
-    let pieces = pg_query::split_with_scanner(script).map_err(|e| ScriptError::Syntax {
-        number: 1,
-        line: 1,
-        message: e.to_string(),
-    })?;
+    let pieces = statements(script)?;
     let mut steps = Vec::new();
     let mut searched_from = 0;
     for (i, piece) in pieces.iter().enumerate() {
@@ -74,12 +75,12 @@ pub fn plan_script(script: &str) -> Result<Vec<Step>, ScriptError> {
         searched_from = at + sql.len();
         let line = script[..at].matches('\n').count() + 1;
         let number = i + 1;
-        let parsed = pg_query::parse(sql).map_err(|e| ScriptError::Syntax {
+        let parsed = parse_text_tree(sql, MAX_SCRIPT_BYTES).map_err(|e| ScriptError::Syntax {
             number,
             line,
             message: match e {
-                pg_query::Error::Parse(message) => message,
-                other => other.to_string(),
+                NotParsed::Syntax(message) => message,
+                other => format!("it {other}"),
             },
         })?;
         let node = parsed
@@ -109,6 +110,27 @@ pub fn plan_script(script: &str) -> Result<Vec<Step>, ScriptError> {
         return Err(ScriptError::Empty);
     }
     Ok(steps)
+}
+
+/// The script's statements, cut by the parser as the server would (a `BEGIN ATOMIC` body stays
+/// whole). A script that does not parse is cut by the scanner instead: each piece is then
+/// parsed alone, so the one that fails is named with its line.
+fn statements(script: &str) -> Result<Vec<&str>, ScriptError> {
+    match split_text(script, MAX_SCRIPT_BYTES) {
+        Err(NotParsed::Syntax(_)) => {
+            pg_query::split_with_scanner(script).map_err(|e| ScriptError::Syntax {
+                number: 1,
+                line: 1,
+                message: e.to_string(),
+            })
+        }
+        Err(e) => Err(ScriptError::Syntax {
+            number: 1,
+            line: 1,
+            message: format!("the script {e}"),
+        }),
+        Ok(pieces) => Ok(pieces),
+    }
 }
 
 /// The statement without the blank lines and comments before it, so that its line is its own.
@@ -297,5 +319,25 @@ mod tests {
         assert!(refused("ALTER TABLE t ADD COLUMN a int, DROP COLUMN b")
             .contains("make them two statements"));
         assert_eq!(refused("-- nothing\n"), "the script holds no statement");
+    }
+
+    #[test]
+    fn a_function_body_stays_one_statement() {
+        let steps = plan_script(
+            "CREATE FUNCTION total(a int, b int) RETURNS int LANGUAGE sql\n\
+             BEGIN ATOMIC SELECT a + b; END;\nALTER TABLE t ADD COLUMN c int;",
+        )
+        .unwrap();
+        assert_eq!(steps.len(), 2, "{steps:?}");
+        assert!(
+            steps[0].sql.ends_with("BEGIN ATOMIC SELECT a + b; END"),
+            "{steps:?}"
+        );
+        assert_eq!(steps[1].line, 3);
+        let long = format!("COMMENT ON TABLE t IS '{}'", "x".repeat(MAX_SCRIPT_BYTES));
+        assert!(plan_script(&long)
+            .unwrap_err()
+            .to_string()
+            .contains("more than the 1048576 pgherd parses"));
     }
 }

@@ -289,24 +289,36 @@ pub fn check_subscriber_sequences(
     }
 }
 
-/// One transaction on the origin: the catalog, the set's row, its publication.
-pub fn create_sql(
-    set: &str,
-    (patterns, sequence_patterns): (&[String], &[String]),
-    tables: &[&TableShape],
-) -> String {
-    let sequences: Vec<String> = sequence_patterns.iter().map(|p| quote_literal(p)).collect();
-    let patterns: Vec<String> = patterns.iter().map(|p| quote_literal(p)).collect();
+/// One transaction on the origin: the catalog, the set's marker table with its row, the set's
+/// row, its publication.
+pub fn create_sql(set: &str, patterns: (&[String], &[String]), tables: &[&TableShape]) -> String {
     let tables: Vec<&str> = tables.iter().map(|t| t.sql_name.as_str()).collect();
+    publish_sql(set, patterns, &tables, Some(&marker_sql(set, true)))
+}
+
+/// The catalog, `marker` (when the node has no marker table yet), the set's row (its table and
+/// sequence patterns) and its publication, in one transaction.
+fn publish_sql(
+    set: &str,
+    (patterns, sequences): (&[String], &[String]),
+    tables: &[&str],
+    marker: Option<&str>,
+) -> String {
+    let list = |v: &[String]| {
+        v.iter()
+            .map(|p| quote_literal(p))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     format!(
-        "BEGIN; {CATALOG_SQL}; {}; \
+        "BEGIN; {CATALOG_SQL}; {}\
          INSERT INTO pgherd.sets (name, patterns, sequences) \
          VALUES ({}, ARRAY[{}]::text[], ARRAY[{}]::text[]); \
          CREATE PUBLICATION {} FOR TABLE {}, {}; COMMIT",
-        marker_sql(set, true),
+        marker.map_or(String::new(), |m| format!("{m}; ")),
         quote_literal(set),
-        patterns.join(", "),
-        sequences.join(", "),
+        list(patterns),
+        list(sequences),
         publication(set),
         tables.join(", "),
         marker_table(set)
@@ -334,25 +346,29 @@ pub fn check_subscriber(set_tables: &[String], subscriber: &[TableShape]) -> Res
     Ok(())
 }
 
-/// On the subscriber: the subscription, which makes its slot on the origin and copies the
-/// tables' rows before streaming their changes. (Not in a transaction block: PostgreSQL
-/// refuses one that makes a slot.)
-pub fn subscribe_sql(set: &str, subscription: &str, origin_conninfo: &str) -> String {
+/// What a new subscription takes from the origin before it streams changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Copy {
+    /// The tables' rows (a new subscriber).
+    Rows,
+    /// Nothing: the rows are there already (a set's move, or its undoing: every node applied
+    /// everything before it, and the set's tables take no writes meanwhile).
+    Nothing,
+}
+
+/// On the subscriber: the subscription, which makes its slot on the origin and, as `copy`
+/// says, copies the tables' rows before streaming their changes. (Not in a transaction block:
+/// PostgreSQL refuses one that makes a slot.)
+pub fn subscribe_sql(set: &str, subscription: &str, origin_conninfo: &str, copy: Copy) -> String {
     format!(
         "CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} \
-         WITH (copy_data = true, slot_name = {})",
+         WITH (copy_data = {}, slot_name = {})",
         quote_ident(subscription),
         quote_literal(origin_conninfo),
         publication(set),
+        copy == Copy::Rows,
         quote_literal(subscription)
     )
-}
-
-/// A subscription that follows an origin from where it is now: the rows are there already
-/// (a set's move: every node applied everything before it).
-pub fn follow_sql(set: &str, subscription: &str, origin_conninfo: &str) -> String {
-    subscribe_sql(set, subscription, origin_conninfo)
-        .replace("copy_data = true", "copy_data = false")
 }
 
 /// On a node that is not the set's origin (any more): its tables refuse local writes with
@@ -386,30 +402,10 @@ pub fn allow_writes_sql(set: &str, tables: &[&str]) -> String {
         .join("; ")
 }
 
-/// On the new origin: the set's catalog row (as the old origin had it) and its publication.
-pub fn adopt_sql(
-    set: &str,
-    (patterns, sequences): (&[String], &[String]),
-    tables: &[&str],
-) -> String {
-    let list = |v: &[String]| {
-        v.iter()
-            .map(|p| quote_literal(p))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    format!(
-        "BEGIN; {CATALOG_SQL}; \
-         INSERT INTO pgherd.sets (name, patterns, sequences) \
-         VALUES ({}, ARRAY[{}]::text[], ARRAY[{}]::text[]); \
-         CREATE PUBLICATION {} FOR TABLE {}, {}; COMMIT",
-        quote_literal(set),
-        list(patterns),
-        list(sequences),
-        publication(set),
-        tables.join(", "),
-        marker_table(set)
-    )
+/// On the new origin: the set's catalog row (as the old origin had it) and its publication
+/// (its marker table came with the set).
+pub fn adopt_sql(set: &str, patterns: (&[String], &[String]), tables: &[&str]) -> String {
+    publish_sql(set, patterns, tables, None)
 }
 
 /// On the old origin, after the move: its publication and catalog rows for the set go.
@@ -572,7 +568,20 @@ mod tests {
             allow_writes_sql("shop", &["public.orders"]),
             "DROP TRIGGER IF EXISTS pgherd_deny_shop ON public.orders"
         );
-        assert!(follow_sql("shop", "s", "host=a").contains("copy_data = false"));
+        // A password that reads like an option changes nothing but the password.
+        assert_eq!(
+            subscribe_sql("shop", "s", "password='copy_data = true'", Copy::Nothing),
+            "CREATE SUBSCRIPTION \"s\" CONNECTION 'password=''copy_data = true''' \
+             PUBLICATION pgherd_shop WITH (copy_data = false, slot_name = 's')"
+        );
+        assert_eq!(
+            adopt_sql("shop", (&["o*".to_owned()], &[]), &["public.orders"]),
+            "BEGIN; ".to_owned()
+                + CATALOG_SQL
+                + "; INSERT INTO pgherd.sets (name, patterns, sequences) \
+                   VALUES ('shop', ARRAY['o*']::text[], ARRAY[]::text[]); \
+                   CREATE PUBLICATION pgherd_shop FOR TABLE public.orders, pgherd.mark_shop; COMMIT"
+        );
         assert_eq!(
             drop_subscription_sql("x\"; DROP TABLE t; --", false),
             "DROP SUBSCRIPTION \"x\"\"; DROP TABLE t; --\""
@@ -633,7 +642,12 @@ mod tests {
             "{sql}"
         );
         assert_eq!(
-            subscribe_sql("orders", "pgherd_orders_b", "host=a password='x''y'"),
+            subscribe_sql(
+                "orders",
+                "pgherd_orders_b",
+                "host=a password='x''y'",
+                Copy::Rows
+            ),
             "CREATE SUBSCRIPTION \"pgherd_orders_b\" CONNECTION 'host=a password=''x''''y''' \
              PUBLICATION pgherd_orders WITH (copy_data = true, slot_name = 'pgherd_orders_b')"
         );

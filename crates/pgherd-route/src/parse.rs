@@ -85,9 +85,23 @@ pub fn split_statements<'a>(
 
 /// [`split_statements`] of a client's query text with the default bounds, lexed here.
 pub fn split_query(sql: &str) -> Result<Vec<&str>, NotParsed> {
+    split_text(sql, DEFAULT_MAX_PARSE_BYTES)
+}
+
+/// [`split_statements`] of a text bounded by `max_bytes` (an operator's script may be longer
+/// than a client's query), lexed here.
+pub fn split_text(sql: &str, max_bytes: usize) -> Result<Vec<&str>, NotParsed> {
+    split_statements(sql, &lexed(sql), max_bytes)
+}
+
+/// [`parse_tree`] of a text bounded by `max_bytes`, lexed here.
+pub fn parse_text_tree(sql: &str, max_bytes: usize) -> Result<pg_query::ParseResult, NotParsed> {
+    parse_tree(sql, &lexed(sql), max_bytes)
+}
+
+fn lexed(sql: &str) -> Lexed {
     let mut key = Vec::new();
-    let lexed = crate::lexer::lex(sql.as_bytes(), true, &mut key);
-    split_statements(sql, &lexed, DEFAULT_MAX_PARSE_BYTES)
+    crate::lexer::lex(sql.as_bytes(), true, &mut key)
 }
 
 fn within_bounds<T>(
@@ -109,7 +123,13 @@ fn within_bounds<T>(
     stacker::maybe_grow(stack, stack, || {
         std::panic::catch_unwind(parse)
             .map_err(|_| NotParsed::Syntax("the parser library failed".into()))?
-            .map_err(|e: pg_query::Error| NotParsed::Syntax(e.to_string()))
+            .map_err(|e: pg_query::Error| {
+                NotParsed::Syntax(match e {
+                    // The server's own words, as it would say them.
+                    pg_query::Error::Parse(message) => message,
+                    other => other.to_string(),
+                })
+            })
     })
 }
 

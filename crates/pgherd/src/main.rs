@@ -10,8 +10,10 @@ mod operate;
 mod remove;
 mod script;
 mod set_move;
+mod set_nodes;
 mod sets;
 mod shard_move;
+mod sql_session;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

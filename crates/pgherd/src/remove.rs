@@ -9,14 +9,14 @@
 //! primary).
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pgherd_cluster::{LocalNode, StopMode};
 use pgherd_config::{Config, NodeConfig};
-use pgherd_replication::consistency::quote_literal;
 
 use crate::clone::{reload_running, session_on};
 use crate::local::Where;
+use crate::set_nodes::{drop_slot_when_released, SlotDrop};
 
 #[derive(clap::Args, Debug)]
 pub struct RemoveOptions {
@@ -215,38 +215,21 @@ async fn drop_slots(
     nodes: &[&NodeConfig],
     name: &str,
 ) -> Result<Vec<String>, String> {
-    let slot = quote_literal(&pgherd_cluster::slot_name(name));
+    let slot = pgherd_cluster::slot_name(name);
     let mut dropped = Vec::new();
     for node in nodes {
         let mut conn = session_on(config, node).await?;
-        let started = Instant::now();
-        loop {
-            let rows = conn
-                .simple_query(&format!(
-                    "SELECT active::text FROM pg_replication_slots WHERE slot_name = {slot}"
+        match drop_slot_when_released(&mut conn, &slot, SLOT_RELEASE_WAIT).await {
+            Ok(true) => dropped.push(node.name.clone()),
+            Ok(false) => {}
+            Err(SlotDrop::Failed(e)) => {
+                return Err(format!("cannot drop {name}'s slot on {}: {e}", node.name))
+            }
+            Err(SlotDrop::StillActive { waited_s }) => {
+                return Err(format!(
+                    "{name}'s replication slot on {} is still in use after {waited_s} s: is {name} still running?",
+                    node.name
                 ))
-                .await
-                .map_err(|e| format!("cannot read the slots of {}: {e}", node.name))?;
-            let active = rows.first().and_then(|r| r.first().cloned().flatten());
-            match active.as_deref() {
-                None => break,
-                Some("false") => {
-                    conn.simple_query(&format!("SELECT pg_drop_replication_slot({slot})"))
-                        .await
-                        .map_err(|e| format!("cannot drop {name}'s slot on {}: {e}", node.name))?;
-                    dropped.push(node.name.clone());
-                    break;
-                }
-                _ if started.elapsed() < SLOT_RELEASE_WAIT => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                _ => {
-                    return Err(format!(
-                        "{name}'s replication slot on {} is still in use after {} s: is {name} still running?",
-                        node.name,
-                        SLOT_RELEASE_WAIT.as_secs()
-                    ))
-                }
             }
         }
     }

@@ -7,18 +7,17 @@
 //! tables now matching its patterns join its publication and the subscriptions copy them.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pgherd_config::Config;
 use pgherd_proxy::server::ServerConn;
-use pgherd_replication::consistency::{quote_literal, table_selected};
+use pgherd_replication::consistency::table_selected;
 use pgherd_replication::script::{plan_script, Order, Step};
 use pgherd_replication::sets as set;
 
-use crate::sets::{
-    client_rows, connect_subscriber, first, origin_session, pg_error, set_tables, subscriber_at,
-    tables_of, Origin,
-};
+use crate::set_nodes::{given_subscribers, raise_mark, wait_applied, Subscriber};
+use crate::sets::{origin_session, set_tables, tables_of, Origin};
+use crate::sql_session::{first, pg_error};
 
 #[derive(clap::Args, Debug)]
 pub struct ScriptOptions {
@@ -36,13 +35,6 @@ pub struct ScriptOptions {
     catch_up_s: u64,
     #[command(flatten)]
     on: Origin,
-}
-
-/// A subscriber being changed.
-struct Subscriber {
-    shown: String,
-    subscription: String,
-    client: tokio_postgres::Client,
 }
 
 pub fn run(options: ScriptOptions) -> Result<(), String> {
@@ -68,9 +60,9 @@ async fn execute(options: &ScriptOptions, steps: &[Step]) -> Result<(), String> 
             origin.name, options.on.database
         ));
     }
-    let mut subscribers = subscribers(&mut conn, name, &options.to)
+    let mut subscribers = given_subscribers(&mut conn, name, &options.to)
         .await
-        .map_err(|e| format!("set {name}: {e}; nothing was run"))?;
+        .map_err(|e| format!("{e}; nothing was run"))?;
     for (i, step) in steps.iter().enumerate() {
         let order = match step.order {
             Order::SubscribersFirst => "on the subscribers first",
@@ -142,15 +134,13 @@ async fn run_step(
         .map_err(|e| (origin_name.to_owned(), e.to_string()))?;
     ran.push(origin_name.to_owned());
     if step.order == Order::OriginFirst && !subscribers.is_empty() {
-        let rows = origin
-            .simple_query(&set::raise_mark_sql(set_name))
+        let mark = raise_mark(origin, set_name)
             .await
             .map_err(|e| (origin_name.to_owned(), e.to_string()))?;
-        let mark: i64 = first(&rows).and_then(|m| m.parse().ok()).unwrap_or(0);
         for s in subscribers.iter() {
-            applied(s, set_name, mark, catch_up)
+            wait_applied(&mut &s.client, set_name, mark, catch_up)
                 .await
-                .map_err(|e| (s.shown.clone(), e))?;
+                .map_err(|e| (s.shown.clone(), e.to_string()))?;
             s.client
                 .batch_execute(&step.sql)
                 .await
@@ -159,80 +149,6 @@ async fn run_step(
         }
     }
     Ok(())
-}
-
-/// Waits until the subscriber has applied the origin's mark `mark`: everything the origin
-/// committed before it is applied there too.
-async fn applied(s: &Subscriber, set_name: &str, mark: i64, wait: Duration) -> Result<(), String> {
-    let started = Instant::now();
-    loop {
-        let rows = client_rows(&s.client, &set::applied_mark_sql(set_name))
-            .await
-            .map_err(|e| pg_error(&e))?;
-        let seen: i64 = first(&rows).and_then(|m| m.parse().ok()).unwrap_or(-1);
-        if seen >= mark {
-            return Ok(());
-        }
-        if started.elapsed() > wait {
-            return Err(format!(
-                "it did not apply the origin's changes within {} s (mark {mark}, applied {seen}): is its subscription {} running?",
-                wait.as_secs(),
-                s.subscription
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The set's subscribers, each matched with its `--to`: a subscriber left out would miss the
-/// change, and one the set does not have would get it alone.
-async fn subscribers(
-    origin: &mut ServerConn,
-    set_name: &str,
-    to: &[String],
-) -> Result<Vec<Subscriber>, String> {
-    let rows = origin
-        .simple_query(&format!(
-            "SELECT subscription, subscriber FROM pgherd.set_subscribers WHERE set_name = {} ORDER BY 1",
-            quote_literal(set_name)
-        ))
-        .await
-        .map_err(|e| e.to_string())?;
-    let recorded: Vec<(String, String)> = rows
-        .iter()
-        .map(|r| {
-            let field = |i: usize| r.get(i).cloned().flatten().unwrap_or_default();
-            (field(0), field(1))
-        })
-        .collect();
-    let mut given = Vec::new();
-    for conninfo in to {
-        let (shown, config) = subscriber_at(conninfo)?;
-        let Some((subscription, _)) = recorded.iter().find(|(_, s)| *s == shown) else {
-            return Err(format!("{shown} does not subscribe to the set"));
-        };
-        let client = connect_subscriber(&shown, &config).await?;
-        given.push(Subscriber {
-            shown,
-            subscription: subscription.clone(),
-            client,
-        });
-    }
-    let missing: Vec<&str> = recorded
-        .iter()
-        .filter(|(_, s)| !given.iter().any(|g| g.shown == *s))
-        .map(|(_, s)| s.as_str())
-        .collect();
-    if !missing.is_empty() {
-        return Err(format!(
-            "its subscriber{} {} {} not given with --to: {} would miss the change",
-            if missing.len() == 1 { "" } else { "s" },
-            missing.join(", "),
-            if missing.len() == 1 { "was" } else { "were" },
-            if missing.len() == 1 { "it" } else { "they" },
-        ));
-    }
-    Ok(given)
 }
 
 /// Tables that now match the set's patterns join its publication (one without a primary key
@@ -244,13 +160,9 @@ async fn scan(
     subscribers: &[Subscriber],
 ) -> Result<(), String> {
     let on_origin = |e: String| format!("origin {origin_name}: {e}");
-    let patterns_sql = format!(
-        "SELECT array_to_json(patterns)::text FROM pgherd.sets WHERE name = {}",
-        quote_literal(set_name)
-    );
     let patterns: Vec<String> = first(
         &origin
-            .simple_query(&patterns_sql)
+            .simple_query(&set::patterns_sql(set_name))
             .await
             .map_err(|e| on_origin(e.to_string()))?,
     )

@@ -6,25 +6,54 @@
 //! are (no copy), the old origin's tables refuse local writes from then on (the writers held
 //! back get 25006 naming the new origin, so no write is acknowledged and lost), and the new
 //! origin's tables take writes.
+//!
+//! Until the old origin commits its refusal, every step is undone on failure (the lock still
+//! holds every writer back, so a subscription made again from where it is misses nothing):
+//! replication is left as it was. After it, the move goes on and names what is left to do.
 
 use std::time::{Duration, Instant};
 
-use pgherd_config::Config;
-use pgherd_replication::consistency::quote_literal;
-use pgherd_replication::sets as set;
+use pgherd_config::{Config, NodeConfig};
+use pgherd_proxy::server::ServerConn;
+use pgherd_replication::sets::{self as set, Copy};
 
 use crate::clone::session_in;
-use crate::sets::{
-    client_rows, connect_subscriber, first, origin_session, pg_error, set_tables, subscriber_at,
-    sync_sequences, tables_of, Origin,
+use crate::set_nodes::{
+    drop_slot_when_released, given_subscribers, raise_mark, set_user_tables, wait_applied,
+    SlotDrop, Subscriber,
 };
+use crate::sets::{origin_conninfo, origin_session, sync_sequences, Origin};
+use crate::sql_session::pg_error;
 
-/// A subscriber taking part in the move.
-struct Node {
-    shown: String,
-    conninfo: String,
-    subscription: String,
-    client: tokio_postgres::Client,
+/// How long a subscriber may take to apply what the old origin committed before the move,
+/// while its writers wait.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(30);
+/// How long a slot's sender may take to notice its subscription went.
+const SLOT_RELEASE_WAIT: Duration = Duration::from_secs(10);
+
+/// A set's move: the old origin, its sessions, and the subscribers (the new origin first).
+struct Move<'a> {
+    name: &'a str,
+    database: &'a str,
+    origin: NodeConfig,
+    /// How subscribers reach the old origin (to follow it again, if the move is undone).
+    origin_conninfo: String,
+    conn: ServerConn,
+    tables: Vec<String>,
+    patterns: (Vec<String>, Vec<String>),
+    target: Subscriber,
+    rest: Vec<Subscriber>,
+}
+
+/// How far the set's subscriptions were changed: what an undo puts back.
+#[derive(Default)]
+struct Repointed {
+    /// The new origin dropped its subscription (and slot) to the old one.
+    target_left: bool,
+    /// The new origin publishes the set.
+    target_publishes: bool,
+    /// Per other subscriber: dropped its subscription to the old origin; follows the new.
+    rest: Vec<(bool, bool)>,
 }
 
 pub(crate) async fn move_set(
@@ -35,63 +64,14 @@ pub(crate) async fn move_set(
 ) -> Result<(), String> {
     set::check_name(name).map_err(|e| e.to_string())?;
     let config = Config::load(&on.at.config_path()?).map_err(|e| e.to_string())?;
-    let (origin, mut conn) = origin_session(&config, on).await?;
-    let on_origin = |e: String| format!("origin {}: {e}", origin.name);
-    let members = set_tables(&mut conn, name)
-        .await
-        .map_err(on_origin)?
-        .ok_or_else(|| on_origin(format!("no set named {name} in {}", on.database)))?;
-    let tables: Vec<String> = tables_of(&mut conn)
-        .await
-        .map_err(on_origin)?
-        .into_iter()
-        .filter(|t| members.contains(&t.name) && !t.name.starts_with("pgherd."))
-        .map(|t| t.sql_name)
-        .collect();
-    let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
-    let rows = conn
-        .simple_query(&set::patterns_sql(name))
-        .await
-        .map_err(|e| on_origin(e.to_string()))?;
-    let row = rows
-        .first()
-        .ok_or_else(|| on_origin(format!("no set named {name}")))?;
-    let array = |i: usize| -> Vec<String> {
-        row.get(i)
-            .cloned()
-            .flatten()
-            .and_then(|a| serde_json::from_str(&a).ok())
-            .unwrap_or_default()
-    };
-    let (patterns, sequences) = (array(0), array(1));
-    let recorded = recorded_subscribers(&mut conn, name)
-        .await
-        .map_err(on_origin)?;
-    let target = connect(new_origin, &recorded).await?;
-    let mut rest = Vec::new();
-    for conninfo in others {
-        rest.push(connect(conninfo, &recorded).await?);
-    }
-    let given: Vec<&str> = std::iter::once(target.shown.as_str())
-        .chain(rest.iter().map(|n| n.shown.as_str()))
-        .collect();
-    let left_out: Vec<&str> = recorded
-        .iter()
-        .map(|(_, s)| s.as_str())
-        .filter(|s| !given.contains(s))
-        .collect();
-    if !left_out.is_empty() {
-        return Err(format!(
-            "set {name}: its subscriber(s) {} were not given with --to: they would stop receiving the set; nothing was changed",
-            left_out.join(", ")
-        ));
-    }
+    let mut moving = Move::prepare(&config, name, new_origin, others, on).await?;
+    let on_origin = |e: String| format!("origin {}: {e}", moving.origin.name);
 
     // Writes to the set's tables wait on the old origin from here.
-    let mut lock = session_in(&config, &origin, &on.database).await?;
+    let mut lock = session_in(&config, &moving.origin, &on.database).await?;
     lock.simple_query(&format!(
         "BEGIN; SET LOCAL lock_timeout = '10s'; LOCK TABLE {} IN EXCLUSIVE MODE",
-        tables.join(", ")
+        moving.tables.join(", ")
     ))
     .await
     .map_err(|e| {
@@ -100,166 +80,326 @@ pub(crate) async fn move_set(
         ))
     })?;
     let held = Instant::now();
-    let mark: i64 = first(
-        &conn
-            .simple_query(&set::raise_mark_sql(name))
-            .await
-            .map_err(|e| on_origin(e.to_string()))?,
-    )
-    .and_then(|m| m.parse().ok())
-    .ok_or_else(|| on_origin(format!("set {name} has no marker row")))?;
-    for node in std::iter::once(&target).chain(&rest) {
-        applied(&node.client, name, mark).await.map_err(|e| {
-            format!(
-                "{}: {e}; the move was abandoned before anything changed (the lock goes with this session)",
-                node.shown
-            )
-        })?;
-    }
-    let everyone: Vec<(&str, &tokio_postgres::Client)> = std::iter::once(&target)
-        .chain(&rest)
-        .map(|n| (n.shown.as_str(), &n.client))
-        .collect();
-    sync_sequences(&mut conn, &origin.name, name, &everyone).await?;
+    moving.catch_up().await?;
 
-    // The new origin stops following and publishes the set.
-    let at = |node: &Node, e: tokio_postgres::Error| format!("{}: {}", node.shown, pg_error(&e));
-    target
-        .client
-        .batch_execute(&set::drop_subscription_sql(&target.subscription, false))
-        .await
-        .map_err(|e| at(&target, e))?;
-    target
-        .client
-        .batch_execute(&set::adopt_sql(name, (&patterns, &sequences), &tables))
-        .await
-        .map_err(|e| at(&target, e))?;
-    // The other subscribers follow it from where they are.
-    for node in &rest {
-        node.client
-            .batch_execute(&set::drop_subscription_sql(&node.subscription, true))
-            .await
-            .map_err(|e| at(node, e))?;
-        conn.simple_query(&format!(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = {}",
-            quote_literal(&node.subscription)
-        ))
-        .await
-        .map_err(|e| on_origin(e.to_string()))?;
-        node.client
-            .batch_execute(&set::follow_sql(name, &node.subscription, &target.conninfo))
-            .await
-            .map_err(|e| at(node, e))?;
+    let mut done = Repointed::default();
+    if let Err(e) = moving.repoint(&mut lock, &mut done).await {
+        let undone = moving.undo(&done).await;
+        let _ = lock.simple_query("ROLLBACK").await;
+        return Err(match undone {
+            Ok(()) => format!(
+                "{e}; the move was undone: {} is the set's origin and every subscriber follows it as before",
+                moving.origin.name
+            ),
+            Err(left) => format!(
+                "{e}; undoing the move failed too ({left}): {} is the set's origin, but not every subscriber follows it",
+                moving.origin.name
+            ),
+        });
     }
-    // The old origin refuses local writes to the set's tables (the writers held back get the
-    // refusal when the lock goes) and follows the new origin.
-    let old_label = format!("{}:{}/{}", origin.host, origin.port, on.database);
-    lock.simple_query(&set::deny_writes_sql(name, &target.shown, &tables))
-        .await
-        .map_err(|e| on_origin(e.to_string()))?;
-    lock.simple_query(&set::release_sql(name))
-        .await
-        .map_err(|e| on_origin(e.to_string()))?;
-    lock.simple_query("COMMIT")
-        .await
-        .map_err(|e| on_origin(e.to_string()))?;
-    let old_subscription = set::subscription(name, &old_label);
-    conn.simple_query(&set::follow_sql(name, &old_subscription, &target.conninfo))
-        .await
-        .map_err(|e| on_origin(e.to_string()))?;
-    // Then the new origin takes writes, and knows its subscribers.
-    target
-        .client
-        .batch_execute(&set::allow_writes_sql(name, &tables))
-        .await
-        .map_err(|e| at(&target, e))?;
-    let paused_ms = held.elapsed().as_millis();
-    let mut record = vec![set::record_subscriber_sql(
-        name,
-        &old_subscription,
-        &old_label,
-    )];
-    record.extend(
-        rest.iter()
-            .map(|n| set::record_subscriber_sql(name, &n.subscription, &n.shown)),
-    );
-    target
-        .client
-        .batch_execute(&record.join("; "))
-        .await
-        .map_err(|e| at(&target, e))?;
+    let left = moving.finish().await;
     println!(
-        "set {name} moved from {} to {}: writes to its tables were held {paused_ms} ms; {} follow{} {}; writes to the set's tables on {} are refused (25006)",
-        origin.name,
-        target.shown,
-        std::iter::once(origin.name.as_str())
-            .chain(rest.iter().map(|n| n.shown.as_str()))
+        "set {name} moved from {} to {}: writes to its tables were held {} ms; {} follow{} {}; writes to the set's tables on {} are refused (25006)",
+        moving.origin.name,
+        moving.target.shown,
+        held.elapsed().as_millis(),
+        std::iter::once(moving.origin.name.as_str())
+            .chain(moving.rest.iter().map(|n| n.shown.as_str()))
             .collect::<Vec<_>>()
             .join(", "),
-        if rest.is_empty() { "s" } else { "" },
-        target.shown,
-        origin.name
+        if moving.rest.is_empty() { "s" } else { "" },
+        moving.target.shown,
+        moving.origin.name
     );
-    Ok(())
+    match left.as_slice() {
+        [] => Ok(()),
+        left => Err(format!(
+            "set {name} moved, but not all of it: {}",
+            left.join("; ")
+        )),
+    }
 }
 
-/// The set's subscribers as the origin recorded them: (subscription, subscriber).
-async fn recorded_subscribers(
-    conn: &mut pgherd_proxy::server::ServerConn,
-    name: &str,
-) -> Result<Vec<(String, String)>, String> {
-    let rows = conn
-        .simple_query(&format!(
-            "SELECT subscription, subscriber FROM pgherd.set_subscribers WHERE set_name = {}",
-            quote_literal(name)
+impl<'a> Move<'a> {
+    /// Reads the set on its origin and connects to its subscribers; nothing is changed.
+    async fn prepare(
+        config: &Config,
+        name: &'a str,
+        new_origin: &str,
+        others: &[String],
+        on: &'a Origin,
+    ) -> Result<Move<'a>, String> {
+        let (origin, mut conn) = origin_session(config, on).await?;
+        let on_origin = |e: String| format!("origin {}: {e}", origin.name);
+        let tables: Vec<String> = set_user_tables(&mut conn, name)
+            .await
+            .map_err(on_origin)?
+            .ok_or_else(|| on_origin(format!("no set named {name} in {}", on.database)))?
+            .into_iter()
+            .map(|t| t.sql_name)
+            .collect();
+        let rows = conn
+            .simple_query(&set::patterns_sql(name))
+            .await
+            .map_err(|e| on_origin(e.to_string()))?;
+        let array = |i: usize| -> Vec<String> {
+            rows.first()
+                .and_then(|row| row.get(i).cloned().flatten())
+                .and_then(|a| serde_json::from_str(&a).ok())
+                .unwrap_or_default()
+        };
+        let patterns = (array(0), array(1));
+        let to: Vec<String> = std::iter::once(new_origin.to_owned())
+            .chain(others.iter().cloned())
+            .collect();
+        let mut subscribers = given_subscribers(&mut conn, name, &to)
+            .await
+            .map_err(|e| format!("{e}; nothing was changed"))?;
+        let target = subscribers.remove(0);
+        Ok(Move {
+            name,
+            database: &on.database,
+            origin_conninfo: origin_conninfo(config, &origin, &on.database),
+            origin,
+            conn,
+            tables,
+            patterns,
+            target,
+            rest: subscribers,
+        })
+    }
+
+    fn subscribers(&self) -> impl Iterator<Item = &Subscriber> {
+        std::iter::once(&self.target).chain(&self.rest)
+    }
+
+    /// Under the lock: every subscriber applies what the origin committed before (the set's
+    /// marker), and their sequences are put where the origin's are.
+    async fn catch_up(&mut self) -> Result<(), String> {
+        let origin = self.origin.name.clone();
+        let mark = raise_mark(&mut self.conn, self.name)
+            .await
+            .map_err(|e| format!("origin {origin}: {e}; nothing was changed"))?;
+        for node in self.subscribers() {
+            wait_applied(&mut &node.client, self.name, mark, CATCH_UP_WAIT)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "{}: {e}; the move was abandoned before anything changed (the lock goes with this session)",
+                        node.shown
+                    )
+                })?;
+        }
+        let everyone: Vec<(&str, &tokio_postgres::Client)> = std::iter::once(&self.target)
+            .chain(&self.rest)
+            .map(|n| (n.shown.as_str(), &n.client))
+            .collect();
+        sync_sequences(&mut self.conn, &origin, self.name, &everyone).await?;
+        Ok(())
+    }
+
+    /// The new origin publishes the set and the others follow it; the old origin's refusal of
+    /// writes and the end of its publication wait in the lock's transaction. `done` says how
+    /// far it got.
+    async fn repoint(&mut self, lock: &mut ServerConn, done: &mut Repointed) -> Result<(), String> {
+        let at = |node: &Subscriber, e: tokio_postgres::Error| {
+            format!("{}: {}", node.shown, pg_error(&e))
+        };
+        let target = &self.target;
+        target
+            .client
+            .batch_execute(&set::drop_subscription_sql(&target.subscription, false))
+            .await
+            .map_err(|e| at(target, e))?;
+        done.target_left = true;
+        // One transaction: if it fails, the new origin publishes nothing of the set.
+        target
+            .client
+            .batch_execute(&set::adopt_sql(
+                self.name,
+                (&self.patterns.0, &self.patterns.1),
+                &self.table_names(),
+            ))
+            .await
+            .map_err(|e| at(target, e))?;
+        done.target_publishes = true;
+        for node in &self.rest {
+            done.rest.push((false, false));
+            let last = done.rest.len() - 1;
+            node.client
+                .batch_execute(&set::drop_subscription_sql(&node.subscription, true))
+                .await
+                .map_err(|e| at(node, e))?;
+            done.rest[last].0 = true;
+            drop_old_slot(&mut self.conn, &self.origin.name, &node.subscription).await?;
+            node.client
+                .batch_execute(&set::subscribe_sql(
+                    self.name,
+                    &node.subscription,
+                    &target.conninfo,
+                    Copy::Nothing,
+                ))
+                .await
+                .map_err(|e| at(node, e))?;
+            done.rest[last].1 = true;
+        }
+        let on_origin =
+            |e: pgherd_proxy::server::QueryError| format!("origin {}: {e}", self.origin.name);
+        lock.simple_query(&set::deny_writes_sql(
+            self.name,
+            &target.shown,
+            &self.table_names(),
         ))
         .await
-        .map_err(|e| e.to_string())?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let field = |i: usize| r.get(i).cloned().flatten().unwrap_or_default();
-            (field(0), field(1))
-        })
-        .collect())
-}
-
-async fn connect(conninfo: &str, recorded: &[(String, String)]) -> Result<Node, String> {
-    let (shown, parsed) = subscriber_at(conninfo)?;
-    let Some((subscription, _)) = recorded.iter().find(|(_, s)| *s == shown) else {
-        return Err(format!(
-            "{shown} does not subscribe to the set; nothing was changed"
-        ));
-    };
-    let client = connect_subscriber(&shown, &parsed)
-        .await
-        .map_err(|e| format!("{e}; nothing was changed"))?;
-    Ok(Node {
-        shown,
-        conninfo: conninfo.to_owned(),
-        subscription: subscription.clone(),
-        client,
-    })
-}
-
-/// Waits until a subscriber (`client`) shows the set's marker `mark` (at most 30 s): it has
-/// applied every change the origin committed before the marker was raised.
-pub(crate) async fn applied(
-    client: &tokio_postgres::Client,
-    name: &str,
-    mark: i64,
-) -> Result<(), String> {
-    let started = Instant::now();
-    loop {
-        let rows = client_rows(client, &set::applied_mark_sql(name))
+        .map_err(on_origin)?;
+        lock.simple_query(&set::release_sql(self.name))
             .await
-            .map_err(|e| pg_error(&e))?;
-        if first(&rows).and_then(|m| m.parse::<i64>().ok()) >= Some(mark) {
-            return Ok(());
+            .map_err(on_origin)?;
+        lock.simple_query("COMMIT").await.map_err(on_origin)?;
+        Ok(())
+    }
+
+    /// Puts back what [`Self::repoint`] did, the lock still held: each subscriber follows the
+    /// old origin again from where it is, and the new origin publishes nothing.
+    async fn undo(&mut self, done: &Repointed) -> Result<(), String> {
+        let mut failed = Vec::new();
+        // A step that failed inside its transaction left it open and aborted.
+        for node in self.subscribers() {
+            let _ = node.client.batch_execute("ROLLBACK").await;
         }
-        if started.elapsed() > Duration::from_secs(30) {
-            return Err("it did not apply the set's changes within 30 s".to_owned());
+        for (node, (left, follows_new)) in self.rest.iter().zip(&done.rest) {
+            if *follows_new {
+                if let Err(e) = node
+                    .client
+                    .batch_execute(&set::drop_subscription_sql(&node.subscription, false))
+                    .await
+                {
+                    failed.push(format!("{}: {}", node.shown, pg_error(&e)));
+                    continue;
+                }
+            }
+            if *left {
+                // A slot left on the old origin (its drop failed) would refuse the name.
+                let followed = match drop_old_slot(
+                    &mut self.conn,
+                    &self.origin.name,
+                    &node.subscription,
+                )
+                .await
+                {
+                    Ok(()) => self.follow_old_origin(node).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = followed {
+                    failed.push(e);
+                }
+            }
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        if done.target_publishes {
+            if let Err(e) = self
+                .target
+                .client
+                .batch_execute(&set::release_sql(self.name))
+                .await
+            {
+                failed.push(format!("{}: {}", self.target.shown, pg_error(&e)));
+            }
+        }
+        if done.target_left {
+            if let Err(e) = self.follow_old_origin(&self.target).await {
+                failed.push(e);
+            }
+        }
+        match failed.is_empty() {
+            true => Ok(()),
+            false => Err(failed.join("; ")),
+        }
+    }
+
+    async fn follow_old_origin(&self, node: &Subscriber) -> Result<(), String> {
+        node.client
+            .batch_execute(&set::subscribe_sql(
+                self.name,
+                &node.subscription,
+                &self.origin_conninfo,
+                Copy::Nothing,
+            ))
+            .await
+            .map_err(|e| format!("{}: {}", node.shown, pg_error(&e)))
+    }
+
+    /// After the old origin's refusal is committed: it follows the new origin, whose tables
+    /// then take writes, and which records its subscribers. What could not be done, said.
+    async fn finish(&mut self) -> Vec<String> {
+        let mut left = Vec::new();
+        let old_label = format!(
+            "{}:{}/{}",
+            self.origin.host, self.origin.port, self.database
+        );
+        let old_subscription = set::subscription(self.name, &old_label);
+        // Before the new origin takes writes: a subscription starts from where the origin is.
+        let follows = self
+            .conn
+            .simple_query(&set::subscribe_sql(
+                self.name,
+                &old_subscription,
+                &self.target.conninfo,
+                Copy::Nothing,
+            ))
+            .await;
+        if let Err(e) = &follows {
+            left.push(format!(
+                "{} does not follow the new origin ({e}): its copies of the set's tables stay as they were at the move and refuse writes",
+                self.origin.name
+            ));
+        }
+        if let Err(e) = self
+            .target
+            .client
+            .batch_execute(&set::allow_writes_sql(self.name, &self.table_names()))
+            .await
+        {
+            left.push(format!(
+                "{} still refuses writes to the set's tables ({}): drop its pgherd_deny_{} triggers",
+                self.target.shown,
+                pg_error(&e),
+                self.name
+            ));
+        }
+        let mut record: Vec<String> = self
+            .rest
+            .iter()
+            .map(|n| set::record_subscriber_sql(self.name, &n.subscription, &n.shown))
+            .collect();
+        if follows.is_ok() {
+            record.push(set::record_subscriber_sql(
+                self.name,
+                &old_subscription,
+                &old_label,
+            ));
+        }
+        if let Err(e) = self.target.client.batch_execute(&record.join("; ")).await {
+            left.push(format!(
+                "{} did not record the set's subscribers ({}): set list there does not show them",
+                self.target.shown,
+                pg_error(&e)
+            ));
+        }
+        left
+    }
+
+    fn table_names(&self) -> Vec<&str> {
+        self.tables.iter().map(String::as_str).collect()
+    }
+}
+
+/// A subscriber's slot on the old origin, once its sender let it go.
+async fn drop_old_slot(conn: &mut ServerConn, origin: &str, slot: &str) -> Result<(), String> {
+    match drop_slot_when_released(conn, slot, SLOT_RELEASE_WAIT).await {
+        Ok(_) => Ok(()),
+        Err(SlotDrop::Failed(e)) => Err(format!("origin {origin}: slot {slot} was not dropped: {e}")),
+        Err(SlotDrop::StillActive { waited_s }) => Err(format!(
+            "origin {origin}: slot {slot} is still in use {waited_s} s after its subscription was detached"
+        )),
     }
 }

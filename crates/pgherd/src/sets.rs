@@ -14,6 +14,7 @@ use pgherd_replication::sets::{self as set, SetError};
 
 use crate::clone::session_in;
 use crate::local::Where;
+use crate::sql_session::{client_rows, first, pg_error, SqlSession};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum SetCommand {
@@ -322,17 +323,8 @@ pub(crate) async fn subscribe(
     // The set's sequences checked (and put in step) before anything is made on the subscriber.
     sync_sequences(&mut conn, &origin.name, name, &[(&shown, &subscriber)]).await?;
     let subscription = set::subscription(name, &shown);
-    let mut parts = vec![
-        ("host", origin.host.clone()),
-        ("port", origin.port.to_string()),
-        ("dbname", on.database.clone()),
-        ("user", config.cluster.user.clone()),
-    ];
-    if let Some(password) = &config.cluster.password {
-        parts.push(("password", password.clone()));
-    }
-    let parts: Vec<(&str, &str)> = parts.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let sql = set::subscribe_sql(name, &subscription, &set::conninfo(&parts));
+    let from = origin_conninfo(&config, &origin, &on.database);
+    let sql = set::subscribe_sql(name, &subscription, &from, set::Copy::Rows);
     subscriber.simple_query(&sql).await.map_err(on_subscriber)?;
     // Recorded once the subscription exists: a failure before leaves nothing behind.
     conn.simple_query(&set::record_subscriber_sql(name, &subscription, &shown))
@@ -431,23 +423,48 @@ async fn list(json: bool, on: &Origin) -> Result<(), String> {
     Ok(())
 }
 
+/// How a subscriber reaches the origin node: as the `[cluster]` user, to the set's database.
+pub(crate) fn origin_conninfo(config: &Config, origin: &NodeConfig, database: &str) -> String {
+    let mut parts = vec![
+        ("host", origin.host.clone()),
+        ("port", origin.port.to_string()),
+        ("dbname", database.to_owned()),
+        ("user", config.cluster.user.clone()),
+    ];
+    if let Some(password) = &config.cluster.password {
+        parts.push(("password", password.clone()));
+    }
+    let parts: Vec<(&str, &str)> = parts.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    set::conninfo(&parts)
+}
+
 /// The origin node (`--origin`, or the node that answers as the primary) and a session to its
 /// database.
 pub(crate) async fn origin_session(
     config: &Config,
     on: &Origin,
 ) -> Result<(NodeConfig, ServerConn), String> {
-    if let Some(name) = &on.origin {
+    find_origin(config, &on.database, on.origin.as_deref()).await
+}
+
+/// The node named `origin` (of any shard), or the one of shard 0 that answers as the primary,
+/// and a session to its `database`.
+pub(crate) async fn find_origin(
+    config: &Config,
+    database: &str,
+    origin: Option<&str>,
+) -> Result<(NodeConfig, ServerConn), String> {
+    if let Some(name) = origin {
         let node = config.node_of_any_shard(name).ok_or_else(|| {
             format!(
                 "no node \"{name}\" in the config (its nodes: {})",
                 config.node_names()
             )
         })?;
-        let conn = session_in(config, node, &on.database).await?;
+        let conn = session_in(config, node, database).await?;
         return Ok((node.clone(), conn));
     }
-    primary_among(config, &config.nodes, &on.database)
+    primary_among(config, &config.nodes, database)
         .await
         .map_err(|silent| {
             format!(
@@ -487,11 +504,8 @@ pub(crate) async fn primary_among(
     })
 }
 
-pub(crate) async fn tables_of(conn: &mut ServerConn) -> Result<Vec<TableShape>, String> {
-    let rows = conn
-        .simple_query(TABLES_SQL)
-        .await
-        .map_err(|e| e.to_string())?;
+pub(crate) async fn tables_of(conn: &mut impl SqlSession) -> Result<Vec<TableShape>, String> {
+    let rows = conn.rows(TABLES_SQL).await.map_err(|e| e.to_string())?;
     rows.iter()
         .map(|row| TableShape::from_row(row).map_err(|e| e.to_string()))
         .collect()
@@ -499,7 +513,7 @@ pub(crate) async fn tables_of(conn: &mut ServerConn) -> Result<Vec<TableShape>, 
 
 /// The tables of `set` (from its publication), or `None` if the origin has no such set.
 pub(crate) async fn set_tables(
-    conn: &mut ServerConn,
+    conn: &mut impl SqlSession,
     set: &str,
 ) -> Result<Option<Vec<String>>, String> {
     let sql = format!(
@@ -510,7 +524,7 @@ pub(crate) async fn set_tables(
         quote_literal(&set::publication(set)),
         quote_literal(set)
     );
-    let rows = conn.simple_query(&sql).await.map_err(|e| e.to_string())?;
+    let rows = conn.rows(&sql).await.map_err(|e| e.to_string())?;
     let Some(row) = rows.first() else {
         return Ok(None);
     };
@@ -590,36 +604,6 @@ pub(crate) async fn connect_subscriber(
         .map_err(|e| format!("cannot connect to the subscriber {shown}: {e}"))?;
     tokio::spawn(connection);
     Ok(client)
-}
-
-/// A statement's rows on a client's session, each value as text.
-pub(crate) async fn client_rows(
-    client: &tokio_postgres::Client,
-    sql: &str,
-) -> Result<Vec<Vec<Option<String>>>, tokio_postgres::Error> {
-    Ok(client
-        .simple_query(sql)
-        .await?
-        .iter()
-        .filter_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => {
-                Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
-            }
-            _ => None,
-        })
-        .collect())
-}
-
-pub(crate) fn first(rows: &[Vec<Option<String>>]) -> Option<String> {
-    rows.first()?.first()?.clone()
-}
-
-/// A server's error with its SQLSTATE, or the connection's.
-pub(crate) fn pg_error(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
-    }
 }
 
 /// The subscriber as shown and recorded: where it is and as whom, never its password.

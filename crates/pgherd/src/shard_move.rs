@@ -18,10 +18,13 @@ use pgherd_replication::consistency::{TableShape, TABLES_SQL};
 use pgherd_replication::sets as set;
 
 use crate::local::Where;
-use crate::sets::{
-    client_rows, connect_subscriber, first, pg_error, primary_among, set_tables, subscriber_at,
-    sync_sequences, tables_of, Origin,
-};
+use crate::set_nodes::{raise_mark, set_user_tables, wait_applied};
+use crate::sets::{connect_subscriber, primary_among, subscriber_at, sync_sequences, Origin};
+use crate::sql_session::{client_rows, first, pg_error};
+
+/// How long the copy may take to apply what the old copy committed, while pgherd holds new
+/// transactions.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(30);
 
 #[derive(clap::Subcommand, Debug)]
 pub enum ShardCommand {
@@ -195,13 +198,10 @@ impl Move {
                     self.shard
                 )
             })?;
-        let members = set_tables(&mut conn, &set)
+        let tables = set_user_tables(&mut conn, &set)
             .await?
-            .ok_or_else(|| format!("set {set} vanished from {}", origin.name))?;
-        let tables = tables_of(&mut conn)
-            .await?
+            .ok_or_else(|| format!("set {set} vanished from {}", origin.name))?
             .into_iter()
-            .filter(|t| members.contains(&t.name) && !t.name.starts_with("pgherd."))
             .map(|t| t.sql_name)
             .collect();
         Ok(Copy {
@@ -313,15 +313,10 @@ impl Move {
         tables: &[&str],
     ) -> Result<(), String> {
         let on_copy = |e: tokio_postgres::Error| format!("{}: {}", copy.shown, pg_error(&e));
-        let mark: i64 = first(
-            &conn
-                .simple_query(&set::raise_mark_sql(&copy.set))
-                .await
-                .map_err(|e| format!("{}: {e}", copy.origin.name))?,
-        )
-        .and_then(|m| m.parse().ok())
-        .ok_or_else(|| format!("set {} has no marker row", copy.set))?;
-        crate::set_move::applied(&copy.client, &copy.set, mark)
+        let mark = raise_mark(conn, &copy.set)
+            .await
+            .map_err(|e| format!("{}: {e}", copy.origin.name))?;
+        wait_applied(&mut &copy.client, &copy.set, mark, CATCH_UP_WAIT)
             .await
             .map_err(|e| format!("{}: {e}", copy.shown))?;
         sync_sequences(

@@ -511,6 +511,31 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
     );
     assert!(said.contains("public.order_lines: same in"), "{said}");
 
+    // A move that fails half-way is undone: the would-be origin already has a publication of
+    // the set's name, so it cannot publish the set after it stopped following; it follows the
+    // old origin again from where it was, and the old origin's writes reach it.
+    subscriber.sql_on("pg1", APP, "CREATE PUBLICATION pgherd_shop");
+    let out = set(&env, &["move", "shop", "--new-origin", &to]);
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("already exists")
+            && said.contains("the move was undone: pg1 is the set's origin and every subscriber follows it as before"),
+        "{said}"
+    );
+    subscriber.sql_on("pg1", APP, "DROP PUBLICATION pgherd_shop");
+    app.batch_execute("INSERT INTO orders (id, item) VALUES (9999, 'after the undo')")
+        .await
+        .expect("the old origin still takes the set's writes");
+    let started = Instant::now();
+    while on_subscriber("SELECT count(*) FROM orders WHERE id = 9999") != "1" {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the subscriber follows the old origin again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
     // The set's origin moves to the subscriber while writes go on through pgherd: every
     // acknowledged write reaches the new origin, the writes held back are refused (25006),
     // and from then on the new origin takes writes, which reach the old one.

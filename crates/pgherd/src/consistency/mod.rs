@@ -26,13 +26,13 @@ use pgherd_replication::consistency::{
     pause_before_next_ms, render, table_selected, Chunk, ChunkSum, TableReport, TableShape,
     TABLES_SQL,
 };
-use pgherd_replication::sets;
 
 use crate::local::Where;
-use crate::sets::first as first_value;
+use crate::set_nodes::{raise_mark, set_user_tables, wait_applied};
+use crate::sql_session::first;
 
 mod nodes;
-use nodes::{connect_all, connect_set, set_members, Checked};
+use nodes::{connect_all, connect_set, Checked};
 
 #[derive(clap::Args, Debug)]
 pub struct CheckOptions {
@@ -187,7 +187,21 @@ async fn check(config: &Config, options: &CheckOptions) -> Result<Vec<TableRepor
     let reference = &mut nodes[0];
     let in_set = match &follow {
         Follow::Replay => None,
-        Follow::Mark(set) => Some(set_members(reference, set).await?),
+        Follow::Mark(set) => Some(
+            set_user_tables(reference, set)
+                .await
+                .map_err(|e| reference.failed(e))?
+                .filter(|tables| !tables.is_empty())
+                .ok_or_else(|| {
+                    CheckError::Config(format!(
+                        "no set named {set} with tables on {}",
+                        reference.name
+                    ))
+                })?
+                .into_iter()
+                .map(|t| t.name)
+                .collect::<Vec<_>>(),
+        ),
     };
     let tables: Vec<TableShape> = reference
         .query(TABLES_SQL)
@@ -397,14 +411,15 @@ impl Follow {
         if let Follow::Mark(set) = self {
             return raise_mark(origin, set)
                 .await
-                .map(|mark| Point::Mark { set, mark });
+                .map(|mark| Point::Mark { set, mark })
+                .map_err(|e| origin.failed(e));
         }
         let sql = match under_lock {
             true => "SELECT pg_current_wal_insert_lsn()::text, txid_current()::text",
             false => "SELECT pg_current_wal_flush_lsn()::text",
         };
         let rows = origin.query(sql).await.map_err(|e| origin.failed(e))?;
-        let lsn = first_value(&rows).ok_or_else(|| origin.failed("no WAL position"))?;
+        let lsn = first(&rows).ok_or_else(|| origin.failed("no WAL position"))?;
         Ok(Point::Lsn(lsn))
     }
 }
@@ -502,7 +517,9 @@ async fn reach_then_snapshot(
 async fn reach(node: &mut Checked, point: &Point<'_>, wait: Duration) -> Result<(), CheckError> {
     match point {
         Point::Lsn(lsn) => replayed(node, lsn, wait).await,
-        Point::Mark { set, mark } => mark_applied(node, set, *mark, wait).await,
+        Point::Mark { set, mark } => wait_applied(node, set, *mark, wait)
+            .await
+            .map_err(|e| node.failed(e)),
     }
 }
 
@@ -518,7 +535,7 @@ async fn replayed(replica: &mut Checked, lsn: &str, wait: Duration) -> Result<()
             .query(&question)
             .await
             .map_err(|e| replica.failed(e))?;
-        if first_value(&rows).as_deref() == Some("true") {
+        if first(&rows).as_deref() == Some("true") {
             break;
         }
         if started.elapsed() >= wait {
@@ -531,46 +548,6 @@ async fn replayed(replica: &mut Checked, lsn: &str, wait: Duration) -> Result<()
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     Ok(())
-}
-
-/// Raises the set's marker on the origin (committed at once); its new number.
-async fn raise_mark(origin: &mut Checked, set: &str) -> Result<i64, CheckError> {
-    let rows = origin
-        .query(&sets::raise_mark_sql(set))
-        .await
-        .map_err(|e| origin.failed(e))?;
-    first_value(&rows)
-        .and_then(|m| m.parse().ok())
-        .ok_or_else(|| origin.failed(format!("set {set} has no marker row")))
-}
-
-/// Waits until the subscriber shows the origin's marker `mark`.
-async fn mark_applied(
-    subscriber: &mut Checked,
-    set: &str,
-    mark: i64,
-    wait: Duration,
-) -> Result<(), CheckError> {
-    let started = Instant::now();
-    loop {
-        let rows = subscriber
-            .query(&sets::applied_mark_sql(set))
-            .await
-            .map_err(|e| subscriber.failed(e))?;
-        let seen: i64 = first_value(&rows)
-            .and_then(|m| m.parse().ok())
-            .unwrap_or(-1);
-        if seen >= mark {
-            return Ok(());
-        }
-        if started.elapsed() >= wait {
-            return Err(subscriber.failed(format!(
-                "it did not apply set {set}'s changes up to mark {mark} within {} ms (applied {seen}): is its subscription running?",
-                wait.as_millis()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
 }
 
 fn progress_bar(estimated_rows: u64) -> indicatif::ProgressBar {

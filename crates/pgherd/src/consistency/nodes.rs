@@ -5,11 +5,11 @@
 use pgherd_config::Config;
 use pgherd_proxy::nodes::NodeState;
 use pgherd_proxy::pool::ConnectContext;
-use pgherd_proxy::server::{QueryError, ServerConn};
-use pgherd_replication::consistency::{quote_literal, SESSION_SETTINGS_SQL};
-use pgherd_replication::sets;
+use pgherd_proxy::server::ServerConn;
+use pgherd_replication::consistency::SESSION_SETTINGS_SQL;
 
-use super::{first_value, CheckError};
+use super::CheckError;
+use crate::sql_session::{first, QueryFailure, Rows, SqlSession};
 
 /// A node being compared, with its session.
 pub(super) struct Checked {
@@ -24,46 +24,11 @@ enum Conn {
     Subscriber(tokio_postgres::Client),
 }
 
-/// A statement's failure on a node, with its SQLSTATE when the server gave one.
-#[derive(Debug)]
-pub(super) struct NodeQueryError {
-    sqlstate: Option<String>,
-    message: String,
-}
-
-impl std::fmt::Display for NodeQueryError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl NodeQueryError {
-    pub(super) fn is(&self, sqlstate: &str) -> bool {
-        self.sqlstate.as_deref() == Some(sqlstate)
-    }
-}
-
 impl Checked {
-    pub(super) async fn query(
-        &mut self,
-        sql: &str,
-    ) -> Result<Vec<Vec<Option<String>>>, NodeQueryError> {
+    pub(super) async fn query(&mut self, sql: &str) -> Result<Rows, QueryFailure> {
         match &mut self.conn {
-            Conn::Node(conn) => conn.simple_query(sql).await.map_err(|e| NodeQueryError {
-                sqlstate: match &e {
-                    QueryError::Sql(e) => Some(e.code.code().to_owned()),
-                    QueryError::Server(_) => None,
-                },
-                message: e.to_string(),
-            }),
-            Conn::Subscriber(client) => {
-                crate::sets::client_rows(client, sql)
-                    .await
-                    .map_err(|e| NodeQueryError {
-                        sqlstate: e.code().map(|c| c.code().to_owned()),
-                        message: crate::sets::pg_error(&e),
-                    })
-            }
+            Conn::Node(conn) => conn.rows(sql).await,
+            Conn::Subscriber(client) => (&*client).rows(sql).await,
         }
     }
 
@@ -113,7 +78,7 @@ pub(super) async fn connect_all(
             .query("SELECT pg_is_in_recovery()::text")
             .await
             .map_err(|e| session.failed(e))?;
-        if first_value(&in_recovery).as_deref() == Some("false") {
+        if first(&in_recovery).as_deref() == Some("false") {
             if let Some((other, _)) = &primary {
                 return Err(CheckError::Config(format!(
                     "{other} and {} both take writes: they are not one cluster's copies",
@@ -149,41 +114,20 @@ async fn open_session(
     let conn = pgherd_proxy::monitor::management_connection(node, &config.cluster, ctx, database)
         .await
         .map_err(|e| failed(&e))?;
+    into_checked(name, conn).await
+}
+
+/// A node's session, its settings those of a check.
+async fn into_checked(name: String, conn: ServerConn) -> Result<Checked, CheckError> {
     let mut session = Checked {
-        name: name.clone(),
+        name,
         conn: Conn::Node(conn),
     };
     session
         .query(SESSION_SETTINGS_SQL)
         .await
-        .map_err(|e| failed(&e))?;
+        .map_err(|e| session.failed(e))?;
     Ok(session)
-}
-
-/// The set's tables (`schema.table`), from its publication on the origin.
-pub(super) async fn set_members(
-    origin: &mut Checked,
-    set: &str,
-) -> Result<Vec<String>, CheckError> {
-    let rows = origin
-        .query(&format!(
-            "SELECT schemaname || '.' || tablename FROM pg_publication_tables \
-              WHERE pubname = {} AND schemaname <> 'pgherd'",
-            quote_literal(&sets::publication(set))
-        ))
-        .await
-        .map_err(|e| origin.failed(e))?;
-    let tables: Vec<String> = rows
-        .into_iter()
-        .filter_map(|r| r.into_iter().next().flatten())
-        .collect();
-    if tables.is_empty() {
-        return Err(CheckError::Config(format!(
-            "no set named {set} with tables on {}",
-            origin.name
-        )));
-    }
-    Ok(tables)
 }
 
 /// A set's origin (the node that answers as the primary) with a second session for the locks,
@@ -194,37 +138,14 @@ pub(super) async fn connect_set(
     origin_name: Option<&str>,
     to: &[String],
 ) -> Result<(Checked, Vec<Checked>), CheckError> {
-    let registry = match origin_name {
-        Some(name) => {
-            let node = config
-                .node_of_any_shard(name)
-                .ok_or_else(|| CheckError::Config(format!("no node \"{name}\" in the config")))?;
-            crate::clone::registry_of(std::slice::from_ref(node))
-        }
-        None => crate::clone::registry(config),
-    };
-    let ctx = pgherd_proxy::app::connect_context(config, Default::default())
+    let (node, conn) = crate::sets::find_origin(config, database, origin_name)
+        .await
         .map_err(CheckError::Config)?;
-    let mut origin = None;
-    for node in registry.all().iter() {
-        let Ok(mut session) = open_session(node, config, &ctx, database).await else {
-            continue;
-        };
-        let rows = session
-            .query("SELECT (NOT pg_is_in_recovery())::text")
-            .await
-            .map_err(|e| session.failed(e))?;
-        if first_value(&rows).as_deref() == Some("true") {
-            origin = Some((node.clone(), session));
-            break;
-        }
-    }
-    let Some((node, origin)) = origin else {
-        return Err(CheckError::Config(
-            "no node answers as the primary to be the set's origin".to_owned(),
-        ));
-    };
-    let locker = open_session(&node, config, &ctx, database).await?;
+    let origin = into_checked(node.name.clone(), conn).await?;
+    let locker = crate::clone::session_in(config, &node, database)
+        .await
+        .map_err(CheckError::Config)?;
+    let locker = into_checked(node.name.clone(), locker).await?;
     let mut nodes = vec![origin];
     for conninfo in to {
         let (name, parsed) = crate::sets::subscriber_at(conninfo).map_err(CheckError::Config)?;
@@ -242,4 +163,10 @@ pub(super) async fn connect_set(
         nodes.push(subscriber);
     }
     Ok((locker, nodes))
+}
+
+impl SqlSession for Checked {
+    async fn rows(&mut self, sql: &str) -> Result<Rows, QueryFailure> {
+        self.query(sql).await
+    }
 }

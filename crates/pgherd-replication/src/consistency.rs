@@ -33,7 +33,8 @@ SELECT n.nspname || '.' || c.relname, format('%I.%I', n.nspname, c.relname), \
           FROM pg_index i \
           CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
-         WHERE i.indrelid = c.oid AND i.indisprimary)::text \
+         WHERE i.indrelid = c.oid AND i.indisprimary)::text, \
+       (c.relreplident = 'f')::text \
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
  WHERE c.relkind = 'r' AND c.relpersistence = 'p' \
    AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
@@ -63,6 +64,9 @@ pub struct TableShape {
     /// Its primary key's columns in key order; empty without one (the table is then one
     /// chunk, and a difference cannot be narrowed to a key range).
     pub key: Vec<KeyColumn>,
+    /// `REPLICA IDENTITY FULL`: logical replication finds its rows by every column, so it
+    /// carries updates and deletes without a key.
+    pub full_identity: bool,
 }
 
 /// A row of [`TABLES_SQL`]'s answer that does not read as one.
@@ -97,7 +101,14 @@ impl TableShape {
                     type_name,
                 })
                 .collect(),
+            full_identity: field(5) == Some("true"),
         })
+    }
+
+    /// Logical replication can carry its updates and deletes: it has a primary key, or
+    /// `REPLICA IDENTITY FULL`.
+    pub fn replicable(&self) -> bool {
+        !self.key.is_empty() || self.full_identity
     }
 
     fn key_list(&self) -> String {

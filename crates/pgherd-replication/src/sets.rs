@@ -93,7 +93,7 @@ pub enum SetError {
     NoPatterns,
     #[error("the patterns {0} match no table of the database: a set with no tables is refused")]
     NoTables(String),
-    #[error("{} {} no primary key: a subscriber could not apply an UPDATE or DELETE of {}; add one, or leave {} out of the set", .0.join(", "), if .0.len() == 1 { "has" } else { "have" }, if .0.len() == 1 { "its rows" } else { "their rows" }, if .0.len() == 1 { "it" } else { "them" })]
+    #[error("{} {} no primary key: a subscriber could not apply an UPDATE or DELETE of {}; add one (or make its REPLICA IDENTITY FULL), or leave {} out of the set", .0.join(", "), if .0.len() == 1 { "has" } else { "have" }, if .0.len() == 1 { "its rows" } else { "their rows" }, if .0.len() == 1 { "it" } else { "them" })]
     NoPrimaryKey(Vec<String>),
     #[error("the sequence patterns {0} match no sequence of the database")]
     NoSequences(String),
@@ -203,8 +203,9 @@ pub fn subscription(set: &str, subscriber_tag: &str) -> String {
     name
 }
 
-/// The origin's tables the patterns select; refused when none is, or when one has no primary
-/// key (logical replication would then refuse its updates and deletes on the origin).
+/// The origin's tables the patterns select; refused when none is, or when one has neither a
+/// primary key nor `REPLICA IDENTITY FULL` (logical replication would then refuse its updates
+/// and deletes on the origin).
 pub fn choose_tables<'a>(
     tables: &'a [TableShape],
     patterns: &[String],
@@ -221,7 +222,7 @@ pub fn choose_tables<'a>(
     }
     let keyless: Vec<String> = chosen
         .iter()
-        .filter(|t| t.key.is_empty())
+        .filter(|t| !t.replicable())
         .map(|t| t.name.clone())
         .collect();
     if !keyless.is_empty() {
@@ -325,19 +326,29 @@ fn publish_sql(
     )
 }
 
-/// Whether the subscriber can take the set's tables: each must exist there with a primary key.
-pub fn check_subscriber(set_tables: &[String], subscriber: &[TableShape]) -> Result<(), SetError> {
+/// Whether the subscriber can take the set's tables (as the origin has them): each must exist
+/// there, with a primary key unless the origin's has `REPLICA IDENTITY FULL` (its rows are
+/// then found by every column).
+pub fn check_subscriber(
+    set_tables: &[TableShape],
+    subscriber: &[TableShape],
+) -> Result<(), SetError> {
     let missing: Vec<String> = set_tables
         .iter()
-        .filter(|t| !subscriber.iter().any(|s| &s.name == *t))
-        .cloned()
+        .filter(|t| !subscriber.iter().any(|s| s.name == t.name))
+        .map(|t| t.name.clone())
         .collect();
     if !missing.is_empty() {
         return Err(SetError::MissingOnSubscriber(missing));
     }
     let keyless: Vec<String> = subscriber
         .iter()
-        .filter(|s| set_tables.contains(&s.name) && s.key.is_empty())
+        .filter(|s| {
+            s.key.is_empty()
+                && set_tables
+                    .iter()
+                    .any(|t| t.name == s.name && !t.full_identity)
+        })
         .map(|s| s.name.clone())
         .collect();
     if !keyless.is_empty() {
@@ -478,6 +489,7 @@ mod tests {
             } else {
                 Vec::new()
             },
+            full_identity: false,
         }
     }
 
@@ -512,8 +524,12 @@ mod tests {
         assert_eq!(chosen.len(), 1);
         assert_eq!(
             choose_tables(&tables, &p(&["*"])).unwrap_err().to_string(),
-            "public.log has no primary key: a subscriber could not apply an UPDATE or DELETE of its rows; add one, or leave it out of the set"
+            "public.log has no primary key: a subscriber could not apply an UPDATE or DELETE of its rows; add one (or make its REPLICA IDENTITY FULL), or leave it out of the set"
         );
+        // REPLICA IDENTITY FULL carries a keyless table's updates and deletes.
+        let mut full = tables.clone();
+        full[2].full_identity = true;
+        assert_eq!(choose_tables(&full, &p(&["*"])).unwrap().len(), 3);
         assert_eq!(
             choose_tables(&tables, &p(&["nothing*"])).unwrap_err(),
             SetError::NoTables("nothing*".into())
@@ -607,7 +623,7 @@ mod tests {
 
     #[test]
     fn a_subscriber_needs_the_tables_with_keys() {
-        let set = vec!["public.orders".to_owned(), "public.lines".to_owned()];
+        let mut set = vec![table("public.orders", true), table("public.lines", true)];
         let sub = [table("public.orders", true), table("public.lines", false)];
         assert_eq!(
             check_subscriber(&set, &sub).unwrap_err().to_string(),
@@ -617,6 +633,10 @@ mod tests {
             check_subscriber(&set, &sub[..1]).unwrap_err().to_string(),
             "the subscriber has no table public.lines: create it there first (a subscription copies rows, not definitions)"
         );
+        // Without a key on either side, an origin's REPLICA IDENTITY FULL finds the rows.
+        set[1].key.clear();
+        set[1].full_identity = true;
+        assert_eq!(check_subscriber(&set, &sub), Ok(()));
         let sub = [table("public.orders", true), table("public.lines", true)];
         assert_eq!(check_subscriber(&set, &sub), Ok(()));
     }

@@ -292,10 +292,10 @@ pub(crate) async fn subscribe(
     let (shown, subscriber_config) = subscriber_at(to)?;
     let (origin, mut conn) = origin_session(&config, on).await?;
     let query = |e: String| format!("origin {}: {e}", origin.name);
-    let set_tables = set_tables(&mut conn, name)
+    let origin_tables = crate::set_nodes::set_user_tables(&mut conn, name)
         .await
-        .map_err(|e| query(e.to_string()))?;
-    let Some(set_tables) = set_tables else {
+        .map_err(query)?;
+    let Some(origin_tables) = origin_tables else {
         return Err(format!(
             "origin {}: no set named {name} in {}",
             origin.name, on.database
@@ -309,12 +309,8 @@ pub(crate) async fn subscribe(
         .iter()
         .filter_map(|row| TableShape::from_row(row).ok())
         .collect();
-    let user_tables: Vec<String> = set_tables
-        .iter()
-        .filter(|t| !t.starts_with("pgherd."))
-        .cloned()
-        .collect();
-    set::check_subscriber(&user_tables, &subscriber_tables).map_err(|e| refused(name, e))?;
+    let user_tables: Vec<String> = origin_tables.iter().map(|t| t.name.clone()).collect();
+    set::check_subscriber(&origin_tables, &subscriber_tables).map_err(|e| refused(name, e))?;
     // pgherd's own marker table is made on the subscriber; its row comes with the copy.
     subscriber
         .batch_execute(&set::marker_sql(name, false))
@@ -335,7 +331,8 @@ pub(crate) async fn subscribe(
         user_tables.len(),
         if user_tables.len() == 1 { "" } else { "s" }
     );
-    wait_for_copy(&subscriber, &subscription, set_tables.len(), wait)
+    // The set's marker table is copied too.
+    wait_for_copy(&subscriber, &subscription, user_tables.len() + 1, wait)
         .await
         .map_err(|e| format!("subscriber {shown}: {e}"))?;
     // A write on the subscriber would be overwritten or stop the stream: its copies of the
@@ -601,7 +598,7 @@ pub(crate) async fn connect_subscriber(
     let (client, connection) = config
         .connect(tokio_postgres::NoTls)
         .await
-        .map_err(|e| format!("cannot connect to the subscriber {shown}: {e}"))?;
+        .map_err(|e| format!("cannot connect to the subscriber {shown}: {}", pg_error(&e)))?;
     tokio::spawn(connection);
     Ok(client)
 }

@@ -167,6 +167,7 @@ impl Move {
                 .await
                 .map_err(|e| format!("{shown}: the shard's schema could not be made there: {e}"))?;
         }
+        full_identity_for_keyless(&mut conn, &origin.name).await?;
         let set = format!("shard{}_move", self.shard);
         let on = Origin {
             database: self.database.clone(),
@@ -384,6 +385,35 @@ impl Move {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// A table without a primary key moves too: its changes are published with every column
+/// (`REPLICA IDENTITY FULL`), by which the copy finds the rows an update or delete touches.
+/// It stays so on the old copy, which takes no writes after the move.
+async fn full_identity_for_keyless(conn: &mut ServerConn, origin: &str) -> Result<(), String> {
+    let keyless: Vec<TableShape> = crate::sets::tables_of(conn)
+        .await
+        .map_err(|e| format!("{origin}: {e}"))?
+        .into_iter()
+        .filter(|t| !t.name.starts_with("pgherd.") && !t.replicable())
+        .collect();
+    for table in &keyless {
+        conn.simple_query(&format!(
+            "SET lock_timeout = '10s'; ALTER TABLE {} REPLICA IDENTITY FULL; RESET lock_timeout",
+            table.sql_name
+        ))
+        .await
+        .map_err(|e| format!("{origin}: {e}; nothing was moved"))?;
+    }
+    if !keyless.is_empty() {
+        let names: Vec<&str> = keyless.iter().map(|t| t.name.as_str()).collect();
+        eprintln!(
+            "{} {} no primary key: published with REPLICA IDENTITY FULL for the move (each change carries the whole row)",
+            names.join(", "),
+            if names.len() == 1 { "has" } else { "have" }
+        );
+    }
+    Ok(())
 }
 
 /// Where the connection string points: the new node's `host` and `port` in the config.

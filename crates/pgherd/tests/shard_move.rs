@@ -84,14 +84,16 @@ async fn a_shard_moves_to_another_cluster_while_clients_write() {
     client
         .batch_execute(
             "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL); \
-             CREATE TABLE regions (id int PRIMARY KEY, name text NOT NULL)",
+             CREATE TABLE regions (id int PRIMARY KEY, name text NOT NULL); \
+             CREATE TABLE audit (note text)",
         )
         .await
         .expect("tables made on both shards");
     client
         .batch_execute(&format!(
             "INSERT INTO accounts (id, balance) VALUES {}; \
-             INSERT INTO regions (id, name) VALUES (1, 'north'), (2, 'south')",
+             INSERT INTO regions (id, name) VALUES (1, 'north'), (2, 'south'); \
+             INSERT INTO audit (note) VALUES ('made'), ('loaded')",
             (1..=ROWS)
                 .map(|id| format!("({id}, 0)"))
                 .collect::<Vec<_>>()
@@ -126,6 +128,10 @@ async fn a_shard_moves_to_another_cluster_while_clients_write() {
     );
     assert!(moved.status.success(), "the move: {said}\n{}", pgherd.log());
     assert!(said.contains("shard 1 moved to s1-new"), "{said}");
+    assert!(
+        said.contains("public.audit has no primary key: published with REPLICA IDENTITY FULL"),
+        "{said}"
+    );
     eprintln!("{said}");
     // Writes go on after the cut-over, now to the new node.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -199,6 +205,15 @@ async fn a_shard_moves_to_another_cluster_while_clients_write() {
             "SELECT string_agg(name, ',' ORDER BY id) FROM regions"
         ),
         "north,south"
+    );
+    // A table without a key moved too, and takes writes of every kind on the new node.
+    client
+        .batch_execute("UPDATE audit SET note = 'moved' WHERE note = 'made'; DELETE FROM audit WHERE note = 'loaded'")
+        .await
+        .expect("the keyless table takes updates and deletes through pgherd");
+    assert_eq!(
+        target.sql_on("t-pg1", DB, "SELECT string_agg(note, ',') FROM audit"),
+        "moved"
     );
     // The old copy refuses writes, naming where they go now.
     let old = shards[1]

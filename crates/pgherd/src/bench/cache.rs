@@ -232,6 +232,7 @@ fn setup(options: &CacheOptions) -> Result<Fixture, String> {
                     workers: 0,
                     database_keys: "",
                     ha: false,
+                    admin: false,
                     baseline: None,
                     instance: Some((target.name(), &cache_section)),
                 },

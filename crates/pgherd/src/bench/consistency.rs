@@ -169,7 +169,7 @@ fn round_with_load(
 }
 
 /// pgbench's `-P` lines: (seconds since its start, TPS in the second before).
-fn parse_progress(stderr: &str) -> Vec<(f64, f64)> {
+pub(super) fn parse_progress(stderr: &str) -> Vec<(f64, f64)> {
     stderr
         .lines()
         .filter_map(|line| {

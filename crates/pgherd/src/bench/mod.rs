@@ -8,6 +8,7 @@ mod pgbench;
 mod pooler_report;
 mod procstat;
 mod scaling;
+mod shard_move;
 mod shards;
 mod soak;
 mod svg;
@@ -50,6 +51,11 @@ pub enum BenchCommand {
     /// rows per second alone and beside a pgbench TPC-B load, and that load's throughput while
     /// the check runs and while it does not.
     Consistency(consistency::ConsistencyOptions),
+    /// `pgherd shard move` under pgbench load: two one-node shards behind a sharded pgherd,
+    /// shard 1 moved to a third cluster while pgbench writes through pgherd; failed client
+    /// transactions, the cut-over's pause, throughput around the move, and whether every
+    /// committed transaction is in the data afterwards.
+    ShardMove(shard_move::ShardMoveOptions),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -179,6 +185,7 @@ pub fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Cache(options) => cache::cache(options),
         BenchCommand::Soak(options) => soak::soak(options),
         BenchCommand::Consistency(options) => consistency::run(options),
+        BenchCommand::ShardMove(options) => shard_move::run(options),
     }
 }
 
@@ -315,6 +322,7 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
         workers: options.pgherd_workers,
         database_keys: "route = \"primary\"",
         ha: false,
+        admin: false,
         baseline,
         instance: None,
     };
@@ -338,6 +346,7 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
             &PgherdSetup {
                 database_keys: "",
                 ha: true,
+                admin: false,
                 instance: Some(("pgherd-default", "")),
                 ..setup(None)
             },

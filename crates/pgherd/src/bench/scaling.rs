@@ -230,6 +230,7 @@ pub fn scaling(mut options: ScalingOptions) -> Result<(), String> {
                         options.balance
                     ),
                     ha: false,
+                    admin: false,
                     baseline: None,
                     instance: None,
                 },

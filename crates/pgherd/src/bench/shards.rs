@@ -74,7 +74,8 @@ impl ShardClusters {
                     &format!("CREATE DATABASE shards{n} OWNER {}", proxy.user.name),
                 )?;
             }
-            let loader = shards.start_named_pgherd(n, proxy, &format!("pgherd-shards{n}-load"))?;
+            let loader =
+                shards.start_named_pgherd(n, proxy, &format!("pgherd-shards{n}-load"), false)?;
             eprintln!("loading pgbench's tables over {n} shard(s) through pgherd ...");
             pgbench_init(pgbench, &proxy.user.url(loader.port, "bench"), scale)?;
             for cluster in &shards.clusters[..n] {
@@ -87,15 +88,17 @@ impl ShardClusters {
 
     /// A sharded pgherd over the first `n` shards, serving database `bench` from `shards<n>`.
     pub fn start_pgherd(&self, n: usize, proxy: &ProxySettings) -> Result<ProxyProcess, String> {
-        self.start_named_pgherd(n, proxy, &format!("pgherd-shards{n}"))
+        self.start_named_pgherd(n, proxy, &format!("pgherd-shards{n}"), false)
     }
 
-    /// [`Self::start_pgherd`] with its files named `name`.
-    fn start_named_pgherd(
+    /// [`Self::start_pgherd`] with its files named `name`, and the superuser on its admin
+    /// console if `admin`.
+    pub fn start_named_pgherd(
         &self,
         n: usize,
         proxy: &ProxySettings,
         name: &str,
+        admin: bool,
     ) -> Result<ProxyProcess, String> {
         let mut extra = format!(
             "[databases.bench]\ndbname = \"shards{n}\"\n\n[sharding]\n\
@@ -121,10 +124,16 @@ impl ShardClusters {
                 workers: proxy.workers,
                 database_keys: "",
                 ha: false,
+                admin,
                 baseline: None,
                 instance: Some((name, &extra)),
             },
         )
+    }
+
+    /// Shard `k`'s cluster.
+    pub fn cluster(&self, k: usize) -> Option<&BenchCluster> {
+        self.clusters.get(k)
     }
 
     /// Every shard's node, with the name its CPU quota group takes.

@@ -167,6 +167,7 @@ pub fn soak(options: SoakOptions) -> Result<(), String> {
             workers: 0,
             database_keys: "",
             ha: true,
+            admin: false,
             baseline: None,
             instance: Some(("pgherd", &session_db)),
         },

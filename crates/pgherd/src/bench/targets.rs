@@ -137,6 +137,11 @@ pub struct ProxyProcess {
 }
 
 impl ProxyProcess {
+    /// The config it was started with (a pgherd's; a peer's is not kept here).
+    pub fn config_path(&self) -> Option<&Path> {
+        self.relaunch.as_ref().map(|(_, config)| config.as_path())
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -234,6 +239,9 @@ pub struct PgherdSetup<'a> {
     /// nodes' data directories, the superuser on the admin console) instead of the
     /// benchmarks' asynchronous replication without failover.
     pub ha: bool,
+    /// The superuser on the admin console (as `ha` has it) without the rest of `ha`: for a
+    /// command that asks the running pgherd to pause and reload (`pgherd shard move`).
+    pub admin: bool,
     /// Another pgherd binary (an earlier build) to run instead of this one, as
     /// `pgherd-baseline`: before/after figures from one interleaved run.
     pub baseline: Option<&'a Path>,
@@ -252,9 +260,11 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
         workers,
         database_keys,
         ha,
+        admin,
         baseline,
         instance,
     } = setup;
+    let admin = *ha || *admin;
     let name = match (instance, baseline) {
         (Some((name, _)), _) => name,
         (None, Some(_)) => "pgherd-baseline",
@@ -266,7 +276,7 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
         "[pgherd]\nlisten = [\"127.0.0.1:{port}\"]\nworkers = {workers}\nmax_client_connections = 20000\nlog_level = \"{}\"\n{}\n\
          [cluster]\nuser = \"postgres\"\npassword = \"{}\"\n\n[api]\nlisten = [\"127.0.0.1:{api_port}\"]\n\n",
         if *ha { "info" } else { "warn" },
-        if *ha { "admin_users = [\"postgres\"]\n" } else { "" },
+        if admin { "admin_users = [\"postgres\"]\n" } else { "" },
         cluster.superuser_password
     );
     for node in cluster.cluster.nodes.iter().take(*nodes) {
@@ -287,6 +297,12 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
     ));
     if *ha {
         config.push_str("[failover]\nenabled = true\nauto_rejoin = true\n\n");
+    } else {
+        // The peers replicate asynchronously; so does pgherd here, so the figures compare
+        // the middleware and not the durability.
+        config.push_str("[replication]\ndurability = \"async\"\n\n");
+    }
+    if admin {
         let superuser = ScramVerifier::from_password(
             &cluster.superuser_password,
             &rand::random::<[u8; 16]>(),
@@ -296,10 +312,6 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
             "[users.postgres]\nscram = \"{superuser}\"\nserver_password = \"{}\"\n\n",
             cluster.superuser_password
         ));
-    } else {
-        // The peers replicate asynchronously; so does pgherd here, so the figures compare
-        // the middleware and not the durability.
-        config.push_str("[replication]\ndurability = \"async\"\n\n");
     }
     for user in users.iter() {
         config.push_str(&format!(

@@ -276,6 +276,7 @@ pub fn run(mut options: DrillOptions) -> Result<(), String> {
         workers: 0,
         database_keys: "",
         ha: true,
+        admin: false,
         baseline: None,
         instance: None,
     };

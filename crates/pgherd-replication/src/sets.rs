@@ -447,10 +447,12 @@ pub fn sync_progress_sql(subscription: &str) -> String {
     )
 }
 
-/// On the origin: the subscriber recorded with the set.
+/// On the origin: the subscriber recorded with the set (once: a resumed subscribe records it
+/// again).
 pub fn record_subscriber_sql(set: &str, subscription: &str, subscriber: &str) -> String {
     format!(
-        "INSERT INTO pgherd.set_subscribers (set_name, subscription, subscriber) VALUES ({}, {}, {})",
+        "INSERT INTO pgherd.set_subscribers (set_name, subscription, subscriber) VALUES ({}, {}, {}) \
+         ON CONFLICT DO NOTHING",
         quote_literal(set),
         quote_literal(subscription),
         quote_literal(subscriber)

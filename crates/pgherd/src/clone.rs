@@ -12,6 +12,7 @@ use pgherd_config::{Config, NodeConfig};
 use pgherd_proxy::nodes::{CheckThresholds, Nodes};
 use pgherd_proxy::server::ServerConn;
 
+use crate::config_file::{edit_nodes, reload_running};
 use crate::local::Where;
 
 #[derive(clap::Args, Debug)]
@@ -105,7 +106,7 @@ pub fn run(options: CloneOptions) -> Result<(), String> {
     cloned.map_err(|e| e.to_string())?;
     add_to_config(&path, name, port, &data_dir)?;
     let streaming = crate::runtime(1)?.block_on(wait_streaming(&config, from, name));
-    reload_running(&options.at, &config);
+    reload_running(&options.at, &config, "to route to the new node");
     streaming?;
     let how = if from_is_replica {
         "cascading from a replica"
@@ -225,52 +226,17 @@ async fn wait_streaming(config: &Config, from: &NodeConfig, name: &str) -> Resul
     }
 }
 
-/// Appends the node to the config file (its text kept as it is, comments included); checks
-/// the result loads, and puts the file back as it was if not.
+/// Appends the clone's `[[nodes]]` entry to the config file (put back as it was if the
+/// result does not load).
 fn add_to_config(path: &Path, name: &str, port: u16, data_dir: &Path) -> Result<(), String> {
-    let before = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let quote = |s: &str| toml_quote(s);
-    let mut after = before.clone();
-    if !after.ends_with('\n') {
-        after.push('\n');
-    }
-    after.push_str(&format!(
-        "\n[[nodes]]\nname = {}\nhost = \"127.0.0.1\"\nport = {port}\ndata_dir = {}\n",
-        quote(name),
-        quote(&data_dir.display().to_string())
-    ));
-    pgherd_config::write_private_file(path, &after)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if let Err(e) = Config::load(path) {
-        let _ = pgherd_config::write_private_file(path, &before);
-        return Err(format!(
-            "the config with {name} added does not load, so it was left as it was ({e}); {name} runs on port {port}: add it by hand"
-        ));
-    }
-    Ok(())
-}
-
-fn toml_quote(s: &str) -> String {
-    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
-}
-
-/// Asks the running pgherd, if there is one, to reload its config (the new node then
-/// takes reads once it is checked).
-pub(crate) fn reload_running(at: &Where, config: &Config) {
-    let running = config.proxy.listen.first().is_some_and(|addr| {
-        std::net::TcpStream::connect_timeout(
-            &crate::operate::connectable(*addr),
-            Duration::from_millis(500),
-        )
-        .is_ok()
-    });
-    if !running {
-        eprintln!("pgherd is not running: it will know the new node when it starts");
-        return;
-    }
-    if let Err(e) = crate::operate::admin_command(at, "RELOAD") {
-        eprintln!(
-            "pgherd: the running pgherd did not reload ({e}); reload it to route to the new node"
-        );
-    }
+    edit_nodes(path, &format!("with {name} added"), |nodes| {
+        let mut entry = toml_edit::Table::new();
+        entry.insert("name", toml_edit::value(name));
+        entry.insert("host", toml_edit::value("127.0.0.1"));
+        entry.insert("port", toml_edit::value(i64::from(port)));
+        entry.insert("data_dir", toml_edit::value(data_dir.display().to_string()));
+        nodes.push(entry);
+        Ok(())
+    })
+    .map_err(|e| format!("{e}; {name} runs on port {port}"))
 }

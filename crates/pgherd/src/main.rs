@@ -2,6 +2,7 @@
 
 mod bench;
 mod clone;
+mod config_file;
 mod consistency;
 mod drill;
 mod local;

@@ -14,7 +14,8 @@ use std::time::Duration;
 use pgherd_cluster::{LocalNode, StopMode};
 use pgherd_config::{Config, NodeConfig};
 
-use crate::clone::{reload_running, session_on};
+use crate::clone::session_on;
+use crate::config_file::{edit_nodes, reload_running};
 use crate::local::Where;
 use crate::set_nodes::{drop_slot_when_released, SlotDrop};
 
@@ -90,7 +91,7 @@ pub fn run(options: RemoveOptions) -> Result<(), String> {
         .collect();
     let dropped = runtime.block_on(drop_slots(&config, &others, name))?;
     remove_from_config(&path, name)?;
-    reload_running(&options.at, &config);
+    reload_running(&options.at, &config, &format!("to stop routing to {name}"));
     let data = match (&local, options.delete_data) {
         (Some(local), true) => {
             std::fs::remove_dir_all(&local.data_dir)
@@ -247,34 +248,6 @@ fn remove_from_config(path: &Path, name: &str) -> Result<(), String> {
         nodes.remove(at);
         Ok(())
     })
-}
-
-/// Changes the config file's `[[nodes]]` entries with `edit`, the rest of its text (comments
-/// included) kept; checks the result loads, and puts the file back as it was if not (`change`
-/// says what the result would have been, for that error).
-pub(crate) fn edit_nodes(
-    path: &Path,
-    change: &str,
-    edit: impl FnOnce(&mut toml_edit::ArrayOfTables) -> Result<(), String>,
-) -> Result<(), String> {
-    let before = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut document: toml_edit::DocumentMut = before
-        .parse()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let nodes = document
-        .get_mut("nodes")
-        .and_then(toml_edit::Item::as_array_of_tables_mut)
-        .ok_or_else(|| format!("{} has no [[nodes]] entries", path.display()))?;
-    edit(nodes)?;
-    pgherd_config::write_private_file(path, &document.to_string())
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if let Err(e) = Config::load(path) {
-        let _ = pgherd_config::write_private_file(path, &before);
-        return Err(format!(
-            "the config {change} does not load, so it was left as it was ({e}); change it by hand"
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

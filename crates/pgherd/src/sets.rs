@@ -311,21 +311,50 @@ pub(crate) async fn subscribe(
         .collect();
     let user_tables: Vec<String> = origin_tables.iter().map(|t| t.name.clone()).collect();
     set::check_subscriber(&origin_tables, &subscriber_tables).map_err(|e| refused(name, e))?;
-    // pgherd's own marker table is made on the subscriber; its row comes with the copy.
-    subscriber
-        .batch_execute(&set::marker_sql(name, false))
-        .await
-        .map_err(on_subscriber)?;
-    // The set's sequences checked (and put in step) before anything is made on the subscriber.
-    sync_sequences(&mut conn, &origin.name, name, &[(&shown, &subscriber)]).await?;
     let subscription = set::subscription(name, &shown);
-    let from = origin_conninfo(&config, &origin, &on.database);
-    let sql = set::subscribe_sql(name, &subscription, &from, set::Copy::Rows);
-    subscriber.simple_query(&sql).await.map_err(on_subscriber)?;
-    // Recorded once the subscription exists: a failure before leaves nothing behind.
-    conn.simple_query(&set::record_subscriber_sql(name, &subscription, &shown))
+    let exists = client_rows(
+        &subscriber,
+        &format!(
+            "SELECT 1 FROM pg_subscription WHERE subname = {}",
+            quote_literal(&subscription)
+        ),
+    )
+    .await
+    .map_err(on_subscriber)?;
+    if exists.is_empty() {
+        // pgherd's own marker table is made on the subscriber; its row comes with the copy.
+        subscriber
+            .batch_execute(&set::marker_sql(name, false))
+            .await
+            .map_err(on_subscriber)?;
+        // The set's sequences checked (and put in step) before the subscription is made.
+        sync_sequences(&mut conn, &origin.name, name, &[(&shown, &subscriber)]).await?;
+        let from = origin_conninfo(&config, &origin, &on.database);
+        let sql = set::subscribe_sql(name, &subscription, &from, set::Copy::Rows);
+        subscriber.simple_query(&sql).await.map_err(on_subscriber)?;
+    } else {
+        // An earlier `subscribe` made it and stopped waiting for the copy: this one finishes.
+        eprintln!("{shown} has the subscription {subscription} already: waiting for its copy");
+    }
+    // Recorded once the subscription exists; if it cannot be, the subscription goes again.
+    if let Err(e) = conn
+        .simple_query(&set::record_subscriber_sql(name, &subscription, &shown))
         .await
-        .map_err(|e| query(e.to_string()))?;
+    {
+        let undone = match subscriber
+            .batch_execute(&set::drop_subscription_sql(&subscription, false))
+            .await
+        {
+            Ok(()) => "the subscription was dropped again".to_owned(),
+            Err(d) => format!(
+                "and dropping the subscription failed too ({}): drop {subscription} there",
+                pg_error(&d)
+            ),
+        };
+        return Err(query(format!(
+            "the subscriber was not recorded: {e}; {undone}"
+        )));
+    }
     eprintln!(
         "{shown} subscribes to {name} as {subscription}; copying {} table{} ...",
         user_tables.len(),
@@ -334,7 +363,11 @@ pub(crate) async fn subscribe(
     // The set's marker table is copied too.
     wait_for_copy(&subscriber, &subscription, user_tables.len() + 1, wait)
         .await
-        .map_err(|e| format!("subscriber {shown}: {e}"))?;
+        .map_err(|e| {
+            format!(
+                "subscriber {shown}: {e}; the same `pgherd set subscribe` again waits for the rest and finishes (local writes refused, sequences in step)"
+            )
+        })?;
     // A write on the subscriber would be overwritten or stop the stream: its copies of the
     // set's tables refuse local ones (replication's apply worker is not refused).
     let copies: Vec<&str> = subscriber_tables

@@ -341,7 +341,7 @@ impl Move {
     /// The config's entries of the shard are replaced by the new node's.
     fn name_new_node(&self, config: &Config, (host, port): (&str, u16)) -> Result<(), String> {
         let shard = i64::from(self.shard);
-        crate::remove::edit_nodes(&config.source, &format!("with {}", self.name), |nodes| {
+        crate::config_file::edit_nodes(&config.source, &format!("with {}", self.name), |nodes| {
             let of_shard = |n: &toml_edit::Table| {
                 n.get("shard")
                     .and_then(toml_edit::Item::as_integer)

@@ -179,9 +179,21 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
     );
     no_subscription_on(&env, &subscriber);
     subscriber.sql_on("pg1", APP, "CREATE SEQUENCE order_ids");
+    // A subscribe that stops waiting for the copy (no time at all here: its first look comes
+    // before PostgreSQL's table-sync workers start) says how to finish, and the same command
+    // again waits for the rest and finishes.
+    let out = set(&env, &["subscribe", "shop", "--to", &to, "--wait-s", "0"]);
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("tables copied after 0 s")
+            && said.contains("the same `pgherd set subscribe` again waits for the rest"),
+        "{said}"
+    );
     let out = set(&env, &["subscribe", "shop", "--to", &to]);
     let said = text(&out);
     assert!(out.status.success(), "{said}");
+    assert!(said.contains("has the subscription"), "{said}");
     assert!(
         said.contains(&format!(
             "127.0.0.1:{sub_port}/app is subscribed to shop: 2 tables copied"

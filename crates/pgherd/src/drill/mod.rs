@@ -30,6 +30,7 @@ use pgherd_cluster::{LocalNode, StopMode};
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
 use crate::bench::targets::{start_pgherd, BenchCluster, BenchUser, PgherdSetup};
+use crate::sql_session::{client_rows, first, pg_error};
 use front::Front;
 use instances::Instances;
 use network::{set_link, Network};
@@ -544,7 +545,7 @@ async fn round(
             admin
                 .simple_query("SWITCHOVER")
                 .await
-                .map_err(|e| format!("SWITCHOVER: {}", db_message(&e)))?;
+                .map_err(|e| format!("SWITCHOVER: {}", pg_error(&e)))?;
         }
         _ => return Err(format!("{} is not a fault of PostgreSQL", fault.name())),
     }
@@ -605,7 +606,7 @@ async fn calm(options: &DrillOptions, front: &Front) -> Result<(), String> {
     let events_before = admin
         .simple_query("SHOW EVENTS")
         .await
-        .map_err(|e| db_message(&e))?
+        .map_err(|e| pg_error(&e))?
         .iter()
         .filter(|m| matches!(m, SimpleQueryMessage::Row(_)))
         .count();
@@ -646,7 +647,7 @@ async fn calm(options: &DrillOptions, front: &Front) -> Result<(), String> {
     let events: Vec<String> = admin
         .simple_query("SHOW EVENTS")
         .await
-        .map_err(|e| db_message(&e))?
+        .map_err(|e| pg_error(&e))?
         .iter()
         .filter_map(|m| match m {
             SimpleQueryMessage::Row(r) => Some(format!(
@@ -684,7 +685,7 @@ async fn check_counts(
     let messages = admin
         .simple_query("SHOW NODES")
         .await
-        .map_err(|e| db_message(&e))?;
+        .map_err(|e| pg_error(&e))?;
     let mut counts = std::collections::HashMap::new();
     for m in &messages {
         if let SimpleQueryMessage::Row(r) = m {
@@ -747,7 +748,7 @@ async fn stored_ids(cluster: &BenchCluster, front: &Front) -> Result<(u16, HashS
     let rows = direct
         .query("SELECT id FROM drill_writes", &[])
         .await
-        .map_err(|e| db_message(&e))?;
+        .map_err(|e| pg_error(&e))?;
     Ok((port, rows.iter().map(|r| r.get::<_, i64>(0)).collect()))
 }
 
@@ -761,7 +762,7 @@ async fn connect_within(url: &str, limit: Duration) -> Result<Client, String> {
 async fn connect(url: &str) -> Result<Client, String> {
     let (client, connection) = tokio_postgres::connect(url, NoTls)
         .await
-        .map_err(|e| db_message(&e))?;
+        .map_err(|e| pg_error(&e))?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
@@ -769,22 +770,8 @@ async fn connect(url: &str) -> Result<Client, String> {
 }
 
 async fn value(c: &Client, sql: &str) -> Result<String, String> {
-    let messages = c.simple_query(sql).await.map_err(|e| db_message(&e))?;
-    Ok(first(&messages).unwrap_or_default().to_owned())
-}
-
-fn first(messages: &[SimpleQueryMessage]) -> Option<&str> {
-    messages.iter().find_map(|m| match m {
-        SimpleQueryMessage::Row(r) => r.get(0),
-        _ => None,
-    })
-}
-
-fn db_message(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
-    }
+    let rows = client_rows(c, sql).await.map_err(|e| pg_error(&e))?;
+    Ok(first(&rows).unwrap_or_default())
 }
 
 fn node_by_port(cluster: &BenchCluster, port: u16) -> Result<LocalNode, String> {

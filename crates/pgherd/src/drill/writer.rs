@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use super::{connect_within, first, Ack, Log, CONNECT_TIMEOUT};
+use super::{connect_within, Ack, Log, CONNECT_TIMEOUT};
+use crate::sql_session::{client_rows, first};
 
 /// A client inserting rows with unique ids through pgherd until told to stop, logging each
 /// acknowledgement with the node that committed it. It connects as a multi-host connection
@@ -53,15 +54,15 @@ impl Writer {
             );
             // An error and no answer in time are the same to the writer: not acknowledged.
             let answer = match self.query_timeout {
-                Some(limit) => tokio::time::timeout(limit, c.simple_query(&sql))
+                Some(limit) => tokio::time::timeout(limit, client_rows(c, &sql))
                     .await
                     .ok()
                     .and_then(Result::ok),
-                None => c.simple_query(&sql).await.ok(),
+                None => client_rows(c, &sql).await.ok(),
             };
             match answer {
-                Some(messages) => {
-                    let port = first(&messages).and_then(|p| p.parse().ok()).unwrap_or(0);
+                Some(rows) => {
+                    let port = first(&rows).and_then(|p| p.parse().ok()).unwrap_or(0);
                     if let Ok(mut log) = log.lock() {
                         log.acks.push(Ack {
                             id,

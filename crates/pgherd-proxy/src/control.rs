@@ -93,6 +93,9 @@ pub async fn pause(app: &App, database: Option<&str>) -> Result<Vec<String>, PgE
     crate::dcs::must_lead(app)?;
     let what = scope(app, database)?;
     app.nodes.change(Change::Pause(database.map(str::to_owned)));
+    // Paired with the fence in `paused_since_acquired`: a request that took a server
+    // connection is counted below, or sees the pause there and gives it back.
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
     let not_kept = keep_levers(app);
     event(
         app,
@@ -123,6 +126,17 @@ pub async fn pause(app: &App, database: Option<&str>) -> Result<Vec<String>, PgE
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Whether `database` is paused, asked by a request that has just taken its server
+/// connections and sent nothing: one checked before PAUSE came may have waited for them (a
+/// full pool) or been between its check and the taking while PAUSE counted none in use. With
+/// the fence in [`pause`], either PAUSE counts these connections (and waits for them) or this
+/// sees the pause: the request then gives them back and waits, so no transaction starts once
+/// PAUSE has said none runs.
+pub fn paused_since_acquired(app: &App, database: &str) -> bool {
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    app.nodes.is_paused(database)
 }
 
 /// Holds a request (nothing sent yet) while `database` is paused, until `RESUME`, for at most

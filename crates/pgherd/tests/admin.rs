@@ -255,6 +255,67 @@ async fn every_command_with_its_errors() {
 
 /// DETACH and PAUSE are kept in the state file and come back after a restart; a state file
 /// that cannot be parsed stops pgherd with the place and the reason.
+/// A request that was already waiting for a server connection when PAUSE came (the pool was
+/// full) does not start its transaction once PAUSE has said none runs: the connection it gets
+/// goes back and it waits for RESUME. (Before, it ran on the connection the finishing
+/// transaction freed, after PAUSE's drain had begun: `shard move` refuses writes on the old
+/// copy at that moment, so such a transaction failed with 25006.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_queued_before_pause_waits_for_resume() {
+    let env = env(0, |c| {
+        c.superuser()
+            .mode("transaction")
+            .max_size(1)
+            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
+    });
+    let admin_url = env.pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd");
+    let holder = env.app().await;
+    holder
+        .batch_execute("BEGIN; SELECT 1")
+        .await
+        .expect("the only server connection is taken");
+    let queued = {
+        let client = env.app().await;
+        tokio::spawn(async move { first_value(&client, "SELECT 'queued'").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!queued.is_finished(), "the pool has one connection, in use");
+    let pausing = tokio::spawn(async move {
+        let admin = connect(&admin_url).await;
+        admin
+            .simple_query(&format!("PAUSE {APP}"))
+            .await
+            .map(|_| ())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !pausing.is_finished(),
+        "PAUSE waits for the running transaction"
+    );
+    holder.batch_execute("COMMIT").await.expect("commit");
+    tokio::time::timeout(Duration::from_secs(10), pausing)
+        .await
+        .expect("PAUSE ends once the transaction ended")
+        .unwrap()
+        .expect("PAUSE");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !queued.is_finished(),
+        "the queued request started a transaction while the database was paused"
+    );
+    let admin = connect(&env.pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")).await;
+    rows(&admin, &format!("RESUME {APP}"))
+        .await
+        .expect("RESUME");
+    assert_eq!(
+        queued
+            .await
+            .unwrap()
+            .expect("the queued request runs after RESUME"),
+        "queued"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn detach_and_pause_survive_a_restart() {
     let mut env = env(1, |c| {

@@ -227,3 +227,59 @@ async fn a_shard_moves_to_another_cluster_while_clients_write() {
         "{config_text}"
     );
 }
+
+/// The cut-over's PAUSE on a sharded endpoint: a transaction queued for a shard's server
+/// connection before PAUSE came (the pool was full) does not start once PAUSE has said none
+/// runs; it waits for RESUME. Otherwise it would start on the old copy just as `shard move`
+/// refuses writes there, and fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_request_queued_before_pause_waits_for_resume() {
+    let shards = [shard_cluster(), shard_cluster()];
+    let config = common::sharded_config(&shards, &[("accounts", "id")])
+        .max_size(1)
+        .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"));
+    let pgherd = Pgherd::start(BIN, &shards[0], &config);
+    let holder = connect_as_superuser(pgherd.port, DB).await;
+    holder
+        .batch_execute("CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL)")
+        .await
+        .expect("the table on both shards");
+    // Every shard's only server connection is taken by one transaction.
+    holder
+        .batch_execute("BEGIN; SELECT count(*) FROM accounts")
+        .await
+        .expect("a transaction on every shard");
+    let queued = {
+        let client = connect_as_superuser(pgherd.port, DB).await;
+        tokio::spawn(async move { client.simple_query("SELECT count(*) FROM accounts").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !queued.is_finished(),
+        "each shard's pool has one connection, in use"
+    );
+    let admin = connect_as_superuser(pgherd.port, "pgherd").await;
+    let pausing = tokio::spawn(async move { admin.simple_query("PAUSE").await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !pausing.is_finished(),
+        "PAUSE waits for the running transaction"
+    );
+    holder.batch_execute("COMMIT").await.expect("commit");
+    tokio::time::timeout(Duration::from_secs(10), pausing)
+        .await
+        .expect("PAUSE ends once the transaction ended")
+        .unwrap()
+        .expect("PAUSE");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !queued.is_finished(),
+        "the queued request started a transaction while pgherd was paused"
+    );
+    let admin = connect_as_superuser(pgherd.port, "pgherd").await;
+    admin.simple_query("RESUME").await.expect("RESUME");
+    queued
+        .await
+        .unwrap()
+        .expect("the queued request runs after RESUME");
+}

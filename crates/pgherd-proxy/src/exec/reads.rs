@@ -189,20 +189,27 @@ impl ShardedSession {
         shards: &[u32],
         target: Target,
     ) -> Result<Vec<Link>, PgError> {
-        if self.tx.as_ref().is_none_or(|tx| tx.links.is_empty()) && !shards.is_empty() {
-            // A transaction starts: `PAUSE` holds it (one under way goes on, so PAUSE's wait
-            // for server connections to come back ends).
+        // A transaction starts: `PAUSE` holds it (one under way goes on, so PAUSE's wait for
+        // server connections to come back ends).
+        let starts = self.tx.as_ref().is_none_or(|tx| tx.links.is_empty()) && !shards.is_empty();
+        loop {
             let database = &self.shared.database;
-            if self.app.nodes.is_paused(database) {
+            if starts && self.app.nodes.is_paused(database) {
                 let resumed = crate::control::wait_resumed(&self.app, database);
                 super::cancellable(&self.shared, resumed).await?;
             }
+            let mut links = Vec::with_capacity(shards.len());
+            for &shard in shards {
+                links.push(self.open_link(shard, target).await?);
+            }
+            // PAUSE came while the links were taken: they go back (nothing was sent on them
+            // but the session's settings) and the transaction waits.
+            if starts && crate::control::paused_since_acquired(&self.app, &self.shared.database) {
+                drop(links);
+                continue;
+            }
+            return Ok(links);
         }
-        let mut links = Vec::with_capacity(shards.len());
-        for &shard in shards {
-            links.push(self.open_link(shard, target).await?);
-        }
-        Ok(links)
     }
 
     /// A link to `shard`: for a read, on a node [`ShardReads::choose`] picks (a

@@ -193,6 +193,10 @@ impl Session {
         if let Ok((node, None)) = &picked {
             let pool = self.pool_for(node)?;
             if let Some(conn) = pool.try_acquire() {
+                if crate::control::paused_since_acquired(&self.app, &self.shared.database) {
+                    pool.release(conn, true);
+                    return Ok(Some(Waiting::Paused));
+                }
                 self.take_lease(node.clone(), pool, conn)?;
                 return Ok(None);
             }
@@ -281,6 +285,10 @@ impl Session {
                 }
             }
         };
+        if crate::control::paused_since_acquired(&self.app, &self.shared.database) {
+            pool.release(conn, true);
+            return Box::pin(self.attach_waiting(Waiting::Paused)).await;
+        }
         Ok(self.take_lease(node, pool, conn)?)
     }
 

@@ -153,7 +153,7 @@ impl App {
     /// Every cluster this instance keeps: `nodes` (shard 0's), then the other shards'.
     pub fn clusters(&self) -> Vec<Arc<Nodes>> {
         match &self.shards {
-            Some(shards) => shards.clusters().to_vec(),
+            Some(shards) => shards.clusters(),
             None => vec![self.nodes.clone()],
         }
     }
@@ -365,25 +365,50 @@ impl App {
         pools
     }
 
+    /// The new config's `[sharding]` if its layout differs from the running one and may be put
+    /// in force now ([`crate::shards::check_layout_change`]): only while a drained `PAUSE` of
+    /// every database holds every session, so that none runs a transaction across the change.
+    fn grown_layout<'a>(
+        &self,
+        old: &Config,
+        new: &'a Config,
+    ) -> Result<Option<&'a pgherd_config::Sharding>, String> {
+        let (Some(was), Some(now)) = (&old.sharding, &new.sharding) else {
+            return match old.sharding.is_some() == new.sharding.is_some() {
+                true => Ok(None),
+                false => Err(
+                    "[sharding] comes or goes only with a restart; the running config is kept"
+                        .to_owned(),
+                ),
+            };
+        };
+        if was.map == now.map {
+            return Ok(None);
+        }
+        crate::shards::check_layout_change(&was.map, &now.map).map_err(|e| {
+            format!("the shard layout cannot change so: {e}; the running config is kept")
+        })?;
+        let in_use: u32 = self.pools().iter().map(|p| p.snapshot().lent).sum();
+        if !self.nodes.view().paused_all || in_use > 0 {
+            return Err(format!(
+                "the shard layout changes only while pgherd holds every session: PAUSE (all databases), RELOAD, then RESUME{}; the running config is kept",
+                match in_use {
+                    0 => String::new(),
+                    n => format!(" ({n} server connection(s) are in use)"),
+                }
+            ));
+        }
+        Ok(Some(now))
+    }
+
     /// Applies a new config without dropping clients. Settings that need a restart (listen
     /// addresses, worker threads) are reported and keep their old values.
     pub fn apply(&self, new: Config) -> Result<Reloaded, String> {
         let old = self.config();
         let mut notes = Vec::new();
         // A shard's nodes may change (`pgherd shard move` puts a shard on another cluster);
-        // which shard a row belongs to may not while clients run.
-        let layout = |config: &Config| {
-            config
-                .sharding
-                .as_ref()
-                .map(|s| (s.map.clone(), s.shard_nodes.len()))
-        };
-        if layout(&new) != layout(&old) {
-            return Err(
-                "[sharding] tables and the number of shards change only with a restart; the running config is kept"
-                    .to_owned(),
-            );
-        }
+        // the layout only grows, and only while every session is held (`grown_layout`).
+        let grown = self.grown_layout(&old, &new)?;
         if new.proxy.listen != old.proxy.listen {
             notes.push("pgherd.listen changes take effect after a restart".to_owned());
         }
@@ -401,6 +426,28 @@ impl App {
         };
         self.connect.store(Arc::new(connect));
         self.client_tls.store(acceptor);
+        let mut new_shards = Vec::new();
+        if let (Some(shards), Some(sharding)) = (&self.shards, grown) {
+            let thresholds = crate::nodes::CheckThresholds {
+                rejoin_after_checks: new.routing.rejoin_after_checks,
+                failures_before_down: new.cluster.health_check_failures_before_down,
+            };
+            let count = shards.count();
+            let added: Vec<Arc<Nodes>> = sharding.shard_nodes[count as usize..]
+                .iter()
+                .map(|nodes| Arc::new(Nodes::new(nodes, thresholds)))
+                .collect();
+            new_shards = (count..).zip(added.iter().cloned()).collect();
+            shards.grow(sharding.map.clone(), added);
+            // The new shards' collations are checked with the next catalog reading.
+            for router in self.routers.lock().values() {
+                router.catalog_changed();
+            }
+            notes.push(format!(
+                "the shard layout changed: {} shard(s) now, sessions plan by it from their next transaction",
+                sharding.shard_nodes.len()
+            ));
+        }
         // Each shard's cluster with its nodes in the new config (shard 0's: `nodes`).
         let node_lists = match &new.sharding {
             Some(sharding) => sharding.shard_nodes.as_slice(),
@@ -467,6 +514,7 @@ impl App {
         });
         self.reloads.fetch_add(1, Ordering::Relaxed);
         Ok(Reloaded {
+            new_shards,
             notes,
             new_nodes: started,
         })
@@ -488,6 +536,8 @@ pub struct Reloaded {
     /// Nodes added by the reload, each with its shard's cluster; their monitors must be
     /// started.
     pub new_nodes: Vec<(Arc<Nodes>, Arc<NodeState>)>,
+    /// Shards the reload added, by number: their monitors and failover must be started.
+    pub new_shards: Vec<(u32, Arc<Nodes>)>,
 }
 
 /// What opening server connections needs from `config` (TLS to servers) with server ids from

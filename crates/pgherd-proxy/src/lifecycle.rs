@@ -213,6 +213,14 @@ pub fn reload(app: &Arc<App>) -> Result<Vec<String>, String> {
     for (cluster, node) in reloaded.new_nodes {
         spawn_monitor(app, &cluster, node);
     }
+    // A shard the layout gained: its nodes watched and its failover run, as at start.
+    for (shard, cluster) in reloaded.new_shards {
+        for node in cluster.all().iter() {
+            spawn_monitor(app, &cluster, node.clone());
+        }
+        let duty = crate::failover::run(app.clone(), cluster);
+        tokio::spawn(duty.instrument(tracing::info_span!("shard", shard)));
+    }
     Ok(reloaded.notes)
 }
 

@@ -154,8 +154,9 @@ pub struct Router {
     last_reading: std::sync::atomic::AtomicU64,
     /// A schema change asked for the next reading (sooner than other requests get one).
     schema_changed: std::sync::atomic::AtomicBool,
-    /// A sharded endpoint's shard count: what `pgherd:shard` and `pgherd.shard` may name.
-    shard_count: Option<u32>,
+    /// A sharded endpoint's shards: their count now is what `pgherd:shard` and
+    /// `pgherd.shard` may name.
+    shards: Option<Arc<crate::shards::Shards>>,
     /// What the result cache asked of statements, for the catalog generation it was found
     /// under.
     cache_memo: Mutex<CacheMemo>,
@@ -319,7 +320,7 @@ impl Router {
             readings_begun: std::sync::atomic::AtomicU64::new(0),
             last_reading: std::sync::atomic::AtomicU64::new(0),
             schema_changed: std::sync::atomic::AtomicBool::new(false),
-            shard_count: app.shards.as_ref().map(|s| s.count()),
+            shards: app.shards.clone(),
         });
         tokio::spawn(keep_catalog(app.clone(), Arc::downgrade(&router)));
         router
@@ -477,7 +478,7 @@ impl Router {
 
     /// `shard` is one this endpoint has (`by`: the hint or setting that names it).
     fn check_shard(&self, shard: u32, by: &str) -> Result<(), PgError> {
-        match self.shard_count {
+        match self.shards.as_ref().map(|s| s.count()) {
             None => Err(PgError::error(
                 SqlState::FEATURE_NOT_SUPPORTED,
                 format!("{by} names a shard, but this endpoint has no shards"),

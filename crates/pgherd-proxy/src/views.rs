@@ -264,7 +264,8 @@ pub fn shards(app: &App) -> Table {
             rows: Vec::new(),
         };
     };
-    let tables = shards
+    let layout = shards.layout();
+    let tables = layout
         .map
         .tables
         .iter()
@@ -272,7 +273,7 @@ pub fn shards(app: &App) -> Table {
         .collect::<Vec<_>>()
         .join(", ");
     let mut rows = Vec::new();
-    for (shard, cluster) in shards.clusters().iter().enumerate() {
+    for (shard, cluster) in layout.clusters().iter().enumerate() {
         let writer = cluster.primary();
         for node in cluster.all().iter() {
             let state = if node.is_up() { "up" } else { "down" };

@@ -26,6 +26,7 @@ impl SqlState {
     pub const INVALID_SAVEPOINT_SPECIFICATION: SqlState = SqlState(*b"3B001");
     pub const TRANSACTION_RESOLUTION_UNKNOWN: SqlState = SqlState(*b"08007");
     pub const TRANSACTION_ROLLBACK: SqlState = SqlState(*b"40000");
+    pub const T_R_SERIALIZATION_FAILURE: SqlState = SqlState(*b"40001");
     pub const INVALID_SQL_STATEMENT_NAME: SqlState = SqlState(*b"26000");
     pub const INVALID_CURSOR_NAME: SqlState = SqlState(*b"34000");
     pub const INVALID_AUTHORIZATION_SPECIFICATION: SqlState = SqlState(*b"28000");

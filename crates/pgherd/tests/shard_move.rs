@@ -283,3 +283,118 @@ async fn a_sharded_request_queued_before_pause_waits_for_resume() {
         .unwrap()
         .expect("the queued request runs after RESUME");
 }
+
+/// A range-sharded endpoint gains a shard on RELOAD while clients stay connected: refused
+/// unless PAUSE holds every session; under PAUSE (the rows the new map places elsewhere moved
+/// meanwhile) the new layout is in force, and a session connected before plans by it from its
+/// next transaction: a key of the new range is read from and written to the new shard, and a
+/// fan-out reaches all three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_layout_gains_a_shard_on_reload() {
+    let shards = [shard_cluster(), shard_cluster(), shard_cluster()];
+    let node = |k: usize| {
+        format!(
+            "[[nodes]]\nname = \"shard{k}\"\nport = {}\nshard = {k}\n",
+            shards[k].node("pg1").port
+        )
+    };
+    let sharding = "[sharding]\n[[sharding.tables]]\ntable = \"accounts\"\ncolumn = \"id\"\n\
+                    type = \"integer\"\nmethod = \"range\"\nstarts = [0, 1000]\n";
+    let config = pgherd_testkit::PgherdConfig::new()
+        .superuser()
+        .section(sharding)
+        .section(&node(1))
+        .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"));
+    let pgherd = Pgherd::start(BIN, &shards[0], &config);
+    let client = connect_as_superuser(pgherd.port, DB).await;
+    client
+        .batch_execute(
+            "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL); \
+             INSERT INTO accounts (id, balance) VALUES (1, 0), (1500, 0), (2500, 0)",
+        )
+        .await
+        .expect("rows on shards 0 and 1");
+    shards[2].sql_on(
+        "pg1",
+        DB,
+        "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL)",
+    );
+    let before = connect_as_superuser(pgherd.port, DB).await;
+    before
+        .simple_query("SELECT count(*) FROM accounts")
+        .await
+        .expect("a session that ran under the old layout");
+    let admin = connect_as_superuser(pgherd.port, "pgherd").await;
+
+    // The new layout: keys from 2000 on shard 2.
+    let text = std::fs::read_to_string(&pgherd.config_path).expect("the config");
+    let grown = text.replace("starts = [0, 1000]", "starts = [0, 1000, 2000]") + "\n" + &node(2);
+    std::fs::write(&pgherd.config_path, grown).expect("write the config");
+    let refused = admin
+        .simple_query("RELOAD")
+        .await
+        .expect_err("a layout change while sessions run");
+    let refused = refused
+        .as_db_error()
+        .map_or_else(|| refused.to_string(), |e| e.message().to_owned());
+    assert!(
+        refused.contains("changes only while pgherd holds every session"),
+        "{refused}"
+    );
+
+    admin.simple_query("PAUSE").await.expect("PAUSE");
+    // The row the new map places on shard 2 goes there while nothing runs.
+    shards[2].sql_on("pg1", DB, "INSERT INTO accounts VALUES (2500, 0)");
+    shards[1].sql_on("pg1", DB, "DELETE FROM accounts WHERE id = 2500");
+    admin
+        .simple_query("RELOAD")
+        .await
+        .expect("RELOAD under PAUSE");
+    admin.simple_query("RESUME").await.expect("RESUME");
+
+    let one = |rows: Vec<tokio_postgres::SimpleQueryMessage>| {
+        rows.iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        one(before
+            .simple_query("SELECT balance FROM accounts WHERE id = 2500")
+            .await
+            .expect("a key of the new range, read by a session from before")),
+        "0"
+    );
+    before
+        .batch_execute("INSERT INTO accounts (id, balance) VALUES (2600, 7); UPDATE accounts SET balance = 1 WHERE id = 2500")
+        .await
+        .expect("writes to the new range");
+    assert_eq!(
+        shards[2].sql_on(
+            "pg1",
+            DB,
+            "SELECT string_agg(id || ':' || balance, ',' ORDER BY id) FROM accounts"
+        ),
+        "2500:1,2600:7",
+        "the new range's rows are on shard 2"
+    );
+    assert_eq!(
+        one(before
+            .simple_query("SELECT count(*) FROM accounts")
+            .await
+            .expect("a fan-out over three shards")),
+        "4"
+    );
+    let shown = admin
+        .simple_query("SHOW SHARDS")
+        .await
+        .expect("SHOW SHARDS");
+    assert!(
+        shown.iter().any(
+            |m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("2"))
+        ),
+        "SHOW SHARDS lists shard 2"
+    );
+}

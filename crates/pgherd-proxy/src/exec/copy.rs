@@ -104,7 +104,7 @@ impl ShardedSession {
         let mut splitter = RowSplitter::new(format.clone());
         let mut batches: Vec<BytesMut> = vec![BytesMut::new(); links.len()];
         let mut header = plan.copy.header;
-        let map = &self.shards.map;
+        let map = &self.layout.map;
         let table = plan.key.as_ref().map(|k| k.table.as_str()).unwrap_or("");
         let mut place = |line: &[u8], batches: &mut Vec<BytesMut>, row: u64| {
             // The header line goes to every shard: each skips its own first line.

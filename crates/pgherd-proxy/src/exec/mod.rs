@@ -43,7 +43,7 @@ use crate::error::Disconnect;
 use crate::relay::params::{session_changes, SessionParams};
 use crate::relay::primary_may_answer;
 use crate::routing::Router;
-use crate::shards::Shards;
+use crate::shards::{Layout, Shards};
 use crate::stream::Stream;
 use answer::Answer;
 pub use commit::make_decision_table;
@@ -61,6 +61,8 @@ pub struct ShardedSession {
     pub client_in: BytesMut,
     pub params: SessionParams,
     pub shards: Arc<Shards>,
+    /// The layout this session plans by: the one in force when its transaction began.
+    pub layout: Arc<Layout>,
     /// The database's catalog, for the aggregates it defines.
     pub router: Arc<Router>,
     /// Each shard's pools (see `App::pool_cached`).
@@ -205,6 +207,9 @@ impl ShardedSession {
         sql: &str,
         params: &[BoundParam<'_>],
     ) -> Result<(Execution, Arc<Decision>, Target), PgError> {
+        if self.tx.as_ref().is_none_or(|tx| tx.links.is_empty()) {
+            self.begin_planning().await?;
+        }
         let started = tokio::time::Instant::now();
         let wait = Duration::from_millis(CATALOG_WAIT_MS);
         // Until a fresh pgherd has read the catalog, every function might write or be an
@@ -243,6 +248,25 @@ impl ShardedSession {
         }
     }
 
+    /// Before a transaction's first statement is planned: `PAUSE` holds it here, so that no
+    /// plan made before a layout change runs after it, and a layout a reload grew is taken up
+    /// (its new shards' pools and read positions start empty).
+    async fn begin_planning(&mut self) -> Result<(), PgError> {
+        let database = &self.shared.database;
+        if self.app.nodes.is_paused(database) {
+            let resumed = crate::control::wait_resumed(&self.app, database);
+            cancellable(&self.shared, resumed).await?;
+        }
+        if self.shards.generation() != self.layout.generation {
+            let layout = self.shards.layout();
+            self.pools
+                .resize_with(layout.count() as usize, PoolCache::default);
+            self.reads.grow(layout.count());
+            self.layout = layout;
+        }
+        Ok(())
+    }
+
     /// One plan of `sql`; `session_shard`: the shard `pgherd.shard` names, which a
     /// `pgherd:shard` hint overrides.
     fn plan_once(
@@ -279,9 +303,9 @@ impl ShardedSession {
             }
             // A shape planned before places the statement without parsing it (`shard_shape`).
             let keyed = !key.is_empty() && decision.pin.is_none();
-            let kept = self.shards.shape(key).filter(|_| keyed);
+            let kept = self.layout.shape(key).filter(|_| keyed);
             if let Some(shape) = &kept {
-                if let Some(shard) = shard_shape::place(shape, sql, spans, params, &self.shards.map)
+                if let Some(shard) = shard_shape::place(shape, sql, spans, params, &self.layout.map)
                 {
                     return Ok((Execution::OneShard(shard), decision, target));
                 }
@@ -289,9 +313,9 @@ impl ShardedSession {
             let execution = self.plan_in_full(sql, &decision, params)?;
             if keyed && kept.is_none() && matches!(execution, Execution::OneShard(_)) {
                 if let Some(plan) =
-                    shard_shape::shape_plan(sql, spans, params.len(), &self.shards.map)
+                    shard_shape::shape_plan(sql, spans, params.len(), &self.layout.map)
                 {
-                    self.shards.keep_shape(key, plan);
+                    self.layout.keep_shape(key, plan);
                 }
             }
             Ok((execution, decision, target))
@@ -327,7 +351,7 @@ impl ShardedSession {
             copy_facts: &copy_facts,
             mentions_user_code: &mentions_user_code,
         };
-        route_statement(sql, &self.shards.map, decision, &facts, params)
+        route_statement(sql, &self.layout.map, decision, &facts, params)
     }
 
     /// Runs a planned statement; `target`: where within a shard it may run.
@@ -388,7 +412,7 @@ impl ShardedSession {
             // In a transaction, one it reached already (its writes are seen there).
             Execution::AnyShard => match reached.next() {
                 Some(shard) => vec![shard],
-                None => vec![(self.shared.id % u64::from(self.shards.count())) as u32],
+                None => vec![(self.shared.id % u64::from(self.layout.count())) as u32],
             },
             Execution::OneShard(shard) => vec![*shard],
             // A setting in a transaction reaches every shard it reached.
@@ -401,7 +425,7 @@ impl ShardedSession {
                 }
             }
             Execution::EveryShard | Execution::Maintenance | Execution::CopyIn(_) => {
-                (0..self.shards.count()).collect()
+                (0..self.layout.count()).collect()
             }
             Execution::FanOut { shards, .. }
             | Execution::Write { shards, .. }
@@ -562,7 +586,7 @@ impl ShardedSession {
             // Committed (or refused) on its own: where it ends is what the shard's replicas
             // must reach before this session reads there.
             for link in &mut links {
-                if let Some(cluster) = self.shards.cluster(link.shard) {
+                if let Some(cluster) = self.layout.cluster(link.shard) {
                     self.reads.write_ended(link, cluster).await;
                 }
             }

@@ -33,17 +33,19 @@ impl ShardedSession {
             .config()
             .resolve(&shared.database, &shared.user)
             .map_or_else(|| shared.database.clone(), |r| r.server_dbname);
+        let layout = shards.layout();
         let reads = ShardReads::new(
             &routing,
             params.flags.default_transaction_read_only,
-            shards.count(),
+            layout.count(),
         );
         ShardedSession {
             reads,
             router: routing
                 .router
                 .unwrap_or_else(|| app.router(&server_database)),
-            pools: (0..shards.count()).map(|_| PoolCache::default()).collect(),
+            pools: (0..layout.count()).map(|_| PoolCache::default()).collect(),
+            layout,
             app,
             shared,
             client,

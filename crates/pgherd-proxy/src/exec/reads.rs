@@ -63,6 +63,12 @@ impl ShardReads {
         }
     }
 
+    /// A reload added shards: they start with nothing written by this session.
+    pub fn grow(&mut self, shard_count: u32) {
+        self.min_lsn.resize(shard_count as usize, 0);
+        self.unconfirmed.resize(shard_count as usize, false);
+    }
+
     /// Per shard: its read-your-writes position and whether a write's end there is unknown,
     /// for a session moving to a new pgherd process.
     pub fn positions(&self) -> Vec<(u64, bool)> {
@@ -197,6 +203,14 @@ impl ShardedSession {
             if starts && self.app.nodes.is_paused(database) {
                 let resumed = crate::control::wait_resumed(&self.app, database);
                 super::cancellable(&self.shared, resumed).await?;
+                // Planned before the pause (it came between the plan and these links): a
+                // layout changed meanwhile may place its rows elsewhere.
+                if self.shards.generation() != self.layout.generation {
+                    return Err(PgError::error(
+                        SqlState::T_R_SERIALIZATION_FAILURE,
+                        "the shard layout changed while this statement waited for PAUSE to end; nothing of it ran: run it again",
+                    ));
+                }
             }
             let mut links = Vec::with_capacity(shards.len());
             for &shard in shards {
@@ -218,7 +232,7 @@ impl ShardedSession {
     /// its primary, waited for up to `primary_wait_ms` while one is elected.
     pub(super) async fn open_link(&mut self, shard: u32, target: Target) -> Result<Link, PgError> {
         let (Some(cluster), Some(pool_cache)) = (
-            self.shards.cluster(shard),
+            self.layout.cluster(shard),
             self.pools.get_mut(shard as usize),
         ) else {
             return Err(PgError::error(

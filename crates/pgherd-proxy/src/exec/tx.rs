@@ -294,7 +294,7 @@ impl ShardedSession {
         if committing && ended.as_ref().is_ok_and(Vec::is_empty) {
             for &shard in &tx.wrote {
                 if let (Some(link), Some(cluster)) =
-                    (tx.links.get_mut(&shard), self.shards.cluster(shard))
+                    (tx.links.get_mut(&shard), self.layout.cluster(shard))
                 {
                     self.reads.write_ended(link, cluster).await;
                 }

@@ -278,31 +278,8 @@ async fn a_request_queued_before_pause_waits_for_resume() {
         let client = env.app().await;
         tokio::spawn(async move { first_value(&client, "SELECT 'queued'").await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!queued.is_finished(), "the pool has one connection, in use");
-    let pausing = tokio::spawn(async move {
-        let admin = connect(&admin_url).await;
-        admin
-            .simple_query(&format!("PAUSE {APP}"))
-            .await
-            .map(|_| ())
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !pausing.is_finished(),
-        "PAUSE waits for the running transaction"
-    );
-    holder.batch_execute("COMMIT").await.expect("commit");
-    tokio::time::timeout(Duration::from_secs(10), pausing)
-        .await
-        .expect("PAUSE ends once the transaction ended")
-        .unwrap()
-        .expect("PAUSE");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !queued.is_finished(),
-        "the queued request started a transaction while the database was paused"
-    );
+    let admin = connect(&admin_url).await;
+    pause_with_a_queued_request(admin, &format!("PAUSE {APP}"), &holder, &queued).await;
     let admin = connect(&env.pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")).await;
     rows(&admin, &format!("RESUME {APP}"))
         .await

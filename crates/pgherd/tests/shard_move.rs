@@ -253,29 +253,8 @@ async fn a_sharded_request_queued_before_pause_waits_for_resume() {
         let client = connect_as_superuser(pgherd.port, DB).await;
         tokio::spawn(async move { client.simple_query("SELECT count(*) FROM accounts").await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !queued.is_finished(),
-        "each shard's pool has one connection, in use"
-    );
     let admin = connect_as_superuser(pgherd.port, "pgherd").await;
-    let pausing = tokio::spawn(async move { admin.simple_query("PAUSE").await.map(|_| ()) });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !pausing.is_finished(),
-        "PAUSE waits for the running transaction"
-    );
-    holder.batch_execute("COMMIT").await.expect("commit");
-    tokio::time::timeout(Duration::from_secs(10), pausing)
-        .await
-        .expect("PAUSE ends once the transaction ended")
-        .unwrap()
-        .expect("PAUSE");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !queued.is_finished(),
-        "the queued request started a transaction while pgherd was paused"
-    );
+    common::pause_with_a_queued_request(admin, "PAUSE", &holder, &queued).await;
     let admin = connect_as_superuser(pgherd.port, "pgherd").await;
     admin.simple_query("RESUME").await.expect("RESUME");
     queued

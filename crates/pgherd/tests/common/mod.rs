@@ -298,3 +298,34 @@ pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }
+
+/// `pause_sql` on the admin console `admin` while `holder` has a transaction open and `queued`
+/// waits for a server connection (the pool is full): PAUSE waits for the transaction, ends once
+/// `holder` commits, and the queued request has still not run (it waits for RESUME).
+pub async fn pause_with_a_queued_request<T: Send + 'static>(
+    admin: Client,
+    pause_sql: &str,
+    holder: &Client,
+    queued: &tokio::task::JoinHandle<T>,
+) {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!queued.is_finished(), "the pool's connections are in use");
+    let pause_sql = pause_sql.to_owned();
+    let pausing = tokio::spawn(async move { admin.simple_query(&pause_sql).await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !pausing.is_finished(),
+        "PAUSE waits for the running transaction"
+    );
+    holder.batch_execute("COMMIT").await.expect("commit");
+    tokio::time::timeout(Duration::from_secs(10), pausing)
+        .await
+        .expect("PAUSE ends once the transaction ended")
+        .expect("the PAUSE task")
+        .expect("PAUSE");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !queued.is_finished(),
+        "the queued request started a transaction while pgherd was paused"
+    );
+}

@@ -492,6 +492,16 @@ impl Config {
             .join(", ")
     }
 
+    /// The shard a node of the config belongs to (0 without `[sharding]`).
+    pub fn shard_of(&self, name: &str) -> Option<u32> {
+        match &self.sharding {
+            Some(sharding) => (0u32..)
+                .zip(&sharding.shard_nodes)
+                .find_map(|(shard, nodes)| nodes.iter().any(|n| n.name == name).then_some(shard)),
+            None => self.node(name).map(|_| 0),
+        }
+    }
+
     /// A node of any shard (of the one cluster without `[sharding]`).
     pub fn node_of_any_shard(&self, name: &str) -> Option<&NodeConfig> {
         let shards = self

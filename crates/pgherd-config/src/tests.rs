@@ -358,6 +358,10 @@ const SHARDED: &str = "[[nodes]]\nname = \"a\"\nport = 5432\n\
 #[test]
 fn nodes_split_by_shard_and_sharded_tables_are_read() {
     let config = parse(SHARDED).unwrap();
+    assert_eq!(
+        ["a2", "b", "c"].map(|n| config.shard_of(n)),
+        [Some(0), Some(1), None]
+    );
     let sharding = config.sharding.expect("sharding");
     assert_eq!(sharding.map.shards, 2);
     let names = |shard: usize| -> Vec<&str> {

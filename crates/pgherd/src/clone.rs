@@ -52,7 +52,7 @@ pub fn run(options: CloneOptions) -> Result<(), String> {
             path.display()
         ));
     }
-    let from = config.node(&options.from).ok_or_else(|| {
+    let from = config.node_of_any_shard(&options.from).ok_or_else(|| {
         format!(
             "no node \"{}\" in {} (its nodes: {})",
             options.from,
@@ -60,9 +60,11 @@ pub fn run(options: CloneOptions) -> Result<(), String> {
             config.node_names()
         )
     })?;
+    // A node of another shard's cluster: the clone joins that shard.
+    let shard = config.shard_of(&from.name).unwrap_or(0);
     let data_dir = match &options.data_dir {
         Some(dir) => dir.clone(),
-        None => beside_managed_nodes(&config, name)?,
+        None => beside_managed_nodes(&config, name, shard)?,
     };
     let port = match options.port {
         Some(port) => port,
@@ -104,7 +106,7 @@ pub fn run(options: CloneOptions) -> Result<(), String> {
     });
     bar.finish_and_clear();
     cloned.map_err(|e| e.to_string())?;
-    add_to_config(&path, name, port, &data_dir)?;
+    add_to_config(&path, (name, shard), port, &data_dir)?;
     let streaming = crate::runtime(1)?.block_on(wait_streaming(&config, from, name));
     reload_running(&options.at, &config, "to route to the new node");
     streaming?;
@@ -121,11 +123,16 @@ pub fn run(options: CloneOptions) -> Result<(), String> {
     Ok(())
 }
 
-/// `NAME` beside the data directory of the first node pgherd manages.
-fn beside_managed_nodes(config: &Config, name: &str) -> Result<PathBuf, String> {
-    config
-        .nodes
+/// `NAME` beside the data directory of the first node pgherd manages, of `shard` first.
+fn beside_managed_nodes(config: &Config, name: &str, shard: u32) -> Result<PathBuf, String> {
+    let of_shard = config
+        .sharding
+        .as_ref()
+        .and_then(|s| s.shard_nodes.get(shard as usize))
+        .map_or(config.nodes.as_slice(), Vec::as_slice);
+    of_shard
         .iter()
+        .chain(&config.nodes)
         .find_map(|n| n.data_dir.as_deref()?.parent().map(|p| p.join(name)))
         .ok_or_else(|| {
             "no node of the config has a data_dir to put the new one beside: name its directory with --data-dir".to_owned()
@@ -228,13 +235,21 @@ async fn wait_streaming(config: &Config, from: &NodeConfig, name: &str) -> Resul
 
 /// Appends the clone's `[[nodes]]` entry to the config file (put back as it was if the
 /// result does not load).
-fn add_to_config(path: &Path, name: &str, port: u16, data_dir: &Path) -> Result<(), String> {
+fn add_to_config(
+    path: &Path,
+    (name, shard): (&str, u32),
+    port: u16,
+    data_dir: &Path,
+) -> Result<(), String> {
     edit_nodes(path, &format!("with {name} added"), |nodes| {
         let mut entry = toml_edit::Table::new();
         entry.insert("name", toml_edit::value(name));
         entry.insert("host", toml_edit::value("127.0.0.1"));
         entry.insert("port", toml_edit::value(i64::from(port)));
         entry.insert("data_dir", toml_edit::value(data_dir.display().to_string()));
+        if shard > 0 {
+            entry.insert("shard", toml_edit::value(i64::from(shard)));
+        }
         nodes.push(entry);
         Ok(())
     })

@@ -287,3 +287,92 @@ async fn a_cascaded_clone_streams_from_its_replica_and_keeps_it_through_switchov
     assert!(!out.status.success());
     assert!(text(&out).contains("no node \"pg4\""), "{}", text(&out));
 }
+
+/// A node of another shard's cluster is cloned into that shard: its `[[nodes]]` entry says
+/// `shard = 1`, the running pgherd lists it among shard 1's nodes after the reload, and it
+/// streams shard 1's rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_node_is_cloned_into_its_shard() {
+    let shards = [shard_cluster(), shard_cluster()];
+    let config = sharded_config(&shards, &[("accounts", "id")])
+        .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"));
+    let pgherd = pgherd_testkit::Pgherd::start(BIN, &shards[0], &config);
+    let client = connect_as_superuser(pgherd.port, "postgres").await;
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL); \
+             INSERT INTO accounts (id, balance) VALUES {}",
+            (1..=40)
+                .map(|id| format!("({id}, 0)"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+        .await
+        .expect("rows on both shards");
+    let shard1 = shards[1].node("pg1");
+    let data_dir = shard1
+        .data_dir
+        .parent()
+        .expect("the node's directory")
+        .join("s1b");
+    let out = Command::new(BIN)
+        .args(["clone", "s1b", "--from", "shard1", "--data-dir"])
+        .arg(&data_dir)
+        .arg("--config")
+        .arg(&pgherd.config_path)
+        .output()
+        .expect("run pgherd clone");
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("s1b streams from shard1 (from the primary)"),
+        "{said}"
+    );
+    let port: u16 = said
+        .split("on port ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {said}"));
+    let _clone = Clone(
+        pgherd_cluster::LocalNode::managed("s1b", ("127.0.0.1", port), None, &data_dir, SUPERUSER)
+            .unwrap(),
+    );
+    let config_text = std::fs::read_to_string(&pgherd.config_path).expect("the config");
+    let entry = config_text
+        .split("[[nodes]]")
+        .find(|e| e.contains("name = \"s1b\""))
+        .unwrap_or_else(|| panic!("no entry for s1b: {config_text}"));
+    assert!(entry.contains("shard = 1"), "{entry}");
+
+    let admin = connect_as_superuser(pgherd.port, "pgherd").await;
+    let started = Instant::now();
+    loop {
+        let listed = admin
+            .simple_query("SHOW SHARDS")
+            .await
+            .expect("SHOW SHARDS")
+            .iter()
+            .any(|m| {
+                matches!(m, tokio_postgres::SimpleQueryMessage::Row(r)
+                    if r.get(0) == Some("1") && r.get(1) == Some("s1b"))
+            });
+        if listed {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "pgherd lists s1b among shard 1's nodes"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let on_shard1 = shards[1].sql_on("pg1", "postgres", "SELECT count(*) FROM accounts");
+    let copy = connect_as_superuser(port, "postgres").await;
+    assert_eq!(
+        first_value(&copy, "SELECT count(*) FROM accounts")
+            .await
+            .expect("read the clone"),
+        on_shard1.trim(),
+        "the clone holds shard 1's rows"
+    );
+}

@@ -190,7 +190,7 @@ impl Move {
             &self.database,
             (&set, &origin.name),
             &self.to,
-        );
+        )?;
         crate::consistency::check_all(config, &check)
             .await
             .map_err(|e| {

@@ -80,24 +80,40 @@ pub struct CheckOptions {
     origin: Option<String>,
 }
 
+/// The options alone, as a command line reads them: what [`CheckOptions::of_set`] builds
+/// with.
+#[derive(clap::Parser)]
+struct Standalone {
+    #[command(flatten)]
+    options: CheckOptions,
+}
+
 impl CheckOptions {
-    /// The check of a set's copy on `to` against its `origin`, with the defaults.
-    pub(crate) fn of_set(at: Where, database: &str, (set, origin): (&str, &str), to: &str) -> Self {
-        CheckOptions {
-            at,
-            nodes: Vec::new(),
-            database: Some(database.to_owned()),
-            tables: Vec::new(),
-            chunk_rows: 10_000,
-            max_rows_per_s: 0,
-            lock_timeout_ms: 2_000,
-            replay_timeout_ms: 30_000,
-            point_ms: 2_000,
-            json: false,
-            set: Some(set.to_owned()),
-            to: vec![to.to_owned()],
-            origin: Some(origin.to_owned()),
-        }
+    /// The check of a set's copy on `to` against its `origin`, with the command line's
+    /// defaults (read by its own parser, so they are written once).
+    pub(crate) fn of_set(
+        at: Where,
+        database: &str,
+        (set, origin): (&str, &str),
+        to: &str,
+    ) -> Result<Self, String> {
+        use clap::Parser;
+        let args = [
+            "check-consistency",
+            "--database",
+            database,
+            "--set",
+            set,
+            "--origin",
+            origin,
+            "--to",
+            to,
+        ];
+        let mut options = Standalone::try_parse_from(args)
+            .map_err(|e| format!("the set's check: {e}"))?
+            .options;
+        options.at = at;
+        Ok(options)
     }
 }
 
@@ -561,4 +577,30 @@ fn progress_bar(estimated_rows: u64) -> indicatif::ProgressBar {
         bar.set_style(style);
     }
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn a_sets_check_takes_the_command_lines_defaults() {
+        let at = Standalone::parse_from(["check-consistency", "--config", "/etc/x.toml"])
+            .options
+            .at;
+        let options = CheckOptions::of_set(at, "app", ("shop", "pg1"), "host=b").unwrap();
+        let plain = Standalone::parse_from(["check-consistency"]).options;
+        assert_eq!(options.chunk_rows, plain.chunk_rows);
+        assert_eq!(options.replay_timeout_ms, plain.replay_timeout_ms);
+        assert_eq!(options.point_ms, plain.point_ms);
+        assert_eq!(options.set.as_deref(), Some("shop"));
+        assert_eq!(options.origin.as_deref(), Some("pg1"));
+        assert_eq!(options.to, ["host=b"]);
+        assert_eq!(options.database.as_deref(), Some("app"));
+        assert_eq!(
+            options.at.config_path().unwrap(),
+            std::path::PathBuf::from("/etc/x.toml")
+        );
+    }
 }

@@ -36,6 +36,15 @@ fn text(out: &Output) -> String {
     )
 }
 
+/// The clone's port, as `pgherd clone` says it ("... on port N; ...").
+fn port_in(said: &str) -> u16 {
+    said.split("on port ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {said}"))
+}
+
 /// Stops the cloned node when the test ends (the cluster's own stop does not know it).
 struct Clone(pgherd_cluster::LocalNode);
 
@@ -112,12 +121,7 @@ async fn a_cascaded_clone_streams_from_its_replica_and_keeps_it_through_switchov
         said.contains("pg4 streams from pg2 (cascading from a replica)"),
         "{said}"
     );
-    let port: u16 = said
-        .split("on port ")
-        .nth(1)
-        .and_then(|rest| rest.split(';').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {said}"));
+    let port = port_in(&said);
     let data_dir = said
         .split("data directory ")
         .nth(1)
@@ -328,12 +332,7 @@ async fn a_shard_node_is_cloned_into_its_shard() {
         said.contains("s1b streams from shard1 (from the primary)"),
         "{said}"
     );
-    let port: u16 = said
-        .split("on port ")
-        .nth(1)
-        .and_then(|rest| rest.split(';').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {said}"));
+    let port = port_in(&said);
     let _clone = Clone(
         pgherd_cluster::LocalNode::managed("s1b", ("127.0.0.1", port), None, &data_dir, SUPERUSER)
             .unwrap(),

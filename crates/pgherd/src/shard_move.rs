@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use pgherd_config::{Config, NodeConfig};
 use pgherd_proxy::server::ServerConn;
-use pgherd_replication::consistency::{TableShape, TABLES_SQL};
+use pgherd_replication::consistency::{quote_literal, TableShape, TABLES_SQL};
 use pgherd_replication::sets as set;
 
 use crate::local::Where;
@@ -327,6 +327,7 @@ impl Move {
             &[(&copy.shown, &copy.client)],
         )
         .await?;
+        carry_decisions(conn, copy).await?;
         let subscription = set::subscription(&copy.set, &copy.shown);
         copy.client
             .batch_execute(&set::drop_subscription_sql(&subscription, false))
@@ -385,6 +386,69 @@ impl Move {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// The two-phase decisions this shard recorded as a decider (`pgherd.decisions`, which is not
+/// in the set: pgherd's own schema never is): a transaction prepared on another shard and not
+/// yet finished is finished by asking its decider, from now on the copy. Under PAUSE no
+/// decision is being recorded. Returns how many were carried.
+async fn carry_decisions(conn: &mut ServerConn, copy: &Copy) -> Result<usize, String> {
+    let on_origin = |e: String| format!("{}: {e}", copy.origin.name);
+    let has_table = first(
+        &conn
+            .simple_query("SELECT (to_regclass('pgherd.decisions') IS NOT NULL)::text")
+            .await
+            .map_err(|e| on_origin(e.to_string()))?,
+    );
+    if has_table.as_deref() != Some("true") {
+        return Ok(0);
+    }
+    let rows = conn
+        .simple_query("SELECT gid, committed::text, decided_at::text FROM pgherd.decisions")
+        .await
+        .map_err(|e| on_origin(e.to_string()))?;
+    let values: Vec<String> = rows
+        .iter()
+        .filter_map(|row| match row.as_slice() {
+            [Some(gid), Some(committed), Some(at)] => Some(format!(
+                "({}, {committed}, {}::timestamptz)",
+                quote_literal(gid),
+                quote_literal(at)
+            )),
+            _ => None,
+        })
+        .collect();
+    if values.is_empty() {
+        return Ok(0);
+    }
+    let on_copy = |e: tokio_postgres::Error| {
+        format!(
+            "{}: the shard's two-phase decisions could not be carried: {}",
+            copy.shown,
+            pg_error(&e)
+        )
+    };
+    let theirs = client_rows(
+        &copy.client,
+        "SELECT (to_regclass('pgherd.decisions') IS NOT NULL)::text",
+    )
+    .await
+    .map_err(on_copy)?;
+    if first(&theirs).as_deref() != Some("true") {
+        copy.client
+            .batch_execute(pgherd_route::two_phase::DECISIONS_DDL)
+            .await
+            .map_err(on_copy)?;
+    }
+    copy.client
+        .batch_execute(&format!(
+            "INSERT INTO pgherd.decisions (gid, committed, decided_at) VALUES {} \
+             ON CONFLICT (gid) DO NOTHING",
+            values.join(", ")
+        ))
+        .await
+        .map_err(on_copy)?;
+    Ok(values.len())
 }
 
 /// A table without a primary key moves too: its changes are published with every column

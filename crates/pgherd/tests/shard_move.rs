@@ -102,6 +102,16 @@ async fn a_shard_moves_to_another_cluster_while_clients_write() {
         .await
         .expect("rows written");
 
+    // A two-phase decision shard 1 recorded as a decider (a participant elsewhere may still
+    // ask for it): it must be on the new node after the move.
+    let decided = "pgherd_1_00000000000000ab_7_4242";
+    shards[1].sql_on("pg1", DB, pgherd_route::two_phase::DECISIONS_DDL);
+    shards[1].sql_on(
+        "pg1",
+        DB,
+        &format!("INSERT INTO pgherd.decisions (gid, committed) VALUES ('{decided}', true)"),
+    );
+
     let stop = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(Mutex::new(Acknowledged::default()));
     let writers = start_writers(pgherd.port, &stop, &seen);
@@ -205,6 +215,15 @@ async fn a_shard_moves_to_another_cluster_while_clients_write() {
             "SELECT string_agg(name, ',' ORDER BY id) FROM regions"
         ),
         "north,south"
+    );
+    assert_eq!(
+        target.sql_on(
+            "t-pg1",
+            DB,
+            &format!("SELECT committed FROM pgherd.decisions WHERE gid = '{decided}'")
+        ),
+        "t",
+        "the shard's two-phase decisions moved with it"
     );
     // A table without a key moved too, and takes writes of every kind on the new node.
     client

@@ -13,6 +13,7 @@ CREATE SCHEMA IF NOT EXISTS pgherd; \
 CREATE TABLE IF NOT EXISTS pgherd.sets (\
   name text PRIMARY KEY, patterns text[] NOT NULL, created_at timestamptz NOT NULL DEFAULT now()); \
 ALTER TABLE pgherd.sets ADD COLUMN IF NOT EXISTS sequences text[] NOT NULL DEFAULT '{}'; \
+ALTER TABLE pgherd.sets ADD COLUMN IF NOT EXISTS excluded text[] NOT NULL DEFAULT '{}'; \
 CREATE TABLE IF NOT EXISTS pgherd.set_subscribers (\
   set_name text NOT NULL REFERENCES pgherd.sets ON DELETE CASCADE, \
   subscription text NOT NULL, subscriber text NOT NULL, \
@@ -95,6 +96,10 @@ pub enum SetError {
     NoTables(String),
     #[error("{} {} no primary key: a subscriber could not apply an UPDATE or DELETE of {}; add one (or make its REPLICA IDENTITY FULL), or leave {} out of the set", .0.join(", "), if .0.len() == 1 { "has" } else { "have" }, if .0.len() == 1 { "its rows" } else { "their rows" }, if .0.len() == 1 { "it" } else { "them" })]
     NoPrimaryKey(Vec<String>),
+    #[error("the patterns {0} match no table of the set")]
+    NotMembers(String),
+    #[error("every table of the set would leave it: a set keeps at least one")]
+    WouldBeEmpty,
     #[error("the sequence patterns {0} match no sequence of the database")]
     NoSequences(String),
     #[error("the subscriber has no sequence {}: create {} there first", .0.join(", "), if .0.len() == 1 { "it" } else { "them" })]
@@ -294,14 +299,14 @@ pub fn check_subscriber_sequences(
 /// row, its publication.
 pub fn create_sql(set: &str, patterns: (&[String], &[String]), tables: &[&TableShape]) -> String {
     let tables: Vec<&str> = tables.iter().map(|t| t.sql_name.as_str()).collect();
-    publish_sql(set, patterns, &tables, Some(&marker_sql(set, true)))
+    publish_sql(set, (patterns, &[]), &tables, Some(&marker_sql(set, true)))
 }
 
 /// The catalog, `marker` (when the node has no marker table yet), the set's row (its table and
 /// sequence patterns) and its publication, in one transaction.
 fn publish_sql(
     set: &str,
-    (patterns, sequences): (&[String], &[String]),
+    ((patterns, sequences), excluded): ((&[String], &[String]), &[String]),
     tables: &[&str],
     marker: Option<&str>,
 ) -> String {
@@ -313,13 +318,14 @@ fn publish_sql(
     };
     format!(
         "BEGIN; {CATALOG_SQL}; {}\
-         INSERT INTO pgherd.sets (name, patterns, sequences) \
-         VALUES ({}, ARRAY[{}]::text[], ARRAY[{}]::text[]); \
+         INSERT INTO pgherd.sets (name, patterns, sequences, excluded) \
+         VALUES ({}, ARRAY[{}]::text[], ARRAY[{}]::text[], ARRAY[{}]::text[]); \
          CREATE PUBLICATION {} FOR TABLE {}, {}; COMMIT",
         marker.map_or(String::new(), |m| format!("{m}; ")),
         quote_literal(set),
         list(patterns),
         list(sequences),
+        list(excluded),
         publication(set),
         tables.join(", "),
         marker_table(set)
@@ -413,10 +419,49 @@ pub fn allow_writes_sql(set: &str, tables: &[&str]) -> String {
         .join("; ")
 }
 
-/// On the new origin: the set's catalog row (as the old origin had it) and its publication
-/// (its marker table came with the set).
-pub fn adopt_sql(set: &str, patterns: (&[String], &[String]), tables: &[&str]) -> String {
+/// On the new origin: the set's catalog row (as the old origin had it: patterns, sequence
+/// patterns, tables taken out) and its publication (its marker table came with the set).
+pub fn adopt_sql(
+    set: &str,
+    patterns: ((&[String], &[String]), &[String]),
+    tables: &[&str],
+) -> String {
     publish_sql(set, patterns, tables, None)
+}
+
+/// The set's tables `patterns` choose, to be taken out of it; refused when none is, or when
+/// none would be left.
+pub fn choose_members<'a>(
+    members: &'a [TableShape],
+    patterns: &[String],
+) -> Result<Vec<&'a TableShape>, SetError> {
+    let chosen: Vec<&TableShape> = members
+        .iter()
+        .filter(|t| table_selected(&t.name, patterns))
+        .collect();
+    if chosen.is_empty() {
+        return Err(SetError::NotMembers(patterns.join(", ")));
+    }
+    if chosen.len() == members.len() {
+        return Err(SetError::WouldBeEmpty);
+    }
+    Ok(chosen)
+}
+
+/// On the origin, one transaction: the tables leave the set's publication and are recorded as
+/// taken out, so that a scan does not add them back while they match its patterns.
+pub fn drop_tables_sql(set: &str, tables: &[&TableShape]) -> String {
+    let sql_names: Vec<&str> = tables.iter().map(|t| t.sql_name.as_str()).collect();
+    let names: Vec<String> = tables.iter().map(|t| quote_literal(&t.name)).collect();
+    format!(
+        "BEGIN; ALTER PUBLICATION {} DROP TABLE {}; \
+         UPDATE pgherd.sets SET excluded = ARRAY(SELECT DISTINCT unnest(excluded || ARRAY[{}]::text[])) \
+         WHERE name = {}; COMMIT",
+        publication(set),
+        sql_names.join(", "),
+        names.join(", "),
+        quote_literal(set)
+    )
 }
 
 /// On the old origin, after the move: its publication and catalog rows for the set go.
@@ -428,11 +473,13 @@ pub fn release_sql(set: &str) -> String {
     )
 }
 
-/// On the set's current origin: the set's patterns and sequence patterns, as JSON arrays.
+/// On the set's current origin: the set's patterns, sequence patterns and the tables taken out
+/// of it, as JSON arrays.
 pub fn patterns_sql(set: &str) -> String {
     format!(
-        "SELECT array_to_json(patterns)::text, array_to_json(sequences)::text \
-           FROM pgherd.sets WHERE name = {}",
+        "SELECT array_to_json(patterns)::text, array_to_json(sequences)::text, \
+                coalesce((to_jsonb(s) -> 'excluded')::text, '[]') \
+           FROM pgherd.sets s WHERE name = {}",
         quote_literal(set)
     )
 }
@@ -593,12 +640,36 @@ mod tests {
              PUBLICATION pgherd_shop WITH (copy_data = false, slot_name = 's')"
         );
         assert_eq!(
-            adopt_sql("shop", (&["o*".to_owned()], &[]), &["public.orders"]),
+            adopt_sql(
+                "shop",
+                ((&["o*".to_owned()], &[]), &["public.old".to_owned()]),
+                &["public.orders"]
+            ),
             "BEGIN; ".to_owned()
                 + CATALOG_SQL
-                + "; INSERT INTO pgherd.sets (name, patterns, sequences) \
-                   VALUES ('shop', ARRAY['o*']::text[], ARRAY[]::text[]); \
+                + "; INSERT INTO pgherd.sets (name, patterns, sequences, excluded) \
+                   VALUES ('shop', ARRAY['o*']::text[], ARRAY[]::text[], ARRAY['public.old']::text[]); \
                    CREATE PUBLICATION pgherd_shop FOR TABLE public.orders, pgherd.mark_shop; COMMIT"
+        );
+        let members = [
+            table("public.orders", true),
+            table("public.order_lines", true),
+        ];
+        let p = |s: &str| vec![s.to_owned()];
+        let chosen = choose_members(&members, &p("order_lines")).unwrap();
+        assert_eq!(
+            drop_tables_sql("shop", &chosen),
+            "BEGIN; ALTER PUBLICATION pgherd_shop DROP TABLE public.order_lines; \
+             UPDATE pgherd.sets SET excluded = ARRAY(SELECT DISTINCT unnest(excluded || ARRAY['public.order_lines']::text[])) \
+             WHERE name = 'shop'; COMMIT"
+        );
+        assert_eq!(
+            choose_members(&members, &p("nope")).unwrap_err(),
+            SetError::NotMembers("nope".into())
+        );
+        assert_eq!(
+            choose_members(&members, &p("order*")).unwrap_err(),
+            SetError::WouldBeEmpty
         );
         assert_eq!(
             drop_subscription_sql("x\"; DROP TABLE t; --", false),
@@ -653,8 +724,8 @@ mod tests {
         );
         assert!(
             sql.ends_with(
-                "INSERT INTO pgherd.sets (name, patterns, sequences) \
-                 VALUES ('orders', ARRAY['order*']::text[], ARRAY[]::text[]); \
+                "INSERT INTO pgherd.sets (name, patterns, sequences, excluded) \
+                 VALUES ('orders', ARRAY['order*']::text[], ARRAY[]::text[], ARRAY[]::text[]); \
                  CREATE PUBLICATION pgherd_orders FOR TABLE public.orders, pgherd.mark_orders; COMMIT"
             ),
             "{sql}"

@@ -10,6 +10,7 @@ mod logging;
 mod operate;
 mod remove;
 mod script;
+mod set_drop;
 mod set_move;
 mod set_nodes;
 mod sets;

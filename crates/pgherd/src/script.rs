@@ -15,9 +15,11 @@ use pgherd_replication::consistency::table_selected;
 use pgherd_replication::script::{plan_script, Order, Step};
 use pgherd_replication::sets as set;
 
-use crate::set_nodes::{given_subscribers, raise_mark, wait_applied, Subscriber};
+use crate::set_nodes::{
+    given_subscribers, raise_mark, set_patterns, wait_applied, SetPatterns, Subscriber,
+};
 use crate::sets::{origin_session, set_tables, tables_of, Origin};
-use crate::sql_session::{first, pg_error};
+use crate::sql_session::pg_error;
 
 #[derive(clap::Args, Debug)]
 pub struct ScriptOptions {
@@ -160,14 +162,12 @@ async fn scan(
     subscribers: &[Subscriber],
 ) -> Result<(), String> {
     let on_origin = |e: String| format!("origin {origin_name}: {e}");
-    let patterns: Vec<String> = first(
-        &origin
-            .simple_query(&set::patterns_sql(set_name))
-            .await
-            .map_err(|e| on_origin(e.to_string()))?,
-    )
-    .and_then(|p| serde_json::from_str(&p).ok())
-    .unwrap_or_default();
+    // A table taken out of the set (`set drop-tables`) stays out while it matches.
+    let SetPatterns {
+        tables: patterns,
+        excluded,
+        ..
+    } = set_patterns(origin, set_name).await.map_err(on_origin)?;
     let in_set = set_tables(origin, set_name)
         .await
         .map_err(on_origin)?
@@ -175,7 +175,11 @@ async fn scan(
     let tables = tables_of(origin).await.map_err(on_origin)?;
     let new: Vec<_> = tables
         .iter()
-        .filter(|t| !t.name.starts_with("pgherd.") && !in_set.contains(&t.name))
+        .filter(|t| {
+            !t.name.starts_with("pgherd.")
+                && !in_set.contains(&t.name)
+                && !excluded.contains(&t.name)
+        })
         .filter(|t| table_selected(&t.name, &patterns))
         .collect();
     let (keyed, keyless): (Vec<_>, Vec<_>) = new.into_iter().partition(|t| !t.key.is_empty());

@@ -19,8 +19,8 @@ use pgherd_replication::sets::{self as set, Copy};
 
 use crate::clone::session_in;
 use crate::set_nodes::{
-    drop_slot_when_released, given_subscribers, raise_mark, set_user_tables, wait_applied,
-    SlotDrop, Subscriber,
+    drop_slot_when_released, given_subscribers, raise_mark, set_patterns, set_user_tables,
+    wait_applied, SetPatterns, SlotDrop, Subscriber,
 };
 use crate::sets::{origin_conninfo, origin_session, sync_sequences, Origin};
 use crate::sql_session::pg_error;
@@ -40,7 +40,7 @@ struct Move<'a> {
     origin_conninfo: String,
     conn: ServerConn,
     tables: Vec<String>,
-    patterns: (Vec<String>, Vec<String>),
+    patterns: SetPatterns,
     target: Subscriber,
     rest: Vec<Subscriber>,
 }
@@ -138,17 +138,7 @@ impl<'a> Move<'a> {
             .into_iter()
             .map(|t| t.sql_name)
             .collect();
-        let rows = conn
-            .simple_query(&set::patterns_sql(name))
-            .await
-            .map_err(|e| on_origin(e.to_string()))?;
-        let array = |i: usize| -> Vec<String> {
-            rows.first()
-                .and_then(|row| row.get(i).cloned().flatten())
-                .and_then(|a| serde_json::from_str(&a).ok())
-                .unwrap_or_default()
-        };
-        let patterns = (array(0), array(1));
+        let patterns = set_patterns(&mut conn, name).await.map_err(on_origin)?;
         let to: Vec<String> = std::iter::once(new_origin.to_owned())
             .chain(others.iter().cloned())
             .collect();
@@ -217,7 +207,10 @@ impl<'a> Move<'a> {
             .client
             .batch_execute(&set::adopt_sql(
                 self.name,
-                (&self.patterns.0, &self.patterns.1),
+                (
+                    (&self.patterns.tables, &self.patterns.sequences),
+                    &self.patterns.excluded,
+                ),
                 &self.table_names(),
             ))
             .await

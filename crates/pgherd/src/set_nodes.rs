@@ -41,6 +41,37 @@ pub(crate) async fn set_user_tables(
     ))
 }
 
+/// What the origin keeps of a set besides its publication.
+#[derive(Debug, Default)]
+pub(crate) struct SetPatterns {
+    pub(crate) tables: Vec<String>,
+    pub(crate) sequences: Vec<String>,
+    /// Tables taken out (`set drop-tables`): a scan does not add them back.
+    pub(crate) excluded: Vec<String>,
+}
+
+/// The set's patterns as the origin keeps them (empty if it has no such set).
+pub(crate) async fn set_patterns(
+    origin: &mut impl SqlSession,
+    set_name: &str,
+) -> Result<SetPatterns, String> {
+    let rows = origin
+        .rows(&set::patterns_sql(set_name))
+        .await
+        .map_err(|e| e.to_string())?;
+    let array = |i: usize| -> Vec<String> {
+        rows.first()
+            .and_then(|row| row.get(i).cloned().flatten())
+            .and_then(|a| serde_json::from_str(&a).ok())
+            .unwrap_or_default()
+    };
+    Ok(SetPatterns {
+        tables: array(0),
+        sequences: array(1),
+        excluded: array(2),
+    })
+}
+
 /// The set's subscribers as the origin recorded them: (subscription, subscriber).
 pub(crate) async fn recorded_subscribers(
     origin: &mut ServerConn,

@@ -72,6 +72,20 @@ pub enum SetCommand {
         #[command(flatten)]
         on: Origin,
     },
+    /// Take tables out of a set (Slony-I's SET DROP TABLE): they leave its publication and
+    /// stay out of its scan; each subscriber (every one, with `--to`) stops applying them and
+    /// keeps them as its own, writable tables. Nothing is dropped.
+    DropTables {
+        name: String,
+        /// Patterns of the set's tables to take out, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        tables: Vec<String>,
+        /// Every subscriber of the set, as a libpq connection string.
+        #[arg(long)]
+        to: Vec<String>,
+        #[command(flatten)]
+        on: Origin,
+    },
     /// The origin's sets: their tables, subscribers and how far each is behind.
     List {
         #[arg(long)]
@@ -112,6 +126,12 @@ pub fn run(command: SetCommand) -> Result<(), String> {
             on,
         } => runtime.block_on(subscribe(&name, &to, Duration::from_secs(wait_s), &on)),
         SetCommand::List { json, on } => runtime.block_on(list(json, &on)),
+        SetCommand::DropTables {
+            name,
+            tables,
+            to,
+            on,
+        } => runtime.block_on(crate::set_drop::drop_tables(&name, &tables, &to, &on)),
         SetCommand::Move {
             name,
             new_origin,

@@ -635,3 +635,106 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
     // Sequences in step: the new origin hands out the value after the old one's last.
     assert_eq!(on_subscriber("SELECT nextval('order_ids')"), "1237");
 }
+
+/// A table leaves a set: the origin stops publishing it, the subscriber keeps its copy as its
+/// own writable table and no longer receives the origin's changes to it, and the scan after a
+/// script does not add it back although it still matches the set's patterns. Taking out a
+/// table the set does not have, every table, or without the subscriber is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_leaves_a_set_and_stays_out() {
+    let env = env(0, |c| c.superuser().manage_nodes());
+    let tables = "CREATE TABLE orders (id int PRIMARY KEY, item text); \
+                  CREATE TABLE order_lines (id int PRIMARY KEY, qty int)";
+    env.direct(tables);
+    env.direct("INSERT INTO orders VALUES (1, 'a'); INSERT INTO order_lines VALUES (1, 1)");
+    let subscriber = TestCluster::start(0);
+    subscriber.sql(&format!("CREATE DATABASE {APP}"));
+    subscriber.sql_on("pg1", APP, tables);
+    let sub_port = subscriber.node("pg1").port;
+    let to = format!(
+        "host=127.0.0.1 port={sub_port} user={SUPERUSER} password={SUPERUSER_PASSWORD} dbname={APP}"
+    );
+    let out = set(&env, &["create", "shop", "--tables", "order*"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = set(&env, &["subscribe", "shop", "--to", &to]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    let drop = |patterns: &str, to: &[&str]| {
+        let mut args = vec!["drop-tables", "shop", "--tables", patterns];
+        for t in to {
+            args.extend(["--to", t]);
+        }
+        set(&env, &args)
+    };
+    refused(
+        &drop("nope", &[&to]),
+        "the patterns nope match no table of the set",
+    );
+    refused(&drop("order*", &[&to]), "a set keeps at least one");
+    refused(
+        &drop("order_lines", &[]),
+        &format!("its subscriber 127.0.0.1:{sub_port}/app was not given with --to"),
+    );
+    let published = || {
+        env.direct(
+            "SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_publication_tables \
+             WHERE pubname = 'pgherd_shop' AND schemaname = 'public'",
+        )
+        .trim()
+        .to_owned()
+    };
+    assert_eq!(
+        published(),
+        "order_lines,orders",
+        "refusals changed nothing"
+    );
+
+    let out = drop("order_lines", &[&to]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains(&format!(
+            "set shop: public.order_lines left it on pg1; 127.0.0.1:{sub_port}/app keeps it as its own"
+        )),
+        "{said}"
+    );
+    assert_eq!(published(), "orders");
+    subscriber.sql_on("pg1", APP, "INSERT INTO order_lines VALUES (2, 2)");
+    env.direct("INSERT INTO orders VALUES (2, 'b'); INSERT INTO order_lines VALUES (3, 3)");
+    let started = Instant::now();
+    while subscriber
+        .sql_on("pg1", APP, "SELECT count(*) FROM orders WHERE id = 2")
+        .trim()
+        != "1"
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "orders still replicates"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        subscriber
+            .sql_on(
+                "pg1",
+                APP,
+                "SELECT string_agg(id::text, ',' ORDER BY id) FROM order_lines"
+            )
+            .trim(),
+        "1,2",
+        "the subscriber's order_lines is its own: the origin's new row did not come"
+    );
+
+    // A script's scan does not add it back, though it matches order*.
+    let script = env.cluster.dir().join("index.sql");
+    std::fs::write(&script, "CREATE INDEX orders_item ON orders (item);\n").expect("script");
+    let out = Command::new(BIN)
+        .arg("execute-script")
+        .arg(&script)
+        .args(["--set", "shop", "--database", APP, "--to", &to, "--config"])
+        .arg(&env.pgherd.config_path)
+        .output()
+        .expect("run execute-script");
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(published(), "orders", "the scan left order_lines out");
+}

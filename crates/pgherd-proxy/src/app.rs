@@ -388,7 +388,7 @@ impl App {
         crate::shards::check_layout_change(&was.map, &now.map).map_err(|e| {
             format!("the shard layout cannot change so: {e}; the running config is kept")
         })?;
-        let in_use: u32 = self.pools().iter().map(|p| p.snapshot().lent).sum();
+        let in_use = crate::control::sum_over_pools(self, None, |p| p.snapshot().lent);
         if !self.nodes.view().paused_all || in_use > 0 {
             return Err(format!(
                 "the shard layout changes only while pgherd holds every session: PAUSE (all databases), RELOAD, then RESUME{}; the running config is kept",

@@ -221,7 +221,11 @@ fn scope(app: &App, database: Option<&str>) -> Result<String, PgError> {
 }
 
 /// `count` summed over the pools of `database` (all pools without one).
-fn sum_over_pools(app: &App, database: Option<&str>, count: impl Fn(&Pool) -> u32) -> u32 {
+pub(crate) fn sum_over_pools(
+    app: &App,
+    database: Option<&str>,
+    count: impl Fn(&Pool) -> u32,
+) -> u32 {
     app.pools()
         .iter()
         .filter(|p| database.is_none_or(|d| p.database == d))

@@ -225,15 +225,7 @@ impl<'a> Move<'a> {
                 .map_err(|e| at(node, e))?;
             done.rest[last].0 = true;
             drop_old_slot(&mut self.conn, &self.origin.name, &node.subscription).await?;
-            node.client
-                .batch_execute(&set::subscribe_sql(
-                    self.name,
-                    &node.subscription,
-                    &target.conninfo,
-                    Copy::Nothing,
-                ))
-                .await
-                .map_err(|e| at(node, e))?;
+            self.follow(node, &target.conninfo).await?;
             done.rest[last].1 = true;
         }
         let on_origin =
@@ -280,7 +272,7 @@ impl<'a> Move<'a> {
                 )
                 .await
                 {
-                    Ok(()) => self.follow_old_origin(node).await,
+                    Ok(()) => self.follow(node, &self.origin_conninfo).await,
                     Err(e) => Err(e),
                 };
                 if let Err(e) = followed {
@@ -299,7 +291,7 @@ impl<'a> Move<'a> {
             }
         }
         if done.target_left {
-            if let Err(e) = self.follow_old_origin(&self.target).await {
+            if let Err(e) = self.follow(&self.target, &self.origin_conninfo).await {
                 failed.push(e);
             }
         }
@@ -309,12 +301,13 @@ impl<'a> Move<'a> {
         }
     }
 
-    async fn follow_old_origin(&self, node: &Subscriber) -> Result<(), String> {
+    /// `node` follows the origin `conninfo` reaches from where it is (no copy).
+    async fn follow(&self, node: &Subscriber, conninfo: &str) -> Result<(), String> {
         node.client
             .batch_execute(&set::subscribe_sql(
                 self.name,
                 &node.subscription,
-                &self.origin_conninfo,
+                conninfo,
                 Copy::Nothing,
             ))
             .await

@@ -20,7 +20,7 @@ use pgherd_replication::sets as set;
 use crate::local::Where;
 use crate::set_nodes::{raise_mark, set_user_tables, wait_applied};
 use crate::sets::{connect_subscriber, primary_among, subscriber_at, sync_sequences, Origin};
-use crate::sql_session::{client_rows, first, pg_error};
+use crate::sql_session::{client_rows, first, pg_error, QueryFailure, SqlSession};
 
 /// How long the copy may take to apply what the old copy committed, while pgherd holds new
 /// transactions.
@@ -393,20 +393,14 @@ impl Move {
 /// yet finished is finished by asking its decider, from now on the copy. Under PAUSE no
 /// decision is being recorded. Returns how many were carried.
 async fn carry_decisions(conn: &mut ServerConn, copy: &Copy) -> Result<usize, String> {
-    let on_origin = |e: String| format!("{}: {e}", copy.origin.name);
-    let has_table = first(
-        &conn
-            .simple_query("SELECT (to_regclass('pgherd.decisions') IS NOT NULL)::text")
-            .await
-            .map_err(|e| on_origin(e.to_string()))?,
-    );
-    if has_table.as_deref() != Some("true") {
+    let on_origin = |e: QueryFailure| format!("{}: {e}", copy.origin.name);
+    if !has_decisions(conn).await.map_err(on_origin)? {
         return Ok(0);
     }
     let rows = conn
-        .simple_query("SELECT gid, committed::text, decided_at::text FROM pgherd.decisions")
+        .rows("SELECT gid, committed::text, decided_at::text FROM pgherd.decisions")
         .await
-        .map_err(|e| on_origin(e.to_string()))?;
+        .map_err(on_origin)?;
     let values: Vec<String> = rows
         .iter()
         .filter_map(|row| match row.as_slice() {
@@ -421,27 +415,21 @@ async fn carry_decisions(conn: &mut ServerConn, copy: &Copy) -> Result<usize, St
     if values.is_empty() {
         return Ok(0);
     }
-    let on_copy = |e: tokio_postgres::Error| {
+    let on_copy = |e: QueryFailure| {
         format!(
-            "{}: the shard's two-phase decisions could not be carried: {}",
-            copy.shown,
-            pg_error(&e)
+            "{}: the shard's two-phase decisions could not be carried: {e}",
+            copy.shown
         )
     };
-    let theirs = client_rows(
-        &copy.client,
-        "SELECT (to_regclass('pgherd.decisions') IS NOT NULL)::text",
-    )
-    .await
-    .map_err(on_copy)?;
-    if first(&theirs).as_deref() != Some("true") {
-        copy.client
-            .batch_execute(pgherd_route::two_phase::DECISIONS_DDL)
+    let mut target = &copy.client;
+    if !has_decisions(&mut target).await.map_err(on_copy)? {
+        target
+            .rows(pgherd_route::two_phase::DECISIONS_DDL)
             .await
             .map_err(on_copy)?;
     }
-    copy.client
-        .batch_execute(&format!(
+    target
+        .rows(&format!(
             "INSERT INTO pgherd.decisions (gid, committed, decided_at) VALUES {} \
              ON CONFLICT (gid) DO NOTHING",
             values.join(", ")
@@ -449,6 +437,14 @@ async fn carry_decisions(conn: &mut ServerConn, copy: &Copy) -> Result<usize, St
         .await
         .map_err(on_copy)?;
     Ok(values.len())
+}
+
+/// Whether the node's database has pgherd's decisions table.
+async fn has_decisions(node: &mut impl SqlSession) -> Result<bool, QueryFailure> {
+    let rows = node
+        .rows("SELECT (to_regclass('pgherd.decisions') IS NOT NULL)::text")
+        .await?;
+    Ok(first(&rows).as_deref() == Some("true"))
 }
 
 /// A table without a primary key moves too: its changes are published with every column

@@ -252,11 +252,7 @@ impl ShardedSession {
     /// plan made before a layout change runs after it, and a layout a reload grew is taken up
     /// (its new shards' pools and read positions start empty).
     async fn begin_planning(&mut self) -> Result<(), PgError> {
-        let database = &self.shared.database;
-        if self.app.nodes.is_paused(database) {
-            let resumed = crate::control::wait_resumed(&self.app, database);
-            cancellable(&self.shared, resumed).await?;
-        }
+        self.wait_while_paused().await?;
         if self.shards.generation() != self.layout.generation {
             let layout = self.shards.layout();
             self.pools
@@ -265,6 +261,18 @@ impl ShardedSession {
             self.layout = layout;
         }
         Ok(())
+    }
+
+    /// Holds a transaction that starts while its database is paused, until RESUME (or the
+    /// client cancels); whether it waited.
+    async fn wait_while_paused(&self) -> Result<bool, PgError> {
+        let database = &self.shared.database;
+        if !self.app.nodes.is_paused(database) {
+            return Ok(false);
+        }
+        let resumed = crate::control::wait_resumed(&self.app, database);
+        cancellable(&self.shared, resumed).await?;
+        Ok(true)
     }
 
     /// One plan of `sql`; `session_shard`: the shard `pgherd.shard` names, which a

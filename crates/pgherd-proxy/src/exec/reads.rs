@@ -199,10 +199,7 @@ impl ShardedSession {
         // server connections to come back ends).
         let starts = self.tx.as_ref().is_none_or(|tx| tx.links.is_empty()) && !shards.is_empty();
         loop {
-            let database = &self.shared.database;
-            if starts && self.app.nodes.is_paused(database) {
-                let resumed = crate::control::wait_resumed(&self.app, database);
-                super::cancellable(&self.shared, resumed).await?;
+            if starts && self.wait_while_paused().await? {
                 // Planned before the pause (it came between the plan and these links): a
                 // layout changed meanwhile may place its rows elsewhere.
                 if self.shards.generation() != self.layout.generation {

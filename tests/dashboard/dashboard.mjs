@@ -5,7 +5,8 @@
 // with hits, screenshot),
 // degraded (node $STOPPED shown down within a few seconds, screenshot),
 // switchover (started from the page with the token and a confirmation, pg $TARGET becomes
-// the primary on the page).
+// the primary on the page),
+// sets (set $SET's row for subscriber $SUBSCRIBER streaming, with a lag, screenshot).
 import { chromium } from "playwright-core";
 
 const phase = process.argv[2];
@@ -98,6 +99,17 @@ try {
     const message = await page.textContent("#message");
     console.log("page says: " + message);
     await page.screenshot({ path: `${shots}/dashboard-switched.png`, fullPage: true });
+  } else if (phase === "sets") {
+    const row = `#sets tr[data-set="${process.env.SET}"][data-subscriber="${process.env.SUBSCRIBER}"]`;
+    await page.waitForSelector(row, { timeout: 10000 });
+    await page.waitForFunction((sel) => {
+      const r = document.querySelector(sel);
+      return r && r.querySelectorAll("td")[5].textContent === "yes";
+    }, row, { timeout: 10000 });
+    const cells = await page.locator(row + " td").allTextContents();
+    if (!/\d/.test(cells[6])) problems.push("no lag shown: " + cells.join(" | "));
+    console.log("sets row: " + cells.join(" | "));
+    await page.screenshot({ path: `${shots}/dashboard-sets.png`, fullPage: true });
   } else {
     problems.push("unknown phase " + phase);
   }

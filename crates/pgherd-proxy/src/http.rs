@@ -161,6 +161,7 @@ async fn status(State(app): AppState) -> Json<Value> {
         "instances": views::instances(&app).json(),
         "shards": views::shards(&app).json(),
         "cache": crate::result_cache::view(&app).json(),
+        "sets": crate::sets_watch::view(&app).json(),
         "pools": views::pools(&app).json(),
         "lists": views::lists(&app).json(),
     }))

@@ -159,8 +159,8 @@ impl Shards {
 /// same keys and methods; as many shards or more (a shard is never taken away: sessions and
 /// recovery know shards by number); a hash-sharded table only with the count unchanged (a
 /// new modulus places nearly every row anew). Range and list tables may place keys anew (a
-/// split): pgherd moves no row itself, so the rows must be where the new map places them
-/// before RESUME.
+/// split): the reload moves no row itself (`pgherd shard split` copies them before it), so
+/// the rows must be where the new map places them before RESUME.
 pub fn check_layout_change(old: &ShardMap, new: &ShardMap) -> Result<(), String> {
     if new.shards < old.shards {
         return Err(format!(
@@ -252,5 +252,20 @@ mod tests {
         assert!(check_layout_change(&old, &other)
             .unwrap_err()
             .contains("sharded tables would change"));
+    }
+
+    /// What `pgherd shard split` writes into the config is a layout change the running
+    /// pgherd takes.
+    #[test]
+    fn a_split_layout_is_a_change_reload_takes() {
+        use pgherd_route::reshard::{plan_split, split_map, SplitAt};
+        let old = map(
+            2,
+            Method::Range {
+                starts: vec![0, 1000],
+            },
+        );
+        let plan = plan_split(&old, 1, &[SplitAt::Every(1500)]).unwrap();
+        assert_eq!(check_layout_change(&old, &split_map(&old, &plan)), Ok(()));
     }
 }

@@ -67,6 +67,10 @@ pub struct TableShape {
     /// `REPLICA IDENTITY FULL`: logical replication finds its rows by every column, so it
     /// carries updates and deletes without a key.
     pub full_identity: bool,
+    /// A set's row filter for the table on its origin (`pg_publication_tables.rowfilter`):
+    /// the rows a subscriber holds. Applied on the origin only, so that a subscriber's row
+    /// outside it shows as a difference.
+    pub row_filter: Option<String>,
 }
 
 /// A row of [`TABLES_SQL`]'s answer that does not read as one.
@@ -102,6 +106,7 @@ impl TableShape {
                 })
                 .collect(),
             full_identity: field(5) == Some("true"),
+            row_filter: None,
         })
     }
 
@@ -130,8 +135,11 @@ impl TableShape {
         format!("({}) {op} ({})", self.key_list(), literals.join(", "))
     }
 
-    fn chunk_condition(&self, chunk: &Chunk) -> String {
+    fn chunk_condition(&self, chunk: &Chunk, filtered: bool) -> String {
         let mut conditions = Vec::new();
+        if let Some(filter) = self.row_filter.as_ref().filter(|_| filtered) {
+            conditions.push(format!("({filter})"));
+        }
         if let Some(after) = &chunk.after {
             conditions.push(self.key_compared(">", after));
         }
@@ -156,9 +164,11 @@ impl TableShape {
             .enumerate()
             .map(|(i, k)| format!("{}::text AS pgherd_key_{i}", k.sql_name))
             .collect();
-        let condition = after
-            .map(|a| format!(" WHERE {}", self.key_compared(">", a)))
-            .unwrap_or_default();
+        let chunk = Chunk {
+            after: after.map(<[String]>::to_vec),
+            through: None,
+        };
+        let condition = self.chunk_condition(&chunk, true);
         format!(
             "SELECT {} FROM {}{condition} ORDER BY {} OFFSET {} LIMIT 1",
             columns.join(", "),
@@ -168,15 +178,16 @@ impl TableShape {
         )
     }
 
-    /// The chunk's row count and checksum, as text.
-    pub fn checksum_sql(&self, chunk: &Chunk) -> String {
+    /// The chunk's row count and checksum, as text; `filtered` on the origin of a set with a
+    /// row filter.
+    pub fn checksum_sql(&self, chunk: &Chunk, filtered: bool) -> String {
         format!(
             "SELECT count(*)::text, \
              coalesce(sum(('x' || left(md5(ROW({})::text), 16))::bit(64)::bigint), 0)::text \
              FROM {}{}",
             self.columns.join(", "),
             self.sql_name,
-            self.chunk_condition(chunk)
+            self.chunk_condition(chunk, filtered)
         )
     }
 }
@@ -456,7 +467,7 @@ mod tests {
             after: Some(after),
             through: Some(vec!["z".into(), "1".into()]),
         };
-        let sql = t.checksum_sql(&chunk);
+        let sql = t.checksum_sql(&chunk, true);
         assert!(
             sql.contains("md5(ROW(id, region, \"Balance\")::text)"),
             "{sql}"
@@ -474,8 +485,32 @@ mod tests {
         );
         assert_eq!(Chunk::default().next(), None);
         assert!(t
-            .checksum_sql(&Chunk::default())
+            .checksum_sql(&Chunk::default(), true)
             .ends_with("FROM public.accounts"));
+    }
+
+    /// A set's row filter narrows the origin's rows (the chunks' cuts and sums); a
+    /// subscriber's sum is of everything it holds in the chunk.
+    #[test]
+    fn a_row_filter_applies_on_the_origin_only() {
+        let t = TableShape {
+            row_filter: Some("(id >= 1500)".into()),
+            ..accounts()
+        };
+        assert_eq!(
+            t.boundary_sql(None, 10),
+            "SELECT region::text AS pgherd_key_0, id::text AS pgherd_key_1 FROM public.accounts WHERE ((id >= 1500)) ORDER BY region, id OFFSET 9 LIMIT 1"
+        );
+        let chunk = Chunk {
+            after: None,
+            through: Some(vec!["z".into(), "1".into()]),
+        };
+        assert!(t
+            .checksum_sql(&chunk, true)
+            .ends_with("WHERE ((id >= 1500)) AND (region, id) <= ('z'::text, '1'::integer)"));
+        assert!(t
+            .checksum_sql(&chunk, false)
+            .ends_with("FROM public.accounts WHERE (region, id) <= ('z'::text, '1'::integer)"));
     }
 
     #[test]

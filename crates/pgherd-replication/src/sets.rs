@@ -295,10 +295,27 @@ pub fn check_subscriber_sequences(
     }
 }
 
+/// Row filters of a set's tables (by `schema.table`): the rows of each it publishes
+/// (PostgreSQL 15's `WHERE` of a publication's table; its columns must be in the table's
+/// replica identity). A table without one publishes all its rows.
+pub type RowFilters = std::collections::BTreeMap<String, String>;
+
 /// One transaction on the origin: the catalog, the set's marker table with its row, the set's
 /// row, its publication.
-pub fn create_sql(set: &str, patterns: (&[String], &[String]), tables: &[&TableShape]) -> String {
-    let tables: Vec<&str> = tables.iter().map(|t| t.sql_name.as_str()).collect();
+pub fn create_sql(
+    set: &str,
+    patterns: (&[String], &[String]),
+    tables: &[&TableShape],
+    row_filters: &RowFilters,
+) -> String {
+    let tables: Vec<String> = tables
+        .iter()
+        .map(|t| match row_filters.get(&t.name) {
+            Some(filter) => format!("{} WHERE ({filter})", t.sql_name),
+            None => t.sql_name.clone(),
+        })
+        .collect();
+    let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
     publish_sql(set, (patterns, &[]), &tables, Some(&marker_sql(set, true)))
 }
 
@@ -464,6 +481,38 @@ pub fn drop_tables_sql(set: &str, tables: &[&TableShape]) -> String {
     )
 }
 
+/// A set's table patterns with `added` joined (each once), and the tables it took out that an
+/// added pattern names: they stay out (their subscribers' copies are their own tables now,
+/// with rows a new copy would collide with).
+pub fn with_patterns(
+    patterns: &[String],
+    excluded: &[String],
+    added: &[String],
+) -> (Vec<String>, Vec<String>) {
+    let mut all = patterns.to_vec();
+    for pattern in added {
+        if !all.contains(pattern) {
+            all.push(pattern.clone());
+        }
+    }
+    let staying_out = excluded
+        .iter()
+        .filter(|t| table_selected(t, added))
+        .cloned()
+        .collect();
+    (all, staying_out)
+}
+
+/// On the origin: the set's table patterns, as given.
+pub fn set_patterns_sql(set: &str, patterns: &[String]) -> String {
+    let list: Vec<String> = patterns.iter().map(|p| quote_literal(p)).collect();
+    format!(
+        "UPDATE pgherd.sets SET patterns = ARRAY[{}]::text[] WHERE name = {}",
+        list.join(", "),
+        quote_literal(set)
+    )
+}
+
 /// On the old origin, after the move: its publication and catalog rows for the set go.
 pub fn release_sql(set: &str) -> String {
     format!(
@@ -539,6 +588,7 @@ mod tests {
                 Vec::new()
             },
             full_identity: false,
+            row_filter: None,
         }
     }
 
@@ -715,9 +765,48 @@ mod tests {
     }
 
     #[test]
+    fn added_patterns_join_once_and_name_what_stays_out() {
+        let owned = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let (patterns, staying_out) = with_patterns(
+            &owned(&["order*"]),
+            &owned(&["public.order_notes", "public.invoices_old"]),
+            &owned(&["order*", "public.order_notes", "invoices"]),
+        );
+        assert_eq!(
+            patterns,
+            owned(&["order*", "public.order_notes", "invoices"])
+        );
+        assert_eq!(staying_out, owned(&["public.order_notes"]));
+        assert_eq!(
+            set_patterns_sql("shop", &owned(&["o'*"])),
+            "UPDATE pgherd.sets SET patterns = ARRAY['o''*']::text[] WHERE name = 'shop'"
+        );
+    }
+
+    #[test]
+    fn a_row_filter_narrows_its_table_in_the_publication() {
+        let (t, other) = (table("public.orders", true), table("public.lines", true));
+        let filters: RowFilters = [("public.orders".to_owned(), "(id >= 5)".to_owned())]
+            .into_iter()
+            .collect();
+        let sql = create_sql("orders", (&["*".to_owned()], &[]), &[&t, &other], &filters);
+        assert!(
+            sql.contains(
+                "CREATE PUBLICATION pgherd_orders FOR TABLE public.orders WHERE ((id >= 5)), public.lines, pgherd.mark_orders;"
+            ),
+            "{sql}"
+        );
+    }
+
+    #[test]
     fn statements() {
         let t = table("public.orders", true);
-        let sql = create_sql("orders", (&["order*".to_owned()], &[]), &[&t]);
+        let sql = create_sql(
+            "orders",
+            (&["order*".to_owned()], &[]),
+            &[&t],
+            &RowFilters::new(),
+        );
         assert!(
             sql.starts_with("BEGIN; CREATE SCHEMA IF NOT EXISTS pgherd;"),
             "{sql}"

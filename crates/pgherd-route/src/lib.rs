@@ -23,6 +23,7 @@ pub mod merge_stream;
 pub mod parse;
 pub mod pin;
 pub mod plan;
+pub mod reshard;
 pub mod shard_hash;
 pub mod shard_plan;
 pub mod shard_route;

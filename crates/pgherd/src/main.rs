@@ -14,6 +14,7 @@ mod set_drop;
 mod set_move;
 mod set_nodes;
 mod sets;
+mod shard_copy;
 mod shard_move;
 mod sql_session;
 

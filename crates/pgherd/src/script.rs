@@ -109,7 +109,9 @@ async fn execute(options: &ScriptOptions, steps: &[Step]) -> Result<(), String> 
             ran.join(", ")
         );
     }
-    scan(name, &mut conn, &origin.name, &subscribers).await
+    scan(name, &mut conn, &origin.name, &subscribers)
+        .await
+        .map(|_| ())
 }
 
 /// One statement on every node in its order; the node and error of a failure.
@@ -153,14 +155,61 @@ async fn run_step(
     Ok(())
 }
 
-/// Tables that now match the set's patterns join its publication (one without a primary key
-/// is named and left out), and each subscription refreshes, copying their rows.
+/// `set scan` and `set add-tables`: the set's scan on its own, after `added` patterns (if any)
+/// joined the set's (a table taken out by `set drop-tables` stays out, said).
+pub(crate) async fn scan_set(
+    name: &str,
+    added: Option<&[String]>,
+    to: &[String],
+    on: &Origin,
+) -> Result<(), String> {
+    set::check_name(name).map_err(|e| e.to_string())?;
+    let config = Config::load(&on.at.config_path()?).map_err(|e| e.to_string())?;
+    let (origin, mut conn) = origin_session(&config, on).await?;
+    let on_origin = |e: String| format!("origin {}: {e}", origin.name);
+    if set_tables(&mut conn, name)
+        .await
+        .map_err(on_origin)?
+        .is_none()
+    {
+        return Err(format!(
+            "origin {}: no set named {name} in {}",
+            origin.name, on.database
+        ));
+    }
+    let subscribers = given_subscribers(&mut conn, name, to)
+        .await
+        .map_err(|e| format!("{e}; nothing was changed"))?;
+    if let Some(added) = added {
+        let now = set_patterns(&mut conn, name).await.map_err(on_origin)?;
+        let (patterns, staying_out) = set::with_patterns(&now.tables, &now.excluded, added);
+        conn.simple_query(&set::set_patterns_sql(name, &patterns))
+            .await
+            .map_err(|e| on_origin(e.to_string()))?;
+        if !staying_out.is_empty() {
+            eprintln!(
+                "set {name}: {} taken out of it (set drop-tables) and stay(s) out: the subscribers' copies are their own tables now",
+                staying_out.join(", ")
+            );
+        }
+        println!("set {name}: its table patterns are {}", patterns.join(", "));
+    }
+    let joined = scan(name, &mut conn, &origin.name, &subscribers).await?;
+    if joined == 0 {
+        println!("set {name}: no table joined it");
+    }
+    Ok(())
+}
+
+/// Tables that now match the set's patterns join its publication (one that logical
+/// replication cannot carry, without a primary key or `REPLICA IDENTITY FULL`, is named and
+/// left out), and each subscription refreshes, copying their rows. Returns how many joined.
 async fn scan(
     set_name: &str,
     origin: &mut ServerConn,
     origin_name: &str,
     subscribers: &[Subscriber],
-) -> Result<(), String> {
+) -> Result<usize, String> {
     let on_origin = |e: String| format!("origin {origin_name}: {e}");
     // A table taken out of the set (`set drop-tables`) stays out while it matches.
     let SetPatterns {
@@ -182,7 +231,7 @@ async fn scan(
         })
         .filter(|t| table_selected(&t.name, &patterns))
         .collect();
-    let (keyed, keyless): (Vec<_>, Vec<_>) = new.into_iter().partition(|t| !t.key.is_empty());
+    let (keyed, keyless): (Vec<_>, Vec<_>) = new.into_iter().partition(|t| t.replicable());
     for t in &keyless {
         eprintln!(
             "warning: {} matches set {set_name}'s patterns but has no primary key: it was not added",
@@ -190,7 +239,7 @@ async fn scan(
         );
     }
     if keyed.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let names: Vec<&str> = keyed.iter().map(|t| t.sql_name.as_str()).collect();
     origin
@@ -213,5 +262,5 @@ async fn scan(
         shown.join(", "),
         if shown.len() == 1 { "it" } else { "them" }
     );
-    Ok(())
+    Ok(shown.len())
 }

@@ -23,8 +23,8 @@ pub(crate) struct Subscriber {
     pub(crate) client: tokio_postgres::Client,
 }
 
-/// The set's user tables on the origin (its marker table left out), or `None` if the origin
-/// has no such set.
+/// The set's user tables on the origin (its marker table left out), each with its row filter,
+/// or `None` if the origin has no such set.
 pub(crate) async fn set_user_tables(
     origin: &mut impl SqlSession,
     set_name: &str,
@@ -32,13 +32,36 @@ pub(crate) async fn set_user_tables(
     let Some(members) = set_tables(origin, set_name).await? else {
         return Ok(None);
     };
+    let filters = row_filters(origin, set_name).await?;
     Ok(Some(
         tables_of(origin)
             .await?
             .into_iter()
             .filter(|t| members.contains(&t.name) && !t.name.starts_with("pgherd."))
+            .map(|t| TableShape {
+                row_filter: filters.get(&t.name).cloned(),
+                ..t
+            })
             .collect(),
     ))
+}
+
+/// The row filters of the set's publication, by table (read through `to_jsonb`, so that a
+/// server before PostgreSQL 15, without row filters, answers none).
+async fn row_filters(
+    origin: &mut impl SqlSession,
+    set_name: &str,
+) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let sql = format!(
+        "SELECT coalesce(json_object_agg(schemaname || '.' || tablename, to_jsonb(t)->>'rowfilter') \
+                FILTER (WHERE to_jsonb(t)->>'rowfilter' IS NOT NULL), '{{}}')::text \
+           FROM pg_publication_tables t WHERE pubname = {}",
+        quote_literal(&set::publication(set_name))
+    );
+    let rows = origin.rows(&sql).await.map_err(|e| e.to_string())?;
+    Ok(first(&rows)
+        .and_then(|json| serde_json::from_str(&json).ok())
+        .unwrap_or_default())
 }
 
 /// What the origin keeps of a set besides its publication.

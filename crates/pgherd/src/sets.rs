@@ -86,6 +86,32 @@ pub enum SetCommand {
         #[command(flatten)]
         on: Origin,
     },
+    /// Add tables to a set (Slony-I's SET ADD TABLE): the patterns join the set's (a table
+    /// taken out that they name comes back), then the scan: matching tables join its
+    /// publication and each subscriber (every one, with `--to`) copies them.
+    AddTables {
+        name: String,
+        /// Table patterns to add, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        tables: Vec<String>,
+        /// Every subscriber of the set, as a libpq connection string.
+        #[arg(long)]
+        to: Vec<String>,
+        #[command(flatten)]
+        on: Origin,
+    },
+    /// The set's scan on its own (run it from cron, as the nightly job of Slony-I sites):
+    /// tables made since that match its patterns join its publication and each subscriber
+    /// (every one, with `--to`) copies them; tables without a primary key are named and left
+    /// out.
+    Scan {
+        name: String,
+        /// Every subscriber of the set, as a libpq connection string.
+        #[arg(long)]
+        to: Vec<String>,
+        #[command(flatten)]
+        on: Origin,
+    },
     /// The origin's sets: their tables, subscribers and how far each is behind.
     List {
         #[arg(long)]
@@ -115,7 +141,12 @@ pub fn run(command: SetCommand) -> Result<(), String> {
             tables,
             sequences,
             on,
-        } => runtime.block_on(create(&name, (&tables, &sequences), &on)),
+        } => runtime.block_on(create(
+            &name,
+            (&tables, &sequences),
+            &set::RowFilters::new(),
+            &on,
+        )),
         SetCommand::SyncSequences { name, to, on } => {
             runtime.block_on(sync_sequences_to(&name, &to, &on))
         }
@@ -126,6 +157,15 @@ pub fn run(command: SetCommand) -> Result<(), String> {
             on,
         } => runtime.block_on(subscribe(&name, &to, Duration::from_secs(wait_s), &on)),
         SetCommand::List { json, on } => runtime.block_on(list(json, &on)),
+        SetCommand::AddTables {
+            name,
+            tables,
+            to,
+            on,
+        } => runtime.block_on(crate::script::scan_set(&name, Some(&tables), &to, &on)),
+        SetCommand::Scan { name, to, on } => {
+            runtime.block_on(crate::script::scan_set(&name, None, &to, &on))
+        }
         SetCommand::DropTables {
             name,
             tables,
@@ -144,6 +184,7 @@ pub fn run(command: SetCommand) -> Result<(), String> {
 pub(crate) async fn create(
     name: &str,
     (patterns, sequence_patterns): (&[String], &[String]),
+    row_filters: &set::RowFilters,
     on: &Origin,
 ) -> Result<(), String> {
     set::check_name(name).map_err(|e| e.to_string())?;
@@ -193,10 +234,17 @@ pub(crate) async fn create(
         name,
         (patterns, sequence_patterns),
         &chosen,
+        row_filters,
     ))
     .await
     .map_err(|e| query(e.to_string()))?;
-    let names: Vec<&str> = chosen.iter().map(|t| t.name.as_str()).collect();
+    let names: Vec<String> = chosen
+        .iter()
+        .map(|t| match row_filters.get(&t.name) {
+            Some(filter) => format!("{} (rows where {filter})", t.name),
+            None => t.name.clone(),
+        })
+        .collect();
     let sequences: Vec<&str> = chosen_sequences.iter().map(|(n, _)| n.as_str()).collect();
     println!(
         "set {name} created on {} ({}): {} table{}: {}{}",

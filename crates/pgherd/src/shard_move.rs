@@ -1,30 +1,32 @@
-//! `pgherd shard move SHARD --to CONNINFO --name NODE --database DB`: a shard's rows go to
-//! another cluster while clients keep writing, with the replication-set machinery
-//! (`pgherd_replication::sets`): the shard's primary publishes every table of the database as
-//! the set `shard<N>_move`, the new cluster subscribes (its schema copied first with
-//! `pg_dump --schema-only` when it has no tables), its copy is compared with the shard's at
-//! one point (`check-consistency --set`), and only then is it cut over: the running pgherd
-//! holds new transactions (`PAUSE`), the old copy refuses writes (25006), the copy applies
-//! everything committed before, sequences are put in step, the copy stops following and takes
-//! writes, the config's shard entry names the new node, pgherd reloads and, once it sees the
-//! new node take writes, resumes. Nothing is dropped: the old copy stays, read-only, until its
-//! owner drops it.
+//! `pgherd shard move` and `pgherd shard split`: a shard's rows go to other clusters while
+//! clients keep writing, with the replication-set machinery (`shard_copy.rs`).
+//!
+//! A move: the shard's primary publishes every table of the database as the set
+//! `shard<N>_move`, the new cluster subscribes (its schema copied first with `pg_dump
+//! --schema-only` when it has no tables), its copy is compared with the shard's at one point,
+//! and only then is it cut over under PAUSE.
+//!
+//! A split of the last shard at a key: two new clusters follow it, each through its own set
+//! with a row filter per sharded table (`shard<N>_low`: keys below the cut, and every row of
+//! the other tables; `shard<N>_high`: keys from the cut on, and the reference tables), each
+//! compared with the rows of the shard it holds, and both cut over under one PAUSE: the lower
+//! copy keeps the shard's number, the upper one becomes the next, and the config's layout
+//! gains it. The old copy is not cut in place (its moved rows would be deleted while fan-outs
+//! read them, or under a pause as long as the delete): it stays whole, refusing writes, until
+//! its owner drops it.
 
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 use pgherd_config::{Config, NodeConfig};
-use pgherd_proxy::server::ServerConn;
-use pgherd_replication::consistency::{quote_literal, TableShape, TABLES_SQL};
-use pgherd_replication::sets as set;
+use pgherd_replication::sets::RowFilters;
+use pgherd_route::reshard::{plan_split, SplitAt, SplitPlan};
 
 use crate::local::Where;
-use crate::set_nodes::{raise_mark, set_user_tables, wait_applied};
-use crate::sets::{connect_subscriber, primary_among, subscriber_at, sync_sequences, Origin};
-use crate::sql_session::{client_rows, first, pg_error, QueryFailure, SqlSession};
-
-/// How long the copy may take to apply what the old copy committed, while pgherd holds new
-/// transactions.
-const CATCH_UP_WAIT: Duration = Duration::from_secs(30);
+use crate::sets::primary_among;
+use crate::shard_copy::{
+    address_of, console, full_identity_where_needed, make_copy, CopyOrder, Handover, Successor,
+};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum ShardCommand {
@@ -50,26 +52,86 @@ pub enum ShardCommand {
         #[command(flatten)]
         at: Where,
     },
+    /// Split the last shard of a range layout at a key while clients write: its rows below
+    /// the key go to one new cluster (which keeps the shard's number), those from the key on
+    /// to another (the next shard number), each copied, streamed and compared, then both cut
+    /// over under one pause; the config gains the new shard. The old copy is kept whole,
+    /// refusing writes.
+    Split {
+        /// The shard to split: the last one.
+        shard: u32,
+        /// Where to cut: `KEY` for every range-sharded table, or `TABLE=KEY` (repeatable);
+        /// keys from it on go to the new shard.
+        #[arg(long = "at", required = true)]
+        cut: Vec<SplitAt>,
+        /// The cluster for the keys below the cut (and every row of the other tables), as a
+        /// libpq connection string.
+        #[arg(long)]
+        lower: String,
+        /// Its node's name in the config.
+        #[arg(long)]
+        lower_name: String,
+        /// The cluster for the keys from the cut on.
+        #[arg(long)]
+        upper: String,
+        /// Its node's name in the config.
+        #[arg(long)]
+        upper_name: String,
+        /// The database the shard's tables are in.
+        #[arg(long)]
+        database: String,
+        /// How long each initial copy may take.
+        #[arg(long, default_value_t = 600)]
+        wait_s: u64,
+        #[command(flatten)]
+        at: Where,
+    },
 }
 
 pub fn run(command: ShardCommand) -> Result<(), String> {
-    let ShardCommand::Move {
-        shard,
-        to,
-        name,
-        database,
-        wait_s,
-        at,
-    } = command;
-    let moving = Move {
-        shard,
-        to,
-        name,
-        database,
-        wait: Duration::from_secs(wait_s),
-        at,
-    };
-    crate::runtime(1)?.block_on(moving.run())
+    let runtime = crate::runtime(1)?;
+    match command {
+        ShardCommand::Move {
+            shard,
+            to,
+            name,
+            database,
+            wait_s,
+            at,
+        } => {
+            let moving = Move {
+                shard,
+                to,
+                name,
+                database,
+                wait: Duration::from_secs(wait_s),
+                at,
+            };
+            runtime.block_on(moving.run())
+        }
+        ShardCommand::Split {
+            shard,
+            cut,
+            lower,
+            lower_name,
+            upper,
+            upper_name,
+            database,
+            wait_s,
+            at,
+        } => {
+            let split = Split {
+                shard,
+                cut,
+                lower: (lower, lower_name),
+                upper: (upper, upper_name),
+                database,
+                wait: Duration::from_secs(wait_s),
+                at,
+            };
+            runtime.block_on(split.run())
+        }
+    }
 }
 
 struct Move {
@@ -81,511 +143,249 @@ struct Move {
     at: Where,
 }
 
-/// The shard's primary and the new copy, once it follows the shard.
-struct Copy {
-    set: String,
-    origin: NodeConfig,
-    shown: String,
-    client: tokio_postgres::Client,
-    /// The set's tables, quoted for statements.
-    tables: Vec<String>,
-}
-
 impl Move {
     async fn run(&self) -> Result<(), String> {
         let config = Config::load(&self.at.config_path()?).map_err(|e| e.to_string())?;
-        let nodes = self.shard_nodes(&config)?;
-        let (target_host, target_port) = address_of(&self.to)?;
+        let nodes = shard_nodes(&config, self.shard, &[&self.name])?;
+        let address = address_of(&self.to).map_err(|e| format!("--to: {e}"))?;
         // The cut-over needs the running pgherd: asked before anything is made.
         let console = console(&config).await?;
-        let (origin, conn) = primary_among(&config, &nodes, &self.database)
-            .await
-            .map_err(|silent| {
-                format!(
-                    "shard {}: no node answers as the primary{silent}",
-                    self.shard
-                )
-            })?;
-        let copy = self.copy(&config, origin, conn).await?;
-        let held_ms = self
-            .cut_over(&config, &console, &copy, (&target_host, target_port))
-            .await?;
+        let (origin, mut conn) = shard_primary(&config, self.shard, &nodes, &self.database).await?;
+        full_identity_where_needed(&mut conn, &origin.name, &BTreeMap::new()).await?;
+        let order = CopyOrder {
+            set: format!("shard{}_move", self.shard),
+            to: &self.to,
+            database: &self.database,
+            wait: self.wait,
+            at: &self.at,
+            row_filters: RowFilters::new(),
+        };
+        let copy = make_copy(&config, (&origin, &mut conn), order).await?;
+        let shown = copy.shown.clone();
+        let successors = [Successor {
+            copy,
+            shard: self.shard,
+            name: self.name.clone(),
+            address,
+        }];
+        let handover = Handover {
+            shard: self.shard,
+            origin: &origin,
+            database: &self.database,
+            successors: &successors,
+            split: None,
+        };
+        let held_ms = handover.run(&config, &console).await?;
         let old: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
         println!(
-            "shard {} moved to {} ({}): new transactions were held {held_ms} ms; {} left the config; the old copy on {} refuses writes (25006) and is kept until you drop it",
+            "shard {} moved to {} ({shown}): new transactions were held {held_ms} ms; {} left the config; the old copy on {} refuses writes (25006) and is kept until you drop it",
             self.shard,
             self.name,
-            copy.shown,
             old.join(", "),
-            copy.origin.name
+            origin.name
+        );
+        Ok(())
+    }
+}
+
+struct Split {
+    shard: u32,
+    cut: Vec<SplitAt>,
+    /// Connection string and node name of each side.
+    lower: (String, String),
+    upper: (String, String),
+    database: String,
+    wait: Duration,
+    at: Where,
+}
+
+impl Split {
+    async fn run(&self) -> Result<(), String> {
+        let config = Config::load(&self.at.config_path()?).map_err(|e| e.to_string())?;
+        let sharding = config
+            .sharding
+            .as_ref()
+            .ok_or("the config has no [sharding] section: there are no shards to split")?;
+        let plan = plan_split(&sharding.map, self.shard, &self.cut)
+            .map_err(|e| format!("shard {} cannot split: {e}", self.shard))?;
+        if self.lower.1 == self.upper.1 {
+            return Err("--lower-name and --upper-name must differ".to_owned());
+        }
+        let nodes = shard_nodes(&config, self.shard, &[&self.lower.1, &self.upper.1])?;
+        let lower_address = address_of(&self.lower.0).map_err(|e| format!("--lower: {e}"))?;
+        let upper_address = address_of(&self.upper.0).map_err(|e| format!("--upper: {e}"))?;
+        let console = console(&config).await?;
+        let (origin, mut conn) = shard_primary(&config, self.shard, &nodes, &self.database).await?;
+        // A list table's filters name no column (all rows, or none).
+        let filter_columns: BTreeMap<String, String> = plan
+            .tables
+            .iter()
+            .filter(|t| t.at.is_some())
+            .map(|t| (qualified(&t.table), t.column.clone()))
+            .collect();
+        full_identity_where_needed(&mut conn, &origin.name, &filter_columns).await?;
+        let (kept, moved) = row_filters(&plan);
+        let lower = self.copy_to(&config, (&origin, &mut conn), "low", &self.lower.0, kept);
+        let lower = lower.await?;
+        let upper = self.copy_to(&config, (&origin, &mut conn), "high", &self.upper.0, moved);
+        let upper = upper.await?;
+        let shown = [lower.shown.clone(), upper.shown.clone()];
+        let successors = [
+            Successor {
+                copy: lower,
+                shard: self.shard,
+                name: self.lower.1.clone(),
+                address: lower_address,
+            },
+            Successor {
+                copy: upper,
+                shard: plan.new_shard,
+                name: self.upper.1.clone(),
+                address: upper_address,
+            },
+        ];
+        let handover = Handover {
+            shard: self.shard,
+            origin: &origin,
+            database: &self.database,
+            successors: &successors,
+            split: Some(&plan),
+        };
+        let held_ms = handover.run(&config, &console).await?;
+        println!(
+            "shard {} split at {}: shard {} is {} ({}), shard {} is {} ({}); new transactions were held {held_ms} ms; the old copy on {} refuses writes (25006) and is kept until you drop it",
+            self.shard,
+            describe_cut(&plan),
+            self.shard,
+            self.lower.1,
+            shown[0],
+            plan.new_shard,
+            self.upper.1,
+            shown[1],
+            origin.name
         );
         Ok(())
     }
 
-    fn shard_nodes(&self, config: &Config) -> Result<Vec<NodeConfig>, String> {
-        let sharding = config
-            .sharding
-            .as_ref()
-            .ok_or("the config has no [sharding] section: there are no shards to move")?;
-        let nodes = sharding
-            .shard_nodes
-            .get(self.shard as usize)
-            .ok_or_else(|| {
-                format!(
-                    "no shard {} (the config has {})",
-                    self.shard,
-                    sharding.shard_nodes.len()
-                )
-            })?;
-        if config.node_of_any_shard(&self.name).is_some() {
-            return Err(format!(
-                "a node named {} is in the config already: name the new one otherwise",
-                self.name
-            ));
-        }
-        Ok(nodes.clone())
-    }
-
-    /// The copy: schema, set, subscription with its initial copy, then the comparison.
-    async fn copy(
+    async fn copy_to(
         &self,
         config: &Config,
-        origin: NodeConfig,
-        mut conn: ServerConn,
-    ) -> Result<Copy, String> {
-        let (shown, parsed) = subscriber_at(&self.to)?;
-        let client = connect_subscriber(&shown, &parsed).await?;
-        let theirs = client_rows(&client, TABLES_SQL)
-            .await
-            .map_err(|e| format!("{shown}: {}", pg_error(&e)))?;
-        let has_tables = theirs
-            .iter()
-            .filter_map(|row| TableShape::from_row(row).ok())
-            .any(|t| !t.name.starts_with("pgherd."));
-        if !has_tables {
-            copy_schema(config, &origin, &self.database, &client)
-                .await
-                .map_err(|e| format!("{shown}: the shard's schema could not be made there: {e}"))?;
-        }
-        full_identity_for_keyless(&mut conn, &origin.name).await?;
-        let set = format!("shard{}_move", self.shard);
-        let on = Origin {
-            database: self.database.clone(),
-            origin: Some(origin.name.clone()),
-            at: self.at.clone(),
+        origin: (&NodeConfig, &mut pgherd_proxy::server::ServerConn),
+        side: &str,
+        to: &str,
+        row_filters: RowFilters,
+    ) -> Result<crate::shard_copy::Copy, String> {
+        let order = CopyOrder {
+            set: format!("shard{}_{side}", self.shard),
+            to,
+            database: &self.database,
+            wait: self.wait,
+            at: &self.at,
+            row_filters,
         };
-        let no_sequences = conn
-            .simple_query(set::SEQUENCES_SQL)
-            .await
-            .map(|rows| rows.is_empty())
-            .map_err(|e| format!("{}: {e}", origin.name))?;
-        let sequence_patterns = match no_sequences {
-            true => Vec::new(),
-            false => vec!["*".to_owned()],
-        };
-        crate::sets::create(&set, (&["*".to_owned()], &sequence_patterns), &on).await?;
-        crate::sets::subscribe(&set, &self.to, self.wait, &on).await?;
-        let check = crate::consistency::CheckOptions::of_set(
-            self.at.clone(),
-            &self.database,
-            (&set, &origin.name),
-            &self.to,
-        )?;
-        crate::consistency::check_all(config, &check)
-            .await
-            .map_err(|e| {
-                format!(
-                    "{e}; nothing was cut over: {shown} follows shard {} as set {set}",
-                    self.shard
-                )
-            })?;
-        let tables = set_user_tables(&mut conn, &set)
-            .await?
-            .ok_or_else(|| format!("set {set} vanished from {}", origin.name))?
-            .into_iter()
-            .map(|t| t.sql_name)
-            .collect();
-        Ok(Copy {
-            set,
-            origin,
-            shown,
-            client,
-            tables,
-        })
-    }
-
-    /// New transactions held at pgherd while the copy takes over; RESUME whatever happens.
-    /// Returns how long they were held.
-    async fn cut_over(
-        &self,
-        config: &Config,
-        console: &tokio_postgres::Client,
-        copy: &Copy,
-        target: (&str, u16),
-    ) -> Result<u128, String> {
-        let held = Instant::now();
-        console.simple_query("PAUSE").await.map_err(|e| {
-            format!(
-                "pgherd did not pause: {}; nothing was cut over",
-                pg_error(&e)
-            )
-        })?;
-        let outcome = self.switch(config, console, copy, target).await;
-        let resumed = console.simple_query("RESUME").await;
-        let held_ms = held.elapsed().as_millis();
-        outcome?;
-        resumed.map_err(|e| {
-            format!(
-                "shard {} is on {}, but RESUME failed: {}; resume pgherd by hand (pgherd resume)",
-                self.shard,
-                self.name,
-                pg_error(&e)
-            )
-        })?;
-        Ok(held_ms)
-    }
-
-    /// Under PAUSE: the old copy refuses writes first (a transaction that began just as
-    /// PAUSE came is refused there rather than committed after the marker and lost), the copy
-    /// catches up and takes writes, the config names the new node, pgherd reloads and sees it
-    /// take writes. If the copy cannot take over, the old copy takes writes again.
-    async fn switch(
-        &self,
-        config: &Config,
-        console: &tokio_postgres::Client,
-        copy: &Copy,
-        target: (&str, u16),
-    ) -> Result<(), String> {
-        let mut conn = crate::clone::session_in(config, &copy.origin, &self.database).await?;
-        let on_origin = |e: String| format!("{}: {e}; nothing was cut over", copy.origin.name);
-        let pending = first(
-            &conn
-                .simple_query(
-                    "SELECT count(*)::text FROM pg_prepared_xacts WHERE database = current_database()",
-                )
-                .await
-                .map_err(|e| on_origin(e.to_string()))?,
-        );
-        if pending.as_deref() != Some("0") {
-            return Err(on_origin(format!(
-                "{} prepared transaction(s) wait there (pgherd's recovery ends them): try again",
-                pending.unwrap_or_default()
-            )));
-        }
-        let tables: Vec<&str> = copy.tables.iter().map(String::as_str).collect();
-        conn.simple_query(&set::deny_writes_sql(&copy.set, &self.name, &tables))
-            .await
-            .map_err(|e| on_origin(e.to_string()))?;
-        if let Err(e) = self.take_over(&mut conn, copy, &tables).await {
-            let undone = conn
-                .simple_query(&set::allow_writes_sql(&copy.set, &tables))
-                .await
-                .map_or_else(
-                    |u| format!("and its writes are still refused ({u}): drop the pgherd_deny_{} triggers there", copy.set),
-                    |_| "and takes writes again".to_owned(),
-                );
-            return Err(format!(
-                "{e}; nothing was cut over: shard {} stays on {} {undone}",
-                self.shard, copy.origin.name
-            ));
-        }
-        conn.simple_query(&set::release_sql(&copy.set))
-            .await
-            .map_err(|e| {
-                format!(
-                    "{}: {e} (its publication of the set stays)",
-                    copy.origin.name
-                )
-            })?;
-        self.name_new_node(config, target)?;
-        console
-            .simple_query("RELOAD")
-            .await
-            .map_err(|e| format!("pgherd did not reload: {}", pg_error(&e)))?;
-        self.wait_for_writer(console).await
-    }
-
-    /// The copy applies everything the old copy committed (the set's marker), its sequences
-    /// are put in step, it stops following and its tables take writes.
-    async fn take_over(
-        &self,
-        conn: &mut ServerConn,
-        copy: &Copy,
-        tables: &[&str],
-    ) -> Result<(), String> {
-        let on_copy = |e: tokio_postgres::Error| format!("{}: {}", copy.shown, pg_error(&e));
-        let mark = raise_mark(conn, &copy.set)
-            .await
-            .map_err(|e| format!("{}: {e}", copy.origin.name))?;
-        wait_applied(&mut &copy.client, &copy.set, mark, CATCH_UP_WAIT)
-            .await
-            .map_err(|e| format!("{}: {e}", copy.shown))?;
-        sync_sequences(
-            conn,
-            &copy.origin.name,
-            &copy.set,
-            &[(&copy.shown, &copy.client)],
-        )
-        .await?;
-        carry_decisions(conn, copy).await?;
-        let subscription = set::subscription(&copy.set, &copy.shown);
-        copy.client
-            .batch_execute(&set::drop_subscription_sql(&subscription, false))
-            .await
-            .map_err(on_copy)?;
-        copy.client
-            .batch_execute(&set::allow_writes_sql(&copy.set, tables))
-            .await
-            .map_err(on_copy)
-    }
-
-    /// The config's entries of the shard are replaced by the new node's.
-    fn name_new_node(&self, config: &Config, (host, port): (&str, u16)) -> Result<(), String> {
-        let shard = i64::from(self.shard);
-        crate::config_file::edit_nodes(&config.source, &format!("with {}", self.name), |nodes| {
-            let of_shard = |n: &toml_edit::Table| {
-                n.get("shard")
-                    .and_then(toml_edit::Item::as_integer)
-                    .unwrap_or(0)
-                    == shard
-            };
-            nodes.retain(|n| !of_shard(n));
-            let mut entry = toml_edit::Table::new();
-            entry.insert("name", toml_edit::value(self.name.as_str()));
-            entry.insert("host", toml_edit::value(host));
-            entry.insert("port", toml_edit::value(i64::from(port)));
-            entry.insert("shard", toml_edit::value(shard));
-            nodes.push(entry);
-            Ok(())
-        })
-        .map_err(|e| format!("{e}; the copy takes writes but pgherd still routes to the old one"))
-    }
-
-    /// Waits until pgherd's view has the new node taking the shard's writes (its monitor's
-    /// first check and the shard's election).
-    async fn wait_for_writer(&self, console: &tokio_postgres::Client) -> Result<(), String> {
-        let started = Instant::now();
-        loop {
-            let rows = client_rows(console, "SHOW SHARDS")
-                .await
-                .map_err(|e| format!("SHOW SHARDS: {}", pg_error(&e)))?;
-            let writes = rows.iter().any(|row| {
-                row.first().cloned().flatten() == Some(self.shard.to_string())
-                    && row.get(1).cloned().flatten().as_deref() == Some(self.name.as_str())
-                    && matches!(row.get(6).cloned().flatten().as_deref(), Some("yes"))
-            });
-            if writes {
-                return Ok(());
-            }
-            if started.elapsed() > Duration::from_secs(10) {
-                return Err(format!(
-                    "pgherd does not see {} take shard {}'s writes after 10 s (SHOW SHARDS: {rows:?})",
-                    self.name, self.shard
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        make_copy(config, origin, order).await
     }
 }
 
-/// The two-phase decisions this shard recorded as a decider (`pgherd.decisions`, which is not
-/// in the set: pgherd's own schema never is): a transaction prepared on another shard and not
-/// yet finished is finished by asking its decider, from now on the copy. Under PAUSE no
-/// decision is being recorded. Returns how many were carried.
-async fn carry_decisions(conn: &mut ServerConn, copy: &Copy) -> Result<usize, String> {
-    let on_origin = |e: QueryFailure| format!("{}: {e}", copy.origin.name);
-    if !has_decisions(conn).await.map_err(on_origin)? {
-        return Ok(0);
-    }
-    let rows = conn
-        .rows("SELECT gid, committed::text, decided_at::text FROM pgherd.decisions")
-        .await
-        .map_err(on_origin)?;
-    let values: Vec<String> = rows
+/// The row filters of the split's two copies: (kept below the cut, moved from it on), by
+/// `schema.table`.
+fn row_filters(plan: &SplitPlan) -> (RowFilters, RowFilters) {
+    let kept = plan
+        .tables
         .iter()
-        .filter_map(|row| match row.as_slice() {
-            [Some(gid), Some(committed), Some(at)] => Some(format!(
-                "({}, {committed}, {}::timestamptz)",
-                quote_literal(gid),
-                quote_literal(at)
-            )),
-            _ => None,
-        })
+        .filter_map(|t| Some((qualified(&t.table), t.kept_filter()?)))
         .collect();
-    if values.is_empty() {
-        return Ok(0);
-    }
-    let on_copy = |e: QueryFailure| {
-        format!(
-            "{}: the shard's two-phase decisions could not be carried: {e}",
-            copy.shown
-        )
-    };
-    let mut target = &copy.client;
-    if !has_decisions(&mut target).await.map_err(on_copy)? {
-        target
-            .rows(pgherd_route::two_phase::DECISIONS_DDL)
-            .await
-            .map_err(on_copy)?;
-    }
-    target
-        .rows(&format!(
-            "INSERT INTO pgherd.decisions (gid, committed, decided_at) VALUES {} \
-             ON CONFLICT (gid) DO NOTHING",
-            values.join(", ")
-        ))
-        .await
-        .map_err(on_copy)?;
-    Ok(values.len())
-}
-
-/// Whether the node's database has pgherd's decisions table.
-async fn has_decisions(node: &mut impl SqlSession) -> Result<bool, QueryFailure> {
-    let rows = node
-        .rows("SELECT (to_regclass('pgherd.decisions') IS NOT NULL)::text")
-        .await?;
-    Ok(first(&rows).as_deref() == Some("true"))
-}
-
-/// A table without a primary key moves too: its changes are published with every column
-/// (`REPLICA IDENTITY FULL`), by which the copy finds the rows an update or delete touches.
-/// It stays so on the old copy, which takes no writes after the move.
-async fn full_identity_for_keyless(conn: &mut ServerConn, origin: &str) -> Result<(), String> {
-    let keyless: Vec<TableShape> = crate::sets::tables_of(conn)
-        .await
-        .map_err(|e| format!("{origin}: {e}"))?
-        .into_iter()
-        .filter(|t| !t.name.starts_with("pgherd.") && !t.replicable())
+    let moved = plan
+        .tables
+        .iter()
+        .map(|t| (qualified(&t.table), t.moved_filter()))
         .collect();
-    for table in &keyless {
-        conn.simple_query(&format!(
-            "SET lock_timeout = '10s'; ALTER TABLE {} REPLICA IDENTITY FULL; RESET lock_timeout",
-            table.sql_name
-        ))
-        .await
-        .map_err(|e| format!("{origin}: {e}; nothing was moved"))?;
-    }
-    if !keyless.is_empty() {
-        let names: Vec<&str> = keyless.iter().map(|t| t.name.as_str()).collect();
-        eprintln!(
-            "{} {} no primary key: published with REPLICA IDENTITY FULL for the move (each change carries the whole row)",
-            names.join(", "),
-            if names.len() == 1 { "has" } else { "have" }
-        );
-    }
-    Ok(())
+    (kept, moved)
 }
 
-/// Where the connection string points: the new node's `host` and `port` in the config.
-fn address_of(conninfo: &str) -> Result<(String, u16), String> {
-    let parsed: tokio_postgres::Config = conninfo
-        .parse()
-        .map_err(|e| format!("--to: not a connection string: {e}"))?;
-    let host = match parsed.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-        _ => return Err("--to: name the new node's host (host=...)".to_owned()),
-    };
-    Ok((host, parsed.get_ports().first().copied().unwrap_or(5432)))
+/// A config table name as the catalog's `schema.table` (`accounts` is `public.accounts`).
+fn qualified(table: &str) -> String {
+    match table.contains('.') {
+        true => table.to_owned(),
+        false => format!("public.{table}"),
+    }
 }
 
-/// A session on the running pgherd's admin console, as the `[cluster]` user.
-async fn console(config: &Config) -> Result<tokio_postgres::Client, String> {
-    let listen = config
-        .proxy
-        .listen
-        .first()
-        .ok_or("the config has no listen address")?;
-    let address = crate::operate::connectable(*listen);
-    let mut console = tokio_postgres::Config::new();
-    console
-        .host(address.ip().to_string())
-        .port(address.port())
-        .user(&config.cluster.user)
-        .dbname("pgherd")
-        .connect_timeout(Duration::from_secs(5));
-    if let Some(password) = &config.cluster.password {
-        console.password(password);
-    }
-    let (client, connection) = console.connect(tokio_postgres::NoTls).await.map_err(|e| {
+fn describe_cut(plan: &SplitPlan) -> String {
+    plan.tables
+        .iter()
+        .filter_map(|t| Some(format!("{}.{} = {}", t.table, t.column, t.at?)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The shard's nodes; refused if a new node's name is taken.
+fn shard_nodes(config: &Config, shard: u32, new_names: &[&str]) -> Result<Vec<NodeConfig>, String> {
+    let sharding = config
+        .sharding
+        .as_ref()
+        .ok_or("the config has no [sharding] section: there are no shards")?;
+    let nodes = sharding.shard_nodes.get(shard as usize).ok_or_else(|| {
         format!(
-            "pgherd's admin console at {address}: {} (pgherd must be running: it holds new transactions during the cut-over)",
-            pg_error(&e)
+            "no shard {shard} (the config has {})",
+            sharding.shard_nodes.len()
         )
     })?;
-    tokio::spawn(connection);
-    Ok(client)
-}
-
-/// The shard's schema (every schema's tables, sequences, functions; no data, publications
-/// or subscriptions) made on the new copy, as `pg_dump --schema-only` writes it.
-async fn copy_schema(
-    config: &Config,
-    origin: &NodeConfig,
-    database: &str,
-    target: &tokio_postgres::Client,
-) -> Result<(), String> {
-    let (command, _pass_file) = crate::operate::cluster_tool(config, "pg_dump")?;
-    let out = tokio::process::Command::from(command)
-        .args([
-            "--schema-only",
-            "--no-publications",
-            "--no-subscriptions",
-            "-h",
-        ])
-        .arg(&origin.host)
-        .arg("-p")
-        .arg(origin.port.to_string())
-        .arg("-U")
-        .arg(&config.cluster.user)
-        .arg("-d")
-        .arg(database)
-        .output()
-        .await
-        .map_err(|e| format!("cannot run pg_dump: {e}"))?;
-    if !out.status.success() {
+    if let Some(taken) = new_names
+        .iter()
+        .find(|name| config.node_of_any_shard(name).is_some())
+    {
         return Err(format!(
-            "pg_dump: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
+            "a node named {taken} is in the config already: name the new one otherwise"
         ));
     }
-    let statements = schema_statements(&String::from_utf8_lossy(&out.stdout))?;
-    target
-        .batch_execute(&statements)
-        .await
-        .map_err(|e| pg_error(&e))
+    Ok(nodes.clone())
 }
 
-/// A plain dump's SQL without the psql meta-commands recent pg_dump releases put around it
-/// (`\restrict KEY`, `\unrestrict KEY`: a guard for psql, which this does not go through);
-/// any other meta-command is refused, since only psql could run it.
-fn schema_statements(dump: &str) -> Result<String, String> {
-    let mut sql = String::with_capacity(dump.len());
-    for line in dump.lines() {
-        if line.starts_with("\\restrict ") || line.starts_with("\\unrestrict ") {
-            continue;
-        }
-        if line.starts_with('\\') {
-            return Err(format!(
-                "pg_dump wrote a psql meta-command this cannot run: {line}"
-            ));
-        }
-        sql.push_str(line);
-        sql.push('\n');
-    }
-    Ok(sql)
+async fn shard_primary(
+    config: &Config,
+    shard: u32,
+    nodes: &[NodeConfig],
+    database: &str,
+) -> Result<(NodeConfig, pgherd_proxy::server::ServerConn), String> {
+    primary_among(config, nodes, database)
+        .await
+        .map_err(|silent| format!("shard {shard}: no node answers as the primary{silent}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pgherd_route::reshard::TableSplit;
 
     #[test]
-    fn a_dump_loses_its_psql_guard_and_nothing_else() {
-        let dump = "\\restrict abc\nCREATE TABLE t (v text DEFAULT '\\x');\n\\unrestrict abc\n";
+    fn each_side_of_a_split_gets_its_rows_filter() {
+        let plan = SplitPlan {
+            shard: 1,
+            new_shard: 2,
+            tables: vec![
+                TableSplit {
+                    table: "accounts".into(),
+                    column: "id".into(),
+                    at: Some(1500),
+                },
+                TableSplit {
+                    table: "crm.regions".into(),
+                    column: "id".into(),
+                    at: None,
+                },
+            ],
+        };
+        let (kept, moved) = row_filters(&plan);
         assert_eq!(
-            schema_statements(dump).unwrap(),
-            "CREATE TABLE t (v text DEFAULT '\\x');\n"
+            kept.into_iter().collect::<Vec<_>>(),
+            vec![(
+                "public.accounts".to_owned(),
+                "(\"id\" < 1500 OR \"id\" IS NULL)".to_owned()
+            )]
         );
-        assert!(schema_statements("\\connect other\n").is_err());
+        assert_eq!(moved["crm.regions"], "(false)");
+        assert_eq!(moved["public.accounts"], "(\"id\" >= 1500)");
+        assert_eq!(describe_cut(&plan), "accounts.id = 1500");
     }
 }

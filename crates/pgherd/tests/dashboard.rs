@@ -8,7 +8,6 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -16,31 +15,7 @@ use common::*;
 const TOKEN: &str = "dashboard-test-token-42";
 
 fn phase(api: &str, name: &str, vars: &[(&str, &str)]) -> String {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/dashboard");
-    let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-artifacts");
-    std::fs::create_dir_all(&shots).expect("artifact dir");
-    let mut cmd = Command::new("node");
-    cmd.current_dir(&dir)
-        .arg("dashboard.mjs")
-        .arg(name)
-        .env("PGHERD_API", api)
-        .env("PGHERD_TOKEN", TOKEN)
-        .env("SCREENSHOTS", &shots);
-    for (k, v) in vars {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run node (see tests/dashboard)");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "dashboard phase {name} failed:\n{text}"
-    );
-    eprintln!("{}", text.trim());
-    text
+    dashboard_phase(api, TOKEN, name, vars)
 }
 
 #[test]

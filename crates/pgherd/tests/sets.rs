@@ -298,6 +298,20 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
         api_text.contains("\"shop\"") && api_text.contains(&format!("127.0.0.1:{sub_port}/app")),
         "{api_sets}"
     );
+    // And on the dashboard (in headless Chromium): the set's row, streaming, with its lag.
+    let shown = format!("127.0.0.1:{sub_port}/app");
+    let api = format!("http://127.0.0.1:{api_port}");
+    let said = tokio::task::spawn_blocking(move || {
+        dashboard_phase(
+            &api,
+            "",
+            "sets",
+            &[("SET", "shop"), ("SUBSCRIBER", shown.as_str())],
+        )
+    })
+    .await
+    .expect("the dashboard phase ran");
+    assert!(said.contains("sets: ok"), "{said}");
     let metrics = get("/metrics");
     let labels = format!("database=\"app\",set=\"shop\",subscriber=\"127.0.0.1:{sub_port}/app\"");
     assert!(
@@ -737,4 +751,65 @@ async fn a_table_leaves_a_set_and_stays_out() {
         .expect("run execute-script");
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(published(), "orders", "the scan left order_lines out");
+
+    // Tables join with add-tables (a pattern naming the table taken out leaves it out, said)
+    // and with the scan on its own, from cron; the subscriber copies their rows.
+    let invoices = "CREATE TABLE invoices (id int PRIMARY KEY, total int)";
+    env.direct(invoices);
+    subscriber.sql_on("pg1", APP, invoices);
+    env.direct("INSERT INTO invoices VALUES (1, 10), (2, 20)");
+    refused(
+        &set(&env, &["add-tables", "shop", "--tables", "invoices"]),
+        &format!("its subscriber 127.0.0.1:{sub_port}/app was not given with --to"),
+    );
+    let out = set(
+        &env,
+        &[
+            "add-tables",
+            "shop",
+            "--tables",
+            "invoices,order_lines",
+            "--to",
+            &to,
+        ],
+    );
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("public.order_lines taken out of it"),
+        "{said}"
+    );
+    assert!(said.contains("public.invoices joined it"), "{said}");
+    // Made after: it matches order*.
+    let notes = "CREATE TABLE order_notes (id int PRIMARY KEY, note text)";
+    env.direct(notes);
+    subscriber.sql_on("pg1", APP, notes);
+    env.direct("INSERT INTO order_notes VALUES (1, 'n')");
+    let out = set(&env, &["scan", "shop", "--to", &to]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("public.order_notes joined it"), "{said}");
+    assert_eq!(published(), "invoices,order_notes,orders");
+    let started = Instant::now();
+    while subscriber
+        .sql_on(
+            "pg1",
+            APP,
+            "SELECT (SELECT sum(total) FROM invoices) || '/' || (SELECT count(*) FROM order_notes)",
+        )
+        .trim()
+        != "30/1"
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the subscriber copies the tables that joined"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let out = set(&env, &["scan", "shop", "--to", &to]);
+    assert!(
+        text(&out).contains("set shop: no table joined it"),
+        "{}",
+        text(&out)
+    );
 }

@@ -396,3 +396,246 @@ async fn a_range_layout_gains_a_shard_on_reload() {
         "SHOW SHARDS lists shard 2"
     );
 }
+
+/// `pgherd shard split`: the last shard of a range layout splits at a key while clients write
+/// through pgherd. Its rows below the key go to one new cluster (which keeps its number), the
+/// rest to another (a new shard), each checked; no client transaction fails, every
+/// acknowledged write is read back once through pgherd (a fan-out counts no row twice), each
+/// new node holds exactly its keys and the reference table, the config has the new layout and
+/// the old copy refuses writes. A split the layout cannot take is refused first, with nothing
+/// made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_range_shard_splits_while_clients_write() {
+    let shards = [shard_cluster(), shard_cluster()];
+    let (lower, upper) = (shard_cluster_with(0, "lo-"), shard_cluster_with(0, "hi-"));
+    // Orders are split by a column outside their key (REPLICA IDENTITY FULL for the copy)
+    // and take ids from a sequence; tags are listed by region and stay whole on shard 1.
+    let sharding = "[sharding]\n[[sharding.tables]]\ntable = \"accounts\"\ncolumn = \"id\"\n\
+                    type = \"integer\"\nmethod = \"range\"\nstarts = [0, 100]\n\
+                    [[sharding.tables]]\ntable = \"orders\"\ncolumn = \"account\"\n\
+                    type = \"integer\"\nmethod = \"range\"\nstarts = [0, 100]\n\
+                    [[sharding.tables]]\ntable = \"tags\"\ncolumn = \"region\"\n\
+                    type = \"integer\"\nmethod = \"list\"\nvalues = [[\"1\"], [\"2\"]]\n";
+    let config = pgherd_testkit::PgherdConfig::new()
+        .superuser()
+        .section(sharding)
+        .section(&format!(
+            "[[nodes]]\nname = \"shard1\"\nport = {}\nshard = 1\n",
+            shards[1].node("pg1").port
+        ))
+        .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"));
+    let pgherd = Pgherd::start(BIN, &shards[0], &config);
+    let client = connect_as_superuser(pgherd.port, DB).await;
+    client
+        .batch_execute(
+            "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL); \
+             CREATE TABLE regions (id int PRIMARY KEY, name text NOT NULL); \
+             CREATE TABLE orders (id serial PRIMARY KEY, account int NOT NULL); \
+             CREATE TABLE tags (id int PRIMARY KEY, region int NOT NULL)",
+        )
+        .await
+        .expect("tables on both shards");
+    client
+        .batch_execute(&format!(
+            "INSERT INTO accounts (id, balance) VALUES {}; \
+             INSERT INTO regions (id, name) VALUES (1, 'north'), (2, 'south'); \
+             INSERT INTO orders (account) VALUES (120), (220), (320), (320); \
+             INSERT INTO tags (id, region) VALUES (1, 1), (2, 2), (3, 2)",
+            (1..=ROWS)
+                .map(|id| format!("({id}, 0)"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+        .await
+        .expect("rows on both shards");
+    let conninfo = |cluster: &pgherd_testkit::TestCluster, node: &str| {
+        format!(
+            "host=127.0.0.1 port={} user={SUPERUSER} password={SUPERUSER_PASSWORD} dbname={DB}",
+            cluster.node(node).port
+        )
+    };
+    let (to_lower, to_upper) = (conninfo(&lower, "lo-pg1"), conninfo(&upper, "hi-pg1"));
+    let split = |args: Vec<String>| {
+        let config_path = pgherd.config_path.clone();
+        tokio::task::spawn_blocking(move || {
+            let out = std::process::Command::new(BIN)
+                .args(["shard", "split"])
+                .args(&args)
+                .args(["--database", DB, "--config"])
+                .arg(&config_path)
+                .output()
+                .expect("run pgherd shard split");
+            let said = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            (out.status.success(), said)
+        })
+    };
+    let sides = |at: &str| {
+        [
+            at,
+            "--lower",
+            &to_lower,
+            "--lower-name",
+            "s1-lo",
+            "--upper",
+            &to_upper,
+            "--upper-name",
+            "s2",
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let mut refused = sides("50");
+    refused.insert(0, "0".into());
+    refused.insert(1, "--at".into());
+    let (ok, said) = split(refused).await.expect("the refused split ran");
+    assert!(
+        !ok && said.contains("only the last shard (1) can split"),
+        "{said}"
+    );
+    assert_eq!(
+        lower.sql_on(
+            "lo-pg1",
+            DB,
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
+        ),
+        "0",
+        "a refused split makes nothing"
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Acknowledged::default()));
+    let writers = start_writers(pgherd.port, &stop, &seen);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut args = sides("250");
+    args.insert(0, "1".into());
+    args.insert(1, "--at".into());
+    let (ok, said) = split(args).await.expect("the split ran");
+    assert!(ok, "the split: {said}\n{}", pgherd.log());
+    assert!(
+        said.contains("shard 1 split at accounts.id = 250, orders.account = 250: shard 1 is s1-lo"),
+        "{said}"
+    );
+    eprintln!("{said}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    for writer in writers {
+        writer.await.expect("a writer");
+    }
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    assert!(
+        seen.failures.is_empty(),
+        "client errors: {:?}",
+        seen.failures
+    );
+    assert!(!seen.inserted.is_empty() && !seen.increments.is_empty());
+
+    let mut expected: BTreeMap<i32, i64> = (1..=ROWS).map(|id| (id, 0)).collect();
+    for (id, n) in &seen.increments {
+        *expected.entry(*id).or_default() += n;
+    }
+    for id in &seen.inserted {
+        expected.insert(*id, 0);
+    }
+    let through = client
+        .simple_query("SELECT id, balance FROM accounts")
+        .await
+        .expect("read through pgherd");
+    let read_rows = through
+        .iter()
+        .filter(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)))
+        .count();
+    assert_eq!(read_rows, expected.len(), "a fan-out reads each row once");
+    assert_eq!(rows_of(&through), expected, "every acknowledged write");
+    let on = |cluster: &pgherd_testkit::TestCluster, node: &str, sql: &str| {
+        cluster.sql_on(node, DB, sql)
+    };
+    let keys = "SELECT min(id) || '-' || max(id) || ':' || count(*) FROM accounts";
+    let in_range = |lo: i32, hi: i32| {
+        let ids: Vec<&i32> = expected
+            .keys()
+            .filter(|id| (lo..hi).contains(*id))
+            .collect();
+        format!("{}-{}:{}", ids[0], ids[ids.len() - 1], ids.len())
+    };
+    assert_eq!(on(&lower, "lo-pg1", keys), in_range(100, 250));
+    assert_eq!(on(&upper, "hi-pg1", keys), in_range(250, i32::MAX));
+    for (cluster, node) in [(&lower, "lo-pg1"), (&upper, "hi-pg1")] {
+        assert_eq!(
+            on(
+                cluster,
+                node,
+                "SELECT string_agg(name, ',' ORDER BY id) FROM regions"
+            ),
+            "north,south",
+            "the reference table on {node}"
+        );
+    }
+    let old = shards[1]
+        .node("pg1")
+        .psql(DB, "UPDATE accounts SET balance = 0");
+    let refused = old.expect_err("the old copy refuses writes").to_string();
+    assert!(refused.contains("s1-lo"), "{refused}");
+    let config_text = std::fs::read_to_string(&pgherd.config_path).expect("the config");
+    assert!(
+        said.contains("public.orders is split by a column outside its primary key"),
+        "{said}"
+    );
+    let counted = |cluster: &pgherd_testkit::TestCluster, node: &str, table: &str| {
+        on(cluster, node, &format!("SELECT count(*) FROM {table}"))
+    };
+    assert_eq!(counted(&lower, "lo-pg1", "orders WHERE account < 250"), "2");
+    assert_eq!(counted(&lower, "lo-pg1", "orders"), "2");
+    assert_eq!(counted(&upper, "hi-pg1", "orders"), "2");
+    assert_eq!(
+        counted(&lower, "lo-pg1", "tags"),
+        "2",
+        "a list table stays whole"
+    );
+    assert_eq!(counted(&upper, "hi-pg1", "tags"), "0");
+    // The new shard's sequence was put where shard 1's was: a new order there takes a new id.
+    client
+        .batch_execute("INSERT INTO orders (account) VALUES (330)")
+        .await
+        .expect("an order on the new shard");
+    assert_eq!(
+        on(
+            &upper,
+            "hi-pg1",
+            "SELECT string_agg(id::text, ',' ORDER BY id) FROM orders"
+        ),
+        "3,4,5"
+    );
+    assert!(
+        config_text.contains("starts = [0, 100, 250]")
+            && config_text.contains("values = [[\"1\"], [\"2\"], []]")
+            && config_text.contains("\"s1-lo\"")
+            && config_text.contains("\"s2\"")
+            && !config_text.contains("\"shard1\""),
+        "{config_text}"
+    );
+    // A write to each side lands where the new layout places it.
+    client
+        .batch_execute("UPDATE accounts SET balance = -1 WHERE id IN (101, 301)")
+        .await
+        .expect("writes to both sides");
+    assert_eq!(
+        on(
+            &lower,
+            "lo-pg1",
+            "SELECT balance FROM accounts WHERE id = 101"
+        ),
+        "-1"
+    );
+    assert_eq!(
+        on(
+            &upper,
+            "hi-pg1",
+            "SELECT balance FROM accounts WHERE id = 301"
+        ),
+        "-1"
+    );
+}

@@ -56,6 +56,10 @@ pub enum BenchCommand {
     /// transactions, the cut-over's pause, throughput around the move, and whether every
     /// committed transaction is in the data afterwards.
     ShardMove(shard_move::ShardMoveOptions),
+    /// `pgherd shard split` under pgbench load: two one-node shards with `pgbench_accounts`
+    /// by `aid` ranges, the last split at the middle of its range into two new clusters while
+    /// pgbench writes through pgherd; the same figures as `shard-move`.
+    ShardSplit(shard_move::ShardMoveOptions),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -185,7 +189,8 @@ pub fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Cache(options) => cache::cache(options),
         BenchCommand::Soak(options) => soak::soak(options),
         BenchCommand::Consistency(options) => consistency::run(options),
-        BenchCommand::ShardMove(options) => shard_move::run(options),
+        BenchCommand::ShardMove(options) => shard_move::run(options, shard_move::Reshape::Move),
+        BenchCommand::ShardSplit(options) => shard_move::run(options, shard_move::Reshape::Split),
     }
 }
 

@@ -355,15 +355,14 @@ fn setup(options: &ScalingOptions, node_counts: &[usize]) -> Result<Fixture, Str
     let shards = match options.targets.contains(&ScalingTarget::PgherdShards) {
         true => Some(ShardClusters::create(
             &dir,
-            max_nodes,
+            (max_nodes, super::shards::hash_layout),
             &settings,
             &ProxySettings {
                 user: &user,
                 pool_size: options.pool_size,
                 workers: options.pgherd_workers,
             },
-            node_counts,
-            options.scale(),
+            (node_counts, options.scale()),
             &pgbench_bin,
         )?),
         false => None,

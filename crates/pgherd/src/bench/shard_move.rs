@@ -1,13 +1,16 @@
-//! `pgherd bench shard-move`: `pgherd shard move` under pgbench load. Three one-node clusters:
-//! two are the shards of a sharded pgherd (pgbench's tables loaded through it,
-//! `pgbench_accounts` spread by `aid`), the third an empty cluster shard 1 moves to. pgbench
+//! `pgherd bench shard-move` and `shard-split`: `pgherd shard move` or `shard split` under
+//! pgbench load. Two one-node clusters are the shards of a sharded pgherd (pgbench's tables
+//! loaded through it, `pgbench_accounts` spread by `aid`: by hash for a move, by ranges for a
+//! split), and one or two empty clusters take shard 1 (a move) or its two halves (a split, at
+//! the middle of its range: the upper half becomes shard 2). pgbench
 //! runs a write script through pgherd (each transaction adds 1 to one account's balance and
 //! reads it back) with a progress line a second; after a lead-in the move runs (copy, check,
 //! cut-over under PAUSE). Reported: the clients' failed transactions and aborted clients, the
-//! cut-over's pause as the move measured it, throughput before, during and after the move, the
-//! slowest second, and whether every committed transaction is in the balances read through
-//! pgherd afterwards (their sum equals pgbench's count of committed transactions: no
-//! acknowledged write lost, none applied twice).
+//! cut-over's pause as the command measured it, whether its consistency check of each copy
+//! found no difference, throughput before, during and after, the slowest second, and whether
+//! every committed transaction is in the balances read through pgherd afterwards (their sum
+//! equals pgbench's count of committed transactions: no acknowledged write lost, none applied
+//! twice, and a fan-out counts no row twice).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -15,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use super::consistency::parse_progress;
 use super::pgbench::parse_report;
-use super::shards::{ProxySettings, ShardClusters};
+use super::shards::{hash_layout, range_layout, ProxySettings, ShardClusters};
 use super::targets::BenchUser;
 use super::work_dir;
 
@@ -46,8 +49,27 @@ UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;\n\
 SELECT abalance FROM pgbench_accounts WHERE aid = :aid;\n\
 END;\n";
 
-/// The move as it ran.
+/// What is done to shard 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reshape {
+    /// `pgherd shard move 1` to a third cluster.
+    Move,
+    /// `pgherd shard split 1` at the middle of its range, into a third and a fourth cluster.
+    Split,
+}
+
+impl Reshape {
+    fn noun(self) -> &'static str {
+        match self {
+            Reshape::Move => "move",
+            Reshape::Split => "split",
+        }
+    }
+}
+
+/// The move or split as it ran.
 struct MoveRun {
+    reshape: Reshape,
     said: String,
     succeeded: bool,
     started_s: f64,
@@ -55,7 +77,7 @@ struct MoveRun {
     held_ms: Option<u64>,
 }
 
-pub fn run(options: ShardMoveOptions) -> Result<(), String> {
+pub fn run(options: ShardMoveOptions, reshape: Reshape) -> Result<(), String> {
     let (dir, _tmp) = work_dir(options.dir.as_ref())?;
     let binaries = pgherd_cluster::PgBinaries::find().map_err(|e| e.to_string())?;
     let pgbench = binaries.tool("pgbench");
@@ -66,13 +88,37 @@ pub fn run(options: ShardMoveOptions) -> Result<(), String> {
         workers: 0,
     };
     let settings = vec![("wal_level".to_owned(), "logical".to_owned())];
-    // Shards 0 and 1 loaded over two shards; the third cluster is where shard 1 goes.
-    let shards = ShardClusters::create(&dir, 3, &settings, &proxy, &[2], options.scale, &pgbench)?;
-    let target = shards.cluster(2).ok_or("no third cluster")?;
-    target.sql(
-        "postgres",
-        &format!("CREATE DATABASE shards2 OWNER {}", user.name),
+    // Shards 0 and 1 loaded over two shards; the others are where shard 1 goes.
+    let (clusters, layout) = match reshape {
+        Reshape::Move => (3, hash_layout as fn(usize, u32) -> String),
+        Reshape::Split => (4, range_layout as fn(usize, u32) -> String),
+    };
+    let shards = ShardClusters::create(
+        &dir,
+        (clusters, layout),
+        &settings,
+        &proxy,
+        (&[2], options.scale),
+        &pgbench,
     )?;
+    // Every shard's cluster took the first one's superuser password (pgherd logs in with it).
+    let password = &shards
+        .cluster(0)
+        .ok_or("no first cluster")?
+        .superuser_password;
+    let mut targets = Vec::new();
+    for k in 2..clusters {
+        let target = shards.cluster(k).ok_or("no target cluster")?;
+        target.sql(
+            "postgres",
+            &format!("CREATE DATABASE shards2 OWNER {}", user.name),
+        )?;
+        let node = target.cluster.primary();
+        targets.push(format!(
+            "host={} port={} user=postgres password={password} dbname=shards2",
+            node.host, node.port
+        ));
+    }
     let pgherd = shards.start_named_pgherd(2, &proxy, "pgherd-shard-move", true)?;
     let config = pgherd
         .config_path()
@@ -83,8 +129,11 @@ pub fn run(options: ShardMoveOptions) -> Result<(), String> {
     let url = user.url(pgherd.port, "bench");
 
     eprintln!(
-        "pgbench ({} clients, {} s) through the sharded pgherd; shard 1 moves after {} s ...",
-        options.clients, options.duration_s, options.lead_s
+        "pgbench ({} clients, {} s) through the sharded pgherd; shard 1's {} starts after {} s ...",
+        options.clients,
+        options.duration_s,
+        reshape.noun(),
+        options.lead_s
     );
     let t0 = Instant::now();
     let load = Command::new(&pgbench)
@@ -100,20 +149,33 @@ pub fn run(options: ShardMoveOptions) -> Result<(), String> {
         .spawn()
         .map_err(|e| format!("cannot run pgbench: {e}"))?;
     std::thread::sleep(Duration::from_secs(options.lead_s));
-    let target_node = target.cluster.primary();
-    // Every shard's cluster took the first one's superuser password (pgherd logs in with it).
-    let password = &shards
-        .cluster(0)
-        .ok_or("no first cluster")?
-        .superuser_password;
-    let moved = move_shard(
-        &config,
-        &format!(
-            "host={} port={} user=postgres password={} dbname=shards2",
-            target_node.host, target_node.port, password
-        ),
-        t0,
-    )?;
+    let args: Vec<String> = match reshape {
+        Reshape::Move => ["move", "1", "--to", &targets[0], "--name", "shard1-new"]
+            .map(str::to_owned)
+            .to_vec(),
+        Reshape::Split => {
+            // The middle of shard 1's range (the upper half of pgbench's keys).
+            let cut = 1 + 75_000 * u64::from(options.scale);
+            let at = cut.to_string();
+            [
+                "split",
+                "1",
+                "--at",
+                &at,
+                "--lower",
+                &targets[0],
+                "--lower-name",
+                "shard1-lo",
+                "--upper",
+                &targets[1],
+                "--upper-name",
+                "shard2",
+            ]
+            .map(str::to_owned)
+            .to_vec()
+        }
+    };
+    let moved = reshape_shard(&config, reshape, &args, t0)?;
     eprintln!("{}", moved.said.trim());
     let out = load.wait_with_output().map_err(|e| e.to_string())?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -144,32 +206,60 @@ pub fn run(options: ShardMoveOptions) -> Result<(), String> {
     }
     match moved.succeeded {
         true => Ok(()),
-        false => Err(format!("the move failed: {}", moved.said.trim())),
+        false => Err(format!(
+            "the {} failed: {}",
+            reshape.noun(),
+            moved.said.trim()
+        )),
     }
 }
 
-fn move_shard(config: &Path, to: &str, t0: Instant) -> Result<MoveRun, String> {
+fn reshape_shard(
+    config: &Path,
+    reshape: Reshape,
+    args: &[String],
+    t0: Instant,
+) -> Result<MoveRun, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let started = Instant::now();
     let out = Command::new(exe)
-        .args(["shard", "move", "1", "--to", to, "--name", "shard1-new"])
+        .arg("shard")
+        .args(args)
         .args(["--database", "shards2", "--config"])
         .arg(config)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("cannot run pgherd shard move: {e}"))?;
+        .map_err(|e| format!("cannot run pgherd shard {}: {e}", reshape.noun()))?;
     let said = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(MoveRun {
+        reshape,
         held_ms: held_ms(&said),
         succeeded: out.status.success(),
         said,
         started_s: started.duration_since(t0).as_secs_f64(),
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// How the consistency checks the command ran before its cut-over ended: one per copy, each
+/// "N tables checked on ...: no difference" when the copy is equal to the rows it holds.
+fn compared(said: &str, reshape: Reshape) -> String {
+    let copies = match reshape {
+        Reshape::Move => 1,
+        Reshape::Split => 2,
+    };
+    let same = said
+        .lines()
+        .filter(|l| l.contains(" tables checked on ") && l.ends_with(": no difference"))
+        .count();
+    match same {
+        n if n == copies => format!("{n} of {copies}: no difference"),
+        n => format!("{n} of {copies} found equal (see the command's output)"),
+    }
 }
 
 /// "new transactions were held N ms" in the move's report.
@@ -244,14 +334,21 @@ fn report(options: &ShardMoveOptions, moved: &MoveRun, load: Load) -> String {
         (Some(c), Some(s)) => format!("NO: balances add up to {s}, pgbench committed {c}"),
         _ => "unknown (no pgbench summary or no sum)".to_owned(),
     };
+    let noun = moved.reshape.noun();
+    let what = match moved.reshape {
+        Reshape::Move => "shard 1 to a third cluster",
+        Reshape::Split => {
+            "pgbench_accounts by aid ranges, shard 1 split at the middle of its range into a third and a fourth cluster"
+        }
+    };
     let mut out = format!(
-        "\n## pgherd shard move under pgbench load (scale {}, {} clients, one-node shards, shard 1 to a third cluster)\n\n",
+        "\n## pgherd shard {noun} under pgbench load (scale {}, {} clients, one-node shards, {what})\n\n",
         options.scale, options.clients
     );
     out.push_str("| figure | value |\n|---|---|\n");
     let mut row = |k: &str, v: String| out.push_str(&format!("| {k} | {v} |\n"));
     row(
-        "move",
+        noun,
         match moved.succeeded {
             true => format!(
                 "succeeded, {:.1} s (from {:.1} s into the load)",
@@ -266,6 +363,10 @@ fn report(options: &ShardMoveOptions, moved: &MoveRun, load: Load) -> String {
             .held_ms
             .map_or("not reported".to_owned(), |ms| format!("{ms} ms")),
     );
+    row(
+        "copies compared before the cut-over",
+        compared(&moved.said, moved.reshape),
+    );
     row("client transactions committed", show(load.committed));
     row("client transactions failed", show(load.failed));
     row("clients aborted by an error", load.aborted.to_string());
@@ -275,11 +376,11 @@ fn report(options: &ShardMoveOptions, moved: &MoveRun, load: Load) -> String {
     );
     row("every committed transaction in the balances", writes_kept);
     row(
-        "TPS before / during / after the move",
+        &format!("TPS before / during / after the {noun}"),
         format!("{before} / {during} / {after}"),
     );
     row(
-        "slowest second during the move",
+        &format!("slowest second during the {noun}"),
         if slowest.is_finite() {
             format!("{slowest:.0} TPS")
         } else {
@@ -289,8 +390,7 @@ fn report(options: &ShardMoveOptions, moved: &MoveRun, load: Load) -> String {
     if end_s > options.duration_s as f64 {
         row(
             "note",
-            "the move ended after the load: its cut-over was not under load (raise --duration-s)"
-                .to_owned(),
+            format!("the {noun} ended after the load: its cut-over was not under load (raise --duration-s)"),
         );
     }
     out
@@ -307,5 +407,9 @@ mod tests {
             Some(123)
         );
         assert_eq!(held_ms("pgherd: no"), None);
+        let said = "2 tables checked on shard1, h:1/db: no difference\n\
+                    2 tables checked on shard1, h:2/db: no difference\n";
+        assert_eq!(compared(said, Reshape::Split), "2 of 2: no difference");
+        assert!(compared(said, Reshape::Move).starts_with("2 of 1"));
     }
 }

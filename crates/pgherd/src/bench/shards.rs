@@ -19,6 +19,24 @@ use super::{fmt, pgbench_init};
 /// One-node clusters, shard `k` the `k`-th.
 pub struct ShardClusters {
     clusters: Vec<BenchCluster>,
+    scale: u32,
+    /// How `pgbench_accounts` is spread: `[[sharding.tables]]`'s method lines for `n` shards.
+    layout: fn(usize, u32) -> String,
+}
+
+/// `pgbench_accounts` by a hash of `aid`.
+pub fn hash_layout(_shards: usize, _scale: u32) -> String {
+    String::new()
+}
+
+/// `pgbench_accounts` by `aid` ranges of equal size (pgbench's keys run from 1 to 100,000
+/// per scale unit).
+pub fn range_layout(shards: usize, scale: u32) -> String {
+    let rows = 100_000 * u64::from(scale);
+    let starts: Vec<String> = (0..shards as u64)
+        .map(|k| (1 + k * rows / shards as u64).to_string())
+        .collect();
+    format!("method = \"range\"\nstarts = [{}]\n", starts.join(", "))
 }
 
 /// How the benchmark's pgherds are set up, whatever they front.
@@ -30,14 +48,14 @@ pub struct ProxySettings<'a> {
 
 impl ShardClusters {
     /// `count` one-node clusters under `dir` (all with the first one's superuser password,
-    /// which pgherd logs in with), each loaded for every shard count in `counts` it belongs to.
+    /// which pgherd logs in with), each loaded for every shard count in `counts` it belongs to;
+    /// `layout` says how pgherd spreads `pgbench_accounts` ([`hash_layout`], [`range_layout`]).
     pub fn create(
         dir: &Path,
-        count: usize,
+        (count, layout): (usize, fn(usize, u32) -> String),
         settings: &[(String, String)],
         proxy: &ProxySettings,
-        counts: &[usize],
-        scale: u32,
+        (counts, scale): (&[usize], u32),
         pgbench: &Path,
     ) -> Result<ShardClusters, String> {
         eprintln!(
@@ -66,7 +84,11 @@ impl ShardClusters {
             }
             clusters.push(cluster);
         }
-        let shards = ShardClusters { clusters };
+        let shards = ShardClusters {
+            clusters,
+            layout,
+            scale,
+        };
         for &n in counts {
             for cluster in &shards.clusters[..n] {
                 cluster.sql(
@@ -102,7 +124,8 @@ impl ShardClusters {
     ) -> Result<ProxyProcess, String> {
         let mut extra = format!(
             "[databases.bench]\ndbname = \"shards{n}\"\n\n[sharding]\n\
-             [[sharding.tables]]\ntable = \"pgbench_accounts\"\ncolumn = \"aid\"\ntype = \"integer\"\n\n"
+             [[sharding.tables]]\ntable = \"pgbench_accounts\"\ncolumn = \"aid\"\ntype = \"integer\"\n{}\n",
+            (self.layout)(n, self.scale)
         );
         for (k, cluster) in self.clusters.iter().enumerate().take(n).skip(1) {
             let node = cluster.cluster.primary();

@@ -213,10 +213,7 @@ async fn check(config: &Config, options: &CheckOptions) -> Result<Vec<TableRepor
                         "no set named {set} with tables on {}",
                         reference.name
                     ))
-                })?
-                .into_iter()
-                .map(|t| t.name)
-                .collect::<Vec<_>>(),
+                })?,
         ),
     };
     let tables: Vec<TableShape> = reference
@@ -228,7 +225,14 @@ async fn check(config: &Config, options: &CheckOptions) -> Result<Vec<TableRepor
         .collect::<Result<Vec<_>, _>>()?
         .into_iter()
         .filter(|t| table_selected(&t.name, &options.tables))
-        .filter(|t| in_set.as_ref().is_none_or(|set| set.contains(&t.name)))
+        .filter_map(|t| match &in_set {
+            None => Some(t),
+            // The set's row filter says which of the origin's rows its subscribers hold.
+            Some(set) => set.iter().find(|s| s.name == t.name).map(|s| TableShape {
+                row_filter: s.row_filter.clone(),
+                ..t
+            }),
+        })
         .collect();
     let progress = progress_bar(tables.iter().map(|t| t.estimated_rows).sum());
     let started = Instant::now();
@@ -489,10 +493,17 @@ async fn read_chunk(
             .first()
             .map(|r| r.iter().map(|v| v.clone().unwrap_or_default()).collect());
     }
-    let sql = table.checksum_sql(&chunk);
+    let (on_origin, elsewhere) = (
+        table.checksum_sql(&chunk, true),
+        table.checksum_sql(&chunk, false),
+    );
     let (on_primary, on_replicas) = tokio::join!(
-        sum_on(primary, &sql),
-        join_all(replicas.iter_mut().map(|replica| sum_on(replica, &sql)))
+        sum_on(primary, &on_origin),
+        join_all(
+            replicas
+                .iter_mut()
+                .map(|replica| sum_on(replica, &elsewhere))
+        )
     );
     let mut sums = Vec::with_capacity(on_replicas.len() + 1);
     for sum in std::iter::once(on_primary).chain(on_replicas) {

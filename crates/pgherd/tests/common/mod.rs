@@ -329,3 +329,34 @@ pub async fn pause_with_a_queued_request<T: Send + 'static>(
         "the queued request started a transaction while pgherd was paused"
     );
 }
+
+/// One phase of the dashboard's browser test (tests/dashboard/dashboard.mjs) against the API
+/// at `api`; its output. Screenshots go to target/test-artifacts.
+pub fn dashboard_phase(api: &str, token: &str, name: &str, vars: &[(&str, &str)]) -> String {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/dashboard");
+    let shots =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-artifacts");
+    std::fs::create_dir_all(&shots).expect("artifact dir");
+    let mut cmd = std::process::Command::new("node");
+    cmd.current_dir(&dir)
+        .arg("dashboard.mjs")
+        .arg(name)
+        .env("PGHERD_API", api)
+        .env("PGHERD_TOKEN", token)
+        .env("SCREENSHOTS", &shots);
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run node (see tests/dashboard)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "dashboard phase {name} failed:\n{text}"
+    );
+    eprintln!("{}", text.trim());
+    text
+}

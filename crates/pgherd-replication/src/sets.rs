@@ -265,6 +265,18 @@ pub fn choose_sequences<'a>(
     Ok(chosen)
 }
 
+/// The sequences a set keeps in step: those its patterns choose, less those taken out.
+pub fn set_sequences<'a>(
+    sequences: &'a [Sequence],
+    patterns: &[String],
+    excluded: &[String],
+) -> Vec<&'a Sequence> {
+    sequences
+        .iter()
+        .filter(|(name, _)| table_selected(name, patterns) && !excluded.contains(name))
+        .collect()
+}
+
 /// A sequence's state: its last value and whether that value was handed out.
 pub fn sequence_value_sql(sql_name: &str) -> String {
     format!("SELECT last_value::text, is_called::text FROM {sql_name}")
@@ -503,11 +515,28 @@ pub fn with_patterns(
     (all, staying_out)
 }
 
-/// On the origin: the set's table patterns, as given.
-pub fn set_patterns_sql(set: &str, patterns: &[String]) -> String {
-    let list: Vec<String> = patterns.iter().map(|p| quote_literal(p)).collect();
+/// The arrays of a set's catalog row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetArray {
+    /// Table patterns.
+    Patterns,
+    /// Sequence patterns.
+    Sequences,
+    /// Tables and sequences taken out (a table and a sequence of one schema never share a
+    /// name).
+    Excluded,
+}
+
+/// On the origin: one array of the set's catalog row, as given.
+pub fn set_array_sql(set: &str, array: SetArray, values: &[String]) -> String {
+    let column = match array {
+        SetArray::Patterns => "patterns",
+        SetArray::Sequences => "sequences",
+        SetArray::Excluded => "excluded",
+    };
+    let list: Vec<String> = values.iter().map(|p| quote_literal(p)).collect();
     format!(
-        "UPDATE pgherd.sets SET patterns = ARRAY[{}]::text[] WHERE name = {}",
+        "UPDATE pgherd.sets SET {column} = ARRAY[{}]::text[] WHERE name = {}",
         list.join(", "),
         quote_literal(set)
     )
@@ -658,6 +687,14 @@ mod tests {
             "the subscriber has no sequence public.order_ids: create it there first"
         );
         assert_eq!(check_subscriber_sequences(&chosen, &all), Ok(()));
+        let everything = p("*");
+        assert_eq!(
+            set_sequences(&all, &everything, &p("public.invoice_ids")),
+            vec![&all[0]]
+        );
+        assert!(set_sequences(&all, &everything, &p("public.order_ids"))
+            .iter()
+            .all(|(name, _)| name != "public.order_ids"));
         assert_eq!(
             setval_sql("public.order_ids", 41, true),
             "SELECT setval('public.order_ids', 41, true)"
@@ -778,7 +815,7 @@ mod tests {
         );
         assert_eq!(staying_out, owned(&["public.order_notes"]));
         assert_eq!(
-            set_patterns_sql("shop", &owned(&["o'*"])),
+            set_array_sql("shop", SetArray::Patterns, &owned(&["o'*"])),
             "UPDATE pgherd.sets SET patterns = ARRAY['o''*']::text[] WHERE name = 'shop'"
         );
     }

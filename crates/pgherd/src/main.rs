@@ -13,6 +13,7 @@ mod script;
 mod set_drop;
 mod set_move;
 mod set_nodes;
+mod set_sequences;
 mod sets;
 mod shard_copy;
 mod shard_move;

@@ -183,9 +183,13 @@ pub(crate) async fn scan_set(
     if let Some(added) = added {
         let now = set_patterns(&mut conn, name).await.map_err(on_origin)?;
         let (patterns, staying_out) = set::with_patterns(&now.tables, &now.excluded, added);
-        conn.simple_query(&set::set_patterns_sql(name, &patterns))
-            .await
-            .map_err(|e| on_origin(e.to_string()))?;
+        conn.simple_query(&set::set_array_sql(
+            name,
+            set::SetArray::Patterns,
+            &patterns,
+        ))
+        .await
+        .map_err(|e| on_origin(e.to_string()))?;
         if !staying_out.is_empty() {
             eprintln!(
                 "set {name}: {} taken out of it (set drop-tables) and stay(s) out: the subscribers' copies are their own tables now",

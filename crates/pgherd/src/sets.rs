@@ -112,6 +112,29 @@ pub enum SetCommand {
         #[command(flatten)]
         on: Origin,
     },
+    /// Keep more sequences in step (their patterns join the set's; a sequence taken out that
+    /// they name comes back), put in step on each subscriber given now.
+    AddSequences {
+        name: String,
+        /// Sequence patterns, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        sequences: Vec<String>,
+        /// Subscribers to put them in step on now, as libpq connection strings.
+        #[arg(long)]
+        to: Vec<String>,
+        #[command(flatten)]
+        on: Origin,
+    },
+    /// Stop keeping sequences in step: they are recorded as taken out of the set; the
+    /// subscribers keep their own.
+    DropSequences {
+        name: String,
+        /// Patterns of the set's sequences to take out, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        sequences: Vec<String>,
+        #[command(flatten)]
+        on: Origin,
+    },
     /// The origin's sets: their tables, subscribers and how far each is behind.
     List {
         #[arg(long)]
@@ -163,6 +186,19 @@ pub fn run(command: SetCommand) -> Result<(), String> {
             to,
             on,
         } => runtime.block_on(crate::script::scan_set(&name, Some(&tables), &to, &on)),
+        SetCommand::AddSequences {
+            name,
+            sequences,
+            to,
+            on,
+        } => runtime.block_on(crate::set_sequences::add_sequences(
+            &name, &sequences, &to, &on,
+        )),
+        SetCommand::DropSequences {
+            name,
+            sequences,
+            on,
+        } => runtime.block_on(crate::set_sequences::drop_sequences(&name, &sequences, &on)),
         SetCommand::Scan { name, to, on } => {
             runtime.block_on(crate::script::scan_set(&name, None, &to, &on))
         }
@@ -295,19 +331,10 @@ pub(crate) async fn sync_sequences(
     subscribers: &[(&str, &tokio_postgres::Client)],
 ) -> Result<usize, String> {
     let on_origin = |e: String| format!("origin {origin_name}: {e}");
-    let patterns_sql = format!(
-        "SELECT array_to_json(sequences)::text FROM pgherd.sets WHERE name = {}",
-        quote_literal(set_name)
-    );
-    let patterns: Vec<String> = first(&conn_rows(origin, &patterns_sql).await.map_err(on_origin)?)
-        .and_then(|p| serde_json::from_str(&p).ok())
-        .ok_or_else(|| on_origin(format!("no set named {set_name}")))?;
-    let all = sequences_of(
-        &conn_rows(origin, set::SEQUENCES_SQL)
-            .await
-            .map_err(on_origin)?,
-    );
-    let chosen = set::choose_sequences(&all, &patterns).map_err(|e| refused(set_name, e))?;
+    let kept = set_sequences_on(origin, set_name)
+        .await
+        .map_err(on_origin)?;
+    let chosen: Vec<&set::Sequence> = kept.iter().collect();
     for (shown, client) in subscribers {
         let theirs = client_rows(client, set::SEQUENCES_SQL)
             .await
@@ -337,8 +364,26 @@ pub(crate) async fn sync_sequences(
     Ok(chosen.len())
 }
 
+/// The sequences the set keeps in step (its patterns less those taken out).
+pub(crate) async fn set_sequences_on(
+    origin: &mut ServerConn,
+    set_name: &str,
+) -> Result<Vec<set::Sequence>, String> {
+    if set_tables(origin, set_name).await?.is_none() {
+        return Err(format!("no set named {set_name}"));
+    }
+    let patterns = crate::set_nodes::set_patterns(origin, set_name).await?;
+    let all = sequences_of(&conn_rows(origin, set::SEQUENCES_SQL).await?);
+    Ok(
+        set::set_sequences(&all, &patterns.sequences, &patterns.excluded)
+            .into_iter()
+            .cloned()
+            .collect(),
+    )
+}
+
 /// The rows of [`set::SEQUENCES_SQL`] as sequences.
-fn sequences_of(rows: &[Vec<Option<String>>]) -> Vec<set::Sequence> {
+pub(crate) fn sequences_of(rows: &[Vec<Option<String>>]) -> Vec<set::Sequence> {
     rows.iter()
         .filter_map(|r| Some((r.first()?.clone()?, r.get(1)?.clone()?)))
         .collect()

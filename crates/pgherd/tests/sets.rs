@@ -490,6 +490,51 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
         "1236"
     );
 
+    // A sequence taken out of the set is no longer moved on the subscriber; added back, it is.
+    refused(
+        &set(&env, &["drop-sequences", "shop", "--sequences", "nope*"]),
+        "the patterns nope* match no sequence it keeps in step",
+    );
+    let out = set(
+        &env,
+        &["drop-sequences", "shop", "--sequences", "order_ids"],
+    );
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("set shop: public.order_ids no longer kept in step"),
+        "{said}"
+    );
+    env.direct("SELECT nextval('order_ids')");
+    let out = set(&env, &["sync-sequences", "shop", "--to", &to]);
+    assert!(
+        text(&out).contains("set shop: 0 sequences in step"),
+        "{}",
+        text(&out)
+    );
+    let last_value = || {
+        subscriber
+            .sql_on("pg1", APP, "SELECT last_value FROM order_ids")
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(last_value(), "1236", "a sequence out of the set stays");
+    let out = set(
+        &env,
+        &[
+            "add-sequences",
+            "shop",
+            "--sequences",
+            "order_ids",
+            "--to",
+            &to,
+        ],
+    );
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("1 sequence in step on 127.0.0.1:"), "{said}");
+    assert_eq!(last_value(), "1237", "added back, it is in step at once");
+
     // The set's copies compared at one point (the origin's lock, the set's marker): the same;
     // then a row changed behind replication's back on the subscriber is found, with its range.
     let check = |extra: &[&str]| {
@@ -647,7 +692,7 @@ async fn a_set_of_some_tables_replicates_to_a_second_cluster() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Sequences in step: the new origin hands out the value after the old one's last.
-    assert_eq!(on_subscriber("SELECT nextval('order_ids')"), "1237");
+    assert_eq!(on_subscriber("SELECT nextval('order_ids')"), "1238");
 }
 
 /// A table leaves a set: the origin stops publishing it, the subscriber keeps its copy as its

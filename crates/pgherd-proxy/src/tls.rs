@@ -166,13 +166,24 @@ impl ServerCertVerifier for ChainOnly {
 pub fn server_connector(
     settings: &ServerTls,
 ) -> Result<Option<tokio_rustls::TlsConnector>, String> {
+    if settings.mode == ServerTlsMode::Disable {
+        return Ok(None);
+    }
+    let config = postgres_client_config(settings, true)?;
+    Ok(Some(tokio_rustls::TlsConnector::from(Arc::new(config))))
+}
+
+/// TLS towards a PostgreSQL server: its certificate verified as `[server_tls]` says when
+/// `verify` (verify-ca, verify-full), else accepted as libpq's `require` and `prefer` do.
+pub fn postgres_client_config(
+    settings: &ServerTls,
+    verify: bool,
+) -> Result<rustls::ClientConfig, String> {
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?;
     let verifier: Arc<dyn ServerCertVerifier> = match settings.mode {
-        ServerTlsMode::Disable => return Ok(None),
-        ServerTlsMode::Prefer | ServerTlsMode::Require => Arc::new(AcceptAnyServerCert(provider())),
-        ServerTlsMode::VerifyCa | ServerTlsMode::VerifyFull => {
+        ServerTlsMode::VerifyCa | ServerTlsMode::VerifyFull if verify => {
             let ca = settings
                 .ca_file
                 .as_deref()
@@ -187,12 +198,12 @@ pub fn server_connector(
                 webpki
             }
         }
+        _ => Arc::new(AcceptAnyServerCert(provider())),
     };
-    let config = builder
+    Ok(builder
         .dangerous()
         .with_custom_certificate_verifier(verifier)
-        .with_no_client_auth();
-    Ok(Some(tokio_rustls::TlsConnector::from(Arc::new(config))))
+        .with_no_client_auth())
 }
 
 /// The common name of a client certificate's subject, for `cert` authentication.

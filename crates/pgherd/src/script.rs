@@ -62,7 +62,7 @@ async fn execute(options: &ScriptOptions, steps: &[Step]) -> Result<(), String> 
             origin.name, options.on.database
         ));
     }
-    let mut subscribers = given_subscribers(&mut conn, name, &options.to)
+    let mut subscribers = given_subscribers(&mut conn, name, (&options.to, &config.server_tls))
         .await
         .map_err(|e| format!("{e}; nothing was run"))?;
     for (i, step) in steps.iter().enumerate() {
@@ -177,7 +177,7 @@ pub(crate) async fn scan_set(
             origin.name, on.database
         ));
     }
-    let subscribers = given_subscribers(&mut conn, name, to)
+    let subscribers = given_subscribers(&mut conn, name, (to, &config.server_tls))
         .await
         .map_err(|e| format!("{e}; nothing was changed"))?;
     if let Some(added) = added {

@@ -28,7 +28,7 @@ pub(crate) async fn drop_tables(
         .ok_or_else(|| on_origin(format!("no set named {name} in {}", on.database)))?;
     let chosen = set::choose_members(&members, patterns)
         .map_err(|e| format!("set {name}: {e}; nothing was changed"))?;
-    let subscribers = given_subscribers(&mut conn, name, to)
+    let subscribers = given_subscribers(&mut conn, name, (to, &config.server_tls))
         .await
         .map_err(|e| format!("{e}; nothing was changed"))?;
     // A catalog made before tables could leave a set gains the column that records them.

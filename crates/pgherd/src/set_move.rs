@@ -142,7 +142,7 @@ impl<'a> Move<'a> {
         let to: Vec<String> = std::iter::once(new_origin.to_owned())
             .chain(others.iter().cloned())
             .collect();
-        let mut subscribers = given_subscribers(&mut conn, name, &to)
+        let mut subscribers = given_subscribers(&mut conn, name, (&to, &config.server_tls))
             .await
             .map_err(|e| format!("{e}; nothing was changed"))?;
         let target = subscribers.remove(0);

@@ -122,7 +122,7 @@ pub(crate) async fn recorded_subscribers(
 pub(crate) async fn given_subscribers(
     origin: &mut ServerConn,
     set_name: &str,
-    to: &[String],
+    (to, tls): (&[String], &pgherd_config::ServerTls),
 ) -> Result<Vec<Subscriber>, String> {
     let recorded = recorded_subscribers(origin, set_name).await?;
     let mut given = Vec::new();
@@ -131,7 +131,7 @@ pub(crate) async fn given_subscribers(
         let Some((subscription, _)) = recorded.iter().find(|(_, s)| *s == shown) else {
             return Err(format!("set {set_name}: {shown} does not subscribe to it"));
         };
-        let client = connect_subscriber(&shown, &config).await?;
+        let client = connect_subscriber(&shown, &config, tls).await?;
         given.push(Subscriber {
             shown,
             conninfo: conninfo.clone(),

@@ -35,7 +35,10 @@ pub(crate) async fn add_sequences(
     let mut subscribers = Vec::new();
     for conninfo in to {
         let (shown, parsed) = subscriber_at(conninfo)?;
-        subscribers.push((shown.clone(), connect_subscriber(&shown, &parsed).await?));
+        subscribers.push((
+            shown.clone(),
+            connect_subscriber(&shown, &parsed, &config.server_tls).await?,
+        ));
     }
     let now = crate::set_nodes::set_patterns(&mut conn, name)
         .await

@@ -304,7 +304,7 @@ async fn sync_sequences_to(name: &str, to: &[String], on: &Origin) -> Result<(),
     let mut subscribers = Vec::new();
     for conninfo in to {
         let (shown, parsed) = subscriber_at(conninfo)?;
-        let client = connect_subscriber(&shown, &parsed).await?;
+        let client = connect_subscriber(&shown, &parsed, &config.server_tls).await?;
         subscribers.push((shown, client));
     }
     let subscribers: Vec<(&str, &tokio_postgres::Client)> =
@@ -414,7 +414,7 @@ pub(crate) async fn subscribe(
             origin.name, on.database
         ));
     };
-    let subscriber = connect_subscriber(&shown, &subscriber_config).await?;
+    let subscriber = connect_subscriber(&shown, &subscriber_config, &config.server_tls).await?;
     let on_subscriber = |e: tokio_postgres::Error| format!("subscriber {shown}: {}", pg_error(&e));
     let subscriber_tables: Vec<TableShape> = client_rows(&subscriber, TABLES_SQL)
         .await
@@ -736,15 +736,34 @@ pub(crate) fn subscriber_at(conninfo: &str) -> Result<(String, tokio_postgres::C
     Ok((describe(&parsed), parsed))
 }
 
-/// A session to a subscriber (plain TCP), its connection driven in the background.
+/// A session to a subscriber, its connection driven in the background. Its `sslmode` says
+/// whether TLS is used, as libpq's does (`prefer`, the default, tries it first); with
+/// `require` its certificate is verified as `[server_tls]` verifies the nodes' (verify-ca,
+/// verify-full), else accepted as libpq's `require` does.
 pub(crate) async fn connect_subscriber(
     shown: &str,
     config: &tokio_postgres::Config,
+    tls: &pgherd_config::ServerTls,
 ) -> Result<tokio_postgres::Client, String> {
-    let (client, connection) = config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .map_err(|e| format!("cannot connect to the subscriber {shown}: {}", pg_error(&e)))?;
+    let failed = |e: tokio_postgres::Error| {
+        format!("cannot connect to the subscriber {shown}: {}", pg_error(&e))
+    };
+    let verify = match config.get_ssl_mode() {
+        tokio_postgres::config::SslMode::Disable => {
+            let (client, connection) = config
+                .connect(tokio_postgres::NoTls)
+                .await
+                .map_err(failed)?;
+            tokio::spawn(connection);
+            return Ok(client);
+        }
+        tokio_postgres::config::SslMode::Require => true,
+        _ => false,
+    };
+    let rustls = pgherd_proxy::tls::postgres_client_config(tls, verify)
+        .map_err(|e| format!("TLS to the subscriber {shown}: {e}"))?;
+    let connector = tokio_postgres_rustls::MakeRustlsConnect::new(rustls);
+    let (client, connection) = config.connect(connector).await.map_err(failed)?;
     tokio::spawn(connection);
     Ok(client)
 }

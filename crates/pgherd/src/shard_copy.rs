@@ -51,7 +51,7 @@ pub(crate) async fn make_copy(
     order: CopyOrder<'_>,
 ) -> Result<Copy, String> {
     let (shown, parsed) = subscriber_at(order.to)?;
-    let client = connect_subscriber(&shown, &parsed).await?;
+    let client = connect_subscriber(&shown, &parsed, &config.server_tls).await?;
     let theirs = client_rows(&client, TABLES_SQL)
         .await
         .map_err(|e| format!("{shown}: {}", pg_error(&e)))?;

@@ -215,37 +215,8 @@ fn tls_to_clients_and_certificate_auth() {
 
 #[test]
 fn tls_to_servers() {
-    let probe = tempfile_dir();
-    let certs = TestCerts::create(&probe.join("certs"));
-    // PostgreSQL reads its key only if the postgres OS user owns it.
-    let _ = std::process::Command::new("chown")
-        .arg("-R")
-        .arg("postgres:postgres")
-        .arg(&certs.dir)
-        .status();
-    let cluster = TestCluster::start_with(pgherd_testkit::ClusterOptions {
-        replicas: 0,
-        settings: vec![
-            ("ssl".into(), "on".into()),
-            (
-                "ssl_cert_file".into(),
-                format!("'{}'", certs.server_cert.display()),
-            ),
-            (
-                "ssl_key_file".into(),
-                format!("'{}'", certs.server_key.display()),
-            ),
-        ],
-        ..Default::default()
-    });
+    let (cluster, certs, probe) = tls_only_cluster();
     let app = cluster.create_user(APP, APP_PASSWORD);
-    // pgherd's own connections must use TLS too: refuse plain TCP on the server side.
-    let hba = cluster.primary().data_dir.join("pg_hba.conf");
-    let text = std::fs::read_to_string(&hba)
-        .unwrap()
-        .replace("host    ", "hostssl ");
-    std::fs::write(&hba, text).unwrap();
-    cluster.sql("SELECT pg_reload_conf()");
     let config = PgherdConfig::new().user(APP, &app, "").section(&format!(
         "[server_tls]\nmode = \"verify-full\"\nca_file = \"{}\"",
         certs.ca_file.display()
@@ -258,10 +229,4 @@ fn tls_to_servers() {
     .unwrap();
     assert_eq!(out, "t", "pgherd's server connection must use TLS");
     let _ = std::fs::remove_dir_all(&probe);
-}
-
-fn tempfile_dir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("pgherd-certs-{}", rand::random::<u32>()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }

@@ -858,3 +858,73 @@ async fn a_table_leaves_a_set_and_stays_out() {
         text(&out)
     );
 }
+
+/// A subscriber that takes TCP connections over TLS only (`hostssl`) is reached over TLS by
+/// every set command, as its connection string's `sslmode` says: subscribed, compared, its
+/// sequences put in step; with `sslmode=disable` it refuses pgherd, and the error says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_takes_only_tls_is_reached_over_tls() {
+    let env = env(0, |c| c.superuser().manage_nodes());
+    let tables = "CREATE TABLE orders (id int PRIMARY KEY, item text); CREATE SEQUENCE order_ids";
+    env.direct(tables);
+    env.direct("INSERT INTO orders VALUES (1, 'a'), (2, 'b'); SELECT setval('order_ids', 42)");
+    let (subscriber, _certs, probe) = tls_only_cluster();
+    subscriber.sql(&format!("CREATE DATABASE {APP}"));
+    subscriber.sql_on("pg1", APP, tables);
+    let sub_port = subscriber.node("pg1").port;
+    let to = |mode: &str| {
+        format!(
+            "host=127.0.0.1 port={sub_port} user={SUPERUSER} password={SUPERUSER_PASSWORD} dbname={APP} sslmode={mode}"
+        )
+    };
+    let out = set(
+        &env,
+        &[
+            "create",
+            "shop",
+            "--tables",
+            "orders",
+            "--sequences",
+            "order_ids",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    refused(
+        &set(&env, &["subscribe", "shop", "--to", &to("disable")]),
+        "no encryption",
+    );
+    no_subscription_on(&env, &subscriber);
+    let out = set(&env, &["subscribe", "shop", "--to", &to("require")]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        subscriber
+            .sql_on(
+                "pg1",
+                APP,
+                "SELECT count(*) || '/' || (SELECT last_value FROM order_ids) FROM orders"
+            )
+            .trim(),
+        "2/42"
+    );
+    // The default, prefer, tries TLS first.
+    let out = set(&env, &["sync-sequences", "shop", "--to", &to("prefer")]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = Command::new(BIN)
+        .args([
+            "check-consistency",
+            "--database",
+            APP,
+            "--set",
+            "shop",
+            "--to",
+        ])
+        .arg(to("require"))
+        .arg("--config")
+        .arg(&env.pgherd.config_path)
+        .output()
+        .expect("run check-consistency");
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("no difference"), "{said}");
+    let _ = std::fs::remove_dir_all(&probe);
+}

@@ -149,7 +149,7 @@ pub(super) async fn connect_set(
     let mut nodes = vec![origin];
     for conninfo in to {
         let (name, parsed) = crate::sets::subscriber_at(conninfo).map_err(CheckError::Config)?;
-        let client = crate::sets::connect_subscriber(&name, &parsed)
+        let client = crate::sets::connect_subscriber(&name, &parsed, &config.server_tls)
             .await
             .map_err(CheckError::Config)?;
         let mut subscriber = Checked {

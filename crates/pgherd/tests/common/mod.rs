@@ -360,3 +360,39 @@ pub fn dashboard_phase(api: &str, token: &str, name: &str, vars: &[(&str, &str)]
     eprintln!("{}", text.trim());
     text
 }
+
+/// A one-node cluster that takes TCP connections over TLS only (`hostssl`), with its test
+/// certificates and the directory they are in (remove it when done).
+pub fn tls_only_cluster() -> (TestCluster, pgherd_testkit::TestCerts, std::path::PathBuf) {
+    let probe = std::env::temp_dir().join(format!("pgherd-certs-{}", rand::random::<u32>()));
+    std::fs::create_dir_all(&probe).expect("a certificate directory");
+    let certs = pgherd_testkit::TestCerts::create(&probe.join("certs"));
+    // PostgreSQL reads its key only if the postgres OS user owns it.
+    let _ = std::process::Command::new("chown")
+        .arg("-R")
+        .arg("postgres:postgres")
+        .arg(&certs.dir)
+        .status();
+    let cluster = TestCluster::start_with(pgherd_testkit::ClusterOptions {
+        replicas: 0,
+        settings: vec![
+            ("ssl".into(), "on".into()),
+            (
+                "ssl_cert_file".into(),
+                format!("'{}'", certs.server_cert.display()),
+            ),
+            (
+                "ssl_key_file".into(),
+                format!("'{}'", certs.server_key.display()),
+            ),
+        ],
+        ..Default::default()
+    });
+    let hba = cluster.primary().data_dir.join("pg_hba.conf");
+    let text = std::fs::read_to_string(&hba)
+        .expect("pg_hba.conf")
+        .replace("host    ", "hostssl ");
+    std::fs::write(&hba, text).expect("pg_hba.conf written");
+    cluster.sql("SELECT pg_reload_conf()");
+    (cluster, certs, probe)
+}

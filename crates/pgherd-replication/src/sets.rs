@@ -542,6 +542,27 @@ pub fn set_array_sql(set: &str, array: SetArray, values: &[String]) -> String {
     )
 }
 
+/// On a subscriber of a set being dropped (its subscription gone): the set's tables take
+/// writes and its marker table goes.
+pub fn leave_set_sql(set: &str, tables: &[&str]) -> String {
+    let mut sql = allow_writes_sql(set, tables);
+    if !sql.is_empty() {
+        sql.push_str("; ");
+    }
+    sql.push_str(&format!("DROP TABLE IF EXISTS {}", marker_table(set)));
+    sql
+}
+
+/// On the origin of a set being dropped: its publication, catalog rows (its subscribers'
+/// with them) and marker table, in one transaction.
+pub fn drop_set_sql(set: &str) -> String {
+    format!(
+        "BEGIN; {}; DROP TABLE IF EXISTS {}; COMMIT",
+        release_sql(set),
+        marker_table(set)
+    )
+}
+
 /// On the old origin, after the move: its publication and catalog rows for the set go.
 pub fn release_sql(set: &str) -> String {
     format!(

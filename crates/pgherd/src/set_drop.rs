@@ -4,10 +4,16 @@
 //! the set's patterns); each subscriber refreshes its subscription, which stops applying them,
 //! and its copies stop refusing local writes: they are its own tables from then on. Nothing is
 //! dropped and no row is removed anywhere.
+//!
+//! `pgherd set drop NAME --to SUBSCRIBER...`: the whole set goes, as Slony-I's DROP SET: each
+//! subscriber's subscription and its slot on the origin, the copies' deny-write triggers and
+//! marker table, then the origin's publication, catalog rows and marker table. No table and
+//! no row is dropped: the subscribers' copies are their own tables from then on.
 
 use pgherd_config::Config;
 use pgherd_replication::sets as set;
 
+use crate::set_move::drop_old_slot;
 use crate::set_nodes::{given_subscribers, set_user_tables};
 use crate::sets::{origin_session, Origin};
 use crate::sql_session::pg_error;
@@ -78,6 +84,58 @@ pub(crate) async fn drop_tables(
                 } else {
                     "their"
                 }
+            ),
+        }
+    );
+    Ok(())
+}
+
+pub(crate) async fn drop_set(name: &str, to: &[String], on: &Origin) -> Result<(), String> {
+    set::check_name(name).map_err(|e| e.to_string())?;
+    let config = Config::load(&on.at.config_path()?).map_err(|e| e.to_string())?;
+    let (origin, mut conn) = origin_session(&config, on).await?;
+    let on_origin = |e: String| format!("origin {}: {e}", origin.name);
+    let members = set_user_tables(&mut conn, name)
+        .await
+        .map_err(on_origin)?
+        .ok_or_else(|| on_origin(format!("no set named {name} in {}", on.database)))?;
+    let subscribers = given_subscribers(&mut conn, name, (to, &config.server_tls))
+        .await
+        .map_err(|e| format!("{e}; nothing was changed"))?;
+    let tables: Vec<&str> = members.iter().map(|t| t.sql_name.as_str()).collect();
+    for s in &subscribers {
+        let on_subscriber = |e: tokio_postgres::Error| {
+            format!(
+                "subscriber {}: {}; set {name} is still on {} (run this again)",
+                s.shown,
+                pg_error(&e),
+                origin.name
+            )
+        };
+        s.client
+            .batch_execute(&set::drop_subscription_sql(&s.subscription, true))
+            .await
+            .map_err(on_subscriber)?;
+        s.client
+            .batch_execute(&set::leave_set_sql(name, &tables))
+            .await
+            .map_err(on_subscriber)?;
+        drop_old_slot(&mut conn, &origin.name, &s.subscription).await?;
+    }
+    conn.simple_query(&set::drop_set_sql(name))
+        .await
+        .map_err(|e| on_origin(e.to_string()))?;
+    let shown: Vec<&str> = subscribers.iter().map(|s| s.shown.as_str()).collect();
+    println!(
+        "set {name} dropped on {}{}; no table was dropped",
+        origin.name,
+        match shown.as_slice() {
+            [] => String::new(),
+            s => format!(
+                "; {} keep{} the copies as {} own",
+                s.join(", "),
+                if s.len() == 1 { "s" } else { "" },
+                if s.len() == 1 { "its" } else { "their" }
             ),
         }
     );

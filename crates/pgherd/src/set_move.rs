@@ -380,7 +380,11 @@ impl<'a> Move<'a> {
 }
 
 /// A subscriber's slot on the old origin, once its sender let it go.
-async fn drop_old_slot(conn: &mut ServerConn, origin: &str, slot: &str) -> Result<(), String> {
+pub(crate) async fn drop_old_slot(
+    conn: &mut ServerConn,
+    origin: &str,
+    slot: &str,
+) -> Result<(), String> {
     match drop_slot_when_released(conn, slot, SLOT_RELEASE_WAIT).await {
         Ok(_) => Ok(()),
         Err(SlotDrop::Failed(e)) => Err(format!("origin {origin}: slot {slot} was not dropped: {e}")),

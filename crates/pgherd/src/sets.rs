@@ -135,6 +135,17 @@ pub enum SetCommand {
         #[command(flatten)]
         on: Origin,
     },
+    /// Drop a set (Slony-I's DROP SET): each subscriber (every one, with `--to`) stops
+    /// following it and keeps its copies as its own tables; the origin's publication, slots
+    /// and catalog rows go. No table or row is dropped.
+    Drop {
+        name: String,
+        /// Every subscriber of the set, as a libpq connection string.
+        #[arg(long)]
+        to: Vec<String>,
+        #[command(flatten)]
+        on: Origin,
+    },
     /// The origin's sets: their tables, subscribers and how far each is behind.
     List {
         #[arg(long)]
@@ -199,6 +210,9 @@ pub fn run(command: SetCommand) -> Result<(), String> {
             sequences,
             on,
         } => runtime.block_on(crate::set_sequences::drop_sequences(&name, &sequences, &on)),
+        SetCommand::Drop { name, to, on } => {
+            runtime.block_on(crate::set_drop::drop_set(&name, &to, &on))
+        }
         SetCommand::Scan { name, to, on } => {
             runtime.block_on(crate::script::scan_set(&name, None, &to, &on))
         }
@@ -251,7 +265,7 @@ pub(crate) async fn create(
         .is_empty()
     {
         return Err(format!(
-            "origin {}: a set named {name} exists already",
+            "origin {}: a set named {name} exists already (pgherd set drop {name} takes it away, with --to for each subscriber)",
             origin.name
         ));
     }

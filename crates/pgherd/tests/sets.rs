@@ -857,6 +857,32 @@ async fn a_table_leaves_a_set_and_stays_out() {
         "{}",
         text(&out)
     );
+
+    // The whole set goes; the subscriber keeps its copies, writable, and nothing follows.
+    refused(
+        &set(&env, &["drop", "shop"]),
+        &format!("its subscriber 127.0.0.1:{sub_port}/app was not given with --to"),
+    );
+    let out = set(&env, &["drop", "shop", "--to", &to]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("set shop dropped on pg1"), "{said}");
+    no_subscription_on(&env, &subscriber);
+    assert_eq!(published(), "", "the publication went");
+    subscriber.sql_on("pg1", APP, "INSERT INTO orders VALUES (99, 'mine')");
+    assert_eq!(
+        subscriber
+            .sql_on("pg1", APP, "SELECT count(*) FROM invoices")
+            .trim(),
+        "2",
+        "no row was dropped"
+    );
+    let out = set(&env, &["create", "shop", "--tables", "order*"]);
+    assert!(
+        out.status.success(),
+        "the name is free again: {}",
+        text(&out)
+    );
 }
 
 /// A subscriber that takes TCP connections over TLS only (`hostssl`) is reached over TLS by

@@ -159,7 +159,8 @@ async fn check_on(
 /// heard from its upstream within `wal_receiver_timeout` (the split-brain guard asks replicas
 /// whether they still hear the primary; a hung primary keeps the connection open but goes
 /// silent), on a primary the standbys streaming from it (application names can hold no
-/// newline), and on a replica the address it streams from (a primary's, or another
+/// newline; a logical subscriber's walsender, which holds a logical slot, is no standby), and
+/// on a replica the address it streams from (a primary's, or another
 /// replica's when it cascades).
 const CHECK_SQL: &str = "SELECT pg_is_in_recovery(), \
      CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END, \
@@ -168,7 +169,9 @@ const CHECK_SQL: &str = "SELECT pg_is_in_recovery(), \
      EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming' \
        AND (current_setting('wal_receiver_timeout')::interval = '0' \
             OR last_msg_receipt_time > now() - current_setting('wal_receiver_timeout')::interval)), \
-     (SELECT string_agg(application_name, E'\\n') FROM pg_stat_replication WHERE state = 'streaming'), \
+     (SELECT string_agg(application_name, E'\\n') FROM pg_stat_replication WHERE state = 'streaming' \
+       AND pid NOT IN (SELECT active_pid FROM pg_replication_slots \
+                        WHERE slot_type = 'logical' AND active_pid IS NOT NULL)), \
      (SELECT sender_host || ' ' || sender_port FROM pg_stat_wal_receiver)";
 
 /// Checks every node once, concurrently; used at startup so routing is known before the

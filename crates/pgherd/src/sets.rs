@@ -43,6 +43,12 @@ pub enum SetCommand {
         /// goes on in PostgreSQL).
         #[arg(long, default_value_t = 600)]
         wait_s: u64,
+        /// Copy the set anew from its origin (after a failover of the origin's cluster, whose
+        /// logical slots PostgreSQL 15 does not carry to the promoted standby): the
+        /// subscription detached from its old slot, the subscriber's copies emptied, the
+        /// subscription made again with a full copy.
+        #[arg(long)]
+        again: bool,
         #[command(flatten)]
         on: Origin,
     },
@@ -188,8 +194,15 @@ pub fn run(command: SetCommand) -> Result<(), String> {
             name,
             to,
             wait_s,
+            again,
             on,
-        } => runtime.block_on(subscribe(&name, &to, Duration::from_secs(wait_s), &on)),
+        } => {
+            let how = Subscribing {
+                wait: Duration::from_secs(wait_s),
+                again,
+            };
+            runtime.block_on(subscribe(&name, &to, how, &on))
+        }
         SetCommand::List { json, on } => runtime.block_on(list(json, &on)),
         SetCommand::AddTables {
             name,
@@ -408,10 +421,18 @@ async fn conn_rows(conn: &mut ServerConn, sql: &str) -> Result<Vec<Vec<Option<St
     conn.simple_query(sql).await.map_err(|e| e.to_string())
 }
 
+/// How `subscribe` goes about it.
+pub(crate) struct Subscribing {
+    /// How long the initial copy may take.
+    pub(crate) wait: Duration,
+    /// Copy anew: a subscription there is detached and the copies emptied first.
+    pub(crate) again: bool,
+}
+
 pub(crate) async fn subscribe(
     name: &str,
     to: &str,
-    wait: Duration,
+    Subscribing { wait, again }: Subscribing,
     on: &Origin,
 ) -> Result<(), String> {
     set::check_name(name).map_err(|e| e.to_string())?;
@@ -439,16 +460,43 @@ pub(crate) async fn subscribe(
     let user_tables: Vec<String> = origin_tables.iter().map(|t| t.name.clone()).collect();
     set::check_subscriber(&origin_tables, &subscriber_tables).map_err(|e| refused(name, e))?;
     let subscription = set::subscription(name, &shown);
-    let exists = client_rows(
+    let from = origin_conninfo(&config, &origin, &on.database);
+    let following = client_rows(
         &subscriber,
         &format!(
-            "SELECT 1 FROM pg_subscription WHERE subname = {}",
+            "SELECT subconninfo FROM pg_subscription WHERE subname = {}",
             quote_literal(&subscription)
         ),
     )
     .await
     .map_err(on_subscriber)?;
-    if exists.is_empty() {
+    let mut exists = !following.is_empty();
+    if again {
+        let copies: Vec<&str> = subscriber_tables
+            .iter()
+            .filter(|t| user_tables.contains(&t.name))
+            .map(|t| t.sql_name.as_str())
+            .collect();
+        start_again(&subscriber, (name, &subscription), exists, &copies)
+            .await
+            .map_err(on_subscriber)?;
+        eprintln!(
+            "{shown}: {} its copies of the set's tables emptied; copying them anew from {}",
+            if exists {
+                "its subscription detached from its old slot (left where it is),"
+            } else {
+                "no subscription to detach;"
+            },
+            origin.name
+        );
+        exists = false;
+    } else if exists && first(&following).as_deref() != Some(from.as_str()) {
+        return Err(format!(
+            "subscriber {shown}: its subscription {subscription} follows another node than the set's origin {} (after a failover of the origin's cluster: run this with --again, which copies the set anew)",
+            origin.name
+        ));
+    }
+    if !exists {
         // pgherd's own marker table is made on the subscriber; its row comes with the copy.
         subscriber
             .batch_execute(&set::marker_sql(name, false))
@@ -456,7 +504,6 @@ pub(crate) async fn subscribe(
             .map_err(on_subscriber)?;
         // The set's sequences checked (and put in step) before the subscription is made.
         sync_sequences(&mut conn, &origin.name, name, &[(&shown, &subscriber)]).await?;
-        let from = origin_conninfo(&config, &origin, &on.database);
         let sql = set::subscribe_sql(name, &subscription, &from, set::Copy::Rows);
         subscriber.simple_query(&sql).await.map_err(on_subscriber)?;
     } else {
@@ -514,6 +561,31 @@ pub(crate) async fn subscribe(
         origin.name
     );
     Ok(())
+}
+
+/// `subscribe --again` on the subscriber: its subscription (if any) detached from its slot,
+/// its copies of the set's tables and its marker emptied (the deny-write triggers and foreign
+/// keys between them do not stop it; one from another table does, and says so).
+async fn start_again(
+    subscriber: &tokio_postgres::Client,
+    (set_name, subscription): (&str, &str),
+    exists: bool,
+    copies: &[&str],
+) -> Result<(), tokio_postgres::Error> {
+    if exists {
+        subscriber
+            .batch_execute(&set::drop_subscription_sql(subscription, true))
+            .await?;
+    }
+    let mut tables: Vec<String> = copies.iter().map(|t| (*t).to_owned()).collect();
+    tables.push(set::marker_table(set_name));
+    subscriber
+        .batch_execute(&format!(
+            "{}; BEGIN; SET LOCAL session_replication_role = replica; TRUNCATE {}; COMMIT",
+            set::marker_sql(set_name, false),
+            tables.join(", ")
+        ))
+        .await
 }
 
 async fn list(json: bool, on: &Origin) -> Result<(), String> {

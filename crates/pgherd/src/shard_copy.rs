@@ -82,7 +82,11 @@ pub(crate) async fn make_copy(
     };
     let patterns = (&["*".to_owned()][..], &sequence_patterns[..]);
     crate::sets::create(&set, patterns, &order.row_filters, &on).await?;
-    crate::sets::subscribe(&set, order.to, order.wait, &on).await?;
+    let how = crate::sets::Subscribing {
+        wait: order.wait,
+        again: false,
+    };
+    crate::sets::subscribe(&set, order.to, how, &on).await?;
     let check = crate::consistency::CheckOptions::of_set(
         order.at.clone(),
         order.database,

@@ -954,3 +954,102 @@ async fn a_subscriber_that_takes_only_tls_is_reached_over_tls() {
     assert!(said.contains("no difference"), "{said}");
     let _ = std::fs::remove_dir_all(&probe);
 }
+
+/// The origin's primary fails: pgherd promotes its standby, which has the set's catalog and
+/// publication but not the subscriber's logical slot (PostgreSQL 15 keeps those on the primary
+/// only). `set subscribe` refuses to call the dead origin's subscription done, and with
+/// `--again` the subscriber copies the set anew from the new primary: every row is there,
+/// writes after the failover stream, and the copies compare equal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_copies_the_set_again_after_the_origin_fails_over() {
+    let env = env(1, |c| {
+        c.superuser()
+            .manage_nodes()
+            .section("[failover]\nenabled = true")
+    });
+    let tables = "CREATE TABLE orders (id int PRIMARY KEY, item text)";
+    env.direct(tables);
+    env.direct(&format!(
+        "GRANT ALL ON orders TO {APP}; INSERT INTO orders SELECT g, 'before' FROM generate_series(1, 50) g"
+    ));
+    let subscriber = TestCluster::start(0);
+    subscriber.sql(&format!("CREATE DATABASE {APP}"));
+    subscriber.sql_on("pg1", APP, tables);
+    let sub_port = subscriber.node("pg1").port;
+    let to = format!(
+        "host=127.0.0.1 port={sub_port} user={SUPERUSER} password={SUPERUSER_PASSWORD} dbname={APP}"
+    );
+    let out = set(&env, &["create", "shop", "--tables", "orders"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = set(&env, &["subscribe", "shop", "--to", &to]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    env.cluster
+        .node("pg1")
+        .stop(pgherd_cluster::StopMode::Immediate)
+        .expect("kill pg1");
+    // Writes resume through pgherd on the promoted standby.
+    let started = Instant::now();
+    loop {
+        let written = async {
+            let c = try_connect(&env.pgherd.conninfo(APP, APP_PASSWORD, APP)).await?;
+            c.batch_execute("INSERT INTO orders VALUES (51, 'after')")
+                .await
+        };
+        if written.await.is_ok() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "writes resumed through pgherd"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    refused(
+        &set(&env, &["subscribe", "shop", "--to", &to]),
+        "follows another node than the set's origin pg2",
+    );
+    let out = set(&env, &["subscribe", "shop", "--to", &to, "--again"]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("copying them anew from pg2"), "{said}");
+    let count = || {
+        subscriber
+            .sql_on("pg1", APP, "SELECT count(*) FROM orders")
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(
+        count(),
+        "51",
+        "every row, the one written after the failover too"
+    );
+    env.cluster
+        .sql_on("pg2", APP, "INSERT INTO orders VALUES (52, 'streamed')");
+    let started = Instant::now();
+    while count() != "52" {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "writes on the new origin stream to the subscriber"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let out = Command::new(BIN)
+        .args([
+            "check-consistency",
+            "--database",
+            APP,
+            "--set",
+            "shop",
+            "--to",
+            &to,
+        ])
+        .arg("--config")
+        .arg(&env.pgherd.config_path)
+        .output()
+        .expect("run check-consistency");
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("no difference"), "{said}");
+}

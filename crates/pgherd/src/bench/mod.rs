@@ -4,6 +4,7 @@
 mod cache;
 mod cgroup;
 mod consistency;
+mod durability;
 mod pgbench;
 mod pooler_report;
 mod procstat;
@@ -60,6 +61,11 @@ pub enum BenchCommand {
     /// by `aid` ranges, the last split at the middle of its range into two new clusters while
     /// pgbench writes through pgherd; the same figures as `shard-move`.
     ShardSplit(shard_move::ShardMoveOptions),
+    /// The seeds' replica experiment (002) with each durability mode's price on the writes:
+    /// 0 to N replicas (optionally each node under a CPU quota), TPC-B through pgherd under
+    /// async, sync and remote_apply with k = 1..N confirming standbys, select-only per replica
+    /// count; CSV, SVG plots and a table.
+    Durability(durability::DurabilityOptions),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -191,6 +197,7 @@ pub fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Consistency(options) => consistency::run(options),
         BenchCommand::ShardMove(options) => shard_move::run(options, shard_move::Reshape::Move),
         BenchCommand::ShardSplit(options) => shard_move::run(options, shard_move::Reshape::Split),
+        BenchCommand::Durability(options) => durability::run(options),
     }
 }
 

@@ -436,7 +436,7 @@ fn setup(options: &ScalingOptions, node_counts: &[usize]) -> Result<Fixture, Str
 /// Waits until every replica has replayed all the primary's WAL, so a read run does not start
 /// while replicas still replay the previous write run (pgherd would rightly keep reads off
 /// lagging replicas, and the run would measure the write run's tail).
-fn wait_caught_up(cluster: &BenchCluster) {
+pub(super) fn wait_caught_up(cluster: &BenchCluster) {
     use pgherd_route::balance::parse_lsn;
     let deadline = Instant::now() + Duration::from_secs(120);
     let primary = cluster.cluster.primary();

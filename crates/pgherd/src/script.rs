@@ -9,16 +9,16 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pgherd_config::Config;
 use pgherd_proxy::server::ServerConn;
 use pgherd_replication::consistency::table_selected;
 use pgherd_replication::script::{plan_script, Order, Step};
 use pgherd_replication::sets as set;
 
 use crate::set_nodes::{
-    given_subscribers, raise_mark, set_patterns, wait_applied, SetPatterns, Subscriber,
+    given_subscribers, open_set, raise_mark, set_patterns, wait_applied, OpenSet, SetPatterns,
+    Subscriber,
 };
-use crate::sets::{origin_session, set_tables, tables_of, Origin};
+use crate::sets::{set_tables, tables_of, Origin};
 use crate::sql_session::pg_error;
 
 #[derive(clap::Args, Debug)]
@@ -48,20 +48,12 @@ pub fn run(options: ScriptOptions) -> Result<(), String> {
 
 async fn execute(options: &ScriptOptions, steps: &[Step]) -> Result<(), String> {
     let name = options.set.as_str();
-    set::check_name(name).map_err(|e| e.to_string())?;
-    let config = Config::load(&options.on.at.config_path()?).map_err(|e| e.to_string())?;
-    let (origin, mut conn) = origin_session(&config, &options.on).await?;
-    let on_origin = |e: String| format!("origin {}: {e}", origin.name);
-    if set_tables(&mut conn, name)
-        .await
-        .map_err(on_origin)?
-        .is_none()
-    {
-        return Err(format!(
-            "origin {}: no set named {name} in {}",
-            origin.name, options.on.database
-        ));
-    }
+    let OpenSet {
+        config,
+        origin,
+        mut conn,
+        ..
+    } = open_set(name, &options.on).await?;
     let mut subscribers = given_subscribers(&mut conn, name, (&options.to, &config.server_tls))
         .await
         .map_err(|e| format!("{e}; nothing was run"))?;
@@ -163,20 +155,13 @@ pub(crate) async fn scan_set(
     to: &[String],
     on: &Origin,
 ) -> Result<(), String> {
-    set::check_name(name).map_err(|e| e.to_string())?;
-    let config = Config::load(&on.at.config_path()?).map_err(|e| e.to_string())?;
-    let (origin, mut conn) = origin_session(&config, on).await?;
+    let OpenSet {
+        config,
+        origin,
+        mut conn,
+        ..
+    } = open_set(name, on).await?;
     let on_origin = |e: String| format!("origin {}: {e}", origin.name);
-    if set_tables(&mut conn, name)
-        .await
-        .map_err(on_origin)?
-        .is_none()
-    {
-        return Err(format!(
-            "origin {}: no set named {name} in {}",
-            origin.name, on.database
-        ));
-    }
     let subscribers = given_subscribers(&mut conn, name, (to, &config.server_tls))
         .await
         .map_err(|e| format!("{e}; nothing was changed"))?;

@@ -10,12 +10,11 @@
 //! marker table, then the origin's publication, catalog rows and marker table. No table and
 //! no row is dropped: the subscribers' copies are their own tables from then on.
 
-use pgherd_config::Config;
 use pgherd_replication::sets as set;
 
 use crate::set_move::drop_old_slot;
-use crate::set_nodes::{given_subscribers, set_user_tables};
-use crate::sets::{origin_session, Origin};
+use crate::set_nodes::{given_subscribers, open_set, OpenSet};
+use crate::sets::Origin;
 use crate::sql_session::pg_error;
 
 pub(crate) async fn drop_tables(
@@ -24,14 +23,13 @@ pub(crate) async fn drop_tables(
     to: &[String],
     on: &Origin,
 ) -> Result<(), String> {
-    set::check_name(name).map_err(|e| e.to_string())?;
-    let config = Config::load(&on.at.config_path()?).map_err(|e| e.to_string())?;
-    let (origin, mut conn) = origin_session(&config, on).await?;
+    let OpenSet {
+        config,
+        origin,
+        mut conn,
+        tables: members,
+    } = open_set(name, on).await?;
     let on_origin = |e: String| format!("origin {}: {e}", origin.name);
-    let members = set_user_tables(&mut conn, name)
-        .await
-        .map_err(on_origin)?
-        .ok_or_else(|| on_origin(format!("no set named {name} in {}", on.database)))?;
     let chosen = set::choose_members(&members, patterns)
         .map_err(|e| format!("set {name}: {e}; nothing was changed"))?;
     let subscribers = given_subscribers(&mut conn, name, (to, &config.server_tls))
@@ -91,14 +89,13 @@ pub(crate) async fn drop_tables(
 }
 
 pub(crate) async fn drop_set(name: &str, to: &[String], on: &Origin) -> Result<(), String> {
-    set::check_name(name).map_err(|e| e.to_string())?;
-    let config = Config::load(&on.at.config_path()?).map_err(|e| e.to_string())?;
-    let (origin, mut conn) = origin_session(&config, on).await?;
+    let OpenSet {
+        config,
+        origin,
+        mut conn,
+        tables: members,
+    } = open_set(name, on).await?;
     let on_origin = |e: String| format!("origin {}: {e}", origin.name);
-    let members = set_user_tables(&mut conn, name)
-        .await
-        .map_err(on_origin)?
-        .ok_or_else(|| on_origin(format!("no set named {name} in {}", on.database)))?;
     let subscribers = given_subscribers(&mut conn, name, (to, &config.server_tls))
         .await
         .map_err(|e| format!("{e}; nothing was changed"))?;

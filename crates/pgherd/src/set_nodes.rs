@@ -23,6 +23,38 @@ pub(crate) struct Subscriber {
     pub(crate) client: tokio_postgres::Client,
 }
 
+/// Where a set command starts: the config, the set's origin and a session on it, and the set's
+/// user tables there.
+pub(crate) struct OpenSet {
+    pub(crate) config: pgherd_config::Config,
+    pub(crate) origin: pgherd_config::NodeConfig,
+    pub(crate) conn: ServerConn,
+    pub(crate) tables: Vec<TableShape>,
+}
+
+/// The set `name` on its origin (`--origin`, or the primary): its name checked, the config
+/// loaded; refused if the origin has no such set.
+pub(crate) async fn open_set(name: &str, on: &crate::sets::Origin) -> Result<OpenSet, String> {
+    set::check_name(name).map_err(|e| e.to_string())?;
+    let config = pgherd_config::Config::load(&on.at.config_path()?).map_err(|e| e.to_string())?;
+    let (origin, mut conn) = crate::sets::origin_session(&config, on).await?;
+    let tables = set_user_tables(&mut conn, name)
+        .await
+        .map_err(|e| format!("origin {}: {e}", origin.name))?
+        .ok_or_else(|| {
+            format!(
+                "origin {}: no set named {name} in {}",
+                origin.name, on.database
+            )
+        })?;
+    Ok(OpenSet {
+        config,
+        origin,
+        conn,
+        tables,
+    })
+}
+
 /// The set's user tables on the origin (its marker table left out), each with its row filter,
 /// or `None` if the origin has no such set.
 pub(crate) async fn set_user_tables(

@@ -4,12 +4,11 @@
 //! a sequence taken out is recorded as excluded (a table and a sequence of one schema never
 //! share a name) and the subscribers keep their own, which nothing moves any more.
 
-use pgherd_config::Config;
 use pgherd_replication::sets::{self as set, SetArray};
 
+use crate::set_nodes::{open_set, OpenSet};
 use crate::sets::{
-    connect_subscriber, origin_session, sequences_of, set_sequences_on, subscriber_at,
-    sync_sequences, Origin,
+    connect_subscriber, sequences_of, set_sequences_on, subscriber_at, sync_sequences, Origin,
 };
 use crate::sql_session::SqlSession;
 
@@ -19,11 +18,13 @@ pub(crate) async fn add_sequences(
     to: &[String],
     on: &Origin,
 ) -> Result<(), String> {
-    set::check_name(name).map_err(|e| e.to_string())?;
-    let config = Config::load(&on.at.config_path()?).map_err(|e| e.to_string())?;
-    let (origin, mut conn) = origin_session(&config, on).await?;
+    let OpenSet {
+        config,
+        origin,
+        mut conn,
+        ..
+    } = open_set(name, on).await?;
     let on_origin = |e: String| format!("origin {}: {e}", origin.name);
-    set_sequences_on(&mut conn, name).await.map_err(on_origin)?;
     let all = sequences_of(
         &conn
             .rows(set::SEQUENCES_SQL)
@@ -85,9 +86,9 @@ pub(crate) async fn drop_sequences(
     patterns: &[String],
     on: &Origin,
 ) -> Result<(), String> {
-    set::check_name(name).map_err(|e| e.to_string())?;
-    let config = Config::load(&on.at.config_path()?).map_err(|e| e.to_string())?;
-    let (origin, mut conn) = origin_session(&config, on).await?;
+    let OpenSet {
+        origin, mut conn, ..
+    } = open_set(name, on).await?;
     let on_origin = |e: String| format!("origin {}: {e}", origin.name);
     let kept = set_sequences_on(&mut conn, name).await.map_err(on_origin)?;
     let chosen: Vec<String> = kept

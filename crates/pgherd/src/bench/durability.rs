@@ -34,8 +34,11 @@ pub struct DurabilityOptions {
     #[arg(long, default_value_t = 8)]
     clients: u32,
     /// Seconds per pgbench run.
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, default_value_t = 10)]
     duration_s: u64,
+    /// Rounds over every cell; the report gives each cell's medians.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// CPU quota of every PostgreSQL node, in percent of one core (0 = no quota).
     #[arg(long, default_value_t = 0)]
     cpu_quota_percent: u32,
@@ -99,8 +102,9 @@ impl Mode {
     }
 }
 
-/// One pgbench run's figures, or why it failed.
+/// One pgbench run's figures, or why it failed (or a cell's medians over the rounds).
 struct Cell {
+    round: usize,
     replicas: usize,
     workload: &'static str,
     mode: Mode,
@@ -136,6 +140,25 @@ pub fn run(options: DurabilityOptions) -> Result<(), String> {
         binary: pgbench_bin,
         log_dir,
     };
+    let mut cells = Vec::new();
+    for round in 0..options.rounds {
+        eprintln!("round {} of {}", round + 1, options.rounds);
+        cells.extend(run_round(&cluster, (&user, &pgbench), &options, round)?);
+    }
+    let medians = summarize(&cells);
+    let report = render(&options, &medians);
+    println!("{report}");
+    write_outputs(&options, (&cells, &medians), &report)
+}
+
+/// Every cell once: for each replica count a pgherd over the primary and that many replicas,
+/// TPC-B under each mode, then select-only.
+fn run_round(
+    cluster: &BenchCluster,
+    (user, pgbench): (&BenchUser, &Pgbench),
+    options: &DurabilityOptions,
+    round: usize,
+) -> Result<Vec<Cell>, String> {
     let standbys: Vec<String> = cluster
         .cluster
         .replicas()
@@ -145,10 +168,10 @@ pub fn run(options: DurabilityOptions) -> Result<(), String> {
     let mut cells = Vec::new();
     for replicas in 0..=options.max_replicas {
         let pgherd = start_pgherd(
-            &cluster,
+            cluster,
             &PgherdSetup {
                 nodes: replicas + 1,
-                users: &[&user],
+                users: &[user],
                 pool_size: 20,
                 workers: 0,
                 database_keys: "",
@@ -163,11 +186,12 @@ pub fn run(options: DurabilityOptions) -> Result<(), String> {
             for sql in mode.settings_sql(&standbys[..replicas]) {
                 cluster.sql("postgres", &sql)?;
             }
-            wait_caught_up(&cluster);
-            let result = confirm_mode(&cluster, mode, &standbys[..replicas])
-                .and_then(|()| run_pgbench(&pgbench, &url, &options, &[]));
+            wait_caught_up(cluster);
+            let result = confirm_mode(cluster, mode, &standbys[..replicas])
+                .and_then(|()| run_pgbench(pgbench, &url, options, &[]));
             report_cell(replicas, "tpcb", mode, &result);
             cells.push(Cell {
+                round,
                 replicas,
                 workload: "tpcb",
                 mode,
@@ -177,19 +201,57 @@ pub fn run(options: DurabilityOptions) -> Result<(), String> {
         for sql in Mode::Async.settings_sql(&[]) {
             cluster.sql("postgres", &sql)?;
         }
-        wait_caught_up(&cluster);
-        let result = run_pgbench(&pgbench, &url, &options, &["-S"]);
+        wait_caught_up(cluster);
+        let result = run_pgbench(pgbench, &url, options, &["-S"]);
         report_cell(replicas, "select-only", Mode::Async, &result);
         cells.push(Cell {
+            round,
             replicas,
             workload: "select-only",
             mode: Mode::Async,
             result,
         });
     }
-    let report = render(&options, &cells);
-    println!("{report}");
-    write_outputs(&options, &cells, &report)
+    Ok(cells)
+}
+
+/// Each cell's medians over its rounds that ran (TPS, mean and p99 latency; transactions
+/// and failures summed); a cell whose every round failed keeps the first error.
+fn summarize(cells: &[Cell]) -> Vec<Cell> {
+    let mut out: Vec<Cell> = Vec::new();
+    for cell in cells.iter().filter(|c| c.round == 0) {
+        let same: Vec<&Cell> = cells
+            .iter()
+            .filter(|c| {
+                c.replicas == cell.replicas && c.workload == cell.workload && c.mode == cell.mode
+            })
+            .collect();
+        let ran: Vec<&PgbenchResult> = same.iter().filter_map(|c| c.result.as_ref().ok()).collect();
+        let median_of = |f: &dyn Fn(&PgbenchResult) -> f64| {
+            super::pgbench::median(&ran.iter().map(|r| f(r)).collect::<Vec<f64>>())
+        };
+        let result = match ran.is_empty() {
+            true => Err(same
+                .iter()
+                .find_map(|c| c.result.as_ref().err().cloned())
+                .unwrap_or_default()),
+            false => Ok(PgbenchResult {
+                transactions: ran.iter().map(|r| r.transactions).sum(),
+                failed: ran.iter().map(|r| r.failed).sum(),
+                tps: median_of(&|r| r.tps),
+                latency_avg_ms: median_of(&|r| r.latency_avg_ms),
+                latency_p99_ms: median_of(&|r| r.latency_p99_ms),
+            }),
+        };
+        out.push(Cell {
+            round: 0,
+            replicas: cell.replicas,
+            workload: cell.workload,
+            mode: cell.mode,
+            result,
+        });
+    }
+    out
 }
 
 /// Waits (10 s at most) until the primary runs with the mode's settings and reports every
@@ -300,7 +362,7 @@ fn report_cell(
 fn render(options: &DurabilityOptions, cells: &[Cell]) -> String {
     let mut out = format!(
         "## Replicas and durability modes (seed 002; 004's all-copies commit)\n\n\
-         pgbench through pgherd, {} clients, {} s per run, scale {}, {}; one run per cell.\n\n\
+         pgbench through pgherd, {} clients, {} s per run, scale {}, {}; medians of {} round(s), interleaved.\n\n\
          ### Writes: TPC-B\n\n| replicas | mode | TPS | latency mean, ms | latency p99, ms | vs async |\n|---:|---|---:|---:|---:|---:|\n",
         options.clients,
         options.duration_s,
@@ -308,7 +370,8 @@ fn render(options: &DurabilityOptions, cells: &[Cell]) -> String {
         match options.cpu_quota_percent {
             0 => "no CPU quota".to_owned(),
             p => format!("every node under a {p}% CPU quota"),
-        }
+        },
+        options.rounds
     );
     for cell in cells.iter().filter(|c| c.workload == "tpcb") {
         let baseline = cells
@@ -417,16 +480,21 @@ fn charts(cells: &[Cell]) -> (LineChart, LineChart) {
     (writes, reads)
 }
 
-fn write_outputs(options: &DurabilityOptions, cells: &[Cell], report: &str) -> Result<(), String> {
+fn write_outputs(
+    options: &DurabilityOptions,
+    (cells, medians): (&[Cell], &[Cell]),
+    report: &str,
+) -> Result<(), String> {
     let prefix = output_prefix(&options.out, "durability")?;
     let mut csv = String::from(
-        "replicas,workload,mode,tps,latency_avg_ms,latency_p99_ms,transactions,failed,error\n",
+        "round,replicas,workload,mode,tps,latency_avg_ms,latency_p99_ms,transactions,failed,error\n",
     );
     for c in cells {
         let r = c.result.as_ref().ok();
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{}",
+            c.round + 1,
             c.replicas,
             c.workload,
             c.mode.name(),
@@ -438,7 +506,7 @@ fn write_outputs(options: &DurabilityOptions, cells: &[Cell], report: &str) -> R
             csv_text(c.result.as_ref().err().map(String::as_str))
         );
     }
-    let (writes, reads) = charts(cells);
+    let (writes, reads) = charts(medians);
     let files = [
         (format!("{}.csv", prefix.display()), csv),
         (format!("{}.md", prefix.display()), report.to_owned()),

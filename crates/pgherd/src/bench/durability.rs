@@ -241,6 +241,7 @@ fn summarize(cells: &[Cell]) -> Vec<Cell> {
                 tps: median_of(&|r| r.tps),
                 latency_avg_ms: median_of(&|r| r.latency_avg_ms),
                 latency_p99_ms: median_of(&|r| r.latency_p99_ms),
+                initial_connection_ms: median_of(&|r| r.initial_connection_ms),
             }),
         };
         out.push(Cell {

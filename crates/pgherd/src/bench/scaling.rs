@@ -29,6 +29,9 @@ use super::{csv_text, fmt, outcome, output_prefix, pgbench_init, work_dir, write
 pub enum ScalingWorkload {
     /// pgbench -S: one primary-key lookup per transaction.
     IndexScan,
+    /// pgbench -S with pgbench_accounts' primary key dropped for the block, so every lookup
+    /// scans the table: the thesis's benchmark 2 ("the same query with indexes dropped").
+    IndexlessScan,
     /// A count over a table without an index.
     SeqScan,
     /// pgbench's TPC-B-like writes.
@@ -42,6 +45,7 @@ impl ScalingWorkload {
     pub(super) fn name(self) -> &'static str {
         match self {
             ScalingWorkload::IndexScan => "index-scan",
+            ScalingWorkload::IndexlessScan => "indexless-scan",
             ScalingWorkload::SeqScan => "seq-scan",
             ScalingWorkload::Tpcb => "tpcb",
             ScalingWorkload::Aggregate => "aggregate",
@@ -97,6 +101,11 @@ pub struct ScalingOptions {
     /// Seconds per pgbench run.
     #[arg(long, default_value_t = 10)]
     duration_s: u64,
+    /// The thesis's method: each client runs this many transactions (pgbench -t, not
+    /// --duration-s), TPS counts the connections' opening, and rounds are averaged, not
+    /// taken by median.
+    #[arg(long)]
+    transactions_per_client: Option<u32>,
     /// Each point runs this many times, interleaved; medians are reported.
     #[arg(long, default_value_t = 3)]
     rounds: u32,
@@ -198,6 +207,14 @@ pub fn scaling(mut options: ScalingOptions) -> Result<(), String> {
     if nodes.first() == Some(&0) || nodes.is_empty() {
         return Err("--nodes takes counts of 1 or more".into());
     }
+    if options.workloads.contains(&ScalingWorkload::IndexlessScan)
+        && options.targets.contains(&ScalingTarget::PgherdShards)
+    {
+        return Err(
+            "indexless-scan drops the master/slave cluster's index only: not with pgherd-shards"
+                .into(),
+        );
+    }
     let fixture = setup(&options, &nodes)?;
     let started = Instant::now();
     let mut samples = Vec::new();
@@ -263,6 +280,7 @@ pub fn scaling(mut options: ScalingOptions) -> Result<(), String> {
         let targets = block_targets(n);
         for round in 0..options.rounds {
             for &workload in &options.workloads {
+                let _index = IndexDropped::for_block(&fixture.cluster, workload)?;
                 for &clients in &options.clients {
                     for k in 0..targets.len() {
                         let target = targets[(k + round as usize) % targets.len()];
@@ -484,7 +502,7 @@ fn measure(
         .map(|p| p.port)
         .unwrap_or_else(|| fixture.cluster.primary_port());
     let mut args: Vec<String> = match workload {
-        ScalingWorkload::IndexScan => vec!["-S".into()],
+        ScalingWorkload::IndexScan | ScalingWorkload::IndexlessScan => vec!["-S".into()],
         ScalingWorkload::SeqScan => {
             vec!["-f".into(), fixture.seq_scan_script.display().to_string()]
         }
@@ -500,9 +518,11 @@ fn measure(
         clients.to_string(),
         "-j".into(),
         clients.clamp(1, 4).to_string(),
-        "-T".into(),
-        options.duration_s.to_string(),
     ]);
+    match options.transactions_per_client {
+        Some(transactions) => args.extend(["-t".into(), transactions.to_string()]),
+        None => args.extend(["-T".into(), options.duration_s.to_string()]),
+    }
     let node_names: Vec<String> = match target {
         ScalingTarget::PgherdShards => (0..nodes).map(shards::quota_name).collect(),
         _ => fixture
@@ -518,7 +538,11 @@ fn measure(
         node_names.iter().map(|n| quotas.periods(n)).collect()
     };
     let before = fixture.quotas.as_ref().map(periods);
-    let timeout = Duration::from_secs(options.duration_s * 3 + 60);
+    let timeout = match options.transactions_per_client {
+        // A fixed count of transactions takes what it takes.
+        Some(_) => Duration::from_secs(3600),
+        None => Duration::from_secs(options.duration_s * 3 + 60),
+    };
     let url = fixture.user.url(port, "bench");
     let run = fixture.pgbench.run(&url, &args, 0.1, timeout);
     let throttled = match (fixture.quotas.as_ref(), before) {
@@ -545,18 +569,74 @@ fn measure(
     }
 }
 
-/// Median TPS per (workload, target, nodes, clients).
+/// Median TPS per (workload, target, nodes, clients) (the mean, by the thesis's method).
 pub(super) type Medians = BTreeMap<(ScalingWorkload, ScalingTarget, usize, u32), f64>;
 
-fn medians(samples: &[Sample]) -> Medians {
+fn medians(samples: &[Sample], options: &ScalingOptions) -> Medians {
     let mut groups: BTreeMap<_, Vec<f64>> = BTreeMap::new();
     for s in samples {
+        let tps = match options.transactions_per_client {
+            Some(_) => s.result.tps_including_connections(),
+            None => s.result.tps,
+        };
         groups
             .entry((s.workload, s.target, s.nodes, s.clients))
             .or_default()
-            .push(s.result.tps);
+            .push(tps);
     }
-    groups.into_iter().map(|(k, v)| (k, median(&v))).collect()
+    let by_mean = options.transactions_per_client.is_some();
+    groups
+        .into_iter()
+        .map(|(k, v)| {
+            let tps = match by_mean {
+                true => mean_of_finite(&v),
+                false => median(&v),
+            };
+            (k, tps)
+        })
+        .collect()
+}
+
+/// The mean of the values that ran (failed runs are NaN); NaN if none did.
+fn mean_of_finite(values: &[f64]) -> f64 {
+    let ran: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+    match ran.len() {
+        0 => f64::NAN,
+        n => ran.iter().sum::<f64>() / n as f64,
+    }
+}
+
+/// pgbench_accounts' primary key, dropped for an indexless-scan block and made again after
+/// it (and the replicas caught up with both).
+struct IndexDropped<'a>(&'a BenchCluster);
+
+impl<'a> IndexDropped<'a> {
+    fn for_block(
+        cluster: &'a BenchCluster,
+        workload: ScalingWorkload,
+    ) -> Result<Option<IndexDropped<'a>>, String> {
+        if workload != ScalingWorkload::IndexlessScan {
+            return Ok(None);
+        }
+        cluster.sql(
+            "bench",
+            "ALTER TABLE pgbench_accounts DROP CONSTRAINT IF EXISTS pgbench_accounts_pkey",
+        )?;
+        wait_caught_up(cluster);
+        Ok(Some(IndexDropped(cluster)))
+    }
+}
+
+impl Drop for IndexDropped<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.sql(
+            "bench",
+            "ALTER TABLE pgbench_accounts ADD PRIMARY KEY (aid)",
+        ) {
+            eprintln!("pgbench_accounts' primary key was not made again: {e}");
+        }
+        wait_caught_up(self.0);
+    }
 }
 
 /// The best median over client counts, and the client count it was reached at.
@@ -649,21 +729,25 @@ fn render_report(
     parser: &[ParserCost],
     took: Duration,
 ) -> String {
-    let m = medians(samples);
+    let m = medians(samples, options);
     let get = |w, t, n, c| m.get(&(w, t, n, c)).copied().unwrap_or(f64::NAN);
     let base_nodes = nodes[0];
     let mut r = String::new();
     let _ = writeln!(
         r,
-        "## pgherd bench scaling\n\n{} round(s) x {} s per run, scale {}, every node limited to {}% of a core \
-         (cgroup v1 cpu quota; 0 = none), pgherd balance {}, Pgpool-II {} load balancing; medians over rounds; \
+        "## pgherd bench scaling\n\n{} round(s) x {}, scale {}, every node limited to {}% of a core \
+         (cgroup v1 cpu quota; 0 = none), pgherd balance {}, Pgpool-II {} load balancing; {} over rounds; \
          {} min in all. `direct` is one node with nothing in front.\n",
         options.rounds,
-        options.duration_s,
+        match options.transactions_per_client {
+            Some(t) => format!("{t} transactions per client (TPS counting the connections' opening)"),
+            None => format!("{} s per run", options.duration_s),
+        },
         options.scale(),
         options.cpu_quota_percent,
         options.balance,
         if options.pgpool_statement_level { "statement-level" } else { "session-level (its default)" },
+        if options.transactions_per_client.is_some() { "means" } else { "medians" },
         took.as_secs() / 60
     );
     for &workload in &options.workloads {
@@ -794,18 +878,19 @@ fn write_outputs(
 ) -> Result<(), String> {
     let prefix = output_prefix(&options.out, "scaling")?;
     let mut csv = String::from(
-        "round,workload,nodes,clients,target,tps,latency_avg_ms,latency_p99_ms,transactions,failed,nodes_throttled_share,error\n",
+        "round,workload,nodes,clients,target,tps,tps_including_connections,latency_avg_ms,latency_p99_ms,transactions,failed,nodes_throttled_share,error\n",
     );
     for s in samples {
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{:.1},{:.4},{:.4},{},{},{},{}",
+            "{},{},{},{},{},{:.1},{:.1},{:.4},{:.4},{},{},{},{}",
             s.round + 1,
             s.workload.name(),
             s.nodes,
             s.clients,
             s.target.name(),
             s.result.tps,
+            s.result.tps_including_connections(),
             s.result.latency_avg_ms,
             s.result.latency_p99_ms,
             s.result.transactions,
@@ -820,7 +905,7 @@ fn write_outputs(
     ];
     std::fs::write(&written[0], csv).map_err(|e| e.to_string())?;
     std::fs::write(&written[1], report).map_err(|e| e.to_string())?;
-    let m = medians(samples);
+    let m = medians(samples, options);
     for &workload in &options.workloads {
         for target in PROXIES {
             if !options.targets.contains(&target) {

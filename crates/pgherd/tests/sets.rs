@@ -1053,3 +1053,83 @@ async fn a_subscriber_copies_the_set_again_after_the_origin_fails_over() {
     assert!(out.status.success(), "{said}");
     assert!(said.contains("no difference"), "{said}");
 }
+
+/// Several sets with different origins on the same nodes, as Slony-I sites ran them: two
+/// clusters of one config (here the shards of a sharded config), each the origin of one set
+/// and a subscriber of the other's. Each set's rows reach the other cluster, each copy refuses
+/// local writes, and each origin lists its own set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sets_with_different_origins_follow_each_other() {
+    let shards = [shard_cluster(), shard_cluster()];
+    let config = sharded_config(&shards, &[("accounts", "id")]);
+    let pgherd = pgherd_testkit::Pgherd::start(BIN, &shards[0], &config);
+    let db = "postgres";
+    let tables = "CREATE TABLE a_items (id int PRIMARY KEY, v text); \
+                  CREATE TABLE b_items (id int PRIMARY KEY, v text)";
+    for cluster in &shards {
+        cluster.sql_on("pg1", db, tables);
+    }
+    let conninfo = |cluster: &TestCluster| {
+        format!(
+            "host=127.0.0.1 port={} user={SUPERUSER} password={SUPERUSER_PASSWORD} dbname={db}",
+            cluster.node("pg1").port
+        )
+    };
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("set")
+            .args(args)
+            .args(["--database", db, "--config"])
+            .arg(&pgherd.config_path)
+            .output()
+            .expect("run pgherd set");
+        assert!(out.status.success(), "pgherd set {args:?}: {}", text(&out));
+        text(&out)
+    };
+    // Set a from shard 0's primary (the default origin) to shard 1; set b the other way.
+    run(&["create", "a", "--tables", "a_items"]);
+    run(&["subscribe", "a", "--to", &conninfo(&shards[1])]);
+    run(&["create", "b", "--tables", "b_items", "--origin", "shard1"]);
+    run(&[
+        "subscribe",
+        "b",
+        "--origin",
+        "shard1",
+        "--to",
+        &conninfo(&shards[0]),
+    ]);
+
+    shards[0].sql_on("pg1", db, "INSERT INTO a_items VALUES (1, 'from a')");
+    shards[1].sql_on("pg1", db, "INSERT INTO b_items VALUES (1, 'from b')");
+    let started = Instant::now();
+    loop {
+        let on_1 = shards[1].sql_on("pg1", db, "SELECT count(*) FROM a_items");
+        let on_0 = shards[0].sql_on("pg1", db, "SELECT count(*) FROM b_items");
+        if on_1.trim() == "1" && on_0.trim() == "1" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "each set's rows reach the other cluster (a on shard 1: {on_1}, b on shard 0: {on_0})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let refused = shards[0]
+        .node("pg1")
+        .psql(db, "INSERT INTO b_items VALUES (2, 'local')")
+        .expect_err("a copy refuses local writes");
+    assert!(
+        refused.to_string().contains("whose origin is shard1"),
+        "{refused}"
+    );
+    let listed_a = run(&["list"]);
+    let listed_b = run(&["list", "--origin", "shard1"]);
+    assert!(
+        listed_a.contains("a") && !listed_a.contains("b_items"),
+        "{listed_a}"
+    );
+    assert!(
+        listed_b.contains("b_items") && !listed_b.contains("a_items"),
+        "{listed_b}"
+    );
+}

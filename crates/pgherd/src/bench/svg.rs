@@ -66,8 +66,12 @@ impl LineChart {
                 y0 = sy(y),
             );
         }
-        for i in 0..=6 {
-            let x = x_max * f64::from(i) / 6.0;
+        // A short whole-number axis (replicas 0-3) gets a tick per number, not six rounded ones.
+        let ticks: Vec<f64> = match x_max <= 6.0 && x_max.fract() == 0.0 {
+            true => (0..=x_max as u32).map(f64::from).collect(),
+            false => (0..=6).map(|i| x_max * f64::from(i) / 6.0).collect(),
+        };
+        for x in ticks {
             let _ = writeln!(
                 s,
                 r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
@@ -176,6 +180,28 @@ mod tests {
         assert!(svg.contains("index scan &lt;pgherd&gt;"));
         assert!(svg.contains("stroke-dasharray"));
         assert!(svg.trim_end().ends_with("</svg>"));
+    }
+
+    #[test]
+    fn a_short_whole_number_axis_has_a_tick_per_number() {
+        let chart = LineChart {
+            title: "t".into(),
+            x_label: "replicas".into(),
+            y_label: "ms".into(),
+            series: vec![Series {
+                name: "async".into(),
+                points: vec![(0.0, 10.0), (3.0, 11.0)],
+                dashed: false,
+            }],
+        };
+        let svg = chart.render();
+        let x_ticks: Vec<&str> = svg
+            .lines()
+            .filter(|l| l.starts_with("<text") && l.contains("text-anchor=\"middle\">") && !l.contains("font-size"))
+            .filter_map(|l| l.split('>').nth(1)?.split('<').next())
+            .filter(|t| t.parse::<f64>().is_ok())
+            .collect();
+        assert_eq!(x_ticks, vec!["0", "1", "2", "3"]);
     }
 
     #[test]

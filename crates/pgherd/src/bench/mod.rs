@@ -113,6 +113,9 @@ pub enum Target {
     /// read-your-writes, sync durability, failover on (the target `pgherd` sends everything
     /// to the primary, as PgBouncer does).
     PgherdDefault,
+    /// The target `pgherd` with two worker threads (`--pgherd-workers` sets the other's):
+    /// what a second worker costs per transaction, in the same run.
+    PgherdTwoWorkers,
     Pgbouncer,
 }
 
@@ -124,6 +127,7 @@ impl Target {
             Target::PgherdScraped => "pgherd-scraped",
             Target::PgherdBaseline => "pgherd-baseline",
             Target::PgherdDefault => "pgherd-default",
+            Target::PgherdTwoWorkers => "pgherd-w2",
             Target::Pgbouncer => "pgbouncer",
         }
     }
@@ -219,6 +223,7 @@ struct Fixture {
     baseline: Option<ProxyProcess>,
     pgbouncer: Option<ProxyProcess>,
     default: Option<ProxyProcess>,
+    two_workers: Option<ProxyProcess>,
     bench: BenchUser,
     /// A user whose verifier has 16 iterations: thousands of logins stay cheap for the client.
     cheap: BenchUser,
@@ -365,6 +370,17 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
         )?),
         false => None,
     };
+    let two_workers = match options.targets.contains(&Target::PgherdTwoWorkers) {
+        true => Some(start_pgherd(
+            &cluster,
+            &PgherdSetup {
+                workers: 2,
+                instance: Some(("pgherd-w2", "")),
+                ..setup(None)
+            },
+        )?),
+        false => None,
+    };
     let log_dir = dir.join("pgbench-logs");
     std::fs::create_dir_all(&log_dir).map_err(|e| e.to_string())?;
     Ok(Fixture {
@@ -373,6 +389,7 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
         baseline,
         pgbouncer,
         default,
+        two_workers,
         bench,
         cheap,
         pgbench: Pgbench {
@@ -409,6 +426,13 @@ fn port_of(fixture: &Fixture, target: Target) -> Result<(u16, Option<&ProxyProce
                 .default
                 .as_ref()
                 .ok_or("the default-config pgherd is not running")?;
+            (p.port, Some(p))
+        }
+        Target::PgherdTwoWorkers => {
+            let p = fixture
+                .two_workers
+                .as_ref()
+                .ok_or("the two-worker pgherd is not running")?;
             (p.port, Some(p))
         }
     })

@@ -181,6 +181,20 @@ pub(super) fn render_report(
         );
         write_comparison(&mut r, options, samples, heading, pair);
     }
+    if options.targets.contains(&Target::PgherdTwoWorkers) {
+        let heading = format!(
+            "pgherd with 2 worker threads against the same with {} (goal: CPU per transaction within 5%)",
+            match options.pgherd_workers {
+                0 => "its default (a quarter of the CPUs, at least one)".to_owned(),
+                n => format!("{n}"),
+            }
+        );
+        let pair = (
+            ("pgherd", Target::Pgherd),
+            ("2 workers", Target::PgherdTwoWorkers),
+        );
+        write_comparison(&mut r, options, samples, &heading, pair);
+    }
     if options.targets.contains(&Target::PgherdScraped) {
         let heading = format!(
             "Cost of metrics: pgherd with a scraper reading /metrics every {} ms vs. the same pgherd unwatched",

@@ -115,6 +115,7 @@ pub enum Target {
     PgherdDefault,
     /// The target `pgherd` with two worker threads (`--pgherd-workers` sets the other's):
     /// what a second worker costs per transaction, in the same run.
+    #[value(name = "pgherd-w2")]
     PgherdTwoWorkers,
     Pgbouncer,
 }

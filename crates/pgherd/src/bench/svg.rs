@@ -197,7 +197,11 @@ mod tests {
         let svg = chart.render();
         let x_ticks: Vec<&str> = svg
             .lines()
-            .filter(|l| l.starts_with("<text") && l.contains("text-anchor=\"middle\">") && !l.contains("font-size"))
+            .filter(|l| {
+                l.starts_with("<text")
+                    && l.contains("text-anchor=\"middle\">")
+                    && !l.contains("font-size")
+            })
             .filter_map(|l| l.split('>').nth(1)?.split('<').next())
             .filter(|t| t.parse::<f64>().is_ok())
             .collect();

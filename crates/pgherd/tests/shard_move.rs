@@ -61,6 +61,34 @@ fn start_writers(
         .collect()
 }
 
+/// Lets the writers write on for a moment, stops them and checks no write failed; the rows
+/// (id, balance) their acknowledged writes leave.
+async fn stop_writers(
+    (stop, writers): (&Arc<AtomicBool>, Vec<tokio::task::JoinHandle<()>>),
+    seen: &Arc<Mutex<Acknowledged>>,
+) -> BTreeMap<i32, i64> {
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    for writer in writers {
+        writer.await.expect("a writer");
+    }
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    assert!(
+        seen.failures.is_empty(),
+        "client errors: {:?}",
+        seen.failures
+    );
+    assert!(!seen.inserted.is_empty() && !seen.increments.is_empty());
+    let mut expected: BTreeMap<i32, i64> = (1..=ROWS).map(|id| (id, 0)).collect();
+    for (id, n) in &seen.increments {
+        *expected.entry(*id).or_default() += n;
+    }
+    for id in &seen.inserted {
+        expected.insert(*id, 0);
+    }
+    expected
+}
+
 fn rows_of(answer: &[tokio_postgres::SimpleQueryMessage]) -> BTreeMap<i32, i64> {
     answer
         .iter()
@@ -144,27 +172,9 @@ async fn a_shard_moves_to_another_cluster_while_clients_write() {
     );
     eprintln!("{said}");
     // Writes go on after the cut-over, now to the new node.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, Ordering::Relaxed);
-    for writer in writers {
-        writer.await.expect("a writer");
-    }
-    let seen = std::mem::take(&mut *seen.lock().unwrap());
-    assert!(
-        seen.failures.is_empty(),
-        "client errors: {:?}",
-        seen.failures
-    );
-    assert!(!seen.inserted.is_empty() && !seen.increments.is_empty());
+    let expected = stop_writers((&stop, writers), &seen).await;
 
     // Every acknowledged write, through pgherd (which now reads shard 1 on the new node).
-    let mut expected: BTreeMap<i32, i64> = (1..=ROWS).map(|id| (id, 0)).collect();
-    for (id, n) in &seen.increments {
-        *expected.entry(*id).or_default() += n;
-    }
-    for id in &seen.inserted {
-        expected.insert(*id, 0);
-    }
     let through = rows_of(
         &client
             .simple_query("SELECT id, balance FROM accounts")
@@ -520,26 +530,8 @@ async fn the_last_range_shard_splits_while_clients_write() {
         "{said}"
     );
     eprintln!("{said}");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, Ordering::Relaxed);
-    for writer in writers {
-        writer.await.expect("a writer");
-    }
-    let seen = std::mem::take(&mut *seen.lock().unwrap());
-    assert!(
-        seen.failures.is_empty(),
-        "client errors: {:?}",
-        seen.failures
-    );
-    assert!(!seen.inserted.is_empty() && !seen.increments.is_empty());
+    let expected = stop_writers((&stop, writers), &seen).await;
 
-    let mut expected: BTreeMap<i32, i64> = (1..=ROWS).map(|id| (id, 0)).collect();
-    for (id, n) in &seen.increments {
-        *expected.entry(*id).or_default() += n;
-    }
-    for id in &seen.inserted {
-        expected.insert(*id, 0);
-    }
     let through = client
         .simple_query("SELECT id, balance FROM accounts")
         .await

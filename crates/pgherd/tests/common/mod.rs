@@ -2,6 +2,8 @@
 //! pgherd in front.
 #![allow(dead_code)]
 
+pub mod sets;
+
 use std::time::{Duration, Instant};
 
 use pgherd_testkit::{Pgherd, PgherdConfig, TestCluster};

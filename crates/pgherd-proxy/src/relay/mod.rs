@@ -154,8 +154,10 @@ pub(crate) fn read_needs(
 /// What pgherd asks the primary after a session's write transaction: the position the
 /// replicas must reach before that session reads from them.
 const LSN_PROBE_SQL: &[u8] = b"SELECT pg_catalog.pg_current_wal_insert_lsn()";
-/// How often a read waiting for a replica to replay the session's write asks it.
+/// How often a read waiting for a replica to replay the session's write asks it, after its
+/// first `REPLAY_QUICK_ASKS` questions (asked back to back).
 const REPLAY_POLL_INTERVAL: Duration = Duration::from_millis(1);
+const REPLAY_QUICK_ASKS: u32 = 4;
 /// Times one request is moved to another node after the replica it was sent to failed.
 const MAX_REPLAYS: u8 = 3;
 /// Custom setting names a session's probes ask for, at most.

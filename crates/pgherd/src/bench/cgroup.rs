@@ -1,52 +1,55 @@
-//! CPU quotas for benchmark nodes: each PostgreSQL node gets its own cgroup v1 `cpu` group so
-//! that several nodes on one machine behave like separate small servers.
+//! cgroup v1 groups for benchmark nodes: each PostgreSQL node gets its own `cpu` group (a CPU
+//! quota) and, for data larger than memory, its own `memory` group (a cap that counts the
+//! node's page cache), so that several nodes on one machine behave like separate small servers.
 
 use std::path::{Path, PathBuf};
 
 const CPU_ROOT: &str = "/sys/fs/cgroup/cpu";
+const MEMORY_ROOT: &str = "/sys/fs/cgroup/memory";
 /// A short period spreads a small quota evenly: 10 ms slices instead of one long stall per
 /// 100 ms, so a node's latency does not depend on where in the period a query lands.
 const PERIOD_US: u64 = 10_000;
 
-/// A parent group with one child group per node; removed when dropped.
-pub struct CpuQuotas {
+/// A parent group under one controller's hierarchy with one child group per node; removed
+/// when dropped.
+struct Groups {
+    root: &'static str,
     parent: PathBuf,
     groups: Vec<PathBuf>,
 }
 
-impl CpuQuotas {
-    /// Creates `pgherd-bench-<pid>` under the cgroup v1 cpu hierarchy.
-    pub fn new() -> Result<Self, String> {
-        let root = Path::new(CPU_ROOT);
-        if !root.join("cpu.cfs_quota_us").is_file() {
+impl Groups {
+    /// Creates `pgherd-bench-<pid>` under `root`, whose file `probe` shows it is a cgroup v1
+    /// hierarchy of the controller wanted.
+    fn new(root: &'static str, probe: &str, what: &str) -> Result<Self, String> {
+        if !Path::new(root).join(probe).is_file() {
             return Err(format!(
-                "{CPU_ROOT} is not a cgroup v1 cpu hierarchy; CPU quotas per node need it \
-                 (or pass --cpu-quota-percent 0 to run without quotas)"
+                "{root} is not a cgroup v1 hierarchy with {probe}; {what} per node need it"
             ));
         }
-        let parent = root.join(format!("pgherd-bench-{}", std::process::id()));
-        std::fs::create_dir_all(&parent).map_err(|e| {
-            format!(
-                "cannot create {}: {e} (CPU quotas need root)",
-                parent.display()
-            )
-        })?;
-        Ok(CpuQuotas {
+        let parent = Path::new(root).join(format!("pgherd-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&parent)
+            .map_err(|e| format!("cannot create {}: {e} ({what} need root)", parent.display()))?;
+        Ok(Groups {
+            root,
             parent,
             groups: Vec::new(),
         })
     }
 
     /// Puts the process tree of `postmaster_pid` (the postmaster and its children; backends
-    /// forked later inherit the group) under a quota of `percent` of one core.
-    pub fn confine(&mut self, name: &str, postmaster_pid: u32, percent: u32) -> Result<(), String> {
+    /// forked later inherit the group) into a group `name` with `limits` (file, value).
+    fn confine(
+        &mut self,
+        name: &str,
+        postmaster_pid: u32,
+        limits: &[(&str, String)],
+    ) -> Result<(), String> {
         let group = self.parent.join(name);
         std::fs::create_dir_all(&group).map_err(|e| format!("{}: {e}", group.display()))?;
-        write(&group.join("cpu.cfs_period_us"), &PERIOD_US.to_string())?;
-        write(
-            &group.join("cpu.cfs_quota_us"),
-            &(PERIOD_US * u64::from(percent) / 100).to_string(),
-        )?;
+        for (file, value) in limits {
+            write(&group.join(file), value)?;
+        }
         for pid in process_tree(postmaster_pid) {
             // A child may exit between listing and moving; that is not an error.
             let _ = std::fs::write(group.join("cgroup.procs"), pid.to_string());
@@ -55,10 +58,36 @@ impl CpuQuotas {
         Ok(())
     }
 
+    fn read(&self, name: &str, file: &str) -> Option<String> {
+        std::fs::read_to_string(self.parent.join(name).join(file)).ok()
+    }
+}
+
+/// Every node under a CPU quota.
+pub struct CpuQuotas(Groups);
+
+impl CpuQuotas {
+    pub fn new() -> Result<Self, String> {
+        Groups::new(CPU_ROOT, "cpu.cfs_quota_us", "CPU quotas").map(CpuQuotas)
+    }
+
+    /// The node's processes under a quota of `percent` of one core.
+    pub fn confine(&mut self, name: &str, postmaster_pid: u32, percent: u32) -> Result<(), String> {
+        let quota_us = PERIOD_US * u64::from(percent) / 100;
+        self.0.confine(
+            name,
+            postmaster_pid,
+            &[
+                ("cpu.cfs_period_us", PERIOD_US.to_string()),
+                ("cpu.cfs_quota_us", quota_us.to_string()),
+            ],
+        )
+    }
+
     /// The group's enforcement periods so far and how many of them ran out of quota; a node
     /// throttled in most periods is saturated, so the node, not the client side, is the limit.
     pub fn periods(&self, name: &str) -> Option<Periods> {
-        let text = std::fs::read_to_string(self.parent.join(name).join("cpu.stat")).ok()?;
+        let text = self.0.read(name, "cpu.stat")?;
         let field = |key: &str| {
             text.lines()
                 .find_map(|l| l.strip_prefix(key)?.trim().parse::<u64>().ok())
@@ -67,6 +96,40 @@ impl CpuQuotas {
             total: field("nr_periods ")?,
             throttled: field("nr_throttled ")?,
         })
+    }
+}
+
+/// Every node under a memory cap. cgroup v1 charges the page cache a node reads through to
+/// its group, so a node whose data exceeds the cap reads from the disk, as a server whose
+/// data exceeds its RAM does (seed 003).
+pub struct MemoryCaps(Groups);
+
+impl MemoryCaps {
+    pub fn new() -> Result<Self, String> {
+        Groups::new(MEMORY_ROOT, "memory.limit_in_bytes", "memory caps").map(MemoryCaps)
+    }
+
+    /// The node's processes, and what they read from then on, under `megabytes`.
+    pub fn confine(
+        &mut self,
+        name: &str,
+        postmaster_pid: u32,
+        megabytes: u64,
+    ) -> Result<(), String> {
+        self.0.confine(
+            name,
+            postmaster_pid,
+            &[("memory.limit_in_bytes", (megabytes << 20).to_string())],
+        )
+    }
+
+    /// The most the group has held, in bytes: at the cap when the node's reads filled it.
+    pub fn peak_bytes(&self, name: &str) -> Option<u64> {
+        self.0
+            .read(name, "memory.max_usage_in_bytes")?
+            .trim()
+            .parse()
+            .ok()
     }
 }
 
@@ -85,11 +148,11 @@ impl Periods {
     }
 }
 
-impl Drop for CpuQuotas {
+impl Drop for Groups {
     /// Moves whatever still runs back to the root group, then removes the groups. A backend
     /// forked or exiting meanwhile makes removal fail with EBUSY, so it is retried.
     fn drop(&mut self) {
-        let root_procs = Path::new(CPU_ROOT).join("cgroup.procs");
+        let root_procs = Path::new(self.root).join("cgroup.procs");
         for group in self.groups.iter().rev() {
             for _ in 0..50 {
                 if let Ok(text) = std::fs::read_to_string(group.join("cgroup.procs")) {

@@ -240,6 +240,8 @@ fn summarize(cells: &[Cell]) -> Vec<Cell> {
                 failed: ran.iter().map(|r| r.failed).sum(),
                 tps: median_of(&|r| r.tps),
                 latency_avg_ms: median_of(&|r| r.latency_avg_ms),
+                latency_p50_ms: median_of(&|r| r.latency_p50_ms),
+                latency_p95_ms: median_of(&|r| r.latency_p95_ms),
                 latency_p99_ms: median_of(&|r| r.latency_p99_ms),
                 initial_connection_ms: median_of(&|r| r.initial_connection_ms),
             }),

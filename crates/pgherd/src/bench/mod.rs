@@ -14,6 +14,7 @@ mod shards;
 mod soak;
 mod svg;
 pub(crate) mod targets;
+mod workloads;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -66,6 +67,11 @@ pub enum BenchCommand {
     /// async, sync and remote_apply with k = 1..N confirming standbys, select-only per replica
     /// count; CSV, SVG plots and a table.
     Durability(durability::DurabilityOptions),
+    /// Seed 001's six workloads (read only with and without data, inserts and updates,
+    /// deletes, and the two read/write mixes) through pgherd and through HAProxy in front of
+    /// one PgBouncer per node, on a primary and two replicas, interleaved; TPS and latency
+    /// percentiles; CSV, SVG plots and a table.
+    Workloads(workloads::WorkloadsOptions),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -203,6 +209,7 @@ pub fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::ShardMove(options) => shard_move::run(options, shard_move::Reshape::Move),
         BenchCommand::ShardSplit(options) => shard_move::run(options, shard_move::Reshape::Split),
         BenchCommand::Durability(options) => durability::run(options),
+        BenchCommand::Workloads(options) => workloads::run(options),
     }
 }
 
@@ -695,6 +702,8 @@ fn outcome(run: Result<PgbenchResult, String>) -> (PgbenchResult, Option<String>
             let nan = PgbenchResult {
                 tps: f64::NAN,
                 latency_avg_ms: f64::NAN,
+                latency_p50_ms: f64::NAN,
+                latency_p95_ms: f64::NAN,
                 latency_p99_ms: f64::NAN,
                 ..Default::default()
             };

@@ -12,6 +12,8 @@ pub struct PgbenchResult {
     pub failed: u64,
     pub tps: f64,
     pub latency_avg_ms: f64,
+    pub latency_p50_ms: f64,
+    pub latency_p95_ms: f64,
     pub latency_p99_ms: f64,
     /// How long pgbench took to open its connections before the run (not in `tps`).
     pub initial_connection_ms: f64,
@@ -77,6 +79,8 @@ impl Pgbench {
         }
         let mut result = parse_report(&text)
             .ok_or_else(|| format!("cannot read pgbench's report:\n{}", tail(&text, 12)))?;
+        result.latency_p50_ms = percentile(&mut latencies, 0.50) / 1000.0;
+        result.latency_p95_ms = percentile(&mut latencies, 0.95) / 1000.0;
         result.latency_p99_ms = percentile(&mut latencies, 0.99) / 1000.0;
         Ok(result)
     }
@@ -127,6 +131,8 @@ pub fn parse_report(text: &str) -> Option<PgbenchResult> {
         failed: number_after(text, "number of failed transactions:").unwrap_or(0.0) as u64,
         tps: number_after(text, "tps =")?,
         latency_avg_ms: number_after(text, "latency average =")?,
+        latency_p50_ms: 0.0,
+        latency_p95_ms: 0.0,
         latency_p99_ms: 0.0,
         initial_connection_ms: number_after(text, "initial connection time =").unwrap_or(0.0),
     })

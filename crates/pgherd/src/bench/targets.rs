@@ -361,12 +361,27 @@ pub fn start_pgbouncer(
     users: &[&BenchUser],
     pool_size: u32,
 ) -> Result<ProxyProcess, String> {
+    start_pgbouncer_for(
+        cluster,
+        users,
+        pool_size,
+        ("pgbouncer", cluster.primary_port()),
+    )
+}
+
+/// [`start_pgbouncer`] in front of the node on `port`, its files in a directory `name`.
+fn start_pgbouncer_for(
+    cluster: &BenchCluster,
+    users: &[&BenchUser],
+    pool_size: u32,
+    (name, node_port): (&str, u16),
+) -> Result<ProxyProcess, String> {
     let binary = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
         .iter()
         .map(PathBuf::from)
         .find(|p| p.is_file())
         .ok_or("pgbouncer is not installed (Debian: apt-get install pgbouncer)")?;
-    let dir = cluster.dir.join("pgbouncer");
+    let dir = cluster.dir.join(name);
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let port = free_port().map_err(|e| e.to_string())?;
     let userlist: String = users
@@ -375,11 +390,10 @@ pub fn start_pgbouncer(
         .collect();
     std::fs::write(dir.join("userlist.txt"), userlist).map_err(|e| e.to_string())?;
     let ini = format!(
-        "[databases]\n* = host=127.0.0.1 port={}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
+        "[databases]\n* = host=127.0.0.1 port={node_port}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
          unix_socket_dir =\nauth_type = scram-sha-256\nauth_file = {}\npool_mode = transaction\n\
          default_pool_size = {pool_size}\nmax_client_conn = 20000\nserver_reset_query =\n\
          ignore_startup_parameters = extra_float_digits\nlogfile = {}\npidfile = {}\nlog_connections = 0\nlog_disconnections = 0\n",
-        cluster.primary_port(),
         dir.join("userlist.txt").display(),
         dir.join("pgbouncer.log").display(),
         dir.join("pgbouncer.pid").display(),
@@ -388,7 +402,90 @@ pub fn start_pgbouncer(
     std::fs::write(&ini_path, ini).map_err(|e| e.to_string())?;
     let mut cmd = Command::new(binary);
     cmd.arg(&ini_path);
-    spawn_as_postgres_user(cluster, "pgbouncer", &dir, port, cmd)
+    spawn_as_postgres_user(cluster, name, &dir, port, cmd)
+}
+
+/// Seed 001's stack: one PgBouncer per node and HAProxy (TCP mode) in front of them, with a
+/// write port on the primary's PgBouncer and a read port balancing round robin over all of
+/// them; HAProxy checks each PgBouncer by connecting every second.
+pub struct HaproxyStack {
+    /// Declared first: HAProxy stops before the PgBouncers behind it.
+    haproxy: ProxyProcess,
+    pub read_port: u16,
+    _bouncers: Vec<ProxyProcess>,
+}
+
+impl HaproxyStack {
+    pub fn write_port(&self) -> u16 {
+        self.haproxy.port
+    }
+}
+
+pub fn start_haproxy_stack(
+    cluster: &BenchCluster,
+    users: &[&BenchUser],
+    pool_size: u32,
+) -> Result<HaproxyStack, String> {
+    let binary = ["/usr/sbin/haproxy", "/usr/bin/haproxy"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .ok_or("haproxy is not installed (Debian: apt-get install haproxy)")?;
+    let bouncers = cluster
+        .cluster
+        .nodes
+        .iter()
+        .map(|node| {
+            let name = format!("pgbouncer-{}", node.name);
+            start_pgbouncer_for(cluster, users, pool_size, (&name, node.port))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let write_port = free_port().map_err(|e| e.to_string())?;
+    let read_port = free_port().map_err(|e| e.to_string())?;
+    let dir = cluster.dir.join("haproxy");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let server = |k: usize, b: &ProxyProcess| {
+        format!(
+            "    server n{k} 127.0.0.1:{} check inter 1s fall 3 rise 2\n",
+            b.port
+        )
+    };
+    let mut config = format!(
+        "global\n    maxconn 4000\n\ndefaults\n    mode tcp\n    timeout connect 5s\n    \
+         timeout client 1h\n    timeout server 1h\n\nlisten write\n    bind 127.0.0.1:{write_port}\n{}\n\
+         listen read\n    bind 127.0.0.1:{read_port}\n    balance roundrobin\n",
+        server(0, &bouncers[0])
+    );
+    for (k, b) in bouncers.iter().enumerate() {
+        config.push_str(&server(k, b));
+    }
+    let path = dir.join("haproxy.cfg");
+    std::fs::write(&path, config).map_err(|e| format!("{}: {e}", path.display()))?;
+    let log = dir.join("haproxy.log");
+    let (out, err) = log_file(&log, false)?;
+    let child = Command::new(binary)
+        .arg("-db")
+        .arg("-f")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("cannot start haproxy: {e}"))?;
+    let haproxy = ProxyProcess {
+        name: "haproxy".to_owned(),
+        port: write_port,
+        api_port: None,
+        child,
+        log,
+        relaunch: None,
+    }
+    .wait_ready()?;
+    Ok(HaproxyStack {
+        haproxy,
+        read_port,
+        _bouncers: bouncers,
+    })
 }
 
 /// Pgpool-II (from the distribution) in streaming-replication mode with load balancing over the
@@ -483,7 +580,7 @@ pub fn start_pgpool(
 /// to `dir/<name>.stderr`, and waits until it listens on `port`.
 fn spawn_as_postgres_user(
     cluster: &BenchCluster,
-    name: &'static str,
+    name: &str,
     dir: &Path,
     port: u16,
     mut cmd: Command,

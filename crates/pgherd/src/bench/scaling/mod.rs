@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 
-use super::cgroup::{CpuQuotas, Periods};
+use super::cgroup::{CpuQuotas, MemoryCaps, Periods};
 use super::pgbench::{Pgbench, PgbenchResult};
 use super::shards::{self, ProxySettings, ShardClusters};
 use super::targets::{
@@ -109,6 +109,11 @@ pub struct ScalingOptions {
     /// CPU quota of every PostgreSQL node, in percent of one core (0 = no quota).
     #[arg(long, default_value_t = 20)]
     cpu_quota_percent: u32,
+    /// Memory cap of every PostgreSQL node in MiB, its page cache included (cgroup v1; 0 = no
+    /// cap): with a scale whose data exceeds it, reads go to the disk as on a server whose
+    /// data exceeds its RAM (seed 003). shared_buffers is then a quarter of the cap.
+    #[arg(long, default_value_t = 0)]
+    node_memory_mb: u64,
     /// pgbench scale factor (`bench shards`: 2 unless given).
     #[arg(long)]
     scale: Option<u32>,
@@ -144,6 +149,8 @@ struct Sample {
     result: PgbenchResult,
     /// Mean over the nodes in use of the share of CPU periods that ran out of quota.
     throttled: Option<f64>,
+    /// KiB read from the machine's disks per transaction during the run.
+    disk_read_kib_per_txn: Option<f64>,
     error: Option<String>,
 }
 
@@ -151,6 +158,7 @@ struct Fixture {
     /// Declared (so dropped) before the cluster: nodes leave their groups before they stop,
     /// so the groups can be removed.
     quotas: Option<CpuQuotas>,
+    memory_caps: Option<MemoryCaps>,
     cluster: BenchCluster,
     user: BenchUser,
     pgbench: Pgbench,
@@ -323,7 +331,27 @@ pub fn scaling(mut options: ScalingOptions) -> Result<(), String> {
         }
     }
     let parser = parser_cost();
-    let report = render_report(&options, &nodes, &samples, &parser, started.elapsed());
+    let mut report = render_report(&options, &nodes, &samples, &parser, started.elapsed());
+    if let Some(caps) = &fixture.memory_caps {
+        let peaks: Vec<String> = fixture
+            .cluster
+            .cluster
+            .nodes
+            .iter()
+            .filter_map(|n| {
+                Some(format!(
+                    "{} {} MiB",
+                    n.name,
+                    caps.peak_bytes(&n.name)? >> 20
+                ))
+            })
+            .collect();
+        report.push_str(&format!(
+            "\nThe most each node's memory group held during the run (the cap binds when it \
+             equals the cap): {}.\n",
+            peaks.join(", ")
+        ));
+    }
     println!("{report}");
     write_outputs(&options, &nodes, &samples, &report)
 }
@@ -348,9 +376,15 @@ fn setup(options: &ScalingOptions, node_counts: &[usize]) -> Result<Fixture, Str
         max_nodes - 1,
         dir.display()
     );
+    // Shared buffers are charged to the node's group and cannot be reclaimed (no swap): they
+    // stay well inside a memory cap, which the page cache then fills.
+    let shared_buffers_mb = match options.node_memory_mb {
+        0 => 128,
+        cap => (cap / 4).max(16),
+    };
     let settings = [
         ("max_connections", max_connections.to_string()),
-        ("shared_buffers", "'128MB'".into()),
+        ("shared_buffers", format!("'{shared_buffers_mb}MB'")),
         // Writes measure CPU, not this machine's disk flushes; replication is asynchronous
         // as in the seeds' setups.
         ("synchronous_commit", "off".into()),
@@ -360,6 +394,11 @@ fn setup(options: &ScalingOptions, node_counts: &[usize]) -> Result<Fixture, Str
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect::<Vec<_>>();
+    check_memory_cap(
+        options.node_memory_mb,
+        shared_buffers_mb,
+        max_clients + options.pool_size,
+    )?;
     let cluster = BenchCluster::create(&dir, max_nodes - 1, settings.clone(), &[&user])?;
     cluster.sql("postgres", "CREATE DATABASE bench OWNER bench")?;
     pgbench_init(
@@ -433,9 +472,11 @@ fn setup(options: &ScalingOptions, node_counts: &[usize]) -> Result<Fixture, Str
             options.cpu_quota_percent
         );
     }
+    let memory_caps = cap_memory(&cluster, shards.as_ref(), options.node_memory_mb)?;
     Ok(Fixture {
         cluster,
         quotas,
+        memory_caps,
         user,
         pgbench: Pgbench {
             binary: pgbench_bin,
@@ -446,6 +487,74 @@ fn setup(options: &ScalingOptions, node_counts: &[usize]) -> Result<Fixture, Str
         shards,
         _tmp: tmp,
     })
+}
+
+/// What one backend holds of its own (its private memory and page tables), which a memory
+/// cap must leave room for besides the page cache: about 4.5 MiB measured on PostgreSQL 15.
+const BACKEND_MIB: u64 = 5;
+
+/// Refuses a memory cap that the node's own processes would fill: the kernel would then kill
+/// a backend (and PostgreSQL restart every session) instead of evicting cached data.
+fn check_memory_cap(cap_mb: u64, shared_buffers_mb: u64, backends: u32) -> Result<(), String> {
+    let needed_mb = shared_buffers_mb + u64::from(backends) * BACKEND_MIB + 64;
+    match cap_mb {
+        0 => Ok(()),
+        cap if cap < needed_mb => Err(format!(
+            "--node-memory-mb {cap} is too small for {backends} backends per node (about \
+             {BACKEND_MIB} MiB each, plus shared_buffers and 64 MiB): give at least {needed_mb}, \
+             and a --scale whose data exceeds the cap"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Every node under a memory cap of `megabytes` (0: none), after its data was written.
+fn cap_memory(
+    cluster: &BenchCluster,
+    shards: Option<&ShardClusters>,
+    megabytes: u64,
+) -> Result<Option<MemoryCaps>, String> {
+    if megabytes == 0 {
+        return Ok(None);
+    }
+    let mut caps = MemoryCaps::new()?;
+    let nodes = cluster.cluster.nodes.iter().map(|n| (n.name.clone(), n));
+    for (name, node) in nodes.chain(shards.into_iter().flat_map(ShardClusters::nodes)) {
+        let pid = node
+            .postmaster_pid()
+            .ok_or_else(|| format!("{name} has no postmaster.pid"))?;
+        caps.confine(&name, pid, megabytes)?;
+    }
+    // What the setup read and wrote stays cached, charged to no node, and would serve every
+    // read from memory: the machine's clean page cache is dropped, so each node's reads from
+    // now on are charged to (and bounded by) its own group.
+    let _ = std::process::Command::new("sync").status();
+    std::fs::write("/proc/sys/vm/drop_caches", "1")
+        .map_err(|e| format!("cannot drop the page cache (root needed): {e}"))?;
+    eprintln!("each node's memory, page cache included, capped at {megabytes} MiB");
+    Ok(Some(caps))
+}
+
+/// Sectors read from the machine's disks so far (whole devices, not their partitions, from
+/// /proc/diskstats; loop and RAM devices left out).
+fn disk_sectors_read() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/diskstats").ok()?;
+    let disks: Vec<String> = std::fs::read_dir("/sys/block")
+        .ok()?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|d| !d.starts_with("loop") && !d.starts_with("ram"))
+        .collect();
+    Some(
+        text.lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let name = fields.get(2)?;
+                disks.iter().any(|d| d == name).then_some(())?;
+                fields.get(5)?.parse::<u64>().ok()
+            })
+            .sum(),
+    )
 }
 
 /// Waits until every replica has replayed all the primary's WAL, so a read run does not start
@@ -541,7 +650,14 @@ fn measure(
         None => Duration::from_secs(options.duration_s * 3 + 60),
     };
     let url = fixture.user.url(port, "bench");
+    let sectors_before = disk_sectors_read();
     let run = fixture.pgbench.run(&url, &args, 0.1, timeout);
+    let disk_read_kib_per_txn = match (&run, sectors_before, disk_sectors_read()) {
+        (Ok(r), Some(before), Some(after)) if r.transactions > 0 => {
+            Some(after.saturating_sub(before) as f64 / 2.0 / r.transactions as f64)
+        }
+        _ => None,
+    };
     let throttled = match (fixture.quotas.as_ref(), before) {
         (Some(quotas), Some(before)) => {
             let shares: Vec<f64> = periods(quotas)
@@ -562,6 +678,7 @@ fn measure(
         target,
         result,
         throttled,
+        disk_read_kib_per_txn,
         error,
     }
 }
@@ -602,3 +719,24 @@ impl Drop for IndexDropped<'_> {
 mod report;
 use report::{parser_cost, render_report, write_outputs};
 pub(super) use report::{peak, Medians};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_memory_cap_must_leave_room_for_the_backends() {
+        assert!(check_memory_cap(0, 128, 10_000).is_ok());
+        // 256 MiB of shared buffers, 120 backends at 5 MiB, 64 MiB: 920 MiB.
+        assert!(check_memory_cap(920, 256, 120).is_ok());
+        let refused = check_memory_cap(919, 256, 120).unwrap_err();
+        assert!(refused.contains("at least 920"), "{refused}");
+    }
+
+    #[test]
+    fn reads_this_machines_disk_counters() {
+        // Every Linux machine this runs on has /proc/diskstats and /sys/block; a figure, even
+        // zero, shows both were read.
+        assert!(disk_sectors_read().is_some());
+    }
+}

@@ -160,6 +160,14 @@ pub(super) fn render_report(
         if options.transactions_per_client.is_some() { "means" } else { "medians" },
         took.as_secs() / 60
     );
+    if options.node_memory_mb > 0 {
+        let _ = writeln!(
+            r,
+            "Every node's memory, page cache included, is capped at {} MiB (cgroup v1 memory; \
+             shared_buffers a quarter of it): the data larger than that is read from the disk.\n",
+            options.node_memory_mb
+        );
+    }
     for &workload in &options.workloads {
         let _ = writeln!(r, "### {} (TPS)\n", workload.name());
         let mut header = String::from("| clients | direct |");
@@ -249,6 +257,7 @@ pub(super) fn render_report(
             throttled.join("; ")
         );
     }
+    disk_reads(&mut r, options, samples);
     let _ = writeln!(
         r,
         "\n### Parser cost\n\nMicroseconds per statement in this process, one core: classifying with \
@@ -280,6 +289,47 @@ pub(super) fn render_report(
     r
 }
 
+/// KiB read from the disks per transaction (medians over rounds), per workload, target and
+/// node count at each client count: whether the reads came from memory or from the disk.
+fn disk_reads(r: &mut String, options: &ScalingOptions, samples: &[Sample]) {
+    let mut groups: BTreeMap<_, Vec<(u32, f64)>> = BTreeMap::new();
+    for s in samples {
+        if let Some(kib) = s.disk_read_kib_per_txn {
+            groups
+                .entry((s.workload, s.target, s.nodes))
+                .or_default()
+                .push((s.clients, kib));
+        }
+    }
+    if groups.is_empty() || options.node_memory_mb == 0 {
+        return;
+    }
+    let _ = writeln!(
+        r,
+        "\n### Disk reads\n\nKiB read from the machine's disks per transaction (/proc/diskstats; \
+         medians over rounds).\n"
+    );
+    let mut header = String::from("| workload | target | nodes |");
+    let mut rule = String::from("|---|---|---:|");
+    for c in &options.clients {
+        let _ = write!(header, " {c} clients |");
+        rule.push_str("---:|");
+    }
+    let _ = writeln!(r, "{header}\n{rule}");
+    for ((workload, target, nodes), points) in groups {
+        let _ = write!(r, "| {} | {} | {nodes} |", workload.name(), target.name());
+        for &c in &options.clients {
+            let at: Vec<f64> = points
+                .iter()
+                .filter(|(clients, _)| *clients == c)
+                .map(|(_, kib)| *kib)
+                .collect();
+            let _ = write!(r, " {} |", fmt(median(&at), 1));
+        }
+        r.push('\n');
+    }
+}
+
 pub(super) fn write_outputs(
     options: &ScalingOptions,
     nodes: &[usize],
@@ -288,12 +338,12 @@ pub(super) fn write_outputs(
 ) -> Result<(), String> {
     let prefix = output_prefix(&options.out, "scaling")?;
     let mut csv = String::from(
-        "round,workload,nodes,clients,target,tps,tps_including_connections,latency_avg_ms,latency_p99_ms,transactions,failed,nodes_throttled_share,error\n",
+        "round,workload,nodes,clients,target,tps,tps_including_connections,latency_avg_ms,latency_p99_ms,transactions,failed,nodes_throttled_share,disk_read_kib_per_txn,error\n",
     );
     for s in samples {
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{:.1},{:.1},{:.4},{:.4},{},{},{},{}",
+            "{},{},{},{},{},{:.1},{:.1},{:.4},{:.4},{},{},{},{},{}",
             s.round + 1,
             s.workload.name(),
             s.nodes,
@@ -306,6 +356,9 @@ pub(super) fn write_outputs(
             s.result.transactions,
             s.result.failed,
             s.throttled.map(|t| format!("{t:.3}")).unwrap_or_default(),
+            s.disk_read_kib_per_txn
+                .map(|k| format!("{k:.2}"))
+                .unwrap_or_default(),
             csv_text(s.error.as_deref())
         );
     }

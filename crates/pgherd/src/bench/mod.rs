@@ -15,6 +15,7 @@ mod soak;
 mod svg;
 pub(crate) mod targets;
 mod workloads;
+mod workloads_failover;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;

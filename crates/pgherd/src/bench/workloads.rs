@@ -26,6 +26,7 @@ use super::targets::{
     start_haproxy_stack, start_pgherd, BenchCluster, BenchUser, HaproxyStack, PgherdSetup,
     ProxyProcess,
 };
+use super::workloads_failover::{self, FailoverRun};
 use super::{csv_text, fmt, outcome, output_prefix, pgbench_init, run_order, work_dir};
 use super::{write_csv_and_report, write_failed_runs};
 
@@ -42,23 +43,31 @@ pub struct WorkloadsOptions {
     targets: Vec<WorkloadTarget>,
     /// Client counts (the seed's JMeter threads).
     #[arg(long, value_delimiter = ',', default_value = "8,32")]
-    clients: Vec<u32>,
+    pub(super) clients: Vec<u32>,
     /// Seconds per pgbench run.
     #[arg(long, default_value_t = 10)]
     duration_s: u64,
-    /// Each (workload, clients, target) runs this many times, interleaved; medians reported.
+    /// Each (workload, clients, target) runs this many times, interleaved; medians reported
+    /// (0: only the failover runs).
     #[arg(long, default_value_t = 3)]
     rounds: u32,
     /// pgbench scale.
     #[arg(long, default_value_t = 10)]
-    scale: u32,
+    pub(super) scale: u32,
     /// Rows in the table the delete workloads delete from (refilled before each of their
     /// runs).
     #[arg(long, default_value_t = 200_000)]
-    delete_rows: u32,
+    pub(super) delete_rows: u32,
     /// Server connections per pool (pgherd's per node, each PgBouncer's).
     #[arg(long, default_value_t = 20)]
-    pool_size: u32,
+    pub(super) pool_size: u32,
+    /// Then each workload once more through pgherd and the HAProxy stack while the primary
+    /// fails (a fresh cluster for each, at the most clients).
+    #[arg(long)]
+    failover: bool,
+    /// Seconds per failover run; the primary is stopped a third of the way in.
+    #[arg(long, default_value_t = 30)]
+    pub(super) failover_duration_s: u64,
     /// Where CSV, Markdown and SVG results go.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -94,7 +103,7 @@ const ALL_WORKLOADS: [SeedWorkload; 6] = [
 ];
 
 impl SeedWorkload {
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             SeedWorkload::ReadNoData => "read-no-data",
             SeedWorkload::ReadData => "read-data",
@@ -106,7 +115,7 @@ impl SeedWorkload {
     }
 
     /// The seed's name for the test.
-    fn seed_name(self) -> &'static str {
+    pub(super) fn seed_name(self) -> &'static str {
         match self {
             SeedWorkload::ReadNoData => "Read Only without data execution",
             SeedWorkload::ReadData => "Read Only with data execution",
@@ -117,7 +126,7 @@ impl SeedWorkload {
         }
     }
 
-    fn writes(self) -> bool {
+    pub(super) fn writes(self) -> bool {
         !matches!(self, SeedWorkload::ReadNoData | SeedWorkload::ReadData)
     }
 
@@ -127,7 +136,7 @@ impl SeedWorkload {
 
     /// The pgbench script. Each statement commits on its own, as each of the seed's HTTP
     /// requests ran its statements: a read in a mix may go to a replica.
-    fn script(self, delete_rows: u32) -> String {
+    pub(super) fn script(self, delete_rows: u32) -> String {
         let account = "\\set aid random(1, 100000 * :scale)\n\\set delta random(-5000, 5000)\n";
         let item = format!("\\set id random(1, {delete_rows})\n");
         let insert = "INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) \
@@ -170,7 +179,7 @@ pub enum WorkloadTarget {
 }
 
 impl WorkloadTarget {
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             WorkloadTarget::Direct => "direct",
             WorkloadTarget::Pgherd => "pgherd",
@@ -204,7 +213,29 @@ pub fn run(mut options: WorkloadsOptions) -> Result<(), String> {
         options.workloads = ALL_WORKLOADS.to_vec();
     }
     let (dir, _tmp) = work_dir(options.dir.as_ref())?;
-    let fixture = setup(&options, &dir)?;
+    let samples = match options.rounds {
+        0 => Vec::new(),
+        _ => steady_runs(&options, &dir)?,
+    };
+    let failovers = match options.failover {
+        true => workloads_failover::run(&options, &dir, &options.workloads)?,
+        false => Vec::new(),
+    };
+    let mut report = match samples.is_empty() {
+        true => "## pgherd bench workloads (seed 001)\n".to_owned(),
+        false => render(&options, &samples),
+    };
+    if !failovers.is_empty() {
+        workloads_failover::render(&mut report, &options, &failovers);
+    }
+    println!("{report}");
+    write_outputs(&options, &samples, &failovers, &report)
+}
+
+/// Every (round, workload, clients, target) on one cluster, interleaved; the cluster stops
+/// before the failover runs make their own.
+fn steady_runs(options: &WorkloadsOptions, dir: &Path) -> Result<Vec<Sample>, String> {
+    let fixture = setup(options, dir)?;
     let order = run_order(
         options.rounds,
         &options.workloads,
@@ -213,7 +244,7 @@ pub fn run(mut options: WorkloadsOptions) -> Result<(), String> {
     );
     let mut samples = Vec::new();
     for (k, &(round, workload, clients, target)) in order.iter().enumerate() {
-        let sample = measure(&fixture, &options, (round, workload, clients, target));
+        let sample = measure(&fixture, options, (round, workload, clients, target));
         eprintln!(
             "[{}/{}] round {} {:<20} {:>3} clients {:<18} {}",
             k + 1,
@@ -232,41 +263,76 @@ pub fn run(mut options: WorkloadsOptions) -> Result<(), String> {
         );
         samples.push(sample);
     }
-    let report = render(&options, &samples);
-    println!("{report}");
-    write_outputs(&options, &samples, &report)
+    Ok(samples)
+}
+
+/// A primary and two replicas with pgbench's tables at `--scale` and the delete workloads'
+/// table filled, room for `clients` and every pooler's pools.
+pub(super) fn create_cluster(
+    options: &WorkloadsOptions,
+    dir: &Path,
+    (pgbench, user): (&Path, &BenchUser),
+    clients: u32,
+) -> Result<BenchCluster, String> {
+    let settings = vec![
+        (
+            "max_connections".to_owned(),
+            (clients + 4 * options.pool_size + 30).to_string(),
+        ),
+        ("shared_buffers".to_owned(), "'128MB'".to_owned()),
+    ];
+    eprintln!("creating a primary and 2 replicas in {} ...", dir.display());
+    let cluster = BenchCluster::create(dir, 2, settings, &[user])?;
+    cluster.sql("postgres", "CREATE DATABASE bench OWNER bench")?;
+    pgbench_init(
+        pgbench,
+        &user.url(cluster.primary_port(), "bench"),
+        options.scale,
+    )?;
+    for sql in [
+        "CREATE TABLE bench_items (id integer PRIMARY KEY, payload text)".to_owned(),
+        "ALTER TABLE bench_items OWNER TO bench".to_owned(),
+        format!(
+            "INSERT INTO bench_items SELECT g, md5(g::text) FROM generate_series(1, {}) g",
+            options.delete_rows
+        ),
+        "VACUUM ANALYZE".to_owned(),
+    ] {
+        cluster.sql("bench", &sql)?;
+    }
+    Ok(cluster)
+}
+
+/// pgherd over the three nodes: as the benchmarks run it (asynchronous, no failover) or, with
+/// `ha`, as `pgherd up` does; `instance` names it and adds config sections.
+pub(super) fn start_seed_pgherd(
+    cluster: &BenchCluster,
+    user: &BenchUser,
+    options: &WorkloadsOptions,
+    (ha, instance): (bool, Option<(&str, &str)>),
+) -> Result<ProxyProcess, String> {
+    start_pgherd(
+        cluster,
+        &PgherdSetup {
+            nodes: 3,
+            users: &[user],
+            pool_size: options.pool_size,
+            workers: 0,
+            database_keys: "",
+            ha,
+            admin: false,
+            baseline: None,
+            instance,
+        },
+    )
 }
 
 fn setup(options: &WorkloadsOptions, dir: &Path) -> Result<Fixture, String> {
     let binaries = pgherd_cluster::PgBinaries::find().map_err(|e| e.to_string())?;
     let user = BenchUser::new("bench", pgherd_wire::scram::DEFAULT_ITERATIONS);
     let max_clients = options.clients.iter().copied().max().unwrap_or(1);
-    let settings = [
-        (
-            "max_connections",
-            (max_clients + 4 * options.pool_size + 30).to_string(),
-        ),
-        ("shared_buffers", "'128MB'".to_owned()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect();
-    eprintln!("creating a primary and 2 replicas in {} ...", dir.display());
-    let cluster = BenchCluster::create(dir, 2, settings, &[&user])?;
-    cluster.sql("postgres", "CREATE DATABASE bench OWNER bench")?;
     let pgbench_bin = binaries.tool("pgbench");
-    pgbench_init(
-        &pgbench_bin,
-        &user.url(cluster.primary_port(), "bench"),
-        options.scale,
-    )?;
-    for sql in [
-        "CREATE TABLE bench_items (id integer PRIMARY KEY, payload text)",
-        "ALTER TABLE bench_items OWNER TO bench",
-        "VACUUM ANALYZE",
-    ] {
-        cluster.sql("bench", sql)?;
-    }
+    let cluster = create_cluster(options, dir, (&pgbench_bin, &user), max_clients)?;
     let log_dir = dir.join("pgbench-logs");
     std::fs::create_dir_all(&log_dir).map_err(|e| e.to_string())?;
     let mut scripts = BTreeMap::new();
@@ -277,20 +343,7 @@ fn setup(options: &WorkloadsOptions, dir: &Path) -> Result<Fixture, String> {
         scripts.insert(workload, path);
     }
     let start = |name: &str, sections: &str| {
-        start_pgherd(
-            &cluster,
-            &PgherdSetup {
-                nodes: 3,
-                users: &[&user],
-                pool_size: options.pool_size,
-                workers: 0,
-                database_keys: "",
-                ha: false,
-                admin: false,
-                baseline: None,
-                instance: Some((name, sections)),
-            },
-        )
+        start_seed_pgherd(&cluster, &user, options, (false, Some((name, sections))))
     };
     let pgherd = match options.targets.contains(&WorkloadTarget::Pgherd) {
         true => Some(start("pgherd", "")?),
@@ -517,6 +570,7 @@ fn render(options: &WorkloadsOptions, samples: &[Sample]) -> String {
 fn write_outputs(
     options: &WorkloadsOptions,
     samples: &[Sample],
+    failovers: &[FailoverRun],
     report: &str,
 ) -> Result<(), String> {
     let prefix = output_prefix(&options.out, "workloads")?;
@@ -544,7 +598,11 @@ fn write_outputs(
     }
     write_csv_and_report(&prefix, &csv, report)?;
     let m = medians(samples);
-    for &workload in &options.workloads {
+    let steady = match samples.is_empty() {
+        true => &[][..],
+        false => &options.workloads[..],
+    };
+    for &workload in steady {
         let series = options
             .targets
             .iter()
@@ -572,6 +630,29 @@ fn write_outputs(
         };
         let path = format!("{}-{}.svg", prefix.display(), workload.name());
         std::fs::write(&path, chart.render()).map_err(|e| format!("{path}: {e}"))?;
+        eprintln!("wrote {path}");
+    }
+    if failovers.is_empty() {
+        return Ok(());
+    }
+    let mut timeline = String::from("workload,target,second,tps\n");
+    for run in failovers {
+        for (k, tps) in run.per_second.iter().enumerate() {
+            let _ = writeln!(
+                timeline,
+                "{},{},{},{tps:.1}",
+                run.workload.name(),
+                run.target.name(),
+                k + 1
+            );
+        }
+    }
+    let path = format!("{}-failover.csv", prefix.display());
+    std::fs::write(&path, timeline).map_err(|e| format!("{path}: {e}"))?;
+    eprintln!("wrote {path}");
+    for (name, svg) in workloads_failover::charts(failovers, &options.workloads) {
+        let path = format!("{}-{name}.svg", prefix.display());
+        std::fs::write(&path, svg).map_err(|e| format!("{path}: {e}"))?;
         eprintln!("wrote {path}");
     }
     Ok(())

@@ -753,7 +753,7 @@ async fn stored_ids(cluster: &BenchCluster, front: &Front) -> Result<(u16, HashS
 }
 
 /// As [`connect`], giving up after `limit` (a hung instance accepts and never answers).
-async fn connect_within(url: &str, limit: Duration) -> Result<Client, String> {
+pub(crate) async fn connect_within(url: &str, limit: Duration) -> Result<Client, String> {
     tokio::time::timeout(limit, connect(url))
         .await
         .map_err(|_| format!("no answer within {} ms", limit.as_millis()))?

@@ -369,6 +369,15 @@ pub fn start_pgbouncer(
     )
 }
 
+/// A peer's binary as the distribution installs it (Debian's package has the same name).
+fn installed(name: &str) -> Result<PathBuf, String> {
+    ["/usr/sbin", "/usr/bin"]
+        .iter()
+        .map(|dir| Path::new(dir).join(name))
+        .find(|p| p.is_file())
+        .ok_or_else(|| format!("{name} is not installed (Debian: apt-get install {name})"))
+}
+
 /// [`start_pgbouncer`] in front of the node on `port`, its files in a directory `name`.
 fn start_pgbouncer_for(
     cluster: &BenchCluster,
@@ -376,11 +385,7 @@ fn start_pgbouncer_for(
     pool_size: u32,
     (name, node_port): (&str, u16),
 ) -> Result<ProxyProcess, String> {
-    let binary = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file())
-        .ok_or("pgbouncer is not installed (Debian: apt-get install pgbouncer)")?;
+    let binary = installed("pgbouncer")?;
     let dir = cluster.dir.join(name);
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let port = free_port().map_err(|e| e.to_string())?;
@@ -426,11 +431,7 @@ pub fn start_haproxy_stack(
     users: &[&BenchUser],
     pool_size: u32,
 ) -> Result<HaproxyStack, String> {
-    let binary = ["/usr/sbin/haproxy", "/usr/bin/haproxy"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file())
-        .ok_or("haproxy is not installed (Debian: apt-get install haproxy)")?;
+    let binary = installed("haproxy")?;
     let bouncers = cluster
         .cluster
         .nodes

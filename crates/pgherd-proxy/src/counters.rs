@@ -1,8 +1,9 @@
-//! Counters many sessions update at once, for the metrics: a fixed-bucket latency histogram
-//! (two relaxed atomic adds per observation, no lock, no allocation) and errors by SQLSTATE
-//! class (rare, so behind a lock).
+//! Counters many sessions update at once, for the metrics: event counts and a fixed-bucket
+//! latency histogram, striped by thread so that workers never write the same cache line
+//! (relaxed atomic adds on the thread's own stripe, summed when read; no lock, no
+//! allocation), and errors by SQLSTATE class (rare, so behind a lock).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// Upper bounds of the buckets, in microseconds (100 µs to 10 s); anything slower lands in
@@ -12,24 +13,91 @@ pub const BOUNDS_US: [u64; 16] = [
     1_000_000, 2_500_000, 5_000_000, 10_000_000,
 ];
 
+/// Stripes per counter. Threads beyond this many share stripes (still correct, only no
+/// longer free of shared writes); pgherd's workers are far fewer on machines it targets.
+pub const STRIPES: usize = 8;
+
+/// A value alone on its cache line (two lines: adjacent-line prefetch pairs them).
 #[derive(Debug, Default)]
-pub struct Histogram {
+#[repr(align(128))]
+struct Padded<T>(T);
+
+static NEXT_STRIPE: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's stripe, handed out in turn as threads first count something.
+    static STRIPE: usize = NEXT_STRIPE.fetch_add(1, Ordering::Relaxed) % STRIPES;
+}
+
+/// The calling thread's stripe (0 if its thread-locals are being torn down).
+pub fn stripe() -> usize {
+    STRIPE.try_with(|s| *s).unwrap_or(0)
+}
+
+/// A count written by every transaction: each thread adds to its own stripe, readers sum.
+#[derive(Debug, Default)]
+pub struct StripedCounter([Padded<AtomicU64>; STRIPES]);
+
+impl StripedCounter {
+    pub fn add(&self, n: u64) {
+        self.0[stripe()].0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The largest value any thread reported (a maximum kept per stripe).
+    pub fn raise_to(&self, value: u64) {
+        self.0[stripe()].0.fetch_max(value, Ordering::Relaxed);
+    }
+
+    pub fn sum(&self) -> u64 {
+        self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
+    }
+
+    /// For a counter fed by [`Self::raise_to`]: the maximum over the stripes.
+    pub fn max(&self) -> u64 {
+        self.0
+            .iter()
+            .map(|s| s.0.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+#[derive(Debug, Default)]
+struct HistogramStripe {
     /// Observations per bucket (not cumulative); the last one is `+Inf`.
     buckets: [AtomicU64; BOUNDS_US.len() + 1],
     sum_us: AtomicU64,
 }
 
+#[derive(Debug, Default)]
+pub struct Histogram([Padded<HistogramStripe>; STRIPES]);
+
 impl Histogram {
     pub fn observe(&self, elapsed: Duration) {
         let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         let bucket = BOUNDS_US.partition_point(|&bound| bound < us);
-        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
-        self.sum_us.fetch_add(us, Ordering::Relaxed);
+        let stripe = &self.0[stripe()].0;
+        stripe.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        stripe.sum_us.fetch_add(us, Ordering::Relaxed);
     }
 
     /// Microseconds observed in all.
     pub fn sum_us(&self) -> u64 {
-        self.sum_us.load(Ordering::Relaxed)
+        self.0
+            .iter()
+            .map(|s| s.0.sum_us.load(Ordering::Relaxed))
+            .fold(0, u64::saturating_add)
+    }
+
+    /// Observations per bucket, summed over the stripes.
+    fn counts(&self) -> [u64; BOUNDS_US.len() + 1] {
+        let mut counts = [0; BOUNDS_US.len() + 1];
+        for stripe in &self.0 {
+            for (count, bucket) in counts.iter_mut().zip(&stripe.0.buckets) {
+                *count += bucket.load(Ordering::Relaxed);
+            }
+        }
+        counts
     }
 
     /// The `q` quantile (0 < q ≤ 1) of what was observed, in microseconds, estimated as
@@ -37,22 +105,19 @@ impl Histogram {
     /// as fine as the buckets). `None` before the first observation; the last bound when it
     /// falls beyond 10 s.
     pub fn quantile_us(&self, q: f64) -> Option<u64> {
-        quantile_of(
-            &self.buckets.each_ref().map(|b| b.load(Ordering::Relaxed)),
-            q,
-        )
+        quantile_of(&self.counts(), q)
     }
 
     /// Cumulative counts per bound (seconds), ending with `+Inf`; and the sum in seconds.
     pub fn snapshot(&self) -> (Vec<(f64, u64)>, f64) {
         let mut cumulative = 0;
         let mut out = Vec::with_capacity(BOUNDS_US.len() + 1);
-        for (i, bucket) in self.buckets.iter().enumerate() {
-            cumulative += bucket.load(Ordering::Relaxed);
+        for (i, count) in self.counts().iter().enumerate() {
+            cumulative += count;
             let bound = BOUNDS_US.get(i).map_or(f64::INFINITY, |&b| b as f64 / 1e6);
             out.push((bound, cumulative));
         }
-        (out, self.sum_us.load(Ordering::Relaxed) as f64 / 1e6)
+        (out, self.sum_us() as f64 / 1e6)
     }
 }
 
@@ -121,6 +186,32 @@ mod tests {
         assert_eq!(count(10.0), Some(5));
         assert_eq!(buckets.last(), Some(&(f64::INFINITY, 6)));
         assert!((sum - (0.0 + 0.0001 + 0.000101 + 0.000999 + 0.001 + 20.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn stripes_written_by_several_threads_sum_on_read() {
+        let (counter, highest) = (StripedCounter::default(), StripedCounter::default());
+        let histogram = Histogram::default();
+        std::thread::scope(|scope| {
+            for t in 0..STRIPES + 3 {
+                let (counter, highest, histogram) = (&counter, &highest, &histogram);
+                scope.spawn(move || {
+                    for _ in 0..1_000 {
+                        counter.add(2);
+                        histogram.observe(Duration::from_micros(300));
+                    }
+                    highest.raise_to(t as u64);
+                });
+            }
+        });
+        assert_eq!(counter.sum(), 2 * 1_000 * (STRIPES as u64 + 3));
+        assert_eq!(highest.max(), STRIPES as u64 + 2);
+        let (buckets, sum) = histogram.snapshot();
+        assert_eq!(
+            buckets.last(),
+            Some(&(f64::INFINITY, 1_000 * (STRIPES as u64 + 3)))
+        );
+        assert!((sum - 0.0003 * 1_000.0 * (STRIPES as f64 + 3.0)).abs() < 1e-6);
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod collation;
 pub mod control;
 pub mod counters;
 pub mod dcs;
+pub mod decisions;
 pub mod error;
 pub mod events;
 pub mod exec;

@@ -186,10 +186,10 @@ pub fn render(app: &App) -> String {
         (
             "pgherd_transactions_total",
             "Transactions (or statements outside one) served by the pool.",
-            |s| s.transactions.load(Ordering::Relaxed) as f64,
+            |s| s.transactions.sum() as f64,
         ),
         ("pgherd_queries_total", "Queries served by the pool.", |s| {
-            s.queries.load(Ordering::Relaxed) as f64
+            s.queries.sum() as f64
         }),
         (
             "pgherd_pool_wait_seconds_total",
@@ -214,12 +214,12 @@ pub fn render(app: &App) -> String {
         (
             "pgherd_pool_bytes_to_servers_total",
             "Bytes written to the pool's server connections (client messages and pgherd's own statements).",
-            |s| s.bytes_to_servers.load(Ordering::Relaxed) as f64,
+            |s| s.bytes_to_servers.sum() as f64,
         ),
         (
             "pgherd_pool_bytes_to_clients_total",
             "Bytes written to clients from the pool's server connections.",
-            |s| s.bytes_to_clients.load(Ordering::Relaxed) as f64,
+            |s| s.bytes_to_clients.sum() as f64,
         ),
     ];
     for (name, help, read) in pool_counters {

@@ -23,6 +23,7 @@ use pgherd_wire::{PgError, SqlState};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::counters::StripedCounter;
 use crate::error::ServerError;
 use crate::relay::statements::ServerStatements;
 use crate::server::{self, ConnectSpec, ServerConn, ServerCredentials};
@@ -88,16 +89,17 @@ impl Drop for WaitTicket<'_> {
 /// Counters for SHOW POOLS / SHOW STATS.
 #[derive(Debug, Default)]
 pub struct PoolStats {
-    pub transactions: AtomicU64,
-    pub queries: AtomicU64,
-    pub wait_us_max: AtomicU64,
+    /// Written by every transaction: striped by thread (`counters`), summed when read.
+    pub transactions: StripedCounter,
+    pub queries: StripedCounter,
+    pub wait_us_max: StripedCounter,
     pub connects: AtomicU64,
     pub connect_failures: AtomicU64,
     pub wait_timeouts: AtomicU64,
     /// Bytes written to this pool's server connections (client messages, pgherd's own
     /// statements) and to clients from them.
-    pub bytes_to_servers: AtomicU64,
-    pub bytes_to_clients: AtomicU64,
+    pub bytes_to_servers: StripedCounter,
+    pub bytes_to_clients: StripedCounter,
     /// From a transaction's first message (or its wait for a server) to the ReadyForQuery
     /// that ends it.
     pub transaction_time: crate::counters::Histogram,
@@ -285,7 +287,7 @@ impl Pool {
                 st.lent += 1;
                 conn
             };
-            if let Some(conn) = self.check_idle_conn(conn) {
+            if let Some(conn) = self.check_idle_conn(conn, Instant::now()) {
                 return Some(conn);
             }
         }
@@ -300,6 +302,9 @@ impl Pool {
             let s = self.settings.load();
             (s.wait_timeout(), s.max_size)
         };
+        // Only requests that found no idle connection are timed (`wait_time`), as its metric
+        // says.
+        let mut found_none_idle = false;
         loop {
             // Lives for one loop turn; the connection is boxed already.
             enum Next {
@@ -325,8 +330,9 @@ impl Pool {
                 }
             };
             match next {
-                Next::Use(conn) => match self.check_idle_conn(conn) {
-                    Some(conn) => return Ok(self.record_wait(conn, started)),
+                Next::Use(conn) => match self.check_idle_conn(conn, started) {
+                    Some(conn) if found_none_idle => return Ok(self.record_wait(conn, started)),
+                    Some(conn) => return Ok(conn),
                     None => continue,
                 },
                 Next::Connect => {
@@ -335,10 +341,11 @@ impl Pool {
                     return Ok(self.record_wait(conn, started));
                 }
                 Next::Wait(rx) => {
+                    found_none_idle = true;
                     let remaining = wait_timeout.saturating_sub(started.elapsed());
                     let mut ticket = WaitTicket { pool: self, rx };
                     match tokio::time::timeout(remaining, &mut ticket.rx).await {
-                        Ok(Ok(Handoff::Conn(conn))) => match self.check_idle_conn(conn) {
+                        Ok(Ok(Handoff::Conn(conn))) => match self.check_idle_conn(conn, started) {
                             Some(conn) => return Ok(self.record_wait(conn, started)),
                             None => continue,
                         },
@@ -361,10 +368,9 @@ impl Pool {
     fn record_wait(&self, conn: Box<ServerConn>, started: Instant) -> Box<ServerConn> {
         let waited = started.elapsed();
         self.stats.wait_time.observe(waited);
-        let waited_us = waited.as_micros() as u64;
         self.stats
             .wait_us_max
-            .fetch_max(waited_us, Ordering::Relaxed);
+            .raise_to(u64::try_from(waited.as_micros()).unwrap_or(u64::MAX));
         conn
     }
 
@@ -405,8 +411,8 @@ impl Pool {
     /// Drops an idle connection that died while it sat in the pool. Connections back from
     /// work a moment ago are trusted (a failure is still caught by the relay); older ones are
     /// checked through the reactor's readiness, which costs no syscall unless data arrived.
-    fn check_idle_conn(&self, conn: Box<ServerConn>) -> Option<Box<ServerConn>> {
-        if conn.last_used.elapsed() < TRUST_RECENTLY_USED {
+    fn check_idle_conn(&self, conn: Box<ServerConn>, now: Instant) -> Option<Box<ServerConn>> {
+        if now.saturating_duration_since(conn.last_used) < TRUST_RECENTLY_USED {
             return Some(conn);
         }
         let mut cx = Context::from_waker(Waker::noop());

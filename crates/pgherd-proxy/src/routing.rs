@@ -17,12 +17,13 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use pgherd_route::catalog::{Persistence, RelationRow, Snapshot, SnapshotBuilder};
 use pgherd_route::{
-    classify, lex, lex_with_spans, Decision, HintError, Route, ShardSetting, Target, SHARD_SETTING,
+    classify, lex, lex_with_spans, HintError, Route, ShardSetting, Target, SHARD_SETTING,
 };
 use pgherd_wire::{PgError, SqlState};
 use tokio::sync::Notify;
 
 use crate::app::App;
+use crate::decisions::Decisions;
 
 pub use pgherd_route::Routed;
 
@@ -139,7 +140,8 @@ pub struct Router {
     server_dbname: String,
     catalog: ArcSwap<Snapshot>,
     /// Normalised statement text → decision. Cleared when full or when the catalog changes.
-    decisions: Mutex<DecisionCache>,
+    decisions: Decisions,
+    /// Entries the decision cache and the result cache's memos hold at most.
     capacity: usize,
     max_parse_bytes: usize,
     /// Wakes the catalog task to read the catalog again (a statement named something it
@@ -198,15 +200,6 @@ fn remember<V>(map: &mut HashMap<Box<[u8]>, V>, capacity: usize, key: &[u8], val
 
 /// What [`Router::cache_verdict`] found.
 pub type CacheVerdict = Result<Arc<[String]>, pgherd_route::cacheable::NotCacheable>;
-
-/// The decisions by key, and how often a lookup found one (counted under the lock the
-/// lookup takes anyway).
-#[derive(Default)]
-struct DecisionCache {
-    map: HashMap<Box<[u8]>, Arc<Decision>>,
-    hits: u64,
-    misses: u64,
-}
 
 thread_local! {
     /// The key being built, reused: the lookup allocates nothing on a hit.
@@ -300,8 +293,7 @@ impl Router {
 
     /// (decisions found in the cache, statements classified with the parser) since start.
     pub fn cache_counts(&self) -> (u64, u64) {
-        let cache = self.decisions.lock();
-        (cache.hits, cache.misses)
+        self.decisions.counts()
     }
 
     /// A router whose catalog a task of its own loads now, and again when asked or every
@@ -311,9 +303,9 @@ impl Router {
         let router = Arc::new(Router {
             server_dbname,
             catalog: ArcSwap::from_pointee(Snapshot::default()),
-            decisions: Mutex::default(),
-            cache_memo: Mutex::default(),
+            decisions: Decisions::new(config.routing.decision_cache_entries),
             capacity: config.routing.decision_cache_entries,
+            cache_memo: Mutex::default(),
             max_parse_bytes: config.routing.max_parse_bytes,
             reload: Notify::new(),
             generation: std::sync::atomic::AtomicU64::new(0),
@@ -407,10 +399,11 @@ impl Router {
         if let Some(shard) = shard {
             self.check_shard(shard, "pgherd:shard")?;
         }
+        // Read before the lookup: a decision found or made is kept only as long as nothing
+        // that changes decisions happened since.
+        let generation = self.generation();
         if lexed.cacheable && !long {
-            let mut cache = self.decisions.lock();
-            if let Some(decision) = cache.map.get(key).cloned() {
-                cache.hits += 1;
+            if let Some(decision) = self.decisions.get(key, generation) {
                 return Ok(Routed {
                     decision,
                     hint,
@@ -418,10 +411,9 @@ impl Router {
                     cache: lexed.cache,
                 });
             }
-            cache.misses += 1;
         }
         let text = String::from_utf8_lossy(sql);
-        let decision = Arc::new(classify(
+        let mut decision = Arc::new(classify(
             &text,
             lexed,
             &**self.catalog.load(),
@@ -431,11 +423,7 @@ impl Router {
             self.reload.notify_one();
         }
         if lexed.cacheable && !long && decision.cacheable && !decision.needs_catalog {
-            let mut cache = self.decisions.lock();
-            if cache.map.len() >= self.capacity {
-                cache.map.clear();
-            }
-            cache.map.insert(key.into(), decision.clone());
+            decision = self.decisions.insert(key, generation, decision);
         }
         if let Some(value) = &decision.route_setting {
             if Route::parse(value).is_none() {
@@ -512,8 +500,7 @@ impl Router {
             key.clear();
             let lexed = lex(sql, standard_conforming_strings, &mut key);
             if lexed.cacheable && sql.len() <= self.max_parse_bytes {
-                let mut cache = self.decisions.lock();
-                cache.map.insert(key.as_slice().into(), Arc::new(decision));
+                self.decisions.insert_shared(&key, Arc::new(decision));
             }
         });
         self.generation
@@ -666,7 +653,7 @@ impl Router {
         let snapshot = builder.build();
         let counts = (snapshot.function_count(), snapshot.relation_count());
         self.catalog.store(Arc::new(snapshot));
-        self.decisions.lock().map.clear();
+        self.decisions.clear();
         self.generation
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         self.last_reading

@@ -446,9 +446,9 @@ pub fn pools(app: &App) -> Table {
                 s.idle.into(),
                 s.connecting.into(),
                 s.max_size.into(),
-                p.stats.transactions.load(Ordering::Relaxed).into(),
-                p.stats.queries.load(Ordering::Relaxed).into(),
-                p.stats.wait_us_max.load(Ordering::Relaxed).into(),
+                p.stats.transactions.sum().into(),
+                p.stats.queries.sum().into(),
+                p.stats.wait_us_max.max().into(),
                 p.stats.wait_timeouts.load(Ordering::Relaxed).into(),
             ]
         })
@@ -480,21 +480,21 @@ pub fn stats(app: &App) -> Table {
         .iter()
         .map(|p| {
             let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-            let transactions = load(&p.stats.transactions);
+            let transactions = p.stats.transactions.sum();
             let wait_us = p.stats.wait_time.sum_us();
             vec![
                 p.database.clone().into(),
                 p.user.clone().into(),
                 p.node.name.clone().into(),
                 transactions.into(),
-                load(&p.stats.queries).into(),
+                p.stats.queries.sum().into(),
                 wait_us.into(),
-                load(&p.stats.wait_us_max).into(),
+                p.stats.wait_us_max.max().into(),
                 load(&p.stats.wait_timeouts).into(),
                 load(&p.stats.connects).into(),
                 load(&p.stats.connect_failures).into(),
-                load(&p.stats.bytes_to_servers).into(),
-                load(&p.stats.bytes_to_clients).into(),
+                p.stats.bytes_to_servers.sum().into(),
+                p.stats.bytes_to_clients.sum().into(),
                 p.stats.transaction_time.quantile_us(0.50).into(),
                 p.stats.transaction_time.quantile_us(0.95).into(),
                 p.stats.transaction_time.quantile_us(0.99).into(),

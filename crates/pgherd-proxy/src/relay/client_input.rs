@@ -391,7 +391,7 @@ impl Session {
                 let sql = may_change_session(q.sql).then(|| Bytes::copy_from_slice(q.sql));
                 lease.conn.write_buf.extend_from_slice(message);
                 self.queue.push_client(Request::Query { sql });
-                lease.pool.stats.queries.fetch_add(1, Ordering::Relaxed);
+                lease.pool.stats.queries.add(1);
             }
             ftag::FUNCTION_CALL => {
                 lease.conn.write_buf.extend_from_slice(message);
@@ -535,7 +535,7 @@ impl Session {
                 };
                 lease.conn.write_buf.extend_from_slice(message);
                 self.queue.push_client(Request::Execute { sql });
-                lease.pool.stats.queries.fetch_add(1, Ordering::Relaxed);
+                lease.pool.stats.queries.add(1);
             }
             ftag::CLOSE => {
                 let c = frontend::Close::parse(body)?;
@@ -646,7 +646,7 @@ impl Session {
                 text.extend_from_slice(&sql[range.end..]);
                 frontend::encode_query(&mut lease.conn.write_buf, &text)?;
                 self.queue.push_client(Request::Query { sql: None });
-                lease.pool.stats.queries.fetch_add(1, Ordering::Relaxed);
+                lease.pool.stats.queries.add(1);
                 Ok(true)
             }
         }

@@ -94,7 +94,7 @@ impl Session {
                 self.track_statement(&unread, true);
                 self.queue.push_client(Request::Query { sql: None });
                 if let Some(lease) = self.lease.as_ref() {
-                    lease.pool.stats.queries.fetch_add(1, Ordering::Relaxed);
+                    lease.pool.stats.queries.add(1);
                 }
                 // A query's request ends with its last byte (`continue_stream`).
                 self.stream_rest(h, input, 0, h.tag == ftag::QUERY);

@@ -99,12 +99,12 @@ impl Lease {
         if self.bytes_to_server > 0 {
             stats
                 .bytes_to_servers
-                .fetch_add(std::mem::take(&mut self.bytes_to_server), Ordering::Relaxed);
+                .add(std::mem::take(&mut self.bytes_to_server));
         }
         if self.bytes_to_client > 0 {
             stats
                 .bytes_to_clients
-                .fetch_add(std::mem::take(&mut self.bytes_to_client), Ordering::Relaxed);
+                .add(std::mem::take(&mut self.bytes_to_client));
         }
     }
 }

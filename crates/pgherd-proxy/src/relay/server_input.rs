@@ -522,11 +522,7 @@ impl Session {
             }
             self.params.end_transaction(!self.tx_failed);
             self.tx_failed = false;
-            lease
-                .pool
-                .stats
-                .transactions
-                .fetch_add(1, Ordering::Relaxed);
+            lease.pool.stats.transactions.add(1);
             lease.flush_byte_counts();
             if let Some(started) = self.tx_started.take() {
                 lease.pool.stats.transaction_time.observe(started.elapsed());

@@ -8,6 +8,7 @@ mod durability;
 mod pgbench;
 mod pooler_report;
 mod procstat;
+mod repmgr;
 mod scaling;
 mod shard_move;
 mod shards;

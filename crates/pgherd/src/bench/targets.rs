@@ -426,10 +426,16 @@ impl HaproxyStack {
     }
 }
 
+/// `find_primary`: the write port lists every node's PgBouncer and sends to the one whose
+/// server says it is not in recovery, and the read port to those whose server answers (asked
+/// every 500 ms, two answers in a row to change its mind), as a stack whose primary a
+/// failover manager (repmgr) can move must; otherwise the write port sends to the first
+/// node's PgBouncer and the read port to every PgBouncer that accepts connections.
 pub fn start_haproxy_stack(
     cluster: &BenchCluster,
     users: &[&BenchUser],
     pool_size: u32,
+    find_primary: bool,
 ) -> Result<HaproxyStack, String> {
     let binary = installed("haproxy")?;
     let bouncers = cluster
@@ -445,21 +451,50 @@ pub fn start_haproxy_stack(
     let read_port = free_port().map_err(|e| e.to_string())?;
     let dir = cluster.dir.join("haproxy");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let server = |k: usize, b: &ProxyProcess| {
+    let tcp_checked = |k: usize, b: &ProxyProcess| {
         format!(
             "    server n{k} 127.0.0.1:{} check inter 1s fall 3 rise 2\n",
             b.port
         )
     };
-    let mut config = format!(
-        "global\n    maxconn 4000\n\ndefaults\n    mode tcp\n    timeout connect 5s\n    \
-         timeout client 1h\n    timeout server 1h\n\nlisten write\n    bind 127.0.0.1:{write_port}\n{}\n\
-         listen read\n    bind 127.0.0.1:{read_port}\n    balance roundrobin\n",
-        server(0, &bouncers[0])
+    let (global, write, read) = match (find_primary, users.first()) {
+        (true, Some(user)) => {
+            let checked = |sql: &str, expect: &str, file: &str| -> Result<String, String> {
+                let script = check_script(cluster, &dir, user, (file, sql, expect))?;
+                let mut section = format!(
+                    "    option external-check\n    external-check path \"/usr/bin:/bin\"\n    \
+                     external-check command {}\n",
+                    script.display()
+                );
+                for (k, b) in bouncers.iter().enumerate() {
+                    section.push_str(&format!(
+                        "    server n{k} 127.0.0.1:{} check inter 500 fall 2 rise 2 \
+                         on-marked-down shutdown-sessions\n",
+                        b.port
+                    ));
+                }
+                Ok(section)
+            };
+            (
+                "    external-check\n    insecure-fork-wanted\n",
+                checked("SELECT pg_is_in_recovery()", "f", "is-primary.sh")?,
+                checked("SELECT 1", "1", "is-up.sh")?,
+            )
+        }
+        _ => {
+            let read: String = bouncers
+                .iter()
+                .enumerate()
+                .map(|(k, b)| tcp_checked(k, b))
+                .collect();
+            ("", tcp_checked(0, &bouncers[0]), read)
+        }
+    };
+    let config = format!(
+        "global\n    maxconn 4000\n{global}\ndefaults\n    mode tcp\n    timeout connect 5s\n    \
+         timeout client 1h\n    timeout server 1h\n\nlisten write\n    bind 127.0.0.1:{write_port}\n{write}\n\
+         listen read\n    bind 127.0.0.1:{read_port}\n    balance roundrobin\n{read}"
     );
-    for (k, b) in bouncers.iter().enumerate() {
-        config.push_str(&server(k, b));
-    }
     let path = dir.join("haproxy.cfg");
     std::fs::write(&path, config).map_err(|e| format!("{}: {e}", path.display()))?;
     let log = dir.join("haproxy.log");
@@ -487,6 +522,29 @@ pub fn start_haproxy_stack(
         read_port,
         _bouncers: bouncers,
     })
+}
+
+/// An HAProxy external check, `file` in `dir`: passes when the server behind the PgBouncer at
+/// `$3:$4` answers `sql` with `expect`.
+fn check_script(
+    cluster: &BenchCluster,
+    dir: &Path,
+    user: &BenchUser,
+    (file, sql, expect): (&str, &str, &str),
+) -> Result<PathBuf, String> {
+    let path = dir.join(file);
+    let script = format!(
+        "#!/bin/sh\nexport PGPASSWORD='{}' PGCONNECT_TIMEOUT=1\n\
+         test \"$({} -X -A -t -h \"$3\" -p \"$4\" -U {} -d postgres -c '{sql}' 2>/dev/null)\" = {expect}\n",
+        user.password,
+        cluster.cluster.binaries.tool("psql").display(),
+        user.name
+    );
+    std::fs::write(&path, script).map_err(|e| format!("{}: {e}", path.display()))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
 }
 
 /// Pgpool-II (from the distribution) in streaming-replication mode with load balancing over the

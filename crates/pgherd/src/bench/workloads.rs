@@ -61,10 +61,13 @@ pub struct WorkloadsOptions {
     /// Server connections per pool (pgherd's per node, each PgBouncer's).
     #[arg(long, default_value_t = 20)]
     pub(super) pool_size: u32,
-    /// Then each workload once more through pgherd and the HAProxy stack while the primary
-    /// fails (a fresh cluster for each, at the most clients).
+    /// Then each workload once more while the primary fails (a fresh cluster for each, at
+    /// the most clients), through `--failover-targets`.
     #[arg(long)]
     failover: bool,
+    /// What the failover runs go through.
+    #[arg(long, value_delimiter = ',', default_value = "pgherd,haproxy-repmgr")]
+    pub(super) failover_targets: Vec<WorkloadTarget>,
     /// Seconds per failover run; the primary is stopped a third of the way in.
     #[arg(long, default_value_t = 30)]
     pub(super) failover_duration_s: u64,
@@ -176,6 +179,9 @@ pub enum WorkloadTarget {
     /// HAProxy (TCP) in front of one PgBouncer (transaction pooling) per node: read-only
     /// workloads on its round-robin read port, the rest on its write port (the primary).
     HaproxyPgbouncer,
+    /// The same stack with repmgr failing over (repmgrd on every node) and HAProxy's write
+    /// port following the primary: for the failover runs only.
+    HaproxyRepmgr,
 }
 
 impl WorkloadTarget {
@@ -185,6 +191,7 @@ impl WorkloadTarget {
             WorkloadTarget::Pgherd => "pgherd",
             WorkloadTarget::PgherdNoWait => "pgherd-no-wait",
             WorkloadTarget::HaproxyPgbouncer => "haproxy-pgbouncer",
+            WorkloadTarget::HaproxyRepmgr => "haproxy-repmgr",
         }
     }
 }
@@ -211,6 +218,9 @@ struct Fixture {
 pub fn run(mut options: WorkloadsOptions) -> Result<(), String> {
     if options.workloads.is_empty() {
         options.workloads = ALL_WORKLOADS.to_vec();
+    }
+    if options.targets.contains(&WorkloadTarget::HaproxyRepmgr) {
+        return Err("haproxy-repmgr is measured only while the primary fails: give it to --failover-targets, with --failover".into());
     }
     let (dir, _tmp) = work_dir(options.dir.as_ref())?;
     let samples = match options.rounds {
@@ -273,14 +283,16 @@ pub(super) fn create_cluster(
     dir: &Path,
     (pgbench, user): (&Path, &BenchUser),
     clients: u32,
+    extra_settings: Vec<(String, String)>,
 ) -> Result<BenchCluster, String> {
-    let settings = vec![
+    let mut settings = vec![
         (
             "max_connections".to_owned(),
             (clients + 4 * options.pool_size + 30).to_string(),
         ),
         ("shared_buffers".to_owned(), "'128MB'".to_owned()),
     ];
+    settings.extend(extra_settings);
     eprintln!("creating a primary and 2 replicas in {} ...", dir.display());
     let cluster = BenchCluster::create(dir, 2, settings, &[user])?;
     cluster.sql("postgres", "CREATE DATABASE bench OWNER bench")?;
@@ -332,7 +344,7 @@ fn setup(options: &WorkloadsOptions, dir: &Path) -> Result<Fixture, String> {
     let user = BenchUser::new("bench", pgherd_wire::scram::DEFAULT_ITERATIONS);
     let max_clients = options.clients.iter().copied().max().unwrap_or(1);
     let pgbench_bin = binaries.tool("pgbench");
-    let cluster = create_cluster(options, dir, (&pgbench_bin, &user), max_clients)?;
+    let cluster = create_cluster(options, dir, (&pgbench_bin, &user), max_clients, Vec::new())?;
     let log_dir = dir.join("pgbench-logs");
     std::fs::create_dir_all(&log_dir).map_err(|e| e.to_string())?;
     let mut scripts = BTreeMap::new();
@@ -357,7 +369,12 @@ fn setup(options: &WorkloadsOptions, dir: &Path) -> Result<Fixture, String> {
         false => None,
     };
     let haproxy = match options.targets.contains(&WorkloadTarget::HaproxyPgbouncer) {
-        true => Some(start_haproxy_stack(&cluster, &[&user], options.pool_size)?),
+        true => Some(start_haproxy_stack(
+            &cluster,
+            &[&user],
+            options.pool_size,
+            false,
+        )?),
         false => None,
     };
     wait_caught_up(&cluster);
@@ -389,7 +406,7 @@ fn measure(
         }
         .map(|p| p.port)
         .ok_or_else(|| format!("{} is not running", target.name())),
-        WorkloadTarget::HaproxyPgbouncer => fixture
+        WorkloadTarget::HaproxyPgbouncer | WorkloadTarget::HaproxyRepmgr => fixture
             .haproxy
             .as_ref()
             .map(|h| match workload.writes() {

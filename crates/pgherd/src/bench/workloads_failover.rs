@@ -23,6 +23,7 @@ use rand::SeedableRng;
 use pgherd_cluster::StopMode;
 
 use super::fmt;
+use super::repmgr;
 use super::scaling::wait_caught_up;
 use super::svg::{LineChart, Series};
 use super::targets::{start_haproxy_stack, BenchUser};
@@ -90,7 +91,7 @@ pub(super) fn run(
     let clients = options.clients.iter().copied().max().unwrap_or(8);
     let mut runs = Vec::new();
     for &workload in workloads {
-        for target in [WorkloadTarget::Pgherd, WorkloadTarget::HaproxyPgbouncer] {
+        for &target in &options.failover_targets {
             let cell_dir = dir.join(format!("failover-{}-{}", workload.name(), target.name()));
             eprintln!(
                 "failover: {} through {} ({clients} clients) ...",
@@ -133,10 +134,20 @@ fn run_one(
     (workload, target, clients): (SeedWorkload, WorkloadTarget, u32),
 ) -> Result<FailoverRun, String> {
     let user = BenchUser::new("bench", pgherd_wire::scram::DEFAULT_ITERATIONS);
-    let cluster = create_cluster(options, dir, (pgbench, &user), clients)?;
+    let managed = target == WorkloadTarget::HaproxyRepmgr;
+    let settings = match managed {
+        true => repmgr::node_settings(),
+        false => Vec::new(),
+    };
+    let cluster = create_cluster(options, dir, (pgbench, &user), clients, settings)?;
+    // Registered before the stack starts, so that HAProxy finds a watched primary.
+    let _repmgr = match managed {
+        true => Some(repmgr::start(&cluster)?),
+        false => None,
+    };
     let (_pgherd, _haproxy, port) = match target {
-        WorkloadTarget::HaproxyPgbouncer => {
-            let stack = start_haproxy_stack(&cluster, &[&user], options.pool_size)?;
+        WorkloadTarget::HaproxyPgbouncer | WorkloadTarget::HaproxyRepmgr => {
+            let stack = start_haproxy_stack(&cluster, &[&user], options.pool_size, managed)?;
             let port = match workload.writes() {
                 true => stack.write_port(),
                 false => stack.read_port,
@@ -359,8 +370,13 @@ pub(super) fn render(r: &mut String, options: &WorkloadsOptions, runs: &[Failove
         r,
         "\n### While the primary fails\n\n{} s per run, the primary stopped as a crash would \
          (`pg_ctl stop -m immediate`) at second {}; pgherd as `pgherd up` sets it (failover on, \
-         synchronous durability), the HAProxy stack without a failover manager. The clients \
-         run the workload's script, count an error and carry on (reconnecting when they must).\n",
+         synchronous durability); `haproxy-repmgr`: HAProxy and PgBouncer with repmgr \
+         failing over (repmgrd on every node, the primary checked every second and given up \
+         after two failed reconnections a second apart; HAProxy's write port asks each node \
+         through its PgBouncer whether it is in recovery every 500 ms, two answers to change \
+         its mind); `haproxy-pgbouncer`: the same stack without a failover manager. The \
+         clients run the workload's script, count an error and carry on (reconnecting when \
+         they must).\n",
         options.failover_duration_s,
         options.failover_duration_s / 3
     );

@@ -1,0 +1,186 @@
+//! The routing decisions a [`crate::routing::Router`] made, by statement key: one map shared
+//! by every worker (behind a lock, filled on a miss) and each worker thread's own copies of
+//! the decisions it used. A hit on a thread's copy takes no lock and writes nothing another
+//! worker reads: the shared map's lock, its hit counter and the shared decision's reference
+//! count would otherwise be written by every statement on every worker.
+//!
+//! A thread's copies are valid for the router generation they were made under (read before
+//! the lookup): the router bumps it after anything that changes decisions (a catalog reading,
+//! a statement a standby refused), which drops every thread's copies at their next lookup.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use pgherd_route::Decision;
+
+use crate::counters::StripedCounter;
+
+/// Routers a thread keeps copies for; more (routers replaced by reloads) empties its copies.
+const MAX_ROUTERS_PER_THREAD: usize = 64;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+pub struct Decisions {
+    /// Tells this cache's copies apart from other routers' in a thread's table (an address
+    /// could be reused once a router is dropped).
+    id: u64,
+    shared: Mutex<HashMap<Box<[u8]>, Arc<Decision>>>,
+    /// Entries the shared map and each thread's copies hold at most: emptied when full.
+    capacity: usize,
+    hits: StripedCounter,
+    misses: StripedCounter,
+}
+
+/// One thread's copies of one router's decisions.
+struct ThreadCopies {
+    generation: u64,
+    map: HashMap<Box<[u8]>, Arc<Decision>>,
+}
+
+thread_local! {
+    static COPIES: RefCell<HashMap<u64, ThreadCopies>> = RefCell::new(HashMap::new());
+}
+
+impl Decisions {
+    pub fn new(capacity: usize) -> Self {
+        Decisions {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            shared: Mutex::default(),
+            capacity,
+            hits: StripedCounter::default(),
+            misses: StripedCounter::default(),
+        }
+    }
+
+    /// The decision kept for `key`, counted as a hit or a miss. `generation` is the router's,
+    /// read before this call.
+    pub fn get(&self, key: &[u8], generation: u64) -> Option<Arc<Decision>> {
+        let copy = COPIES
+            .try_with(|copies| {
+                let copies = copies.borrow();
+                let mine = copies.get(&self.id)?;
+                (mine.generation == generation)
+                    .then(|| mine.map.get(key).cloned())
+                    .flatten()
+            })
+            .ok()
+            .flatten();
+        if let Some(decision) = copy {
+            self.hits.add(1);
+            return Some(decision);
+        }
+        let shared = self.shared.lock().get(key).cloned();
+        match shared {
+            Some(decision) => {
+                self.hits.add(1);
+                Some(self.copy_here(key, generation, &decision))
+            }
+            None => {
+                self.misses.add(1);
+                None
+            }
+        }
+    }
+
+    /// Keeps a decision just made (under `generation`, read before it was made); returns this
+    /// thread's copy of it.
+    pub fn insert(&self, key: &[u8], generation: u64, decision: Arc<Decision>) -> Arc<Decision> {
+        let copy = self.copy_here(key, generation, &decision);
+        self.insert_shared(key, decision);
+        copy
+    }
+
+    /// Keeps a decision in the shared map only: the caller bumps the router's generation
+    /// next, which retires the threads' copies.
+    pub fn insert_shared(&self, key: &[u8], decision: Arc<Decision>) {
+        let mut shared = self.shared.lock();
+        if shared.len() >= self.capacity {
+            shared.clear();
+        }
+        shared.insert(key.into(), decision);
+    }
+
+    /// Forgets the shared decisions; the caller bumps the router's generation next.
+    pub fn clear(&self) {
+        self.shared.lock().clear();
+    }
+
+    /// (hits, misses) since start, summed over the threads.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.hits.sum(), self.misses.sum())
+    }
+
+    fn copy_here(&self, key: &[u8], generation: u64, decision: &Arc<Decision>) -> Arc<Decision> {
+        let copy = Arc::new(Decision::clone(decision));
+        let _ = COPIES.try_with(|copies| {
+            let mut copies = copies.borrow_mut();
+            if copies.len() >= MAX_ROUTERS_PER_THREAD && !copies.contains_key(&self.id) {
+                copies.clear();
+            }
+            let mine = copies.entry(self.id).or_insert_with(|| ThreadCopies {
+                generation,
+                map: HashMap::new(),
+            });
+            if mine.generation != generation || mine.map.len() >= self.capacity {
+                mine.generation = generation;
+                mine.map.clear();
+            }
+            mine.map.insert(key.into(), copy.clone());
+        });
+        copy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision(reason: &str) -> Arc<Decision> {
+        let mut decision = Decision::unread("test");
+        decision.reason = reason.to_owned();
+        Arc::new(decision)
+    }
+
+    #[test]
+    fn a_thread_hits_its_own_copy_until_the_generation_moves() {
+        let cache = Decisions::new(16);
+        assert!(cache.get(b"k", 0).is_none());
+        let kept = cache.insert(b"k", 0, decision("first"));
+        let hit = cache.get(b"k", 0).expect("kept");
+        assert!(Arc::ptr_eq(&kept, &hit), "the thread's own copy answers");
+        // Another generation: the copy is stale, the shared map answers (and is copied anew).
+        cache.insert_shared(b"k", decision("second"));
+        assert_eq!(cache.get(b"k", 1).expect("shared").reason, "second");
+        cache.clear();
+        assert_eq!(cache.get(b"k", 1).expect("copy of gen 1").reason, "second");
+        assert!(cache.get(b"k", 2).is_none(), "cleared and retired");
+        assert_eq!(cache.counts(), (3, 2));
+    }
+
+    #[test]
+    fn other_threads_copy_from_the_shared_map() {
+        let cache = Decisions::new(16);
+        let kept = cache.insert(b"k", 7, decision("made here"));
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let there = cache.get(b"k", 7).expect("shared");
+                assert!(!Arc::ptr_eq(&kept, &there), "a copy of its own");
+                assert_eq!(there.reason, "made here");
+            });
+        });
+        assert_eq!(cache.counts(), (1, 0));
+    }
+
+    #[test]
+    fn full_caches_are_emptied() {
+        let cache = Decisions::new(2);
+        for key in [&b"a"[..], b"b", b"c"] {
+            cache.insert(key, 0, decision("x"));
+        }
+        assert!(cache.get(b"c", 0).is_some());
+        assert!(cache.shared.lock().len() <= 2);
+    }
+}

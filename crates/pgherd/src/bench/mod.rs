@@ -7,6 +7,7 @@ mod consistency;
 mod durability;
 mod pgbench;
 mod pooler_report;
+mod pooler_split;
 mod procstat;
 mod repmgr;
 mod scaling;
@@ -125,6 +126,11 @@ pub enum Target {
     /// what a second worker costs per transaction, in the same run.
     #[value(name = "pgherd-w2")]
     PgherdTwoWorkers,
+    /// Two pgherd processes of one worker each (half the pool each), the clients split
+    /// between them and run at the same time: a second worker with nothing shared at all, to
+    /// tell what `pgherd-w2` pays for shared state from what it pays for a second poller.
+    #[value(name = "pgherd-2p")]
+    PgherdTwoProcesses,
     Pgbouncer,
 }
 
@@ -137,6 +143,7 @@ impl Target {
             Target::PgherdBaseline => "pgherd-baseline",
             Target::PgherdDefault => "pgherd-default",
             Target::PgherdTwoWorkers => "pgherd-w2",
+            Target::PgherdTwoProcesses => "pgherd-2p",
             Target::Pgbouncer => "pgbouncer",
         }
     }
@@ -234,6 +241,7 @@ struct Fixture {
     pgbouncer: Option<ProxyProcess>,
     default: Option<ProxyProcess>,
     two_workers: Option<ProxyProcess>,
+    two_processes: Option<[ProxyProcess; 2]>,
     bench: BenchUser,
     /// A user whose verifier has 16 iterations: thousands of logins stay cheap for the client.
     cheap: BenchUser,
@@ -391,6 +399,23 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
         )?),
         false => None,
     };
+    let two_processes = match options.targets.contains(&Target::PgherdTwoProcesses) {
+        true => {
+            let half = |name| {
+                start_pgherd(
+                    &cluster,
+                    &PgherdSetup {
+                        workers: 1,
+                        pool_size: (options.pool_size / 2).max(1),
+                        instance: Some((name, "")),
+                        ..setup(None)
+                    },
+                )
+            };
+            Some([half("pgherd-2p-a")?, half("pgherd-2p-b")?])
+        }
+        false => None,
+    };
     let log_dir = dir.join("pgbench-logs");
     std::fs::create_dir_all(&log_dir).map_err(|e| e.to_string())?;
     Ok(Fixture {
@@ -400,6 +425,7 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
         pgbouncer,
         default,
         two_workers,
+        two_processes,
         bench,
         cheap,
         pgbench: Pgbench {
@@ -445,6 +471,9 @@ fn port_of(fixture: &Fixture, target: Target) -> Result<(u16, Option<&ProxyProce
                 .ok_or("the two-worker pgherd is not running")?;
             (p.port, Some(p))
         }
+        Target::PgherdTwoProcesses => {
+            return Err("pgherd-2p is two processes: measured by pooler_split".into())
+        }
     })
 }
 
@@ -456,31 +485,15 @@ fn measure(
     clients: u32,
     target: Target,
 ) -> Result<Sample, String> {
+    if target == Target::PgherdTwoProcesses {
+        return pooler_split::measure(fixture, options, (round, workload, clients));
+    }
     let (port, proxy) = port_of(fixture, target)?;
     let threads = clients.clamp(1, options.client_threads.max(1));
-    let mut args: Vec<String> = workload
-        .pgbench_args()
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    args.extend([
-        "-c".into(),
-        clients.to_string(),
-        "-j".into(),
-        threads.to_string(),
-        "-T".into(),
-        options.duration_s.to_string(),
-    ]);
+    let args = pgbench_args(workload, clients, threads, options.duration_s);
     let cpu_before = proxy.map(|p| p.cpu_us());
-    let timeout = Duration::from_secs(options.duration_s * 3 + 60);
-    // Connecting per transaction measures connection handling; the low-iteration SCRAM user
-    // keeps libpq's key derivation (5 ms per login at 4096 iterations) from hiding it.
-    let user = if workload == Workload::Connect {
-        &fixture.cheap
-    } else {
-        &fixture.bench
-    };
-    let url = user.url(port, "bench");
+    let timeout = pgbench_timeout(options);
+    let url = fixture.user_for(workload).url(port, "bench");
     let scraper = match (target, proxy.and_then(|p| p.api_port)) {
         (Target::PgherdScraped, Some(api_port)) => {
             Some(Scraper::start(api_port, options.scrape_ms))
@@ -510,6 +523,39 @@ fn measure(
         cpu_us_per_txn,
         error,
     })
+}
+
+/// pgbench's arguments for `workload` at `clients` over `threads` for `duration_s`.
+fn pgbench_args(workload: Workload, clients: u32, threads: u32, duration_s: u64) -> Vec<String> {
+    let mut args: Vec<String> = workload
+        .pgbench_args()
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend([
+        "-c".into(),
+        clients.to_string(),
+        "-j".into(),
+        threads.to_string(),
+        "-T".into(),
+        duration_s.to_string(),
+    ]);
+    args
+}
+
+fn pgbench_timeout(options: &PoolerOptions) -> Duration {
+    Duration::from_secs(options.duration_s * 3 + 60)
+}
+
+impl Fixture {
+    /// Connecting per transaction measures connection handling; the low-iteration SCRAM user
+    /// keeps libpq's key derivation (5 ms per login at 4096 iterations) from hiding it.
+    fn user_for(&self, workload: Workload) -> &BenchUser {
+        match workload {
+            Workload::Connect => &self.cheap,
+            _ => &self.bench,
+        }
+    }
 }
 
 /// Reads pgherd's /metrics on a timer in its own thread, as Prometheus would.

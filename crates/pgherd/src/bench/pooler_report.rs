@@ -195,6 +195,14 @@ pub(super) fn render_report(
         );
         write_comparison(&mut r, options, samples, &heading, pair);
     }
+    if options.targets.contains(&Target::PgherdTwoProcesses) {
+        let heading = "pgherd as two processes of one worker each, the clients split between them, against one process with one worker (what a second poller costs with nothing shared)";
+        let pair = (
+            ("pgherd", Target::Pgherd),
+            ("2 processes", Target::PgherdTwoProcesses),
+        );
+        write_comparison(&mut r, options, samples, heading, pair);
+    }
     if options.targets.contains(&Target::PgherdScraped) {
         let heading = format!(
             "Cost of metrics: pgherd with a scraper reading /metrics every {} ms vs. the same pgherd unwatched",

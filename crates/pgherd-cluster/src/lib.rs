@@ -11,7 +11,7 @@
 mod binaries;
 mod clone;
 mod command;
-pub use command::{pg_command, SERVICE_MANAGER_ENV};
+pub use command::{pg_command, run as run_command, SERVICE_MANAGER_ENV};
 mod node;
 mod osuser;
 mod ports;

@@ -43,22 +43,8 @@ impl StripedCounter {
         self.0[stripe()].0.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// The largest value any thread reported (a maximum kept per stripe).
-    pub fn raise_to(&self, value: u64) {
-        self.0[stripe()].0.fetch_max(value, Ordering::Relaxed);
-    }
-
     pub fn sum(&self) -> u64 {
         self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
-    }
-
-    /// For a counter fed by [`Self::raise_to`]: the maximum over the stripes.
-    pub fn max(&self) -> u64 {
-        self.0
-            .iter()
-            .map(|s| s.0.load(Ordering::Relaxed))
-            .max()
-            .unwrap_or(0)
     }
 }
 
@@ -190,22 +176,20 @@ mod tests {
 
     #[test]
     fn stripes_written_by_several_threads_sum_on_read() {
-        let (counter, highest) = (StripedCounter::default(), StripedCounter::default());
+        let counter = StripedCounter::default();
         let histogram = Histogram::default();
         std::thread::scope(|scope| {
-            for t in 0..STRIPES + 3 {
-                let (counter, highest, histogram) = (&counter, &highest, &histogram);
+            for _ in 0..STRIPES + 3 {
+                let (counter, histogram) = (&counter, &histogram);
                 scope.spawn(move || {
                     for _ in 0..1_000 {
                         counter.add(2);
                         histogram.observe(Duration::from_micros(300));
                     }
-                    highest.raise_to(t as u64);
                 });
             }
         });
         assert_eq!(counter.sum(), 2 * 1_000 * (STRIPES as u64 + 3));
-        assert_eq!(highest.max(), STRIPES as u64 + 2);
         let (buckets, sum) = histogram.snapshot();
         assert_eq!(
             buckets.last(),

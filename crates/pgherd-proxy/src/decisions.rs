@@ -2,7 +2,9 @@
 //! by every worker (behind a lock, filled on a miss) and each worker thread's own copies of
 //! the decisions it used. A hit on a thread's copy takes no lock and writes nothing another
 //! worker reads: the shared map's lock, its hit counter and the shared decision's reference
-//! count would otherwise be written by every statement on every worker.
+//! count would otherwise be written by every statement on every worker. (The thread that
+//! made a decision keeps the shared one as its copy; each other thread touches it once, to
+//! copy it.)
 //!
 //! A thread's copies are valid for the router generation they were made under (read before
 //! the lookup): the router bumps it after anything that changes decisions (a catalog reading,
@@ -76,7 +78,10 @@ impl Decisions {
         match shared {
             Some(decision) => {
                 self.hits.add(1);
-                Some(self.copy_here(key, generation, &decision))
+                // A copy of its own: the shared one's reference count is the line to avoid.
+                let copy = Arc::new(Decision::clone(&decision));
+                self.keep_here(key, generation, copy.clone());
+                Some(copy)
             }
             None => {
                 self.misses.add(1);
@@ -85,12 +90,11 @@ impl Decisions {
         }
     }
 
-    /// Keeps a decision just made (under `generation`, read before it was made); returns this
-    /// thread's copy of it.
-    pub fn insert(&self, key: &[u8], generation: u64, decision: Arc<Decision>) -> Arc<Decision> {
-        let copy = self.copy_here(key, generation, &decision);
+    /// Keeps a decision this thread just made (under `generation`, read before it was made):
+    /// the thread keeps it as its own copy, others copy it from the shared map.
+    pub fn insert(&self, key: &[u8], generation: u64, decision: Arc<Decision>) {
+        self.keep_here(key, generation, decision.clone());
         self.insert_shared(key, decision);
-        copy
     }
 
     /// Keeps a decision in the shared map only: the caller bumps the router's generation
@@ -113,8 +117,7 @@ impl Decisions {
         (self.hits.sum(), self.misses.sum())
     }
 
-    fn copy_here(&self, key: &[u8], generation: u64, decision: &Arc<Decision>) -> Arc<Decision> {
-        let copy = Arc::new(Decision::clone(decision));
+    fn keep_here(&self, key: &[u8], generation: u64, decision: Arc<Decision>) {
         let _ = COPIES.try_with(|copies| {
             let mut copies = copies.borrow_mut();
             if copies.len() >= MAX_ROUTERS_PER_THREAD && !copies.contains_key(&self.id) {
@@ -128,9 +131,8 @@ impl Decisions {
                 mine.generation = generation;
                 mine.map.clear();
             }
-            mine.map.insert(key.into(), copy.clone());
+            mine.map.insert(key.into(), decision);
         });
-        copy
     }
 }
 
@@ -148,7 +150,8 @@ mod tests {
     fn a_thread_hits_its_own_copy_until_the_generation_moves() {
         let cache = Decisions::new(16);
         assert!(cache.get(b"k", 0).is_none());
-        let kept = cache.insert(b"k", 0, decision("first"));
+        let kept = decision("first");
+        cache.insert(b"k", 0, kept.clone());
         let hit = cache.get(b"k", 0).expect("kept");
         assert!(Arc::ptr_eq(&kept, &hit), "the thread's own copy answers");
         // Another generation: the copy is stale, the shared map answers (and is copied anew).
@@ -163,7 +166,8 @@ mod tests {
     #[test]
     fn other_threads_copy_from_the_shared_map() {
         let cache = Decisions::new(16);
-        let kept = cache.insert(b"k", 7, decision("made here"));
+        let kept = decision("made here");
+        cache.insert(b"k", 7, kept.clone());
         std::thread::scope(|scope| {
             scope.spawn(|| {
                 let there = cache.get(b"k", 7).expect("shared");

@@ -92,7 +92,8 @@ pub struct PoolStats {
     /// Written by every transaction: striped by thread (`counters`), summed when read.
     pub transactions: StripedCounter,
     pub queries: StripedCounter,
-    pub wait_us_max: StripedCounter,
+    /// Written only by requests that waited.
+    pub wait_us_max: AtomicU64,
     pub connects: AtomicU64,
     pub connect_failures: AtomicU64,
     pub wait_timeouts: AtomicU64,
@@ -287,7 +288,7 @@ impl Pool {
                 st.lent += 1;
                 conn
             };
-            if let Some(conn) = self.check_idle_conn(conn, Instant::now()) {
+            if let Some(conn) = self.check_idle_conn(conn) {
                 return Some(conn);
             }
         }
@@ -330,7 +331,7 @@ impl Pool {
                 }
             };
             match next {
-                Next::Use(conn) => match self.check_idle_conn(conn, started) {
+                Next::Use(conn) => match self.check_idle_conn(conn) {
                     Some(conn) if found_none_idle => return Ok(self.record_wait(conn, started)),
                     Some(conn) => return Ok(conn),
                     None => continue,
@@ -345,7 +346,7 @@ impl Pool {
                     let remaining = wait_timeout.saturating_sub(started.elapsed());
                     let mut ticket = WaitTicket { pool: self, rx };
                     match tokio::time::timeout(remaining, &mut ticket.rx).await {
-                        Ok(Ok(Handoff::Conn(conn))) => match self.check_idle_conn(conn, started) {
+                        Ok(Ok(Handoff::Conn(conn))) => match self.check_idle_conn(conn) {
                             Some(conn) => return Ok(self.record_wait(conn, started)),
                             None => continue,
                         },
@@ -370,7 +371,7 @@ impl Pool {
         self.stats.wait_time.observe(waited);
         self.stats
             .wait_us_max
-            .raise_to(u64::try_from(waited.as_micros()).unwrap_or(u64::MAX));
+            .fetch_max(waited.as_micros() as u64, Ordering::Relaxed);
         conn
     }
 
@@ -411,8 +412,8 @@ impl Pool {
     /// Drops an idle connection that died while it sat in the pool. Connections back from
     /// work a moment ago are trusted (a failure is still caught by the relay); older ones are
     /// checked through the reactor's readiness, which costs no syscall unless data arrived.
-    fn check_idle_conn(&self, conn: Box<ServerConn>, now: Instant) -> Option<Box<ServerConn>> {
-        if now.saturating_duration_since(conn.last_used) < TRUST_RECENTLY_USED {
+    fn check_idle_conn(&self, conn: Box<ServerConn>) -> Option<Box<ServerConn>> {
+        if conn.last_used.elapsed() < TRUST_RECENTLY_USED {
             return Some(conn);
         }
         let mut cx = Context::from_waker(Waker::noop());

@@ -413,7 +413,7 @@ impl Router {
             }
         }
         let text = String::from_utf8_lossy(sql);
-        let mut decision = Arc::new(classify(
+        let decision = Arc::new(classify(
             &text,
             lexed,
             &**self.catalog.load(),
@@ -423,7 +423,7 @@ impl Router {
             self.reload.notify_one();
         }
         if lexed.cacheable && !long && decision.cacheable && !decision.needs_catalog {
-            decision = self.decisions.insert(key, generation, decision);
+            self.decisions.insert(key, generation, decision.clone());
         }
         if let Some(value) = &decision.route_setting {
             if Route::parse(value).is_none() {

@@ -448,7 +448,7 @@ pub fn pools(app: &App) -> Table {
                 s.max_size.into(),
                 p.stats.transactions.sum().into(),
                 p.stats.queries.sum().into(),
-                p.stats.wait_us_max.max().into(),
+                p.stats.wait_us_max.load(Ordering::Relaxed).into(),
                 p.stats.wait_timeouts.load(Ordering::Relaxed).into(),
             ]
         })
@@ -489,7 +489,7 @@ pub fn stats(app: &App) -> Table {
                 transactions.into(),
                 p.stats.queries.sum().into(),
                 wait_us.into(),
-                p.stats.wait_us_max.max().into(),
+                load(&p.stats.wait_us_max).into(),
                 load(&p.stats.wait_timeouts).into(),
                 load(&p.stats.connects).into(),
                 load(&p.stats.connect_failures).into(),

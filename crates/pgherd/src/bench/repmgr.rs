@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 
-use pgherd_cluster::{pg_command, LocalCluster, LocalNode};
+use pgherd_cluster::{pg_command, run_command, LocalCluster, LocalNode};
 
 use super::targets::BenchCluster;
 
@@ -63,16 +63,16 @@ pub fn start(cluster: &BenchCluster) -> Result<Repmgr, String> {
     }
     for (k, config) in configs.iter().enumerate() {
         let role = if k == 0 { "primary" } else { "standby" };
-        let out = pg_command(&repmgr, local.run_as.as_ref(), None)
-            .args(["-f", &config.to_string_lossy(), role, "register"])
-            .output()
-            .map_err(|e| format!("cannot run repmgr: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "repmgr {role} register failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
+        run_command(
+            pg_command(&repmgr, local.run_as.as_ref(), None).args([
+                "-f",
+                &config.to_string_lossy(),
+                role,
+                "register",
+            ]),
+            &format!("repmgr {role} register"),
+        )
+        .map_err(|e| e.to_string())?;
     }
     let repmgrd = local.binaries.tool("repmgrd");
     let mut started = Repmgr {

@@ -457,8 +457,11 @@ pub fn start_haproxy_stack(
             b.port
         )
     };
-    let (global, write, read) = match (find_primary, users.first()) {
-        (true, Some(user)) => {
+    let (global, write, read) = match find_primary {
+        true => {
+            let user = users
+                .first()
+                .ok_or("HAProxy's checks need a user to log in as")?;
             let checked = |sql: &str, expect: &str, file: &str| -> Result<String, String> {
                 let script = check_script(cluster, &dir, user, (file, sql, expect))?;
                 let mut section = format!(
@@ -481,7 +484,7 @@ pub fn start_haproxy_stack(
                 checked("SELECT 1", "1", "is-up.sh")?,
             )
         }
-        _ => {
+        false => {
             let read: String = bouncers
                 .iter()
                 .enumerate()

@@ -195,6 +195,9 @@ pub struct ProxySettings {
     pub client_login_timeout_ms: u64,
     /// 0 disables.
     pub client_idle_timeout_ms: u64,
+    /// A client idle between transactions about this long is parked: its session kept in a
+    /// compact form, without a task or buffers, until it speaks again. 0 disables.
+    pub client_park_after_ms: u64,
     pub shutdown_timeout_ms: u64,
     pub admin_users: Vec<String>,
     pub stats_users: Vec<String>,

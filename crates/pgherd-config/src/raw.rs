@@ -196,6 +196,8 @@ pub struct RawProxy {
     pub client_login_timeout_ms: u64,
     #[serde(default)]
     pub client_idle_timeout_ms: u64,
+    #[serde(default = "default_client_park_after_ms")]
+    pub client_park_after_ms: u64,
     #[serde(default = "default_shutdown_timeout_ms")]
     pub shutdown_timeout_ms: u64,
     #[serde(default)]
@@ -223,6 +225,7 @@ impl Default for RawProxy {
             max_message_bytes: default_max_message_bytes(),
             client_login_timeout_ms: default_client_login_timeout_ms(),
             client_idle_timeout_ms: 0,
+            client_park_after_ms: default_client_park_after_ms(),
             shutdown_timeout_ms: default_shutdown_timeout_ms(),
             admin_users: Vec::new(),
             stats_users: Vec::new(),
@@ -248,6 +251,9 @@ fn default_auth_failure_delay_ms() -> u64 {
 }
 fn default_max_message_bytes() -> usize {
     256 << 20
+}
+fn default_client_park_after_ms() -> u64 {
+    1_000
 }
 fn default_client_login_timeout_ms() -> u64 {
     60_000

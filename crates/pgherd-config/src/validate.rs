@@ -352,6 +352,7 @@ fn proxy(c: &Checker<'_>, raw: &RawConfig) -> Result<ProxySettings, ConfigError>
         max_message_bytes: p.max_message_bytes,
         client_login_timeout_ms: p.client_login_timeout_ms,
         client_idle_timeout_ms: p.client_idle_timeout_ms,
+        client_park_after_ms: p.client_park_after_ms,
         shutdown_timeout_ms: p.shutdown_timeout_ms,
         admin_users: p.admin_users.clone(),
         stats_users: p.stats_users.clone(),

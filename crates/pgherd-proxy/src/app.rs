@@ -68,6 +68,8 @@ pub struct App {
     /// Upgrades of the binary: giving this process's duties and clients to a new one, or
     /// taking them from an old one.
     pub handover: crate::handover::HandoverState,
+    /// Idle clients parked without a task (`client/parked.rs`): set once its task runs.
+    pub parking: std::sync::OnceLock<Arc<crate::client::ParkingLot>>,
 }
 
 impl App {
@@ -108,6 +110,7 @@ impl App {
             caches: Default::default(),
             sets: Default::default(),
             handover: Default::default(),
+            parking: Default::default(),
             schema_generation: std::sync::atomic::AtomicU64::new(1),
             schema_changes: Default::default(),
             events: Default::default(),

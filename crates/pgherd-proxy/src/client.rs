@@ -26,8 +26,10 @@ use crate::relay::{RoutingSetup, Session, SessionSetup};
 use crate::stream::Stream;
 
 mod moved;
+mod parked;
 
 pub use moved::resume;
+pub use parked::{run as run_parking_lot, set_memory_release, ParkingLot};
 
 /// The virtual database of the admin console.
 pub const ADMIN_DATABASE: &str = "pgherd";
@@ -45,7 +47,7 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
         return;
     }
     let limit = proxy.max_client_connections + proxy.admin_reserved_connections;
-    let Some(slot) = app.clients.admit(limit) else {
+    let Some(mut slot) = app.clients.admit(limit) else {
         let err = PgError::fatal(
             SqlState::TOO_MANY_CONNECTIONS,
             "sorry, too many clients already",
@@ -124,6 +126,8 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
             return;
         }
         Ok(LoggedIn::Admin { shared, can_modify }) => {
+            // The console's sessions are few and keep their own task.
+            shared.never_park();
             let end = Box::pin(admin::serve(&app, &shared, &mut stream, buf, can_modify)).await;
             app.clients.unregister(&shared);
             end
@@ -184,6 +188,14 @@ struct SessionRun {
 /// Runs a logged-in client's session to its end.
 async fn serve_session(mut run: Box<SessionRun>) {
     let mut end = run.session.run().await;
+    while matches!(end, Disconnect::Parked) {
+        match parked::park(run) {
+            None => return,
+            // The lot is not running: nothing asked it to park, but carry on if so.
+            Some(back) => run = back,
+        }
+        end = run.session.run().await;
+    }
     if matches!(end, Disconnect::Moved) {
         // Boxed: once in a session's life, and as large as the rest of its task.
         end = Box::pin(moved::hand_over(&mut run)).await;

@@ -20,6 +20,14 @@ pub const SIGNAL_KILL: u8 = 2;
 pub const SIGNAL_CANCEL: u8 = 4;
 /// pgherd is being upgraded: move the session to the new process at its next idle point.
 pub const SIGNAL_HANDOVER: u8 = 8;
+/// The idle sweep saw the session and it has not been polled since (`sweep_idle`).
+pub const SIGNAL_PARK_CANDIDATE: u8 = 16;
+/// Not polled for a whole sweep: park if idle (`client/parked.rs`).
+pub const SIGNAL_PARK: u8 = 32;
+/// Parked now: the sweep leaves it alone.
+pub const SIGNAL_PARKED: u8 = 64;
+/// Its kind never parks (TLS, session mode): the sweep leaves it alone.
+pub const SIGNAL_NEVER_PARK: u8 = 128;
 
 use crate::server::send_cancel;
 
@@ -51,12 +59,44 @@ impl ServerTarget {
     }
 }
 
+/// The servers beside the first that run a client's statement: none but on a sharded
+/// endpoint, so boxed (every client's shared state carries the place for them).
+#[derive(Debug, Default)]
+// One word in every client's state instead of a vector's three: what keeps an idle client's
+// shared state in the allocator's 256-byte class.
+#[allow(clippy::box_collection)]
+struct OtherTargets(Option<Box<Vec<ServerTarget>>>);
+
+impl OtherTargets {
+    fn clear(&mut self) {
+        if let Some(targets) = &mut self.0 {
+            targets.clear();
+        }
+    }
+
+    fn extend(&mut self, more: impl Iterator<Item = ServerTarget>) {
+        match &mut self.0 {
+            Some(targets) => targets.extend(more),
+            None => {
+                let targets: Vec<_> = more.collect();
+                if !targets.is_empty() {
+                    self.0 = Some(Box::new(targets));
+                }
+            }
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &ServerTarget> {
+        self.0.iter().flat_map(|targets| targets.iter())
+    }
+}
+
 #[derive(Debug, Default)]
 struct Live {
     target: Option<ServerTarget>,
     /// The other servers running the same statement (a sharded endpoint's links): a cancel
     /// reaches each of them too.
-    also: Vec<ServerTarget>,
+    also: OtherTargets,
     /// Cancels sent to `target` that the server has not acknowledged yet. The server connection
     /// is not handed to another client until this is zero, so a late cancel can never hit
     /// someone else's query.
@@ -101,7 +141,12 @@ impl ClientShared {
     /// Whether one of the servers running the client's statement is on `node`.
     pub fn runs_on(&self, node: &crate::nodes::NodeState) -> bool {
         let live = self.live.lock();
-        live.target.iter().chain(&live.also).any(|t| t.is_on(node))
+        let runs = live
+            .target
+            .iter()
+            .chain(live.also.iter())
+            .any(|t| t.is_on(node));
+        runs
     }
 
     /// Clears the target unless a cancel for it is still on its way (then returns false and
@@ -172,6 +217,31 @@ impl ClientShared {
             }
         })
         .await
+    }
+
+    /// Reads the idle sweep's marks off `signals` (as the session just loaded them) and
+    /// clears them, since being polled means not idle: true if the session was asked to park.
+    pub fn take_park_request(&self, signals: u8) -> bool {
+        const MARKS: u8 = SIGNAL_PARK_CANDIDATE | SIGNAL_PARK;
+        // Every poll passes here: a write only when the sweep marked the session.
+        signals & MARKS != 0 && self.signals.fetch_and(!MARKS, Ordering::AcqRel) & SIGNAL_PARK != 0
+    }
+
+    pub fn set_parked(&self, parked: bool) {
+        match parked {
+            true => self.signals.fetch_or(SIGNAL_PARKED, Ordering::AcqRel),
+            false => self.signals.fetch_and(!SIGNAL_PARKED, Ordering::AcqRel),
+        };
+    }
+
+    /// Idle and parked (`client/parked.rs`): no task runs for it until it speaks.
+    pub fn is_parked(&self) -> bool {
+        self.signals() & SIGNAL_PARKED != 0
+    }
+
+    /// The session can never park (its kind): the sweep stops asking.
+    pub fn never_park(&self) {
+        self.signals.fetch_or(SIGNAL_NEVER_PARK, Ordering::AcqRel);
     }
 
     pub fn kill(&self, reason: String) {
@@ -269,7 +339,7 @@ impl ClientRegistry {
         Some(ConnectionSlot {
             registry: self.clone(),
             id,
-            evicted,
+            evicted: Some(evicted),
             logged_in: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -397,6 +467,28 @@ impl ClientRegistry {
         }
     }
 
+    /// One turn of the idle sweep (every `client_park_after_ms`): a client marked last turn
+    /// and not polled since is asked to park; the others are marked. A client is so asked
+    /// after one to two turns without a message or a signal, unless it never parks (TLS,
+    /// session mode: marked by the session itself).
+    pub fn sweep_idle(&self) {
+        const LEFT_ALONE: u8 = SIGNAL_PARK | SIGNAL_PARKED | SIGNAL_NEVER_PARK;
+        let map = self.by_key.lock();
+        for client in map.values() {
+            let signals = client.signals();
+            if signals & LEFT_ALONE != 0 {
+                continue;
+            }
+            if signals & SIGNAL_PARK_CANDIDATE != 0 {
+                client.raise(SIGNAL_PARK);
+            } else {
+                client
+                    .signals
+                    .fetch_or(SIGNAL_PARK_CANDIDATE, Ordering::AcqRel);
+            }
+        }
+    }
+
     pub fn all(&self) -> Vec<Arc<ClientShared>> {
         let mut all: Vec<_> = self.by_key.lock().values().cloned().collect();
         all.sort_by_key(|c| c.id);
@@ -465,23 +557,29 @@ impl ClientRegistry {
 pub struct ConnectionSlot {
     registry: Arc<ClientRegistry>,
     id: u64,
-    evicted: Arc<Notify>,
+    /// Until the login is over (`leave_pending`).
+    evicted: Option<Arc<Notify>>,
     logged_in: std::sync::atomic::AtomicBool,
 }
 
 impl ConnectionSlot {
     /// Resolves when a newer connection needs this one's place while it still logs in.
     pub async fn evicted(&self) {
-        self.evicted.notified().await
+        match &self.evicted {
+            Some(evicted) => evicted.notified().await,
+            None => std::future::pending().await,
+        }
     }
 
     /// The login is over, whatever its outcome: the connection can no longer be made to
-    /// make room.
-    pub fn leave_pending(&self) {
-        self.registry
-            .pending
-            .lock()
-            .retain(|(id, _)| *id != self.id);
+    /// make room (and no longer keeps what would tell it to).
+    pub fn leave_pending(&mut self) {
+        if self.evicted.take().is_some() {
+            self.registry
+                .pending
+                .lock()
+                .retain(|(id, _)| *id != self.id);
+        }
     }
 
     /// The connection logged in: it counts as logged in; `None` (the login is refused) if
@@ -504,5 +602,87 @@ impl Drop for ConnectionSlot {
         }
         self.leave_pending();
         self.registry.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(registry: &ClientRegistry) -> Arc<ClientShared> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], 5000));
+        registry.register(addr, "app", "app", false, None)
+    }
+
+    fn asked(client: &ClientShared) -> bool {
+        client.take_park_request(client.signals())
+    }
+
+    #[test]
+    fn the_sweep_asks_a_client_to_park_after_a_whole_turn_without_a_poll() {
+        let registry = ClientRegistry::new();
+        let idle = client(&registry);
+        let busy = client(&registry);
+        registry.sweep_idle();
+        assert!(!asked(&busy), "marked, not asked yet");
+        registry.sweep_idle();
+        assert!(asked(&idle), "idle for a whole turn");
+        assert!(
+            !asked(&busy),
+            "polled during the turn: marked again, not asked"
+        );
+        assert!(!asked(&idle), "the request is read once");
+        registry.sweep_idle();
+        registry.sweep_idle();
+        assert!(asked(&busy), "idle since its last poll");
+    }
+
+    #[test]
+    fn parked_clients_and_those_that_never_park_are_left_alone() {
+        let registry = ClientRegistry::new();
+        let parked = client(&registry);
+        let never = client(&registry);
+        parked.set_parked(true);
+        never.never_park();
+        for _ in 0..3 {
+            registry.sweep_idle();
+        }
+        assert_eq!(parked.signals(), SIGNAL_PARKED);
+        assert!(parked.is_parked());
+        assert_eq!(never.signals(), SIGNAL_NEVER_PARK);
+        parked.set_parked(false);
+        assert!(!parked.is_parked());
+        registry.sweep_idle();
+        registry.sweep_idle();
+        assert!(asked(&parked), "unparked, it is swept again");
+    }
+
+    #[test]
+    fn a_cancel_reaches_every_server_running_the_statement() {
+        let registry = ClientRegistry::new();
+        let c = client(&registry);
+        let target = |server_id| ServerTarget {
+            server_id,
+            peer: SocketAddr::from(([127, 0, 0, 1], 5432)),
+            key: CancelKey {
+                process_id: 1,
+                secret_key: 2,
+            },
+            node: 7,
+        };
+        c.set_targets([1, 2, 3].into_iter().map(target));
+        let live = c.live.lock();
+        let ids: Vec<u64> = live
+            .target
+            .iter()
+            .chain(live.also.iter())
+            .map(|t| t.server_id)
+            .collect();
+        assert_eq!(ids, vec![1, 2, 3]);
+        drop(live);
+        c.set_targets([4].into_iter().map(target));
+        assert_eq!(c.live.lock().also.iter().count(), 0);
+        assert!(c.try_clear_target());
+        assert!(c.target().is_none());
     }
 }

@@ -129,6 +129,9 @@ pub enum Disconnect {
     /// pgherd is being upgraded and the session went to the new process, its connection
     /// with it: nothing to tell the client, whose session carries on.
     Moved,
+    /// Not an end: the client was idle long enough to be parked (`client/parked.rs`), its
+    /// session kept without a task until it speaks again.
+    Parked,
     /// pgherd is being upgraded and the session cannot move to the new process (the reason):
     /// the client is told to reconnect.
     CannotMove(&'static str),
@@ -195,6 +198,7 @@ impl Disconnect {
             | Disconnect::ClientIo(_)
             | Disconnect::Done(_)
             | Disconnect::Moved
+            | Disconnect::Parked
             | Disconnect::CancelRefused => None,
         }
     }
@@ -217,6 +221,7 @@ impl Disconnect {
                 | Disconnect::ClientClosed
                 | Disconnect::Done(_)
                 | Disconnect::Moved
+                | Disconnect::Parked
         )
     }
 }
@@ -233,6 +238,7 @@ impl fmt::Display for Disconnect {
             Disconnect::IdleTimeout => f.write_str("client idle timeout"),
             Disconnect::Shutdown => f.write_str("pgherd is shutting down"),
             Disconnect::Moved => f.write_str("moved to the new pgherd process (upgrade)"),
+            Disconnect::Parked => f.write_str("parked while idle"),
             Disconnect::CannotMove(why) => write!(
                 f,
                 "pgherd is being upgraded and the session cannot move: {why}"

@@ -109,6 +109,7 @@ async fn serve_with(
         crate::two_phase_recovery::spawn(app.clone(), shards.clone());
     }
     tokio::spawn(upkeep(app.clone()));
+    tokio::spawn(crate::client::run_parking_lot(app.clone()));
     tokio::spawn(crate::sets_watch::watch(app.clone()));
     // A new process decides and accepts only once the old one said go (it accepts nobody
     // and decides nothing any more); it speaks to etcd only then too, where the old one's

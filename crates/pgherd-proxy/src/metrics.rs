@@ -140,6 +140,15 @@ pub fn render(app: &App) -> String {
         );
     }
 
+    let parked = app.parking.get().map_or(0, |lot| lot.len());
+    family(
+        &mut out,
+        "pgherd_clients_parked",
+        "gauge",
+        "Idle clients parked without a task of their own (client_park_after_ms).",
+    )
+    .sample("pgherd_clients_parked", &[], parked as f64);
+
     let pools = app.pools();
     let pool_gauges: [(&str, &str); 3] = [
         (

@@ -632,6 +632,7 @@ pub fn clients(app: &App) -> Table {
                     .map(|d| d.as_secs())
                     .into(),
                 c.target().map(|t| t.server_id).into(),
+                c.is_parked().into(),
             ]
         })
         .collect();
@@ -644,6 +645,7 @@ pub fn clients(app: &App) -> Table {
             "tls",
             "connected_at",
             "server",
+            "parked",
         ],
         rows,
     }

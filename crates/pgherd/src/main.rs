@@ -172,8 +172,16 @@ enum Command {
     },
 }
 
+/// Gives the memory freed since the last call back to the system where whole pages are free
+/// (mimalloc otherwise keeps them while the thread that freed them allocates nothing more).
+fn release_memory() {
+    // SAFETY: mi_collect takes no pointers; any thread may call it at any time.
+    unsafe { libmimalloc_sys::mi_collect(true) }
+}
+
 fn main() -> ExitCode {
     pgherd_proxy::handover::record_launch();
+    pgherd_proxy::client::set_memory_release(release_memory);
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run {

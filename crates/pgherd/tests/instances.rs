@@ -789,12 +789,7 @@ async fn an_upgraded_leader_leads_on_with_its_lease_and_fails_over_once() {
     let answer = first_value(&admin(leader).await, "UPGRADE")
         .await
         .expect("UPGRADE on the leading instance");
-    let new_pid: u32 = answer
-        .split("(pid ")
-        .nth(1)
-        .and_then(|rest| rest.split(')').next())
-        .and_then(|pid| pid.parse().ok())
-        .unwrap_or_else(|| panic!("no pid in {answer:?}"));
+    let new_pid = upgrade_pid(&answer);
     leader.successor(new_pid);
     assert!(
         leader.wait_exit(Duration::from_secs(30)).is_some(),

@@ -77,12 +77,7 @@ async fn upgrade(env: &mut Env) -> Result<u32, tokio_postgres::Error> {
 async fn upgrade_at(pgherd: &mut pgherd_testkit::Pgherd) -> Result<u32, tokio_postgres::Error> {
     let console = connect(&pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")).await;
     let answer = first_value(&console, "UPGRADE").await?;
-    let pid = answer
-        .split("(pid ")
-        .nth(1)
-        .and_then(|rest| rest.split(')').next())
-        .and_then(|pid| pid.parse().ok())
-        .unwrap_or_else(|| panic!("no pid in {answer:?}"));
+    let pid = upgrade_pid(&answer);
     pgherd.successor(pid);
     Ok(pid)
 }

@@ -87,7 +87,7 @@ pub async fn resume(
         tracing::warn!(%addr, "upgrade: cannot take a moved client's connection");
         return;
     };
-    let Some(slot) = app.clients.admit(usize::MAX) else {
+    let Some(mut slot) = app.clients.admit(usize::MAX) else {
         return;
     };
     slot.leave_pending();

@@ -21,6 +21,8 @@ mod client_stream;
 mod extended_request;
 mod moving;
 pub mod params;
+mod parked;
+pub use parked::ParkedSession;
 pub mod probe;
 pub mod queue;
 mod server_input;
@@ -412,27 +414,50 @@ pub struct Session {
 
 impl Session {
     pub fn new(setup: SessionSetup) -> Session {
-        let config = setup.app.config();
+        let SessionSetup {
+            app,
+            shared,
+            client,
+            client_in,
+            mode,
+            routing,
+            params,
+        } = setup;
+        let routing = Routing::new(routing, params.flags);
+        Session::assemble(app, shared, client, client_in, mode, routing, params)
+    }
+
+    /// A session between transactions, routed by `routing` (new, or taken up again).
+    fn assemble(
+        app: Arc<App>,
+        shared: Arc<ClientShared>,
+        client: Stream,
+        client_in: BytesMut,
+        mode: PoolMode,
+        routing: Routing,
+        params: SessionParams,
+    ) -> Session {
+        let config = app.config();
         let idle_ms = config.proxy.client_idle_timeout_ms;
-        Session {
+        let session = Session {
             max_message_bytes: config.proxy.max_message_bytes,
             idle_timeout_ms: idle_ms,
             idle_timer: None,
-            app: setup.app,
-            shared: setup.shared,
-            client: setup.client,
-            client_in: setup.client_in,
+            app,
+            shared,
+            client,
+            client_in,
             client_out: BytesMut::new(),
             client_flush_pending: false,
-            mode: setup.mode,
-            routing: Routing::new(setup.routing, setup.params.flags),
+            mode,
+            routing,
             lease: None,
             pools: PoolCache::default(),
             queue: ResponseQueue::default(),
             statements: None,
             unnamed: None,
             portal_sql: None,
-            params: setup.params,
+            params,
             untracked_change: false,
             tx_failed: false,
             tx_settings: None,
@@ -451,7 +476,11 @@ impl Session {
             cache_candidate: None,
             stop_when_idle: false,
             move_when_idle: false,
+        };
+        if !session.may_ever_park() {
+            session.shared.never_park();
         }
+        session
     }
 
     /// Starts holding the server connection the login used.
@@ -464,6 +493,9 @@ impl Session {
     /// Relays until the client leaves or is sent away; returns why, after cleaning up.
     pub async fn run(&mut self) -> Disconnect {
         let end = self.serve().await;
+        if matches!(end, Disconnect::Parked) {
+            return end;
+        }
         tracing::debug!(client = self.shared.id, reason = %end, holding_server = self.lease.is_some(), "session ending");
         if matches!(end, Disconnect::Moved) && self.lease.is_some() {
             // Its server connection goes with it, as it is: nothing is reset or given back
@@ -545,6 +577,7 @@ impl Session {
         }
         // Taken back if an upgrade is undone.
         self.move_when_idle = signals & SIGNAL_HANDOVER != 0;
+        let park_asked = self.shared.take_park_request(signals);
         if self.lease.is_some() {
             match self.poll_relay(cx) {
                 Poll::Ready(Err(Relayed::Server(e))) => {
@@ -555,7 +588,7 @@ impl Session {
                 Poll::Pending => Poll::Pending,
             }
         } else {
-            self.poll_idle(cx)
+            self.poll_idle(cx, park_asked)
         }
     }
 
@@ -573,8 +606,12 @@ impl Session {
     // ----- idle phase -------------------------------------------------------------------
 
     /// No server: flush what the client is owed, answer what needs no server, and wait for the
-    /// next request without holding buffers.
-    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<Result<Step, Disconnect>> {
+    /// next request without holding buffers; or park, if asked and nothing is under way.
+    fn poll_idle(
+        &mut self,
+        cx: &mut Context<'_>,
+        park_asked: bool,
+    ) -> Poll<Result<Step, Disconnect>> {
         loop {
             while !self.client_out.is_empty() {
                 let n = ready!(Pin::new(&mut self.client).poll_write(cx, &self.client_out))
@@ -617,6 +654,9 @@ impl Session {
                     // session holds stays raised until attach answers it).
                     if self.client_in.is_empty() {
                         self.shared.forget_cancel();
+                    }
+                    if park_asked && self.can_park_now() {
+                        return Poll::Ready(Err(Disconnect::Parked));
                     }
                     return Poll::Pending;
                 }

@@ -593,16 +593,28 @@ impl Scraper {
     }
 }
 
-/// Resident memory per idle client: RSS before, then with `idle_clients` connections open.
-fn idle_memory(
-    fixture: &Fixture,
-    options: &PoolerOptions,
-) -> Result<Vec<(Target, f64, u64)>, String> {
+/// How long idle clients stay connected before their memory is read the second time: pgherd
+/// parks a client idle for one to two `client_park_after_ms` (1 s by default).
+const IDLE_SETTLE: Duration = Duration::from_secs(4);
+
+/// Resident memory of a pooler with `idle_clients` idle clients connected.
+pub(super) struct IdleMemory {
+    pub target: Target,
+    /// Per client, read as soon as all are connected.
+    pub just_connected_bytes: f64,
+    /// Per client, read [`IDLE_SETTLE`] later: clients as they are while they idle.
+    pub settled_bytes: f64,
+    pub settled_rss_kib: u64,
+}
+
+/// Resident memory per idle client: RSS before, then with `idle_clients` connections open,
+/// just connected and after idling a while.
+fn idle_memory(fixture: &Fixture, options: &PoolerOptions) -> Result<Vec<IdleMemory>, String> {
     let script = fixture.pgbench.log_dir.join("idle.sql");
-    let hold_s = 20 + options.idle_clients / 500;
+    let hold_s = 20 + options.idle_clients / 500 + IDLE_SETTLE.as_secs() as u32;
     std::fs::write(&script, format!("\\sleep {hold_s} s\n")).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
-    for target in [Target::Pgherd, Target::Pgbouncer] {
+    for target in [Target::Pgherd, Target::PgherdBaseline, Target::Pgbouncer] {
         let Ok((port, Some(proxy))) = port_of(fixture, target) else {
             continue;
         };
@@ -641,7 +653,9 @@ fn idle_memory(
         }
         // Let allocations settle before reading.
         std::thread::sleep(Duration::from_millis(500));
-        let during = procstat::rss_kib(proxy.pid()).unwrap_or(0);
+        let just_connected = procstat::rss_kib(proxy.pid()).unwrap_or(0);
+        std::thread::sleep(IDLE_SETTLE);
+        let settled = procstat::rss_kib(proxy.pid()).unwrap_or(0);
         let _ = child.kill();
         let _ = child.wait();
         if connected < options.idle_clients as usize {
@@ -651,9 +665,15 @@ fn idle_memory(
                 target.name()
             ));
         }
-        let per_client =
-            (during.saturating_sub(before)) as f64 * 1024.0 / f64::from(options.idle_clients);
-        out.push((target, per_client, during));
+        let per_client = |rss_kib: u64| {
+            rss_kib.saturating_sub(before) as f64 * 1024.0 / f64::from(options.idle_clients)
+        };
+        out.push(IdleMemory {
+            target,
+            just_connected_bytes: per_client(just_connected),
+            settled_bytes: per_client(settled),
+            settled_rss_kib: settled,
+        });
         // Give the proxy time to notice the clients left.
         std::thread::sleep(Duration::from_secs(2));
     }

@@ -74,7 +74,7 @@ fn write_comparison(
 pub(super) fn render_report(
     options: &PoolerOptions,
     samples: &[Sample],
-    memory: &[(Target, f64, u64)],
+    memory: &[super::IdleMemory],
     took: Duration,
 ) -> String {
     let mut r = String::new();
@@ -229,21 +229,25 @@ pub(super) fn render_report(
     if !memory.is_empty() {
         let _ = writeln!(
             r,
-            "\nResident memory with {} idle clients connected:\n",
-            options.idle_clients
+            "\nResident memory with {} idle clients connected, read as soon as all are \
+             connected and again {} s later (pgherd parks clients idle for 1-2 s):\n",
+            options.idle_clients,
+            super::IDLE_SETTLE.as_secs()
         );
         let _ = writeln!(
             r,
-            "| pooler | bytes per idle client | RSS with all connected (MiB) |"
+            "| pooler | bytes per idle client, just connected | after {} s idle | RSS then (MiB) |",
+            super::IDLE_SETTLE.as_secs()
         );
-        let _ = writeln!(r, "|---|---:|---:|");
-        for (target, per_client, rss) in memory {
+        let _ = writeln!(r, "|---|---:|---:|---:|");
+        for m in memory {
             let _ = writeln!(
                 r,
-                "| {} | {:.0} | {:.1} |",
-                target.name(),
-                per_client,
-                *rss as f64 / 1024.0
+                "| {} | {:.0} | {:.0} | {:.1} |",
+                m.target.name(),
+                m.just_connected_bytes,
+                m.settled_bytes,
+                m.settled_rss_kib as f64 / 1024.0
             );
         }
     }

@@ -398,3 +398,13 @@ pub fn tls_only_cluster() -> (TestCluster, pgherd_testkit::TestCerts, std::path:
     cluster.sql("SELECT pg_reload_conf()");
     (cluster, certs, probe)
 }
+
+/// The new process's pid in the admin console's answer to `UPGRADE`.
+pub fn upgrade_pid(answer: &str) -> u32 {
+    answer
+        .split("(pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {answer:?}"))
+}

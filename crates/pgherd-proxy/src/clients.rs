@@ -59,49 +59,37 @@ impl ServerTarget {
     }
 }
 
-/// The servers beside the first that run a client's statement: none but on a sharded
-/// endpoint, so boxed (every client's shared state carries the place for them).
+/// What few clients' shared state ever holds, boxed: every client carries one word for it
+/// instead of its size, which keeps the shared state in the allocator's 224-byte class.
 #[derive(Debug, Default)]
-// One word in every client's state instead of a vector's three: what keeps an idle client's
-// shared state in the allocator's 256-byte class.
-#[allow(clippy::box_collection)]
-struct OtherTargets(Option<Box<Vec<ServerTarget>>>);
-
-impl OtherTargets {
-    fn clear(&mut self) {
-        if let Some(targets) = &mut self.0 {
-            targets.clear();
-        }
-    }
-
-    fn extend(&mut self, more: impl Iterator<Item = ServerTarget>) {
-        match &mut self.0 {
-            Some(targets) => targets.extend(more),
-            None => {
-                let targets: Vec<_> = more.collect();
-                if !targets.is_empty() {
-                    self.0 = Some(Box::new(targets));
-                }
-            }
-        }
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &ServerTarget> {
-        self.0.iter().flat_map(|targets| targets.iter())
-    }
+struct Rare {
+    /// The other servers running the same statement (a sharded endpoint's links): a cancel
+    /// reaches each of them too.
+    also: Vec<ServerTarget>,
+    kill_reason: Option<Box<str>>,
 }
 
 #[derive(Debug, Default)]
 struct Live {
     target: Option<ServerTarget>,
-    /// The other servers running the same statement (a sharded endpoint's links): a cancel
-    /// reaches each of them too.
-    also: OtherTargets,
     /// Cancels sent to `target` that the server has not acknowledged yet. The server connection
     /// is not handed to another client until this is zero, so a late cancel can never hit
     /// someone else's query.
     cancels_in_flight: u32,
-    kill_reason: Option<Box<str>>,
+    rare: Option<Box<Rare>>,
+}
+
+impl Live {
+    fn also(&self) -> &[ServerTarget] {
+        self.rare.as_ref().map_or(&[], |rare| &rare.also)
+    }
+
+    fn clear_targets(&mut self) {
+        self.target = None;
+        if let Some(rare) = &mut self.rare {
+            rare.also.clear();
+        }
+    }
 }
 
 /// What other tasks may see of a client.
@@ -110,10 +98,12 @@ pub struct ClientShared {
     pub id: u64,
     pub key: CancelKey,
     pub addr: SocketAddr,
-    pub user: String,
-    pub database: String,
+    /// Shared by every client with the same name (`ClientRegistry::intern`).
+    pub user: Arc<str>,
+    pub database: Arc<str>,
     pub tls: bool,
-    pub connected_at: SystemTime,
+    /// When it connected, in seconds since the Unix epoch.
+    pub connected_at_unix_s: u64,
     live: Mutex<Live>,
     /// Signals for the session (SIGNAL_*), read with one atomic load per poll instead of
     /// registering a waiter per transaction.
@@ -129,9 +119,20 @@ impl ClientShared {
     /// Several servers run the client's statement: a cancel reaches every one of them.
     pub fn set_targets(&self, mut targets: impl Iterator<Item = ServerTarget>) {
         let mut live = self.live.lock();
+        live.clear_targets();
         live.target = targets.next();
-        live.also.clear();
-        live.also.extend(targets);
+        match &mut live.rare {
+            Some(rare) => rare.also.extend(targets),
+            None => {
+                let also: Vec<ServerTarget> = targets.collect();
+                if !also.is_empty() {
+                    live.rare = Some(Box::new(Rare {
+                        also,
+                        kill_reason: None,
+                    }));
+                }
+            }
+        }
     }
 
     pub fn target(&self) -> Option<ServerTarget> {
@@ -141,11 +142,7 @@ impl ClientShared {
     /// Whether one of the servers running the client's statement is on `node`.
     pub fn runs_on(&self, node: &crate::nodes::NodeState) -> bool {
         let live = self.live.lock();
-        let runs = live
-            .target
-            .iter()
-            .chain(live.also.iter())
-            .any(|t| t.is_on(node));
+        let runs = live.target.iter().chain(live.also()).any(|t| t.is_on(node));
         runs
     }
 
@@ -154,8 +151,7 @@ impl ClientShared {
     pub fn try_clear_target(&self) -> bool {
         let mut live = self.live.lock();
         if live.cancels_in_flight == 0 {
-            live.target = None;
-            live.also.clear();
+            live.clear_targets();
             true
         } else {
             false
@@ -170,8 +166,7 @@ impl ClientShared {
             {
                 let mut live = self.live.lock();
                 if live.cancels_in_flight == 0 {
-                    live.target = None;
-                    live.also.clear();
+                    live.clear_targets();
                     return;
                 }
             }
@@ -245,7 +240,9 @@ impl ClientShared {
     }
 
     pub fn kill(&self, reason: String) {
-        self.live.lock().kill_reason = Some(reason.into_boxed_str());
+        let mut live = self.live.lock();
+        live.rare.get_or_insert_with(Box::default).kill_reason = Some(reason.into_boxed_str());
+        drop(live);
         self.raise(SIGNAL_KILL);
     }
 
@@ -264,7 +261,9 @@ impl ClientShared {
     }
 
     pub fn kill_reason(&self) -> Option<String> {
-        self.live.lock().kill_reason.as_deref().map(str::to_owned)
+        let live = self.live.lock();
+        let reason = live.rare.as_ref()?.kill_reason.as_deref()?;
+        Some(reason.to_owned())
     }
 }
 
@@ -291,6 +290,8 @@ pub struct ClientRegistry {
     clock: Clock,
     /// Signals raised on every client, which clients registered later start with.
     raised_for_all: AtomicU8,
+    /// User and database names clients logged in with, each kept once.
+    names: Mutex<std::collections::HashSet<Arc<str>>>,
 }
 
 /// When the registry was made: the failure ledger's times count from it.
@@ -401,6 +402,17 @@ impl ClientRegistry {
         shared
     }
 
+    /// `name`, shared with every client that logged in with it.
+    fn intern(&self, name: &str) -> Arc<str> {
+        let mut names = self.names.lock();
+        if let Some(kept) = names.get(name) {
+            return kept.clone();
+        }
+        let kept: Arc<str> = Arc::from(name);
+        names.insert(kept.clone());
+        kept
+    }
+
     fn new_client(
         &self,
         key: CancelKey,
@@ -413,10 +425,12 @@ impl ClientRegistry {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             key,
             addr,
-            user: user.to_owned(),
-            database: database.to_owned(),
+            user: self.intern(user),
+            database: self.intern(database),
             tls,
-            connected_at: SystemTime::now(),
+            connected_at_unix_s: SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
             live: Mutex::new(Live::default()),
             signals: AtomicU8::new(self.raised_for_all.load(Ordering::Acquire)),
             waker: AtomicWaker::new(),
@@ -513,7 +527,7 @@ impl ClientRegistry {
             match live.target {
                 Some(t) => {
                     let targets: Vec<ServerTarget> = std::iter::once(t)
-                        .chain(live.also.iter().copied())
+                        .chain(live.also().iter().copied())
                         .collect();
                     live.cancels_in_flight += targets.len() as u32;
                     targets
@@ -658,6 +672,14 @@ mod tests {
     }
 
     #[test]
+    fn a_clients_shared_state_stays_in_its_allocation_class() {
+        // With the Arc's two counts: mimalloc's 224-byte class, apart from the 256-byte one the
+        // runtime's socket registrations (freed when a client parks) use.
+        let allocated = std::mem::size_of::<ClientShared>() + 16;
+        assert!(allocated <= 224, "{allocated} bytes");
+    }
+
+    #[test]
     fn a_cancel_reaches_every_server_running_the_statement() {
         let registry = ClientRegistry::new();
         let c = client(&registry);
@@ -675,13 +697,13 @@ mod tests {
         let ids: Vec<u64> = live
             .target
             .iter()
-            .chain(live.also.iter())
+            .chain(live.also())
             .map(|t| t.server_id)
             .collect();
         assert_eq!(ids, vec![1, 2, 3]);
         drop(live);
         c.set_targets([4].into_iter().map(target));
-        assert_eq!(c.live.lock().also.iter().count(), 0);
+        assert!(c.live.lock().also().is_empty());
         assert!(c.try_clear_target());
         assert!(c.target().is_none());
     }

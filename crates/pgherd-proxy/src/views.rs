@@ -572,8 +572,8 @@ pub fn servers(app: &App) -> Table {
         if let Some(t) = c.target() {
             rows.push(vec![
                 t.server_id.into(),
-                c.database.clone().into(),
-                c.user.clone().into(),
+                c.database.to_string().into(),
+                c.user.to_string().into(),
                 node_of(&t).into(),
                 "active".into(),
                 t.key.process_id.to_string().into(),
@@ -622,15 +622,11 @@ pub fn clients(app: &App) -> Table {
         .map(|c| {
             vec![
                 c.id.into(),
-                c.user.clone().into(),
-                c.database.clone().into(),
+                c.user.to_string().into(),
+                c.database.to_string().into(),
                 c.addr.to_string().into(),
                 c.tls.into(),
-                c.connected_at
-                    .duration_since(UNIX_EPOCH)
-                    .ok()
-                    .map(|d| d.as_secs())
-                    .into(),
+                c.connected_at_unix_s.into(),
                 c.target().map(|t| t.server_id).into(),
                 c.is_parked().into(),
             ]

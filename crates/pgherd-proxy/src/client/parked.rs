@@ -312,3 +312,13 @@ pub async fn run(app: Arc<App>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_parked_client_stays_in_its_allocation_class() {
+        // mimalloc's 384-byte class, the one a live session's task cell frees as it parks.
+        let allocated = std::mem::size_of::<super::Parked>();
+        assert!(allocated <= 384, "{allocated} bytes");
+    }
+}

@@ -32,7 +32,7 @@ impl ShardedSession {
         let server_database = app
             .config()
             .resolve(&shared.database, &shared.user)
-            .map_or_else(|| shared.database.clone(), |r| r.server_dbname);
+            .map_or_else(|| shared.database.to_string(), |r| r.server_dbname);
         // A sharded session holds a link per shard between statements: it does not park.
         shared.never_park();
         let layout = shards.layout();
@@ -87,8 +87,8 @@ impl ShardedSession {
             connection,
             ClientRecord {
                 addr: shared.addr,
-                user: shared.user.clone(),
-                database: shared.database.clone(),
+                user: shared.user.to_string(),
+                database: shared.database.to_string(),
                 process_id: shared.key.process_id,
                 secret_key: shared.key.secret_key,
                 unread: self.client_in.to_vec(),

@@ -3,9 +3,10 @@
 //! session, and waits here as its socket in one epoll set of pgherd's own plus the part of its
 //! session that lasts ([`ParkedSession`]). When the client speaks (or closes), or a signal
 //! comes for it (kill, shutdown, an upgrade's move, a cancel), it gets a task again and carries
-//! on as it was. Thousands of idle application connections then cost about what PgBouncer's
-//! do, and nothing on the path of a client that is busy: the sweep that finds idle clients
-//! runs once per period, and a busy session pays one atomic load per poll it already makes.
+//! on as it was. Thousands of idle application connections then cost about half the memory
+//! they did (see docs/benchmarks.md), and nothing on the path of a client that is busy: the
+//! sweep that finds idle clients runs once per period, and a busy session pays one branch on
+//! the signals it already loads every poll.
 
 use std::collections::HashMap;
 use std::io;
@@ -33,18 +34,18 @@ use crate::relay::{ParkedSession, Session};
 const UNPARK_SIGNALS: u8 = SIGNAL_SHUTDOWN | SIGNAL_KILL | SIGNAL_HANDOVER | SIGNAL_CANCEL;
 /// Sockets taken from the epoll set per system call.
 const EVENTS_PER_WAIT: usize = 64;
-/// Clients parked in one turn that make it worth giving memory back: the call stalls the
-/// thread for about a millisecond with 10,000 clients (measured), too much to pay every turn
-/// for a few clients whose memory the next ones reuse anyway.
+/// Clients parked since the last check that make it worth giving memory back: the call
+/// stalls the thread for about a millisecond with 10,000 clients (measured), too much to pay
+/// every check for a few clients whose memory the next ones reuse anyway.
 const RELEASE_AFTER_PARKED: usize = 256;
-/// How often deadlines are checked when parking is switched off (clients parked before a
-/// reload switched it off still time out).
+/// How often parked clients' idle deadlines are checked, at the longest (also when parking
+/// is switched off: clients parked before a reload switched it off still time out).
 const IDLE_CHECK_MS: u64 = 1_000;
 
-/// What gives freed memory back to the system (the binary's allocator), called after a turn
-/// in which at least [`RELEASE_AFTER_PARKED`] clients parked: what their tasks and sessions
-/// held is freed in a wave, and the allocator keeps freed pages while the thread that freed
-/// them allocates little, as one serving idle clients does.
+/// What gives freed memory back to the system (the binary's allocator), called after a check
+/// that found at least [`RELEASE_AFTER_PARKED`] clients parked since the one before: what
+/// their tasks and sessions held is freed in a wave, and the allocator keeps freed pages while
+/// the thread that freed them allocates little, as one serving idle clients does.
 static MEMORY_RELEASE: OnceLock<fn()> = OnceLock::new();
 
 /// Sets [`MEMORY_RELEASE`] (once, at startup).
@@ -56,8 +57,8 @@ pub fn set_memory_release(release: fn()) {
 pub struct ParkingLot {
     epoll: AsyncFd<OwnedFd>,
     parked: Mutex<HashMap<u64, Box<Parked>>>,
-    /// Clients parked since the last turn.
-    parked_since_turn: AtomicUsize,
+    /// Clients parked since the last check.
+    parked_since_check: AtomicUsize,
     /// Registered as every parked client's waker: a signal raised for one of them wakes the
     /// lot, which finds which by its signals.
     signalled: Arc<Signalled>,
@@ -99,7 +100,7 @@ impl ParkingLot {
         Ok(ParkingLot {
             epoll,
             parked: Mutex::new(HashMap::new()),
-            parked_since_turn: AtomicUsize::new(0),
+            parked_since_check: AtomicUsize::new(0),
             signalled: Arc::default(),
         })
     }
@@ -217,7 +218,7 @@ pub(super) fn park(run: Box<SessionRun>) -> Option<Box<SessionRun>> {
     lot.parked
         .lock()
         .insert(id, Box::new(Parked { session, tcp, slot }));
-    lot.parked_since_turn.fetch_add(1, Ordering::Relaxed);
+    lot.parked_since_check.fetch_add(1, Ordering::Relaxed);
     if let Err(e) = lot.watch(fd, id) {
         tracing::warn!(client = id, error = %e, "cannot park an idle client; it carries on unparked");
         unpark(&app, &lot, id);
@@ -272,7 +273,8 @@ pub async fn run(app: Arc<App>) {
         return;
     }
     let mut ids = Vec::new();
-    let mut next_turn = tokio::time::Instant::now();
+    let mut next_check = tokio::time::Instant::now();
+    let mut next_sweep = next_check;
     loop {
         tokio::select! {
             guard = lot.epoll.readable() => {
@@ -292,22 +294,28 @@ pub async fn run(app: Arc<App>) {
                     unpark(&app, &lot, id);
                 }
             }
-            () = tokio::time::sleep_until(next_turn) => {
+            () = tokio::time::sleep_until(next_check) => {
                 let park_after_ms = app.config().proxy.client_park_after_ms;
-                if park_after_ms > 0 {
-                    app.clients.sweep_idle();
-                }
                 let now = tokio::time::Instant::now();
+                if park_after_ms > 0 && now >= next_sweep {
+                    app.clients.sweep_idle();
+                    next_sweep = now + Duration::from_millis(park_after_ms);
+                }
                 for id in lot.due(now) {
                     unpark(&app, &lot, id);
                 }
-                if lot.parked_since_turn.swap(0, Ordering::Relaxed) >= RELEASE_AFTER_PARKED {
+                if lot.parked_since_check.swap(0, Ordering::Relaxed) >= RELEASE_AFTER_PARKED {
                     if let Some(release) = MEMORY_RELEASE.get() {
                         release();
                     }
                 }
-                let period_ms = if park_after_ms > 0 { park_after_ms } else { IDLE_CHECK_MS };
-                next_turn = now + Duration::from_millis(period_ms);
+                // Deadlines are checked at least every IDLE_CHECK_MS, however long the sweep's
+                // period: a parked client's idle timeout acts at most that late.
+                let check_ms = match park_after_ms {
+                    0 => IDLE_CHECK_MS,
+                    ms => ms.min(IDLE_CHECK_MS),
+                };
+                next_check = now + Duration::from_millis(check_ms);
             }
         }
     }

@@ -126,8 +126,6 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
             return;
         }
         Ok(LoggedIn::Admin { shared, can_modify }) => {
-            // The console's sessions are few and keep their own task.
-            shared.never_park();
             let end = Box::pin(admin::serve(&app, &shared, &mut stream, buf, can_modify)).await;
             app.clients.unregister(&shared);
             end

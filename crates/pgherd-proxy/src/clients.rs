@@ -26,8 +26,9 @@ pub const SIGNAL_PARK_CANDIDATE: u8 = 16;
 pub const SIGNAL_PARK: u8 = 32;
 /// Parked now: the sweep leaves it alone.
 pub const SIGNAL_PARKED: u8 = 64;
-/// Its kind never parks (TLS, session mode): the sweep leaves it alone.
-pub const SIGNAL_NEVER_PARK: u8 = 128;
+/// A session that can park (plain TCP, servers shared between transactions): the only kind
+/// the sweep asks; others (TLS, session mode, a sharded endpoint, the console) never are.
+pub const SIGNAL_MAY_PARK: u8 = 128;
 
 use crate::server::send_cancel;
 
@@ -234,9 +235,9 @@ impl ClientShared {
         self.signals() & SIGNAL_PARKED != 0
     }
 
-    /// The session can never park (its kind): the sweep stops asking.
-    pub fn never_park(&self) {
-        self.signals.fetch_or(SIGNAL_NEVER_PARK, Ordering::AcqRel);
+    /// The session can park (its kind): the sweep may ask it to.
+    pub fn may_park(&self) {
+        self.signals.fetch_or(SIGNAL_MAY_PARK, Ordering::AcqRel);
     }
 
     pub fn kill(&self, reason: String) {
@@ -483,14 +484,12 @@ impl ClientRegistry {
 
     /// One turn of the idle sweep (every `client_park_after_ms`): a client marked last turn
     /// and not polled since is asked to park; the others are marked. A client is so asked
-    /// after one to two turns without a message or a signal, unless it never parks (TLS,
-    /// session mode: marked by the session itself).
+    /// after one to two turns without a message or a signal, if its session said it may park.
     pub fn sweep_idle(&self) {
-        const LEFT_ALONE: u8 = SIGNAL_PARK | SIGNAL_PARKED | SIGNAL_NEVER_PARK;
         let map = self.by_key.lock();
         for client in map.values() {
             let signals = client.signals();
-            if signals & LEFT_ALONE != 0 {
+            if signals & SIGNAL_MAY_PARK == 0 || signals & (SIGNAL_PARK | SIGNAL_PARKED) != 0 {
                 continue;
             }
             if signals & SIGNAL_PARK_CANDIDATE != 0 {
@@ -623,9 +622,12 @@ impl Drop for ConnectionSlot {
 mod tests {
     use super::*;
 
+    /// A client whose session may park.
     fn client(registry: &ClientRegistry) -> Arc<ClientShared> {
         let addr = SocketAddr::from(([127, 0, 0, 1], 5000));
-        registry.register(addr, "app", "app", false, None)
+        let client = registry.register(addr, "app", "app", false, None);
+        client.may_park();
+        client
     }
 
     fn asked(client: &ClientShared) -> bool {
@@ -655,15 +657,20 @@ mod tests {
     fn parked_clients_and_those_that_never_park_are_left_alone() {
         let registry = ClientRegistry::new();
         let parked = client(&registry);
-        let never = client(&registry);
+        let never = registry.register(
+            SocketAddr::from(([127, 0, 0, 1], 5001)),
+            "app",
+            "app",
+            true,
+            None,
+        );
         parked.set_parked(true);
-        never.never_park();
         for _ in 0..3 {
             registry.sweep_idle();
         }
-        assert_eq!(parked.signals(), SIGNAL_PARKED);
+        assert_eq!(parked.signals(), SIGNAL_MAY_PARK | SIGNAL_PARKED);
         assert!(parked.is_parked());
-        assert_eq!(never.signals(), SIGNAL_NEVER_PARK);
+        assert_eq!(never.signals(), 0, "a session that never said it may park");
         parked.set_parked(false);
         assert!(!parked.is_parked());
         registry.sweep_idle();

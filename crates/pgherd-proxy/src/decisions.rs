@@ -25,6 +25,15 @@ const MAX_ROUTERS_PER_THREAD: usize = 64;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
+/// Inserts into a map bounded by `capacity` entries, emptied when full: the decision cache's
+/// maps and the router's memos.
+pub(crate) fn remember<V>(map: &mut HashMap<Box<[u8]>, V>, capacity: usize, key: &[u8], value: V) {
+    if map.len() >= capacity {
+        map.clear();
+    }
+    map.insert(key.into(), value);
+}
+
 pub struct Decisions {
     /// Tells this cache's copies apart from other routers' in a thread's table (an address
     /// could be reused once a router is dropped).
@@ -100,11 +109,7 @@ impl Decisions {
     /// Keeps a decision in the shared map only: the caller bumps the router's generation
     /// next, which retires the threads' copies.
     pub fn insert_shared(&self, key: &[u8], decision: Arc<Decision>) {
-        let mut shared = self.shared.lock();
-        if shared.len() >= self.capacity {
-            shared.clear();
-        }
-        shared.insert(key.into(), decision);
+        remember(&mut self.shared.lock(), self.capacity, key, decision);
     }
 
     /// Forgets the shared decisions; the caller bumps the router's generation next.
@@ -127,11 +132,11 @@ impl Decisions {
                 generation,
                 map: HashMap::new(),
             });
-            if mine.generation != generation || mine.map.len() >= self.capacity {
+            if mine.generation != generation {
                 mine.generation = generation;
                 mine.map.clear();
             }
-            mine.map.insert(key.into(), decision);
+            remember(&mut mine.map, self.capacity, key, decision);
         });
     }
 }

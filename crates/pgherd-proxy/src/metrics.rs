@@ -140,7 +140,7 @@ pub fn render(app: &App) -> String {
         );
     }
 
-    let parked = app.parking.get().map_or(0, |lot| lot.len());
+    let parked = app.parking.get().map_or(0, |lot| lot.parked_count());
     family(
         &mut out,
         "pgherd_clients_parked",

@@ -23,7 +23,7 @@ use pgherd_wire::{PgError, SqlState};
 use tokio::sync::Notify;
 
 use crate::app::App;
-use crate::decisions::Decisions;
+use crate::decisions::{remember, Decisions};
 
 pub use pgherd_route::Routed;
 
@@ -187,15 +187,6 @@ impl CacheMemo {
         }
         self
     }
-}
-
-/// Inserts into a memo bounded by `capacity` entries (emptied when full, as the decision
-/// cache is).
-fn remember<V>(map: &mut HashMap<Box<[u8]>, V>, capacity: usize, key: &[u8], value: V) {
-    if map.len() >= capacity {
-        map.clear();
-    }
-    map.insert(key.into(), value);
 }
 
 /// What [`Router::cache_verdict`] found.

@@ -106,12 +106,8 @@ impl ParkingLot {
     }
 
     /// Clients parked now.
-    pub fn len(&self) -> usize {
+    pub fn parked_count(&self) -> usize {
         self.parked.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     fn watch(&self, fd: RawFd, id: u64) -> io::Result<()> {

@@ -33,8 +33,6 @@ impl ShardedSession {
             .config()
             .resolve(&shared.database, &shared.user)
             .map_or_else(|| shared.database.to_string(), |r| r.server_dbname);
-        // A sharded session holds a link per shard between statements: it does not park.
-        shared.never_park();
         let layout = shards.layout();
         let reads = ShardReads::new(
             &routing,

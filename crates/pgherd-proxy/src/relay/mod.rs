@@ -477,8 +477,8 @@ impl Session {
             stop_when_idle: false,
             move_when_idle: false,
         };
-        if !session.may_ever_park() {
-            session.shared.never_park();
+        if session.may_ever_park() {
+            session.shared.may_park();
         }
         session
     }

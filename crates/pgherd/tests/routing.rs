@@ -441,6 +441,89 @@ async fn hints_and_the_route_setting() {
     }
 }
 
+/// A session routed to the primary asks for no WAL position after its writes (PgBouncer's
+/// cost per transaction, not one query more) until a hint sends a read towards a replica: that
+/// first hinted read after a write runs on the primary, and from then on the session's writes
+/// are followed as read-your-writes always does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_routed_to_the_primary_asks_for_no_lsn_until_a_hint_needs_one() {
+    let env = env(1, |c| {
+        c.superuser().database(
+            "app",
+            "route = \"primary\"\nconsistency = \"read_your_writes\"",
+        )
+    });
+    let primary = env.cluster.primary().port;
+    env.cluster
+        .node("pg2")
+        .write_auto_settings(&[("recovery_min_apply_delay".into(), "'500ms'".into())])
+        .unwrap();
+    env.cluster
+        .sql_on("pg2", "postgres", "SELECT pg_reload_conf()");
+    env.direct("CREATE TABLE t (id int PRIMARY KEY); GRANT ALL ON t TO app");
+    env.cluster.wait_replayed();
+    // Another session waits for the replica to serve hinted reads: this one has no hint yet.
+    let waiter = env.app().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while served_by(&waiter, &format!("/* pgherd:replica */ {WHERE}")).await == primary {
+        assert!(
+            Instant::now() < deadline,
+            "hinted reads never reached the replica"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // What a server connection of the app ran last, if it was pgherd's LSN probe.
+    let probes_last = || {
+        env.direct(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = 'app' \
+             AND query = 'SELECT pg_catalog.pg_current_wal_insert_lsn()'",
+        )
+    };
+
+    let c = env.app().await;
+    let insert = c.prepare("INSERT INTO t VALUES ($1)").await.unwrap();
+    for id in 0..50i32 {
+        c.execute(&insert, &[&id]).await.unwrap();
+        c.simple_query(&format!("INSERT INTO t VALUES ({})", 1000 + id))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        probes_last(),
+        "0",
+        "writes of a primary-routed session were probed"
+    );
+
+    for id in 2000..2020i32 {
+        c.execute(&insert, &[&id]).await.unwrap();
+        let seen: i64 = c
+            .query_one(
+                &format!("/* pgherd:replica */ SELECT count(*) FROM t WHERE id = {id}"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            seen, 1,
+            "row {id}: a hinted read missed the session's own write"
+        );
+    }
+    c.execute(&insert, &[&3000i32]).await.unwrap();
+    assert_ne!(
+        probes_last(),
+        "0",
+        "after a hinted read the session's writes are followed again"
+    );
+    // Once the replica has replayed, hinted reads go there again.
+    env.cluster.wait_replayed();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        served_by(&c, &format!("/* pgherd:replica */ {WHERE}")).await,
+        env.cluster.node("pg2").port
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_state_pins_the_client_to_its_server() {
     let env = env(1, |c| c.max_size(2));

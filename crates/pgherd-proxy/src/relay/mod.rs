@@ -231,6 +231,11 @@ struct Routing {
     /// probe answered for. Reads must wait for a probe while `write_seq > probed_seq`.
     write_seq: u64,
     probed_seq: u64,
+    /// A hint sent one of the session's statements towards a replica. Until then a session
+    /// routed to the primary asks for no LSN after its writes: its reads cannot go to a
+    /// replica, and a first hinted read after a write runs on the primary and takes the probe
+    /// along.
+    replica_hinted: bool,
     /// What the probe in flight returned.
     probe_lsn: Option<Lsn>,
     /// The decision for the statement at the front of the client's input, made to choose its
@@ -277,6 +282,7 @@ impl Routing {
             min_lsn: 0,
             write_seq: 0,
             probed_seq: 0,
+            replica_hinted: false,
             probe_lsn: None,
             front: None,
             at_unit_start: true,
@@ -294,6 +300,12 @@ impl Routing {
 
     fn read_your_writes(&self) -> bool {
         self.session.read_your_writes()
+    }
+
+    /// A read of this session may go to a replica, now or with its next hint: its writes'
+    /// end must be known before that read.
+    fn replica_reads_possible(&self) -> bool {
+        self.session.route() != Route::Primary || self.replica_hinted
     }
 }
 

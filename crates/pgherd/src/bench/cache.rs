@@ -250,11 +250,9 @@ fn setup(options: &CacheOptions) -> Result<Fixture, String> {
         std::fs::write(&path, workload.script(options.zipf_s)).map_err(|e| e.to_string())?;
         scripts.insert(workload, path);
     }
-    let postmaster_pid =
-        std::fs::read_to_string(cluster.cluster.primary().data_dir.join("postmaster.pid"))
-            .ok()
-            .and_then(|t| t.lines().next()?.trim().parse().ok())
-            .ok_or("cannot read the primary's postmaster.pid")?;
+    let postmaster_pid = cluster
+        .primary_postmaster_pid()
+        .ok_or("cannot read the primary's postmaster.pid")?;
     let log_dir = dir.join("pgbench-logs");
     std::fs::create_dir_all(&log_dir).map_err(|e| e.to_string())?;
     Ok(Fixture {

@@ -230,6 +230,9 @@ struct Sample {
     result: PgbenchResult,
     /// Proxy CPU time per transaction (pgherd and PgBouncer only).
     cpu_us_per_txn: Option<f64>,
+    /// The primary's CPU time per transaction (its postmaster and every process under it):
+    /// what a pooler makes the server do besides the clients' statements.
+    server_cpu_us_per_txn: Option<f64>,
     /// pgbench failed: the first line of its complaint.
     error: Option<String>,
 }
@@ -492,6 +495,7 @@ fn measure(
     let threads = clients.clamp(1, options.client_threads.max(1));
     let args = pgbench_args(workload, clients, threads, options.duration_s);
     let cpu_before = proxy.map(|p| p.cpu_us());
+    let server_cpu = ServerCpu::start(&fixture.cluster);
     let timeout = pgbench_timeout(options);
     let url = fixture.user_for(workload).url(port, "bench");
     let scraper = match (target, proxy.and_then(|p| p.api_port)) {
@@ -519,10 +523,33 @@ fn measure(
         workload,
         clients,
         target,
+        server_cpu_us_per_txn: server_cpu.per_transaction(result.transactions),
         result,
         cpu_us_per_txn,
         error,
     })
+}
+
+/// The primary's CPU time over a run: its postmaster and every process under it.
+struct ServerCpu {
+    postmaster_pid: Option<u32>,
+    before_us: u64,
+}
+
+impl ServerCpu {
+    fn start(cluster: &BenchCluster) -> Self {
+        let postmaster_pid = cluster.primary_postmaster_pid();
+        ServerCpu {
+            postmaster_pid,
+            before_us: postmaster_pid.map_or(0, procstat::tree_cpu_us),
+        }
+    }
+
+    fn per_transaction(&self, transactions: u64) -> Option<f64> {
+        let pid = self.postmaster_pid?;
+        let used_us = procstat::tree_cpu_us(pid).saturating_sub(self.before_us);
+        (transactions > 0).then(|| used_us as f64 / transactions as f64)
+    }
 }
 
 /// pgbench's arguments for `workload` at `clients` over `threads` for `duration_s`.

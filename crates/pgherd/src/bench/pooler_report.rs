@@ -6,24 +6,30 @@ use std::fmt::Write as _;
 
 use super::*;
 
-fn medians<'a>(
-    samples: &'a [Sample],
-    workload: Workload,
-    clients: u32,
-    target: Target,
-) -> (f64, f64, f64, f64, u64) {
-    let pick: Vec<&'a Sample> = samples
+/// One (workload, clients, target) cell's medians over rounds, and its failed transactions.
+struct Medians {
+    tps: f64,
+    avg_ms: f64,
+    p99_ms: f64,
+    cpu_us: f64,
+    server_cpu_us: f64,
+    failed: u64,
+}
+
+fn medians(samples: &[Sample], workload: Workload, clients: u32, target: Target) -> Medians {
+    let pick: Vec<&Sample> = samples
         .iter()
         .filter(|s| s.workload == workload && s.clients == clients && s.target == target)
         .collect();
     let m = |f: &dyn Fn(&Sample) -> f64| median(&pick.iter().map(|s| f(s)).collect::<Vec<_>>());
-    (
-        m(&|s| s.result.tps),
-        m(&|s| s.result.latency_avg_ms),
-        m(&|s| s.result.latency_p99_ms),
-        m(&|s| s.cpu_us_per_txn.unwrap_or(f64::NAN)),
-        pick.iter().map(|s| s.result.failed).sum(),
-    )
+    Medians {
+        tps: m(&|s| s.result.tps),
+        avg_ms: m(&|s| s.result.latency_avg_ms),
+        p99_ms: m(&|s| s.result.latency_p99_ms),
+        cpu_us: m(&|s| s.cpu_us_per_txn.unwrap_or(f64::NAN)),
+        server_cpu_us: m(&|s| s.server_cpu_us_per_txn.unwrap_or(f64::NAN)),
+        failed: pick.iter().map(|s| s.result.failed).sum(),
+    }
 }
 
 /// A TPS median, or how many runs failed when none succeeded.
@@ -48,24 +54,26 @@ fn write_comparison(
     let _ = writeln!(r, "\n{heading} (medians):\n");
     let _ = writeln!(
         r,
-        "| workload | clients | {a_name} TPS | {b_name} TPS | {b_name} / {a_name} | CPU µs/txn {a_name} / {b_name} | failed |"
+        "| workload | clients | {a_name} TPS | {b_name} TPS | {b_name} / {a_name} | CPU µs/txn {a_name} / {b_name} | primary's CPU µs/txn {a_name} / {b_name} | failed |"
     );
-    let _ = writeln!(r, "|---|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(r, "|---|---:|---:|---:|---:|---:|---:|---:|");
     for &workload in &options.workloads {
         for &clients in &options.clients {
             let x = medians(samples, workload, clients, a);
             let y = medians(samples, workload, clients, b);
             let _ = writeln!(
                 r,
-                "| {} | {} | {} | {} | {} | {} / {} | {} |",
+                "| {} | {} | {} | {} | {} | {} / {} | {} / {} | {} |",
                 workload.name(),
                 clients,
-                fmt(x.0, 0),
-                fmt(y.0, 0),
-                fmt(y.0 / x.0, 3),
-                fmt(x.3, 1),
-                fmt(y.3, 1),
-                x.4 + y.4
+                fmt(x.tps, 0),
+                fmt(y.tps, 0),
+                fmt(y.tps / x.tps, 3),
+                fmt(x.cpu_us, 1),
+                fmt(y.cpu_us, 1),
+                fmt(x.server_cpu_us, 1),
+                fmt(y.server_cpu_us, 1),
+                x.failed + y.failed
             );
         }
     }
@@ -82,7 +90,8 @@ pub(super) fn render_report(
         r,
         "## pgherd bench pooler\n\n{} round(s) x {} s per run, scale {}, pool size {}, a primary and {} streaming replica(s), \
          pgbench -j {}, medians over rounds; {} min in all. \
-         CPU is the pooler process's user+system time per transaction from /proc.\n",
+         CPU is the pooler process's user+system time per transaction from /proc; the primary's \
+         CPU, that of its postmaster and every process under it.\n",
         options.rounds,
         options.duration_s,
         options.scale,
@@ -117,21 +126,21 @@ pub(super) fn render_report(
                 "| {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} / {} / {} | {} / {} | {} | {} |",
                 workload.name(),
                 clients,
-                tps_cell(d.0, failed_runs(workload, clients, Target::Direct)),
-                tps_cell(h.0, failed_runs(workload, clients, Target::Pgherd)),
-                tps_cell(b.0, failed_runs(workload, clients, Target::Pgbouncer)),
-                fmt(h.0 / d.0, 2),
-                fmt(h.0 / b.0, 2),
-                fmt(d.1, 3),
-                fmt(h.1, 3),
-                fmt(b.1, 3),
-                fmt(d.2, 3),
-                fmt(h.2, 3),
-                fmt(b.2, 3),
-                fmt(h.3, 1),
-                fmt(b.3, 1),
-                fmt(h.3 / b.3, 2),
-                d.4 + h.4 + b.4
+                tps_cell(d.tps, failed_runs(workload, clients, Target::Direct)),
+                tps_cell(h.tps, failed_runs(workload, clients, Target::Pgherd)),
+                tps_cell(b.tps, failed_runs(workload, clients, Target::Pgbouncer)),
+                fmt(h.tps / d.tps, 2),
+                fmt(h.tps / b.tps, 2),
+                fmt(d.avg_ms, 3),
+                fmt(h.avg_ms, 3),
+                fmt(b.avg_ms, 3),
+                fmt(d.p99_ms, 3),
+                fmt(h.p99_ms, 3),
+                fmt(b.p99_ms, 3),
+                fmt(h.cpu_us, 1),
+                fmt(b.cpu_us, 1),
+                fmt(h.cpu_us / b.cpu_us, 2),
+                d.failed + h.failed + b.failed
             );
         }
     }
@@ -143,9 +152,9 @@ pub(super) fn render_report(
         let _ = writeln!(r, "| workload | pgherd adds | PgBouncer adds | ratio |");
         let _ = writeln!(r, "|---|---:|---:|---:|");
         for &workload in &options.workloads {
-            let d = medians(samples, workload, 1, Target::Direct).1;
-            let h = medians(samples, workload, 1, Target::Pgherd).1 - d;
-            let b = medians(samples, workload, 1, Target::Pgbouncer).1 - d;
+            let d = medians(samples, workload, 1, Target::Direct).avg_ms;
+            let h = medians(samples, workload, 1, Target::Pgherd).avg_ms - d;
+            let b = medians(samples, workload, 1, Target::Pgbouncer).avg_ms - d;
             let _ = writeln!(
                 r,
                 "| {} | {} | {} | {} |",
@@ -260,11 +269,11 @@ pub(super) fn write_outputs(
     report: &str,
 ) -> Result<(), String> {
     let prefix = output_prefix(&options.out, "pooler")?;
-    let mut csv = String::from("round,workload,clients,target,tps,latency_avg_ms,latency_p99_ms,proxy_cpu_us_per_txn,transactions,failed,error\n");
+    let mut csv = String::from("round,workload,clients,target,tps,latency_avg_ms,latency_p99_ms,proxy_cpu_us_per_txn,primary_cpu_us_per_txn,transactions,failed,error\n");
     for s in samples {
         let _ = writeln!(
             csv,
-            "{},{},{},{},{:.1},{:.4},{:.4},{},{},{},{}",
+            "{},{},{},{},{:.1},{:.4},{:.4},{},{},{},{},{}",
             s.round + 1,
             s.workload.name(),
             s.clients,
@@ -273,6 +282,9 @@ pub(super) fn write_outputs(
             s.result.latency_avg_ms,
             s.result.latency_p99_ms,
             s.cpu_us_per_txn
+                .map(|c| format!("{c:.2}"))
+                .unwrap_or_default(),
+            s.server_cpu_us_per_txn
                 .map(|c| format!("{c:.2}"))
                 .unwrap_or_default(),
             s.result.transactions,

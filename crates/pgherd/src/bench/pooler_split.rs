@@ -5,7 +5,7 @@
 
 use super::pgbench::PgbenchResult;
 use super::{outcome, pgbench_args, pgbench_timeout, Fixture, PoolerOptions, Sample, Target};
-use super::{ProxyProcess, Workload};
+use super::{ProxyProcess, ServerCpu, Workload};
 
 pub(super) fn measure(
     fixture: &Fixture,
@@ -18,6 +18,7 @@ pub(super) fn measure(
         .ok_or("the two pgherd processes are not running")?;
     let halves = split(clients, options.client_threads);
     let cpu_before: Vec<u64> = processes.iter().map(ProxyProcess::cpu_us).collect();
+    let server_cpu = ServerCpu::start(&fixture.cluster);
     let timeout = pgbench_timeout(options);
     let user = fixture.user_for(workload);
     let runs: Vec<Result<PgbenchResult, String>> = std::thread::scope(|scope| {
@@ -62,6 +63,7 @@ pub(super) fn measure(
         workload,
         clients,
         target: Target::PgherdTwoProcesses,
+        server_cpu_us_per_txn: server_cpu.per_transaction(result.transactions),
         result,
         cpu_us_per_txn,
         error,

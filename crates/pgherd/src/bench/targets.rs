@@ -106,6 +106,17 @@ impl BenchCluster {
         self.cluster.primary().port
     }
 
+    /// The primary's postmaster, from its `postmaster.pid`.
+    pub fn primary_postmaster_pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.cluster.primary().data_dir.join("postmaster.pid"))
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
     pub fn sql(&self, database: &str, sql: &str) -> Result<String, String> {
         self.cluster
             .primary()

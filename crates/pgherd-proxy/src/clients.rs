@@ -235,9 +235,16 @@ impl ClientShared {
         self.signals() & SIGNAL_PARKED != 0
     }
 
-    /// The session can park (its kind): the sweep may ask it to.
-    pub fn may_park(&self) {
-        self.signals.fetch_or(SIGNAL_MAY_PARK, Ordering::AcqRel);
+    /// Whether the session can park (its kind, and no server it is pinned to): the sweep asks
+    /// only those that can.
+    pub fn set_may_park(&self, may: bool) {
+        match may {
+            true => self.signals.fetch_or(SIGNAL_MAY_PARK, Ordering::AcqRel),
+            false => self.signals.fetch_and(
+                !(SIGNAL_MAY_PARK | SIGNAL_PARK_CANDIDATE | SIGNAL_PARK),
+                Ordering::AcqRel,
+            ),
+        };
     }
 
     pub fn kill(&self, reason: String) {
@@ -292,7 +299,41 @@ pub struct ClientRegistry {
     /// Signals raised on every client, which clients registered later start with.
     raised_for_all: AtomicU8,
     /// User and database names clients logged in with, each kept once.
-    names: Mutex<std::collections::HashSet<Arc<str>>>,
+    names: Mutex<Names>,
+}
+
+/// Names kept once for every client that uses them. A name no client holds any more is
+/// dropped when the set has doubled since it was last pruned, so that a stream of distinct
+/// names (generated users, a database per tenant) does not grow it for the life of the process.
+struct Names {
+    kept: std::collections::HashSet<Arc<str>>,
+    prune_at: usize,
+}
+
+const NAMES_PRUNED_FROM: usize = 1024;
+
+impl Default for Names {
+    fn default() -> Self {
+        Names {
+            kept: Default::default(),
+            prune_at: NAMES_PRUNED_FROM,
+        }
+    }
+}
+
+impl Names {
+    fn intern(&mut self, name: &str) -> Arc<str> {
+        if let Some(kept) = self.kept.get(name) {
+            return kept.clone();
+        }
+        if self.kept.len() >= self.prune_at {
+            self.kept.retain(|kept| Arc::strong_count(kept) > 1);
+            self.prune_at = (self.kept.len() * 2).max(NAMES_PRUNED_FROM);
+        }
+        let kept: Arc<str> = Arc::from(name);
+        self.kept.insert(kept.clone());
+        kept
+    }
 }
 
 /// When the registry was made: the failure ledger's times count from it.
@@ -405,13 +446,7 @@ impl ClientRegistry {
 
     /// `name`, shared with every client that logged in with it.
     fn intern(&self, name: &str) -> Arc<str> {
-        let mut names = self.names.lock();
-        if let Some(kept) = names.get(name) {
-            return kept.clone();
-        }
-        let kept: Arc<str> = Arc::from(name);
-        names.insert(kept.clone());
-        kept
+        self.names.lock().intern(name)
     }
 
     fn new_client(
@@ -622,11 +657,27 @@ impl Drop for ConnectionSlot {
 mod tests {
     use super::*;
 
+    #[test]
+    fn names_no_client_holds_are_pruned_and_held_ones_stay_shared() {
+        let mut names = Names::default();
+        let held = names.intern("app");
+        assert!(Arc::ptr_eq(&held, &names.intern("app")));
+        for i in 0..10 * NAMES_PRUNED_FROM {
+            drop(names.intern(&format!("tenant_{i}")));
+        }
+        assert!(
+            names.kept.len() <= NAMES_PRUNED_FROM,
+            "{} names kept",
+            names.kept.len()
+        );
+        assert!(Arc::ptr_eq(&held, &names.intern("app")));
+    }
+
     /// A client whose session may park.
     fn client(registry: &ClientRegistry) -> Arc<ClientShared> {
         let addr = SocketAddr::from(([127, 0, 0, 1], 5000));
         let client = registry.register(addr, "app", "app", false, None);
-        client.may_park();
+        client.set_may_park(true);
         client
     }
 
@@ -676,6 +727,19 @@ mod tests {
         registry.sweep_idle();
         registry.sweep_idle();
         assert!(asked(&parked), "unparked, it is swept again");
+    }
+
+    #[test]
+    fn a_client_pinned_to_its_server_is_no_longer_swept() {
+        let registry = ClientRegistry::new();
+        let pinned = client(&registry);
+        registry.sweep_idle();
+        pinned.set_may_park(false);
+        assert_eq!(pinned.signals(), 0, "its mark goes with the permission");
+        for _ in 0..3 {
+            registry.sweep_idle();
+        }
+        assert!(!asked(&pinned));
     }
 
     #[test]

@@ -134,8 +134,7 @@ impl Session {
         }
         if let Some(pin) = decision.pin {
             if self.routing.pinned.is_none() && self.mode_shares_servers() {
-                tracing::info!(client = self.shared.id, node = %self.node_name(), reason = pin.describe(), "session pinned to its server connection");
-                self.routing.pinned = Some(pin);
+                self.pin_to_server(pin);
             }
         }
         if executes {
@@ -281,13 +280,17 @@ impl Session {
                     lease.conn.residue.seed = true;
                 }
             }
-            _ if self.routing.pinned.is_none() => {
-                let pin = pgherd_route::Pin::FoundState;
-                tracing::info!(client = self.shared.id, node = %self.node_name(), reason = pin.describe(), "session pinned to its server connection");
-                self.routing.pinned = Some(pin);
-            }
+            _ if self.routing.pinned.is_none() => self.pin_to_server(pgherd_route::Pin::FoundState),
             _ => {}
         }
+    }
+
+    /// Session state ties the client to its server from now on; it holds that server between
+    /// transactions, so it never parks.
+    fn pin_to_server(&mut self, pin: pgherd_route::Pin) {
+        tracing::info!(client = self.shared.id, node = %self.node_name(), reason = pin.describe(), "session pinned to its server connection");
+        self.routing.pinned = Some(pin);
+        self.shared.set_may_park(false);
     }
 
     pub(super) fn on_client_message(&mut self, tag: u8, message: &[u8]) -> Result<(), Disconnect> {

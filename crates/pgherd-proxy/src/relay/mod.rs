@@ -490,7 +490,7 @@ impl Session {
             move_when_idle: false,
         };
         if session.may_ever_park() {
-            session.shared.may_park();
+            session.shared.set_may_park(true);
         }
         session
     }

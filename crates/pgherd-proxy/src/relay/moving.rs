@@ -240,6 +240,9 @@ impl Session {
         self.custom_settings = record.custom_settings.clone();
         let routing = &mut self.routing;
         routing.pinned = record.server.as_ref().and_then(|s| s.pin);
+        if routing.pinned.is_some() {
+            self.shared.set_may_park(false);
+        }
         routing.session.override_route = record
             .route_override
             .as_deref()

@@ -441,10 +441,72 @@ async fn hints_and_the_route_setting() {
     }
 }
 
+/// Server connections of the app whose last statement was pgherd's LSN probe.
+fn lsn_probes_last(env: &Env) -> String {
+    env.direct(
+        "SELECT count(*) FROM pg_stat_activity WHERE usename = 'app' \
+         AND query = 'SELECT pg_catalog.pg_current_wal_insert_lsn()'",
+    )
+}
+
+/// Under route = auto a session that only writes stops asking for the WAL position after a
+/// few writes (nothing would use the answer); its next read runs on the primary and sees
+/// every one of its writes, and from then on its writes are probed again, so that the reads
+/// after them may use the replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_only_writes_stops_probing_until_it_reads() {
+    let env = env(1, |c| {
+        c.superuser()
+            .section("[routing]\nread_your_writes_wait_ms = 3000")
+    });
+    let primary = env.cluster.primary().port;
+    let replica = env.cluster.node("pg2");
+    replica
+        .write_auto_settings(&[("recovery_min_apply_delay".into(), "'300ms'".into())])
+        .unwrap();
+    env.cluster
+        .sql_on("pg2", "postgres", "SELECT pg_reload_conf()");
+    env.direct("CREATE TABLE t (id int PRIMARY KEY); GRANT ALL ON t TO app");
+    env.cluster.wait_replayed();
+    let c = env.app().await;
+    wait_for_replica_reads(&c, primary).await;
+
+    let insert = c.prepare("INSERT INTO t VALUES ($1)").await.unwrap();
+    for id in 0..30i32 {
+        c.execute(&insert, &[&id]).await.unwrap();
+    }
+    assert_eq!(
+        lsn_probes_last(&env),
+        "0",
+        "a write-only session kept probing"
+    );
+    let seen: i64 = c
+        .query_one("SELECT count(*) FROM t", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        seen, 30,
+        "the read after unprobed writes missed some of them"
+    );
+
+    c.execute(&insert, &[&100i32]).await.unwrap();
+    assert_ne!(
+        lsn_probes_last(&env),
+        "0",
+        "a read made the session probe again"
+    );
+    assert_eq!(
+        served_by(&c, WHERE).await,
+        replica.port,
+        "the read after a probed write waits for the replica"
+    );
+}
+
 /// A session routed to the primary asks for no WAL position after its writes (PgBouncer's
 /// cost per transaction, not one query more) until a hint sends a read towards a replica: that
 /// first hinted read after a write runs on the primary, and from then on the session's writes
-/// are followed as read-your-writes always does.
+/// are followed as read-your-writes does (until it writes 8 times with no such read between).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_routed_to_the_primary_asks_for_no_lsn_until_a_hint_needs_one() {
     let env = env(1, |c| {
@@ -472,13 +534,7 @@ async fn a_session_routed_to_the_primary_asks_for_no_lsn_until_a_hint_needs_one(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // What a server connection of the app ran last, if it was pgherd's LSN probe.
-    let probes_last = || {
-        env.direct(
-            "SELECT count(*) FROM pg_stat_activity WHERE usename = 'app' \
-             AND query = 'SELECT pg_catalog.pg_current_wal_insert_lsn()'",
-        )
-    };
+    let probes_last = || lsn_probes_last(&env);
 
     let c = env.app().await;
     let insert = c.prepare("INSERT INTO t VALUES ($1)").await.unwrap();

@@ -209,6 +209,11 @@ impl Session {
         let input = std::mem::take(&mut self.client_in);
         let target = self.route_front(&input);
         self.client_in = input;
+        if target.as_ref().is_ok_and(|t| *t != RouteTarget::Primary) {
+            // A read that could use a replica: the session's writes are probed again (this one
+            // runs on the primary if one is not).
+            self.routing.writes_since_replica_read = 0;
+        }
         target
     }
 

@@ -121,7 +121,6 @@ impl Session {
         if let Some(value) = &decision.route_setting {
             self.routing.session.override_route = Route::parse(value);
         }
-        self.routing.replica_hinted |= routed.hint.is_some_and(|h| h != Route::Primary);
         self.routing.unit_copies_in |= decision.copy_in;
         match decision.tx {
             TxEffect::Begin { .. } => self.routing.unit_begins = true,
@@ -174,6 +173,8 @@ impl Session {
     pub(super) fn note_possible_write(&mut self, writes: bool) {
         if writes && self.lease.as_ref().is_some_and(|l| !l.on_replica) {
             self.routing.write_seq += 1;
+            let since_read = &mut self.routing.writes_since_replica_read;
+            *since_read = since_read.saturating_add(1);
         }
     }
 
@@ -208,7 +209,7 @@ impl Session {
 
     pub(super) fn write_needs_probe(&self) -> bool {
         let own_writes_followed = ((self.routing.read_your_writes()
-            && self.routing.replica_reads_possible())
+            && self.routing.probes_writes())
             || self.routing.cache_active)
             && self.routing.write_seq > self.routing.probed_seq;
         (own_writes_followed || self.routing.schema_change.is_some())

@@ -156,6 +156,9 @@ pub(crate) fn read_needs(
 /// What pgherd asks the primary after a session's write transaction: the position the
 /// replicas must reach before that session reads from them.
 const LSN_PROBE_SQL: &[u8] = b"SELECT pg_catalog.pg_current_wal_insert_lsn()";
+/// Writes without a read that could go to a replica after which a session's writes are no
+/// longer probed (see `Routing::writes_since_replica_read`).
+const LAZY_PROBES_AFTER_WRITES: u32 = 8;
 /// How often a read waiting for a replica to replay the session's write asks it, after its
 /// first `REPLAY_QUICK_ASKS` questions (asked back to back).
 const REPLAY_POLL_INTERVAL: Duration = Duration::from_millis(1);
@@ -231,11 +234,12 @@ struct Routing {
     /// probe answered for. Reads must wait for a probe while `write_seq > probed_seq`.
     write_seq: u64,
     probed_seq: u64,
-    /// A hint sent one of the session's statements towards a replica. Until then a session
-    /// routed to the primary asks for no LSN after its writes: its reads cannot go to a
-    /// replica, and a first hinted read after a write runs on the primary and takes the probe
-    /// along.
-    replica_hinted: bool,
+    /// Statements that may write since the session last sent a read that could go to a
+    /// replica. From `LAZY_PROBES_AFTER_WRITES` on, its writes are not followed by an LSN probe
+    /// (TPC-B, a loader: nothing would use the answer); the next such read runs on the primary,
+    /// takes the probe along and starts the count again. A session routed to the primary
+    /// starts there: its reads go to a replica only by a hint.
+    writes_since_replica_read: u32,
     /// What the probe in flight returned.
     probe_lsn: Option<Lsn>,
     /// The decision for the statement at the front of the client's input, made to choose its
@@ -265,6 +269,7 @@ struct Routing {
 
 impl Routing {
     fn new(setup: RoutingSetup, flags: params::StartupFlags) -> Self {
+        let configured_route = setup.route;
         Routing {
             session: SessionRouting {
                 splitting: setup.router.is_some(),
@@ -282,7 +287,10 @@ impl Routing {
             min_lsn: 0,
             write_seq: 0,
             probed_seq: 0,
-            replica_hinted: false,
+            writes_since_replica_read: match configured_route {
+                Route::Primary => LAZY_PROBES_AFTER_WRITES,
+                _ => 0,
+            },
             probe_lsn: None,
             front: None,
             at_unit_start: true,
@@ -302,10 +310,10 @@ impl Routing {
         self.session.read_your_writes()
     }
 
-    /// A read of this session may go to a replica, now or with its next hint: its writes'
-    /// end must be known before that read.
-    fn replica_reads_possible(&self) -> bool {
-        self.session.route() != Route::Primary || self.replica_hinted
+    /// The session's reads follow its writes closely enough that each write's end is asked
+    /// for at once, in the same round trip, so that the next read may use a replica.
+    fn probes_writes(&self) -> bool {
+        self.writes_since_replica_read < LAZY_PROBES_AFTER_WRITES
     }
 }
 

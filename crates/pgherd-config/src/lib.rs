@@ -268,6 +268,10 @@ pub struct NodeConfig {
     pub name: String,
     pub host: String,
     pub port: u16,
+    /// The directory of the node's Unix-domain socket (`unix_socket_directories`): pgherd's
+    /// own connections to the node go through `.s.PGSQL.<port>` there instead of TCP; other
+    /// nodes still replicate from `host` and `port`.
+    pub socket_dir: Option<PathBuf>,
     /// Set when pgherd manages the node's processes on this machine (`pgherd up`).
     pub data_dir: Option<PathBuf>,
     /// The network namespace a managed node's processes run in (pgherd starts, stops and
@@ -283,6 +287,14 @@ pub struct NodeConfig {
     /// (false) never holds commits acknowledged to clients, so in `sync`/`strict` durability
     /// it is never promoted either.
     pub sync: bool,
+}
+
+/// The kernel's limit on a Unix-domain socket's path (`sun_path`, less its final NUL).
+pub const MAX_SOCKET_PATH_BYTES: usize = 107;
+
+/// Whether PostgreSQL's socket for any port fits in `dir` (`.s.PGSQL.65535` the longest name).
+pub fn socket_dir_fits(dir: &Path) -> bool {
+    dir.join(".s.PGSQL.65535").as_os_str().len() <= MAX_SOCKET_PATH_BYTES
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -367,6 +367,7 @@ pub struct RawNode {
     #[serde(default = "default_node_host")]
     pub host: String,
     pub port: u16,
+    pub socket_dir: Option<String>,
     pub data_dir: Option<String>,
     pub netns: Option<String>,
     #[serde(default = "default_node_weight")]

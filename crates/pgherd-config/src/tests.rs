@@ -119,6 +119,22 @@ fn relative_paths_are_relative_to_the_config_file() {
 }
 
 #[test]
+fn a_nodes_socket_dir_is_a_path_that_fits_a_socket() {
+    let src = format!("{NODE}socket_dir = \"run\"\n");
+    let config = Config::parse(&src, Path::new("/srv/pgherd/pgherd.toml")).unwrap();
+    assert_eq!(
+        config.nodes[0].socket_dir.as_deref(),
+        Some(Path::new("/srv/pgherd/run"))
+    );
+    assert_eq!(parse(NODE).unwrap().nodes[0].socket_dir, None);
+    let long = format!("/{}", "d".repeat(100));
+    check_err(
+        &format!("{NODE}socket_dir = \"{long}\"\n"),
+        &format!("pgherd.toml:4:14: nodes[0].socket_dir: {long} is too long for a Unix-domain socket's path"),
+    );
+}
+
+#[test]
 fn unreadable_file_is_reported_with_its_path() {
     let err = Config::load(Path::new("/nonexistent/pgherd.toml")).unwrap_err();
     assert!(

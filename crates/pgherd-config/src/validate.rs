@@ -483,10 +483,22 @@ fn nodes(c: &Checker<'_>, raw: &RawConfig) -> Result<Vec<NodeConfig>, ConfigErro
                 "must be between 1 and 65535",
             ));
         }
+        let socket_dir = n.socket_dir.as_deref().map(|d| c.file_path(d));
+        if let Some(dir) = socket_dir.as_deref().filter(|d| !crate::socket_dir_fits(d)) {
+            return Err(c.error(
+                &field_path!["nodes", i, "socket_dir"],
+                format!(
+                    "{} is too long for a Unix-domain socket's path (at most {} bytes with the socket's name)",
+                    dir.display(),
+                    crate::MAX_SOCKET_PATH_BYTES
+                ),
+            ));
+        }
         nodes.push(NodeConfig {
             name: n.name.clone(),
             host: n.host.clone(),
             port: n.port,
+            socket_dir,
             data_dir: n.data_dir.as_deref().map(|d| c.file_path(d)),
             netns: n.netns.clone(),
             weight: n.weight,

@@ -501,9 +501,11 @@ impl App {
         let config = self.config();
         let mut pools = self.pools.lock();
         pools.retain(|key, pool| {
-            let node_exists = config
-                .node_of_any_shard(&key.node)
-                .is_some_and(|n| n.host == pool.node.host && n.port == pool.node.port);
+            let node_exists = config.node_of_any_shard(&key.node).is_some_and(|n| {
+                n.host == pool.node.host
+                    && n.port == pool.node.port
+                    && n.socket_dir == pool.node.socket_dir
+            });
             match config.resolve(&key.database, &key.user) {
                 Some(resolved) if node_exists && resolved.server_dbname == pool.server_dbname => {
                     pool.update_settings(resolved.pool);
@@ -561,6 +563,7 @@ fn node_address(node: &NodeState) -> NodeAddress {
         name: node.config.name.clone(),
         host: node.config.host.clone(),
         port: node.config.port,
+        socket_dir: node.config.socket_dir.clone(),
     }
 }
 

@@ -43,7 +43,7 @@ pub enum Interrupt {
 #[derive(Debug, Clone, Copy)]
 pub struct ServerTarget {
     pub server_id: u64,
-    pub peer: SocketAddr,
+    pub peer: crate::server::ServerAddr,
     pub key: CancelKey,
     /// The node, by the address of its `NodeState` (see [`ServerTarget::is_on`]): exact
     /// whatever the node's host is called, and free to copy on every transaction.
@@ -583,7 +583,7 @@ impl ClientRegistry {
         for target in targets {
             let (registry, client) = (self.clone(), client.clone());
             tokio::spawn(async move {
-                match send_cancel(target.peer, target.key, timeout).await {
+                match send_cancel(&target.peer, target.key, timeout).await {
                     Ok(()) => tracing::info!(
                         client = client.id,
                         server = target.server_id,
@@ -756,7 +756,7 @@ mod tests {
         let c = client(&registry);
         let target = |server_id| ServerTarget {
             server_id,
-            peer: SocketAddr::from(([127, 0, 0, 1], 5432)),
+            peer: crate::server::ServerAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 5432))),
             key: CancelKey {
                 process_id: 1,
                 secret_key: 2,

@@ -44,6 +44,7 @@ pub fn management_spec<'a>(
         tls: ctx.tls.as_ref(),
         timeout: Duration::from_millis(cluster.health_check_timeout_ms),
         replication: false,
+        socket_dir: node.config.socket_dir.as_deref(),
     }
 }
 

@@ -436,6 +436,7 @@ mod tests {
             name: name.into(),
             host: "127.0.0.1".into(),
             port,
+            socket_dir: None,
             data_dir: None,
             netns: None,
             weight: 1,

@@ -7,7 +7,6 @@
 //! are boxed, so lending one out moves a pointer; taking an idle one needs no await.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Waker};
@@ -116,6 +115,7 @@ pub struct NodeAddress {
     pub name: String,
     pub host: String,
     pub port: u16,
+    pub socket_dir: Option<std::path::PathBuf>,
 }
 
 /// Shared pieces a pool needs to open connections.
@@ -391,6 +391,7 @@ impl Pool {
             tls: ctx.tls.as_ref(),
             timeout: Duration::from_millis(settings.server_connect_timeout_ms),
             replication: false,
+            socket_dir: self.node.socket_dir.as_deref(),
         };
         let id = ctx.next_server_id.fetch_add(1, Ordering::Relaxed);
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
@@ -418,13 +419,11 @@ impl Pool {
         }
         let mut cx = Context::from_waker(Waker::noop());
         if conn.stream.poll_read_ready(&mut cx).is_ready() {
-            if let (false, Some(tcp)) = (conn.stream.is_tls(), conn.stream.tcp()) {
-                // Readiness may be stale; only bytes or EOF prove something happened.
-                let mut probe = [0u8; 1];
-                if let Err(e) = tcp.try_read(&mut probe) {
-                    if e.kind() == std::io::ErrorKind::WouldBlock {
-                        return Some(conn);
-                    }
+            // Readiness may be stale; only bytes or EOF prove something happened.
+            let mut probe = [0u8; 1];
+            if let Some(read) = conn.stream.try_read_plain(&mut probe) {
+                if read.is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock) {
+                    return Some(conn);
                 }
                 tracing::info!(server = conn.id, node = %conn.node, "closing server connection: it closed or spoke while idle");
                 self.release(conn, false);
@@ -441,7 +440,7 @@ impl Pool {
         &self,
         ctx: &ConnectContext,
         stream: Stream,
-        peer: SocketAddr,
+        peer: server::ServerAddr,
         cancel_key: CancelKey,
         reported: Vec<(String, String)>,
     ) -> Option<Box<ServerConn>> {

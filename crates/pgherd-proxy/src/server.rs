@@ -3,6 +3,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
@@ -15,7 +16,7 @@ use pgherd_wire::startup::{self, CancelKey};
 use pgherd_wire::PgError;
 use rustls::pki_types::ServerName;
 use tokio::io::AsyncReadExt;
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio::time::Instant;
 
 use crate::error::{ServerError, ServerErrorKind};
@@ -62,6 +63,45 @@ pub struct ConnectSpec<'a> {
     /// A logical replication connection to `database` (`replication=database`), for the
     /// result cache's decoding of the WAL.
     pub replication: bool,
+    /// The node's Unix-domain socket directory: connect there instead of `host`.
+    pub socket_dir: Option<&'a Path>,
+}
+
+/// Where a server connection goes: a TCP address, or the path of a Unix-domain socket. `Copy`:
+/// a session's cancel target is set on every transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerAddr {
+    Tcp(SocketAddr),
+    Unix(&'static Path),
+}
+
+impl ServerAddr {
+    /// The address of a Unix-domain socket. Its path is kept for the life of the process, once
+    /// per path: there is one per node's socket, and reloads name the same again.
+    pub fn unix(path: &Path) -> ServerAddr {
+        static PATHS: parking_lot::Mutex<Vec<&'static Path>> = parking_lot::Mutex::new(Vec::new());
+        let mut paths = PATHS.lock();
+        if let Some(kept) = paths.iter().find(|kept| **kept == path) {
+            return ServerAddr::Unix(kept);
+        }
+        let kept: &'static Path = Box::leak(path.to_owned().into_boxed_path());
+        paths.push(kept);
+        ServerAddr::Unix(kept)
+    }
+}
+
+impl std::fmt::Display for ServerAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServerAddr::Tcp(addr) => write!(f, "{addr}"),
+            ServerAddr::Unix(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// The socket PostgreSQL listens on for `port` in `dir`, named as libpq names it.
+pub fn socket_path(dir: &Path, port: u16) -> PathBuf {
+    dir.join(format!(".s.PGSQL.{port}"))
 }
 
 /// An established, authenticated server connection.
@@ -69,7 +109,7 @@ pub struct ServerConn {
     pub id: u64,
     pub stream: Stream,
     pub node: String,
-    pub peer: SocketAddr,
+    pub peer: ServerAddr,
     /// The server backend's own cancel key.
     pub cancel_key: CancelKey,
     /// ParameterStatus values the server reported at login.
@@ -129,13 +169,7 @@ async fn connect_inner(
     statement_capacity: usize,
 ) -> Result<ServerConn, ServerError> {
     let node = spec.node;
-    let tcp = TcpStream::connect((spec.host, spec.port))
-        .await
-        .map_err(|e| ServerError::new(node, ServerErrorKind::Connect(e)))?;
-    let peer = tcp.peer_addr().map_err(io_err(node))?;
-    tcp.set_nodelay(true).map_err(io_err(node))?;
-    set_keepalive(&tcp);
-    let mut stream = negotiate_tls(tcp, spec).await?;
+    let (mut stream, peer) = open_stream(spec).await?;
 
     let mut out = BytesMut::with_capacity(256);
     let mut params = vec![("user", spec.user), ("database", spec.database)];
@@ -203,6 +237,28 @@ async fn connect_inner(
             }
         }
     }
+}
+
+/// The connection's transport: the node's Unix-domain socket when it has a `socket_dir`
+/// (no TLS there: its bytes never leave the machine, and PostgreSQL refuses TLS on it), TCP
+/// with TLS as configured otherwise.
+async fn open_stream(spec: &ConnectSpec<'_>) -> Result<(Stream, ServerAddr), ServerError> {
+    let node = spec.node;
+    if let Some(dir) = spec.socket_dir {
+        let path = socket_path(dir, spec.port);
+        let unix = UnixStream::connect(&path).await.map_err(|e| {
+            let e = io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+            ServerError::new(node, ServerErrorKind::Connect(e))
+        })?;
+        return Ok((Stream::Unix(unix), ServerAddr::unix(&path)));
+    }
+    let tcp = TcpStream::connect((spec.host, spec.port))
+        .await
+        .map_err(|e| ServerError::new(node, ServerErrorKind::Connect(e)))?;
+    let peer = tcp.peer_addr().map_err(io_err(node))?;
+    tcp.set_nodelay(true).map_err(io_err(node))?;
+    set_keepalive(&tcp);
+    Ok((negotiate_tls(tcp, spec).await?, ServerAddr::Tcp(peer)))
 }
 
 fn set_keepalive(tcp: &TcpStream) {
@@ -483,14 +539,17 @@ impl std::fmt::Display for QueryError {
 
 /// Sends a CancelRequest for `key` to the server at `peer` and waits until the server has
 /// taken it (it closes the connection once it has signalled the backend).
-pub async fn send_cancel(peer: SocketAddr, key: CancelKey, timeout: Duration) -> io::Result<()> {
+pub async fn send_cancel(peer: &ServerAddr, key: CancelKey, timeout: Duration) -> io::Result<()> {
     let attempt = async {
-        let mut tcp = TcpStream::connect(peer).await?;
+        let mut stream = match peer {
+            ServerAddr::Tcp(addr) => Stream::Plain(TcpStream::connect(addr).await?),
+            ServerAddr::Unix(path) => Stream::Unix(UnixStream::connect(path).await?),
+        };
         let mut request = BytesMut::with_capacity(16);
         startup::encode_cancel_request(&mut request, key);
-        write_flush(&mut tcp, &request).await?;
+        write_flush(&mut stream, &request).await?;
         let mut sink = [0u8; 64];
-        while tcp.read(&mut sink).await? > 0 {}
+        while stream.read(&mut sink).await? > 0 {}
         Ok(())
     };
     tokio::time::timeout(timeout, attempt)

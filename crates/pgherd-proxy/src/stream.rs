@@ -1,18 +1,22 @@
-//! A TCP connection that may have been upgraded to TLS, on either side of the proxy.
+//! A TCP connection that may have been upgraded to TLS, on either side of the proxy, or a
+//! server connection through a Unix-domain socket.
 
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::TlsStream;
 
 use crate::buffers;
 
 pub enum Stream {
     Plain(TcpStream),
+    /// A server connection through the node's Unix-domain socket (`socket_dir`).
+    Unix(UnixStream),
     Tls(Box<TlsStream<TcpStream>>),
     /// The socket was handed to a TLS handshake that failed; nothing can be sent any more.
     Gone,
@@ -45,11 +49,22 @@ impl Stream {
         matches!(self, Stream::Tls(_))
     }
 
-    pub fn tcp(&self) -> Option<&TcpStream> {
+    /// The socket of a connection without TLS (TCP or Unix): what an upgrade hands over.
+    pub fn plain_fd(&self) -> Option<BorrowedFd<'_>> {
         match self {
-            Stream::Plain(s) => Some(s),
-            Stream::Tls(s) => Some(s.get_ref().0),
-            Stream::Gone => None,
+            Stream::Plain(s) => Some(s.as_fd()),
+            Stream::Unix(s) => Some(s.as_fd()),
+            Stream::Tls(_) | Stream::Gone => None,
+        }
+    }
+
+    /// Reads what is there without waiting, on a connection without TLS (`None` with TLS,
+    /// whose bytes are records, not messages).
+    pub fn try_read_plain(&self, buf: &mut [u8]) -> Option<io::Result<usize>> {
+        match self {
+            Stream::Plain(s) => Some(s.try_read(buf)),
+            Stream::Unix(s) => Some(s.try_read(buf)),
+            Stream::Tls(_) | Stream::Gone => None,
         }
     }
 
@@ -59,6 +74,7 @@ impl Stream {
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
             Stream::Plain(s) => s.poll_read_ready(cx),
+            Stream::Unix(s) => s.poll_read_ready(cx),
             Stream::Tls(_) => Poll::Ready(Ok(())),
             Stream::Gone => Poll::Ready(Err(gone())),
         }
@@ -75,7 +91,7 @@ impl Stream {
                     .map(|certs| certs.iter().map(|c| c.clone().into_owned()).collect()),
                 TlsStream::Client(_) => None,
             },
-            Stream::Plain(_) | Stream::Gone => None,
+            Stream::Plain(_) | Stream::Unix(_) | Stream::Gone => None,
         }
     }
 }
@@ -88,6 +104,7 @@ impl AsyncRead for Stream {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
             Stream::Gone => Poll::Ready(Err(gone())),
         }
@@ -102,6 +119,7 @@ impl AsyncWrite for Stream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
             Stream::Gone => Poll::Ready(Err(gone())),
         }
@@ -110,6 +128,7 @@ impl AsyncWrite for Stream {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
             Stream::Gone => Poll::Ready(Err(gone())),
         }
@@ -118,6 +137,7 @@ impl AsyncWrite for Stream {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
             Stream::Gone => Poll::Ready(Err(gone())),
         }

@@ -95,6 +95,7 @@ fn commits_on_the_primary_drop_entries_and_hold_their_tables_until_visible() {
             tls: None,
             timeout: Duration::from_secs(10),
             replication: false,
+            socket_dir: None,
         };
         follow(
             &follower,

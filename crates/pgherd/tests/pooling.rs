@@ -1,6 +1,7 @@
 //! Pooling through pgherd against real PostgreSQL: every pool mode with psql and pgbench,
 //! prepared statements shared safely between clients, pipelines, session settings, COPY, pool
-//! exhaustion, and clients that leave mid-transaction.
+//! exhaustion, clients that leave mid-transaction, and server connections through a node's
+//! Unix-domain socket.
 
 mod common;
 
@@ -67,6 +68,39 @@ fn psql_and_pgbench_in_every_pool_mode() {
             );
         }
     }
+}
+
+/// A node with `socket_dir`: pgherd's server connections go through its Unix-domain socket
+/// (the server sees no client address), pgbench runs through (the health checks that make the
+/// node the primary go there too), and a cancel reaches the backend through the socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_connections_through_the_nodes_unix_socket() {
+    let env = env_on_sockets(0, |c| c.max_size(4).mode("transaction"));
+    let c = env.app().await;
+    assert_eq!(
+        one(&c, "SELECT inet_client_addr() IS NULL").await,
+        "t",
+        "the server connection came over TCP"
+    );
+
+    pgbench(&env.app_url(), &["-i", "-s", "1", "-q"]).expect("pgbench -i through pgherd");
+    let out = pgbench(&env.app_url(), &["-c", "8", "-j", "2", "-t", "200", "-S"])
+        .expect("pgbench through the socket");
+    assert!(out.contains("number of failed transactions: 0"), "{out}");
+
+    let token = c.cancel_token();
+    let sleeper = tokio::spawn(async move { c.simple_query("SELECT pg_sleep(30)").await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    token
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("send cancel");
+    let err = tokio::time::timeout(Duration::from_secs(10), sleeper)
+        .await
+        .expect("the cancel ended the sleep")
+        .unwrap()
+        .expect_err("canceled");
+    assert_eq!(err.code().map(|c| c.code()), Some("57014"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

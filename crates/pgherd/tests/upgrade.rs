@@ -5,8 +5,8 @@
 //! it commits; one pinned to its server and one in session mode carry on with their server
 //! connection (the same backend: temporary table, session lock and statements still there);
 //! one on TLS (whose keys stay in the old process's TLS library) is told why it must
-//! reconnect, and can; the old process exits by itself. A new process that cannot start
-//! changes nothing.
+//! reconnect, and can; the old process exits by itself. A server connection through a node's
+//! Unix-domain socket moves too. A new process that cannot start changes nothing.
 
 mod common;
 
@@ -607,4 +607,55 @@ async fn a_sharded_endpoint_is_upgraded_with_its_sessions() {
     let console = connect(&pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")).await;
     let version = first_value(&console, "SHOW VERSION").await.unwrap();
     assert!(version.contains(&format!("(pid {new_pid})")), "{version}");
+}
+
+/// A session-mode client whose server connection goes through the node's Unix-domain socket
+/// carries on with that connection in the new process (the same backend, its temporary
+/// table), and a cancel sent after the upgrade still reaches the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_connection_through_a_unix_socket_moves_with_its_session() {
+    let mut env = env_on_sockets(0, |c| {
+        c.superuser()
+            .mode("session")
+            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
+    });
+    let c = env.app().await;
+    c.batch_execute("CREATE TEMP TABLE kept (v int); INSERT INTO kept VALUES (7)")
+        .await
+        .unwrap();
+    let backend = first_value(&c, "SELECT pg_backend_pid()").await.unwrap();
+    let old = env.pgherd.pid();
+    let new = upgrade(&mut env).await.expect("UPGRADE");
+    assert_ne!(old, new);
+
+    assert_eq!(first_value(&c, "SELECT v FROM kept").await.unwrap(), "7");
+    assert_eq!(
+        first_value(&c, "SELECT pg_backend_pid()").await.unwrap(),
+        backend
+    );
+    assert_eq!(
+        first_value(&c, "SELECT inet_client_addr() IS NULL")
+            .await
+            .unwrap(),
+        "t"
+    );
+    let exited = env
+        .pgherd
+        .wait_exit(Duration::from_secs(30))
+        .expect("the old process exits once its clients are gone");
+    assert!(exited.success(), "{exited}");
+
+    let token = c.cancel_token();
+    let sleeper = tokio::spawn(async move { c.simple_query("SELECT pg_sleep(30)").await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    token
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("send cancel");
+    let err = tokio::time::timeout(Duration::from_secs(10), sleeper)
+        .await
+        .expect("the cancel ended the sleep")
+        .unwrap()
+        .expect_err("canceled");
+    assert_eq!(code(&err), "57014", "{err}");
 }

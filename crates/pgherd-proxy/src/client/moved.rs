@@ -17,6 +17,7 @@ use crate::exec::ShardedSession;
 use crate::handover::{ClientRecord, ServerRecord};
 use crate::relay::params::SessionParams;
 use crate::relay::{Held, Session, SessionSetup};
+use crate::server::ServerAddr;
 use crate::stream::Stream;
 
 /// Sends a session that left at its idle point during an upgrade to the new process; if it
@@ -208,6 +209,33 @@ fn plain_stream(socket: OwnedFd) -> Option<Stream> {
     Some(Stream::Plain(tcp))
 }
 
+/// A server connection handed over: TCP, or the node's Unix-domain socket.
+fn server_stream(socket: OwnedFd) -> Result<(Stream, ServerAddr), &'static str> {
+    let closed = "its server connection is closed";
+    if !is_unix_socket(&socket) {
+        let stream = plain_stream(socket).ok_or("its server connection cannot be taken up")?;
+        let Stream::Plain(tcp) = &stream else {
+            return Err("its server connection cannot be taken up");
+        };
+        let peer = tcp.peer_addr().map_err(|_| closed)?;
+        return Ok((stream, ServerAddr::Tcp(peer)));
+    }
+    let unix = std::os::unix::net::UnixStream::from(socket);
+    let path = unix.peer_addr().map_err(|_| closed)?;
+    let path = path.as_pathname().ok_or(closed)?.to_owned();
+    unix.set_nonblocking(true)
+        .map_err(|_| "its server connection cannot be taken up")?;
+    let unix = tokio::net::UnixStream::from_std(unix)
+        .map_err(|_| "its server connection cannot be taken up")?;
+    Ok((Stream::Unix(unix), ServerAddr::unix(&path)))
+}
+
+fn is_unix_socket(socket: &OwnedFd) -> bool {
+    socket2::SockRef::from(socket)
+        .local_addr()
+        .is_ok_and(|addr| addr.is_unix())
+}
+
 fn cannot_carry_on(why: &str) -> PgError {
     PgError::fatal(
         SqlState::ADMIN_SHUTDOWN,
@@ -227,14 +255,8 @@ fn adopt_server(
     socket: Option<OwnedFd>,
     params_fp: u64,
 ) -> Result<Box<Held>, &'static str> {
-    let stream = plain_stream(socket.ok_or("its server connection did not come with it")?)
-        .ok_or("its server connection cannot be taken up")?;
-    let Stream::Plain(tcp) = &stream else {
-        return Err("its server connection cannot be taken up");
-    };
-    let peer = tcp
-        .peer_addr()
-        .map_err(|_| "its server connection is closed")?;
+    let (stream, peer) =
+        server_stream(socket.ok_or("its server connection did not come with it")?)?;
     let node = app
         .nodes
         .get(&kept.node)

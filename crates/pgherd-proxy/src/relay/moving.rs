@@ -128,11 +128,10 @@ impl Session {
         let Some(lease) = self.lease.as_ref() else {
             return Ok(None);
         };
-        let Stream::Plain(tcp) = &lease.conn.stream else {
-            return Err("its server connection is not a plain TCP connection".to_owned());
+        let Some(socket) = lease.conn.stream.plain_fd() else {
+            return Err("its server connection is encrypted (TLS)".to_owned());
         };
-        let socket = tcp
-            .as_fd()
+        let socket = socket
             .try_clone_to_owned()
             .map_err(|e| format!("cannot duplicate the server's socket: {e}"))?;
         let generation = self.app.schema_generation.load(Ordering::Relaxed);

@@ -199,12 +199,23 @@ pub struct PoolerOptions {
     /// targets.
     #[arg(long)]
     baseline: Option<PathBuf>,
+    /// How the poolers (every pgherd and PgBouncer) reach the servers: TCP over loopback, or
+    /// the nodes' Unix-domain sockets (pgherd's `socket_dir`, PgBouncer's `host=/dir`). The
+    /// clients and the target `direct` use TCP either way.
+    #[arg(long, value_enum, default_value = "tcp")]
+    server_transport: ServerTransport,
     /// Where CSV and Markdown results go.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
     /// Working directory for the cluster (a temporary one by default).
     #[arg(long)]
     dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ServerTransport {
+    Tcp,
+    Unix,
 }
 
 pub fn run(command: BenchCommand) -> Result<(), String> {
@@ -338,7 +349,8 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
-    let cluster = BenchCluster::create(&dir, options.replicas, settings, &[&bench, &cheap])?;
+    let mut cluster = BenchCluster::create(&dir, options.replicas, settings, &[&bench, &cheap])?;
+    cluster.poolers_use_sockets = options.server_transport == ServerTransport::Unix;
     cluster.sql("postgres", "CREATE DATABASE bench OWNER bench")?;
     pgbench_init(
         &pgbench_bin,

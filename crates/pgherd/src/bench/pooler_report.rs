@@ -89,7 +89,7 @@ pub(super) fn render_report(
     let _ = writeln!(
         r,
         "## pgherd bench pooler\n\n{} round(s) x {} s per run, scale {}, pool size {}, a primary and {} streaming replica(s), \
-         pgbench -j {}, medians over rounds; {} min in all. \
+         pgbench -j {}, the poolers reaching the servers over {}, medians over rounds; {} min in all. \
          CPU is the pooler process's user+system time per transaction from /proc; the primary's \
          CPU, that of its postmaster and every process under it.\n",
         options.rounds,
@@ -98,6 +98,10 @@ pub(super) fn render_report(
         options.pool_size,
         options.replicas,
         options.client_threads,
+        match options.server_transport {
+            super::ServerTransport::Tcp => "TCP",
+            super::ServerTransport::Unix => "their Unix-domain sockets",
+        },
         took.as_secs() / 60
     );
     let _ = writeln!(r, "| workload | clients | direct TPS | pgherd TPS | PgBouncer TPS | pgherd / direct | pgherd / PgBouncer | avg ms direct / pgherd / PgBouncer | p99 ms direct / pgherd / PgBouncer | CPU µs/txn pgherd / PgBouncer | CPU ratio | failed |");

@@ -45,6 +45,8 @@ pub struct BenchCluster {
     pub cluster: LocalCluster,
     pub dir: PathBuf,
     pub superuser_password: String,
+    /// pgherd and PgBouncer reach the nodes through their Unix-domain sockets, not TCP.
+    pub poolers_use_sockets: bool,
 }
 
 impl BenchCluster {
@@ -99,6 +101,7 @@ impl BenchCluster {
             cluster,
             dir: dir.to_owned(),
             superuser_password,
+            poolers_use_sockets: false,
         })
     }
 
@@ -297,6 +300,8 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
         ));
         if let Some(netns) = &node.netns {
             config.push_str(&format!("netns = \"{netns}\"\n"));
+        } else if cluster.poolers_use_sockets {
+            config.push_str(&format!("socket_dir = \"{}\"\n", node.socket_dir.display()));
         }
         if *ha {
             config.push_str(&format!("data_dir = \"{}\"\n", node.data_dir.display()));
@@ -405,8 +410,18 @@ fn start_pgbouncer_for(
         .map(|u| format!("\"{}\" \"{}\"\n", u.name, u.verifier))
         .collect();
     std::fs::write(dir.join("userlist.txt"), userlist).map_err(|e| e.to_string())?;
+    let socket_dir = cluster
+        .cluster
+        .nodes
+        .iter()
+        .find(|n| n.port == node_port && n.netns.is_none())
+        .map(|n| n.socket_dir.display().to_string());
+    let host = match (cluster.poolers_use_sockets, socket_dir) {
+        (true, Some(dir)) => dir,
+        _ => "127.0.0.1".to_owned(),
+    };
     let ini = format!(
-        "[databases]\n* = host=127.0.0.1 port={node_port}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
+        "[databases]\n* = host={host} port={node_port}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
          unix_socket_dir =\nauth_type = scram-sha-256\nauth_file = {}\npool_mode = transaction\n\
          default_pool_size = {pool_size}\nmax_client_conn = 20000\nserver_reset_query =\n\
          ignore_startup_parameters = extra_float_digits\nlogfile = {}\npidfile = {}\nlog_connections = 0\nlog_disconnections = 0\n",

@@ -422,6 +422,21 @@ fn create(dir: &Path, options: &UpOptions) -> Result<(), String> {
 
 /// The config of every instance, with `{PORT}` and `{API_PORT}` for pgherd's and its HTTP
 /// API's ports.
+/// pgherd's connections to a node on this machine go through its Unix-domain socket (cheaper
+/// than TCP over loopback), written relative to the config file as `data_dir` is; none when its
+/// path would be too long for a socket.
+fn socket_dir_line(node: &pgherd_cluster::LocalNode) -> String {
+    if !pgherd_config::socket_dir_fits(&node.socket_dir) {
+        return String::new();
+    }
+    let beside_config = node.data_dir.parent().unwrap_or(Path::new("/"));
+    let dir = node
+        .socket_dir
+        .strip_prefix(beside_config)
+        .unwrap_or(&node.socket_dir);
+    format!("socket_dir = \"{}\"\n", dir.display())
+}
+
 fn render_config(
     cluster: &LocalCluster,
     passwords: &Passwords,
@@ -446,8 +461,10 @@ fn render_config(
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         text.push_str(&format!(
-            "[[nodes]]\nname = \"{}\"\nhost = \"127.0.0.1\"\nport = {}\ndata_dir = \"{data_dir}\"\n\n",
-            node.name, node.port
+            "[[nodes]]\nname = \"{}\"\nhost = \"127.0.0.1\"\nport = {}\ndata_dir = \"{data_dir}\"\n{}\n",
+            node.name,
+            node.port,
+            socket_dir_line(node)
         ));
     }
     text.push_str(&format!(

@@ -26,7 +26,33 @@ pub struct Env {
 /// A cluster with `replicas`, a user `app` owning database `app`, and pgherd configured by
 /// `tweak` (which gets a config that already lists `app`).
 pub fn env(replicas: usize, tweak: impl FnOnce(PgherdConfig) -> PgherdConfig) -> Env {
+    env_on(TestCluster::start(replicas), tweak)
+}
+
+/// [`env`], with pgherd's connections to every node through the node's Unix-domain socket
+/// (`socket_dir`).
+pub fn env_on_sockets(replicas: usize, tweak: impl FnOnce(PgherdConfig) -> PgherdConfig) -> Env {
     let cluster = TestCluster::start(replicas);
+    let sockets: Vec<(String, String)> = cluster
+        .cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            (
+                n.name.clone(),
+                format!("socket_dir = \"{}\"", n.socket_dir.display()),
+            )
+        })
+        .collect();
+    env_on(cluster, |config| {
+        let config = sockets
+            .iter()
+            .fold(config, |config, (node, line)| config.node_line(node, line));
+        tweak(config)
+    })
+}
+
+fn env_on(cluster: TestCluster, tweak: impl FnOnce(PgherdConfig) -> PgherdConfig) -> Env {
     let app_verifier = cluster.create_user(APP, APP_PASSWORD);
     cluster.sql(&format!("CREATE DATABASE {APP} OWNER {APP}"));
     let config = tweak(PgherdConfig::new().user(APP, &app_verifier, ""));

@@ -88,19 +88,7 @@ async fn server_connections_through_the_nodes_unix_socket() {
         .expect("pgbench through the socket");
     assert!(out.contains("number of failed transactions: 0"), "{out}");
 
-    let token = c.cancel_token();
-    let sleeper = tokio::spawn(async move { c.simple_query("SELECT pg_sleep(30)").await });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    token
-        .cancel_query(tokio_postgres::NoTls)
-        .await
-        .expect("send cancel");
-    let err = tokio::time::timeout(Duration::from_secs(10), sleeper)
-        .await
-        .expect("the cancel ended the sleep")
-        .unwrap()
-        .expect_err("canceled");
-    assert_eq!(err.code().map(|c| c.code()), Some("57014"), "{err}");
+    cancel_ends_a_sleep(c).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -71,6 +71,19 @@ async fn wait_for_readers(env: &Env, replicas: &[&str]) -> String {
     }
 }
 
+/// Makes replica `pg2` replay `delay` late and creates table `t (id int PRIMARY KEY)` for the
+/// app, replayed everywhere before the test goes on.
+fn late_replica_and_table(env: &Env, delay: &str) {
+    env.cluster
+        .node("pg2")
+        .write_auto_settings(&[("recovery_min_apply_delay".into(), format!("'{delay}'"))])
+        .unwrap();
+    env.cluster
+        .sql_on("pg2", "postgres", "SELECT pg_reload_conf()");
+    env.direct("CREATE TABLE t (id int PRIMARY KEY); GRANT ALL ON t TO app");
+    env.cluster.wait_replayed();
+}
+
 fn admin_rows(env: &Env, command: &str) -> String {
     psql(
         &env.pgherd
@@ -198,14 +211,7 @@ async fn read_your_writes_against_a_replica_that_replays_late() {
             .section("[routing]\nread_your_writes_wait_ms = 0")
     });
     let primary = env.cluster.primary().port;
-    let replica = env.cluster.node("pg2");
-    replica
-        .write_auto_settings(&[("recovery_min_apply_delay".into(), "'500ms'".into())])
-        .unwrap();
-    env.cluster
-        .sql_on("pg2", "postgres", "SELECT pg_reload_conf()");
-    env.direct("CREATE TABLE t (id int PRIMARY KEY); GRANT ALL ON t TO app");
-    env.cluster.wait_replayed();
+    late_replica_and_table(&env, "500ms");
 
     let c = env.app().await;
     wait_for_replica_reads(&c, primary).await;
@@ -461,13 +467,7 @@ async fn a_session_that_only_writes_stops_probing_until_it_reads() {
     });
     let primary = env.cluster.primary().port;
     let replica = env.cluster.node("pg2");
-    replica
-        .write_auto_settings(&[("recovery_min_apply_delay".into(), "'300ms'".into())])
-        .unwrap();
-    env.cluster
-        .sql_on("pg2", "postgres", "SELECT pg_reload_conf()");
-    env.direct("CREATE TABLE t (id int PRIMARY KEY); GRANT ALL ON t TO app");
-    env.cluster.wait_replayed();
+    late_replica_and_table(&env, "300ms");
     let c = env.app().await;
     wait_for_replica_reads(&c, primary).await;
 
@@ -516,14 +516,7 @@ async fn a_session_routed_to_the_primary_asks_for_no_lsn_until_a_hint_needs_one(
         )
     });
     let primary = env.cluster.primary().port;
-    env.cluster
-        .node("pg2")
-        .write_auto_settings(&[("recovery_min_apply_delay".into(), "'500ms'".into())])
-        .unwrap();
-    env.cluster
-        .sql_on("pg2", "postgres", "SELECT pg_reload_conf()");
-    env.direct("CREATE TABLE t (id int PRIMARY KEY); GRANT ALL ON t TO app");
-    env.cluster.wait_replayed();
+    late_replica_and_table(&env, "500ms");
     // Another session waits for the replica to serve hinted reads: this one has no hint yet.
     let waiter = env.app().await;
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -645,17 +645,5 @@ async fn a_server_connection_through_a_unix_socket_moves_with_its_session() {
         .expect("the old process exits once its clients are gone");
     assert!(exited.success(), "{exited}");
 
-    let token = c.cancel_token();
-    let sleeper = tokio::spawn(async move { c.simple_query("SELECT pg_sleep(30)").await });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    token
-        .cancel_query(tokio_postgres::NoTls)
-        .await
-        .expect("send cancel");
-    let err = tokio::time::timeout(Duration::from_secs(10), sleeper)
-        .await
-        .expect("the cancel ended the sleep")
-        .unwrap()
-        .expect_err("canceled");
-    assert_eq!(code(&err), "57014", "{err}");
+    cancel_ends_a_sleep(c).await;
 }

@@ -434,3 +434,18 @@ pub fn upgrade_pid(answer: &str) -> u32 {
         .and_then(|pid| pid.parse().ok())
         .unwrap_or_else(|| panic!("no pid in {answer:?}"))
 }
+
+/// Starts a long sleep on `c`, cancels it through its cancel key and expects PostgreSQL's
+/// "canceling statement" error (57014) within ten seconds.
+pub async fn cancel_ends_a_sleep(c: Client) {
+    let token = c.cancel_token();
+    let sleeper = tokio::spawn(async move { c.simple_query("SELECT pg_sleep(30)").await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    token.cancel_query(NoTls).await.expect("send cancel");
+    let err = tokio::time::timeout(Duration::from_secs(10), sleeper)
+        .await
+        .expect("the cancel ended the sleep")
+        .unwrap()
+        .expect_err("canceled");
+    assert_eq!(err.code().map(|c| c.code()), Some("57014"), "{err}");
+}

@@ -178,27 +178,37 @@ async fn reads_are_spread_by_weight() {
     let primary = env.cluster.primary().port;
     let c = env.app().await;
     wait_for_replica_reads(&c, primary).await;
-    wait_for_readers(&env, &["pg2", "pg3"]).await;
-    let mut counts: HashMap<u16, u32> = HashMap::new();
-    for _ in 0..400 {
-        *counts.entry(served_by(&c, WHERE).await).or_default() += 1;
-    }
     let port = |name: &str| env.cluster.node(name).port;
-    let (light, heavy) = (
-        counts.get(&port("pg2")).copied().unwrap_or(0),
-        counts.get(&port("pg3")).copied().unwrap_or(0),
-    );
-    assert_eq!(
-        counts.get(&primary),
-        None,
-        "weight 0 keeps reads off the primary: {counts:?}"
-    );
-    // 1:3 within 10 percentage points of the reads.
-    assert!(
-        (60..=140).contains(&light) && (260..=340).contains(&heavy),
-        "expected about 100 and 300 reads, got pg2={light} pg3={heavy}; the nodes now:\n{}",
-        admin_rows(&env, "SHOW NODES")
-    );
+    // A replica that misses a health check on a loaded machine leaves the read set for a
+    // moment and the other takes its share meanwhile: as it should, but not what this test
+    // measures. A batch disturbed so is measured again, at most twice; a wrong spread fails
+    // every batch.
+    for attempt in 1..=3 {
+        wait_for_readers(&env, &["pg2", "pg3"]).await;
+        let mut counts: HashMap<u16, u32> = HashMap::new();
+        for _ in 0..400 {
+            *counts.entry(served_by(&c, WHERE).await).or_default() += 1;
+        }
+        let (light, heavy) = (
+            counts.get(&port("pg2")).copied().unwrap_or(0),
+            counts.get(&port("pg3")).copied().unwrap_or(0),
+        );
+        assert_eq!(
+            counts.get(&primary),
+            None,
+            "weight 0 keeps reads off the primary: {counts:?}"
+        );
+        // 1:3 within 10 percentage points of the reads.
+        if (60..=140).contains(&light) && (260..=340).contains(&heavy) {
+            return;
+        }
+        let nodes = admin_rows(&env, "SHOW NODES");
+        assert!(
+            attempt < 3,
+            "expected about 100 and 300 reads, got pg2={light} pg3={heavy}; the nodes now:\n{nodes}"
+        );
+        eprintln!("batch {attempt}: pg2={light} pg3={heavy}, measured again; the nodes:\n{nodes}");
+    }
 }
 
 /// A session never reads a replica older than its own last commit; `eventual` does.

@@ -84,7 +84,7 @@ pub async fn resume(
     mut record: ClientRecord,
 ) {
     let addr = record.addr;
-    let Some(mut stream) = plain_stream(connection) else {
+    let Some(mut stream) = plain_tcp(connection).map(Stream::Plain) else {
         tracing::warn!(%addr, "upgrade: cannot take a moved client's connection");
         return;
     };
@@ -200,33 +200,29 @@ fn serves_here(app: &App, record: &ClientRecord) -> Option<pgherd_config::Resolv
         })
 }
 
-/// A descriptor from the old process as a non-blocking tokio stream.
-fn plain_stream(socket: OwnedFd) -> Option<Stream> {
+/// A TCP descriptor from the old process as a non-blocking tokio stream.
+fn plain_tcp(socket: OwnedFd) -> Option<TcpStream> {
     let tcp = std::net::TcpStream::from(socket);
     tcp.set_nonblocking(true).ok()?;
     let tcp = TcpStream::from_std(tcp).ok()?;
     let _ = tcp.set_nodelay(true);
-    Some(Stream::Plain(tcp))
+    Some(tcp)
 }
 
 /// A server connection handed over: TCP, or the node's Unix-domain socket.
 fn server_stream(socket: OwnedFd) -> Result<(Stream, ServerAddr), &'static str> {
     let closed = "its server connection is closed";
+    let cannot = "its server connection cannot be taken up";
     if !is_unix_socket(&socket) {
-        let stream = plain_stream(socket).ok_or("its server connection cannot be taken up")?;
-        let Stream::Plain(tcp) = &stream else {
-            return Err("its server connection cannot be taken up");
-        };
+        let tcp = plain_tcp(socket).ok_or(cannot)?;
         let peer = tcp.peer_addr().map_err(|_| closed)?;
-        return Ok((stream, ServerAddr::Tcp(peer)));
+        return Ok((Stream::Plain(tcp), ServerAddr::Tcp(peer)));
     }
     let unix = std::os::unix::net::UnixStream::from(socket);
     let path = unix.peer_addr().map_err(|_| closed)?;
     let path = path.as_pathname().ok_or(closed)?.to_owned();
-    unix.set_nonblocking(true)
-        .map_err(|_| "its server connection cannot be taken up")?;
-    let unix = tokio::net::UnixStream::from_std(unix)
-        .map_err(|_| "its server connection cannot be taken up")?;
+    unix.set_nonblocking(true).map_err(|_| cannot)?;
+    let unix = tokio::net::UnixStream::from_std(unix).map_err(|_| cannot)?;
     Ok((Stream::Unix(unix), ServerAddr::unix(&path)))
 }
 

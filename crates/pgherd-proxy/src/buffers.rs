@@ -1,6 +1,8 @@
 //! Read and write buffers lent to sessions while they are busy. An idle client holds no buffer;
 //! a busy one takes one from its thread's free list instead of the allocator, so the data path
-//! allocates nothing per transaction and 10,000 idle clients cost no buffer memory.
+//! allocates nothing per transaction and 10,000 idle clients cost no buffer memory. What a
+//! free list kept unlent for a whole period (after a burst of logins, say) goes back to the
+//! allocator ([`trim_unlent`], from `crate::memory`).
 
 use std::cell::RefCell;
 
@@ -14,13 +16,25 @@ const MAX_FREE_PER_THREAD: usize = 512;
 const MAX_KEPT_CAPACITY: usize = 64 << 10;
 
 thread_local! {
-    static FREE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+    static FREE: RefCell<FreeList> = const { RefCell::new(FreeList { buffers: Vec::new(), unlent: 0 }) };
+}
+
+struct FreeList {
+    buffers: Vec<BytesMut>,
+    /// The fewest buffers the list held since it was last trimmed: that many at its bottom
+    /// were not lent once in that time.
+    unlent: usize,
 }
 
 /// An empty buffer with room for at least [`BUFFER_BYTES`].
 pub fn take() -> BytesMut {
     let mut buf = FREE
-        .with(|free| free.borrow_mut().pop())
+        .with(|free| {
+            let mut free = free.borrow_mut();
+            let buf = free.buffers.pop();
+            free.unlent = free.unlent.min(free.buffers.len());
+            buf
+        })
         .unwrap_or_else(|| BytesMut::with_capacity(BUFFER_BYTES));
     // Reclaims space freed by `advance` without allocating when possible.
     buf.reserve(BUFFER_BYTES);
@@ -36,10 +50,25 @@ pub fn give(mut buf: BytesMut) {
     buf.clear();
     FREE.with(|free| {
         let mut free = free.borrow_mut();
-        if free.len() < MAX_FREE_PER_THREAD {
-            free.push(buf);
+        if free.buffers.len() < MAX_FREE_PER_THREAD {
+            free.buffers.push(buf);
         }
     });
+}
+
+/// Frees the buffers this thread's free list held unlent since it was last trimmed (the
+/// oldest, at the bottom of the stack), and returns their bytes.
+pub fn trim_unlent() -> usize {
+    FREE.with(|free| {
+        let mut free = free.borrow_mut();
+        let unlent = free.unlent.min(free.buffers.len());
+        let freed_bytes = free.buffers.drain(..unlent).map(|b| b.capacity()).sum();
+        free.unlent = free.buffers.len();
+        if free.buffers.is_empty() {
+            free.buffers = Vec::new();
+        }
+        freed_bytes
+    })
 }
 
 /// Takes `slot`'s buffer back to the free list if it is empty.
@@ -69,5 +98,45 @@ pub fn ready_for_read(slot: &mut BytesMut) {
         *slot = take();
     } else if slot.capacity() - slot.len() < BUFFER_BYTES / 2 {
         slot.reserve(BUFFER_BYTES);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn free_len() -> usize {
+        FREE.with(|free| free.borrow().buffers.len())
+    }
+
+    #[test]
+    fn buffers_unlent_for_a_whole_period_go_back_and_lent_ones_stay() {
+        let lent: Vec<BytesMut> = (0..4).map(|_| take()).collect();
+        lent.into_iter().for_each(give);
+        assert_eq!(free_len(), 4);
+        // The period in which they came back: each was lent in it.
+        assert_eq!(trim_unlent(), 0);
+        let again = take();
+        give(again);
+        // One lent since; the three below it were not.
+        assert_eq!(trim_unlent(), 3 * BUFFER_BYTES);
+        assert_eq!(free_len(), 1);
+        assert_eq!(trim_unlent(), BUFFER_BYTES);
+        assert_eq!(free_len(), 0);
+        assert_eq!(trim_unlent(), 0);
+    }
+
+    #[test]
+    fn a_thread_going_idle_gives_back_what_a_burst_left_once_a_period_passed() {
+        let burst: Vec<BytesMut> = (0..8).map(|_| take()).collect();
+        burst.into_iter().for_each(give);
+        crate::memory::start_period();
+        crate::memory::on_thread_idle();
+        // Waits without a new period do nothing more.
+        crate::memory::on_thread_idle();
+        assert_eq!(free_len(), 8);
+        crate::memory::start_period();
+        crate::memory::on_thread_idle();
+        assert_eq!(free_len(), 0);
     }
 }

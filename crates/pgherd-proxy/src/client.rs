@@ -29,7 +29,7 @@ mod moved;
 mod parked;
 
 pub use moved::resume;
-pub use parked::{run as run_parking_lot, set_memory_release, ParkingLot};
+pub use parked::{run as run_parking_lot, ParkingLot};
 
 /// The virtual database of the admin console.
 pub const ADMIN_DATABASE: &str = "pgherd";

@@ -32,6 +32,7 @@ pub mod handover;
 pub mod http;
 mod kept;
 pub mod lifecycle;
+pub mod memory;
 pub mod metrics;
 pub mod monitor;
 mod msgio;

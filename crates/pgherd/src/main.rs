@@ -181,7 +181,7 @@ fn release_memory() {
 
 fn main() -> ExitCode {
     pgherd_proxy::handover::record_launch();
-    pgherd_proxy::client::set_memory_release(release_memory);
+    pgherd_proxy::memory::set_release(release_memory);
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run {
@@ -262,6 +262,7 @@ pub fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, String> {
     }
     builder
         .enable_all()
+        .on_thread_park(pgherd_proxy::memory::on_thread_idle)
         .thread_name("pgherd-worker")
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))

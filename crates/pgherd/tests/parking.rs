@@ -260,3 +260,45 @@ async fn a_parked_client_moves_in_an_upgrade_with_its_session() {
         .get(0);
     assert_eq!(two, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_client_still_reads_its_own_writes() {
+    let env = env(1, |c| {
+        c.superuser()
+            .database("app", "consistency = \"read_your_writes\"")
+            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
+            .proxy("client_park_after_ms = 200")
+            .section("[routing]\nread_your_writes_wait_ms = 0")
+    });
+    let primary = env.cluster.primary().port;
+    env.direct("CREATE TABLE t (id int PRIMARY KEY); GRANT ALL ON t TO app");
+    env.cluster.wait_replayed();
+    // The replica applies each commit 5 s late: long after the client parked.
+    env.cluster
+        .node("pg2")
+        .write_auto_settings(&[("recovery_min_apply_delay".into(), "'5s'".into())])
+        .unwrap();
+    env.cluster
+        .sql_on("pg2", "postgres", "SELECT pg_reload_conf()");
+    let admin = admin(&env).await;
+    let c = env.app().await;
+    wait_for_replica_reads(&c, primary).await;
+    c.batch_execute("INSERT INTO t VALUES (1)").await.unwrap();
+    wait_all_parked(&env, &admin, 1).await;
+    let seen: i64 = c
+        .query_one("SELECT count(*) FROM t WHERE id = 1", &[])
+        .await
+        .expect("a read after parking")
+        .get(0);
+    assert_eq!(
+        seen, 1,
+        "the session did not see its own write after it parked"
+    );
+    // Reads that follow no write still use the replica once the write is replayed there.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_ne!(
+        served_by(&c, WHERE).await,
+        primary,
+        "reads reach the replica again"
+    );
+}

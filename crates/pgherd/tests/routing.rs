@@ -8,34 +8,6 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::*;
-use tokio_postgres::Client;
-
-/// The port of the server that ran `sql` (which must return `current_setting('port')`).
-async fn served_by(c: &Client, sql: &str) -> u16 {
-    first_value(c, sql)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .parse()
-        .expect("a port")
-}
-
-const WHERE: &str = "SELECT current_setting('port')";
-
-/// Waits until plain reads reach a replica: the function catalog is loaded and the replicas
-/// are in the read set.
-async fn wait_for_replica_reads(c: &Client, primary_port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if served_by(c, WHERE).await != primary_port {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "reads never reached a replica through pgherd"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// Waits until every one of `replicas` serves reads by SHOW NODES (in the read set, within the
 /// default lag limits), and returns the last SHOW NODES. `wait_for_replica_reads` is not

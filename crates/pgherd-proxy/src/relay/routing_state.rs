@@ -162,10 +162,28 @@ pub(super) struct Routing {
     pub(super) tables_written: Vec<String>,
 }
 
+/// What lasts of a session's routing state between its requests: all a parked session keeps
+/// of it. The rest of [`Routing`] is the request under way's, and starts afresh from this.
+pub(super) struct LastingRouting {
+    setup: RoutingSetup,
+    session: SessionRouting,
+    pinned: Option<pgherd_route::Pin>,
+    standard_conforming_strings: bool,
+    effect: SessionEffect,
+    catalog_changed: bool,
+    schema_change: Option<crate::schema_changes::SchemaChangeEnding>,
+    min_lsn: Lsn,
+    /// A write was sent whose end no probe has told (the counts themselves matter only while
+    /// a probe is in flight).
+    write_unconfirmed: bool,
+    writes_since_replica_read: u32,
+    cache_active: bool,
+}
+
 impl Routing {
     pub(super) fn new(setup: RoutingSetup, flags: params::StartupFlags) -> Self {
         let configured_route = setup.route;
-        Routing {
+        Routing::from_lasting(LastingRouting {
             session: SessionRouting {
                 splitting: setup.router.is_some(),
                 configured: setup.route,
@@ -180,12 +198,43 @@ impl Routing {
             catalog_changed: false,
             schema_change: None,
             min_lsn: 0,
-            write_seq: 0,
-            probed_seq: 0,
+            write_unconfirmed: false,
             writes_since_replica_read: match configured_route {
                 Route::Primary => LAZY_PROBES_AFTER_WRITES,
                 _ => 0,
             },
+            cache_active: false,
+        })
+    }
+
+    /// The routing state as it is between requests, from what lasts of it.
+    pub(super) fn from_lasting(lasting: LastingRouting) -> Self {
+        let LastingRouting {
+            setup,
+            session,
+            pinned,
+            standard_conforming_strings,
+            effect,
+            catalog_changed,
+            schema_change,
+            min_lsn,
+            write_unconfirmed,
+            writes_since_replica_read,
+            cache_active,
+        } = lasting;
+        Routing {
+            setup,
+            session,
+            pinned,
+            standard_conforming_strings,
+            effect,
+            catalog_changed,
+            schema_change,
+            min_lsn,
+            write_seq: u64::from(write_unconfirmed),
+            probed_seq: 0,
+            writes_since_replica_read,
+            cache_active,
             probe_lsn: None,
             front: None,
             at_unit_start: true,
@@ -196,8 +245,61 @@ impl Routing {
             replay: None,
             retry_on_primary: false,
             replica_asked: false,
-            cache_active: false,
             tables_written: Vec::new(),
+        }
+    }
+
+    /// Whether nothing of a request is under way in the routing state: what [`Self::lasting`]
+    /// drops then is only the last request's scratch.
+    pub(super) fn at_rest(&self) -> bool {
+        self.at_unit_start
+            && !self.unit_copies_in
+            && !self.held
+            && !self.retry_on_primary
+            && self.probe_lsn.is_none()
+            && self.tables_written.is_empty()
+    }
+
+    /// What lasts of the routing state (see [`Self::at_rest`]). Every field is named, so that
+    /// a new one must be placed on one side or the other.
+    pub(super) fn lasting(self) -> LastingRouting {
+        let Routing {
+            setup,
+            session,
+            pinned,
+            standard_conforming_strings,
+            effect,
+            catalog_changed,
+            schema_change,
+            min_lsn,
+            write_seq,
+            probed_seq,
+            writes_since_replica_read,
+            cache_active,
+            probe_lsn: _,
+            front: _,
+            at_unit_start: _,
+            unit_begins: _,
+            unit_ends: _,
+            unit_copies_in: _,
+            held: _,
+            replay: _,
+            retry_on_primary: _,
+            replica_asked: _,
+            tables_written: _,
+        } = self;
+        LastingRouting {
+            setup,
+            session,
+            pinned,
+            standard_conforming_strings,
+            effect,
+            catalog_changed,
+            schema_change,
+            min_lsn,
+            write_unconfirmed: write_seq > probed_seq,
+            writes_since_replica_read,
+            cache_active,
         }
     }
 

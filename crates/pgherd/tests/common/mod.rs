@@ -449,3 +449,30 @@ pub async fn cancel_ends_a_sleep(c: Client) {
         .expect_err("canceled");
     assert_eq!(err.code().map(|c| c.code()), Some("57014"), "{err}");
 }
+
+/// The port of the server that ran `sql` (which must return `current_setting('port')`).
+pub async fn served_by(c: &Client, sql: &str) -> u16 {
+    first_value(c, sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .parse()
+        .expect("a port")
+}
+
+pub const WHERE: &str = "SELECT current_setting('port')";
+
+/// Waits until plain reads reach a replica: the function catalog is loaded and the replicas
+/// are in the read set.
+pub async fn wait_for_replica_reads(c: &Client, primary_port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if served_by(c, WHERE).await != primary_port {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "reads never reached a replica through pgherd"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

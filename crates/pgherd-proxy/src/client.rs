@@ -82,7 +82,7 @@ pub async fn handle(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
             params,
             server,
         }) => {
-            tracing::debug!(client = shared.id, %addr, user = %shared.user, db = %shared.database, "client logged in");
+            tracing::debug!(client = shared.id, %addr, user = %shared.user(), db = %shared.database(), "client logged in");
             if let Some(shards) = app.shards.clone() {
                 // A sharded session takes a link per shard for each statement.
                 if let Some(held) = server {

@@ -61,7 +61,7 @@ impl ServerTarget {
 }
 
 /// What few clients' shared state ever holds, boxed: every client carries one word for it
-/// instead of its size, which keeps the shared state in the allocator's 224-byte class.
+/// instead of its size, which keeps the shared state in the allocator's 192-byte class.
 #[derive(Debug, Default)]
 struct Rare {
     /// The other servers running the same statement (a sharded endpoint's links): a cancel
@@ -99,9 +99,8 @@ pub struct ClientShared {
     pub id: u64,
     pub key: CancelKey,
     pub addr: SocketAddr,
-    /// Shared by every client with the same name (`ClientRegistry::intern`).
-    pub user: Arc<str>,
-    pub database: Arc<str>,
+    /// Shared by every client that logged in with the same pair (`ClientRegistry::login`).
+    login: Arc<Login>,
     pub tls: bool,
     /// When it connected, in seconds since the Unix epoch.
     pub connected_at_unix_s: u64,
@@ -113,6 +112,16 @@ pub struct ClientShared {
 }
 
 impl ClientShared {
+    /// The user the client logged in as.
+    pub fn user(&self) -> &str {
+        &self.login.user
+    }
+
+    /// The database the client logged in to.
+    pub fn database(&self) -> &str {
+        &self.login.database
+    }
+
     pub fn set_target(&self, target: Option<ServerTarget>) {
         self.live.lock().target = target;
     }
@@ -298,15 +307,23 @@ pub struct ClientRegistry {
     clock: Clock,
     /// Signals raised on every client, which clients registered later start with.
     raised_for_all: AtomicU8,
-    /// User and database names clients logged in with, each kept once.
+    /// The user and database pairs clients logged in with, each kept once.
     names: Mutex<Names>,
 }
 
-/// Names kept once for every client that uses them. A name no client holds any more is
-/// dropped when the set has doubled since it was last pruned, so that a stream of distinct
-/// names (generated users, a database per tenant) does not grow it for the life of the process.
+/// A user and database a client logged in with.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Login {
+    user: Box<str>,
+    database: Box<str>,
+}
+
+/// Login pairs kept once for every client that uses them: a client's shared state holds one
+/// pointer for both. A pair no client holds any more is dropped when the set has doubled
+/// since it was last pruned, so that a stream of distinct names (generated users, a database
+/// per tenant) does not grow it for the life of the process.
 struct Names {
-    kept: std::collections::HashSet<Arc<str>>,
+    kept: std::collections::HashSet<Arc<Login>>,
     prune_at: usize,
 }
 
@@ -322,15 +339,19 @@ impl Default for Names {
 }
 
 impl Names {
-    fn intern(&mut self, name: &str) -> Arc<str> {
-        if let Some(kept) = self.kept.get(name) {
+    fn intern(&mut self, user: &str, database: &str) -> Arc<Login> {
+        let login = Login {
+            user: user.into(),
+            database: database.into(),
+        };
+        if let Some(kept) = self.kept.get(&login) {
             return kept.clone();
         }
         if self.kept.len() >= self.prune_at {
             self.kept.retain(|kept| Arc::strong_count(kept) > 1);
             self.prune_at = (self.kept.len() * 2).max(NAMES_PRUNED_FROM);
         }
-        let kept: Arc<str> = Arc::from(name);
+        let kept = Arc::new(login);
         self.kept.insert(kept.clone());
         kept
     }
@@ -444,9 +465,9 @@ impl ClientRegistry {
         shared
     }
 
-    /// `name`, shared with every client that logged in with it.
-    fn intern(&self, name: &str) -> Arc<str> {
-        self.names.lock().intern(name)
+    /// `user` and `database`, shared with every client that logged in with them.
+    fn login(&self, user: &str, database: &str) -> Arc<Login> {
+        self.names.lock().intern(user, database)
     }
 
     fn new_client(
@@ -461,8 +482,7 @@ impl ClientRegistry {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             key,
             addr,
-            user: self.intern(user),
-            database: self.intern(database),
+            login: self.login(user, database),
             tls,
             connected_at_unix_s: SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -660,17 +680,18 @@ mod tests {
     #[test]
     fn names_no_client_holds_are_pruned_and_held_ones_stay_shared() {
         let mut names = Names::default();
-        let held = names.intern("app");
-        assert!(Arc::ptr_eq(&held, &names.intern("app")));
+        let held = names.intern("app", "app");
+        assert!(Arc::ptr_eq(&held, &names.intern("app", "app")));
+        assert!(!Arc::ptr_eq(&held, &names.intern("app", "other")));
         for i in 0..10 * NAMES_PRUNED_FROM {
-            drop(names.intern(&format!("tenant_{i}")));
+            drop(names.intern("app", &format!("tenant_{i}")));
         }
         assert!(
             names.kept.len() <= NAMES_PRUNED_FROM,
             "{} names kept",
             names.kept.len()
         );
-        assert!(Arc::ptr_eq(&held, &names.intern("app")));
+        assert!(Arc::ptr_eq(&held, &names.intern("app", "app")));
     }
 
     /// A client whose session may park.
@@ -744,10 +765,10 @@ mod tests {
 
     #[test]
     fn a_clients_shared_state_stays_in_its_allocation_class() {
-        // With the Arc's two counts: mimalloc's 224-byte class, apart from the 256-byte one the
+        // With the Arc's two counts: mimalloc's 192-byte class, apart from the 256-byte one the
         // runtime's socket registrations (freed when a client parks) use.
         let allocated = std::mem::size_of::<ClientShared>() + 16;
-        assert!(allocated <= 224, "{allocated} bytes");
+        assert!(allocated <= 192, "{allocated} bytes");
     }
 
     #[test]

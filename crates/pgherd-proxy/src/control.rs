@@ -191,7 +191,7 @@ pub fn kill(app: &App, database: &str) -> Result<Vec<String>, PgError> {
     check_database(app, database)?;
     let mut ended = 0;
     for client in app.clients.all() {
-        if &*client.database == database {
+        if client.database() == database {
             client.kill(format!("KILL {database} on the admin console"));
             ended += 1;
         }

@@ -123,7 +123,7 @@ pub fn render(app: &App) -> String {
     let mut per_pair: std::collections::BTreeMap<(String, String), u64> = Default::default();
     for c in app.clients.all() {
         *per_pair
-            .entry((c.database.to_string(), c.user.to_string()))
+            .entry((c.database().to_string(), c.user().to_string()))
             .or_default() += 1;
     }
     let mut f = family(

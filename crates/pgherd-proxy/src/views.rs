@@ -572,8 +572,8 @@ pub fn servers(app: &App) -> Table {
         if let Some(t) = c.target() {
             rows.push(vec![
                 t.server_id.into(),
-                c.database.to_string().into(),
-                c.user.to_string().into(),
+                c.database().to_string().into(),
+                c.user().to_string().into(),
                 node_of(&t).into(),
                 "active".into(),
                 t.key.process_id.to_string().into(),
@@ -622,8 +622,8 @@ pub fn clients(app: &App) -> Table {
         .map(|c| {
             vec![
                 c.id.into(),
-                c.user.to_string().into(),
-                c.database.to_string().into(),
+                c.user().to_string().into(),
+                c.database().to_string().into(),
                 c.addr.to_string().into(),
                 c.tls.into(),
                 c.connected_at_unix_s.into(),
@@ -718,7 +718,7 @@ pub fn databases(app: &App) -> Table {
             };
             let mine = || pools.iter().filter(|p| served(&p.database));
             let server_connections: u32 = mine().map(|p| p.total()).sum();
-            let clients = clients.iter().filter(|c| served(&c.database)).count();
+            let clients = clients.iter().filter(|c| served(c.database())).count();
             vec![
                 name.clone().into(),
                 d.dbname.clone().into(),

@@ -149,7 +149,7 @@ pub async fn resume(
             shards,
         );
         session.resume(&record);
-        tracing::debug!(client = shared.id, %addr, user = %shared.user, db = %shared.database, "sharded client moved here from the old process");
+        tracing::debug!(client = shared.id, %addr, user = %shared.user(), db = %shared.database(), "sharded client moved here from the old process");
         tokio::spawn(serve_sharded(app, session, addr, slot));
         return;
     }
@@ -175,7 +175,7 @@ pub async fn resume(
             return;
         }
     }
-    tracing::debug!(client = shared.id, %addr, user = %shared.user, db = %shared.database, "client moved here from the old process");
+    tracing::debug!(client = shared.id, %addr, user = %shared.user(), db = %shared.database(), "client moved here from the old process");
     tokio::spawn(serve_session(Box::new(SessionRun {
         shared,
         session,

@@ -92,7 +92,7 @@ impl OpenError {
         match self {
             OpenError::Pg(e) => e,
             OpenError::Acquire(e, node) => {
-                e.to_client_error(&shared.database, &shared.user, node.name())
+                e.to_client_error(shared.database(), shared.user(), node.name())
             }
         }
     }
@@ -125,7 +125,7 @@ impl Link {
     ) -> Result<Option<Link>, OpenError> {
         let node = choice.node;
         let pool = app
-            .pool_cached(pool_cache, &shared.database, &shared.user, &node)
+            .pool_cached(pool_cache, shared.database(), shared.user(), &node)
             .map_err(OpenError::Pg)?;
         let mut conn = match pool.try_acquire() {
             Some(conn) => conn,

@@ -266,7 +266,7 @@ impl ShardedSession {
     /// Holds a transaction that starts while its database is paused, until RESUME (or the
     /// client cancels); whether it waited.
     async fn wait_while_paused(&self) -> Result<bool, PgError> {
-        let database = &self.shared.database;
+        let database = self.shared.database();
         if !self.app.nodes.is_paused(database) {
             return Ok(false);
         }

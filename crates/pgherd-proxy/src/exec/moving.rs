@@ -31,8 +31,8 @@ impl ShardedSession {
     ) -> ShardedSession {
         let server_database = app
             .config()
-            .resolve(&shared.database, &shared.user)
-            .map_or_else(|| shared.database.to_string(), |r| r.server_dbname);
+            .resolve(shared.database(), shared.user())
+            .map_or_else(|| shared.database().to_string(), |r| r.server_dbname);
         let layout = shards.layout();
         let reads = ShardReads::new(
             &routing,
@@ -85,8 +85,8 @@ impl ShardedSession {
             connection,
             ClientRecord {
                 addr: shared.addr,
-                user: shared.user.to_string(),
-                database: shared.database.to_string(),
+                user: shared.user().to_string(),
+                database: shared.database().to_string(),
                 process_id: shared.key.process_id,
                 secret_key: shared.key.secret_key,
                 unread: self.client_in.to_vec(),

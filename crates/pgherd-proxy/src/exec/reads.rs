@@ -215,7 +215,7 @@ impl ShardedSession {
             }
             // PAUSE came while the links were taken: they go back (nothing was sent on them
             // but the session's settings) and the transaction waits.
-            if starts && crate::control::paused_since_acquired(&self.app, &self.shared.database) {
+            if starts && crate::control::paused_since_acquired(&self.app, self.shared.database()) {
                 drop(links);
                 continue;
             }

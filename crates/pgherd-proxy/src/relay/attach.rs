@@ -146,7 +146,7 @@ impl Session {
                     } else {
                         "replica or primary"
                     },
-                    self.shared.database
+                    self.shared.database()
                 ),
             )
             .with_detail(format!("nodes: {}", self.app.nodes.describe_all()))),
@@ -156,7 +156,7 @@ impl Session {
     pub(super) fn pool_for(&mut self, node: &Arc<NodeState>) -> Result<Arc<Pool>, PgError> {
         let shared = &self.shared;
         self.app
-            .pool_cached(&mut self.pools, &shared.database, &shared.user, node)
+            .pool_cached(&mut self.pools, shared.database(), shared.user(), node)
     }
 
     /// Takes a server connection for the next request, on the node its routing decision
@@ -185,7 +185,7 @@ impl Session {
     fn attach_now(&mut self) -> Result<Option<Waiting>, PgError> {
         // The transaction's time, as its client sees it, includes any wait for a server.
         self.tx_started.get_or_insert_with(Instant::now);
-        if self.app.nodes.is_paused(&self.shared.database) {
+        if self.app.nodes.is_paused(self.shared.database()) {
             return Ok(Some(Waiting::Paused));
         }
         let target = self.routed_front()?;
@@ -193,7 +193,7 @@ impl Session {
         if let Ok((node, None)) = &picked {
             let pool = self.pool_for(node)?;
             if let Some(conn) = pool.try_acquire() {
-                if crate::control::paused_since_acquired(&self.app, &self.shared.database) {
+                if crate::control::paused_since_acquired(&self.app, self.shared.database()) {
                     pool.release(conn, true);
                     return Ok(Some(Waiting::Paused));
                 }
@@ -290,7 +290,7 @@ impl Session {
                 }
             }
         };
-        if crate::control::paused_since_acquired(&self.app, &self.shared.database) {
+        if crate::control::paused_since_acquired(&self.app, self.shared.database()) {
             pool.release(conn, true);
             return Box::pin(self.attach_waiting(Waiting::Paused)).await;
         }
@@ -347,7 +347,7 @@ impl Session {
 
     /// `PAUSE` on the admin console holds the request (see `control::wait_resumed`).
     pub(super) async fn wait_while_paused(&self) -> Result<(), AttachError> {
-        let database = &self.shared.database;
+        let database = self.shared.database();
         tracing::debug!(client = self.shared.id, %database, "request waits: the database is paused");
         let resumed = crate::control::wait_resumed(&self.app, database);
         Ok(self.interruptible(resumed).await??)
@@ -422,7 +422,7 @@ impl Session {
             AcquireError::Closed => self.pools.clear(),
             AcquireError::WaitTimeout { .. } => {}
         }
-        e.to_client_error(&self.shared.database, &self.shared.user, node.name())
+        e.to_client_error(self.shared.database(), self.shared.user(), node.name())
     }
 
     /// Gives the server connection back once no cancel is on its way to it. `reusable` is

@@ -55,7 +55,7 @@ impl Session {
     /// Who asks, with which result-changing settings; room for `more` bytes after.
     fn cache_key_prefix(&self, more: usize) -> Vec<u8> {
         let mut key = Vec::with_capacity(more + 64);
-        key.extend_from_slice(self.shared.user.as_bytes());
+        key.extend_from_slice(self.shared.user().as_bytes());
         key.push(0);
         self.params.write_cache_key(&mut key);
         key

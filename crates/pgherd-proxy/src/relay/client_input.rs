@@ -269,7 +269,7 @@ impl Session {
     pub(super) fn on_state_probe_answered(&mut self) {
         let rows = self.probe_rows.take().map(|b| *b);
         let findings = match rows {
-            Some(Ok(rows)) => Some(probe::read(&rows, &self.shared.user)),
+            Some(Ok(rows)) => Some(probe::read(&rows, self.shared.user())),
             _ => None,
         };
         match findings {

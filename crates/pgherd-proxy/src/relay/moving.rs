@@ -182,8 +182,8 @@ impl Session {
             server_socket,
             ClientRecord {
                 addr: shared.addr,
-                user: shared.user.to_string(),
-                database: shared.database.to_string(),
+                user: shared.user().to_string(),
+                database: shared.database().to_string(),
                 process_id: shared.key.process_id,
                 secret_key: shared.key.secret_key,
                 unread: self.client_in.to_vec(),

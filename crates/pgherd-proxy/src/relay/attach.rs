@@ -18,8 +18,8 @@ impl Statements for SessionStatements<'_> {
 
     fn route(&self, sql: &[u8]) -> Result<Routed, PgError> {
         let routing = &self.0.routing;
-        match routing.setup.router.as_ref() {
-            Some(router) => router.route(sql, routing.standard_conforming_strings),
+        match routing.lasting.setup.router.as_ref() {
+            Some(router) => router.route(sql, routing.lasting.standard_conforming_strings),
             None => Ok(Routed::primary(
                 "the session's statements are not classified",
             )),
@@ -61,7 +61,7 @@ impl Session {
     /// made from its first statement is kept in `routing.front`, so it is not made again when
     /// relayed. A request a standby refused runs on the primary.
     pub(super) fn route_front(&mut self, input: &[u8]) -> Result<RouteTarget, PgError> {
-        let session = self.routing.session;
+        let session = self.routing.lasting.session;
         if std::mem::take(&mut self.routing.retry_on_primary) {
             self.routing.front = None;
             self.routing.replica_asked = session.route() == Route::Replica;
@@ -87,7 +87,7 @@ impl Session {
 
     /// The decision for a statement the client prepared (`""`: the unnamed one).
     pub(super) fn statement_routed(&self, name: &[u8]) -> Option<Routed> {
-        let router = self.routing.setup.router.as_ref()?;
+        let router = self.routing.lasting.setup.router.as_ref()?;
         if name.is_empty() {
             return self
                 .unnamed
@@ -104,7 +104,7 @@ impl Session {
             }
         }
         let routed = router
-            .route(&def.query, self.routing.standard_conforming_strings)
+            .route(&def.query, self.routing.lasting.standard_conforming_strings)
             .unwrap_or_else(|_| Routed::primary("its routing hint is invalid"));
         *decided = Some((generation, routed.clone()));
         Some(routed)
@@ -121,8 +121,11 @@ impl Session {
             let schema = self.app.schema_changes.read_needs();
             read_needs(
                 &self.app.config(),
-                (routing.setup.balance, routing.setup.primary_reads),
-                read_your_writes.then_some(routing.min_lsn.max(schema.min_lsn)),
+                (
+                    routing.lasting.setup.balance,
+                    routing.lasting.setup.primary_reads,
+                ),
+                read_your_writes.then_some(routing.lasting.min_lsn.max(schema.min_lsn)),
                 routing.write_seq > routing.probed_seq || (read_your_writes && schema.unconfirmed),
             )
         };
@@ -212,7 +215,7 @@ impl Session {
         if target.as_ref().is_ok_and(|t| *t != RouteTarget::Primary) {
             // A read that could use a replica: the session's writes are probed again (this one
             // runs on the primary if one is not).
-            self.routing.writes_since_replica_read = 0;
+            self.routing.lasting.writes_since_replica_read = 0;
         }
         target
     }
@@ -454,7 +457,7 @@ impl Session {
         node.end_lease();
         self.routing.held = false;
         // What ran there stays there: a probe ran, or the server was reset or closed.
-        self.routing.effect = SessionEffect::None;
+        self.routing.lasting.effect = SessionEffect::None;
         if let Some(replay) = self.routing.replay.as_mut() {
             replay.restart();
         }
@@ -481,7 +484,7 @@ impl Session {
         // Whether it committed is unknown: what it wrote is dropped anyway, and where a
         // schema change it made ends will not be known.
         self.drop_written_tables();
-        self.routing.schema_change = None;
+        self.routing.lasting.schema_change = None;
         let e = match (e.kind, self.server_last_words.take()) {
             (ServerErrorKind::Closed(None), Some(words)) => {
                 ServerError::new(&e.node, ServerErrorKind::Closed(Some(*words)))
@@ -574,9 +577,9 @@ impl Session {
         let again = std::mem::take(&mut replay.bytes);
         // Remembered, also for an object the replica lacked: a prepared statement's later
         // executions must find it where it was prepared again.
-        if let Some(router) = self.routing.setup.router.clone() {
+        if let Some(router) = self.routing.lasting.setup.router.clone() {
             for sql in statement_texts(&again, self.max_message_bytes) {
-                router.remember_primary(sql, self.routing.standard_conforming_strings);
+                router.remember_primary(sql, self.routing.lasting.standard_conforming_strings);
             }
         }
         let mut again = BytesMut::from(&again[..]);
@@ -648,14 +651,20 @@ impl Session {
             self.queue.push_internal(Request::Query { sql: None });
             self.drain_internal().await?;
         }
-        if self.routing.pinned.is_some_and(|p| p.forbids_reuse()) {
+        if self
+            .routing
+            .lasting
+            .pinned
+            .is_some_and(|p| p.forbids_reuse())
+        {
             // A library stays loaded: no reset undoes it.
             return Err(());
         }
         // A shared server that held this client's own session state (it was pinned, or ran
         // something not probed yet) is reset completely before anyone else gets it.
         let unknown_state = self.mode_shares_servers()
-            && (self.routing.pinned.is_some() || self.routing.effect == SessionEffect::Unknown);
+            && (self.routing.lasting.pinned.is_some()
+                || self.routing.lasting.effect == SessionEffect::Unknown);
         let lease = self.lease.as_mut().ok_or(())?;
         let reset = if unknown_state {
             "DISCARD ALL".to_owned()

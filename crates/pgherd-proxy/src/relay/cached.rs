@@ -67,7 +67,7 @@ impl Session {
         self.client_tx == TxStatus::Idle
             && self.lease.is_none()
             && !self.untracked_change
-            && self.routing.pinned.is_none()
+            && self.routing.lasting.pinned.is_none()
             && self.routing.write_seq == self.routing.probed_seq
             && self.queue.is_settled()
     }
@@ -75,7 +75,7 @@ impl Session {
     /// Answers the whole simple query at the front of the client's input from the cache, if
     /// it holds an answer it may serve; returns whether it did.
     pub(super) fn answer_from_cache(&mut self, total_len: usize) -> Result<bool, Disconnect> {
-        let Some(cache) = self.routing.setup.cache.as_ref() else {
+        let Some(cache) = self.routing.lasting.setup.cache.as_ref() else {
             return Ok(false);
         };
         if !cache.db.ever_stored.load(Ordering::Relaxed) || !self.may_use_cache_now() {
@@ -94,7 +94,7 @@ impl Session {
 
     /// The answer kept under `key`, if the cache may serve this session now.
     fn cached_answer(&self, key: &[u8]) -> Option<Bytes> {
-        let cache = self.routing.setup.cache.as_ref()?;
+        let cache = self.routing.lasting.setup.cache.as_ref()?;
         let config = self.app.config();
         let limits = crate::result_cache::gate_limits_of(&config.cache);
         let writer = self.app.nodes.writer();
@@ -104,9 +104,10 @@ impl Session {
         let primary_lsn = writer.map_or(0, |n| n.lsn());
         let now_ms = cache.db.now_ms();
         let mut state = cache.db.state.lock();
-        let served = state
-            .feed
-            .may_serve(now_ms, self.routing.min_lsn, primary_lsn, limits);
+        let served =
+            state
+                .feed
+                .may_serve(now_ms, self.routing.lasting.min_lsn, primary_lsn, limits);
         match served {
             Ok(()) => state.store.get(key, now_ms),
             Err(_) => None,
@@ -118,7 +119,7 @@ impl Session {
     /// be cached, leaves its key for its answer to be kept.
     pub(super) fn answer_extended_from_cache(&mut self) -> Result<bool, Disconnect> {
         self.cache_candidate = None;
-        let Some(cache) = self.routing.setup.cache.as_ref() else {
+        let Some(cache) = self.routing.lasting.setup.cache.as_ref() else {
             return Ok(false);
         };
         if !self.may_use_cache_now() {
@@ -200,7 +201,7 @@ impl Session {
     /// if it is asked to be cached and may be, its answer will be kept on its way to the
     /// client.
     pub(super) fn consider_fill(&mut self, sql: &[u8], routed: &Routed, key: Option<Vec<u8>>) {
-        let Some(cache) = self.routing.setup.cache.as_ref() else {
+        let Some(cache) = self.routing.lasting.setup.cache.as_ref() else {
             return;
         };
         // Most statements are not asked for: they leave before the config is loaded.
@@ -219,7 +220,7 @@ impl Session {
         }
         // From now on the session's writes are followed to their end, as read-your-writes
         // does, so that its own writes are known to be decoded before it is served.
-        self.routing.cache_active = true;
+        self.routing.lasting.cache_active = true;
         let db = cache.db.clone();
         crate::result_cache::start_following(&self.app, &db);
         let Some(lease) = self.lease.as_ref() else {
@@ -229,20 +230,21 @@ impl Session {
             && lease.conn.tx_status == TxStatus::Idle
             && !self.queue.has_client_requests()
             && !self.untracked_change
-            && self.routing.pinned.is_none();
+            && self.routing.lasting.pinned.is_none();
         if !between_transactions {
             return;
         }
-        let Some(router) = self.routing.setup.router.as_ref() else {
+        let Some(router) = self.routing.lasting.setup.router.as_ref() else {
             return;
         };
-        let tables = match router.cache_verdict(sql, self.routing.standard_conforming_strings) {
-            Ok(tables) => tables,
-            Err(why) => {
-                tracing::debug!(client = self.shared.id, reason = %why, "statement not cached");
-                return;
-            }
-        };
+        let tables =
+            match router.cache_verdict(sql, self.routing.lasting.standard_conforming_strings) {
+                Ok(tables) => tables,
+                Err(why) => {
+                    tracing::debug!(client = self.shared.id, reason = %why, "statement not cached");
+                    return;
+                }
+            };
         let replica_lsn = lease.on_replica.then(|| lease.node.lsn());
         let ticket = {
             let mut state = db.state.lock();
@@ -273,11 +275,11 @@ impl Session {
         if !self.writes_matter_to_cache(routed) {
             return;
         }
-        let Some(router) = self.routing.setup.router.as_ref() else {
+        let Some(router) = self.routing.lasting.setup.router.as_ref() else {
             return;
         };
         for table in router
-            .written_tables(sql, self.routing.standard_conforming_strings)
+            .written_tables(sql, self.routing.lasting.standard_conforming_strings)
             .iter()
         {
             if !self.routing.tables_written.contains(table) {
@@ -293,6 +295,7 @@ impl Session {
         routed.decision.target == RouteTarget::Primary
             && self
                 .routing
+                .lasting
                 .setup
                 .cache
                 .as_ref()
@@ -306,7 +309,7 @@ impl Session {
             return;
         }
         let tables = std::mem::take(&mut self.routing.tables_written);
-        if let Some(cache) = self.routing.setup.cache.as_ref() {
+        if let Some(cache) = self.routing.lasting.setup.cache.as_ref() {
             let mut state = cache.db.state.lock();
             for table in &tables {
                 state.store.invalidate_table(table);
@@ -353,7 +356,7 @@ impl Session {
         let Some(fill) = self.fill.take() else {
             return;
         };
-        let Some(cache) = self.routing.setup.cache.as_ref() else {
+        let Some(cache) = self.routing.lasting.setup.cache.as_ref() else {
             return;
         };
         if fill.spoiled || status != TxStatus::Idle || self.untracked_change {

@@ -92,7 +92,7 @@ impl Session {
     /// replica).
     pub(super) fn must_hold(&mut self, input: &[u8]) -> bool {
         if !self.routing.at_unit_start
-            || self.routing.pinned.is_some()
+            || self.routing.lasting.pinned.is_some()
             || !self.mode_shares_servers()
         {
             return false;
@@ -119,20 +119,22 @@ impl Session {
     pub(super) fn track_statement(&mut self, routed: &Routed, executes: bool) {
         let decision = &routed.decision;
         if let Some(value) = &decision.route_setting {
-            self.routing.session.override_route = Route::parse(value);
+            self.routing.lasting.session.override_route = Route::parse(value);
         }
         self.routing.unit_copies_in |= decision.copy_in;
         match decision.tx {
             TxEffect::Begin { .. } => self.routing.unit_begins = true,
             TxEffect::End => self.routing.unit_ends = true,
-            TxEffect::DefaultReadOnly(Some(on)) => self.routing.session.default_read_only = on,
+            TxEffect::DefaultReadOnly(Some(on)) => {
+                self.routing.lasting.session.default_read_only = on
+            }
             TxEffect::DefaultReadOnly(None)
             | TxEffect::SetReadOnly
             | TxEffect::SetReadWrite
             | TxEffect::None => {}
         }
         if let Some(pin) = decision.pin {
-            if self.routing.pinned.is_none() && self.mode_shares_servers() {
+            if self.routing.lasting.pinned.is_none() && self.mode_shares_servers() {
                 self.pin_to_server(pin);
             }
         }
@@ -144,10 +146,10 @@ impl Session {
             // client's own pinned server only).
             let schema_changes =
                 decision.changes_catalog && decision.pin != Some(RoutePin::TempTable);
-            if schema_changes || (decision.rolls_back && self.routing.catalog_changed) {
+            if schema_changes || (decision.rolls_back && self.routing.lasting.catalog_changed) {
                 self.app.schema_generation.fetch_add(1, Ordering::Relaxed);
             }
-            self.routing.catalog_changed |= decision.changes_catalog;
+            self.routing.lasting.catalog_changed |= decision.changes_catalog;
             for name in &decision.custom_settings {
                 if !self.custom_settings.contains(name)
                     && self.custom_settings.len() < MAX_CUSTOM_SETTINGS
@@ -162,7 +164,7 @@ impl Session {
     /// cleared before another client's transaction; anything else is probed for before the
     /// server goes back.
     pub(super) fn note_session_effect(&mut self, effect: SessionEffect) {
-        self.routing.effect = self.routing.effect.max(effect);
+        self.routing.lasting.effect = self.routing.lasting.effect.max(effect);
         if effect == SessionEffect::Sequences {
             if let Some(lease) = self.lease.as_mut() {
                 lease.conn.residue.sequences = true;
@@ -173,7 +175,7 @@ impl Session {
     pub(super) fn note_possible_write(&mut self, writes: bool) {
         if writes && self.lease.as_ref().is_some_and(|l| !l.on_replica) {
             self.routing.write_seq += 1;
-            let since_read = &mut self.routing.writes_since_replica_read;
+            let since_read = &mut self.routing.lasting.writes_since_replica_read;
             *since_read = since_read.saturating_add(1);
         }
     }
@@ -181,11 +183,11 @@ impl Session {
     /// The routing decision for a Query or Parse: the one made to choose the node if it is
     /// this statement's, otherwise a fresh one.
     pub(super) fn statement_decision(&mut self, sql: &[u8]) -> Option<Result<Routed, PgError>> {
-        let router = self.routing.setup.router.clone()?;
+        let router = self.routing.lasting.setup.router.clone()?;
         if let Some(front) = self.routing.front.take() {
             return Some(Ok(front));
         }
-        Some(router.route(sql, self.routing.standard_conforming_strings))
+        Some(router.route(sql, self.routing.lasting.standard_conforming_strings))
     }
 
     /// A Query or Sync ended a request. After a write that may have committed, the primary is
@@ -210,9 +212,9 @@ impl Session {
     pub(super) fn write_needs_probe(&self) -> bool {
         let own_writes_followed = ((self.routing.read_your_writes()
             && self.routing.probes_writes())
-            || self.routing.cache_active)
+            || self.routing.lasting.cache_active)
             && self.routing.write_seq > self.routing.probed_seq;
-        (own_writes_followed || self.routing.schema_change.is_some())
+        (own_writes_followed || self.routing.lasting.schema_change.is_some())
             && self.lease.as_ref().is_some_and(|l| !l.on_replica)
     }
 
@@ -221,7 +223,7 @@ impl Session {
     /// change's end is asked for in any mode: every session's reads wait for it.
     pub(super) fn probe_before_release(&self) -> bool {
         self.write_needs_probe()
-            && (self.mode_shares_servers() || self.routing.schema_change.is_some())
+            && (self.mode_shares_servers() || self.routing.lasting.schema_change.is_some())
             && self.server_between_requests()
     }
 
@@ -239,9 +241,9 @@ impl Session {
     /// The transaction is over and what it ran may have changed the server's session in
     /// ways pgherd did not follow: look before anyone else gets the server.
     pub(super) fn state_probe_due(&self) -> bool {
-        self.routing.effect == SessionEffect::Unknown
+        self.routing.lasting.effect == SessionEffect::Unknown
             && self.mode_shares_servers()
-            && self.routing.pinned.is_none()
+            && self.routing.lasting.pinned.is_none()
             && self.server_between_requests()
     }
 
@@ -250,14 +252,14 @@ impl Session {
             return Ok(());
         };
         let mut names = self.custom_settings.clone();
-        if let Some(router) = &self.routing.setup.router {
+        if let Some(router) = &self.routing.lasting.setup.router {
             names.extend(router.catalog().custom_settings().iter().cloned());
         }
         names.sort();
         names.dedup();
         frontend::encode_query(&mut lease.conn.write_buf, probe::sql(&names).as_bytes())?;
         self.queue.push_internal(Request::Probe(Probe::State));
-        self.routing.effect = SessionEffect::None;
+        self.routing.lasting.effect = SessionEffect::None;
         self.probe_rows = Some(Box::new(Ok(Vec::new())));
         Ok(())
     }
@@ -281,7 +283,9 @@ impl Session {
                     lease.conn.residue.seed = true;
                 }
             }
-            _ if self.routing.pinned.is_none() => self.pin_to_server(pgherd_route::Pin::FoundState),
+            _ if self.routing.lasting.pinned.is_none() => {
+                self.pin_to_server(pgherd_route::Pin::FoundState)
+            }
             _ => {}
         }
     }
@@ -290,7 +294,7 @@ impl Session {
     /// transactions, so it never parks.
     fn pin_to_server(&mut self, pin: pgherd_route::Pin) {
         tracing::info!(client = self.shared.id, node = %self.node_name(), reason = pin.describe(), "session pinned to its server connection");
-        self.routing.pinned = Some(pin);
+        self.routing.lasting.pinned = Some(pin);
         self.shared.set_may_park(false);
     }
 
@@ -358,7 +362,7 @@ impl Session {
                     None => {}
                 }
             }
-            ftag::BIND if self.routing.setup.router.is_some() => {
+            ftag::BIND if self.routing.lasting.setup.router.is_some() => {
                 let b = frontend::Bind::parse(body)?;
                 match self.statement_routed(b.statement) {
                     Some(routed) => {
@@ -422,7 +426,7 @@ impl Session {
                 } else {
                     let def = StatementDef::new(p.query, p.param_types);
                     if let (Some(routed), Some(router)) =
-                        (parse_routed, self.routing.setup.router.as_ref())
+                        (parse_routed, self.routing.lasting.setup.router.as_ref())
                     {
                         *def.routed.lock() = Some((router.generation(), routed));
                     }
@@ -458,7 +462,11 @@ impl Session {
                 let b = frontend::Bind::parse(body)?;
                 if b.statement.is_empty()
                     || !rewrite
-                    || prepared_by_sql(self.routing.pinned.is_some(), &self.statements, b.statement)
+                    || prepared_by_sql(
+                        self.routing.lasting.pinned.is_some(),
+                        &self.statements,
+                        b.statement,
+                    )
                 {
                     if b.statement.is_empty() {
                         self.ensure_unnamed_here()?;
@@ -501,8 +509,11 @@ impl Session {
             }
             ftag::DESCRIBE => {
                 let d = frontend::Describe::parse(body)?;
-                let by_sql =
-                    prepared_by_sql(self.routing.pinned.is_some(), &self.statements, d.name);
+                let by_sql = prepared_by_sql(
+                    self.routing.lasting.pinned.is_some(),
+                    &self.statements,
+                    d.name,
+                );
                 match (d.target, d.name.is_empty(), rewrite && !by_sql) {
                     (Target::Statement, false, true) => {
                         let generation = self.app.schema_generation.load(Ordering::Relaxed);
@@ -549,7 +560,11 @@ impl Session {
                 if c.target == Target::Statement
                     && !c.name.is_empty()
                     && rewrite
-                    && !prepared_by_sql(self.routing.pinned.is_some(), &self.statements, c.name)
+                    && !prepared_by_sql(
+                        self.routing.lasting.pinned.is_some(),
+                        &self.statements,
+                        c.name,
+                    )
                 {
                     if let Some(replay) = self.routing.replay.as_mut() {
                         replay.repeatable = false;

@@ -750,7 +750,7 @@ impl Session {
     /// connections per transaction or statement.
     fn can_release(&self) -> bool {
         self.mode_shares_servers()
-            && self.routing.pinned.is_none()
+            && self.routing.lasting.pinned.is_none()
             && self.server_between_requests()
     }
 

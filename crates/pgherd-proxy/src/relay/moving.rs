@@ -99,8 +99,8 @@ impl Session {
             || self.fill.is_some()
             || self.cache_candidate.is_some()
             // What ran may have left state on the server: a server that moves along keeps it.
-            || (self.routing.effect != SessionEffect::None && !self.keeps_server())
-            || self.routing.schema_change.is_some()
+            || (self.routing.lasting.effect != SessionEffect::None && !self.keeps_server())
+            || self.routing.lasting.schema_change.is_some()
             // Kept for reuse: only what it holds counts.
             || self
                 .routing
@@ -119,7 +119,7 @@ impl Session {
 
     /// Its server connection is its session's (session mode, or pinned): it moves with it.
     fn keeps_server(&self) -> bool {
-        self.mode == PoolMode::Session || self.routing.pinned.is_some()
+        self.mode == PoolMode::Session || self.routing.lasting.pinned.is_some()
     }
 
     /// The server connection this session keeps, for the new process: a duplicate of its
@@ -143,7 +143,7 @@ impl Session {
                 process_id: conn.cancel_key.process_id,
                 secret_key: conn.cancel_key.secret_key,
                 reported: conn.reported.clone(),
-                pin: self.routing.pinned,
+                pin: self.routing.lasting.pinned,
                 statements: conn.statements.carried(generation),
             },
         )))
@@ -193,12 +193,13 @@ impl Session {
                 unnamed,
                 route_override: self
                     .routing
+                    .lasting
                     .session
                     .override_route
                     .map(|r| r.as_str().to_owned()),
-                default_read_only: self.routing.session.default_read_only,
-                standard_conforming_strings: self.routing.standard_conforming_strings,
-                min_lsn: self.routing.min_lsn,
+                default_read_only: self.routing.lasting.session.default_read_only,
+                standard_conforming_strings: self.routing.lasting.standard_conforming_strings,
+                min_lsn: self.routing.lasting.min_lsn,
                 write_unconfirmed: self.routing.write_seq > self.routing.probed_seq,
                 session_mode: self.mode == PoolMode::Session,
                 server,
@@ -238,17 +239,17 @@ impl Session {
         }
         self.custom_settings = record.custom_settings.clone();
         let routing = &mut self.routing;
-        routing.pinned = record.server.as_ref().and_then(|s| s.pin);
-        if routing.pinned.is_some() {
+        routing.lasting.pinned = record.server.as_ref().and_then(|s| s.pin);
+        if routing.lasting.pinned.is_some() {
             self.shared.set_may_park(false);
         }
-        routing.session.override_route = record
+        routing.lasting.session.override_route = record
             .route_override
             .as_deref()
             .and_then(pgherd_config::Route::parse);
-        routing.session.default_read_only = record.default_read_only;
-        routing.standard_conforming_strings = record.standard_conforming_strings;
-        routing.min_lsn = record.min_lsn;
+        routing.lasting.session.default_read_only = record.default_read_only;
+        routing.lasting.standard_conforming_strings = record.standard_conforming_strings;
+        routing.lasting.min_lsn = record.min_lsn;
         if record.write_unconfirmed {
             // Reads wait for the end of a write this process never saw: the primary serves
             // them until the session's next write is probed.

@@ -27,6 +27,8 @@ pub struct ParkedSession {
     shared: Arc<ClientShared>,
     mode: PoolMode,
     routing: LastingRouting,
+    /// A write was sent whose end no probe has told.
+    write_unconfirmed: bool,
     params: SessionParams,
     /// What many clients never have; boxed, so that a client without it pays one pointer
     /// (the parked client stays in the allocator's 224-byte class).
@@ -105,10 +107,12 @@ impl Session {
                 custom_settings,
             })
         });
+        let (routing, write_unconfirmed) = routing.into_lasting();
         let parked = ParkedSession {
             shared,
             mode,
-            routing: routing.lasting(),
+            routing,
+            write_unconfirmed,
             params,
             defined,
             tx_failed,
@@ -123,6 +127,7 @@ impl Session {
             shared,
             mode,
             routing,
+            write_unconfirmed,
             params,
             defined,
             tx_failed,
@@ -134,7 +139,7 @@ impl Session {
             Stream::Plain(tcp),
             BytesMut::new(),
             mode,
-            Routing::from_lasting(routing),
+            Routing::from_lasting(routing, write_unconfirmed),
             params,
         );
         if let Some(defined) = defined {

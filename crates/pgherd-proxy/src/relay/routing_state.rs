@@ -102,8 +102,42 @@ impl Replay {
     }
 }
 
-/// A session's routing state.
+/// A session's routing state: what lasts between its requests, and the request under way's.
 pub(super) struct Routing {
+    /// All a parked session keeps of it.
+    pub(super) lasting: LastingRouting,
+    /// Statements that may write sent to the primary, counted; and the count the last LSN
+    /// probe answered for. Reads must wait for a probe while `write_seq > probed_seq`.
+    pub(super) write_seq: u64,
+    pub(super) probed_seq: u64,
+    /// What the probe in flight returned.
+    pub(super) probe_lsn: Option<Lsn>,
+    /// The decision for the statement at the front of the client's input, made to choose its
+    /// node and reused when it is relayed.
+    pub(super) front: Option<Routed>,
+    /// The next client message starts a new request (after a Query or Sync).
+    pub(super) at_unit_start: bool,
+    pub(super) unit_begins: bool,
+    pub(super) unit_ends: bool,
+    pub(super) unit_copies_in: bool,
+    /// The next request needs the primary but the lease is a replica: it waits until the
+    /// replica owes nothing, then the session moves.
+    pub(super) held: bool,
+    pub(super) replay: Option<Box<Replay>>,
+    /// A standby refused the request that is about to be sent again: it runs on the primary.
+    pub(super) retry_on_primary: bool,
+    /// The request runs on a replica because the client asked (`route = "replica"`, a hint):
+    /// what the standby refuses is the client's error to see.
+    pub(super) replica_asked: bool,
+    /// Tables the transaction's statements show they write, dropped from the result cache
+    /// when it ends.
+    pub(super) tables_written: Vec<String>,
+}
+
+/// What lasts of a session's routing state between its requests: all a parked session keeps
+/// of it (with whether a write's end is unknown). The rest of [`Routing`] is the request
+/// under way's, and starts afresh from this.
+pub(super) struct LastingRouting {
     pub(super) setup: RoutingSetup,
     /// What the planner is told of this session: the configured route and consistency,
     /// `SET pgherd.route`, and `default_transaction_read_only` as the session has it (from
@@ -125,65 +159,21 @@ pub(super) struct Routing {
     pub(super) schema_change: Option<crate::schema_changes::SchemaChangeEnding>,
     /// The WAL position of the session's last write known to be committed.
     pub(super) min_lsn: Lsn,
-    /// Statements that may write sent to the primary, counted; and the count the last LSN
-    /// probe answered for. Reads must wait for a probe while `write_seq > probed_seq`.
-    pub(super) write_seq: u64,
-    pub(super) probed_seq: u64,
     /// Statements that may write since the session last sent a read that could go to a
     /// replica. From `LAZY_PROBES_AFTER_WRITES` on, its writes are not followed by an LSN probe
     /// (TPC-B, a loader: nothing would use the answer); the next such read runs on the primary,
     /// takes the probe along and starts the count again. A session routed to the primary
     /// starts there: its reads go to a replica only by a hint.
     pub(super) writes_since_replica_read: u32,
-    /// What the probe in flight returned.
-    pub(super) probe_lsn: Option<Lsn>,
-    /// The decision for the statement at the front of the client's input, made to choose its
-    /// node and reused when it is relayed.
-    pub(super) front: Option<Routed>,
-    /// The next client message starts a new request (after a Query or Sync).
-    pub(super) at_unit_start: bool,
-    pub(super) unit_begins: bool,
-    pub(super) unit_ends: bool,
-    pub(super) unit_copies_in: bool,
-    /// The next request needs the primary but the lease is a replica: it waits until the
-    /// replica owes nothing, then the session moves.
-    pub(super) held: bool,
-    pub(super) replay: Option<Box<Replay>>,
-    /// A standby refused the request that is about to be sent again: it runs on the primary.
-    pub(super) retry_on_primary: bool,
-    /// The request runs on a replica because the client asked (`route = "replica"`, a hint):
-    /// what the standby refuses is the client's error to see.
-    pub(super) replica_asked: bool,
     /// The session asked for the result cache: its writes are followed to their end (as
     /// read-your-writes does), so that it is served only once they are decoded.
     pub(super) cache_active: bool,
-    /// Tables the transaction's statements show they write, dropped from the result cache
-    /// when it ends.
-    pub(super) tables_written: Vec<String>,
-}
-
-/// What lasts of a session's routing state between its requests: all a parked session keeps
-/// of it. The rest of [`Routing`] is the request under way's, and starts afresh from this.
-pub(super) struct LastingRouting {
-    setup: RoutingSetup,
-    session: SessionRouting,
-    pinned: Option<pgherd_route::Pin>,
-    standard_conforming_strings: bool,
-    effect: SessionEffect,
-    catalog_changed: bool,
-    schema_change: Option<crate::schema_changes::SchemaChangeEnding>,
-    min_lsn: Lsn,
-    /// A write was sent whose end no probe has told (the counts themselves matter only while
-    /// a probe is in flight).
-    write_unconfirmed: bool,
-    writes_since_replica_read: u32,
-    cache_active: bool,
 }
 
 impl Routing {
     pub(super) fn new(setup: RoutingSetup, flags: params::StartupFlags) -> Self {
         let configured_route = setup.route;
-        Routing::from_lasting(LastingRouting {
+        let lasting = LastingRouting {
             session: SessionRouting {
                 splitting: setup.router.is_some(),
                 configured: setup.route,
@@ -198,43 +188,23 @@ impl Routing {
             catalog_changed: false,
             schema_change: None,
             min_lsn: 0,
-            write_unconfirmed: false,
             writes_since_replica_read: match configured_route {
                 Route::Primary => LAZY_PROBES_AFTER_WRITES,
                 _ => 0,
             },
             cache_active: false,
-        })
+        };
+        Routing::from_lasting(lasting, false)
     }
 
-    /// The routing state as it is between requests, from what lasts of it.
-    pub(super) fn from_lasting(lasting: LastingRouting) -> Self {
-        let LastingRouting {
-            setup,
-            session,
-            pinned,
-            standard_conforming_strings,
-            effect,
-            catalog_changed,
-            schema_change,
-            min_lsn,
-            write_unconfirmed,
-            writes_since_replica_read,
-            cache_active,
-        } = lasting;
+    /// The routing state as it is between requests, from what lasts of it and whether a
+    /// write's end was still unknown (the counts themselves matter only while a probe is in
+    /// flight).
+    pub(super) fn from_lasting(lasting: LastingRouting, write_unconfirmed: bool) -> Self {
         Routing {
-            setup,
-            session,
-            pinned,
-            standard_conforming_strings,
-            effect,
-            catalog_changed,
-            schema_change,
-            min_lsn,
+            lasting,
             write_seq: u64::from(write_unconfirmed),
             probed_seq: 0,
-            writes_since_replica_read,
-            cache_active,
             probe_lsn: None,
             front: None,
             at_unit_start: true,
@@ -260,56 +230,20 @@ impl Routing {
             && self.tables_written.is_empty()
     }
 
-    /// What lasts of the routing state (see [`Self::at_rest`]). Every field is named, so that
-    /// a new one must be placed on one side or the other.
-    pub(super) fn lasting(self) -> LastingRouting {
-        let Routing {
-            setup,
-            session,
-            pinned,
-            standard_conforming_strings,
-            effect,
-            catalog_changed,
-            schema_change,
-            min_lsn,
-            write_seq,
-            probed_seq,
-            writes_since_replica_read,
-            cache_active,
-            probe_lsn: _,
-            front: _,
-            at_unit_start: _,
-            unit_begins: _,
-            unit_ends: _,
-            unit_copies_in: _,
-            held: _,
-            replay: _,
-            retry_on_primary: _,
-            replica_asked: _,
-            tables_written: _,
-        } = self;
-        LastingRouting {
-            setup,
-            session,
-            pinned,
-            standard_conforming_strings,
-            effect,
-            catalog_changed,
-            schema_change,
-            min_lsn,
-            write_unconfirmed: write_seq > probed_seq,
-            writes_since_replica_read,
-            cache_active,
-        }
+    /// What lasts of the routing state (see [`Self::at_rest`]), and whether a write's end is
+    /// still unknown.
+    pub(super) fn into_lasting(self) -> (LastingRouting, bool) {
+        let write_unconfirmed = self.write_seq > self.probed_seq;
+        (self.lasting, write_unconfirmed)
     }
 
     pub(super) fn read_your_writes(&self) -> bool {
-        self.session.read_your_writes()
+        self.lasting.session.read_your_writes()
     }
 
     /// The session's reads follow its writes closely enough that each write's end is asked
     /// for at once, in the same round trip, so that the next read may use a replica.
     pub(super) fn probes_writes(&self) -> bool {
-        self.writes_since_replica_read < LAZY_PROBES_AFTER_WRITES
+        self.lasting.writes_since_replica_read < LAZY_PROBES_AFTER_WRITES
     }
 }

@@ -238,10 +238,10 @@ impl Session {
                         let flag = params::parse_bool(p.value);
                         match (p.name, flag) {
                             ("default_transaction_read_only", Some(on)) => {
-                                self.routing.session.default_read_only = on
+                                self.routing.lasting.session.default_read_only = on
                             }
                             ("standard_conforming_strings", Some(on)) => {
-                                self.routing.standard_conforming_strings = on
+                                self.routing.lasting.standard_conforming_strings = on
                             }
                             _ => {}
                         }
@@ -446,13 +446,13 @@ impl Session {
             // Asked inside a transaction that is still open: its commit comes later.
             return;
         }
-        if let Some(change) = self.routing.schema_change.take() {
+        if let Some(change) = self.routing.lasting.schema_change.take() {
             change.ended(lsn.map(insert_lsn_as_end));
         }
         self.routing.probed_seq = self.routing.probed_seq.max(write_seq);
-        self.routing.min_lsn = match lsn {
-            Some(lsn) if self.routing.min_lsn == Lsn::MAX => insert_lsn_as_end(lsn),
-            Some(lsn) => self.routing.min_lsn.max(insert_lsn_as_end(lsn)),
+        self.routing.lasting.min_lsn = match lsn {
+            Some(lsn) if self.routing.lasting.min_lsn == Lsn::MAX => insert_lsn_as_end(lsn),
+            Some(lsn) => self.routing.lasting.min_lsn.max(insert_lsn_as_end(lsn)),
             None => Lsn::MAX,
         };
     }
@@ -467,11 +467,11 @@ impl Session {
         if tag == b"DISCARD ALL" || tag == b"DEALLOCATE ALL" {
             self.forget_server_statements();
         }
-        if self.routing.setup.router.is_none() && changes_the_schema(tag) {
+        if self.routing.lasting.setup.router.is_none() && changes_the_schema(tag) {
             // Without a router (session mode) no statement was classified: its tag says it
             // changed the schema. Statements prepared elsewhere are prepared again, and the
             // change is waited for as one a router saw.
-            self.routing.catalog_changed = true;
+            self.routing.lasting.catalog_changed = true;
             self.app.schema_generation.fetch_add(1, Ordering::Relaxed);
         }
         self.follow_settings(tag, sql);
@@ -504,17 +504,17 @@ impl Session {
             return Ok(());
         };
         if status == TxStatus::Idle {
-            if std::mem::take(&mut self.routing.catalog_changed) {
-                if self.routing.schema_change.is_none() {
+            if std::mem::take(&mut self.routing.lasting.catalog_changed) {
+                if self.routing.lasting.schema_change.is_none() {
                     // Before the client learns the change is done (its ReadyForQuery goes out
                     // after this), so that no one reads a replica between the commit and the
                     // LSN probe's answer.
-                    self.routing.schema_change = Some(self.app.schema_changes.ending());
+                    self.routing.lasting.schema_change = Some(self.app.schema_changes.ending());
                 }
-                if let Some(router) = &self.routing.setup.router {
+                if let Some(router) = &self.routing.lasting.setup.router {
                     router.catalog_changed();
                 }
-                if let Some(cache) = self.routing.setup.cache.as_ref() {
+                if let Some(cache) = self.routing.lasting.setup.cache.as_ref() {
                     // No answer kept so far is trusted (the WAL announces the change too,
                     // through pgherd's event trigger, a little later).
                     cache.db.state.lock().store.drop_all();

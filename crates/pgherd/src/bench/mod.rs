@@ -239,8 +239,8 @@ struct Sample {
     clients: u32,
     target: Target,
     result: PgbenchResult,
-    /// Proxy CPU time per transaction (pgherd and PgBouncer only).
-    cpu_us_per_txn: Option<f64>,
+    /// What the pooler used per transaction (pgherd and PgBouncer only).
+    proxy_cost: Option<procstat::CpuPerTxn>,
     /// The primary's CPU time per transaction (its postmaster and every process under it):
     /// what a pooler makes the server do besides the clients' statements.
     server_cpu_us_per_txn: Option<f64>,
@@ -313,7 +313,14 @@ fn pooler(mut options: PoolerOptions) -> Result<(), String> {
                 sample.result.tps,
                 sample.result.latency_avg_ms,
                 sample.result.latency_p99_ms,
-                sample.cpu_us_per_txn.map(|c| format!("  cpu {c:.1} us/txn")).unwrap_or_default()
+                sample
+                    .proxy_cost
+                    .map(|c| format!(
+                        "  cpu {:.1} us/txn ({:.1} user)",
+                        c.cpu_us(),
+                        c.user_us
+                    ))
+                    .unwrap_or_default()
             ),
         }
         samples.push(sample);
@@ -506,7 +513,7 @@ fn measure(
     let (port, proxy) = port_of(fixture, target)?;
     let threads = clients.clamp(1, options.client_threads.max(1));
     let args = pgbench_args(workload, clients, threads, options.duration_s);
-    let cpu_before = proxy.map(|p| p.cpu_us());
+    let cpu_before = proxy.map(|p| p.cpu_use());
     let server_cpu = ServerCpu::start(&fixture.cluster);
     let timeout = pgbench_timeout(options);
     let url = fixture.user_for(workload).url(port, "bench");
@@ -524,10 +531,11 @@ fn measure(
             return Err("the scraper never read /metrics".into());
         }
     }
-    let cpu_us_per_txn = match (proxy, cpu_before) {
-        (Some(p), Some(before)) if result.transactions > 0 => {
-            Some((p.cpu_us().saturating_sub(before)) as f64 / result.transactions as f64)
-        }
+    let proxy_cost = match (proxy, cpu_before) {
+        (Some(p), Some(before)) => p
+            .cpu_use()
+            .since(&before)
+            .per_transaction(result.transactions),
         _ => None,
     };
     Ok(Sample {
@@ -537,7 +545,7 @@ fn measure(
         target,
         server_cpu_us_per_txn: server_cpu.per_transaction(result.transactions),
         result,
-        cpu_us_per_txn,
+        proxy_cost,
         error,
     })
 }

@@ -12,6 +12,10 @@ struct Medians {
     avg_ms: f64,
     p99_ms: f64,
     cpu_us: f64,
+    user_us: f64,
+    system_us: f64,
+    voluntary_switches: f64,
+    involuntary_switches: f64,
     server_cpu_us: f64,
     failed: u64,
 }
@@ -26,7 +30,11 @@ fn medians(samples: &[Sample], workload: Workload, clients: u32, target: Target)
         tps: m(&|s| s.result.tps),
         avg_ms: m(&|s| s.result.latency_avg_ms),
         p99_ms: m(&|s| s.result.latency_p99_ms),
-        cpu_us: m(&|s| s.cpu_us_per_txn.unwrap_or(f64::NAN)),
+        cpu_us: m(&|s| s.proxy_cost.map_or(f64::NAN, |c| c.cpu_us())),
+        user_us: m(&|s| s.proxy_cost.map_or(f64::NAN, |c| c.user_us)),
+        system_us: m(&|s| s.proxy_cost.map_or(f64::NAN, |c| c.system_us)),
+        voluntary_switches: m(&|s| s.proxy_cost.map_or(f64::NAN, |c| c.voluntary_switches)),
+        involuntary_switches: m(&|s| s.proxy_cost.map_or(f64::NAN, |c| c.involuntary_switches)),
         server_cpu_us: m(&|s| s.server_cpu_us_per_txn.unwrap_or(f64::NAN)),
         failed: pick.iter().map(|s| s.result.failed).sum(),
     }
@@ -74,6 +82,43 @@ fn write_comparison(
                 fmt(x.server_cpu_us, 1),
                 fmt(y.server_cpu_us, 1),
                 x.failed + y.failed
+            );
+        }
+    }
+}
+
+/// pgherd's and PgBouncer's CPU per transaction split into user time (their own code) and
+/// system time (the kernel's work for their socket calls and wake-ups), with context
+/// switches. The last ratio is pgherd's system time over PgBouncer's whole cost: the CPU
+/// ratio pgherd would reach if its own code cost nothing.
+fn write_cpu_split(r: &mut String, options: &PoolerOptions, samples: &[Sample]) {
+    let _ = writeln!(
+        r,
+        "\nWhere the poolers' CPU goes per transaction (medians; switches: voluntary / involuntary):\n"
+    );
+    let _ = writeln!(
+        r,
+        "| workload | clients | pgherd user / system µs | PgBouncer user / system µs | pgherd switches | PgBouncer switches | pgherd system / PgBouncer user + system |"
+    );
+    let _ = writeln!(r, "|---|---:|---:|---:|---:|---:|---:|");
+    for &workload in &options.workloads {
+        for &clients in &options.clients {
+            let h = medians(samples, workload, clients, Target::Pgherd);
+            let b = medians(samples, workload, clients, Target::Pgbouncer);
+            let _ = writeln!(
+                r,
+                "| {} | {} | {} / {} | {} / {} | {} / {} | {} / {} | {} |",
+                workload.name(),
+                clients,
+                fmt(h.user_us, 1),
+                fmt(h.system_us, 1),
+                fmt(b.user_us, 1),
+                fmt(b.system_us, 1),
+                fmt(h.voluntary_switches, 2),
+                fmt(h.involuntary_switches, 2),
+                fmt(b.voluntary_switches, 2),
+                fmt(b.involuntary_switches, 2),
+                fmt(h.system_us / b.cpu_us, 2),
             );
         }
     }
@@ -147,6 +192,9 @@ pub(super) fn render_report(
                 d.failed + h.failed + b.failed
             );
         }
+    }
+    if options.targets.contains(&Target::Pgherd) && options.targets.contains(&Target::Pgbouncer) {
+        write_cpu_split(&mut r, options, samples);
     }
     if options.clients.contains(&1) {
         let _ = writeln!(
@@ -273,11 +321,11 @@ pub(super) fn write_outputs(
     report: &str,
 ) -> Result<(), String> {
     let prefix = output_prefix(&options.out, "pooler")?;
-    let mut csv = String::from("round,workload,clients,target,tps,latency_avg_ms,latency_p99_ms,proxy_cpu_us_per_txn,primary_cpu_us_per_txn,transactions,failed,error\n");
+    let mut csv = String::from("round,workload,clients,target,tps,latency_avg_ms,latency_p99_ms,proxy_cpu_us_per_txn,proxy_user_us_per_txn,proxy_system_us_per_txn,proxy_voluntary_switches_per_txn,proxy_involuntary_switches_per_txn,primary_cpu_us_per_txn,transactions,failed,error\n");
     for s in samples {
         let _ = writeln!(
             csv,
-            "{},{},{},{},{:.1},{:.4},{:.4},{},{},{},{},{}",
+            "{},{},{},{},{:.1},{:.4},{:.4},{},{},{},{},{},{},{},{},{}",
             s.round + 1,
             s.workload.name(),
             s.clients,
@@ -285,16 +333,21 @@ pub(super) fn write_outputs(
             s.result.tps,
             s.result.latency_avg_ms,
             s.result.latency_p99_ms,
-            s.cpu_us_per_txn
-                .map(|c| format!("{c:.2}"))
-                .unwrap_or_default(),
-            s.server_cpu_us_per_txn
-                .map(|c| format!("{c:.2}"))
-                .unwrap_or_default(),
+            opt2(s.proxy_cost.map(|c| c.cpu_us())),
+            opt2(s.proxy_cost.map(|c| c.user_us)),
+            opt2(s.proxy_cost.map(|c| c.system_us)),
+            opt2(s.proxy_cost.map(|c| c.voluntary_switches)),
+            opt2(s.proxy_cost.map(|c| c.involuntary_switches)),
+            opt2(s.server_cpu_us_per_txn),
             s.result.transactions,
             s.result.failed,
             csv_text(s.error.as_deref())
         );
     }
     write_csv_and_report(&prefix, &csv, report)
+}
+
+/// A CSV cell with two decimals, empty when there is no figure.
+fn opt2(x: Option<f64>) -> String {
+    x.map(|c| format!("{c:.2}")).unwrap_or_default()
 }

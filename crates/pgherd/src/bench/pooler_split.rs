@@ -5,7 +5,7 @@
 
 use super::pgbench::PgbenchResult;
 use super::{outcome, pgbench_args, pgbench_timeout, Fixture, PoolerOptions, Sample, Target};
-use super::{ProxyProcess, ServerCpu, Workload};
+use super::{procstat, ProxyProcess, ServerCpu, Workload};
 
 pub(super) fn measure(
     fixture: &Fixture,
@@ -17,7 +17,7 @@ pub(super) fn measure(
         .as_ref()
         .ok_or("the two pgherd processes are not running")?;
     let halves = split(clients, options.client_threads);
-    let cpu_before: Vec<u64> = processes.iter().map(ProxyProcess::cpu_us).collect();
+    let cpu_before: Vec<_> = processes.iter().map(ProxyProcess::cpu_use).collect();
     let server_cpu = ServerCpu::start(&fixture.cluster);
     let timeout = pgbench_timeout(options);
     let user = fixture.user_for(workload);
@@ -51,13 +51,12 @@ pub(super) fn measure(
         })
         .and_then(|merged| merged.ok_or_else(|| "no clients to run".to_owned()));
     let (result, error) = outcome(run);
-    let cpu_us: u64 = processes
+    let used = processes
         .iter()
         .zip(cpu_before)
-        .map(|(p, before)| p.cpu_us().saturating_sub(before))
-        .sum();
-    let cpu_us_per_txn =
-        (result.transactions > 0).then(|| cpu_us as f64 / result.transactions as f64);
+        .map(|(p, before)| p.cpu_use().since(&before))
+        .fold(procstat::CpuUse::default(), |sum, one| sum + one);
+    let proxy_cost = used.per_transaction(result.transactions);
     Ok(Sample {
         round,
         workload,
@@ -65,7 +64,7 @@ pub(super) fn measure(
         target: Target::PgherdTwoProcesses,
         server_cpu_us_per_txn: server_cpu.per_transaction(result.transactions),
         result,
-        cpu_us_per_txn,
+        proxy_cost,
         error,
     })
 }

@@ -19,10 +19,104 @@ fn ticks_to_us(ticks: u64) -> u64 {
     ticks * 1_000_000 / per_second
 }
 
-/// User plus system CPU time of `pid`, in microseconds.
-pub fn cpu_us(pid: u32) -> Option<u64> {
-    let fields = stat_fields(pid)?;
-    Some(ticks_to_us(field(&fields, 11)? + field(&fields, 12)?))
+/// What a process has used so far: CPU time by mode, and its threads' context switches
+/// (voluntary: it waited; involuntary: it was preempted), summed over its live threads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuUse {
+    pub user_us: u64,
+    pub system_us: u64,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+}
+
+impl CpuUse {
+    /// `pid`'s use so far; None when it is gone.
+    pub fn of(pid: u32) -> Option<CpuUse> {
+        let fields = stat_fields(pid)?;
+        let (voluntary_switches, involuntary_switches) =
+            std::fs::read_dir(format!("/proc/{pid}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+                .map(|status| context_switches(&status))
+                .fold((0, 0), |(v, i), (tv, ti)| (v + tv, i + ti));
+        Some(CpuUse {
+            user_us: ticks_to_us(field(&fields, 11)?),
+            system_us: ticks_to_us(field(&fields, 12)?),
+            voluntary_switches,
+            involuntary_switches,
+        })
+    }
+
+    /// This use spread over `transactions` (none when there were none).
+    pub fn per_transaction(&self, transactions: u64) -> Option<CpuPerTxn> {
+        let per = |x: u64| x as f64 / transactions as f64;
+        (transactions > 0).then(|| CpuPerTxn {
+            user_us: per(self.user_us),
+            system_us: per(self.system_us),
+            voluntary_switches: per(self.voluntary_switches),
+            involuntary_switches: per(self.involuntary_switches),
+        })
+    }
+
+    /// What was used between `before` and this reading.
+    pub fn since(&self, before: &CpuUse) -> CpuUse {
+        CpuUse {
+            user_us: self.user_us.saturating_sub(before.user_us),
+            system_us: self.system_us.saturating_sub(before.system_us),
+            voluntary_switches: self
+                .voluntary_switches
+                .saturating_sub(before.voluntary_switches),
+            involuntary_switches: self
+                .involuntary_switches
+                .saturating_sub(before.involuntary_switches),
+        }
+    }
+}
+
+/// [`CpuUse`] per transaction of a run. Of a pooler: both poolers make the same socket calls
+/// per transaction, so their system time is a floor no pooler's own code goes under; the user
+/// time is what its code adds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CpuPerTxn {
+    pub user_us: f64,
+    pub system_us: f64,
+    pub voluntary_switches: f64,
+    pub involuntary_switches: f64,
+}
+
+impl CpuPerTxn {
+    pub fn cpu_us(&self) -> f64 {
+        self.user_us + self.system_us
+    }
+}
+
+impl std::ops::Add for CpuUse {
+    type Output = CpuUse;
+    fn add(self, other: CpuUse) -> CpuUse {
+        CpuUse {
+            user_us: self.user_us + other.user_us,
+            system_us: self.system_us + other.system_us,
+            voluntary_switches: self.voluntary_switches + other.voluntary_switches,
+            involuntary_switches: self.involuntary_switches + other.involuntary_switches,
+        }
+    }
+}
+
+/// (voluntary, involuntary) context switches from a thread's `/proc/.../status`.
+fn context_switches(status: &str) -> (u64, u64) {
+    let count = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (
+        count("voluntary_ctxt_switches:"),
+        count("nonvoluntary_ctxt_switches:"),
+    )
 }
 
 /// Resident set size of `pid`, in KiB.
@@ -110,6 +204,80 @@ mod tests {
     use super::*;
 
     #[test]
+    fn context_switches_are_read_from_a_status_file() {
+        let status =
+            "Name:\tpgherd\nvoluntary_ctxt_switches:\t120\nnonvoluntary_ctxt_switches:\t7\n";
+        assert_eq!(context_switches(status), (120, 7));
+        assert_eq!(context_switches("Name:\tx\n"), (0, 0));
+    }
+
+    fn thread_cpu_us() -> u64 {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes into the timespec it is given.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+        now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1_000
+    }
+
+    #[test]
+    fn use_per_transaction_keeps_the_modes_apart() {
+        let used = CpuUse {
+            user_us: 300,
+            system_us: 1_200,
+            voluntary_switches: 20,
+            involuntary_switches: 50,
+        };
+        let both = used + used;
+        assert_eq!(both.since(&used), used);
+        assert_eq!(used.since(&both), CpuUse::default(), "never below zero");
+        let per = both.per_transaction(100).expect("transactions");
+        assert_eq!(
+            per,
+            CpuPerTxn {
+                user_us: 6.0,
+                system_us: 24.0,
+                voluntary_switches: 0.4,
+                involuntary_switches: 1.0,
+            }
+        );
+        assert_eq!(per.cpu_us(), 30.0);
+        assert_eq!(used.per_transaction(0), None);
+    }
+
+    #[test]
+    fn a_process_use_sums_its_threads_and_splits_its_modes() {
+        let me = std::process::id();
+        let before = CpuUse::of(me).expect("own use");
+        // A thread that sleeps a few times adds voluntary switches of its own; it stays
+        // alive while read, as a thread that ended takes its switch counts with it.
+        let (done, worked) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            for _ in 0..5 {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            // 100 ms of this thread's own CPU, all of it in user mode.
+            let mut x = 0u64;
+            while thread_cpu_us() < 100_000 {
+                for _ in 0..100_000 {
+                    x = std::hint::black_box(x.wrapping_add(1));
+                }
+            }
+            let _ = done.send(());
+            let _ = released.recv();
+        });
+        worked.recv().expect("the thread worked");
+        let used = CpuUse::of(me).expect("own use").since(&before);
+        let _ = release.send(());
+        thread.join().expect("thread");
+        assert!(used.voluntary_switches >= 5, "{used:?}");
+        assert!(used.user_us >= 80_000, "{used:?}");
+        assert!(used.system_us < used.user_us, "{used:?}");
+    }
+
+    #[test]
     fn a_process_tree_takes_in_its_children() {
         let me = std::process::id();
         let mut child = std::process::Command::new("sh")
@@ -120,6 +288,7 @@ mod tests {
             .spawn()
             .expect("sh");
         std::thread::sleep(std::time::Duration::from_millis(1500));
+        let cpu_us = |pid| CpuUse::of(pid).map(|c| c.user_us + c.system_us);
         let own = cpu_us(me).expect("own CPU time");
         let child_us = cpu_us(child.id()).expect("the child's CPU time");
         let tree = tree_cpu_us(me);

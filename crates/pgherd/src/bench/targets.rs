@@ -174,8 +174,9 @@ impl ProxyProcess {
         self.wait_listening()
     }
 
-    pub fn cpu_us(&self) -> u64 {
-        procstat::cpu_us(self.pid()).unwrap_or(0)
+    /// What the process has used so far (nothing, if it is gone).
+    pub fn cpu_use(&self) -> procstat::CpuUse {
+        procstat::CpuUse::of(self.pid()).unwrap_or_default()
     }
 
     fn wait_ready(mut self) -> Result<Self, String> {

@@ -40,6 +40,15 @@ fn medians(samples: &[Sample], workload: Workload, clients: u32, target: Target)
     }
 }
 
+/// One table row per workload and client count, in the order they were asked for.
+fn write_rows(r: &mut String, options: &PoolerOptions, row: impl Fn(Workload, u32) -> String) {
+    for &workload in &options.workloads {
+        for &clients in &options.clients {
+            let _ = writeln!(r, "{}", row(workload, clients));
+        }
+    }
+}
+
 /// A TPS median, or how many runs failed when none succeeded.
 fn tps_cell(tps: f64, failed_runs: usize) -> String {
     match (tps.is_finite(), failed_runs) {
@@ -65,26 +74,23 @@ fn write_comparison(
         "| workload | clients | {a_name} TPS | {b_name} TPS | {b_name} / {a_name} | CPU µs/txn {a_name} / {b_name} | primary's CPU µs/txn {a_name} / {b_name} | failed |"
     );
     let _ = writeln!(r, "|---|---:|---:|---:|---:|---:|---:|---:|");
-    for &workload in &options.workloads {
-        for &clients in &options.clients {
-            let x = medians(samples, workload, clients, a);
-            let y = medians(samples, workload, clients, b);
-            let _ = writeln!(
-                r,
-                "| {} | {} | {} | {} | {} | {} / {} | {} / {} | {} |",
-                workload.name(),
-                clients,
-                fmt(x.tps, 0),
-                fmt(y.tps, 0),
-                fmt(y.tps / x.tps, 3),
-                fmt(x.cpu_us, 1),
-                fmt(y.cpu_us, 1),
-                fmt(x.server_cpu_us, 1),
-                fmt(y.server_cpu_us, 1),
-                x.failed + y.failed
-            );
-        }
-    }
+    write_rows(r, options, |workload, clients| {
+        let x = medians(samples, workload, clients, a);
+        let y = medians(samples, workload, clients, b);
+        format!(
+            "| {} | {} | {} | {} | {} | {} / {} | {} / {} | {} |",
+            workload.name(),
+            clients,
+            fmt(x.tps, 0),
+            fmt(y.tps, 0),
+            fmt(y.tps / x.tps, 3),
+            fmt(x.cpu_us, 1),
+            fmt(y.cpu_us, 1),
+            fmt(x.server_cpu_us, 1),
+            fmt(y.server_cpu_us, 1),
+            x.failed + y.failed
+        )
+    });
 }
 
 /// pgherd's and PgBouncer's CPU per transaction split into user time (their own code) and
@@ -101,27 +107,24 @@ fn write_cpu_split(r: &mut String, options: &PoolerOptions, samples: &[Sample]) 
         "| workload | clients | pgherd user / system µs | PgBouncer user / system µs | pgherd switches | PgBouncer switches | pgherd system / PgBouncer user + system |"
     );
     let _ = writeln!(r, "|---|---:|---:|---:|---:|---:|---:|");
-    for &workload in &options.workloads {
-        for &clients in &options.clients {
-            let h = medians(samples, workload, clients, Target::Pgherd);
-            let b = medians(samples, workload, clients, Target::Pgbouncer);
-            let _ = writeln!(
-                r,
-                "| {} | {} | {} / {} | {} / {} | {} / {} | {} / {} | {} |",
-                workload.name(),
-                clients,
-                fmt(h.user_us, 1),
-                fmt(h.system_us, 1),
-                fmt(b.user_us, 1),
-                fmt(b.system_us, 1),
-                fmt(h.voluntary_switches, 2),
-                fmt(h.involuntary_switches, 2),
-                fmt(b.voluntary_switches, 2),
-                fmt(b.involuntary_switches, 2),
-                fmt(h.system_us / b.cpu_us, 2),
-            );
-        }
-    }
+    write_rows(r, options, |workload, clients| {
+        let h = medians(samples, workload, clients, Target::Pgherd);
+        let b = medians(samples, workload, clients, Target::Pgbouncer);
+        format!(
+            "| {} | {} | {} / {} | {} / {} | {} / {} | {} / {} | {} |",
+            workload.name(),
+            clients,
+            fmt(h.user_us, 1),
+            fmt(h.system_us, 1),
+            fmt(b.user_us, 1),
+            fmt(b.system_us, 1),
+            fmt(h.voluntary_switches, 2),
+            fmt(h.involuntary_switches, 2),
+            fmt(b.voluntary_switches, 2),
+            fmt(b.involuntary_switches, 2),
+            fmt(h.system_us / b.cpu_us, 2),
+        )
+    });
 }
 
 pub(super) fn render_report(
@@ -165,34 +168,31 @@ pub(super) fn render_report(
             })
             .count()
     };
-    for &workload in &options.workloads {
-        for &clients in &options.clients {
-            let d = medians(samples, workload, clients, Target::Direct);
-            let h = medians(samples, workload, clients, Target::Pgherd);
-            let b = medians(samples, workload, clients, Target::Pgbouncer);
-            let _ = writeln!(
-                r,
-                "| {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} / {} / {} | {} / {} | {} | {} |",
-                workload.name(),
-                clients,
-                tps_cell(d.tps, failed_runs(workload, clients, Target::Direct)),
-                tps_cell(h.tps, failed_runs(workload, clients, Target::Pgherd)),
-                tps_cell(b.tps, failed_runs(workload, clients, Target::Pgbouncer)),
-                fmt(h.tps / d.tps, 2),
-                fmt(h.tps / b.tps, 2),
-                fmt(d.avg_ms, 3),
-                fmt(h.avg_ms, 3),
-                fmt(b.avg_ms, 3),
-                fmt(d.p99_ms, 3),
-                fmt(h.p99_ms, 3),
-                fmt(b.p99_ms, 3),
-                fmt(h.cpu_us, 1),
-                fmt(b.cpu_us, 1),
-                fmt(h.cpu_us / b.cpu_us, 2),
-                d.failed + h.failed + b.failed
-            );
-        }
-    }
+    write_rows(&mut r, options, |workload, clients| {
+        let d = medians(samples, workload, clients, Target::Direct);
+        let h = medians(samples, workload, clients, Target::Pgherd);
+        let b = medians(samples, workload, clients, Target::Pgbouncer);
+        format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} / {} / {} | {} / {} | {} | {} |",
+            workload.name(),
+            clients,
+            tps_cell(d.tps, failed_runs(workload, clients, Target::Direct)),
+            tps_cell(h.tps, failed_runs(workload, clients, Target::Pgherd)),
+            tps_cell(b.tps, failed_runs(workload, clients, Target::Pgbouncer)),
+            fmt(h.tps / d.tps, 2),
+            fmt(h.tps / b.tps, 2),
+            fmt(d.avg_ms, 3),
+            fmt(h.avg_ms, 3),
+            fmt(b.avg_ms, 3),
+            fmt(d.p99_ms, 3),
+            fmt(h.p99_ms, 3),
+            fmt(b.p99_ms, 3),
+            fmt(h.cpu_us, 1),
+            fmt(b.cpu_us, 1),
+            fmt(h.cpu_us / b.cpu_us, 2),
+            d.failed + h.failed + b.failed
+        )
+    });
     if options.targets.contains(&Target::Pgherd) && options.targets.contains(&Target::Pgbouncer) {
         write_cpu_split(&mut r, options, samples);
     }
@@ -350,4 +350,68 @@ pub(super) fn write_outputs(
 /// A CSV cell with two decimals, empty when there is no figure.
 fn opt2(x: Option<f64>) -> String {
     x.map(|c| format!("{c:.2}")).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        options: PoolerOptions,
+    }
+
+    fn sample(round: u32, target: Target, user_us: f64, system_us: f64) -> Sample {
+        Sample {
+            round,
+            workload: Workload::SelectSimple,
+            clients: 32,
+            target,
+            result: PgbenchResult {
+                transactions: 1000,
+                tps: 100.0,
+                ..PgbenchResult::default()
+            },
+            proxy_cost: Some(procstat::CpuPerTxn {
+                user_us,
+                system_us,
+                voluntary_switches: 0.25,
+                involuntary_switches: 0.5,
+            }),
+            server_cpu_us_per_txn: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn the_cpu_split_shows_medians_by_mode_and_the_kernel_floor() {
+        let options = Cli::parse_from([
+            "bench",
+            "--targets",
+            "pgherd,pgbouncer",
+            "--workloads",
+            "select-simple",
+            "--clients",
+            "32",
+        ])
+        .options;
+        let samples = [
+            sample(0, Target::Pgherd, 4.0, 16.0),
+            sample(1, Target::Pgherd, 9.0, 17.0),
+            sample(2, Target::Pgherd, 3.0, 15.0),
+            sample(0, Target::Pgbouncer, 2.0, 18.0),
+            sample(1, Target::Pgbouncer, 2.0, 18.0),
+            sample(2, Target::Pgbouncer, 2.0, 18.0),
+        ];
+        let mut r = String::new();
+        write_cpu_split(&mut r, &options, &samples);
+        // Medians per column: user 4, system 16; PgBouncer's whole cost 20, so 16 / 20.
+        assert!(
+            r.contains("| select-simple | 32 | 4.0 / 16.0 | 2.0 / 18.0 | 0.25 / 0.50 | 0.25 / 0.50 | 0.80 |"),
+            "{r}"
+        );
+    }
 }

@@ -126,13 +126,19 @@ async fn a_killed_primary_is_replaced_and_fenced() {
     // read-only.
     old.start(Duration::from_secs(30)).expect("restart pg1");
     wait_sealed(&env, old);
-    // Every step is an event, on the admin console and through the notification command.
-    let events = psql(
-        &env.pgherd
-            .url("postgres", pgherd_testkit::SUPERUSER_PASSWORD, "pgherd"),
-        &["-c", "SHOW EVENTS"],
-    )
-    .expect("SHOW EVENTS");
+    // Every step is an event, on the admin console and through the notification command. The
+    // node reads as read-only a moment before pgherd records that it sealed it.
+    let console = env
+        .pgherd
+        .url("postgres", pgherd_testkit::SUPERUSER_PASSWORD, "pgherd");
+    let show_events = || psql(&console, &["-c", "SHOW EVENTS"]).expect("SHOW EVENTS");
+    wait_until(
+        &env,
+        "the sealed event was recorded",
+        Duration::from_secs(10),
+        || show_events().contains("|sealed|"),
+    );
+    let events = show_events();
     for kind in [
         "elected",
         "suspect",
@@ -147,12 +153,7 @@ async fn a_killed_primary_is_replaced_and_fenced() {
             "no {kind} event in:\n{events}"
         );
     }
-    let nodes = psql(
-        &env.pgherd
-            .url("postgres", pgherd_testkit::SUPERUSER_PASSWORD, "pgherd"),
-        &["-c", "SHOW NODES"],
-    )
-    .expect("SHOW NODES");
+    let nodes = psql(&console, &["-c", "SHOW NODES"]).expect("SHOW NODES");
     assert!(
         nodes
             .lines()

@@ -75,9 +75,9 @@ impl CpuUse {
     }
 }
 
-/// [`CpuUse`] per transaction of a run. Of a pooler: both poolers make the same socket calls
-/// per transaction, so their system time is a floor no pooler's own code goes under; the user
-/// time is what its code adds.
+/// [`CpuUse`] per transaction of a run. Of a pooler: its system time is the kernel's work for
+/// its socket calls and the wake-ups they cause, which its own code changes only by making
+/// fewer calls; its user time is what its code adds.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CpuPerTxn {
     pub user_us: f64,

@@ -126,7 +126,7 @@ impl Session {
                     routing.lasting.setup.primary_reads,
                 ),
                 read_your_writes.then_some(routing.lasting.min_lsn.max(schema.min_lsn)),
-                routing.write_seq > routing.probed_seq || (read_your_writes && schema.unconfirmed),
+                routing.write_unconfirmed() || (read_your_writes && schema.unconfirmed),
             )
         };
         if target == RouteTarget::Primary && !self.app.may_route_writes() {

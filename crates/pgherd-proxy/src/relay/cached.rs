@@ -68,7 +68,7 @@ impl Session {
             && self.lease.is_none()
             && !self.untracked_change
             && self.routing.lasting.pinned.is_none()
-            && self.routing.write_seq == self.routing.probed_seq
+            && !self.routing.write_unconfirmed()
             && self.queue.is_settled()
     }
 

@@ -213,7 +213,7 @@ impl Session {
         let own_writes_followed = ((self.routing.read_your_writes()
             && self.routing.probes_writes())
             || self.routing.lasting.cache_active)
-            && self.routing.write_seq > self.routing.probed_seq;
+            && self.routing.write_unconfirmed();
         (own_writes_followed || self.routing.lasting.schema_change.is_some())
             && self.lease.as_ref().is_some_and(|l| !l.on_replica)
     }

@@ -200,7 +200,7 @@ impl Session {
                 default_read_only: self.routing.lasting.session.default_read_only,
                 standard_conforming_strings: self.routing.lasting.standard_conforming_strings,
                 min_lsn: self.routing.lasting.min_lsn,
-                write_unconfirmed: self.routing.write_seq > self.routing.probed_seq,
+                write_unconfirmed: self.routing.write_unconfirmed(),
                 session_mode: self.mode == PoolMode::Session,
                 server,
                 sharded: false,
@@ -251,9 +251,7 @@ impl Session {
         routing.lasting.standard_conforming_strings = record.standard_conforming_strings;
         routing.lasting.min_lsn = record.min_lsn;
         if record.write_unconfirmed {
-            // Reads wait for the end of a write this process never saw: the primary serves
-            // them until the session's next write is probed.
-            routing.write_seq = routing.probed_seq + 1;
+            routing.mark_write_unconfirmed();
         }
     }
 

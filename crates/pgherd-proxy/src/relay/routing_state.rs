@@ -107,7 +107,8 @@ pub(super) struct Routing {
     /// All a parked session keeps of it.
     pub(super) lasting: LastingRouting,
     /// Statements that may write sent to the primary, counted; and the count the last LSN
-    /// probe answered for. Reads must wait for a probe while `write_seq > probed_seq`.
+    /// probe answered for. Reads must wait for a probe while `write_seq > probed_seq`
+    /// ([`Self::write_unconfirmed`]).
     pub(super) write_seq: u64,
     pub(super) probed_seq: u64,
     /// What the probe in flight returned.
@@ -201,9 +202,9 @@ impl Routing {
     /// write's end was still unknown (the counts themselves matter only while a probe is in
     /// flight).
     pub(super) fn from_lasting(lasting: LastingRouting, write_unconfirmed: bool) -> Self {
-        Routing {
+        let mut routing = Routing {
             lasting,
-            write_seq: u64::from(write_unconfirmed),
+            write_seq: 0,
             probed_seq: 0,
             probe_lsn: None,
             front: None,
@@ -216,7 +217,23 @@ impl Routing {
             retry_on_primary: false,
             replica_asked: false,
             tables_written: Vec::new(),
+        };
+        if write_unconfirmed {
+            routing.mark_write_unconfirmed();
         }
+        routing
+    }
+
+    /// A write was sent that no LSN probe has answered for: reads must not use a replica on
+    /// the strength of what the session last knew.
+    pub(super) fn write_unconfirmed(&self) -> bool {
+        self.write_seq > self.probed_seq
+    }
+
+    /// Marks a write whose end this session never saw (it moved or parked with one
+    /// unanswered): the primary serves reads until the next write is probed.
+    pub(super) fn mark_write_unconfirmed(&mut self) {
+        self.write_seq = self.probed_seq + 1;
     }
 
     /// Whether nothing of a request is under way in the routing state: what [`Self::lasting`]
@@ -233,7 +250,7 @@ impl Routing {
     /// What lasts of the routing state (see [`Self::at_rest`]), and whether a write's end is
     /// still unknown.
     pub(super) fn into_lasting(self) -> (LastingRouting, bool) {
-        let write_unconfirmed = self.write_seq > self.probed_seq;
+        let write_unconfirmed = self.write_unconfirmed();
         (self.lasting, write_unconfirmed)
     }
 

@@ -496,7 +496,7 @@ fn write_outputs(options: &CacheOptions, samples: &[Sample], report: &str) -> Re
     let mut csv = String::from(
         "round,workload,clients,target,tps,hit_ratio,middleware_cpu_us_per_txn,server_cpu_us_per_txn,latency_avg_ms,latency_p99_ms,transactions,failed,error\n",
     );
-    let opt = |v: Option<f64>| v.map(|v| format!("{v:.4}")).unwrap_or_default();
+    let opt = |v: Option<f64>| super::csv_number(v, 4);
     for s in samples {
         let _ = writeln!(
             csv,

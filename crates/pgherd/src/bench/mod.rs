@@ -846,6 +846,11 @@ fn output_prefix(out: &std::path::Path, name: &str) -> Result<PathBuf, String> {
     Ok(out.join(format!("{name}-{stamp}")))
 }
 
+/// A CSV number with `decimals` places, empty when there is none.
+fn csv_number(v: Option<f64>, decimals: usize) -> String {
+    v.map(|v| format!("{v:.decimals$}")).unwrap_or_default()
+}
+
 /// A free-text CSV field: quoted, inner quotes made single.
 fn csv_text(text: Option<&str>) -> String {
     text.map(|e| format!("\"{}\"", e.replace('"', "'")))

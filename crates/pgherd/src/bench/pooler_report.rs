@@ -333,23 +333,18 @@ pub(super) fn write_outputs(
             s.result.tps,
             s.result.latency_avg_ms,
             s.result.latency_p99_ms,
-            opt2(s.proxy_cost.map(|c| c.cpu_us())),
-            opt2(s.proxy_cost.map(|c| c.user_us)),
-            opt2(s.proxy_cost.map(|c| c.system_us)),
-            opt2(s.proxy_cost.map(|c| c.voluntary_switches)),
-            opt2(s.proxy_cost.map(|c| c.involuntary_switches)),
-            opt2(s.server_cpu_us_per_txn),
+            csv_number(s.proxy_cost.map(|c| c.cpu_us()), 2),
+            csv_number(s.proxy_cost.map(|c| c.user_us), 2),
+            csv_number(s.proxy_cost.map(|c| c.system_us), 2),
+            csv_number(s.proxy_cost.map(|c| c.voluntary_switches), 2),
+            csv_number(s.proxy_cost.map(|c| c.involuntary_switches), 2),
+            csv_number(s.server_cpu_us_per_txn, 2),
             s.result.transactions,
             s.result.failed,
             csv_text(s.error.as_deref())
         );
     }
     write_csv_and_report(&prefix, &csv, report)
-}
-
-/// A CSV cell with two decimals, empty when there is no figure.
-fn opt2(x: Option<f64>) -> String {
-    x.map(|c| format!("{c:.2}")).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -41,6 +41,25 @@ async fn serve_with(
     mut takeover: Option<crate::handover::Takeover>,
     on_ready: impl FnOnce(&[SocketAddr]),
 ) -> Result<(), String> {
+    // Handled from the first moment, not only once ready: a SIGTERM that comes as soon as the
+    // port accepts or READY is sent (`systemctl stop` right after start) must drain, not kill
+    // the process with the signal's default action. One that comes while starting is acted on
+    // once ready.
+    let installed = (|| {
+        Ok::<_, std::io::Error>((
+            signal(SignalKind::hangup())?,
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::user_defined2())?,
+        ))
+    })();
+    let (mut hangup, mut terminate, mut interrupt, mut upgrade) = match installed {
+        Ok(handlers) => handlers,
+        Err(e) => {
+            let reason = format!("cannot handle signals: {e}");
+            return Err(fail_takeover(takeover, reason).await);
+        }
+    };
     let app = match App::new(config) {
         Ok(app) => app,
         Err(e) => return Err(fail_takeover(takeover, e).await),
@@ -138,10 +157,6 @@ async fn serve_with(
     crate::systemd::ready(&serving_status(&addrs));
     on_ready(&addrs);
 
-    let mut hangup = signal(SignalKind::hangup()).map_err(|e| e.to_string())?;
-    let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
-    let mut upgrade = signal(SignalKind::user_defined2()).map_err(|e| e.to_string())?;
     let mut stopping = app.shutdown_signal();
     loop {
         tokio::select! {

@@ -132,6 +132,29 @@ fn notifies_systemd_of_ready_reload_stop_and_feeds_the_watchdog() {
     assert!(status.success(), "pgherd exited with {status}");
 }
 
+/// `systemctl stop` right after `systemctl start`: the SIGTERM follows READY at once and must
+/// drain (STOPPING, exit 0), not kill pgherd with the signal's default action. Repeated, as
+/// the gap it once fell into was short.
+#[test]
+fn a_stop_right_after_ready_drains() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, _) = config(dir.path());
+    let socket_path = dir.path().join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    for _ in 0..5 {
+        let notify = [("NOTIFY_SOCKET", socket_path.display().to_string())];
+        let mut child = spawn(&config, &notify, Stdio::null());
+        assert!(next_message(&socket, false).starts_with("READY=1\n"));
+        signal(&child, libc::SIGTERM);
+        assert!(next_message(&socket, false).starts_with("STOPPING=1\n"));
+        let status = child.wait().unwrap();
+        assert!(status.success(), "pgherd exited with {status}");
+    }
+}
+
 #[test]
 fn runs_without_a_service_manager() {
     let dir = tempfile::tempdir().unwrap();
@@ -140,12 +163,13 @@ fn runs_without_a_service_manager() {
     serve_then_stop(&mut child, port);
 }
 
-/// Waits until pgherd accepts clients, then stops it with SIGTERM and expects a clean exit.
+/// Stops pgherd with SIGTERM as soon as its port accepts (which may be before it is ready)
+/// and expects a clean exit.
 fn serve_then_stop(child: &mut Child, port: u16) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(Instant::now() < deadline, "pgherd never listened");
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(1));
     }
     signal(child, libc::SIGTERM);
     assert!(child.wait().unwrap().success());

@@ -140,6 +140,15 @@ enum Step {
     RefusedByStandby,
 }
 
+/// The directions that answered Pending in the current turn of the pump.
+#[derive(Default)]
+struct Blocked {
+    server_write: bool,
+    client_write: bool,
+    server_read: bool,
+    client_read: bool,
+}
+
 /// Where a relay step failed.
 enum Relayed {
     Server(ServerError),
@@ -608,6 +617,11 @@ impl Session {
     // ----- attached phase: the pump --------------------------------------------------------
 
     fn poll_relay(&mut self, cx: &mut Context<'_>) -> Poll<Result<Step, Relayed>> {
+        // A direction that answered Pending in this turn has the task's waker and stays
+        // Pending until the runtime sees new readiness, which wakes the task for a new turn:
+        // asking it again in the same turn only costs (a readiness check and a waker compare
+        // under the socket's lock per ask, several per request).
+        let mut blocked = Blocked::default();
         loop {
             let mut progressed = false;
             let Some(lease) = self.lease.as_mut() else {
@@ -616,7 +630,7 @@ impl Session {
             let conn = &mut lease.conn;
 
             // Towards the server.
-            if !conn.write_buf.is_empty() {
+            if !conn.write_buf.is_empty() && !blocked.server_write {
                 match Pin::new(&mut conn.stream).poll_write(cx, &conn.write_buf) {
                     Poll::Ready(Ok(n)) => {
                         conn.write_buf.advance(n);
@@ -628,7 +642,7 @@ impl Session {
                     Poll::Ready(Err(e)) => {
                         return server_failed(&conn.node, ServerErrorKind::Io(e))
                     }
-                    Poll::Pending => {}
+                    Poll::Pending => blocked.server_write = true,
                 }
             }
             if lease.flush_pending && conn.write_buf.is_empty() {
@@ -643,7 +657,7 @@ impl Session {
             let server_backlog = conn.write_buf.len();
 
             // Towards the client.
-            if !self.client_out.is_empty() {
+            if !self.client_out.is_empty() && !blocked.client_write {
                 match Pin::new(&mut self.client).poll_write(cx, &self.client_out) {
                     Poll::Ready(Ok(n)) => {
                         self.client_out.advance(n);
@@ -653,7 +667,7 @@ impl Session {
                         progressed = true;
                     }
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(Relayed::Client(client_io(e)))),
-                    Poll::Pending => {}
+                    Poll::Pending => blocked.client_write = true,
                 }
             }
             if self.client_flush_pending && self.client_out.is_empty() {
@@ -665,7 +679,7 @@ impl Session {
             }
 
             // From the server.
-            if self.client_out.len() < HIGH_WATER_BYTES {
+            if self.client_out.len() < HIGH_WATER_BYTES && !blocked.server_read {
                 let Some(lease) = self.lease.as_mut() else {
                     return Poll::Ready(Ok(Step::Release));
                 };
@@ -682,12 +696,12 @@ impl Session {
                     Poll::Ready(Err(e)) => {
                         return server_failed(&conn.node, ServerErrorKind::Io(e))
                     }
-                    Poll::Pending => {}
+                    Poll::Pending => blocked.server_read = true,
                 }
             }
 
             // From the client.
-            if server_backlog < HIGH_WATER_BYTES && !self.routing.held {
+            if server_backlog < HIGH_WATER_BYTES && !self.routing.held && !blocked.client_read {
                 buffers::ready_for_read(&mut self.client_in);
                 match poll_read_buf(Pin::new(&mut self.client), cx, &mut self.client_in) {
                     Poll::Ready(Ok(0)) => {
@@ -698,7 +712,7 @@ impl Session {
                         progressed = true;
                     }
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(Relayed::Client(client_io(e)))),
-                    Poll::Pending => {}
+                    Poll::Pending => blocked.client_read = true,
                 }
             }
 

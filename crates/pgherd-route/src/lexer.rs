@@ -70,6 +70,9 @@ struct Lexer<'a> {
     sql: &'a [u8],
     at: usize,
     key: &'a mut Vec<u8>,
+    /// The key holds the text up to here: text between literals is copied in one piece
+    /// when the next literal, quoted name or comment (or the end) comes, not token by token.
+    copied: usize,
     standard_strings: bool,
     out: Lexed,
     /// Operator run per open parenthesis, innermost last.
@@ -120,6 +123,7 @@ fn lex_inner<'a>(
         sql,
         at: 0,
         key,
+        copied: 0,
         standard_strings: standard_conforming_strings,
         out: Lexed {
             hint: Ok(None),
@@ -200,23 +204,36 @@ impl Lexer<'_> {
         self.sql[self.at..].starts_with(s)
     }
 
-    fn copy(&mut self, from: usize) {
-        self.key.extend_from_slice(&self.sql[from..self.at]);
+    /// Copies the text not copied yet, up to `to`, lowercased: between literals, quoted names
+    /// and comments there are only keywords, names, operators, punctuation, parameters and
+    /// space, and only names and keywords have letters, which PostgreSQL folds.
+    fn flush(&mut self, to: usize) {
+        let from = self.key.len();
+        self.key.extend_from_slice(&self.sql[self.copied..to]);
+        self.key[from..].make_ascii_lowercase();
+        self.copied = to;
     }
 
-    fn copy_lowercase(&mut self, from: usize) {
-        self.key
-            .extend(self.sql[from..self.at].iter().map(u8::to_ascii_lowercase));
+    /// The token from `start` to the cursor goes into the key as written (a quoted name keeps
+    /// its case; a comment its text).
+    fn copy_as_written(&mut self, start: usize) {
+        self.flush(start);
+        self.key.extend_from_slice(&self.sql[start..self.at]);
+        self.copied = self.at;
     }
 
     /// The literal from `start` to the cursor becomes a marker of its kind, unless it names a
     /// setting (`set_config('name', ...)`): such a literal stays as written. Its quotes keep it
     /// apart from any other text, as a quote outside a literal cannot occur.
-    fn mark(&mut self, start: usize, kind: u8) {
+    /// `value_start` is where the literal's value starts (its quote, after a prefix such as
+    /// `E`, which stays in the key).
+    fn mark(&mut self, start: usize, value_start: usize, kind: u8) {
         if self.naming_setting && kind == b'S' && self.sql[start] == b'\'' {
-            self.key.extend_from_slice(&self.sql[start..self.at]);
+            self.copy_as_written(start);
         } else {
+            self.flush(value_start);
             self.key.extend_from_slice(&[MARK, kind]);
+            self.copied = self.at;
         }
         if let Some(spans) = self.spans.as_mut() {
             spans.push((start, self.at));
@@ -248,9 +265,18 @@ impl Lexer<'_> {
     }
 
     fn run(&mut self) {
+        self.scan();
+        self.flush(self.sql.len());
+    }
+
+    fn scan(&mut self) {
         while let Some(c) = self.peek(0) {
             let start = self.at;
-            let comment = self.starts_with(b"--") || self.starts_with(b"/*");
+            let comment = match c {
+                b'-' => self.peek(1) == Some(b'-'),
+                b'/' => self.peek(1) == Some(b'*'),
+                _ => false,
+            };
             let significant = !is_space(c) && !comment;
             if significant {
                 let call = std::mem::replace(&mut self.setting_call, SettingCall::None);
@@ -287,14 +313,12 @@ impl Lexer<'_> {
                 b'.' if self.peek(1) == Some(b'.') => {
                     // `..`, one token of its own (a range in PL/pgSQL).
                     self.at += 2;
-                    self.copy(start);
                 }
                 c if is_ident_start(c) => self.identifier(),
                 c if is_space(c) => {
                     while self.peek(0).is_some_and(is_space) {
                         self.at += 1;
                     }
-                    self.copy(start);
                 }
                 c if is_op_char(c) => {
                     // An operator ends where a comment starts.
@@ -304,12 +328,10 @@ impl Lexer<'_> {
                     {
                         self.at += 1;
                     }
-                    self.copy(start);
                     self.operator();
                 }
                 _ => {
                     self.at += 1;
-                    self.copy(start);
                     self.punctuation(c);
                 }
             }
@@ -331,7 +353,6 @@ impl Lexer<'_> {
             b'.' => self.last = Last::Glue,
             b':' if self.peek(0) == Some(b':') => {
                 self.at += 1;
-                self.key.push(b':');
                 self.operator();
             }
             _ => {}
@@ -344,7 +365,7 @@ impl Lexer<'_> {
             self.at += 1;
         }
         self.note_hints(start + 2, self.at);
-        self.copy(start);
+        self.copy_as_written(start);
     }
 
     fn block_comment(&mut self) {
@@ -370,7 +391,7 @@ impl Lexer<'_> {
         }
         let inner_end = if depth == 0 { self.at - 2 } else { self.at };
         self.note_hints(start + 2, inner_end);
-        self.copy(start);
+        self.copy_as_written(start);
     }
 
     fn note_hints(&mut self, from: usize, to: usize) {
@@ -415,7 +436,6 @@ impl Lexer<'_> {
         }
         let single = (word.len() == 1).then(|| word[0].to_ascii_lowercase());
         let next = self.peek(0);
-        self.copy_lowercase(start);
         if self.last == Last::Glue {
             // The second part of a qualified name continues the same operand.
             self.last = Last::Operand;
@@ -430,13 +450,11 @@ impl Lexer<'_> {
             (Some(b'n'), Some(b'\'')) => self.string(self.at, Quoting::Standard, b'S'),
             (Some(b'u'), Some(b'&')) if self.peek(1) == Some(b'\'') => {
                 self.at += 1;
-                self.key.push(b'&');
                 // Unicode escapes use the backslash (or UESCAPE) whatever the settings say.
                 self.string(start, Quoting::Standard, b'U');
             }
             (Some(b'u'), Some(b'&')) if self.peek(1) == Some(b'"') => {
                 self.at += 1;
-                self.key.push(b'&');
                 self.quoted_identifier();
                 // The name depends on a UESCAPE literal the key would not see.
                 self.uncacheable();
@@ -449,6 +467,7 @@ impl Lexer<'_> {
     /// quote after whitespace holding a newline continues the same literal); its value
     /// becomes a marker.
     fn string(&mut self, start: usize, quoting: Quoting, kind: u8) {
+        let quote = self.at;
         self.at += 1;
         loop {
             match self.peek(0) {
@@ -479,7 +498,7 @@ impl Lexer<'_> {
             }
         }
         self.at = self.at.min(self.sql.len());
-        self.mark(start, kind);
+        self.mark(start, quote, kind);
     }
 
     /// Where the next part of a continued string starts (its opening quote): after the
@@ -530,7 +549,7 @@ impl Lexer<'_> {
             }
         }
         // Part of the key as written: quoted names keep their case.
-        self.copy(start);
+        self.copy_as_written(start);
         match &self.sql[start..self.at] {
             b"\"set_config\"" => {
                 self.out.set_config_names += 1;
@@ -560,7 +579,6 @@ impl Lexer<'_> {
                 // Trailing junk after a parameter: the server refuses it.
                 self.uncacheable();
             }
-            self.copy(start);
             return;
         }
         let mut end = self.at + 1;
@@ -571,7 +589,6 @@ impl Lexer<'_> {
         }
         if self.sql.get(end) != Some(&b'$') {
             self.at += 1;
-            self.copy(start);
             return;
         }
         let tag = &self.sql[start..=end];
@@ -583,7 +600,7 @@ impl Lexer<'_> {
                 self.at = self.sql.len();
             }
         }
-        self.mark(start, b'D');
+        self.mark(start, start, b'D');
     }
 
     /// A numeric literal (integer, decimal, real): PostgreSQL 15 refuses trailing junk
@@ -611,6 +628,6 @@ impl Lexer<'_> {
         if s.get(i).copied().is_some_and(is_ident_start) {
             self.uncacheable();
         }
-        self.mark(start, b'N');
+        self.mark(start, start, b'N');
     }
 }

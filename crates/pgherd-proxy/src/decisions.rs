@@ -25,9 +25,15 @@ const MAX_ROUTERS_PER_THREAD: usize = 64;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
+/// A map by statement text or shape, looked up once or twice per statement. foldhash rather
+/// than the standard SipHash: a fraction of the cost on keys of this length, still seeded
+/// per process, and every such map is bounded (`remember`), so keys a client crafts to
+/// collide can slow only lookups in a map of at most its capacity.
+pub(crate) type KeyMap<V> = HashMap<Box<[u8]>, V, foldhash::fast::RandomState>;
+
 /// Inserts into a map bounded by `capacity` entries, emptied when full: the decision cache's
 /// maps and the router's memos.
-pub(crate) fn remember<V>(map: &mut HashMap<Box<[u8]>, V>, capacity: usize, key: &[u8], value: V) {
+pub(crate) fn remember<V>(map: &mut KeyMap<V>, capacity: usize, key: &[u8], value: V) {
     if map.len() >= capacity {
         map.clear();
     }
@@ -38,7 +44,7 @@ pub struct Decisions {
     /// Tells this cache's copies apart from other routers' in a thread's table (an address
     /// could be reused once a router is dropped).
     id: u64,
-    shared: Mutex<HashMap<Box<[u8]>, Arc<Decision>>>,
+    shared: Mutex<KeyMap<Arc<Decision>>>,
     /// Entries the shared map and each thread's copies hold at most: emptied when full.
     capacity: usize,
     hits: StripedCounter,
@@ -48,11 +54,12 @@ pub struct Decisions {
 /// One thread's copies of one router's decisions.
 struct ThreadCopies {
     generation: u64,
-    map: HashMap<Box<[u8]>, Arc<Decision>>,
+    map: KeyMap<Arc<Decision>>,
 }
 
 thread_local! {
-    static COPIES: RefCell<HashMap<u64, ThreadCopies>> = RefCell::new(HashMap::new());
+    static COPIES: RefCell<HashMap<u64, ThreadCopies, foldhash::fast::RandomState>> =
+        RefCell::new(HashMap::default());
 }
 
 impl Decisions {
@@ -130,7 +137,7 @@ impl Decisions {
             }
             let mine = copies.entry(self.id).or_insert_with(|| ThreadCopies {
                 generation,
-                map: HashMap::new(),
+                map: KeyMap::default(),
             });
             if mine.generation != generation {
                 mine.generation = generation;

@@ -9,7 +9,6 @@
 //! normalised text, compared exactly, from a lexer that reads strings as the server does.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +22,7 @@ use pgherd_wire::{PgError, SqlState};
 use tokio::sync::Notify;
 
 use crate::app::App;
-use crate::decisions::{remember, Decisions};
+use crate::decisions::{remember, Decisions, KeyMap};
 
 pub use pgherd_route::Routed;
 
@@ -169,11 +168,11 @@ pub struct Router {
 struct CacheMemo {
     generation: u64,
     /// Verdicts a literal value could change: by exact text.
-    by_text: HashMap<Box<[u8]>, CacheVerdict>,
+    by_text: KeyMap<CacheVerdict>,
     /// Verdicts that hold for every text of a shape (literals blanked).
-    by_shape: HashMap<Box<[u8]>, CacheVerdict>,
+    by_shape: KeyMap<CacheVerdict>,
     /// Tables written, by shape (table names are no literals).
-    writes_by_shape: HashMap<Box<[u8]>, Arc<[String]>>,
+    writes_by_shape: KeyMap<Arc<[String]>>,
 }
 
 impl CacheMemo {

@@ -497,20 +497,19 @@ pub fn may_change_session(sql: &[u8]) -> bool {
                 .is_none_or(|b| !b.is_ascii_alphanumeric() && *b != b'_')
     };
     // Savepoint commands too: a ROLLBACK TO undoes the settings made since its savepoint.
-    let words: [&[u8]; 7] = [
-        b"set",
-        b"reset",
-        b"discard",
-        b"savepoint",
-        b"release",
-        b"rollback",
-        b"abort",
-    ];
+    // By first letter, as most statements start with none of these.
+    let words: &[&[u8]] = match rest.first().map(u8::to_ascii_lowercase) {
+        Some(b's') => &[b"set", b"savepoint"],
+        Some(b'r') => &[b"reset", b"release", b"rollback"],
+        Some(b'd') => &[b"discard"],
+        Some(b'a') => &[b"abort"],
+        _ => &[],
+    };
     if words.iter().any(|w| starts_with(w)) {
         return true;
     }
     // Several statements in one query: any of them could be a SET.
-    match rest.iter().position(|&b| b == b';') {
+    match memchr::memchr(b';', rest) {
         Some(i) => rest[i + 1..]
             .iter()
             .any(|b| !b.is_ascii_whitespace() && *b != b';'),

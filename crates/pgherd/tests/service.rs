@@ -59,6 +59,16 @@ fn next_message(socket: &UnixDatagram, watchdog: bool) -> String {
     }
 }
 
+/// The service manager's end of `NOTIFY_SOCKET`, in `dir`: its path and the socket.
+fn notify_socket(dir: &std::path::Path) -> (std::path::PathBuf, UnixDatagram) {
+    let path = dir.join("notify.sock");
+    let socket = UnixDatagram::bind(&path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    (path, socket)
+}
+
 fn signal(child: &Child, signal: libc::c_int) {
     assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
 }
@@ -67,11 +77,7 @@ fn signal(child: &Child, signal: libc::c_int) {
 fn notifies_systemd_of_ready_reload_stop_and_feeds_the_watchdog() {
     let dir = tempfile::tempdir().unwrap();
     let (config, port) = config(dir.path());
-    let socket_path = dir.path().join("notify.sock");
-    let socket = UnixDatagram::bind(&socket_path).unwrap();
-    socket
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
+    let (socket_path, socket) = notify_socket(dir.path());
     let mut child = spawn(
         &config,
         &[
@@ -139,11 +145,7 @@ fn notifies_systemd_of_ready_reload_stop_and_feeds_the_watchdog() {
 fn a_stop_right_after_ready_drains() {
     let dir = tempfile::tempdir().unwrap();
     let (config, _) = config(dir.path());
-    let socket_path = dir.path().join("notify.sock");
-    let socket = UnixDatagram::bind(&socket_path).unwrap();
-    socket
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
+    let (socket_path, socket) = notify_socket(dir.path());
     for _ in 0..5 {
         let notify = [("NOTIFY_SOCKET", socket_path.display().to_string())];
         let mut child = spawn(&config, &notify, Stdio::null());

@@ -140,7 +140,7 @@ impl<'a> BodyReader<'a> {
 
     /// A NUL-terminated string, returned without its terminator.
     pub fn cstr(&mut self, field: &'static str) -> Result<&'a [u8], WireError> {
-        // memchr: every query's text passes here, twice in the relay (routing, forwarding).
+        // memchr: every query's text passes here.
         let end = memchr::memchr(0, self.buf).ok_or_else(|| self.malformed(field))?;
         let s = &self.buf[..end];
         self.buf = &self.buf[end + 1..];

@@ -329,12 +329,21 @@ impl Session {
     ) -> Result<(), Disconnect> {
         let rewrite = self.mode_shares_servers();
         let mut parse_routed = None;
+        // Read once: routing and forwarding both need them.
+        let query = match tag {
+            ftag::QUERY => Some(frontend::Query::parse(body)?),
+            _ => None,
+        };
+        let parse = match tag {
+            ftag::PARSE => Some(frontend::Parse::parse(body)?),
+            _ => None,
+        };
         match tag {
             ftag::QUERY | ftag::PARSE => {
-                let sql = if tag == ftag::QUERY {
-                    frontend::Query::parse(body)?.sql
-                } else {
-                    frontend::Parse::parse(body)?.query
+                let sql = match (&query, &parse) {
+                    (Some(q), _) => q.sql,
+                    (_, Some(p)) => p.query,
+                    _ => return Ok(()),
                 };
                 match self.statement_decision(sql) {
                     Some(Err(e)) => {
@@ -392,7 +401,9 @@ impl Session {
         };
         match tag {
             ftag::QUERY => {
-                let q = frontend::Query::parse(body)?;
+                let Some(q) = query else {
+                    return Ok(());
+                };
                 if rewrite && self.translate_statement_reference(q.sql)? {
                     return Ok(());
                 }
@@ -409,7 +420,9 @@ impl Session {
                 self.queue.push_client(Request::Query { sql: None });
             }
             ftag::PARSE => {
-                let p = frontend::Parse::parse(body)?;
+                let Some(p) = parse else {
+                    return Ok(());
+                };
                 if p.name.is_empty() || !rewrite {
                     if p.name.is_empty() {
                         let unnamed = self.unnamed.get_or_insert_with(Default::default);

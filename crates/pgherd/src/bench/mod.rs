@@ -5,6 +5,7 @@ mod cache;
 mod cgroup;
 mod consistency;
 mod durability;
+mod instructions;
 mod pgbench;
 mod pooler_report;
 mod pooler_split;
@@ -204,6 +205,13 @@ pub struct PoolerOptions {
     /// clients and the target `direct` use TCP either way.
     #[arg(long, value_enum, default_value = "tcp")]
     server_transport: ServerTransport,
+    /// Instead of timed runs: the instructions each pooler (pgherd, pgherd-baseline,
+    /// PgBouncer among --targets) executes per transaction, counted by valgrind's callgrind
+    /// over this many transactions per workload and client count. Repeatable to a fraction of
+    /// a percent for a binary whatever else the machine does, where user CPU time per
+    /// transaction moves by tens of percent. Needs valgrind (Debian: apt-get install valgrind).
+    #[arg(long, value_name = "TRANSACTIONS")]
+    count_instructions: Option<u64>,
     /// Where CSV and Markdown results go.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -282,6 +290,10 @@ fn pooler(mut options: PoolerOptions) -> Result<(), String> {
         (None, true) => return Err("target pgherd-baseline needs --baseline BINARY".into()),
         _ => {}
     }
+    if let Some(transactions) = options.count_instructions {
+        options.idle_clients = 0;
+        return instructions::run(&options, transactions);
+    }
     let fixture = setup(&options)?;
     let started = Instant::now();
     let order = run_order(
@@ -358,6 +370,7 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
     .collect();
     let mut cluster = BenchCluster::create(&dir, options.replicas, settings, &[&bench, &cheap])?;
     cluster.poolers_use_sockets = options.server_transport == ServerTransport::Unix;
+    cluster.poolers_under_callgrind = options.count_instructions.is_some();
     cluster.sql("postgres", "CREATE DATABASE bench OWNER bench")?;
     pgbench_init(
         &pgbench_bin,
@@ -512,7 +525,12 @@ fn measure(
     }
     let (port, proxy) = port_of(fixture, target)?;
     let threads = clients.clamp(1, options.client_threads.max(1));
-    let args = pgbench_args(workload, clients, threads, options.duration_s);
+    let args = pgbench_args(
+        workload,
+        clients,
+        threads,
+        RunLength::Seconds(options.duration_s),
+    );
     let cpu_before = proxy.map(|p| p.cpu_use());
     let server_cpu = ServerCpu::start(&fixture.cluster);
     let timeout = pgbench_timeout(options);
@@ -572,8 +590,15 @@ impl ServerCpu {
     }
 }
 
-/// pgbench's arguments for `workload` at `clients` over `threads` for `duration_s`.
-fn pgbench_args(workload: Workload, clients: u32, threads: u32, duration_s: u64) -> Vec<String> {
+/// How long a pgbench run lasts.
+#[derive(Clone, Copy)]
+enum RunLength {
+    Seconds(u64),
+    TransactionsPerClient(u64),
+}
+
+/// pgbench's arguments for `workload` at `clients` over `threads` for `length`.
+fn pgbench_args(workload: Workload, clients: u32, threads: u32, length: RunLength) -> Vec<String> {
     let mut args: Vec<String> = workload
         .pgbench_args()
         .iter()
@@ -584,9 +609,11 @@ fn pgbench_args(workload: Workload, clients: u32, threads: u32, duration_s: u64)
         clients.to_string(),
         "-j".into(),
         threads.to_string(),
-        "-T".into(),
-        duration_s.to_string(),
     ]);
+    args.extend(match length {
+        RunLength::Seconds(s) => ["-T".into(), s.to_string()],
+        RunLength::TransactionsPerClient(t) => ["-t".into(), t.to_string()],
+    });
     args
 }
 
@@ -855,6 +882,19 @@ fn csv_number(v: Option<f64>, decimals: usize) -> String {
 fn csv_text(text: Option<&str>) -> String {
     text.map(|e| format!("\"{}\"", e.replace('"', "'")))
         .unwrap_or_default()
+}
+
+/// `pgherd bench pooler`'s options as parsed from `args`, for the report's tests.
+#[cfg(test)]
+fn pooler_options(args: &[&str]) -> PoolerOptions {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        options: PoolerOptions,
+    }
+    Cli::parse_from(std::iter::once("bench").chain(args.iter().copied())).options
 }
 
 #[cfg(test)]

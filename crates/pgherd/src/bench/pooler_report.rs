@@ -349,15 +349,7 @@ pub(super) fn write_outputs(
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        options: PoolerOptions,
-    }
 
     fn sample(round: u32, target: Target, user_us: f64, system_us: f64) -> Sample {
         Sample {
@@ -383,16 +375,14 @@ mod tests {
 
     #[test]
     fn the_cpu_split_shows_medians_by_mode_and_the_kernel_floor() {
-        let options = Cli::parse_from([
-            "bench",
+        let options = super::super::pooler_options(&[
             "--targets",
             "pgherd,pgbouncer",
             "--workloads",
             "select-simple",
             "--clients",
             "32",
-        ])
-        .options;
+        ]);
         let samples = [
             sample(0, Target::Pgherd, 4.0, 16.0),
             sample(1, Target::Pgherd, 9.0, 17.0),

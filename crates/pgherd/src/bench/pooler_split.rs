@@ -27,7 +27,12 @@ pub(super) fn measure(
             .zip(halves)
             .filter(|(_, (clients, _))| *clients > 0)
             .map(|(process, (clients, threads))| {
-                let args = pgbench_args(workload, clients, threads, options.duration_s);
+                let args = pgbench_args(
+                    workload,
+                    clients,
+                    threads,
+                    super::RunLength::Seconds(options.duration_s),
+                );
                 let url = user.url(process.port, "bench");
                 scope.spawn(move || fixture.pgbench.run(&url, &args, 0.25, timeout))
             })

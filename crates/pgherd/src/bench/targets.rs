@@ -47,6 +47,9 @@ pub struct BenchCluster {
     pub superuser_password: String,
     /// pgherd and PgBouncer reach the nodes through their Unix-domain sockets, not TCP.
     pub poolers_use_sockets: bool,
+    /// pgherd and PgBouncer start under valgrind's callgrind, which counts the instructions
+    /// they execute (`pgherd bench pooler --count-instructions`).
+    pub poolers_under_callgrind: bool,
 }
 
 impl BenchCluster {
@@ -102,6 +105,7 @@ impl BenchCluster {
             dir: dir.to_owned(),
             superuser_password,
             poolers_use_sockets: false,
+            poolers_under_callgrind: false,
         })
     }
 
@@ -146,6 +150,9 @@ pub struct ProxyProcess {
     pub api_port: Option<u16>,
     child: Child,
     pub log: PathBuf,
+    /// Where callgrind writes the process's counts (each dump to this path with `.1`, `.2`,
+    /// ... appended), when it runs under callgrind.
+    pub callgrind_out: Option<PathBuf>,
     /// How to start it again (pgherd's binary and config), for drills that kill it.
     relaunch: Option<(PathBuf, PathBuf)>,
 }
@@ -185,7 +192,13 @@ impl ProxyProcess {
     }
 
     fn wait_listening(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // Under callgrind a start takes some fifty times longer.
+        let limit_s = if self.callgrind_out.is_some() {
+            300
+        } else {
+            30
+        };
+        let deadline = Instant::now() + Duration::from_secs(limit_s);
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 let log = std::fs::read_to_string(&self.log).unwrap_or_default();
@@ -198,7 +211,7 @@ impl ProxyProcess {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(format!("{} did not listen within 30 s", self.name));
+                return Err(format!("{} did not listen within {limit_s} s", self.name));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -294,6 +307,15 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
         if admin { "admin_users = [\"postgres\"]\n" } else { "" },
         cluster.superuser_password
     );
+    if cluster.poolers_under_callgrind {
+        // Health checks run by the clock while valgrind slows the data path fifty-fold: at
+        // the usual period they would be counted as a large part of each transaction.
+        config = config.replacen(
+            "[cluster]\n",
+            "[cluster]\nhealth_check_period_ms = 60000\n",
+            1,
+        );
+    }
     for node in cluster.cluster.nodes.iter().take(*nodes) {
         config.push_str(&format!(
             "[[nodes]]\nname = \"{}\"\nhost = \"{}\"\nport = {}\n",
@@ -346,13 +368,22 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
         Some(binary) => binary.to_path_buf(),
         None => std::env::current_exe().map_err(|e| e.to_string())?,
     };
-    let child = spawn_pgherd(&exe, &path, &log, false)?;
+    let callgrind_out = cluster
+        .poolers_under_callgrind
+        .then(|| cluster.dir.join(format!("{name}.callgrind")));
+    let mut cmd = match &callgrind_out {
+        Some(out) => under_callgrind(&exe, out),
+        None => Command::new(&exe),
+    };
+    cmd.args(["run", "--config"]).arg(&path);
+    let child = spawn_logged(cmd, &log, false)?;
     ProxyProcess {
         name: name.to_owned(),
         port,
         api_port: Some(api_port),
         child,
         log,
+        callgrind_out,
         relaunch: Some((exe, path)),
     }
     .wait_ready()
@@ -360,15 +391,29 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
 
 /// `pgherd run --config <config>`, logging to `log` (appended to on a restart).
 fn spawn_pgherd(exe: &Path, config: &Path, log: &Path, append: bool) -> Result<Child, String> {
+    let mut cmd = Command::new(exe);
+    cmd.args(["run", "--config"]).arg(config);
+    spawn_logged(cmd, log, append)
+}
+
+/// Starts pgherd's command, logging to `log`.
+fn spawn_logged(mut cmd: Command, log: &Path, append: bool) -> Result<Child, String> {
     let (out, err) = log_file(log, append)?;
-    Command::new(exe)
-        .args(["run", "--config"])
-        .arg(config)
-        .stdin(Stdio::null())
+    cmd.stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
         .spawn()
         .map_err(|e| format!("cannot start pgherd: {e}"))
+}
+
+/// `program` under valgrind's callgrind, its counts written to `out`. The process keeps its
+/// pid (valgrind runs the program in its own process), which `callgrind_control` addresses.
+fn under_callgrind(program: &Path, out: &Path) -> Command {
+    let mut cmd = Command::new("valgrind");
+    cmd.arg("--tool=callgrind")
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .arg(program);
+    cmd
 }
 
 /// PgBouncer (from the distribution) in transaction mode with the same pool size and the same
@@ -432,9 +477,18 @@ fn start_pgbouncer_for(
     );
     let ini_path = dir.join("pgbouncer.ini");
     std::fs::write(&ini_path, ini).map_err(|e| e.to_string())?;
-    let mut cmd = Command::new(binary);
+    // In its own directory: the PostgreSQL OS user it runs as must write the counts.
+    let callgrind_out = cluster
+        .poolers_under_callgrind
+        .then(|| dir.join(format!("{name}.callgrind")));
+    let mut cmd = match &callgrind_out {
+        Some(out) => under_callgrind(&binary, out),
+        None => Command::new(binary),
+    };
     cmd.arg(&ini_path);
-    spawn_as_postgres_user(cluster, name, &dir, port, cmd)
+    let mut process = spawn_as_postgres_user(cluster, name, &dir, port, cmd)?;
+    process.callgrind_out = callgrind_out;
+    Ok(process)
 }
 
 /// Seed 001's stack: one PgBouncer per node and HAProxy (TCP mode) in front of them, with a
@@ -544,6 +598,7 @@ pub fn start_haproxy_stack(
         api_port: None,
         child,
         log,
+        callgrind_out: None,
         relaunch: None,
     }
     .wait_ready()?;
@@ -697,6 +752,7 @@ fn spawn_as_postgres_user(
         api_port: None,
         child,
         log,
+        callgrind_out: None,
         relaunch: None,
     }
     .wait_ready()

@@ -1,0 +1,464 @@
+//! `pgherd bench pooler --count-instructions N`: the instructions each pooler executes per
+//! transaction, counted by valgrind's callgrind, side by side in one run.
+//!
+//! On a shared machine user CPU time per transaction moves by tens of percent between runs of
+//! one binary; the count of instructions for the same binary and load moves by a fraction of a
+//! percent, so a change to the data path shows in it even when it is inside the timed runs'
+//! noise. It is not a speed: it leaves out the kernel (system calls, wake-ups), caches and
+//! branch prediction, which the timed runs (`pgherd bench pooler` without this option) keep.
+
+use std::fmt::Write as _;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::pgbench::median;
+use super::targets::ProxyProcess;
+use super::{
+    output_prefix, pgbench_args, pgbench_timeout, port_of, setup, write_csv_and_report, Fixture,
+    PoolerOptions, RunLength, Target, Workload,
+};
+
+/// Transactions per client run before counting: the pools' connections, the router's
+/// catalog reading and first decisions, and each allocator's first growth fall outside.
+const WARM_UP_TRANSACTIONS: u64 = 400;
+/// Between the two warm-up runs: a catalog reading asked for by the first statements runs in
+/// the background and must be over before counting starts.
+const WARM_UP_PAUSE: Duration = Duration::from_secs(3);
+/// How long a dump may take to appear once asked for.
+const DUMP_WAIT: Duration = Duration::from_secs(60);
+
+struct Count {
+    round: u32,
+    workload: Workload,
+    clients: u32,
+    target: Target,
+    /// Transactions and the instructions they took, or why they could not be counted
+    /// (PgBouncer refuses prepared statements in transaction pooling, say).
+    counted: Result<(u64, u64), String>,
+}
+
+impl Count {
+    fn per_transaction(&self) -> Option<f64> {
+        let (transactions, instructions) = self.counted.as_ref().ok()?;
+        Some(*instructions as f64 / (*transactions).max(1) as f64)
+    }
+}
+
+pub(super) fn run(options: &PoolerOptions, transactions: u64) -> Result<(), String> {
+    for tool in ["valgrind", "callgrind_control"] {
+        installed(tool)?;
+    }
+    let targets: Vec<Target> = options
+        .targets
+        .iter()
+        .copied()
+        .filter(|t| {
+            let counted = !matches!(
+                t,
+                Target::Direct | Target::PgherdScraped | Target::PgherdTwoProcesses
+            );
+            if !counted {
+                eprintln!("{}: not counted (no pooler process of its own)", t.name());
+            }
+            counted
+        })
+        .collect();
+    if targets.is_empty() {
+        return Err("--count-instructions needs a pooler among --targets".into());
+    }
+    let fixture = setup(options)?;
+    let started = Instant::now();
+    let mut counts = Vec::new();
+    let rounds = options.rounds.max(1);
+    for (round, workload, clients, target) in
+        super::run_order(rounds, &options.workloads, &options.clients, &targets)
+    {
+        let count = Count {
+            round,
+            workload,
+            clients,
+            target,
+            counted: count_one(&fixture, options, (workload, clients, target), transactions),
+        };
+        let outcome = match &count.counted {
+            Ok(_) => format!(
+                "{:>9.0} instructions per transaction",
+                count.per_transaction().unwrap_or_default()
+            ),
+            Err(e) => format!("FAILED: {}", e.lines().next().unwrap_or_default()),
+        };
+        eprintln!(
+            "round {} {:<16} {:>3} clients {:<16} {outcome}",
+            round + 1,
+            workload.name(),
+            clients,
+            target.name(),
+        );
+        counts.push(count);
+    }
+    let report = render(options, &targets, &counts, started.elapsed());
+    println!("{report}");
+    let prefix = output_prefix(&options.out, "instructions")?;
+    let mut csv =
+        String::from("round,workload,clients,target,transactions,instructions,per_txn,error\n");
+    for c in &counts {
+        let (transactions, instructions) = c.counted.as_ref().map_or((None, None), |(t, i)| {
+            (Some(t.to_string()), Some(i.to_string()))
+        });
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{},{},{},{}",
+            c.round + 1,
+            c.workload.name(),
+            c.clients,
+            c.target.name(),
+            transactions.unwrap_or_default(),
+            instructions.unwrap_or_default(),
+            super::csv_number(c.per_transaction(), 0),
+            super::csv_text(c.counted.as_ref().err().map(String::as_str)),
+        );
+    }
+    write_csv_and_report(&prefix, &csv, &report)
+}
+
+/// Warms the target up, zeroes its counters, runs `transactions` (split over the clients),
+/// and reads the counts callgrind dumps: the transactions run and the instructions they took.
+fn count_one(
+    fixture: &Fixture,
+    options: &PoolerOptions,
+    (workload, clients, target): (Workload, u32, Target),
+    transactions: u64,
+) -> Result<(u64, u64), String> {
+    let (port, proxy) = port_of(fixture, target)?;
+    let proxy = proxy.ok_or_else(|| format!("{} has no process to count", target.name()))?;
+    let out = proxy
+        .callgrind_out
+        .as_deref()
+        .ok_or_else(|| format!("{} does not run under callgrind", target.name()))?;
+    let url = fixture.user_for(workload).url(port, "bench");
+    let threads = clients.clamp(1, options.client_threads.max(1));
+    let pgbench = |per_client: u64| {
+        let length = RunLength::TransactionsPerClient(per_client);
+        let args = pgbench_args(workload, clients, threads, length);
+        // Under valgrind a pooler runs some fifty times slower than on its own.
+        let timeout = pgbench_timeout(options) * 10 + Duration::from_secs(per_client / 2);
+        fixture.pgbench.run(&url, &args, 0.01, timeout)
+    };
+    let warm_up = (WARM_UP_TRANSACTIONS / u64::from(clients)).max(10);
+    pgbench(warm_up)?;
+    std::thread::sleep(WARM_UP_PAUSE);
+    pgbench(warm_up)?;
+    control(proxy, "-z")?;
+    let per_client = (transactions / u64::from(clients)).max(1);
+    let result = pgbench(per_client)?;
+    let dumps_before = dumps(out)?.len();
+    control(proxy, "-d")?;
+    let instructions = wait_for_dump(out, dumps_before)?;
+    Ok((result.transactions, instructions))
+}
+
+/// `callgrind_control <command> <pid>`, as the user the process runs as (valgrind's control
+/// pipes are named after their user).
+fn control(proxy: &ProxyProcess, command: &str) -> Result<(), String> {
+    let pid = proxy.pid();
+    let mut cmd = Command::new("callgrind_control");
+    cmd.arg(command).arg(pid.to_string());
+    if let Some((uid, gid)) = owner(pid) {
+        cmd.uid(uid).gid(gid);
+    }
+    let output = cmd
+        .output()
+        .map_err(|e| format!("cannot run callgrind_control: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "callgrind_control {command} {pid} ({}) failed: {}",
+            proxy.name,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+/// The real user and group a process runs as.
+fn owner(pid: u32) -> Option<(u32, u32)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let first = |key: &str| -> Option<u32> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some((first("Uid:")?, first("Gid:")?))
+}
+
+/// The dumps callgrind wrote so far for `out`: `out.1`, `out.2`, ...
+fn dumps(out: &Path) -> Result<Vec<PathBuf>, String> {
+    let dir = out.parent().ok_or("callgrind's output has no directory")?;
+    let name = out
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or("callgrind's output has no name")?;
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|entry| {
+            let path = entry.ok()?.path();
+            let part = path
+                .file_name()?
+                .to_str()?
+                .strip_prefix(name)?
+                .strip_prefix('.')?
+                .parse()
+                .ok()?;
+            Some((part, path))
+        })
+        .collect();
+    found.sort();
+    Ok(found.into_iter().map(|(_, path)| path).collect())
+}
+
+/// Waits for the dump after the `before` there were, complete (it ends with `totals:`), and
+/// reads the instructions it counted.
+fn wait_for_dump(out: &Path, before: usize) -> Result<u64, String> {
+    let deadline = Instant::now() + DUMP_WAIT;
+    loop {
+        if let Some(path) = dumps(out)?.get(before) {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            if let Some(totals) = text.lines().find_map(|l| l.strip_prefix("totals:")) {
+                return totals.trim().parse().map_err(|_| {
+                    format!("{}: cannot read the totals line {totals:?}", path.display())
+                });
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "callgrind wrote no dump for {} within {} s",
+                out.display(),
+                DUMP_WAIT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn installed(tool: &str) -> Result<(), String> {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()));
+    match found {
+        true => Ok(()),
+        false => Err(format!(
+            "--count-instructions needs {tool} (Debian: apt-get install valgrind)"
+        )),
+    }
+}
+
+fn render(
+    options: &PoolerOptions,
+    targets: &[Target],
+    counts: &[Count],
+    elapsed: Duration,
+) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "## Instructions per transaction (callgrind)\n\nMedian of {} rounds of {} transactions \
+         each after two warm-up runs; user space only (the kernel's work is not counted); the \
+         primary and {} replicas, each target configured as in the timed runs; {:.0} s.\n",
+        options.rounds.max(1),
+        options.count_instructions.unwrap_or(0),
+        options.replicas,
+        elapsed.as_secs_f64()
+    );
+    let names: Vec<&str> = targets.iter().map(|t| t.name()).collect();
+    let has_pgbouncer = targets.contains(&Target::Pgbouncer);
+    let mut header = format!("| workload | clients | {} |", names.join(" | "));
+    let mut rule = format!("|---|---:|{}", "---:|".repeat(names.len()));
+    if has_pgbouncer {
+        for name in names.iter().filter(|n| **n != Target::Pgbouncer.name()) {
+            let _ = write!(header, " {name} / pgbouncer |");
+            rule.push_str("---:|");
+        }
+    }
+    let _ = writeln!(out, "{header}\n{rule}");
+    for &workload in &options.workloads {
+        for &clients in &options.clients {
+            // The median over rounds: a count that a clock-driven task (the catalog's
+            // reading every minute) fell into stands out, as valgrind stretches each count.
+            let of = |target: Target| {
+                let per_round: Vec<f64> = counts
+                    .iter()
+                    .filter(|c| {
+                        c.workload == workload && c.clients == clients && c.target == target
+                    })
+                    .filter_map(Count::per_transaction)
+                    .collect();
+                (!per_round.is_empty()).then(|| median(&per_round))
+            };
+            let mut row = format!("| {} | {clients} |", workload.name());
+            for &target in targets {
+                let _ = write!(row, " {} |", of(target).map_or("failed".into(), thousands));
+            }
+            if has_pgbouncer {
+                let peer = of(Target::Pgbouncer);
+                for &target in targets.iter().filter(|t| **t != Target::Pgbouncer) {
+                    let ratio = of(target).zip(peer).map(|(v, p)| format!("{:.2}", v / p));
+                    let _ = write!(row, " {} |", ratio.unwrap_or_else(|| "–".into()));
+                }
+            }
+            let _ = writeln!(out, "{row}");
+        }
+    }
+    out.push_str(&failure_notes(options, counts));
+    out
+}
+
+/// One line per cell that failed in some round: how often, and the first error.
+fn failure_notes(options: &PoolerOptions, counts: &[Count]) -> String {
+    let mut notes = String::new();
+    let mut told = Vec::new();
+    for c in counts {
+        let cell = (c.workload, c.clients, c.target);
+        if let (Err(e), false) = (&c.counted, told.contains(&cell)) {
+            told.push(cell);
+            let failures = counts
+                .iter()
+                .filter(|o| (o.workload, o.clients, o.target) == cell && o.counted.is_err())
+                .count();
+            let _ = writeln!(
+                notes,
+                "\n{} at {} clients through {} failed in {failures} of {} rounds, first: {}",
+                c.workload.name(),
+                c.clients,
+                c.target.name(),
+                options.rounds.max(1),
+                e.lines().next().unwrap_or_default()
+            );
+        }
+    }
+    notes
+}
+
+/// 73331.4 as "73,331".
+fn thousands(value: f64) -> String {
+    let digits = format!("{:.0}", value.max(0.0));
+    let mut grouped = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(c);
+    }
+    grouped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The report of `counts`, pgherd's and PgBouncer's, over `rounds` rounds of TPC-B at 1 client.
+    fn report(rounds: &str, counts: &[Count]) -> String {
+        let options = super::super::pooler_options(&[
+            "--workloads",
+            "tpcb",
+            "--clients",
+            "1",
+            "--rounds",
+            rounds,
+        ]);
+        render(
+            &options,
+            &[Target::Pgherd, Target::Pgbouncer],
+            counts,
+            Duration::from_secs(1),
+        )
+    }
+
+    fn counted(round: u32, target: Target, counted: Result<(u64, u64), String>) -> Count {
+        Count {
+            round,
+            workload: Workload::Tpcb,
+            clients: 1,
+            target,
+            counted,
+        }
+    }
+
+    #[test]
+    fn each_cell_shows_its_median_and_the_ratio_to_pgbouncer() {
+        let counts = [
+            // A round a catalog reading fell into: the median leaves it out.
+            counted(0, Target::Pgherd, Ok((1000, 92_000_000))),
+            counted(1, Target::Pgherd, Ok((1000, 70_000_000))),
+            counted(2, Target::Pgherd, Ok((1000, 70_400_000))),
+            counted(0, Target::Pgbouncer, Ok((1000, 28_000_000))),
+            counted(
+                1,
+                Target::Pgbouncer,
+                Err("pgbench failed: boom\nmore".into()),
+            ),
+            counted(2, Target::Pgbouncer, Ok((1000, 28_000_000))),
+        ];
+        let report = report("3", &counts);
+        assert!(
+            report.contains("| tpcb | 1 | 70,400 | 28,000 | 2.51 |"),
+            "{report}"
+        );
+        assert!(
+            report.contains("tpcb at 1 clients through pgbouncer failed in 1 of 3 rounds, first: pgbench failed: boom"),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn a_cell_with_no_count_says_so() {
+        let counts = [
+            counted(0, Target::Pgherd, Ok((10, 1000))),
+            counted(0, Target::Pgbouncer, Err("refused".into())),
+        ];
+        let report = report("1", &counts);
+        assert!(
+            report.contains("| tpcb | 1 | 100 | failed | – |"),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn dumps_are_read_in_the_order_callgrind_wrote_them() {
+        let dir =
+            std::env::temp_dir().join(format!("pgherd-callgrind-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("pgherd.callgrind");
+        for part in [10, 2, 1] {
+            std::fs::write(dir.join(format!("pgherd.callgrind.{part}")), "").unwrap();
+        }
+        std::fs::write(dir.join("pgherd.callgrind"), "").unwrap();
+        std::fs::write(dir.join("pgbouncer.callgrind.3"), "").unwrap();
+        let found = dumps(&out).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let names: Vec<_> = found
+            .iter()
+            .map(|p| p.file_name().unwrap().to_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "pgherd.callgrind.1",
+                "pgherd.callgrind.2",
+                "pgherd.callgrind.10"
+            ]
+        );
+    }
+
+    #[test]
+    fn thousands_are_grouped() {
+        assert_eq!(thousands(0.4), "0");
+        assert_eq!(thousands(999.0), "999");
+        assert_eq!(thousands(1000.0), "1,000");
+        assert_eq!(thousands(73_331.4), "73,331");
+        assert_eq!(thousands(1_234_567.0), "1,234,567");
+    }
+}

@@ -137,7 +137,9 @@ impl Session {
                     ))
                 })?;
             tracing::trace!(client = self.shared.id, tag = %(h.tag as char), to_client = d.to_client, "server message");
-            self.write_synthetics(&before)?;
+            if !before.is_empty() {
+                self.write_synthetics(&before)?;
+            }
             if !whole {
                 // Rows, COPY data and anything large stream through, never held whole.
                 let mut to_client = d.to_client;
@@ -277,7 +279,9 @@ impl Session {
                 }
             }
             input.advance(h.total_len());
-            self.write_synthetics(&after)?;
+            if !after.is_empty() {
+                self.write_synthetics(&after)?;
+            }
             if let Some(replay) = self.routing.replay.as_mut() {
                 if !replay.bytes.is_empty() && !replay.refused && !self.queue.has_client_requests()
                 {

@@ -94,7 +94,11 @@ pub enum SqlUse {
 /// place. `DEALLOCATE ALL` is not a name.
 pub fn sql_statement_reference(sql: &[u8]) -> Option<(SqlUse, Vec<u8>, std::ops::Range<usize>)> {
     let mut at = skip_blanks(sql, 0);
-    // Every simple query passes here: the keywords are compared in place, nothing allocated.
+    // Every simple query passes here: most start with neither keyword, which one byte tells;
+    // the others are compared in place, nothing allocated.
+    if !matches!(sql.get(at), Some(b'd' | b'D' | b'e' | b'E')) {
+        return None;
+    }
     let word = |at: usize| {
         let end = at
             + sql[at..]

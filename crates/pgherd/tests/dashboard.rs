@@ -25,12 +25,18 @@ fn dashboard_shows_the_cluster_and_switches_over() {
     env.direct(
         "CREATE TABLE dash (k int); INSERT INTO dash VALUES (1); GRANT SELECT ON dash TO app",
     );
-    let script = std::env::temp_dir().join(format!("pgherd-dash-{}.sql", env.pgherd.port));
+    // Removed when the test ends.
+    let script_file = tempfile::Builder::new()
+        .prefix("pgherd-dash-")
+        .suffix(".sql")
+        .tempfile()
+        .expect("pgbench script");
     std::fs::write(
-        &script,
+        script_file.path(),
         "SELECT 1;\n/* pgherd:cache */ SELECT count(*) FROM dash;\n",
     )
     .expect("pgbench script");
+    let script = script_file.path().to_owned();
     let url = env.app_url();
     let traffic = std::thread::spawn(move || {
         pgbench(

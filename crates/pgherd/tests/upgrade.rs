@@ -16,9 +16,13 @@ use common::cache::console_conninfo;
 use common::*;
 use pgherd_testkit::{SUPERUSER, SUPERUSER_PASSWORD};
 
-fn upgrade_env() -> (Env, pgherd_testkit::TestCerts) {
-    let dir = std::env::temp_dir().join(format!("pgherd-upgrade-{}", rand::random::<u32>()));
-    let certs = pgherd_testkit::TestCerts::create(&dir);
+/// The environment, its TLS files, and their directory (removed when dropped).
+fn upgrade_env() -> (Env, pgherd_testkit::TestCerts, tempfile::TempDir) {
+    let dir = tempfile::Builder::new()
+        .prefix("pgherd-upgrade-")
+        .tempdir()
+        .expect("a directory for the TLS files");
+    let certs = pgherd_testkit::TestCerts::create(dir.path());
     let tls = format!(
         "[tls]\nmode = \"allow\"\ncert_file = \"{}\"\nkey_file = \"{}\"",
         certs.server_cert.display(),
@@ -32,7 +36,7 @@ fn upgrade_env() -> (Env, pgherd_testkit::TestCerts) {
             .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
             .section(&tls)
     });
-    (env, certs)
+    (env, certs, dir)
 }
 
 /// psql over TLS running `script` from its standard input: what it printed, or its error.
@@ -134,7 +138,7 @@ fn alive(pid: u32) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_under_load_moves_every_client_with_its_session() {
-    let (mut env, certs) = upgrade_env();
+    let (mut env, certs, _certs_dir) = upgrade_env();
     pgbench(
         &format!("{}?sslmode=disable", env.app_url()),
         &["-i", "-s", "1", "-q"],
@@ -317,7 +321,7 @@ async fn an_upgrade_under_load_moves_every_client_with_its_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_process_that_cannot_start_changes_nothing() {
-    let (mut env, _certs) = upgrade_env();
+    let (mut env, _certs, _certs_dir) = upgrade_env();
     let app = env.app().await;
     app.batch_execute("SET statement_timeout = '77s'")
         .await
@@ -463,7 +467,7 @@ async fn an_upgrade_during_a_failover_loses_no_acknowledged_write() {
 /// commands), keeps that client, and does not exit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_whose_new_process_dies_is_undone() {
-    let (mut env, _certs) = upgrade_env();
+    let (mut env, _certs, _certs_dir) = upgrade_env();
     let old_pid = env.pgherd.pid();
     let in_tx = env.app().await;
     in_tx

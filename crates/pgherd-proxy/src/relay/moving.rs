@@ -65,7 +65,13 @@ impl Session {
                 Movable::Later => {}
             }
         }
-        self.stop_when_idle.then_some(Disconnect::Shutdown)
+        // Not `then_some`: its argument is built and dropped on every call, several times
+        // per transaction.
+        if self.stop_when_idle {
+            Some(Disconnect::Shutdown)
+        } else {
+            None
+        }
     }
 
     pub(crate) fn movable(&self) -> Movable {

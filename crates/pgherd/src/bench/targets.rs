@@ -308,11 +308,12 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
         cluster.superuser_password
     );
     if cluster.poolers_under_callgrind {
-        // Health checks run by the clock while valgrind slows the data path fifty-fold: at
-        // the usual period they would be counted as a large part of each transaction.
+        // Valgrind slows everything some fifty-fold: health checks, which run by the clock,
+        // would be counted as a large part of each transaction at the usual period, and a
+        // login's SCRAM key derivation would outlast the usual time limits.
         config = config.replacen(
             "[cluster]\n",
-            "[cluster]\nhealth_check_period_ms = 60000\n",
+            "[cluster]\nhealth_check_period_ms = 60000\nhealth_check_timeout_ms = 60000\n",
             1,
         );
     }
@@ -331,8 +332,12 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
         }
         config.push('\n');
     }
+    let connect_timeout = match cluster.poolers_under_callgrind {
+        true => "server_connect_timeout_ms = 60000\n",
+        false => "",
+    };
     config.push_str(&format!(
-        "[pool]\nmode = \"transaction\"\nmax_size = {pool_size}\n\n[databases.\"*\"]\n{database_keys}\n\n"
+        "[pool]\nmode = \"transaction\"\nmax_size = {pool_size}\n{connect_timeout}\n[databases.\"*\"]\n{database_keys}\n\n"
     ));
     if *ha {
         config.push_str("[failover]\nenabled = true\nauto_rejoin = true\n\n");

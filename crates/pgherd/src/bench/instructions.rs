@@ -10,24 +10,27 @@
 use std::fmt::Write as _;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::pgbench::median;
+use super::pgbench::wait_with_timeout;
 use super::targets::ProxyProcess;
 use super::{
     output_prefix, pgbench_args, pgbench_timeout, port_of, setup, write_csv_and_report, Fixture,
     PoolerOptions, RunLength, Target, Workload,
 };
 
-/// Transactions per client run before counting: the pools' connections, the router's
-/// catalog reading and first decisions, and each allocator's first growth fall outside.
+/// Transactions run (in all, split over the clients) twice before counting: the pools'
+/// connections, the router's catalog reading and first decisions, and each allocator's first
+/// growth fall outside the count.
 const WARM_UP_TRANSACTIONS: u64 = 400;
 /// Between the two warm-up runs: a catalog reading asked for by the first statements runs in
 /// the background and must be over before counting starts.
 const WARM_UP_PAUSE: Duration = Duration::from_secs(3);
 /// How long a dump may take to appear once asked for.
 const DUMP_WAIT: Duration = Duration::from_secs(60);
+/// How long vgdb may take to hand callgrind a command.
+const CONTROL_WAIT: Duration = Duration::from_secs(60);
 
 struct Count {
     round: u32,
@@ -47,8 +50,11 @@ impl Count {
 }
 
 pub(super) fn run(options: &PoolerOptions, transactions: u64) -> Result<(), String> {
-    for tool in ["valgrind", "callgrind_control"] {
+    for tool in ["valgrind", "vgdb"] {
         installed(tool)?;
+    }
+    if options.clients.contains(&0) {
+        return Err("--clients: 0 is not a number of clients".into());
     }
     let targets: Vec<Target> = options
         .targets
@@ -69,18 +75,45 @@ pub(super) fn run(options: &PoolerOptions, transactions: u64) -> Result<(), Stri
         return Err("--count-instructions needs a pooler among --targets".into());
     }
     let fixture = setup(options)?;
+    // Dumps a reused --dir holds from an earlier run: this run's would take their numbers.
+    for &target in &targets {
+        if let (_, Some(proxy)) = port_of(&fixture, target)? {
+            for stale in proxy
+                .callgrind_out
+                .as_deref()
+                .map(dumps)
+                .transpose()?
+                .unwrap_or_default()
+            {
+                std::fs::remove_file(&stale).map_err(|e| format!("{}: {e}", stale.display()))?;
+            }
+        }
+    }
     let started = Instant::now();
     let mut counts = Vec::new();
+    // Dumps asked of each target so far: callgrind numbers them from 1.
+    let mut dumps_asked = vec![0u32; targets.len()];
     let rounds = options.rounds.max(1);
     for (round, workload, clients, target) in
         super::run_order(rounds, &options.workloads, &options.clients, &targets)
     {
+        let asked = targets
+            .iter()
+            .position(|t| *t == target)
+            .map(|i| &mut dumps_asked[i])
+            .ok_or("a target outside the run's")?;
         let count = Count {
             round,
             workload,
             clients,
             target,
-            counted: count_one(&fixture, options, (workload, clients, target), transactions),
+            counted: count_one(
+                &fixture,
+                options,
+                (workload, clients, target),
+                transactions,
+                asked,
+            ),
         };
         let outcome = match &count.counted {
             Ok(_) => format!(
@@ -125,11 +158,15 @@ pub(super) fn run(options: &PoolerOptions, transactions: u64) -> Result<(), Stri
 
 /// Warms the target up, zeroes its counters, runs `transactions` (split over the clients),
 /// and reads the counts callgrind dumps: the transactions run and the instructions they took.
+/// The clients' logins fall inside the count (pgbench connects as it starts): at 8 clients and
+/// 2,000 transactions some 400 instructions per transaction. `dumps_asked` counts the target's
+/// dumps, which callgrind numbers.
 fn count_one(
     fixture: &Fixture,
     options: &PoolerOptions,
     (workload, clients, target): (Workload, u32, Target),
     transactions: u64,
+    dumps_asked: &mut u32,
 ) -> Result<(u64, u64), String> {
     let (port, proxy) = port_of(fixture, target)?;
     let proxy = proxy.ok_or_else(|| format!("{} has no process to count", target.name()))?;
@@ -150,30 +187,37 @@ fn count_one(
     pgbench(warm_up)?;
     std::thread::sleep(WARM_UP_PAUSE);
     pgbench(warm_up)?;
-    control(proxy, "-z")?;
+    control(proxy, "zero")?;
     let per_client = (transactions / u64::from(clients)).max(1);
     let result = pgbench(per_client)?;
-    let dumps_before = dumps(out)?.len();
-    control(proxy, "-d")?;
-    let instructions = wait_for_dump(out, dumps_before)?;
+    // Counted before asking: a dump that comes late (or a command that did reach callgrind
+    // but timed out here) keeps its number, and no later count reads it as its own.
+    *dumps_asked += 1;
+    control(proxy, "dump")?;
+    let instructions = wait_for_dump(out, *dumps_asked)?;
     Ok((result.transactions, instructions))
 }
 
-/// `callgrind_control <command> <pid>`, as the user the process runs as (valgrind's control
-/// pipes are named after their user).
+/// Hands callgrind's monitor command (`zero`, `dump`) to the pooler through vgdb, which exits
+/// with an error when no such process runs under valgrind (callgrind_control says so on its
+/// output and exits 0). Run as the user the pooler runs as, with the same environment: vgdb
+/// finds the pooler by pipes in /tmp named after it and its user.
 fn control(proxy: &ProxyProcess, command: &str) -> Result<(), String> {
     let pid = proxy.pid();
-    let mut cmd = Command::new("callgrind_control");
-    cmd.arg(command).arg(pid.to_string());
+    let mut cmd = Command::new("vgdb");
+    cmd.arg(format!("--pid={pid}"))
+        .arg(command)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     if let Some((uid, gid)) = owner(pid) {
         cmd.uid(uid).gid(gid);
     }
-    let output = cmd
-        .output()
-        .map_err(|e| format!("cannot run callgrind_control: {e}"))?;
+    let child = cmd.spawn().map_err(|e| format!("cannot run vgdb: {e}"))?;
+    let output = wait_with_timeout(child, "vgdb", CONTROL_WAIT)?;
     if !output.status.success() {
         return Err(format!(
-            "callgrind_control {command} {pid} ({}) failed: {}",
+            "vgdb {command} for {} (pid {pid}) failed: {}",
             proxy.name,
             String::from_utf8_lossy(&output.stderr).trim()
         ));
@@ -221,18 +265,18 @@ fn dumps(out: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(found.into_iter().map(|(_, path)| path).collect())
 }
 
-/// Waits for the dump after the `before` there were, complete (it ends with `totals:`), and
-/// reads the instructions it counted.
-fn wait_for_dump(out: &Path, before: usize) -> Result<u64, String> {
+/// Waits for dump number `part` of `out` to be complete and reads the instructions it counted.
+fn wait_for_dump(out: &Path, part: u32) -> Result<u64, String> {
+    let mut path = out.as_os_str().to_owned();
+    path.push(format!(".{part}"));
+    let path = PathBuf::from(path);
     let deadline = Instant::now() + DUMP_WAIT;
     loop {
-        if let Some(path) = dumps(out)?.get(before) {
-            let text = std::fs::read_to_string(path).unwrap_or_default();
-            if let Some(totals) = text.lines().find_map(|l| l.strip_prefix("totals:")) {
-                return totals.trim().parse().map_err(|_| {
-                    format!("{}: cannot read the totals line {totals:?}", path.display())
-                });
-            }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if let Some(totals) = dump_totals(&text) {
+            return totals.parse().map_err(|_| {
+                format!("{}: cannot read the totals line {totals:?}", path.display())
+            });
         }
         if Instant::now() > deadline {
             return Err(format!(
@@ -243,6 +287,25 @@ fn wait_for_dump(out: &Path, before: usize) -> Result<u64, String> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// The instructions a dump counted: its `totals:` line, once the file is whole (the line is
+/// its last and ends with a newline; callgrind writes through a buffer, so a reader can see
+/// the line cut short).
+fn dump_totals(text: &str) -> Option<&str> {
+    let last = text.strip_suffix('\n')?.lines().next_back()?;
+    last.strip_prefix("totals:").map(str::trim)
+}
+
+/// The lower of the two middle values of an even count: counts only ever grow by the
+/// clock-driven work that falls into them, so the smaller is the data path's.
+fn lower_median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted
+        .get((sorted.len().max(1) - 1) / 2)
+        .copied()
+        .unwrap_or(0.0)
 }
 
 fn installed(tool: &str) -> Result<(), String> {
@@ -265,7 +328,7 @@ fn render(
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "## Instructions per transaction (callgrind)\n\nMedian of {} rounds of {} transactions \
+        "## Instructions per transaction (callgrind)\n\nMedian (lower middle) of {} rounds of {} transactions \
          each after two warm-up runs; user space only (the kernel's work is not counted); the \
          primary and {} replicas, each target configured as in the timed runs; {:.0} s.\n",
         options.rounds.max(1),
@@ -286,8 +349,9 @@ fn render(
     let _ = writeln!(out, "{header}\n{rule}");
     for &workload in &options.workloads {
         for &clients in &options.clients {
-            // The median over rounds: a count that a clock-driven task (the catalog's
-            // reading every minute) fell into stands out, as valgrind stretches each count.
+            // The median over rounds (the lower middle of an even number): a count that a
+            // clock-driven task (the catalog's reading every minute) fell into stands out, as
+            // valgrind stretches each count.
             let of = |target: Target| {
                 let per_round: Vec<f64> = counts
                     .iter()
@@ -296,7 +360,7 @@ fn render(
                     })
                     .filter_map(Count::per_transaction)
                     .collect();
-                (!per_round.is_empty()).then(|| median(&per_round))
+                (!per_round.is_empty()).then(|| lower_median(&per_round))
             };
             let mut row = format!("| {} | {clients} |", workload.name());
             for &target in targets {
@@ -451,6 +515,25 @@ mod tests {
                 "pgherd.callgrind.10"
             ]
         );
+    }
+
+    #[test]
+    fn a_dump_is_read_only_once_its_totals_line_is_whole() {
+        let whole = "events: Ir\nsummary: 123\nfn=main\n1 5\n\ntotals: 140228891\n";
+        assert_eq!(dump_totals(whole), Some("140228891"));
+        // Cut inside the number, or before its newline: not yet.
+        assert_eq!(dump_totals("events: Ir\n\ntotals: 1402"), None);
+        assert_eq!(dump_totals("events: Ir\n\ntotals: 140228891"), None);
+        assert_eq!(dump_totals("events: Ir\nsummary: 123\n"), None);
+        assert_eq!(dump_totals(""), None);
+    }
+
+    #[test]
+    fn the_median_of_an_even_count_is_its_lower_middle() {
+        assert_eq!(lower_median(&[70_100.0, 89_700.0]), 70_100.0);
+        assert_eq!(lower_median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(lower_median(&[4.0, 1.0, 3.0, 2.0]), 2.0);
+        assert_eq!(lower_median(&[5.0]), 5.0);
     }
 
     #[test]

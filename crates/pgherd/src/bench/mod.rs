@@ -205,8 +205,8 @@ pub struct PoolerOptions {
     /// clients and the target `direct` use TCP either way.
     #[arg(long, value_enum, default_value = "tcp")]
     server_transport: ServerTransport,
-    /// Instead of timed runs: the instructions each pooler (pgherd, pgherd-baseline,
-    /// PgBouncer among --targets) executes per transaction, counted by valgrind's callgrind
+    /// Instead of timed runs: the instructions each pooler among --targets (all but direct,
+    /// pgherd-scraped and pgherd-2p) executes per transaction, counted by valgrind's callgrind
     /// over this many transactions per workload and client count. Repeatable to a fraction of
     /// a percent for a binary whatever else the machine does, where user CPU time per
     /// transaction moves by tens of percent. Needs valgrind (Debian: apt-get install valgrind).

@@ -63,7 +63,7 @@ impl Pgbench {
         let child = cmd
             .spawn()
             .map_err(|e| format!("cannot run pgbench: {e}"))?;
-        let out = wait_with_timeout(child, timeout)?;
+        let out = wait_with_timeout(child, "pgbench", timeout)?;
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
@@ -86,8 +86,11 @@ impl Pgbench {
     }
 }
 
-fn wait_with_timeout(
+/// Waits for `child` (a program named `what`, for the error) at most `timeout`, then kills it.
+/// Its output must be small: the pipes are read only once it has exited.
+pub(super) fn wait_with_timeout(
     mut child: std::process::Child,
+    what: &str,
     timeout: Duration,
 ) -> Result<std::process::Output, String> {
     let deadline = std::time::Instant::now() + timeout;
@@ -97,7 +100,7 @@ fn wait_with_timeout(
             Ok(None) if std::time::Instant::now() > deadline => {
                 let _ = child.kill();
                 return Err(format!(
-                    "pgbench did not finish within {} s",
+                    "{what} did not finish within {} s",
                     timeout.as_secs()
                 ));
             }

@@ -491,9 +491,7 @@ fn start_pgbouncer_for(
         None => Command::new(binary),
     };
     cmd.arg(&ini_path);
-    let mut process = spawn_as_postgres_user(cluster, name, &dir, port, cmd)?;
-    process.callgrind_out = callgrind_out;
-    Ok(process)
+    spawn_as_postgres_user(cluster, (name, &dir, port), cmd, callgrind_out)
 }
 
 /// Seed 001's stack: one PgBouncer per node and HAProxy (TCP mode) in front of them, with a
@@ -722,17 +720,17 @@ pub fn start_pgpool(
         .arg(dir.join("pcp.conf"))
         .arg("-a")
         .arg(dir.join("pool_hba.conf"));
-    spawn_as_postgres_user(cluster, "pgpool", &dir, port, cmd)
+    spawn_as_postgres_user(cluster, ("pgpool", &dir, port), cmd, None)
 }
 
 /// Starts a peer that refuses to run as root as the PostgreSQL OS user, owning `dir`, logging
-/// to `dir/<name>.stderr`, and waits until it listens on `port`.
+/// to `dir/<name>.stderr`, and waits until it listens on `port` (longer when `cmd` runs it
+/// under callgrind, writing to `callgrind_out`).
 fn spawn_as_postgres_user(
     cluster: &BenchCluster,
-    name: &str,
-    dir: &Path,
-    port: u16,
+    (name, dir, port): (&str, &Path, u16),
     mut cmd: Command,
+    callgrind_out: Option<PathBuf>,
 ) -> Result<ProxyProcess, String> {
     cmd.stdin(Stdio::null());
     if let Some(user) = cluster.run_as() {
@@ -757,7 +755,7 @@ fn spawn_as_postgres_user(
         api_port: None,
         child,
         log,
-        callgrind_out: None,
+        callgrind_out,
         relaunch: None,
     }
     .wait_ready()

@@ -16,12 +16,14 @@ const FAILOVER: &str = "[failover]\nenabled = true";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_is_replaced_and_fenced() {
-    let notified = std::env::temp_dir().join(format!(
-        "pgherd-notify-{}-{}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    let fenced_file = notified.with_extension("fenced");
+    // Declared before the environment, so removed after pgherd stops: its hooks may still
+    // run (a rejoin) after the checks below.
+    let hooks_dir = tempfile::Builder::new()
+        .prefix("pgherd-notify-")
+        .tempdir()
+        .expect("a directory for the hooks' output");
+    let notified = hooks_dir.path().join("notified");
+    let fenced_file = hooks_dir.path().join("fenced");
     let section = format!(
         "{FAILOVER}\nnotify_command = \"echo \\\"$PGHERD_EVENT $PGHERD_NODE\\\" >> {}\"\n\
          fence_command = \"echo \\\"$PGHERD_NODE $PGHERD_PORT\\\" >> {}\"",
@@ -170,10 +172,8 @@ async fn a_killed_primary_is_replaced_and_fenced() {
             notes.contains(&format!("promoted {}", new_primary.name))
         },
     );
-    let _ = std::fs::remove_file(&notified);
     // The fencing hook ran once for the old primary, with its address.
     let fenced = std::fs::read_to_string(&fenced_file).unwrap_or_default();
-    let _ = std::fs::remove_file(&fenced_file);
     assert_eq!(
         fenced.trim(),
         format!("pg1 {}", old.port),

@@ -330,47 +330,45 @@ impl Session {
         let rewrite = self.mode_shares_servers();
         let mut parse_routed = None;
         // Read once: routing and forwarding both need them.
-        let query = match tag {
-            ftag::QUERY => Some(frontend::Query::parse(body)?),
+        let query = (tag == ftag::QUERY)
+            .then(|| frontend::Query::parse(body))
+            .transpose()?;
+        let parse = (tag == ftag::PARSE)
+            .then(|| frontend::Parse::parse(body))
+            .transpose()?;
+        let statement_sql = match (&query, &parse) {
+            (Some(q), _) => Some(q.sql),
+            (_, Some(p)) => Some(p.query),
             _ => None,
         };
-        let parse = match tag {
-            ftag::PARSE => Some(frontend::Parse::parse(body)?),
-            _ => None,
-        };
-        match tag {
-            ftag::QUERY | ftag::PARSE => {
-                let sql = match (&query, &parse) {
-                    (Some(q), _) => q.sql,
-                    (_, Some(p)) => p.query,
-                    _ => return Ok(()),
-                };
-                match self.statement_decision(sql) {
-                    Some(Err(e)) => {
-                        // pgherd's error in the request's place. A simple query still gets its
-                        // ReadyForQuery: a Sync takes the query's place on the server.
-                        self.queue.push_synthetic(Synthetic::Error(e));
-                        if tag == ftag::QUERY {
-                            if let Some(lease) = self.lease.as_mut() {
-                                frontend::encode_sync(&mut lease.conn.write_buf);
-                                self.queue.push_client(Request::Sync);
-                            }
+        if let Some(sql) = statement_sql {
+            match self.statement_decision(sql) {
+                Some(Err(e)) => {
+                    // pgherd's error in the request's place. A simple query still gets its
+                    // ReadyForQuery: a Sync takes the query's place on the server.
+                    self.queue.push_synthetic(Synthetic::Error(e));
+                    if tag == ftag::QUERY {
+                        if let Some(lease) = self.lease.as_mut() {
+                            frontend::encode_sync(&mut lease.conn.write_buf);
+                            self.queue.push_client(Request::Sync);
                         }
-                        return Ok(());
                     }
-                    Some(Ok(routed)) => {
-                        self.track_statement(&routed, tag == ftag::QUERY);
-                        if tag == ftag::QUERY {
-                            self.note_written_tables(sql, &routed);
-                            self.consider_fill(sql, &routed, None);
-                        } else {
-                            self.consider_candidate_fill(message, &routed);
-                        }
-                        parse_routed = Some(routed);
-                    }
-                    None => {}
+                    return Ok(());
                 }
+                Some(Ok(routed)) => {
+                    self.track_statement(&routed, tag == ftag::QUERY);
+                    if tag == ftag::QUERY {
+                        self.note_written_tables(sql, &routed);
+                        self.consider_fill(sql, &routed, None);
+                    } else {
+                        self.consider_candidate_fill(message, &routed);
+                    }
+                    parse_routed = Some(routed);
+                }
+                None => {}
             }
+        }
+        match tag {
             ftag::BIND if self.routing.lasting.setup.router.is_some() => {
                 let b = frontend::Bind::parse(body)?;
                 match self.statement_routed(b.statement) {

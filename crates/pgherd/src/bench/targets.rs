@@ -300,23 +300,23 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
     };
     let port = free_port().map_err(|e| e.to_string())?;
     let api_port = free_port().map_err(|e| e.to_string())?;
+    // Valgrind slows everything some fifty-fold: health checks, which run by the clock, would
+    // be counted as a large part of each transaction at the usual period, and a login's SCRAM
+    // key derivation would outlast the usual time limits.
+    let (cluster_keys, pool_keys) = match cluster.poolers_under_callgrind {
+        true => (
+            "health_check_period_ms = 60000\nhealth_check_timeout_ms = 60000\n",
+            "server_connect_timeout_ms = 60000\n",
+        ),
+        false => ("", ""),
+    };
     let mut config = format!(
         "[pgherd]\nlisten = [\"127.0.0.1:{port}\"]\nworkers = {workers}\nmax_client_connections = 20000\nlog_level = \"{}\"\n{}\n\
-         [cluster]\nuser = \"postgres\"\npassword = \"{}\"\n\n[api]\nlisten = [\"127.0.0.1:{api_port}\"]\n\n",
+         [cluster]\nuser = \"postgres\"\npassword = \"{}\"\n{cluster_keys}\n[api]\nlisten = [\"127.0.0.1:{api_port}\"]\n\n",
         if *ha { "info" } else { "warn" },
         if admin { "admin_users = [\"postgres\"]\n" } else { "" },
         cluster.superuser_password
     );
-    if cluster.poolers_under_callgrind {
-        // Valgrind slows everything some fifty-fold: health checks, which run by the clock,
-        // would be counted as a large part of each transaction at the usual period, and a
-        // login's SCRAM key derivation would outlast the usual time limits.
-        config = config.replacen(
-            "[cluster]\n",
-            "[cluster]\nhealth_check_period_ms = 60000\nhealth_check_timeout_ms = 60000\n",
-            1,
-        );
-    }
     for node in cluster.cluster.nodes.iter().take(*nodes) {
         config.push_str(&format!(
             "[[nodes]]\nname = \"{}\"\nhost = \"{}\"\nport = {}\n",
@@ -332,12 +332,8 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
         }
         config.push('\n');
     }
-    let connect_timeout = match cluster.poolers_under_callgrind {
-        true => "server_connect_timeout_ms = 60000\n",
-        false => "",
-    };
     config.push_str(&format!(
-        "[pool]\nmode = \"transaction\"\nmax_size = {pool_size}\n{connect_timeout}\n[databases.\"*\"]\n{database_keys}\n\n"
+        "[pool]\nmode = \"transaction\"\nmax_size = {pool_size}\n{pool_keys}\n[databases.\"*\"]\n{database_keys}\n\n"
     ));
     if *ha {
         config.push_str("[failover]\nenabled = true\nauto_rejoin = true\n\n");
@@ -373,13 +369,7 @@ pub fn start_pgherd(cluster: &BenchCluster, setup: &PgherdSetup) -> Result<Proxy
         Some(binary) => binary.to_path_buf(),
         None => std::env::current_exe().map_err(|e| e.to_string())?,
     };
-    let callgrind_out = cluster
-        .poolers_under_callgrind
-        .then(|| cluster.dir.join(format!("{name}.callgrind")));
-    let mut cmd = match &callgrind_out {
-        Some(out) => under_callgrind(&exe, out),
-        None => Command::new(&exe),
-    };
+    let (mut cmd, callgrind_out) = pooler_command(cluster, &exe, &cluster.dir, name);
     cmd.args(["run", "--config"]).arg(&path);
     let child = spawn_logged(cmd, &log, false)?;
     ProxyProcess {
@@ -411,14 +401,24 @@ fn spawn_logged(mut cmd: Command, log: &Path, append: bool) -> Result<Child, Str
         .map_err(|e| format!("cannot start pgherd: {e}"))
 }
 
-/// `program` under valgrind's callgrind, its counts written to `out`. The process keeps its
-/// pid (valgrind runs the program in its own process), which `callgrind_control` addresses.
-fn under_callgrind(program: &Path, out: &Path) -> Command {
+/// The command that starts a pooler's `program`: under valgrind's callgrind when the cluster
+/// asks for counts, which then go to `dir/<name>.callgrind` (returned). The process keeps its
+/// pid (valgrind runs the program in its own process), which vgdb addresses.
+fn pooler_command(
+    cluster: &BenchCluster,
+    program: &Path,
+    dir: &Path,
+    name: &str,
+) -> (Command, Option<PathBuf>) {
+    if !cluster.poolers_under_callgrind {
+        return (Command::new(program), None);
+    }
+    let out = dir.join(format!("{name}.callgrind"));
     let mut cmd = Command::new("valgrind");
     cmd.arg("--tool=callgrind")
         .arg(format!("--callgrind-out-file={}", out.display()))
         .arg(program);
-    cmd
+    (cmd, Some(out))
 }
 
 /// PgBouncer (from the distribution) in transaction mode with the same pool size and the same
@@ -482,14 +482,8 @@ fn start_pgbouncer_for(
     );
     let ini_path = dir.join("pgbouncer.ini");
     std::fs::write(&ini_path, ini).map_err(|e| e.to_string())?;
-    // In its own directory: the PostgreSQL OS user it runs as must write the counts.
-    let callgrind_out = cluster
-        .poolers_under_callgrind
-        .then(|| dir.join(format!("{name}.callgrind")));
-    let mut cmd = match &callgrind_out {
-        Some(out) => under_callgrind(&binary, out),
-        None => Command::new(binary),
-    };
+    // Counts in its own directory: the PostgreSQL OS user it runs as must write them.
+    let (mut cmd, callgrind_out) = pooler_command(cluster, &binary, &dir, name);
     cmd.arg(&ini_path);
     spawn_as_postgres_user(cluster, (name, &dir, port), cmd, callgrind_out)
 }

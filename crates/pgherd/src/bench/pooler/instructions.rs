@@ -13,11 +13,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::pgbench::wait_with_timeout;
-use super::targets::ProxyProcess;
+use super::super::pgbench::wait_with_timeout;
+use super::super::targets::ProxyProcess;
+use super::super::{csv_number, csv_text, output_prefix, run_order, write_csv_and_report};
 use super::{
-    output_prefix, pgbench_args, pgbench_timeout, port_of, setup, write_csv_and_report, Fixture,
-    PoolerOptions, RunLength, Target, Workload,
+    pgbench_args, pgbench_timeout, port_of, setup, Fixture, PoolerOptions, RunLength, Target,
+    Workload,
 };
 
 /// Transactions run (in all, split over the clients) twice before counting: the pools'
@@ -95,7 +96,7 @@ pub(super) fn run(options: &PoolerOptions, transactions: u64) -> Result<(), Stri
     let mut dumps_asked = vec![0u32; targets.len()];
     let rounds = options.rounds.max(1);
     for (round, workload, clients, target) in
-        super::run_order(rounds, &options.workloads, &options.clients, &targets)
+        run_order(rounds, &options.workloads, &options.clients, &targets)
     {
         let asked = targets
             .iter()
@@ -149,8 +150,8 @@ pub(super) fn run(options: &PoolerOptions, transactions: u64) -> Result<(), Stri
             c.target.name(),
             transactions.unwrap_or_default(),
             instructions.unwrap_or_default(),
-            super::csv_number(c.per_transaction(), 0),
-            super::csv_text(c.counted.as_ref().err().map(String::as_str)),
+            csv_number(c.per_transaction(), 0),
+            csv_text(c.counted.as_ref().err().map(String::as_str)),
         );
     }
     write_csv_and_report(&prefix, &csv, &report)

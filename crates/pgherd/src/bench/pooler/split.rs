@@ -3,8 +3,9 @@
 //! `pgherd-w2` (one process, two workers) it tells what a second worker costs because state is
 //! shared from what it costs because a second poller shares the machine.
 
-use super::pgbench::PgbenchResult;
-use super::{outcome, pgbench_args, pgbench_timeout, Fixture, PoolerOptions, Sample, Target};
+use super::super::outcome;
+use super::super::pgbench::PgbenchResult;
+use super::{pgbench_args, pgbench_timeout, Fixture, PoolerOptions, Sample, Target};
 use super::{procstat, ProxyProcess, ServerCpu, Workload};
 
 pub(super) fn measure(

@@ -4,6 +4,10 @@
 
 use std::fmt::Write as _;
 
+use super::super::pgbench::median;
+use super::super::{
+    csv_number, csv_text, fmt, output_prefix, write_csv_and_report, write_failed_runs,
+};
 use super::*;
 
 /// One (workload, clients, target) cell's medians over rounds, and its failed transactions.

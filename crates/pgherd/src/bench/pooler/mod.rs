@@ -63,8 +63,12 @@ pub enum Target {
     PgherdBaseline,
     /// pgherd as `pgherd up` configures it: reads routed per statement over every node with
     /// read-your-writes, sync durability, failover on (the target `pgherd` sends everything
-    /// to the primary, as PgBouncer does).
+    /// to the primary, as PgBouncer does). It runs on a cluster of its own, which its
+    /// failover makes commit synchronously, and brings `pgherd-default-primary` with it.
     PgherdDefault,
+    /// The target `pgherd` (route = primary) in front of `pgherd-default`'s cluster, where
+    /// commits are synchronous: beside the default, what routing alone costs.
+    PgherdDefaultPrimary,
     /// The target `pgherd` with two worker threads (`--pgherd-workers` sets the other's):
     /// what a second worker costs per transaction, in the same run.
     #[value(name = "pgherd-w2")]
@@ -85,6 +89,7 @@ impl Target {
             Target::PgherdScraped => "pgherd-scraped",
             Target::PgherdBaseline => "pgherd-baseline",
             Target::PgherdDefault => "pgherd-default",
+            Target::PgherdDefaultPrimary => "pgherd-default-primary",
             Target::PgherdTwoWorkers => "pgherd-w2",
             Target::PgherdTwoProcesses => "pgherd-2p",
             Target::Pgbouncer => "pgbouncer",
@@ -185,10 +190,16 @@ struct Sample {
 
 struct Fixture {
     cluster: BenchCluster,
+    /// `pgherd-default`'s own cluster, of the same shape and data, whose primary commits
+    /// synchronously once that pgherd's failover has set it up.
+    default_cluster: Option<BenchCluster>,
     pgherd: Option<ProxyProcess>,
     baseline: Option<ProxyProcess>,
     pgbouncer: Option<ProxyProcess>,
     default: Option<ProxyProcess>,
+    /// route = primary in front of the default's cluster: what the default is compared with
+    /// for the cost of routing alone.
+    default_primary: Option<ProxyProcess>,
     two_workers: Option<ProxyProcess>,
     two_processes: Option<[ProxyProcess; 2]>,
     bench: BenchUser,
@@ -199,14 +210,7 @@ struct Fixture {
 }
 
 pub(super) fn run(mut options: PoolerOptions) -> Result<(), String> {
-    match (
-        &options.baseline,
-        options.targets.contains(&Target::PgherdBaseline),
-    ) {
-        (Some(_), false) => options.targets.push(Target::PgherdBaseline),
-        (None, true) => return Err("target pgherd-baseline needs --baseline BINARY".into()),
-        _ => {}
-    }
+    add_companion_targets(&mut options)?;
     if let Some(transactions) = options.count_instructions {
         options.idle_clients = 0;
         return instructions::run(&options, transactions);
@@ -264,6 +268,29 @@ pub(super) fn run(mut options: PoolerOptions) -> Result<(), String> {
     write_outputs(&options, &samples, &report)
 }
 
+/// Targets measured only together with another: `--baseline` brings `pgherd-baseline`, and
+/// the default and route = primary in front of its cluster come as a pair (the second is what
+/// the first is compared with for routing's cost).
+fn add_companion_targets(options: &mut PoolerOptions) -> Result<(), String> {
+    match (
+        &options.baseline,
+        options.targets.contains(&Target::PgherdBaseline),
+    ) {
+        (Some(_), false) => options.targets.push(Target::PgherdBaseline),
+        (None, true) => return Err("target pgherd-baseline needs --baseline BINARY".into()),
+        _ => {}
+    }
+    let default_pair = [Target::PgherdDefault, Target::PgherdDefaultPrimary];
+    if default_pair.iter().any(|t| options.targets.contains(t)) {
+        for target in default_pair {
+            if !options.targets.contains(&target) {
+                options.targets.push(target);
+            }
+        }
+    }
+    Ok(())
+}
+
 fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
     let raised = procstat::raise_fd_limit(u64::from(options.idle_clients) * 2 + 4096);
     if options.idle_clients > 0 && raised < u64::from(options.idle_clients) + 1024 {
@@ -275,33 +302,20 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
         .tool("pgbench");
     let bench = BenchUser::new("bench", pgherd_wire::scram::DEFAULT_ITERATIONS);
     let cheap = BenchUser::new("cheaplogin", 16);
-    eprintln!("creating a PostgreSQL primary in {} ...", dir.display());
-    let settings = [
-        ("max_connections", "400"),
-        ("shared_buffers", "'256MB'"),
-        // TPC-B measures the poolers, not this machine's disk flushes.
-        ("synchronous_commit", "off"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect();
-    let mut cluster = BenchCluster::create(&dir, options.replicas, settings, &[&bench, &cheap])?;
-    cluster.poolers_use_sockets = options.server_transport == ServerTransport::Unix;
-    cluster.poolers_under_callgrind = options.count_instructions.is_some();
-    cluster.sql("postgres", "CREATE DATABASE bench OWNER bench")?;
-    pgbench_init(
-        &pgbench_bin,
-        &bench.url(cluster.primary_port(), "bench"),
-        options.scale,
-    )?;
-    cluster.sql(
-        "bench",
-        &format!(
-            "GRANT SELECT ON ALL TABLES IN SCHEMA public TO {}",
-            cheap.name
-        ),
-    )?;
     let users = [&bench, &cheap];
+    let cluster = database_cluster(&dir, options, &users, &pgbench_bin)?;
+    // The default's failover makes its cluster's commits synchronous (its durability): on a
+    // cluster of its own, so that every other target keeps the asynchronous commits it is
+    // compared under.
+    let default_cluster = match options.targets.contains(&Target::PgherdDefault) {
+        true => Some(database_cluster(
+            &dir.join("default"),
+            options,
+            &users,
+            &pgbench_bin,
+        )?),
+        false => None,
+    };
     let setup = |baseline| PgherdSetup {
         nodes: options.replicas + 1,
         users: &users,
@@ -327,18 +341,27 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
         true => Some(start_pgbouncer(&cluster, &users, options.pool_size)?),
         false => None,
     };
-    let default = match options.targets.contains(&Target::PgherdDefault) {
-        true => Some(start_pgherd(
-            &cluster,
-            &PgherdSetup {
-                database_keys: "",
-                ha: true,
-                admin: false,
-                instance: Some(("pgherd-default", "")),
-                ..setup(None)
-            },
-        )?),
-        false => None,
+    let (default, default_primary) = match &default_cluster {
+        Some(own) => (
+            Some(start_pgherd(
+                own,
+                &PgherdSetup {
+                    database_keys: "",
+                    ha: true,
+                    admin: false,
+                    instance: Some(("pgherd-default", "")),
+                    ..setup(None)
+                },
+            )?),
+            Some(start_pgherd(
+                own,
+                &PgherdSetup {
+                    instance: Some(("pgherd-default-primary", "")),
+                    ..setup(None)
+                },
+            )?),
+        ),
+        None => (None, None),
     };
     let two_workers = match options.targets.contains(&Target::PgherdTwoWorkers) {
         true => Some(start_pgherd(
@@ -372,10 +395,12 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
     std::fs::create_dir_all(&log_dir).map_err(|e| e.to_string())?;
     Ok(Fixture {
         cluster,
+        default_cluster,
         pgherd,
         baseline,
         pgbouncer,
         default,
+        default_primary,
         two_workers,
         two_processes,
         bench,
@@ -386,6 +411,57 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
         },
         _tmp: tmp,
     })
+}
+
+/// A primary and `--replicas` streaming replicas under `dir`, with `users`, a `bench`
+/// database holding pgbench's tables at `--scale`, readable by every user.
+fn database_cluster(
+    dir: &std::path::Path,
+    options: &PoolerOptions,
+    users: &[&BenchUser],
+    pgbench_bin: &std::path::Path,
+) -> Result<BenchCluster, String> {
+    eprintln!("creating a PostgreSQL primary in {} ...", dir.display());
+    let settings = [
+        ("max_connections", "400"),
+        ("shared_buffers", "'256MB'"),
+        // TPC-B measures the poolers, not this machine's disk flushes.
+        ("synchronous_commit", "off"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let mut cluster = BenchCluster::create(dir, options.replicas, settings, users)?;
+    cluster.poolers_use_sockets = options.server_transport == ServerTransport::Unix;
+    cluster.poolers_under_callgrind = options.count_instructions.is_some();
+    let owner = users.first().ok_or("no benchmark user")?;
+    cluster.sql(
+        "postgres",
+        &format!("CREATE DATABASE bench OWNER {}", owner.name),
+    )?;
+    pgbench_init(
+        pgbench_bin,
+        &owner.url(cluster.primary_port(), "bench"),
+        options.scale,
+    )?;
+    for reader in &users[1..] {
+        cluster.sql(
+            "bench",
+            &format!(
+                "GRANT SELECT ON ALL TABLES IN SCHEMA public TO {}",
+                reader.name
+            ),
+        )?;
+    }
+    Ok(cluster)
+}
+
+/// The cluster `target` runs against.
+fn cluster_of(fixture: &Fixture, target: Target) -> &BenchCluster {
+    match (target, &fixture.default_cluster) {
+        (Target::PgherdDefault | Target::PgherdDefaultPrimary, Some(own)) => own,
+        _ => &fixture.cluster,
+    }
 }
 
 fn port_of(fixture: &Fixture, target: Target) -> Result<(u16, Option<&ProxyProcess>), String> {
@@ -414,6 +490,13 @@ fn port_of(fixture: &Fixture, target: Target) -> Result<(u16, Option<&ProxyProce
                 .default
                 .as_ref()
                 .ok_or("the default-config pgherd is not running")?;
+            (p.port, Some(p))
+        }
+        Target::PgherdDefaultPrimary => {
+            let p = fixture
+                .default_primary
+                .as_ref()
+                .ok_or("route = primary on the default's cluster is not running")?;
             (p.port, Some(p))
         }
         Target::PgherdTwoWorkers => {
@@ -449,7 +532,7 @@ fn measure(
         RunLength::Seconds(options.duration_s),
     );
     let cpu_before = proxy.map(|p| p.cpu_use());
-    let server_cpu = ServerCpu::start(&fixture.cluster);
+    let server_cpu = ServerCpu::start(cluster_of(fixture, target));
     let timeout = pgbench_timeout(options);
     let url = fixture.user_for(workload).url(port, "bench");
     let scraper = match (target, proxy.and_then(|p| p.api_port)) {
@@ -681,4 +764,35 @@ fn pooler_options(args: &[&str]) -> PoolerOptions {
         options: PoolerOptions,
     }
     Cli::parse_from(std::iter::once("bench").chain(args.iter().copied())).options
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_and_route_primary_on_its_cluster_come_as_a_pair() {
+        for given in ["pgherd-default", "pgherd-default-primary"] {
+            let mut options = pooler_options(&["--targets", &format!("direct,{given}")]);
+            add_companion_targets(&mut options).unwrap();
+            assert!(options.targets.contains(&Target::PgherdDefault), "{given}");
+            assert!(
+                options.targets.contains(&Target::PgherdDefaultPrimary),
+                "{given}"
+            );
+            assert_eq!(options.targets.len(), 3, "{given}");
+        }
+        let mut options = pooler_options(&["--targets", "direct,pgherd"]);
+        add_companion_targets(&mut options).unwrap();
+        assert_eq!(options.targets, [Target::Direct, Target::Pgherd]);
+    }
+
+    #[test]
+    fn a_baseline_target_needs_a_baseline_binary() {
+        let mut options = pooler_options(&["--targets", "pgherd,pgherd-baseline"]);
+        assert!(add_companion_targets(&mut options).is_err());
+        let mut options = pooler_options(&["--targets", "pgherd", "--baseline", "/bin/true"]);
+        add_companion_targets(&mut options).unwrap();
+        assert!(options.targets.contains(&Target::PgherdBaseline));
+    }
 }

@@ -143,7 +143,7 @@ pub(super) fn render_report(
         "## pgherd bench pooler\n\n{} round(s) x {} s per run, scale {}, pool size {}, a primary and {} streaming replica(s), \
          pgbench -j {}, the poolers reaching the servers over {}, medians over rounds; {} min in all. \
          CPU is the pooler process's user+system time per transaction from /proc; the primary's \
-         CPU, that of its postmaster and every process under it.\n",
+         CPU, that of its postmaster and every process under it.{}\n",
         options.rounds,
         options.duration_s,
         options.scale,
@@ -154,7 +154,14 @@ pub(super) fn render_report(
             super::ServerTransport::Tcp => "TCP",
             super::ServerTransport::Unix => "their Unix-domain sockets",
         },
-        took.as_secs() / 60
+        took.as_secs() / 60,
+        if options.targets.contains(&Target::PgherdDefault) {
+            " pgherd-default and pgherd-default-primary run on a second cluster of the same \
+             shape and data, whose commits the default's sync durability makes synchronous; \
+             every other target's cluster commits asynchronously."
+        } else {
+            ""
+        }
     );
     let _ = writeln!(r, "| workload | clients | direct TPS | pgherd TPS | PgBouncer TPS | pgherd / direct | pgherd / PgBouncer | avg ms direct / pgherd / PgBouncer | p99 ms direct / pgherd / PgBouncer | CPU µs/txn pgherd / PgBouncer | CPU ratio | failed |");
     let _ = writeln!(
@@ -233,13 +240,13 @@ pub(super) fn render_report(
         write_comparison(&mut r, options, samples, &heading, pair);
     }
     if options.targets.contains(&Target::PgherdDefault) {
-        let heading = "The embedded default (`pgherd up`: route auto, read-your-writes, sync durability, failover) against route = primary";
+        let heading = "The embedded default (`pgherd up`: route auto, read-your-writes, sync durability, failover) against route = primary on the same cluster (commits synchronous on both)";
         let pair = (
-            ("primary", Target::Pgherd),
+            ("primary", Target::PgherdDefaultPrimary),
             ("default", Target::PgherdDefault),
         );
         write_comparison(&mut r, options, samples, heading, pair);
-        let heading = "The embedded default against direct PostgreSQL (the primary)";
+        let heading = "The embedded default against direct PostgreSQL (the primary of the other targets' cluster, commits asynchronous)";
         let pair = (
             ("direct", Target::Direct),
             ("default", Target::PgherdDefault),

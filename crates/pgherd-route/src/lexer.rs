@@ -115,6 +115,47 @@ pub fn lex_with_spans(
     lex_inner(sql, standard_conforming_strings, key, Some(spans))
 }
 
+/// Where the statement text from `at` on really starts: past whitespace and comments as
+/// PostgreSQL's scanner reads them (`--` to the end of the line, either end; `/* */` nested;
+/// vertical tab as space, as PostgreSQL 16 reads it, a text PostgreSQL 15 refuses anyway).
+/// For the few places that look at a statement's first words without lexing it whole.
+pub fn skip_blanks(sql: &[u8], mut at: usize) -> usize {
+    loop {
+        while sql.get(at).copied().is_some_and(is_space) {
+            at += 1;
+        }
+        let rest = sql.get(at..).unwrap_or_default();
+        if rest.starts_with(b"--") {
+            at += rest
+                .iter()
+                .position(|&b| b == b'\n' || b == b'\r')
+                .unwrap_or(rest.len());
+        } else if rest.starts_with(b"/*") {
+            let mut depth = 0usize;
+            loop {
+                match sql.get(at..at + 2) {
+                    Some(b"/*") => {
+                        depth += 1;
+                        at += 2;
+                    }
+                    Some(b"*/") => {
+                        depth -= 1;
+                        at += 2;
+                        if depth == 0 {
+                            break;
+                        }
+                    }
+                    Some(_) => at += 1,
+                    // Unterminated: nothing of the text is a statement.
+                    None => return sql.len(),
+                }
+            }
+        } else {
+            return at;
+        }
+    }
+}
+
 fn lex_inner<'a>(
     sql: &'a [u8],
     standard_conforming_strings: bool,

@@ -308,3 +308,26 @@ fn literals_agree_with_the_parser_librarys_scanner() {
     }
     assert!(compared > 2_000, "only {compared} texts compared");
 }
+
+#[test]
+fn blanks_before_a_statement_are_skipped_as_the_server_reads_them() {
+    fn start(sql: &str) -> &str {
+        &sql[crate::skip_blanks(sql.as_bytes(), 0)..]
+    }
+    assert_eq!(start(" \t\r\n\x0b\x0cSET a = 1"), "SET a = 1");
+    assert_eq!(start("-- a comment\rSET a = 1"), "SET a = 1");
+    assert_eq!(start("-- one\n-- two\n  SET a = 1"), "SET a = 1");
+    assert_eq!(start("/* a /* nested */ comment */ SET a = 1"), "SET a = 1");
+    assert_eq!(start("/**/SET a = 1"), "SET a = 1");
+    assert_eq!(start("/* a ***/ /*/ still a comment */SET"), "SET");
+    assert_eq!(start("/* a /* unterminated */ SET a = 1"), "");
+    assert_eq!(start("-- only a comment"), "");
+    assert_eq!(start(""), "");
+    assert_eq!(start("- 1"), "- 1");
+    assert_eq!(start("/ 2"), "/ 2");
+    let from_the_middle = "SELECT 1; /* x */ SET a = 1";
+    assert_eq!(
+        &from_the_middle[crate::skip_blanks(from_the_middle.as_bytes(), 9)..],
+        "SET a = 1"
+    );
+}

@@ -36,7 +36,7 @@ pub use balance::Balance;
 pub use catalog::Catalog;
 pub use classify::{classify, setting_value, ROUTE_SETTING, SHARD_SETTING};
 pub use decision::{Decision, Pin, SessionEffect, ShardSetting, Target, TxEffect};
-pub use lexer::{lex, lex_with_spans, HintError, Lexed};
+pub use lexer::{lex, lex_with_spans, skip_blanks, HintError, Lexed};
 pub use plan::{Role, Routed};
 
 /// How fresh the data a session reads from replicas must be.

@@ -290,6 +290,19 @@ async fn session_settings_follow_their_client_and_never_leak() {
     a.batch_execute("COMMIT").await.unwrap();
     assert_eq!(one(&b, "SHOW work_mem").await, "4MB");
     assert_eq!(one(&a, "SHOW work_mem").await, "8MB");
+    // Comments before a SET as the server reads them: a line comment ends at a carriage
+    // return too, block comments nest.
+    for (sql, value) in [
+        ("-- ends at a carriage return\rSET work_mem = '3MB'", "3MB"),
+        (
+            "/* outer /* inner */ still the comment */ SET work_mem = '2MB'",
+            "2MB",
+        ),
+    ] {
+        a.batch_execute(sql).await.unwrap();
+        assert_eq!(one(&b, "SHOW work_mem").await, "4MB", "{sql}");
+        assert_eq!(one(&a, "SHOW work_mem").await, value, "{sql}");
+    }
     a.batch_execute("SET work_mem = '7MB'").await.unwrap();
     a.batch_execute("RESET work_mem").await.unwrap();
     assert_eq!(one(&b, "SHOW TimeZone").await, default_zone);

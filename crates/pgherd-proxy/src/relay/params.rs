@@ -488,7 +488,7 @@ fn parse_options(options: &str) -> Vec<(String, String)> {
 /// Cheap test run on every captured statement: could it change session settings? Only then is
 /// its text kept and, if the server says it set something, parsed.
 pub fn may_change_session(sql: &[u8]) -> bool {
-    let rest = skip_space_and_comments(sql);
+    let rest = &sql[pgherd_route::skip_blanks(sql, 0)..];
     let starts_with = |word: &[u8]| {
         rest.len() >= word.len()
             && rest[..word.len()].eq_ignore_ascii_case(word)
@@ -514,25 +514,6 @@ pub fn may_change_session(sql: &[u8]) -> bool {
             .iter()
             .any(|b| !b.is_ascii_whitespace() && *b != b';'),
         None => false,
-    }
-}
-
-fn skip_space_and_comments(mut sql: &[u8]) -> &[u8] {
-    loop {
-        let trimmed = sql.trim_ascii_start();
-        if let Some(rest) = trimmed.strip_prefix(b"--") {
-            sql = rest
-                .iter()
-                .position(|&b| b == b'\n')
-                .map_or(&[][..], |i| &rest[i + 1..]);
-        } else if let Some(rest) = trimmed.strip_prefix(b"/*") {
-            sql = rest
-                .windows(2)
-                .position(|w| w == b"*/")
-                .map_or(&[][..], |i| &rest[i + 2..]);
-        } else {
-            return trimmed;
-        }
     }
 }
 
@@ -677,6 +658,12 @@ mod tests {
             ("settings_table", false),
             ("SELECT 1;", false),
             ("SELECT 1; SET x = 1", true),
+            // As PostgreSQL 16 reads them: a vertical tab is space, a line comment ends at a
+            // carriage return too, block comments nest.
+            ("\x0bSET x = 1", true),
+            ("-- hi\rSET x = 1", true),
+            ("/* a /* b */ c */ SET x = 1", true),
+            ("/* a /* b */ SET x = 1", false),
         ] {
             assert_eq!(may_change_session(sql.as_bytes()), expected, "{sql}");
         }

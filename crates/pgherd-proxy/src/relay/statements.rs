@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::routing::Routed;
+use pgherd_route::skip_blanks;
 
 use sha2::{Digest, Sha256};
 
@@ -155,25 +156,6 @@ pub fn sql_statement_reference(sql: &[u8]) -> Option<(SqlUse, Vec<u8>, std::ops:
 
 fn is_name_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80
-}
-
-/// Past spaces and comments.
-fn skip_blanks(sql: &[u8], mut at: usize) -> usize {
-    loop {
-        while sql.get(at).is_some_and(u8::is_ascii_whitespace) {
-            at += 1;
-        }
-        if sql[at..].starts_with(b"--") {
-            at += sql[at..].iter().take_while(|&&b| b != b'\n').count();
-        } else if sql[at..].starts_with(b"/*") {
-            match sql[at + 2..].windows(2).position(|w| w == b"*/") {
-                Some(i) => at += i + 4,
-                None => return sql.len(),
-            }
-        } else {
-            return at;
-        }
-    }
 }
 
 /// Why a client's statement operation is refused, in PostgreSQL's words.
@@ -409,6 +391,14 @@ mod tests {
         assert_eq!(
             r("-- hi\nexecute \"a\"\"b\""),
             Some((SqlUse::Execute, "a\"b".into(), "\"a\"\"b\""))
+        );
+        assert_eq!(
+            r("/* a /* b */ */ EXECUTE\x0bfoo"),
+            Some((SqlUse::Execute, "foo".into(), "foo"))
+        );
+        assert_eq!(
+            r("-- hi\rDEALLOCATE foo"),
+            Some((SqlUse::Deallocate, "foo".into(), "foo"))
         );
         assert_eq!(r("SELECT 1"), None);
         assert_eq!(r("EXECUTE"), None);

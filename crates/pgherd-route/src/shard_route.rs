@@ -116,7 +116,12 @@ pub struct SplitInsert {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TxCommand {
-    Begin,
+    /// `BEGIN` or `START TRANSACTION` (`start`), with an isolation level, access mode or
+    /// deferrability (`with_options`), as the parser read it (comments and all).
+    Begin {
+        start: bool,
+        with_options: bool,
+    },
     Commit,
     Rollback,
     /// `SAVEPOINT name`, `RELEASE [SAVEPOINT] name`, `ROLLBACK TO [SAVEPOINT] name`: the
@@ -627,8 +632,11 @@ fn transaction_command(tx: &TransactionStmt) -> Result<Execution, ShardError> {
 fn tx_command(tx: &TransactionStmt) -> Option<TxCommand> {
     let name = || tx.savepoint_name.clone();
     Some(match TransactionStmtKind::try_from(tx.kind).ok()? {
-        TransactionStmtKind::TransStmtBegin | TransactionStmtKind::TransStmtStart => {
-            TxCommand::Begin
+        kind @ (TransactionStmtKind::TransStmtBegin | TransactionStmtKind::TransStmtStart) => {
+            TxCommand::Begin {
+                start: kind == TransactionStmtKind::TransStmtStart,
+                with_options: !tx.options.is_empty(),
+            }
         }
         TransactionStmtKind::TransStmtCommit => TxCommand::Commit,
         TransactionStmtKind::TransStmtRollback => TxCommand::Rollback,

@@ -7,6 +7,11 @@ use super::*;
 use crate::shard_hash::{shard_of_text, KeyType};
 use crate::shard_plan::{Method, ShardedTable};
 
+const BEGIN: TxCommand = TxCommand::Begin {
+    start: false,
+    with_options: false,
+};
+
 pub(crate) fn map() -> ShardMap {
     ShardMap {
         shards: 3,
@@ -91,7 +96,7 @@ fn statements_run_where_their_rows_are() {
         ("SET work_mem = '8MB'", Execution::Setting),
         ("RESET ALL", Execution::Setting),
         ("SET LOCAL work_mem = '8MB'", Execution::Setting),
-        ("BEGIN", Execution::Transaction(TxCommand::Begin)),
+        ("BEGIN", Execution::Transaction(BEGIN)),
         (
             "SAVEPOINT \"Sp 1\"",
             Execution::Transaction(TxCommand::Savepoint("Sp 1".into())),
@@ -122,7 +127,10 @@ fn statements_run_where_their_rows_are() {
         ),
         (
             "START TRANSACTION ISOLATION LEVEL REPEATABLE READ",
-            Execution::Transaction(TxCommand::Begin),
+            Execution::Transaction(TxCommand::Begin {
+                start: true,
+                with_options: true,
+            }),
         ),
         ("COMMIT", Execution::Transaction(TxCommand::Commit)),
         ("END", Execution::Transaction(TxCommand::Commit)),
@@ -268,7 +276,34 @@ fn transaction_statements_are_read_from_their_text() {
         ),
         ("ABORT", Some(TxCommand::Rollback)),
         ("END", Some(TxCommand::Commit)),
-        ("START TRANSACTION READ ONLY", Some(TxCommand::Begin)),
+        (
+            "START TRANSACTION READ ONLY",
+            Some(TxCommand::Begin {
+                start: true,
+                with_options: true,
+            }),
+        ),
+        (
+            "/* a comment */ start transaction -- and another",
+            Some(TxCommand::Begin {
+                start: true,
+                with_options: false,
+            }),
+        ),
+        (
+            "BEGIN /* not an option */ WORK",
+            Some(TxCommand::Begin {
+                start: false,
+                with_options: false,
+            }),
+        ),
+        (
+            "BEGIN ISOLATION LEVEL SERIALIZABLE",
+            Some(TxCommand::Begin {
+                start: false,
+                with_options: true,
+            }),
+        ),
         ("PREPARE TRANSACTION 'x'", None),
         ("SET work_mem = '8MB'", None),
         ("COMMIT; COMMIT", None),
@@ -802,7 +837,7 @@ fn a_named_shard_runs_reads_there_and_writes_only_if_their_rows_are_there() {
     }
     let unchanged: &[(&str, Execution)] = &[
         ("SET work_mem = '8MB'", Execution::Setting),
-        ("BEGIN", Execution::Transaction(TxCommand::Begin)),
+        ("BEGIN", Execution::Transaction(BEGIN)),
         (
             "ROLLBACK TO SAVEPOINT s",
             Execution::Transaction(TxCommand::RollbackTo("s".into())),

@@ -354,6 +354,9 @@ async fn several_statements_in_one_query_string_answer_as_one_node_answers_them(
             insert(c3),
             insert(d3)
         ),
+        // A comment is no option of BEGIN's, even after a statement began the block.
+        "SELECT count(*) FROM items; BEGIN /* no options */ WORK; SELECT 2".to_owned(),
+        "COMMIT".to_owned(),
         "SELECT k, v FROM items ORDER BY k; SELECT id FROM kinds ORDER BY id;".to_owned(),
     ];
     let mut differences = Vec::new();
@@ -408,6 +411,10 @@ async fn several_statements_in_one_query_string_answer_as_one_node_answers_them(
             && copied.lines().any(|l| l.trim() == total[0]),
         "{copied}"
     );
+    // The command tag names the command the client sent, whatever comment comes first.
+    let tags = psql_with_input(&url, "/* c */ START TRANSACTION; COMMIT", "")
+        .unwrap_or_else(|e| panic!("START TRANSACTION: {e}"));
+    assert_eq!(tags, "START TRANSACTION\nCOMMIT");
 }
 
 /// A statement's waiting for its server connections (here a pool of one, held by another

@@ -88,7 +88,10 @@ impl ShardedSession {
         out: &mut BytesMut,
     ) -> Result<(), Failed> {
         let tag = match command {
-            TxCommand::Begin => {
+            TxCommand::Begin {
+                start,
+                with_options,
+            } => {
                 let read_only = match decision.tx {
                     TxEffect::Begin {
                         read_only: Some(read_only),
@@ -101,7 +104,7 @@ impl ShardedSession {
                         self.tx = Some(Tx::new(sql, read_only));
                     }
                     Some(tx) if tx.implicit => {
-                        if has_options(sql) {
+                        if with_options {
                             // Its shards began without them; PostgreSQL would apply or refuse
                             // them there.
                             return Err(Failed::Statement(PgError::error(
@@ -118,7 +121,7 @@ impl ShardedSession {
                     ),
                     None => self.tx = Some(Tx::new(sql, read_only)),
                 }
-                if starts_with_word(sql, "START") {
+                if start {
                     "START TRANSACTION"
                 } else {
                     "BEGIN"
@@ -411,30 +414,6 @@ impl Savepoint {
             Savepoint::RollbackTo => "ROLLBACK",
         }
     }
-}
-
-/// A BEGIN or START TRANSACTION that sets an isolation level or access mode.
-fn has_options(sql: &str) -> bool {
-    let words: Vec<String> = sql
-        .trim()
-        .trim_end_matches(';')
-        .split_ascii_whitespace()
-        .map(str::to_ascii_lowercase)
-        .collect();
-    !matches!(
-        words
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>()
-            .as_slice(),
-        ["begin"] | ["begin", "work"] | ["begin", "transaction"] | ["start", "transaction"]
-    )
-}
-
-fn starts_with_word(sql: &str, word: &str) -> bool {
-    sql.trim_start()
-        .get(..word.len())
-        .is_some_and(|w| w.eq_ignore_ascii_case(word))
 }
 
 fn warn(out: &mut BytesMut, code: SqlState, message: &str) {

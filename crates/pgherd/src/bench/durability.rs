@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use super::cgroup::CpuQuotas;
 use super::pgbench::{Pgbench, PgbenchResult};
-use super::scaling::wait_caught_up;
 use super::svg::{LineChart, Series};
 use super::targets::{start_pgherd, BenchCluster, BenchUser, PgherdSetup};
 use super::{csv_text, output_prefix, pgbench_init, work_dir};
@@ -186,7 +185,7 @@ fn run_round(
             for sql in mode.settings_sql(&standbys[..replicas]) {
                 cluster.sql("postgres", &sql)?;
             }
-            wait_caught_up(cluster);
+            cluster.wait_caught_up();
             let result = confirm_mode(cluster, mode, &standbys[..replicas])
                 .and_then(|()| run_pgbench(pgbench, &url, options, &[]));
             report_cell(replicas, "tpcb", mode, &result);
@@ -201,7 +200,7 @@ fn run_round(
         for sql in Mode::Async.settings_sql(&[]) {
             cluster.sql("postgres", &sql)?;
         }
-        wait_caught_up(cluster);
+        cluster.wait_caught_up();
         let result = run_pgbench(pgbench, &url, options, &["-S"]);
         report_cell(replicas, "select-only", Mode::Async, &result);
         cells.push(Cell {

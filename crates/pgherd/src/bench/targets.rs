@@ -109,6 +109,53 @@ impl BenchCluster {
         })
     }
 
+    /// Waits until every replica has replayed all the primary's WAL, so a read run does not start
+    /// while replicas still replay the previous write run (pgherd would rightly keep reads off
+    /// lagging replicas, and the run would measure the write run's tail).
+    pub fn wait_caught_up(&self) {
+        use pgherd_route::balance::parse_lsn;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let primary = self.cluster.primary();
+        loop {
+            let target = primary
+                .psql("postgres", "SELECT pg_current_wal_lsn()")
+                .ok()
+                .and_then(|s| parse_lsn(s.trim()));
+            let behind = self.cluster.replicas().iter().any(|replica| {
+                let replayed = replica
+                    .psql("postgres", "SELECT pg_last_wal_replay_lsn()")
+                    .ok()
+                    .and_then(|s| parse_lsn(s.trim()));
+                match (target, replayed) {
+                    (Some(t), Some(r)) => r < t,
+                    _ => true,
+                }
+            });
+            if !behind {
+                return;
+            }
+            if Instant::now() > deadline {
+                eprintln!("warning: replicas still replaying after 120 s; going on");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Lets the cluster come to rest after it was built and loaded: a checkpoint on the
+    /// primary, every replica caught up, a restartpoint on each, so the first measured run
+    /// does not pay for the load's writes, its replay and its flushes.
+    pub fn settle(&self) -> Result<(), String> {
+        self.sql("postgres", "CHECKPOINT")?;
+        self.wait_caught_up();
+        for replica in self.cluster.replicas() {
+            replica
+                .psql("postgres", "CHECKPOINT")
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
     pub fn primary_port(&self) -> u16 {
         self.cluster.primary().port
     }

@@ -20,7 +20,6 @@ use std::time::Duration;
 use clap::ValueEnum;
 
 use super::pgbench::{median, Pgbench, PgbenchResult};
-use super::scaling::wait_caught_up;
 use super::svg::{LineChart, Series};
 use super::targets::{
     start_haproxy_stack, start_pgherd, BenchCluster, BenchUser, HaproxyStack, PgherdSetup,
@@ -377,7 +376,7 @@ fn setup(options: &WorkloadsOptions, dir: &Path) -> Result<Fixture, String> {
         )?),
         false => None,
     };
-    wait_caught_up(&cluster);
+    cluster.wait_caught_up();
     Ok(Fixture {
         cluster,
         user,
@@ -461,7 +460,7 @@ fn prepare(
             ),
         )?;
     }
-    wait_caught_up(&fixture.cluster);
+    fixture.cluster.wait_caught_up();
     Ok(())
 }
 

@@ -24,7 +24,6 @@ use pgherd_cluster::StopMode;
 
 use super::fmt;
 use super::repmgr;
-use super::scaling::wait_caught_up;
 use super::svg::{LineChart, Series};
 use super::targets::{start_haproxy_stack, BenchUser};
 use super::workloads::{
@@ -160,7 +159,7 @@ fn run_one(
             (Some(pgherd), None, port)
         }
     };
-    wait_caught_up(&cluster);
+    cluster.wait_caught_up();
     // pgherd with synchronous durability takes writes once its standby is in the set.
     std::thread::sleep(Duration::from_secs(3));
     let duration_s = options.failover_duration_s;

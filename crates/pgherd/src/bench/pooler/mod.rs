@@ -391,6 +391,11 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
         }
         false => None,
     };
+    // The first round would otherwise pay for the load just made (replay, flushes).
+    eprintln!("letting the cluster settle ...");
+    for settling in std::iter::once(&cluster).chain(&default_cluster) {
+        settling.settle()?;
+    }
     let log_dir = dir.join("pgbench-logs");
     std::fs::create_dir_all(&log_dir).map_err(|e| e.to_string())?;
     Ok(Fixture {

@@ -453,7 +453,7 @@ fn setup(options: &ScalingOptions, node_counts: &[usize]) -> Result<Fixture, Str
         ),
     )
     .map_err(|e| e.to_string())?;
-    wait_caught_up(&cluster);
+    cluster.wait_caught_up();
     if let Some(quotas) = quotas.as_mut() {
         for node in &cluster.cluster.nodes {
             let pid = node
@@ -557,39 +557,6 @@ fn disk_sectors_read() -> Option<u64> {
     )
 }
 
-/// Waits until every replica has replayed all the primary's WAL, so a read run does not start
-/// while replicas still replay the previous write run (pgherd would rightly keep reads off
-/// lagging replicas, and the run would measure the write run's tail).
-pub(super) fn wait_caught_up(cluster: &BenchCluster) {
-    use pgherd_route::balance::parse_lsn;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let primary = cluster.cluster.primary();
-    loop {
-        let target = primary
-            .psql("postgres", "SELECT pg_current_wal_lsn()")
-            .ok()
-            .and_then(|s| parse_lsn(s.trim()));
-        let behind = cluster.cluster.replicas().iter().any(|replica| {
-            let replayed = replica
-                .psql("postgres", "SELECT pg_last_wal_replay_lsn()")
-                .ok()
-                .and_then(|s| parse_lsn(s.trim()));
-            match (target, replayed) {
-                (Some(t), Some(r)) => r < t,
-                _ => true,
-            }
-        });
-        if !behind {
-            return;
-        }
-        if Instant::now() > deadline {
-            eprintln!("warning: replicas still replaying after 120 s; going on");
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 fn measure(
     fixture: &Fixture,
@@ -602,7 +569,7 @@ fn measure(
     proxy: Option<&ProxyProcess>,
 ) -> Sample {
     if workload.reads_only() {
-        wait_caught_up(&fixture.cluster);
+        fixture.cluster.wait_caught_up();
     }
     let port = proxy
         .map(|p| p.port)
@@ -699,7 +666,7 @@ impl<'a> IndexDropped<'a> {
             "bench",
             "ALTER TABLE pgbench_accounts DROP CONSTRAINT IF EXISTS pgbench_accounts_pkey",
         )?;
-        wait_caught_up(cluster);
+        cluster.wait_caught_up();
         Ok(Some(IndexDropped(cluster)))
     }
 }
@@ -712,7 +679,7 @@ impl Drop for IndexDropped<'_> {
         ) {
             eprintln!("pgbench_accounts' primary key was not made again: {e}");
         }
-        wait_caught_up(self.0);
+        self.0.wait_caught_up();
     }
 }
 

@@ -229,8 +229,6 @@ fn csv_text(text: Option<&str>) -> String {
         .unwrap_or_default()
 }
 
-/// `pgherd bench pooler`'s options as parsed from `args`, for the report's tests.
-
 #[cfg(test)]
 mod tests {
     #[test]

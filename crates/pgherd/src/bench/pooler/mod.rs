@@ -759,6 +759,7 @@ fn idle_memory(fixture: &Fixture, options: &PoolerOptions) -> Result<Vec<IdleMem
     Ok(out)
 }
 
+/// `pgherd bench pooler`'s options as parsed from `args`, for the report's tests.
 #[cfg(test)]
 fn pooler_options(args: &[&str]) -> PoolerOptions {
     use clap::Parser;

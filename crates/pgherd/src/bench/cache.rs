@@ -18,8 +18,8 @@ use super::targets::{
 };
 use super::tempfile_dir;
 use super::{
-    csv_text, fmt, outcome, output_prefix, pgbench_init, run_order, work_dir, write_csv_and_report,
-    write_failed_runs,
+    csv_text, fmt, outcome, output_prefix, pgbench_database, run_order, work_dir,
+    write_csv_and_report, write_failed_runs,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
@@ -205,13 +205,8 @@ fn setup(options: &CacheOptions) -> Result<Fixture, String> {
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
     let cluster = BenchCluster::create(&dir, 0, settings, &[&user])?;
-    cluster.sql("postgres", "CREATE DATABASE bench OWNER bench")?;
     let pgbench_bin = binaries.tool("pgbench");
-    pgbench_init(
-        &pgbench_bin,
-        &user.url(cluster.primary_port(), "bench"),
-        options.scale,
-    )?;
+    pgbench_database(&cluster, &user, &pgbench_bin, options.scale)?;
     let cache_bytes = options.cache_mib << 20;
     let max_clients = options.clients.iter().copied().max().unwrap_or(1);
     let mut proxies = BTreeMap::new();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::pgbench::median;
 use super::targets::{BenchCluster, BenchUser};
-use super::{pgbench_init, work_dir};
+use super::{pgbench_database, work_dir};
 
 #[derive(clap::Args, Debug)]
 pub struct ConsistencyOptions {
@@ -55,9 +55,8 @@ pub fn run(options: ConsistencyOptions) -> Result<(), String> {
         dir.display()
     );
     let cluster = BenchCluster::create(&dir, 2, Vec::new(), &[&user])?;
-    cluster.sql("postgres", "CREATE DATABASE bench OWNER bench")?;
+    pgbench_database(&cluster, &user, &pgbench, options.scale)?;
     let url = user.url(cluster.primary_port(), "bench");
-    pgbench_init(&pgbench, &url, options.scale)?;
     let config = write_config(&dir, &cluster)?;
 
     eprintln!("the check alone ...");

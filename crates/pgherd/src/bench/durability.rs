@@ -19,7 +19,7 @@ use super::cgroup::CpuQuotas;
 use super::pgbench::{Pgbench, PgbenchResult};
 use super::svg::{LineChart, Series};
 use super::targets::{start_pgherd, BenchCluster, BenchUser, PgherdSetup};
-use super::{csv_text, output_prefix, pgbench_init, work_dir};
+use super::{csv_text, output_prefix, pgbench_database, work_dir};
 
 #[derive(clap::Args, Debug)]
 pub struct DurabilityOptions {
@@ -124,13 +124,8 @@ pub fn run(options: DurabilityOptions) -> Result<(), String> {
         ("shared_buffers".to_owned(), "'128MB'".to_owned()),
     ];
     let cluster = BenchCluster::create(&dir, options.max_replicas, settings, &[&user])?;
-    cluster.sql("postgres", "CREATE DATABASE bench OWNER bench")?;
     let pgbench_bin = binaries.tool("pgbench");
-    pgbench_init(
-        &pgbench_bin,
-        &user.url(cluster.primary_port(), "bench"),
-        options.scale,
-    )?;
+    pgbench_database(&cluster, &user, &pgbench_bin, options.scale)?;
     cluster.sql("bench", "VACUUM ANALYZE")?;
     let _quotas = confine(&cluster, options.cpu_quota_percent)?;
     let log_dir = dir.join("pgbench-logs");

@@ -156,6 +156,21 @@ pub(crate) fn work_dir(
     Ok((dir, tmp))
 }
 
+/// A `bench` database on `cluster`'s primary owned by `owner`, holding pgbench's tables at
+/// `scale`, loaded as `owner`.
+fn pgbench_database(
+    cluster: &targets::BenchCluster,
+    owner: &targets::BenchUser,
+    pgbench: &std::path::Path,
+    scale: u32,
+) -> Result<(), String> {
+    cluster.sql(
+        "postgres",
+        &format!("CREATE DATABASE bench OWNER {}", owner.name),
+    )?;
+    pgbench_init(pgbench, &owner.url(cluster.primary_port(), "bench"), scale)
+}
+
 /// `pgbench -i` at `scale`.
 fn pgbench_init(pgbench: &std::path::Path, url: &str, scale: u32) -> Result<(), String> {
     eprintln!("pgbench -i -s {scale} ...");

@@ -142,12 +142,7 @@ pub fn soak(options: SoakOptions) -> Result<(), String> {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
     let cluster = BenchCluster::create(&dir, 2, settings, &[&user])?;
-    cluster.sql("postgres", "CREATE DATABASE bench OWNER soak")?;
-    super::pgbench_init(
-        &pgbench_bin,
-        &user.url(cluster.primary_port(), "bench"),
-        options.scale,
-    )?;
+    super::pgbench_database(&cluster, &user, &pgbench_bin, options.scale)?;
     cluster.sql(
         "bench",
         "CREATE TABLE soak_churn (id bigserial PRIMARY KEY, at timestamptz DEFAULT now()); \

@@ -26,7 +26,7 @@ use super::targets::{
     ProxyProcess,
 };
 use super::workloads_failover::{self, FailoverRun};
-use super::{csv_text, fmt, outcome, output_prefix, pgbench_init, run_order, work_dir};
+use super::{csv_text, fmt, outcome, output_prefix, pgbench_database, run_order, work_dir};
 use super::{write_csv_and_report, write_failed_runs};
 
 #[derive(clap::Args, Debug)]
@@ -294,12 +294,7 @@ pub(super) fn create_cluster(
     settings.extend(extra_settings);
     eprintln!("creating a primary and 2 replicas in {} ...", dir.display());
     let cluster = BenchCluster::create(dir, 2, settings, &[user])?;
-    cluster.sql("postgres", "CREATE DATABASE bench OWNER bench")?;
-    pgbench_init(
-        pgbench,
-        &user.url(cluster.primary_port(), "bench"),
-        options.scale,
-    )?;
+    pgbench_database(&cluster, user, pgbench, options.scale)?;
     for sql in [
         "CREATE TABLE bench_items (id integer PRIMARY KEY, payload text)".to_owned(),
         "ALTER TABLE bench_items OWNER TO bench".to_owned(),

@@ -17,7 +17,7 @@ use super::procstat;
 use super::targets::{
     start_pgbouncer, start_pgherd, BenchCluster, BenchUser, PgherdSetup, ProxyProcess,
 };
-use super::{outcome, pgbench_init, run_order, tempfile_dir, work_dir};
+use super::{outcome, pgbench_database, run_order, tempfile_dir, work_dir};
 use report::{render_report, write_outputs};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -303,7 +303,7 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
     let bench = BenchUser::new("bench", pgherd_wire::scram::DEFAULT_ITERATIONS);
     let cheap = BenchUser::new("cheaplogin", 16);
     let users = [&bench, &cheap];
-    let cluster = database_cluster(&dir, options, &users, &pgbench_bin)?;
+    let cluster = database_cluster(&dir, options, (&bench, &cheap), &pgbench_bin)?;
     // The default's failover makes its cluster's commits synchronous (its durability): on a
     // cluster of its own, so that every other target keeps the asynchronous commits it is
     // compared under.
@@ -311,7 +311,7 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
         true => Some(database_cluster(
             &dir.join("default"),
             options,
-            &users,
+            (&bench, &cheap),
             &pgbench_bin,
         )?),
         false => None,
@@ -418,12 +418,12 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
     })
 }
 
-/// A primary and `--replicas` streaming replicas under `dir`, with `users`, a `bench`
-/// database holding pgbench's tables at `--scale`, readable by every user.
+/// A primary and `--replicas` streaming replicas under `dir`, with a `bench` database owned
+/// by `owner` holding pgbench's tables at `--scale`, which `reader` may read.
 fn database_cluster(
     dir: &std::path::Path,
     options: &PoolerOptions,
-    users: &[&BenchUser],
+    (owner, reader): (&BenchUser, &BenchUser),
     pgbench_bin: &std::path::Path,
 ) -> Result<BenchCluster, String> {
     eprintln!("creating a PostgreSQL primary in {} ...", dir.display());
@@ -436,28 +436,17 @@ fn database_cluster(
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
-    let mut cluster = BenchCluster::create(dir, options.replicas, settings, users)?;
+    let mut cluster = BenchCluster::create(dir, options.replicas, settings, &[owner, reader])?;
     cluster.poolers_use_sockets = options.server_transport == ServerTransport::Unix;
     cluster.poolers_under_callgrind = options.count_instructions.is_some();
-    let owner = users.first().ok_or("no benchmark user")?;
+    pgbench_database(&cluster, owner, pgbench_bin, options.scale)?;
     cluster.sql(
-        "postgres",
-        &format!("CREATE DATABASE bench OWNER {}", owner.name),
+        "bench",
+        &format!(
+            "GRANT SELECT ON ALL TABLES IN SCHEMA public TO {}",
+            reader.name
+        ),
     )?;
-    pgbench_init(
-        pgbench_bin,
-        &owner.url(cluster.primary_port(), "bench"),
-        options.scale,
-    )?;
-    for reader in &users[1..] {
-        cluster.sql(
-            "bench",
-            &format!(
-                "GRANT SELECT ON ALL TABLES IN SCHEMA public TO {}",
-                reader.name
-            ),
-        )?;
-    }
     Ok(cluster)
 }
 

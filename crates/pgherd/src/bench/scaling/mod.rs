@@ -20,7 +20,7 @@ use super::targets::{
     start_pgherd, start_pgpool, BenchCluster, BenchUser, PgherdSetup, ProxyProcess,
 };
 use super::tempfile_dir;
-use super::{outcome, pgbench_init, work_dir};
+use super::{outcome, pgbench_database, work_dir};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
 pub enum ScalingWorkload {
@@ -400,12 +400,7 @@ fn setup(options: &ScalingOptions, node_counts: &[usize]) -> Result<Fixture, Str
         max_clients + options.pool_size,
     )?;
     let cluster = BenchCluster::create(&dir, max_nodes - 1, settings.clone(), &[&user])?;
-    cluster.sql("postgres", "CREATE DATABASE bench OWNER bench")?;
-    pgbench_init(
-        &pgbench_bin,
-        &user.url(cluster.primary_port(), "bench"),
-        options.scale(),
-    )?;
+    pgbench_database(&cluster, &user, &pgbench_bin, options.scale())?;
     let shards = match options.targets.contains(&ScalingTarget::PgherdShards) {
         true => Some(ShardClusters::create(
             &dir,

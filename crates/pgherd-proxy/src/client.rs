@@ -313,6 +313,7 @@ async fn login(
     })?;
     let user = user.to_owned();
     let database = params.database().unwrap_or(&user).to_owned();
+    refuse_replication(&params).map_err(Disconnect::refused)?;
     negotiate_protocol(stream, &params).await?;
 
     let facts = ConnectionFacts {
@@ -357,6 +358,29 @@ async fn login(
         return Ok(LoggedIn::Admin { shared, can_modify });
     }
     finish_login(app, stream, out, &params, addr, &user, &database).await
+}
+
+/// A replication connection (`replication=true` or `database`) speaks the walsender's
+/// protocol, which pgherd does not relay: refused by name, rather than served as an ordinary
+/// session where `IDENTIFY_SYSTEM` or `START_REPLICATION` would fail as syntax errors. The
+/// values PostgreSQL accepts, and its error for any other.
+fn refuse_replication(params: &StartupParams) -> Result<(), PgError> {
+    let Some(value) = params.get("replication") else {
+        return Ok(());
+    };
+    match (value, crate::relay::params::parse_bool(value)) {
+        (_, Some(false)) => Ok(()),
+        ("database", _) | (_, Some(true)) => Err(PgError::fatal(
+            SqlState::FEATURE_NOT_SUPPORTED,
+            format!("pgherd does not relay replication connections (replication={value})"),
+        )
+        .with_hint("connect replication clients (standbys, pg_basebackup, logical decoding) to a node directly")),
+        (_, None) => Err(PgError::fatal(
+            SqlState::INVALID_PARAMETER_VALUE,
+            format!("invalid value for parameter \"replication\": \"{value}\""),
+        )
+        .with_hint("Valid values are: \"false\", 0, \"true\", 1, \"database\".")),
+    }
 }
 
 async fn finish_login(

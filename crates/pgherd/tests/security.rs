@@ -439,6 +439,23 @@ async fn startup_settings_are_checked_by_a_server() {
         ["myschema,public"]
     );
     assert_eq!(first_column(&ok.query("SHOW work_mem")), ["8MB"]);
+
+    // A replication connection is refused by name, not served as a session that would read
+    // IDENTIFY_SYSTEM as a syntax error; `replication=off` is an ordinary login.
+    let login = |value: &str| {
+        RawClient::login_with(
+            port,
+            &[("user", APP), ("database", APP), ("replication", value)],
+            APP_PASSWORD,
+        )
+    };
+    for (value, code) in [("database", "0A000"), ("true", "0A000"), ("maybe", "22023")] {
+        let refused = login(value).err().expect("a replication login must fail");
+        assert_eq!(refused.code.code(), code, "replication={value}: {refused}");
+        assert!(refused.message.contains("replication"), "{refused}");
+    }
+    let mut ordinary = login("off").expect("replication=off is an ordinary session");
+    assert_eq!(first_column(&ordinary.query("SELECT 1")), ["1"]);
 }
 
 /// Parse declares its parameter count as an unsigned 16-bit number: 40,000 types are fine.

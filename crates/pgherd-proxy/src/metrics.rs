@@ -335,6 +335,16 @@ pub fn render(app: &App) -> String {
             "Statements classified with the PostgreSQL parser (not in the cache).",
             |r| r.cache_counts().1,
         ),
+        (
+            "pgherd_catalog_readings_total",
+            "Readings of the database's catalog for routing (at start, after schema changes and unknown names, and every minute).",
+            |r| r.catalog_counts().0,
+        ),
+        (
+            "pgherd_catalog_changes_total",
+            "Catalog readings that found what routing decisions depend on changed; they made every statement shape be classified again.",
+            |r| r.catalog_counts().1,
+        ),
     ] {
         let mut f = family(&mut out, name, "counter", help);
         for (database, router) in &routers {

@@ -155,6 +155,10 @@ pub struct Router {
     last_reading: std::sync::atomic::AtomicU64,
     /// A schema change asked for the next reading (sooner than other requests get one).
     schema_changed: std::sync::atomic::AtomicBool,
+    /// Catalog readings finished, and those that found facts decisions depend on changed
+    /// (the others keep every decision made).
+    readings: std::sync::atomic::AtomicU64,
+    catalog_changes: std::sync::atomic::AtomicU64,
     /// A sharded endpoint's shards: their count now is what `pgherd:shard` and
     /// `pgherd.shard` may name.
     shards: Option<Arc<crate::shards::Shards>>,
@@ -286,6 +290,13 @@ impl Router {
         self.decisions.counts()
     }
 
+    /// (catalog readings finished, readings that changed what decisions depend on) since
+    /// start.
+    pub fn catalog_counts(&self) -> (u64, u64) {
+        let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+        (load(&self.readings), load(&self.catalog_changes))
+    }
+
     /// A router whose catalog a task of its own loads now, and again when asked or every
     /// minute.
     pub fn start(app: &Arc<App>, server_dbname: String) -> Arc<Router> {
@@ -302,6 +313,8 @@ impl Router {
             readings_begun: std::sync::atomic::AtomicU64::new(0),
             last_reading: std::sync::atomic::AtomicU64::new(0),
             schema_changed: std::sync::atomic::AtomicBool::new(false),
+            readings: std::sync::atomic::AtomicU64::new(0),
+            catalog_changes: std::sync::atomic::AtomicU64::new(0),
             shards: app.shards.clone(),
         });
         tokio::spawn(keep_catalog(app.clone(), Arc::downgrade(&router)));
@@ -642,9 +655,17 @@ impl Router {
         }
         let snapshot = builder.build();
         let counts = (snapshot.function_count(), snapshot.relation_count());
+        let first = self.readings.load(std::sync::atomic::Ordering::Acquire) == 0;
+        let changed = first || !snapshot.decides_as(&self.catalog.load());
         self.catalog.store(Arc::new(snapshot));
-        self.decisions.clear();
-        self.generation
+        if changed {
+            self.decisions.clear();
+            self.generation
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            self.catalog_changes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.readings
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         self.last_reading
             .store(reading, std::sync::atomic::Ordering::Release);

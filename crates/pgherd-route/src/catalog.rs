@@ -130,6 +130,23 @@ impl Catalog for Snapshot {
 }
 
 impl Snapshot {
+    /// Whether every decision made under `earlier` holds under this snapshot too: the same
+    /// facts about functions, relations, settings, user code and defaults. Most catalog
+    /// readings find nothing new, and forgetting every decision then would parse every
+    /// statement shape again on the data path, once a minute. How text orders
+    /// (`text_rules`) is left out: no decision depends on it, a fan-out reads it from the
+    /// snapshot each time.
+    pub fn decides_as(&self, earlier: &Snapshot) -> bool {
+        self.functions == earlier.functions
+            && self.relations == earlier.relations
+            && self.custom_settings == earlier.custom_settings
+            && self.code_types == earlier.code_types
+            && self.code_operators == earlier.code_operators
+            && self.varying_defaults == earlier.varying_defaults
+            && self.not_tables == earlier.not_tables
+            && self.cache_sources == earlier.cache_sources
+    }
+
     /// How a fan-out's merge orders and groups text.
     pub fn text_rules(&self) -> &TextRules {
         &self.text_rules
@@ -346,13 +363,20 @@ impl SnapshotBuilder {
         let cache_sources = self.cache_sources();
         let mut custom_settings: Vec<String> = self.custom_settings.into_iter().collect();
         custom_settings.sort();
+        // In a fixed order, as the lists below: two readings of the same catalog compare equal.
+        let mut code_operators = self.code_operators;
+        code_operators.sort();
+        let mut varying_defaults = self.varying_defaults;
+        for columns in varying_defaults.values_mut() {
+            columns.sort();
+        }
         Snapshot {
             functions: self.functions,
             relations,
             custom_settings,
             code_types: self.code_types,
-            code_operators: self.code_operators,
-            varying_defaults: self.varying_defaults,
+            code_operators,
+            varying_defaults,
             not_tables: self.not_tables,
             cache_sources,
             text_rules: self.text_rules,
@@ -472,6 +496,39 @@ mod tests {
             draws_sequences: false,
             cache_safe: true,
         }
+    }
+
+    /// One catalog's rows, in the order given: what two readings of it may return.
+    fn reading(order: &[usize], volatile_now: bool, rules: TextRules) -> Snapshot {
+        let mut b = SnapshotBuilder::default();
+        let rows: [&dyn Fn(&mut SnapshotBuilder); 5] = [
+            &|b| b.function("now", volatile_now, false),
+            &|b| b.code_operator("===="),
+            &|b| b.code_operator("@@@"),
+            &|b| b.column_default("orders", "id", None),
+            &|b| b.column_default("orders", "placed_at", Some("now()")),
+        ];
+        for &i in order {
+            rows[i](&mut b);
+        }
+        b.relation(row(1, "orders"));
+        b.text_rules(rules);
+        b.build()
+    }
+
+    #[test]
+    fn a_reading_that_finds_the_same_facts_keeps_decisions() {
+        let first = reading(&[0, 1, 2, 3, 4], true, TextRules::bytewise());
+        // The same rows in another order, and another collation rule (no decision reads it).
+        let again = reading(&[4, 3, 2, 1, 0], true, TextRules::unknown("not asked"));
+        assert!(again.decides_as(&first));
+        // A function that became stable changes where statements calling it may run.
+        assert!(!reading(&[0, 1, 2, 3, 4], false, TextRules::bytewise()).decides_as(&first));
+        // The functions, operators and defaults gone; one operator gone.
+        let mut b = SnapshotBuilder::default();
+        b.relation(row(1, "orders"));
+        assert!(!b.build().decides_as(&first));
+        assert!(!reading(&[0, 1, 3, 4], true, TextRules::bytewise()).decides_as(&first));
     }
 
     #[test]

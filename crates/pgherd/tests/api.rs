@@ -294,3 +294,94 @@ async fn metrics_parse_and_every_documented_metric_is_there() {
     assert!(transactions >= 5.0, "{text}");
     drop(client);
 }
+
+impl Api {
+    /// A counter's value for the app database, from a fresh scrape.
+    fn app_counter(&self, metric: &str) -> f64 {
+        let (status, text) = self.get("/metrics");
+        assert_eq!(status, 200, "{text}");
+        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
+            .expect("the Prometheus text format");
+        scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == metric && s.labels.get("database") == Some(APP))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+                _ => f64::NAN,
+            })
+            .sum()
+    }
+}
+
+/// The catalog is read again after every schema change and once a minute; a reading that
+/// finds what routing depends on unchanged (an index more) keeps every decision, so no
+/// statement shape is parsed again on the data path. One that finds a new function does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catalog_reading_that_finds_nothing_new_keeps_the_decisions() {
+    let (env, api) = api_env(1);
+    wait_until(&env, "pgherd elected pg1", Duration::from_secs(10), || {
+        api.get("/node/pg1/primary").0 == 200
+    });
+    let client = env.app().await;
+    // After a schema change, wait for the reading it asked for.
+    let read_after = |before: f64| {
+        wait_until(&env, "a catalog reading", Duration::from_secs(10), || {
+            api.app_counter("pgherd_catalog_readings_total") > before
+        })
+    };
+    // The reading at start first: one under way could finish after a change and miss it.
+    read_after(0.0);
+    assert_eq!(
+        api.app_counter("pgherd_catalog_changes_total"),
+        1.0,
+        "the first reading counts as a change"
+    );
+    client
+        .batch_execute("CREATE TABLE keep_decisions (id int)")
+        .await
+        .expect("create a table");
+    wait_until(&env, "the new table read", Duration::from_secs(10), || {
+        api.app_counter("pgherd_catalog_changes_total") == 2.0
+    });
+    let select = |id: i32| format!("SELECT id FROM keep_decisions WHERE id = {id}");
+    first_value(&client, &select(1)).await.ok();
+    let changes = api.app_counter("pgherd_catalog_changes_total");
+
+    let readings = api.app_counter("pgherd_catalog_readings_total");
+    client
+        .batch_execute("CREATE INDEX keep_decisions_id ON keep_decisions (id)")
+        .await
+        .expect("create an index");
+    read_after(readings);
+    // (The CREATE INDEX itself was classified: counted from here.)
+    let misses = api.app_counter("pgherd_route_cache_misses_total");
+    first_value(&client, &select(2)).await.ok();
+    assert_eq!(
+        api.app_counter("pgherd_catalog_changes_total"),
+        changes,
+        "an index changes nothing routing reads"
+    );
+    assert_eq!(
+        api.app_counter("pgherd_route_cache_misses_total"),
+        misses,
+        "the statement's shape was decided before the reading: found, not parsed again"
+    );
+
+    let readings = api.app_counter("pgherd_catalog_readings_total");
+    client
+        .batch_execute(
+            "CREATE FUNCTION keep_decisions_f() RETURNS int LANGUAGE sql VOLATILE AS 'SELECT 1'",
+        )
+        .await
+        .expect("create a function");
+    read_after(readings);
+    assert!(api.app_counter("pgherd_catalog_changes_total") > changes);
+    let misses = api.app_counter("pgherd_route_cache_misses_total");
+    first_value(&client, &select(3)).await.ok();
+    assert_eq!(
+        api.app_counter("pgherd_route_cache_misses_total"),
+        misses + 1.0,
+        "a new function may change any decision: the shape is classified again"
+    );
+}

@@ -4,6 +4,12 @@
 //! compile. Nonces are passed in, which keeps this module free of randomness and turns recorded
 //! exchanges into test vectors. Channel binding (`-PLUS`) is not offered.
 //!
+//! The client side remembers the salted passwords it derived (`SALTED`): the same password
+//! and salt give the same key, and deriving it costs PBKDF2's rounds (about 8 ms of a worker
+//! thread at PostgreSQL's 4,096) on every server login, which a pool that grows, a failover
+//! that reconnects every pool, or the minute's catalog reading would otherwise pay again each
+//! time.
+//!
 //! The server side hands back the client's `ClientKey` after a successful proof. With it and the
 //! verifier's `ServerKey`, pgherd can log in to a PostgreSQL server holding the same verifier
 //! without ever knowing the password ("passthrough").
@@ -97,6 +103,40 @@ fn salted_password(password: &str, salt: &[u8], iterations: u32) -> Key {
     let mut out = [0u8; KEY_BYTES];
     pbkdf2::pbkdf2_hmac::<Sha256>(&prepare_password(password), salt, iterations, &mut out);
     out
+}
+
+/// Salted passwords derived for server logins, under a digest of (password, salt,
+/// iterations) so the password is not kept a second time; the oldest goes first when full (a
+/// hostile server sending a new salt each time only churns it).
+static SALTED: std::sync::Mutex<Vec<(Key, Key)>> = std::sync::Mutex::new(Vec::new());
+const MAX_SALTED: usize = 64;
+
+/// [`salted_password`], from `SALTED` when this password and salt were seen before.
+fn remembered_salted_password(password: &str, salt: &[u8], iterations: u32) -> Key {
+    let mut digest = Sha256::new();
+    digest.update((password.len() as u64).to_le_bytes());
+    digest.update(password.as_bytes());
+    digest.update(iterations.to_le_bytes());
+    digest.update(salt);
+    let id: Key = digest.finalize().into();
+    let memo = || {
+        SALTED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    if let Some((_, key)) = memo().iter().find(|(seen, _)| *seen == id) {
+        return *key;
+    }
+    // Derived outside the lock: another login meanwhile only derives it too.
+    let key = salted_password(password, salt, iterations);
+    let mut memo = memo();
+    if !memo.iter().any(|(seen, _)| *seen == id) {
+        if memo.len() >= MAX_SALTED {
+            memo.remove(0);
+        }
+        memo.push((id, key));
+    }
+    key
 }
 
 /// What a server stores instead of a password: `SCRAM-SHA-256$iter:salt$StoredKey:ServerKey`.
@@ -455,7 +495,7 @@ impl ScramClient {
             .ok_or(ScramError::Malformed("iteration count"))?;
         let (client_key, server_key) = match &self.credential {
             ScramCredential::Password(password) => {
-                let salted = salted_password(password, &salt, iterations);
+                let salted = remembered_salted_password(password, &salt, iterations);
                 (hmac(&salted, b"Client Key"), hmac(&salted, b"Server Key"))
             }
             ScramCredential::Keys {
@@ -547,6 +587,44 @@ mod tests {
             success.server_final,
             b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
         );
+    }
+
+    #[test]
+    fn a_salted_password_is_derived_once_per_password_and_salt() {
+        let derived = |password: &str, salt: &[u8]| {
+            let fresh = salted_password(password, salt, 4096);
+            let remembered = remembered_salted_password(password, salt, 4096);
+            assert_eq!(remembered, fresh, "{password} {salt:?}");
+            remembered
+        };
+        let first = derived("memo-pw", b"memo-salt-1");
+        assert_eq!(derived("memo-pw", b"memo-salt-1"), first);
+        assert_ne!(derived("memo-pw", b"memo-salt-2"), first);
+        assert_ne!(derived("memo-pw2", b"memo-salt-1"), first);
+        let held = |password: &str, salt: &[u8]| {
+            let expected = salted_password(password, salt, 4096);
+            SALTED
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|(_, key)| *key == expected)
+        };
+        assert!(held("memo-pw", b"memo-salt-1"));
+        // Bounded: the oldest give way.
+        for i in 0..MAX_SALTED {
+            remembered_salted_password("memo-churn", &i.to_le_bytes(), 1);
+        }
+        assert!(SALTED.lock().unwrap().len() <= MAX_SALTED);
+        assert!(!held("memo-pw", b"memo-salt-1"));
+        // A login through the exchange derives the same keys either way.
+        let verifier = ScramVerifier::from_password("memo-login", b"memo-login-salt", 4096);
+        for _ in 0..2 {
+            exchange(
+                verifier.clone(),
+                ScramCredential::Password("memo-login".into()),
+            )
+            .unwrap();
+        }
     }
 
     #[test]

@@ -368,15 +368,18 @@ async fn a_catalog_reading_that_finds_nothing_new_keeps_the_decisions() {
         "the statement's shape was decided before the reading: found, not parsed again"
     );
 
-    let readings = api.app_counter("pgherd_catalog_readings_total");
     client
         .batch_execute(
             "CREATE FUNCTION keep_decisions_f() RETURNS int LANGUAGE sql VOLATILE AS 'SELECT 1'",
         )
         .await
         .expect("create a function");
-    read_after(readings);
-    assert!(api.app_counter("pgherd_catalog_changes_total") > changes);
+    wait_until(
+        &env,
+        "the new function read",
+        Duration::from_secs(10),
+        || api.app_counter("pgherd_catalog_changes_total") > changes,
+    );
     let misses = api.app_counter("pgherd_route_cache_misses_total");
     first_value(&client, &select(3)).await.ok();
     assert_eq!(

@@ -100,7 +100,15 @@ async fn health_endpoints_views_and_a_switchover_over_http() {
     }
 
     // A stopped replica fails its next check: the endpoint flips without waiting for pgherd
-    // to declare the node down.
+    // to declare the node down. The other replica first serves reads again: right after the
+    // cluster is built it may not have replayed the app database's creation yet, and a login
+    // it refused then keeps it out of the read set for a few checks.
+    wait_until(
+        &env,
+        "/node/pg2/replica says 200",
+        Duration::from_secs(10),
+        || api.get("/node/pg2/replica").0 == 200,
+    );
     env.cluster
         .node("pg3")
         .stop(pgherd_cluster::StopMode::Immediate)

@@ -41,6 +41,10 @@ struct Count {
     /// Transactions and the instructions they took, or why they could not be counted
     /// (PgBouncer refuses prepared statements in transaction pooling, say).
     counted: Result<(u64, u64), String>,
+    /// pgherd's catalog readings for routing that finished while counting (`None`: not
+    /// known, a peer or a build without the metric). Its reading once a minute is tens of
+    /// millions of instructions, thousands per transaction of a count it falls into.
+    catalog_readings: Option<u64>,
 }
 
 impl Count {
@@ -48,6 +52,27 @@ impl Count {
         let (transactions, instructions) = self.counted.as_ref().ok()?;
         Some(*instructions as f64 / (*transactions).max(1) as f64)
     }
+
+    fn read_the_catalog(&self) -> bool {
+        self.catalog_readings.is_some_and(|n| n > 0)
+    }
+}
+
+/// pgherd's catalog readings so far, summed over its databases, from its /metrics.
+fn catalog_readings(api_port: Option<u16>) -> Option<u64> {
+    let url = format!("http://127.0.0.1:{}/metrics", api_port?);
+    let text = ureq::get(&url)
+        .timeout(Duration::from_secs(10))
+        .call()
+        .ok()?
+        .into_string()
+        .ok()?;
+    let samples: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with("pgherd_catalog_readings_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!samples.is_empty()).then(|| samples.iter().sum::<f64>() as u64)
 }
 
 pub(super) fn run(options: &PoolerOptions, transactions: u64) -> Result<(), String> {
@@ -103,23 +128,30 @@ pub(super) fn run(options: &PoolerOptions, transactions: u64) -> Result<(), Stri
             .position(|t| *t == target)
             .map(|i| &mut dumps_asked[i])
             .ok_or("a target outside the run's")?;
+        let (counted, catalog_readings) = count_one(
+            &fixture,
+            options,
+            (workload, clients, target),
+            transactions,
+            asked,
+        );
         let count = Count {
             round,
             workload,
             clients,
             target,
-            counted: count_one(
-                &fixture,
-                options,
-                (workload, clients, target),
-                transactions,
-                asked,
-            ),
+            counted,
+            catalog_readings,
         };
         let outcome = match &count.counted {
             Ok(_) => format!(
-                "{:>9.0} instructions per transaction",
-                count.per_transaction().unwrap_or_default()
+                "{:>9.0} instructions per transaction{}",
+                count.per_transaction().unwrap_or_default(),
+                if count.read_the_catalog() {
+                    " (a catalog reading fell in)"
+                } else {
+                    ""
+                }
             ),
             Err(e) => format!("FAILED: {}", e.lines().next().unwrap_or_default()),
         };
@@ -135,15 +167,16 @@ pub(super) fn run(options: &PoolerOptions, transactions: u64) -> Result<(), Stri
     let report = render(options, &targets, &counts, started.elapsed());
     println!("{report}");
     let prefix = output_prefix(&options.out, "instructions")?;
-    let mut csv =
-        String::from("round,workload,clients,target,transactions,instructions,per_txn,error\n");
+    let mut csv = String::from(
+        "round,workload,clients,target,transactions,instructions,per_txn,catalog_readings,error\n",
+    );
     for c in &counts {
         let (transactions, instructions) = c.counted.as_ref().map_or((None, None), |(t, i)| {
             (Some(t.to_string()), Some(i.to_string()))
         });
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{}",
             c.round + 1,
             c.workload.name(),
             c.clients,
@@ -151,6 +184,9 @@ pub(super) fn run(options: &PoolerOptions, transactions: u64) -> Result<(), Stri
             transactions.unwrap_or_default(),
             instructions.unwrap_or_default(),
             csv_number(c.per_transaction(), 0),
+            c.catalog_readings
+                .map(|n| n.to_string())
+                .unwrap_or_default(),
             csv_text(c.counted.as_ref().err().map(String::as_str)),
         );
     }
@@ -161,13 +197,36 @@ pub(super) fn run(options: &PoolerOptions, transactions: u64) -> Result<(), Stri
 /// and reads the counts callgrind dumps: the transactions run and the instructions they took.
 /// The clients' logins fall inside the count (pgbench connects as it starts): at 8 clients and
 /// 2,000 transactions some 400 instructions per transaction. `dumps_asked` counts the target's
-/// dumps, which callgrind numbers.
+/// dumps, which callgrind numbers. Also the catalog readings that finished meanwhile, read
+/// from /metrics before the counters are zeroed and after the dump, outside the count.
 fn count_one(
+    fixture: &Fixture,
+    options: &PoolerOptions,
+    cell: (Workload, u32, Target),
+    transactions: u64,
+    dumps_asked: &mut u32,
+) -> (Result<(u64, u64), String>, Option<u64>) {
+    let api_port = port_of(fixture, cell.2)
+        .ok()
+        .and_then(|(_, proxy)| proxy?.api_port);
+    let mut readings_before = None;
+    let counted = count_window(fixture, options, cell, transactions, dumps_asked, || {
+        readings_before = catalog_readings(api_port);
+    });
+    let readings = readings_before
+        .zip(catalog_readings(api_port))
+        .map(|(before, after)| after.saturating_sub(before));
+    (counted, readings)
+}
+
+/// [`count_one`]'s count; `before_zero` runs just before the counters are zeroed.
+fn count_window(
     fixture: &Fixture,
     options: &PoolerOptions,
     (workload, clients, target): (Workload, u32, Target),
     transactions: u64,
     dumps_asked: &mut u32,
+    before_zero: impl FnOnce(),
 ) -> Result<(u64, u64), String> {
     let (port, proxy) = port_of(fixture, target)?;
     let proxy = proxy.ok_or_else(|| format!("{} has no process to count", target.name()))?;
@@ -188,6 +247,7 @@ fn count_one(
     pgbench(warm_up)?;
     std::thread::sleep(WARM_UP_PAUSE);
     pgbench(warm_up)?;
+    before_zero();
     control(proxy, "zero")?;
     let per_client = (transactions / u64::from(clients)).max(1);
     let result = pgbench(per_client)?;
@@ -330,8 +390,10 @@ fn render(
     let _ = writeln!(
         out,
         "## Instructions per transaction (callgrind)\n\nMedian (lower middle) of {} rounds of {} transactions \
-         each after two warm-up runs; user space only (the kernel's work is not counted); the \
-         primary and {} replicas, each target configured as in the timed runs; {:.0} s.\n",
+         each after two warm-up runs, leaving out rounds pgherd's catalog reading fell into \
+         while others remain (the CSV's catalog_readings); user space only (the kernel's work \
+         is not counted); the primary and {} replicas, each target configured as in the timed \
+         runs; {:.0} s.\n",
         options.rounds.max(1),
         options.count_instructions.unwrap_or(0),
         options.replicas,
@@ -350,17 +412,24 @@ fn render(
     let _ = writeln!(out, "{header}\n{rule}");
     for &workload in &options.workloads {
         for &clients in &options.clients {
-            // The median over rounds (the lower middle of an even number): a count that a
-            // clock-driven task (the catalog's reading every minute) fell into stands out, as
-            // valgrind stretches each count.
+            // The median over rounds (the lower middle of an even number), of the rounds no
+            // catalog reading fell into when there are any: the reading once a minute is
+            // clock-driven work, and valgrind stretches each count over more of the clock.
             let of = |target: Target| {
-                let per_round: Vec<f64> = counts
+                let cell: Vec<&Count> = counts
                     .iter()
                     .filter(|c| {
                         c.workload == workload && c.clients == clients && c.target == target
                     })
-                    .filter_map(Count::per_transaction)
+                    .filter(|c| c.counted.is_ok())
                     .collect();
+                let quiet: Vec<&Count> = cell
+                    .iter()
+                    .copied()
+                    .filter(|c| !c.read_the_catalog())
+                    .collect();
+                let kept = if quiet.is_empty() { cell } else { quiet };
+                let per_round: Vec<f64> = kept.iter().filter_map(|c| c.per_transaction()).collect();
                 (!per_round.is_empty()).then(|| lower_median(&per_round))
             };
             let mut row = format!("| {} | {clients} |", workload.name());
@@ -449,7 +518,42 @@ mod tests {
             clients: 1,
             target,
             counted,
+            catalog_readings: None,
         }
+    }
+
+    #[test]
+    fn rounds_a_catalog_reading_fell_into_leave_the_median_while_others_remain() {
+        let read = |round: u32, instructions: u64| Count {
+            catalog_readings: Some(1),
+            ..counted(round, Target::Pgherd, Ok((1000, instructions)))
+        };
+        let quiet = |round: u32, instructions: u64| Count {
+            catalog_readings: Some(0),
+            ..counted(round, Target::Pgherd, Ok((1000, instructions)))
+        };
+        let peer = |round: u32| counted(round, Target::Pgbouncer, Ok((1000, 28_000_000)));
+        // Two of three rounds read the catalog: the median is the quiet one's.
+        let counts = [
+            read(0, 86_000_000),
+            quiet(1, 66_600_000),
+            read(2, 86_100_000),
+            peer(0),
+            peer(1),
+            peer(2),
+        ];
+        assert!(
+            report("3", &counts).contains("| tpcb | 1 | 66,600 | 28,000 | 2.38 |"),
+            "{}",
+            report("3", &counts)
+        );
+        // Every round read it: all of them count, as before.
+        let counts = [read(0, 86_000_000), read(1, 86_200_000), peer(0), peer(1)];
+        assert!(
+            report("2", &counts).contains("| tpcb | 1 | 86,000 | 28,000 |"),
+            "{}",
+            report("2", &counts)
+        );
     }
 
     #[test]

@@ -194,10 +194,7 @@ async fn metrics_parse_and_every_documented_metric_is_there() {
     first_value(&client, "/* pgherd:nowhere */ SELECT 1")
         .await
         .expect_err("an unknown hint");
-    let (status, text) = api.get("/metrics");
-    assert_eq!(status, 200);
-    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
-        .expect("the Prometheus text format");
+    let (text, scrape) = api.scrape();
     // A histogram's `_sum` and `_count` samples belong to its family.
     let scraped: HashSet<&str> = scrape
         .samples
@@ -237,19 +234,7 @@ async fn metrics_parse_and_every_documented_metric_is_there() {
         );
     }
     // Figures agree with what happened.
-    let value = |metric: &str, label: (&str, &str)| -> f64 {
-        scrape
-            .samples
-            .iter()
-            .filter(|s| s.metric == metric && s.labels.get(label.0) == Some(label.1))
-            .map(|s| match s.value {
-                prometheus_parse::Value::Counter(v)
-                | prometheus_parse::Value::Gauge(v)
-                | prometheus_parse::Value::Untyped(v) => v,
-                _ => f64::NAN,
-            })
-            .sum()
-    };
+    let value = |metric: &str, label: (&str, &str)| sample_sum(&scrape, metric, label);
     assert!(
         value("pgherd_queries_total", ("database", APP)) >= 5.0,
         "{text}"
@@ -304,22 +289,34 @@ async fn metrics_parse_and_every_documented_metric_is_there() {
 }
 
 impl Api {
-    /// A counter's value for the app database, from a fresh scrape.
-    fn app_counter(&self, metric: &str) -> f64 {
+    /// /metrics, as text and parsed.
+    fn scrape(&self) -> (String, prometheus_parse::Scrape) {
         let (status, text) = self.get("/metrics");
         assert_eq!(status, 200, "{text}");
         let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
             .expect("the Prometheus text format");
-        scrape
-            .samples
-            .iter()
-            .filter(|s| s.metric == metric && s.labels.get("database") == Some(APP))
-            .map(|s| match s.value {
-                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
-                _ => f64::NAN,
-            })
-            .sum()
+        (text, scrape)
     }
+
+    /// A counter's value for the app database, from a fresh scrape.
+    fn app_counter(&self, metric: &str) -> f64 {
+        sample_sum(&self.scrape().1, metric, ("database", APP))
+    }
+}
+
+/// The sum of `metric`'s counter and gauge samples with `label`.
+fn sample_sum(scrape: &prometheus_parse::Scrape, metric: &str, label: (&str, &str)) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == metric && s.labels.get(label.0) == Some(label.1))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => f64::NAN,
+        })
+        .sum()
 }
 
 /// The catalog is read again after every schema change and once a minute; a reading that

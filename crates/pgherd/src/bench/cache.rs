@@ -271,26 +271,11 @@ fn cache_hits(fixture: &Fixture, target: CacheTarget) -> Option<u64> {
     let proxy = fixture.proxies.get(&target)?;
     match target {
         CacheTarget::PgherdCache | CacheTarget::PgherdNocache => {
-            let url = format!("http://127.0.0.1:{}/metrics", proxy.api_port?);
-            let text = ureq::get(&url)
-                .timeout(Duration::from_secs(5))
-                .call()
-                .ok()?
-                .into_string()
-                .ok()?;
-            match text
-                .lines()
-                .find(|l| l.starts_with("pgherd_cache_hits_total{database=\"bench\"}"))
-            {
-                Some(line) => line
-                    .split_whitespace()
-                    .last()?
-                    .parse::<f64>()
-                    .ok()
-                    .map(|v| v as u64),
-                // No cache made for the database (switched off): no hits.
-                None => Some(0),
-            }
+            let text = proxy.metrics_text()?;
+            let hits =
+                super::targets::metric_sum(&text, "pgherd_cache_hits_total{database=\"bench\"}");
+            // No cache made for the database (switched off): no hits.
+            Some(hits.map_or(0, |v| v as u64))
         }
         CacheTarget::PgpoolCache => {
             let out = std::process::Command::new(&fixture.psql)

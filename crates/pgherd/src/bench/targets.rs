@@ -214,6 +214,17 @@ impl ProxyProcess {
         self.child.id()
     }
 
+    /// pgherd's /metrics as text, if it has an HTTP API and answers.
+    pub fn metrics_text(&self) -> Option<String> {
+        let url = format!("http://127.0.0.1:{}/metrics", self.api_port?);
+        ureq::get(&url)
+            .timeout(Duration::from_secs(10))
+            .call()
+            .ok()?
+            .into_string()
+            .ok()
+    }
+
     /// Reaps the process if it exited (a drill killed it) and starts it again with the same
     /// binary and config; returns once it listens.
     pub fn restart(&mut self) -> Result<(), String> {
@@ -800,4 +811,15 @@ fn spawn_as_postgres_user(
         relaunch: None,
     }
     .wait_ready()
+}
+
+/// The sum of the /metrics samples whose line starts with `prefix` (a metric's name and the
+/// start of its labels); `None` when there is none.
+pub fn metric_sum(metrics: &str, prefix: &str) -> Option<f64> {
+    let values: Vec<f64> = metrics
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.split_whitespace().last()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
 }

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::super::pgbench::wait_with_timeout;
-use super::super::targets::ProxyProcess;
+use super::super::targets::{metric_sum, ProxyProcess};
 use super::super::{csv_number, csv_text, output_prefix, run_order, write_csv_and_report};
 use super::{
     pgbench_args, pgbench_timeout, port_of, setup, Fixture, PoolerOptions, RunLength, Target,
@@ -59,20 +59,9 @@ impl Count {
 }
 
 /// pgherd's catalog readings so far, summed over its databases, from its /metrics.
-fn catalog_readings(api_port: Option<u16>) -> Option<u64> {
-    let url = format!("http://127.0.0.1:{}/metrics", api_port?);
-    let text = ureq::get(&url)
-        .timeout(Duration::from_secs(10))
-        .call()
-        .ok()?
-        .into_string()
-        .ok()?;
-    let samples: Vec<f64> = text
-        .lines()
-        .filter(|l| l.starts_with("pgherd_catalog_readings_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-        .collect();
-    (!samples.is_empty()).then(|| samples.iter().sum::<f64>() as u64)
+fn catalog_readings(proxy: Option<&ProxyProcess>) -> Option<u64> {
+    let text = proxy?.metrics_text()?;
+    metric_sum(&text, "pgherd_catalog_readings_total{").map(|n| n as u64)
 }
 
 pub(super) fn run(options: &PoolerOptions, transactions: u64) -> Result<(), String> {
@@ -206,15 +195,13 @@ fn count_one(
     transactions: u64,
     dumps_asked: &mut u32,
 ) -> (Result<(u64, u64), String>, Option<u64>) {
-    let api_port = port_of(fixture, cell.2)
-        .ok()
-        .and_then(|(_, proxy)| proxy?.api_port);
+    let proxy = port_of(fixture, cell.2).ok().and_then(|(_, proxy)| proxy);
     let mut readings_before = None;
     let counted = count_window(fixture, options, cell, transactions, dumps_asked, || {
-        readings_before = catalog_readings(api_port);
+        readings_before = catalog_readings(proxy);
     });
     let readings = readings_before
-        .zip(catalog_readings(api_port))
+        .zip(catalog_readings(proxy))
         .map(|(before, after)| after.saturating_sub(before));
     (counted, readings)
 }

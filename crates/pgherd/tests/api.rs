@@ -46,17 +46,19 @@ fn answer(result: Result<ureq::Response, ureq::Error>) -> (u16, String) {
     }
 }
 
+/// A cluster of a primary and `replicas`, pgherd with its HTTP API, once pg1 was elected.
 fn api_env(replicas: usize) -> (Env, Api) {
     let (env, base) = env_with_api(replicas, TOKEN);
-    (env, Api { base })
+    let api = Api { base };
+    wait_until(&env, "pgherd elected pg1", Duration::from_secs(10), || {
+        api.get("/node/pg1/primary").0 == 200
+    });
+    (env, api)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_endpoints_views_and_a_switchover_over_http() {
     let (env, api) = api_env(2);
-    wait_until(&env, "pgherd elected pg1", Duration::from_secs(10), || {
-        api.get("/node/pg1/primary").0 == 200
-    });
     assert_eq!(api.get("/health").0, 200);
     assert_eq!(api.get("/ready").0, 200);
     assert_eq!(api.json("/primary")["primary"], "pg1");
@@ -179,9 +181,6 @@ async fn health_endpoints_views_and_a_switchover_over_http() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_parse_and_every_documented_metric_is_there() {
     let (env, api) = api_env(1);
-    wait_until(&env, "pgherd elected pg1", Duration::from_secs(10), || {
-        api.get("/node/pg1/primary").0 == 200
-    });
     // A client and some traffic, so every per-pool and per-client family has samples.
     let client = env.app().await;
     for _ in 0..5 {
@@ -325,9 +324,6 @@ fn sample_sum(scrape: &prometheus_parse::Scrape, metric: &str, label: (&str, &st
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_catalog_reading_that_finds_nothing_new_keeps_the_decisions() {
     let (env, api) = api_env(1);
-    wait_until(&env, "pgherd elected pg1", Duration::from_secs(10), || {
-        api.get("/node/pg1/primary").0 == 200
-    });
     let client = env.app().await;
     // After a schema change, wait for the reading it asked for.
     let read_after = |before: f64| {

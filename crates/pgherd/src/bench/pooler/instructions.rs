@@ -59,8 +59,8 @@ impl Count {
 }
 
 /// pgherd's catalog readings so far, summed over its databases, from its /metrics.
-fn catalog_readings(proxy: Option<&ProxyProcess>) -> Option<u64> {
-    let text = proxy?.metrics_text()?;
+fn catalog_readings(proxy: &ProxyProcess) -> Option<u64> {
+    let text = proxy.metrics_text()?;
     metric_sum(&text, "pgherd_catalog_readings_total{").map(|n| n as u64)
 }
 
@@ -117,7 +117,7 @@ pub(super) fn run(options: &PoolerOptions, transactions: u64) -> Result<(), Stri
             .position(|t| *t == target)
             .map(|i| &mut dumps_asked[i])
             .ok_or("a target outside the run's")?;
-        let (counted, catalog_readings) = count_one(
+        let counted = count_one(
             &fixture,
             options,
             (workload, clients, target),
@@ -129,8 +129,8 @@ pub(super) fn run(options: &PoolerOptions, transactions: u64) -> Result<(), Stri
             workload,
             clients,
             target,
-            counted,
-            catalog_readings,
+            catalog_readings: counted.as_ref().ok().and_then(|(_, _, readings)| *readings),
+            counted: counted.map(|(transactions, instructions, _)| (transactions, instructions)),
         };
         let outcome = match &count.counted {
             Ok(_) => format!(
@@ -191,30 +191,10 @@ pub(super) fn run(options: &PoolerOptions, transactions: u64) -> Result<(), Stri
 fn count_one(
     fixture: &Fixture,
     options: &PoolerOptions,
-    cell: (Workload, u32, Target),
-    transactions: u64,
-    dumps_asked: &mut u32,
-) -> (Result<(u64, u64), String>, Option<u64>) {
-    let proxy = port_of(fixture, cell.2).ok().and_then(|(_, proxy)| proxy);
-    let mut readings_before = None;
-    let counted = count_window(fixture, options, cell, transactions, dumps_asked, || {
-        readings_before = catalog_readings(proxy);
-    });
-    let readings = readings_before
-        .zip(catalog_readings(proxy))
-        .map(|(before, after)| after.saturating_sub(before));
-    (counted, readings)
-}
-
-/// [`count_one`]'s count; `before_zero` runs just before the counters are zeroed.
-fn count_window(
-    fixture: &Fixture,
-    options: &PoolerOptions,
     (workload, clients, target): (Workload, u32, Target),
     transactions: u64,
     dumps_asked: &mut u32,
-    before_zero: impl FnOnce(),
-) -> Result<(u64, u64), String> {
+) -> Result<(u64, u64, Option<u64>), String> {
     let (port, proxy) = port_of(fixture, target)?;
     let proxy = proxy.ok_or_else(|| format!("{} has no process to count", target.name()))?;
     let out = proxy
@@ -234,7 +214,7 @@ fn count_window(
     pgbench(warm_up)?;
     std::thread::sleep(WARM_UP_PAUSE);
     pgbench(warm_up)?;
-    before_zero();
+    let readings_before = catalog_readings(proxy);
     control(proxy, "zero")?;
     let per_client = (transactions / u64::from(clients)).max(1);
     let result = pgbench(per_client)?;
@@ -243,7 +223,10 @@ fn count_window(
     *dumps_asked += 1;
     control(proxy, "dump")?;
     let instructions = wait_for_dump(out, *dumps_asked)?;
-    Ok((result.transactions, instructions))
+    let readings = readings_before
+        .zip(catalog_readings(proxy))
+        .map(|(before, after)| after.saturating_sub(before));
+    Ok((result.transactions, instructions, readings))
 }
 
 /// Hands callgrind's monitor command (`zero`, `dump`) to the pooler through vgdb, which exits

@@ -5,23 +5,61 @@
 
 mod common;
 
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
 use common::BIN;
 
+/// The longest a drill of these tests may take. A round waits at most a minute for writes and a
+/// minute for the cluster to be whole again, and the drill bounds its every wait, so it ends
+/// well within this; a drill still running then is hung, and is killed so the suite goes on.
+const DRILL_LIMIT: Duration = Duration::from_secs(15 * 60);
+
 /// Runs `pgherd drill` with `faults`, one round each, and more `args`; it must succeed with no
-/// acknowledged write lost, no sign of two primaries, and a round of every fault. Returns what
-/// it printed.
+/// acknowledged write lost, no sign of two primaries, no write left unanswered, and a round of
+/// every fault. Returns what it printed. Its progress (stderr) shows as it runs, so a CI log
+/// tells how far a drill got.
 fn drill(faults: &[&str], args: &[&str]) -> String {
-    let out = std::process::Command::new(BIN)
+    // A file, not a pipe: a process the drill started and left behind could hold a pipe open,
+    // and reading to its end would wait for that process too.
+    let stdout_path = std::env::temp_dir().join(format!(
+        "pgherd-drill-{}-{}.out",
+        std::process::id(),
+        faults.join("-")
+    ));
+    let stdout_file = std::fs::File::create(&stdout_path).expect("the drill's output file");
+    let mut child = std::process::Command::new(BIN)
         .args(["drill", "--rounds", &faults.len().to_string()])
         .args(["--faults", &faults.join(",")])
         .args(args)
-        .output()
+        .stdout(stdout_file)
+        .stderr(Stdio::inherit())
+        .spawn()
         .expect("run pgherd drill");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "drill failed:\n{stdout}\n{stderr}");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for pgherd drill") {
+            break Some(status);
+        }
+        if started.elapsed() > DRILL_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let stdout = std::fs::read_to_string(&stdout_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&stdout_path);
+    let status = status.unwrap_or_else(|| {
+        panic!(
+            "the drill was still running after {} s, killed:\n{stdout}",
+            DRILL_LIMIT.as_secs()
+        )
+    });
+    assert!(status.success(), "drill failed:\n{stdout}");
     assert!(stdout.contains(", lost: 0,"), "{stdout}");
     assert!(stdout.contains("split-brain signs: 0"), "{stdout}");
+    assert!(stdout.contains("never answered: 0,"), "{stdout}");
     for fault in faults {
         assert!(
             stdout.lines().any(|l| l.contains(&format!(" {fault} "))),

@@ -35,8 +35,8 @@ use front::Front;
 use instances::Instances;
 use network::{set_link, Network};
 use process::{blocking_start, blocking_stop, node_pids, postmaster_pid, signal, wait_gone};
-use report::{report, split_brain};
-use writer::Writer;
+use report::{report, split_brain, unanswered};
+use writer::{Patience, Writer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Fault {
@@ -176,10 +176,19 @@ struct Ack {
     instance: usize,
 }
 
+/// A write pgherd never answered: sent at `sent_at`, no answer within [`HUNG_AFTER`].
+#[derive(Debug, Clone, Copy)]
+struct Hung {
+    writer: usize,
+    id: i64,
+    sent_at: Instant,
+}
+
 #[derive(Default)]
 struct Log {
     acks: Vec<Ack>,
     errors: usize,
+    hung: Vec<Hung>,
 }
 
 struct Round {
@@ -226,6 +235,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a client of several instances waits for an answer before it gives up on the
 /// connection (a socket timeout) and reconnects, to another instance if this one hangs.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long a client of one instance, and the drill's own queries, wait for an answer before
+/// the drill calls it a hang: pgherd ends the sessions on a node it replaced and bounds every
+/// wait of its own, so no answer should take this long.
+const HUNG_AFTER: Duration = RECOVERY_TIMEOUT;
 
 pub fn run(mut options: DrillOptions) -> Result<(), String> {
     if options.faults.is_empty() {
@@ -337,13 +351,16 @@ async fn drill(
     let log = Arc::new(Mutex::new(Log::default()));
     let urls = Arc::new(front.app_urls());
     // A client of several instances gives up on a hung one, as one with a socket timeout does.
-    let query_timeout = (options.instances > 1).then_some(QUERY_TIMEOUT);
+    let patience = match options.instances {
+        1 => Patience::HungAfter(HUNG_AFTER),
+        _ => Patience::GivesUpAfter(QUERY_TIMEOUT),
+    };
     let writers: Vec<_> = (0..options.writers)
         .map(|w| {
             let writer = Writer {
                 number: w,
                 urls: urls.clone(),
-                query_timeout,
+                patience,
             };
             tokio::spawn(writer.run(stop.clone(), log.clone()))
         })
@@ -409,29 +426,16 @@ async fn drill(
     let mut violations = split_brain(&log.acks, &injections);
     violations.extend(rounds.iter().filter_map(|r| r.violation.clone()));
     report(&rounds, &log, &lost, &violations, primary_port, front);
-    for id in lost.iter().take(10) {
-        if let Some(ack) = log.acks.iter().find(|a| a.id == *id) {
-            let round = injections.iter().rposition(|&t| t <= ack.at);
-            let since = round.map(|r| ack.at.duration_since(injections[r]).as_millis());
-            println!(
-                "  lost id {id}: acknowledged by port {} through {} {}",
-                ack.port,
-                front.names[ack.instance],
-                match (round, since) {
-                    (Some(r), Some(ms)) => format!("in round {} ({ms} ms after its fault)", r + 1),
-                    _ => "before the first fault".to_owned(),
-                }
-            );
-        }
-    }
+    unanswered(&log, &lost, &injections, front);
     if let Some(f) = failure {
         return Err(f);
     }
-    if !lost.is_empty() || !violations.is_empty() {
+    if !lost.is_empty() || !violations.is_empty() || !log.hung.is_empty() {
         return Err(format!(
-            "{} acknowledged write(s) lost, {} split-brain sign(s)",
+            "{} acknowledged write(s) lost, {} split-brain sign(s), {} write(s) never answered",
             lost.len(),
-            violations.len()
+            violations.len(),
+            log.hung.len()
         ));
     }
     Ok(())
@@ -493,39 +497,70 @@ async fn round(
     log: &Mutex<Log>,
     injections: &mut Vec<Instant>,
 ) -> Result<Round, String> {
-    let Start {
-        old_port,
-        old,
-        leader,
-        errors_before,
-        injected,
-    } = start_round(cluster, front, log, injections).await?;
-    let mut stopped_pids = Vec::new();
-    let mut killed = None;
-    let mut violation = None;
+    let start = start_round(cluster, front, log, injections).await?;
+    let injected = inject(cluster, network, front, fault, log, &start).await?;
+    let resumed = writes_elsewhere(log, &start).await;
+    // Undone whatever the wait found: a node left stopped or cut off would hold its clients'
+    // requests, and the drill with them, forever.
+    let undone = undo(network, fault, &start.old, &injected).await;
+    let (first_after, last_before, errors) = resumed?;
+    undone?;
+    Ok(Round {
+        fault,
+        hit: start.old.name.clone(),
+        new_primary: node_by_port(cluster, first_after.port)?.name,
+        leader_after: None,
+        rto: last_before.map(|t| first_after.at.duration_since(t)),
+        errors,
+        violation: injected.violation,
+    })
+}
+
+/// What injecting a fault left to undo, and what it found wrong.
+#[derive(Default)]
+struct Injected {
+    /// Processes stopped with SIGSTOP.
+    stopped_pids: Vec<u32>,
+    /// The postmaster killed.
+    killed: Option<u32>,
+    violation: Option<String>,
+}
+
+async fn inject(
+    cluster: &BenchCluster,
+    network: Option<&Network>,
+    front: &Front,
+    fault: Fault,
+    log: &Mutex<Log>,
+    start: &Start,
+) -> Result<Injected, String> {
+    let old = &start.old;
+    let mut injected = Injected::default();
     match fault {
         Fault::Kill => {
-            let pid = postmaster_pid(&old)?;
+            let pid = postmaster_pid(old)?;
             signal(pid, libc::SIGKILL)?;
-            killed = Some(pid);
+            injected.killed = Some(pid);
         }
-        Fault::Partition => set_link(network, &old, false)?,
+        Fault::Partition => set_link(network, old, false)?,
         Fault::Double => {
             let standby = cluster
                 .cluster
                 .nodes
                 .iter()
-                .find(|n| n.port != old_port)
+                .find(|n| n.port != start.old_port)
                 .cloned()
                 .ok_or("a double failure needs a replica")?;
             let standby_pid = postmaster_pid(&standby)?;
-            let pid = postmaster_pid(&old)?;
+            let pid = postmaster_pid(old)?;
             signal(pid, libc::SIGKILL)?;
+            injected.killed = Some(pid);
             signal(standby_pid, libc::SIGKILL)?;
-            killed = Some(pid);
             tokio::time::sleep(DOUBLE_OUTAGE).await;
-            if let Some(Ack { port, .. }) = first_ack_elsewhere(log, injected, old_port)? {
-                violation = Some(format!(
+            if let Some(Ack { port, .. }) =
+                first_ack_elsewhere(log, start.injected, start.old_port)?
+            {
+                injected.violation = Some(format!(
                     "double failure: the node on port {port} took writes while synchronous standby {} was down",
                     standby.name
                 ));
@@ -533,25 +568,32 @@ async fn round(
             wait_gone(&standby, standby_pid).await;
             blocking_start(&standby).await?;
         }
-        Fault::Immediate => blocking_stop(&old, StopMode::Immediate).await?,
+        Fault::Immediate => blocking_stop(old, StopMode::Immediate).await?,
         Fault::Sigstop => {
-            stopped_pids = node_pids(&old)?;
-            for pid in &stopped_pids {
-                signal(*pid, libc::SIGSTOP)?;
+            for pid in node_pids(old)? {
+                signal(pid, libc::SIGSTOP)?;
+                injected.stopped_pids.push(pid);
             }
         }
         Fault::Switchover => {
-            let admin = connect(&front.superuser_url(leader, "pgherd")).await?;
-            admin
-                .simple_query("SWITCHOVER")
-                .await
+            let admin = connect(&front.superuser_url(start.leader, "pgherd")).await?;
+            within(HUNG_AFTER, "SWITCHOVER", admin.simple_query("SWITCHOVER"))
+                .await?
                 .map_err(|e| format!("SWITCHOVER: {}", pg_error(&e)))?;
         }
         _ => return Err(format!("{} is not a fault of PostgreSQL", fault.name())),
     }
-    // Writes resume on another node.
+    Ok(injected)
+}
+
+/// Waits for the first write another node acknowledges after the fault: that write, the last
+/// one acknowledged before the fault, and the client errors since the round started.
+async fn writes_elsewhere(
+    log: &Mutex<Log>,
+    start: &Start,
+) -> Result<(Ack, Option<Instant>, usize), String> {
     let first_after = poll(Duration::from_millis(20), async || {
-        first_ack_elsewhere(log, injected, old_port)
+        first_ack_elsewhere(log, start.injected, start.old_port)
     })
     .await?
     .ok_or_else(|| {
@@ -560,42 +602,38 @@ async fn round(
             RECOVERY_TIMEOUT.as_secs()
         )
     })?;
-    let (last_before, errors) = {
-        let log = log.lock().map_err(|_| "poisoned")?;
-        (
-            log.acks
-                .iter()
-                .filter(|a| a.at < injected)
-                .map(|a| a.at)
-                .max(),
-            log.errors - errors_before,
-        )
-    };
-    let new = node_by_port(cluster, first_after.port)?;
-    // The replaced primary comes back; pgherd fences it and rejoins it as a standby.
-    if let Some(pid) = killed {
-        wait_gone(&old, pid).await;
+    let log = log.lock().map_err(|_| "poisoned")?;
+    let last_before = log
+        .acks
+        .iter()
+        .filter(|a| a.at < start.injected)
+        .map(|a| a.at)
+        .max();
+    Ok((first_after, last_before, log.errors - start.errors_before))
+}
+
+/// Brings the replaced primary back, as it was before the fault; pgherd fences it and rejoins
+/// it as a standby.
+async fn undo(
+    network: Option<&Network>,
+    fault: Fault,
+    old: &LocalNode,
+    injected: &Injected,
+) -> Result<(), String> {
+    if let Some(pid) = injected.killed {
+        wait_gone(old, pid).await;
     }
     match fault {
-        Fault::Kill | Fault::Immediate | Fault::Double => blocking_start(&old).await?,
+        Fault::Kill | Fault::Immediate | Fault::Double => blocking_start(old).await,
         Fault::Sigstop => {
-            for pid in &stopped_pids {
+            for pid in &injected.stopped_pids {
                 let _ = signal(*pid, libc::SIGCONT);
             }
+            Ok(())
         }
-        Fault::Switchover => {}
-        Fault::Partition => set_link(network, &old, true)?,
-        _ => return Err(format!("{} is not a fault of PostgreSQL", fault.name())),
+        Fault::Partition => set_link(network, old, true),
+        _ => Ok(()),
     }
-    Ok(Round {
-        fault,
-        hit: old.name.clone(),
-        new_primary: new.name.clone(),
-        leader_after: None,
-        rto: last_before.map(|t| first_after.at.duration_since(t)),
-        errors,
-        violation,
-    })
 }
 
 /// Heavy load and no fault for `calm_s` seconds: every health check that fails, node marked
@@ -603,10 +641,8 @@ async fn round(
 async fn calm(options: &DrillOptions, front: &Front) -> Result<(), String> {
     let admin = front.superuser("pgherd").await?;
     let before = check_counts(&admin).await?;
-    let events_before = admin
-        .simple_query("SHOW EVENTS")
-        .await
-        .map_err(|e| pg_error(&e))?
+    let events_before = simple_rows(&admin, "SHOW EVENTS")
+        .await?
         .iter()
         .filter(|m| matches!(m, SimpleQueryMessage::Row(_)))
         .count();
@@ -620,13 +656,13 @@ async fn calm(options: &DrillOptions, front: &Front) -> Result<(), String> {
                 let Ok(c) = connect(&url).await else {
                     return reads;
                 };
+                let scan = "SELECT sum(id), count(*) FROM drill_writes";
                 while !stop.load(Ordering::Relaxed) {
                     // A sequential scan of the growing table: CPU on whichever node serves it.
-                    if c.simple_query("SELECT sum(id), count(*) FROM drill_writes")
-                        .await
-                        .is_ok()
-                    {
-                        reads += 1;
+                    match within(HUNG_AFTER, scan, c.simple_query(scan)).await {
+                        Ok(Ok(_)) => reads += 1,
+                        Ok(Err(_)) => {}
+                        Err(_) => break,
                     }
                 }
                 reads
@@ -644,10 +680,8 @@ async fn calm(options: &DrillOptions, front: &Front) -> Result<(), String> {
         reads += r.await.unwrap_or(0);
     }
     let after = check_counts(&admin).await?;
-    let events: Vec<String> = admin
-        .simple_query("SHOW EVENTS")
-        .await
-        .map_err(|e| pg_error(&e))?
+    let events: Vec<String> = simple_rows(&admin, "SHOW EVENTS")
+        .await?
         .iter()
         .filter_map(|m| match m {
             SimpleQueryMessage::Row(r) => Some(format!(
@@ -682,10 +716,7 @@ async fn calm(options: &DrillOptions, front: &Front) -> Result<(), String> {
 async fn check_counts(
     admin: &Client,
 ) -> Result<std::collections::HashMap<String, (u64, u64, u64)>, String> {
-    let messages = admin
-        .simple_query("SHOW NODES")
-        .await
-        .map_err(|e| pg_error(&e))?;
+    let messages = simple_rows(admin, "SHOW NODES").await?;
     let mut counts = std::collections::HashMap::new();
     for m in &messages {
         if let SimpleQueryMessage::Row(r) = m {
@@ -745,18 +776,28 @@ async fn stored_ids(cluster: &BenchCluster, front: &Front) -> Result<(u16, HashS
         cluster.superuser_password, node.host
     ))
     .await?;
-    let rows = direct
-        .query("SELECT id FROM drill_writes", &[])
-        .await
+    let sql = "SELECT id FROM drill_writes";
+    let rows = within(HUNG_AFTER, sql, direct.query(sql, &[]))
+        .await?
         .map_err(|e| pg_error(&e))?;
     Ok((port, rows.iter().map(|r| r.get::<_, i64>(0)).collect()))
 }
 
 /// As [`connect`], giving up after `limit` (a hung instance accepts and never answers).
 pub(crate) async fn connect_within(url: &str, limit: Duration) -> Result<Client, String> {
-    tokio::time::timeout(limit, connect(url))
+    within(limit, "connecting", connect(url)).await?
+}
+
+/// `future`, or an error naming `what` once `limit` passed without its answer: no wait of the
+/// drill may outlast a hang it is there to find.
+async fn within<T>(
+    limit: Duration,
+    what: &str,
+    future: impl std::future::Future<Output = T>,
+) -> Result<T, String> {
+    tokio::time::timeout(limit, future)
         .await
-        .map_err(|_| format!("no answer within {} ms", limit.as_millis()))?
+        .map_err(|_| format!("{what}: no answer within {} ms", limit.as_millis()))
 }
 
 async fn connect(url: &str) -> Result<Client, String> {
@@ -769,8 +810,17 @@ async fn connect(url: &str) -> Result<Client, String> {
     Ok(client)
 }
 
+/// `sql` in the simple protocol, bounded by [`HUNG_AFTER`].
+async fn simple_rows(c: &Client, sql: &str) -> Result<Vec<SimpleQueryMessage>, String> {
+    within(HUNG_AFTER, sql, c.simple_query(sql))
+        .await?
+        .map_err(|e| pg_error(&e))
+}
+
 async fn value(c: &Client, sql: &str) -> Result<String, String> {
-    let rows = client_rows(c, sql).await.map_err(|e| pg_error(&e))?;
+    let rows = within(HUNG_AFTER, sql, client_rows(c, sql))
+        .await?
+        .map_err(|e| pg_error(&e))?;
     Ok(first(&rows).unwrap_or_default())
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::{Ack, Fault, Front, Log, Round};
+use super::{Ack, Fault, Front, Log, Round, HUNG_AFTER};
 
 /// Signs that two nodes took writes at once: the node acknowledging writes changes more than
 /// once after a fault (back and forth), or before the first fault. `injections`: when each
@@ -94,11 +94,12 @@ pub fn report(
         summary(fault.name(), &|r| r.fault == fault);
     }
     println!(
-        "acknowledged writes: {}, lost: {}, client errors: {}, split-brain signs: {}, final primary port {primary_port}",
+        "acknowledged writes: {}, lost: {}, client errors: {}, split-brain signs: {}, never answered: {}, final primary port {primary_port}",
         log.acks.len(),
         lost.len(),
         log.errors,
-        violations.len()
+        violations.len(),
+        log.hung.len()
     );
     if several {
         let through: Vec<String> = (0..front.ports.len())
@@ -111,5 +112,37 @@ pub fn report(
     }
     for v in violations {
         println!("  {v}");
+    }
+}
+
+/// The first lost writes and the writes pgherd never answered, each with when it happened
+/// relative to the fault of its round.
+pub fn unanswered(log: &Log, lost: &[i64], injections: &[Instant], front: &Front) {
+    let when = |at: Instant| match injections.iter().rposition(|&t| t <= at) {
+        Some(r) => format!(
+            "in round {} ({} ms after its fault)",
+            r + 1,
+            at.duration_since(injections[r]).as_millis()
+        ),
+        None => "before the first fault".to_owned(),
+    };
+    for id in lost.iter().take(10) {
+        if let Some(ack) = log.acks.iter().find(|a| a.id == *id) {
+            println!(
+                "  lost id {id}: acknowledged by port {} through {} {}",
+                ack.port,
+                front.names[ack.instance],
+                when(ack.at)
+            );
+        }
+    }
+    for hung in log.hung.iter().take(10) {
+        println!(
+            "  never answered: writer {}'s insert of id {}, sent {}, no answer within {} s",
+            hung.writer,
+            hung.id,
+            when(hung.sent_at),
+            HUNG_AFTER.as_secs()
+        );
     }
 }

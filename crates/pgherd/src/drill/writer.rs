@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use super::{connect_within, Ack, Log, CONNECT_TIMEOUT};
+use super::{connect_within, Ack, Hung, Log, CONNECT_TIMEOUT};
 use crate::sql_session::{client_rows, first};
 
 /// A client inserting rows with unique ids through pgherd until told to stop, logging each
@@ -16,7 +16,27 @@ use crate::sql_session::{client_rows, first};
 pub struct Writer {
     pub number: usize,
     pub urls: Arc<Vec<String>>,
-    pub query_timeout: Option<Duration>,
+    pub patience: Patience,
+}
+
+/// How long a writer waits for an answer, and what not hearing back in that time means.
+#[derive(Debug, Clone, Copy)]
+pub enum Patience {
+    /// Gives up and reconnects, as a client with a socket timeout does (to another instance
+    /// if this one hangs): an ordinary error.
+    GivesUpAfter(Duration),
+    /// Waits this long for an answer pgherd owes it: a failed node's sessions are ended, so
+    /// silence this long is a hang, which the drill reports (and then reconnects, so one hang
+    /// cannot keep the drill from finishing).
+    HungAfter(Duration),
+}
+
+impl Patience {
+    fn limit(self) -> Duration {
+        match self {
+            Patience::GivesUpAfter(limit) | Patience::HungAfter(limit) => limit,
+        }
+    }
 }
 
 impl Writer {
@@ -53,14 +73,18 @@ impl Writer {
                 self.number
             );
             // An error and no answer in time are the same to the writer: not acknowledged.
-            let answer = match self.query_timeout {
-                Some(limit) => tokio::time::timeout(limit, client_rows(c, &sql))
-                    .await
-                    .ok()
-                    .and_then(Result::ok),
-                None => client_rows(c, &sql).await.ok(),
-            };
-            match answer {
+            let sent_at = Instant::now();
+            let answer = tokio::time::timeout(self.patience.limit(), client_rows(c, &sql)).await;
+            if answer.is_err() {
+                if let (Patience::HungAfter(_), Ok(mut log)) = (self.patience, log.lock()) {
+                    log.hung.push(Hung {
+                        writer: self.number,
+                        id,
+                        sent_at,
+                    });
+                }
+            }
+            match answer.ok().and_then(Result::ok) {
                 Some(rows) => {
                     let port = first(&rows).and_then(|p| p.parse().ok()).unwrap_or(0);
                     if let Ok(mut log) = log.lock() {

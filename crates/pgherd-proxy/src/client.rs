@@ -20,6 +20,7 @@ use crate::admin;
 use crate::app::App;
 use crate::error::{client_io, Disconnect};
 use crate::msgio::{read_message, read_startup_packet, write_flush, ReadError};
+use crate::nodes::Nodes;
 use crate::pool::AcquireError;
 use crate::relay::params::SessionParams;
 use crate::relay::{RoutingSetup, Session, SessionSetup};
@@ -401,12 +402,15 @@ async fn finish_login(
             .with_hint("pgherd serves the databases listed under [databases] in its config"),
         )
     })?;
-    let node = match resolved.route {
-        Route::Primary => app.nodes.writer(),
-        Route::Auto => app.nodes.writer().or_else(|| app.nodes.pick_replica()),
-        Route::Replica => app.nodes.pick_replica().or_else(|| app.nodes.writer()),
-    }
-    .ok_or_else(|| {
+    // No node to serve it (a failover under way, pgherd just started, the primary restarting):
+    // the login waits for one, as a request that needs the primary does.
+    let wait = Duration::from_millis(app.config().cluster.primary_wait_ms);
+    let pick = |nodes: &Nodes| match resolved.route {
+        Route::Primary => nodes.writer(),
+        Route::Auto => nodes.writer().or_else(|| nodes.pick_replica()),
+        Route::Replica => nodes.pick_replica().or_else(|| nodes.writer()),
+    };
+    let node = app.nodes.node_within(wait, pick).await.ok_or_else(|| {
         Disconnect::refused(
             PgError::fatal(
                 SqlState::CANNOT_CONNECT_NOW,

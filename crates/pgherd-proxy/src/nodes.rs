@@ -292,10 +292,20 @@ impl Nodes {
     /// The primary, waiting up to `limit` for one (writes held through a failover or while
     /// synchronous standbys are being set); `None` if none came.
     pub async fn primary_within(&self, limit: std::time::Duration) -> Option<Arc<NodeState>> {
+        self.node_within(limit, Self::primary).await
+    }
+
+    /// The node `pick` chooses, waiting up to `limit` for it to choose one; `None` if it did
+    /// not.
+    pub async fn node_within(
+        &self,
+        limit: std::time::Duration,
+        pick: impl Fn(&Self) -> Option<Arc<NodeState>>,
+    ) -> Option<Arc<NodeState>> {
         let started = tokio::time::Instant::now();
         loop {
-            if let Some(primary) = self.primary() {
-                return Some(primary);
+            if let Some(node) = pick(self) {
+                return Some(node);
             }
             let left = limit.saturating_sub(started.elapsed());
             if left.is_zero() {

@@ -128,6 +128,59 @@ async fn cancel_ends_a_wait_for_a_server() {
     assert!(cancelled_at.elapsed() < Duration::from_secs(5));
 }
 
+/// A client that logs in while no node can serve it (its primary down, restarting) waits for
+/// one, as a request that needs the primary does, up to `primary_wait_ms`; then 57P03, naming
+/// every node's state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_while_no_node_can_serve_it_waits_for_one() {
+    let env = env(0, |c| c.cluster("primary_wait_ms = 4000"));
+    let first = env.app().await;
+    drop(first);
+    let primary = env.cluster.primary();
+    let downs = || env.pgherd.log().matches("node is down").count();
+    let stop_and_see_down = || {
+        let before = downs();
+        primary.stop(pgherd_cluster::StopMode::Immediate).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while downs() == before {
+            assert!(Instant::now() < deadline, "pgherd never saw pg1 down");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+
+    // The primary comes back while the login waits: the login completes on it.
+    stop_and_see_down();
+    let url = env.app_url();
+    let login = tokio::spawn(async move { try_connect(&url).await });
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(!login.is_finished(), "the login did not wait for a node");
+    primary.start(Duration::from_secs(60)).unwrap();
+    let client = login
+        .await
+        .unwrap()
+        .expect("a login made while the primary restarts must complete once it is back");
+    assert_eq!(
+        first_value(&client, "SELECT 'served'").await.unwrap(),
+        "served"
+    );
+
+    // It stays down: the login fails once primary_wait_ms has passed, saying why.
+    stop_and_see_down();
+    let started = Instant::now();
+    let err = match try_connect(&env.app_url()).await {
+        Ok(_) => panic!("a login with no node to serve it must fail"),
+        Err(e) => e,
+    };
+    assert_eq!(code(&err), "57P03", "{err}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(3500),
+        "failed after {waited:?}"
+    );
+    let detail = err.as_db_error().and_then(|e| e.detail()).unwrap_or("");
+    assert!(detail.contains("pg1 (down"), "{detail}");
+}
+
 /// A cancel that comes while the session runs nothing is ignored, as PostgreSQL ignores one
 /// for an idle backend: the next request runs. One that comes while pgherd holds the request
 /// but has not taken a server for it yet (held here at a test hook) cancels it, unsent.

@@ -368,6 +368,20 @@ async fn a_catalog_reading_that_finds_nothing_new_keeps_the_decisions() {
         misses,
         "the statement's shape was decided before the reading: found, not parsed again"
     );
+    // Each request is routed once: the server taken for it is not questioned again.
+    let lookups = || {
+        api.app_counter("pgherd_route_cache_hits_total")
+            + api.app_counter("pgherd_route_cache_misses_total")
+    };
+    let before = lookups();
+    for id in 10..20 {
+        first_value(&client, &select(id)).await.ok();
+    }
+    assert_eq!(
+        lookups() - before,
+        10.0,
+        "decisions looked up for 10 requests"
+    );
 
     client
         .batch_execute(

@@ -177,10 +177,11 @@ impl Session {
             .with_detail("the cancel came before the request reached a server")
             .into());
         }
-        match self.attach_now()? {
-            None => Ok(()),
-            Some(waiting) => Box::pin(self.attach_waiting(waiting)).await,
+        if let Some(waiting) = self.attach_now()? {
+            Box::pin(self.attach_waiting(waiting)).await?;
         }
+        self.routing.lease_for_front = self.lease.is_some();
+        Ok(())
     }
 
     /// The warm path: routes the request and takes an idle connection of the chosen node at
@@ -456,6 +457,7 @@ impl Session {
         };
         node.end_lease();
         self.routing.held = false;
+        self.routing.lease_for_front = false;
         // What ran there stays there: a probe ran, or the server was reset or closed.
         self.routing.lasting.effect = SessionEffect::None;
         if let Some(replay) = self.routing.replay.as_mut() {

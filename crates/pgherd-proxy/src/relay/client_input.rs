@@ -91,6 +91,10 @@ impl Session {
     /// for pgherd's LSN probe (without waiting for its answer the read could not go to a
     /// replica).
     pub(super) fn must_hold(&mut self, input: &[u8]) -> bool {
+        // Routing it again would only repeat the choice the lease was taken by.
+        if std::mem::take(&mut self.routing.lease_for_front) {
+            return false;
+        }
         if !self.routing.at_unit_start
             || self.routing.lasting.pinned.is_some()
             || !self.mode_shares_servers()

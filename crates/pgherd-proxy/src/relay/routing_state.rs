@@ -124,6 +124,9 @@ pub(super) struct Routing {
     /// The next request needs the primary but the lease is a replica: it waits until the
     /// replica owes nothing, then the session moves.
     pub(super) held: bool,
+    /// The lease was just taken for the request at the front of the client's input, on the
+    /// node its own routing chose: whether it must wait for another node has been answered.
+    pub(super) lease_for_front: bool,
     pub(super) replay: Option<Box<Replay>>,
     /// A standby refused the request that is about to be sent again: it runs on the primary.
     pub(super) retry_on_primary: bool,
@@ -213,6 +216,7 @@ impl Routing {
             unit_ends: false,
             unit_copies_in: false,
             held: false,
+            lease_for_front: false,
             replay: None,
             retry_on_primary: false,
             replica_asked: false,

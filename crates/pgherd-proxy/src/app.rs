@@ -135,6 +135,12 @@ impl App {
         self.config.load_full()
     }
 
+    /// The config for a look on the data path, not kept across an await: unlike [`Self::config`]
+    /// it writes no reference count, which every worker would write for every request.
+    pub fn config_now(&self) -> arc_swap::Guard<Arc<Config>> {
+        self.config.load()
+    }
+
     /// This instance may decide for the cluster: it runs alone, or leads the instances; and
     /// has not given its duties to a new process in an upgrade.
     pub fn may_act(&self) -> bool {

@@ -142,11 +142,14 @@ impl ClusterView for Snapshot<'_> {
                 nodes.push(node.clone());
             }
         }
-        prefer_zone(
-            self.nodes.local_zone.load().as_deref().map(String::as_str),
-            &nodes,
-            &mut candidates,
-        );
+        // Few clusters name zones: the local zone is looked up only when a node has one.
+        if nodes.iter().any(|n| n.config.zone.is_some()) {
+            prefer_zone(
+                self.nodes.local_zone.load().as_deref().map(String::as_str),
+                &nodes,
+                &mut candidates,
+            );
+        }
         (nodes, candidates)
     }
 

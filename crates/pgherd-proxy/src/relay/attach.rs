@@ -120,7 +120,7 @@ impl Session {
             // session's own writes.
             let schema = self.app.schema_changes.read_needs();
             read_needs(
-                &self.app.config(),
+                &self.app.config_now(),
                 (
                     routing.lasting.setup.balance,
                     routing.lasting.setup.primary_reads,

@@ -741,22 +741,35 @@ async fn check_counts(
 }
 
 /// Waits until the primary streams to every replica (the previous round's old primary has
-/// rejoined), so each round starts from a whole cluster.
+/// rejoined) and has a synchronous standby among them, so each round starts from a whole
+/// cluster. Streaming alone is not whole: until pgherd's next check names a rejoined standby
+/// in the set, a primary that took over with every other node fenced acknowledges commits
+/// alone, and failing it then leaves no survivor sure to hold them (pgherd rightly refuses to
+/// promote). A drill that hung here on 2026-12-02 was a SIGSTOP round that began in that
+/// window.
 async fn wait_full_strength(c: &Client, replicas: usize) -> Result<(), String> {
-    let mut streaming = String::new();
+    let mut seen = String::new();
     let whole = poll(Duration::from_millis(100), async || {
-        streaming = value(
+        // "<streaming>/<streaming in the synchronous set>"
+        seen = value(
             c,
-            "/* pgherd:primary */ SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'",
+            "/* pgherd:primary */ SELECT count(*) FILTER (WHERE state = 'streaming') || '/' || \
+             count(*) FILTER (WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum')) \
+             FROM pg_stat_replication",
         )
         .await
         .unwrap_or_default();
-        Ok((streaming == replicas.to_string()).then_some(()))
+        let whole = seen
+            .split_once('/')
+            .is_some_and(|(streaming, synchronous)| {
+                streaming == replicas.to_string() && synchronous != "0"
+            });
+        Ok(whole.then_some(()))
     })
     .await?;
     whole.ok_or_else(|| {
         format!(
-            "the primary streams to {streaming} of {replicas} replicas after {} s",
+            "after {} s the primary's replicas streaming / synchronous: {seen} (of {replicas})",
             RECOVERY_TIMEOUT.as_secs()
         )
     })

@@ -16,6 +16,22 @@ pub struct FencedNode {
     pub answers: bool,
     /// A rejoin works on it now: sealing it would leave it read-only for good.
     pub rejoining: bool,
+    /// `auto_rejoin` is on and pgherd manages the node's processes: once sealed, it is
+    /// rejoined.
+    pub rejoined_automatically: bool,
+}
+
+/// The fenced nodes on their way back as standbys: being rejoined, or answering and rejoined
+/// automatically once sealed, which takes seconds. A new primary's commits wait for them
+/// rather than rest on it alone (`keeper::sync_awaited`).
+pub fn returning(state: &ClusterState, nodes: &[FencedNode]) -> Vec<NodeId> {
+    nodes
+        .iter()
+        .filter(|n| {
+            state.is_fenced(n.id) && (n.rejoining || (n.answers && n.rejoined_automatically))
+        })
+        .map(|n| n.id)
+        .collect()
 }
 
 /// The first wait before a failed rejoin is tried again; it doubles with every failure.
@@ -107,7 +123,40 @@ mod tests {
             id,
             answers,
             rejoining,
+            rejoined_automatically: true,
         }
+    }
+
+    #[test]
+    fn fenced_nodes_that_answer_or_are_being_rejoined_are_on_their_way_back() {
+        let fenced = ClusterState::default()
+            .apply(&Change::Fence(A))
+            .unwrap()
+            .apply(&Change::Fence(B))
+            .unwrap();
+        let manual = FencedNode {
+            rejoined_automatically: false,
+            ..node(A, true, false)
+        };
+        assert!(returning(&fenced, &[manual]).is_empty(), "waits for REJOIN");
+        assert_eq!(
+            returning(
+                &fenced,
+                &[FencedNode {
+                    rejoining: true,
+                    ..manual
+                }]
+            ),
+            [A],
+            "REJOIN works on it"
+        );
+        assert_eq!(
+            returning(&fenced, &[node(A, false, false), node(B, true, false)]),
+            [B],
+            "A is down"
+        );
+        let unfenced = fenced.apply(&Change::Unfence(B)).unwrap();
+        assert!(returning(&unfenced, &[node(B, true, false)]).is_empty());
     }
 
     #[test]

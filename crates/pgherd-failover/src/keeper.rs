@@ -31,6 +31,9 @@ pub struct KeeperInput<'a> {
     pub streaming: &'a [String],
     /// The replicas pgherd may make synchronous (configured, not fenced), in config order.
     pub eligible: &'a [String],
+    /// What a young primary waits for while none of them streams: `eligible` and the fenced
+    /// replicas on their way back ([`sync_awaited`]).
+    pub awaited: &'a [String],
     /// Milliseconds on a monotonic clock the caller keeps.
     pub now_ms: u64,
 }
@@ -84,17 +87,21 @@ impl SyncKeeper {
         ) else {
             return KeeperStep::Settled(Vec::new());
         };
-        let waiting_for_standbys =
-            durability == Durability::Sync && young && desired.standbys.is_empty();
+        // Every standby the new primary may get counts until one streams: commits wait for it
+        // rather than rest on the primary alone. `strict` never lets them.
+        let waiting_for_standbys = desired.standbys.is_empty()
+            && match durability {
+                Durability::Sync => young,
+                Durability::Strict => true,
+                Durability::Async => false,
+            };
         if waiting_for_standbys {
-            // Every standby the new primary may get counts until one streams: commits wait
-            // for it rather than rest on the primary alone.
-            if let Some(all) = preset_sync_set(durability, input.sync_standbys, input.eligible) {
+            if let Some(all) = preset_sync_set(durability, input.sync_standbys, input.awaited) {
                 desired = all;
             }
         }
         // A cluster without replicas has nothing to wait for, in any durability.
-        let none_streams = !input.eligible.is_empty()
+        let none_streams = !desired.standbys.is_empty()
             && !desired.standbys.iter().any(|s| input.streaming.contains(s));
         let strict = Change::StrictWithoutStandby(
             (durability == Durability::Strict && none_streams).then_some(primary),
@@ -115,10 +122,10 @@ impl SyncKeeper {
         if let Some(current) = &current {
             before.push(Change::SyncChanging(in_force(current.union(&desired))));
         }
-        let event = if input.eligible.is_empty() {
+        let event = if input.awaited.is_empty() {
             (
                 "sync_standbys",
-                "no replica is configured: commits are acknowledged by the primary alone"
+                "no replica may be synchronous now (none is configured, or every one is fenced and not coming back by itself): commits are acknowledged by the primary alone"
                     .to_owned(),
             )
         } else if desired.standbys.is_empty() {
@@ -127,7 +134,7 @@ impl SyncKeeper {
                 "no standby streams: commits are acknowledged by the primary alone until one does"
                     .to_owned(),
             )
-        } else if none_streams && waiting_for_standbys {
+        } else if none_streams && waiting_for_standbys && durability == Durability::Sync {
             (
                 "sync_standbys",
                 format!(
@@ -163,9 +170,6 @@ impl SyncKeeper {
     }
 }
 
-/// The set a just-promoted primary gets before it takes writes: every other unfenced node, so
-/// its first commits wait for a standby rather than rest on it alone; the keeper narrows it to
-/// the standbys that stream. `None` in `async` durability.
 /// The standbys `primary` may have in its synchronous set: every other node that may be
 /// synchronous (node `sync = true`) and is not fenced, by name. The keeper's turns, a new
 /// primary's preset set and the simulation all take them from here.
@@ -174,13 +178,34 @@ pub fn sync_eligible(
     members: &[crate::control::Member],
     primary: NodeId,
 ) -> Vec<String> {
+    sync_awaited(state, members, primary, &[])
+}
+
+/// The standbys a new primary waits for while none streams ([`STANDBY_GRACE_MS`]), in config
+/// order: the eligible ones and the fenced ones on their way back as its standbys
+/// (`fenced::returning`). After a failover that fenced every other node (the old primary and
+/// a replica that must be rewound), these are the only standbys the primary will have: without
+/// them its first commits would rest on it alone.
+pub fn sync_awaited(
+    state: &ClusterState,
+    members: &[crate::control::Member],
+    primary: NodeId,
+    returning: &[NodeId],
+) -> Vec<String> {
     members
         .iter()
-        .filter(|m| m.id != primary && m.may_be_sync && !state.is_fenced(m.id))
+        .filter(|m| {
+            m.id != primary
+                && m.may_be_sync
+                && (!state.is_fenced(m.id) || returning.contains(&m.id))
+        })
         .map(|m| m.name.to_owned())
         .collect()
 }
 
+/// The set a just-promoted primary gets before it takes writes: every other unfenced node, so
+/// its first commits wait for a standby rather than rest on it alone; the keeper narrows it to
+/// the standbys that stream. `None` in `async` durability.
 pub fn preset_sync_set(
     durability: Durability,
     sync_standbys: usize,
@@ -266,6 +291,7 @@ mod tests {
             primary_lsn: 0,
             streaming,
             eligible,
+            awaited: eligible,
             now_ms,
         }
     }
@@ -314,6 +340,88 @@ mod tests {
         assert!(before
             .iter()
             .any(|c| matches!(c, Change::SyncChanging(Some(s)) if s.set.standbys.is_empty())));
+    }
+
+    #[test]
+    fn after_a_failover_that_fenced_every_other_node_commits_wait_for_those_coming_back() {
+        let pg2 = NodeId(1);
+        let pg3 = NodeId(2);
+        let members = [
+            crate::control::Member {
+                id: P,
+                name: "pg1",
+                may_be_sync: true,
+                received_lsn: 0,
+            },
+            crate::control::Member {
+                id: pg2,
+                name: "pg2",
+                may_be_sync: true,
+                received_lsn: 0,
+            },
+            crate::control::Member {
+                id: pg3,
+                name: "pg3",
+                may_be_sync: true,
+                received_lsn: 0,
+            },
+        ];
+        // pg1 was promoted; pg2 (the old primary) and pg3 (diverged) are fenced. pg3 answers
+        // and is being rejoined; pg2 is down.
+        let view = [
+            Change::Elect { node: P, at_lsn: 0 },
+            Change::Fence(pg2),
+            Change::Fence(pg3),
+        ]
+        .iter()
+        .fold(ClusterState::default(), |v, c| v.apply(c).unwrap());
+        let eligible = sync_eligible(&view, &members, P);
+        assert!(eligible.is_empty());
+        let awaited = sync_awaited(&view, &members, P, &[pg3]);
+        assert_eq!(awaited, names(&["pg3"]));
+        let turn = |keeper: &mut SyncKeeper, view: &ClusterState, durability, now_ms| {
+            keeper.turn(
+                view,
+                &KeeperInput {
+                    awaited: &awaited,
+                    ..input(durability, &[], &eligible, now_ms)
+                },
+            )
+        };
+        let mut keeper = SyncKeeper::default();
+        let step = turn(&mut keeper, &view, Durability::Sync, 0);
+        let KeeperStep::Apply { set, event, .. } = &step else {
+            panic!("{step:?}");
+        };
+        assert_eq!(set.setting(), "ANY 1 (\"pg3\")", "not ''");
+        assert!(event.1.contains("while they connect"), "{}", event.1);
+        let synced = carry_out(view.clone(), &step);
+        // Never coming back within the grace: sync degrades, as for any standby.
+        let step = turn(&mut keeper, &synced, Durability::Sync, STANDBY_GRACE_MS);
+        let KeeperStep::Apply { set, event, .. } = &step else {
+            panic!("{step:?}");
+        };
+        assert_eq!((set.setting().as_str(), event.0), ("", "sync_degraded"));
+        // `strict` waits for it with writes refused, however long it takes.
+        let mut keeper = SyncKeeper::default();
+        let step = turn(&mut keeper, &view, Durability::Strict, 0);
+        let strict = carry_out(view.clone(), &step);
+        assert_eq!(
+            strict.sync.as_ref().map(|s| s.set.setting()),
+            Some("ANY 1 (\"pg3\")".to_owned())
+        );
+        assert_eq!(
+            strict.gate(),
+            crate::Gate::Refuse(crate::GateReason::StrictWithoutStandby { primary: P })
+        );
+        // Nothing coming back: the primary acknowledges alone, and says why.
+        let mut keeper = SyncKeeper::default();
+        let step = keeper.turn(&view, &input(Durability::Sync, &[], &eligible, 0));
+        let KeeperStep::Apply { set, event, .. } = &step else {
+            panic!("{step:?}");
+        };
+        assert_eq!(set.setting(), "");
+        assert!(event.1.contains("every one is fenced"), "{}", event.1);
     }
 
     #[test]

@@ -27,8 +27,8 @@ mod sim;
 use sim::instance::{Dcs, Instance};
 
 use pgherd_failover::control::{Context, Io, Member, Operation, Outcome};
-use pgherd_failover::fenced::FencedNode;
-use pgherd_failover::keeper::{sync_eligible, sync_holders, KeeperInput, KeeperStep};
+use pgherd_failover::fenced::{returning, FencedNode};
+use pgherd_failover::keeper::{sync_awaited, sync_eligible, sync_holders, KeeperInput, KeeperStep};
 use pgherd_failover::observe::{Sighting, Track};
 use pgherd_failover::{
     decide, Change, Check, ClusterState, Durability, Lsn, NodeId, NodeView, Policy, View,
@@ -82,6 +82,9 @@ struct Stats {
     waited_for_failsafe: usize,
     /// Writes routed by an instance past its lease, in failsafe.
     failsafe_writes: usize,
+    /// Commits acknowledged in `sync` or `strict` durability by a primary with no
+    /// synchronous standby set (degraded, or none configured or coming back).
+    acked_alone: usize,
 }
 
 impl Stats {
@@ -96,6 +99,7 @@ impl Stats {
         self.late_io += other.late_io;
         self.waited_for_lagging += other.waited_for_lagging;
         self.waited_for_failsafe += other.waited_for_failsafe;
+        self.acked_alone += other.acked_alone;
         self.failsafe_writes += other.failsafe_writes;
     }
 }
@@ -198,7 +202,10 @@ impl Sim {
             .map(|i| self.cluster.names[i].clone())
             .collect();
         let members = members(&self.cluster, &self.instances[k].tracks);
-        let eligible = sync_eligible(&self.instances[k].state, &members, NodeId(e as u32));
+        let state = &self.instances[k].state;
+        let eligible = sync_eligible(state, &members, NodeId(e as u32));
+        let returning = returning(state, &self.fenced_nodes(k));
+        let awaited = sync_awaited(state, &members, NodeId(e as u32), &returning);
         let input = KeeperInput {
             durability: self.policy.durability,
             sync_standbys: self.sync_standbys,
@@ -207,6 +214,7 @@ impl Sim {
             primary_lsn: self.cluster.nodes[e].lsn,
             streaming: &streaming,
             eligible: &eligible,
+            awaited: &awaited,
             now_ms,
         };
         let instance = &mut self.instances[k];
@@ -281,6 +289,13 @@ impl Sim {
                         .flatten()
                     {
                         self.stats.failsafe_writes += usize::from(self.in_failsafe(k, now_ms));
+                        self.stats.acked_alone += usize::from(
+                            self.policy.durability != Durability::Async
+                                && self.cluster.nodes[p]
+                                    .sync_setting
+                                    .as_ref()
+                                    .is_none_or(|set| set.standbys.is_empty()),
+                        );
                         self.written(p, k)?;
                         self.acknowledged(p, durable)?;
                     }
@@ -506,22 +521,29 @@ impl Sim {
         Outcome::Promoted { received_lsn: lsn }
     }
 
+    /// The nodes as instance `k`'s care of fenced nodes sees them (`auto_rejoin` on, every
+    /// node managed).
+    fn fenced_nodes(&self, k: usize) -> Vec<FencedNode> {
+        let instance = &self.instances[k];
+        (0..self.cluster.len())
+            .map(|i| FencedNode {
+                id: NodeId(i as u32),
+                answers: instance.tracks[i].failed_streak() == 0
+                    && instance.tracks[i].last_seen().is_some(),
+                rejoining: self.cluster.nodes[i].rejoining,
+                rejoined_automatically: true,
+            })
+            .collect()
+    }
+
     /// The proxy's care of fenced nodes (`pgherd_failover::fenced`, with `auto_rejoin` on
     /// managed nodes): one that answers is sealed (SQL on it, so it must be reachable), then
     /// rejoined; a rejoin ends after a while (pg_rewind) with the node following the elected
     /// primary and unfenced, as the proxy's rejoin does, or fails if that primary cannot be
     /// reached then, and is tried again after the care's backoff.
     fn care_for_fenced(&mut self, k: usize, now_ms: u64) {
-        let instance = &self.instances[k];
-        let nodes: Vec<FencedNode> = (0..self.cluster.len())
-            .map(|i| FencedNode {
-                id: NodeId(i as u32),
-                answers: instance.tracks[i].failed_streak() == 0
-                    && instance.tracks[i].last_seen().is_some(),
-                rejoining: self.cluster.nodes[i].rejoining,
-            })
-            .collect();
-        let state = instance.state.clone();
+        let nodes = self.fenced_nodes(k);
+        let state = self.instances[k].state.clone();
         let reached: Vec<bool> = (0..self.cluster.len())
             .map(|i| self.reaches(k, i))
             .collect();
@@ -627,7 +649,7 @@ fn invariants_hold_over_seeded_fault_schedules() {
         }
     }
     eprintln!(
-        "{} seeds ({with_instances} with several instances): {} promotions; failed re-points {}, promotions {}, synchronous sets {}, rejoins {}; IO refused without the lease {}, leader keys taken {}, IO performed late after a stall {}, promotions held back for a lagging instance {}, for the failsafe of a vanished one {}; writes routed in failsafe {}",
+        "{} seeds ({with_instances} with several instances): {} promotions; failed re-points {}, promotions {}, synchronous sets {}, rejoins {}; IO refused without the lease {}, leader keys taken {}, IO performed late after a stall {}, promotions held back for a lagging instance {}, for the failsafe of a vanished one {}; writes routed in failsafe {}; commits acknowledged by a primary alone in sync/strict durability {}",
         seeds.len(),
         total.promotions,
         total.failed_io[0],
@@ -640,6 +662,7 @@ fn invariants_hold_over_seeded_fault_schedules() {
         total.waited_for_lagging,
         total.waited_for_failsafe,
         total.failsafe_writes,
+        total.acked_alone,
     );
     // The schedules must actually exercise failover, its failure paths and the agreement's,
     // or the invariants prove nothing.

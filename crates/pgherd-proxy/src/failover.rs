@@ -13,9 +13,10 @@ use std::time::Duration;
 
 use pgherd_config::Config;
 use pgherd_failover::control::{Context, Io, Member, Operation, Outcome};
-use pgherd_failover::fenced::{FencedCare, FencedNode};
+use pgherd_failover::fenced::{returning, FencedCare, FencedNode};
 use pgherd_failover::keeper::{
-    sync_eligible, sync_holders, KeeperInput, KeeperStep, SyncHolders, SyncKeeper as PureKeeper,
+    sync_awaited, sync_eligible, sync_holders, KeeperInput, KeeperStep, SyncHolders,
+    SyncKeeper as PureKeeper,
 };
 use pgherd_failover::{decide, ClusterState, NodeId, NodeView, Policy, SyncSet, Verdict, View};
 
@@ -146,14 +147,7 @@ async fn seal_fenced(
     shared: &Arc<SharedCare>,
 ) {
     let state = cluster.view();
-    let fenced: Vec<FencedNode> = nodes
-        .iter()
-        .map(|n| FencedNode {
-            id: n.id,
-            answers: n.answers(),
-            rejoining: n.is_rejoining(),
-        })
-        .collect();
+    let fenced = fenced_nodes(config, nodes);
     let to_seal = shared.care.lock().to_seal(&state, &fenced);
     for id in to_seal {
         let Some(node) = nodes.iter().find(|n| n.id == id) else {
@@ -187,6 +181,19 @@ async fn seal_fenced(
             rejoin_in_background(app, shared, id, node.name());
         }
     }
+}
+
+/// The nodes as the care of fenced nodes (`pgherd_failover::fenced`) needs them.
+fn fenced_nodes(config: &Config, nodes: &[Arc<NodeState>]) -> Vec<FencedNode> {
+    nodes
+        .iter()
+        .map(|n| FencedNode {
+            id: n.id,
+            answers: n.answers(),
+            rejoining: n.is_rejoining(),
+            rejoined_automatically: config.failover.auto_rejoin && n.config.data_dir.is_some(),
+        })
+        .collect()
 }
 
 /// Rejoins a fenced node in the background (rewinding can take a while and failover must go
@@ -298,7 +305,10 @@ impl KeeperShell {
             }
         }
         let view = cluster.view();
-        let eligible = sync_eligible(&view, &members(nodes), primary.id);
+        let members = members(nodes);
+        let eligible = sync_eligible(&view, &members, primary.id);
+        let returning = returning(&view, &fenced_nodes(config, nodes));
+        let awaited = sync_awaited(&view, &members, primary.id, &returning);
         let input = KeeperInput {
             durability: config.replication.durability,
             sync_standbys: config.replication.sync_standbys as usize,
@@ -307,6 +317,7 @@ impl KeeperShell {
             primary_lsn: primary.lsn(),
             streaming: &streaming,
             eligible: &eligible,
+            awaited: &awaited,
             now_ms: self.started.elapsed().as_millis() as u64,
         };
         match self.keeper.turn(&view, &input) {

@@ -168,3 +168,96 @@ async fn strict_without_replicas_takes_writes() {
         .expect("a cluster without replicas has no standby to wait for");
     assert_eq!(sync_names(&env), "");
 }
+
+/// After a failover in a two-node cluster the old primary is the new one's only standby, and
+/// it is fenced until pgherd has rewound it. While pgherd brings it back (it answers, or is
+/// being rejoined), the new primary's commits wait for it rather than rest on the primary
+/// alone; while it is down, nothing is coming and the primary acknowledges alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_commits_wait_for_the_old_primary_pgherd_is_bringing_back() {
+    let env = env(1, |c| {
+        c.superuser()
+            .manage_nodes()
+            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
+            .section("[failover]\nenabled = true\nauto_rejoin = true")
+    });
+    wait_sync_names(&env, "ANY 1 (\"pg2\")");
+    let c = env.app().await;
+    c.batch_execute("CREATE TABLE t (id int); INSERT INTO t VALUES (1)")
+        .await
+        .expect("write with a synchronous standby");
+    env.cluster.wait_replayed();
+    let console = env
+        .pgherd
+        .url(SUPERUSER, pgherd_testkit::SUPERUSER_PASSWORD, "pgherd");
+    // (elected, fenced, synchronous_standby_names in force), one row of SHOW CLUSTER.
+    let cluster = || {
+        let row = psql(&console, &["-c", "SHOW CLUSTER"]).unwrap_or_default();
+        let fields: Vec<&str> = row.split('|').collect();
+        let field = |i: usize| fields.get(i).copied().unwrap_or_default().to_owned();
+        (field(2), field(8), field(10))
+    };
+
+    env.cluster
+        .node("pg1")
+        .stop(StopMode::Immediate)
+        .expect("stop pg1");
+    wait_until(
+        &env,
+        "pg2 elected with no standby to wait for (pg1 is down)",
+        Duration::from_secs(30),
+        || {
+            let (elected, fenced, sync) = cluster();
+            elected == "pg2" && fenced.contains("pg1") && sync.is_empty()
+        },
+    );
+    let elected_at = Instant::now();
+    env.cluster
+        .node("pg1")
+        .start(Duration::from_secs(30))
+        .expect("start pg1");
+    // From the moment pg1 answers until its rejoin ends, it is fenced and yet the standby
+    // pg2's commits wait for.
+    let mut awaited_while_fenced = false;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, fenced, sync) = cluster();
+        let fenced = fenced.contains("pg1");
+        awaited_while_fenced |= fenced && sync == "ANY 1 (\"pg1\")";
+        if !fenced && sync == "ANY 1 (\"pg1\")" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pg1 did not rejoin as pg2's synchronous standby: fenced {fenced}, set {sync:?}\n{}",
+            env.pgherd.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        awaited_while_fenced,
+        "pg2 acknowledged commits alone while pg1 was being brought back ({:?} after the election)\n{}",
+        elected_at.elapsed(),
+        env.pgherd.log()
+    );
+    wait_until(
+        &env,
+        "pg2's synchronous_standby_names named pg1",
+        Duration::from_secs(20),
+        || {
+            env.cluster
+                .sql_on("pg2", "postgres", "SHOW synchronous_standby_names")
+                == "ANY 1 (\"pg1\")"
+        },
+    );
+    let c = env.app().await;
+    c.batch_execute("INSERT INTO t VALUES (2)")
+        .await
+        .expect("write with pg1 synchronous again");
+    assert_eq!(
+        first_value(&c, "/* pgherd:primary */ SELECT count(*) FROM t")
+            .await
+            .expect("read"),
+        "2"
+    );
+}

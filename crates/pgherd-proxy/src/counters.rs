@@ -3,7 +3,7 @@
 //! (relaxed atomic adds on the thread's own stripe, summed when read; no lock, no
 //! allocation), and errors by SQLSTATE class (rare, so behind a lock).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// Upper bounds of the buckets, in microseconds (100 µs to 10 s); anything slower lands in
@@ -45,6 +45,43 @@ impl StripedCounter {
 
     pub fn sum(&self) -> u64 {
         self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
+    }
+
+    /// Counts one on the calling thread's stripe and returns that stripe's count before it:
+    /// a ticket each thread cycles through on its own, so round-robin spreads each worker's
+    /// requests without a line every worker writes.
+    pub fn next_on_this_thread(&self) -> u64 {
+        self.0[stripe()].0.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// How many of something are held at once (server leases on a node), taken and given back by
+/// every transaction: a thread takes on its own stripe, and a holder gives back on the stripe
+/// it took from (a task may have moved to another thread meanwhile). So each stripe stays
+/// exact, and a sum counts everything held throughout the time it reads.
+#[derive(Debug, Default)]
+pub struct StripedGauge([Padded<AtomicU32>; STRIPES]);
+
+/// Where a holder of a [`StripedGauge`] counted itself, to give back there.
+#[derive(Debug, Clone, Copy)]
+pub struct GaugeStripe(usize);
+
+impl StripedGauge {
+    pub fn take(&self) -> GaugeStripe {
+        let stripe = stripe();
+        self.0[stripe].0.fetch_add(1, Ordering::Relaxed);
+        GaugeStripe(stripe)
+    }
+
+    pub fn give_back(&self, taken: GaugeStripe) {
+        self.0[taken.0].0.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub fn sum(&self) -> u32 {
+        self.0
+            .iter()
+            .map(|s| s.0.load(Ordering::Relaxed))
+            .fold(0, u32::saturating_add)
     }
 }
 
@@ -196,6 +233,48 @@ mod tests {
             Some(&(f64::INFINITY, 1_000 * (STRIPES as u64 + 3)))
         );
         assert!((sum - 0.0003 * 1_000.0 * (STRIPES as f64 + 3.0)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_gauge_given_back_on_another_thread_stays_exact_on_every_stripe() {
+        let gauge = StripedGauge::default();
+        let taken: Vec<GaugeStripe> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..STRIPES + 3)
+                .map(|_| scope.spawn(|| (0..10).map(|_| gauge.take()).collect::<Vec<_>>()))
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().expect("a thread that takes"))
+                .collect()
+        });
+        assert_eq!(gauge.sum(), 10 * (STRIPES as u32 + 3));
+        // Given back from other threads (tasks move between workers), each on its own stripe.
+        let (first, rest) = taken.split_at(5);
+        std::thread::scope(|scope| {
+            scope.spawn(|| rest.iter().for_each(|&t| gauge.give_back(t)));
+        });
+        assert_eq!(gauge.sum(), 5);
+        for stripe in &gauge.0 {
+            assert!(stripe.0.load(Ordering::Relaxed) <= 10, "no stripe wrapped");
+        }
+        first.iter().for_each(|&t| gauge.give_back(t));
+        assert_eq!(gauge.sum(), 0);
+    }
+
+    #[test]
+    fn next_on_this_thread_cycles_per_thread() {
+        let tickets = StripedCounter::default();
+        let mine: Vec<u64> = (0..4).map(|_| tickets.next_on_this_thread()).collect();
+        assert_eq!(mine, [0, 1, 2, 3]);
+        let other = std::thread::scope(|scope| {
+            scope
+                .spawn(|| tickets.next_on_this_thread())
+                .join()
+                .expect("another thread")
+        });
+        // Another thread's stripe starts at 0 unless it shares this one's (beyond STRIPES).
+        assert!(other == 0 || other == 4, "{other}");
+        assert_eq!(tickets.sum(), 5);
     }
 
     #[test]

@@ -11,7 +11,9 @@ use parking_lot::Mutex;
 use pgherd_config::NodeConfig;
 use pgherd_failover::observe::{Sighting, Track};
 use pgherd_failover::NodeId;
-use pgherd_route::balance::{format_lsn, Candidate, Lsn};
+use pgherd_route::balance::{format_lsn, Balance, Candidate, Lsn};
+
+use crate::counters::{GaugeStripe, StripedGauge};
 
 pub use pgherd_route::Role;
 
@@ -159,8 +161,10 @@ pub struct NodeState {
     receive_lsn: AtomicU64,
     lag_bytes: AtomicU64,
     lag_ms: AtomicU64,
-    /// Sessions holding a server connection to this node right now.
-    outstanding: AtomicU32,
+    /// Sessions holding a server connection to this node right now. Striped: every
+    /// transaction takes and gives one back, and the fields above are read by every plan on
+    /// every worker.
+    outstanding: StripedGauge,
     /// Healthy checks in a row since the last failure.
     healthy_streak: AtomicU32,
     /// May serve reads as far as its health goes: taken out on a failed check or connection
@@ -193,7 +197,7 @@ impl NodeState {
             receive_lsn: AtomicU64::new(0),
             lag_bytes: AtomicU64::new(0),
             lag_ms: AtomicU64::new(0),
-            outstanding: AtomicU32::new(0),
+            outstanding: StripedGauge::default(),
             healthy_streak: AtomicU32::new(0),
             in_read_set: AtomicBool::new(false),
             rejoining: AtomicBool::new(false),
@@ -257,12 +261,14 @@ impl NodeState {
         self.lsn.fetch_max(lsn, Ordering::AcqRel);
     }
 
-    pub fn begin_lease(&self) {
-        self.outstanding.fetch_add(1, Ordering::Relaxed);
+    /// A session holds a server connection to this node from now on: give the result back to
+    /// [`Self::end_lease`].
+    pub fn begin_lease(&self) -> GaugeStripe {
+        self.outstanding.take()
     }
 
-    pub fn end_lease(&self) {
-        self.outstanding.fetch_sub(1, Ordering::Relaxed);
+    pub fn end_lease(&self, begun: GaugeStripe) {
+        self.outstanding.give_back(begun);
     }
 
     /// A session could not use the node: no reads until it passes enough checks again. The
@@ -274,10 +280,16 @@ impl NodeState {
         }
     }
 
-    pub(crate) fn candidate(&self, role: Role, excluded: bool) -> Candidate {
+    /// What the chooser needs to know of this node. The sessions it serves are summed only
+    /// when `least_outstanding` asks: the sum reads every worker's stripe.
+    pub(crate) fn candidate(&self, role: Role, excluded: bool, balance: Balance) -> Candidate {
         Candidate {
             weight: self.config.weight,
-            outstanding: self.outstanding.load(Ordering::Relaxed),
+            outstanding: if balance == Balance::LeastOutstanding {
+                self.outstanding.sum()
+            } else {
+                0
+            },
             replay_lsn: (role == Role::Replica).then(|| self.lsn()),
             lag_bytes: self.lag_bytes(),
             lag_ms: self.lag_ms(),
@@ -294,7 +306,7 @@ impl NodeState {
 
     /// Sessions holding a server connection to this node right now.
     pub fn outstanding(&self) -> u32 {
-        self.outstanding.load(Ordering::Relaxed)
+        self.outstanding.sum()
     }
 
     pub fn role(&self) -> Role {

@@ -5,7 +5,7 @@
 //! synchronous set, the write gate with its reason), one versioned value changed only through
 //! [`Nodes::change`] and read by sessions without a lock ([`Nodes::snapshot`], `snapshot.rs`).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -15,6 +15,8 @@ use pgherd_config::NodeConfig;
 use pgherd_failover::{Change, ClusterState, GateReason, NodeId};
 use pgherd_route::balance::{format_lsn, LsnHistory};
 use pgherd_route::plan::ClusterView;
+
+use crate::counters::StripedCounter;
 
 pub use crate::node_state::{
     CheckFailure, CheckFailureKind, CheckThresholds, NodeHealth, NodeState, Observation,
@@ -37,9 +39,11 @@ pub struct Nodes {
     /// Held by [`Nodes::change`]: one writer at a time, so no change is lost between a load
     /// and a store.
     view_writer: Mutex<()>,
-    next_replica: AtomicUsize,
-    /// Shared by all sessions so round-robin and weighted shares hold across them.
-    read_ticket: AtomicU64,
+    /// Round robin of logins over the replicas, per worker thread as `read_ticket`.
+    next_replica: StripedCounter,
+    /// One ticket per worker thread: round-robin and weighted shares hold across the sessions
+    /// of each worker (so across all of them), and no worker writes a line another reads.
+    read_ticket: StripedCounter,
     /// The primary's WAL position over time (ms since `clock_origin`), to express replica lag
     /// in time.
     primary_history: Mutex<(String, LsnHistory)>,
@@ -67,8 +71,8 @@ impl Nodes {
             names: Mutex::new(Vec::new()),
             view: ArcSwap::from_pointee(ClusterState::default()),
             view_writer: Mutex::new(()),
-            next_replica: AtomicUsize::new(0),
-            read_ticket: AtomicU64::new(0),
+            next_replica: StripedCounter::default(),
+            read_ticket: StripedCounter::default(),
             primary_history: Mutex::new((String::new(), LsnHistory::new(PRIMARY_HISTORY_SAMPLES))),
             clock_origin: Instant::now(),
             rejoin_after_checks: AtomicU32::new(thresholds.rejoin_after_checks),
@@ -355,7 +359,7 @@ impl Nodes {
     }
 
     pub fn next_read_ticket(&self) -> u64 {
-        self.read_ticket.fetch_add(1, Ordering::Relaxed)
+        self.read_ticket.next_on_this_thread()
     }
 
     pub fn all(&self) -> Arc<Vec<Arc<NodeState>>> {
@@ -392,7 +396,7 @@ impl Nodes {
         if replicas.is_empty() {
             return None;
         }
-        let i = self.next_replica.fetch_add(1, Ordering::Relaxed) % replicas.len();
+        let i = (self.next_replica.next_on_this_thread() % replicas.len() as u64) as usize;
         Some(replicas[i].clone())
     }
 
@@ -440,6 +444,7 @@ impl Nodes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pgherd_route::plan::ReadNeeds;
 
     fn config(name: &str, port: u16) -> NodeConfig {
         NodeConfig {
@@ -540,8 +545,21 @@ mod tests {
         assert!(nodes.primary().is_none());
     }
 
-    fn names(nodes: &[Arc<NodeState>]) -> Vec<&str> {
-        nodes.iter().map(|n| n.name()).collect()
+    fn names<N: AsRef<NodeState>>(nodes: &[N]) -> Vec<&str> {
+        nodes.iter().map(|n| n.as_ref().name()).collect()
+    }
+
+    /// A read under eventual consistency, round robin.
+    fn any_read(primary_reads: bool) -> ReadNeeds {
+        ReadNeeds {
+            balance: pgherd_route::balance::Balance::RoundRobin,
+            primary_reads,
+            max_lag_bytes: u64::MAX,
+            max_lag_ms: u64::MAX,
+            min_lsn: None,
+            write_unconfirmed: false,
+            may_wait: false,
+        }
     }
 
     #[test]
@@ -578,13 +596,14 @@ mod tests {
         nodes.change(Change::Fence(pg1.id));
         assert!(nodes.writer().is_none());
         let snapshot = nodes.snapshot();
-        let (readers, candidates) = snapshot.read_candidates(true);
+        let (readers, candidates) = snapshot.read_candidates(&any_read(true));
         assert_eq!(
             names(&readers),
             ["pg2"],
             "the primary reads only while writes flow"
         );
         assert!(candidates[0].healthy);
+        drop(readers);
         drop(snapshot);
         nodes.record(&pg2, seen(Role::Primary));
         assert!(nodes.writer().is_none(), "promoting: not yet");
@@ -664,7 +683,7 @@ mod tests {
         }
         let healthy = |nodes: &Nodes| {
             let snapshot = nodes.snapshot();
-            let (readers, candidates) = snapshot.read_candidates(false);
+            let (readers, candidates) = snapshot.read_candidates(&any_read(false));
             readers
                 .iter()
                 .zip(&candidates)

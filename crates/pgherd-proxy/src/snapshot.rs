@@ -6,7 +6,7 @@ use std::sync::Arc;
 use arc_swap::Guard;
 use pgherd_failover::{ClusterState, Gate};
 use pgherd_route::balance::{Balance, Candidate};
-use pgherd_route::plan::{ClusterView, NodeStanding, ReadSet};
+use pgherd_route::plan::{ClusterView, NodeStanding, ReadNeeds, ReadSet};
 
 use crate::nodes::{NodeState, Nodes, Role};
 
@@ -70,7 +70,7 @@ impl<'a> Snapshot<'a> {
 
 /// With a local zone and a healthy candidate in it, candidates elsewhere take no reads: a
 /// replica across zones serves only when none in this one can.
-fn prefer_zone(local: Option<&str>, nodes: &[Arc<NodeState>], candidates: &mut [Candidate]) {
+fn prefer_zone(local: Option<&str>, nodes: &[&Arc<NodeState>], candidates: &mut [Candidate]) {
     let Some(local) = local else { return };
     let in_zone = |node: &NodeState| node.config.zone.as_deref() == Some(local);
     let any_local = nodes
@@ -122,11 +122,8 @@ impl ClusterView for Snapshot<'_> {
     /// Where a read may go, in config order; the primary is among them only when
     /// `primary_reads` (and not while the write gate holds: a primary being switched over
     /// drains).
-    fn read_candidates(
-        &self,
-        primary_reads: bool,
-    ) -> (ReadSet<Arc<NodeState>>, ReadSet<Candidate>) {
-        let primary_reads = primary_reads && !self.writes_paused();
+    fn read_candidates(&self, reads: &ReadNeeds) -> (ReadSet<&Arc<NodeState>>, ReadSet<Candidate>) {
+        let primary_reads = reads.primary_reads && !self.writes_paused();
         let reads_here =
             |role: Role| role == Role::Replica || (primary_reads && role == Role::Primary);
         if !self.list.iter().any(|n| reads_here(n.role())) {
@@ -138,8 +135,12 @@ impl ClusterView for Snapshot<'_> {
         for node in self.list.iter() {
             let role = node.role();
             if reads_here(role) {
-                candidates.push(node.candidate(role, self.view.is_excluded(node.id)));
-                nodes.push(node.clone());
+                candidates.push(node.candidate(
+                    role,
+                    self.view.is_excluded(node.id),
+                    reads.balance,
+                ));
+                nodes.push(node);
             }
         }
         // Few clusters name zones: the local zone is looked up only when a node has one.

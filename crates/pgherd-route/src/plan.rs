@@ -297,8 +297,10 @@ pub trait ClusterView {
     fn writes_paused(&self) -> bool;
     /// Why writes are refused outright (strict durability without a synchronous standby).
     fn writes_refused(&self) -> Option<String>;
-    /// The nodes a read may go to, in config order, with what the chooser needs to know.
-    fn read_candidates(&self, primary_reads: bool) -> (ReadSet<Self::Node>, ReadSet<Candidate>);
+    /// The nodes a read may go to, in config order, with what the chooser needs to know for
+    /// `reads` (the primary among them with `primary_reads`). By reference: only the node
+    /// chosen is cloned.
+    fn read_candidates(&self, reads: &ReadNeeds) -> (ReadSet<&Self::Node>, ReadSet<Candidate>);
     /// A turn for round robin and weighted (shared by every session), a random number for
     /// random: the view supplies it, so a test can fix it.
     fn read_ticket(&self, balance: Balance) -> u64;
@@ -397,7 +399,7 @@ fn choose_reader<V: ClusterView>(view: &V, reads: &ReadNeeds) -> Option<NodePlan
         // Where the session's last write ends is not known yet.
         return None;
     }
-    let (nodes, candidates) = view.read_candidates(reads.primary_reads);
+    let (nodes, candidates) = view.read_candidates(reads);
     if candidates.is_empty() {
         return None;
     }

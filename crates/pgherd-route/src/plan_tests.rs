@@ -450,13 +450,13 @@ impl ClusterView for View {
         self.writes_refused.map(str::to_owned)
     }
 
-    fn read_candidates(&self, primary_reads: bool) -> (ReadSet<&'static str>, ReadSet<Candidate>) {
+    fn read_candidates(&self, reads: &ReadNeeds) -> (ReadSet<&&'static str>, ReadSet<Candidate>) {
         self.nodes
             .iter()
             .filter(|(_, s, _)| {
-                s.role == Role::Replica || (primary_reads && s.role == Role::Primary)
+                s.role == Role::Replica || (reads.primary_reads && s.role == Role::Primary)
             })
-            .map(|(n, _, c)| (*n, *c))
+            .map(|(n, _, c)| (n, *c))
             .unzip()
     }
 

@@ -13,6 +13,7 @@ use pgherd_wire::{frontend, PgError, SqlState, WireError};
 use super::reads::NodeChoice;
 use crate::app::{App, PoolCache};
 use crate::clients::{ClientShared, ServerTarget};
+use crate::counters::GaugeStripe;
 use crate::error::{ServerError, ServerErrorKind};
 use crate::msgio::{read_message, write_flush, ReadError};
 use crate::nodes::NodeState;
@@ -25,6 +26,8 @@ use crate::server::{ServerConn, MAX_SERVER_MESSAGE_BYTES};
 pub struct Link {
     pub shard: u32,
     node: Arc<NodeState>,
+    /// Where `node` counted this lease (`NodeState::begin_lease`).
+    counted: GaugeStripe,
     pool: Arc<Pool>,
     conn: Option<Box<ServerConn>>,
     /// The answer was read to its `ReadyForQuery`: the connection may serve someone else.
@@ -151,10 +154,11 @@ impl Link {
                 }
             }
         }
-        node.begin_lease();
+        let counted = node.begin_lease();
         let mut link = Link {
             shard,
             node,
+            counted,
             pool,
             conn: Some(conn),
             settled: true,
@@ -475,7 +479,7 @@ impl Link {
 impl Drop for Link {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
-            self.node.end_lease();
+            self.node.end_lease(self.counted);
             self.pool.release(conn, self.settled && !self.leaves_state);
         }
     }

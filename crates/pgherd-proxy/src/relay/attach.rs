@@ -315,12 +315,13 @@ impl Session {
             key: conn.cancel_key,
             node: ServerTarget::node_id(&node),
         }));
-        node.begin_lease();
+        let counted = node.begin_lease();
         let on_replica = node.role() == Role::Replica;
         let mut lease = Lease {
             conn,
             pool,
             node,
+            counted,
             on_replica,
             flush_pending: false,
             unnamed_here: false,
@@ -450,12 +451,13 @@ impl Session {
             mut conn,
             pool,
             node,
+            counted,
             ..
         }) = self.lease.take()
         else {
             return;
         };
-        node.end_lease();
+        node.end_lease(counted);
         self.routing.held = false;
         self.routing.lease_for_front = false;
         // What ran there stays there: a probe ran, or the server was reset or closed.

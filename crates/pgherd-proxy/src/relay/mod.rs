@@ -52,6 +52,7 @@ use tokio_util::io::poll_read_buf;
 use crate::app::{App, PoolCache};
 use crate::buffers;
 use crate::clients::{ClientShared, ServerTarget, SIGNAL_HANDOVER, SIGNAL_KILL, SIGNAL_SHUTDOWN};
+use crate::counters::GaugeStripe;
 use crate::error::{client_io, Disconnect, ServerError, ServerErrorKind};
 use crate::nodes::{NodeState, Role, PRIMARY_RECHECK};
 use crate::pool::{AcquireError, Pool};
@@ -88,6 +89,8 @@ struct Lease {
     conn: Box<ServerConn>,
     pool: Arc<Pool>,
     node: Arc<NodeState>,
+    /// Where `node` counted this lease (`NodeState::begin_lease`).
+    counted: GaugeStripe,
     /// The node was a replica when the lease began.
     on_replica: bool,
     flush_pending: bool,

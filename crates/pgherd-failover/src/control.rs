@@ -8,7 +8,7 @@
 //!
 //! Architecture invariant: no sockets, no clocks; the same inputs give the same steps.
 
-use crate::keeper::{preset_sync_set, sync_eligible};
+use crate::keeper::{preset_sync_set, sync_awaited};
 use crate::{
     Change, Check, ClusterState, Durability, Lsn, NodeId, SyncInForce, SyncSet, Verdict, View,
 };
@@ -321,12 +321,19 @@ impl Operation {
                 self.stage = Stage::AwaitPromote;
             }
             Stage::Preset { at_lsn } => {
-                // In `sync` and `strict` durability the new primary waits for every other
-                // unfenced node that may be synchronous before it is elected, so its first
-                // commits are not acknowledged on it alone; the keeper narrows the set to the
-                // standbys that stream.
+                // In `sync` durability the new primary waits for every other unfenced node
+                // that may be synchronous before it is elected, in `strict` for every other
+                // one that may be synchronous (fenced ones too), so its first commits are not
+                // acknowledged on it alone; the keeper narrows the set to the standbys that
+                // stream, or refuses writes in `strict` while none does.
                 let candidate = self.candidate();
-                let others = sync_eligible(ctx.state, ctx.members, ctx.members[candidate].id);
+                let others = sync_awaited(
+                    ctx.durability,
+                    ctx.state,
+                    ctx.members,
+                    ctx.members[candidate].id,
+                    &[],
+                );
                 match preset_sync_set(ctx.durability, ctx.sync_standbys, &others) {
                     Some(set) => {
                         step.io = Some(Io::SetSyncSet {

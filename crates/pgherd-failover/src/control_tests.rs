@@ -222,6 +222,38 @@ fn a_failed_repoint_is_reported_and_the_promotion_goes_on() {
 }
 
 #[test]
+fn in_strict_a_promotion_presets_the_fenced_old_primary_too() {
+    let members = members([0, 5_000, 4_000, 4_000]);
+    let mut state = elected(0);
+    let (steps, result) = drive(
+        promotion(&members),
+        &mut state,
+        &members,
+        Durability::Strict,
+        |io| match io {
+            Io::Promote { .. } => Outcome::Promoted {
+                received_lsn: 5_100,
+            },
+            _ => Outcome::Done,
+        },
+    );
+    assert!(result.is_ok(), "{result:?}");
+    // pg1 is fenced, yet strict lets no commit of pg2's rest on pg2 alone until a standby
+    // streams: the set waits for pg1 as for pg3 (pg4 may not be synchronous).
+    assert!(
+        ios(&steps).contains(&Io::SetSyncSet {
+            node: 1,
+            set: SyncSet {
+                quorum: 1,
+                standbys: vec!["pg1".to_owned(), "pg3".to_owned()]
+            }
+        }),
+        "{:?}",
+        ios(&steps)
+    );
+}
+
+#[test]
 fn a_preset_that_fails_leaves_no_set_in_force_for_the_keeper_to_put_right() {
     let members = members([0, 5_000, 4_000, 4_000]);
     let mut state = elected(0);

@@ -178,15 +178,19 @@ pub fn sync_eligible(
     members: &[crate::control::Member],
     primary: NodeId,
 ) -> Vec<String> {
-    sync_awaited(state, members, primary, &[])
+    sync_awaited(Durability::Sync, state, members, primary, &[])
 }
 
-/// The standbys a new primary waits for while none streams ([`STANDBY_GRACE_MS`]), in config
-/// order: the eligible ones and the fenced ones on their way back as its standbys
-/// (`fenced::returning`). After a failover that fenced every other node (the old primary and
-/// a replica that must be rewound), these are the only standbys the primary will have: without
-/// them its first commits would rest on it alone.
+/// The standbys a primary's commits wait for while none streams, in config order. In `sync`
+/// (for a young primary, [`STANDBY_GRACE_MS`]): the eligible ones and the fenced ones on their
+/// way back as its standbys (`fenced::returning`); after a failover that fenced every other
+/// node (the old primary and a replica that must be rewound), these are the only standbys the
+/// primary will have, and without them its first commits would rest on it alone. In `strict`:
+/// every other node that may be synchronous, fenced or not, coming back or not, because
+/// strict never lets a commit rest on the primary alone: with none of them streaming, writes
+/// are refused until one is back (an operator's rejoin, if pgherd does not bring it back).
 pub fn sync_awaited(
+    durability: Durability,
     state: &ClusterState,
     members: &[crate::control::Member],
     primary: NodeId,
@@ -197,7 +201,9 @@ pub fn sync_awaited(
         .filter(|m| {
             m.id != primary
                 && m.may_be_sync
-                && (!state.is_fenced(m.id) || returning.contains(&m.id))
+                && (durability == Durability::Strict
+                    || !state.is_fenced(m.id)
+                    || returning.contains(&m.id))
         })
         .map(|m| m.name.to_owned())
         .collect()
@@ -377,7 +383,7 @@ mod tests {
         .fold(ClusterState::default(), |v, c| v.apply(c).unwrap());
         let eligible = sync_eligible(&view, &members, P);
         assert!(eligible.is_empty());
-        let awaited = sync_awaited(&view, &members, P, &[pg3]);
+        let awaited = sync_awaited(Durability::Sync, &view, &members, P, &[pg3]);
         assert_eq!(awaited, names(&["pg3"]));
         let turn = |keeper: &mut SyncKeeper, view: &ClusterState, durability, now_ms| {
             keeper.turn(
@@ -422,6 +428,27 @@ mod tests {
         };
         assert_eq!(set.setting(), "");
         assert!(event.1.contains("every one is fenced"), "{}", event.1);
+        // `strict` waits for the fenced nodes whether or not they are coming back: writes
+        // are refused until an operator brings one back, never acknowledged alone.
+        let all = sync_awaited(Durability::Strict, &view, &members, P, &[]);
+        assert_eq!(all, names(&["pg2", "pg3"]));
+        let mut keeper = SyncKeeper::default();
+        let step = keeper.turn(
+            &view,
+            &KeeperInput {
+                awaited: &all,
+                ..input(Durability::Strict, &[], &eligible, 0)
+            },
+        );
+        let strict = carry_out(view.clone(), &step);
+        assert_eq!(
+            strict.sync.as_ref().map(|s| s.set.setting()),
+            Some("ANY 1 (\"pg2\", \"pg3\")".to_owned())
+        );
+        assert_eq!(
+            strict.gate(),
+            crate::Gate::Refuse(crate::GateReason::StrictWithoutStandby { primary: P })
+        );
     }
 
     #[test]

@@ -205,7 +205,13 @@ impl Sim {
         let state = &self.instances[k].state;
         let eligible = sync_eligible(state, &members, NodeId(e as u32));
         let returning = returning(state, &self.fenced_nodes(k));
-        let awaited = sync_awaited(state, &members, NodeId(e as u32), &returning);
+        let awaited = sync_awaited(
+            self.policy.durability,
+            state,
+            &members,
+            NodeId(e as u32),
+            &returning,
+        );
         let input = KeeperInput {
             durability: self.policy.durability,
             sync_standbys: self.sync_standbys,

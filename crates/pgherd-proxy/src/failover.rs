@@ -308,7 +308,13 @@ impl KeeperShell {
         let members = members(nodes);
         let eligible = sync_eligible(&view, &members, primary.id);
         let returning = returning(&view, &fenced_nodes(config, nodes));
-        let awaited = sync_awaited(&view, &members, primary.id, &returning);
+        let awaited = sync_awaited(
+            config.replication.durability,
+            &view,
+            &members,
+            primary.id,
+            &returning,
+        );
         let input = KeeperInput {
             durability: config.replication.durability,
             sync_standbys: config.replication.sync_standbys as usize,

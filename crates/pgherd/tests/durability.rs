@@ -261,3 +261,57 @@ async fn after_a_failover_commits_wait_for_the_old_primary_pgherd_is_bringing_ba
         "2"
     );
 }
+
+/// In `strict`, a failover that leaves the new primary no standby (the old primary is down,
+/// fenced, and nothing brings it back by itself) refuses writes: the new primary waits for the
+/// fenced node rather than acknowledge commits alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_after_a_failover_refuses_writes_while_the_old_primary_is_not_back() {
+    let env = env(1, |c| {
+        c.superuser()
+            .manage_nodes()
+            .cluster("primary_wait_ms = 1000")
+            .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
+            .section("[failover]\nenabled = true\nauto_rejoin = false")
+            .section("[replication]\ndurability = \"strict\"")
+    });
+    wait_sync_names(&env, "ANY 1 (\"pg2\")");
+    let c = env.app().await;
+    c.batch_execute("CREATE TABLE t (id int); INSERT INTO t VALUES (1)")
+        .await
+        .expect("write with a synchronous standby");
+    env.cluster.wait_replayed();
+
+    env.cluster
+        .node("pg1")
+        .stop(StopMode::Immediate)
+        .expect("stop pg1");
+    wait_until(
+        &env,
+        "pg2 promoted, with writes refused (pg1, its only standby, is down and fenced)",
+        Duration::from_secs(40),
+        || {
+            env.cluster
+                .sql_on("pg2", "postgres", "SELECT pg_is_in_recovery()")
+                == "f"
+                && env.pgherd.log().contains("writes are refused")
+        },
+    );
+    assert_eq!(
+        env.cluster
+            .sql_on("pg2", "postgres", "SHOW synchronous_standby_names"),
+        "ANY 1 (\"pg1\")",
+        "{}",
+        env.pgherd.log()
+    );
+    let c = env.app().await;
+    let err = c
+        .batch_execute("INSERT INTO t VALUES (2)")
+        .await
+        .expect_err("strict must not acknowledge a commit on the new primary alone");
+    assert_eq!(code(&err), "25006", "{err:?}");
+    assert_eq!(
+        env.cluster.sql_on("pg2", APP, "SELECT count(*) FROM t"),
+        "1"
+    );
+}

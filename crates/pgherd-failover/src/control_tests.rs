@@ -76,6 +76,16 @@ fn promotion(members: &[Member]) -> Operation {
     Operation::promote(1, Some(0), &[2, 3], members)
 }
 
+/// Every IO works; the candidate had received WAL up to 5,100 when promoted.
+fn every_io_works(io: &Io) -> Outcome {
+    match io {
+        Io::Promote { .. } => Outcome::Promoted {
+            received_lsn: 5_100,
+        },
+        _ => Outcome::Done,
+    }
+}
+
 #[test]
 fn a_promotion_fences_repoints_promotes_presets_and_elects_in_that_order() {
     let members = members([0, 5_000, 4_000, 4_000]);
@@ -85,12 +95,7 @@ fn a_promotion_fences_repoints_promotes_presets_and_elects_in_that_order() {
         &mut state,
         &members,
         Durability::Sync,
-        |io| match io {
-            Io::Promote { .. } => Outcome::Promoted {
-                received_lsn: 5_100,
-            },
-            _ => Outcome::Done,
-        },
+        every_io_works,
     );
     assert_eq!(
         steps[0].changes,
@@ -230,12 +235,7 @@ fn in_strict_a_promotion_presets_the_fenced_old_primary_too() {
         &mut state,
         &members,
         Durability::Strict,
-        |io| match io {
-            Io::Promote { .. } => Outcome::Promoted {
-                received_lsn: 5_100,
-            },
-            _ => Outcome::Done,
-        },
+        every_io_works,
     );
     assert!(result.is_ok(), "{result:?}");
     // pg1 is fenced, yet strict lets no commit of pg2's rest on pg2 alone until a standby

@@ -25,6 +25,17 @@ fn wait_sync_names(env: &Env, expected: &str) {
     );
 }
 
+/// Table `t` with one row, written while pg2 is pg1's synchronous standby, and replayed there.
+async fn first_row_on_both_nodes(env: &Env) {
+    wait_sync_names(env, "ANY 1 (\"pg2\")");
+    env.app()
+        .await
+        .batch_execute("CREATE TABLE t (id int); INSERT INTO t VALUES (1)")
+        .await
+        .expect("write with a synchronous standby");
+    env.cluster.wait_replayed();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_keeps_the_streaming_standbys_synchronous_and_degrades_when_none_is_left() {
     let env = env(2, |c| {
@@ -181,12 +192,7 @@ async fn after_a_failover_commits_wait_for_the_old_primary_pgherd_is_bringing_ba
             .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"))
             .section("[failover]\nenabled = true\nauto_rejoin = true")
     });
-    wait_sync_names(&env, "ANY 1 (\"pg2\")");
-    let c = env.app().await;
-    c.batch_execute("CREATE TABLE t (id int); INSERT INTO t VALUES (1)")
-        .await
-        .expect("write with a synchronous standby");
-    env.cluster.wait_replayed();
+    first_row_on_both_nodes(&env).await;
     let console = env
         .pgherd
         .url(SUPERUSER, pgherd_testkit::SUPERUSER_PASSWORD, "pgherd");
@@ -275,12 +281,7 @@ async fn strict_after_a_failover_refuses_writes_while_the_old_primary_is_not_bac
             .section("[failover]\nenabled = true\nauto_rejoin = false")
             .section("[replication]\ndurability = \"strict\"")
     });
-    wait_sync_names(&env, "ANY 1 (\"pg2\")");
-    let c = env.app().await;
-    c.batch_execute("CREATE TABLE t (id int); INSERT INTO t VALUES (1)")
-        .await
-        .expect("write with a synchronous standby");
-    env.cluster.wait_replayed();
+    first_row_on_both_nodes(&env).await;
 
     env.cluster
         .node("pg1")

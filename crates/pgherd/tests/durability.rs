@@ -138,6 +138,13 @@ async fn strict_refuses_writes_rather_than_acknowledge_them_on_the_primary_alone
             .is_some_and(|e| e.message().contains("no synchronous standby streams")),
         "{err:?}"
     );
+    // Which request counts as a write, and why: a read pgherd cannot prove harmless is
+    // refused the same way.
+    assert_eq!(
+        err.as_db_error().and_then(|e| e.detail()),
+        Some("pgherd sends it to the primary: INSERT writes"),
+        "{err:?}"
+    );
     // Refused, not committed locally and left waiting.
     assert_eq!(env.direct("SELECT count(*) FROM t"), "1");
     assert_eq!(sync_names(&env), "ANY 1 (\"pg2\")");

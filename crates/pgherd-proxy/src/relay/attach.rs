@@ -386,16 +386,37 @@ impl Session {
     }
 
     /// The error for a write the gate refuses, saying why and when writes resume.
+    /// Why the request at the front counts as one that may write, for a refusal's DETAIL: a
+    /// read pgherd cannot prove harmless (a function or relation its catalog does not know
+    /// yet) is refused like a write, and the client should be told which it was.
+    fn why_on_the_primary(&self) -> Option<String> {
+        let front = self.routing.front.as_ref()?;
+        if front.hint == Some(Route::Primary) {
+            return Some("its /* pgherd:primary */ hint sends it to the primary".to_owned());
+        }
+        if self.routing.lasting.session.route() == Route::Primary {
+            return Some(
+                "the session's route is primary (pgherd.route or the database's route)".to_owned(),
+            );
+        }
+        (front.decision.target == RouteTarget::Primary)
+            .then(|| format!("pgherd sends it to the primary: {}", front.decision.reason))
+    }
+
     fn writes_refused(&self, reason: Option<&GateReason>) -> PgError {
         let why = reason.map_or_else(
             || "the write gate is closed".to_owned(),
             |r| self.app.nodes.gate_sentence(r),
         );
-        PgError::error(
+        let refused = PgError::error(
             SqlState::READ_ONLY_SQL_TRANSACTION,
             format!("writes are refused: {why}"),
         )
-        .with_hint(reason.map_or("", |r| r.resumes_when()))
+        .with_hint(reason.map_or("", |r| r.resumes_when()));
+        match self.why_on_the_primary() {
+            Some(why) => refused.with_detail(why),
+            None => refused,
+        }
     }
 
     /// Lets a request that has sent nothing yet wait a little for a node that accepts writes

@@ -385,7 +385,6 @@ impl Session {
         outcome
     }
 
-    /// The error for a write the gate refuses, saying why and when writes resume.
     /// Why the request at the front counts as one that may write, for a refusal's DETAIL: a
     /// read pgherd cannot prove harmless (a function or relation its catalog does not know
     /// yet) is refused like a write, and the client should be told which it was.
@@ -403,6 +402,7 @@ impl Session {
             .then(|| format!("pgherd sends it to the primary: {}", front.decision.reason))
     }
 
+    /// The error for a write the gate refuses, saying why and when writes resume.
     fn writes_refused(&self, reason: Option<&GateReason>) -> PgError {
         let why = reason.map_or_else(
             || "the write gate is closed".to_owned(),

@@ -27,6 +27,43 @@ const ROLE_SETTINGS: &[&str] = &[
     "synchronous_commit",
 ];
 
+/// The node's own configuration files in `dir` (each `None` when missing).
+fn read_own_files(dir: &Path) -> Vec<(&'static str, Option<String>)> {
+    OWN_FILES
+        .iter()
+        .map(|f| (*f, std::fs::read_to_string(dir.join(f)).ok()))
+        .collect()
+}
+
+/// Writes `files` into `dir` (created if missing), handed to `run_as`; `drop_role_settings`
+/// drops the former role's settings from postgresql.auto.conf.
+fn write_own_files(
+    dir: &Path,
+    files: &[(&str, Option<String>)],
+    drop_role_settings: bool,
+    run_as: Option<&RunAs>,
+) -> Result<(), ClusterError> {
+    std::fs::create_dir_all(dir).map_err(|e| ClusterError::io(dir, e))?;
+    for (file, text) in files {
+        let Some(text) = text else { continue };
+        let text = match *file == "postgresql.auto.conf" && drop_role_settings {
+            true => text
+                .lines()
+                .filter(|l| {
+                    let name = l.split('=').next().unwrap_or("").trim();
+                    !ROLE_SETTINGS.contains(&name)
+                })
+                .map(|l| format!("{l}\n"))
+                .collect(),
+            false => text.clone(),
+        };
+        let path = dir.join(file);
+        std::fs::write(&path, text).map_err(|e| ClusterError::io(&path, e))?;
+        hand_over(&path, run_as, false)?;
+    }
+    Ok(())
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopMode {
     /// Waits for clients to disconnect.
@@ -131,6 +168,13 @@ impl LocalNode {
     /// `source_conninfo` (for the programs; a superuser, as pg_rewind needs) holds no
     /// password: `password` reaches them through a password file. The standby then streams
     /// with `standby_conninfo` (password included; possibly another role).
+    ///
+    /// A rewind that does not finish (the source died under it, pgherd was killed) leaves the
+    /// directory part the source's and part its own, which pg_rewind's manual calls beyond
+    /// recovery: the node's own files are saved first in [`LocalNode::rewind_unfinished`]
+    /// and, while that stands, a later rejoin copies the node afresh with its own files back
+    /// rather than rewind it again; a failed attempt still leaves those files in place so the
+    /// node starts on its port with its rules.
     pub fn rejoin(
         &self,
         source_conninfo: &str,
@@ -147,64 +191,81 @@ impl LocalNode {
             }
             cmd
         };
-        let saved: Vec<(&str, Option<String>)> = OWN_FILES
-            .iter()
-            .map(|f| (*f, std::fs::read_to_string(self.data_dir.join(f)).ok()))
-            .collect();
-        let rewound = run(
-            with_pass_file(self.tool("pg_rewind"))
-                .arg("-D")
-                .arg(&self.data_dir)
-                .arg(format!("--source-server={source_conninfo}")),
-            &format!("pg_rewind of node {}", self.name),
-        );
+        let unfinished = self.rewind_unfinished();
+        let (saved, rewound) = if unfinished.is_dir() {
+            let saved = read_own_files(&unfinished);
+            let why = format!(
+                "an earlier pg_rewind of node {} did not finish (its own files are in {})",
+                self.name,
+                unfinished.display()
+            );
+            (saved, Err(ClusterError::Setup(why)))
+        } else {
+            let saved = read_own_files(&self.data_dir);
+            write_own_files(&unfinished, &saved, false, None)?;
+            let rewound = run(
+                with_pass_file(self.tool("pg_rewind"))
+                    .arg("-D")
+                    .arg(&self.data_dir)
+                    .arg(format!("--source-server={source_conninfo}")),
+                &format!("pg_rewind of node {}", self.name),
+            );
+            (saved, rewound)
+        };
         let how = match rewound {
             Ok(_) => "pg_rewind".to_owned(),
-            Err(rewind_error) => {
-                let aside = self.data_dir.with_extension("before-rejoin");
-                if aside.exists() {
-                    std::fs::remove_dir_all(&aside).map_err(|e| ClusterError::io(&aside, e))?;
-                }
-                std::fs::rename(&self.data_dir, &aside)
-                    .map_err(|e| ClusterError::io(&self.data_dir, e))?;
-                let copied = run(
-                    with_pass_file(self.tool("pg_basebackup"))
-                        .arg("-d")
-                        .arg(source_conninfo)
-                        .arg("-D")
-                        .arg(&self.data_dir)
-                        .args(["-X", "stream", "-c", "fast"]),
-                    &format!("pg_basebackup of node {}", self.name),
-                );
-                if let Err(copy_error) = copied {
-                    let _ = std::fs::remove_dir_all(&self.data_dir);
-                    let _ = std::fs::rename(&aside, &self.data_dir);
+            Err(rewind_error) => match self.copy_afresh(with_pass_file, source_conninfo) {
+                Ok(()) => format!("pg_basebackup, as pg_rewind failed: {rewind_error}"),
+                Err(copy_error) => {
+                    write_own_files(&self.data_dir, &saved, false, self.run_as.as_ref())?;
                     return Err(ClusterError::Setup(format!(
                         "node {} could not rejoin: {rewind_error}; then {copy_error}",
                         self.name
                     )));
                 }
-                format!("pg_basebackup, as pg_rewind failed: {rewind_error}")
-            }
+            },
         };
-        for (file, text) in saved {
-            let Some(mut text) = text else { continue };
-            if file == "postgresql.auto.conf" {
-                text = text
-                    .lines()
-                    .filter(|l| {
-                        let name = l.split('=').next().unwrap_or("").trim();
-                        !ROLE_SETTINGS.contains(&name)
-                    })
-                    .map(|l| format!("{l}\n"))
-                    .collect();
-            }
-            let path = self.data_dir.join(file);
-            std::fs::write(&path, text).map_err(|e| ClusterError::io(&path, e))?;
-            hand_over(&path, self.run_as.as_ref(), false)?;
-        }
+        write_own_files(&self.data_dir, &saved, true, self.run_as.as_ref())?;
+        std::fs::remove_dir_all(&unfinished).map_err(|e| ClusterError::io(&unfinished, e))?;
         self.make_standby(standby_conninfo, slot)?;
         Ok(how)
+    }
+
+    /// Where a rejoin keeps the node's own configuration files while its rewind has not
+    /// finished (`NAME.rewind-unfinished`, beside the data directory); while it exists, the
+    /// data directory is not to be trusted.
+    pub fn rewind_unfinished(&self) -> PathBuf {
+        self.data_dir.with_extension("rewind-unfinished")
+    }
+
+    /// Replaces the data directory with a `pg_basebackup` of the source, the old one kept as
+    /// `NAME.before-rejoin` (and put back if the copy fails).
+    fn copy_afresh(
+        &self,
+        with_pass_file: impl Fn(std::process::Command) -> std::process::Command,
+        source_conninfo: &str,
+    ) -> Result<(), ClusterError> {
+        let aside = self.data_dir.with_extension("before-rejoin");
+        if aside.exists() {
+            std::fs::remove_dir_all(&aside).map_err(|e| ClusterError::io(&aside, e))?;
+        }
+        std::fs::rename(&self.data_dir, &aside).map_err(|e| ClusterError::io(&self.data_dir, e))?;
+        let copied = run(
+            with_pass_file(self.tool("pg_basebackup"))
+                .arg("-d")
+                .arg(source_conninfo)
+                .arg("-D")
+                .arg(&self.data_dir)
+                .args(["-X", "stream", "-c", "fast"]),
+            &format!("pg_basebackup of node {}", self.name),
+        );
+        if let Err(copy_error) = copied {
+            let _ = std::fs::remove_dir_all(&self.data_dir);
+            std::fs::rename(&aside, &self.data_dir)
+                .map_err(|e| ClusterError::io(&self.data_dir, e))?;
+            return Err(copy_error);
+        }
+        Ok(())
     }
 
     pub(crate) fn tool(&self, name: &str) -> std::process::Command {

@@ -415,6 +415,33 @@ async fn rejoin_falls_back_to_a_fresh_copy_when_rewind_fails() {
         "0",
         "the diverged write survived the copy"
     );
+
+    // A rewind cut short (its source died, pgherd was killed) leaves the node's own files
+    // saved aside and those in its directory half-copied: the next rejoin copies it afresh
+    // with its own files back, and never rewinds that directory again.
+    let unfinished = old.rewind_unfinished();
+    std::fs::create_dir_all(&unfinished).expect("create the saved files' directory");
+    for file in ["postgresql.conf", "postgresql.auto.conf", "pg_hba.conf"] {
+        std::fs::copy(old.data_dir.join(file), unfinished.join(file)).expect("save a file");
+    }
+    std::fs::write(old.data_dir.join("pg_hba.conf"), "").expect("a half-copied pg_hba.conf");
+    std::fs::write(old.data_dir.join("postgresql.conf"), "# half").expect("and settings");
+    let steps = psql(&admin, &["-c", "REJOIN pg1"]).unwrap_or_else(|e| {
+        panic!(
+            "REJOIN after an unfinished rewind failed: {e}\n{}",
+            env.pgherd.log()
+        )
+    });
+    assert!(
+        steps.contains("pg1 rejoined as a standby of pg2 (pg_basebackup, as pg_rewind failed: an earlier pg_rewind of node pg1 did not finish"),
+        "{steps}"
+    );
+    assert!(!unfinished.exists(), "the saved files outlived the rejoin");
+    assert_eq!(
+        old.psql("postgres", "SELECT pg_is_in_recovery()")
+            .expect("pg1 answers on its own port with its own rules"),
+        "t"
+    );
 }
 
 /// Waits until pgherd has made the fenced `node` read-only.

@@ -102,11 +102,11 @@ impl FencedCare {
         wait_ms
     }
 
-    /// Sealing `node` worked. Returns whether to rejoin it now: `auto_rejoin` is on and pgherd
-    /// manages the node's processes.
-    pub fn sealed(&mut self, node: NodeId, auto_rejoin: bool, managed: bool) -> bool {
-        self.sealed.insert(node);
-        auto_rejoin && managed
+    /// Sealing `node` worked. Returns whether to rejoin it now: it is one pgherd rejoins
+    /// automatically.
+    pub fn sealed(&mut self, node: &FencedNode) -> bool {
+        self.sealed.insert(node.id);
+        node.rejoined_automatically
     }
 }
 
@@ -177,13 +177,19 @@ mod tests {
         );
         // Sealing failed (no call to `sealed`): asked again next turn.
         assert_eq!(care.to_seal(&fenced, &[node(A, true, false)]), [A]);
-        assert!(care.sealed(A, true, true), "auto_rejoin on a managed node");
+        assert!(
+            care.sealed(&node(A, true, false)),
+            "auto_rejoin on a managed node"
+        );
         assert!(
             care.to_seal(&fenced, &[node(A, true, false)]).is_empty(),
             "sealed already"
         );
-        assert!(!care.sealed(A, true, false), "not managed: no rejoin");
-        assert!(!care.sealed(A, false, true), "auto_rejoin off");
+        let manual = FencedNode {
+            rejoined_automatically: false,
+            ..node(A, true, false)
+        };
+        assert!(!care.sealed(&manual), "auto_rejoin off or not managed");
         // Rejoined (unfenced), then fenced again: sealed again.
         let rejoined = fenced.apply(&Change::Unfence(A)).unwrap();
         assert!(care.to_seal(&rejoined, &[node(A, true, false)]).is_empty());
@@ -198,7 +204,7 @@ mod tests {
         let answering = [node(A, true, false)];
         let stopped = [node(A, false, false)];
         assert_eq!(care.to_seal(&fenced, &answering), [A]);
-        assert!(care.sealed(A, true, true));
+        assert!(care.sealed(&answering[0]));
         assert!(
             care.to_retry(&fenced, &answering, 0).is_empty(),
             "nothing failed"
@@ -232,7 +238,7 @@ mod tests {
         let rejoined = fenced.apply(&Change::Unfence(A)).unwrap();
         assert!(care.to_seal(&rejoined, &answering).is_empty());
         assert_eq!(care.to_seal(&fenced, &answering), [A]);
-        care.sealed(A, true, true);
+        care.sealed(&answering[0]);
         assert_eq!(care.rejoin_failed(A, 0), REJOIN_RETRY_FIRST_MS);
     }
 }

@@ -555,7 +555,7 @@ impl Sim {
             .collect();
         let care = &mut self.instances[k].fenced_care;
         for id in care.to_seal(&state, &nodes) {
-            if reached[id.0 as usize] && care.sealed(id, true, true) {
+            if reached[id.0 as usize] && care.sealed(&nodes[id.0 as usize]) {
                 self.cluster.nodes[id.0 as usize].rejoining = true;
             }
         }

@@ -150,7 +150,10 @@ async fn seal_fenced(
     let fenced = fenced_nodes(config, nodes);
     let to_seal = shared.care.lock().to_seal(&state, &fenced);
     for id in to_seal {
-        let Some(node) = nodes.iter().find(|n| n.id == id) else {
+        let (Some(node), Some(fenced_node)) = (
+            nodes.iter().find(|n| n.id == id),
+            fenced.iter().find(|n| n.id == id),
+        ) else {
             continue;
         };
         if !seal(&config.cluster, &app.connect_context(), node).await {
@@ -162,11 +165,7 @@ async fn seal_fenced(
             node.name(),
             "set read-only (default_transaction_read_only) and its client sessions ended",
         );
-        let rejoin = shared.care.lock().sealed(
-            id,
-            config.failover.auto_rejoin,
-            node.config.data_dir.is_some(),
-        );
+        let rejoin = shared.care.lock().sealed(fenced_node);
         if rejoin {
             rejoin_in_background(app, shared, id, node.name());
         }

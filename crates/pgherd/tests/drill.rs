@@ -78,6 +78,7 @@ fn every_fault_keeps_every_acknowledged_write() {
         "sigstop",
         "switchover",
         "double",
+        "cascade",
         "partition",
     ];
     let stdout = drill(&faults, &["--writers", "3", "--calm-s", "3"]);

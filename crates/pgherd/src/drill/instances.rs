@@ -132,7 +132,7 @@ pub async fn round(
     writers: usize,
     fault: Fault,
     log: &Mutex<Log>,
-    injections: &mut Vec<Instant>,
+    injections: &mut Vec<super::Injection>,
 ) -> Result<Round, String> {
     let Start {
         old_port,

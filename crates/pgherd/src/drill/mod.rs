@@ -11,6 +11,7 @@
 //! faults then include pgherd's own: the leader instance killed, alone or with the primary,
 //! stopped, cut off from etcd, and etcd itself down ([`instances`]).
 
+mod cascade;
 mod front;
 mod instances;
 mod network;
@@ -35,7 +36,7 @@ use front::Front;
 use instances::Instances;
 use network::{set_link, Network};
 use process::{blocking_start, blocking_stop, node_pids, postmaster_pid, signal, wait_gone};
-use report::{report, split_brain, unanswered};
+use report::{report, split_brain, unanswered, Injection};
 use writer::{Patience, Writer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -52,6 +53,10 @@ pub enum Fault {
     /// after a few seconds. Until it does, no survivor is sure to hold every acknowledged
     /// commit, so pgherd must not promote one.
     Double,
+    /// SIGKILL of the primary, then of its replacement a second after that took its first
+    /// write, while the first is still on its way back (restarted, fenced, rejoined); the
+    /// replacement restarts after a few seconds.
+    Cascade,
     /// The primary cut off the network: every node runs in its own network namespace, and
     /// the primary's veth goes down (pgherd and the replicas stop hearing it, it keeps
     /// running); the link comes back once writes go on elsewhere.
@@ -84,6 +89,7 @@ impl Fault {
             Fault::Sigstop => "sigstop",
             Fault::Switchover => "switchover",
             Fault::Double => "double",
+            Fault::Cascade => "cascade",
             Fault::Partition => "partition",
             Fault::InstanceKill => "instance-kill",
             Fault::InstanceKillPrimary => "instance-kill-primary",
@@ -204,7 +210,7 @@ struct Round {
     violation: Option<String>,
 }
 
-/// How long the second node of a double failure stays down.
+/// How long the second node of a double failure (or of a cascade) stays down.
 const DOUBLE_OUTAGE: Duration = Duration::from_secs(4);
 
 /// How long a round may take to get writes going again, and the cluster back to full strength.
@@ -458,7 +464,7 @@ async fn start_round(
     cluster: &BenchCluster,
     front: &Front,
     log: &Mutex<Log>,
-    injections: &mut Vec<Instant>,
+    injections: &mut Vec<Injection>,
 ) -> Result<Start, String> {
     // Through pgherd as the superuser: pg_stat_replication shows its state only to those.
     let c = front.superuser("postgres").await?;
@@ -477,7 +483,7 @@ async fn start_round(
         .map_err(|_| "unreadable port")?;
     let errors_before = log.lock().map_err(|_| "poisoned")?.errors;
     let injected = Instant::now();
-    injections.push(injected);
+    injections.push(Injection::next_round(injections, injected));
     Ok(Start {
         old_port,
         old: node_by_port(cluster, old_port)?,
@@ -495,9 +501,12 @@ async fn round(
     front: &Front,
     fault: Fault,
     log: &Mutex<Log>,
-    injections: &mut Vec<Instant>,
+    injections: &mut Vec<Injection>,
 ) -> Result<Round, String> {
     let start = start_round(cluster, front, log, injections).await?;
+    if fault == Fault::Cascade {
+        return cascade::round(cluster, log, &start, injections).await;
+    }
     let injected = inject(cluster, network, front, fault, log, &start).await?;
     let resumed = writes_elsewhere(log, &start).await;
     // Undone whatever the wait found: a node left stopped or cut off would hold its clients'
@@ -592,24 +601,44 @@ async fn writes_elsewhere(
     log: &Mutex<Log>,
     start: &Start,
 ) -> Result<(Ack, Option<Instant>, usize), String> {
+    writes_resumed(log, start, start.injected, |a| a.port != start.old_port)
+        .await?
+        .ok_or_else(|| {
+            format!(
+                "no write was acknowledged by another node within {} s",
+                RECOVERY_TIMEOUT.as_secs()
+            )
+        })
+}
+
+/// Waits for the first write acknowledged after `since` that `resumes` accepts: that write,
+/// the last one acknowledged before `since`, and the client errors since the round started;
+/// `None` after [`RECOVERY_TIMEOUT`].
+async fn writes_resumed(
+    log: &Mutex<Log>,
+    start: &Start,
+    since: Instant,
+    resumes: impl Fn(&Ack) -> bool,
+) -> Result<Option<(Ack, Option<Instant>, usize)>, String> {
     let first_after = poll(Duration::from_millis(20), async || {
-        first_ack_elsewhere(log, start.injected, start.old_port)
+        let log = log.lock().map_err(|_| "writer log poisoned")?;
+        Ok(log
+            .acks
+            .iter()
+            .find(|a| a.at > since && resumes(a))
+            .copied())
     })
-    .await?
-    .ok_or_else(|| {
-        format!(
-            "no write was acknowledged by another node within {} s",
-            RECOVERY_TIMEOUT.as_secs()
-        )
-    })?;
+    .await?;
+    let Some(first_after) = first_after else {
+        return Ok(None);
+    };
     let log = log.lock().map_err(|_| "poisoned")?;
-    let last_before = log
-        .acks
-        .iter()
-        .filter(|a| a.at < start.injected)
-        .map(|a| a.at)
-        .max();
-    Ok((first_after, last_before, log.errors - start.errors_before))
+    let last_before = log.acks.iter().filter(|a| a.at < since).map(|a| a.at).max();
+    Ok(Some((
+        first_after,
+        last_before,
+        log.errors - start.errors_before,
+    )))
 }
 
 /// Brings the replaced primary back, as it was before the fault; pgherd fences it and rejoins

@@ -5,13 +5,43 @@ use std::time::Instant;
 
 use super::{Ack, Fault, Front, Log, Round, HUNG_AFTER};
 
+/// A fault injected: in which round (from 1) and when. A round injects one, or two when its
+/// fault hits a second node after the first (`cascade`).
+#[derive(Debug, Clone, Copy)]
+pub struct Injection {
+    pub round: usize,
+    pub at: Instant,
+}
+
+impl Injection {
+    /// The first injection of the round after the last one in `injections`.
+    pub fn next_round(injections: &[Injection], at: Instant) -> Injection {
+        Injection {
+            round: injections.last().map_or(1, |i| i.round + 1),
+            at,
+        }
+    }
+
+    /// A second injection within the last round of `injections`.
+    pub fn same_round(injections: &[Injection], at: Instant) -> Injection {
+        Injection {
+            round: injections.last().map_or(1, |i| i.round),
+            at,
+        }
+    }
+}
+
+/// The last injection at or before `at`, by its index.
+fn injection_before(injections: &[Injection], at: Instant) -> Option<usize> {
+    injections.iter().rposition(|i| i.at <= at)
+}
+
 /// Signs that two nodes took writes at once: the node acknowledging writes changes more than
-/// once after a fault (back and forth), or before the first fault. `injections`: when each
-/// fault was injected.
-pub fn split_brain(acks: &[Ack], injections: &[Instant]) -> Vec<String> {
+/// once after an injected fault (back and forth), or before the first fault.
+pub fn split_brain(acks: &[Ack], injections: &[Injection]) -> Vec<String> {
     let mut acks = acks.to_vec();
     acks.sort_by_key(|a| a.at);
-    let round_of = |at: Instant| injections.iter().rposition(|&t| t <= at);
+    let round_of = |at: Instant| injection_before(injections, at);
     let mut violations = Vec::new();
     let mut changes = vec![0usize; injections.len()];
     for pair in acks.windows(2) {
@@ -28,9 +58,7 @@ pub fn split_brain(acks: &[Ack], injections: &[Instant]) -> Vec<String> {
                 if changes[r] > 1 {
                     violations.push(format!(
                         "round {}: writes moved again, from port {} to {}",
-                        r + 1,
-                        pair[0].port,
-                        pair[1].port
+                        injections[r].round, pair[0].port, pair[1].port
                     ));
                 }
             }
@@ -117,12 +145,12 @@ pub fn report(
 
 /// The first lost writes and the writes pgherd never answered, each with when it happened
 /// relative to the fault of its round.
-pub fn unanswered(log: &Log, lost: &[i64], injections: &[Instant], front: &Front) {
-    let when = |at: Instant| match injections.iter().rposition(|&t| t <= at) {
+pub fn unanswered(log: &Log, lost: &[i64], injections: &[Injection], front: &Front) {
+    let when = |at: Instant| match injection_before(injections, at) {
         Some(r) => format!(
             "in round {} ({} ms after its fault)",
-            r + 1,
-            at.duration_since(injections[r]).as_millis()
+            injections[r].round,
+            at.duration_since(injections[r].at).as_millis()
         ),
         None => "before the first fault".to_owned(),
     };

@@ -394,6 +394,38 @@ async fn copy_in_and_out() {
         first_column(&raw.query("SELECT count(*) FROM copied WHERE id = -1")),
         ["0"]
     );
+
+    // The COPY, its data and CopyDone in one write, before the server's CopyInResponse (as
+    // asyncpg and pgx send them); then the extended protocol, everything pipelined, with a
+    // Sync inside the copy (ignored by the server) and one after it (answered).
+    let copy_data = |out: &mut BytesMut, rows: &[u8]| {
+        pgherd_wire::frame::write_message(out, b'd', |b| b.extend_from_slice(rows)).unwrap();
+        pgherd_wire::frame::write_message(out, b'c', |_| {}).unwrap();
+    };
+    out.clear();
+    frontend::encode_query(&mut out, b"COPY copied FROM STDIN").unwrap();
+    copy_data(&mut out, b"-2\tpipelined\n-3\tpipelined\n");
+    frontend::encode_query(&mut out, b"SELECT count(*) FROM copied WHERE id < -1").unwrap();
+    raw.send(&out);
+    let copied = raw.recv_until_ready();
+    assert!(errors(&copied).is_empty(), "{copied:?}");
+    assert_eq!(first_column(&raw.recv_until_ready()), ["2"]);
+    out.clear();
+    frontend::encode_parse(&mut out, b"", b"COPY copied FROM STDIN", &[0; 2]).unwrap();
+    frontend::encode_bind(&mut out, b"", b"", &[0; 6]).unwrap();
+    frontend::encode_execute(&mut out, b"", 0).unwrap();
+    frontend::encode_sync(&mut out);
+    copy_data(&mut out, b"-4\textended\n");
+    frontend::encode_sync(&mut out);
+    raw.send(&out);
+    let extended = raw.recv_until_ready();
+    assert!(errors(&extended).is_empty(), "{extended:?}");
+    assert!(extended.iter().any(|m| m.0 == b'C'), "{extended:?}");
+    assert_eq!(
+        first_column(&raw.query("SELECT count(*) FROM copied WHERE id < -1")),
+        ["3"],
+        "the next request is answered as its own"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

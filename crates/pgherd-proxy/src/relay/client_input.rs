@@ -38,8 +38,10 @@ impl Session {
             if input.len() < h.total_len() {
                 // COPY data streams through, and so does anything large; everything else is
                 // inspected whole.
+                // Data may come before the server's answer to its COPY: a server outside
+                // copy mode ignores it, as it would direct.
                 if h.tag == ftag::COPY_DATA
-                    && self.queue.in_copy_in()
+                    && self.lease.is_some()
                     && !self.queue.skipping_to_sync()
                 {
                     self.client_stream = Some(client_stream::ClientStream {
@@ -605,11 +607,11 @@ impl Session {
             }
             ftag::FLUSH => lease.conn.write_buf.extend_from_slice(message),
             ftag::COPY_DATA | ftag::COPY_DONE | ftag::COPY_FAIL => {
-                if self.queue.in_copy_in() {
-                    lease.conn.write_buf.extend_from_slice(message);
-                    if tag != ftag::COPY_DATA {
-                        self.queue.client_copy_finished();
-                    }
+                // Passed on even before the server answered the COPY (drivers send the
+                // statement and its data at once); a server not in copy mode ignores them.
+                lease.conn.write_buf.extend_from_slice(message);
+                if tag != ftag::COPY_DATA {
+                    self.queue.client_copy_finished();
                 }
             }
             _ => {

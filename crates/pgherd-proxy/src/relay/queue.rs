@@ -86,6 +86,10 @@ enum Entry {
     /// pgherd's own request: drop the responses.
     Internal(Request),
     Synthetic(Synthetic),
+    /// Where the client ended COPY data (CopyDone or CopyFail) it sent before the server
+    /// answered the COPY: the Syncs before it arrive in copy mode and go unanswered, those
+    /// after it are answered. No response of its own; dropped once it reaches the front.
+    CopyEnd,
 }
 
 /// What to do with one server message.
@@ -151,9 +155,20 @@ impl ResponseQueue {
         self.entries.push_back(Entry::Client(request));
     }
 
-    /// The client sent CopyDone or CopyFail: from now on its Syncs count again.
+    /// The client sent CopyDone or CopyFail: from now on its Syncs count again. Sent before
+    /// the server answered its COPY (drivers send the statement, the data and its end at
+    /// once), where it falls among the requests is kept until that answer comes.
     pub fn client_copy_finished(&mut self) {
-        self.client_copy_open = false;
+        if self.copy_in {
+            self.client_copy_open = false;
+        } else if self.entries.iter().any(|e| {
+            matches!(
+                e,
+                Entry::Client(Request::Query { .. } | Request::Execute { .. })
+            )
+        }) {
+            self.entries.push_back(Entry::CopyEnd);
+        }
     }
 
     pub fn push_internal(&mut self, request: Request) {
@@ -171,7 +186,8 @@ impl ResponseQueue {
     /// Inlined: called three times per server message, and almost always finds nothing.
     #[inline]
     pub fn take_ready_synthetics(&mut self, out: &mut Vec<Synthetic>) {
-        while let Some(Entry::Synthetic(_)) = self.entries.front() {
+        while let Some(Entry::Synthetic(_) | Entry::CopyEnd) = self.entries.front() {
+            // A CopyEnd at the front followed a request that did not start a COPY.
             if let Some(Entry::Synthetic(s)) = self.entries.pop_front() {
                 out.push(s);
             }
@@ -209,7 +225,7 @@ impl ResponseQueue {
         let (is_client, request) = match front {
             Entry::Client(r) => (true, r.clone()),
             Entry::Internal(r) => (false, r.clone()),
-            Entry::Synthetic(_) => unreachable_synthetic(),
+            Entry::Synthetic(_) | Entry::CopyEnd => unreachable_synthetic(),
         };
         d.to_client = is_client;
         if let Request::Probe(probe) = request {
@@ -288,12 +304,18 @@ impl ResponseQueue {
             }
             tag::COPY_IN_RESPONSE | tag::COPY_BOTH_RESPONSE => {
                 self.copy_in = true;
-                self.client_copy_open = true;
-                // Syncs the client pipelined behind the COPY arrived in copy mode, where the
-                // server ignores them (drivers do send them). They will not be answered.
+                // Syncs the client pipelined behind the COPY, up to where it ended its data,
+                // arrived in copy mode, where the server ignores them (drivers do send them).
+                // They will not be answered.
+                let copy_end = self.entries.iter().position(|e| *e == Entry::CopyEnd);
+                self.client_copy_open = copy_end.is_none();
+                let before_end = copy_end.unwrap_or(self.entries.len());
                 let mut kept = VecDeque::with_capacity(self.entries.len());
                 kept.extend(self.entries.drain(..).enumerate().filter_map(|(i, e)| {
-                    (i == 0 || !matches!(e, Entry::Client(Request::Sync))).then_some(e)
+                    let ignored = i > 0
+                        && i <= before_end
+                        && matches!(e, Entry::Client(Request::Sync) | Entry::CopyEnd);
+                    (!ignored).then_some(e)
                 }));
                 self.entries = kept;
                 false
@@ -561,6 +583,48 @@ mod tests {
         r.q.client_copy_finished();
         r.q.push_client(Request::Sync);
         assert_eq!(r.feed(b"CZ"), ["C", "Z"]);
+        assert!(r.q.is_settled());
+    }
+
+    #[test]
+    fn copy_data_sent_before_the_servers_answer_ends_where_the_client_ended_it() {
+        // asyncpg, pgx: the COPY, its data and CopyDone at once.
+        let mut r = Run::new();
+        r.q.push_client(Request::Query { sql: None });
+        r.q.client_copy_finished();
+        assert_eq!(r.feed(b"G"), ["G"]);
+        assert!(!r.q.is_settled());
+        r.q.push_client(Request::Query { sql: None });
+        assert_eq!(r.feed(b"CZ"), ["C", "Z"]);
+        assert_eq!(
+            r.feed(b"TDCZ"),
+            ["T", "D", "C", "Z"],
+            "the next query is answered"
+        );
+        assert!(r.q.is_settled());
+
+        // The extended protocol, everything pipelined: the Sync before CopyDone arrives in
+        // copy mode, the one after it is answered.
+        let mut r = Run::new();
+        r.q.push_client(Request::Bind);
+        r.q.push_client(Request::Execute { sql: None });
+        r.q.push_client(Request::Sync);
+        r.q.client_copy_finished();
+        r.q.push_client(Request::Sync);
+        assert_eq!(r.feed(b"2GCZ"), ["2", "G", "C", "Z"]);
+        assert!(r.q.is_settled());
+        assert_eq!(r.q.client_ready_owed(), 0);
+    }
+
+    #[test]
+    fn copy_data_for_a_copy_that_failed_is_forgotten() {
+        let mut r = Run::new();
+        r.q.push_client(Request::Query { sql: None });
+        r.q.client_copy_finished();
+        assert_eq!(r.feed(b"EZ"), ["E", "Z"]);
+        assert!(r.q.is_settled());
+        // CopyDone with nothing in flight: the server ignores it, nothing is owed.
+        r.q.client_copy_finished();
         assert!(r.q.is_settled());
     }
 

@@ -9,7 +9,7 @@
 //! normalised text, compared exactly, from a lexer that reads strings as the server does.
 
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -57,18 +57,34 @@ UNION SELECT 't', t.typname FROM pg_catalog.pg_cast c JOIN pg_catalog.pg_type t 
   ON t.oid IN (c.castsource, c.casttarget) WHERE c.castfunc IN (SELECT oid FROM user_fn) \
 UNION SELECT 'o', o.oprname FROM pg_catalog.pg_operator o WHERE o.oprcode::oid IN (SELECT oid FROM user_fn)";
 
-/// Bodies of user functions that may set custom settings.
+/// Bodies of user functions that may set custom settings, and definitions of views that
+/// call `set_config` (found by the function's id in the view's stored query tree).
 const FUNCTION_SOURCES_SQL: &str = "\
 SELECT p.prosrc FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_language l ON l.oid = p.prolang \
-WHERE p.oid >= 16384 AND l.lanname NOT IN ('internal', 'c') AND p.prosrc ~* 'set_config|\\mset\\M'";
+WHERE p.oid >= 16384 AND l.lanname NOT IN ('internal', 'c') AND p.prosrc ~* 'set_config|\\mset\\M' \
+UNION ALL SELECT pg_catalog.pg_get_viewdef(r.ev_class) FROM pg_catalog.pg_rewrite r \
+WHERE r.rulename = '_RETURN' AND pg_catalog.strpos(r.ev_action::text, \
+  ':funcid ' || 'pg_catalog.set_config(text,text,boolean)'::pg_catalog.regprocedure::oid || ' ') > 0";
 
 /// Relations with their own facts: which run user code when touched (user triggers, rules
 /// other than a view's, and policies, defaults, checks and index expressions that call user
-/// functions), which draw from sequences (defaults on a sequence, identity columns).
-const RELATIONS_SQL: &str = "\
+/// functions; views that call a built-in function leaving session state behind, whose calls
+/// PostgreSQL records in no dependency but in the view's stored query tree), which draw from
+/// sequences (defaults on a sequence, identity columns).
+static RELATIONS_SQL: LazyLock<String> = LazyLock::new(|| {
+    let session_functions: Vec<String> = pgherd_route::leaving_session_state()
+        .map(|name| format!("'{name}'"))
+        .collect();
+    RELATIONS_SQL_TEMPLATE.replace("SESSION_FUNCTIONS", &session_functions.join(", "))
+});
+
+const RELATIONS_SQL_TEMPLATE: &str = "\
 WITH user_fn AS ( \
   SELECT p.oid FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_language l ON l.oid = p.prolang \
   WHERE p.oid >= 16384 AND (l.lanname NOT IN ('internal', 'c') OR p.prokind = 'a')), \
+session_fn AS ( \
+  SELECT ':funcid ' || p.oid || ' ' AS node FROM pg_catalog.pg_proc p \
+  WHERE p.proname IN (SESSION_FUNCTIONS)), \
 uses_fn AS ( \
   SELECT d.classid, d.objid FROM pg_catalog.pg_depend d \
   WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass AND d.refobjid IN (SELECT oid FROM user_fn)), \
@@ -76,6 +92,8 @@ code AS ( \
   SELECT t.tgrelid AS rel FROM pg_catalog.pg_trigger t \
     WHERE NOT t.tgisinternal AND t.tgfoid IN (SELECT oid FROM user_fn) \
   UNION SELECT r.ev_class FROM pg_catalog.pg_rewrite r WHERE r.rulename <> '_RETURN' \
+  UNION SELECT r.ev_class FROM pg_catalog.pg_rewrite r JOIN session_fn f \
+    ON pg_catalog.strpos(r.ev_action::text, f.node) > 0 \
   UNION SELECT r.ev_class FROM pg_catalog.pg_rewrite r JOIN uses_fn u \
     ON u.classid = 'pg_catalog.pg_rewrite'::regclass AND u.objid = r.oid \
   UNION SELECT p.polrelid FROM pg_catalog.pg_policy p JOIN uses_fn u \
@@ -583,7 +601,7 @@ impl Router {
             }
         }
         for row in conn
-            .simple_query(RELATIONS_SQL)
+            .simple_query(&RELATIONS_SQL)
             .await
             .map_err(|e| e.to_string())?
         {

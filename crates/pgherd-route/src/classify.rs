@@ -51,6 +51,18 @@ const SESSION_CHANGING_FUNCTIONS: &[&str] = &[
 /// Functions that open a `dblink` connection kept in the server process.
 const DBLINK_FUNCTIONS: &[&str] = &["dblink_connect", "dblink_connect_u"];
 
+/// Built-in (or C extension) functions whose call leaves state in the server's session:
+/// settings, the random seed, session locks, slots and origins, connections. A view that
+/// calls one makes whoever reads it call it, so the catalog reading counts such a view as
+/// running user code, as it counts one that calls a user function.
+pub fn leaving_session_state() -> impl Iterator<Item = &'static str> {
+    SESSION_CHANGING_FUNCTIONS
+        .iter()
+        .chain(SESSION_LOCK_FUNCTIONS)
+        .chain(DBLINK_FUNCTIONS)
+        .copied()
+}
+
 /// Built-in functions that run SQL given to them as text (or name a relation in a literal),
 /// which the classifier cannot see into.
 const SQL_RUNNING_FUNCTIONS: &[&str] = &[

@@ -34,7 +34,7 @@ pub mod tx_log;
 
 pub use balance::Balance;
 pub use catalog::Catalog;
-pub use classify::{classify, setting_value, ROUTE_SETTING, SHARD_SETTING};
+pub use classify::{classify, leaving_session_state, setting_value, ROUTE_SETTING, SHARD_SETTING};
 pub use decision::{Decision, Pin, SessionEffect, ShardSetting, Target, TxEffect};
 pub use lexer::{lex, lex_with_spans, skip_blanks, HintError, Lexed};
 pub use plan::{Role, Routed};

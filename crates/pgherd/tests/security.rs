@@ -79,7 +79,10 @@ async fn session_state_never_leaks_to_the_next_client() {
         "CREATE TABLE leak (id serial, tenant text DEFAULT current_setting('app.tenant_id', true)); \
          GRANT ALL ON leak TO app; GRANT ALL ON SEQUENCE leak_id_seq TO app; \
          CREATE FUNCTION set_tenant(t text) RETURNS void LANGUAGE plpgsql AS \
-           $$ BEGIN PERFORM set_config('app.tenant_id', t, false); END $$",
+           $$ BEGIN PERFORM set_config('app.tenant_id', t, false); END $$; \
+         CREATE VIEW tenant_view AS SELECT set_config('app.tenant_id', '77', false) AS t, \
+           set_config('search_path', 'pg_catalog, public', false) AS p; \
+         GRANT SELECT ON tenant_view TO app",
     );
     env.cluster.wait_replayed();
 
@@ -140,6 +143,45 @@ async fn session_state_never_leaks_to_the_next_client() {
         "1234ms"
     );
     drop(a);
+
+    // The same through a view that calls set_config (PostgreSQL records no dependency on a
+    // built-in function), read inside a transaction and alone: its reader keeps the settings,
+    // no later client sees them. The catalog has read the view by now (the unknown `leak`
+    // asked for a reading more than a second ago).
+    for reads in [
+        &["BEGIN", "SELECT t FROM tenant_view", "COMMIT"][..],
+        &["SELECT t FROM tenant_view"],
+    ] {
+        let a = env.app().await;
+        for sql in reads {
+            a.batch_execute(sql).await.unwrap();
+        }
+        assert_eq!(tenant_of_new_row(&a).await, "77", "{reads:?}");
+        drop(a);
+        let mut later = Vec::new();
+        for _ in 0..10 {
+            let b = env.app().await;
+            b.batch_execute("BEGIN").await.unwrap();
+            later.push(
+                first_value(
+                    &b,
+                    "SELECT coalesce(current_setting('app.tenant_id', true), '') || '|' || current_setting('search_path')",
+                )
+                .await
+                .unwrap(),
+            );
+            b.batch_execute("COMMIT").await.unwrap();
+            later.push(
+                first_value(&b, "SELECT coalesce(current_setting('app.tenant_id', true), '') || '|' || current_setting('search_path')")
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert!(
+            later.iter().all(|s| s == "|\"$user\", public"),
+            "{reads:?}: later clients saw {later:?}"
+        );
+    }
 
     // A temporary table made inside DO: the client can use it (it keeps its server), nobody
     // else can read it or its rows, and it is gone when the client leaves.

@@ -450,7 +450,8 @@ fn large_messages_stream_through_with_bounded_memory() {
 /// would directly; the others are applied as a startup packet applies them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_settings_are_checked_by_a_server() {
-    let env = env(0, |c| c);
+    // One server connection: every client after the first gets the server the first used.
+    let env = env(0, |c| c.max_size(1));
     let port = env.pgherd.port;
     let refused = RawClient::login_with(
         port,
@@ -481,6 +482,48 @@ async fn startup_settings_are_checked_by_a_server() {
         ["myschema,public"]
     );
     assert_eq!(first_column(&ok.query("SHOW work_mem")), ["8MB"]);
+    drop(ok);
+
+    // RESET, SET ... TO DEFAULT and RESET ALL go back to the startup packet's values, as on a
+    // server of the client's own, in a transaction and out of one; the next client with the
+    // same startup packet does not get the server's defaults in their place.
+    let startup = [
+        ("user", APP),
+        ("database", APP),
+        ("options", "-c work_mem=8MB"),
+        ("application_name", "started"),
+    ];
+    let show = |c: &mut RawClient, what: &str| first_column(&c.query(&format!("SHOW {what}")));
+    for reset in ["RESET work_mem", "SET work_mem TO DEFAULT", "RESET ALL"] {
+        let mut c = RawClient::login_with(port, &startup, APP_PASSWORD).unwrap();
+        for sql in ["SET work_mem = '16MB'", "BEGIN", reset] {
+            assert!(errors(&c.query(sql)).is_empty(), "{sql}");
+        }
+        assert_eq!(
+            show(&mut c, "work_mem"),
+            ["8MB"],
+            "{reset}, in its transaction"
+        );
+        c.query("COMMIT");
+        assert_eq!(show(&mut c, "work_mem"), ["8MB"], "{reset}, after it");
+        c.query("SET work_mem = '16MB'");
+        c.query(reset);
+        assert_eq!(show(&mut c, "work_mem"), ["8MB"], "{reset}, on its own");
+        assert_eq!(show(&mut c, "application_name"), ["started"], "{reset}");
+        c.query("SET work_mem = '16MB'");
+        c.query("BEGIN");
+        c.query(reset);
+        c.query("ROLLBACK");
+        assert_eq!(show(&mut c, "work_mem"), ["16MB"], "{reset}, rolled back");
+        c.query(reset);
+        drop(c);
+        let mut next = RawClient::login_with(port, &startup, APP_PASSWORD).unwrap();
+        assert_eq!(
+            show(&mut next, "work_mem"),
+            ["8MB"],
+            "{reset}: the next client"
+        );
+    }
 
     // A replication connection is refused by name, not served as a session that would read
     // IDENTIFY_SYSTEM as a syntax error; `replication=off` is an ordinary login.

@@ -396,6 +396,24 @@ impl SessionParams {
         }
     }
 
+    /// The startup packet's statements for the settings `changes` reset: a server's `RESET`
+    /// goes back to its own startup value, not the client's, so pgherd sets these again.
+    pub fn startup_values_reset_by(&self, changes: &[Change]) -> Vec<&str> {
+        let mut statements: Vec<&str> = Vec::new();
+        for change in changes {
+            match change {
+                Change::Reset { name } => {
+                    statements.extend(self.startup.get(name).map(String::as_str))
+                }
+                Change::ResetAll => statements.extend(self.startup.values().map(String::as_str)),
+                Change::Set { .. } => {}
+            }
+        }
+        statements.sort_unstable();
+        statements.dedup();
+        statements
+    }
+
     /// Settings that differ from the server's defaults.
     pub fn len(&self) -> usize {
         self.startup.len() + self.entries.len()

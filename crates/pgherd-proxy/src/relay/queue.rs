@@ -41,6 +41,9 @@ pub enum Request {
     Sync,
     /// A simple query of pgherd's whose rows pgherd reads.
     Probe(Probe),
+    /// pgherd's simple query giving back settings the client's `RESET` took from the startup
+    /// packet's values to the server's: the parameters it reports are the client's.
+    Restore,
 }
 
 /// What pgherd asks a server about the session it serves.
@@ -57,12 +60,15 @@ impl Request {
     fn ends_with_ready_for_query(&self) -> bool {
         matches!(
             self,
-            Request::Query { .. } | Request::Sync | Request::Probe(_)
+            Request::Query { .. } | Request::Sync | Request::Probe(_) | Request::Restore
         )
     }
 
     fn is_query(&self) -> bool {
-        matches!(self, Request::Query { .. } | Request::Probe(_))
+        matches!(
+            self,
+            Request::Query { .. } | Request::Probe(_) | Request::Restore
+        )
     }
 }
 
@@ -109,6 +115,8 @@ pub struct Disposition {
     /// An ErrorResponse no request asked for: a server's last words (FATAL) as it ends the
     /// connection (shut down, terminated by an administrator).
     pub unsolicited: bool,
+    /// The message answers pgherd's restore of startup settings (`Request::Restore`).
+    pub restores: bool,
 }
 
 #[derive(Debug, Default)]
@@ -231,6 +239,7 @@ impl ResponseQueue {
         if let Request::Probe(probe) = request {
             d.probe = Some(probe);
         }
+        d.restores = request == Request::Restore;
         let completes = match message_tag {
             tag::NOTICE_RESPONSE | tag::NOTIFICATION_RESPONSE | tag::PARAMETER_STATUS => false,
             tag::READY_FOR_QUERY => {
@@ -279,7 +288,7 @@ impl ResponseQueue {
             tag::ROW_DESCRIPTION | tag::NO_DATA => match request {
                 Request::Describe => true,
                 // A simple query describes its rows too; an Execute never does.
-                Request::Query { .. } | Request::Probe(_) => false,
+                Request::Query { .. } | Request::Probe(_) | Request::Restore => false,
                 _ => {
                     return Err(format!(
                         "row description arrived while waiting for {request:?}"
@@ -294,7 +303,7 @@ impl ResponseQueue {
                 }
                 match request {
                     Request::Execute { .. } => true,
-                    Request::Query { .. } | Request::Probe(_) => false,
+                    Request::Query { .. } | Request::Probe(_) | Request::Restore => false,
                     _ => {
                         return Err(format!(
                             "command completion arrived while waiting for {request:?}"

@@ -247,10 +247,13 @@ impl Session {
                             }
                             _ => {}
                         }
-                        if d.to_client {
+                        if d.to_client || d.restores {
                             self.params.record_reported(p.name, p.value);
                         }
                     }
+                    // A restored startup value is the client's again, as a RESET on a server
+                    // of its own would have left it.
+                    forward |= d.restores;
                 }
                 btag::COMMAND_COMPLETE if d.to_client => {
                     let tag = backend::parse_command_complete(body).unwrap_or_default();

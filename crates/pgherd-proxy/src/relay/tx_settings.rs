@@ -12,7 +12,10 @@ use pgherd_route::parse::split_query;
 use pgherd_route::shard_route::{tx_command_of, TxCommand};
 use pgherd_route::tx_log::{Mark, TxLog};
 
+use pgherd_wire::frontend;
+
 use super::params::session_changes;
+use super::queue::Request;
 use super::Session;
 
 /// Kept per client once it sent a statement that may change settings (boxed: most clients
@@ -103,7 +106,13 @@ impl Session {
                     return;
                 }
                 match statement.as_deref().and_then(session_changes) {
-                    Some(changes) => self.params.record(changes),
+                    Some(changes) => {
+                        let restore = self.params.startup_values_reset_by(&changes).join("; ");
+                        self.params.record(changes);
+                        if !restore.is_empty() {
+                            self.restore_startup_values(&restore);
+                        }
+                    }
                     None => {
                         tracing::debug!(client = self.shared.id, "a session change pgherd cannot replay; the server will be reset before its next client");
                         self.untracked_change = true;
@@ -164,6 +173,22 @@ impl Session {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// The client reset settings its startup packet gave: the server went back to its own
+    /// startup values, so the client's are set again right behind the statement (in its
+    /// transaction, if it is in one: a rollback undoes both). Should anything differ all the
+    /// same (the reset was rolled back with a later statement of the same query string),
+    /// the server is also reset and the client's settings replayed before its next
+    /// transaction.
+    fn restore_startup_values(&mut self, statements: &str) {
+        self.untracked_change = true;
+        let Some(lease) = self.lease.as_mut() else {
+            return;
+        };
+        if frontend::encode_query(&mut lease.conn.write_buf, statements.as_bytes()).is_ok() {
+            self.queue.push_internal(Request::Restore);
         }
     }
 

@@ -47,6 +47,7 @@ impl SqlState {
     pub const QUERY_CANCELED: SqlState = SqlState(*b"57014");
     pub const ADMIN_SHUTDOWN: SqlState = SqlState(*b"57P01");
     pub const CANNOT_CONNECT_NOW: SqlState = SqlState(*b"57P03");
+    pub const IDLE_SESSION_TIMEOUT: SqlState = SqlState(*b"57P05");
     pub const OBJECT_NOT_IN_PREREQUISITE_STATE: SqlState = SqlState(*b"55000");
     pub const OBJECT_IN_USE: SqlState = SqlState(*b"55006");
     pub const SYSTEM_ERROR: SqlState = SqlState(*b"58000");

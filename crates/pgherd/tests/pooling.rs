@@ -550,3 +550,39 @@ fn notifications_reach_a_session_mode_listener() {
     );
     assert!(String::from_utf8_lossy(&message.1).contains("hello"));
 }
+
+/// Server connections that ended while idle in the pool, just after their last use (the
+/// server's `idle_session_timeout`, 250 ms here, which pgherd's half-second trust in a
+/// connection just back from work does not see): the server had read nothing of the next
+/// request, which runs on another connection, and no client sees an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_connections_ended_while_idle_are_replaced_without_an_error() {
+    let env = env(0, |c| c.max_size(2));
+    env.direct("ALTER ROLE app SET idle_session_timeout = '250ms'");
+    let mut failures = Vec::new();
+    for i in 0..6 {
+        let c = env.app().await;
+        let answer = match i % 2 {
+            0 => first_value(&c, &format!("SELECT {i}")).await,
+            _ => c
+                .query_one("SELECT $1::int", &[&i])
+                .await
+                .map(|row| row.get::<_, i32>(0).to_string()),
+        };
+        match answer {
+            Ok(value) if value == i.to_string() => {}
+            other => failures.push(format!("client {i}: {other:?}")),
+        }
+        drop(c);
+        // Past the server's timeout, inside pgherd's trust.
+        tokio::time::sleep(Duration::from_millis(380)).await;
+    }
+    assert!(failures.is_empty(), "{failures:?}\n{}", env.pgherd.log());
+    assert!(
+        env.pgherd
+            .log()
+            .contains("server connection had closed before it read the request"),
+        "the timeouts were not met: {}",
+        env.pgherd.log()
+    );
+}

@@ -341,11 +341,16 @@ impl Session {
         lease.conn.residue = params::Residue::default();
         self.lease = Some(lease);
         self.routing.at_unit_start = true;
-        if on_replica && self.client_tx == TxStatus::Idle {
+        // A request is kept until answered where it can run again elsewhere: any read of
+        // a replica, and on the primary what a connection that died before reading it
+        // never ran (shared servers only: a session's own cannot be replaced).
+        if self.client_tx == TxStatus::Idle && (on_replica || self.mode_shares_servers()) {
             self.routing
                 .replay
                 .get_or_insert_with(Default::default)
                 .restart();
+        } else if let Some(replay) = self.routing.replay.as_mut() {
+            replay.repeatable = false;
         }
         Ok(())
     }
@@ -551,6 +556,52 @@ impl Session {
         Ok(())
     }
 
+    /// A primary connection failed before the request reached it: nothing was written to it
+    /// since its last transaction ended (the write failed, or it had closed before), or its
+    /// last words were an idle session timeout, which a server raises only while it waits
+    /// for a request. The request ran nowhere, so it goes out again on another connection,
+    /// and the pool's other idle connections to the node, likely ended alike, are closed.
+    /// Returns false if that is not sure: a server that may have read the request may have
+    /// committed it.
+    async fn try_primary_again(&mut self, e: &ServerError) -> bool {
+        let shares_servers = self.mode_shares_servers();
+        let Some(lease) = self.lease.as_ref() else {
+            return false;
+        };
+        let Some(replay) = self.routing.replay.as_mut() else {
+            return false;
+        };
+        let idle_timeout = matches!(
+            &e.kind,
+            ServerErrorKind::Closed(Some(words)) if words.code == SqlState::IDLE_SESSION_TIMEOUT
+        );
+        let died_before_reading = lease.bytes_to_server == 0 || idle_timeout;
+        if !died_before_reading
+            || !shares_servers
+            || self.client_tx != TxStatus::Idle
+            || !replay.repeatable
+            || replay.answered
+            || replay.heard
+            || replay.preliminaries > 0
+            || replay.bytes.is_empty()
+            || replay.attempts >= MAX_REPLAYS
+            || self.client_stream.is_some()
+        {
+            return false;
+        }
+        replay.attempts += 1;
+        forget_defined(&mut self.statements, replay);
+        let mut again = std::mem::take(&mut replay.bytes);
+        again.extend_from_slice(&self.client_in);
+        self.client_in = again;
+        let node = lease.node.clone();
+        tracing::warn!(client = self.shared.id, node = %node.name(), error = %e, "server connection had closed before it read the request; sending it on another");
+        self.app.drop_idle_connections(&node);
+        self.detach(false).await;
+        self.routing.at_unit_start = true;
+        true
+    }
+
     /// A replica failed before answering any of the reads sent to it: they had no effect
     /// there, so they are put back in front of the client's input to run on another node,
     /// and the replica leaves the read set. Returns false if that is not possible.
@@ -561,8 +612,10 @@ impl Session {
         let Some(replay) = self.routing.replay.as_mut() else {
             return false;
         };
-        if !lease.on_replica
-            || self.client_tx != TxStatus::Idle
+        if !lease.on_replica {
+            return self.try_primary_again(e).await;
+        }
+        if self.client_tx != TxStatus::Idle
             || !replay.repeatable
             || replay.answered
             || replay.bytes.is_empty()

@@ -73,7 +73,7 @@ impl Session {
             }
             let message = &input[..h.total_len()];
             if let Some(replay) = self.routing.replay.as_mut() {
-                if self.lease.as_ref().is_some_and(|l| l.on_replica) && replay.repeatable {
+                if replay.repeatable && self.client_tx == TxStatus::Idle {
                     replay.bytes.extend_from_slice(message);
                 }
             }

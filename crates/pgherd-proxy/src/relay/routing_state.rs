@@ -84,6 +84,9 @@ pub(super) struct Replay {
     /// dropped and it runs on the primary.
     pub(super) refused: bool,
     pub(super) attempts: u8,
+    /// A notice (or another message that answers nothing) of the server's already reached
+    /// the client: the server was working on the request.
+    pub(super) heard: bool,
 }
 
 impl Replay {
@@ -99,6 +102,7 @@ impl Replay {
         self.answered = false;
         self.preliminaries = 0;
         self.refused = false;
+        self.heard = false;
     }
 }
 

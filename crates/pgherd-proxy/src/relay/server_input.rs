@@ -279,6 +279,8 @@ impl Session {
                 }
                 if !asynchronous {
                     self.note_answer(h.tag);
+                } else if let Some(replay) = self.routing.replay.as_mut() {
+                    replay.heard = true;
                 }
             }
             input.advance(h.total_len());

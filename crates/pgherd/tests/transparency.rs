@@ -314,6 +314,38 @@ fn statements_follow_types_made_again() {
         errors(&first),
         errors(&second)
     );
+
+    // A schema per tenant: the same text names another table (with other columns) under
+    // each client's search_path, set at login or with SET. Each gets its own tenant's
+    // rows, on the first try, over the one server connection they share.
+    env.direct(
+        "CREATE SCHEMA tenant_a AUTHORIZATION app; CREATE SCHEMA tenant_b AUTHORIZATION app; \
+         CREATE TABLE tenant_a.t (x int); INSERT INTO tenant_a.t VALUES (1); \
+         CREATE TABLE tenant_b.t (x text, y text); INSERT INTO tenant_b.t VALUES ('b', 'bee'); \
+         ALTER TABLE tenant_a.t OWNER TO app; ALTER TABLE tenant_b.t OWNER TO app",
+    );
+    let tenant = |schema: &str| {
+        RawClient::login_with(
+            port,
+            &[
+                ("user", APP),
+                ("database", APP),
+                ("options", &format!("-c search_path={schema}")),
+            ],
+            APP_PASSWORD,
+        )
+        .unwrap()
+    };
+    let (mut a, mut b) = (tenant("tenant_a"), tenant("tenant_b"));
+    for round in 0..2 {
+        let answer = run_prepared(&mut a, &format!("t{round}"), "SELECT * FROM t", None);
+        assert_eq!(first_column(&answer), ["1"], "{:?}", errors(&answer));
+        let answer = run_prepared(&mut b, &format!("t{round}"), "SELECT * FROM t", None);
+        assert_eq!(first_column(&answer), ["b"], "{:?}", errors(&answer));
+    }
+    b.query("SET search_path = tenant_a");
+    let answer = run_prepared(&mut b, "after_set", "SELECT * FROM t", None);
+    assert_eq!(first_column(&answer), ["1"], "{:?}", errors(&answer));
 }
 
 /// Reads reach the replica `pg2` (it joined the read set).

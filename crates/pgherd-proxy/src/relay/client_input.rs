@@ -441,7 +441,11 @@ impl Session {
                     lease.conn.write_buf.extend_from_slice(message);
                     self.queue.push_client(Request::Parse { cached: None });
                 } else {
-                    let def = StatementDef::new(p.query, p.param_types);
+                    let def = StatementDef::new(
+                        p.query,
+                        p.param_types,
+                        self.params.current("search_path"),
+                    );
                     if let (Some(routed), Some(router)) =
                         (parse_routed, self.routing.lasting.setup.router.as_ref())
                     {

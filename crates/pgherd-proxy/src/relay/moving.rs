@@ -228,7 +228,8 @@ impl Session {
         if !record.statements.is_empty() {
             let mut statements = ClientStatements::default();
             for s in &record.statements {
-                let def = StatementDef::new(&s.query, &s.param_types);
+                let def =
+                    StatementDef::new(&s.query, &s.param_types, self.params.current("search_path"));
                 if let Err(e) = statements.define(&s.name, def) {
                     tracing::warn!(client = self.shared.id, error = ?e, "upgrade: a moved client's statement was left out");
                 }

@@ -16,17 +16,27 @@ use pgherd_route::skip_blanks;
 
 use sha2::{Digest, Sha256};
 
-/// First 128 bits of SHA-256 over a statement's text and parameter types. A collision would
-/// need a SHA-256 collision, so the hash alone identifies a statement.
+/// First 128 bits of SHA-256 over a statement's text and parameter types, and the
+/// `search_path` it was prepared under when the client set one. A collision would need a
+/// SHA-256 collision, so the hash alone identifies a statement.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct StatementHash(pub [u8; 16]);
 
 impl StatementHash {
-    pub fn of(query: &[u8], param_types: &[u8]) -> Self {
+    /// `search_path`: the statement that set the client's, if it set one. PostgreSQL plans a
+    /// prepared statement again under the path it was prepared with, so two clients whose
+    /// paths differ (a schema per tenant) must not share one: the same text names other
+    /// tables, and the shared plan would fail ("cached plan must not change result type")
+    /// or read the other's.
+    pub fn of(query: &[u8], param_types: &[u8], search_path: Option<&str>) -> Self {
         let mut h = Sha256::new();
         h.update((query.len() as u64).to_be_bytes());
         h.update(query);
         h.update(param_types);
+        if let Some(path) = search_path {
+            h.update(b"\0search_path\0");
+            h.update(path.as_bytes());
+        }
         let digest = h.finalize();
         let mut out = [0u8; 16];
         out.copy_from_slice(&digest[..16]);
@@ -68,8 +78,9 @@ impl PartialEq for StatementDef {
 impl Eq for StatementDef {}
 
 impl StatementDef {
-    pub fn new(query: &[u8], param_types: &[u8]) -> Arc<Self> {
-        let hash = StatementHash::of(query, param_types);
+    /// `search_path` as for [`StatementHash::of`].
+    pub fn new(query: &[u8], param_types: &[u8], search_path: Option<&str>) -> Arc<Self> {
+        let hash = StatementHash::of(query, param_types, search_path);
         Arc::new(StatementDef {
             hash,
             server_name: hash.server_name(),
@@ -356,9 +367,14 @@ mod tests {
 
     #[test]
     fn names_depend_on_text_and_types_only() {
-        let a = StatementDef::new(b"select $1", &[0, 1, 0, 0, 0, 23]);
-        let b = StatementDef::new(b"select $1", &[0, 1, 0, 0, 0, 23]);
-        let c = StatementDef::new(b"select $1", &[0, 0]);
+        let a = StatementDef::new(b"select $1", &[0, 1, 0, 0, 0, 23], None);
+        let b = StatementDef::new(b"select $1", &[0, 1, 0, 0, 0, 23], None);
+        let c = StatementDef::new(b"select $1", &[0, 0], None);
+        let tenant = Some("SET search_path = tenant_a");
+        let d = StatementDef::new(b"select $1", &[0, 1, 0, 0, 0, 23], tenant);
+        let e = StatementDef::new(b"select $1", &[0, 1, 0, 0, 0, 23], tenant);
+        assert_ne!(a.server_name, d.server_name, "another search_path");
+        assert_eq!(d.server_name, e.server_name, "the same one");
         assert_eq!(a.server_name, b.server_name);
         assert_ne!(a.server_name, c.server_name);
         assert_eq!(a.server_name.len(), 39);
@@ -410,13 +426,13 @@ mod tests {
     fn clients_cannot_see_each_others_names() {
         let mut one = ClientStatements::default();
         let mut two = ClientStatements::default();
-        one.define(b"S_1", StatementDef::new(b"select 1", &[0, 0]))
+        one.define(b"S_1", StatementDef::new(b"select 1", &[0, 0], None))
             .unwrap();
-        two.define(b"S_1", StatementDef::new(b"select 2", &[0, 0]))
+        two.define(b"S_1", StatementDef::new(b"select 2", &[0, 0], None))
             .unwrap();
         assert_ne!(one.get(b"S_1").unwrap().hash, two.get(b"S_1").unwrap().hash);
         assert_eq!(
-            one.define(b"S_1", StatementDef::new(b"select 3", &[0, 0])),
+            one.define(b"S_1", StatementDef::new(b"select 3", &[0, 0], None)),
             Err(StatementError::AlreadyExists("S_1".into()))
         );
         one.close(b"S_1");

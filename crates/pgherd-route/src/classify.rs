@@ -166,6 +166,7 @@ pub fn classify(
     if decision.session == SessionEffect::Unknown && calls(&parsed, "set_config") {
         // The names are literals the cache key keeps (see the lexer).
         decision.custom_settings = custom_settings_set_in(sql);
+        decision.custom_setting_params = set_config_name_params(&parsed);
     }
     if calls(&parsed, "current_setting") {
         decision = settings_read(decision, sql, lexed);
@@ -285,6 +286,31 @@ fn function_effects(
         }
     }
     decision
+}
+
+/// The bind parameters (`$n`, cast or not) passed as `set_config`'s setting name.
+fn set_config_name_params(parsed: &Parsed) -> Vec<u16> {
+    let mut params = Vec::new();
+    for (node, ..) in parsed.tree.protobuf.nodes() {
+        let NodeRef::FuncCall(call) = node else {
+            continue;
+        };
+        let is_set_config = call
+            .funcname
+            .last()
+            .and_then(|n| n.node.as_ref())
+            .is_some_and(
+                |n| matches!(n, NodeEnum::String(s) if s.sval.eq_ignore_ascii_case("set_config")),
+            );
+        let mut name = call.args.first().and_then(|a| a.node.as_ref());
+        if let Some(NodeEnum::TypeCast(cast)) = name {
+            name = cast.arg.as_ref().and_then(|a| a.node.as_ref());
+        }
+        if let (true, Some(NodeEnum::ParamRef(p))) = (is_set_config, name) {
+            params.extend(u16::try_from(p.number).ok());
+        }
+    }
+    params
 }
 
 /// Every `set_config` call in the text passes `true` as its third argument (the tree's

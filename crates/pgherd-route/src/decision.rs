@@ -131,6 +131,9 @@ pub struct Decision {
     /// `set_config`: a probe of the session's state asks for their values, as PostgreSQL
     /// lists no placeholder settings.
     pub custom_settings: Vec<String>,
+    /// Bind parameters (`$n`) passed as the name of a setting `set_config` sets for the
+    /// session: the proxy reads those names from each Bind, for the same probe.
+    pub custom_setting_params: Vec<u16>,
 }
 
 impl Decision {
@@ -149,6 +152,7 @@ impl Decision {
             changes_catalog: false,
             rolls_back: false,
             custom_settings: Vec::new(),
+            custom_setting_params: Vec::new(),
         }
     }
 
@@ -195,6 +199,9 @@ impl Decision {
         winner.changes_catalog |= loser.changes_catalog;
         winner.rolls_back |= loser.rolls_back;
         winner.custom_settings.extend(loser.custom_settings);
+        winner
+            .custom_setting_params
+            .extend(loser.custom_setting_params);
         if winner.tx == TxEffect::None {
             winner.tx = loser.tx;
         }

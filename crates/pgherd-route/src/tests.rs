@@ -480,6 +480,15 @@ fn session_effects() {
         decide("SELECT set_config('app.tenant_id', '42', false)").custom_settings,
         ["app.tenant_id"]
     );
+    // A name in a bind parameter: its number, for the proxy to read from each Bind.
+    assert_eq!(
+        decide("SELECT set_config($2, $1, false), set_config($3::text, 'x', false)")
+            .custom_setting_params,
+        [2, 3]
+    );
+    assert!(decide("SELECT set_config('app.a', $1, false)")
+        .custom_setting_params
+        .is_empty());
     // The setting's name is part of the cache key (the lexer keeps it), so such decisions
     // are cached.
     assert!(decide("SELECT set_config('app.tenant_id', '42', false)").cacheable);

@@ -144,6 +144,31 @@ async fn session_state_never_leaks_to_the_next_client() {
     );
     drop(a);
 
+    // A setting whose name is a bind parameter: its client keeps it in every later
+    // transaction (on whichever server), and no later client sees it.
+    let a = env.app().await;
+    a.query("SELECT set_config($1, $2, false)", &[&"app.bound", &"7"])
+        .await
+        .unwrap();
+    let bound = "SELECT coalesce(current_setting('app.bound', true), '')";
+    for _ in 0..4 {
+        assert_eq!(first_value(&a, bound).await.unwrap(), "7");
+        a.batch_execute("BEGIN; SELECT 1 FROM leak LIMIT 1; COMMIT")
+            .await
+            .unwrap();
+    }
+    let mut later = Vec::new();
+    for _ in 0..6 {
+        let b = env.app().await;
+        later.push(first_value(&b, bound).await.unwrap());
+    }
+    assert!(
+        later.iter().all(String::is_empty),
+        "later clients saw {later:?}"
+    );
+    assert_eq!(first_value(&a, bound).await.unwrap(), "7");
+    drop(a);
+
     // The same through a view that calls set_config (PostgreSQL records no dependency on a
     // built-in function), read inside a transaction and alone: its reader keeps the settings,
     // no later client sees them. The catalog has read the view by now (the unknown `leak`

@@ -166,6 +166,29 @@ impl Session {
         }
     }
 
+    /// `set_config($n, ...)`: the setting's name is the Bind's parameter `$n` (a text
+    /// value's bytes in either format), for the session-state probe to ask about.
+    fn note_bound_custom_settings(&mut self, params: &[u16], bind_rest: &[u8]) {
+        let Ok(values) = frontend::BindValues::parse(bind_rest) else {
+            return;
+        };
+        for &number in params {
+            let value = usize::from(number)
+                .checked_sub(1)
+                .and_then(|i| values.values.get(i).copied().flatten());
+            let Some(name) = value.and_then(|v| std::str::from_utf8(v).ok()) else {
+                continue;
+            };
+            let name = name.to_ascii_lowercase();
+            if pgherd_route::catalog::is_custom_setting(&name)
+                && !self.custom_settings.contains(&name)
+                && self.custom_settings.len() < MAX_CUSTOM_SETTINGS
+            {
+                self.custom_settings.push(name);
+            }
+        }
+    }
+
     /// A statement that may have left session state behind was sent: sequences are
     /// cleared before another client's transaction; anything else is probed for before the
     /// server goes back.
@@ -380,6 +403,12 @@ impl Session {
                 match self.statement_routed(b.statement) {
                     Some(routed) => {
                         self.track_statement(&routed, true);
+                        if !routed.decision.custom_setting_params.is_empty() {
+                            self.note_bound_custom_settings(
+                                &routed.decision.custom_setting_params,
+                                b.rest,
+                            );
+                        }
                         self.consider_candidate_fill(message, &routed);
                         if self.writes_matter_to_cache(&routed) {
                             if let Ok(def) = statement(&self.statements, b.statement) {

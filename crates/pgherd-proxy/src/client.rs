@@ -384,6 +384,105 @@ fn refuse_replication(params: &StartupParams) -> Result<(), PgError> {
     }
 }
 
+/// How long a login waits before it tries again when the node it took could not be reached.
+const LOGIN_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// The node a new connection is served by, its pool, and the client's startup settings
+/// checked by one of its servers. While no node can serve it (a failover under way, pgherd
+/// just started, the primary restarting), or the one chosen cannot be reached (killed a
+/// moment ago, before its health checks tell), the login waits for one up to
+/// `primary_wait_ms`, as a request that needs the primary does.
+async fn login_node(
+    app: &Arc<App>,
+    route: Route,
+    settings: &SessionParams,
+    session_mode: bool,
+    user: &str,
+    database: &str,
+) -> Result<
+    (
+        Arc<crate::nodes::NodeState>,
+        Arc<crate::pool::Pool>,
+        crate::startup_settings::Checked,
+    ),
+    Disconnect,
+> {
+    let wait = Duration::from_millis(app.config().cluster.primary_wait_ms);
+    let deadline = tokio::time::Instant::now() + wait;
+    let pick = |nodes: &Nodes| match route {
+        Route::Primary => nodes.writer(),
+        Route::Auto => nodes.writer().or_else(|| nodes.pick_replica()),
+        Route::Replica => nodes.pick_replica().or_else(|| nodes.writer()),
+    };
+    loop {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let node = app
+            .nodes
+            .node_within(remaining, pick)
+            .await
+            .ok_or_else(|| {
+                Disconnect::refused(
+                    PgError::fatal(
+                        SqlState::CANNOT_CONNECT_NOW,
+                        "no node is available to serve this connection",
+                    )
+                    .with_detail(format!("nodes: {}", app.nodes.describe_all())),
+                )
+            })?;
+        let pool = app.pool(database, user, &node).ok_or_else(|| {
+            Disconnect::refused(PgError::fatal(
+                SqlState::INVALID_CATALOG_NAME,
+                format!("database \"{database}\" does not exist"),
+            ))
+        })?;
+        match serve_login(app, &pool, settings, session_mode, user, database).await {
+            Ok(checked) => return Ok((node, pool, checked)),
+            Err(end)
+                if unreachable(&end)
+                    && tokio::time::Instant::now() + LOGIN_RETRY_PAUSE < deadline =>
+            {
+                tracing::info!(node = node.name(), user, database, error = ?end.client_error().map(|e| e.message), "login: the node could not be reached; waiting for it or another");
+                tokio::time::sleep(LOGIN_RETRY_PAUSE).await;
+            }
+            Err(end) => return Err(end),
+        }
+    }
+}
+
+/// The login's failure says the node could not be reached or is starting or stopping (a
+/// connection exception, `57P03`), not that it refused this user or database.
+fn unreachable(end: &Disconnect) -> bool {
+    end.client_error()
+        .is_some_and(|e| e.code.code().starts_with("08") || e.code == SqlState::CANNOT_CONNECT_NOW)
+}
+
+/// The first client of a pool logs in to a server to learn what to report (which also
+/// proves the server accepts this user and database); then the client's startup settings
+/// are checked by a server.
+async fn serve_login(
+    app: &Arc<App>,
+    pool: &Arc<crate::pool::Pool>,
+    settings: &SessionParams,
+    session_mode: bool,
+    user: &str,
+    database: &str,
+) -> Result<crate::startup_settings::Checked, Disconnect> {
+    if !pool.has_template_params() {
+        match pool.acquire(&app.connect_context()).await {
+            Ok(conn) => pool.release(conn, true),
+            Err(AcquireError::Server(e)) => {
+                tracing::warn!(user, database, error = %e, "first server login failed");
+                app.forget_pool_if_unused(pool);
+                let mut err = e.to_client_error();
+                err.severity = pgherd_wire::Severity::Fatal;
+                return Err(Disconnect::refused(err));
+            }
+            Err(AcquireError::WaitTimeout { .. }) | Err(AcquireError::Closed) => {}
+        }
+    }
+    crate::startup_settings::check(app, pool, settings, session_mode).await
+}
+
 async fn finish_login(
     app: &Arc<App>,
     stream: &mut Stream,
@@ -402,47 +501,10 @@ async fn finish_login(
             .with_hint("pgherd serves the databases listed under [databases] in its config"),
         )
     })?;
-    // No node to serve it (a failover under way, pgherd just started, the primary restarting):
-    // the login waits for one, as a request that needs the primary does.
-    let wait = Duration::from_millis(app.config().cluster.primary_wait_ms);
-    let pick = |nodes: &Nodes| match resolved.route {
-        Route::Primary => nodes.writer(),
-        Route::Auto => nodes.writer().or_else(|| nodes.pick_replica()),
-        Route::Replica => nodes.pick_replica().or_else(|| nodes.writer()),
-    };
-    let node = app.nodes.node_within(wait, pick).await.ok_or_else(|| {
-        Disconnect::refused(
-            PgError::fatal(
-                SqlState::CANNOT_CONNECT_NOW,
-                "no node is available to serve this connection",
-            )
-            .with_detail(format!("nodes: {}", app.nodes.describe_all())),
-        )
-    })?;
-    let pool = app.pool(database, user, &node).ok_or_else(|| {
-        Disconnect::refused(PgError::fatal(
-            SqlState::INVALID_CATALOG_NAME,
-            format!("database \"{database}\" does not exist"),
-        ))
-    })?;
-    if !pool.has_template_params() {
-        // The first client of a pool logs in to a server to learn what to report, which also
-        // proves the server accepts this user and database.
-        match pool.acquire(&app.connect_context()).await {
-            Ok(conn) => pool.release(conn, true),
-            Err(AcquireError::Server(e)) => {
-                tracing::warn!(user, database, error = %e, "first server login failed");
-                app.forget_pool_if_unused(&pool);
-                let mut err = e.to_client_error();
-                err.severity = pgherd_wire::Severity::Fatal;
-                return Err(Disconnect::refused(err));
-            }
-            Err(AcquireError::WaitTimeout { .. }) | Err(AcquireError::Closed) => {}
-        }
-    }
     let settings = SessionParams::from_startup(&params.params, &app.settings_interner);
     let session_mode = resolved.pool.mode == pgherd_config::PoolMode::Session;
-    let checked = crate::startup_settings::check(app, &pool, &settings, session_mode).await?;
+    let (node, pool, checked) =
+        login_node(app, resolved.route, &settings, session_mode, user, database).await?;
     let own = checked.reported;
     let shared = app.clients.register(
         addr,

@@ -183,10 +183,16 @@ impl PgherdConfig {
             .cluster_password
             .clone()
             .unwrap_or_else(|| format!("password = \"{SUPERUSER_PASSWORD}\""));
-        let _ = writeln!(
-            t,
-            "\n[cluster]\nuser = \"{SUPERUSER}\"\n{password}\nhealth_check_period_ms = 200\nhealth_check_timeout_ms = 2000"
-        );
+        let _ = writeln!(t, "\n[cluster]\nuser = \"{SUPERUSER}\"\n{password}");
+        // The test defaults, unless a test's own lines set them.
+        for (key, value) in [
+            ("health_check_period_ms", 200),
+            ("health_check_timeout_ms", 2000),
+        ] {
+            if !self.cluster_extra.iter().any(|l| l.starts_with(key)) {
+                let _ = writeln!(t, "{key} = {value}");
+            }
+        }
         for line in &self.cluster_extra {
             let _ = writeln!(t, "{line}");
         }

@@ -508,3 +508,38 @@ async fn sigterm_lets_transactions_finish_then_closes_everyone() {
     assert!(status.success(), "{status}");
     assert!(idle.simple_query("SELECT 1").await.is_err());
 }
+
+/// A node stopped a moment ago, before its health checks tell (here they come every 5 s): a
+/// login that needs a server of it (its startup settings not checked yet) waits, trying again,
+/// rather than failing with `08001`, and completes once the node is back.
+#[test]
+fn a_login_to_a_node_that_just_stopped_waits_for_it() {
+    let env = env(0, |c| {
+        c.cluster("primary_wait_ms = 8000")
+            .cluster("health_check_period_ms = 5000")
+    });
+    let primary = env.cluster.primary();
+    primary.stop(pgherd_cluster::StopMode::Immediate).unwrap();
+    let port = env.pgherd.port;
+    let login = std::thread::spawn(move || {
+        let startup = [
+            ("user", APP),
+            ("database", APP),
+            ("options", "-c work_mem=3MB"),
+        ];
+        RawClient::login_with(port, &startup, APP_PASSWORD)
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    primary.start(Duration::from_secs(60)).unwrap();
+    let mut c = login.join().unwrap().unwrap_or_else(|e| {
+        panic!(
+            "a login while the primary restarts: {e}\n{}",
+            env.pgherd.log()
+        )
+    });
+    assert_eq!(first_column(&c.query("SHOW work_mem")), ["3MB"]);
+    assert!(env
+        .pgherd
+        .log()
+        .contains("login: the node could not be reached"));
+}

@@ -288,6 +288,16 @@ fn function_effects(
     decision
 }
 
+/// The call is one of `set_config` (schema-qualified or not).
+fn names_set_config(call: &pg_query::protobuf::FuncCall) -> bool {
+    call.funcname
+        .last()
+        .and_then(|n| n.node.as_ref())
+        .is_some_and(
+            |n| matches!(n, NodeEnum::String(s) if s.sval.eq_ignore_ascii_case("set_config")),
+        )
+}
+
 /// The bind parameters (`$n`, cast or not) passed as `set_config`'s setting name.
 fn set_config_name_params(parsed: &Parsed) -> Vec<u16> {
     let mut params = Vec::new();
@@ -295,13 +305,7 @@ fn set_config_name_params(parsed: &Parsed) -> Vec<u16> {
         let NodeRef::FuncCall(call) = node else {
             continue;
         };
-        let is_set_config = call
-            .funcname
-            .last()
-            .and_then(|n| n.node.as_ref())
-            .is_some_and(
-                |n| matches!(n, NodeEnum::String(s) if s.sval.eq_ignore_ascii_case("set_config")),
-            );
+        let is_set_config = names_set_config(call);
         let mut name = call.args.first().and_then(|a| a.node.as_ref());
         if let Some(NodeEnum::TypeCast(cast)) = name {
             name = cast.arg.as_ref().and_then(|a| a.node.as_ref());
@@ -321,13 +325,7 @@ fn sets_locally(parsed: &Parsed, lexed: &Lexed) -> bool {
         let NodeRef::FuncCall(call) = node else {
             continue;
         };
-        let is_set_config = call
-            .funcname
-            .last()
-            .and_then(|n| n.node.as_ref())
-            .is_some_and(
-                |n| matches!(n, NodeEnum::String(s) if s.sval.eq_ignore_ascii_case("set_config")),
-            );
+        let is_set_config = names_set_config(call);
         if !is_set_config {
             continue;
         }

@@ -556,66 +556,23 @@ impl Session {
         Ok(())
     }
 
-    /// A primary connection failed before the request reached it: nothing was written to it
-    /// since its last transaction ended (the write failed, or it had closed before), or its
-    /// last words were an idle session timeout, which a server raises only while it waits
-    /// for a request. The request ran nowhere, so it goes out again on another connection,
-    /// and the pool's other idle connections to the node, likely ended alike, are closed.
-    /// Returns false if that is not sure: a server that may have read the request may have
-    /// committed it.
-    async fn try_primary_again(&mut self, e: &ServerError) -> bool {
-        let shares_servers = self.mode_shares_servers();
-        let Some(lease) = self.lease.as_ref() else {
-            return false;
-        };
-        let Some(replay) = self.routing.replay.as_mut() else {
-            return false;
-        };
-        let idle_timeout = matches!(
-            &e.kind,
-            ServerErrorKind::Closed(Some(words)) if words.code == SqlState::IDLE_SESSION_TIMEOUT
-        );
-        let died_before_reading = lease.bytes_to_server == 0 || idle_timeout;
-        if !died_before_reading
-            || !shares_servers
-            || self.client_tx != TxStatus::Idle
-            || !replay.repeatable
-            || replay.answered
-            || replay.heard
-            || replay.preliminaries > 0
-            || replay.bytes.is_empty()
-            || replay.attempts >= MAX_REPLAYS
-            || self.client_stream.is_some()
-        {
-            return false;
-        }
-        replay.attempts += 1;
-        forget_defined(&mut self.statements, replay);
-        let mut again = std::mem::take(&mut replay.bytes);
-        again.extend_from_slice(&self.client_in);
-        self.client_in = again;
-        let node = lease.node.clone();
-        tracing::warn!(client = self.shared.id, node = %node.name(), error = %e, "server connection had closed before it read the request; sending it on another");
-        self.app.drop_idle_connections(&node);
-        self.detach(false).await;
-        self.routing.at_unit_start = true;
-        true
-    }
-
-    /// A replica failed before answering any of the reads sent to it: they had no effect
-    /// there, so they are put back in front of the client's input to run on another node,
-    /// and the replica leaves the read set. Returns false if that is not possible.
+    /// A server failed before the request ran there, so it is put back in front of the
+    /// client's input to run on another connection: a replica that failed before answering
+    /// any of the reads sent to it (it also leaves the read set), or a primary connection
+    /// nothing of the request reached ([`Self::ran_nowhere_on_primary`]). The pool's other
+    /// idle connections to the node, likely ended alike, are closed. Returns false if that is
+    /// not possible or not sure.
     pub(super) async fn try_elsewhere(&mut self, e: &ServerError) -> bool {
         let Some(lease) = self.lease.as_ref() else {
             return false;
         };
+        let (on_replica, node) = (lease.on_replica, lease.node.clone());
+        let sure = on_replica || self.ran_nowhere_on_primary(e);
         let Some(replay) = self.routing.replay.as_mut() else {
             return false;
         };
-        if !lease.on_replica {
-            return self.try_primary_again(e).await;
-        }
-        if self.client_tx != TxStatus::Idle
+        if !sure
+            || self.client_tx != TxStatus::Idle
             || !replay.repeatable
             || replay.answered
             || replay.bytes.is_empty()
@@ -630,13 +587,37 @@ impl Session {
         let mut again = std::mem::take(&mut replay.bytes);
         again.extend_from_slice(&self.client_in);
         self.client_in = again;
-        let node = lease.node.clone();
-        tracing::warn!(client = self.shared.id, node = %node.name(), error = %e, "replica failed before answering; sending the request elsewhere");
-        node.leave_read_set(&e.to_string());
+        if on_replica {
+            tracing::warn!(client = self.shared.id, node = %node.name(), error = %e, "replica failed before answering; sending the request elsewhere");
+            node.leave_read_set(&e.to_string());
+        } else {
+            tracing::warn!(client = self.shared.id, node = %node.name(), error = %e, "server connection had closed before it read the request; sending it on another");
+        }
         self.app.drop_idle_connections(&node);
         self.detach(false).await;
         self.routing.at_unit_start = true;
         true
+    }
+
+    /// Nothing of the request reached the failed primary connection: nothing was written to
+    /// it since its last transaction ended (the write failed, or it had closed before), or
+    /// its last words were an idle session timeout, which a server raises only while it
+    /// waits for a request; and nothing of the server's reached the client. Shared servers
+    /// only: a session's own cannot be replaced. Otherwise the server may have read the
+    /// request, and committed it.
+    fn ran_nowhere_on_primary(&self, e: &ServerError) -> bool {
+        let idle_timeout = matches!(
+            &e.kind,
+            ServerErrorKind::Closed(Some(words)) if words.code == SqlState::IDLE_SESSION_TIMEOUT
+        );
+        let nothing_sent = self.lease.as_ref().is_some_and(|l| l.bytes_to_server == 0);
+        self.mode_shares_servers()
+            && (nothing_sent || idle_timeout)
+            && self
+                .routing
+                .replay
+                .as_ref()
+                .is_some_and(|r| !r.heard && r.preliminaries == 0)
     }
 
     /// The replica refused the request as a standby must (an unlogged table, a write, a WAL

@@ -16,7 +16,8 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use pgherd_route::catalog::{Persistence, RelationRow, Snapshot, SnapshotBuilder};
 use pgherd_route::{
-    classify, lex, lex_with_spans, HintError, Route, ShardSetting, Target, SHARD_SETTING,
+    classify, lex, lex_with_spans, HintError, Lexed, Route, ShapeMemo, ShardSetting, Target,
+    SHARD_SETTING,
 };
 use pgherd_wire::{PgError, SqlState};
 use tokio::sync::Notify;
@@ -218,6 +219,26 @@ thread_local! {
     static KEY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     /// A statement's shape for the result cache's memo, reused likewise.
     static SHAPE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// Statement shapes this worker lexed: a text seen before up to its literals' values is
+    /// not lexed again. Per thread, so a hit takes no lock and writes nothing shared.
+    static SHAPES: RefCell<ShapeMemo> = RefCell::new(ShapeMemo::default());
+}
+
+/// [`lex`] (with spans, [`pgherd_route::lex_with_spans`]) through this thread's shape memo.
+fn lex_remembered(
+    sql: &[u8],
+    standard_conforming_strings: bool,
+    key: &mut Vec<u8>,
+    spans: Option<&mut Vec<(usize, usize)>>,
+) -> Lexed {
+    SHAPES.with(|memo| match memo.try_borrow_mut() {
+        Ok(mut memo) => memo.lex(sql, standard_conforming_strings, key, spans),
+        // Not reached (nothing lexes while lexing); the lexer itself is always right.
+        Err(_) => match spans {
+            Some(spans) => lex_with_spans(sql, standard_conforming_strings, key, spans),
+            None => lex(sql, standard_conforming_strings, key),
+        },
+    })
 }
 
 impl Router {
@@ -232,7 +253,7 @@ impl Router {
         SHAPE.with(|shape| {
             let mut shape = shape.borrow_mut();
             shape.clear();
-            let lexed = lex(sql, standard_conforming_strings, &mut shape);
+            let lexed = lex_remembered(sql, standard_conforming_strings, &mut shape, None);
             if !shape.is_empty() {
                 let mut memo = self.cache_memo.lock();
                 if let Some(verdict) = memo.of(generation).by_shape.get(shape.as_slice()) {
@@ -273,7 +294,7 @@ impl Router {
         SHAPE.with(|shape| {
             let mut shape = shape.borrow_mut();
             shape.clear();
-            let lexed = lex(sql, standard_conforming_strings, &mut shape);
+            let lexed = lex_remembered(sql, standard_conforming_strings, &mut shape, None);
             // A text too long to parse shows nothing, which another of its shape might.
             let by_shape = !shape.is_empty() && sql.len() <= self.max_parse_bytes;
             if by_shape {
@@ -388,19 +409,16 @@ impl Router {
         sql: &[u8],
         standard_conforming_strings: bool,
         key: &mut Vec<u8>,
-        spans: Option<&mut Vec<(usize, usize)>>,
+        mut spans: Option<&mut Vec<(usize, usize)>>,
     ) -> Result<Routed, PgError> {
         key.clear();
         let long = sql.len() > self.max_parse_bytes;
         // A text too long to parse gets no key: it would only fill the cache.
         let text = if long { &[][..] } else { sql };
-        let lexed = match spans {
-            Some(spans) => {
-                spans.clear();
-                lex_with_spans(text, standard_conforming_strings, key, spans)
-            }
-            None => lex(text, standard_conforming_strings, key),
-        };
+        if let Some(spans) = spans.as_deref_mut() {
+            spans.clear();
+        }
+        let lexed = lex_remembered(text, standard_conforming_strings, key, spans);
         let routed = self.decide(sql, long, &lexed, key);
         if !lexed.cacheable || long || lexed.strings_depend_on_settings {
             key.clear();

@@ -55,7 +55,7 @@ pub struct Lexed {
 
 /// Marks a literal in the key. No SQL text contains a NUL byte (the protocol ends query
 /// strings with one), so a marker can never equal text.
-const MARK: u8 = 0;
+pub(crate) const MARK: u8 = 0;
 
 /// The token the lexer saw last, as far as operator chains are concerned.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -249,7 +249,7 @@ fn is(class: u8, b: u8) -> bool {
     CLASSES[usize::from(b)] & class != 0
 }
 
-fn is_ident_start(b: u8) -> bool {
+pub(crate) fn is_ident_start(b: u8) -> bool {
     is(IDENT_START, b)
 }
 
@@ -601,7 +601,7 @@ impl Lexer<'_> {
                 }
                 Some(b'\'') => {
                     self.at += 1;
-                    match self.continuation() {
+                    match continuation(self.sql, self.at) {
                         Some(next_quote) => self.at = next_quote + 1,
                         None => break,
                     }
@@ -611,36 +611,6 @@ impl Lexer<'_> {
         }
         self.at = self.at.min(self.sql.len());
         self.mark(start, quote, kind);
-    }
-
-    /// Where the next part of a continued string starts (its opening quote): after the
-    /// closing quote, horizontal space, a newline, then any space or `--` comments, then a
-    /// quote.
-    fn continuation(&self) -> Option<usize> {
-        let s = self.sql;
-        let mut i = self.at;
-        while i < s.len() && matches!(s[i], b' ' | b'\t' | b'\x0c') {
-            i += 1;
-        }
-        if i >= s.len() || !matches!(s[i], b'\n' | b'\r') {
-            return None;
-        }
-        loop {
-            while i < s.len() && is_space(s[i]) {
-                i += 1;
-            }
-            if s[i..].starts_with(b"--") {
-                while i < s.len() && s[i] != b'\n' && s[i] != b'\r' {
-                    i += 1;
-                }
-                if i >= s.len() {
-                    return None;
-                }
-                continue;
-            }
-            break;
-        }
-        (s.get(i) == Some(&b'\'')).then_some(i)
     }
 
     fn quoted_identifier(&mut self) {
@@ -719,27 +689,61 @@ impl Lexer<'_> {
     /// such as `1for`, so a number glued to a letter makes the text uncacheable.
     fn number(&mut self) {
         let start = self.at;
-        let s = self.sql;
-        let digits = |mut i: usize| {
-            while i < s.len() && s[i].is_ascii_digit() {
-                i += 1;
-            }
-            i
-        };
-        let mut i = digits(self.at);
-        if s.get(i) == Some(&b'.') && s.get(i + 1) != Some(&b'.') {
-            i = digits(i + 1);
-        }
-        if matches!(s.get(i), Some(b'e' | b'E')) {
-            let sign = usize::from(matches!(s.get(i + 1), Some(b'+' | b'-')));
-            if s.get(i + 1 + sign).is_some_and(u8::is_ascii_digit) {
-                i = digits(i + 1 + sign);
-            }
-        }
-        self.at = i;
-        if s.get(i).copied().is_some_and(is_ident_start) {
+        self.at = number_end(self.sql, start);
+        if self.peek(0).is_some_and(is_ident_start) {
             self.uncacheable();
         }
         self.mark(start, start, b'N');
     }
+}
+
+/// Where a numeric literal starting at `at` (a digit, or a `.` before one) ends: digits, a
+/// fraction unless `..` follows, an exponent only when digits follow its sign.
+pub(crate) fn number_end(s: &[u8], at: usize) -> usize {
+    let digits = |mut i: usize| {
+        while i < s.len() && s[i].is_ascii_digit() {
+            i += 1;
+        }
+        i
+    };
+    let mut i = digits(at);
+    if s.get(i) == Some(&b'.') && s.get(i + 1) != Some(&b'.') {
+        i = digits(i + 1);
+    }
+    if matches!(s.get(i), Some(b'e' | b'E')) {
+        let sign = usize::from(matches!(s.get(i + 1), Some(b'+' | b'-')));
+        if s.get(i + 1 + sign).is_some_and(u8::is_ascii_digit) {
+            i = digits(i + 1 + sign);
+        }
+    }
+    i
+}
+
+/// Where the next part of a continued string starts (its opening quote), for a string that
+/// closed just before `at`: horizontal space, a newline, then any space or `--` comments,
+/// then a quote.
+pub(crate) fn continuation(s: &[u8], at: usize) -> Option<usize> {
+    let mut i = at;
+    while i < s.len() && matches!(s[i], b' ' | b'\t' | b'\x0c') {
+        i += 1;
+    }
+    if i >= s.len() || !matches!(s[i], b'\n' | b'\r') {
+        return None;
+    }
+    loop {
+        while i < s.len() && is_space(s[i]) {
+            i += 1;
+        }
+        if s[i..].starts_with(b"--") {
+            while i < s.len() && s[i] != b'\n' && s[i] != b'\r' {
+                i += 1;
+            }
+            if i >= s.len() {
+                return None;
+            }
+            continue;
+        }
+        break;
+    }
+    (s.get(i) == Some(&b'\'')).then_some(i)
 }

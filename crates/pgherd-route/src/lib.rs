@@ -24,6 +24,7 @@ pub mod parse;
 pub mod pin;
 pub mod plan;
 pub mod reshard;
+mod shape_memo;
 pub mod shard_hash;
 pub mod shard_plan;
 pub mod shard_route;
@@ -38,6 +39,7 @@ pub use classify::{classify, leaving_session_state, setting_value, ROUTE_SETTING
 pub use decision::{Decision, Pin, SessionEffect, ShardSetting, Target, TxEffect};
 pub use lexer::{lex, lex_with_spans, skip_blanks, HintError, Lexed};
 pub use plan::{Role, Routed};
+pub use shape_memo::ShapeMemo;
 
 /// How fresh the data a session reads from replicas must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,5 +106,7 @@ impl Route {
 mod lexer_tests;
 #[cfg(test)]
 mod plan_tests;
+#[cfg(test)]
+mod shape_memo_tests;
 #[cfg(test)]
 mod tests;

@@ -28,9 +28,13 @@ const TEXT_MAX_BYTES: usize = 1024;
 /// 1,024 shapes, a few hundred kB per worker with texts of typical length.
 const BUCKET_BITS: u32 = 8;
 const SHAPES_PER_BUCKET: usize = 4;
+/// Keys remembered per bucket as lexed once, to learn a shape when one comes again.
+const RECENT_MISSES: usize = 4;
 /// How many leading bytes choose a bucket, stopping before the first byte that may start a
 /// literal, so every text of one shape lands in the shape's bucket.
 const PREFIX_BYTES: usize = 16;
+/// Multiplier that spreads a word's bits upwards, for the bucket hash and the fingerprint.
+const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// A literal's kind in a shape, by its first byte: the token before a literal ends according
 /// to the literal's first byte, so a text must start its literal with a byte of the same class.
@@ -202,7 +206,6 @@ fn bucket_of(sql: &[u8]) -> usize {
     };
     let low = keep(low, prefix_len);
     let high = keep(high, prefix_len.saturating_sub(8));
-    const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
     let hash = (low ^ high.rotate_left(29).wrapping_mul(MIX) ^ prefix_len as u64).wrapping_mul(MIX);
     (hash >> (64 - BUCKET_BITS)) as usize
 }
@@ -220,10 +223,38 @@ pub(crate) fn literal_starts(word: u64) -> u64 {
     digits | dots | quotes
 }
 
+/// Whether `key` was lexed in this bucket among its last few misses; notes it if not.
+fn missed_before(recent: &mut [u64; RECENT_MISSES], key: &[u8]) -> bool {
+    let fingerprint = fingerprint(key);
+    if recent.contains(&fingerprint) {
+        return true;
+    }
+    recent.rotate_right(1);
+    recent[0] = fingerprint;
+    false
+}
+
+/// A hash of a key, eight bytes at a time, never 0 (an empty slot). Two keys that share it
+/// only make a shape learnt one sighting early.
+fn fingerprint(key: &[u8]) -> u64 {
+    let mut hash = (key.len() as u64).wrapping_mul(MIX);
+    let mut words = key.chunks_exact(8);
+    for word in &mut words {
+        let word = u64::from_le_bytes(word.try_into().unwrap_or_default());
+        hash = (hash.rotate_left(5) ^ word).wrapping_mul(MIX);
+    }
+    let mut rest = [0u8; 8];
+    rest[..words.remainder().len()].copy_from_slice(words.remainder());
+    hash = (hash.rotate_left(5) ^ u64::from_le_bytes(rest)).wrapping_mul(MIX);
+    hash | 1
+}
+
 /// Shapes seen, for [`ShapeMemo::lex`].
 #[derive(Debug)]
 pub struct ShapeMemo {
     buckets: Box<[Vec<Shape>]>,
+    /// Per bucket, fingerprints of the last keys lexed there without a shape.
+    recent_misses: Box<[[u64; RECENT_MISSES]]>,
     spans: Vec<(usize, usize)>,
     rebuilt: Vec<u8>,
     hits: u64,
@@ -234,6 +265,7 @@ impl Default for ShapeMemo {
     fn default() -> Self {
         ShapeMemo {
             buckets: (0..1usize << BUCKET_BITS).map(|_| Vec::new()).collect(),
+            recent_misses: vec![[0; RECENT_MISSES]; 1 << BUCKET_BITS].into(),
             spans: Vec::new(),
             rebuilt: Vec::new(),
             hits: 0,
@@ -254,7 +286,8 @@ impl ShapeMemo {
         mut spans: Option<&mut Vec<(usize, usize)>>,
     ) -> Lexed {
         let spans_before = spans.as_ref().map_or(0, |spans| spans.len());
-        let shapes = &mut self.buckets[bucket_of(sql)];
+        let bucket = bucket_of(sql);
+        let shapes = &mut self.buckets[bucket];
         for i in 0..shapes.len() {
             let shape = &shapes[i];
             if shape.standard_conforming_strings == standard_conforming_strings
@@ -275,36 +308,29 @@ impl ShapeMemo {
         }
         self.misses += 1;
         let key_before = key.len();
-        let (lexed, shape) = match spans {
-            Some(spans) => {
-                let lexed = lexer::lex_with_spans(sql, standard_conforming_strings, key, spans);
-                let shape = Shape::learn(
-                    sql,
-                    standard_conforming_strings,
-                    &lexed,
-                    &key[key_before..],
-                    &spans[spans_before..],
-                    &mut self.rebuilt,
-                );
-                (lexed, shape)
-            }
+        let spans = match spans {
+            Some(spans) => spans,
             None => {
                 self.spans.clear();
-                let lexed =
-                    lexer::lex_with_spans(sql, standard_conforming_strings, key, &mut self.spans);
-                let shape = Shape::learn(
-                    sql,
-                    standard_conforming_strings,
-                    &lexed,
-                    &key[key_before..],
-                    &self.spans,
-                    &mut self.rebuilt,
-                );
-                (lexed, shape)
+                &mut self.spans
             }
         };
-        if let Some(shape) = shape {
-            let shapes = &mut self.buckets[bucket_of(sql)];
+        let lexed = lexer::lex_with_spans(sql, standard_conforming_strings, key, spans);
+        let key = &key[key_before..];
+        // A shape is learnt the second time its key is lexed: texts of a kind seen once
+        // (ad hoc queries, lists of every length) would only churn the memo.
+        if !missed_before(&mut self.recent_misses[bucket], key) {
+            return lexed;
+        }
+        if let Some(shape) = Shape::learn(
+            sql,
+            standard_conforming_strings,
+            &lexed,
+            key,
+            &spans[spans_before..],
+            &mut self.rebuilt,
+        ) {
+            let shapes = &mut self.buckets[bucket];
             if shapes.len() >= SHAPES_PER_BUCKET {
                 shapes.pop();
             }

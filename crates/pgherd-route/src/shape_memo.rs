@@ -133,7 +133,6 @@ impl Shape {
         if !lexed.cacheable || lexed.strings_depend_on_settings || sql.len() > TEXT_MAX_BYTES {
             return None;
         }
-        let mut literals = Vec::with_capacity(spans.len());
         rebuilt.clear();
         let mut from = 0;
         for &(start, end) in spans {
@@ -143,7 +142,6 @@ impl Shape {
             }
             rebuilt.extend_from_slice(&sql[from..start]);
             rebuilt.extend_from_slice(&[MARK, literal.mark()]);
-            literals.push((from, start, literal));
             from = end;
         }
         rebuilt.extend_from_slice(sql.get(from..)?);
@@ -152,9 +150,20 @@ impl Shape {
         if rebuilt.as_slice() != key {
             return None;
         }
+        // Checked above; built only now, so a text that makes no shape allocates nothing.
+        let mut fixed_from = 0;
+        let literals: Box<[(usize, usize, Literal)]> = spans
+            .iter()
+            .filter_map(|&(start, end)| {
+                let literal = Literal::starting(sql[start])?;
+                let piece = (fixed_from, start, literal);
+                fixed_from = end;
+                Some(piece)
+            })
+            .collect();
         Some(Shape {
             text: sql.into(),
-            literals: literals.into(),
+            literals,
             tail: from,
             key: key.into(),
             lexed: lexed.clone(),

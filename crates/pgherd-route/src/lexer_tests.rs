@@ -282,13 +282,7 @@ fn literals_agree_with_the_parser_librarys_scanner() {
         Token::Iconst,
         Token::Fconst,
     ];
-    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = crate::xorshift(0x9e37_79b9_7f4a_7c15);
     let mut compared = 0;
     for _ in 0..20_000 {
         let len = 1 + next() % 12;

@@ -102,6 +102,17 @@ impl Route {
     }
 }
 
+/// A seeded xorshift sequence for the randomized tests: the same inputs on every run.
+#[cfg(test)]
+fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
 #[cfg(test)]
 mod lexer_tests;
 #[cfg(test)]

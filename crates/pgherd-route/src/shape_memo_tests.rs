@@ -203,13 +203,7 @@ const VALUES: &[&str] = &[
 
 #[test]
 fn the_memo_answers_as_the_lexer_on_random_texts() {
-    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = crate::xorshift(0x2545_f491_4f6c_dd1d);
     let pick = |list: &[&'static str], next: &mut dyn FnMut() -> u64| {
         list[(next() % list.len() as u64) as usize]
     };
@@ -260,12 +254,10 @@ fn the_memo_answers_as_the_lexer_on_random_texts() {
 
 #[test]
 fn the_first_byte_that_may_start_a_literal_is_found_eight_at_a_time() {
-    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = crate::xorshift(0x9e37_79b9_7f4a_7c15);
     let alphabet = b"09.'/a-A \x00\x7f\x80\xff:8(\x2f\x3a\x2d\x27";
     for _ in 0..200_000 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
+        let seed = next();
         let bytes: [u8; 8] =
             std::array::from_fn(|i| alphabet[((seed >> (i * 5)) % alphabet.len() as u64) as usize]);
         let want = bytes

@@ -551,7 +551,8 @@ impl Session {
                         b.rest,
                     )?;
                     if b.portal.is_empty() {
-                        self.portal_sql = may_change_session(&def.query)
+                        self.portal_sql = def
+                            .may_change_session
                             .then(|| def.query.clone().into_boxed_slice());
                     }
                 }

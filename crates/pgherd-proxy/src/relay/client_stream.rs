@@ -212,8 +212,9 @@ impl Session {
             rest_len,
         )?;
         if portal.is_empty() {
-            self.portal_sql =
-                may_change_session(&def.query).then(|| def.query.clone().into_boxed_slice());
+            self.portal_sql = def
+                .may_change_session
+                .then(|| def.query.clone().into_boxed_slice());
         }
         self.queue.push_client(Request::Bind);
         self.stream_rest(h, input, HEADER_BYTES + names_len, false);

@@ -157,11 +157,7 @@ impl Session {
             }
             self.routing.lasting.catalog_changed |= decision.changes_catalog;
             for name in &decision.custom_settings {
-                if !self.custom_settings.contains(name)
-                    && self.custom_settings.len() < MAX_CUSTOM_SETTINGS
-                {
-                    self.custom_settings.push(name.clone());
-                }
+                self.remember_custom_setting(name);
             }
         }
     }
@@ -180,12 +176,18 @@ impl Session {
                 continue;
             };
             let name = name.to_ascii_lowercase();
-            if pgherd_route::catalog::is_custom_setting(&name)
-                && !self.custom_settings.contains(&name)
-                && self.custom_settings.len() < MAX_CUSTOM_SETTINGS
-            {
-                self.custom_settings.push(name);
+            if pgherd_route::catalog::is_custom_setting(&name) {
+                self.remember_custom_setting(&name);
             }
+        }
+    }
+
+    /// A custom setting the session may have set, for the session-state probe to ask about.
+    fn remember_custom_setting(&mut self, name: &str) {
+        if self.custom_settings.len() < MAX_CUSTOM_SETTINGS
+            && !self.custom_settings.iter().any(|known| known == name)
+        {
+            self.custom_settings.push(name.to_owned());
         }
     }
 

@@ -24,6 +24,7 @@ use crate::nodes::Nodes;
 use crate::pool::AcquireError;
 use crate::relay::params::SessionParams;
 use crate::relay::{RoutingSetup, Session, SessionSetup};
+use crate::startup_settings::LoginFailure;
 use crate::stream::Stream;
 
 mod moved;
@@ -437,23 +438,16 @@ async fn login_node(
         })?;
         match serve_login(app, &pool, settings, session_mode, user, database).await {
             Ok(checked) => return Ok((node, pool, checked)),
-            Err(end)
-                if unreachable(&end)
+            Err(failed)
+                if failed.transient
                     && tokio::time::Instant::now() + LOGIN_RETRY_PAUSE < deadline =>
             {
-                tracing::info!(node = node.name(), user, database, error = ?end.client_error().map(|e| e.message), "login: the node could not be reached; waiting for it or another");
+                tracing::info!(node = node.name(), user, database, error = ?failed.end.client_error().map(|e| e.message), "login: the node could not be reached; waiting for it or another");
                 tokio::time::sleep(LOGIN_RETRY_PAUSE).await;
             }
-            Err(end) => return Err(end),
+            Err(failed) => return Err(failed.end),
         }
     }
-}
-
-/// The login's failure says the node could not be reached or is starting or stopping (a
-/// connection exception, `57P03`), not that it refused this user or database.
-fn unreachable(end: &Disconnect) -> bool {
-    end.client_error()
-        .is_some_and(|e| e.code.code().starts_with("08") || e.code == SqlState::CANNOT_CONNECT_NOW)
 }
 
 /// The first client of a pool logs in to a server to learn what to report (which also
@@ -466,16 +460,14 @@ async fn serve_login(
     session_mode: bool,
     user: &str,
     database: &str,
-) -> Result<crate::startup_settings::Checked, Disconnect> {
+) -> Result<crate::startup_settings::Checked, LoginFailure> {
     if !pool.has_template_params() {
         match pool.acquire(&app.connect_context()).await {
             Ok(conn) => pool.release(conn, true),
             Err(AcquireError::Server(e)) => {
                 tracing::warn!(user, database, error = %e, "first server login failed");
                 app.forget_pool_if_unused(pool);
-                let mut err = e.to_client_error();
-                err.severity = pgherd_wire::Severity::Fatal;
-                return Err(Disconnect::refused(err));
+                return Err(LoginFailure::server(&e));
             }
             Err(AcquireError::WaitTimeout { .. }) | Err(AcquireError::Closed) => {}
         }

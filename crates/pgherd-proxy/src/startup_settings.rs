@@ -11,7 +11,7 @@ use std::sync::Arc;
 use pgherd_wire::{PgError, Severity, SqlState};
 
 use crate::app::App;
-use crate::error::Disconnect;
+use crate::error::{Disconnect, ServerError};
 use crate::pool::{AcquireError, Pool, ReportedParams};
 use crate::relay::params::{SessionParams, BASELINE, RESET_SQL, UNKNOWN};
 use crate::server::{QueryError, ServerConn};
@@ -24,13 +24,40 @@ pub struct Checked {
     pub server: Option<Box<ServerConn>>,
 }
 
+/// A login that a server of its pool failed, and whether waiting may help: the node could
+/// not be reached or is starting or stopping ([`ServerError::is_transient`]), rather than
+/// refusing this user, database or setting.
+pub struct LoginFailure {
+    pub end: Disconnect,
+    pub transient: bool,
+}
+
+impl LoginFailure {
+    /// The server's failure, told to the client as the login's (FATAL).
+    pub fn server(e: &ServerError) -> Self {
+        let mut err = e.to_client_error();
+        err.severity = Severity::Fatal;
+        LoginFailure {
+            end: Disconnect::refused(err),
+            transient: e.is_transient(),
+        }
+    }
+
+    fn refused(end: Disconnect) -> Self {
+        LoginFailure {
+            end,
+            transient: false,
+        }
+    }
+}
+
 /// Checks `settings` on a server of `pool`; `keep` keeps that server for the client.
 pub async fn check(
     app: &Arc<App>,
     pool: &Arc<Pool>,
     settings: &SessionParams,
     keep: bool,
-) -> Result<Checked, Disconnect> {
+) -> Result<Checked, LoginFailure> {
     let cached = pool.validated_settings(settings.fingerprint());
     if !keep && (settings.is_empty() || cached.is_some()) {
         return Ok(Checked {
@@ -73,7 +100,7 @@ pub async fn check(
 async fn apply(
     conn: &mut ServerConn,
     settings: &SessionParams,
-) -> Result<ReportedParams, (bool, Disconnect)> {
+) -> Result<ReportedParams, (bool, LoginFailure)> {
     let fingerprint = settings.fingerprint();
     if conn.params_fp == fingerprint {
         return Ok(Vec::new());
@@ -95,34 +122,32 @@ async fn apply(
             // The statements ran in one implicit transaction: nothing of them stayed.
             conn.params_fp = UNKNOWN;
             e.severity = Severity::Fatal;
-            Err((true, Disconnect::refused(e)))
+            Err((true, LoginFailure::refused(Disconnect::refused(e))))
         }
-        Err(QueryError::Server(e)) => {
-            let mut err = e.to_client_error();
-            err.severity = Severity::Fatal;
-            Err((false, Disconnect::refused(err)))
-        }
+        Err(QueryError::Server(e)) => Err((false, LoginFailure::server(&e))),
     }
 }
 
-async fn acquire(app: &Arc<App>, pool: &Arc<Pool>) -> Result<Box<ServerConn>, Disconnect> {
+async fn acquire(app: &Arc<App>, pool: &Arc<Pool>) -> Result<Box<ServerConn>, LoginFailure> {
     match pool.acquire(&app.connect_context()).await {
         Ok(conn) => Ok(conn),
-        Err(AcquireError::Server(e)) => {
-            let mut err = e.to_client_error();
-            err.severity = Severity::Fatal;
-            Err(Disconnect::refused(err))
+        Err(AcquireError::Server(e)) => Err(LoginFailure::server(&e)),
+        Err(AcquireError::WaitTimeout { waited, .. }) => {
+            Err(LoginFailure::refused(Disconnect::refused(PgError::fatal(
+                SqlState::TOO_MANY_CONNECTIONS,
+                format!(
+                    "no server connection became free within {} ms for the login",
+                    waited.as_millis()
+                ),
+            ))))
         }
-        Err(AcquireError::WaitTimeout { waited, .. }) => Err(Disconnect::refused(PgError::fatal(
-            SqlState::TOO_MANY_CONNECTIONS,
-            format!(
-                "no server connection became free within {} ms for the login",
-                waited.as_millis()
-            ),
-        ))),
-        Err(AcquireError::Closed) => Err(Disconnect::refused(PgError::fatal(
-            SqlState::CANNOT_CONNECT_NOW,
-            "the pool was closed during login; retry",
-        ))),
+        // The pool was replaced (its node left or came back): another may serve.
+        Err(AcquireError::Closed) => Err(LoginFailure {
+            end: Disconnect::refused(PgError::fatal(
+                SqlState::CANNOT_CONNECT_NOW,
+                "the pool was closed during login; retry",
+            )),
+            transient: true,
+        }),
     }
 }

@@ -107,6 +107,14 @@ fn plain_string_end(sql: &[u8], at: usize) -> Option<usize> {
     }
 }
 
+/// Reused by every attempt to learn a shape, so one that makes none allocates nothing.
+#[derive(Debug, Default)]
+struct Scratch {
+    /// The key the fixed stretches and markers give, to compare with the lexer's.
+    rebuilt: Vec<u8>,
+    literals: Vec<(usize, usize, Literal)>,
+}
+
 #[derive(Debug)]
 struct Shape {
     text: Box<[u8]>,
@@ -128,12 +136,14 @@ impl Shape {
         lexed: &Lexed,
         key: &[u8],
         spans: &[(usize, usize)],
-        rebuilt: &mut Vec<u8>,
+        scratch: &mut Scratch,
     ) -> Option<Shape> {
         if !lexed.cacheable || lexed.strings_depend_on_settings || sql.len() > TEXT_MAX_BYTES {
             return None;
         }
+        let Scratch { rebuilt, literals } = scratch;
         rebuilt.clear();
+        literals.clear();
         let mut from = 0;
         for &(start, end) in spans {
             let literal = Literal::starting(*sql.get(start)?)?;
@@ -142,6 +152,7 @@ impl Shape {
             }
             rebuilt.extend_from_slice(&sql[from..start]);
             rebuilt.extend_from_slice(&[MARK, literal.mark()]);
+            literals.push((from, start, literal));
             from = end;
         }
         rebuilt.extend_from_slice(sql.get(from..)?);
@@ -150,20 +161,9 @@ impl Shape {
         if rebuilt.as_slice() != key {
             return None;
         }
-        // Checked above; built only now, so a text that makes no shape allocates nothing.
-        let mut fixed_from = 0;
-        let literals: Box<[(usize, usize, Literal)]> = spans
-            .iter()
-            .filter_map(|&(start, end)| {
-                let literal = Literal::starting(sql[start])?;
-                let piece = (fixed_from, start, literal);
-                fixed_from = end;
-                Some(piece)
-            })
-            .collect();
         Some(Shape {
             text: sql.into(),
-            literals,
+            literals: literals.as_slice().into(),
             tail: from,
             key: key.into(),
             lexed: lexed.clone(),
@@ -265,7 +265,7 @@ pub struct ShapeMemo {
     /// Per bucket, fingerprints of the last keys lexed there without a shape.
     recent_misses: Box<[[u64; RECENT_MISSES]]>,
     spans: Vec<(usize, usize)>,
-    rebuilt: Vec<u8>,
+    scratch: Scratch,
     hits: u64,
     misses: u64,
 }
@@ -276,7 +276,7 @@ impl Default for ShapeMemo {
             buckets: (0..1usize << BUCKET_BITS).map(|_| Vec::new()).collect(),
             recent_misses: vec![[0; RECENT_MISSES]; 1 << BUCKET_BITS].into(),
             spans: Vec::new(),
-            rebuilt: Vec::new(),
+            scratch: Scratch::default(),
             hits: 0,
             misses: 0,
         }
@@ -337,7 +337,7 @@ impl ShapeMemo {
             &lexed,
             key,
             &spans[spans_before..],
-            &mut self.rebuilt,
+            &mut self.scratch,
         ) {
             let shapes = &mut self.buckets[bucket];
             if shapes.len() >= SHAPES_PER_BUCKET {

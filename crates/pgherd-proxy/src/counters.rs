@@ -20,7 +20,7 @@ pub const STRIPES: usize = 8;
 /// A value alone on its cache line (two lines: adjacent-line prefetch pairs them).
 #[derive(Debug, Default)]
 #[repr(align(128))]
-struct Padded<T>(T);
+pub(crate) struct Padded<T>(pub(crate) T);
 
 static NEXT_STRIPE: AtomicUsize = AtomicUsize::new(0);
 

@@ -133,6 +133,67 @@ async fn hundred_clients_with_prepared_statements_share_five_server_connections(
     );
 }
 
+/// Two workers lend one small pool's connections to many clients at once, each worker from
+/// its own lane of idle connections: every request is served (a client left waiting while a
+/// connection sat idle in another worker's lane would time out after 20 s), no more than
+/// `max_size` connections are opened, and once the clients are done the pool counts every
+/// connection idle again, none lent, connecting or waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_share_a_small_pool_and_its_counts_come_back_whole() {
+    let env = env(0, |c| {
+        c.superuser()
+            .max_size(3)
+            .wait_timeout_ms(20_000)
+            .mode("transaction")
+            .proxy("workers = 2")
+            .proxy("admin_users = [\"postgres\"]")
+    });
+    let mut tasks = Vec::new();
+    for client_no in 0..40 {
+        let conninfo = env.pgherd.conninfo(APP, APP_PASSWORD, APP);
+        tasks.push(tokio::spawn(async move {
+            let client = connect(&conninfo).await;
+            for i in 0..100 {
+                if i % 5 == 0 {
+                    client
+                        .batch_execute("BEGIN; SELECT pg_backend_pid(); COMMIT")
+                        .await
+                        .expect("a transaction");
+                } else {
+                    let n = client_no * 1000 + i;
+                    let row = client.query_one("SELECT $1::int", &[&n]).await.unwrap();
+                    assert_eq!(row.get::<_, i32>(0), n);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("client task");
+    }
+    let backends: i64 = env
+        .direct("SELECT count(*) FROM pg_stat_activity WHERE usename = 'app' AND backend_type = 'client backend'")
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=3).contains(&backends),
+        "{backends} server connections with max_size 3"
+    );
+    let pools = psql(
+        &env.pgherd
+            .url("postgres", pgherd_testkit::SUPERUSER_PASSWORD, "pgherd"),
+        &["-A", "-t", "-c", "SHOW POOLS"],
+    )
+    .expect("SHOW POOLS");
+    let row: Vec<&str> = pools
+        .lines()
+        .find(|line| line.starts_with("app|app|"))
+        .unwrap_or_else(|| panic!("no pool for app:\n{pools}"))
+        .split('|')
+        .collect();
+    // cl_waiting, sv_active, sv_idle, sv_connecting
+    assert_eq!(row[4..8], ["0", "0", &backends.to_string(), "0"], "{pools}");
+}
+
 /// Two clients use the same statement name for different statements on one shared server
 /// connection; each must run its own.
 #[test]

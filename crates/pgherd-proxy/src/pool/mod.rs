@@ -1,13 +1,17 @@
 //! Server connection pools, one per (database, user, node).
 //!
-//! A pool's state is a plain struct behind a short lock that is never held across an await:
-//! idle connections, counts, and a FIFO of waiting clients. A released connection goes straight
-//! to the first waiter if there is one. Every connection is counted exactly once in `total`,
-//! whether idle, lent out, or still connecting, so `max_size` is never exceeded. Connections
-//! are boxed, so lending one out moves a pointer; taking an idle one needs no await.
+//! A pool's idle connections, its count of connections and its FIFO of waiting clients are an
+//! [`exchange::Exchange`]: on a warm pool a transaction takes a connection from its worker's
+//! own lane and gives it back there, writing nothing another worker writes; a released
+//! connection goes straight to the first waiting client if there is one. Every connection is
+//! counted exactly once in the total, whether idle, lent out, or still connecting, so
+//! `max_size` is never exceeded. Connections are boxed, so lending one out moves a pointer;
+//! taking an idle one needs no await.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+mod exchange;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::Duration;
@@ -19,7 +23,6 @@ use pgherd_config::PoolSettings;
 use pgherd_wire::backend::TxStatus;
 use pgherd_wire::startup::CancelKey;
 use pgherd_wire::{PgError, SqlState};
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::counters::StripedCounter;
@@ -27,32 +30,10 @@ use crate::error::ServerError;
 use crate::relay::statements::ServerStatements;
 use crate::server::{self, ConnectSpec, ServerConn, ServerCredentials};
 use crate::stream::Stream;
+use exchange::{Closed, Exchange, Handoff, Next};
 
 /// A connection released this recently is handed out without a liveness check.
 const TRUST_RECENTLY_USED: Duration = Duration::from_millis(500);
-
-/// What a waiting client receives.
-#[derive(Debug)]
-enum Handoff {
-    Conn(Box<ServerConn>),
-    /// A slot freed up (a connection failed or was closed): try to connect yourself.
-    Retry,
-}
-
-#[derive(Debug, Default)]
-struct PoolState {
-    idle: VecDeque<Box<ServerConn>>,
-    /// Idle, lent out, and connecting.
-    total: u32,
-    lent: u32,
-    waiters: VecDeque<oneshot::Sender<Handoff>>,
-    /// Set when the pool's database or user left the config, or at shutdown.
-    closed: bool,
-    /// `RECONNECT`: connections opened before this close when they are released.
-    reconnect_before: Option<Instant>,
-    /// Lent connections opened before `reconnect_before`, still to close (`WAIT_CLOSE`).
-    close_needed: u32,
-}
 
 /// A slot counted in `total` while its connection opens; given back unless the opening
 /// succeeds (it failed, or it was abandoned because the waiting request was cancelled).
@@ -62,7 +43,7 @@ struct ConnectingSlot<'a> {
 
 impl Drop for ConnectingSlot<'_> {
     fn drop(&mut self) {
-        self.pool.forget_slot();
+        self.pool.idle.unmade();
     }
 }
 
@@ -70,16 +51,16 @@ impl Drop for ConnectingSlot<'_> {
 /// handed to it, that connection goes back to the pool instead of vanishing with the channel.
 struct WaitTicket<'a> {
     pool: &'a Pool,
-    rx: oneshot::Receiver<Handoff>,
+    rx: tokio::sync::oneshot::Receiver<Handoff<Box<ServerConn>>>,
 }
 
 impl Drop for WaitTicket<'_> {
     fn drop(&mut self) {
         self.rx.close();
         match self.rx.try_recv() {
-            Ok(Handoff::Conn(conn)) => self.pool.release(conn, true),
+            Ok(Handoff::Item(conn)) => self.pool.release(conn, true),
             // The free slot it was told about goes to the next waiter.
-            Ok(Handoff::Retry) => Pool::wake_one_to_retry(&mut self.pool.state.lock()),
+            Ok(Handoff::Retry) => self.pool.idle.pass_retry_on(),
             Err(_) => {}
         }
     }
@@ -135,9 +116,16 @@ pub struct Pool {
     pub server_dbname: String,
     pub node: NodeAddress,
     settings: ArcSwap<PoolSettings>,
-    state: Mutex<PoolState>,
-    /// Mirrors `PoolState::closed`, readable without the lock on every attach.
-    closed: AtomicBool,
+    /// Idle connections, the count of all, and the clients waiting.
+    idle: Exchange<Box<ServerConn>>,
+    /// `RECONNECT`: connections opened at or before this instant (`since_epoch_ns`; 0 for
+    /// none) close when they are released. Read by every release, so kept outside any lock.
+    reconnect_before_ns: AtomicU64,
+    /// Where `reconnect_before_ns` counts from.
+    epoch: Instant,
+    /// Lent connections `RECONNECT` asked to close, still out (`WAIT_CLOSE`). Its lock also
+    /// orders a stale connection's closing against `RECONNECT`'s counting.
+    close_needed: Mutex<u32>,
     pub stats: PoolStats,
     /// ParameterStatus values from the newest login, shown to clients at their login.
     template_params: Mutex<Arc<Vec<(String, String)>>>,
@@ -200,8 +188,10 @@ impl Pool {
             server_dbname,
             node,
             settings: ArcSwap::from_pointee(settings),
-            state: Mutex::new(PoolState::default()),
-            closed: AtomicBool::new(false),
+            idle: Exchange::default(),
+            reconnect_before_ns: AtomicU64::new(0),
+            epoch: Instant::now(),
+            close_needed: Mutex::new(0),
             stats: PoolStats::default(),
             template_params: Mutex::new(Arc::default()),
             validated: Mutex::default(),
@@ -216,7 +206,7 @@ impl Pool {
     pub fn update_settings(&self, settings: PoolSettings) {
         self.settings.store(Arc::new(settings));
         // A larger pool may let waiters connect now.
-        self.wake_waiters_to_retry();
+        self.idle.wake_all_to_retry();
     }
 
     pub fn template_params(&self) -> Arc<Vec<(String, String)>> {
@@ -246,48 +236,34 @@ impl Pool {
     /// The idle connections: (server id, backend pid, age, idle for).
     pub fn idle_servers(&self) -> Vec<(u64, i32, Duration, Duration)> {
         let now = Instant::now();
-        self.state
-            .lock()
-            .idle
-            .iter()
-            .map(|c| {
-                (
-                    c.id,
-                    c.cancel_key.process_id,
-                    now.duration_since(c.created_at),
-                    now.duration_since(c.last_used),
-                )
-            })
-            .collect()
+        self.idle.map_idle(|c| {
+            (
+                c.id,
+                c.cancel_key.process_id,
+                now.duration_since(c.created_at),
+                now.duration_since(c.last_used),
+            )
+        })
     }
 
     pub fn snapshot(&self) -> PoolSnapshot {
         let settings = self.settings.load();
-        let st = self.state.lock();
-        let idle = st.idle.len() as u32;
+        let counts = self.idle.counts();
         PoolSnapshot {
-            idle,
-            lent: st.lent,
-            connecting: st.total - idle - st.lent,
-            waiting: st.waiters.len(),
+            idle: counts.idle,
+            lent: counts.lent,
+            connecting: counts.connecting,
+            waiting: counts.waiting as usize,
             max_size: settings.max_size,
             mode: settings.mode,
         }
     }
 
     /// An idle connection, if one is ready now: the path every transaction takes when the pool
-    /// is warm. No await, no allocation.
+    /// is warm. No await, no allocation, nothing another worker writes.
     pub fn try_acquire(&self) -> Option<Box<ServerConn>> {
         loop {
-            let conn = {
-                let mut st = self.state.lock();
-                if st.closed {
-                    return None;
-                }
-                let conn = st.idle.pop_back()?;
-                st.lent += 1;
-                conn
-            };
+            let conn = self.idle.try_take()?;
             if let Some(conn) = self.check_idle_conn(conn) {
                 return Some(conn);
             }
@@ -307,38 +283,18 @@ impl Pool {
         // says.
         let mut found_none_idle = false;
         loop {
-            // Lives for one loop turn; the connection is boxed already.
-            enum Next {
-                Use(Box<ServerConn>),
-                Connect,
-                Wait(oneshot::Receiver<Handoff>),
-            }
-            let next = {
-                let mut st = self.state.lock();
-                if st.closed {
-                    return Err(AcquireError::Closed);
-                }
-                if let Some(conn) = st.idle.pop_back() {
-                    st.lent += 1;
-                    Next::Use(conn)
-                } else if st.total < self.settings.load().max_size {
-                    st.total += 1;
-                    Next::Connect
-                } else {
-                    let (tx, rx) = oneshot::channel();
-                    st.waiters.push_back(tx);
-                    Next::Wait(rx)
-                }
-            };
+            let next = self
+                .idle
+                .next(self.settings.load().max_size)
+                .map_err(|Closed| AcquireError::Closed)?;
             match next {
-                Next::Use(conn) => match self.check_idle_conn(conn) {
+                Next::Take(conn) => match self.check_idle_conn(conn) {
                     Some(conn) if found_none_idle => return Ok(self.record_wait(conn, started)),
                     Some(conn) => return Ok(conn),
                     None => continue,
                 },
-                Next::Connect => {
+                Next::Make => {
                     let conn = self.open(ctx).await?;
-                    self.state.lock().lent += 1;
                     return Ok(self.record_wait(conn, started));
                 }
                 Next::Wait(rx) => {
@@ -346,7 +302,7 @@ impl Pool {
                     let remaining = wait_timeout.saturating_sub(started.elapsed());
                     let mut ticket = WaitTicket { pool: self, rx };
                     match tokio::time::timeout(remaining, &mut ticket.rx).await {
-                        Ok(Ok(Handoff::Conn(conn))) => match self.check_idle_conn(conn) {
+                        Ok(Ok(Handoff::Item(conn))) => match self.check_idle_conn(conn) {
                             Some(conn) => return Ok(self.record_wait(conn, started)),
                             None => continue,
                         },
@@ -375,7 +331,7 @@ impl Pool {
         conn
     }
 
-    /// Opens a connection for a slot already counted in `total`.
+    /// Opens a connection for a slot already reserved; it is lent once open.
     async fn open(&self, ctx: &ConnectContext) -> Result<Box<ServerConn>, AcquireError> {
         let slot = ConnectingSlot { pool: self };
         let credentials = self.credentials.lock().clone();
@@ -398,6 +354,7 @@ impl Pool {
         match server::connect(&spec, id, settings.prepared_statements_per_server).await {
             Ok(conn) => {
                 std::mem::forget(slot);
+                self.idle.made();
                 *self.template_params.lock() = Arc::new(conn.reported.clone());
                 tracing::debug!(server = id, node = %self.node.name, db = %self.database, user = %self.user, "server connection opened");
                 Ok(Box::new(conn))
@@ -444,13 +401,8 @@ impl Pool {
         cancel_key: CancelKey,
         reported: Vec<(String, String)>,
     ) -> Option<Box<ServerConn>> {
-        {
-            let mut st = self.state.lock();
-            if st.closed {
-                return None;
-            }
-            st.total += 1;
-            st.lent += 1;
+        if !self.idle.adopt() {
+            return None;
         }
         let now = Instant::now();
         Some(Box::new(ServerConn {
@@ -483,65 +435,42 @@ impl Pool {
             && !expired
             && conn.tx_status == TxStatus::Idle
             && conn.read_buf.is_empty()
-            && conn.write_buf.is_empty();
+            && conn.write_buf.is_empty()
+            // Above the limit after the pool shrank.
+            && self.idle.total() <= settings.max_size;
         conn.last_used = now;
-        let mut st = self.state.lock();
-        st.lent = st.lent.saturating_sub(1);
-        let reconnect = st
-            .reconnect_before
-            .is_some_and(|before| conn.created_at <= before);
-        if reconnect {
-            st.close_needed = st.close_needed.saturating_sub(1);
-        }
-        if !keep || reconnect || st.closed || st.total > settings.max_size {
-            st.total = st.total.saturating_sub(1);
-            Self::wake_one_to_retry(&mut st);
-            drop(st);
-            tracing::debug!(server = conn.id, node = %conn.node, reusable, expired, "server connection closed");
-            return;
-        }
-        loop {
-            match st.waiters.pop_front() {
-                Some(waiter) => {
-                    st.lent += 1;
-                    match waiter.send(Handoff::Conn(conn)) {
-                        Ok(()) => return,
-                        Err(Handoff::Conn(back)) => {
-                            // That client gave up waiting; try the next one.
-                            st.lent -= 1;
-                            conn = back;
-                        }
-                        Err(Handoff::Retry) => return,
-                    }
-                }
-                None => {
-                    st.idle.push_back(conn);
-                    return;
-                }
+        let refused = if keep {
+            match self
+                .idle
+                .give_back(conn, |c| !self.opened_before_reconnect(c))
+            {
+                Ok(()) => return,
+                Err(refused) => refused,
             }
-        }
-    }
-
-    /// A connection counted in `total` will not exist after all.
-    fn forget_slot(&self) {
-        let mut st = self.state.lock();
-        st.total = st.total.saturating_sub(1);
-        Self::wake_one_to_retry(&mut st);
-    }
-
-    fn wake_one_to_retry(st: &mut PoolState) {
-        while let Some(waiter) = st.waiters.pop_front() {
-            if waiter.send(Handoff::Retry).is_ok() {
-                return;
+        } else {
+            conn
+        };
+        {
+            // Under the lock `reconnect` counts under: a connection it counted as lent is
+            // found opened before it here, and one closed first was not counted.
+            let mut close_needed = self.close_needed.lock();
+            if self.opened_before_reconnect(&refused) {
+                *close_needed = close_needed.saturating_sub(1);
             }
+            self.idle.discard();
         }
+        tracing::debug!(server = refused.id, node = %refused.node, reusable, expired, "server connection closed");
     }
 
-    fn wake_waiters_to_retry(&self) {
-        let waiting = std::mem::take(&mut self.state.lock().waiters);
-        for waiter in waiting {
-            let _ = waiter.send(Handoff::Retry);
-        }
+    /// Whether `RECONNECT` asked for this connection to close: it was opened at or before
+    /// the newest one (which only ever moves later).
+    fn opened_before_reconnect(&self, conn: &ServerConn) -> bool {
+        let before_ns = self.reconnect_before_ns.load(Ordering::SeqCst);
+        before_ns != 0 && self.since_epoch_ns(conn.created_at) <= before_ns
+    }
+
+    fn since_epoch_ns(&self, at: Instant) -> u64 {
+        u64::try_from(at.duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Periodic upkeep: closes idle connections past their idle timeout or lifetime and
@@ -550,103 +479,73 @@ impl Pool {
         let settings = self.settings.load_full();
         let idle_limit = Duration::from_millis(settings.server_idle_timeout_ms);
         let life_limit = Duration::from_millis(settings.server_lifetime_ms);
-        let mut closing = Vec::new();
-        let missing = {
-            let mut st = self.state.lock();
-            let mut kept = VecDeque::with_capacity(st.idle.len());
-            while let Some(conn) = st.idle.pop_front() {
-                let idle_too_long = settings.server_idle_timeout_ms > 0
-                    && conn.last_used.elapsed() >= idle_limit
-                    && st.total > settings.min_size;
-                let too_old =
-                    settings.server_lifetime_ms > 0 && conn.created_at.elapsed() >= life_limit;
-                let over_size = st.total > settings.max_size;
-                if idle_too_long || too_old || over_size {
-                    st.total -= 1;
-                    closing.push(conn);
-                } else {
-                    kept.push_back(conn);
-                }
-            }
-            st.idle = kept;
-            if st.closed {
-                0
-            } else {
-                settings.min_size.saturating_sub(st.total)
-            }
-        };
+        let closing = self.idle.retain_idle(|conn, total| {
+            let idle_too_long = settings.server_idle_timeout_ms > 0
+                && conn.last_used.elapsed() >= idle_limit
+                && total > settings.min_size;
+            let too_old =
+                settings.server_lifetime_ms > 0 && conn.created_at.elapsed() >= life_limit;
+            let over_size = total > settings.max_size;
+            !(idle_too_long || too_old || over_size)
+        });
         for conn in closing {
             tracing::debug!(server = conn.id, node = %conn.node, "closing idle server connection (idle timeout, lifetime or pool shrink)");
         }
-        missing
+        if self.idle.is_closed() {
+            0
+        } else {
+            settings.min_size.saturating_sub(self.idle.total())
+        }
     }
 
     /// Opens one connection towards `min_size` and parks it idle.
     pub async fn warm_up_one(&self, ctx: &ConnectContext) -> Result<(), AcquireError> {
-        {
-            let mut st = self.state.lock();
-            if st.closed || st.total >= self.settings.load().min_size {
-                return Ok(());
-            }
-            st.total += 1;
+        let below = self.settings.load().min_size;
+        if !self.idle.reserve(below).unwrap_or(false) {
+            return Ok(());
         }
         let conn = self.open(ctx).await?;
-        self.state.lock().lent += 1;
         self.release(conn, true);
         Ok(())
     }
 
     /// Closes idle connections and refuses new acquisitions; lent ones close on release.
     pub fn close(&self) {
-        self.closed.store(true, Ordering::Release);
-        let idle = {
-            let mut st = self.state.lock();
-            st.closed = true;
-            st.waiters.clear();
-            Self::take_idle(&mut st)
-        };
-        drop(idle);
+        drop(self.idle.close());
     }
 
     /// `RECONNECT`: idle connections close now, lent ones when they come back, so every
     /// server connection of the pool is opened anew (after a change on the server side, such
     /// as a moved database or new settings). Returns how many are still lent out.
     pub fn reconnect(&self) -> u32 {
-        // Idle connections exist only while nobody waits: closing them wakes no one.
-        let (idle, lent) = {
-            let mut st = self.state.lock();
-            st.reconnect_before = Some(Instant::now());
-            st.close_needed = st.lent;
-            (Self::take_idle(&mut st), st.close_needed)
-        };
+        let mut close_needed = self.close_needed.lock();
+        let now_ns = self.since_epoch_ns(Instant::now()).max(1);
+        self.reconnect_before_ns.store(now_ns, Ordering::SeqCst);
+        // Idle connections exist only while nobody waits: closing them wakes no one. A
+        // connection given back from here on is refused (`opened_before_reconnect`), and
+        // one closing for that waits for this lock, so the count below includes it.
+        let (idle, counts) = self.idle.take_idle();
+        *close_needed = counts.lent;
+        drop(close_needed);
         drop(idle);
-        lent
+        counts.lent
     }
 
     /// Connections `RECONNECT` asked to close that are still lent out (`WAIT_CLOSE`).
     pub fn close_needed(&self) -> u32 {
-        self.state.lock().close_needed
+        *self.close_needed.lock()
     }
 
     /// Closes idle connections now, keeping the pool open.
     pub fn drop_idle(&self) {
-        let idle = Self::take_idle(&mut self.state.lock());
-        drop(idle);
-    }
-
-    /// The idle connections, no longer counted; the caller drops (closes) them outside the
-    /// lock.
-    fn take_idle(st: &mut PoolState) -> VecDeque<Box<ServerConn>> {
-        let idle = std::mem::take(&mut st.idle);
-        st.total -= idle.len() as u32;
-        idle
+        drop(self.idle.take_idle());
     }
 
     pub fn total(&self) -> u32 {
-        self.state.lock().total
+        self.idle.total()
     }
 
     pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.idle.is_closed()
     }
 }

@@ -87,7 +87,7 @@ impl Session {
 
     /// The decision for a statement the client prepared (`""`: the unnamed one).
     pub(super) fn statement_routed(&self, name: &[u8]) -> Option<Routed> {
-        let router = self.routing.lasting.setup.router.as_ref()?;
+        self.routing.lasting.setup.router.as_ref()?;
         if name.is_empty() {
             return self
                 .unnamed
@@ -96,6 +96,13 @@ impl Session {
                 .and_then(|u| u.routed.clone());
         }
         let def = statement(&self.statements, name).ok()?;
+        self.routed_of(def)
+    }
+
+    /// The decision for one of the client's named statements, made once per router
+    /// generation and kept with the statement.
+    pub(super) fn routed_of(&self, def: &StatementDef) -> Option<Routed> {
+        let router = self.routing.lasting.setup.router.as_ref()?;
         let generation = router.generation();
         let mut decided = def.routed.lock();
         if let Some((at, routed)) = decided.as_ref() {

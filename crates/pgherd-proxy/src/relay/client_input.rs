@@ -367,6 +367,16 @@ impl Session {
         let parse = (tag == ftag::PARSE)
             .then(|| frontend::Parse::parse(body))
             .transpose()?;
+        let bind = (tag == ftag::BIND)
+            .then(|| frontend::Bind::parse(body))
+            .transpose()?;
+        // A Bind's named statement, looked up once for routing it and for sending it.
+        let bound = match &bind {
+            Some(b) if !b.statement.is_empty() => {
+                statement(&self.statements, b.statement).ok().cloned()
+            }
+            _ => None,
+        };
         let statement_sql = match (&query, &parse) {
             (Some(q), _) => Some(q.sql),
             (_, Some(p)) => Some(p.query),
@@ -401,8 +411,12 @@ impl Session {
         }
         match tag {
             ftag::BIND if self.routing.lasting.setup.router.is_some() => {
-                let b = frontend::Bind::parse(body)?;
-                match self.statement_routed(b.statement) {
+                let Some(b) = &bind else { return Ok(()) };
+                let routed = match &bound {
+                    Some(def) => self.routed_of(def),
+                    None => self.statement_routed(b.statement),
+                };
+                match routed {
                     Some(routed) => {
                         self.track_statement(&routed, true);
                         if !routed.decision.custom_setting_params.is_empty() {
@@ -413,8 +427,7 @@ impl Session {
                         }
                         self.consider_candidate_fill(message, &routed);
                         if self.writes_matter_to_cache(&routed) {
-                            if let Ok(def) = statement(&self.statements, b.statement) {
-                                let def = def.clone();
+                            if let Some(def) = &bound {
                                 self.note_written_tables(&def.query, &routed);
                             }
                         }
@@ -511,7 +524,7 @@ impl Session {
                 }
             }
             ftag::BIND => {
-                let b = frontend::Bind::parse(body)?;
+                let Some(b) = bind else { return Ok(()) };
                 if b.statement.is_empty()
                     || !rewrite
                     || prepared_by_sql(
@@ -535,17 +548,13 @@ impl Session {
                     };
                     lease.conn.write_buf.extend_from_slice(message);
                 } else {
-                    let generation = self.app.schema_generation.load(Ordering::Relaxed);
-                    let Some(def) = prepared_on_server(
-                        lease,
-                        &self.statements,
-                        &mut self.queue,
-                        generation,
-                        b.statement,
-                    )?
-                    else {
+                    let Some(def) = bound else {
+                        // PostgreSQL's error in its place.
+                        statement_or_error(&self.statements, &mut self.queue, b.statement);
                         return Ok(());
                     };
+                    let generation = self.app.schema_generation.load(Ordering::Relaxed);
+                    ensure_prepared(lease, &mut self.queue, &def, generation)?;
                     frontend::encode_bind(
                         &mut lease.conn.write_buf,
                         b.portal,

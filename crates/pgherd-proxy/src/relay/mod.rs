@@ -22,6 +22,7 @@ mod extended_request;
 mod moving;
 pub mod params;
 mod parked;
+mod read_wakes;
 mod routing_state;
 pub use parked::ParkedSession;
 pub mod probe;
@@ -198,6 +199,8 @@ pub struct Session {
     routing: Routing,
     max_message_bytes: usize,
     lease: Option<Lease>,
+    /// Which socket woke the session in the pump (`read_wakes`); made at its first turn there.
+    read_wakes: Option<read_wakes::ReadWakes>,
     /// The pools used, the last first, to skip the registry on the next attach.
     pools: PoolCache,
     queue: ResponseQueue,
@@ -295,6 +298,7 @@ impl Session {
             mode,
             routing,
             lease: None,
+            read_wakes: None,
             pools: PoolCache::default(),
             queue: ResponseQueue::default(),
             statements: None,
@@ -422,7 +426,9 @@ impl Session {
         self.move_when_idle = signals & SIGNAL_HANDOVER != 0;
         let park_asked = self.shared.take_park_request(signals);
         if self.lease.is_some() {
-            match self.poll_relay(cx) {
+            let relayed = self.poll_relay(cx);
+            read_wakes::ReadWakes::end_turn(&mut self.read_wakes, relayed.is_pending());
+            match relayed {
                 Poll::Ready(Err(Relayed::Server(e))) => {
                     Poll::Ready(Ok(Step::ServerFailed(Box::new(e))))
                 }
@@ -431,6 +437,7 @@ impl Session {
                 Poll::Pending => Poll::Pending,
             }
         } else {
+            read_wakes::ReadWakes::end_turn(&mut self.read_wakes, false);
             self.poll_idle(cx, park_asked)
         }
     }
@@ -624,7 +631,17 @@ impl Session {
         // Pending until the runtime sees new readiness, which wakes the task for a new turn:
         // asking it again in the same turn only costs (a readiness check and a waker compare
         // under the socket's lock per ask, several per request).
-        let mut blocked = Blocked::default();
+        // Across turns, a read still waiting with its own waker, which has not fired, is not
+        // asked either (`read_wakes`).
+        let Some(server_id) = self.lease.as_ref().map(|l| l.conn.id) else {
+            return Poll::Ready(Ok(Step::Release));
+        };
+        let quiet = read_wakes::ReadWakes::begin_turn(&mut self.read_wakes, cx.waker(), server_id);
+        let mut blocked = Blocked {
+            server_read: quiet.server_read,
+            client_read: quiet.client_read,
+            ..Blocked::default()
+        };
         loop {
             let mut progressed = false;
             let Some(lease) = self.lease.as_mut() else {
@@ -688,7 +705,17 @@ impl Session {
                 };
                 let conn = &mut lease.conn;
                 buffers::ready_for_read(&mut conn.read_buf);
-                match poll_read_buf(Pin::new(&mut conn.stream), cx, &mut conn.read_buf) {
+                let read = match self.read_wakes.as_mut() {
+                    Some(wakes) if !conn.stream.is_tls() => {
+                        let mut own = Context::from_waker(wakes.server_waker());
+                        let read =
+                            poll_read_buf(Pin::new(&mut conn.stream), &mut own, &mut conn.read_buf);
+                        wakes.server_asked(conn.id, read.is_pending());
+                        read
+                    }
+                    _ => poll_read_buf(Pin::new(&mut conn.stream), cx, &mut conn.read_buf),
+                };
+                match read {
                     Poll::Ready(Ok(0)) => {
                         return server_failed(&conn.node, ServerErrorKind::Closed(None))
                     }
@@ -706,7 +733,20 @@ impl Session {
             // From the client.
             if server_backlog < HIGH_WATER_BYTES && !self.routing.held && !blocked.client_read {
                 buffers::ready_for_read(&mut self.client_in);
-                match poll_read_buf(Pin::new(&mut self.client), cx, &mut self.client_in) {
+                let read = match self.read_wakes.as_mut() {
+                    Some(wakes) if !self.client.is_tls() => {
+                        let mut own = Context::from_waker(wakes.client_waker());
+                        let read = poll_read_buf(
+                            Pin::new(&mut self.client),
+                            &mut own,
+                            &mut self.client_in,
+                        );
+                        wakes.client_asked(read.is_pending());
+                        read
+                    }
+                    _ => poll_read_buf(Pin::new(&mut self.client), cx, &mut self.client_in),
+                };
+                match read {
                     Poll::Ready(Ok(0)) => {
                         return Poll::Ready(Err(Relayed::Client(Disconnect::ClientClosed)))
                     }

@@ -126,9 +126,8 @@ impl Interner {
         if settings.is_empty() {
             return Arc::default();
         }
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        settings.hash(&mut hasher);
-        let key = hasher.finish();
+        let key =
+            std::hash::BuildHasher::hash_one(&foldhash::fast::FixedState::default(), &settings);
         let mut map = self.by_hash.lock();
         if let Some(existing) = map.get(&key).and_then(std::sync::Weak::upgrade) {
             if *existing == settings {
@@ -454,12 +453,23 @@ pub fn set_sql(name: &str, value: &str) -> String {
 }
 
 pub fn quote_literal(value: &str) -> String {
-    if value.contains('\\') {
-        // E'' is read the same whatever standard_conforming_strings says.
-        format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "\\'"))
-    } else {
-        format!("'{}'", value.replace('\'', "''"))
+    // E'' is read the same whatever standard_conforming_strings says.
+    let escaped = value.contains('\\');
+    let mut quoted = String::with_capacity(value.len() + 4);
+    if escaped {
+        quoted.push('E');
     }
+    quoted.push('\'');
+    for c in value.chars() {
+        match c {
+            '\\' => quoted.push_str("\\\\"),
+            '\'' if escaped => quoted.push_str("\\'"),
+            '\'' => quoted.push_str("''"),
+            c => quoted.push(c),
+        }
+    }
+    quoted.push('\'');
+    quoted
 }
 
 /// Parses the `options` startup parameter: `-c name=value` and `--name=value`, with `\ `

@@ -133,11 +133,14 @@ impl Findings {
 /// `set_config` reads a value as the server's configuration file would (a list for
 /// `search_path`), which `SET name TO 'value'` does not.
 pub fn set_config_sql(name: &str, value: &str) -> String {
-    format!(
-        "SELECT pg_catalog.set_config({}, {}, false)",
-        quote_literal(name),
-        quote_literal(value)
-    )
+    [
+        "SELECT pg_catalog.set_config(",
+        &quote_literal(name),
+        ", ",
+        &quote_literal(value),
+        ", false)",
+    ]
+    .concat()
 }
 
 fn quote_ident(name: &str) -> String {

@@ -7,13 +7,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// Counts this user's server connections on the primary.
-fn backends(env: &Env) -> i64 {
-    env.direct("SELECT count(*) FROM pg_stat_activity WHERE usename = 'app' AND backend_type = 'client backend'")
-        .parse()
-        .unwrap()
-}
-
 fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !done() {
@@ -72,7 +65,7 @@ fn idle_timeout_lifetime_and_min_size_are_kept() {
     wait_until(
         "min_size connections are open",
         Duration::from_secs(10),
-        || backends(&env) >= 2,
+        || app_backends(&env) >= 2,
     );
     // Four busy clients grow the pool; once idle past the timeout it shrinks back to min_size.
     let handles: Vec<_> = (0..4)
@@ -84,11 +77,11 @@ fn idle_timeout_lifetime_and_min_size_are_kept() {
     for h in handles {
         h.join().unwrap();
     }
-    assert!(backends(&env) >= 3, "the pool should have grown");
+    assert!(app_backends(&env) >= 3, "the pool should have grown");
     wait_until(
         "idle connections beyond min_size are closed",
         Duration::from_secs(10),
-        || backends(&env) == 2,
+        || app_backends(&env) == 2,
     );
     // Past their lifetime, connections are replaced, so backends change.
     let pids = env.direct("SELECT string_agg(pid::text, ',' ORDER BY pid) FROM pg_stat_activity WHERE usename = 'app'");
@@ -225,6 +218,6 @@ async fn shutdown_closes_what_is_left_at_the_deadline() {
     wait_until(
         "the server session is gone",
         Duration::from_secs(10),
-        || backends(&env) == 0,
+        || app_backends(&env) == 0,
     );
 }

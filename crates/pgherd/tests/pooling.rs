@@ -123,10 +123,7 @@ async fn hundred_clients_with_prepared_statements_share_five_server_connections(
     for t in tasks {
         t.await.expect("client task");
     }
-    let backends: i64 = env
-        .direct("SELECT count(*) FROM pg_stat_activity WHERE usename = 'app' AND backend_type = 'client backend'")
-        .parse()
-        .unwrap();
+    let backends = app_backends(&env);
     assert!(
         backends <= 5,
         "pgherd opened {backends} server connections with max_size 5"
@@ -170,10 +167,7 @@ async fn two_workers_share_a_small_pool_and_its_counts_come_back_whole() {
     for t in tasks {
         t.await.expect("client task");
     }
-    let backends: i64 = env
-        .direct("SELECT count(*) FROM pg_stat_activity WHERE usename = 'app' AND backend_type = 'client backend'")
-        .parse()
-        .unwrap();
+    let backends = app_backends(&env);
     assert!(
         (1..=3).contains(&backends),
         "{backends} server connections with max_size 3"

@@ -476,3 +476,10 @@ pub async fn wait_for_replica_reads(c: &Client, primary_port: u16) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The application user's server connections on the primary, counted there.
+pub fn app_backends(env: &Env) -> i64 {
+    env.direct("SELECT count(*) FROM pg_stat_activity WHERE usename = 'app' AND backend_type = 'client backend'")
+        .parse()
+        .unwrap()
+}

@@ -705,16 +705,13 @@ impl Session {
                 };
                 let conn = &mut lease.conn;
                 buffers::ready_for_read(&mut conn.read_buf);
-                let read = match self.read_wakes.as_mut() {
-                    Some(wakes) if !conn.stream.is_tls() => {
-                        let mut own = Context::from_waker(wakes.server_waker());
-                        let read =
-                            poll_read_buf(Pin::new(&mut conn.stream), &mut own, &mut conn.read_buf);
-                        wakes.server_asked(conn.id, read.is_pending());
-                        read
-                    }
-                    _ => poll_read_buf(Pin::new(&mut conn.stream), cx, &mut conn.read_buf),
-                };
+                let read = read_wakes::poll_read(
+                    &mut self.read_wakes,
+                    read_wakes::Side::Server(conn.id),
+                    &mut conn.stream,
+                    cx,
+                    &mut conn.read_buf,
+                );
                 match read {
                     Poll::Ready(Ok(0)) => {
                         return server_failed(&conn.node, ServerErrorKind::Closed(None))
@@ -733,19 +730,13 @@ impl Session {
             // From the client.
             if server_backlog < HIGH_WATER_BYTES && !self.routing.held && !blocked.client_read {
                 buffers::ready_for_read(&mut self.client_in);
-                let read = match self.read_wakes.as_mut() {
-                    Some(wakes) if !self.client.is_tls() => {
-                        let mut own = Context::from_waker(wakes.client_waker());
-                        let read = poll_read_buf(
-                            Pin::new(&mut self.client),
-                            &mut own,
-                            &mut self.client_in,
-                        );
-                        wakes.client_asked(read.is_pending());
-                        read
-                    }
-                    _ => poll_read_buf(Pin::new(&mut self.client), cx, &mut self.client_in),
-                };
+                let read = read_wakes::poll_read(
+                    &mut self.read_wakes,
+                    read_wakes::Side::Client,
+                    &mut self.client,
+                    cx,
+                    &mut self.client_in,
+                );
                 match read {
                     Poll::Ready(Ok(0)) => {
                         return Poll::Ready(Err(Relayed::Client(Disconnect::ClientClosed)))

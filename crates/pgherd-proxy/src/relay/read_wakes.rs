@@ -15,9 +15,16 @@
 //! another task waker) disarms it and it is asked as before. TLS streams are never armed: a
 //! TLS read may wait on the socket's writes, which the task's waker registers.
 
+use std::io;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Wake, Waker};
+use std::task::{Context, Poll, Wake, Waker};
+
+use bytes::BytesMut;
+use tokio_util::io::poll_read_buf;
+
+use crate::stream::Stream;
 
 /// One read's waker: notes that it fired, then wakes the task.
 struct ReadWake {
@@ -112,22 +119,13 @@ impl ReadWakes {
         }
     }
 
-    /// The waker to ask the client's read with.
-    pub fn client_waker(&self) -> &Waker {
-        &self.client.waker
-    }
-
-    pub fn server_waker(&self) -> &Waker {
-        &self.server.waker
-    }
-
-    /// The client's read, asked with `client_waker`, answered: `pending` arms it.
-    pub fn client_asked(&mut self, pending: bool) {
+    /// The client's read, asked with its own waker, answered: `pending` arms it.
+    fn client_asked(&mut self, pending: bool) {
         self.client_armed = pending;
     }
 
-    /// The server's read on connection `server_id`, asked with `server_waker`, answered.
-    pub fn server_asked(&mut self, server_id: u64, pending: bool) {
+    /// The server's read on connection `server_id`, asked with its own waker, answered.
+    fn server_asked(&mut self, server_id: u64, pending: bool) {
         self.server_armed = pending.then_some(server_id);
     }
 
@@ -137,6 +135,39 @@ impl ReadWakes {
             wakes.continuing = waiting_in_pump;
         }
     }
+}
+
+/// Whose read the pump asks.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Side {
+    Client,
+    /// The leased server connection, by id.
+    Server(u64),
+}
+
+/// One read of the pump: asked with `side`'s own waker (a Pending arms it), or, for a TLS
+/// stream or before the wakes exist, with the task's.
+pub(super) fn poll_read(
+    this: &mut Option<ReadWakes>,
+    side: Side,
+    stream: &mut Stream,
+    cx: &mut Context<'_>,
+    buf: &mut BytesMut,
+) -> Poll<io::Result<usize>> {
+    let Some(wakes) = this.as_mut().filter(|_| !stream.is_tls()) else {
+        return poll_read_buf(Pin::new(stream), cx, buf);
+    };
+    let direction = match side {
+        Side::Client => &wakes.client,
+        Side::Server(_) => &wakes.server,
+    };
+    let mut own = Context::from_waker(&direction.waker);
+    let read = poll_read_buf(Pin::new(stream), &mut own, buf);
+    match side {
+        Side::Client => wakes.client_asked(read.is_pending()),
+        Side::Server(id) => wakes.server_asked(id, read.is_pending()),
+    }
+    read
 }
 
 #[cfg(test)]
@@ -180,7 +211,7 @@ mod tests {
         ReadWakes::end_turn(&mut wakes, true);
 
         // The server's socket fires: the task is woken and that read asked again.
-        wakes.as_ref().unwrap().server_waker().wake_by_ref();
+        wakes.as_ref().unwrap().server.waker.wake_by_ref();
         assert_eq!(counter.0.load(Ordering::SeqCst), 1);
         assert_eq!(turn(&mut wakes, &task, 1), (true, false));
         // Fired and not asked in that turn (say the client's buffer was full): still asked

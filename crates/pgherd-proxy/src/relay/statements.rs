@@ -181,7 +181,8 @@ pub enum StatementError {
     TooMany(usize),
 }
 
-/// One client's named statements. Looked up four times per prepared transaction: foldhash,
+/// One client's named statements. Looked up on every Bind and when a request is planned:
+/// foldhash,
 /// seeded per process, rather than SipHash (about 290 instructions a lookup of a three-byte
 /// name, 160 now); the map is one client's and bounded (`MAX_PER_CLIENT`).
 #[derive(Debug, Default)]

@@ -37,16 +37,13 @@ impl LoginFailure {
     pub fn server(e: &ServerError) -> Self {
         let mut err = e.to_client_error();
         err.severity = Severity::Fatal;
-        LoginFailure {
-            end: Disconnect::refused(err),
-            transient: e.is_transient(),
-        }
+        LoginFailure::new(err, e.is_transient())
     }
 
-    fn refused(end: Disconnect) -> Self {
+    fn new(err: PgError, transient: bool) -> Self {
         LoginFailure {
-            end,
-            transient: false,
+            end: Disconnect::refused(err),
+            transient,
         }
     }
 }
@@ -122,7 +119,7 @@ async fn apply(
             // The statements ran in one implicit transaction: nothing of them stayed.
             conn.params_fp = UNKNOWN;
             e.severity = Severity::Fatal;
-            Err((true, LoginFailure::refused(Disconnect::refused(e))))
+            Err((true, LoginFailure::new(e, false)))
         }
         Err(QueryError::Server(e)) => Err((false, LoginFailure::server(&e))),
     }
@@ -132,22 +129,23 @@ async fn acquire(app: &Arc<App>, pool: &Arc<Pool>) -> Result<Box<ServerConn>, Lo
     match pool.acquire(&app.connect_context()).await {
         Ok(conn) => Ok(conn),
         Err(AcquireError::Server(e)) => Err(LoginFailure::server(&e)),
-        Err(AcquireError::WaitTimeout { waited, .. }) => {
-            Err(LoginFailure::refused(Disconnect::refused(PgError::fatal(
+        Err(AcquireError::WaitTimeout { waited, .. }) => Err(LoginFailure::new(
+            PgError::fatal(
                 SqlState::TOO_MANY_CONNECTIONS,
                 format!(
                     "no server connection became free within {} ms for the login",
                     waited.as_millis()
                 ),
-            ))))
-        }
+            ),
+            false,
+        )),
         // The pool was replaced (its node left or came back): another may serve.
-        Err(AcquireError::Closed) => Err(LoginFailure {
-            end: Disconnect::refused(PgError::fatal(
+        Err(AcquireError::Closed) => Err(LoginFailure::new(
+            PgError::fatal(
                 SqlState::CANNOT_CONNECT_NOW,
                 "the pool was closed during login; retry",
-            )),
-            transient: true,
-        }),
+            ),
+            true,
+        )),
     }
 }

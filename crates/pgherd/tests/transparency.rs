@@ -177,6 +177,68 @@ async fn what_a_standby_cannot_read_or_answers_otherwise_runs_on_the_primary() {
     assert_eq!(on_primary, 0, "ordinary reads went to the primary");
 }
 
+/// A read a replica refuses after some of its rows went to the client is not run again on the
+/// primary, where its rows would come a second time: the client gets the rows and the
+/// replica's error, with either protocol. One refused before any row is, and the client sees
+/// one row description, not the replica's and the primary's. Rows and a simple query's row
+/// description pass the relay in runs of their own, so this pins what such a run must still
+/// count: each row as an answer, each row description as an acknowledgement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_a_replica_refuses_runs_again_on_the_primary_only_if_no_row_went_out() {
+    let env = env(2, |c| c);
+    let primary = env.cluster.primary().port.to_string();
+    // Stable by its declaration, so routed to a replica, but it draws from a sequence from
+    // its third row on, which a standby refuses.
+    env.direct(
+        "CREATE TABLE numbers (x int); INSERT INTO numbers SELECT generate_series(1, 5); \
+         CREATE SEQUENCE drawn START 100; \
+         CREATE FUNCTION from_three(i int) RETURNS bigint STABLE LANGUAGE plpgsql AS \
+         $$ BEGIN IF i >= 3 THEN RETURN nextval('drawn'); END IF; RETURN i; END $$; \
+         GRANT ALL ON numbers, drawn TO app",
+    );
+    env.cluster.wait_replayed();
+    let c = env.app().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while first_value(
+        &c,
+        "SELECT current_setting('port'), from_three(1) FROM numbers LIMIT 1",
+    )
+    .await
+    .unwrap()
+        == primary
+    {
+        assert!(Instant::now() < deadline, "reads never reached a replica");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let port = env.pgherd.port;
+    let mut raw = RawClient::login(port, APP, APP, APP_PASSWORD).unwrap();
+    let read_only = pgherd_wire::SqlState::READ_ONLY_SQL_TRANSACTION;
+    let after_rows = "SELECT from_three(x) FROM numbers";
+    for answer in [
+        raw.query(after_rows),
+        run_prepared(&mut raw, "after_rows", after_rows, None),
+    ] {
+        assert_eq!(first_column(&answer), ["1", "2"], "{answer:?}");
+        let errors = errors(&answer);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].code, read_only, "{errors:?}");
+    }
+
+    let before_rows = raw.query("SELECT from_three(x) FROM numbers WHERE x >= 3");
+    assert!(
+        errors(&before_rows).is_empty(),
+        "{:?}",
+        errors(&before_rows)
+    );
+    let descriptions = before_rows
+        .iter()
+        .filter(|(tag, _)| *tag == pgherd_wire::backend::tag::ROW_DESCRIPTION)
+        .count();
+    assert_eq!(descriptions, 1, "{before_rows:?}");
+    assert_eq!(first_column(&before_rows), ["100", "101", "102"]);
+}
+
 /// psycopg with the system's libpq (older than 17) evicts statements with SQL `DEALLOCATE
 /// name`; SQL `EXECUTE` and `DEALLOCATE` name statements made through the protocol; `DISCARD
 /// ALL` forgets them; SQL `PREPARE`d ones are usable through the protocol; in every pool mode.

@@ -98,6 +98,26 @@ enum Entry {
     CopyEnd,
 }
 
+/// See [`ResponseQueue::front_passes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassingResults {
+    None,
+    Rows,
+    RowsAndDescription,
+}
+
+impl PassingResults {
+    pub fn includes(self, message_tag: u8) -> bool {
+        match self {
+            PassingResults::None => false,
+            PassingResults::Rows => message_tag == tag::DATA_ROW,
+            PassingResults::RowsAndDescription => {
+                matches!(message_tag, tag::DATA_ROW | tag::ROW_DESCRIPTION)
+            }
+        }
+    }
+}
+
 /// What to do with one server message.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Disposition {
@@ -380,6 +400,19 @@ impl ResponseQueue {
                 _ => false,
             })
             .count()
+    }
+
+    /// Which result messages, by tag, answer the client's own request at the front with no
+    /// more to do than forwarding them: [`on_server_message`](Self::on_server_message) would
+    /// leave the queue as it is and ask nothing of them but to go to the client. Rows answer
+    /// a simple query or an Execute; a row description, only a simple query (it completes a
+    /// Describe and is an error after an Execute).
+    pub fn front_passes(&self) -> PassingResults {
+        match self.entries.front() {
+            Some(Entry::Client(Request::Query { .. })) => PassingResults::RowsAndDescription,
+            Some(Entry::Client(Request::Execute { .. })) => PassingResults::Rows,
+            _ => PassingResults::None,
+        }
     }
 
     /// True if the next answer is a probe's.
@@ -669,5 +702,57 @@ mod tests {
         assert_eq!(out.len(), 1);
         q.push_client(Request::Sync);
         assert_eq!(q.client_ready_owed(), 1);
+    }
+    /// The relay forwards what `front_passes` names without asking `on_server_message`: that
+    /// is only right where `on_server_message` would leave the queue as it is and say nothing
+    /// but "to the client", for every request that can be at the front.
+    #[test]
+    fn what_passes_without_classifying_is_what_classifying_would_only_forward() {
+        let hash = StatementHash::of(b"SELECT 1", &[], None);
+        let requests = [
+            Request::Query { sql: None },
+            Request::Query {
+                sql: Some(Bytes::from_static(b"SET x = 1")),
+            },
+            Request::Execute { sql: None },
+            Request::Parse { cached: None },
+            Request::Parse { cached: Some(hash) },
+            Request::Bind,
+            Request::Describe,
+            Request::Close,
+            Request::Sync,
+            Request::Probe(Probe::State),
+            Request::Probe(Probe::Lsn { write_seq: 1 }),
+            Request::Restore,
+        ];
+        let only_forward = Disposition {
+            to_client: true,
+            ..Disposition::default()
+        };
+        let mut passed = Vec::new();
+        for request in requests {
+            for internal in [false, true] {
+                for message_tag in [tag::DATA_ROW, tag::ROW_DESCRIPTION] {
+                    let mut q = ResponseQueue::default();
+                    match internal {
+                        true => q.push_internal(request.clone()),
+                        false => q.push_client(request.clone()),
+                    }
+                    q.push_client(Request::Sync);
+                    if !q.front_passes().includes(message_tag) {
+                        continue;
+                    }
+                    passed.push((request.clone(), internal, message_tag as char));
+                    let entries_before = q.entries.clone();
+                    let (mut before, mut after) = (Vec::new(), Vec::new());
+                    let d = q.on_server_message(message_tag, &mut before, &mut after);
+                    assert_eq!(d, Ok(only_forward.clone()), "{request:?} {message_tag}");
+                    assert!(before.is_empty() && after.is_empty());
+                    assert_eq!(q.entries, entries_before, "{request:?} {message_tag}");
+                }
+            }
+        }
+        // And it does pass something: rows of a query or an Execute, a query's description.
+        assert_eq!(passed.len(), 5, "{passed:?}");
     }
 }

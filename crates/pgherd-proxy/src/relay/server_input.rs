@@ -111,6 +111,7 @@ impl Session {
                 }
                 continue;
             }
+            self.forward_passing_results(input);
             let h = match read_header(input, MAX_SERVER_MESSAGE_BYTES) {
                 Ok(Some(h)) => h,
                 Ok(None) => return Ok(()),
@@ -295,6 +296,47 @@ impl Session {
                     replay.attempts = 0;
                 }
             }
+        }
+    }
+
+    /// Forwards the whole rows (and a simple query's row description) at the front of `input`
+    /// that answer the client's own request, in one copy. They need what the general path
+    /// below would do for each and nothing else: the queue stays as it is, a row counts as
+    /// an answer, a row description as an acknowledgement, and a result being kept for the
+    /// cache keeps them. A large result is mostly rows, and this spares each the
+    /// classification every other message gets. Anything else (a message not yet whole or
+    /// over the limit, an acknowledgement to drop after a replay, a refused request's rest)
+    /// is left to the general path.
+    fn forward_passing_results(&mut self, input: &mut BytesMut) {
+        let passing = self.queue.front_passes();
+        if passing == queue::PassingResults::None
+            || self.lease.is_none()
+            || self.routing.replay.as_ref().is_some_and(|r| r.refused)
+        {
+            return;
+        }
+        let mut end = 0;
+        while let Ok(Some(h)) = read_header(&input[end..], MAX_SERVER_MESSAGE_BYTES) {
+            let message_end = end + h.total_len();
+            if !passing.includes(h.tag) || message_end > input.len() {
+                break;
+            }
+            if h.tag == btag::DATA_ROW {
+                self.note_answered();
+            } else if self.skip_preliminaries > 0 {
+                break;
+            } else if let Some(replay) = self.routing.replay.as_mut() {
+                replay.preliminaries += 1;
+            }
+            if self.fill.is_some() {
+                self.fill_message(h.tag, &input[end..message_end]);
+            }
+            end = message_end;
+        }
+        if end > 0 {
+            tracing::trace!(client = self.shared.id, bytes = end, "server rows");
+            self.client_out.extend_from_slice(&input[..end]);
+            input.advance(end);
         }
     }
 

@@ -205,7 +205,7 @@ fn count_one(
     let threads = clients.clamp(1, options.client_threads.max(1));
     let pgbench = |per_client: u64| {
         let length = RunLength::TransactionsPerClient(per_client);
-        let args = pgbench_args(workload, clients, threads, length);
+        let args = pgbench_args(fixture, workload, clients, threads, length);
         // Under valgrind a pooler runs some fifty times slower than on its own.
         let timeout = pgbench_timeout(options) * 10 + Duration::from_secs(per_client / 2);
         fixture.pgbench.run(&url, &args, 0.01, timeout)

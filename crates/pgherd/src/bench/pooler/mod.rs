@@ -7,7 +7,7 @@ mod instructions;
 mod report;
 mod split;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
@@ -30,7 +30,15 @@ pub enum Workload {
     Tpcb,
     /// pgbench -S -C: a new connection per transaction.
     Connect,
+    /// A hundred rows per statement (a pgbench script of its own): what each row passing
+    /// through costs.
+    SelectRows,
 }
+
+/// `select-rows`' script: a hundred consecutive accounts from anywhere in scale 1's range.
+const SELECT_ROWS_SCRIPT: &str = "\\set aid random(1, 99900)\n\
+    SELECT aid, bid, abalance, filler FROM pgbench_accounts WHERE aid BETWEEN :aid AND :aid + 99;\n";
+const SELECT_ROWS_FILE: &str = "select-rows.sql";
 
 impl Workload {
     fn name(self) -> &'static str {
@@ -39,17 +47,32 @@ impl Workload {
             Workload::SelectPrepared => "select-prepared",
             Workload::Tpcb => "tpcb",
             Workload::Connect => "connect",
+            Workload::SelectRows => "select-rows",
         }
     }
 
-    fn pgbench_args(self) -> &'static [&'static str] {
-        match self {
+    /// `scripts`: the directory [`write_scripts`] wrote the custom scripts to.
+    fn pgbench_args(self, scripts: &Path) -> Vec<String> {
+        let fixed: &[&str] = match self {
             Workload::SelectSimple => &["-S", "-M", "simple"],
             Workload::SelectPrepared => &["-S", "-M", "prepared"],
             Workload::Tpcb => &["-M", "simple"],
             Workload::Connect => &["-S", "-C", "-M", "simple"],
+            Workload::SelectRows => &["-M", "simple", "-f"],
+        };
+        let mut args: Vec<String> = fixed.iter().map(|s| s.to_string()).collect();
+        if self == Workload::SelectRows {
+            args.push(scripts.join(SELECT_ROWS_FILE).display().to_string());
         }
+        args
     }
+}
+
+/// Writes the workloads' own pgbench scripts into `dir`.
+fn write_scripts(dir: &Path) -> Result<(), String> {
+    let path = dir.join(SELECT_ROWS_FILE);
+    std::fs::write(&path, SELECT_ROWS_SCRIPT)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -206,6 +229,8 @@ struct Fixture {
     /// A user whose verifier has 16 iterations: thousands of logins stay cheap for the client.
     cheap: BenchUser,
     pgbench: Pgbench,
+    /// Where the workloads' own pgbench scripts are.
+    scripts: PathBuf,
     _tmp: Option<tempfile_dir::TempDir>,
 }
 
@@ -297,6 +322,7 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
         return Err(format!("the open-file limit is {raised}; {} idle clients need more (run as root or raise ulimit -n)", options.idle_clients));
     }
     let (dir, tmp) = work_dir(options.dir.as_ref())?;
+    write_scripts(&dir)?;
     let pgbench_bin = pgherd_cluster::PgBinaries::find()
         .map_err(|e| e.to_string())?
         .tool("pgbench");
@@ -414,6 +440,7 @@ fn setup(options: &PoolerOptions) -> Result<Fixture, String> {
             binary: pgbench_bin,
             log_dir,
         },
+        scripts: dir,
         _tmp: tmp,
     })
 }
@@ -520,6 +547,7 @@ fn measure(
     let (port, proxy) = port_of(fixture, target)?;
     let threads = clients.clamp(1, options.client_threads.max(1));
     let args = pgbench_args(
+        fixture,
         workload,
         clients,
         threads,
@@ -592,12 +620,14 @@ enum RunLength {
 }
 
 /// pgbench's arguments for `workload` at `clients` over `threads` for `length`.
-fn pgbench_args(workload: Workload, clients: u32, threads: u32, length: RunLength) -> Vec<String> {
-    let mut args: Vec<String> = workload
-        .pgbench_args()
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+fn pgbench_args(
+    fixture: &Fixture,
+    workload: Workload,
+    clients: u32,
+    threads: u32,
+    length: RunLength,
+) -> Vec<String> {
+    let mut args = workload.pgbench_args(&fixture.scripts);
     args.extend([
         "-c".into(),
         clients.to_string(),

@@ -29,6 +29,7 @@ pub(super) fn measure(
             .filter(|(_, (clients, _))| *clients > 0)
             .map(|(process, (clients, threads))| {
                 let args = pgbench_args(
+                    fixture,
                     workload,
                     clients,
                     threads,

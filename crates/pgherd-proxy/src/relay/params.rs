@@ -116,11 +116,44 @@ impl Settings {
 #[derive(Debug, Default)]
 pub struct Interner {
     by_hash: parking_lot::Mutex<std::collections::HashMap<u64, std::sync::Weak<Settings>>>,
+    /// What a startup packet's parameters made, by the parameters as sent: most logins send
+    /// what an earlier one did, and making the settings again (options parsed, names
+    /// lower-cased, a statement built per setting) was most of a login's own work.
+    by_startup: parking_lot::Mutex<StartupMemos>,
+}
+
+#[derive(Debug, Default)]
+struct StartupMemos {
+    by_hash: std::collections::HashMap<u64, StartupMemo>,
+    /// Logins not remembered because the table was full, since it was last swept: a sweep
+    /// waits for a few, so a stream of logins that each send their own parameters does not
+    /// walk a full table every time.
+    turned_away: usize,
+}
+
+#[derive(Debug)]
+struct StartupMemo {
+    params: Vec<(String, String)>,
+    /// `None` for parameters that make no setting (nothing to share, nothing to outlive).
+    settings: Option<std::sync::Weak<Settings>>,
+    flags: StartupFlags,
+}
+
+impl StartupMemo {
+    fn is_live(&self) -> bool {
+        self.settings.as_ref().is_none_or(|w| w.strong_count() > 0)
+    }
 }
 
 impl Interner {
     /// Forgotten entries are swept once the table holds this many.
     const SWEEP_AT: usize = 4096;
+    /// Distinct startup packets remembered at most: a memo entry keeps a copy of the
+    /// parameters, and clients that each send their own (an application name per process)
+    /// must not make every idle client carry one.
+    const STARTUP_MEMO_MAX: usize = 256;
+    /// Logins turned away from a full memo before it is swept of what no client uses.
+    const STARTUP_SWEEP_AFTER: usize = 64;
 
     pub fn intern(&self, settings: Settings) -> Arc<Settings> {
         if settings.is_empty() {
@@ -140,6 +173,52 @@ impl Interner {
         let shared = Arc::new(settings);
         map.insert(key, Arc::downgrade(&shared));
         shared
+    }
+
+    /// The settings and routing flags a startup packet's `params` make: remembered from an
+    /// earlier login that sent the same, or made by `make` and interned.
+    fn settings_for_startup(
+        &self,
+        params: &[(String, String)],
+        make: impl FnOnce(&[(String, String)]) -> (Settings, StartupFlags),
+    ) -> (Arc<Settings>, StartupFlags) {
+        let key = std::hash::BuildHasher::hash_one(&foldhash::fast::FixedState::default(), params);
+        if let Some(memo) = self.by_startup.lock().by_hash.get(&key) {
+            if memo.params == params {
+                match &memo.settings {
+                    None => return (Arc::default(), memo.flags),
+                    Some(weak) => {
+                        if let Some(settings) = weak.upgrade() {
+                            return (settings, memo.flags);
+                        }
+                    }
+                }
+            }
+        }
+        let (settings, flags) = make(params);
+        let settings = self.intern(settings);
+        let memo = StartupMemo {
+            params: params.to_vec(),
+            settings: (!settings.is_empty()).then(|| Arc::downgrade(&settings)),
+            flags,
+        };
+        let mut memos = self.by_startup.lock();
+        let memos = &mut *memos;
+        if memos.by_hash.len() < Self::STARTUP_MEMO_MAX || memos.by_hash.contains_key(&key) {
+            memos.by_hash.insert(key, memo);
+        } else {
+            memos.turned_away += 1;
+            if memos.turned_away >= Self::STARTUP_SWEEP_AFTER {
+                memos.turned_away = 0;
+                memos.by_hash.retain(|_, m| m.is_live());
+            }
+        }
+        (settings, flags)
+    }
+
+    #[cfg(test)]
+    fn startup_memo_len(&self) -> usize {
+        self.by_startup.lock().by_hash.len()
     }
 }
 
@@ -174,6 +253,36 @@ impl Default for StartupFlags {
     }
 }
 
+/// The settings a client asked for in its startup packet (`options=-c a=b` included), and
+/// routing's view of two of them.
+fn startup_settings(params: &[(String, String)]) -> (Settings, StartupFlags) {
+    let mut startup = Settings::default();
+    let mut flags = StartupFlags::default();
+    let mut note = |name: &str, value: &str| match name.to_lowercase().as_str() {
+        "standard_conforming_strings" => {
+            flags.standard_conforming_strings =
+                parse_bool(value).unwrap_or(flags.standard_conforming_strings)
+        }
+        "default_transaction_read_only" => {
+            flags.default_transaction_read_only =
+                parse_bool(value).unwrap_or(flags.default_transaction_read_only)
+        }
+        _ => {}
+    };
+    for (name, value) in params {
+        if name == "options" {
+            for (n, v) in parse_options(value) {
+                note(&n, &v);
+                startup.insert(n.to_lowercase(), set_sql(&n, &v));
+            }
+        } else if !NOT_SETTINGS.contains(&name.as_str()) && !name.starts_with("_pq_.") {
+            note(name, value);
+            startup.insert(name.to_lowercase(), set_sql(name, value));
+        }
+    }
+    (startup, flags)
+}
+
 /// A boolean setting's value as PostgreSQL reads one (`on`, `true`, `yes`, `1`, prefixes).
 pub fn parse_bool(value: &str) -> Option<bool> {
     let v = value.trim().to_ascii_lowercase();
@@ -202,32 +311,9 @@ pub struct SessionParams {
 impl SessionParams {
     /// The settings a client asked for in its startup packet (`options=-c a=b` included).
     pub fn from_startup(params: &[(String, String)], interner: &Interner) -> Self {
-        let mut startup = Settings::default();
-        let mut flags = StartupFlags::default();
-        let mut note = |name: &str, value: &str| match name.to_lowercase().as_str() {
-            "standard_conforming_strings" => {
-                flags.standard_conforming_strings =
-                    parse_bool(value).unwrap_or(flags.standard_conforming_strings)
-            }
-            "default_transaction_read_only" => {
-                flags.default_transaction_read_only =
-                    parse_bool(value).unwrap_or(flags.default_transaction_read_only)
-            }
-            _ => {}
-        };
-        for (name, value) in params {
-            if name == "options" {
-                for (n, v) in parse_options(value) {
-                    note(&n, &v);
-                    startup.insert(n.to_lowercase(), set_sql(&n, &v));
-                }
-            } else if !NOT_SETTINGS.contains(&name.as_str()) && !name.starts_with("_pq_.") {
-                note(name, value);
-                startup.insert(name.to_lowercase(), set_sql(name, value));
-            }
-        }
+        let (startup, flags) = interner.settings_for_startup(params, startup_settings);
         let mut s = SessionParams {
-            startup: interner.intern(startup),
+            startup,
             flags,
             ..Default::default()
         };
@@ -603,6 +689,64 @@ mod tests {
             .map(|(a, b)| (a.to_string(), b.to_string()))
             .collect();
         SessionParams::from_startup(&owned, &Interner::default())
+    }
+
+    fn owned(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    /// A login that sends what an earlier one sent, while a client still uses it, gets its
+    /// settings without making them again; one that differs in a value gets its own; what no
+    /// client uses any more is made again; and the memo stays bounded.
+    #[test]
+    fn startup_settings_are_remembered_by_the_parameters_sent() {
+        let interner = Interner::default();
+        let made = std::cell::Cell::new(0);
+        let make = |p: &[(String, String)]| {
+            made.set(made.get() + 1);
+            startup_settings(p)
+        };
+        let sent = owned(&[
+            ("user", "u"),
+            ("database", "d"),
+            ("application_name", "app"),
+            ("options", "-c default_transaction_read_only=on"),
+        ]);
+        let (first, flags) = interner.settings_for_startup(&sent, make);
+        let (second, again) = interner.settings_for_startup(&sent, make);
+        assert_eq!(made.get(), 1);
+        assert!(Arc::ptr_eq(&first, &second));
+        assert_eq!((flags, again), (flags, flags));
+        assert!(flags.default_transaction_read_only);
+
+        let other = owned(&[("user", "u"), ("application_name", "other")]);
+        let (third, _) = interner.settings_for_startup(&other, make);
+        assert_eq!(made.get(), 2);
+        assert_ne!(*third, *first);
+        let bare = owned(&[("user", "u"), ("database", "d")]);
+        let (none, bare_flags) = interner.settings_for_startup(&bare, make);
+        let (_, _) = interner.settings_for_startup(&bare, make);
+        assert_eq!(made.get(), 3);
+        assert!(none.is_empty());
+        assert_eq!(bare_flags, StartupFlags::default());
+
+        let kept = (*first).clone();
+        drop((first, second));
+        let (remade, flags) = interner.settings_for_startup(&sent, make);
+        assert_eq!(made.get(), 4);
+        assert_eq!(*remade, kept);
+        assert!(flags.default_transaction_read_only);
+
+        for i in 0..1000 {
+            let name = format!("app{i}");
+            let _ = interner.settings_for_startup(&owned(&[("application_name", &name)]), make);
+        }
+        assert!(interner.startup_memo_len() <= Interner::STARTUP_MEMO_MAX);
+        // Still remembered while used, after all that.
+        let (_, _) = interner.settings_for_startup(&sent, make);
+        assert_eq!(made.get(), 1004);
     }
 
     #[test]

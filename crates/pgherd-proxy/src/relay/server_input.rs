@@ -111,7 +111,6 @@ impl Session {
                 }
                 continue;
             }
-            self.forward_passing_results(input);
             let h = match read_header(input, MAX_SERVER_MESSAGE_BYTES) {
                 Ok(Some(h)) => h,
                 Ok(None) => return Ok(()),
@@ -122,6 +121,11 @@ impl Session {
                     )))
                 }
             };
+            if matches!(h.tag, btag::DATA_ROW | btag::ROW_DESCRIPTION)
+                && self.forward_passing_results(input)
+            {
+                continue;
+            }
             let whole = input.len() >= h.total_len();
             if !whole && !self.may_stream(h.tag, h.total_len(), input.len()) {
                 return Ok(());
@@ -306,14 +310,14 @@ impl Session {
     /// cache keeps them. A large result is mostly rows, and this spares each the
     /// classification every other message gets. Anything else (a message not yet whole or
     /// over the limit, an acknowledgement to drop after a replay, a refused request's rest)
-    /// is left to the general path.
-    fn forward_passing_results(&mut self, input: &mut BytesMut) {
+    /// is left to the general path. True if it forwarded any.
+    fn forward_passing_results(&mut self, input: &mut BytesMut) -> bool {
         let passing = self.queue.front_passes();
         if passing == queue::PassingResults::None
             || self.lease.is_none()
             || self.routing.replay.as_ref().is_some_and(|r| r.refused)
         {
-            return;
+            return false;
         }
         let mut end = 0;
         while let Ok(Some(h)) = read_header(&input[end..], MAX_SERVER_MESSAGE_BYTES) {
@@ -338,6 +342,7 @@ impl Session {
             self.client_out.extend_from_slice(&input[..end]);
             input.advance(end);
         }
+        end > 0
     }
 
     /// Whether a message not yet whole may start streaming now: rows, COPY data and anything

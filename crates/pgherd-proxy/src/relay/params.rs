@@ -125,23 +125,25 @@ pub struct Interner {
 #[derive(Debug, Default)]
 struct StartupMemos {
     by_hash: std::collections::HashMap<u64, StartupMemo>,
-    /// Logins not remembered because the table was full, since it was last swept: a sweep
-    /// waits for a few, so a stream of logins that each send their own parameters does not
-    /// walk a full table every time.
+    /// Logins not remembered because the table was full, since it was last swept of what no
+    /// client uses: a sweep waits for a few, so a stream of logins that each send their own
+    /// parameters does not walk a full table every time.
     turned_away: usize,
 }
 
 #[derive(Debug)]
 struct StartupMemo {
     params: Vec<(String, String)>,
-    /// `None` for parameters that make no setting (nothing to share, nothing to outlive).
-    settings: Option<std::sync::Weak<Settings>>,
+    /// Held, not weak: an application that connects per transaction has no client left
+    /// between two logins to keep its settings alive, and it is the one that logs in most.
+    settings: Arc<Settings>,
     flags: StartupFlags,
 }
 
 impl StartupMemo {
-    fn is_live(&self) -> bool {
-        self.settings.as_ref().is_none_or(|w| w.strong_count() > 0)
+    /// Some client uses the settings (the memo's own reference aside).
+    fn is_used(&self) -> bool {
+        Arc::strong_count(&self.settings) > 1
     }
 }
 
@@ -185,21 +187,14 @@ impl Interner {
         let key = std::hash::BuildHasher::hash_one(&foldhash::fast::FixedState::default(), params);
         if let Some(memo) = self.by_startup.lock().by_hash.get(&key) {
             if memo.params == params {
-                match &memo.settings {
-                    None => return (Arc::default(), memo.flags),
-                    Some(weak) => {
-                        if let Some(settings) = weak.upgrade() {
-                            return (settings, memo.flags);
-                        }
-                    }
-                }
+                return (memo.settings.clone(), memo.flags);
             }
         }
         let (settings, flags) = make(params);
         let settings = self.intern(settings);
         let memo = StartupMemo {
             params: params.to_vec(),
-            settings: (!settings.is_empty()).then(|| Arc::downgrade(&settings)),
+            settings: settings.clone(),
             flags,
         };
         let mut memos = self.by_startup.lock();
@@ -210,7 +205,7 @@ impl Interner {
             memos.turned_away += 1;
             if memos.turned_away >= Self::STARTUP_SWEEP_AFTER {
                 memos.turned_away = 0;
-                memos.by_hash.retain(|_, m| m.is_live());
+                memos.by_hash.retain(|_, m| m.is_used());
             }
         }
         (settings, flags)
@@ -697,9 +692,10 @@ mod tests {
             .collect()
     }
 
-    /// A login that sends what an earlier one sent, while a client still uses it, gets its
-    /// settings without making them again; one that differs in a value gets its own; what no
-    /// client uses any more is made again; and the memo stays bounded.
+    /// A login that sends what an earlier one sent gets its settings without making them
+    /// again, even with no client left from the earlier login (a client that connects per
+    /// transaction); one that differs in a value gets its own; the memo stays bounded, and
+    /// when full it lets go of what no client uses, never of what one does.
     #[test]
     fn startup_settings_are_remembered_by_the_parameters_sent() {
         let interner = Interner::default();
@@ -718,13 +714,20 @@ mod tests {
         let (second, again) = interner.settings_for_startup(&sent, make);
         assert_eq!(made.get(), 1);
         assert!(Arc::ptr_eq(&first, &second));
-        assert_eq!((flags, again), (flags, flags));
+        assert_eq!(again, flags);
+        assert!(flags.default_transaction_read_only);
+        let kept = (*first).clone();
+        drop((first, second));
+        let (after_the_last_left, flags) = interner.settings_for_startup(&sent, make);
+        assert_eq!(made.get(), 1);
+        assert_eq!(*after_the_last_left, kept);
         assert!(flags.default_transaction_read_only);
 
         let other = owned(&[("user", "u"), ("application_name", "other")]);
         let (third, _) = interner.settings_for_startup(&other, make);
         assert_eq!(made.get(), 2);
-        assert_ne!(*third, *first);
+        assert_ne!(*third, kept);
+        drop(third);
         let bare = owned(&[("user", "u"), ("database", "d")]);
         let (none, bare_flags) = interner.settings_for_startup(&bare, make);
         let (_, _) = interner.settings_for_startup(&bare, make);
@@ -732,20 +735,16 @@ mod tests {
         assert!(none.is_empty());
         assert_eq!(bare_flags, StartupFlags::default());
 
-        let kept = (*first).clone();
-        drop((first, second));
-        let (remade, flags) = interner.settings_for_startup(&sent, make);
-        assert_eq!(made.get(), 4);
-        assert_eq!(*remade, kept);
-        assert!(flags.default_transaction_read_only);
-
         for i in 0..1000 {
             let name = format!("app{i}");
             let _ = interner.settings_for_startup(&owned(&[("application_name", &name)]), make);
         }
+        assert_eq!(made.get(), 1003);
         assert!(interner.startup_memo_len() <= Interner::STARTUP_MEMO_MAX);
-        // Still remembered while used, after all that.
+        // Used all along: still remembered. Used by no one: let go, and made again.
         let (_, _) = interner.settings_for_startup(&sent, make);
+        assert_eq!(made.get(), 1003);
+        let (_, _) = interner.settings_for_startup(&other, make);
         assert_eq!(made.get(), 1004);
     }
 

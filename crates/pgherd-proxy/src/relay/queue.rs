@@ -703,6 +703,7 @@ mod tests {
         q.push_client(Request::Sync);
         assert_eq!(q.client_ready_owed(), 1);
     }
+
     /// The relay forwards what `front_passes` names without asking `on_server_message`: that
     /// is only right where `on_server_message` would leave the queue as it is and say nothing
     /// but "to the client", for every request that can be at the front.

@@ -131,6 +131,23 @@ struct StartupMemos {
     turned_away: usize,
 }
 
+impl StartupMemos {
+    /// Lets go of the settings no client uses. Packets that differ only in what makes no
+    /// setting (the user, the database, the order of the parameters) share one interned
+    /// `Arc`, so the memo's own references to it are counted, not taken as one.
+    fn sweep_unused(&mut self) {
+        let mut held: std::collections::HashMap<*const Settings, usize> =
+            std::collections::HashMap::new();
+        for memo in self.by_hash.values() {
+            *held.entry(Arc::as_ptr(&memo.settings)).or_default() += 1;
+        }
+        self.by_hash.retain(|_, memo| {
+            let by_memo = held.get(&Arc::as_ptr(&memo.settings)).copied().unwrap_or(0);
+            Arc::strong_count(&memo.settings) > by_memo
+        });
+    }
+}
+
 #[derive(Debug)]
 struct StartupMemo {
     params: Vec<(String, String)>,
@@ -138,13 +155,6 @@ struct StartupMemo {
     /// between two logins to keep its settings alive, and it is the one that logs in most.
     settings: Arc<Settings>,
     flags: StartupFlags,
-}
-
-impl StartupMemo {
-    /// Some client uses the settings (the memo's own reference aside).
-    fn is_used(&self) -> bool {
-        Arc::strong_count(&self.settings) > 1
-    }
 }
 
 impl Interner {
@@ -199,14 +209,16 @@ impl Interner {
         };
         let mut memos = self.by_startup.lock();
         let memos = &mut *memos;
+        if memos.by_hash.len() >= Self::STARTUP_MEMO_MAX && !memos.by_hash.contains_key(&key) {
+            memos.turned_away += 1;
+            if memos.turned_away < Self::STARTUP_SWEEP_AFTER {
+                return (settings, flags);
+            }
+            memos.turned_away = 0;
+            memos.sweep_unused();
+        }
         if memos.by_hash.len() < Self::STARTUP_MEMO_MAX || memos.by_hash.contains_key(&key) {
             memos.by_hash.insert(key, memo);
-        } else {
-            memos.turned_away += 1;
-            if memos.turned_away >= Self::STARTUP_SWEEP_AFTER {
-                memos.turned_away = 0;
-                memos.by_hash.retain(|_, m| m.is_used());
-            }
         }
         (settings, flags)
     }
@@ -746,6 +758,46 @@ mod tests {
         assert_eq!(made.get(), 1003);
         let (_, _) = interner.settings_for_startup(&other, make);
         assert_eq!(made.get(), 1004);
+    }
+
+    /// Packets that differ only in the database make the same settings, shared. While a
+    /// client uses them, a full memo keeps every packet that makes them; once none does, a
+    /// sweep lets go of all of them, though each is held by the others' entries too.
+    #[test]
+    fn a_full_memo_lets_go_of_settings_only_its_own_entries_share() {
+        let interner = Interner::default();
+        let made = std::cell::Cell::new(0);
+        let make = |p: &[(String, String)]| {
+            made.set(made.get() + 1);
+            startup_settings(p)
+        };
+        let tenant = |n: usize| {
+            let database = format!("tenant{n}");
+            owned(&[("database", &database), ("application_name", "app")])
+        };
+        let newcomer = |n: usize| owned(&[("application_name", &format!("new{n}"))]);
+        let (kept, _) = interner.settings_for_startup(&tenant(0), make);
+        for n in 1..Interner::STARTUP_MEMO_MAX {
+            let _ = interner.settings_for_startup(&tenant(n), make);
+        }
+        assert_eq!(interner.startup_memo_len(), Interner::STARTUP_MEMO_MAX);
+        assert_eq!(made.get(), Interner::STARTUP_MEMO_MAX);
+        for n in 0..Interner::STARTUP_SWEEP_AFTER {
+            let _ = interner.settings_for_startup(&newcomer(n), make);
+        }
+        assert_eq!(interner.startup_memo_len(), Interner::STARTUP_MEMO_MAX);
+        let (again, _) = interner.settings_for_startup(&tenant(1), make);
+        assert!(Arc::ptr_eq(&kept, &again));
+
+        drop((kept, again));
+        for n in 0..Interner::STARTUP_SWEEP_AFTER {
+            let _ = interner.settings_for_startup(&newcomer(n), make);
+        }
+        // Swept to nothing, then the packet that set the sweep off is remembered.
+        assert_eq!(interner.startup_memo_len(), 1);
+        let before = made.get();
+        let _ = interner.settings_for_startup(&tenant(1), make);
+        assert_eq!(made.get(), before + 1, "tenant 1 was let go");
     }
 
     #[test]

@@ -319,7 +319,7 @@ impl Session {
         {
             return false;
         }
-        let mut end = 0;
+        let (mut end, mut messages) = (0, 0);
         while let Ok(Some(h)) = read_header(&input[end..], MAX_SERVER_MESSAGE_BYTES) {
             let message_end = end + h.total_len();
             if !passing.includes(h.tag) || message_end > input.len() {
@@ -336,9 +336,15 @@ impl Session {
                 self.fill_message(h.tag, &input[end..message_end]);
             }
             end = message_end;
+            messages += 1;
         }
         if end > 0 {
-            tracing::trace!(client = self.shared.id, bytes = end, "server rows");
+            tracing::trace!(
+                client = self.shared.id,
+                messages,
+                bytes = end,
+                "server rows"
+            );
             self.client_out.extend_from_slice(&input[..end]);
             input.advance(end);
         }

@@ -704,6 +704,16 @@ mod tests {
             .collect()
     }
 
+    /// [`startup_settings`], counting in `made` how often it ran.
+    fn counting(
+        made: &std::cell::Cell<usize>,
+    ) -> impl Fn(&[(String, String)]) -> (Settings, StartupFlags) + Copy + '_ {
+        move |p| {
+            made.set(made.get() + 1);
+            startup_settings(p)
+        }
+    }
+
     /// A login that sends what an earlier one sent gets its settings without making them
     /// again, even with no client left from the earlier login (a client that connects per
     /// transaction); one that differs in a value gets its own; the memo stays bounded, and
@@ -712,10 +722,7 @@ mod tests {
     fn startup_settings_are_remembered_by_the_parameters_sent() {
         let interner = Interner::default();
         let made = std::cell::Cell::new(0);
-        let make = |p: &[(String, String)]| {
-            made.set(made.get() + 1);
-            startup_settings(p)
-        };
+        let make = counting(&made);
         let sent = owned(&[
             ("user", "u"),
             ("database", "d"),
@@ -767,10 +774,7 @@ mod tests {
     fn a_full_memo_lets_go_of_settings_only_its_own_entries_share() {
         let interner = Interner::default();
         let made = std::cell::Cell::new(0);
-        let make = |p: &[(String, String)]| {
-            made.set(made.get() + 1);
-            startup_settings(p)
-        };
+        let make = counting(&made);
         let tenant = |n: usize| {
             let database = format!("tenant{n}");
             owned(&[("database", &database), ("application_name", "app")])

@@ -372,9 +372,11 @@ impl Session {
             .transpose()?;
         // A Bind's named statement, looked up once for routing it and for sending it.
         let bound = match &bind {
-            Some(b) if !b.statement.is_empty() => {
-                statement(&self.statements, b.statement).ok().cloned()
-            }
+            Some(b) if !b.statement.is_empty() => self
+                .statements
+                .as_ref()
+                .and_then(|s| s.find(b.statement))
+                .cloned(),
             _ => None,
         };
         let statement_sql = match (&query, &parse) {

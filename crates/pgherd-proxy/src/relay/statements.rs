@@ -208,9 +208,13 @@ impl ClientStatements {
     }
 
     pub fn get(&self, name: &[u8]) -> Result<&Arc<StatementDef>, StatementError> {
-        self.named
-            .get(name)
+        self.find(name)
             .ok_or_else(|| StatementError::DoesNotExist(String::from_utf8_lossy(name).into_owned()))
+    }
+
+    /// [`Self::get`] for a caller that has its own answer to a missing statement.
+    pub fn find(&self, name: &[u8]) -> Option<&Arc<StatementDef>> {
+        self.named.get(name)
     }
 
     pub fn close(&mut self, name: &[u8]) {

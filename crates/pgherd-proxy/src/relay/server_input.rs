@@ -122,7 +122,7 @@ impl Session {
                 }
             };
             if matches!(h.tag, btag::DATA_ROW | btag::ROW_DESCRIPTION)
-                && self.forward_passing_results(input)
+                && self.forward_passing_results(h, input)
             {
                 continue;
             }
@@ -310,8 +310,13 @@ impl Session {
     /// cache keeps them. A large result is mostly rows, and this spares each the
     /// classification every other message gets. Anything else (a message not yet whole or
     /// over the limit, an acknowledgement to drop after a replay, a refused request's rest)
-    /// is left to the general path. True if it forwarded any.
-    fn forward_passing_results(&mut self, input: &mut BytesMut) -> bool {
+    /// is left to the general path. `first` is the header at the front of `input`. True if
+    /// it forwarded any.
+    fn forward_passing_results(
+        &mut self,
+        first: pgherd_wire::frame::Header,
+        input: &mut BytesMut,
+    ) -> bool {
         let passing = self.queue.front_passes();
         if passing == queue::PassingResults::None
             || self.lease.is_none()
@@ -319,24 +324,26 @@ impl Session {
         {
             return false;
         }
-        let (mut end, mut messages) = (0, 0);
-        while let Ok(Some(h)) = read_header(&input[end..], MAX_SERVER_MESSAGE_BYTES) {
+        let (mut end, mut messages, mut h) = (0, 0, first);
+        loop {
             let message_end = end + h.total_len();
-            if !passing.includes(h.tag) || message_end > input.len() {
+            // An acknowledgement a replay already gave the client is the general path's to drop.
+            if !passing.includes(h.tag)
+                || message_end > input.len()
+                || (acknowledges(h.tag) && self.skip_preliminaries > 0)
+            {
                 break;
             }
-            if h.tag == btag::DATA_ROW {
-                self.note_answered();
-            } else if self.skip_preliminaries > 0 {
-                break;
-            } else if let Some(replay) = self.routing.replay.as_mut() {
-                replay.preliminaries += 1;
-            }
+            self.note_answer(h.tag);
             if self.fill.is_some() {
                 self.fill_message(h.tag, &input[end..message_end]);
             }
             end = message_end;
             messages += 1;
+            match read_header(&input[end..], MAX_SERVER_MESSAGE_BYTES) {
+                Ok(Some(next)) => h = next,
+                _ => break,
+            }
         }
         if end > 0 {
             tracing::trace!(

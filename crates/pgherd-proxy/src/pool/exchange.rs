@@ -289,26 +289,26 @@ impl<T> Exchange<T> {
         self.note_waiting(central);
     }
 
-    fn hand_to_first_waiter(central: &mut Central<T>, item: T) -> Result<(), T> {
-        let mut offer = Handoff::Item(item);
+    /// Sends `offer` to the first waiter still listening; gives it back when none is.
+    fn send_first(central: &mut Central<T>, mut offer: Handoff<T>) -> Result<(), Handoff<T>> {
         while let Some(waiter) = central.waiters.pop_front() {
             match waiter.send(offer) {
                 Ok(()) => return Ok(()),
                 Err(back) => offer = back,
             }
         }
-        match offer {
-            Handoff::Item(item) => Err(item),
-            Handoff::Retry => Ok(()),
+        Err(offer)
+    }
+
+    fn hand_to_first_waiter(central: &mut Central<T>, item: T) -> Result<(), T> {
+        match Self::send_first(central, Handoff::Item(item)) {
+            Err(Handoff::Item(item)) => Err(item),
+            Ok(()) | Err(Handoff::Retry) => Ok(()),
         }
     }
 
     fn wake_one_to_retry(&self, central: &mut Central<T>) {
-        while let Some(waiter) = central.waiters.pop_front() {
-            if waiter.send(Handoff::Retry).is_ok() {
-                break;
-            }
-        }
+        let _ = Self::send_first(central, Handoff::Retry);
         self.note_waiting(central);
     }
 

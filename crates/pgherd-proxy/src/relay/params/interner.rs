@@ -7,6 +7,12 @@ use std::sync::Arc;
 
 use super::{Settings, StartupFlags};
 
+/// Both tables' keys: foldhash with a fixed seed (a crafted collision only costs a miss, as
+/// each hit compares the whole entry).
+fn fixed_hash<V: std::hash::Hash + ?Sized>(value: &V) -> u64 {
+    std::hash::BuildHasher::hash_one(&foldhash::fast::FixedState::default(), value)
+}
+
 /// Shares identical startup settings between clients: drivers of one application all send
 /// the same ones, and each idle client should cost as little as possible.
 #[derive(Debug, Default)]
@@ -67,8 +73,7 @@ impl Interner {
         if settings.is_empty() {
             return Arc::default();
         }
-        let key =
-            std::hash::BuildHasher::hash_one(&foldhash::fast::FixedState::default(), &settings);
+        let key = fixed_hash(&settings);
         let mut map = self.by_hash.lock();
         if let Some(existing) = map.get(&key).and_then(std::sync::Weak::upgrade) {
             if *existing == settings {
@@ -90,7 +95,7 @@ impl Interner {
         params: &[(String, String)],
         make: impl FnOnce(&[(String, String)]) -> (Settings, StartupFlags),
     ) -> (Arc<Settings>, StartupFlags) {
-        let key = std::hash::BuildHasher::hash_one(&foldhash::fast::FixedState::default(), params);
+        let key = fixed_hash(params);
         if let Some(memo) = self.by_startup.lock().by_hash.get(&key) {
             if memo.params == params {
                 return (memo.settings.clone(), memo.flags);

@@ -73,6 +73,17 @@ impl Decisions {
         }
     }
 
+    /// Tells this cache's decisions apart from other routers' where a worker keeps them
+    /// outside it (a statement shape's slot).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Counts a hit on a decision of this cache's found outside it (in a shape's slot).
+    pub fn count_hit(&self) {
+        self.hits.add(1);
+    }
+
     /// The decision kept for `key`, counted as a hit or a miss. `generation` is the router's,
     /// read before this call.
     pub fn get(&self, key: &[u8], generation: u64) -> Option<Arc<Decision>> {

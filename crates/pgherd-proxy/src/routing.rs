@@ -16,8 +16,8 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use pgherd_route::catalog::{Persistence, RelationRow, Snapshot, SnapshotBuilder};
 use pgherd_route::{
-    classify, lex, lex_with_spans, HintError, Lexed, Route, ShapeMemo, ShardSetting, Target,
-    SHARD_SETTING,
+    classify, lex, lex_with_spans, Decision, HintError, Lexed, Route, ShapeMemo, ShardSetting,
+    Target, SHARD_SETTING,
 };
 use pgherd_wire::{PgError, SqlState};
 use tokio::sync::Notify;
@@ -220,25 +220,41 @@ thread_local! {
     /// A statement's shape for the result cache's memo, reused likewise.
     static SHAPE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     /// Statement shapes this worker lexed: a text seen before up to its literals' values is
-    /// not lexed again. Per thread, so a hit takes no lock and writes nothing shared.
-    static SHAPES: RefCell<ShapeMemo> = RefCell::new(ShapeMemo::default());
+    /// not lexed again. Per thread, so a hit takes no lock and writes nothing shared. Each
+    /// shape keeps the decision last made or found for its key.
+    static SHAPES: RefCell<ShapeMemo<Option<ShapeDecision>>> =
+        RefCell::new(ShapeMemo::default());
 }
 
-/// [`lex`] (with spans, [`pgherd_route::lex_with_spans`]) through this thread's shape memo.
-fn lex_remembered(
+/// A decision kept in a statement shape's slot: found there, it spares the lookup by key.
+/// Valid for the router that made it, under the generation it was made under, as a copy in
+/// [`Decisions`] is.
+struct ShapeDecision {
+    decisions_id: u64,
+    generation: u64,
+    decision: Arc<Decision>,
+}
+
+/// [`lex`] through this thread's shape memo.
+fn lex_remembered(sql: &[u8], standard_conforming_strings: bool, key: &mut Vec<u8>) -> Lexed {
+    SHAPES.with(|memo| match memo.try_borrow_mut() {
+        Ok(mut memo) => memo.lex(sql, standard_conforming_strings, key, None),
+        Err(_) => lex(sql, standard_conforming_strings, key),
+    })
+}
+
+/// The lexer itself, where the shape memo is in use (not reached: nothing lexes while
+/// lexing), and always right.
+fn lex_unremembered(
     sql: &[u8],
     standard_conforming_strings: bool,
     key: &mut Vec<u8>,
     spans: Option<&mut Vec<(usize, usize)>>,
 ) -> Lexed {
-    SHAPES.with(|memo| match memo.try_borrow_mut() {
-        Ok(mut memo) => memo.lex(sql, standard_conforming_strings, key, spans),
-        // Not reached (nothing lexes while lexing); the lexer itself is always right.
-        Err(_) => match spans {
-            Some(spans) => lex_with_spans(sql, standard_conforming_strings, key, spans),
-            None => lex(sql, standard_conforming_strings, key),
-        },
-    })
+    match spans {
+        Some(spans) => lex_with_spans(sql, standard_conforming_strings, key, spans),
+        None => lex(sql, standard_conforming_strings, key),
+    }
 }
 
 impl Router {
@@ -253,7 +269,7 @@ impl Router {
         SHAPE.with(|shape| {
             let mut shape = shape.borrow_mut();
             shape.clear();
-            let lexed = lex_remembered(sql, standard_conforming_strings, &mut shape, None);
+            let lexed = lex_remembered(sql, standard_conforming_strings, &mut shape);
             if !shape.is_empty() {
                 let mut memo = self.cache_memo.lock();
                 if let Some(verdict) = memo.of(generation).by_shape.get(shape.as_slice()) {
@@ -294,7 +310,7 @@ impl Router {
         SHAPE.with(|shape| {
             let mut shape = shape.borrow_mut();
             shape.clear();
-            let lexed = lex_remembered(sql, standard_conforming_strings, &mut shape, None);
+            let lexed = lex_remembered(sql, standard_conforming_strings, &mut shape);
             // A text too long to parse shows nothing, which another of its shape might.
             let by_shape = !shape.is_empty() && sql.len() <= self.max_parse_bytes;
             if by_shape {
@@ -340,13 +356,30 @@ impl Router {
     /// minute.
     pub fn start(app: &Arc<App>, server_dbname: String) -> Arc<Router> {
         let config = app.config();
-        let router = Arc::new(Router {
+        let router = Arc::new(Router::new(
+            server_dbname,
+            config.routing.decision_cache_entries,
+            config.routing.max_parse_bytes,
+            app.shards.clone(),
+        ));
+        tokio::spawn(keep_catalog(app.clone(), Arc::downgrade(&router)));
+        router
+    }
+
+    /// A router with an empty catalog and no task reading it.
+    fn new(
+        server_dbname: String,
+        capacity: usize,
+        max_parse_bytes: usize,
+        shards: Option<Arc<crate::shards::Shards>>,
+    ) -> Router {
+        Router {
             server_dbname,
             catalog: ArcSwap::from_pointee(Snapshot::default()),
-            decisions: Decisions::new(config.routing.decision_cache_entries),
-            capacity: config.routing.decision_cache_entries,
+            decisions: Decisions::new(capacity),
+            capacity,
             cache_memo: Mutex::default(),
-            max_parse_bytes: config.routing.max_parse_bytes,
+            max_parse_bytes,
             reload: Notify::new(),
             generation: std::sync::atomic::AtomicU64::new(0),
             readings_begun: std::sync::atomic::AtomicU64::new(0),
@@ -354,10 +387,8 @@ impl Router {
             schema_changed: std::sync::atomic::AtomicBool::new(false),
             readings: std::sync::atomic::AtomicU64::new(0),
             catalog_changes: std::sync::atomic::AtomicU64::new(0),
-            shards: app.shards.clone(),
-        });
-        tokio::spawn(keep_catalog(app.clone(), Arc::downgrade(&router)));
-        router
+            shards,
+        }
     }
 
     /// The catalog as last read, for the session-state probe's custom settings.
@@ -418,20 +449,32 @@ impl Router {
         if let Some(spans) = spans.as_deref_mut() {
             spans.clear();
         }
-        let lexed = lex_remembered(text, standard_conforming_strings, key, spans);
-        let routed = self.decide(sql, long, &lexed, key);
-        if !lexed.cacheable || long || lexed.strings_depend_on_settings {
-            key.clear();
-        }
-        routed
+        SHAPES.with(|memo| {
+            let mut memo = memo.try_borrow_mut();
+            let (lexed, slot) = match memo.as_deref_mut() {
+                Ok(memo) => memo.lex_with_slot(text, standard_conforming_strings, key, spans),
+                Err(_) => (
+                    lex_unremembered(text, standard_conforming_strings, key, spans),
+                    None,
+                ),
+            };
+            let routed = self.decide(sql, long, &lexed, key, slot);
+            if !lexed.cacheable || long || lexed.strings_depend_on_settings {
+                key.clear();
+            }
+            routed
+        })
     }
 
+    /// The decision for a statement lexed as `lexed` with `key`: from `slot` (its shape's),
+    /// from the decision cache, or made with the parser, and kept in both.
     fn decide(
         &self,
         sql: &[u8],
         long: bool,
         lexed: &pgherd_route::Lexed,
         key: &[u8],
+        mut slot: Option<&mut Option<ShapeDecision>>,
     ) -> Result<Routed, PgError> {
         let hint = lexed.hint.clone().map_err(|e| hint_error(&e))?;
         let shard = lexed.shard.clone().map_err(|e| hint_error(&e))?;
@@ -441,8 +484,33 @@ impl Router {
         // Read before the lookup: a decision found or made is kept only as long as nothing
         // that changes decisions happened since.
         let generation = self.generation();
-        if lexed.cacheable && !long {
-            if let Some(decision) = self.decisions.get(key, generation) {
+        let keyed = lexed.cacheable && !long;
+        let decisions_id = self.decisions.id();
+        let keep_in_slot = |slot: Option<&mut Option<ShapeDecision>>, decision: &Arc<Decision>| {
+            if let Some(slot) = slot {
+                *slot = Some(ShapeDecision {
+                    decisions_id,
+                    generation,
+                    decision: decision.clone(),
+                });
+            }
+        };
+        if keyed {
+            let in_slot = slot
+                .as_deref()
+                .and_then(Option::as_ref)
+                .filter(|kept| kept.decisions_id == decisions_id && kept.generation == generation);
+            let found = match in_slot {
+                Some(kept) => {
+                    self.decisions.count_hit();
+                    Some(kept.decision.clone())
+                }
+                None => self
+                    .decisions
+                    .get(key, generation)
+                    .inspect(|decision| keep_in_slot(slot.as_deref_mut(), decision)),
+            };
+            if let Some(decision) = found {
                 return Ok(Routed {
                     decision,
                     hint,
@@ -461,8 +529,9 @@ impl Router {
         if decision.needs_catalog {
             self.reload.notify_one();
         }
-        if lexed.cacheable && !long && decision.cacheable && !decision.needs_catalog {
+        if keyed && decision.cacheable && !decision.needs_catalog {
             self.decisions.insert(key, generation, decision.clone());
+            keep_in_slot(slot, &decision);
         }
         if let Some(value) = &decision.route_setting {
             if Route::parse(value).is_none() {
@@ -753,3 +822,7 @@ fn route_setting_error(value: &str) -> PgError {
     )
     .with_hint("Available values: auto, primary, replica.")
 }
+
+#[cfg(test)]
+#[path = "routing_tests.rs"]
+mod tests;

@@ -18,6 +18,10 @@
 //! dollar-quoted, prefixed (`E'...'`, `B'...'`, `U&'...'`) or continued string, or a text the
 //! lexer found uncacheable or dependent on settings is lexed every time, as before.
 //!
+//! Each shape also carries a slot of the caller's (`T`), empty when the shape is learnt: what
+//! the caller derived from the shape's key, kept where the next text of the shape finds it
+//! without looking the key up again (the proxy keeps its routing decision there).
+//!
 //! Pure: no IO, no clock; the proxy keeps one memo per worker thread.
 
 use crate::lexer::{self, Lexed, MARK};
@@ -116,7 +120,7 @@ struct Scratch {
 }
 
 #[derive(Debug)]
-struct Shape {
+struct Shape<T> {
     text: Box<[u8]>,
     /// Per literal: the fixed stretch of `text` before it, and its kind.
     literals: Box<[(usize, usize, Literal)]>,
@@ -125,9 +129,10 @@ struct Shape {
     key: Box<[u8]>,
     lexed: Lexed,
     standard_conforming_strings: bool,
+    slot: T,
 }
 
-impl Shape {
+impl<T: Default> Shape<T> {
     /// The shape of `sql`, which the lexer read with `lexed`, `key` and `spans`, if a text
     /// can be matched against it.
     fn learn(
@@ -137,7 +142,7 @@ impl Shape {
         key: &[u8],
         spans: &[(usize, usize)],
         scratch: &mut Scratch,
-    ) -> Option<Shape> {
+    ) -> Option<Shape<T>> {
         if !lexed.cacheable || lexed.strings_depend_on_settings || sql.len() > TEXT_MAX_BYTES {
             return None;
         }
@@ -168,6 +173,7 @@ impl Shape {
             key: key.into(),
             lexed: lexed.clone(),
             standard_conforming_strings,
+            slot: T::default(),
         })
     }
 
@@ -258,10 +264,10 @@ fn fingerprint(key: &[u8]) -> u64 {
     hash | 1
 }
 
-/// Shapes seen, for [`ShapeMemo::lex`].
+/// Shapes seen, for [`ShapeMemo::lex`], each with a slot of type `T` for the caller.
 #[derive(Debug)]
-pub struct ShapeMemo {
-    buckets: Box<[Vec<Shape>]>,
+pub struct ShapeMemo<T = ()> {
+    buckets: Box<[Vec<Shape<T>>]>,
     /// Per bucket, fingerprints of the last keys lexed there without a shape.
     recent_misses: Box<[[u64; RECENT_MISSES]]>,
     spans: Vec<(usize, usize)>,
@@ -270,7 +276,7 @@ pub struct ShapeMemo {
     misses: u64,
 }
 
-impl Default for ShapeMemo {
+impl<T> Default for ShapeMemo<T> {
     fn default() -> Self {
         ShapeMemo {
             buckets: (0..1usize << BUCKET_BITS).map(|_| Vec::new()).collect(),
@@ -283,7 +289,7 @@ impl Default for ShapeMemo {
     }
 }
 
-impl ShapeMemo {
+impl<T: Default> ShapeMemo<T> {
     /// What [`lexer::lex`] gives (with `spans`, [`lexer::lex_with_spans`]): the same key
     /// appended to `key`, the same spans pushed, the same findings; from a remembered shape
     /// when `sql` has one.
@@ -292,28 +298,47 @@ impl ShapeMemo {
         sql: &[u8],
         standard_conforming_strings: bool,
         key: &mut Vec<u8>,
-        mut spans: Option<&mut Vec<(usize, usize)>>,
+        spans: Option<&mut Vec<(usize, usize)>>,
     ) -> Lexed {
+        self.lex_with_slot(sql, standard_conforming_strings, key, spans)
+            .0
+    }
+
+    /// [`Self::lex`], and the slot of the shape kept for `sql`'s key: the one `sql` matched,
+    /// or the one just learnt from it; `None` when no shape is kept for it. Every text a
+    /// slot is given for had the same key appended.
+    pub fn lex_with_slot(
+        &mut self,
+        sql: &[u8],
+        standard_conforming_strings: bool,
+        key: &mut Vec<u8>,
+        mut spans: Option<&mut Vec<(usize, usize)>>,
+    ) -> (Lexed, Option<&mut T>) {
         let spans_before = spans.as_ref().map_or(0, |spans| spans.len());
         let bucket = bucket_of(sql);
-        let shapes = &mut self.buckets[bucket];
-        for i in 0..shapes.len() {
+        let shapes = &self.buckets[bucket];
+        let matched = (0..shapes.len()).find(|&i| {
             let shape = &shapes[i];
-            if shape.standard_conforming_strings == standard_conforming_strings
-                && shape.matches(sql, spans.as_deref_mut())
-            {
-                key.extend_from_slice(&shape.key);
-                let lexed = shape.lexed.clone();
-                // The most used shapes come first.
-                if i > 0 {
-                    shapes.swap(0, i);
+            let matches = shape.standard_conforming_strings == standard_conforming_strings
+                && shape.matches(sql, spans.as_deref_mut());
+            if !matches {
+                if let Some(spans) = spans.as_deref_mut() {
+                    spans.truncate(spans_before);
                 }
-                self.hits += 1;
-                return lexed;
             }
-            if let Some(spans) = spans.as_deref_mut() {
-                spans.truncate(spans_before);
+            matches
+        });
+        if let Some(i) = matched {
+            let shapes = &mut self.buckets[bucket];
+            // The most used shapes come first. (A shape is large: a swap with itself would
+            // copy it three times.)
+            if i > 0 {
+                shapes.swap(0, i);
             }
+            let shape = &mut shapes[0];
+            key.extend_from_slice(&shape.key);
+            self.hits += 1;
+            return (shape.lexed.clone(), Some(&mut shape.slot));
         }
         self.misses += 1;
         let key_before = key.len();
@@ -329,7 +354,7 @@ impl ShapeMemo {
         // A shape is learnt the second time its key is lexed: texts of a kind seen once
         // (ad hoc queries, lists of every length) would only churn the memo.
         if !missed_before(&mut self.recent_misses[bucket], key) {
-            return lexed;
+            return (lexed, None);
         }
         if let Some(shape) = Shape::learn(
             sql,
@@ -344,10 +369,13 @@ impl ShapeMemo {
                 shapes.pop();
             }
             shapes.insert(0, shape);
+            return (lexed, Some(&mut shapes[0].slot));
         }
-        lexed
+        (lexed, None)
     }
+}
 
+impl<T> ShapeMemo<T> {
     /// Texts answered from a remembered shape, and texts lexed.
     pub fn counts(&self) -> (u64, u64) {
         (self.hits, self.misses)

@@ -287,3 +287,55 @@ fn texts_each_of_a_shape_of_its_own_do_not_push_out_the_shapes_in_use() {
         assert!(same_as_lexer(&mut memo, used.as_bytes(), true, false));
     }
 }
+
+#[test]
+fn a_slot_is_handed_back_only_for_texts_of_the_key_it_was_filled_for() {
+    // The slot keeps the key it was filled with; whenever the memo hands it back, the text
+    // must have had that key appended.
+    let mut memo: ShapeMemo<Option<Vec<u8>>> = ShapeMemo::default();
+    // One bucket (the same first 16 bytes) with more shapes than it keeps, so shapes are
+    // evicted and learnt again; plus keys that differ only after a literal.
+    let shapes = [
+        "SELECT abalance FROM t1 WHERE aid = {}",
+        "SELECT abalance FROM t2 WHERE aid = {}",
+        "SELECT abalance FROM t3 WHERE aid = {}",
+        "SELECT abalance FROM t4 WHERE aid = {}",
+        "SELECT abalance FROM t5 WHERE aid = {}",
+        "SELECT abalance FROM t1 WHERE aid = {} AND x = 1",
+        "SELECT abalance FROM t1 WHERE aid = {} AND x = 'a'",
+        "SELECT set_config('app.a', {}, false)",
+        "SELECT set_config('app.b', {}, false)",
+    ];
+    let (mut handed, mut filled_and_handed) = (0, 0);
+    for round in 0..40 {
+        for (i, shape) in shapes.iter().enumerate() {
+            // Some texts twice in a row, so their shapes are learnt, and evicted by others.
+            for repeat in 0..1 + (round + i) % 2 {
+                let sql = shape.replace("{}", &(round * 7 + i + repeat).to_string());
+                let mut key = Vec::new();
+                let (_, slot) = memo.lex_with_slot(sql.as_bytes(), true, &mut key, None);
+                let Some(slot) = slot else { continue };
+                handed += 1;
+                match slot {
+                    Some(kept) => {
+                        filled_and_handed += 1;
+                        assert_eq!(kept, &key, "a slot of another key for {sql:?}");
+                    }
+                    None => *slot = Some(key),
+                }
+            }
+        }
+    }
+    assert!(filled_and_handed >= 50 && handed > filled_and_handed);
+    // A learnt shape's slot starts empty.
+    let mut memo: ShapeMemo<u32> = ShapeMemo::default();
+    let mut key = Vec::new();
+    for expected in [None, Some(0), Some(1), Some(2)] {
+        key.clear();
+        let (_, slot) = memo.lex_with_slot(b"SELECT 1", true, &mut key, None);
+        assert_eq!(slot.as_deref().copied(), expected);
+        if let Some(slot) = slot {
+            *slot += 1;
+        }
+    }
+}

@@ -334,6 +334,11 @@ impl ClusterState {
         self.is_fenced(node) || self.is_detached(node)
     }
 
+    /// Whether new transactions of some database wait for `RESUME`.
+    pub fn any_paused(&self) -> bool {
+        self.paused_all || !self.paused.is_empty()
+    }
+
     /// Whether new transactions of `database` wait for `RESUME`.
     pub fn is_paused(&self, database: &str) -> bool {
         self.paused_all || self.paused.contains(database)
@@ -552,8 +557,9 @@ mod tests {
 
     #[test]
     fn pauses_are_per_database_or_all() {
+        assert!(!after(&[Change::SyncInForce(None)]).any_paused());
         let state = after(&[Change::SyncInForce(None), Change::Pause(Some("app".into()))]);
-        assert!(state.is_paused("app") && !state.is_paused("other"));
+        assert!(state.is_paused("app") && !state.is_paused("other") && state.any_paused());
         assert_eq!(
             state.gate(),
             Gate::Open,
@@ -564,6 +570,7 @@ mod tests {
         assert_eq!(all.gate(), Gate::Hold(GateReason::Paused));
         let resumed = all.apply(&Change::Resume(None)).unwrap();
         assert!(!resumed.is_paused("app") && resumed.gate() == Gate::Open);
+        assert!(!resumed.any_paused());
     }
 
     #[test]

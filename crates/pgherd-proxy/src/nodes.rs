@@ -5,7 +5,7 @@
 //! synchronous set, the write gate with its reason), one versioned value changed only through
 //! [`Nodes::change`] and read by sessions without a lock ([`Nodes::snapshot`], `snapshot.rs`).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -36,6 +36,10 @@ pub struct Nodes {
     /// The cluster view. Read by sessions with a lock-free load; written only by
     /// [`Nodes::change`].
     view: ArcSwap<ClusterState>,
+    /// Whether the view pauses some database: stored before the view it describes, so that
+    /// false answers every session's pause check without loading the view (see
+    /// [`Nodes::is_paused`]).
+    any_paused: AtomicBool,
     /// Held by [`Nodes::change`]: one writer at a time, so no change is lost between a load
     /// and a store.
     view_writer: Mutex<()>,
@@ -70,6 +74,7 @@ impl Nodes {
             list: ArcSwap::from_pointee(Vec::new()),
             names: Mutex::new(Vec::new()),
             view: ArcSwap::from_pointee(ClusterState::default()),
+            any_paused: AtomicBool::new(false),
             view_writer: Mutex::new(()),
             next_replica: StripedCounter::default(),
             read_ticket: StripedCounter::default(),
@@ -139,6 +144,7 @@ impl Nodes {
         let (gate_before, gate_after) = (current.gate(), next.gate());
         let (version, epoch) = (next.version, next.epoch);
         let next = Arc::new(next);
+        self.any_paused.store(next.any_paused(), Ordering::SeqCst);
         self.view.store(next.clone());
         drop(writer);
         tracing::info!(version, epoch, change = %self.describe_change(&change), "cluster view changed");
@@ -261,7 +267,10 @@ impl Nodes {
     /// Whether new transactions of `database` wait for `RESUME`: one load when nothing is
     /// paused.
     pub fn is_paused(&self, database: &str) -> bool {
-        self.view.load().is_paused(database)
+        // False here comes before PAUSE's store in every order (PAUSE stores it before the
+        // view, then fences, then counts connections in use), so PAUSE counts what the
+        // caller took before its own fence: `crate::control::paused_since_acquired` holds.
+        self.any_paused.load(Ordering::SeqCst) && self.view.load().is_paused(database)
     }
 
     /// Waits until `database` is resumed; false if `limit` passed first.

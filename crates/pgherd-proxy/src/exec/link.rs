@@ -130,7 +130,7 @@ impl Link {
         let pool = app
             .pool_cached(pool_cache, shared.database(), shared.user(), &node)
             .map_err(OpenError::Pg)?;
-        let mut conn = match pool.try_acquire() {
+        let mut conn = match pool.try_acquire(tokio::time::Instant::now()) {
             Some(conn) => conn,
             None => {
                 let acquire = async {

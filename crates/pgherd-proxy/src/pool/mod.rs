@@ -260,11 +260,12 @@ impl Pool {
     }
 
     /// An idle connection, if one is ready now: the path every transaction takes when the pool
-    /// is warm. No await, no allocation, nothing another worker writes.
-    pub fn try_acquire(&self) -> Option<Box<ServerConn>> {
+    /// is warm. No await, no allocation, nothing another worker writes. `now` is the caller's
+    /// reading of the clock, taken just before (one reading serves the whole request).
+    pub fn try_acquire(&self, now: Instant) -> Option<Box<ServerConn>> {
         loop {
             let conn = self.idle.try_take()?;
-            if let Some(conn) = self.check_idle_conn(conn) {
+            if let Some(conn) = self.check_idle_conn(conn, now) {
                 return Some(conn);
             }
         }
@@ -288,7 +289,7 @@ impl Pool {
                 .next(self.settings.load().max_size)
                 .map_err(|Closed| AcquireError::Closed)?;
             match next {
-                Next::Take(conn) => match self.check_idle_conn(conn) {
+                Next::Take(conn) => match self.check_idle_conn(conn, Instant::now()) {
                     Some(conn) if found_none_idle => return Ok(self.record_wait(conn, started)),
                     Some(conn) => return Ok(conn),
                     None => continue,
@@ -302,10 +303,12 @@ impl Pool {
                     let remaining = wait_timeout.saturating_sub(started.elapsed());
                     let mut ticket = WaitTicket { pool: self, rx };
                     match tokio::time::timeout(remaining, &mut ticket.rx).await {
-                        Ok(Ok(Handoff::Item(conn))) => match self.check_idle_conn(conn) {
-                            Some(conn) => return Ok(self.record_wait(conn, started)),
-                            None => continue,
-                        },
+                        Ok(Ok(Handoff::Item(conn))) => {
+                            match self.check_idle_conn(conn, Instant::now()) {
+                                Some(conn) => return Ok(self.record_wait(conn, started)),
+                                None => continue,
+                            }
+                        }
                         Ok(Ok(Handoff::Retry)) => continue,
                         // The pool dropped our sender: it is closing.
                         Ok(Err(_)) => return Err(AcquireError::Closed),
@@ -370,8 +373,8 @@ impl Pool {
     /// Drops an idle connection that died while it sat in the pool. Connections back from
     /// work a moment ago are trusted (a failure is still caught by the relay); older ones are
     /// checked through the reactor's readiness, which costs no syscall unless data arrived.
-    fn check_idle_conn(&self, conn: Box<ServerConn>) -> Option<Box<ServerConn>> {
-        if conn.last_used.elapsed() < TRUST_RECENTLY_USED {
+    fn check_idle_conn(&self, conn: Box<ServerConn>, now: Instant) -> Option<Box<ServerConn>> {
+        if now.saturating_duration_since(conn.last_used) < TRUST_RECENTLY_USED {
             return Some(conn);
         }
         let mut cx = Context::from_waker(Waker::noop());

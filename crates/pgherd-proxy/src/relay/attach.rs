@@ -194,8 +194,9 @@ impl Session {
     /// The warm path: routes the request and takes an idle connection of the chosen node at
     /// once; what the slow path starts from if it must wait.
     fn attach_now(&mut self) -> Result<Option<Waiting>, PgError> {
+        let now = Instant::now();
         // The transaction's time, as its client sees it, includes any wait for a server.
-        self.tx_started.get_or_insert_with(Instant::now);
+        self.tx_started.get_or_insert(now);
         if self.app.nodes.is_paused(self.shared.database()) {
             return Ok(Some(Waiting::Paused));
         }
@@ -203,7 +204,7 @@ impl Session {
         let picked = self.pick_node(target);
         if let Ok((node, None)) = &picked {
             let pool = self.pool_for(node)?;
-            if let Some(conn) = pool.try_acquire() {
+            if let Some(conn) = pool.try_acquire(now.into()) {
                 if crate::control::paused_since_acquired(&self.app, self.shared.database()) {
                     pool.release(conn, true);
                     return Ok(Some(Waiting::Paused));
@@ -257,7 +258,7 @@ impl Session {
                 }
             };
             let pool = self.pool_for(&node)?;
-            let acquired = match pool.try_acquire() {
+            let acquired = match pool.try_acquire(tokio::time::Instant::now()) {
                 Some(conn) => Ok(conn),
                 None => {
                     self.interruptible(pool.acquire(&self.app.connect_context()))

@@ -478,7 +478,11 @@ impl Session {
                     return Poll::Ready(Err(end));
                 }
             }
-            buffers::ready_for_write(&mut self.client_out);
+            // Without input nothing is answered: no buffer is taken only to be given back
+            // before the read.
+            if !self.client_in.is_empty() {
+                buffers::ready_for_write(&mut self.client_out);
+            }
             if self.handle_requests_without_server()? {
                 self.idle_timer = None;
                 return Poll::Ready(Ok(Step::NeedServer));

@@ -117,9 +117,18 @@ impl AsyncWrite for Stream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        // A write is tried first as the reactor last saw the socket, which costs one atomic
+        // load; only a socket that would block goes through `poll_write` (the cooperative
+        // budget, the waker). Reads still take the budget, so a busy session yields as before.
         match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Plain(s) => match s.try_write(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Pin::new(s).poll_write(cx, buf),
+                written => Poll::Ready(written),
+            },
+            Stream::Unix(s) => match s.try_write(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Pin::new(s).poll_write(cx, buf),
+                written => Poll::Ready(written),
+            },
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
             Stream::Gone => Poll::Ready(Err(gone())),
         }
@@ -159,4 +168,75 @@ pub fn poll_read_when_ready(
         buffers::release_if_empty(buf);
     }
     read
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Wake, Waker};
+    use tokio::io::AsyncReadExt;
+
+    struct CountingWaker(AtomicUsize);
+
+    impl Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    const PATTERN_BYTES: usize = 64 * 1024;
+
+    fn pattern(at: usize) -> u8 {
+        (at % PATTERN_BYTES % 251) as u8
+    }
+
+    /// A write tried before readiness is polled must still leave the waker registered when
+    /// the socket is full, and every byte written must arrive once, in order.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_write_that_would_block_is_woken_when_the_peer_reads() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (client, accepted) = tokio::join!(TcpStream::connect(address), listener.accept());
+        let mut writer = Stream::Plain(client.unwrap());
+        let mut reader = accepted.unwrap().0;
+        let woken = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let waker = Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        let chunk: Vec<u8> = (0..PATTERN_BYTES).map(pattern).collect();
+        let (mut sent, mut received, mut blocked) = (0usize, 0usize, 0);
+        let mut drained = vec![0u8; 64 * 1024];
+        while blocked < 3 {
+            match Pin::new(&mut writer).poll_write(&mut cx, &chunk[sent % PATTERN_BYTES..]) {
+                Poll::Ready(Ok(n)) => sent += n,
+                Poll::Ready(Err(e)) => panic!("write failed: {e}"),
+                Poll::Pending => {
+                    blocked += 1;
+                    let before = woken.0.load(Ordering::SeqCst);
+                    // The peer drains what was sent: the reactor must wake the blocked writer.
+                    while received < sent {
+                        let n = reader.read(&mut drained).await.unwrap();
+                        assert!(n > 0, "the writer's connection closed");
+                        for (i, byte) in drained[..n].iter().enumerate() {
+                            assert_eq!(*byte, pattern(received + i), "byte {}", received + i);
+                        }
+                        received += n;
+                    }
+                    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+                        while woken.0.load(Ordering::SeqCst) == before {
+                            tokio::task::yield_now().await;
+                        }
+                    })
+                    .await
+                    .expect("the writer was woken after the peer read");
+                }
+            }
+        }
+        assert_eq!(received, sent);
+        assert!(
+            sent > 3 * 64 * 1024,
+            "the socket filled up: {sent} bytes sent"
+        );
+    }
 }

@@ -259,7 +259,7 @@ impl ResponseQueue {
         if let Request::Probe(probe) = request {
             d.probe = Some(probe);
         }
-        d.restores = request == Request::Restore;
+        d.restores = matches!(request, Request::Restore);
         let completes = match message_tag {
             tag::NOTICE_RESPONSE | tag::NOTIFICATION_RESPONSE | tag::PARAMETER_STATUS => false,
             tag::READY_FOR_QUERY => {

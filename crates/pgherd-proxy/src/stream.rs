@@ -80,6 +80,23 @@ impl Stream {
         }
     }
 
+    /// Reads into `buf`'s spare capacity, as `tokio_util::io::poll_read_buf` does. Without
+    /// TLS the read is first tried as the reactor last saw the socket (a readiness load where
+    /// the poll also goes through the waker's path), under a unit of the cooperative budget
+    /// like every read; a socket that would block is then polled, which registers `cx`'s
+    /// waker.
+    pub fn poll_read_buf(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut BytesMut,
+    ) -> Poll<io::Result<usize>> {
+        match self {
+            Stream::Plain(s) => read_trying_first(s, cx, buf),
+            Stream::Unix(s) => read_trying_first(s, cx, buf),
+            Stream::Tls(_) | Stream::Gone => tokio_util::io::poll_read_buf(Pin::new(self), cx, buf),
+        }
+    }
+
     /// The DER certificate chain a TLS client presented, if any.
     pub fn peer_certificates(&self) -> Option<Vec<rustls_pki_types::CertificateDer<'static>>> {
         match self {
@@ -92,6 +109,60 @@ impl Stream {
                 TlsStream::Client(_) => None,
             },
             Stream::Plain(_) | Stream::Unix(_) | Stream::Gone => None,
+        }
+    }
+}
+
+/// A socket without TLS, read without polling.
+trait PlainSocket: AsyncRead + Unpin {
+    /// Reads what is there if the reactor last saw the socket readable. A read that leaves
+    /// room in `buf` drained the socket: the readiness seen before it is cleared then, as
+    /// tokio's own read does, so the next read waits for an event instead of costing a
+    /// syscall that would block (an event that came since is not lost: readiness is cleared
+    /// only if none did).
+    fn try_read_draining(&self, buf: &mut BytesMut) -> io::Result<usize>;
+}
+
+macro_rules! plain_socket {
+    ($socket:ty) => {
+        impl PlainSocket for $socket {
+            fn try_read_draining(&self, buf: &mut BytesMut) -> io::Result<usize> {
+                let room = buf.capacity() - buf.len();
+                let mut read = 0;
+                let drained = self.try_io(tokio::io::Interest::READABLE, || {
+                    read = self.try_read_buf(buf)?;
+                    match read > 0 && read < room {
+                        true => Err(io::ErrorKind::WouldBlock.into()),
+                        false => Ok(()),
+                    }
+                });
+                match drained {
+                    Err(_) if read > 0 => Ok(read),
+                    drained => drained.map(|()| read),
+                }
+            }
+        }
+    };
+}
+
+plain_socket!(TcpStream);
+plain_socket!(UnixStream);
+
+/// [`Stream::poll_read_buf`] on a socket without TLS.
+fn read_trying_first<S: PlainSocket>(
+    socket: &mut S,
+    cx: &mut Context<'_>,
+    buf: &mut BytesMut,
+) -> Poll<io::Result<usize>> {
+    let budget = ready!(tokio::task::coop::poll_proceed(cx));
+    match socket.try_read_draining(buf) {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            drop(budget);
+            tokio_util::io::poll_read_buf(Pin::new(socket), cx, buf)
+        }
+        read => {
+            budget.made_progress();
+            Poll::Ready(read)
         }
     }
 }
@@ -163,7 +234,7 @@ pub fn poll_read_when_ready(
 ) -> Poll<io::Result<usize>> {
     ready!(stream.poll_read_ready(cx))?;
     buffers::ready_for_read(buf);
-    let read = tokio_util::io::poll_read_buf(Pin::new(stream), cx, buf);
+    let read = stream.poll_read_buf(cx, buf);
     if read.is_pending() {
         buffers::release_if_empty(buf);
     }
@@ -238,5 +309,88 @@ mod tests {
             sent > 3 * 64 * 1024,
             "the socket filled up: {sent} bytes sent"
         );
+    }
+
+    async fn connected_pair() -> (Stream, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (client, accepted) = tokio::join!(TcpStream::connect(address), listener.accept());
+        (Stream::Plain(accepted.unwrap().0), client.unwrap())
+    }
+
+    /// Polls until the waker fires or 10 s pass.
+    async fn woken_after(woken: &CountingWaker, before: usize) {
+        tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            while woken.0.load(Ordering::SeqCst) == before {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the reader was woken");
+    }
+
+    /// A read that drains the socket leaves it waiting for the next event (not re-read at
+    /// once), with the waker registered; a read that fills the buffer leaves the rest to the
+    /// next read; the peer's close reads as 0.
+    #[tokio::test(flavor = "current_thread")]
+    async fn reads_take_what_is_there_and_wait_for_the_next_bytes() {
+        use tokio::io::AsyncWriteExt;
+        let (mut reader, mut peer) = connected_pair().await;
+        let woken = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let waker = Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut buf = BytesMut::with_capacity(1024);
+        let mut poll = |reader: &mut Stream, buf: &mut BytesMut| reader.poll_read_buf(&mut cx, buf);
+        assert!(poll(&mut reader, &mut buf).is_pending(), "nothing sent yet");
+        for round in 0..3u8 {
+            let before = woken.0.load(Ordering::SeqCst);
+            peer.write_all(&[round; 100]).await.unwrap();
+            woken_after(&woken, before).await;
+            buf.clear();
+            match poll(&mut reader, &mut buf) {
+                Poll::Ready(Ok(100)) => assert_eq!(&buf[..], &[round; 100][..]),
+                other => panic!("round {round}: {other:?}"),
+            }
+            // Drained: the reactor no longer takes the socket for readable, so the next
+            // read costs no syscall.
+            let Stream::Plain(socket) = &reader else {
+                unreachable!()
+            };
+            let mut tried = false;
+            let _ = socket.try_io(tokio::io::Interest::READABLE, || {
+                tried = true;
+                Err::<(), _>(io::ErrorKind::WouldBlock.into())
+            });
+            assert!(!tried, "round {round}: still taken for readable");
+            assert!(poll(&mut reader, &mut buf).is_pending(), "drained");
+        }
+        // More than the buffer's room: two reads, nothing lost.
+        let before = woken.0.load(Ordering::SeqCst);
+        let sent: Vec<u8> = (0..3000u32).map(|i| (i % 253) as u8).collect();
+        peer.write_all(&sent).await.unwrap();
+        woken_after(&woken, before).await;
+        let mut got = Vec::new();
+        while got.len() < sent.len() {
+            let mut buf = BytesMut::with_capacity(1024);
+            match poll(&mut reader, &mut buf) {
+                Poll::Ready(Ok(n)) => {
+                    assert!(n > 0);
+                    got.extend_from_slice(&buf[..n]);
+                }
+                Poll::Ready(Err(e)) => panic!("{e}"),
+                Poll::Pending => {
+                    let before = woken.0.load(Ordering::SeqCst);
+                    woken_after(&woken, before).await;
+                }
+            }
+        }
+        assert_eq!(got, sent);
+        let mut buf = BytesMut::with_capacity(1024);
+        assert!(poll(&mut reader, &mut buf).is_pending(), "drained");
+        let before = woken.0.load(Ordering::SeqCst);
+        drop(peer);
+        woken_after(&woken, before).await;
+        let mut buf = BytesMut::with_capacity(1024);
+        assert!(matches!(poll(&mut reader, &mut buf), Poll::Ready(Ok(0))));
     }
 }

@@ -16,13 +16,11 @@
 //! TLS read may wait on the socket's writes, which the task's waker registers.
 
 use std::io;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use bytes::BytesMut;
-use tokio_util::io::poll_read_buf;
 
 use crate::stream::Stream;
 
@@ -155,14 +153,14 @@ pub(super) fn poll_read(
     buf: &mut BytesMut,
 ) -> Poll<io::Result<usize>> {
     let Some(wakes) = this.as_mut().filter(|_| !stream.is_tls()) else {
-        return poll_read_buf(Pin::new(stream), cx, buf);
+        return stream.poll_read_buf(cx, buf);
     };
     let direction = match side {
         Side::Client => &wakes.client,
         Side::Server(_) => &wakes.server,
     };
     let mut own = Context::from_waker(&direction.waker);
-    let read = poll_read_buf(Pin::new(stream), &mut own, buf);
+    let read = stream.poll_read_buf(&mut own, buf);
     match side {
         Side::Client => wakes.client_asked(read.is_pending()),
         Side::Server(id) => wakes.server_asked(id, read.is_pending()),

@@ -173,7 +173,7 @@ impl ResponseQueue {
     }
 
     pub fn push_client(&mut self, request: Request) {
-        if request == Request::Sync {
+        if matches!(request, Request::Sync) {
             if self.client_copy_open {
                 // Ignored by a server in COPY FROM STDIN.
                 return;
@@ -250,14 +250,15 @@ impl ResponseQueue {
                 )),
             };
         };
+        // Borrowed, not cloned: the request is looked at until the queue moves past it.
         let (is_client, request) = match front {
-            Entry::Client(r) => (true, r.clone()),
-            Entry::Internal(r) => (false, r.clone()),
+            Entry::Client(r) => (true, r),
+            Entry::Internal(r) => (false, r),
             Entry::Synthetic(_) | Entry::CopyEnd => unreachable_synthetic(),
         };
         d.to_client = is_client;
         if let Request::Probe(probe) = request {
-            d.probe = Some(probe);
+            d.probe = Some(*probe);
         }
         d.restores = matches!(request, Request::Restore);
         let completes = match message_tag {
@@ -286,7 +287,7 @@ impl ResponseQueue {
                     false
                 } else {
                     if let Request::Parse { cached: Some(h) } = request {
-                        d.uncached.push(h);
+                        d.uncached.push(*h);
                     }
                     self.entries.pop_front();
                     self.skip_to_sync(&mut d);
@@ -295,14 +296,14 @@ impl ResponseQueue {
                 }
             }
             tag::PARSE_COMPLETE => expect(
-                &request,
+                request,
                 matches!(request, Request::Parse { .. }),
                 message_tag,
             )?,
-            tag::BIND_COMPLETE => expect(&request, request == Request::Bind, message_tag)?,
-            tag::CLOSE_COMPLETE => expect(&request, request == Request::Close, message_tag)?,
+            tag::BIND_COMPLETE => expect(request, matches!(request, Request::Bind), message_tag)?,
+            tag::CLOSE_COMPLETE => expect(request, matches!(request, Request::Close), message_tag)?,
             tag::PARAMETER_DESCRIPTION => {
-                expect(&request, request == Request::Describe, message_tag)?;
+                expect(request, matches!(request, Request::Describe), message_tag)?;
                 false
             }
             tag::ROW_DESCRIPTION | tag::NO_DATA => match request {
@@ -317,7 +318,7 @@ impl ResponseQueue {
             },
             tag::COMMAND_COMPLETE | tag::EMPTY_QUERY_RESPONSE | tag::PORTAL_SUSPENDED => {
                 if message_tag == tag::COMMAND_COMPLETE && is_client {
-                    if let Request::Query { sql } | Request::Execute { sql } = &request {
+                    if let Request::Query { sql } | Request::Execute { sql } = request {
                         d.sql = sql.clone();
                     }
                 }

@@ -113,8 +113,11 @@ impl Stream {
     }
 }
 
-/// A socket without TLS, read without polling.
-trait PlainSocket: AsyncRead + Unpin {
+/// A socket without TLS, read and written without polling.
+trait PlainSocket: AsyncRead + AsyncWrite + Unpin {
+    /// Writes what fits if the reactor last saw the socket writable.
+    fn try_write_now(&self, buf: &[u8]) -> io::Result<usize>;
+
     /// Reads what is there if the reactor last saw the socket readable. A read that leaves
     /// room in `buf` drained the socket: the readiness seen before it is cleared then, as
     /// tokio's own read does, so the next read waits for an event instead of costing a
@@ -126,6 +129,10 @@ trait PlainSocket: AsyncRead + Unpin {
 macro_rules! plain_socket {
     ($socket:ty) => {
         impl PlainSocket for $socket {
+            fn try_write_now(&self, buf: &[u8]) -> io::Result<usize> {
+                self.try_write(buf)
+            }
+
             fn try_read_draining(&self, buf: &mut BytesMut) -> io::Result<usize> {
                 let room = buf.capacity() - buf.len();
                 let mut read = 0;
@@ -167,6 +174,20 @@ fn read_trying_first<S: PlainSocket>(
     }
 }
 
+/// A write on a socket without TLS: tried as the reactor last saw the socket, which costs one
+/// readiness load; only a socket that would block goes through `poll_write` (the cooperative
+/// budget, the waker). Reads still take the budget, so a busy session yields as before.
+fn write_trying_first<S: PlainSocket>(
+    socket: &mut S,
+    cx: &mut Context<'_>,
+    buf: &[u8],
+) -> Poll<io::Result<usize>> {
+    match socket.try_write_now(buf) {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Pin::new(socket).poll_write(cx, buf),
+        written => Poll::Ready(written),
+    }
+}
+
 impl AsyncRead for Stream {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -188,18 +209,9 @@ impl AsyncWrite for Stream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        // A write is tried first as the reactor last saw the socket, which costs one atomic
-        // load; only a socket that would block goes through `poll_write` (the cooperative
-        // budget, the waker). Reads still take the budget, so a busy session yields as before.
         match self.get_mut() {
-            Stream::Plain(s) => match s.try_write(buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Pin::new(s).poll_write(cx, buf),
-                written => Poll::Ready(written),
-            },
-            Stream::Unix(s) => match s.try_write(buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Pin::new(s).poll_write(cx, buf),
-                written => Poll::Ready(written),
-            },
+            Stream::Plain(s) => write_trying_first(s, cx, buf),
+            Stream::Unix(s) => write_trying_first(s, cx, buf),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
             Stream::Gone => Poll::Ready(Err(gone())),
         }

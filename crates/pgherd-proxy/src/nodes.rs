@@ -638,6 +638,25 @@ mod tests {
     }
 
     #[test]
+    fn pause_checks_follow_every_change_of_the_view() {
+        let (nodes, _) = one_node(1);
+        assert!(!nodes.is_paused("app"));
+        nodes.change(Change::Pause(Some("app".into())));
+        assert!(nodes.is_paused("app") && !nodes.is_paused("other"));
+        nodes.change(Change::Pause(None));
+        assert!(nodes.is_paused("other"));
+        nodes.change(Change::Resume(None));
+        assert!(!nodes.is_paused("app") && !nodes.is_paused("other"));
+        // A change that is not about pauses keeps what the view says.
+        nodes.change(Change::Pause(Some("app".into())));
+        let pg1 = nodes.get("pg1").unwrap().id;
+        nodes.change(Change::Detach(pg1));
+        assert!(nodes.is_paused("app"));
+        nodes.change(Change::Resume(Some("app".into())));
+        assert!(!nodes.is_paused("app"));
+    }
+
+    #[test]
     fn a_node_keeps_its_id_and_its_place_in_the_view_across_reloads() {
         let nodes = Nodes::new(
             &[config("pg1", 5432), config("pg2", 5433)],

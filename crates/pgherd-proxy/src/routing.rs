@@ -243,8 +243,8 @@ fn lex_remembered(sql: &[u8], standard_conforming_strings: bool, key: &mut Vec<u
     })
 }
 
-/// The lexer itself, where the shape memo is in use (not reached: nothing lexes while
-/// lexing), and always right.
+/// The lexer itself, where the shape memo is in use (not reached: nothing routes or lexes
+/// while a decision is being made, which holds the memo), and always right.
 fn lex_unremembered(
     sql: &[u8],
     standard_conforming_strings: bool,

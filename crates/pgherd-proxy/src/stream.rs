@@ -113,10 +113,15 @@ impl Stream {
     }
 }
 
-/// A socket without TLS, read and written without polling.
+/// A socket without TLS, read and written without polling. Clearing readiness after a short
+/// read or write, as tokio does on Linux's edge-triggered epoll (pgherd's only platform), is
+/// right only where the reactor reports a new event for bytes or room that come later.
 trait PlainSocket: AsyncRead + AsyncWrite + Unpin {
-    /// Writes what fits if the reactor last saw the socket writable.
-    fn try_write_now(&self, buf: &[u8]) -> io::Result<usize>;
+    /// Writes what fits if the reactor last saw the socket writable. A write that took less
+    /// than all of `buf` filled the socket: the readiness seen before it is cleared then, as
+    /// tokio's own write does, so the next write waits for room instead of costing a syscall
+    /// that would block.
+    fn try_write_filling(&self, buf: &[u8]) -> io::Result<usize>;
 
     /// Reads what is there if the reactor last saw the socket readable. A read that leaves
     /// room in `buf` drained the socket: the readiness seen before it is cleared then, as
@@ -126,27 +131,45 @@ trait PlainSocket: AsyncRead + AsyncWrite + Unpin {
     fn try_read_draining(&self, buf: &mut BytesMut) -> io::Result<usize>;
 }
 
+/// What a read or write inside `try_io` did: `moved_bytes`, and `WouldBlock` when it moved
+/// fewer than `room_bytes` (nothing more can move now), which makes `try_io` clear the
+/// readiness it saw before the call.
+fn short_is_blocked(moved_bytes: usize, room_bytes: usize) -> io::Result<()> {
+    if moved_bytes > 0 && moved_bytes < room_bytes {
+        Err(io::ErrorKind::WouldBlock.into())
+    } else {
+        Ok(())
+    }
+}
+
+/// The bytes moved inside `try_io`, whether or not it was told to clear readiness after.
+fn moved(outcome: io::Result<()>, moved_bytes: usize) -> io::Result<usize> {
+    match outcome {
+        Err(_) if moved_bytes > 0 => Ok(moved_bytes),
+        outcome => outcome.map(|()| moved_bytes),
+    }
+}
+
 macro_rules! plain_socket {
     ($socket:ty) => {
         impl PlainSocket for $socket {
-            fn try_write_now(&self, buf: &[u8]) -> io::Result<usize> {
-                self.try_write(buf)
+            fn try_write_filling(&self, buf: &[u8]) -> io::Result<usize> {
+                let mut written_bytes = 0;
+                let outcome = self.try_io(tokio::io::Interest::WRITABLE, || {
+                    written_bytes = self.try_write(buf)?;
+                    short_is_blocked(written_bytes, buf.len())
+                });
+                moved(outcome, written_bytes)
             }
 
             fn try_read_draining(&self, buf: &mut BytesMut) -> io::Result<usize> {
-                let room = buf.capacity() - buf.len();
-                let mut read = 0;
-                let drained = self.try_io(tokio::io::Interest::READABLE, || {
-                    read = self.try_read_buf(buf)?;
-                    match read > 0 && read < room {
-                        true => Err(io::ErrorKind::WouldBlock.into()),
-                        false => Ok(()),
-                    }
+                let room_bytes = buf.capacity() - buf.len();
+                let mut read_bytes = 0;
+                let outcome = self.try_io(tokio::io::Interest::READABLE, || {
+                    read_bytes = self.try_read_buf(buf)?;
+                    short_is_blocked(read_bytes, room_bytes)
                 });
-                match drained {
-                    Err(_) if read > 0 => Ok(read),
-                    drained => drained.map(|()| read),
-                }
+                moved(outcome, read_bytes)
             }
         }
     };
@@ -174,15 +197,16 @@ fn read_trying_first<S: PlainSocket>(
     }
 }
 
-/// A write on a socket without TLS: tried as the reactor last saw the socket, which costs one
+/// A write on a socket without TLS: tried as the reactor last saw the socket, which costs a
 /// readiness load; only a socket that would block goes through `poll_write` (the cooperative
-/// budget, the waker). Reads still take the budget, so a busy session yields as before.
+/// budget, the waker). A write that succeeds takes no unit of the budget; reads still do, so
+/// a session that keeps finding bytes still yields to the others.
 fn write_trying_first<S: PlainSocket>(
     socket: &mut S,
     cx: &mut Context<'_>,
     buf: &[u8],
 ) -> Poll<io::Result<usize>> {
-    match socket.try_write_now(buf) {
+    match socket.try_write_filling(buf) {
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => Pin::new(socket).poll_write(cx, buf),
         written => Poll::Ready(written),
     }
@@ -291,8 +315,24 @@ mod tests {
         let (mut sent, mut received, mut blocked) = (0usize, 0usize, 0);
         let mut drained = vec![0u8; 64 * 1024];
         while blocked < 3 {
-            match Pin::new(&mut writer).poll_write(&mut cx, &chunk[sent % PATTERN_BYTES..]) {
-                Poll::Ready(Ok(n)) => sent += n,
+            let offered = &chunk[sent % PATTERN_BYTES..];
+            match Pin::new(&mut writer).poll_write(&mut cx, offered) {
+                Poll::Ready(Ok(n)) => {
+                    sent += n;
+                    if n < offered.len() {
+                        // Filled: the reactor no longer takes the socket for writable, so the
+                        // next write waits for room instead of costing a syscall.
+                        let Stream::Plain(socket) = &writer else {
+                            unreachable!()
+                        };
+                        let mut tried = false;
+                        let _ = socket.try_io(tokio::io::Interest::WRITABLE, || {
+                            tried = true;
+                            Err::<(), _>(io::ErrorKind::WouldBlock.into())
+                        });
+                        assert!(!tried, "still taken for writable after a short write");
+                    }
+                }
                 Poll::Ready(Err(e)) => panic!("write failed: {e}"),
                 Poll::Pending => {
                     blocked += 1;

@@ -317,8 +317,7 @@ impl<T: Default> ShapeMemo<T> {
         let spans_before = spans.as_ref().map_or(0, |spans| spans.len());
         let bucket = bucket_of(sql);
         let shapes = &self.buckets[bucket];
-        let matched = (0..shapes.len()).find(|&i| {
-            let shape = &shapes[i];
+        let matched = shapes.iter().position(|shape| {
             let matches = shape.standard_conforming_strings == standard_conforming_strings
                 && shape.matches(sql, spans.as_deref_mut());
             if !matches {

@@ -261,7 +261,8 @@ impl Pool {
 
     /// An idle connection, if one is ready now: the path every transaction takes when the pool
     /// is warm. No await, no allocation, nothing another worker writes. `now` is the caller's
-    /// reading of the clock, taken just before (one reading serves the whole request).
+    /// reading of the clock for this request (taken before it was routed: one reading serves
+    /// the whole request, and a connection is trusted for at most that much longer).
     pub fn try_acquire(&self, now: Instant) -> Option<Box<ServerConn>> {
         loop {
             let conn = self.idle.try_take()?;

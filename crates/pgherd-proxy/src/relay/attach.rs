@@ -194,9 +194,10 @@ impl Session {
     /// The warm path: routes the request and takes an idle connection of the chosen node at
     /// once; what the slow path starts from if it must wait.
     fn attach_now(&mut self) -> Result<Option<Waiting>, PgError> {
-        let now = Instant::now();
+        // The pool's clock (tokio's, which tests may pause), read once for the request.
+        let now = tokio::time::Instant::now();
         // The transaction's time, as its client sees it, includes any wait for a server.
-        self.tx_started.get_or_insert(now);
+        self.tx_started.get_or_insert(now.into_std());
         if self.app.nodes.is_paused(self.shared.database()) {
             return Ok(Some(Waiting::Paused));
         }
@@ -204,7 +205,7 @@ impl Session {
         let picked = self.pick_node(target);
         if let Ok((node, None)) = &picked {
             let pool = self.pool_for(node)?;
-            if let Some(conn) = pool.try_acquire(now.into()) {
+            if let Some(conn) = pool.try_acquire(now) {
                 if crate::control::paused_since_acquired(&self.app, self.shared.database()) {
                     pool.release(conn, true);
                     return Ok(Some(Waiting::Paused));

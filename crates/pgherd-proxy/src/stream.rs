@@ -322,15 +322,10 @@ mod tests {
                     if n < offered.len() {
                         // Filled: the reactor no longer takes the socket for writable, so the
                         // next write waits for room instead of costing a syscall.
-                        let Stream::Plain(socket) = &writer else {
-                            unreachable!()
-                        };
-                        let mut tried = false;
-                        let _ = socket.try_io(tokio::io::Interest::WRITABLE, || {
-                            tried = true;
-                            Err::<(), _>(io::ErrorKind::WouldBlock.into())
-                        });
-                        assert!(!tried, "still taken for writable after a short write");
+                        assert!(
+                            !taken_for(&writer, tokio::io::Interest::WRITABLE),
+                            "still taken for writable after a short write"
+                        );
                     }
                 }
                 Poll::Ready(Err(e)) => panic!("write failed: {e}"),
@@ -346,13 +341,7 @@ mod tests {
                         }
                         received += n;
                     }
-                    tokio::time::timeout(std::time::Duration::from_secs(10), async {
-                        while woken.0.load(Ordering::SeqCst) == before {
-                            tokio::task::yield_now().await;
-                        }
-                    })
-                    .await
-                    .expect("the writer was woken after the peer read");
+                    woken_after(&woken, before).await;
                 }
             }
         }
@@ -370,6 +359,20 @@ mod tests {
         (Stream::Plain(accepted.unwrap().0), client.unwrap())
     }
 
+    /// Whether the reactor takes the plain socket as ready for `interest`: `try_io` calls its
+    /// closure only then.
+    fn taken_for(stream: &Stream, interest: tokio::io::Interest) -> bool {
+        let Stream::Plain(socket) = stream else {
+            unreachable!("a plain socket")
+        };
+        let mut tried = false;
+        let _ = socket.try_io(interest, || {
+            tried = true;
+            Err::<(), _>(io::ErrorKind::WouldBlock.into())
+        });
+        tried
+    }
+
     /// Polls until the waker fires or 10 s pass.
     async fn woken_after(woken: &CountingWaker, before: usize) {
         tokio::time::timeout(std::time::Duration::from_secs(10), async {
@@ -378,7 +381,7 @@ mod tests {
             }
         })
         .await
-        .expect("the reader was woken");
+        .expect("woken");
     }
 
     /// A read that drains the socket leaves it waiting for the next event (not re-read at
@@ -405,15 +408,10 @@ mod tests {
             }
             // Drained: the reactor no longer takes the socket for readable, so the next
             // read costs no syscall.
-            let Stream::Plain(socket) = &reader else {
-                unreachable!()
-            };
-            let mut tried = false;
-            let _ = socket.try_io(tokio::io::Interest::READABLE, || {
-                tried = true;
-                Err::<(), _>(io::ErrorKind::WouldBlock.into())
-            });
-            assert!(!tried, "round {round}: still taken for readable");
+            assert!(
+                !taken_for(&reader, tokio::io::Interest::READABLE),
+                "round {round}: still taken for readable"
+            );
             assert!(poll(&mut reader, &mut buf).is_pending(), "drained");
         }
         // More than the buffer's room: two reads, nothing lost.

@@ -25,8 +25,12 @@ struct PoolKey {
     node: String,
 }
 
+/// A session's copy of the config, checked against the shared one before each use
+/// ([`App::config_cache`]).
+pub type ConfigCache = arc_swap::cache::Cache<Arc<ArcSwap<Config>>, Arc<Config>>;
+
 pub struct App {
-    config: ArcSwap<Config>,
+    config: Arc<ArcSwap<Config>>,
     pub nodes: Arc<Nodes>,
     /// Routing decisions and function catalogs, per server database.
     routers: Mutex<HashMap<String, Arc<Router>>>,
@@ -127,7 +131,7 @@ impl App {
             reloads: AtomicU64::new(0),
             auth_pools: Mutex::new(HashMap::new()),
             settings_interner: Default::default(),
-            config: ArcSwap::from_pointee(config),
+            config: Arc::new(ArcSwap::from_pointee(config)),
         }))
     }
 
@@ -135,10 +139,11 @@ impl App {
         self.config.load_full()
     }
 
-    /// The config for a look on the data path, not kept across an await: unlike [`Self::config`]
-    /// it writes no reference count, which every worker would write for every request.
-    pub fn config_now(&self) -> arc_swap::Guard<Arc<Config>> {
-        self.config.load()
+    /// The config for looks on the data path: unlike [`Self::config`] its loads write no
+    /// reference count (which every worker would write for every request), and unlike a
+    /// plain load they take no slot of the thread's debt list while the config is unchanged.
+    pub fn config_cache(&self) -> ConfigCache {
+        arc_swap::cache::Cache::new(self.config.clone())
     }
 
     /// This instance may decide for the cluster: it runs alone, or leads the instances; and
@@ -608,5 +613,26 @@ impl PoolCache {
     /// Forgets every pool (the last one closed under the session).
     pub fn clear(&mut self) {
         self.0.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn config(routing: &str) -> Config {
+        let source = format!("[[nodes]]\nname = \"pg1\"\nport = 5432\n\n[routing]\n{routing}\n");
+        Config::parse(&source, Path::new("pgherd.toml")).unwrap()
+    }
+
+    #[test]
+    fn a_sessions_cached_config_sees_a_reload() {
+        let app = App::new(config("max_lag_bytes = 1000")).unwrap();
+        let mut cache = app.config_cache();
+        assert_eq!(cache.load().routing.max_lag_bytes, 1000);
+        app.apply(config("max_lag_bytes = 2000")).unwrap();
+        assert_eq!(cache.load().routing.max_lag_bytes, 2000);
     }
 }

@@ -10,11 +10,28 @@ use pgherd_route::plan::{ClusterView, NodeStanding, ReadNeeds, ReadSet};
 
 use crate::nodes::{NodeState, Nodes, Role};
 
+/// A shared value as a snapshot holds it: loaded for it, or a session's cached copy.
+pub(crate) enum Held<'a, T> {
+    Loaded(Guard<Arc<T>>),
+    Cached(&'a Arc<T>),
+}
+
+impl<T> std::ops::Deref for Held<'_, T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        match self {
+            Held::Loaded(guard) => guard,
+            Held::Cached(arc) => arc,
+        }
+    }
+}
+
 /// The nodes and the cluster view as one plan sees them: loaded once, without a lock.
 pub struct Snapshot<'a> {
     nodes: &'a Nodes,
-    list: Guard<Arc<Vec<Arc<NodeState>>>>,
-    view: Guard<Arc<ClusterState>>,
+    list: Held<'a, Vec<Arc<NodeState>>>,
+    view: Held<'a, ClusterState>,
     /// The write gate, folded once: a write's plan asks about it several times.
     gate: Gate,
 }
@@ -22,8 +39,8 @@ pub struct Snapshot<'a> {
 impl<'a> Snapshot<'a> {
     pub(crate) fn new(
         nodes: &'a Nodes,
-        list: Guard<Arc<Vec<Arc<NodeState>>>>,
-        view: Guard<Arc<ClusterState>>,
+        list: Held<'a, Vec<Arc<NodeState>>>,
+        view: Held<'a, ClusterState>,
     ) -> Self {
         let gate = view.gate();
         Snapshot {

@@ -120,6 +120,10 @@ pub fn lex_with_spans(
 /// vertical tab as space, as PostgreSQL 16 reads it, a text PostgreSQL 15 refuses anyway).
 /// For the few places that look at a statement's first words without lexing it whole.
 pub fn skip_blanks(sql: &[u8], mut at: usize) -> usize {
+    // Most texts start with their first word: a letter is neither blank nor a comment's start.
+    if sql.get(at).is_some_and(u8::is_ascii_alphabetic) {
+        return at;
+    }
     loop {
         while sql.get(at).copied().is_some_and(is_space) {
             at += 1;

@@ -95,6 +95,71 @@ fn idle_timeout_lifetime_and_min_size_are_kept() {
     );
 }
 
+/// A reload's pool size and server lifetime reach connections that were lent while it
+/// happened: each is judged by the new settings when it comes back (the release reads them
+/// from atomics of their own, beside the settings).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_judges_connections_lent_across_it_when_they_come_back() {
+    let env = env(0, |c| c.max_size(2));
+    let config = || {
+        pgherd_testkit::PgherdConfig::new()
+            .user(APP, &env.app_verifier, "")
+            .max_size(1)
+    };
+    let reloads = || env.pgherd.log().matches("config reloaded (SIGHUP)").count();
+    let reload = |config: pgherd_testkit::PgherdConfig| {
+        let before = reloads();
+        env.pgherd.rewrite_config(&env.cluster, &config);
+        env.pgherd.signal(libc::SIGHUP);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while reloads() == before {
+            assert!(
+                Instant::now() < deadline,
+                "reload did not apply: {}",
+                env.pgherd.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let pid = |c| async move { first_value(c, "SELECT pg_backend_pid()").await.unwrap() };
+    let first = env.app().await;
+    let second = env.app().await;
+    // The queries after a COMMIT come from another client: one the same client sent before
+    // its session gave the server back would ride on it.
+    let third = env.app().await;
+    first.batch_execute("BEGIN").await.unwrap();
+    second.batch_execute("BEGIN").await.unwrap();
+    let first_pid = pid(&first).await;
+
+    // One connection at most from now on: the second, coming back while the first is still
+    // lent, is one too many and closes. Another client's query then waits for the first's.
+    reload(config());
+    second.batch_execute("COMMIT").await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let pid = first_value(&third, "SELECT pg_backend_pid()")
+            .await
+            .unwrap();
+        (pid, third)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a query found a connection the smaller pool should have closed"
+    );
+    first.batch_execute("COMMIT").await.unwrap();
+    let (served_by, third) = waiting.await.unwrap();
+    assert_eq!(served_by, first_pid);
+
+    // Connections live a millisecond from now on: the one lent across the reload closes
+    // when it comes back, and the next query gets a new one.
+    first.batch_execute("BEGIN").await.unwrap();
+    let lent_pid = pid(&first).await;
+    reload(config().pool("server_lifetime_ms = 1"));
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    first.batch_execute("COMMIT").await.unwrap();
+    assert_ne!(pid(&third).await, lent_pid);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_mode_resets_the_server_for_the_next_client() {
     let env = env(0, |c| c.mode("session").max_size(1));

@@ -11,7 +11,7 @@
 mod exchange;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::Duration;
@@ -99,6 +99,28 @@ pub struct NodeAddress {
     pub socket_dir: Option<std::path::PathBuf>,
 }
 
+/// The settings every release reads, copied out of `Pool::settings` so that giving a
+/// connection back touches no shared reference count.
+struct ReleaseLimits {
+    max_size: AtomicU32,
+    server_lifetime_ms: AtomicU64,
+}
+
+impl ReleaseLimits {
+    fn new(settings: &PoolSettings) -> Self {
+        ReleaseLimits {
+            max_size: AtomicU32::new(settings.max_size),
+            server_lifetime_ms: AtomicU64::new(settings.server_lifetime_ms),
+        }
+    }
+
+    fn set(&self, settings: &PoolSettings) {
+        self.max_size.store(settings.max_size, Ordering::Relaxed);
+        self.server_lifetime_ms
+            .store(settings.server_lifetime_ms, Ordering::Relaxed);
+    }
+}
+
 /// Shared pieces a pool needs to open connections.
 pub struct ConnectContext {
     pub tls_mode: pgherd_config::ServerTlsMode,
@@ -116,6 +138,8 @@ pub struct Pool {
     pub server_dbname: String,
     pub node: NodeAddress,
     settings: ArcSwap<PoolSettings>,
+    /// `settings`' limits on a release, kept in step by `update_settings`.
+    release_limits: ReleaseLimits,
     /// Idle connections, the count of all, and the clients waiting.
     idle: Exchange<Box<ServerConn>>,
     /// `RECONNECT`: connections opened at or before this instant (`since_epoch_ns`; 0 for
@@ -187,6 +211,7 @@ impl Pool {
             user,
             server_dbname,
             node,
+            release_limits: ReleaseLimits::new(&settings),
             settings: ArcSwap::from_pointee(settings),
             idle: Exchange::default(),
             reconnect_before_ns: AtomicU64::new(0),
@@ -204,6 +229,7 @@ impl Pool {
     }
 
     pub fn update_settings(&self, settings: PoolSettings) {
+        self.release_limits.set(&settings);
         self.settings.store(Arc::new(settings));
         // A larger pool may let waiters connect now.
         self.idle.wake_all_to_retry();
@@ -430,18 +456,20 @@ impl Pool {
     /// Returns a lent connection. `reusable` is false when the connection is broken or its
     /// state unknown; it is then closed.
     pub fn release(&self, mut conn: Box<ServerConn>, reusable: bool) {
-        let settings = self.settings.load();
         let now = Instant::now();
-        let expired = settings.server_lifetime_ms > 0
-            && now.duration_since(conn.created_at)
-                >= Duration::from_millis(settings.server_lifetime_ms);
+        let lifetime_ms = self
+            .release_limits
+            .server_lifetime_ms
+            .load(Ordering::Relaxed);
+        let expired = lifetime_ms > 0
+            && now.duration_since(conn.created_at) >= Duration::from_millis(lifetime_ms);
         let keep = reusable
             && !expired
             && conn.tx_status == TxStatus::Idle
             && conn.read_buf.is_empty()
             && conn.write_buf.is_empty()
             // Above the limit after the pool shrank.
-            && self.idle.total() <= settings.max_size;
+            && self.idle.total() <= self.release_limits.max_size.load(Ordering::Relaxed);
         conn.last_used = now;
         let refused = if keep {
             match self

@@ -119,15 +119,22 @@ impl Session {
 
     /// The node for a request with `target` ([`choose_node`]), and the WAL position to wait
     /// for when the chosen replica has not replayed the session's last write yet.
-    pub(super) fn pick_node(&self, target: RouteTarget) -> Choice {
+    pub(super) fn pick_node(&mut self, target: RouteTarget) -> Choice {
+        if target == RouteTarget::Primary && !self.app.may_route_writes() {
+            // The clock, not only the gate: a stalled instance may run this before its lease's
+            // watch has closed the gate.
+            return Err(self.writes_refused(Some(&GateReason::NoLease)));
+        }
+        let last = self.pools.last_node();
+        let (routing, app) = (&self.routing, &self.app);
+        let config = self.seen.config.load();
         let reads = || {
-            let routing = &self.routing;
             let read_your_writes = routing.read_your_writes();
             // Under read-your-writes, the schema changes of every session count as the
             // session's own writes.
-            let schema = self.app.schema_changes.read_needs();
+            let schema = app.schema_changes.read_needs();
             read_needs(
-                &self.app.config_now(),
+                config,
                 (
                     routing.lasting.setup.balance,
                     routing.lasting.setup.primary_reads,
@@ -136,13 +143,8 @@ impl Session {
                 routing.write_unconfirmed() || (read_your_writes && schema.unconfirmed),
             )
         };
-        if target == RouteTarget::Primary && !self.app.may_route_writes() {
-            // The clock, not only the gate: a stalled instance may run this before its lease's
-            // watch has closed the gate.
-            return Err(self.writes_refused(Some(&GateReason::NoLease)));
-        }
-        let last = self.pools.last_node();
-        match choose_node(&self.app.nodes.snapshot(), target, last, reads) {
+        let snapshot = app.nodes.snapshot_from(&mut self.seen.nodes);
+        match choose_node(&snapshot, target, last, reads) {
             Ok(plan) => Ok((plan.node, plan.wait_for_lsn)),
             Err(NoNode::WritesRefused(_)) => {
                 Err(self.writes_refused(self.app.nodes.view().gate().reason()))

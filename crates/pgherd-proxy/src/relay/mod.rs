@@ -175,6 +175,12 @@ fn server_failed<T>(node: &str, kind: ServerErrorKind) -> Poll<Result<T, Relayed
     Poll::Ready(Err(Relayed::Server(ServerError::new(node, kind))))
 }
 
+/// What a session keeps of shared values it reads on every plan ([`Session::pick_node`]).
+struct Seen {
+    config: crate::app::ConfigCache,
+    nodes: crate::nodes::NodesCache,
+}
+
 /// The parameters a session starts with.
 pub struct SessionSetup {
     pub app: Arc<App>,
@@ -203,6 +209,9 @@ pub struct Session {
     read_wakes: Option<read_wakes::ReadWakes>,
     /// The pools used, the last first, to skip the registry on the next attach.
     pools: PoolCache,
+    /// The config, and the nodes and cluster view, as this session last saw them: each plan
+    /// checks them against the shared ones instead of loading those.
+    seen: Seen,
     queue: ResponseQueue,
     /// Created at the client's first named statement.
     statements: Option<Box<ClientStatements>>,
@@ -285,6 +294,10 @@ impl Session {
     ) -> Session {
         let config = app.config();
         let idle_ms = config.proxy.client_idle_timeout_ms;
+        let seen = Seen {
+            config: app.config_cache(),
+            nodes: app.nodes.cache(),
+        };
         let session = Session {
             max_message_bytes: config.proxy.max_message_bytes,
             idle_timeout_ms: idle_ms,
@@ -300,6 +313,7 @@ impl Session {
             lease: None,
             read_wakes: None,
             pools: PoolCache::default(),
+            seen,
             queue: ResponseQueue::default(),
             statements: None,
             unnamed: None,

@@ -16,6 +16,7 @@ use crate::nodes::{NodeState, Nodes};
 use crate::pool::{ConnectContext, NodeAddress, Pool};
 use crate::routing::Router;
 use crate::server::ServerCredentials;
+use crate::shared_swap::{SharedSwap, SwapCache};
 use crate::tls;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -27,10 +28,10 @@ struct PoolKey {
 
 /// A session's copy of the config, checked against the shared one before each use
 /// ([`App::config_cache`]).
-pub type ConfigCache = arc_swap::cache::Cache<Arc<ArcSwap<Config>>, Arc<Config>>;
+pub type ConfigCache = SwapCache<Config>;
 
 pub struct App {
-    config: Arc<ArcSwap<Config>>,
+    config: SharedSwap<Config>,
     pub nodes: Arc<Nodes>,
     /// Routing decisions and function catalogs, per server database.
     routers: Mutex<HashMap<String, Arc<Router>>>,
@@ -131,7 +132,7 @@ impl App {
             reloads: AtomicU64::new(0),
             auth_pools: Mutex::new(HashMap::new()),
             settings_interner: Default::default(),
-            config: Arc::new(ArcSwap::from_pointee(config)),
+            config: SharedSwap::from_pointee(config),
         }))
     }
 
@@ -143,7 +144,7 @@ impl App {
     /// reference count (which every worker would write for every request), and unlike a
     /// plain load they take no slot of the thread's debt list while the config is unchanged.
     pub fn config_cache(&self) -> ConfigCache {
-        arc_swap::cache::Cache::new(self.config.clone())
+        self.config.cache()
     }
 
     /// This instance may decide for the cluster: it runs alone, or leads the instances; and
@@ -249,9 +250,12 @@ impl App {
                 return Some(pool.clone());
             }
         }
-        let resolved = self.config().resolve(database, user)?;
         let credentials = self.user_credentials(user);
         let mut pools = self.pools.lock();
+        // Under the registry's lock, which a reload takes after storing its config to update
+        // every pool: a pool made from the config before is in the registry by then and gets
+        // the new settings, or it is made from the new config.
+        let resolved = self.config().resolve(database, user)?;
         let pool = pools
             .entry(key)
             .and_modify(|existing| {

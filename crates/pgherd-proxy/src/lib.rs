@@ -48,6 +48,7 @@ pub mod schema_changes;
 pub mod server;
 pub mod sets_watch;
 pub mod shards;
+mod shared_swap;
 mod snapshot;
 mod startup_settings;
 pub mod stream;

@@ -9,8 +9,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use arc_swap::cache::Cache;
-use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use pgherd_config::NodeConfig;
 use pgherd_failover::{Change, ClusterState, GateReason, NodeId};
@@ -23,14 +21,15 @@ pub use crate::node_state::{
     CheckFailure, CheckFailureKind, CheckThresholds, NodeHealth, NodeState, Observation,
     RejoinClaim, Role,
 };
+use crate::shared_swap::{SharedSwap, SwapCache};
 use crate::snapshot::Held;
 pub use crate::snapshot::Snapshot;
 
 /// A session's copies of one [`Nodes`]' list and view ([`Nodes::cache`]). An old copy lives
 /// until the session plans again or ends.
 pub struct NodesCache {
-    list: Cache<SharedList, Arc<Vec<Arc<NodeState>>>>,
-    view: Cache<SharedView, Arc<ClusterState>>,
+    list: SwapCache<Vec<Arc<NodeState>>>,
+    view: SwapCache<ClusterState>,
 }
 
 /// How often a request waiting for a primary looks again when no node's standing changes
@@ -38,18 +37,13 @@ pub struct NodesCache {
 /// began).
 pub const PRIMARY_RECHECK: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// The node list as sessions share it: each keeps a [`NodesCache`] of it.
-type SharedList = Arc<ArcSwap<Vec<Arc<NodeState>>>>;
-/// The cluster view as sessions share it, likewise.
-type SharedView = Arc<ArcSwap<ClusterState>>;
-
 pub struct Nodes {
-    list: SharedList,
+    list: SharedSwap<Vec<Arc<NodeState>>>,
     /// Every node name seen since startup; a node's [`NodeId`] is its index here.
     names: Mutex<Vec<String>>,
     /// The cluster view. Read by sessions with a lock-free load; written only by
     /// [`Nodes::change`].
-    view: SharedView,
+    view: SharedSwap<ClusterState>,
     /// Whether the view pauses some database: stored before the view it describes, so that
     /// false answers every session's pause check without loading the view (see
     /// [`Nodes::is_paused`]).
@@ -85,9 +79,9 @@ const PRIMARY_HISTORY_SAMPLES: usize = 1_200;
 impl Nodes {
     pub fn new(configs: &[NodeConfig], thresholds: CheckThresholds) -> Self {
         let nodes = Nodes {
-            list: Arc::new(ArcSwap::from_pointee(Vec::new())),
+            list: SharedSwap::from_pointee(Vec::new()),
             names: Mutex::new(Vec::new()),
-            view: Arc::new(ArcSwap::from_pointee(ClusterState::default())),
+            view: SharedSwap::from_pointee(ClusterState::default()),
             any_paused: AtomicBool::new(false),
             view_writer: Mutex::new(()),
             next_replica: StripedCounter::default(),
@@ -153,8 +147,8 @@ impl Nodes {
     /// A session's own copies of the list and the view, for [`Nodes::snapshot_from`].
     pub fn cache(&self) -> NodesCache {
         NodesCache {
-            list: Cache::new(self.list.clone()),
-            view: Cache::new(self.view.clone()),
+            list: self.list.cache(),
+            view: self.view.cache(),
         }
     }
 
@@ -163,7 +157,7 @@ impl Nodes {
     /// the two loads of [`Nodes::snapshot`] on every plan: each takes and returns a slot of the
     /// thread's debt list, about a hundred instructions.
     pub fn snapshot_from<'a>(&'a self, cache: &'a mut NodesCache) -> Snapshot<'a> {
-        debug_assert!(std::ptr::eq(&*self.list, cache.list.arc_swap()));
+        debug_assert!(self.list.is_cached_by(&cache.list) && self.view.is_cached_by(&cache.view));
         Snapshot::new(
             self,
             Held::Cached(cache.list.load()),

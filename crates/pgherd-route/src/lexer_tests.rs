@@ -325,6 +325,10 @@ fn blanks_before_a_statement_are_skipped_as_the_server_reads_them() {
     assert_eq!(start("/* a /* unterminated */ SET a = 1"), "");
     assert_eq!(start("-- only a comment"), "");
     assert_eq!(start(""), "");
+    // A text that starts with a letter starts there, whatever follows.
+    assert_eq!(start("SET a = 1"), "SET a = 1");
+    assert_eq!(start("s-- not a comment yet"), "s-- not a comment yet");
+    assert_eq!(start("x"), "x");
     assert_eq!(start("- 1"), "- 1");
     assert_eq!(start("/ 2"), "/ 2");
     let from_the_middle = "SELECT 1; /* x */ SET a = 1";

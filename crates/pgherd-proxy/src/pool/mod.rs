@@ -100,7 +100,7 @@ pub struct NodeAddress {
 }
 
 /// The settings every release reads, copied out of `Pool::settings` so that giving a
-/// connection back touches no shared reference count.
+/// connection back takes no slot of the thread's debt list (as a load of the settings does).
 struct ReleaseLimits {
     max_size: AtomicU32,
     server_lifetime_ms: AtomicU64,

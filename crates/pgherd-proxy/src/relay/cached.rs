@@ -83,35 +83,14 @@ impl Session {
         }
         let sql = frontend::Query::parse(&self.client_in[HEADER_BYTES..total_len])?.sql;
         let key = self.cache_key(sql);
-        let Some(answer) = self.cached_answer(&key) else {
+        let min_lsn = self.routing.lasting.min_lsn;
+        let Some(answer) = cached_answer(&self.app, &mut self.seen, cache, min_lsn, &key) else {
             return Ok(false);
         };
         self.client_in.advance(total_len);
         self.client_out.extend_from_slice(&answer);
         backend::encode_ready_for_query(&mut self.client_out, TxStatus::Idle);
         Ok(true)
-    }
-
-    /// The answer kept under `key`, if the cache may serve this session now.
-    fn cached_answer(&self, key: &[u8]) -> Option<Bytes> {
-        let cache = self.routing.lasting.setup.cache.as_ref()?;
-        let config = self.app.config();
-        let limits = crate::result_cache::gate_limits_of(&config.cache);
-        let writer = self.app.nodes.writer();
-        if !cache.db.follows(writer.as_deref()) {
-            return None;
-        }
-        let primary_lsn = writer.map_or(0, |n| n.lsn());
-        let now_ms = cache.db.now_ms();
-        let mut state = cache.db.state.lock();
-        let served =
-            state
-                .feed
-                .may_serve(now_ms, self.routing.lasting.min_lsn, primary_lsn, limits);
-        match served {
-            Ok(()) => state.store.get(key, now_ms),
-            Err(_) => None,
-        }
     }
 
     /// Answers the extended-protocol request at the front of the client's input from the
@@ -150,7 +129,8 @@ impl Session {
         }
         let key = request.key(&self.cache_key_prefix(0), text, param_types);
         let answer = if cache.db.ever_stored.load(Ordering::Relaxed) {
-            self.cached_answer(&key)
+            let min_lsn = self.routing.lasting.min_lsn;
+            cached_answer(&self.app, &mut self.seen, cache, min_lsn, &key)
         } else {
             None
         };
@@ -211,13 +191,14 @@ impl Session {
         {
             return;
         }
-        let config = self.app.config();
+        let config = self.seen.config.load();
         let asked = routed.cache == Some(true)
             || cache.every_read
             || std::str::from_utf8(sql).is_ok_and(|text| config.cache.statement_asked_for(text));
         if !asked || !config.cache.enabled {
             return;
         }
+        let max_entry_bytes = config.cache.max_entry_bytes as usize;
         // From now on the session's writes are followed to their end, as read-your-writes
         // does, so that its own writes are known to be decoded before it is served.
         self.routing.lasting.cache_active = true;
@@ -264,7 +245,7 @@ impl Session {
             tables,
             ticket,
             answer: BytesMut::new(),
-            max_entry_bytes: config.cache.max_entry_bytes as usize,
+            max_entry_bytes,
             spoiled: false,
         }));
     }
@@ -379,5 +360,30 @@ impl Session {
             ?outcome,
             "answer offered to the result cache"
         );
+    }
+}
+
+/// The answer kept under `key`, if the cache may serve now a session whose reads must see
+/// `min_lsn`. Takes the session's parts, not the session: its callers hold borrows of others
+/// (the request's text).
+fn cached_answer(
+    app: &App,
+    seen: &mut Seen,
+    cache: &crate::result_cache::CacheUse,
+    min_lsn: Lsn,
+    key: &[u8],
+) -> Option<Bytes> {
+    let limits = crate::result_cache::gate_limits_of(&seen.config.load().cache);
+    let writer = app.nodes.snapshot_from(&mut seen.nodes).writer();
+    if !cache.db.follows(writer.as_deref()) {
+        return None;
+    }
+    let primary_lsn = writer.map_or(0, |n| n.lsn());
+    let now_ms = cache.db.now_ms();
+    let mut state = cache.db.state.lock();
+    let served = state.feed.may_serve(now_ms, min_lsn, primary_lsn, limits);
+    match served {
+        Ok(()) => state.store.get(key, now_ms),
+        Err(_) => None,
     }
 }

@@ -322,11 +322,16 @@ async fn one_leader_fails_over_the_others_follow_and_a_new_leader_takes_over() {
         async || leader_seen_by(follower).await == follower_name,
     )
     .await;
-    let roles = std::fs::read_to_string(cluster.dir().join("roles")).unwrap_or_default();
-    assert!(
-        roles.contains(&format!("{follower_name} leader")),
-        "{roles}"
-    );
+    // The hook runs in a process of its own, after the lease is taken.
+    wait_for(
+        "the new leader's on_role_change hook ran",
+        Duration::from_secs(5),
+        async || {
+            std::fs::read_to_string(cluster.dir().join("roles"))
+                .is_ok_and(|r| r.contains(&format!("{follower_name} leader")))
+        },
+    )
+    .await;
     // The dead leader's member key outlives its lease: the new leader knows it may have been
     // routing writes in failsafe, waits that out before it promotes, then removes the key.
     assert!(

@@ -85,6 +85,19 @@ async fn wait_for(what: &str, timeout: Duration, mut check: impl AsyncFnMut() ->
     }
 }
 
+/// Waits until `instance`'s `on_role_change` hook has written that it leads: the hook runs in
+/// a process of its own, after the lease is taken.
+async fn wait_for_leader_hook(cluster: &TestCluster, instance: &str) {
+    let roles = cluster.dir().join("roles");
+    let line = format!("{instance} leader");
+    wait_for(
+        &format!("{instance}'s on_role_change hook ran"),
+        Duration::from_secs(5),
+        async || std::fs::read_to_string(&roles).is_ok_and(|r| r.contains(&line)),
+    )
+    .await;
+}
+
 /// SHOW CLUSTER's write gate as this instance sees it.
 async fn gate_seen_by(pgherd: &Pgherd) -> String {
     let Ok(c) = try_connect(&pgherd.conninfo(SUPERUSER, SUPERUSER_PASSWORD, "pgherd")).await else {
@@ -240,15 +253,7 @@ async fn one_leader_fails_over_the_others_follow_and_a_new_leader_takes_over() {
     );
 
     // The role-change hook ran on the leader.
-    wait_for(
-        "the leader's on_role_change hook ran",
-        Duration::from_secs(5),
-        async || {
-            std::fs::read_to_string(cluster.dir().join("roles"))
-                .is_ok_and(|r| r.contains(&format!("{leader_name} leader")))
-        },
-    )
-    .await;
+    wait_for_leader_hook(cluster, &leader_name).await;
 
     // Both route writes to the primary.
     insert(leader, 1, "leader")
@@ -322,16 +327,7 @@ async fn one_leader_fails_over_the_others_follow_and_a_new_leader_takes_over() {
         async || leader_seen_by(follower).await == follower_name,
     )
     .await;
-    // The hook runs in a process of its own, after the lease is taken.
-    wait_for(
-        "the new leader's on_role_change hook ran",
-        Duration::from_secs(5),
-        async || {
-            std::fs::read_to_string(cluster.dir().join("roles"))
-                .is_ok_and(|r| r.contains(&format!("{follower_name} leader")))
-        },
-    )
-    .await;
+    wait_for_leader_hook(cluster, follower_name).await;
     // The dead leader's member key outlives its lease: the new leader knows it may have been
     // routing writes in failsafe, waits that out before it promotes, then removes the key.
     assert!(

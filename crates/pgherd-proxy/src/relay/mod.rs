@@ -175,7 +175,8 @@ fn server_failed<T>(node: &str, kind: ServerErrorKind) -> Poll<Result<T, Relayed
     Poll::Ready(Err(Relayed::Server(ServerError::new(node, kind))))
 }
 
-/// What a session keeps of shared values it reads on every plan ([`Session::pick_node`]).
+/// What a session keeps of shared values it reads on every plan ([`Session::pick_node`]) and
+/// every result-cache check.
 struct Seen {
     config: crate::app::ConfigCache,
     nodes: crate::nodes::NodesCache,

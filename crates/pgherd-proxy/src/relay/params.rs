@@ -501,7 +501,7 @@ pub fn may_change_session(sql: &[u8]) -> bool {
 /// Whether the text starts with a command that can change settings: `SET`, `RESET`,
 /// `DISCARD`, and the savepoint commands too (a `ROLLBACK TO` undoes the settings made since
 /// its savepoint). Runs on every statement, most of which start with none of these: the first
-/// letters pick the one word to compare, and the comparison stops at the first difference.
+/// letters pick the one word to compare.
 fn starts_with_session_command(rest: &[u8]) -> bool {
     let letter = |i: usize| rest.get(i).map_or(0, u8::to_ascii_lowercase);
     let word: &[u8] = match (letter(0), letter(1)) {
@@ -514,11 +514,8 @@ fn starts_with_session_command(rest: &[u8]) -> bool {
         (b'a', _) => b"abort",
         _ => return false,
     };
-    rest.len() >= word.len()
-        && rest
-            .iter()
-            .zip(word)
-            .all(|(b, w)| b.to_ascii_lowercase() == *w)
+    rest.get(..word.len())
+        .is_some_and(|head| head.eq_ignore_ascii_case(word))
         && rest
             .get(word.len())
             .is_none_or(|b| !b.is_ascii_alphanumeric() && *b != b'_')

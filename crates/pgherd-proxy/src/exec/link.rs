@@ -190,12 +190,8 @@ impl Link {
     /// the relay does before a request.
     async fn carry_settings(&mut self, params: &SessionParams) -> Result<(), PgError> {
         let conn = self.conn()?;
-        let statements = params::catch_up_sql(
-            params,
-            conn.params_fp,
-            &conn.residue,
-            rand::random::<f64>() * 2.0 - 1.0,
-        );
+        let statements =
+            params::catch_up_sql(params, conn.params_fp, &conn.residue, params::fresh_seed);
         for sql in statements {
             if let Err(e) = conn.simple_query(&sql).await {
                 self.settled = false;

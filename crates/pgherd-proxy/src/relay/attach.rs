@@ -343,7 +343,7 @@ impl Session {
             &self.params,
             lease.conn.params_fp,
             &lease.conn.residue,
-            rand::random::<f64>() * 2.0 - 1.0,
+            params::fresh_seed,
         ) {
             frontend::encode_query(&mut lease.conn.write_buf, sql.as_bytes())?;
             self.queue.push_internal(Request::Query { sql: None });

@@ -42,17 +42,24 @@ impl Residue {
         !self.sequences && !self.seed
     }
 
-    /// The statements that clear it; `fresh_seed` in [-1, 1] becomes the random seed.
-    pub fn clear_sql(&self, fresh_seed: f64) -> Option<String> {
+    /// The statements that clear it; `fresh_seed` gives the new random seed, in [-1, 1]. It
+    /// is asked only when the seed was set: every lease passes here, and a random draw costs
+    /// more than the rest of the check.
+    pub fn clear_sql(&self, fresh_seed: impl FnOnce() -> f64) -> Option<String> {
         let mut parts = Vec::new();
         if self.sequences {
             parts.push("DISCARD SEQUENCES".to_owned());
         }
         if self.seed {
-            parts.push(format!("SELECT pg_catalog.setseed({fresh_seed:.17})"));
+            parts.push(format!("SELECT pg_catalog.setseed({:.17})", fresh_seed()));
         }
         (!parts.is_empty()).then(|| parts.join("; "))
     }
+}
+
+/// A random seed for [`Residue::clear_sql`], in [-1, 1] as `setseed` takes it.
+pub fn fresh_seed() -> f64 {
+    rand::random::<f64>() * 2.0 - 1.0
 }
 
 /// Startup parameters that are not session settings.
@@ -410,7 +417,7 @@ pub fn catch_up_sql(
     params: &SessionParams,
     server_fp: u64,
     residue: &Residue,
-    fresh_seed: f64,
+    fresh_seed: impl FnOnce() -> f64,
 ) -> Vec<String> {
     let mut statements = Vec::new();
     if server_fp != params.fingerprint() {
@@ -591,6 +598,30 @@ mod tests {
             .map(|(a, b)| (a.to_string(), b.to_string()))
             .collect();
         SessionParams::from_startup(&owned, &Interner::default())
+    }
+
+    #[test]
+    fn a_residue_draws_a_seed_only_when_the_seed_was_set() {
+        let p = params(&[]);
+        let seedless = Residue {
+            sequences: true,
+            seed: false,
+        };
+        let never = || -> f64 { panic!("no seed was set: nothing to draw") };
+        assert!(catch_up_sql(&p, p.fingerprint(), &Residue::default(), never).is_empty());
+        assert_eq!(
+            catch_up_sql(&p, p.fingerprint(), &seedless, never),
+            ["DISCARD SEQUENCES"]
+        );
+        let seeded = Residue {
+            sequences: true,
+            seed: true,
+        };
+        assert_eq!(
+            catch_up_sql(&p, p.fingerprint(), &seeded, || 0.25),
+            ["DISCARD SEQUENCES; SELECT pg_catalog.setseed(0.25000000000000000)"]
+        );
+        assert!((-1.0..=1.0).contains(&fresh_seed()));
     }
 
     #[test]

@@ -57,6 +57,7 @@ mod systemd;
 mod throttle;
 pub mod tls;
 mod two_phase_recovery;
+pub mod unix_socket;
 pub mod views;
 
 pub use lifecycle::{serve, serve_taking_over};

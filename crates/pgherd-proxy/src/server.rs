@@ -24,6 +24,7 @@ use crate::msgio::{read_message, write_flush, ReadError};
 use crate::relay::params::{Residue, BASELINE};
 use crate::relay::statements::ServerStatements;
 use crate::stream::Stream;
+use crate::unix_socket::UnixSocket;
 
 /// Messages from servers pgherd reads whole (everything but rows and COPY data, which stream)
 /// are refused beyond this size.
@@ -246,7 +247,8 @@ async fn open_stream(spec: &ConnectSpec<'_>) -> Result<(Stream, ServerAddr), Ser
     let node = spec.node;
     if let Some(dir) = spec.socket_dir {
         let path = socket_path(dir, spec.port);
-        let unix = UnixStream::connect(&path).await.map_err(|e| {
+        let connected = UnixStream::connect(&path).await;
+        let unix = connected.and_then(UnixSocket::from_tokio).map_err(|e| {
             let e = io::Error::new(e.kind(), format!("{}: {e}", path.display()));
             ServerError::new(node, ServerErrorKind::Connect(e))
         })?;
@@ -543,7 +545,9 @@ pub async fn send_cancel(peer: &ServerAddr, key: CancelKey, timeout: Duration) -
     let attempt = async {
         let mut stream = match peer {
             ServerAddr::Tcp(addr) => Stream::Plain(TcpStream::connect(addr).await?),
-            ServerAddr::Unix(path) => Stream::Unix(UnixStream::connect(path).await?),
+            ServerAddr::Unix(path) => {
+                Stream::Unix(UnixSocket::from_tokio(UnixStream::connect(path).await?)?)
+            }
         };
         let mut request = BytesMut::with_capacity(16);
         startup::encode_cancel_request(&mut request, key);

@@ -8,15 +8,16 @@ use std::task::{ready, Context, Poll};
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::TcpStream;
 use tokio_rustls::TlsStream;
 
 use crate::buffers;
+use crate::unix_socket::{self, UnixSocket};
 
 pub enum Stream {
     Plain(TcpStream),
     /// A server connection through the node's Unix-domain socket (`socket_dir`).
-    Unix(UnixStream),
+    Unix(UnixSocket),
     Tls(Box<TlsStream<TcpStream>>),
     /// The socket was handed to a TLS handshake that failed; nothing can be sent any more.
     Gone,
@@ -176,7 +177,27 @@ macro_rules! plain_socket {
 }
 
 plain_socket!(TcpStream);
-plain_socket!(UnixStream);
+
+impl PlainSocket for UnixSocket {
+    fn try_write_filling(&self, buf: &[u8]) -> io::Result<usize> {
+        let mut written_bytes = 0;
+        let outcome = self.try_io_write(|stream| {
+            written_bytes = unix_socket::send(stream, buf)?;
+            short_is_blocked(written_bytes, buf.len())
+        });
+        moved(outcome, written_bytes)
+    }
+
+    fn try_read_draining(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        let room_bytes = buf.capacity() - buf.len();
+        let mut read_bytes = 0;
+        let outcome = self.try_io_read(|stream| {
+            read_bytes = unix_socket::recv_buf(stream, buf)?;
+            short_is_blocked(read_bytes, room_bytes)
+        });
+        moved(outcome, read_bytes)
+    }
+}
 
 /// [`Stream::poll_read_buf`] on a socket without TLS.
 fn read_trying_first<S: PlainSocket>(
@@ -359,17 +380,28 @@ mod tests {
         (Stream::Plain(accepted.unwrap().0), client.unwrap())
     }
 
+    async fn connected_unix_pair() -> (Stream, tokio::net::UnixStream) {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        theirs.set_nonblocking(true).unwrap();
+        let theirs = tokio::net::UnixStream::from_std(theirs).unwrap();
+        (Stream::Unix(UnixSocket::from_std(ours).unwrap()), theirs)
+    }
+
     /// Whether the reactor takes the plain socket as ready for `interest`: `try_io` calls its
-    /// closure only then.
+    /// closure only then. (A Unix socket is asked for reads only.)
     fn taken_for(stream: &Stream, interest: tokio::io::Interest) -> bool {
-        let Stream::Plain(socket) = stream else {
-            unreachable!("a plain socket")
-        };
         let mut tried = false;
-        let _ = socket.try_io(interest, || {
+        let mut try_it = || {
             tried = true;
             Err::<(), _>(io::ErrorKind::WouldBlock.into())
-        });
+        };
+        let _ = match stream {
+            Stream::Plain(socket) => socket.try_io(interest, try_it),
+            Stream::Unix(socket) if interest == tokio::io::Interest::READABLE => {
+                socket.try_io_read(|_| try_it())
+            }
+            _ => unreachable!("a plain socket"),
+        };
         tried
     }
 
@@ -389,8 +421,21 @@ mod tests {
     /// next read; the peer's close reads as 0.
     #[tokio::test(flavor = "current_thread")]
     async fn reads_take_what_is_there_and_wait_for_the_next_bytes() {
+        let (reader, peer) = connected_pair().await;
+        reads_take_what_is_there(reader, peer).await;
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn reads_over_a_unix_socket_take_what_is_there_and_wait_for_the_next_bytes() {
+        let (reader, peer) = connected_unix_pair().await;
+        reads_take_what_is_there(reader, peer).await;
+    }
+
+    async fn reads_take_what_is_there(
+        mut reader: Stream,
+        mut peer: impl tokio::io::AsyncWrite + Unpin,
+    ) {
         use tokio::io::AsyncWriteExt;
-        let (mut reader, mut peer) = connected_pair().await;
         let woken = Arc::new(CountingWaker(AtomicUsize::new(0)));
         let waker = Waker::from(woken.clone());
         let mut cx = Context::from_waker(&waker);

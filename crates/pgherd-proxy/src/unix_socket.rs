@@ -132,10 +132,12 @@ pub fn send(stream: &StdUnixStream, buf: &[u8]) -> io::Result<usize> {
             libc::MSG_NOSIGNAL,
         )
     };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
+    byte_count(n)
+}
+
+/// A `send` or `recv` result: the bytes moved, or the error `errno` names.
+fn byte_count(n: isize) -> io::Result<usize> {
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
 /// Reads into `buf`'s spare capacity: the bytes read.
@@ -158,10 +160,7 @@ fn recv_into(stream: &StdUnixStream, spare: &mut [MaybeUninit<u8>]) -> io::Resul
             0,
         )
     };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
+    byte_count(n)
 }
 
 impl AsyncRead for UnixSocket {

@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsStream;
 
 use crate::buffers;
-use crate::unix_socket::{self, UnixSocket};
+use crate::unix_socket::UnixSocket;
 
 pub enum Stream {
     Plain(TcpStream),
@@ -151,13 +151,15 @@ fn moved(outcome: io::Result<()>, moved_bytes: usize) -> io::Result<usize> {
     }
 }
 
+/// `write` and `read_buf` are the socket's own write and read, which `try_io` runs as the
+/// reactor last saw the socket.
 macro_rules! plain_socket {
-    ($socket:ty) => {
+    ($socket:ty, $write:ident, $read_buf:ident) => {
         impl PlainSocket for $socket {
             fn try_write_filling(&self, buf: &[u8]) -> io::Result<usize> {
                 let mut written_bytes = 0;
                 let outcome = self.try_io(tokio::io::Interest::WRITABLE, || {
-                    written_bytes = self.try_write(buf)?;
+                    written_bytes = self.$write(buf)?;
                     short_is_blocked(written_bytes, buf.len())
                 });
                 moved(outcome, written_bytes)
@@ -167,7 +169,7 @@ macro_rules! plain_socket {
                 let room_bytes = buf.capacity() - buf.len();
                 let mut read_bytes = 0;
                 let outcome = self.try_io(tokio::io::Interest::READABLE, || {
-                    read_bytes = self.try_read_buf(buf)?;
+                    read_bytes = self.$read_buf(buf)?;
                     short_is_blocked(read_bytes, room_bytes)
                 });
                 moved(outcome, read_bytes)
@@ -176,28 +178,8 @@ macro_rules! plain_socket {
     };
 }
 
-plain_socket!(TcpStream);
-
-impl PlainSocket for UnixSocket {
-    fn try_write_filling(&self, buf: &[u8]) -> io::Result<usize> {
-        let mut written_bytes = 0;
-        let outcome = self.try_io_write(|stream| {
-            written_bytes = unix_socket::send(stream, buf)?;
-            short_is_blocked(written_bytes, buf.len())
-        });
-        moved(outcome, written_bytes)
-    }
-
-    fn try_read_draining(&self, buf: &mut BytesMut) -> io::Result<usize> {
-        let room_bytes = buf.capacity() - buf.len();
-        let mut read_bytes = 0;
-        let outcome = self.try_io_read(|stream| {
-            read_bytes = unix_socket::recv_buf(stream, buf)?;
-            short_is_blocked(read_bytes, room_bytes)
-        });
-        moved(outcome, read_bytes)
-    }
-}
+plain_socket!(TcpStream, try_write, try_read_buf);
+plain_socket!(UnixSocket, send_now, recv_now);
 
 /// [`Stream::poll_read_buf`] on a socket without TLS.
 fn read_trying_first<S: PlainSocket>(
@@ -388,18 +370,16 @@ mod tests {
     }
 
     /// Whether the reactor takes the plain socket as ready for `interest`: `try_io` calls its
-    /// closure only then. (A Unix socket is asked for reads only.)
+    /// closure only then (a Unix socket never found full is written to at once).
     fn taken_for(stream: &Stream, interest: tokio::io::Interest) -> bool {
         let mut tried = false;
-        let mut try_it = || {
+        let try_it = || {
             tried = true;
             Err::<(), _>(io::ErrorKind::WouldBlock.into())
         };
         let _ = match stream {
             Stream::Plain(socket) => socket.try_io(interest, try_it),
-            Stream::Unix(socket) if interest == tokio::io::Interest::READABLE => {
-                socket.try_io_read(|_| try_it())
-            }
+            Stream::Unix(socket) => socket.try_io(interest, try_it),
             _ => unreachable!("a plain socket"),
         };
         tried

@@ -64,36 +64,55 @@ impl UnixSocket {
     /// Reads what is there if the reactor last saw the socket readable; readiness is
     /// cleared when the socket would block.
     pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.try_io_read(|mut stream| stream.read(buf))
+        self.try_io(Interest::READABLE, || self.reads.get_ref().read(buf))
     }
 
-    /// Runs a read `io` if the reactor last saw the socket readable, clearing that
-    /// readiness if it reports `WouldBlock` (as tokio's `try_io`).
-    pub fn try_io_read<R>(
+    /// Runs `io` as tokio's `try_io` does: a read if the reactor last saw the socket
+    /// readable, clearing that readiness if it reports `WouldBlock`. A write runs at once
+    /// while the socket was never found full (the reactor does not follow its room then),
+    /// through the write registration's readiness after.
+    pub fn try_io<R>(
         &self,
-        io: impl FnOnce(&StdUnixStream) -> io::Result<R>,
+        interest: Interest,
+        io: impl FnOnce() -> io::Result<R>,
     ) -> io::Result<R> {
-        self.reads.try_io(Interest::READABLE, io)
-    }
-
-    /// Runs a write `io`: at once while the socket was never found full (the reactor does
-    /// not follow its room then), through the write registration's readiness after.
-    pub fn try_io_write<R>(
-        &self,
-        io: impl FnOnce(&StdUnixStream) -> io::Result<R>,
-    ) -> io::Result<R> {
-        let stream = self.reads.get_ref();
-        match &self.writes {
-            None => io(stream),
-            Some(writes) => writes.try_io(Interest::WRITABLE, |_| io(stream)),
+        if interest.is_readable() {
+            return self.reads.try_io(Interest::READABLE, |_| io());
         }
+        match &self.writes {
+            None => io(),
+            Some(writes) => writes.try_io(Interest::WRITABLE, |_| io()),
+        }
+    }
+
+    /// Writes what fits of `buf` now, whatever the reactor saw: the bytes written. A closed
+    /// peer is an error (`EPIPE`), not a signal, as with tokio's own sockets.
+    pub fn send_now(&self, buf: &[u8]) -> io::Result<usize> {
+        // SAFETY: `buf` is valid for reads of its length.
+        let n = unsafe {
+            libc::send(
+                self.reads.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        byte_count(n)
+    }
+
+    /// Reads into `buf`'s spare capacity now, whatever the reactor saw: the bytes read.
+    pub fn recv_now(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        let read_bytes = recv_into(self.reads.get_ref(), buf.spare_capacity_mut())?;
+        // SAFETY: `recv` initialised the first `read_bytes` bytes of the spare capacity.
+        unsafe { buf.set_len(buf.len() + read_bytes) };
+        Ok(read_bytes)
     }
 
     /// Waits for room once a write would block, registering for writes the first time.
     fn poll_write_inner(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         loop {
             let Some(writes) = &self.writes else {
-                match send(self.reads.get_ref(), buf) {
+                match self.send_now(buf) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         self.writes = Some(self.register_writes()?);
                         continue;
@@ -102,8 +121,7 @@ impl UnixSocket {
                 }
             };
             let mut ready = ready!(writes.poll_write_ready(cx))?;
-            let stream = self.reads.get_ref();
-            if let Ok(written) = ready.try_io(|_| send(stream, buf)) {
+            if let Ok(written) = ready.try_io(|_| self.send_now(buf)) {
                 return Poll::Ready(written);
             }
         }
@@ -120,32 +138,9 @@ impl UnixSocket {
     }
 }
 
-/// Writes what fits of `buf` now: the bytes written. A closed peer is an error (`EPIPE`), not
-/// a signal, as with tokio's own sockets.
-pub fn send(stream: &StdUnixStream, buf: &[u8]) -> io::Result<usize> {
-    // SAFETY: `buf` is valid for reads of its length.
-    let n = unsafe {
-        libc::send(
-            stream.as_raw_fd(),
-            buf.as_ptr().cast(),
-            buf.len(),
-            libc::MSG_NOSIGNAL,
-        )
-    };
-    byte_count(n)
-}
-
 /// A `send` or `recv` result: the bytes moved, or the error `errno` names.
 fn byte_count(n: isize) -> io::Result<usize> {
     usize::try_from(n).map_err(|_| io::Error::last_os_error())
-}
-
-/// Reads into `buf`'s spare capacity: the bytes read.
-pub fn recv_buf(stream: &StdUnixStream, buf: &mut BytesMut) -> io::Result<usize> {
-    let read_bytes = recv_into(stream, buf.spare_capacity_mut())?;
-    // SAFETY: `recv` initialised the first `read_bytes` bytes of the spare capacity.
-    unsafe { buf.set_len(buf.len() + read_bytes) };
-    Ok(read_bytes)
 }
 
 /// `recv` into possibly uninitialised memory: the bytes read, which it initialised.

@@ -221,7 +221,6 @@ fn server_stream(socket: OwnedFd) -> Result<(Stream, ServerAddr), &'static str> 
     let unix = std::os::unix::net::UnixStream::from(socket);
     let path = unix.peer_addr().map_err(|_| closed)?;
     let path = path.as_pathname().ok_or(closed)?.to_owned();
-    unix.set_nonblocking(true).map_err(|_| cannot)?;
     let unix = crate::unix_socket::UnixSocket::from_std(unix).map_err(|_| cannot)?;
     Ok((Stream::Unix(unix), ServerAddr::unix(&path)))
 }

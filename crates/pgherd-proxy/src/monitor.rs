@@ -160,7 +160,8 @@ async fn check_on(
 /// heard from its upstream within `wal_receiver_timeout` (the split-brain guard asks replicas
 /// whether they still hear the primary; a hung primary keeps the connection open but goes
 /// silent), on a primary the standbys streaming from it (application names can hold no
-/// newline; a logical subscriber's walsender, which holds a logical slot, is no standby), and
+/// newline; a logical subscriber's walsender, which holds a logical slot, is no standby, nor
+/// is a rejoin's `pg_basebackup` copying a node, `node_ops::REBUILD_APPLICATION_PREFIX`), and
 /// on a replica the address it streams from (a primary's, or another
 /// replica's when it cascades).
 const CHECK_SQL: &str = "SELECT pg_is_in_recovery(), \
@@ -171,6 +172,7 @@ const CHECK_SQL: &str = "SELECT pg_is_in_recovery(), \
        AND (current_setting('wal_receiver_timeout')::interval = '0' \
             OR last_msg_receipt_time > now() - current_setting('wal_receiver_timeout')::interval)), \
      (SELECT string_agg(application_name, E'\\n') FROM pg_stat_replication WHERE state = 'streaming' \
+       AND application_name NOT LIKE 'pgherd-rejoin %' \
        AND pid NOT IN (SELECT active_pid FROM pg_replication_slots \
                         WHERE slot_type = 'logical' AND active_pid IS NOT NULL)), \
      (SELECT sender_host || ' ' || sender_port FROM pg_stat_wal_receiver)";
@@ -239,4 +241,20 @@ fn failure_of(error: &ServerError) -> CheckFailure {
         ServerErrorKind::Protocol(_) | ServerErrorKind::Unexpected(_) => CheckFailureKind::Protocol,
     };
     CheckFailure::new(kind, error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::node_ops::{rebuild_application_name, REBUILD_APPLICATION_PREFIX};
+
+    /// The health check's list of standbys leaves out exactly what a rejoin's programs call
+    /// themselves, and a node's name never matches the pattern by a wildcard of its own.
+    #[test]
+    fn the_check_leaves_out_a_rejoins_copy() {
+        let pattern = format!("application_name NOT LIKE '{REBUILD_APPLICATION_PREFIX}%'");
+        assert!(super::CHECK_SQL.contains(&pattern), "{}", super::CHECK_SQL);
+        assert!(!REBUILD_APPLICATION_PREFIX.contains(['%', '_', '\'', '\\']));
+        let name = rebuild_application_name("pg1");
+        assert!(name.starts_with(REBUILD_APPLICATION_PREFIX) && name != "pg1");
+    }
 }

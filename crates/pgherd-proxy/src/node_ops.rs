@@ -168,6 +168,17 @@ pub(crate) fn primary_conninfo(config: &Config, primary: &NodeState, standby: &s
     with_password(&conninfo_as(primary, standby, user), password)
 }
 
+/// What the programs that rebuild a node (`pg_rewind`, and `pg_basebackup`, whose WAL stream
+/// shows as `streaming` in `pg_stat_replication`) call themselves on its primary: a prefix
+/// and the node's name. Not the node's own name: under that, a copy half made would count as
+/// the node streaming, and the synchronous standbys would be set to wait for it (and a
+/// failover to need it) while it is no standby at all. The health check leaves these out.
+pub(crate) const REBUILD_APPLICATION_PREFIX: &str = "pgherd-rejoin ";
+
+pub(crate) fn rebuild_application_name(node: &str) -> String {
+    format!("{REBUILD_APPLICATION_PREFIX}{node}")
+}
+
 /// A connection to `primary` as `user`, named `application`, without a password (programs
 /// get it from a password file).
 pub(crate) fn conninfo_as(primary: &NodeState, application: &str, user: &str) -> String {

@@ -12,7 +12,9 @@ use pgherd_wire::{PgError, SqlState};
 
 use crate::app::App;
 use crate::failover::event;
-use crate::node_ops::{conninfo_as, create_slot, primary_conninfo, run_sql};
+use crate::node_ops::{
+    conninfo_as, create_slot, primary_conninfo, rebuild_application_name, run_sql,
+};
 use crate::nodes::{NodeState, Nodes};
 use crate::switchover::{blocking, managed_node, START_TIMEOUT};
 
@@ -96,7 +98,11 @@ async fn run(
     // standby then streams as the replication role.
     let source = format!(
         "{} dbname=postgres",
-        conninfo_as(primary, node.name(), &config.cluster.user)
+        conninfo_as(
+            primary,
+            &rebuild_application_name(node.name()),
+            &config.cluster.user
+        )
     );
     let standby = primary_conninfo(&config, primary, node.name());
     let rejoining = local.clone();

@@ -384,12 +384,47 @@ async fn rejoin_falls_back_to_a_fresh_copy_when_rewind_fails() {
     let admin = env
         .pgherd
         .url("postgres", pgherd_testkit::SUPERUSER_PASSWORD, "pgherd");
-    let steps = psql(&admin, &["-c", "REJOIN pg1"])
-        .unwrap_or_else(|e| panic!("REJOIN failed: {e}\n{}", env.pgherd.log()));
+    // What streams from the new primary while the copy runs, sampled until REJOIN is done.
+    let copying = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let watcher = {
+        let (primary, copying) = (env.cluster.node("pg2").clone(), copying.clone());
+        std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while copying.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(rows) = primary.psql(
+                    "postgres",
+                    "SELECT coalesce(string_agg(application_name || ':' || state, ','), '') \
+                     FROM pg_stat_replication",
+                ) {
+                    samples.push(rows);
+                }
+            }
+            samples
+        })
+    };
+    let steps = psql(&admin, &["-c", "REJOIN pg1"]);
+    copying.store(false, std::sync::atomic::Ordering::Relaxed);
+    let samples = watcher.join().expect("the watcher");
+    let steps = steps.unwrap_or_else(|e| panic!("REJOIN failed: {e}\n{}", env.pgherd.log()));
     assert!(
         steps.contains("pg1 rejoined as a standby of pg2 (pg_basebackup, as pg_rewind failed"),
         "{steps}"
     );
+    // The copy's WAL stream shows as `streaming` beside the backup itself. Under the node's
+    // own name it counted as pg1 streaming, and the synchronous standbys waited for it.
+    let during_copy: Vec<&String> = samples.iter().filter(|s| s.contains(":backup")).collect();
+    assert!(
+        !during_copy.is_empty(),
+        "the copy was never seen: {samples:?}"
+    );
+    for sample in during_copy {
+        assert!(
+            sample
+                .split(',')
+                .all(|row| row.starts_with("pgherd-rejoin pg1:")),
+            "the copy streamed under another name than a rejoin's: {sample}"
+        );
+    }
     assert!(old.data_dir.with_extension("before-rejoin").is_dir());
     assert_eq!(
         old.psql("postgres", "SELECT pg_is_in_recovery()")

@@ -468,7 +468,13 @@ async fn start_round(
 ) -> Result<Start, String> {
     // Through pgherd as the superuser: pg_stat_replication shows its state only to those.
     let c = front.superuser("postgres").await?;
-    wait_full_strength(&c, cluster.cluster.nodes.len() - 1).await?;
+    let names: Vec<&str> = cluster
+        .cluster
+        .nodes
+        .iter()
+        .map(|n| n.name.as_str())
+        .collect();
+    wait_full_strength(&c, &names).await?;
     let leader = front.agreed_leader().await?;
     let ready = Instant::now();
     poll(Duration::from_millis(10), async || {
@@ -775,16 +781,27 @@ async fn check_counts(
 /// in the set, a primary that took over with every other node fenced acknowledges commits
 /// alone, and failing it then leaves no survivor sure to hold them (pgherd rightly refuses to
 /// promote). A drill that hung here on 2026-12-02 was a SIGSTOP round that began in that
-/// window.
-async fn wait_full_strength(c: &Client, replicas: usize) -> Result<(), String> {
+/// window. Only the nodes' own standbys count (each streams under its node name): a node being
+/// rebuilt by pg_basebackup streams WAL too, under another name, and a round that began then
+/// (2026-12-07, after a cascade round) cut off a primary whose only other synchronous
+/// candidate was not a standby yet.
+async fn wait_full_strength(c: &Client, node_names: &[&str]) -> Result<(), String> {
+    let replicas = node_names.len() - 1;
+    let names = node_names
+        .iter()
+        .map(|n| format!("'{}'", n.replace('\'', "''")))
+        .collect::<Vec<_>>()
+        .join(", ");
     let mut seen = String::new();
     let whole = poll(Duration::from_millis(100), async || {
         // "<streaming>/<streaming in the synchronous set>"
         seen = value(
             c,
-            "/* pgherd:primary */ SELECT count(*) FILTER (WHERE state = 'streaming') || '/' || \
-             count(*) FILTER (WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum')) \
-             FROM pg_stat_replication",
+            &format!(
+                "/* pgherd:primary */ SELECT count(*) FILTER (WHERE state = 'streaming') || '/' || \
+                 count(*) FILTER (WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum')) \
+                 FROM pg_stat_replication WHERE application_name IN ({names})"
+            ),
         )
         .await
         .unwrap_or_default();

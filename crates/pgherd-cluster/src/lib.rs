@@ -12,6 +12,7 @@ mod binaries;
 mod clone;
 mod command;
 pub use command::{pg_command, run as run_command, SERVICE_MANAGER_ENV};
+pub mod network;
 mod node;
 mod osuser;
 mod ports;

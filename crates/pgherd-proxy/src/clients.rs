@@ -3,6 +3,8 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -77,6 +79,10 @@ struct Live {
     /// is not handed to another client until this is zero, so a late cancel can never hit
     /// someone else's query.
     cancels_in_flight: u32,
+    /// `target`'s TCP socket plus one (`None` through a Unix-domain socket, or with no
+    /// target), which `cut_off_sessions` asks the kernel about while the node is down. Plus
+    /// one so that `None` needs no room of its own and the field fits beside the count.
+    tcp_fd_plus_one: Option<NonZeroU32>,
     rare: Option<Box<Rare>>,
 }
 
@@ -87,6 +93,7 @@ impl Live {
 
     fn clear_targets(&mut self) {
         self.target = None;
+        self.tcp_fd_plus_one = None;
         if let Some(rare) = &mut self.rare {
             rare.also.clear();
         }
@@ -122,8 +129,22 @@ impl ClientShared {
         &self.login.database
     }
 
-    pub fn set_target(&self, target: Option<ServerTarget>) {
-        self.live.lock().target = target;
+    /// Where the client's requests run now, and the TCP socket they go through (`None`
+    /// through a Unix-domain socket).
+    pub fn set_target(&self, target: ServerTarget, tcp_fd: Option<RawFd>) {
+        let tcp_fd_plus_one = tcp_fd
+            .and_then(|fd| u32::try_from(fd).ok()?.checked_add(1))
+            .and_then(NonZeroU32::new);
+        let mut live = self.live.lock();
+        live.target = Some(target);
+        live.tcp_fd_plus_one = tcp_fd_plus_one;
+    }
+
+    /// The target and its TCP socket, for a target reached over TCP.
+    pub fn target_socket(&self) -> Option<(ServerTarget, RawFd)> {
+        let live = self.live.lock();
+        let fd = RawFd::try_from(live.tcp_fd_plus_one?.get() - 1).ok()?;
+        Some((live.target?, fd))
     }
 
     /// Several servers run the client's statement: a cancel reaches every one of them.

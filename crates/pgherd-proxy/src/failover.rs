@@ -51,6 +51,8 @@ pub async fn run(app: Arc<App>, cluster: Arc<Nodes>) {
         if *stop.borrow() {
             return;
         }
+        // Every instance, leading or not, failover on or off: the sessions are this one's.
+        crate::cut_off_sessions::end_cut_off_sessions(&app, &cluster.all());
         if cluster.is_switching() {
             // The switchover moves the primary itself; nodes stop and start on purpose.
             continue;

@@ -21,6 +21,7 @@ pub mod clients;
 pub mod collation;
 pub mod control;
 pub mod counters;
+pub mod cut_off_sessions;
 pub mod dcs;
 pub mod decisions;
 pub mod error;

@@ -59,6 +59,17 @@ impl Stream {
         }
     }
 
+    /// The TCP socket under the connection, with TLS or without (`None` through a Unix-domain
+    /// socket).
+    pub fn tcp_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        match self {
+            Stream::Plain(s) => Some(s.as_raw_fd()),
+            Stream::Tls(tls) => Some(tls.get_ref().0.as_raw_fd()),
+            Stream::Unix(_) | Stream::Gone => None,
+        }
+    }
+
     /// Reads what is there without waiting, on a connection without TLS (`None` with TLS,
     /// whose bytes are records, not messages).
     pub fn try_read_plain(&self, buf: &mut [u8]) -> Option<io::Result<usize>> {

@@ -37,6 +37,9 @@ pub struct ClusterOptions {
     pub settings: Vec<(String, String)>,
     /// Before the nodes' names (`pg1`, ...): shards behind one pgherd need names of their own.
     pub node_prefix: String,
+    /// Per node, the network namespace it runs in and its address there
+    /// (`pgherd_cluster::network::Network::nodes`); empty: every node on 127.0.0.1.
+    pub netns: Vec<(String, String)>,
 }
 
 impl TestCluster {
@@ -73,7 +76,7 @@ impl TestCluster {
             superuser_password: SUPERUSER_PASSWORD.into(),
             settings,
             template: Some(template().to_owned()),
-            netns: Vec::new(),
+            netns: options.netns,
             replication_role: None,
             node_prefix: options.node_prefix,
         };

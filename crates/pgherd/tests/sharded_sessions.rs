@@ -49,6 +49,7 @@ async fn shard_reads_run_on_replicas_and_see_the_sessions_own_writes() {
                 ("recovery_min_apply_delay".into(), "300ms".into()),
             ],
             node_prefix: node_prefix.to_owned(),
+            ..Default::default()
         })
     };
     let shards = [lagging(""), lagging("s1-")];

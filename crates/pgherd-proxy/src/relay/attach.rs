@@ -320,12 +320,15 @@ impl Session {
         pool: Arc<Pool>,
         conn: Box<ServerConn>,
     ) -> Result<(), PgError> {
-        self.shared.set_target(Some(ServerTarget {
-            server_id: conn.id,
-            peer: conn.peer,
-            key: conn.cancel_key,
-            node: ServerTarget::node_id(&node),
-        }));
+        self.shared.set_target(
+            ServerTarget {
+                server_id: conn.id,
+                peer: conn.peer,
+                key: conn.cancel_key,
+                node: ServerTarget::node_id(&node),
+            },
+            conn.stream.tcp_fd(),
+        );
         let counted = node.begin_lease();
         let on_replica = node.role() == Role::Replica;
         let mut lease = Lease {

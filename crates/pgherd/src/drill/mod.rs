@@ -14,7 +14,6 @@
 mod cascade;
 mod front;
 mod instances;
-mod network;
 mod process;
 mod relay;
 mod report;
@@ -34,7 +33,7 @@ use crate::bench::targets::{start_pgherd, BenchCluster, BenchUser, PgherdSetup};
 use crate::sql_session::{client_rows, first, pg_error};
 use front::Front;
 use instances::Instances;
-use network::{set_link, Network};
+use pgherd_cluster::network::Network;
 use process::{blocking_start, blocking_stop, node_pids, postmaster_pid, signal, wait_gone};
 use report::{report, split_brain, unanswered, Injection};
 use writer::{Patience, Writer};
@@ -278,7 +277,7 @@ pub fn run(mut options: DrillOptions) -> Result<(), String> {
     );
     // Declared before the cluster so it is torn down after the nodes stopped.
     let network = match options.faults.contains(&Fault::Partition) {
-        true => Some(Network::create(options.replicas + 1)?),
+        true => Some(Network::create("pgherd-drill", options.replicas + 1)?),
         false => None,
     };
     let cluster = BenchCluster::create_in(
@@ -906,4 +905,11 @@ fn first_ack_elsewhere(
         .iter()
         .find(|a| a.at > since && a.port != old_port)
         .copied())
+}
+
+/// Takes the node's link down or back up, in a drill that made its network.
+fn set_link(network: Option<&Network>, node: &LocalNode, up: bool) -> Result<(), String> {
+    network
+        .ok_or("a partition needs the nodes in network namespaces")?
+        .set_link(node, up)
 }

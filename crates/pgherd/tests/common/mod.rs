@@ -52,7 +52,7 @@ pub fn env_on_sockets(replicas: usize, tweak: impl FnOnce(PgherdConfig) -> Pgher
     })
 }
 
-fn env_on(cluster: TestCluster, tweak: impl FnOnce(PgherdConfig) -> PgherdConfig) -> Env {
+pub fn env_on(cluster: TestCluster, tweak: impl FnOnce(PgherdConfig) -> PgherdConfig) -> Env {
     let app_verifier = cluster.create_user(APP, APP_PASSWORD);
     cluster.sql(&format!("CREATE DATABASE {APP} OWNER {APP}"));
     let config = tweak(PgherdConfig::new().user(APP, &app_verifier, ""));
@@ -299,6 +299,7 @@ pub fn shard_cluster_with(replicas: usize, node_prefix: &str) -> TestCluster {
         replicas,
         settings: vec![("max_prepared_transactions".into(), "20".into())],
         node_prefix: node_prefix.to_owned(),
+        ..Default::default()
     })
 }
 

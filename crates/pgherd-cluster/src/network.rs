@@ -1,23 +1,33 @@
-//! The drill's network: every node in its own network namespace behind a bridge, so one can
-//! be cut off from everyone by taking its link down.
+//! A network for fault drills and tests: every node in its own network namespace behind a
+//! bridge, so one can be cut off from everyone by taking its link down (packets dropped, not
+//! refused: the node keeps running and its peers hear nothing). Needs root and iproute2.
 
-use pgherd_cluster::LocalNode;
+use crate::LocalNode;
 
 /// A network for a cluster whose nodes each run in their own namespace: a bridge on the host
 /// (10.X.0.1) and per node a namespace with a veth pair, the node's end at 10.X.0.(i+2).
 /// Nodes reach each other through the bridge (no IP forwarding needed); cutting a node is
 /// taking its host-side veth down. Removed when dropped.
 pub struct Network {
+    /// Names the namespaces: `{prefix}-{id}-{i}`.
+    prefix: &'static str,
     id: u32,
     subnet: u8,
     nodes: usize,
 }
 
 impl Network {
-    pub fn create(nodes: usize) -> Result<Network, String> {
+    /// `prefix` names the namespaces (`ip netns list` shows who made them); the process id
+    /// keeps two processes' networks apart.
+    pub fn create(prefix: &'static str, nodes: usize) -> Result<Network, String> {
         let id = std::process::id() % 100_000;
         let subnet = 100 + (id % 100) as u8;
-        let network = Network { id, subnet, nodes };
+        let network = Network {
+            prefix,
+            id,
+            subnet,
+            nodes,
+        };
         let bridge = network.bridge();
         ip(&["link", "add", &bridge, "type", "bridge"])?;
         ip(&[
@@ -59,7 +69,7 @@ impl Network {
     /// (namespace, host-side veth, node-side veth).
     fn names(&self, i: usize) -> (String, String, String) {
         (
-            format!("pgherd-drill-{}-{i}", self.id),
+            format!("{}-{}-{i}", self.prefix, self.id),
             format!("phv{}h{i}", self.id),
             format!("phv{}n{i}", self.id),
         )
@@ -102,12 +112,13 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
-/// Takes the node's link to everyone down, or brings it back up: its host-side veth.
-pub fn set_link(network: Option<&Network>, node: &LocalNode, up: bool) -> Result<(), String> {
-    let network = network.ok_or("a partition needs the nodes in network namespaces")?;
-    let i = (0..network.nodes)
-        .find(|&i| node.netns.as_deref() == Some(network.names(i).0.as_str()))
-        .ok_or_else(|| format!("node {} runs in none of the drill's namespaces", node.name))?;
-    let host_end = network.names(i).1;
-    ip(&["link", "set", &host_end, if up { "up" } else { "down" }])
+impl Network {
+    /// Takes the node's link to everyone down, or brings it back up: its host-side veth.
+    pub fn set_link(&self, node: &LocalNode, up: bool) -> Result<(), String> {
+        let i = (0..self.nodes)
+            .find(|&i| node.netns.as_deref() == Some(self.names(i).0.as_str()))
+            .ok_or_else(|| format!("node {} runs in none of these namespaces", node.name))?;
+        let host_end = self.names(i).1;
+        ip(&["link", "set", &host_end, if up { "up" } else { "down" }])
+    }
 }

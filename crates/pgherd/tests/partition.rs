@@ -1,0 +1,68 @@
+//! A node cut off the network (its link down: packets dropped, nothing refused, the server
+//! still running) while a request waits on it, with no failover to end the session: the
+//! client must hear back, not wait the quarter of an hour TCP takes to give up. The node runs
+//! in a network namespace of its own (root and iproute2, as the drill's partition rounds).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use pgherd_cluster::network::Network;
+use pgherd_testkit::{ClusterOptions, TestCluster};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_on_a_node_cut_off_the_network_is_answered() {
+    // Declared first, so removed after the cluster stopped.
+    let network = Network::create("pgherd-test", 1).expect("a network namespace (root, iproute2)");
+    let (_, address) = network.nodes()[0].clone();
+    let cluster = TestCluster::start_with(ClusterOptions {
+        replicas: 0,
+        netns: network.nodes(),
+        ..Default::default()
+    });
+    // Failover is off: nothing fences the node, so nothing else ends the session.
+    let env = env_on(cluster, |c| {
+        c.node_line("pg1", &format!("host = \"{address}\""))
+    });
+    let c = env.app().await;
+    c.simple_query("SELECT 1")
+        .await
+        .expect("a query while the link is up");
+
+    let node = env.cluster.node("pg1").clone();
+    network.set_link(&node, false).expect("cut the link");
+    let sent = Instant::now();
+    // Up to a minute: the node must first fail its health checks (three timeouts of 2 s here).
+    let answer = tokio::time::timeout(Duration::from_secs(60), c.simple_query("SELECT 2")).await;
+    network.set_link(&node, true).expect("restore the link");
+    let error = answer
+        .unwrap_or_else(|_| {
+            panic!(
+                "no answer {} s after the node was cut off\n{}",
+                sent.elapsed().as_secs(),
+                env.pgherd.log()
+            )
+        })
+        .expect_err("the node cannot have answered");
+    assert_eq!(code(&error), "57P01", "{error:?}");
+    let message = error.as_db_error().map(|e| e.message()).unwrap_or_default();
+    assert!(
+        message.contains("node pg1 is down") && message.contains("cut off from this host"),
+        "{message}"
+    );
+
+    // The link is back: the node passes its checks again and a new session works.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let c = env.app().await;
+        match c.simple_query("SELECT 3").await {
+            Ok(_) => break,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("not yet: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("the node is back but a query fails: {e}"),
+        }
+    }
+}

@@ -18,9 +18,12 @@ pub struct Network {
 
 impl Network {
     /// `prefix` names the namespaces (`ip netns list` shows who made them); the process id
-    /// keeps two processes' networks apart.
+    /// and a count of the process's networks keep two networks apart (tests of one process
+    /// run at once), in their names and their subnets.
     pub fn create(prefix: &'static str, nodes: usize) -> Result<Network, String> {
-        let id = std::process::id() % 100_000;
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = (std::process::id() % 10_000) * 10 + made % 10;
         let subnet = 100 + (id % 100) as u8;
         let network = Network {
             prefix,

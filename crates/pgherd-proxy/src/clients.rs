@@ -68,7 +68,7 @@ impl ServerTarget {
 struct Rare {
     /// The other servers running the same statement (a sharded endpoint's links): a cancel
     /// reaches each of them too.
-    also: Vec<ServerTarget>,
+    also: Vec<(ServerTarget, Option<RawFd>)>,
     kill_reason: Option<Box<str>>,
 }
 
@@ -87,8 +87,13 @@ struct Live {
 }
 
 impl Live {
-    fn also(&self) -> &[ServerTarget] {
+    /// The other servers running the statement, each with its TCP socket.
+    fn also(&self) -> &[(ServerTarget, Option<RawFd>)] {
         self.rare.as_ref().map_or(&[], |rare| &rare.also)
+    }
+
+    fn targets(&self) -> impl Iterator<Item = &ServerTarget> {
+        self.target.iter().chain(self.also().iter().map(|(t, _)| t))
     }
 
     fn clear_targets(&mut self) {
@@ -98,6 +103,12 @@ impl Live {
             rare.also.clear();
         }
     }
+}
+
+/// A socket's descriptor plus one, so that `None` takes no room of its own.
+fn plus_one(fd: Option<RawFd>) -> Option<NonZeroU32> {
+    fd.and_then(|fd| u32::try_from(fd).ok()?.checked_add(1))
+        .and_then(NonZeroU32::new)
 }
 
 /// What other tasks may see of a client.
@@ -132,30 +143,38 @@ impl ClientShared {
     /// Where the client's requests run now, and the TCP socket they go through (`None`
     /// through a Unix-domain socket).
     pub fn set_target(&self, target: ServerTarget, tcp_fd: Option<RawFd>) {
-        let tcp_fd_plus_one = tcp_fd
-            .and_then(|fd| u32::try_from(fd).ok()?.checked_add(1))
-            .and_then(NonZeroU32::new);
         let mut live = self.live.lock();
         live.target = Some(target);
-        live.tcp_fd_plus_one = tcp_fd_plus_one;
+        live.tcp_fd_plus_one = plus_one(tcp_fd);
     }
 
-    /// The target and its TCP socket, for a target reached over TCP.
-    pub fn target_socket(&self) -> Option<(ServerTarget, RawFd)> {
+    /// The servers running the client's request that it reaches over TCP, with their sockets.
+    pub fn target_sockets(&self) -> Vec<(ServerTarget, RawFd)> {
         let live = self.live.lock();
-        let fd = RawFd::try_from(live.tcp_fd_plus_one?.get() - 1).ok()?;
-        Some((live.target?, fd))
+        let first = live.target.zip(
+            live.tcp_fd_plus_one
+                .and_then(|fd| RawFd::try_from(fd.get() - 1).ok()),
+        );
+        let also = live
+            .also()
+            .iter()
+            .filter_map(|(target, fd)| Some((*target, (*fd)?)));
+        first.into_iter().chain(also).collect()
     }
 
-    /// Several servers run the client's statement: a cancel reaches every one of them.
-    pub fn set_targets(&self, mut targets: impl Iterator<Item = ServerTarget>) {
+    /// Several servers run the client's statement, each with its TCP socket (`None` through
+    /// a Unix-domain socket): a cancel reaches every one of them.
+    pub fn set_targets(&self, mut targets: impl Iterator<Item = (ServerTarget, Option<RawFd>)>) {
         let mut live = self.live.lock();
         live.clear_targets();
-        live.target = targets.next();
+        if let Some((target, fd)) = targets.next() {
+            live.target = Some(target);
+            live.tcp_fd_plus_one = plus_one(fd);
+        }
         match &mut live.rare {
             Some(rare) => rare.also.extend(targets),
             None => {
-                let also: Vec<ServerTarget> = targets.collect();
+                let also: Vec<(ServerTarget, Option<RawFd>)> = targets.collect();
                 if !also.is_empty() {
                     live.rare = Some(Box::new(Rare {
                         also,
@@ -173,7 +192,7 @@ impl ClientShared {
     /// Whether one of the servers running the client's statement is on `node`.
     pub fn runs_on(&self, node: &crate::nodes::NodeState) -> bool {
         let live = self.live.lock();
-        let runs = live.target.iter().chain(live.also()).any(|t| t.is_on(node));
+        let runs = live.targets().any(|t| t.is_on(node));
         runs
     }
 
@@ -602,7 +621,7 @@ impl ClientRegistry {
             match live.target {
                 Some(t) => {
                     let targets: Vec<ServerTarget> = std::iter::once(t)
-                        .chain(live.also().iter().copied())
+                        .chain(live.also().iter().map(|(t, _)| *t))
                         .collect();
                     live.cancels_in_flight += targets.len() as u32;
                     targets
@@ -805,17 +824,23 @@ mod tests {
             },
             node: 7,
         };
-        c.set_targets([1, 2, 3].into_iter().map(target));
+        c.set_targets(
+            [(1, Some(11)), (2, None), (3, Some(13))]
+                .map(|(id, fd)| (target(id), fd))
+                .into_iter(),
+        );
         let live = c.live.lock();
-        let ids: Vec<u64> = live
-            .target
-            .iter()
-            .chain(live.also())
-            .map(|t| t.server_id)
-            .collect();
+        let ids: Vec<u64> = live.targets().map(|t| t.server_id).collect();
         assert_eq!(ids, vec![1, 2, 3]);
         drop(live);
-        c.set_targets([4].into_iter().map(target));
+        let sockets: Vec<(u64, RawFd)> = c
+            .target_sockets()
+            .iter()
+            .map(|(t, fd)| (t.server_id, *fd))
+            .collect();
+        assert_eq!(sockets, vec![(1, 11), (3, 13)], "only those over TCP");
+        c.set_targets([4].into_iter().map(|id| (target(id), None)));
+        assert!(c.target_sockets().is_empty());
         assert!(c.live.lock().also().is_empty());
         assert!(c.try_clear_target());
         assert!(c.target().is_none());

@@ -14,6 +14,7 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 
 use crate::app::App;
+use crate::clients::ClientShared;
 use crate::nodes::NodeState;
 
 /// Retransmissions of the same unacknowledged data, with no acknowledgement since, after
@@ -50,37 +51,47 @@ pub(crate) fn end_cut_off_sessions(app: &App, nodes: &[Arc<NodeState>]) {
         return;
     }
     for client in app.clients.all() {
-        let Some((target, fd)) = client.target_socket() else {
+        if client.signals() & crate::clients::SIGNAL_KILL != 0 {
+            // Ended already, by this or an operator; it goes at its next step.
             continue;
-        };
-        let Some(node) = down.iter().find(|n| target.is_on(n)) else {
-            continue;
-        };
-        let Some(tcp) = tcp_progress(fd) else {
-            continue;
-        };
-        // The session may have let the connection go while the kernel was asked, and its
-        // descriptor may be another socket's by now: the answer counts only for the same
-        // connection.
-        let same = client
-            .target()
-            .is_some_and(|t| t.server_id == target.server_id);
-        if same && is_cut_off(true, tcp) {
-            let why = format!(
-                "node {} is down and has acknowledged nothing pgherd sent it through {} \
-                 retransmissions: it is cut off from this host",
-                node.name(),
-                tcp.unanswered_retransmissions
-            );
-            tracing::warn!(
-                node = node.name(),
-                client = client.id,
-                unacked_segments = tcp.unacked_segments,
-                "a session's server is cut off; the session ends"
-            );
-            client.kill(why);
+        }
+        // A sharded statement runs on several servers: any one cut off holds the session.
+        for (target, fd) in client.target_sockets() {
+            let Some(node) = down.iter().find(|n| target.is_on(n)) else {
+                continue;
+            };
+            let Some(tcp) = tcp_progress(fd) else {
+                continue;
+            };
+            // The session may have let the connection go while the kernel was asked, and its
+            // descriptor may be another socket's by now: the answer counts only for the same
+            // connection.
+            let same = client
+                .target_sockets()
+                .iter()
+                .any(|(t, _)| t.server_id == target.server_id);
+            if same && is_cut_off(true, tcp) {
+                end(&client, node, tcp);
+                break;
+            }
         }
     }
+}
+
+fn end(client: &ClientShared, node: &NodeState, tcp: TcpProgress) {
+    let why = format!(
+        "node {} is down and has acknowledged nothing pgherd sent it through {} \
+         retransmissions: it is cut off from this host",
+        node.name(),
+        tcp.unanswered_retransmissions
+    );
+    tracing::warn!(
+        node = node.name(),
+        client = client.id,
+        unacked_segments = tcp.unacked_segments,
+        "a session's server is cut off; the session ends"
+    );
+    client.kill(why);
 }
 
 /// The kernel's `TCP_INFO` for a socket; `None` if it is not a TCP socket any more.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use pgherd_cluster::network::Network;
-use pgherd_testkit::{ClusterOptions, TestCluster};
+use pgherd_testkit::{ClusterOptions, Pgherd, TestCluster};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_on_a_node_cut_off_the_network_is_answered() {
@@ -65,4 +65,66 @@ async fn a_request_on_a_node_cut_off_the_network_is_answered() {
             Err(e) => panic!("the node is back but a query fails: {e}"),
         }
     }
+}
+
+/// The same for a sharded endpoint: a transaction's statement waiting on a shard whose only
+/// node was cut off, while the other shard is fine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_statement_on_a_shard_cut_off_the_network_is_answered() {
+    let network = Network::create("pgherd-test", 1).expect("a network namespace (root, iproute2)");
+    let shards = [
+        shard_cluster(),
+        TestCluster::start_with(ClusterOptions {
+            replicas: 0,
+            netns: network.nodes(),
+            settings: vec![("max_prepared_transactions".into(), "20".into())],
+            ..Default::default()
+        }),
+    ];
+    let config = sharded_config(&shards, &[]).section(
+        "[[sharding.tables]]\ntable = \"events\"\ncolumn = \"id\"\ntype = \"bigint\"\n\
+         method = \"range\"\nstarts = [0, 1000]\n",
+    );
+    let pgherd = Pgherd::start(BIN, &shards[0], &config);
+    let client = connect_as_superuser(pgherd.port, "postgres").await;
+    client
+        .batch_execute(
+            "CREATE TABLE events (id bigint PRIMARY KEY, v int); \
+             INSERT INTO events (id, v) VALUES (1, 1), (1000, 2)",
+        )
+        .await
+        .expect("a table on both shards");
+    // In a transaction, so the statement after the cut goes through the link already open.
+    client
+        .batch_execute("BEGIN; SELECT v FROM events WHERE id = 1000")
+        .await
+        .expect("a read on the second shard while its link is up");
+
+    let node = shards[1].primary().clone();
+    network.set_link(&node, false).expect("cut the link");
+    let answer = tokio::time::timeout(
+        Duration::from_secs(60),
+        client.simple_query("SELECT v FROM events WHERE id = 1000"),
+    )
+    .await;
+    network.set_link(&node, true).expect("restore the link");
+    let error = answer
+        .unwrap_or_else(|_| {
+            panic!(
+                "no answer a minute after the shard was cut off\n{}",
+                pgherd.log()
+            )
+        })
+        .expect_err("the shard cannot have answered");
+    assert_eq!(code(&error), "57P01", "{error:?}");
+    let message = error.as_db_error().map(|e| e.message()).unwrap_or_default();
+    assert!(message.contains("cut off from this host"), "{message}");
+    // The other shard was never in question.
+    let other = connect_as_superuser(pgherd.port, "postgres").await;
+    assert_eq!(
+        first_value(&other, "SELECT v FROM events WHERE id = 1")
+            .await
+            .expect("shard 0"),
+        "1"
+    );
 }

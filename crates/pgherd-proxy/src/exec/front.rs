@@ -57,8 +57,17 @@ impl ShardedSession {
                 }
             }
             let mut out = buffers::take();
+            let shared = self.shared.clone();
             while let Some((tag, body)) = queued.pop_front() {
-                if let Err(end) = self.message(tag, &body, &queued, &mut out).await {
+                // A kill ends a statement waiting on its servers too (a shard cut off the
+                // network never answers): dropped half way, its links are closed, not pooled,
+                // and a two-phase commit it leaves prepared is finished by the recovery.
+                let handled = tokio::select! {
+                    biased;
+                    handled = self.message(tag, &body, &queued, &mut out) => handled,
+                    end = signalled(&shared, false, &Movable::Later) => Err(end),
+                };
+                if let Err(end) = handled {
                     return end;
                 }
                 // A Flush asks for the answers so far (a pipelining client reads them while it

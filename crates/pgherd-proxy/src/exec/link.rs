@@ -221,13 +221,16 @@ impl Link {
         self.node.id
     }
 
-    /// Where a cancel for this link's statement goes.
-    pub fn target(&self) -> Option<ServerTarget> {
-        self.conn.as_ref().map(|conn| ServerTarget {
-            server_id: conn.id,
-            peer: conn.peer,
-            key: conn.cancel_key,
-            node: ServerTarget::node_id(&self.node),
+    /// Where a cancel for this link's statement goes, and the TCP socket it runs through.
+    pub fn target(&self) -> Option<(ServerTarget, Option<std::os::fd::RawFd>)> {
+        self.conn.as_ref().map(|conn| {
+            let target = ServerTarget {
+                server_id: conn.id,
+                peer: conn.peer,
+                key: conn.cancel_key,
+                node: ServerTarget::node_id(&self.node),
+            };
+            (target, conn.stream.tcp_fd())
         })
     }
 

@@ -262,8 +262,8 @@ pub fn sharded_config(shards: &[TestCluster], tables: &[(&str, &str)]) -> Pgherd
                 node.name.clone()
             };
             config = config.section(&format!(
-                "[[nodes]]\nname = \"{name}\"\nport = {}\nshard = {shard}\n",
-                node.port
+                "[[nodes]]\nname = \"{name}\"\nhost = \"{}\"\nport = {}\nshard = {shard}\n",
+                node.host, node.port
             ));
         }
     }

@@ -478,3 +478,37 @@ async fn a_cancel_ends_a_sharded_statement_waiting_for_its_connections() {
         "a cancel sent while idle ended the next statement: {next:?}"
     );
 }
+
+/// An operator's KILL ends a sharded session whose statement is still running on a shard,
+/// at once, not when the statement ends (as it ends a pooled session's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_ends_a_sharded_statement_still_running() {
+    let shards = [shard_cluster(), shard_cluster()];
+    let config = common::sharded_config(&shards, &[("events", "id")])
+        .proxy(&format!("admin_users = [\"{SUPERUSER}\"]"));
+    let pgherd = Pgherd::start(BIN, &shards[0], &config);
+    let client = connect_as_superuser(pgherd.port, "postgres").await;
+    client
+        .batch_execute(
+            "CREATE TABLE events (id int PRIMARY KEY, v int); \
+             INSERT INTO events (id, v) VALUES (1, 1)",
+        )
+        .await
+        .expect("a sharded table");
+    let started = Instant::now();
+    let sleeper = tokio::spawn(async move {
+        client
+            .simple_query("SELECT pg_sleep(30), v FROM events WHERE id = 1")
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let admin = connect_as_superuser(pgherd.port, "pgherd").await;
+    admin.simple_query("KILL postgres").await.expect("KILL");
+    let ended = tokio::time::timeout(Duration::from_secs(20), sleeper)
+        .await
+        .expect("the session still ran its statement 20 s after the KILL")
+        .expect("the sleeper's task");
+    let error = ended.expect_err("killed before its statement ended");
+    assert_eq!(code(&error), "57P01", "{error:?}");
+    assert!(started.elapsed() < Duration::from_secs(25));
+}

@@ -6,6 +6,11 @@
 //! each such session's server connection, and a session whose data has gone unacknowledged
 //! through several retransmissions is ended with the reason, as a fenced node's are.
 //!
+//! A connection whose request was acknowledged before the cut (a long statement) has nothing
+//! to retransmit: while its node is down, it is given keepalive probes a second apart, which
+//! a live server's kernel answers however busy the server is, and the kernel fails it once
+//! five go unanswered (rather than after the usual idle minute and nine probes).
+//!
 //! Not `TCP_USER_TIMEOUT`: Linux applies it to a zero window too, so a server that stops
 //! reading (a COPY waiting for a lock) would lose its connection; a window probe is answered
 //! and is no retransmission, so this check leaves that server alone.
@@ -22,6 +27,11 @@ use crate::nodes::NodeState;
 /// doubling) the fifth goes out about 6 s after the data, where a live server's kernel
 /// acknowledges within milliseconds however busy the server is.
 pub const UNANSWERED_RETRANSMISSIONS: u8 = 5;
+
+/// Keepalive for a connection to a node that is down: probes from a second of silence on, a
+/// second apart, five unanswered and the connection fails.
+const DOWN_KEEPALIVE_S: u64 = 1;
+const DOWN_KEEPALIVE_PROBES: u32 = 5;
 
 /// What the kernel says of a TCP connection, as far as the decision needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +73,9 @@ pub(crate) fn end_cut_off_sessions(app: &App, nodes: &[Arc<NodeState>]) {
             let Some(tcp) = tcp_progress(fd) else {
                 continue;
             };
+            if tcp.unacked_segments == 0 {
+                probe_closely(fd);
+            }
             // The session may have let the connection go while the kernel was asked, and its
             // descriptor may be another socket's by now: the answer counts only for the same
             // connection.
@@ -92,6 +105,20 @@ fn end(client: &ClientShared, node: &NodeState, tcp: TcpProgress) {
         "a session's server is cut off; the session ends"
     );
     client.kill(why);
+}
+
+/// Gives a connection [`DOWN_KEEPALIVE_S`] keepalive. A descriptor the session let go of
+/// meanwhile may be another socket's: a closer watch on it is harmless.
+fn probe_closely(fd: RawFd) {
+    // SAFETY: the descriptor is only borrowed for the calls below; one closed meanwhile makes
+    // them fail, which is ignored.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let every = std::time::Duration::from_secs(DOWN_KEEPALIVE_S);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(every)
+        .with_interval(every)
+        .with_retries(DOWN_KEEPALIVE_PROBES);
+    let _ = socket2::SockRef::from(&fd).set_tcp_keepalive(&keepalive);
 }
 
 /// The kernel's `TCP_INFO` for a socket; `None` if it is not a TCP socket any more.

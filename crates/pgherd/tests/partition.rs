@@ -128,3 +128,45 @@ async fn a_sharded_statement_on_a_shard_cut_off_the_network_is_answered() {
         "1"
     );
 }
+
+/// A statement the node had acknowledged before the cut (a long one) leaves nothing to
+/// retransmit: while the node is down its connection is probed closely, and fails within
+/// seconds rather than after TCP keepalive's usual two and a half minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_statement_on_a_node_cut_off_the_network_is_answered() {
+    let network = Network::create("pgherd-test", 1).expect("a network namespace (root, iproute2)");
+    let (_, address) = network.nodes()[0].clone();
+    let cluster = TestCluster::start_with(ClusterOptions {
+        replicas: 0,
+        netns: network.nodes(),
+        ..Default::default()
+    });
+    let env = env_on(cluster, |c| {
+        c.node_line("pg1", &format!("host = \"{address}\""))
+    });
+    let c = env.app().await;
+    let sleeping = tokio::spawn(async move { c.simple_query("SELECT pg_sleep(300)").await });
+    // The statement reached the node and was acknowledged; then the link goes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let node = env.cluster.node("pg1").clone();
+    network.set_link(&node, false).expect("cut the link");
+    let sent = Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(60), sleeping).await;
+    network.set_link(&node, true).expect("restore the link");
+    let error = answer
+        .unwrap_or_else(|_| {
+            panic!(
+                "no answer {} s after the node was cut off\n{}",
+                sent.elapsed().as_secs(),
+                env.pgherd.log()
+            )
+        })
+        .expect("the query's task")
+        .expect_err("the node cannot have answered");
+    assert_eq!(code(&error), "08006", "{error:?}");
+    let message = error.as_db_error().map(|e| e.message()).unwrap_or_default();
+    assert!(
+        message.contains("node pg1") && message.contains("timed out"),
+        "{message}"
+    );
+}

@@ -17,6 +17,9 @@ pub struct TestEtcd {
     tls: Option<(PathBuf, PathBuf, PathBuf)>,
 }
 
+/// What etcd logs once it serves clients (a member that leads, its membership written).
+const READY: &str = "ready to serve client requests";
+
 impl TestEtcd {
     /// Starts etcd; returns once it accepts clients.
     pub fn start() -> TestEtcd {
@@ -55,6 +58,7 @@ impl TestEtcd {
     }
 
     fn spawn(&mut self) {
+        let ready_before = self.log().matches(READY).count();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -91,6 +95,17 @@ impl TestEtcd {
         let deadline = Instant::now() + Duration::from_secs(30);
         while TcpStream::connect(("127.0.0.1", self.client_port)).is_err() {
             assert!(Instant::now() < deadline, "etcd did not listen within 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Listening is not ready: a new member killed before it has made itself leader and
+        // written its membership comes back with no voters and never serves again (a test
+        // that killed etcd at once hung so on a loaded machine).
+        while self.log().matches(READY).count() <= ready_before {
+            assert!(
+                Instant::now() < deadline,
+                "etcd did not serve within 30 s:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }

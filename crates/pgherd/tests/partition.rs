@@ -5,15 +5,18 @@
 
 mod common;
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use common::*;
 use pgherd_cluster::network::Network;
+use pgherd_cluster::LocalNode;
 use pgherd_testkit::{ClusterOptions, Pgherd, TestCluster};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_on_a_node_cut_off_the_network_is_answered() {
-    // Declared first, so removed after the cluster stopped.
+/// One node in a namespace of its own, and pgherd in front of it with failover off: nothing
+/// fences the node, so nothing else ends a session waiting on it. The network comes first,
+/// so it is removed after the cluster stopped.
+fn lone_node_in_a_namespace() -> (Network, Env) {
     let network = Network::create("pgherd-test", 1).expect("a network namespace (root, iproute2)");
     let (_, address) = network.nodes()[0].clone();
     let cluster = TestCluster::start_with(ClusterOptions {
@@ -21,35 +24,57 @@ async fn a_request_on_a_node_cut_off_the_network_is_answered() {
         netns: network.nodes(),
         ..Default::default()
     });
-    // Failover is off: nothing fences the node, so nothing else ends the session.
     let env = env_on(cluster, |c| {
         c.node_line("pg1", &format!("host = \"{address}\""))
     });
+    (network, env)
+}
+
+/// Cuts `node`'s link, waits up to a minute for `answer`, and brings the link back; panics
+/// with pgherd's log if nothing came. A minute: the node must first fail its health checks
+/// (three timeouts of 2 s here).
+async fn answer_while_cut_off<T>(
+    network: &Network,
+    node: &LocalNode,
+    pgherd: &Pgherd,
+    answer: impl Future<Output = T>,
+) -> T {
+    network.set_link(node, false).expect("cut the link");
+    let cut = Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(60), answer).await;
+    network.set_link(node, true).expect("restore the link");
+    answer.unwrap_or_else(|_| {
+        panic!(
+            "no answer {} s after {} was cut off\n{}",
+            cut.elapsed().as_secs(),
+            node.name,
+            pgherd.log()
+        )
+    })
+}
+
+fn message(error: &tokio_postgres::Error) -> &str {
+    error.as_db_error().map(|e| e.message()).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_on_a_node_cut_off_the_network_is_answered() {
+    let (network, env) = lone_node_in_a_namespace();
     let c = env.app().await;
     c.simple_query("SELECT 1")
         .await
         .expect("a query while the link is up");
 
     let node = env.cluster.node("pg1").clone();
-    network.set_link(&node, false).expect("cut the link");
-    let sent = Instant::now();
-    // Up to a minute: the node must first fail its health checks (three timeouts of 2 s here).
-    let answer = tokio::time::timeout(Duration::from_secs(60), c.simple_query("SELECT 2")).await;
-    network.set_link(&node, true).expect("restore the link");
-    let error = answer
-        .unwrap_or_else(|_| {
-            panic!(
-                "no answer {} s after the node was cut off\n{}",
-                sent.elapsed().as_secs(),
-                env.pgherd.log()
-            )
-        })
+    let error = answer_while_cut_off(&network, &node, &env.pgherd, c.simple_query("SELECT 2"))
+        .await
         .expect_err("the node cannot have answered");
     assert_eq!(code(&error), "57P01", "{error:?}");
-    let message = error.as_db_error().map(|e| e.message()).unwrap_or_default();
     assert!(
-        message.contains("node pg1 is down") && message.contains("cut off from this host"),
-        "{message}"
+        message(&error).contains("node pg1 is down")
+            && message(&error).contains("cut off from this host"),
+        "{}",
+        message(&error)
     );
 
     // The link is back: the node passes its checks again and a new session works.
@@ -101,24 +126,16 @@ async fn a_sharded_statement_on_a_shard_cut_off_the_network_is_answered() {
         .expect("a read on the second shard while its link is up");
 
     let node = shards[1].primary().clone();
-    network.set_link(&node, false).expect("cut the link");
-    let answer = tokio::time::timeout(
-        Duration::from_secs(60),
-        client.simple_query("SELECT v FROM events WHERE id = 1000"),
-    )
-    .await;
-    network.set_link(&node, true).expect("restore the link");
-    let error = answer
-        .unwrap_or_else(|_| {
-            panic!(
-                "no answer a minute after the shard was cut off\n{}",
-                pgherd.log()
-            )
-        })
+    let statement = client.simple_query("SELECT v FROM events WHERE id = 1000");
+    let error = answer_while_cut_off(&network, &node, &pgherd, statement)
+        .await
         .expect_err("the shard cannot have answered");
     assert_eq!(code(&error), "57P01", "{error:?}");
-    let message = error.as_db_error().map(|e| e.message()).unwrap_or_default();
-    assert!(message.contains("cut off from this host"), "{message}");
+    assert!(
+        message(&error).contains("cut off from this host"),
+        "{}",
+        message(&error)
+    );
     // The other shard was never in question.
     let other = connect_as_superuser(pgherd.port, "postgres").await;
     assert_eq!(
@@ -134,39 +151,20 @@ async fn a_sharded_statement_on_a_shard_cut_off_the_network_is_answered() {
 /// seconds rather than after TCP keepalive's usual two and a half minutes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_statement_on_a_node_cut_off_the_network_is_answered() {
-    let network = Network::create("pgherd-test", 1).expect("a network namespace (root, iproute2)");
-    let (_, address) = network.nodes()[0].clone();
-    let cluster = TestCluster::start_with(ClusterOptions {
-        replicas: 0,
-        netns: network.nodes(),
-        ..Default::default()
-    });
-    let env = env_on(cluster, |c| {
-        c.node_line("pg1", &format!("host = \"{address}\""))
-    });
+    let (network, env) = lone_node_in_a_namespace();
     let c = env.app().await;
     let sleeping = tokio::spawn(async move { c.simple_query("SELECT pg_sleep(300)").await });
     // The statement reached the node and was acknowledged; then the link goes.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let node = env.cluster.node("pg1").clone();
-    network.set_link(&node, false).expect("cut the link");
-    let sent = Instant::now();
-    let answer = tokio::time::timeout(Duration::from_secs(60), sleeping).await;
-    network.set_link(&node, true).expect("restore the link");
-    let error = answer
-        .unwrap_or_else(|_| {
-            panic!(
-                "no answer {} s after the node was cut off\n{}",
-                sent.elapsed().as_secs(),
-                env.pgherd.log()
-            )
-        })
+    let error = answer_while_cut_off(&network, &node, &env.pgherd, sleeping)
+        .await
         .expect("the query's task")
         .expect_err("the node cannot have answered");
     assert_eq!(code(&error), "08006", "{error:?}");
-    let message = error.as_db_error().map(|e| e.message()).unwrap_or_default();
     assert!(
-        message.contains("node pg1") && message.contains("timed out"),
-        "{message}"
+        message(&error).contains("node pg1") && message(&error).contains("timed out"),
+        "{}",
+        message(&error)
     );
 }

@@ -82,6 +82,15 @@ impl Network {
         format!("10.{}.0.{}", self.subnet, i + 2)
     }
 
+    /// Takes the node's link to everyone down, or brings it back up: its host-side veth.
+    pub fn set_link(&self, node: &LocalNode, up: bool) -> Result<(), String> {
+        let i = (0..self.nodes)
+            .find(|&i| node.netns.as_deref() == Some(self.names(i).0.as_str()))
+            .ok_or_else(|| format!("node {} runs in none of these namespaces", node.name))?;
+        let host_end = self.names(i).1;
+        ip(&["link", "set", &host_end, if up { "up" } else { "down" }])
+    }
+
     /// (namespace, address) per node, for the cluster.
     pub fn nodes(&self) -> Vec<(String, String)> {
         (0..self.nodes)
@@ -112,16 +121,5 @@ fn ip(args: &[&str]) -> Result<(), String> {
             args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         ))
-    }
-}
-
-impl Network {
-    /// Takes the node's link to everyone down, or brings it back up: its host-side veth.
-    pub fn set_link(&self, node: &LocalNode, up: bool) -> Result<(), String> {
-        let i = (0..self.nodes)
-            .find(|&i| node.netns.as_deref() == Some(self.names(i).0.as_str()))
-            .ok_or_else(|| format!("node {} runs in none of these namespaces", node.name))?;
-        let host_end = self.names(i).1;
-        ip(&["link", "set", &host_end, if up { "up" } else { "down" }])
     }
 }

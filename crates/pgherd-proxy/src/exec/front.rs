@@ -38,6 +38,8 @@ impl ShardedSession {
             let proxy = &self.app.config().proxy;
             (proxy.max_message_bytes, proxy.client_idle_timeout_ms)
         };
+        // Its own handle, to watch for a kill while `self` runs a statement.
+        let shared = self.shared.clone();
         loop {
             let first = match self
                 .next_client_message(max_message_bytes, idle_timeout_ms)
@@ -57,7 +59,6 @@ impl ShardedSession {
                 }
             }
             let mut out = buffers::take();
-            let shared = self.shared.clone();
             while let Some((tag, body)) = queued.pop_front() {
                 // A kill ends a statement waiting on its servers too (a shard cut off the
                 // network never answers): dropped half way, its links are closed, not pooled,

@@ -539,6 +539,23 @@ impl std::fmt::Display for QueryError {
     }
 }
 
+/// Asks the server to stop what `conn`'s backend runs, in a task of its own, for a connection
+/// pgherd closes while its answer is still coming. PostgreSQL notices a closed client only
+/// when it next writes to it: until then the statement would keep running, holding its locks
+/// and a connection slot the pool already counts as free.
+pub fn cancel_before_closing(conn: &ServerConn, timeout: Duration) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let (peer, key, server, node) = (conn.peer, conn.cancel_key, conn.id, conn.node.clone());
+    runtime.spawn(async move {
+        match send_cancel(&peer, key, timeout).await {
+            Ok(()) => tracing::info!(server, node = %node, "cancel sent to a server connection closed mid-statement"),
+            Err(e) => tracing::warn!(server, node = %node, error = %e, "could not cancel what a closed server connection ran"),
+        }
+    });
+}
+
 /// Sends a CancelRequest for `key` to the server at `peer` and waits until the server has
 /// taken it (it closes the connection once it has signalled the backend).
 pub async fn send_cancel(peer: &ServerAddr, key: CancelKey, timeout: Duration) -> io::Result<()> {

@@ -234,8 +234,40 @@ async fn every_command_with_its_errors() {
     assert_eq!(field(&cluster[0], "write_gate"), "open", "{cluster:?}");
     assert_eq!(field(&cluster[0], "paused"), "", "{cluster:?}");
 
-    // KILL ends the database's sessions; new ones work.
+    // KILL ends the database's sessions, and what they run on the server (a read, on
+    // whichever node ran it); new ones work.
+    let sleeper = env.app().await;
+    let asleep =
+        tokio::spawn(async move { first_value(&sleeper, "SELECT pg_sleep(30)::text").await });
+    let sleeping = || {
+        ["pg1", "pg2"]
+            .iter()
+            .map(|node| {
+                env.cluster.sql_on(
+                    node,
+                    APP,
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE query = 'SELECT pg_sleep(30)::text' AND state = 'active'",
+                )
+            })
+            .filter(|count| count != "0")
+            .count()
+    };
+    wait_until(&env, "the sleep started", Duration::from_secs(10), || {
+        sleeping() == 1
+    });
     rows(&admin, &format!("KILL {APP}")).await.expect("KILL");
+    let killed = asleep.await.unwrap().expect_err("the sleep was killed");
+    assert!(
+        killed.code().is_some_and(|c| c.code() == "57P01"),
+        "{killed}"
+    );
+    wait_until(
+        &env,
+        "the killed sleep stopped on the server",
+        Duration::from_secs(10),
+        || sleeping() == 0,
+    );
     let err = first_value(&app, "SELECT 1")
         .await
         .expect_err("a killed session");

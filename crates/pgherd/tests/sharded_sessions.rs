@@ -480,7 +480,8 @@ async fn a_cancel_ends_a_sharded_statement_waiting_for_its_connections() {
 }
 
 /// An operator's KILL ends a sharded session whose statement is still running on a shard,
-/// at once, not when the statement ends (as it ends a pooled session's).
+/// at once, not when the statement ends (as it ends a pooled session's), and the statement
+/// with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_ends_a_sharded_statement_still_running() {
     let shards = [shard_cluster(), shard_cluster()];
@@ -511,4 +512,16 @@ async fn kill_ends_a_sharded_statement_still_running() {
     let error = ended.expect_err("killed before its statement ended");
     assert_eq!(code(&error), "57P01", "{error:?}");
     assert!(started.elapsed() < Duration::from_secs(25));
+    // The shard's backend stops too: a closed connection alone would leave it sleeping (and
+    // holding its locks and its connection slot) until its statement ended.
+    let asleep = "SELECT count(*) FROM pg_stat_activity \
+                  WHERE query LIKE '%pg_sleep(30)%' AND state = 'active' AND pid <> pg_backend_pid()";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while shards.iter().any(|shard| shard.sql(asleep) != "0") {
+        assert!(
+            Instant::now() < deadline,
+            "a shard still ran the killed statement 10 s after the KILL"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -23,6 +23,9 @@ use crate::relay::params::{self, SessionParams};
 use crate::relay::wait_for_replay;
 use crate::server::{ServerConn, MAX_SERVER_MESSAGE_BYTES};
 
+/// How long a cancel for a link dropped mid-answer may take to reach its server.
+const CANCEL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub struct Link {
     pub shard: u32,
     node: Arc<NodeState>,
@@ -479,6 +482,10 @@ impl Drop for Link {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
             self.node.end_lease(self.counted);
+            if !self.answered {
+                // Dropped mid-answer: a kill, the client gone, another shard's error.
+                crate::server::cancel_before_closing(&conn, CANCEL_TIMEOUT);
+            }
             self.pool.release(conn, self.settled && !self.leaves_state);
         }
     }

@@ -159,7 +159,7 @@ impl<'a> ParameterStatus<'a> {
 /// The command tag of a CommandComplete, e.g. `SELECT 1` or `SET`.
 pub fn parse_command_complete(body: &[u8]) -> Result<&[u8], WireError> {
     let mut r = BodyReader::new("CommandComplete", body);
-    let tag = r.cstr("command tag")?;
+    let tag = r.short_cstr("command tag")?;
     r.finish()?;
     Ok(tag)
 }

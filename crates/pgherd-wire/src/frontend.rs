@@ -99,7 +99,7 @@ impl<'a> Parse<'a> {
     #[allow(clippy::self_named_constructors)]
     pub fn parse(body: &'a [u8]) -> Result<Self, WireError> {
         let mut r = BodyReader::new("Parse", body);
-        let name = r.cstr("statement name")?;
+        let name = r.short_cstr("statement name")?;
         let query = r.cstr("query string")?;
         let param_types = r.rest();
         let mut types = BodyReader::new("Parse", param_types);
@@ -127,8 +127,8 @@ pub struct Bind<'a> {
 impl<'a> Bind<'a> {
     pub fn parse(body: &'a [u8]) -> Result<Self, WireError> {
         let mut r = BodyReader::new("Bind", body);
-        let portal = r.cstr("portal name")?;
-        let statement = r.cstr("statement name")?;
+        let portal = r.short_cstr("portal name")?;
+        let statement = r.short_cstr("statement name")?;
         let rest = r.rest();
         if rest.len() < 6 {
             // At least three 16-bit counts follow the names.
@@ -274,7 +274,7 @@ impl<'a> Describe<'a> {
     pub fn parse(body: &'a [u8]) -> Result<Self, WireError> {
         let mut r = BodyReader::new("Describe", body);
         let target = Target::parse(&mut r)?;
-        let name = r.cstr("name")?;
+        let name = r.short_cstr("name")?;
         r.finish()?;
         Ok(Describe { target, name })
     }
@@ -290,7 +290,7 @@ impl<'a> Close<'a> {
     pub fn parse(body: &'a [u8]) -> Result<Self, WireError> {
         let mut r = BodyReader::new("Close", body);
         let target = Target::parse(&mut r)?;
-        let name = r.cstr("name")?;
+        let name = r.short_cstr("name")?;
         r.finish()?;
         Ok(Close { target, name })
     }
@@ -305,7 +305,7 @@ pub struct Execute<'a> {
 impl<'a> Execute<'a> {
     pub fn parse(body: &'a [u8]) -> Result<Self, WireError> {
         let mut r = BodyReader::new("Execute", body);
-        let portal = r.cstr("portal name")?;
+        let portal = r.short_cstr("portal name")?;
         let max_rows = r.i32("row limit")?;
         r.finish()?;
         Ok(Execute { portal, max_rows })

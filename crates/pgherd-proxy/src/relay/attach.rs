@@ -96,7 +96,7 @@ impl Session {
                 .and_then(|u| u.routed.clone());
         }
         let def = statement(&self.statements, name).ok()?;
-        self.routed_of(def)
+        self.routed_of(&def)
     }
 
     /// The decision for one of the client's named statements, made once per router

@@ -107,6 +107,7 @@ impl Session {
         let Some(request) = extended_request(&self.client_in) else {
             return Ok(false);
         };
+        let named;
         let (text, param_types): (&[u8], &[u8]) = match request.parse {
             Some(parsed) => parsed,
             None if request.statement.is_empty() => {
@@ -116,7 +117,10 @@ impl Session {
                 }
             }
             None => match statement(&self.statements, request.statement) {
-                Ok(def) => (&def.query, &def.param_types),
+                Ok(def) => {
+                    named = def;
+                    (&named.query, &named.param_types)
+                }
                 Err(_) => return Ok(false),
             },
         };

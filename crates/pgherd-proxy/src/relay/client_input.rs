@@ -372,11 +372,9 @@ impl Session {
             .transpose()?;
         // A Bind's named statement, looked up once for routing it and for sending it.
         let bound = match &bind {
-            Some(b) if !b.statement.is_empty() => self
-                .statements
-                .as_ref()
-                .and_then(|s| s.find(b.statement))
-                .cloned(),
+            Some(b) if !b.statement.is_empty() => {
+                self.statements.as_ref().and_then(|s| s.find(b.statement))
+            }
             _ => None,
         };
         let statement_sql = match (&query, &parse) {
@@ -707,7 +705,7 @@ impl Session {
         let Some((kind, name, range)) = statements::sql_statement_reference(sql) else {
             return Ok(false);
         };
-        let Ok(def) = statement(&self.statements, &name).cloned() else {
+        let Ok(def) = statement(&self.statements, &name) else {
             // An SQL-level statement of a pinned session, or the server's error to give.
             return Ok(false);
         };
@@ -769,10 +767,10 @@ fn prepared_by_sql(pinned: bool, statements: &Option<Box<ClientStatements>>, nam
 }
 
 /// The client's statement `name`, or the error PostgreSQL would give.
-pub(super) fn statement<'a>(
-    statements: &'a Option<Box<ClientStatements>>,
+pub(super) fn statement(
+    statements: &Option<Box<ClientStatements>>,
     name: &[u8],
-) -> Result<&'a Arc<StatementDef>, StatementError> {
+) -> Result<Arc<StatementDef>, StatementError> {
     match statements {
         Some(s) => s.get(name),
         None => Err(StatementError::DoesNotExist(
@@ -789,7 +787,7 @@ pub(super) fn statement_or_error(
     name: &[u8],
 ) -> Option<Arc<StatementDef>> {
     match statement(statements, name) {
-        Ok(def) => Some(def.clone()),
+        Ok(def) => Some(def),
         Err(e) => {
             queue.push_synthetic(Synthetic::Error(statement_error(e)));
             None

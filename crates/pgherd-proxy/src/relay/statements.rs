@@ -182,13 +182,25 @@ pub enum StatementError {
 }
 
 /// One client's named statements. Looked up on every Bind and when a request is planned:
-/// foldhash,
-/// seeded per process, rather than SipHash (about 290 instructions a lookup of a three-byte
-/// name, 160 now); the map is one client's and bounded (`MAX_PER_CLIENT`).
+/// foldhash, seeded per process, rather than SipHash (about 290 instructions a lookup of a
+/// three-byte name, 160 with foldhash); the map is one client's and bounded
+/// (`MAX_PER_CLIENT`). A Bind's statement is looked up three times (to route the request,
+/// to ask the result cache, to send it), so the last one found is kept by name beside the
+/// map; every change to the map forgets it.
 #[derive(Debug, Default)]
 pub struct ClientStatements {
     named: HashMap<Vec<u8>, Arc<StatementDef>, foldhash::fast::RandomState>,
+    /// A lock no other thread takes (the session's own), for `find` through `&self`.
+    last_found: parking_lot::Mutex<Option<LastFound>>,
 }
+
+/// A name and its statement; names longer than the inline room are not kept (a lookup of
+/// one then costs what it did).
+type LastFound = (
+    smallvec::SmallVec<[u8; LAST_FOUND_NAME_BYTES]>,
+    Arc<StatementDef>,
+);
+const LAST_FOUND_NAME_BYTES: usize = 64;
 
 impl ClientStatements {
     /// Upper bound per client, so one client cannot grow pgherd without limit.
@@ -203,25 +215,42 @@ impl ClientStatements {
         if self.named.len() >= Self::MAX_PER_CLIENT {
             return Err(StatementError::TooMany(Self::MAX_PER_CLIENT));
         }
+        self.forget_last_found();
         self.named.insert(name.to_vec(), def);
         Ok(())
     }
 
-    pub fn get(&self, name: &[u8]) -> Result<&Arc<StatementDef>, StatementError> {
+    pub fn get(&self, name: &[u8]) -> Result<Arc<StatementDef>, StatementError> {
         self.find(name)
             .ok_or_else(|| StatementError::DoesNotExist(String::from_utf8_lossy(name).into_owned()))
     }
 
     /// [`Self::get`] for a caller that has its own answer to a missing statement.
-    pub fn find(&self, name: &[u8]) -> Option<&Arc<StatementDef>> {
-        self.named.get(name)
+    pub fn find(&self, name: &[u8]) -> Option<Arc<StatementDef>> {
+        let mut last = self.last_found.lock();
+        if let Some((last_name, def)) = last.as_ref() {
+            if last_name.as_slice() == name {
+                return Some(def.clone());
+            }
+        }
+        let def = self.named.get(name)?.clone();
+        if name.len() <= LAST_FOUND_NAME_BYTES {
+            *last = Some((smallvec::SmallVec::from_slice(name), def.clone()));
+        }
+        Some(def)
+    }
+
+    fn forget_last_found(&mut self) {
+        *self.last_found.get_mut() = None;
     }
 
     pub fn close(&mut self, name: &[u8]) {
+        self.forget_last_found();
         self.named.remove(name);
     }
 
     pub fn clear(&mut self) {
+        self.forget_last_found();
         self.named.clear();
     }
 
@@ -376,6 +405,40 @@ impl ServerStatements {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The statement kept from the last lookup never outlives a change of the map: a name
+    /// closed is gone, one defined again is the new statement, a long name is found too.
+    #[test]
+    fn the_last_statement_found_follows_every_change() {
+        let first = StatementDef::new(b"select 1", &[0, 0], None);
+        let second = StatementDef::new(b"select 2", &[0, 0], None);
+        let mut statements = ClientStatements::default();
+        statements.define(b"S_1", first.clone()).unwrap();
+        assert_eq!(statements.find(b"S_1"), Some(first.clone()));
+        assert_eq!(statements.find(b"S_1"), Some(first.clone()), "kept");
+        assert_eq!(statements.find(b"S_2"), None);
+        statements.close(b"S_1");
+        assert_eq!(statements.find(b"S_1"), None, "closed");
+        statements.define(b"S_1", second.clone()).unwrap();
+        assert_eq!(
+            statements.find(b"S_1"),
+            Some(second.clone()),
+            "defined again"
+        );
+        statements.clear();
+        assert_eq!(statements.find(b"S_1"), None, "cleared");
+        let long = [b'n'; LAST_FOUND_NAME_BYTES + 1];
+        statements.define(&long, first.clone()).unwrap();
+        statements.define(b"S_1", second.clone()).unwrap();
+        assert_eq!(statements.find(b"S_1"), Some(second.clone()));
+        assert_eq!(statements.find(&long), Some(first.clone()));
+        assert_eq!(
+            statements.find(b"S_1"),
+            Some(second),
+            "a long name is not kept"
+        );
+        assert_eq!(statements.find(&long[..LAST_FOUND_NAME_BYTES]), None);
+    }
 
     #[test]
     fn names_depend_on_text_and_types_only() {

@@ -147,9 +147,7 @@ impl<'a> BodyReader<'a> {
     pub fn cstr(&mut self, field: &'static str) -> Result<&'a [u8], WireError> {
         // memchr: every query's text passes here.
         let end = memchr::memchr(0, self.buf).ok_or_else(|| self.malformed(field))?;
-        let s = &self.buf[..end];
-        self.buf = &self.buf[end + 1..];
-        Ok(s)
+        Ok(self.take_cstr(end))
     }
 
     /// [`Self::cstr`] for a string that is usually short (a statement or portal name, a
@@ -166,9 +164,15 @@ impl<'a> BodyReader<'a> {
                 head + rest.ok_or_else(|| self.malformed(field))?
             }
         };
+        Ok(self.take_cstr(end))
+    }
+
+    /// The string before the NUL at `end`, the NUL passed over.
+    #[inline]
+    fn take_cstr(&mut self, end: usize) -> &'a [u8] {
         let s = &self.buf[..end];
         self.buf = &self.buf[end + 1..];
-        Ok(s)
+        s
     }
 
     /// A NUL-terminated string that must be valid UTF-8.

@@ -370,7 +370,7 @@ impl Session {
         let bind = (tag == ftag::BIND)
             .then(|| frontend::Bind::parse(body))
             .transpose()?;
-        // A Bind's named statement, looked up once for routing it and for sending it.
+        // A Bind's named statement, for routing it and for sending it.
         let bound = match &bind {
             Some(b) if !b.statement.is_empty() => {
                 self.statements.as_ref().and_then(|s| s.find(b.statement))

@@ -478,6 +478,12 @@ impl Router {
     ) -> Result<Routed, PgError> {
         let hint = lexed.hint.clone().map_err(|e| hint_error(&e))?;
         let shard = lexed.shard.clone().map_err(|e| hint_error(&e))?;
+        // A text too long to lex was lexed as an empty one.
+        let may_change_session = if long {
+            pgherd_route::may_change_session(sql)
+        } else {
+            lexed.may_change_session
+        };
         if let Some(shard) = shard {
             self.check_shard(shard, "pgherd:shard")?;
         }
@@ -516,6 +522,7 @@ impl Router {
                     hint,
                     shard,
                     cache: lexed.cache,
+                    may_change_session,
                 });
             }
         }
@@ -556,6 +563,7 @@ impl Router {
             hint,
             shard,
             cache: lexed.cache,
+            may_change_session,
         })
     }
 

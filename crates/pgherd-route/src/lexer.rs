@@ -51,6 +51,10 @@ pub struct Lexed {
     pub set_config_names: usize,
     /// Tokens naming `current_setting`, likewise.
     pub current_setting_names: usize,
+    /// [`crate::may_change_session`] of the key (a `;` in a literal is no second statement),
+    /// or of the text itself when the key does not stand for it. Found once per shape: a
+    /// shape's texts differ only in their literals.
+    pub may_change_session: bool,
 }
 
 /// Marks a literal in the key. No SQL text contains a NUL byte (the protocol ends query
@@ -181,6 +185,7 @@ fn lex_inner<'a>(
             nesting_estimate: 0,
             set_config_names: 0,
             current_setting_names: 0,
+            may_change_session: false,
         },
         runs: SmallVec::new(),
         run: 0,
@@ -189,8 +194,15 @@ fn lex_inner<'a>(
         naming_setting: false,
         spans,
     };
+    let key_start = lexer.key.len();
     lexer.run();
-    lexer.out
+    let mut out = lexer.out;
+    out.may_change_session = if out.cacheable {
+        crate::may_change_session(&lexer.key[key_start..])
+    } else {
+        crate::may_change_session(sql)
+    };
+    out
 }
 
 // Byte classes, one table lookup per byte in the hot loops (a chain of range tests per byte

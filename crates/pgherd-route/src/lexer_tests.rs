@@ -337,3 +337,79 @@ fn blanks_before_a_statement_are_skipped_as_the_server_reads_them() {
         "SET a = 1"
     );
 }
+
+#[test]
+fn the_session_check_reads_the_key_where_it_stands_for_the_text() {
+    let may_set = |sql: &str| lexed(sql).may_change_session;
+    // What the plain check says too.
+    assert!(may_set("SET search_path = a"));
+    assert!(may_set("/* pgherd:primary */ reset all"));
+    assert!(may_set("SELECT 1; SET x = 1"));
+    assert!(may_set("SELECT 1; /* x */ SET x = 1"));
+    assert!(!may_set("SELECT 1;"));
+    assert!(!may_set("UPDATE t SET a = 1"));
+    // A `;` inside a literal is no second statement, a `;` between them is.
+    assert!(!may_set("SELECT 'a; SET x = 1'"));
+    assert!(!may_set("SELECT $$;$$, E';', 'x'';'"));
+    assert!(may_set("SELECT ';'; SET x = 1"));
+    assert!(may_set("SELECT $f$;$f$; DISCARD ALL"));
+    // A comment stays in the key: its `;` is taken for a boundary, which only costs a copy.
+    assert!(may_set("SELECT 1 /* ; */ + 2"));
+    // Texts with no key (unterminated, strings the session's settings decide) get the plain
+    // check on their text.
+    assert!(may_set("SELECT 'x; SET y = 1"));
+    assert!(may_set("SELECT 'a\\'; SET x = 1; --'"));
+    assert!(!may_set("SELECT 'a\\'"));
+    // Shapes that differ only in literals agree.
+    assert_eq!(
+        may_set("SELECT 'a;b'; RESET x"),
+        may_set("SELECT 'c'; RESET x")
+    );
+}
+
+/// For every text with a key, the lexer's answer is the plain check's on that key, and never
+/// yes where the plain check on the text says no; without a key, it is the plain check's on
+/// the text.
+#[test]
+fn the_session_check_on_the_key_says_yes_whenever_the_text_needs_it() {
+    let pieces: &[&str] = &[
+        "SET x = 1",
+        "select 1",
+        "reset all",
+        " ",
+        ";",
+        "'a;b'",
+        "$$;$$",
+        "/* ; */",
+        "-- c\n",
+        "discard all",
+        "savepoint s",
+        "E'\\';'",
+        "\"q;\"",
+        "release s",
+        "x",
+        "'",
+    ];
+    let mut next = crate::xorshift(7);
+    for _ in 0..50_000 {
+        let mut sql = String::new();
+        for _ in 0..next() % 6 {
+            sql.push_str(pieces[next() as usize % pieces.len()]);
+        }
+        let mut key = Vec::new();
+        let lexed = lex(sql.as_bytes(), true, &mut key);
+        let plain = crate::may_change_session(sql.as_bytes());
+        if lexed.cacheable {
+            assert_eq!(
+                lexed.may_change_session,
+                crate::may_change_session(&key),
+                "{sql:?}"
+            );
+            // Blanking literals only takes `;`s away, and a statement's first word is never
+            // a literal.
+            assert!(plain || !lexed.may_change_session, "{sql:?}");
+        } else {
+            assert_eq!(lexed.may_change_session, plain, "{sql:?}");
+        }
+    }
+}

@@ -24,6 +24,7 @@ pub mod parse;
 pub mod pin;
 pub mod plan;
 pub mod reshard;
+mod session_change;
 mod shape_memo;
 pub mod shard_hash;
 pub mod shard_plan;
@@ -39,6 +40,7 @@ pub use classify::{classify, leaving_session_state, setting_value, ROUTE_SETTING
 pub use decision::{Decision, Pin, SessionEffect, ShardSetting, Target, TxEffect};
 pub use lexer::{lex, lex_with_spans, skip_blanks, HintError, Lexed};
 pub use plan::{Role, Routed};
+pub use session_change::may_change_session;
 pub use shape_memo::ShapeMemo;
 
 /// How fresh the data a session reads from replicas must be.

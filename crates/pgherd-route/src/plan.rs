@@ -56,16 +56,21 @@ pub struct Routed {
     pub shard: Option<u32>,
     /// A `pgherd:cache` (`Some(true)`) or `pgherd:nocache` (`Some(false)`) hint.
     pub cache: Option<bool>,
+    /// The text may change session settings ([`crate::Lexed::may_change_session`]): only
+    /// then does the proxy keep it to follow what it set.
+    pub may_change_session: bool,
 }
 
 impl Routed {
-    /// A request pgherd cannot inspect, which therefore runs on the primary.
+    /// A request pgherd cannot inspect, which therefore runs on the primary. Whatever it
+    /// is, it may change the session.
     pub fn primary(reason: &str) -> Routed {
         Routed {
             decision: Arc::new(Decision::unread(reason)),
             hint: None,
             shard: None,
             cache: None,
+            may_change_session: true,
         }
     }
 }

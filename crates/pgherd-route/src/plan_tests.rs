@@ -63,6 +63,7 @@ impl Statements for Classifier {
             hint,
             shard: lexed.shard.clone()?,
             cache: lexed.cache,
+            may_change_session: lexed.may_change_session,
         })
     }
 

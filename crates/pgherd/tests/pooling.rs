@@ -358,6 +358,26 @@ async fn session_settings_follow_their_client_and_never_leak() {
         assert_eq!(one(&b, "SHOW work_mem").await, "4MB", "{sql}");
         assert_eq!(one(&a, "SHOW work_mem").await, value, "{sql}");
     }
+    // The same texts with other values, often enough for their shapes to be remembered (what
+    // the lexer found then comes from the memo), one with a `;` inside a literal before its
+    // second statement.
+    for (i, value) in ["12MB", "13MB", "14MB", "15MB"].into_iter().enumerate() {
+        for sql in [
+            format!("SET work_mem = '{value}'"),
+            format!("SELECT 'x;{i}'; SET maintenance_work_mem = '{value}'"),
+        ] {
+            a.batch_execute(&sql).await.unwrap();
+        }
+        assert_eq!(one(&b, "SHOW work_mem").await, "4MB", "{value}");
+        assert_eq!(
+            one(&b, "SHOW maintenance_work_mem").await,
+            "64MB",
+            "{value}"
+        );
+        assert_eq!(one(&a, "SHOW work_mem").await, value);
+        assert_eq!(one(&a, "SHOW maintenance_work_mem").await, value);
+    }
+    a.batch_execute("RESET maintenance_work_mem").await.unwrap();
     a.batch_execute("SET work_mem = '7MB'").await.unwrap();
     a.batch_execute("RESET work_mem").await.unwrap();
     assert_eq!(one(&b, "SHOW TimeZone").await, default_zone);

@@ -21,6 +21,15 @@ use super::*;
 /// does not contain it).
 const CACHE_HINT: &[u8] = b"pgherd:cache";
 
+/// Whether [`CACHE_HINT`] is anywhere in `text` (a comment's, or a literal's: a request with
+/// it is looked at further, one without it is not asked for unless the config asks for
+/// every read or for statements by pattern).
+pub(super) fn mentions_cache_hint(text: &[u8]) -> bool {
+    static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(CACHE_HINT));
+    FINDER.find(text).is_some()
+}
+
 /// An extended-protocol request asked to be cached that the cache did not answer: its key,
 /// for its answer to be kept on its way. Its first message takes it, and only that message
 /// (the same bytes): the key was made of the request's bytes, not of what follows it.
@@ -108,18 +117,23 @@ impl Session {
             return Ok(false);
         };
         let named;
-        let (text, param_types): (&[u8], &[u8]) = match request.parse {
-            Some(parsed) => parsed,
+        // Whether the text carries the hint, where a named statement found it once.
+        let (text, param_types, hinted): (&[u8], &[u8], Option<bool>) = match request.parse {
+            Some((query, param_types)) => (query, param_types, None),
             None if request.statement.is_empty() => {
                 match self.unnamed.as_ref().filter(|u| u.present) {
-                    Some(u) => (&u.query, &u.param_types),
+                    Some(u) => (&u.query, &u.param_types, None),
                     None => return Ok(false),
                 }
             }
             None => match statement(&self.statements, request.statement) {
                 Ok(def) => {
                     named = def;
-                    (&named.query, &named.param_types)
+                    (
+                        &named.query,
+                        &named.param_types,
+                        Some(named.mentions_cache_hint),
+                    )
                 }
                 Err(_) => return Ok(false),
             },
@@ -127,7 +141,7 @@ impl Session {
         // Most requests are not asked for: they leave before a key is made.
         let may_be_asked = cache.every_read
             || cache.statement_patterns
-            || text.windows(CACHE_HINT.len()).any(|w| w == CACHE_HINT);
+            || hinted.unwrap_or_else(|| mentions_cache_hint(text));
         if !may_be_asked {
             return Ok(false);
         }
@@ -389,5 +403,20 @@ fn cached_answer(
     match served {
         Ok(()) => state.store.get(key, now_ms),
         Err(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mentions_cache_hint;
+
+    #[test]
+    fn the_cache_hint_is_found_anywhere_and_only_whole() {
+        assert!(mentions_cache_hint(b"/* pgherd:cache */ SELECT 1"));
+        assert!(mentions_cache_hint(b"SELECT 1 -- pgherd:cache"));
+        assert!(mentions_cache_hint(b"pgherd:cache"));
+        assert!(!mentions_cache_hint(b"/* pgherd:nocache */ SELECT 1"));
+        assert!(!mentions_cache_hint(b"/* pgherd:cach */ SELECT 1"));
+        assert!(!mentions_cache_hint(b""));
     }
 }

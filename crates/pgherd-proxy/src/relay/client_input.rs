@@ -359,7 +359,7 @@ impl Session {
         body: &[u8],
     ) -> Result<(), Disconnect> {
         let rewrite = self.mode_shares_servers();
-        let mut parse_routed = None;
+        let mut text_routed = None;
         // Read once: routing and forwarding both need them.
         let query = (tag == ftag::QUERY)
             .then(|| frontend::Query::parse(body))
@@ -404,7 +404,7 @@ impl Session {
                     } else {
                         self.consider_candidate_fill(message, &routed);
                     }
-                    parse_routed = Some(routed);
+                    text_routed = Some(routed);
                 }
                 None => {}
             }
@@ -458,7 +458,11 @@ impl Session {
                 let Some(lease) = self.lease.as_mut() else {
                     return Ok(());
                 };
-                let sql = may_change_session(q.sql).then(|| Bytes::copy_from_slice(q.sql));
+                // The lexer's answer, kept with the text's shape, when the text was routed.
+                let may_set = text_routed
+                    .as_ref()
+                    .map_or_else(|| may_change_session(q.sql), |r| r.may_change_session);
+                let sql = may_set.then(|| Bytes::copy_from_slice(q.sql));
                 lease.conn.write_buf.extend_from_slice(message);
                 self.queue.push_client(Request::Query { sql });
                 lease.pool.stats.queries.add(1);
@@ -479,7 +483,7 @@ impl Session {
                         unnamed.param_types.clear();
                         unnamed.param_types.extend_from_slice(p.param_types);
                         unnamed.present = true;
-                        unnamed.routed = parse_routed;
+                        unnamed.routed = text_routed;
                         lease.unnamed_here = true;
                     }
                     lease.conn.write_buf.extend_from_slice(message);
@@ -491,7 +495,7 @@ impl Session {
                         self.params.current("search_path"),
                     );
                     if let (Some(routed), Some(router)) =
-                        (parse_routed, self.routing.lasting.setup.router.as_ref())
+                        (text_routed, self.routing.lasting.setup.router.as_ref())
                     {
                         *def.routed.lock() = Some((router.generation(), routed));
                     }
@@ -539,7 +543,7 @@ impl Session {
                             self.portal_sql = self
                                 .unnamed
                                 .as_ref()
-                                .filter(|u| u.present && may_change_session(&u.query))
+                                .filter(|u| u.may_change_session())
                                 .map(|u| u.query.clone().into_boxed_slice());
                         }
                     }

@@ -187,7 +187,7 @@ impl Session {
                     self.portal_sql = self
                         .unnamed
                         .as_ref()
-                        .filter(|u| u.present && may_change_session(&u.query))
+                        .filter(|u| u.may_change_session())
                         .map(|u| u.query.clone().into_boxed_slice());
                 }
             }

@@ -60,7 +60,8 @@ use crate::pool::{AcquireError, Pool};
 use crate::routing::Routed;
 use crate::server::{ServerConn, MAX_SERVER_MESSAGE_BYTES};
 use crate::stream::{poll_read_when_ready, Stream};
-use params::{may_change_session, SessionParams, UNKNOWN};
+use params::{SessionParams, UNKNOWN};
+use pgherd_route::may_change_session;
 use queue::{Probe, Request, ResponseQueue, Synthetic};
 use statements::{ClientStatements, Holding, StatementDef, StatementError};
 
@@ -83,6 +84,18 @@ struct UnnamedStatement {
     /// False once the client closed it (the buffers are kept for reuse).
     present: bool,
     routed: Option<Routed>,
+}
+
+impl UnnamedStatement {
+    /// The client prepared it and its text may change session settings: the lexer's answer
+    /// when the text was routed, the plain check's otherwise.
+    fn may_change_session(&self) -> bool {
+        self.present
+            && self.routed.as_ref().map_or_else(
+                || may_change_session(&self.query),
+                |routed| routed.may_change_session,
+            )
+    }
 }
 
 /// The server connection a session holds.

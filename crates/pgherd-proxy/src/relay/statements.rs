@@ -62,9 +62,12 @@ pub struct StatementDef {
     pub query: Vec<u8>,
     /// The Parse message's parameter-type section, as sent.
     pub param_types: Vec<u8>,
-    /// [`super::params::may_change_session`] of `query`, found once: every Bind of an unnamed
+    /// [`pgherd_route::may_change_session`] of `query`, found once: every Bind of an unnamed
     /// portal asks it.
     pub may_change_session: bool,
+    /// The text names the result cache's hint (`super::cached::mentions_cache_hint`), found
+    /// once: the cache asks it of every request that binds the statement.
+    pub mentions_cache_hint: bool,
     /// Where it runs, decided at first use and again once the router learned something new
     /// (its catalog was read again, a standby refused a statement): the router's generation
     /// with the decision.
@@ -89,7 +92,8 @@ impl StatementDef {
             server_name: hash.server_name(),
             query: query.to_vec(),
             param_types: param_types.to_vec(),
-            may_change_session: super::params::may_change_session(query),
+            may_change_session: pgherd_route::may_change_session(query),
+            mentions_cache_hint: super::cached::mentions_cache_hint(query),
             routed: parking_lot::Mutex::new(None),
         })
     }

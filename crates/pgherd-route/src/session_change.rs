@@ -1,8 +1,8 @@
 //! Whether a statement text may change the session's settings, told from its first word and
-//! its `;`s without lexing it: for texts the lexer's answer does not cover.
+//! its `;`s. The lexer runs it on a statement's key (`Lexed::may_change_session`); the proxy
+//! runs it on texts nothing routed.
 
-/// Could `sql` change session settings? A cheap test, run on statements the lexer did not
-/// read (see [`crate::Lexed::may_change_session`]): only then is the text kept and, if the
+/// Could `sql` change session settings? A cheap test: only then is the text kept and, if the
 /// server says it set something, parsed. It may say yes for a text that changes nothing,
 /// never no for one that changes something.
 pub fn may_change_session(sql: &[u8]) -> bool {

@@ -458,11 +458,8 @@ impl Session {
                 let Some(lease) = self.lease.as_mut() else {
                     return Ok(());
                 };
-                // The lexer's answer, kept with the text's shape, when the text was routed.
-                let may_set = text_routed
-                    .as_ref()
-                    .map_or_else(|| may_change_session(q.sql), |r| r.may_change_session);
-                let sql = may_set.then(|| Bytes::copy_from_slice(q.sql));
+                let sql =
+                    may_set(q.sql, text_routed.as_ref()).then(|| Bytes::copy_from_slice(q.sql));
                 lease.conn.write_buf.extend_from_slice(message);
                 self.queue.push_client(Request::Query { sql });
                 lease.pool.stats.queries.add(1);

@@ -87,15 +87,19 @@ struct UnnamedStatement {
 }
 
 impl UnnamedStatement {
-    /// The client prepared it and its text may change session settings: the lexer's answer
-    /// when the text was routed, the plain check's otherwise.
+    /// The client prepared it and its text may change session settings.
     fn may_change_session(&self) -> bool {
-        self.present
-            && self.routed.as_ref().map_or_else(
-                || may_change_session(&self.query),
-                |routed| routed.may_change_session,
-            )
+        self.present && may_set(&self.query, self.routed.as_ref())
     }
+}
+
+/// Whether `sql` may change session settings: the lexer's answer, found with the text's
+/// shape, when the text was routed (`routed`); the plain check otherwise.
+fn may_set(sql: &[u8], routed: Option<&Routed>) -> bool {
+    routed.map_or_else(
+        || may_change_session(sql),
+        |routed| routed.may_change_session,
+    )
 }
 
 /// The server connection a session holds.

@@ -455,8 +455,13 @@ impl Pool {
 
     /// Returns a lent connection. `reusable` is false when the connection is broken or its
     /// state unknown; it is then closed.
-    pub fn release(&self, mut conn: Box<ServerConn>, reusable: bool) {
-        let now = Instant::now();
+    pub fn release(&self, conn: Box<ServerConn>, reusable: bool) {
+        self.release_at(conn, reusable, Instant::now());
+    }
+
+    /// [`Self::release`] with the time already read: a session reads the clock when its
+    /// transaction ends, and gives the connection back moments later.
+    pub fn release_at(&self, mut conn: Box<ServerConn>, reusable: bool, now: Instant) {
         let lifetime_ms = self
             .release_limits
             .server_lifetime_ms

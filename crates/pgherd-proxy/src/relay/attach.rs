@@ -484,6 +484,21 @@ impl Session {
 
     /// Returns the server connection to its pool; the cancel target must be cleared already.
     pub(super) fn give_back_server(&mut self, reusable: bool) {
+        self.tx_ended = None;
+        self.give_back_server_at(reusable, tokio::time::Instant::now());
+    }
+
+    /// [`Self::give_back_server`] as the transaction that just ended leaves it: the time it
+    /// ended is when the server was last used.
+    pub(super) fn give_back_server_after_transaction(&mut self) {
+        let now = self
+            .tx_ended
+            .take()
+            .unwrap_or_else(tokio::time::Instant::now);
+        self.give_back_server_at(true, now);
+    }
+
+    fn give_back_server_at(&mut self, reusable: bool, now: tokio::time::Instant) {
         if let Some(lease) = self.lease.as_mut() {
             lease.flush_byte_counts();
         }
@@ -511,7 +526,7 @@ impl Session {
         }
         buffers::shrink_if_grown(&mut conn.read_buf);
         buffers::shrink_if_grown(&mut conn.write_buf);
-        pool.release(conn, clean);
+        pool.release_at(conn, clean, now);
         self.queue.clear();
         self.server_passthrough = None;
         self.after_stream.clear();

@@ -30,6 +30,27 @@ pub(super) fn mentions_cache_hint(text: &[u8]) -> bool {
     FINDER.find(text).is_some()
 }
 
+/// Whether the request at the front of `input` may carry the cache hint, as far as a Bind of
+/// a named statement tells: that statement's text says, found once when it was prepared.
+/// Anything else may (the whole request is read to know). Drivers bind a statement prepared
+/// once over and over: most such requests are not asked for, and need not be read further.
+fn bound_statement_mentions_cache_hint(
+    input: &[u8],
+    statements: &Option<Box<ClientStatements>>,
+) -> bool {
+    if input.first() != Some(&ftag::BIND) {
+        return true;
+    }
+    let bound = input
+        .get(1..HEADER_BYTES)
+        .map(|len| u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize)
+        .and_then(|len| input.get(HEADER_BYTES..1 + len))
+        .and_then(|body| frontend::Bind::parse(body).ok())
+        .filter(|bind| !bind.statement.is_empty())
+        .and_then(|bind| statements.as_ref()?.find(bind.statement));
+    bound.is_none_or(|def| def.mentions_cache_hint)
+}
+
 /// An extended-protocol request asked to be cached that the cache did not answer: its key,
 /// for its answer to be kept on its way. Its first message takes it, and only that message
 /// (the same bytes): the key was made of the request's bytes, not of what follows it.
@@ -111,6 +132,12 @@ impl Session {
             return Ok(false);
         };
         if !self.may_use_cache_now() {
+            return Ok(false);
+        }
+        if !cache.every_read
+            && !cache.statement_patterns
+            && !bound_statement_mentions_cache_hint(&self.client_in, &self.statements)
+        {
             return Ok(false);
         }
         let Some(request) = extended_request(&self.client_in) else {
@@ -408,7 +435,10 @@ fn cached_answer(
 
 #[cfg(test)]
 mod tests {
-    use super::mentions_cache_hint;
+    use super::{bound_statement_mentions_cache_hint, mentions_cache_hint};
+    use crate::relay::statements::{ClientStatements, StatementDef};
+    use bytes::BytesMut;
+    use pgherd_wire::frontend;
 
     #[test]
     fn the_cache_hint_is_found_anywhere_and_only_whole() {
@@ -418,5 +448,41 @@ mod tests {
         assert!(!mentions_cache_hint(b"/* pgherd:nocache */ SELECT 1"));
         assert!(!mentions_cache_hint(b"/* pgherd:cach */ SELECT 1"));
         assert!(!mentions_cache_hint(b""));
+    }
+
+    #[test]
+    fn a_bound_statement_is_asked_for_only_if_its_text_mentions_the_hint() {
+        let mut statements = ClientStatements::default();
+        let hinted = StatementDef::new(b"/* pgherd:cache */ SELECT $1", b"", None);
+        let plain = StatementDef::new(b"SELECT $1", b"", None);
+        statements.define(b"hinted", hinted).unwrap();
+        statements.define(b"plain", plain).unwrap();
+        let statements = Some(Box::new(statements));
+        let request = |first: &dyn Fn(&mut BytesMut)| {
+            let mut input = BytesMut::new();
+            first(&mut input);
+            frontend::encode_execute(&mut input, b"", 0).unwrap();
+            frontend::encode_sync(&mut input);
+            input
+        };
+        let bind = |name: &'static [u8]| {
+            request(&move |b: &mut BytesMut| {
+                frontend::encode_bind(b, b"", name, &[0, 0, 0, 0, 0, 0]).unwrap()
+            })
+        };
+        let asked = |input: &[u8]| bound_statement_mentions_cache_hint(input, &statements);
+        assert!(asked(&bind(b"hinted")));
+        assert!(!asked(&bind(b"plain")));
+        // What the statement alone cannot tell is read whole.
+        assert!(asked(&bind(b"unknown")));
+        assert!(asked(&bind(b"")));
+        assert!(bound_statement_mentions_cache_hint(&bind(b"plain"), &None));
+        let parse_first = request(&|b: &mut BytesMut| {
+            frontend::encode_parse(b, b"", b"SELECT 1", &[0, 0]).unwrap()
+        });
+        assert!(asked(&parse_first));
+        let whole = bind(b"plain");
+        assert!(asked(&whole[..8]), "a Bind not whole yet");
+        assert!(asked(&[]));
     }
 }

@@ -387,7 +387,7 @@ impl Session {
                 Some(Err(e)) => {
                     // pgherd's error in the request's place. A simple query still gets its
                     // ReadyForQuery: a Sync takes the query's place on the server.
-                    self.queue.push_synthetic(Synthetic::Error(e));
+                    self.queue.push_synthetic(Synthetic::Error(Box::new(e)));
                     if tag == ftag::QUERY {
                         if let Some(lease) = self.lease.as_mut() {
                             frontend::encode_sync(&mut lease.conn.write_buf);
@@ -502,7 +502,7 @@ impl Session {
                         .define(p.name, def.clone())
                     {
                         self.queue
-                            .push_synthetic(Synthetic::Error(statement_error(e)));
+                            .push_synthetic(Synthetic::Error(Box::new(statement_error(e))));
                         return Ok(());
                     }
                     if let Some(replay) = self.routing.replay.as_mut() {
@@ -790,7 +790,7 @@ pub(super) fn statement_or_error(
     match statement(statements, name) {
         Ok(def) => Some(def),
         Err(e) => {
-            queue.push_synthetic(Synthetic::Error(statement_error(e)));
+            queue.push_synthetic(Synthetic::Error(Box::new(statement_error(e))));
             None
         }
     }

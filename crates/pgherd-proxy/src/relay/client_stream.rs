@@ -102,7 +102,7 @@ impl Session {
             ftag::PARSE => {
                 let name = body.split(|&b| b == 0).next().unwrap_or_default();
                 if !name.is_empty() && self.mode_shares_servers() {
-                    self.queue.push_synthetic(Synthetic::Error(PgError::error(
+                    self.queue.push_synthetic(Synthetic::Error(Box::new(PgError::error(
                         SqlState::PROGRAM_LIMIT_EXCEEDED,
                         format!(
                             "prepared statement \"{}\" is {} bytes long, more than the {STREAM_MESSAGE_BYTES} pgherd keeps to prepare it again on other server connections",
@@ -110,7 +110,7 @@ impl Session {
                             h.total_len()
                         ),
                     )
-                    .with_hint("use the unnamed statement, or session pooling, for statements this large")));
+                    .with_hint("use the unnamed statement, or session pooling, for statements this large"))));
                     self.skip_message(h, input);
                     return Ok(());
                 }

@@ -247,6 +247,9 @@ pub struct Session {
     tx_settings: Option<Box<tx_settings::TxSettings>>,
     /// When the current transaction's first request arrived (for the latency histogram).
     tx_started: Option<Instant>,
+    /// When the last transaction on the held server ended: the time the server is given
+    /// back at, without reading the clock again.
+    tx_ended: Option<tokio::time::Instant>,
     client_tx: TxStatus,
     /// Bytes of a streamed COPY message still to pass from the client to the server.
     client_stream: Option<client_stream::ClientStream>,
@@ -341,6 +344,7 @@ impl Session {
             tx_failed: false,
             tx_settings: None,
             tx_started: None,
+            tx_ended: None,
             client_tx: TxStatus::Idle,
             client_stream: None,
             server_passthrough: None,
@@ -411,7 +415,7 @@ impl Session {
                         )
                         .await;
                     }
-                    self.give_back_server(true);
+                    self.give_back_server_after_transaction();
                     Ok(())
                 }
                 Step::ServerFailed(e) => Box::pin(self.on_server_failure(*e)).await,

@@ -81,8 +81,9 @@ pub enum Synthetic {
     /// the transaction status at the time it is written.
     Answered(&'static str),
     /// An error pgherd raises in the middle of a pipeline (e.g. an unknown statement name); the
-    /// client's messages up to its next Sync are then skipped, as a server would.
-    Error(PgError),
+    /// client's messages up to its next Sync are then skipped, as a server would. Boxed: rare,
+    /// and it would make every queue entry three times its size.
+    Error(Box<PgError>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -693,10 +694,10 @@ mod tests {
     #[test]
     fn synthetic_error_skips_client_messages() {
         let mut q = ResponseQueue::default();
-        q.push_synthetic(Synthetic::Error(PgError::error(
+        q.push_synthetic(Synthetic::Error(Box::new(PgError::error(
             SqlState::SYNTAX_ERROR,
             "x",
-        )));
+        ))));
         assert!(q.skipping_to_sync());
         let mut out = Vec::new();
         q.take_ready_synthetics(&mut out);

@@ -593,8 +593,12 @@ impl Session {
             self.tx_failed = false;
             lease.pool.stats.transactions.add(1);
             lease.flush_byte_counts();
+            // One reading for the histogram and for the pool's give-back that follows.
+            let ended = tokio::time::Instant::now();
+            self.tx_ended = Some(ended);
             if let Some(started) = self.tx_started.take() {
-                lease.pool.stats.transaction_time.observe(started.elapsed());
+                let took = ended.into_std().saturating_duration_since(started);
+                lease.pool.stats.transaction_time.observe(took);
             }
             // A server carrying state the session cannot replay is reset before anyone uses it
             // again, this client included.

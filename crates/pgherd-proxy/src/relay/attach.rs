@@ -49,7 +49,7 @@ impl From<PgError> for AttachError {
 type Choice = Result<(Arc<NodeState>, Option<Lsn>), PgError>;
 
 /// Where a request that could not take an idle connection at once waits from.
-enum Waiting {
+pub(super) enum Waiting {
     /// The database is paused: routed once it may run.
     Paused,
     /// Routed to the target, its node chosen (or why none could be).
@@ -178,19 +178,50 @@ impl Session {
     /// request needs it. A replica that cannot be reached leaves the read set and the request
     /// goes elsewhere.
     pub(super) async fn attach(&mut self) -> Result<(), AttachError> {
+        // Where the step's own try left off, if it made one.
+        let waiting = match self.waiting.take() {
+            Some(waiting) => Some(*waiting),
+            None => self.attach_start()?,
+        };
+        if let Some(waiting) = waiting {
+            Box::pin(self.attach_waiting(waiting)).await?;
+        }
+        self.routing.lease_for_front = self.lease.is_some();
+        Ok(())
+    }
+
+    /// [`Self::attach`] inside the session's step, for a request that takes an idle
+    /// connection at once: it is relayed without a return to the session loop (a turn of it
+    /// per transaction). `None` when the request must wait, from where this try left off
+    /// (kept for `attach`), or when the test hook before attach is armed.
+    pub(super) fn attach_in_step(&mut self) -> Option<Result<(), Disconnect>> {
+        if crate::failpoint::is_armed(crate::failpoint::BEFORE_ATTACH) {
+            return None;
+        }
+        match self.attach_start() {
+            Ok(None) => {
+                self.routing.lease_for_front = self.lease.is_some();
+                Some(self.process_client_input())
+            }
+            Ok(Some(waiting)) => {
+                self.waiting = Some(Box::new(waiting));
+                None
+            }
+            Err(err) => Some(self.answer_request_with_error(err)),
+        }
+    }
+
+    /// What both ways into [`Self::attach`] start with: a cancel that came first, then the
+    /// warm path.
+    fn attach_start(&mut self) -> Result<Option<Waiting>, PgError> {
         if self.shared.take_cancel() {
             return Err(PgError::error(
                 SqlState::QUERY_CANCELED,
                 "canceling statement due to user request",
             )
-            .with_detail("the cancel came before the request reached a server")
-            .into());
+            .with_detail("the cancel came before the request reached a server"));
         }
-        if let Some(waiting) = self.attach_now()? {
-            Box::pin(self.attach_waiting(waiting)).await?;
-        }
-        self.routing.lease_for_front = self.lease.is_some();
-        Ok(())
+        self.attach_now()
     }
 
     /// The warm path: routes the request and takes an idle connection of the chosen node at

@@ -250,6 +250,8 @@ pub struct Session {
     /// When the last transaction on the held server ended: the time the server is given
     /// back at, without reading the clock again.
     tx_ended: Option<tokio::time::Instant>,
+    /// Where the step's try at a server left off, for the session loop to wait from.
+    waiting: Option<Box<attach::Waiting>>,
     client_tx: TxStatus,
     /// Bytes of a streamed COPY message still to pass from the client to the server.
     client_stream: Option<client_stream::ClientStream>,
@@ -345,6 +347,7 @@ impl Session {
             tx_settings: None,
             tx_started: None,
             tx_ended: None,
+            waiting: None,
             client_tx: TxStatus::Idle,
             client_stream: None,
             server_passthrough: None,
@@ -461,20 +464,35 @@ impl Session {
         // Taken back if an upgrade is undone.
         self.move_when_idle = signals & SIGNAL_HANDOVER != 0;
         let park_asked = self.shared.take_park_request(signals);
-        if self.lease.is_some() {
-            let relayed = self.poll_relay(cx);
-            read_wakes::ReadWakes::end_turn(&mut self.read_wakes, relayed.is_pending());
-            match relayed {
-                Poll::Ready(Err(Relayed::Server(e))) => {
-                    Poll::Ready(Ok(Step::ServerFailed(Box::new(e))))
+        loop {
+            let step = if self.lease.is_some() {
+                let relayed = self.poll_relay(cx);
+                read_wakes::ReadWakes::end_turn(&mut self.read_wakes, relayed.is_pending());
+                match relayed {
+                    Poll::Ready(Err(Relayed::Server(e))) => {
+                        Poll::Ready(Ok(Step::ServerFailed(Box::new(e))))
+                    }
+                    Poll::Ready(Err(Relayed::Client(d))) => Poll::Ready(Err(d)),
+                    Poll::Ready(Ok(step)) => Poll::Ready(Ok(step)),
+                    Poll::Pending => Poll::Pending,
                 }
-                Poll::Ready(Err(Relayed::Client(d))) => Poll::Ready(Err(d)),
-                Poll::Ready(Ok(step)) => Poll::Ready(Ok(step)),
-                Poll::Pending => Poll::Pending,
+            } else {
+                read_wakes::ReadWakes::end_turn(&mut self.read_wakes, false);
+                self.poll_idle(cx, park_asked)
+            };
+            // Taking an idle server and giving it back need no wait when nothing is in the
+            // way: done here, they cost no return to the session loop.
+            match step {
+                Poll::Ready(Ok(Step::NeedServer)) => match self.attach_in_step() {
+                    Some(Ok(())) => {}
+                    Some(Err(end)) => return Poll::Ready(Err(end)),
+                    None => return Poll::Ready(Ok(Step::NeedServer)),
+                },
+                Poll::Ready(Ok(Step::Release)) if self.shared.try_clear_target() => {
+                    self.give_back_server_after_transaction();
+                }
+                step => return step,
             }
-        } else {
-            read_wakes::ReadWakes::end_turn(&mut self.read_wakes, false);
-            self.poll_idle(cx, park_asked)
         }
     }
 

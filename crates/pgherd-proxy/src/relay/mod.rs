@@ -482,16 +482,17 @@ impl Session {
             };
             // Taking an idle server and giving it back need no wait when nothing is in the
             // way: done here, they cost no return to the session loop.
-            match step {
+            match &step {
+                Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(Step::NeedServer)) => match self.attach_in_step() {
                     Some(Ok(())) => {}
                     Some(Err(end)) => return Poll::Ready(Err(end)),
-                    None => return Poll::Ready(Ok(Step::NeedServer)),
+                    None => return step,
                 },
                 Poll::Ready(Ok(Step::Release)) if self.shared.try_clear_target() => {
                     self.give_back_server_after_transaction();
                 }
-                step => return step,
+                _ => return step,
             }
         }
     }

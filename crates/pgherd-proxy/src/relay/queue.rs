@@ -82,7 +82,7 @@ pub enum Synthetic {
     Answered(&'static str),
     /// An error pgherd raises in the middle of a pipeline (e.g. an unknown statement name); the
     /// client's messages up to its next Sync are then skipped, as a server would. Boxed: rare,
-    /// and it would make every queue entry three times its size.
+    /// and inline it would make every queue entry 88 bytes instead of 48.
     Error(Box<PgError>),
 }
 

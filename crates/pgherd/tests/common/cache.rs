@@ -45,7 +45,13 @@ pub async fn wait_decoded(env: &Env, console: &Client, lsn: &str, replica: Optio
             env,
             "the replica replayed the change",
             Duration::from_secs(20),
-            || env.cluster.sql_on(replica, APP, &replayed).trim() == "t",
+            // Until it has replayed the database's creation, it refuses the connection.
+            || {
+                env.cluster
+                    .node(replica)
+                    .psql(APP, &replayed)
+                    .is_ok_and(|out| out.trim() == "t")
+            },
         );
     }
     let target = parse_lsn(lsn).expect("an LSN");

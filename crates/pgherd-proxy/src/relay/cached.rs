@@ -30,25 +30,35 @@ pub(super) fn mentions_cache_hint(text: &[u8]) -> bool {
     FINDER.find(text).is_some()
 }
 
-/// Whether the request at the front of `input` may carry the cache hint, as far as a Bind of
-/// a named statement tells: that statement's text says, found once when it was prepared.
-/// Anything else may (the whole request is read to know). Drivers bind a statement prepared
-/// once over and over: most such requests are not asked for, and need not be read further.
-fn bound_statement_mentions_cache_hint(
+/// Whether the statement the request at the front of `input` runs mentions the cache hint,
+/// read from the request's first message alone: a Parse's own text, the unnamed statement's
+/// for a Bind of it, or what a named statement found once when it was prepared. A request
+/// whose first message tells nothing is read whole (true). Without the hint, and without a
+/// config asking for every read or for statements by pattern, a request is not asked for,
+/// and the rest of it (Describe, Execute, Sync) need not be read at all.
+fn front_statement_mentions_cache_hint(
     input: &[u8],
     statements: &Option<Box<ClientStatements>>,
+    unnamed: Option<&UnnamedStatement>,
 ) -> bool {
-    if input.first() != Some(&ftag::BIND) {
+    // Its size was checked against the limit when its header was first read.
+    let Ok(Some((header, body))) = pgherd_wire::frame::split_message(input, usize::MAX) else {
         return true;
+    };
+    match header.tag {
+        ftag::PARSE => frontend::Parse::parse(body).is_ok_and(|p| mentions_cache_hint(p.query)),
+        ftag::BIND => match frontend::Bind::parse(body) {
+            Ok(bind) if bind.statement.is_empty() => unnamed
+                .filter(|u| u.present)
+                .is_some_and(|u| mentions_cache_hint(&u.query)),
+            Ok(bind) => statements
+                .as_ref()
+                .and_then(|s| s.find(bind.statement))
+                .is_some_and(|def| def.mentions_cache_hint),
+            Err(_) => true,
+        },
+        _ => true,
     }
-    let bound = input
-        .get(1..HEADER_BYTES)
-        .map(|len| u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize)
-        .and_then(|len| input.get(HEADER_BYTES..1 + len))
-        .and_then(|body| frontend::Bind::parse(body).ok())
-        .filter(|bind| !bind.statement.is_empty())
-        .and_then(|bind| statements.as_ref()?.find(bind.statement));
-    bound.is_none_or(|def| def.mentions_cache_hint)
 }
 
 /// An extended-protocol request asked to be cached that the cache did not answer: its key,
@@ -134,44 +144,37 @@ impl Session {
         if !self.may_use_cache_now() {
             return Ok(false);
         }
-        if !cache.every_read
-            && !cache.statement_patterns
-            && !bound_statement_mentions_cache_hint(&self.client_in, &self.statements)
-        {
+        // Most requests are not asked for: they leave here, before the rest is read.
+        let may_be_asked = cache.every_read
+            || cache.statement_patterns
+            || front_statement_mentions_cache_hint(
+                &self.client_in,
+                &self.statements,
+                self.unnamed.as_deref(),
+            );
+        if !may_be_asked {
             return Ok(false);
         }
         let Some(request) = extended_request(&self.client_in) else {
             return Ok(false);
         };
         let named;
-        // Whether the text carries the hint, where a named statement found it once.
-        let (text, param_types, hinted): (&[u8], &[u8], Option<bool>) = match request.parse {
-            Some((query, param_types)) => (query, param_types, None),
+        let (text, param_types): (&[u8], &[u8]) = match request.parse {
+            Some(parsed) => parsed,
             None if request.statement.is_empty() => {
                 match self.unnamed.as_ref().filter(|u| u.present) {
-                    Some(u) => (&u.query, &u.param_types, None),
+                    Some(u) => (&u.query, &u.param_types),
                     None => return Ok(false),
                 }
             }
             None => match statement(&self.statements, request.statement) {
                 Ok(def) => {
                     named = def;
-                    (
-                        &named.query,
-                        &named.param_types,
-                        Some(named.mentions_cache_hint),
-                    )
+                    (&named.query, &named.param_types)
                 }
                 Err(_) => return Ok(false),
             },
         };
-        // Most requests are not asked for: they leave before a key is made.
-        let may_be_asked = cache.every_read
-            || cache.statement_patterns
-            || hinted.unwrap_or_else(|| mentions_cache_hint(text));
-        if !may_be_asked {
-            return Ok(false);
-        }
         let key = request.key(&self.cache_key_prefix(0), text, param_types);
         let answer = if cache.db.ever_stored.load(Ordering::Relaxed) {
             let min_lsn = self.routing.lasting.min_lsn;
@@ -435,8 +438,9 @@ fn cached_answer(
 
 #[cfg(test)]
 mod tests {
-    use super::{bound_statement_mentions_cache_hint, mentions_cache_hint};
+    use super::{front_statement_mentions_cache_hint, mentions_cache_hint};
     use crate::relay::statements::{ClientStatements, StatementDef};
+    use crate::relay::UnnamedStatement;
     use bytes::BytesMut;
     use pgherd_wire::frontend;
 
@@ -451,7 +455,7 @@ mod tests {
     }
 
     #[test]
-    fn a_bound_statement_is_asked_for_only_if_its_text_mentions_the_hint() {
+    fn a_request_is_asked_for_only_if_its_statement_mentions_the_hint() {
         let mut statements = ClientStatements::default();
         let hinted = StatementDef::new(b"/* pgherd:cache */ SELECT $1", b"", None);
         let plain = StatementDef::new(b"SELECT $1", b"", None);
@@ -470,19 +474,37 @@ mod tests {
                 frontend::encode_bind(b, b"", name, &[0, 0, 0, 0, 0, 0]).unwrap()
             })
         };
-        let asked = |input: &[u8]| bound_statement_mentions_cache_hint(input, &statements);
-        assert!(asked(&bind(b"hinted")));
-        assert!(!asked(&bind(b"plain")));
-        // What the statement alone cannot tell is read whole.
-        assert!(asked(&bind(b"unknown")));
-        assert!(asked(&bind(b"")));
-        assert!(bound_statement_mentions_cache_hint(&bind(b"plain"), &None));
-        let parse_first = request(&|b: &mut BytesMut| {
-            frontend::encode_parse(b, b"", b"SELECT 1", &[0, 0]).unwrap()
-        });
-        assert!(asked(&parse_first));
+        let parse = |text: &'static [u8]| {
+            request(&move |b: &mut BytesMut| frontend::encode_parse(b, b"", text, &[0, 0]).unwrap())
+        };
+        let unnamed = |text: &[u8]| UnnamedStatement {
+            query: text.to_vec(),
+            present: true,
+            ..Default::default()
+        };
+        let asked = |input: &[u8], unnamed: Option<&UnnamedStatement>| {
+            front_statement_mentions_cache_hint(input, &statements, unnamed)
+        };
+        // A named statement: as its text was found when it was prepared.
+        assert!(asked(&bind(b"hinted"), None));
+        assert!(!asked(&bind(b"plain"), None));
+        assert!(!asked(&bind(b"unknown"), None));
+        assert!(!front_statement_mentions_cache_hint(
+            &bind(b"plain"),
+            &None,
+            None
+        ));
+        // The unnamed statement: its text now, if the client prepared one.
+        let hinted_unnamed = unnamed(b"SELECT 1 -- pgherd:cache");
+        assert!(asked(&bind(b""), Some(&hinted_unnamed)));
+        assert!(!asked(&bind(b""), Some(&unnamed(b"SELECT 1"))));
+        assert!(!asked(&bind(b""), None));
+        // A Parse: its own text.
+        assert!(asked(&parse(b"/* pgherd:cache */ SELECT 1"), None));
+        assert!(!asked(&parse(b"SELECT 1"), None));
+        // What the first message cannot tell is read whole.
         let whole = bind(b"plain");
-        assert!(asked(&whole[..8]), "a Bind not whole yet");
-        assert!(asked(&[]));
+        assert!(asked(&whole[..8], None), "a Bind not whole yet");
+        assert!(asked(&[], None));
     }
 }

@@ -18,6 +18,7 @@ pub(crate) use moving::{client_for_handover, Movable};
 pub(crate) use server_input::primary_may_answer;
 mod client_input;
 mod client_stream;
+mod detach;
 mod extended_request;
 mod moving;
 pub mod params;
